@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Create .venv with asyncrl and everything the tests, examples and benchmarks need.
+# torch is pinned first to the 2.13.0 CPU build so that nothing pulls a CUDA wheel.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+. .venv/bin/activate
+pip install -q --upgrade pip >/dev/null
+pip install -q "torch==2.13.0"
+pip install -q -e ".[dev,torchrl,examples]"

@@ -1,0 +1,11 @@
+"""transports: the wire layer of asyncrl (bytes, tensors, peers, acks; nothing about RL)."""
+
+from ._codec import DEFAULT_MAX_BYTES as DEFAULT_MAX_BYTES
+from ._codec import PROTOCOL_VERSION as PROTOCOL_VERSION
+from ._codec import decode as decode
+from ._codec import encode as encode
+from ._errors import ClosedResourceError as ClosedResourceError
+from ._errors import PeerLostError as PeerLostError
+from ._errors import ProtocolError as ProtocolError
+from ._errors import RemoteError as RemoteError
+from ._errors import TransportError as TransportError
