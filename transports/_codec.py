@@ -23,7 +23,7 @@ from typing import Any
 import msgpack
 import numpy as np
 import torch
-from tensordict import NonTensorData, TensorDict, TensorDictBase
+from tensordict import NonTensorData, NonTensorStack, TensorDict, TensorDictBase
 
 from ._errors import ProtocolError
 
@@ -100,9 +100,27 @@ def encode_message(
 ) -> list[Any]:
     """Encode ``body`` with a message kind, a sequence number and metadata."""
     frames: list[Any] = [b""]
-    header = {"v": PROTOCOL_VERSION, "k": kind, "s": seq, "m": dict(meta or {}), "b": body}
+    meta = dict(meta or {})
+    _check_plain_meta(meta)
+    header = {"v": PROTOCOL_VERSION, "k": kind, "s": seq, "m": meta, "b": body}
     frames[0] = _pack(header, frames)
     return frames
+
+
+def _check_plain_meta(meta: dict[str, Any]) -> None:
+    # The decoder returns meta as-is (no tensors resolved): refuse what it could not rebuild.
+    def default(value: Any) -> Any:
+        if isinstance(value, np.generic):
+            return value.item()
+        raise TypeError(
+            f"cannot encode {type(value).__qualname__} in message meta: meta holds plain "
+            "msgpack values only; put tensors in the body"
+        )
+
+    try:
+        msgpack.packb(meta, default=default, use_bin_type=True)
+    except (ValueError, OverflowError) as exc:
+        raise TypeError(f"cannot encode message meta: {exc}") from exc
 
 
 def _pack(obj: Any, frames: list[Any]) -> bytes:
@@ -134,6 +152,8 @@ def _tensor_ext(tensor: torch.Tensor, frames: list[Any]) -> msgpack.ExtType:
     name = _TORCH_NAMES.get(tensor.dtype)
     if name is None:
         raise TypeError(f"cannot encode a tensor of dtype {tensor.dtype}")
+    if tensor.device.type == "meta":
+        raise TypeError("cannot encode a tensor on the meta device: it holds no data")
     tensor = tensor.detach()
     if tensor.device.type != "cpu":
         tensor = tensor.cpu()
@@ -150,9 +170,10 @@ def _ndarray_ext(array: np.ndarray, frames: list[Any]) -> msgpack.ExtType:
     name = array.dtype.name
     if name not in _NUMPY_DTYPES or array.dtype.byteorder == ">":
         raise TypeError(f"cannot encode a numpy array of dtype {array.dtype}")
+    shape = list(array.shape)  # np.ascontiguousarray turns a 0-d array into shape (1,)
     array = np.ascontiguousarray(array)
     frames.append(array.reshape(-1).view(np.uint8))
-    return msgpack.ExtType(_EXT_NDARRAY, msgpack.packb([len(frames) - 1, name, list(array.shape)]))
+    return msgpack.ExtType(_EXT_NDARRAY, msgpack.packb([len(frames) - 1, name, shape]))
 
 
 def _tensordict_body(td: TensorDictBase) -> list[Any]:
@@ -166,6 +187,13 @@ def _tensordict_body(td: TensorDictBase) -> list[Any]:
                     "only str, int, float, bool and None travel as non-tensor leaves"
                 )
             entries[key] = [data]  # a one-element list marks a non-tensor leaf
+        elif isinstance(value, NonTensorStack):
+            # A NonTensorStack is a TensorDictBase with no items: it would travel as an
+            # empty TensorDict and silently lose its data.
+            raise TypeError(
+                f"cannot encode non-tensor entry {key!r}: a NonTensorStack (non-tensor values "
+                "that differ along the batch) does not travel; store one value or a tensor"
+            )
         elif isinstance(value, torch.Tensor | TensorDictBase):
             entries[key] = value
         else:
@@ -240,7 +268,7 @@ def _unpack_header(raw: memoryview) -> dict[str, Any]:
         raise ProtocolError(f"header is not valid msgpack: {type(exc).__name__}: {exc}") from None
     if not isinstance(header, dict):
         raise ProtocolError(f"header must be a msgpack map, got {type(header).__name__}")
-    if header.get("v") != PROTOCOL_VERSION:
+    if type(header.get("v")) is not int or header["v"] != PROTOCOL_VERSION:
         raise ProtocolError(
             f"protocol version {header.get('v')!r} received, {PROTOCOL_VERSION} expected: "
             "run the same asyncrl version on both ends"
@@ -262,6 +290,8 @@ def _check_depth(value: Any) -> None:
         item, depth = stack.pop()
         if depth > MAX_DEPTH:
             raise ProtocolError(f"message nests deeper than {MAX_DEPTH} levels")
+        if isinstance(item, msgpack.ExtType):
+            raise ProtocolError("header meta must hold plain msgpack values, found an extension")
         if isinstance(item, dict):
             stack.extend((v, depth + 1) for v in item.values())
         elif isinstance(item, list):
@@ -360,6 +390,8 @@ class _BodyDecoder:
             raise ProtocolError(f"TensorDict device must be 'cpu' or none, got {device!r}")
         td = TensorDict({}, batch_size=batch_size, device=device)
         for key, raw in entries.items():
+            if not isinstance(key, str):
+                raise ProtocolError(f"TensorDict keys must be strings, got {key!r}")
             if isinstance(raw, list) and len(raw) == 1 and isinstance(raw[0], _NON_TENSOR_LEAVES):
                 td.set_non_tensor(key, raw[0])
                 continue
