@@ -76,6 +76,7 @@ class Decoded:
     seq: int
     body: Any
     meta: dict[str, Any] = field(default_factory=dict)
+    needs_ack: bool = False
 
 
 # --------------------------------------------------------------------- encode
@@ -96,13 +97,24 @@ def encode(obj: Any) -> list[Any]:
 
 
 def encode_message(
-    body: Any, *, kind: str = "data", seq: int = 0, meta: Mapping[str, Any] | None = None
+    body: Any,
+    *,
+    kind: str = "data",
+    seq: int = 0,
+    meta: Mapping[str, Any] | None = None,
+    ack: bool = False,
 ) -> list[Any]:
-    """Encode ``body`` with a message kind, a sequence number and metadata."""
+    """Encode ``body`` with a message kind, a sequence number and metadata.
+
+    ``ack=True`` asks the receiver to acknowledge ``seq`` (see ``Link.ack``).
+    """
     frames: list[Any] = [b""]
     meta = dict(meta or {})
-    _check_plain_meta(meta)
+    if meta:
+        _check_plain_meta(meta)
     header = {"v": PROTOCOL_VERSION, "k": kind, "s": seq, "m": meta, "b": body}
+    if ack:
+        header["a"] = True
     frames[0] = _pack(header, frames)
     return frames
 
@@ -233,7 +245,8 @@ def decode_message(frames: Sequence[Any], *, max_bytes: int | None = None) -> De
             f"message has {len(buffers) - 1} data frames but its header references "
             f"{decoder.used}: {unused} frame(s) unaccounted for"
         )
-    return Decoded(kind=header["k"], seq=header["s"], body=body, meta=header["m"])
+    return Decoded(kind=header["k"], seq=header["s"], body=body, meta=header["m"],
+                   needs_ack=header.get("a") is True)
 
 
 def _buffers(frames: Sequence[Any], max_bytes: int) -> list[memoryview]:
