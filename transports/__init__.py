@@ -9,3 +9,9 @@ from ._errors import PeerLostError as PeerLostError
 from ._errors import ProtocolError as ProtocolError
 from ._errors import RemoteError as RemoteError
 from ._errors import TransportError as TransportError
+from ._channel import ChannelStatistics as ChannelStatistics
+from ._hub import Hub as Hub
+from ._link import Link as Link
+from ._types import Message as Message
+from ._types import PeerEvent as PeerEvent
+from ._types import Ticket as Ticket

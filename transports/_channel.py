@@ -1,0 +1,197 @@
+"""What :class:`Hub` and :class:`Link` share: lifecycle, the receive queue, heartbeats."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, NamedTuple, Self
+
+import anyio
+import zmq
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from ._codec import Decoded, ProtocolError, decode_message, encode_message
+from ._errors import ClosedResourceError, TransportError
+from ._socket import AsyncSocket, configure, default_context
+from ._types import Message, PeerEvent
+
+log = logging.getLogger("transports")
+
+PING = "ping"
+ACK = "ack"
+BYE = "bye"
+
+
+class ChannelStatistics(NamedTuple):
+    """Counters of one channel (in the spirit of anyio's ``statistics()``)."""
+
+    peers: int
+    messages_received: int
+    messages_sent: int
+    bad_messages: int
+    queued: int
+    pending_acks: int
+
+
+class Channel:
+    """Base of :class:`Hub` and :class:`Link`. Use them through ``async with``."""
+
+    _socket_type: int
+
+    def __init__(
+        self,
+        endpoint: str,
+        *,
+        heartbeat_interval: float = 1.0,
+        peer_timeout: float = 10.0,
+        max_bytes: int | None = None,
+        queue_size: int = 1024,
+        linger: float = 1.0,
+        context: zmq.Context | None = None,
+    ) -> None:
+        if heartbeat_interval <= 0 or peer_timeout <= heartbeat_interval:
+            raise ValueError(
+                f"need 0 < heartbeat_interval < peer_timeout, got {heartbeat_interval} "
+                f"and {peer_timeout}"
+            )
+        self.endpoint = endpoint
+        self.heartbeat_interval = heartbeat_interval
+        self.peer_timeout = peer_timeout
+        self.max_bytes = max_bytes
+        self._queue_size = queue_size
+        self._linger_ms = int(linger * 1000)
+        self._context = context or default_context()
+        self._io: AsyncSocket | None = None
+        self._items_in: MemoryObjectSendStream[Any] | None = None
+        self._items_out: MemoryObjectReceiveStream[Any] | None = None
+        self._task_group: Any = None
+        self._background = anyio.CancelScope()
+        self._closing = False
+        self._seq = 0
+        self._received = 0
+        self._sent = 0
+        self._bad = 0
+
+    # -- lifecycle --------------------------------------------------------------
+    async def __aenter__(self) -> Self:
+        socket = self._context.socket(self._socket_type)
+        try:
+            configure(socket, max_bytes=self.max_bytes, heartbeat_interval=self.heartbeat_interval,
+                      peer_timeout=self.peer_timeout)
+            self._prepare(socket)
+        except BaseException:
+            socket.close(linger=0)
+            raise
+        self._io = AsyncSocket(socket, self._on_frames)
+        self._io.translate = self._translate_send_error  # type: ignore[method-assign]
+        self._items_in, self._items_out = anyio.create_memory_object_stream[Any](self._queue_size)
+        self._task_group = anyio.create_task_group()
+        await self._task_group.__aenter__()
+        self._task_group.start_soon(self._run_background)
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> bool | None:
+        await self.aclose()
+        return await self._task_group.__aexit__(*exc_info)
+
+    async def _run_background(self) -> None:
+        assert self._io is not None
+        with self._background:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._io.pump)
+                tg.start_soon(self._heartbeat_loop)
+
+    async def aclose(self) -> None:
+        """Stop the background tasks and close the socket. Idempotent, safe when cancelled."""
+        if self._closing or self._io is None:
+            return
+        self._closing = True
+        self._background.cancel()
+        with anyio.CancelScope(shield=True):
+            await self._io.wait_stopped()  # never close an fd a task still waits on
+            self._farewell(self._io.socket)
+            self._io.close(self._linger_ms)
+            self._on_close()
+            if self._items_in is not None:
+                self._items_in.close()
+
+    def _require_open(self) -> AsyncSocket:
+        if self._io is None:
+            raise TransportError(f"{type(self).__name__} is not open: use it with 'async with'")
+        if self._closing:
+            raise ClosedResourceError(f"{type(self).__name__} on {self.endpoint} is closed")
+        return self._io
+
+    # -- receiving ----------------------------------------------------------------
+    def _decode(self, frames: list[Any], origin: str) -> Decoded | None:
+        try:
+            return decode_message(frames, max_bytes=self.max_bytes)
+        except ProtocolError as exc:
+            # Hostile or broken input is dropped and counted; the loop goes on.
+            self._bad += 1
+            log.warning("dropped a malformed message from %s: %s", origin, exc)
+            return None
+
+    async def _deliver(self, item: Message | PeerEvent) -> None:
+        assert self._items_in is not None
+        self._received += isinstance(item, Message)
+        try:
+            await self._items_in.send(item)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            pass  # closing: nobody reads any more
+
+    async def _next_item(self) -> Message | PeerEvent:
+        self._require_open()
+        assert self._items_out is not None
+        try:
+            return await self._items_out.receive()
+        except (anyio.EndOfStream, anyio.ClosedResourceError):
+            raise ClosedResourceError(f"{type(self).__name__} on {self.endpoint} is closed") from None
+
+    def _next_item_nowait(self) -> Message | PeerEvent | None:
+        self._require_open()
+        assert self._items_out is not None
+        try:
+            return self._items_out.receive_nowait()
+        except anyio.WouldBlock:
+            return None
+        except (anyio.EndOfStream, anyio.ClosedResourceError):
+            raise ClosedResourceError(f"{type(self).__name__} on {self.endpoint} is closed") from None
+
+    # -- sending ------------------------------------------------------------------
+    def _next_seq(self) -> int:
+        self._seq += 1
+        return self._seq
+
+    async def _send_frames(self, frames: list[Any]) -> None:
+        await self._require_open().send(frames)
+        self._sent += 1
+
+    async def _heartbeat_loop(self) -> None:
+        ping = encode_message(None, kind=PING)
+        while True:
+            await self._send_pings(ping)
+            self._check_liveness(time.monotonic())
+            await anyio.sleep(self.heartbeat_interval)
+
+    # -- hooks for subclasses ---------------------------------------------------------
+    def _prepare(self, socket: zmq.Socket) -> None:
+        raise NotImplementedError
+
+    async def _on_frames(self, frames: list[zmq.Frame]) -> None:
+        raise NotImplementedError
+
+    async def _send_pings(self, ping: list[Any]) -> None:
+        raise NotImplementedError
+
+    def _check_liveness(self, now: float) -> None:
+        raise NotImplementedError
+
+    def _on_close(self) -> None:
+        pass
+
+    def _farewell(self, socket: zmq.Socket) -> None:
+        """Best effort, never blocking: tell the other end we are leaving."""
+
+    def _translate_send_error(self, exc: zmq.ZMQError) -> Exception:
+        return TransportError(f"ZeroMQ send on {self.endpoint} failed: {exc}")

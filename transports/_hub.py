@@ -1,0 +1,213 @@
+"""The coordinator's end: a ROUTER socket with many identified peers."""
+
+from __future__ import annotations
+
+import errno
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import anyio
+import zmq
+
+from ._channel import ACK, BYE, PING, Channel, ChannelStatistics
+from ._codec import encode_message
+from ._errors import PeerLostError, RemoteError
+from ._types import Message, PeerEvent, Ticket
+
+MAX_PENDING_TICKETS = 4096
+
+
+class Hub(Channel):
+    """Many peers, each known by its identity; sends that peers acknowledge.
+
+    Bind with ``async with``; ``endpoint`` then holds the real address (the
+    port chosen for ``tcp://HOST:0``). ``recv()`` yields :class:`Message` and
+    :class:`PeerEvent` items in arrival order. A peer is *joined* from its first
+    message or heartbeat and *lost* after ``peer_timeout`` seconds of silence.
+
+    >>> async with Hub("tcp://127.0.0.1:0") as hub:          # doctest: +SKIP
+    ...     item = await hub.recv()                         # PeerEvent(b"w0", "joined")
+    ...     ticket = await hub.send_async([b"w0"], {"w": torch.ones(3)}, kind="weights")
+    ...     acks = await hub.wait_ack(ticket, timeout=5)    # {b"w0": <ack result>}
+    """
+
+    _socket_type = zmq.ROUTER
+
+    def __init__(self, endpoint: str = "tcp://127.0.0.1:0", **options: Any) -> None:
+        super().__init__(endpoint, **options)
+        self._last_seen: dict[bytes, float] = {}
+        self._tickets: dict[int, Ticket] = {}
+
+    @property
+    def peers(self) -> frozenset[bytes]:
+        """Identities of the peers currently alive."""
+        return frozenset(self._last_seen)
+
+    def _prepare(self, socket: zmq.Socket) -> None:
+        socket.setsockopt(zmq.ROUTER_MANDATORY, 1)  # unknown peer: an error, not a silent drop
+        socket.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a peer that reconnects takes its name back
+        socket.bind(self.endpoint)
+        self.endpoint = socket.getsockopt_string(zmq.LAST_ENDPOINT)
+
+    # -- API -------------------------------------------------------------------------
+    async def recv(self) -> Message | PeerEvent:
+        """The next message or peer event; ``ClosedResourceError`` once closed."""
+        return await self._next_item()
+
+    def recv_nowait(self) -> Message | PeerEvent | None:
+        return self._next_item_nowait()
+
+    def __aiter__(self) -> Hub:
+        return self
+
+    async def __anext__(self) -> Message | PeerEvent:
+        return await self.recv()
+
+    async def send(self, peer: bytes, body: Any, *, kind: str = "data",
+                   meta: dict[str, Any] | None = None) -> None:
+        """Queue ``body`` for ``peer``; raises :class:`PeerLostError` if it is not connected."""
+        frames = encode_message(body, kind=kind, seq=self._next_seq(), meta=meta)
+        await self._send_to(peer, frames)
+
+    async def send_async(self, peers: Iterable[bytes], body: Any, *, kind: str = "data",
+                         meta: dict[str, Any] | None = None) -> Ticket:
+        """Send ``body`` to every peer in ``peers`` and return a :class:`Ticket` for the acks.
+
+        The body is encoded once, whatever the number of peers. Returns once the
+        message is queued for all of them; a peer that is not connected counts as
+        lost on the ticket.
+        """
+        targets = frozenset(peers)
+        seq = self._next_seq()
+        frames = encode_message(body, kind=kind, seq=seq, meta=meta, ack=True)
+        ticket = Ticket(seq=seq, peers=targets)
+        if not targets:
+            ticket.done.set()
+            return ticket
+        self._register(ticket)
+        for peer in targets:
+            try:
+                await self._send_to(peer, frames)
+            except PeerLostError:
+                ticket.resolve(peer, lost=True)
+        return ticket
+
+    async def wait_ack(self, ticket: Ticket, timeout: float | None = None) -> dict[bytes, Any]:
+        """Wait until every peer of ``ticket`` acknowledged; return ``{peer: result}``.
+
+        Raises :class:`RemoteError` when a peer answered with an error,
+        :class:`PeerLostError` when a peer went silent and ``TimeoutError``
+        naming the peers that did not answer within ``timeout`` seconds.
+        """
+        with anyio.move_on_after(timeout):
+            await ticket.done.wait()
+        pending = ticket.pending
+        if pending:
+            names = ", ".join(sorted(p.decode(errors="replace") for p in pending))
+            raise TimeoutError(
+                f"no acknowledgement of message {ticket.seq} within {timeout} s from "
+                f"peer(s) {names}; they may be busy, stuck or gone"
+            )
+        return ticket.outcome()
+
+    def statistics(self) -> ChannelStatistics:
+        queued = self._items_out.statistics().current_buffer_used if self._items_out else 0
+        return ChannelStatistics(len(self._last_seen), self._received, self._sent, self._bad,
+                                 queued, len(self._tickets))
+
+    # -- internals ------------------------------------------------------------------------
+    def _register(self, ticket: Ticket) -> None:
+        if len(self._tickets) >= MAX_PENDING_TICKETS:
+            # Nobody is waiting for the oldest tickets any more: forget them.
+            del self._tickets[next(iter(self._tickets))]
+        self._tickets[ticket.seq] = ticket
+
+    async def _send_to(self, peer: bytes, frames: list[Any]) -> None:
+        try:
+            await self._send_frames([peer, *frames])
+        except _Unreachable:
+            raise PeerLostError([peer], "(not connected to this hub)") from None
+
+    def _translate_send_error(self, exc: zmq.ZMQError) -> Exception:
+        if exc.errno == errno.EHOSTUNREACH:
+            return _Unreachable()
+        return super()._translate_send_error(exc)
+
+    async def _on_frames(self, frames: list[zmq.Frame]) -> None:
+        if len(frames) < 2:
+            return
+        peer = frames[0].bytes
+        await self._mark_seen(peer)
+        message = self._decode(frames[1:], origin=repr(peer))
+        if message is None or message.kind == PING:
+            return
+        if message.kind == ACK:
+            self._on_ack(peer, message.seq, message.body, message.meta)
+            return
+        if message.kind == BYE:
+            if self._last_seen.pop(peer, None) is not None:
+                self._lose(peer)
+            return
+        await self._deliver(Message(peer, message.kind, message.seq, message.body,
+                                    message.meta, message.needs_ack))
+
+    async def _mark_seen(self, peer: bytes) -> None:
+        joined = peer not in self._last_seen
+        self._last_seen[peer] = time.monotonic()
+        if joined:
+            await self._deliver(PeerEvent(peer, "joined"))
+
+    def _on_ack(self, peer: bytes, seq: int, body: Any, meta: dict[str, Any]) -> None:
+        ticket = self._tickets.get(seq)
+        if ticket is None:
+            return  # late or unsolicited: nothing waits for it
+        if meta.get("error"):
+            ticket.resolve(peer, error=_remote_error(peer, body))
+        else:
+            ticket.resolve(peer, result=body)
+        if not ticket.pending:
+            del self._tickets[seq]
+
+    async def _send_pings(self, ping: list[Any]) -> None:
+        for peer in list(self._last_seen):
+            try:
+                await self._send_to(peer, ping)
+            except PeerLostError:
+                pass  # the liveness check will report it
+
+    def _check_liveness(self, now: float) -> None:
+        for peer, seen in list(self._last_seen.items()):
+            if now - seen > self.peer_timeout:
+                del self._last_seen[peer]
+                self._lose(peer)
+
+    def _lose(self, peer: bytes) -> None:
+        for seq, ticket in list(self._tickets.items()):
+            ticket.resolve(peer, lost=True)
+            if not ticket.pending:
+                del self._tickets[seq]
+        assert self._items_in is not None
+        try:
+            self._items_in.send_nowait(PeerEvent(peer, "lost"))
+        except anyio.WouldBlock:
+            # The consumer is far behind; deliver the event when it catches up.
+            self._task_group.start_soon(self._deliver, PeerEvent(peer, "lost"))
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            pass
+
+
+class _Unreachable(Exception):
+    pass
+
+
+def _remote_error(peer: bytes, body: Any) -> RemoteError:
+    fields = body if isinstance(body, dict) else {}
+
+    def text(key: str, default: str) -> str:
+        value = fields.get(key, default)
+        return value[:65536] if isinstance(value, str) else default
+
+    return RemoteError(text("message", "(no message)"), peer=peer,
+                       remote_type=text("type", "Exception"),
+                       remote_traceback=text("traceback", ""))

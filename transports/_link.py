@@ -1,0 +1,147 @@
+"""The worker's end: a DEALER socket connected to one hub."""
+
+from __future__ import annotations
+
+import os
+import socket as _socket
+import time
+import traceback
+import uuid
+from typing import Any
+
+import anyio
+import zmq
+
+from ._channel import ACK, BYE, PING, Channel, ChannelStatistics
+from ._codec import encode_message
+from ._errors import PeerLostError
+from ._types import Message, PeerEvent
+
+HUB = b""
+
+
+def default_identity() -> bytes:
+    """``host-pid-random``: unique per process, readable in logs."""
+    return f"{_socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}".encode()
+
+
+class Link(Channel):
+    """One upstream hub: send messages, receive messages, acknowledge them.
+
+    The link connects (and reconnects) in the background; ZeroMQ queues sends
+    until the hub is there. ``recv()`` raises :class:`PeerLostError` when the hub
+    has been silent for ``peer_timeout`` seconds, so a worker never waits
+    forever on a coordinator that is gone.
+
+    >>> async with Link("tcp://127.0.0.1:5555", identity=b"w0") as link:  # doctest: +SKIP
+    ...     msg = await link.recv()
+    ...     if msg.needs_ack:
+    ...         await link.ack(msg, result={"version": 3})
+    """
+
+    _socket_type = zmq.DEALER
+
+    def __init__(self, endpoint: str, *, identity: bytes | str | None = None,
+                 **options: Any) -> None:
+        super().__init__(endpoint, **options)
+        if isinstance(identity, str):
+            identity = identity.encode()
+        if identity is not None and (not 0 < len(identity) <= 255 or identity.startswith(b"\0")):
+            raise ValueError(f"identity must be 1 to 255 bytes not starting with NUL, got {identity!r}")
+        self.identity = identity or default_identity()
+        self._last_seen = time.monotonic()
+        self._lost = False
+
+    def _prepare(self, socket: zmq.Socket) -> None:
+        socket.setsockopt(zmq.IDENTITY, self.identity)
+        socket.connect(self.endpoint)
+
+    @property
+    def connected(self) -> bool:
+        """False once the hub has been silent for longer than ``peer_timeout``."""
+        return not self._lost
+
+    # -- API --------------------------------------------------------------------------
+    async def send(self, body: Any, *, kind: str = "data",
+                   meta: dict[str, Any] | None = None) -> None:
+        """Queue ``body`` for the hub (returns once ZeroMQ took it)."""
+        await self._send_frames(encode_message(body, kind=kind, seq=self._next_seq(), meta=meta))
+
+    async def recv(self) -> Message:
+        """The next message from the hub; :class:`PeerLostError` if the hub went silent."""
+        return self._unwrap(await self._next_item())
+
+    def recv_nowait(self) -> Message | None:
+        """The next message if one is queued, else ``None``."""
+        item = self._next_item_nowait()
+        return None if item is None else self._unwrap(item)
+
+    async def ack(self, message: Message, result: Any = None, *,
+                  error: BaseException | None = None) -> None:
+        """Acknowledge ``message``: with a msgpack ``result``, or with ``error``.
+
+        An error travels as its type, message and traceback text; the hub's
+        ``wait_ack`` raises it as :class:`RemoteError`.
+        """
+        if error is None:
+            frames = encode_message(result, kind=ACK, seq=message.seq)
+        else:
+            frames = encode_message(error_payload(error), kind=ACK, seq=message.seq,
+                                    meta={"error": True})
+        await self._send_frames(frames)
+
+    def __aiter__(self) -> Link:
+        return self
+
+    async def __anext__(self) -> Message:
+        return await self.recv()
+
+    def statistics(self) -> ChannelStatistics:
+        queued = self._items_out.statistics().current_buffer_used if self._items_out else 0
+        return ChannelStatistics(int(not self._lost), self._received, self._sent, self._bad,
+                                 queued, 0)
+
+    # -- internals ------------------------------------------------------------------------
+    def _unwrap(self, item: Message | PeerEvent) -> Message:
+        if isinstance(item, PeerEvent):
+            raise PeerLostError([b"hub@" + self.endpoint.encode()],
+                                f"for {self.peer_timeout} s")
+        return item
+
+    async def _on_frames(self, frames: list[zmq.Frame]) -> None:
+        self._last_seen = time.monotonic()
+        self._lost = False
+        message = self._decode(frames, origin=self.endpoint)
+        if message is None or message.kind == PING:
+            return
+        await self._deliver(Message(HUB, message.kind, message.seq, message.body,
+                                    message.meta, message.needs_ack))
+
+    async def _send_pings(self, ping: list[Any]) -> None:
+        await self._send_frames(ping)
+
+    def _farewell(self, socket: zmq.Socket) -> None:
+        # Lets the hub report us lost at once instead of after its peer timeout.
+        try:
+            socket.send_multipart(encode_message(None, kind=BYE), zmq.NOBLOCK)
+        except zmq.ZMQError:
+            pass
+
+    def _check_liveness(self, now: float) -> None:
+        if not self._lost and now - self._last_seen > self.peer_timeout:
+            self._lost = True
+            assert self._items_in is not None
+            try:
+                self._items_in.send_nowait(PeerEvent(HUB, "lost"))
+            except (anyio.WouldBlock, anyio.BrokenResourceError, anyio.ClosedResourceError):
+                pass  # `connected` still says so
+
+
+def error_payload(error: BaseException) -> dict[str, str]:
+    """The msgpack form of an exception: type path, message, traceback text."""
+    kind = type(error)
+    return {
+        "type": f"{kind.__module__}.{kind.__qualname__}",
+        "message": str(error),
+        "traceback": "".join(traceback.format_exception(error)),
+    }
