@@ -1,5 +1,6 @@
 """transports: the wire layer of asyncrl (bytes, tensors, peers, acks; nothing about RL)."""
 
+from ._channel import ChannelStatistics as ChannelStatistics
 from ._codec import DEFAULT_MAX_BYTES as DEFAULT_MAX_BYTES
 from ._codec import PROTOCOL_VERSION as PROTOCOL_VERSION
 from ._codec import decode as decode
@@ -9,7 +10,6 @@ from ._errors import PeerLostError as PeerLostError
 from ._errors import ProtocolError as ProtocolError
 from ._errors import RemoteError as RemoteError
 from ._errors import TransportError as TransportError
-from ._channel import ChannelStatistics as ChannelStatistics
 from ._hub import Hub as Hub
 from ._link import Link as Link
 from ._types import Message as Message

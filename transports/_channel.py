@@ -115,11 +115,14 @@ class Channel:
             if self._items_in is not None:
                 self._items_in.close()
 
+    def _closed_error(self) -> ClosedResourceError:
+        return ClosedResourceError(f"{type(self).__name__} on {self.endpoint} is closed")
+
     def _require_open(self) -> AsyncSocket:
         if self._io is None:
             raise TransportError(f"{type(self).__name__} is not open: use it with 'async with'")
         if self._closing:
-            raise ClosedResourceError(f"{type(self).__name__} on {self.endpoint} is closed")
+            raise self._closed_error()
         return self._io
 
     # -- receiving ----------------------------------------------------------------
@@ -146,7 +149,7 @@ class Channel:
         try:
             return await self._items_out.receive()
         except (anyio.EndOfStream, anyio.ClosedResourceError):
-            raise ClosedResourceError(f"{type(self).__name__} on {self.endpoint} is closed") from None
+            raise self._closed_error() from None
 
     def _next_item_nowait(self) -> Message | PeerEvent | None:
         self._require_open()
@@ -156,7 +159,7 @@ class Channel:
         except anyio.WouldBlock:
             return None
         except (anyio.EndOfStream, anyio.ClosedResourceError):
-            raise ClosedResourceError(f"{type(self).__name__} on {self.endpoint} is closed") from None
+            raise self._closed_error() from None
 
     # -- sending ------------------------------------------------------------------
     def _next_seq(self) -> int:

@@ -46,8 +46,8 @@ class Link(Channel):
         super().__init__(endpoint, **options)
         if isinstance(identity, str):
             identity = identity.encode()
-        if identity is not None and (not 0 < len(identity) <= 255 or identity.startswith(b"\0")):
-            raise ValueError(f"identity must be 1 to 255 bytes not starting with NUL, got {identity!r}")
+        if identity is not None and (not 0 < len(identity) <= 255 or identity[:1] == b"\0"):
+            raise ValueError(f"identity must be 1 to 255 bytes, not starting with NUL: {identity!r}")
         self.identity = identity or default_identity()
         self._last_seen = time.monotonic()
         self._lost = False
