@@ -47,7 +47,7 @@ class Link(Channel):
         if isinstance(identity, str):
             identity = identity.encode()
         if identity is not None and (not 0 < len(identity) <= 255 or identity[:1] == b"\0"):
-            raise ValueError(f"identity must be 1 to 255 bytes, not starting with NUL: {identity!r}")
+            raise ValueError(f"identity must be 1 to 255 bytes, not NUL-led: {identity!r}")
         self.identity = identity or default_identity()
         self._last_seen = time.monotonic()
         self._lost = False
