@@ -1,0 +1,382 @@
+"""Shared-memory tensor blocks: same-host bulk data (weights) that never crosses a socket.
+
+A block is one POSIX shared-memory segment holding ``slots`` copies of a fixed
+set of tensors (a flat ``{key: tensor}`` layout). One process writes, any number
+read. Only the block's *name*, a slot index and a sequence number travel over
+ZeroMQ; readers attach by name and find the layout in the segment itself.
+
+Each slot is guarded by a seqlock: the writer makes the slot's sequence number
+odd, copies, writes the version, then makes it even again. A reader notes the
+(even) sequence number, copies, and checks that it did not move; if it did, the
+read was torn and :class:`TornReadError` is raised (the caller retries from
+:meth:`SharedTensorBlock.latest`). With two slots the writer alternates, so a
+reader of version *k* is only disturbed by the write of version *k + 2*.
+
+Segment format (all integers little-endian int64)::
+
+    [0, 64)                 magic, layout length, layout offset, data offset, slot size, slots
+    [64, 128)               latest slot written (-1 before the first write)
+    [128 + 64 i, +16)       slot i: sequence number, version
+    [layout offset, ...)    msgpack [[key, dtype, shape, offset], ...] (offsets inside a slot)
+    [data offset + i * slot size, ...)   slot i's tensors, each 64-byte aligned
+
+Readers never register the segment with Python's ``resource_tracker`` (Python
+3.11 would unlink a segment it merely attached to when the reader exits): they
+map it with ``shm_open`` directly. The creator registers it as usual, so a
+crashed trainer's segment is still removed. POSIX only.
+
+The seqlock relies on loads and stores not being reordered across the copy
+calls, which holds on x86-64 (TSO) and, in practice, on ARM64 too because every
+copy is an opaque call that ends with a thread-pool join.
+"""
+
+from __future__ import annotations
+
+import math
+import mmap
+import os
+import secrets
+from collections.abc import Mapping
+from multiprocessing import shared_memory
+from typing import Any
+
+import msgpack
+import numpy as np
+import torch
+
+from ._codec import _TORCH_DTYPES, _TORCH_NAMES
+from ._errors import ProtocolError, TransportError
+
+try:
+    import _posixshmem
+except ImportError:  # pragma: no cover - Windows
+    _posixshmem = None
+
+__all__ = ["NAME_PREFIX", "SharedTensorBlock", "TornReadError"]
+
+NAME_PREFIX = "asyncrl_"
+MAGIC = int.from_bytes(b"ARLSHM01", "little")
+MAX_SLOTS = 8
+MAX_LAYOUT_BYTES = 16 << 20
+_ALIGN = 64
+_CTRL_INTS = 16  # bytes [0, 128): header and the latest slot
+_SLOT_STRIDE = 8  # int64s per slot control line (64 bytes)
+
+
+class TornReadError(TransportError):
+    """A slot was overwritten before or while it was read; retry from ``latest()``."""
+
+
+class SharedTensorBlock:
+    """A named shared-memory segment holding ``slots`` copies of a set of tensors.
+
+    The writer creates it from example tensors and publishes versions with
+    :meth:`write`; readers :meth:`attach` by name and copy a slot into their own
+    tensors with :meth:`read_into`, which never returns a torn copy.
+
+    >>> block = SharedTensorBlock.create({"w": torch.zeros(3)})
+    >>> slot, seq = block.write({"w": torch.ones(3)}, version=1)
+    >>> reader = SharedTensorBlock.attach(block.name)
+    >>> out = {"w": torch.empty(3)}
+    >>> reader.read_into(out, slot, seq)
+    1
+    >>> out["w"]
+    tensor([1., 1., 1.])
+    >>> reader.close(); block.close(); block.unlink()
+    """
+
+    def __init__(self, name: str, buffer: Any, closer: Any, *, owner: bool,
+                 layout: list[tuple[str, torch.dtype, tuple[int, ...], int]],
+                 data_offset: int, slot_size: int, slots: int) -> None:
+        self.name = name
+        self.owner = owner
+        self.slots = slots
+        self.slot_size = slot_size
+        self._closer = closer
+        self._buf: memoryview | None = memoryview(buffer)
+        self._ctrl = np.ndarray((_CTRL_INTS + _SLOT_STRIDE * slots,), dtype=np.int64,
+                                buffer=self._buf)
+        self._layout = layout
+        self._views = [self._slot_views(data_offset + i * slot_size) for i in range(slots)]
+
+    # -- construction -----------------------------------------------------------------------
+    @classmethod
+    def create(cls, tensors: Mapping[str, torch.Tensor], *, slots: int = 2,
+               name: str | None = None) -> SharedTensorBlock:
+        """A new segment sized for ``tensors`` (their dtypes and shapes; values are not copied)."""
+        if not 1 <= slots <= MAX_SLOTS:
+            raise ValueError(f"slots must be between 1 and {MAX_SLOTS}, got {slots}")
+        layout, slot_size = _plan(tensors)
+        packed = msgpack.packb([[k, _TORCH_NAMES[d], list(s), o] for k, d, s, o in layout])
+        layout_offset = _CTRL_INTS * 8 + _SLOT_STRIDE * 8 * slots
+        data_offset = _round_up(layout_offset + len(packed), 4096)
+        size = data_offset + slots * slot_size
+        name = name or f"{NAME_PREFIX}{os.getpid()}_{secrets.token_hex(6)}"
+        shm = shared_memory.SharedMemory(name=name, create=True, size=max(size, 1))
+        shm.buf[layout_offset:layout_offset + len(packed)] = packed
+        ctrl = np.ndarray((9,), dtype=np.int64, buffer=shm.buf)
+        ctrl[:] = [MAGIC, len(packed), layout_offset, data_offset, slot_size, slots, 0, 0, -1]
+        del ctrl
+        return cls(shm.name, shm.buf, shm, owner=True, layout=layout,
+                   data_offset=data_offset, slot_size=slot_size, slots=slots)
+
+    @classmethod
+    def attach(cls, name: str) -> SharedTensorBlock:
+        """Map the segment ``name`` created by another process (or this one).
+
+        Raises :class:`ProtocolError` if the name is not one of ours or the
+        segment's header or layout is malformed.
+        """
+        if not (isinstance(name, str) and name.startswith(NAME_PREFIX) and len(name) < 250
+                and "/" not in name):
+            raise ProtocolError(f"shared-memory name {name!r} is not an asyncrl block name")
+        if _posixshmem is None:  # pragma: no cover
+            raise TransportError("shared-memory blocks need a POSIX system")
+        try:
+            fd = _posixshmem.shm_open("/" + name, os.O_RDWR, mode=0o600)
+        except FileNotFoundError:
+            raise TransportError(
+                f"shared-memory block {name!r} does not exist: the trainer that created it "
+                "has closed it or runs on another host (use the ZeroMQ scheme across hosts)"
+            ) from None
+        try:
+            size = os.fstat(fd).st_size
+            mapped = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+        try:
+            header = _read_header(mapped, size)
+            return cls(name, mapped, mapped, owner=False, **header)
+        except BaseException:
+            mapped.close()
+            raise
+
+    # -- info ---------------------------------------------------------------------------------
+    @property
+    def layout(self) -> dict[str, tuple[torch.dtype, tuple[int, ...]]]:
+        """``{key: (dtype, shape)}`` of the tensors held in each slot."""
+        return {key: (dtype, shape) for key, dtype, shape, _ in self._layout}
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of tensor data per slot."""
+        return self.slot_size
+
+    @property
+    def closed(self) -> bool:
+        return self._buf is None
+
+    def matches(self, tensors: Mapping[str, torch.Tensor]) -> bool:
+        """True if ``tensors`` have exactly this block's keys, dtypes and shapes."""
+        layout = self.layout
+        return tensors.keys() == layout.keys() and all(
+            (t.dtype, tuple(t.shape)) == layout[k] for k, t in tensors.items()
+        )
+
+    def latest(self) -> tuple[int, int, int] | None:
+        """``(slot, seq, version)`` of the last complete write, or None before the first."""
+        ctrl = self._require_open()
+        slot = int(ctrl[8])
+        if not 0 <= slot < self.slots:
+            return None
+        seq, version = self.slot_state(slot)
+        return slot, seq, version
+
+    def slot_state(self, slot: int) -> tuple[int, int]:
+        """``(seq, version)`` of ``slot``; an odd ``seq`` means a write is in progress."""
+        ctrl = self._require_open()
+        base = _CTRL_INTS + _SLOT_STRIDE * self._check_slot(slot)
+        seq = int(ctrl[base])
+        return seq, int(ctrl[base + 1])
+
+    # -- writer -------------------------------------------------------------------------------
+    def write(self, tensors: Mapping[str, torch.Tensor], version: int, *,
+              slot: int | None = None) -> tuple[int, int]:
+        """Copy ``tensors`` into a slot as ``version``; return ``(slot, seq)`` to publish.
+
+        By default the slot after the latest one is used, so the latest complete
+        version stays readable during the write. One writer per block.
+        """
+        ctrl = self._require_open()
+        if slot is None:
+            slot = (int(ctrl[8]) + 1) % self.slots
+        base = _CTRL_INTS + _SLOT_STRIDE * self._check_slot(slot)
+        self._check_tensors(tensors)
+        seq = int(ctrl[base])
+        if seq % 2:
+            seq += 1  # a writer died mid-write: the slot holds garbage, start a clean round
+        ctrl[base] = seq + 1  # odd: readers of this slot will see the tear
+        views = self._views[slot]
+        with torch.no_grad():
+            for key, view in views.items():
+                view.copy_(tensors[key])
+        ctrl[base + 1] = version
+        ctrl[base] = seq + 2
+        ctrl[8] = slot
+        return slot, seq + 2
+
+    # -- reader -------------------------------------------------------------------------------
+    def read_into(self, destination: Mapping[str, torch.Tensor], slot: int,
+                  seq: int | None = None) -> int:
+        """Copy ``slot`` into ``destination`` (same keys) and return its version.
+
+        ``seq`` is the sequence number published with the slot; when given, a
+        slot rewritten since then counts as torn. Raises :class:`TornReadError`
+        when the slot changed before or during the copy: ``destination`` may then
+        hold a mix and must be read again (e.g. from :meth:`latest`).
+        """
+        ctrl = self._require_open()
+        base = _CTRL_INTS + _SLOT_STRIDE * self._check_slot(slot)
+        if destination.keys() != self._views[slot].keys():
+            raise KeyError("destination keys differ from the block's layout: "
+                           f"{sorted(set(destination) ^ set(self._views[slot]))}")
+        before = int(ctrl[base])
+        if before % 2 or (seq is not None and before != seq):
+            raise TornReadError(f"slot {slot} of {self.name} was overwritten (seq {before}, "
+                                f"expected {seq}); read the latest slot instead")
+        version = int(ctrl[base + 1])
+        with torch.no_grad():
+            for key, view in self._views[slot].items():
+                destination[key].copy_(view)
+        after = int(ctrl[base])
+        if after != before:
+            raise TornReadError(f"slot {slot} of {self.name} was rewritten during the read "
+                                f"(seq {before} -> {after}); read the latest slot instead")
+        return version
+
+    def read(self, slot: int, seq: int | None = None) -> tuple[int, dict[str, torch.Tensor]]:
+        """``(version, {key: private copy})`` of ``slot``; see :meth:`read_into`."""
+        out = {k: torch.empty(shape, dtype=dtype) for k, (dtype, shape) in self.layout.items()}
+        return self.read_into(out, slot, seq), out
+
+    # -- lifetime -----------------------------------------------------------------------------
+    def close(self) -> None:
+        """Unmap the segment (idempotent). Tensors from :meth:`views` must be gone."""
+        if self._buf is None:
+            return
+        self._views = []
+        self._ctrl = None  # type: ignore[assignment]
+        buf, self._buf = self._buf, None
+        buf.release()
+        try:
+            self._closer.close()
+        except BufferError:
+            pass  # someone still holds a view: the mapping goes away with it
+
+    def unlink(self) -> None:
+        """Remove the segment's name (creator only; idempotent). Mappings stay valid."""
+        if not self.owner:
+            raise TransportError(f"only the creator unlinks {self.name}")
+        try:
+            self._closer.unlink()
+        except FileNotFoundError:
+            pass
+
+    def __enter__(self) -> SharedTensorBlock:
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
+        if self.owner:
+            self.unlink()
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else f"{len(self._layout)} tensors x {self.slots} slots"
+        return f"SharedTensorBlock({self.name!r}, {state}, {self.slot_size} bytes/slot)"
+
+    def __reduce__(self) -> Any:
+        raise TypeError("a SharedTensorBlock does not pickle: send its name and attach()")
+
+    # -- internals ----------------------------------------------------------------------------
+    def _require_open(self) -> np.ndarray:
+        if self._buf is None:
+            raise TransportError(f"shared-memory block {self.name} is closed")
+        return self._ctrl
+
+    def _check_slot(self, slot: int) -> int:
+        if type(slot) is not int or not 0 <= slot < self.slots:
+            raise ProtocolError(f"slot {slot!r} out of range for a block of {self.slots} slots")
+        return slot
+
+    def _check_tensors(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        layout = self.layout
+        if tensors.keys() != layout.keys():
+            raise KeyError(f"keys differ from the block's layout: "
+                           f"{sorted(set(tensors) ^ set(layout))}")
+        for key, tensor in tensors.items():
+            if tuple(tensor.shape) != layout[key][1]:
+                raise ValueError(f"{key}: shape {list(tensor.shape)}, block holds "
+                                 f"{list(layout[key][1])}")
+
+    def _slot_views(self, start: int) -> dict[str, torch.Tensor]:
+        assert self._buf is not None
+        views = {}
+        for key, dtype, shape, offset in self._layout:
+            nbytes = math.prod(shape) * dtype.itemsize
+            raw = np.ndarray((nbytes,), dtype=np.uint8, buffer=self._buf, offset=start + offset)
+            views[key] = torch.from_numpy(raw).view(dtype).view(shape)
+        return views
+
+
+def _plan(tensors: Mapping[str, torch.Tensor]
+          ) -> tuple[list[tuple[str, torch.dtype, tuple[int, ...], int]], int]:
+    layout = []
+    offset = 0
+    for key, tensor in tensors.items():
+        if not isinstance(key, str) or not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"a block holds {{str: Tensor}}, got {key!r}: {type(tensor)}")
+        if tensor.dtype not in _TORCH_NAMES:
+            raise TypeError(f"{key}: dtype {tensor.dtype} cannot live in a block")
+        layout.append((key, tensor.dtype, tuple(tensor.shape), offset))
+        offset = _round_up(offset + tensor.numel() * tensor.element_size(), _ALIGN)
+    return layout, max(offset, _ALIGN)
+
+
+def _read_header(buffer: Any, size: int) -> dict[str, Any]:
+    if size < _CTRL_INTS * 8:
+        raise ProtocolError(f"shared-memory segment of {size} bytes is too small for a block")
+    head = np.frombuffer(buffer, dtype=np.int64, count=9)
+    magic, layout_len, layout_offset, data_offset, slot_size, slots = (int(x) for x in head[:6])
+    del head
+    if magic != MAGIC:
+        raise ProtocolError("shared-memory segment is not an asyncrl tensor block (bad magic)")
+    if not 1 <= slots <= MAX_SLOTS or not 0 < layout_len <= MAX_LAYOUT_BYTES:
+        raise ProtocolError(f"block header is malformed (slots={slots}, layout={layout_len} B)")
+    if (layout_offset != _CTRL_INTS * 8 + _SLOT_STRIDE * 8 * slots
+            or data_offset < layout_offset + layout_len or slot_size < 0
+            or data_offset % _ALIGN or slot_size % _ALIGN
+            or data_offset + slots * slot_size > size):
+        raise ProtocolError("block header's offsets do not fit the segment")
+    try:
+        entries = msgpack.unpackb(buffer[layout_offset:layout_offset + layout_len], raw=False,
+                                  use_list=True)
+    except Exception as exc:
+        raise ProtocolError(f"block layout is not valid msgpack: {exc}") from None
+    return {"layout": _check_layout(entries, slot_size), "data_offset": data_offset,
+            "slot_size": slot_size, "slots": slots}
+
+
+def _check_layout(entries: Any, slot_size: int
+                  ) -> list[tuple[str, torch.dtype, tuple[int, ...], int]]:
+    if not isinstance(entries, list):
+        raise ProtocolError("block layout must be a list")
+    layout = []
+    end = 0
+    for entry in entries:
+        if not (isinstance(entry, list) and len(entry) == 4 and isinstance(entry[0], str)):
+            raise ProtocolError(f"block layout entry {entry!r} is not [key, dtype, shape, offset]")
+        key, dtype_name, shape, offset = entry
+        dtype = _TORCH_DTYPES.get(dtype_name) if isinstance(dtype_name, str) else None
+        if dtype is None or not isinstance(shape, list) or len(shape) > 32 or not all(
+                type(d) is int and 0 <= d < (1 << 48) for d in shape):
+            raise ProtocolError(f"block layout entry {key!r} has a bad dtype or shape")
+        nbytes = math.prod(shape) * dtype.itemsize
+        if type(offset) is not int or offset < end or offset % _ALIGN or offset + nbytes > slot_size:
+            raise ProtocolError(f"block layout entry {key!r} lies outside its slot or overlaps")
+        end = offset + nbytes
+        layout.append((key, dtype, tuple(shape), offset))
+    return layout
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return (value + multiple - 1) // multiple * multiple
