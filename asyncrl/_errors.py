@@ -1,0 +1,59 @@
+"""The asyncrl exception tree, and rebuilding a worker's exception in the trainer."""
+
+from __future__ import annotations
+
+import builtins
+import sys
+
+from transports import RemoteError
+
+
+class CollectorError(Exception):
+    """Base class of the errors a collector raises itself."""
+
+
+class WorkerLostError(CollectorError):
+    """A worker process or host died or went silent."""
+
+
+class HandshakeError(CollectorError):
+    """A worker was refused: wrong protocol, mismatched env specs, no credentials."""
+
+
+def rebuild_remote_exception(
+    type_path: str, message: str, traceback_text: str, *, peer: str | None = None
+) -> BaseException:
+    """The worker's exception as the trainer should see it.
+
+    The original type is used when it is a builtin or lives in a module this
+    process already imported (a remote peer never makes us import anything);
+    otherwise a :class:`transports.RemoteError`. The remote traceback is kept
+    as the ``__cause__`` (a ``RemoteError``) and as a note.
+    """
+    remote = RemoteError(message, peer=peer, remote_type=type_path,
+                         remote_traceback=traceback_text)
+    cls = _resolve_exception_type(type_path)
+    if cls is None:
+        return remote
+    try:
+        error = cls(message)
+    except Exception:
+        return remote
+    where = f" in worker {peer}" if peer else " in a worker"
+    error.add_note(f"raised{where}; its traceback:\n{traceback_text.rstrip()}")
+    error.__cause__ = remote
+    return error
+
+
+def _resolve_exception_type(type_path: str) -> type[Exception] | None:
+    module_name, _, qualname = type_path.rpartition(".")
+    if module_name == "builtins":
+        candidate = getattr(builtins, qualname, None)
+    else:
+        module = sys.modules.get(module_name)  # never import on a peer's word
+        candidate = module
+        for part in qualname.split(".") if module is not None else ():
+            candidate = getattr(candidate, part, None)
+    if isinstance(candidate, type) and issubclass(candidate, Exception):
+        return candidate
+    return None

@@ -1,0 +1,195 @@
+"""Coordinator <-> worker messages, typed and validated.
+
+Each message is a small dataclass; ``to_body()`` gives the msgpack body sent
+with ``kind=<KIND>``; ``from_body()`` validates a body that came from the
+network and raises :class:`transports.ProtocolError` naming the bad field.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, ClassVar, Self
+
+from tensordict import TensorDictBase
+from transports import ProtocolError
+
+PROTOCOL = 1
+
+
+def _field(body: Any, name: str, kind: type | tuple[type, ...], what: str) -> Any:
+    if not isinstance(body, dict):
+        raise ProtocolError(f"{what} message body must be a map, got {type(body).__name__}")
+    value = body.get(name)
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise ProtocolError(
+            f"{what} message field {name!r} must be {getattr(kind, '__name__', kind)}, "
+            f"got {type(value).__name__}"
+        )
+    return value
+
+
+@dataclass(slots=True)
+class Hello:
+    """Worker -> coordinator, first message: who I am and what my envs look like."""
+
+    KIND: ClassVar[str] = "hello"
+    protocol: int
+    name: str
+    host: str
+    pid: int
+    specs: dict[str, Any]
+    slot: int = -1  # the index a locally spawned worker was started for; -1: any
+    token: str = ""  # proves a local worker was spawned by this coordinator
+
+    def to_body(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_body(cls, body: Any) -> Self:
+        return cls(
+            protocol=_field(body, "protocol", int, "hello"),
+            name=_field(body, "name", str, "hello")[:200],
+            host=_field(body, "host", str, "hello")[:200],
+            pid=_field(body, "pid", int, "hello"),
+            specs=_field(body, "specs", dict, "hello"),
+            slot=_field(body, "slot", int, "hello"),
+            token=_field(body, "token", str, "hello")[:200],
+        )
+
+
+@dataclass(slots=True)
+class Welcome:
+    """Coordinator -> worker: your index and configuration."""
+
+    KIND: ClassVar[str] = "welcome"
+    index: int
+    frames_per_batch: int
+    init_random_frames: int = 0
+
+    def to_body(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_body(cls, body: Any) -> Self:
+        return cls(
+            index=_field(body, "index", int, "welcome"),
+            frames_per_batch=_field(body, "frames_per_batch", int, "welcome"),
+            init_random_frames=_field(body, "init_random_frames", int, "welcome"),
+        )
+
+
+@dataclass(slots=True)
+class Refuse:
+    """Coordinator -> worker: you may not join, and why."""
+
+    KIND: ClassVar[str] = "refuse"
+    reason: str
+
+    def to_body(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_body(cls, body: Any) -> Self:
+        return cls(reason=_field(body, "reason", str, "refuse"))
+
+
+@dataclass(slots=True)
+class Collect:
+    """Coordinator -> worker: collect ``credits`` batches for request ``request``."""
+
+    KIND: ClassVar[str] = "collect"
+    request: int
+    credits: int = 1
+
+    def to_body(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_body(cls, body: Any) -> Self:
+        credits = _field(body, "credits", int, "collect")
+        if not 0 < credits <= 1 << 20:
+            raise ProtocolError(f"collect credits must be in 1..2**20, got {credits}")
+        return cls(request=_field(body, "request", int, "collect"), credits=credits)
+
+
+@dataclass(slots=True)
+class Preempt:
+    """Coordinator -> worker: stop the batch for ``request`` now and send what you have."""
+
+    KIND: ClassVar[str] = "preempt"
+    request: int
+
+    def to_body(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_body(cls, body: Any) -> Self:
+        return cls(request=_field(body, "request", int, "preempt"))
+
+
+@dataclass(slots=True)
+class Batch:
+    """Worker -> coordinator: the frames of one batch."""
+
+    KIND: ClassVar[str] = "batch"
+    request: int
+    frames: TensorDictBase
+
+    def to_body(self) -> dict[str, Any]:
+        return {"request": self.request, "frames": self.frames}
+
+    @classmethod
+    def from_body(cls, body: Any) -> Self:
+        return cls(request=_field(body, "request", int, "batch"),
+                   frames=_field(body, "frames", TensorDictBase, "batch"))
+
+
+@dataclass(slots=True)
+class ErrorReport:
+    """Worker -> coordinator: an exception in the env, the policy or the worker."""
+
+    KIND: ClassVar[str] = "error"
+    type: str
+    message: str
+    traceback: str
+    fatal: bool = True
+
+    def to_body(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_body(cls, body: Any) -> Self:
+        return cls(
+            type=_field(body, "type", str, "error")[:500],
+            message=_field(body, "message", str, "error")[:65536],
+            traceback=_field(body, "traceback", str, "error")[:262144],
+            fatal=_field(body, "fatal", bool, "error"),
+        )
+
+
+@dataclass(slots=True)
+class Control:
+    """Coordinator -> worker, acknowledged: an operation and its arguments.
+
+    Operations: ``seed``, ``reset``, ``state_dict``, ``load_state_dict``,
+    ``getattr_policy``, ``getattr_env``, ``close``.
+    """
+
+    KIND: ClassVar[str] = "control"
+    OPS: ClassVar[frozenset[str]] = frozenset(
+        {"seed", "reset", "state_dict", "load_state_dict", "getattr_policy", "getattr_env",
+         "close"}
+    )
+    op: str
+    args: dict[str, Any] = field(default_factory=dict)
+
+    def to_body(self) -> dict[str, Any]:
+        return {"op": self.op, "args": self.args}
+
+    @classmethod
+    def from_body(cls, body: Any) -> Self:
+        op = _field(body, "op", str, "control")
+        if op not in cls.OPS:
+            raise ProtocolError(f"unknown control operation {op!r}; expected one of "
+                                f"{sorted(cls.OPS)}")
+        return cls(op=op, args=_field(body, "args", dict, "control"))

@@ -1,0 +1,58 @@
+"""What a worker needs to build its envs, its policy and its rollout.
+
+A :class:`WorkerSpec` travels to spawned local workers through multiprocessing
+(pickle between our own processes). A remote host builds the same object from
+import paths given on its command line: code never travels over the network.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class WorkerSpec:
+    """How to build one worker: env factory, policy, rollout options, weight schemes."""
+
+    create_env_fn: Any
+    create_env_kwargs: Mapping[str, Any] | None = None
+    envs_per_worker: int = 1
+    policy: Any = None
+    policy_factory: Callable[[], Any] | str | None = None
+    max_frames_per_traj: int | None = None
+    reset_at_each_iter: bool = False
+    reset_when_done: bool = True
+    set_truncated: bool = False
+    exploration_type: Any = "random"
+    storing_device: Any = None
+    weight_sync_schemes: dict[str, Any] = field(default_factory=dict)
+    torch_threads: int = 1
+
+    def make_policy(self) -> Any:
+        """The worker's own policy: from the factory, else the (unpickled) policy, else None."""
+        if self.policy_factory is not None:
+            factory = self.policy_factory
+            if isinstance(factory, str):
+                factory = resolve_import_path(factory)
+            return factory()
+        return self.policy
+
+
+def resolve_import_path(path: str) -> Any:
+    """``"pkg.mod:attr.sub"`` -> the object; a clear ``ValueError`` when it does not resolve."""
+    module_name, sep, attr_path = path.partition(":")
+    if not sep or not module_name or not attr_path:
+        raise ValueError(f"expected an import path 'package.module:name', got {path!r}")
+    try:
+        target: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(f"cannot import module {module_name!r} of {path!r}: {exc}") from exc
+    for part in attr_path.split("."):
+        try:
+            target = getattr(target, part)
+        except AttributeError:
+            raise ValueError(f"module {module_name!r} has no attribute {attr_path!r}") from None
+    return target

@@ -1,0 +1,149 @@
+"""What every collector shares: iteration, frame accounting, post-processing, free run."""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any, Self
+
+import anyio
+from tensordict import TensorDictBase
+
+from .._errors import CollectorError
+from ..rollout import split_trajectories
+
+
+def normalise_total_frames(total_frames: int | None, batch_frames: int) -> int:
+    """TorchRL's rule: -1 (or None) is endless; otherwise round up to whole batches."""
+    if total_frames is None or total_frames < 0:
+        return -1
+    if total_frames == 0:
+        raise ValueError("total_frames must be positive, or -1 for an endless collector")
+    if total_frames % batch_frames:
+        rounded = math.ceil(total_frames / batch_frames) * batch_frames
+        warnings.warn(
+            f"total_frames ({total_frames}) is not a multiple of frames_per_batch "
+            f"({batch_frames}); the collector will deliver {rounded} frames",
+            UserWarning, stacklevel=3)
+        return rounded
+    return total_frames
+
+
+class BaseCollector:
+    """Async iteration over batches, ``total_frames``, ``postproc``, ``start()``/``pause()``."""
+
+    def __init__(
+        self,
+        *,
+        total_frames: int | None,
+        batch_frames: int,
+        split_trajs: bool = False,
+        postproc: Callable[[TensorDictBase], TensorDictBase] | None = None,
+        replay_buffer: Any = None,
+        update_at_each_batch: bool = False,
+    ) -> None:
+        self.total_frames = normalise_total_frames(total_frames, batch_frames)
+        self.split_trajs = split_trajs
+        self.postproc = postproc
+        self.replay_buffer = replay_buffer
+        self.update_at_each_batch = update_at_each_batch
+        self.frames_collected = 0
+        self._task_group: Any = None
+        self._closed = False
+        self._running_free = False
+        self._resumed = anyio.Event()
+        self._resumed.set()
+
+    # -- to implement --------------------------------------------------------------
+    async def _open(self) -> None:
+        raise NotImplementedError
+
+    async def _close(self) -> None:
+        raise NotImplementedError
+
+    async def _next_batch(self) -> TensorDictBase:
+        raise NotImplementedError
+
+    async def update_policy_weights(self, weights: Any = None, *, worker_ids: Any = None,
+                                    model_id: str = "policy") -> None:
+        raise NotImplementedError
+
+    # -- life cycle ---------------------------------------------------------------------
+    async def __aenter__(self) -> Self:
+        self._task_group = anyio.create_task_group()
+        await self._task_group.__aenter__()
+        try:
+            await self._open()
+        except BaseException as exc:
+            await self.aclose()
+            await self._task_group.__aexit__(type(exc), exc, exc.__traceback__)
+            raise
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> bool | None:
+        await self.aclose()
+        return await self._task_group.__aexit__(*exc_info)
+
+    async def aclose(self) -> None:
+        """Stop workers and release everything. Idempotent; bounded even when cancelled."""
+        if self._closed:
+            return
+        self._closed = True
+        with anyio.CancelScope(shield=True):
+            await self._close()
+
+    # -- iteration ---------------------------------------------------------------------
+    def __aiter__(self) -> Self:
+        return self
+
+    async def __anext__(self) -> TensorDictBase:
+        if self._closed:
+            raise StopAsyncIteration
+        if 0 <= self.total_frames <= self.frames_collected:
+            raise StopAsyncIteration
+        if self.update_at_each_batch:
+            await self.update_policy_weights()
+        batch = await self._next_batch()
+        self.frames_collected += batch.numel()
+        if self.split_trajs:
+            batch = split_trajectories(batch)
+        if self.postproc is not None:
+            batch = self.postproc(batch)
+        return batch
+
+    # -- free run into a sink ---------------------------------------------------------------
+    def start(self) -> None:
+        """Collect in the background into ``replay_buffer`` (anything with ``.extend(td)``).
+
+        Stops at ``total_frames``, at :meth:`aclose`, or on an error, which is
+        raised out of the collector's ``async with`` block.
+        """
+        if self.replay_buffer is None:
+            raise CollectorError("start() needs a replay_buffer (any object with .extend(td))")
+        if self._task_group is None:
+            raise CollectorError("start() needs an open collector: use 'async with' first")
+        if self._running_free:
+            return
+        self._running_free = True
+        self._task_group.start_soon(self._run_free)
+
+    async def _run_free(self) -> None:
+        async for batch in self:
+            self.replay_buffer.extend(batch)
+            await self._resumed.wait()
+
+    @asynccontextmanager
+    async def pause(self) -> AsyncIterator[None]:
+        """``async with c.pause():`` — no new batch is collected inside the block."""
+        self._resumed = anyio.Event()
+        await self._set_paused(True)
+        try:
+            yield
+        finally:
+            self._resumed.set()
+            await self._set_paused(False)
+
+    async def _set_paused(self, paused: bool) -> None:
+        pass

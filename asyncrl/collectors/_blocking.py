@@ -1,0 +1,86 @@
+"""A blocking facade over any async collector, for training loops that are not async."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterator
+from contextlib import AbstractContextManager
+from typing import Any
+
+from anyio.from_thread import BlockingPortal, start_blocking_portal
+from tensordict import TensorDictBase
+
+
+class BlockingCollector:
+    """Use an async collector from plain code, through an anyio blocking portal.
+
+    The collector runs on an event loop in a background thread; iteration and
+    every coroutine method become blocking calls.
+
+    >>> from asyncrl import BlockingCollector, MultiSyncCollector     # doctest: +SKIP
+    >>> with BlockingCollector(MultiSyncCollector("CartPole-v1", num_workers=2,
+    ...                                           frames_per_batch=200, total_frames=1000)) as c:
+    ...     for batch in c:
+    ...         c.update_policy_weights()
+    """
+
+    def __init__(self, collector: Any, *, backend: str = "asyncio") -> None:
+        self.collector = collector
+        self.backend = backend
+        self._portal_cm: AbstractContextManager[BlockingPortal] | None = None
+        self._portal: BlockingPortal | None = None
+        self._collector_cm: AbstractContextManager[Any] | None = None
+
+    def __enter__(self) -> BlockingCollector:
+        self._portal_cm = start_blocking_portal(self.backend)
+        self._portal = self._portal_cm.__enter__()
+        try:
+            self._collector_cm = self._portal.wrap_async_context_manager(self.collector)
+            self._collector_cm.__enter__()
+        except BaseException:
+            self._portal_cm.__exit__(None, None, None)
+            raise
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close(*exc_info)
+
+    def close(self, *exc_info: Any) -> None:
+        """Close the collector and stop the event loop thread. Idempotent."""
+        if self._collector_cm is not None:
+            cm, self._collector_cm = self._collector_cm, None
+            cm.__exit__(*(exc_info or (None, None, None)))
+        if self._portal_cm is not None:
+            cm2, self._portal_cm = self._portal_cm, None
+            cm2.__exit__(None, None, None)
+
+    def __iter__(self) -> Iterator[TensorDictBase]:
+        portal = self._require_portal()
+        while True:
+            try:
+                yield portal.call(self.collector.__anext__)
+            except StopAsyncIteration:
+                return
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.collector, name)
+        if callable(attr) and _is_coroutine_function(attr):
+            portal = self._require_portal()
+
+            @functools.wraps(attr)
+            def call(*args: Any, **kwargs: Any) -> Any:
+                return portal.call(functools.partial(attr, *args, **kwargs))
+
+            return call
+        return attr
+
+    def _require_portal(self) -> BlockingPortal:
+        if self._portal is None:
+            raise RuntimeError("use BlockingCollector inside a 'with' block")
+        return self._portal
+
+
+def _is_coroutine_function(fn: Any) -> bool:
+    import inspect
+
+    return inspect.iscoroutinefunction(fn)

@@ -1,0 +1,137 @@
+"""The in-process collector: envs and policy in the trainer's process, stepped in a thread."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import torch
+from tensordict import TensorDictBase
+
+from .._spec import WorkerSpec
+from ..envs import make_env_pool
+from ..rollout import Rollout
+from ..weights import WeightStrategy
+from ._base import BaseCollector
+
+
+class Collector(BaseCollector):
+    """Collect in the caller's process: ``async for batch in Collector(...)``.
+
+    The rollout runs in a worker thread so the event loop stays free. The
+    policy object is shared with the trainer: ``update_policy_weights()``
+    without weights only bumps the version (no copy); with weights it loads
+    them between two batches.
+
+    >>> async with Collector("CartPole-v1", frames_per_batch=200,    # doctest: +SKIP
+    ...                      total_frames=1000) as collector:
+    ...     async for batch in collector:
+    ...         print(batch["next", "reward"].sum())
+    """
+
+    def __init__(
+        self,
+        create_env_fn: Any,
+        policy: Any = None,
+        *,
+        policy_factory: Callable[[], Any] | str | None = None,
+        frames_per_batch: int,
+        total_frames: int | None = -1,
+        create_env_kwargs: dict[str, Any] | None = None,
+        envs_per_worker: int = 1,
+        max_frames_per_traj: int | None = None,
+        init_random_frames: int | None = None,
+        reset_at_each_iter: bool = False,
+        reset_when_done: bool = True,
+        split_trajs: bool = False,
+        postproc: Callable[[TensorDictBase], TensorDictBase] | None = None,
+        set_truncated: bool = False,
+        exploration_type: Any = "random",
+        update_at_each_batch: bool = False,
+        replay_buffer: Any = None,
+        device: Any = None,
+        policy_device: Any = None,
+        env_device: Any = None,
+        storing_device: Any = None,
+    ) -> None:
+        super().__init__(total_frames=total_frames, batch_frames=frames_per_batch,
+                         split_trajs=split_trajs, postproc=postproc,
+                         replay_buffer=replay_buffer, update_at_each_batch=update_at_each_batch)
+        self.frames_per_batch = frames_per_batch
+        self.init_random_frames = int(init_random_frames or 0)
+        self._spec = WorkerSpec(
+            create_env_fn=create_env_fn, create_env_kwargs=create_env_kwargs,
+            envs_per_worker=envs_per_worker, policy=policy, policy_factory=policy_factory,
+            max_frames_per_traj=max_frames_per_traj, reset_at_each_iter=reset_at_each_iter,
+            reset_when_done=reset_when_done, set_truncated=set_truncated,
+            exploration_type=exploration_type, storing_device=storing_device,
+        )
+        self.policy = policy
+        self.policy_version = 0
+        self.rollout: Rollout | None = None
+        self._lock = anyio.Lock()  # the rollout and weight loads never overlap
+
+    async def _open(self) -> None:
+        self.rollout = await anyio.to_thread.run_sync(self._build)
+
+    def _build(self) -> Rollout:
+        spec = self._spec
+        pool = make_env_pool(spec.create_env_fn, create_env_kwargs=spec.create_env_kwargs,
+                             num_envs=spec.envs_per_worker)
+        if self.policy is None:
+            self.policy = spec.make_policy()
+        return Rollout(pool, self.policy, self.frames_per_batch, worker_index=0,
+                       max_frames_per_traj=spec.max_frames_per_traj,
+                       init_random_frames=self.init_random_frames,
+                       reset_at_each_iter=spec.reset_at_each_iter,
+                       reset_when_done=spec.reset_when_done, set_truncated=spec.set_truncated,
+                       exploration_type=spec.exploration_type,
+                       storing_device=spec.storing_device)
+
+    async def _close(self) -> None:
+        if self.rollout is not None:
+            self.rollout.close()
+
+    async def _next_batch(self) -> TensorDictBase:
+        assert self.rollout is not None
+        async with self._lock:
+            # The rollout reuses its buffers: hand out a copy the trainer may keep.
+            return await anyio.to_thread.run_sync(lambda: self.rollout.collect().clone())
+
+    async def update_policy_weights(self, weights: Any = None, *, worker_ids: Any = None,
+                                    model_id: str = "policy") -> None:
+        """Apply ``weights`` (or nothing, when the trainer updates this very policy)."""
+        if model_id != "policy":
+            raise KeyError(f"the in-process collector has only the 'policy' model, "
+                           f"not {model_id!r}")
+        async with self._lock:
+            if weights is not None and weights is not self.policy:
+                WeightStrategy("state_dict").apply_weights(self.policy, weights)
+            self.policy_version += 1
+            if self.rollout is not None:
+                self.rollout.policy_version = self.policy_version
+
+    async def set_seed(self, seed: int, static_seed: bool = False) -> int:
+        assert self.rollout is not None
+        async with self._lock:
+            return self.rollout.set_seed(seed, static_seed)
+
+    async def reset(self, reset_idx: Any = None) -> None:
+        assert self.rollout is not None
+        async with self._lock:
+            self.rollout.reset(reset_idx)
+
+    def get_model(self, model_id: str = "policy") -> Any:
+        if model_id != "policy":
+            raise KeyError(model_id)
+        return self.policy
+
+    def state_dict(self) -> dict[str, Any]:
+        policy = self.policy
+        return {"policy_state_dict": policy.state_dict()} if isinstance(
+            policy, torch.nn.Module) else {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if isinstance(self.policy, torch.nn.Module) and "policy_state_dict" in state_dict:
+            self.policy.load_state_dict(state_dict["policy_state_dict"])

@@ -1,0 +1,403 @@
+"""Multi-process collectors: a coordinator in the trainer, workers in other processes."""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import shutil
+import tempfile
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import anyio
+import anyio.lowlevel
+import torch
+from tensordict import TensorDict, TensorDictBase
+from transports import Hub
+
+from .._errors import CollectorError, WorkerLostError
+from .._protocol import Control
+from .._spec import WorkerSpec
+from ..scheduler import OnWorkerLoss, Scheduler, WorkerInfo, check_specs
+from ..weights import WeightSender, ZmqWeightSyncScheme
+from ._base import BaseCollector
+from ._processes import LocalWorkers
+
+log = logging.getLogger("asyncrl.collectors")
+
+
+class MultiCollector(BaseCollector):
+    """Collect with ``num_workers`` processes; ``sync=True`` on-policy, ``False`` off-policy.
+
+    ``MultiCollector(..., sync=True)`` builds a :class:`MultiSyncCollector`
+    (every worker contributes one share to every batch) and ``sync=False`` a
+    :class:`MultiAsyncCollector` (each batch comes from one worker, first come
+    first served, each worker at most ``prefetch`` batches ahead).
+
+    >>> async with MultiCollector("CartPole-v1", policy=None, num_workers=2,   # doctest: +SKIP
+    ...                           frames_per_batch=1000, total_frames=10_000, sync=True) as c:
+    ...     async for batch in c:
+    ...         loss = train(batch)
+    ...         await c.update_policy_weights()
+    """
+
+    sync: bool = True
+
+    def __new__(cls, *args: Any, sync: bool | None = None, **kwargs: Any) -> Any:
+        if cls is MultiCollector:
+            cls = MultiSyncCollector if sync in (None, True) else MultiAsyncCollector
+        return super().__new__(cls)
+
+    def __init__(
+        self,
+        create_env_fn: Any,
+        policy: Any = None,
+        *,
+        num_workers: int | None = None,
+        sync: bool | None = None,
+        policy_factory: Callable[[], Any] | str | None = None,
+        frames_per_batch: int | Sequence[int],
+        total_frames: int | None = -1,
+        create_env_kwargs: dict[str, Any] | None = None,
+        envs_per_worker: int = 1,
+        max_frames_per_traj: int | None = None,
+        init_random_frames: int | None = None,
+        reset_at_each_iter: bool = False,
+        reset_when_done: bool = True,
+        split_trajs: bool = False,
+        postproc: Callable[[TensorDictBase], TensorDictBase] | None = None,
+        set_truncated: bool = False,
+        exploration_type: Any = "random",
+        cat_results: str | int | None = 0,
+        preemptive_threshold: float | None = None,
+        update_at_each_batch: bool = False,
+        replay_buffer: Any = None,
+        weight_sync_schemes: dict[str, Any] | None = None,
+        prefetch: int = 1,
+        device: Any = None,
+        policy_device: Any = None,
+        env_device: Any = None,
+        storing_device: Any = None,
+        on_worker_loss: OnWorkerLoss = "raise",
+        backend: str | None = None,
+        heartbeat_interval: float = 1.0,
+        peer_timeout: float = 10.0,
+        listen: str | None = None,
+        remote_workers: int = 0,
+    ) -> None:
+        if isinstance(create_env_fn, list | tuple):
+            if num_workers is not None and num_workers != len(create_env_fn):
+                raise ValueError(f"num_workers={num_workers} but {len(create_env_fn)} env "
+                                 "factories were given")
+            if len({id(f) for f in create_env_fn}) > 1:
+                raise ValueError("one env factory shared by all workers is supported; pass "
+                                 "create_env_fn=factory and num_workers=N")
+            num_workers, create_env_fn = len(create_env_fn), create_env_fn[0]
+        num_workers = 1 if num_workers is None else num_workers
+        if num_workers + remote_workers < 1:
+            raise ValueError("need at least one worker (num_workers + remote_workers >= 1)")
+        if prefetch < 1:
+            raise ValueError(f"prefetch must be >= 1, got {prefetch}")
+        if preemptive_threshold is not None and not 0 < preemptive_threshold <= 1:
+            raise ValueError(f"preemptive_threshold must be in (0, 1], got {preemptive_threshold}")
+        if remote_workers and listen is None:
+            raise ValueError("remote_workers needs listen='tcp://HOST:PORT'")
+        self.num_workers = num_workers
+        self.remote_workers = remote_workers
+        self.envs_per_worker = envs_per_worker
+        self.prefetch = prefetch
+        self.cat_results = cat_results
+        self.preemptive_threshold = preemptive_threshold
+        self.on_worker_loss = on_worker_loss
+        self.listen = listen
+        self.backend = backend
+        self._heartbeat = (heartbeat_interval, peer_timeout)
+        total_workers = num_workers + remote_workers
+        self.frames_per_worker = self._split_frames(frames_per_batch, total_workers)
+        batch_frames = (sum(self.frames_per_worker) if self.sync
+                        else self.frames_per_worker[0])
+        super().__init__(total_frames=total_frames, batch_frames=batch_frames,
+                         split_trajs=split_trajs, postproc=postproc,
+                         replay_buffer=replay_buffer, update_at_each_batch=update_at_each_batch)
+        self.frames_per_batch = batch_frames
+        self.init_random_frames = int(init_random_frames or 0)
+        self.policy = policy
+        schemes = dict(weight_sync_schemes or {})
+        if "policy" not in schemes and isinstance(policy, torch.nn.Module):
+            schemes["policy"] = ZmqWeightSyncScheme()
+        self.weight_sync_schemes = schemes
+        self._spec = WorkerSpec(
+            create_env_fn=create_env_fn, create_env_kwargs=create_env_kwargs,
+            envs_per_worker=envs_per_worker,
+            policy=policy if policy_factory is None else None, policy_factory=policy_factory,
+            max_frames_per_traj=max_frames_per_traj, reset_at_each_iter=reset_at_each_iter,
+            reset_when_done=reset_when_done, set_truncated=set_truncated,
+            exploration_type=exploration_type, storing_device=storing_device,
+            weight_sync_schemes=schemes,
+        )
+        self._senders: dict[str, WeightSender] = {}
+        self._hub: Hub | None = None
+        self._workers: LocalWorkers | None = None
+        self._scheduler: Scheduler | None = None
+        self._tmpdir: str | None = None
+        self._ready = False
+        self._background = anyio.CancelScope()
+
+    def _split_frames(self, frames_per_batch: int | Sequence[int], workers: int) -> list[int]:
+        per_env = self.envs_per_worker
+        if isinstance(frames_per_batch, Sequence):
+            shares = [int(f) for f in frames_per_batch]
+            if len(shares) != workers:
+                raise ValueError(f"frames_per_batch has {len(shares)} entries for {workers} "
+                                 "workers")
+        elif self.sync:
+            if frames_per_batch % (workers * per_env):
+                raise ValueError(
+                    f"sync mode splits frames_per_batch={frames_per_batch} over {workers} "
+                    f"workers x {per_env} envs: make it a multiple of {workers * per_env}")
+            shares = [frames_per_batch // workers] * workers
+        else:
+            shares = [int(frames_per_batch)] * workers
+        for share in shares:
+            if share <= 0 or share % per_env:
+                raise ValueError(f"each worker's frames ({share}) must be a positive multiple "
+                                 f"of envs_per_worker ({per_env})")
+        return shares
+
+    # -- life cycle ----------------------------------------------------------------------
+    async def _open(self) -> None:
+        backend = self.backend or anyio.lowlevel.current_token().__class__.__module__
+        backend = "trio" if "trio" in backend else "asyncio"
+        endpoint = self.listen
+        if endpoint is None:
+            self._tmpdir = tempfile.mkdtemp(prefix="asyncrl-")
+            endpoint = f"ipc://{self._tmpdir}/coordinator"
+        interval, timeout = self._heartbeat
+        self._hub = Hub(endpoint, heartbeat_interval=interval, peer_timeout=timeout)
+        await self._hub.__aenter__()
+        token = secrets.token_hex(16)
+        self._scheduler = Scheduler(
+            self._hub, sync=self.sync, frames_per_worker=self.frames_per_worker,
+            prefetch=self.prefetch, preemptive_threshold=self.preemptive_threshold,
+            init_random_frames=self.init_random_frames // max(1, self.num_workers),
+            check_specs=check_specs, token=token, accept_remote=self.remote_workers > 0,
+            on_worker_loss=self.on_worker_loss, on_join=self._on_join,
+            batch_budget=self._batch_budget(),
+        )
+        for model_id, scheme in self.weight_sync_schemes.items():
+            model = self.policy if model_id == "policy" else None
+            self._senders[model_id] = scheme.init_on_sender(
+                model_id=model_id, model=model, hub=self._hub, workers=self._worker_peers)
+        self._workers = LocalWorkers(self._hub.endpoint, self._spec, self.num_workers,
+                                     token=token, backend=backend,
+                                     options={"heartbeat_interval": interval,
+                                              "peer_timeout": timeout})
+        self._workers.start()
+        self._task_group.start_soon(self._run_background)
+
+    async def _run_background(self) -> None:
+        assert self._scheduler is not None and self._workers is not None
+        with self._background:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._scheduler.run)
+                tg.start_soon(self._workers.watch, self._on_process_death)
+
+    def _batch_budget(self) -> int | None:
+        if self.sync or self.total_frames < 0:
+            return None
+        return self.total_frames // self.frames_per_batch
+
+    async def _on_process_death(self, slot: int, pid: int, exitcode: int) -> None:
+        if self._closed or self._scheduler is None:
+            return
+        if exitcode == 1:
+            return  # the worker reported its error before exiting; that report is raised
+        self._scheduler.fail(WorkerLostError(
+            f"worker {slot} (pid {pid}) died with exit code {exitcode} before the collector "
+            "was closed"))
+
+    async def _on_join(self, worker: WorkerInfo) -> None:
+        for sender in self._senders.values():
+            await sender.on_worker_joined(worker.index)
+
+    def _worker_peers(self) -> dict[int, bytes]:
+        assert self._scheduler is not None
+        return {w.index: w.peer for w in self._scheduler.live_workers}
+
+    async def _ensure_ready(self) -> None:
+        if not self._ready:
+            assert self._scheduler is not None
+            await self._scheduler.wait_for_workers(self.num_workers + self.remote_workers)
+            self._ready = True
+
+    async def _close(self) -> None:
+        if self._hub is not None and self._scheduler is not None:
+            with anyio.move_on_after(2):
+                for worker in self._scheduler.live_workers:
+                    try:
+                        await self._hub.send(worker.peer, Control("close").to_body(),
+                                             kind=Control.KIND)
+                    except Exception:
+                        pass
+        self._background.cancel()
+        if self._workers is not None:
+            await anyio.lowlevel.checkpoint()  # let the watchers leave their waits
+            await self._workers.stop()
+        for sender in self._senders.values():
+            await sender.aclose()
+        if self._hub is not None:
+            await self._hub.aclose()
+            await self._hub.__aexit__(None, None, None)
+        if self._tmpdir is not None:
+            shutil.rmtree(self._tmpdir, ignore_errors=True)
+
+    # -- public API ------------------------------------------------------------------------
+    @property
+    def worker_pids(self) -> list[int]:
+        """Process ids of the local workers (for monitoring and tests)."""
+        return self._workers.pids if self._workers is not None else []
+
+    @property
+    def policy_version(self) -> int:
+        """Latest version of the ``"policy"`` weights sent to the workers (0: initial)."""
+        sender = self._senders.get("policy")
+        return sender.version if sender is not None else 0
+
+    def weight_sender(self, model_id: str = "policy") -> WeightSender:
+        """The :class:`~asyncrl.weights.WeightSender` of ``model_id``."""
+        try:
+            return self._senders[model_id]
+        except KeyError:
+            raise KeyError(f"no weight sync scheme for model {model_id!r}; known: "
+                           f"{sorted(self._senders)}; pass weight_sync_schemes="
+                           "{model_id: ZmqWeightSyncScheme()}") from None
+
+    async def update_policy_weights(self, weights: Any = None, *, worker_ids: Any = None,
+                                    model_id: str = "policy") -> None:
+        """Send weights to the workers and return once every targeted worker applied them."""
+        await self._ensure_ready()
+        await self.weight_sender(model_id).send(weights, worker_ids=worker_ids)
+
+    async def set_seed(self, seed: int, static_seed: bool = False) -> int:
+        """Seed every worker's envs (TorchRL semantics); returns the next free seed."""
+        await self._ensure_ready()
+        for worker in self._live():
+            seed = await self._control(worker, "seed", seed=seed, static_seed=static_seed)
+        return seed
+
+    async def reset(self, reset_idx: Sequence[bool] | None = None) -> None:
+        """Reset the envs of every worker (or of the workers flagged in ``reset_idx``)."""
+        await self._ensure_ready()
+        for worker in self._live():
+            if reset_idx is None or reset_idx[worker.index]:
+                await self._control(worker, "reset")
+
+    async def state_dict(self) -> dict[str, Any]:
+        """``{"worker0": {...}, ...}`` with each worker's policy state dict."""
+        await self._ensure_ready()
+        return {f"worker{w.index}": await self._control(w, "state_dict") for w in self._live()}
+
+    async def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        await self._ensure_ready()
+        for worker in self._live():
+            await self._control(worker, "load_state_dict", **state_dict[f"worker{worker.index}"])
+
+    async def getattr_policy(self, attr: str) -> Any:
+        """An attribute of worker 0's policy (msgpack-able values and tensors; else repr)."""
+        await self._ensure_ready()
+        return await self._control(self._live()[0], "getattr_policy", attr=attr)
+
+    async def getattr_env(self, attr: str) -> Any:
+        await self._ensure_ready()
+        return await self._control(self._live()[0], "getattr_env", attr=attr)
+
+    def get_model(self, model_id: str = "policy") -> Any:
+        """The trainer-side model registered for ``model_id``."""
+        if model_id == "policy" and self.policy is not None:
+            return self.policy
+        return self.weight_sender(model_id).model
+
+    def _live(self) -> list[WorkerInfo]:
+        assert self._scheduler is not None
+        return self._scheduler.live_workers
+
+    async def _control(self, worker: WorkerInfo, op: str, **args: Any) -> Any:
+        assert self._hub is not None
+        ticket = await self._hub.send_async([worker.peer], Control(op, args).to_body(),
+                                            kind=Control.KIND)
+        return (await self._hub.wait_ack(ticket, timeout=60))[worker.peer]
+
+    async def _set_paused(self, paused: bool) -> None:
+        if self._scheduler is not None and not self.sync:
+            if paused:
+                self._scheduler.paused = True
+            else:
+                await self._scheduler.resume()
+
+
+class MultiSyncCollector(MultiCollector):
+    """On-policy: every batch holds one share from every worker, all with the same weights.
+
+    Workers wait for the trainer between batches, so each batch yielded after
+    ``await update_policy_weights()`` returned was collected entirely with
+    those weights. Shares are concatenated along ``cat_results`` (default 0:
+    ``[workers * envs, time]``) or stacked (``"stack"``).
+    """
+
+    sync = True
+
+    async def _next_batch(self) -> TensorDictBase:
+        await self._ensure_ready()
+        assert self._scheduler is not None
+        shares = [frames for _, frames in await self._scheduler.next_round()]
+        return assemble(shares, self.cat_results)
+
+
+class MultiAsyncCollector(MultiCollector):
+    """Off-policy: each batch comes from one worker, first come first served.
+
+    Each worker runs at most ``prefetch`` batches ahead of the trainer; frames
+    carry the policy version that produced them in ``("collector",
+    "policy_version")``.
+    """
+
+    sync = False
+
+    async def _next_batch(self) -> TensorDictBase:
+        await self._ensure_ready()
+        assert self._scheduler is not None
+        _, frames = await self._scheduler.next_batch()
+        return frames
+
+
+def assemble(shares: list[TensorDictBase], cat_results: str | int | None) -> TensorDictBase:
+    """Join the workers' shares; unequal lengths (preemption) are padded and masked."""
+    if not shares:
+        raise CollectorError("no share to assemble")
+    lengths = {s.shape[-1] for s in shares}
+    if len(lengths) > 1:
+        shares = _pad_time(shares, max(lengths))
+    if cat_results == "stack":
+        return torch.stack(shares, 0)
+    return torch.cat(shares, 0 if cat_results is None else int(cat_results))
+
+
+def _pad_time(shares: list[TensorDictBase], length: int) -> list[TensorDictBase]:
+    padded = []
+    for share in shares:
+        n, t = share.shape[0], share.shape[-1]
+        out = share.new_zeros((*share.shape[:-1], length)) if hasattr(share, "new_zeros") \
+            else _zeros_like(share, length)
+        out[..., :t] = share
+        mask = torch.zeros((n, length), dtype=torch.bool)
+        mask[..., :t] = True
+        out.set(("collector", "mask"), mask)
+        padded.append(out)
+    return padded
+
+
+def _zeros_like(share: TensorDictBase, length: int) -> TensorDictBase:
+    return TensorDict(
+        {k: torch.zeros((*v.shape[:1], length, *v.shape[2:]), dtype=v.dtype)
+         for k, v in share.items(include_nested=True, leaves_only=True)},
+        batch_size=[share.shape[0], length])

@@ -1,0 +1,372 @@
+"""A worker: envs + policy + rollout, driven by a coordinator over one :class:`Link`.
+
+The same code runs in a locally spawned process and on a remote host. The
+rollout runs in a thread (``anyio.to_thread``) so that the event loop keeps
+answering heartbeats, control messages and weight updates while envs step.
+Weights are applied at step boundaries by the rollout's ``before_step`` hook,
+never while the policy runs.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import sys
+import traceback
+from collections import deque
+from typing import Any
+
+import anyio
+import torch
+from transports import Link, Message, PeerLostError, ProtocolError
+
+from ._protocol import (
+    PROTOCOL,
+    Batch,
+    Collect,
+    Control,
+    ErrorReport,
+    Hello,
+    Preempt,
+    Refuse,
+    Welcome,
+)
+from ._spec import WorkerSpec
+from .envs import make_env_pool
+from .rollout import Rollout
+from .weights import WeightReceiver, resolve_model
+
+log = logging.getLogger("asyncrl.worker")
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_COORDINATOR_LOST = 3
+EXIT_REFUSED = 4
+
+
+class WorkerExit(Exception):
+    """Ends :func:`run_worker` with an exit code and a one-line reason."""
+
+    def __init__(self, code: int, reason: str) -> None:
+        super().__init__(reason)
+        self.code = code
+
+
+def error_report(error: BaseException, *, fatal: bool = True) -> ErrorReport:
+    kind = type(error)
+    return ErrorReport(
+        type=f"{kind.__module__}:{kind.__qualname__}",
+        message=str(error),
+        traceback="".join(traceback.format_exception(error)),
+        fatal=fatal,
+    )
+
+
+class Worker:
+    """One worker's state machine. Build with a connected link, then ``await run()``."""
+
+    def __init__(self, link: Link, spec: WorkerSpec, *, slot: int = -1, token: str = "",
+                 parent_pid: int | None = None) -> None:
+        self.link = link
+        self.spec = spec
+        self.slot = slot
+        self.token = token
+        self.parent_pid = parent_pid
+        self.env_pool: Any = None
+        self.policy: Any = None
+        self.rollout: Rollout | None = None
+        self.index = -1
+        self._requests: deque[int] = deque()
+        self._request_ready = anyio.Event()
+        self._busy = anyio.Lock()  # held while the rollout or a control op uses the envs
+        self._current_request: int | None = None
+        self._receivers: dict[str, WeightReceiver] = {}
+        self._acks_due = anyio.Event()
+        self._pending_early: list[Message] = []  # weights that came before the welcome
+        self._orphan_acks: list[tuple[Message, BaseException]] = []
+
+    @property
+    def env(self) -> Any:
+        """The env pool: model ids such as ``"env.transform[0]"`` resolve from here."""
+        return self.env_pool
+
+    # -- life cycle --------------------------------------------------------------
+    async def run(self) -> int:
+        try:
+            await self._start()
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._collect_loop)
+                tg.start_soon(self._ack_loop)
+                if self.parent_pid is not None:
+                    tg.start_soon(self._watch_parent)
+                await self._dispatch_loop()
+                tg.cancel_scope.cancel()
+            return EXIT_OK
+        except WorkerExit as exc:
+            if exc.code != EXIT_OK:
+                log.error("worker exits: %s", exc)
+            return exc.code
+        finally:
+            self._close_envs()
+
+    async def _start(self) -> None:
+        torch.set_num_threads(self.spec.torch_threads)
+        try:
+            self.env_pool = make_env_pool(self.spec.create_env_fn,
+                                          create_env_kwargs=self.spec.create_env_kwargs,
+                                          num_envs=self.spec.envs_per_worker)
+            self.policy = self.spec.make_policy()
+        except Exception as exc:
+            await self._report_and_exit(exc)
+        hello = Hello(protocol=PROTOCOL, name=self.link.identity.decode(errors="replace"),
+                      host=socket.gethostname(), pid=os.getpid(),
+                      specs=self.env_pool.specs.to_dict(), slot=self.slot, token=self.token)
+        await self.link.send(hello.to_body(), kind=Hello.KIND)
+        welcome = await self._await_welcome()
+        self.index = welcome.index
+        try:
+            self.rollout = Rollout(
+                self.env_pool, self.policy, welcome.frames_per_batch,
+                worker_index=welcome.index,
+                max_frames_per_traj=self.spec.max_frames_per_traj,
+                init_random_frames=welcome.init_random_frames,
+                reset_at_each_iter=self.spec.reset_at_each_iter,
+                reset_when_done=self.spec.reset_when_done,
+                set_truncated=self.spec.set_truncated,
+                exploration_type=self.spec.exploration_type,
+                storing_device=self.spec.storing_device,
+            )
+            self._init_receivers()
+        except Exception as exc:
+            await self._report_and_exit(exc)
+
+    async def _await_welcome(self) -> Welcome:
+        while True:
+            message = await self._recv()
+            if message.kind == Welcome.KIND:
+                return Welcome.from_body(message.body)
+            if message.kind == Refuse.KIND:
+                reason = Refuse.from_body(message.body).reason
+                raise WorkerExit(EXIT_REFUSED, f"the coordinator refused this worker: {reason}")
+            if message.kind == "weights":
+                # Weights may precede the welcome for a late joiner: keep them.
+                self._pending_early.append(message)
+                continue
+            log.warning("ignored %r message before the welcome", message.kind)
+
+    def _init_receivers(self) -> None:
+        assert self.rollout is not None
+        rollout = self.rollout
+        for model_id, scheme in (self.spec.weight_sync_schemes or {}).items():
+            target = resolve_model(self, model_id)
+            receiver = scheme.init_on_worker(model_id=model_id, model=target)
+            if receiver is not None:
+                self._receivers[model_id] = receiver
+        if "policy" not in self._receivers and isinstance(self.policy, torch.nn.Module):
+            from .weights import ZmqWeightSyncScheme
+
+            self._receivers["policy"] = ZmqWeightSyncScheme().init_on_worker(
+                model_id="policy", model=self.policy)
+        policy_receiver = self._receivers.get("policy")
+
+        def before_step() -> None:
+            applied = False
+            for receiver in self._receivers.values():
+                applied |= receiver.apply_pending()
+            if applied:
+                if policy_receiver is not None:
+                    rollout.policy_version = policy_receiver.version
+                anyio.from_thread.run_sync(self._acks_due.set)
+
+        rollout.before_step = before_step if self._receivers else None
+        for message in self._pending_early:
+            self._on_weights(message)
+        self._pending_early.clear()
+
+    # -- messages ------------------------------------------------------------------
+    async def _recv(self) -> Message:
+        try:
+            return await self.link.recv()
+        except PeerLostError as exc:
+            raise WorkerExit(EXIT_COORDINATOR_LOST,
+                             f"the coordinator at {self.link.endpoint} is gone ({exc})") from None
+
+    async def _dispatch_loop(self) -> None:
+        while True:
+            message = await self._recv()
+            try:
+                if message.kind == Collect.KIND:
+                    collect = Collect.from_body(message.body)
+                    self._requests.extend([collect.request] * collect.credits)
+                    self._request_ready.set()
+                elif message.kind == Preempt.KIND:
+                    request = Preempt.from_body(message.body).request
+                    if self._current_request == request and self.rollout is not None:
+                        self.rollout.request_stop()
+                elif message.kind == "weights":
+                    self._on_weights(message)
+                    if not self._busy.locked():
+                        await self._apply_idle()
+                elif message.kind == Control.KIND:
+                    control = Control.from_body(message.body)
+                    if control.op == "close":
+                        await self.link.ack(message, result=None)
+                        return
+                    await self._control(message, control)
+                else:
+                    log.warning("ignored a %r message", message.kind)
+            except ProtocolError as exc:
+                log.warning("dropped a malformed %r message: %s", message.kind, exc)
+                if message.needs_ack:
+                    await self.link.ack(message, error=exc)
+
+    def _on_weights(self, message: Message) -> None:
+        model_id = message.meta.get("model_id", "policy")
+        receiver = self._receivers.get(model_id) if isinstance(model_id, str) else None
+        if receiver is None:
+            self._orphan_acks.append((message, KeyError(
+                f"this worker has no model {model_id!r}; it has {sorted(self._receivers)}")))
+            self._acks_due.set()
+            return
+        receiver.on_message(message)
+
+    async def _apply_idle(self) -> None:
+        async with self._busy:
+            applied = False
+            for receiver in self._receivers.values():
+                applied |= receiver.apply_pending()
+            if applied and self.rollout is not None and "policy" in self._receivers:
+                self.rollout.policy_version = self._receivers["policy"].version
+        await self._flush_acks()
+
+    async def _ack_loop(self) -> None:
+        while True:
+            await self._acks_due.wait()
+            self._acks_due = anyio.Event()
+            await self._flush_acks()
+
+    async def _flush_acks(self) -> None:
+        for message, error in self._orphan_acks:
+            await self.link.ack(message, error=error)
+        self._orphan_acks.clear()
+        for receiver in self._receivers.values():
+            for message, result, error in receiver.take_acks():
+                if error is None:
+                    await self.link.ack(message, result=result)
+                else:
+                    await self.link.ack(message, error=error)
+
+    async def _control(self, message: Message, control: Control) -> None:
+        async with self._busy:
+            try:
+                result = self._run_control(control)
+            except Exception as exc:
+                await self.link.ack(message, error=exc)
+                return
+        await self.link.ack(message, result=result)
+
+    def _run_control(self, control: Control) -> Any:
+        assert self.rollout is not None
+        args = control.args
+        if control.op == "seed":
+            return self.rollout.set_seed(int(args["seed"]), bool(args.get("static_seed", False)))
+        if control.op == "reset":
+            self.rollout.reset(args.get("reset_idx"))
+            return None
+        if control.op == "state_dict":
+            return _state_dict(self.policy)
+        if control.op == "load_state_dict":
+            if isinstance(self.policy, torch.nn.Module):
+                self.policy.load_state_dict(args["policy_state_dict"])
+            return None
+        if control.op in ("getattr_policy", "getattr_env"):
+            owner = self.policy if control.op == "getattr_policy" else self.env_pool
+            return _plain(getattr(owner, str(args["attr"])))
+        raise ValueError(f"unknown control operation {control.op!r}")
+
+    # -- collecting -------------------------------------------------------------------
+    async def _collect_loop(self) -> None:
+        assert self.rollout is not None
+        while True:
+            while not self._requests:
+                await self._request_ready.wait()
+                self._request_ready = anyio.Event()
+            request = self._requests.popleft()
+            async with self._busy:
+                self._current_request = request
+                try:
+                    frames = await anyio.to_thread.run_sync(self._collect_one)
+                except Exception as exc:
+                    await self._report_and_exit(exc)
+                finally:
+                    self._current_request = None
+            await self.link.send(Batch(request, frames).to_body(), kind=Batch.KIND)
+
+    def _collect_one(self) -> Any:
+        assert self.rollout is not None
+        # The rollout reuses its buffers: the message gets its own copy.
+        return self.rollout.collect().clone()
+
+    async def _report_and_exit(self, error: BaseException) -> None:
+        log.error("worker error: %s", error)
+        with anyio.CancelScope(shield=True):
+            await self.link.send(error_report(error).to_body(), kind=ErrorReport.KIND)
+        raise WorkerExit(EXIT_ERROR, f"{type(error).__name__}: {error}") from error
+
+    async def _watch_parent(self) -> None:
+        # A spawned worker must not outlive its trainer, even if it never says goodbye.
+        while os.getppid() == self.parent_pid:
+            await anyio.sleep(0.5)
+        raise WorkerExit(EXIT_COORDINATOR_LOST, "the parent process is gone")
+
+    def _close_envs(self) -> None:
+        if self.env_pool is not None:
+            try:
+                self.env_pool.close()
+            except Exception:
+                log.exception("closing the envs failed")
+
+
+def _state_dict(policy: Any) -> Any:
+    if isinstance(policy, torch.nn.Module):
+        return {"policy_state_dict": dict(policy.state_dict())}
+    return {}
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, str | int | float | bool | type(None) | torch.Tensor):
+        return value
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    return repr(value)
+
+
+async def run_worker(endpoint: str, spec: WorkerSpec, *, identity: bytes | None = None,
+                     slot: int = -1, token: str = "", parent_pid: int | None = None,
+                     heartbeat_interval: float = 1.0, peer_timeout: float = 10.0,
+                     **link_options: Any) -> int:
+    """Connect to the coordinator at ``endpoint`` and serve until told to close.
+
+    Returns an exit code: 0 when closed by the coordinator, 1 on an env or
+    policy error (reported to the coordinator first), 3 when the coordinator
+    is gone, 4 when refused.
+    """
+    async with Link(endpoint, identity=identity, heartbeat_interval=heartbeat_interval,
+                    peer_timeout=peer_timeout, **link_options) as link:
+        return await Worker(link, spec, slot=slot, token=token, parent_pid=parent_pid).run()
+
+
+def process_main(endpoint: str, spec: WorkerSpec, slot: int, token: str, backend: str,
+                 parent_pid: int, options: dict[str, Any]) -> None:
+    """Entry point of a locally spawned worker process."""
+    logging.basicConfig(level=logging.WARNING, format="worker %(process)d: %(message)s")
+    identity = f"local-{slot}-{os.getpid()}".encode()
+    code = anyio.run(
+        lambda: run_worker(endpoint, spec, identity=identity, slot=slot, token=token,
+                           parent_pid=parent_pid, **options),
+        backend=backend,
+    )
+    sys.exit(code)
