@@ -49,7 +49,8 @@ def random_tensor(dtype: torch.dtype, shape: tuple[int, ...], seed: int = 0) -> 
 
 def raw_bytes(tensor: torch.Tensor) -> bytes:
     """The tensor's logical contents as bytes (conj/neg bits resolved)."""
-    flat = tensor.detach().resolve_conj().resolve_neg().contiguous().reshape(-1)
+    flat = torch.empty(tensor.numel(), dtype=tensor.dtype)  # stride 1, whatever the source
+    flat.copy_(tensor.detach().resolve_conj().resolve_neg().reshape(-1))
     return flat.view(torch.uint8).numpy().tobytes()
 
 
@@ -214,9 +215,14 @@ def test_float_specials_survive_bit_for_bit() -> None:
         lambda: torch.tensor([1 + 2j, 3 - 4j, 5j]).conj().imag,
         lambda: torch._neg_view(torch.arange(4.0)),
         lambda: torch.tensor([[1 + 1j, 2 - 2j], [3j, 4.0]], dtype=torch.complex128).conj().T,
+        lambda: torch.arange(12.0).reshape(4, 3)[1:2, 0],
+        lambda: torch.arange(8, dtype=torch.int16)[::2][:1],
+        lambda: torch.empty(4, dtype=torch.bfloat16)[:0:2],
+        lambda: torch.arange(6.0).reshape(2, 3)[1, 2],
     ],
     ids=["transposed", "step-slice", "3d-slices", "expanded", "permuted-bf16", "conj",
-         "neg-bit", "neg-view", "conj-transposed"],
+         "neg-bit", "neg-view", "conj-transposed", "size1-stride3", "size1-stride2",
+         "empty-stride2", "0d-of-strided"],
 )
 def test_non_contiguous_and_lazy_views(make: Any) -> None:
     tensor = make()
@@ -486,6 +492,15 @@ def test_encode_hands_over_the_tensor_memory(dtype: torch.dtype) -> None:
     start, length = frame_address(frames[1])
     assert start == tensor.data_ptr()
     assert length == tensor.numel() * tensor.element_size()
+
+
+def test_size_one_dimension_with_a_stride_is_still_zero_copy() -> None:
+    base = torch.arange(12.0).reshape(4, 3)
+    element = base[1:2, 0]  # contiguous, shape (1,), stride (3,)
+    assert element.is_contiguous() and element.stride() == (3,)
+    frames = encode(element)
+    assert frame_address(frames[1]) == (element.data_ptr(), 4)
+    assert decode(frames).tolist() == [3.0]
 
 
 def test_encode_of_a_contiguous_slice_starts_at_its_offset() -> None:

@@ -173,8 +173,11 @@ def _tensor_ext(tensor: torch.Tensor, frames: list[Any]) -> msgpack.ExtType:
     if not tensor.is_contiguous():
         tensor = tensor.contiguous()
     shape = list(tensor.shape)
-    # A flat byte view shares the tensor's memory; numpy keeps the tensor alive.
-    frames.append(tensor.reshape(-1).view(torch.uint8).numpy())
+    # A flat byte view shares the tensor's memory; numpy keeps the tensor alive. Not
+    # reshape(-1): a contiguous tensor may keep any stride on a size-0/1 dimension
+    # (t[1:2, 0] has stride 3), which view(uint8) rejects.
+    flat = tensor.as_strided((tensor.numel(),), (1,))
+    frames.append(flat.view(torch.uint8).numpy())
     return msgpack.ExtType(_EXT_TENSOR, msgpack.packb([len(frames) - 1, name, shape]))
 
 
