@@ -1,0 +1,104 @@
+"""``asyncrl`` command line: ``asyncrl worker``, ``asyncrl bench``."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import multiprocessing as mp
+import sys
+from typing import Any
+
+BENCHMARKS = ("codec", "channels", "weights", "collect")
+
+
+def _worker_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "worker",
+        help="run worker processes that join a coordinator over ZeroMQ",
+        description="Run K worker processes on this host that join the coordinator at "
+                    "--connect. Env and policy are import paths resolved on this host: code "
+                    "never travels over the network.",
+    )
+    p.add_argument("--connect", required=True, metavar="tcp://HOST:PORT",
+                   help="the coordinator's address (MultiCollector(listen=...))")
+    p.add_argument("--env", required=True, metavar="ID_OR_IMPORT_PATH",
+                   help="a gymnasium id (CartPole-v1) or 'pkg.mod:factory'")
+    p.add_argument("--policy", metavar="pkg.mod:factory", default=None,
+                   help="import path of a function returning the policy (default: random)")
+    p.add_argument("--envs-per-worker", type=int, default=1, metavar="N")
+    p.add_argument("--workers", type=int, default=1, metavar="K",
+                   help="worker processes to run on this host")
+    p.add_argument("--peer-timeout", type=float, default=10.0, metavar="SECONDS",
+                   help="exit when the coordinator is silent this long")
+    p.add_argument("--backend", choices=("asyncio", "trio"), default="asyncio")
+
+
+def _bench_parser(sub: Any) -> None:
+    p = sub.add_parser("bench", help="run a benchmark (python -m asyncrl.bench.NAME)")
+    p.add_argument("name", choices=BENCHMARKS)
+    p.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the benchmark")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="asyncrl", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    _worker_parser(sub)
+    _bench_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "bench":
+        module = importlib.import_module(f"asyncrl.bench.{args.name}")
+        return int(module.main(args.args) or 0)
+    return run_workers(args)
+
+
+def run_workers(args: argparse.Namespace) -> int:
+    from ._spec import WorkerSpec, resolve_import_path
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    if args.workers < 1 or args.envs_per_worker < 1:
+        print("asyncrl worker: --workers and --envs-per-worker must be >= 1", file=sys.stderr)
+        return 2
+    try:
+        if ":" in args.env:
+            resolve_import_path(args.env)
+        if args.policy:
+            resolve_import_path(args.policy)
+    except ValueError as exc:
+        print(f"asyncrl worker: {exc}", file=sys.stderr)
+        return 2
+    spec = WorkerSpec(create_env_fn=args.env, envs_per_worker=args.envs_per_worker,
+                      policy_factory=args.policy)
+    context = mp.get_context("spawn")
+    processes = [context.Process(target=_remote_worker_main,
+                                 args=(args.connect, spec, args.backend, args.peer_timeout),
+                                 name=f"asyncrl-worker-{i}") for i in range(args.workers)]
+    for process in processes:
+        process.start()
+    try:
+        for process in processes:
+            process.join()
+    except KeyboardInterrupt:
+        for process in processes:
+            process.terminate()
+    codes = [p.exitcode or 0 for p in processes]
+    return max(codes, key=abs) if any(codes) else 0
+
+
+def _remote_worker_main(endpoint: str, spec: Any, backend: str, peer_timeout: float) -> None:
+    import anyio
+
+    from .worker import run_worker
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s worker %(process)d: %(message)s")
+    code = anyio.run(lambda: run_worker(endpoint, spec, peer_timeout=peer_timeout),
+                     backend=backend)
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
