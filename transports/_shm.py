@@ -371,7 +371,8 @@ def _check_layout(entries: Any, slot_size: int
                 type(d) is int and 0 <= d < (1 << 48) for d in shape):
             raise ProtocolError(f"block layout entry {key!r} has a bad dtype or shape")
         nbytes = math.prod(shape) * dtype.itemsize
-        if type(offset) is not int or offset < end or offset % _ALIGN or offset + nbytes > slot_size:
+        if (type(offset) is not int or offset < end or offset % _ALIGN
+                or offset + nbytes > slot_size):
             raise ProtocolError(f"block layout entry {key!r} lies outside its slot or overlaps")
         end = offset + nbytes
         layout.append((key, dtype, tuple(shape), offset))

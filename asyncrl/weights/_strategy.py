@@ -11,7 +11,7 @@ from torch import nn
 
 from ._errors import WeightMismatchError
 
-__all__ = ["WeightStrategy", "clone_weights", "flat_tensors"]
+__all__ = ["WeightStrategy", "as_strategy", "check_compatible", "clone_weights", "flat_tensors"]
 
 WeightFormat = Literal["tensordict", "state_dict"]
 
@@ -79,6 +79,11 @@ class WeightStrategy:
                     continue  # same storage (in-process, same object): nothing to copy
                 dst.copy_(src, non_blocking=False)
         return destination
+
+
+def as_strategy(strategy: WeightStrategy | str) -> WeightStrategy:
+    """``strategy`` itself, or a new one for a format name."""
+    return strategy if isinstance(strategy, WeightStrategy) else WeightStrategy(strategy)  # type: ignore[arg-type]
 
 
 def check_compatible(

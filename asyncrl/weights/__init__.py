@@ -1,0 +1,56 @@
+"""Weight synchronisation from the trainer to its workers, per model id, with versions and acks.
+
+On the trainer a :class:`WeightSender` per model id sends versioned updates
+(``await sender.send()``, or ``send_async()`` then ``wait_ack()``); on each
+worker a :class:`WeightReceiver` applies them at a step boundary and acks with
+the version applied. A :class:`WeightSyncScheme` decides how the bytes travel:
+:class:`ZmqWeightSyncScheme` (any host), :class:`SharedMemWeightSyncScheme`
+(same host), :class:`InProcessWeightSyncScheme` (collectors in the trainer's
+process) or :class:`NoWeightSyncScheme`. See ``docs/weights.md``.
+"""
+
+from ._errors import ModelPathError as ModelPathError
+from ._errors import NotInitializedError as NotInitializedError
+from ._errors import WeightMismatchError as WeightMismatchError
+from ._errors import WeightSyncError as WeightSyncError
+from ._local import LocalHub as LocalHub
+from ._local import LocalLink as LocalLink
+from ._paths import resolve_model_path as resolve_model
+from ._paths import resolve_model_path as resolve_model_path
+from ._receiver import WEIGHTS_KIND as WEIGHTS_KIND
+from ._receiver import WeightAck as WeightAck
+from ._receiver import WeightReceiver as WeightReceiver
+from ._receiver import WeightReceiverGroup as WeightReceiverGroup
+from ._schemes import InProcessWeightSyncScheme as InProcessWeightSyncScheme
+from ._schemes import NoWeightSyncScheme as NoWeightSyncScheme
+from ._schemes import SharedMemWeightSyncScheme as SharedMemWeightSyncScheme
+from ._schemes import WeightSyncScheme as WeightSyncScheme
+from ._schemes import ZmqWeightSyncScheme as ZmqWeightSyncScheme
+from ._sender import WeightSender as WeightSender
+from ._shared import SharedMemWeightReceiver as SharedMemWeightReceiver
+from ._shared import SharedMemWeightSender as SharedMemWeightSender
+from ._strategy import WeightStrategy as WeightStrategy
+
+__all__ = [
+    "WEIGHTS_KIND",
+    "InProcessWeightSyncScheme",
+    "LocalHub",
+    "LocalLink",
+    "ModelPathError",
+    "NoWeightSyncScheme",
+    "NotInitializedError",
+    "SharedMemWeightReceiver",
+    "SharedMemWeightSender",
+    "SharedMemWeightSyncScheme",
+    "WeightAck",
+    "WeightMismatchError",
+    "WeightReceiver",
+    "WeightReceiverGroup",
+    "WeightSender",
+    "WeightStrategy",
+    "WeightSyncError",
+    "WeightSyncScheme",
+    "ZmqWeightSyncScheme",
+    "resolve_model",
+    "resolve_model_path",
+]

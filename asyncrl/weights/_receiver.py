@@ -1,0 +1,336 @@
+"""Worker side: hold the newest weights, apply them at a step boundary, ack with the version."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, NamedTuple, Protocol
+
+from tensordict import TensorDictBase
+
+from transports import Message, ProtocolError
+
+from ._strategy import WeightStrategy, as_strategy
+
+__all__ = ["WEIGHTS_KIND", "Acker", "WeightAck", "WeightReceiver", "WeightReceiverGroup"]
+
+#: ``Message.kind`` of every weight update; route these to a receiver's ``on_message``.
+WEIGHTS_KIND = "weights"
+
+
+class Acker(Protocol):
+    """What :meth:`WeightReceiver.flush_acks` needs: a ``transports.Link`` has it."""
+
+    async def ack(self, message: Message, result: Any = None, *,
+                  error: BaseException | None = None) -> None: ...
+
+
+class WeightAck(NamedTuple):
+    """One acknowledgement to send: ``(message, result, error)``.
+
+    ``result`` is the msgpack ack body ``{"model_id": ..., "version": applied}``
+    (None when ``error`` is set). Send it with ``await ack.send(link)`` or
+    ``link.ack(message, result)`` / ``link.ack(message, error=error)``.
+    """
+
+    message: Message
+    result: dict[str, Any] | None
+    error: BaseException | None = None
+
+    @property
+    def version(self) -> int | None:
+        """Version applied, or None for an error ack."""
+        return None if self.result is None else self.result["version"]
+
+    async def send(self, link: Acker) -> None:
+        if self.error is not None:
+            await link.ack(self.message, error=self.error)
+        else:
+            await link.ack(self.message, self.result)
+
+
+@dataclass(frozen=True, slots=True)
+class _Update:
+    version: int
+    payload: Any
+
+
+class WeightReceiver:
+    """Applies the weights of one model id on a worker, at step boundaries only.
+
+    Three calls drive it, usually from the worker's code:
+
+    * ``on_message(msg)`` (event loop, for each ``kind == "weights"`` message):
+      stores the update, applies nothing. A newer version replaces an unapplied
+      older one (newest wins) and the older message is acked with the newer
+      version once that is applied.
+    * ``apply_pending()`` (at a step boundary, between batches, or right away
+      when the rollout is idle; any thread): copies the newest pending update into
+      the model, sets :attr:`version`, calls ``on_apply(version)`` (e.g. to set the
+      rollout's ``policy_version``). A failure is kept as an error ack; it never
+      raises into the rollout.
+    * ``await flush_acks(link)`` (event loop): sends the acks due.
+
+    >>> import torch
+    >>> from torch import nn
+    >>> from transports import Message
+    >>> policy = nn.Linear(2, 1)
+    >>> receiver = WeightReceiver("policy", policy)
+    >>> update = {"weight": torch.ones(1, 2), "bias": torch.zeros(1)}
+    >>> receiver.on_message(Message(b"", "weights", 7, update,
+    ...                             {"model_id": "policy", "version": 3}, True))
+    >>> receiver.apply_pending(), receiver.version
+    (True, 3)
+    >>> [(ack.message.seq, ack.result) for ack in receiver.take_acks()]
+    [(7, {'model_id': 'policy', 'version': 3})]
+    """
+
+    def __init__(self, model_id: str, model: Any, *,
+                 strategy: WeightStrategy | str = "tensordict",
+                 on_apply: Callable[[int], None] | None = None,
+                 link: Acker | None = None) -> None:
+        self.model_id = model_id
+        self.model = model
+        self.strategy = as_strategy(strategy)
+        self.on_apply = on_apply
+        self.link = link
+        self.last_error: BaseException | None = None
+        self._version = 0
+        self._pending: _Update | None = None
+        self._waiting: list[Message] = []  # acked with the version applied next
+        self._acks: list[WeightAck] = []
+        self._lock = threading.Lock()  # guards the three fields above
+        self._apply_lock = threading.Lock()  # one apply at a time
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}({self.model_id!r}, version={self._version}, "
+                f"pending={self.pending_version})")
+
+    @property
+    def version(self) -> int:
+        """Version applied to the model; 0 until the first update (the worker's own weights)."""
+        return self._version
+
+    @property
+    def pending_version(self) -> int | None:
+        """Version waiting for :meth:`apply_pending`, if any."""
+        pending = self._pending
+        return None if pending is None else pending.version
+
+    @property
+    def has_pending(self) -> bool:
+        """Cheap check for the hot loop (no lock)."""
+        return self._pending is not None
+
+    # -- event-loop side --------------------------------------------------------------------
+    def on_message(self, message: Message) -> None:
+        """Take a ``weights`` message; never raises (a bad one is acked with the error)."""
+        try:
+            version = self._check_meta(message)
+            payload = self._load(message)
+        except Exception as exc:
+            self._ack_now(message, None, exc)
+            return
+        with self._lock:
+            if version <= self._version:  # already hold this version or newer
+                self._queue_ack(message, self._version, None)
+            elif self._pending is not None and version <= self._pending.version:
+                self._waiting.append(message)  # out of order: the pending one supersedes it
+            else:
+                self._pending = _Update(version, payload)
+                self._waiting.append(message)
+
+    def take_acks(self) -> list[WeightAck]:
+        """The acks due (each once); send them with ``WeightAck.send(link)``."""
+        with self._lock:
+            acks, self._acks = self._acks, []
+        return acks
+
+    async def flush_acks(self, link: Acker | None = None) -> int:
+        """Send the acks due over ``link`` (default: the one given at construction).
+
+        Returns how many were sent. If cancelled or failing midway, the unsent
+        acks stay queued for the next call.
+        """
+        link = link or self.link
+        if link is None:
+            raise ValueError(f"receiver {self.model_id!r}: no link to send acks over")
+        acks = self.take_acks()
+        for index, ack in enumerate(acks):
+            try:
+                await ack.send(link)
+            except BaseException:
+                with self._lock:
+                    self._acks[:0] = acks[index:]
+                raise
+        return len(acks)
+
+    # -- rollout side ---------------------------------------------------------------------------
+    def apply_pending(self) -> bool:
+        """Apply the newest pending update; True if the model changed (see :attr:`version`)."""
+        if self._pending is None:  # hot-loop fast path
+            return False
+        with self._apply_lock:
+            with self._lock:
+                update, waiting = self._pending, self._waiting
+                self._pending, self._waiting = None, []
+            if update is None:
+                return False
+            if update.version <= self._version:  # a newer one was applied meanwhile
+                self._ack_all(waiting, self._version, None)
+                return False
+            try:
+                applied = self._apply(update)
+            except Exception as exc:
+                self.last_error = exc
+                self._ack_all(waiting, None, exc)
+                return False
+            self._version = applied
+            if self.on_apply is not None:
+                self.on_apply(applied)
+            self._ack_all(waiting, applied, None)
+            return True
+
+    def close(self) -> None:
+        """Release what the receiver holds (idempotent)."""
+        with self._lock:
+            self._pending = None
+
+    async def aclose(self) -> None:
+        self.close()
+
+    # -- for subclasses -------------------------------------------------------------------------
+    def _load(self, message: Message) -> Any:
+        """Validate a message's body on arrival (event loop); returns what ``_apply`` takes."""
+        if not isinstance(message.body, Mapping | TensorDictBase):
+            raise ProtocolError(f"weights for {self.model_id!r} must be a TensorDict or a state "
+                                f"dict, got {type(message.body).__name__}")
+        return message.body
+
+    def _apply(self, update: _Update) -> int:
+        """Copy ``update`` into the model and return the version now held."""
+        self.strategy.apply_weights(self.model, update.payload)
+        return update.version
+
+    # -- internals ------------------------------------------------------------------------------
+    def _check_meta(self, message: Message) -> int:
+        meta = message.meta
+        model_id, version = meta.get("model_id"), meta.get("version")
+        if model_id != self.model_id:
+            raise ProtocolError(f"weights for model {model_id!r} reached the receiver of "
+                                f"{self.model_id!r}")
+        if type(version) is not int or version < 1:
+            raise ProtocolError(f"weight version must be a positive int, got {version!r}")
+        return version
+
+    def _queue_ack(self, message: Message, version: int | None,
+                   error: BaseException | None) -> None:
+        if message.needs_ack:
+            result = None if error is not None else {"model_id": self.model_id, "version": version}
+            self._acks.append(WeightAck(message, result, error))
+
+    def _ack_now(self, message: Message, version: int | None,
+                 error: BaseException | None) -> None:
+        with self._lock:
+            self._queue_ack(message, version, error)
+
+    def _ack_all(self, messages: list[Message], version: int | None,
+                 error: BaseException | None) -> None:
+        with self._lock:
+            for message in messages:
+                self._queue_ack(message, version, error)
+
+
+class WeightReceiverGroup:
+    """The receivers of one worker, one per model id, driven as one.
+
+    >>> from torch import nn
+    >>> group = WeightReceiverGroup([WeightReceiver("policy", nn.Linear(2, 1))])
+    >>> group.versions
+    {'policy': 0}
+    """
+
+    def __init__(self, receivers: Iterable[WeightReceiver] = (), *,
+                 on_apply: Callable[[str, int], None] | None = None) -> None:
+        self._receivers: dict[str, WeightReceiver] = {}
+        self._errors: list[WeightAck] = []
+        self.on_apply = on_apply
+        for receiver in receivers:
+            self.add(receiver)
+
+    def add(self, receiver: WeightReceiver) -> None:
+        if receiver.model_id in self._receivers:
+            raise ValueError(f"a receiver for {receiver.model_id!r} is already registered")
+        self._receivers[receiver.model_id] = receiver
+        if self.on_apply is not None and receiver.on_apply is None:
+            on_apply, model_id = self.on_apply, receiver.model_id
+            receiver.on_apply = lambda version: on_apply(model_id, version)
+
+    def __getitem__(self, model_id: str) -> WeightReceiver:
+        return self._receivers[model_id]
+
+    def __iter__(self) -> Iterator[WeightReceiver]:
+        return iter(self._receivers.values())
+
+    def __len__(self) -> int:
+        return len(self._receivers)
+
+    @staticmethod
+    def handles(message: Message) -> bool:
+        """True for the messages :meth:`on_message` takes."""
+        return message.kind == WEIGHTS_KIND
+
+    @property
+    def versions(self) -> dict[str, int]:
+        """Applied version per model id (what a worker reports in its hello or batches)."""
+        return {model_id: r.version for model_id, r in self._receivers.items()}
+
+    @property
+    def has_pending(self) -> bool:
+        return any(r._pending is not None for r in self._receivers.values())
+
+    def on_message(self, message: Message) -> None:
+        """Route a ``weights`` message to its model id's receiver (never raises)."""
+        model_id = message.meta.get("model_id")
+        receiver = self._receivers.get(model_id) if isinstance(model_id, str) else None
+        if receiver is None:
+            if message.needs_ack:
+                self._errors.append(WeightAck(message, None, LookupError(
+                    f"this worker has no weight receiver for model {model_id!r}; it has "
+                    f"{sorted(self._receivers)}: give the worker a scheme for that model id")))
+            return
+        receiver.on_message(message)
+
+    def apply_pending(self) -> dict[str, int]:
+        """Apply what is pending for every model; return ``{model_id: version applied}``."""
+        applied = {}
+        for model_id, receiver in self._receivers.items():
+            if receiver._pending is not None and receiver.apply_pending():
+                applied[model_id] = receiver.version
+        return applied
+
+    def take_acks(self) -> list[WeightAck]:
+        acks, self._errors = self._errors, []
+        for receiver in self._receivers.values():
+            acks.extend(receiver.take_acks())
+        return acks
+
+    async def flush_acks(self, link: Acker) -> int:
+        """Send every ack due over ``link``; see :meth:`WeightReceiver.flush_acks`."""
+        sent = 0
+        errors, self._errors = self._errors, []
+        for index, ack in enumerate(errors):
+            try:
+                await ack.send(link)
+            except BaseException:
+                self._errors[:0] = errors[index:]
+                raise
+            sent += 1
+        for receiver in self._receivers.values():
+            sent += await receiver.flush_acks(link)
+        return sent
+
+    async def aclose(self) -> None:
+        for receiver in self._receivers.values():
+            await receiver.aclose()

@@ -1,0 +1,331 @@
+"""Weight-sync schemes: how one model id travels from the trainer to its workers."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from transports import Message
+
+from ._errors import NotInitializedError, WeightSyncError
+from ._local import LocalHub
+from ._paths import resolve_model_path
+from ._receiver import WeightReceiver
+from ._sender import HubLike, WeightSender, WorkerIds, Workers
+from ._shared import SharedMemWeightReceiver, SharedMemWeightSender
+from ._strategy import WeightFormat, WeightStrategy, as_strategy
+
+__all__ = [
+    "InProcessWeightSyncScheme",
+    "NoWeightSyncScheme",
+    "SharedMemWeightSyncScheme",
+    "WeightSyncScheme",
+    "ZmqWeightSyncScheme",
+]
+
+
+class WeightSyncScheme:
+    """Base class: configuration on both sides, a sender on the trainer, a receiver per worker.
+
+    A scheme is created by the user (one per model id:
+    ``weight_sync_schemes={"policy": ZmqWeightSyncScheme()}``), then initialised
+    by the collector on the trainer (:meth:`init_on_sender`) and by each worker
+    (:meth:`init_on_worker`). It pickles for a spawned worker without its
+    runtime state, and :meth:`to_config` gives a msgpack form for remote hosts.
+
+    >>> scheme = ZmqWeightSyncScheme(strategy="state_dict")
+    >>> try:
+    ...     scheme.get_sender()
+    ... except NotInitializedError as exc:
+    ...     print(str(exc)[:40])
+    ZmqWeightSyncScheme has no sender yet: c
+    """
+
+    name: ClassVar[str] = "base"
+    _sender_class: ClassVar[type[WeightSender]] = WeightSender
+    _receiver_class: ClassVar[type[WeightReceiver]] = WeightReceiver
+    _registry: ClassVar[dict[str, type[WeightSyncScheme]]] = {}
+
+    def __init__(self, strategy: WeightFormat | WeightStrategy = "tensordict", *,
+                 max_interval: int = 0) -> None:
+        self.strategy = as_strategy(strategy)
+        self.max_interval = max_interval
+        self.model_id: str | None = None
+        self._sender: WeightSender | None = None
+        self._receiver: WeightReceiver | None = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.__dict__.get("name"):
+            WeightSyncScheme._registry[cls.name] = cls
+
+    def __repr__(self) -> str:
+        options = ", ".join(f"{k}={v!r}" for k, v in self._options().items())
+        return f"{type(self).__name__}({options})"
+
+    # -- trainer side ---------------------------------------------------------------------
+    def init_on_sender(self, model_id: str = "policy", *, hub: HubLike, model: Any = None,
+                       workers: Workers | None = None) -> WeightSender:
+        """Create the trainer's sender for ``model_id`` over ``hub`` and return it.
+
+        ``workers`` is ``{worker_id: peer}`` or a callable returning it (the
+        scheduler's live workers); ``model`` is what ``send()`` without weights sends.
+        """
+        self.model_id = model_id
+        self._sender = self._sender_class(
+            model_id, hub, model=model, strategy=self.strategy, workers=workers,
+            max_interval=self.max_interval, **self._sender_options())
+        return self._sender
+
+    def get_sender(self) -> WeightSender:
+        if self._sender is None:
+            raise NotInitializedError(
+                f"{type(self).__name__} has no sender yet: call init_on_sender(model_id, "
+                "hub=..., model=...) first (on the trainer)")
+        return self._sender
+
+    @property
+    def initialized_on_sender(self) -> bool:
+        return self._sender is not None
+
+    # -- worker side ----------------------------------------------------------------------
+    def init_on_worker(self, model_id: str = "policy", *, model: Any = None, root: Any = None,
+                       on_apply: Any = None) -> WeightReceiver:
+        """Create this worker's receiver for ``model_id`` and return it.
+
+        The model is ``model`` or, if None, ``model_id`` resolved as an attribute
+        path on ``root`` (``"policy"``, ``"env.transform[0]"``).
+        ``on_apply(version)`` runs after each applied update.
+        """
+        self.model_id = model_id
+        target = self._resolve(model_id, model, root)
+        self._receiver = self._receiver_class(model_id, target, strategy=self.strategy,
+                                              on_apply=on_apply)
+        return self._receiver
+
+    init_on_receiver = init_on_worker  # TorchRL's name
+
+    def get_receiver(self) -> WeightReceiver:
+        if self._receiver is None:
+            raise NotInitializedError(
+                f"{type(self).__name__} has no receiver yet: call init_on_worker(model_id, "
+                "root=...) first (on the worker)")
+        return self._receiver
+
+    @property
+    def initialized_on_worker(self) -> bool:
+        return self._receiver is not None
+
+    # -- lifetime, pickling, config ---------------------------------------------------------
+    async def aclose(self) -> None:
+        """Close the sender and receiver this scheme created (idempotent)."""
+        sender, self._sender = self._sender, None
+        receiver, self._receiver = self._receiver, None
+        if sender is not None:
+            await sender.aclose()
+        if receiver is not None:
+            await receiver.aclose()
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A spawned worker gets the configuration only; runtime state stays here.
+        return {**self.__dict__, "_sender": None, "_receiver": None}
+
+    def to_config(self) -> dict[str, Any]:
+        """A msgpack-able description, for a worker on another host (see ``from_config``)."""
+        return {"scheme": self.name, "strategy": self.strategy.extract_as, **self._options()}
+
+    @staticmethod
+    def from_config(config: dict[str, Any]) -> WeightSyncScheme:
+        """Rebuild a scheme from :meth:`to_config`'s output; unknown names raise ``ValueError``."""
+        config = dict(config)
+        cls = WeightSyncScheme._registry.get(config.pop("scheme", None))
+        if cls is None:
+            raise ValueError(f"unknown weight sync scheme in {config!r}; known: "
+                             f"{sorted(WeightSyncScheme._registry)}")
+        return cls(**config)
+
+    def _options(self) -> dict[str, Any]:
+        return {"max_interval": self.max_interval} if self.max_interval else {}
+
+    def _sender_options(self) -> dict[str, Any]:
+        return {}
+
+    def _resolve(self, model_id: str, model: Any, root: Any) -> Any:
+        if model is not None:
+            return model
+        if root is None:
+            raise ValueError(f"{type(self).__name__}.init_on_worker({model_id!r}): pass the "
+                             "model or a root object to resolve the model id on")
+        return resolve_model_path(root, model_id)
+
+
+class ZmqWeightSyncScheme(WeightSyncScheme):
+    """The default: weights travel in the ZeroMQ message itself; works across hosts.
+
+    >>> scheme = ZmqWeightSyncScheme()
+    >>> ZmqWeightSyncScheme.from_config(scheme.to_config())
+    ZmqWeightSyncScheme()
+    """
+
+    name = "zmq"
+
+
+class SharedMemWeightSyncScheme(WeightSyncScheme):
+    """Same host: weights live in a shared-memory block, only the version travels.
+
+    Workers copy whole snapshots out of the block (``slots`` buffers, each under
+    a seqlock), so a worker gets all of version *k* or all of *k + 1*, never a
+    mix. ``slot_timeout`` bounds how long a send waits for slow readers before
+    reusing their slot (a reader caught mid-copy then retries on the newest).
+
+    >>> SharedMemWeightSyncScheme(slots=3)
+    SharedMemWeightSyncScheme(slots=3)
+    """
+
+    name = "shared_mem"
+    _sender_class = SharedMemWeightSender
+    _receiver_class = SharedMemWeightReceiver
+
+    def __init__(self, strategy: WeightFormat | WeightStrategy = "tensordict", *,
+                 max_interval: int = 0, slots: int = 2, slot_timeout: float = 30.0) -> None:
+        super().__init__(strategy, max_interval=max_interval)
+        if not 1 <= slots <= 8:
+            raise ValueError(f"slots must be between 1 and 8, got {slots}")
+        self.slots = slots
+        self.slot_timeout = slot_timeout
+
+    def _options(self) -> dict[str, Any]:
+        options = super()._options()
+        if self.slots != 2:
+            options["slots"] = self.slots
+        if self.slot_timeout != 30.0:
+            options["slot_timeout"] = self.slot_timeout
+        return options
+
+    def _sender_options(self) -> dict[str, Any]:
+        return {"slots": self.slots, "slot_timeout": self.slot_timeout}
+
+
+class _RefusingSender(WeightSender):
+    async def send_async(self, weights: Any = None, worker_ids: WorkerIds = None) -> int:
+        raise WeightSyncError(
+            f"model {self.model_id!r} uses NoWeightSyncScheme: its weights are never sent. "
+            "Use ZmqWeightSyncScheme or SharedMemWeightSyncScheme to update workers.")
+
+    async def send_latest(self, worker_ids: WorkerIds = None) -> int | None:
+        return None  # nothing to catch up on: workers keep their own weights
+
+
+class _RefusingReceiver(WeightReceiver):
+    def _load(self, message: Message) -> Any:
+        raise WeightSyncError(f"this worker does not sync the weights of {self.model_id!r} "
+                              "(NoWeightSyncScheme)")
+
+
+class NoWeightSyncScheme(WeightSyncScheme):
+    """Workers keep their own weights. Sending raises instead of silently doing nothing.
+
+    >>> NoWeightSyncScheme().to_config()
+    {'scheme': 'none', 'strategy': 'tensordict'}
+    """
+
+    name = "none"
+    _sender_class = _RefusingSender
+    _receiver_class = _RefusingReceiver
+
+    def _resolve(self, model_id: str, model: Any, root: Any) -> Any:
+        return model  # nothing is ever applied: no model needed
+
+
+class _InProcessSender(WeightSender):
+    """Skips the snapshot when every receiver steps with the sender's own model object."""
+
+    def __init__(self, *args: Any, scheme: InProcessWeightSyncScheme, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._scheme = scheme
+
+    async def _prepare(self, source: Any, version: int) -> tuple[Any, dict[str, Any]]:
+        models = [r.model for r in self._scheme._receivers.values()]
+        self.snapshot = not (models and all(m is source for m in models))
+        return await super()._prepare(source, version)
+
+
+class InProcessWeightSyncScheme(WeightSyncScheme):
+    """Collectors that run as tasks in the trainer's process: no socket, no encoding.
+
+    When a collector steps with the trainer's own model object nothing is
+    copied: an update only moves the version (applied at the next step
+    boundary, acked like any other). A separate copy (e.g. on another device)
+    gets the weights copied in. Initialise the sender first, then each
+    collector with :meth:`init_on_worker`; the receiver's ``flush_acks()`` needs
+    no link.
+
+    >>> import anyio
+    >>> from torch import nn
+    >>> policy = nn.Linear(2, 1)
+    >>> scheme = InProcessWeightSyncScheme()
+    >>> sender = scheme.init_on_sender("policy", model=policy)
+    >>> receiver = scheme.init_on_worker("policy", model=policy)
+    >>> async def main():
+    ...     version = await sender.send_async()
+    ...     receiver.apply_pending()                 # at the collector's step boundary
+    ...     await receiver.flush_acks()
+    ...     return await sender.wait_ack(timeout=5)
+    >>> anyio.run(main)
+    {0: 1}
+    """
+
+    name = "in_process"
+
+    def __init__(self, strategy: WeightFormat | WeightStrategy = "tensordict", *,
+                 max_interval: int = 0) -> None:
+        super().__init__(strategy, max_interval=max_interval)
+        self._hub: LocalHub | None = None
+        self._receivers: dict[int, WeightReceiver] = {}
+
+    def init_on_sender(self, model_id: str = "policy", *, hub: HubLike | None = None,
+                       model: Any = None, workers: Workers | None = None) -> WeightSender:
+        if hub is not None or workers:
+            raise ValueError("InProcessWeightSyncScheme makes its own in-memory hub; "
+                             "collectors join with init_on_worker()")
+        self.model_id = model_id
+        self._hub = LocalHub()
+        self._receivers = {}
+        self._sender = _InProcessSender(model_id, self._hub, model=model, strategy=self.strategy,
+                                        max_interval=self.max_interval, scheme=self)
+        return self._sender
+
+    def init_on_worker(self, model_id: str = "policy", *, model: Any = None, root: Any = None,
+                       on_apply: Any = None, worker_id: int | None = None) -> WeightReceiver:
+        """Create the receiver of collector ``worker_id`` (default: the next free id)."""
+        sender = self.get_sender()
+        if worker_id is None:
+            worker_id = max(self._receivers, default=-1) + 1
+        receiver = WeightReceiver(model_id, self._resolve(model_id, model, root),
+                                  strategy=self.strategy, on_apply=on_apply)
+        assert self._hub is not None
+        peer = f"in-process-{worker_id}".encode()
+        receiver.link = self._hub.connect(peer, deliver=receiver.on_message)
+        sender.add_worker(worker_id, peer)
+        self._receivers[worker_id] = self._receiver = receiver
+        return receiver
+
+    init_on_receiver = init_on_worker
+
+    def get_receiver(self, worker_id: int | None = None) -> WeightReceiver:
+        if worker_id is None:
+            return super().get_receiver()
+        try:
+            return self._receivers[worker_id]
+        except KeyError:
+            raise NotInitializedError(f"no in-process receiver for worker {worker_id}; "
+                                      f"known: {sorted(self._receivers)}") from None
+
+    async def aclose(self) -> None:
+        receivers, self._receivers = self._receivers, {}
+        for receiver in receivers.values():
+            await receiver.aclose()
+        self._hub = None
+        await super().aclose()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**super().__getstate__(), "_hub": None, "_receivers": {}}

@@ -1,0 +1,141 @@
+"""Same-host weights through shared memory: only (block, slot, seq) travel over ZeroMQ."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import SimpleNamespace
+from typing import Any
+
+import anyio
+import torch
+
+from transports import Message, ProtocolError, Ticket
+from transports._shm import SharedTensorBlock, TornReadError
+
+from ._receiver import WeightReceiver, _Update
+from ._sender import THREAD_COPY_BYTES, WeightSender
+from ._strategy import check_compatible, flat_tensors
+
+__all__ = ["SharedMemWeightReceiver", "SharedMemWeightSender"]
+
+#: Torn reads tolerated before an apply fails (each retry reads the newest slot).
+MAX_READ_ATTEMPTS = 16
+
+
+class SharedMemWeightSender(WeightSender):
+    """A :class:`WeightSender` that writes weights into a shared-memory block.
+
+    Each version goes to the slot after the latest one. Before a slot is
+    rewritten the sender waits (up to ``slot_timeout`` seconds) for the workers
+    to acknowledge the version it held, so a reader is normally never
+    disturbed; if one is (a stuck worker), its seqlock check catches the tear
+    and it reads the newest slot instead. The block is unlinked by ``aclose()``.
+    """
+
+    def __init__(self, model_id: str, hub: Any, *, slots: int = 2,
+                 slot_timeout: float = 30.0, **kwargs: Any) -> None:
+        super().__init__(model_id, hub, **kwargs)
+        self.slots = slots
+        self.slot_timeout = slot_timeout
+        self.block: SharedTensorBlock | None = None
+        self._slot_tickets: list[list[Ticket]] = [[] for _ in range(slots)]
+
+    async def _prepare(self, source: Any, version: int) -> tuple[Any, dict[str, Any]]:
+        flat = flat_tensors(source)
+        if self.block is None or not self.block.matches(flat):
+            await self._replace_block(flat)
+        block = self.block
+        assert block is not None
+        latest = block.latest()
+        slot = 0 if latest is None else (latest[0] + 1) % self.slots
+        await self._wait_slot(slot)
+        if block.nbytes > THREAD_COPY_BYTES:
+            _, seq = await anyio.to_thread.run_sync(lambda: block.write(flat, version, slot=slot))
+        else:
+            _, seq = block.write(flat, version, slot=slot)
+        return {"block": block.name, "slot": slot, "seq": seq}, {"slot": slot}
+
+    def _latest_extra(self) -> dict[str, Any]:
+        return {"slot": self._latest["slot"]} if self._latest else {}
+
+    async def _post(self, payload: Any, version: int, worker_ids: list[int],
+                    extra: dict[str, Any]) -> Ticket:
+        ticket = await super()._post(payload, version, worker_ids, extra)
+        self._slot_tickets[extra["slot"]].append(ticket)
+        return ticket
+
+    async def _wait_slot(self, slot: int) -> None:
+        tickets = [t for t in self._slot_tickets[slot] if t.pending]
+        with anyio.move_on_after(self.slot_timeout):
+            for ticket in tickets:
+                await ticket.done.wait()
+        self._slot_tickets[slot] = [t for t in tickets if t.pending]
+
+    async def _replace_block(self, flat: Mapping[str, torch.Tensor]) -> None:
+        for slot in range(self.slots):
+            await self._wait_slot(slot)
+        self._close_block()
+        self.block = SharedTensorBlock.create(flat, slots=self.slots)
+        self._slot_tickets = [[] for _ in range(self.slots)]
+
+    def _close_block(self) -> None:
+        if self.block is not None:
+            block, self.block = self.block, None
+            block.close()
+            block.unlink()
+
+    async def aclose(self) -> None:
+        await super().aclose()
+        self._close_block()
+
+
+class SharedMemWeightReceiver(WeightReceiver):
+    """A :class:`WeightReceiver` that copies whole snapshots out of a shared-memory block."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.block: SharedTensorBlock | None = None
+        self.torn_reads = 0  # observability: how often the seqlock caught a rewrite
+
+    def _load(self, message: Message) -> Any:
+        body = message.body
+        if not (isinstance(body, dict) and isinstance(body.get("block"), str)
+                and type(body.get("slot")) is int and type(body.get("seq")) is int):
+            raise ProtocolError("shared-memory weights must be {'block': str, 'slot': int, "
+                                f"'seq': int}}, got {body!r:.200}")
+        return body["block"], body["slot"], body["seq"]
+
+    def _apply(self, update: _Update) -> int:
+        name, slot, seq = update.payload
+        block = self._attach(name)
+        targets = flat_tensors(self.model, live=True)
+        layout = block.layout
+        check_compatible(targets, {k: SimpleNamespace(shape=s) for k, (_, s) in layout.items()},
+                         what=f"shared-memory weights of {self.model_id!r}")
+        for _ in range(MAX_READ_ATTEMPTS):
+            try:
+                return block.read_into(targets, slot, seq)
+            except TornReadError:
+                self.torn_reads += 1
+                latest = block.latest()
+                if latest is None:
+                    raise
+                slot, seq, _ = latest
+        raise TornReadError(f"{self.model_id!r}: block {name} was rewritten during "
+                            f"{MAX_READ_ATTEMPTS} reads in a row; the trainer writes faster "
+                            "than this worker can copy")
+
+    def _attach(self, name: str) -> SharedTensorBlock:
+        if self.block is None or self.block.name != name:
+            self._detach()
+            self.block = SharedTensorBlock.attach(name)
+        return self.block
+
+    def _detach(self) -> None:
+        if self.block is not None:
+            block, self.block = self.block, None
+            block.close()
+
+    def close(self) -> None:
+        super().close()
+        self._detach()
