@@ -278,7 +278,7 @@ def test_discrete_and_dict_observations() -> None:
         assert obs["pos"].shape == (2, 2) and obs["pos"].dtype == np.float32
         assert obs["count"].dtype == np.int64
         assert obs["extra"]["flags"].shape == (2, 3)
-        nxt, r, te, _ = pool.step(np.ones((2, 2), np.float32))
+        nxt, r, _, _ = pool.step(np.ones((2, 2), np.float32))
         assert (nxt["count"] == 1).all() and r.dtype == np.float32
         row = pool.reset_one(1)
         assert row["count"] == 0 and nxt["count"][0] == 1
