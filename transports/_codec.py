@@ -377,7 +377,8 @@ class _BodyDecoder:
             flat = torch.frombuffer(buf, dtype=torch.uint8)
         if flat.data_ptr() % itemsize:
             flat = flat.clone()  # misaligned frame (rare): one copy keeps element access legal
-        if dtype is torch.bool and bool((flat > 1).any()):
+        # max() scans without the full-size temporary that (flat > 1).any() allocates.
+        if dtype is torch.bool and int(flat.max()) > 1:
             raise ProtocolError("bool tensor holds bytes other than 0 and 1")
         return flat.view(dtype).view(shape)
 
