@@ -9,6 +9,7 @@ bit for bit.
 from __future__ import annotations
 
 import math
+import os
 from typing import Any
 
 import msgpack
@@ -22,12 +23,18 @@ from torch import nn
 from transports import ProtocolError, _codec, decode, encode
 from transports._codec import encode_message
 
+# ASYNCRL_FUZZ_EXAMPLES=20000 runs a deep fuzz; the default keeps the file a few seconds long.
+EXAMPLES = int(os.environ.get("ASYNCRL_FUZZ_EXAMPLES", "250"))
 FUZZ = settings(
-    max_examples=250,
+    max_examples=EXAMPLES,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
-ROUNDTRIP = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+ROUNDTRIP = settings(
+    max_examples=max(1, EXAMPLES * 4 // 5),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 
 TORCH_DTYPES = sorted(_codec._TORCH_DTYPES.values(), key=str)
 DTYPE_NAMES = sorted(_codec._TORCH_DTYPES)
