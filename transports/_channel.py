@@ -7,6 +7,7 @@ import time
 from typing import Any, NamedTuple, Self
 
 import anyio
+import anyio.abc
 import zmq
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
@@ -67,6 +68,7 @@ class Channel:
         self._task_group: Any = None
         self._background = anyio.CancelScope()
         self._closing = False
+        self._next_liveness_check = 0.0
         self._seq = 0
         self._received = 0
         self._sent = 0
@@ -82,24 +84,31 @@ class Channel:
         except BaseException:
             socket.close(linger=0)
             raise
-        self._io = AsyncSocket(socket, self._on_frames)
+        self._io = AsyncSocket(socket, self._on_frames, self._caught_up)
         self._io.translate = self._translate_send_error  # type: ignore[method-assign]
         self._items_in, self._items_out = anyio.create_memory_object_stream[Any](self._queue_size)
         self._task_group = anyio.create_task_group()
         await self._task_group.__aenter__()
-        self._task_group.start_soon(self._run_background)
+        try:
+            # The pump must be running before anyone can call aclose(), which waits for it.
+            await self._task_group.start(self._run_background)
+        except BaseException as exc:
+            await self.aclose()
+            await self._task_group.__aexit__(type(exc), exc, exc.__traceback__)
+            raise
         return self
 
     async def __aexit__(self, *exc_info: Any) -> bool | None:
         await self.aclose()
         return await self._task_group.__aexit__(*exc_info)
 
-    async def _run_background(self) -> None:
+    async def _run_background(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
         assert self._io is not None
         with self._background:
             async with anyio.create_task_group() as tg:
-                tg.start_soon(self._io.pump)
+                await tg.start(self._io.pump)
                 tg.start_soon(self._heartbeat_loop)
+                task_status.started()
 
     async def aclose(self) -> None:
         """Stop the background tasks and close the socket. Idempotent, safe when cancelled."""
@@ -171,11 +180,21 @@ class Channel:
         self._sent += 1
 
     async def _heartbeat_loop(self) -> None:
+        # Pings never wait: a peer whose queue is full must not delay the others.
         ping = encode_message(None, kind=PING)
+        assert self._io is not None
         while True:
-            await self._send_pings(ping)
-            self._check_liveness(time.monotonic())
+            self._send_pings(ping)
+            self._io.wake()  # the pump checks liveness once it has read everything
             await anyio.sleep(self.heartbeat_interval)
+
+    def _caught_up(self) -> None:
+        # Silence is judged only here, with every received heartbeat accounted for:
+        # neither a busy event loop nor a consumer that lags makes a live peer "lost".
+        now = time.monotonic()
+        if now >= self._next_liveness_check:
+            self._next_liveness_check = now + self.heartbeat_interval / 2
+            self._check_liveness(now)
 
     # -- hooks for subclasses ---------------------------------------------------------
     def _prepare(self, socket: zmq.Socket) -> None:
@@ -184,7 +203,7 @@ class Channel:
     async def _on_frames(self, frames: list[zmq.Frame]) -> None:
         raise NotImplementedError
 
-    async def _send_pings(self, ping: list[Any]) -> None:
+    def _send_pings(self, ping: list[Any]) -> None:
         raise NotImplementedError
 
     def _check_liveness(self, now: float) -> None:

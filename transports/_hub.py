@@ -91,6 +91,8 @@ class Hub(Channel):
                 await self._send_to(peer, frames)
             except PeerLostError:
                 ticket.resolve(peer, lost=True)
+        if not ticket.pending:
+            self._tickets.pop(seq, None)  # nothing more can arrive for it
         return ticket
 
     async def wait_ack(self, ticket: Ticket, timeout: float | None = None) -> dict[bytes, Any]:
@@ -103,6 +105,8 @@ class Hub(Channel):
         with anyio.move_on_after(timeout):
             await ticket.done.wait()
         pending = ticket.pending
+        if pending and self._closing:
+            raise self._closed_error()
         if pending:
             names = ", ".join(sorted(p.decode(errors="replace") for p in pending))
             raise TimeoutError(
@@ -138,16 +142,18 @@ class Hub(Channel):
         if len(frames) < 2:
             return
         peer = frames[0].bytes
-        await self._mark_seen(peer)
         message = self._decode(frames[1:], origin=repr(peer))
-        if message is None or message.kind == PING:
-            return
-        if message.kind == ACK:
-            self._on_ack(peer, message.seq, message.body, message.meta)
-            return
+        if message is None:
+            return  # garbage does not make a peer (nor keep one alive)
         if message.kind == BYE:
             if self._last_seen.pop(peer, None) is not None:
                 self._lose(peer)
+            return
+        await self._mark_seen(peer)
+        if message.kind == PING:
+            return
+        if message.kind == ACK:
+            self._on_ack(peer, message.seq, message.body, message.meta)
             return
         await self._deliver(Message(peer, message.kind, message.seq, message.body,
                                     message.meta, message.needs_ack))
@@ -169,18 +175,32 @@ class Hub(Channel):
         if not ticket.pending:
             del self._tickets[seq]
 
-    async def _send_pings(self, ping: list[Any]) -> None:
+    def _send_pings(self, ping: list[Any]) -> None:
+        assert self._io is not None
         for peer in list(self._last_seen):
-            try:
-                await self._send_to(peer, ping)
-            except PeerLostError:
-                pass  # the liveness check will report it
+            # Unroutable or full: the liveness check decides, from what the peer sends.
+            self._io.try_send([peer, *ping])
 
     def _check_liveness(self, now: float) -> None:
         for peer, seen in list(self._last_seen.items()):
             if now - seen > self.peer_timeout:
                 del self._last_seen[peer]
                 self._lose(peer)
+
+    def _farewell(self, socket: zmq.Socket) -> None:
+        # Links report the hub lost at once instead of after their peer timeout.
+        bye = encode_message(None, kind=BYE)
+        for peer in self._last_seen:
+            try:
+                socket.send_multipart([peer, *bye], zmq.NOBLOCK)
+            except zmq.ZMQError:
+                pass
+
+    def _on_close(self) -> None:
+        # Wake every wait_ack(): it raises ClosedResourceError instead of waiting forever.
+        for ticket in self._tickets.values():
+            ticket.done.set()
+        self._tickets.clear()
 
     def _lose(self, peer: bytes) -> None:
         for seq, ticket in list(self._tickets.items()):

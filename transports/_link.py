@@ -55,6 +55,7 @@ class Link(Channel):
     def _prepare(self, socket: zmq.Socket) -> None:
         socket.setsockopt(zmq.IDENTITY, self.identity)
         socket.connect(self.endpoint)
+        self._last_seen = time.monotonic()  # the timeout counts from opening, not creation
 
     @property
     def connected(self) -> bool:
@@ -68,13 +69,31 @@ class Link(Channel):
         await self._send_frames(encode_message(body, kind=kind, seq=self._next_seq(), meta=meta))
 
     async def recv(self) -> Message:
-        """The next message from the hub; :class:`PeerLostError` if the hub went silent."""
-        return self._unwrap(await self._next_item())
+        """The next message from the hub; :class:`PeerLostError` if the hub went silent.
+
+        Messages that arrived before the hub was lost come first; after that every
+        call raises until the hub is heard from again.
+        """
+        while True:
+            if self._lost and not self._queued():
+                raise self._lost_error()
+            item = await self._next_item()
+            if isinstance(item, Message):
+                return item
+            if self._lost:
+                raise self._lost_error()
+            # A stale "lost": the hub has been heard from since. Keep reading.
 
     def recv_nowait(self) -> Message | None:
-        """The next message if one is queued, else ``None``."""
-        item = self._next_item_nowait()
-        return None if item is None else self._unwrap(item)
+        """The next message if one is queued, else ``None`` (raises like :meth:`recv`)."""
+        while True:
+            item = self._next_item_nowait()
+            if isinstance(item, Message):
+                return item
+            if self._lost:
+                raise self._lost_error()
+            if item is None:
+                return None
 
     async def ack(self, message: Message, result: Any = None, *,
                   error: BaseException | None = None) -> None:
@@ -102,11 +121,13 @@ class Link(Channel):
                                  queued, 0)
 
     # -- internals ------------------------------------------------------------------------
-    def _unwrap(self, item: Message | PeerEvent) -> Message:
-        if isinstance(item, PeerEvent):
-            raise PeerLostError([b"hub@" + self.endpoint.encode()],
-                                f"for {self.peer_timeout} s")
-        return item
+    def _queued(self) -> int:
+        assert self._items_out is not None
+        return self._items_out.statistics().current_buffer_used
+
+    def _lost_error(self) -> PeerLostError:
+        return PeerLostError([b"hub@" + self.endpoint.encode()],
+                             f"for {self.peer_timeout} s or said goodbye")
 
     async def _on_frames(self, frames: list[zmq.Frame]) -> None:
         self._last_seen = time.monotonic()
@@ -114,11 +135,15 @@ class Link(Channel):
         message = self._decode(frames, origin=self.endpoint)
         if message is None or message.kind == PING:
             return
+        if message.kind == BYE:
+            self._lose_hub()
+            return
         await self._deliver(Message(HUB, message.kind, message.seq, message.body,
                                     message.meta, message.needs_ack))
 
-    async def _send_pings(self, ping: list[Any]) -> None:
-        await self._send_frames(ping)
+    def _send_pings(self, ping: list[Any]) -> None:
+        assert self._io is not None
+        self._io.try_send(ping)
 
     def _farewell(self, socket: zmq.Socket) -> None:
         # Lets the hub report us lost at once instead of after its peer timeout.
@@ -129,12 +154,15 @@ class Link(Channel):
 
     def _check_liveness(self, now: float) -> None:
         if not self._lost and now - self._last_seen > self.peer_timeout:
-            self._lost = True
-            assert self._items_in is not None
-            try:
-                self._items_in.send_nowait(PeerEvent(HUB, "lost"))
-            except (anyio.WouldBlock, anyio.BrokenResourceError, anyio.ClosedResourceError):
-                pass  # `connected` still says so
+            self._lose_hub()
+
+    def _lose_hub(self) -> None:
+        self._lost = True
+        assert self._items_in is not None
+        try:
+            self._items_in.send_nowait(PeerEvent(HUB, "lost"))  # wakes a waiting recv()
+        except (anyio.WouldBlock, anyio.BrokenResourceError, anyio.ClosedResourceError):
+            pass  # messages are queued: recv() raises once they are read
 
 
 def error_payload(error: BaseException) -> dict[str, str]:

@@ -8,6 +8,11 @@ every send we read ``zmq.EVENTS`` and drain until it says nothing is left.
 One pump task owns reading. Senders send directly with ``NOBLOCK``; if ZeroMQ
 is full (high-water mark) they wait for the pump to see ``POLLOUT``. After a
 send that left input pending, the sender pokes the pump out of its wait.
+
+Whenever the pump has read everything there was, it calls ``on_caught_up``:
+the only moment at which a peer's silence means something (a pump that is
+starved by a busy task, or blocked on a full receive queue, has simply not
+read the peer's heartbeats yet).
 """
 
 from __future__ import annotations
@@ -18,6 +23,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import anyio
+import anyio.abc
+import anyio.lowlevel
 import zmq
 
 from ._codec import DEFAULT_MAX_BYTES
@@ -26,6 +33,8 @@ from ._errors import ClosedResourceError, TransportError
 log = logging.getLogger("transports")
 
 _context: zmq.Context | None = None
+#: A sender yields to the event loop once per this many sends that did not wait.
+SENDS_PER_YIELD = 32
 
 
 def default_context() -> zmq.Context:
@@ -39,23 +48,31 @@ def default_context() -> zmq.Context:
 class AsyncSocket:
     """Drives a ZeroMQ socket from anyio: a read pump plus non-blocking sends."""
 
-    def __init__(self, socket: zmq.Socket, on_frames: Callable[[list[zmq.Frame]], Any]) -> None:
+    def __init__(self, socket: zmq.Socket, on_frames: Callable[[list[zmq.Frame]], Any],
+                 on_caught_up: Callable[[], None] = lambda: None) -> None:
         self.socket = socket
         self._on_frames = on_frames  # async callable, handles one multipart message
+        self._on_caught_up = on_caught_up  # called whenever everything queued has been read
         self._fd = socket.getsockopt(zmq.FD)
         self._wait_scope: anyio.CancelScope | None = None
         self._poked = False
         self._writable = anyio.Event()
         self._stopped = anyio.Event()
+        self._started = False
+        self._sends_without_yield = 0
         self.closed = False
         self.last_activity = time.monotonic()
 
     # -- pump -----------------------------------------------------------------
-    async def pump(self) -> None:
-        """Read forever; run under a task group, cancel to stop."""
+    async def pump(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+                   ) -> None:
+        """Read forever; run under a task group (``tg.start``), cancel to stop."""
+        self._started = True
         try:
+            task_status.started()
             while True:
                 await self._drain()
+                self._on_caught_up()
                 with anyio.CancelScope() as scope:
                     self._wait_scope = scope
                     if not self._poked:
@@ -80,6 +97,10 @@ class AsyncSocket:
             self.last_activity = time.monotonic()
             await self._on_frames(frames)
 
+    def wake(self) -> None:
+        """Make the pump look at the socket (and call ``on_caught_up``) again soon."""
+        self._poke()
+
     def _poke(self) -> None:
         self._poked = True
         if self._wait_scope is not None:
@@ -87,7 +108,11 @@ class AsyncSocket:
 
     # -- send -----------------------------------------------------------------
     async def send(self, frames: Sequence[Any]) -> None:
-        """Queue one multipart message, waiting (not spinning) while ZeroMQ is full."""
+        """Queue one multipart message, waiting (not spinning) while ZeroMQ is full.
+
+        A cancelled send raises before sending; a send that went through returns.
+        """
+        await anyio.lowlevel.checkpoint_if_cancelled()
         retries = 0
         while True:
             if self.closed:
@@ -107,6 +132,28 @@ class AsyncSocket:
                 await self._writable.wait()
             except zmq.ZMQError as exc:
                 raise self.translate(exc) from exc
+        self._after_send()
+        if retries:
+            return  # it waited: other tasks ran
+        # A task that sends in a loop must still let the pump and the heartbeats run,
+        # but yielding on every send would cost a scheduler round trip per message.
+        self._sends_without_yield += 1
+        if self._sends_without_yield >= SENDS_PER_YIELD:
+            self._sends_without_yield = 0
+            await anyio.lowlevel.cancel_shielded_checkpoint()
+
+    def try_send(self, frames: Sequence[Any]) -> bool:
+        """Send now or not at all (heartbeats): False if closed, full or unroutable."""
+        if self.closed:
+            return False
+        try:
+            self.socket.send_multipart(frames, zmq.NOBLOCK, copy=False)
+        except zmq.ZMQError:
+            return False
+        self._after_send()
+        return True
+
+    def _after_send(self) -> None:
         # The send may have consumed the edge that announced input: look again.
         if self.socket.getsockopt(zmq.EVENTS) & zmq.POLLIN:
             self._poke()
@@ -116,6 +163,8 @@ class AsyncSocket:
 
     # -- close ----------------------------------------------------------------
     async def wait_stopped(self) -> None:
+        if not self._started:
+            return  # cancelled before it ever ran: nothing waits on the descriptor
         with anyio.move_on_after(5):
             await self._stopped.wait()
 
@@ -129,10 +178,22 @@ class AsyncSocket:
 
 def configure(socket: zmq.Socket, *, max_bytes: int | None, heartbeat_interval: float,
               peer_timeout: float) -> None:
-    """Options both ends share: message size cap and ZMTP heartbeats (dead TCP links)."""
+    """Options both ends share: message size cap, queue limits, TCP keepalive.
+
+    Liveness is our own heartbeat messages, not ZMTP's HEARTBEAT_IVL: in libzmq
+    4.3.x a ZMTP heartbeat timeout on a connection whose input is stopped by
+    back-pressure (a full receive pipe) aborts the whole process with
+    ``Assertion failed: !_io_error (stream_engine_base.cpp)`` (libzmq issues
+    3937, 4364, 4767), and even when it does not, it drops a healthy connection
+    that merely has a slow reader. TCP keepalive, answered by the kernel
+    whatever the reader does, covers half-open connections instead.
+    """
+    del heartbeat_interval  # app-level heartbeats use it, ZeroMQ does not
     limit = DEFAULT_MAX_BYTES if max_bytes is None else max_bytes
     socket.setsockopt(zmq.MAXMSGSIZE, limit)
-    socket.setsockopt(zmq.HEARTBEAT_IVL, max(1, int(heartbeat_interval * 1000)))
-    socket.setsockopt(zmq.HEARTBEAT_TIMEOUT, max(1, int(peer_timeout * 1000)))
+    socket.setsockopt(zmq.TCP_KEEPALIVE, 1)
+    socket.setsockopt(zmq.TCP_KEEPALIVE_IDLE, max(1, int(peer_timeout)))
+    socket.setsockopt(zmq.TCP_KEEPALIVE_INTVL, max(1, int(peer_timeout / 3)))
+    socket.setsockopt(zmq.TCP_KEEPALIVE_CNT, 3)
     socket.setsockopt(zmq.RCVHWM, 10_000)
     socket.setsockopt(zmq.SNDHWM, 10_000)
