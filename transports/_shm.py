@@ -22,8 +22,12 @@ Segment format (all integers little-endian int64)::
 
 Readers never register the segment with Python's ``resource_tracker`` (Python
 3.11 would unlink a segment it merely attached to when the reader exits): they
-map it with ``shm_open`` directly. The creator registers it as usual, so a
-crashed trainer's segment is still removed. POSIX only.
+map it with ``shm_open`` directly. The creator registers it, so a crashed
+trainer's segment is still removed. POSIX only.
+
+Every tensor view keeps the mapping alive: ``close()`` drops the block's own
+references and the segment is unmapped when the last view goes, never under a
+tensor still in use.
 
 The seqlock relies on loads and stores not being reordered across the copy
 calls, which holds on x86-64 (TSO) and, in practice, on ARM64 too because every
@@ -37,7 +41,7 @@ import mmap
 import os
 import secrets
 from collections.abc import Mapping
-from multiprocessing import shared_memory
+from multiprocessing import resource_tracker
 from typing import Any
 
 import msgpack
@@ -85,17 +89,16 @@ class SharedTensorBlock:
     >>> reader.close(); block.close(); block.unlink()
     """
 
-    def __init__(self, name: str, buffer: Any, closer: Any, *, owner: bool,
+    def __init__(self, name: str, mapped: mmap.mmap, *, owner: bool,
                  layout: list[tuple[str, torch.dtype, tuple[int, ...], int]],
                  data_offset: int, slot_size: int, slots: int) -> None:
         self.name = name
         self.owner = owner
         self.slots = slots
         self.slot_size = slot_size
-        self._closer = closer
-        self._buf: memoryview | None = memoryview(buffer)
-        self._ctrl = np.ndarray((_CTRL_INTS + _SLOT_STRIDE * slots,), dtype=np.int64,
-                                buffer=self._buf)
+        self._mm: mmap.mmap | None = mapped
+        self._unlinked = False
+        self._ctrl = np.frombuffer(mapped, dtype=np.int64, count=_CTRL_INTS + _SLOT_STRIDE * slots)
         self._layout = layout
         self._views = [self._slot_views(data_offset + i * slot_size) for i in range(slots)]
 
@@ -112,12 +115,12 @@ class SharedTensorBlock:
         data_offset = _round_up(layout_offset + len(packed), 4096)
         size = data_offset + slots * slot_size
         name = name or f"{NAME_PREFIX}{os.getpid()}_{secrets.token_hex(6)}"
-        shm = shared_memory.SharedMemory(name=name, create=True, size=max(size, 1))
-        shm.buf[layout_offset:layout_offset + len(packed)] = packed
-        ctrl = np.ndarray((9,), dtype=np.int64, buffer=shm.buf)
+        mapped = _map(name, create=size)
+        mapped[layout_offset:layout_offset + len(packed)] = packed
+        ctrl = np.frombuffer(mapped, dtype=np.int64, count=9)
         ctrl[:] = [MAGIC, len(packed), layout_offset, data_offset, slot_size, slots, 0, 0, -1]
         del ctrl
-        return cls(shm.name, shm.buf, shm, owner=True, layout=layout,
+        return cls(name, mapped, owner=True, layout=layout,
                    data_offset=data_offset, slot_size=slot_size, slots=slots)
 
     @classmethod
@@ -130,26 +133,19 @@ class SharedTensorBlock:
         if not (isinstance(name, str) and name.startswith(NAME_PREFIX) and len(name) < 250
                 and "/" not in name):
             raise ProtocolError(f"shared-memory name {name!r} is not an asyncrl block name")
-        if _posixshmem is None:  # pragma: no cover
-            raise TransportError("shared-memory blocks need a POSIX system")
         try:
-            fd = _posixshmem.shm_open("/" + name, os.O_RDWR, mode=0o600)
+            mapped = _map(name)
         except FileNotFoundError:
             raise TransportError(
                 f"shared-memory block {name!r} does not exist: the trainer that created it "
                 "has closed it or runs on another host (use the ZeroMQ scheme across hosts)"
             ) from None
         try:
-            size = os.fstat(fd).st_size
-            mapped = mmap.mmap(fd, size)
-        finally:
-            os.close(fd)
-        try:
-            header = _read_header(mapped, size)
-            return cls(name, mapped, mapped, owner=False, **header)
+            header = _read_header(mapped, len(mapped))
         except BaseException:
-            mapped.close()
+            mapped.close()  # no view exists yet
             raise
+        return cls(name, mapped, owner=False, **header)
 
     # -- info ---------------------------------------------------------------------------------
     @property
@@ -164,7 +160,7 @@ class SharedTensorBlock:
 
     @property
     def closed(self) -> bool:
-        return self._buf is None
+        return self._mm is None
 
     def matches(self, tensors: Mapping[str, torch.Tensor]) -> bool:
         """True if ``tensors`` have exactly this block's keys, dtypes and shapes."""
@@ -251,26 +247,25 @@ class SharedTensorBlock:
 
     # -- lifetime -----------------------------------------------------------------------------
     def close(self) -> None:
-        """Unmap the segment (idempotent). Tensors from :meth:`views` must be gone."""
-        if self._buf is None:
-            return
+        """Drop this block's mapping (idempotent); it is unmapped once no view uses it."""
+        # Never mmap.close(): numpy does not hold a buffer export, so an explicit
+        # unmap would leave live tensors pointing at nothing.
         self._views = []
         self._ctrl = None  # type: ignore[assignment]
-        buf, self._buf = self._buf, None
-        buf.release()
-        try:
-            self._closer.close()
-        except BufferError:
-            pass  # someone still holds a view: the mapping goes away with it
+        self._mm = None
 
     def unlink(self) -> None:
         """Remove the segment's name (creator only; idempotent). Mappings stay valid."""
         if not self.owner:
             raise TransportError(f"only the creator unlinks {self.name}")
+        if self._unlinked:
+            return
+        self._unlinked = True
         try:
-            self._closer.unlink()
+            _posixshmem.shm_unlink("/" + self.name)
         except FileNotFoundError:
             pass
+        resource_tracker.unregister("/" + self.name, "shared_memory")
 
     def __enter__(self) -> SharedTensorBlock:
         return self
@@ -289,7 +284,7 @@ class SharedTensorBlock:
 
     # -- internals ----------------------------------------------------------------------------
     def _require_open(self) -> np.ndarray:
-        if self._buf is None:
+        if self._mm is None:
             raise TransportError(f"shared-memory block {self.name} is closed")
         return self._ctrl
 
@@ -309,13 +304,31 @@ class SharedTensorBlock:
                                  f"{list(layout[key][1])}")
 
     def _slot_views(self, start: int) -> dict[str, torch.Tensor]:
-        assert self._buf is not None
+        assert self._mm is not None
         views = {}
         for key, dtype, shape, offset in self._layout:
             nbytes = math.prod(shape) * dtype.itemsize
-            raw = np.ndarray((nbytes,), dtype=np.uint8, buffer=self._buf, offset=start + offset)
+            # frombuffer keeps a reference to the mmap object: it outlives every view.
+            raw = np.frombuffer(self._mm, dtype=np.uint8, count=nbytes, offset=start + offset)
             views[key] = torch.from_numpy(raw).view(dtype).view(shape)
         return views
+
+
+def _map(name: str, *, create: int = 0) -> mmap.mmap:
+    """Map ``/dev/shm/name``: a new segment of ``create`` bytes, or the existing one."""
+    if _posixshmem is None:  # pragma: no cover
+        raise TransportError("shared-memory blocks need a POSIX system")
+    flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
+    fd = _posixshmem.shm_open("/" + name, flags, mode=0o600)
+    try:
+        if create:
+            # The creator registers the name: if it crashes, the tracker unlinks it.
+            resource_tracker.register("/" + name, "shared_memory")
+            os.ftruncate(fd, create)
+        size = os.fstat(fd).st_size
+        return mmap.mmap(fd, size)
+    finally:
+        os.close(fd)
 
 
 def _plan(tensors: Mapping[str, torch.Tensor]

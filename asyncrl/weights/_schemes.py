@@ -174,8 +174,10 @@ class SharedMemWeightSyncScheme(WeightSyncScheme):
 
     Workers copy whole snapshots out of the block (``slots`` buffers, each under
     a seqlock), so a worker gets all of version *k* or all of *k + 1*, never a
-    mix. ``slot_timeout`` bounds how long a send waits for slow readers before
-    reusing their slot (a reader caught mid-copy then retries on the newest).
+    mix. Before reusing a slot, a send waits until the workers acknowledged the
+    version it held, at most ``slot_timeout`` seconds (a worker busy in a long
+    step should not stall the trainer); a reader caught mid-copy by the rewrite
+    notices and copies the newest slot instead.
 
     >>> SharedMemWeightSyncScheme(slots=3)
     SharedMemWeightSyncScheme(slots=3)
@@ -186,7 +188,7 @@ class SharedMemWeightSyncScheme(WeightSyncScheme):
     _receiver_class = SharedMemWeightReceiver
 
     def __init__(self, strategy: WeightFormat | WeightStrategy = "tensordict", *,
-                 max_interval: int = 0, slots: int = 2, slot_timeout: float = 30.0) -> None:
+                 max_interval: int = 0, slots: int = 2, slot_timeout: float = 1.0) -> None:
         super().__init__(strategy, max_interval=max_interval)
         if not 1 <= slots <= 8:
             raise ValueError(f"slots must be between 1 and 8, got {slots}")
@@ -197,7 +199,7 @@ class SharedMemWeightSyncScheme(WeightSyncScheme):
         options = super()._options()
         if self.slots != 2:
             options["slots"] = self.slots
-        if self.slot_timeout != 30.0:
+        if self.slot_timeout != 1.0:
             options["slot_timeout"] = self.slot_timeout
         return options
 

@@ -33,7 +33,7 @@ class SharedMemWeightSender(WeightSender):
     """
 
     def __init__(self, model_id: str, hub: Any, *, slots: int = 2,
-                 slot_timeout: float = 30.0, **kwargs: Any) -> None:
+                 slot_timeout: float = 1.0, **kwargs: Any) -> None:
         super().__init__(model_id, hub, **kwargs)
         self.slots = slots
         self.slot_timeout = slot_timeout
