@@ -127,7 +127,7 @@ def test_dtype_is_converted_like_load_state_dict() -> None:
 
 
 def test_unsupported_objects_raise_type_error() -> None:
-    with pytest.raises(TypeError, match="nn.Module, a TensorDict or a state dict"):
+    with pytest.raises(TypeError, match=r"nn\.Module, a TensorDict or a state dict"):
         WeightStrategy().apply_weights(object(), {})
     with pytest.raises(ValueError, match="tensordict"):
         WeightStrategy("pickle")  # type: ignore[arg-type]
