@@ -217,21 +217,20 @@ async def train(args: argparse.Namespace) -> int:
     policy = make_policy()
     ppo = PPO(policy.module, make_critic(), PPOConfig(lr=args.lr))
     tracker = EpisodeTracker(args.window)
+    batches = -(-args.max_frames // args.frames_per_batch)  # whole batches, rounded up
     start = time.perf_counter()
-    frames = 0
-    bar = tqdm(total=args.max_frames, unit="frame", unit_scale=True, dynamic_ncols=True,
-               disable=args.no_progress)
+    frames, first_batch_s = 0, float("nan")
+    bar = tqdm(total=batches * args.frames_per_batch, unit="frame", unit_scale=True,
+               dynamic_ncols=True, disable=args.no_progress)
     async with MultiSyncCollector(
         "CartPole-v1", policy, num_workers=args.workers,
         envs_per_worker=args.envs_per_worker, frames_per_batch=args.frames_per_batch,
-        total_frames=args.max_frames,
+        total_frames=batches * args.frames_per_batch,
     ) as collector:
-        set_seed = getattr(collector, "set_seed", None)
-        if set_seed is not None:
-            result = set_seed(args.seed)
-            if hasattr(result, "__await__"):
-                await result
+        await collector.set_seed(args.seed)
         async for batch in collector:
+            if not frames:
+                first_batch_s = time.perf_counter() - start
             lag = policy_lag(collector, batch)
             frames += batch.numel()
             tracker.add(batch)
@@ -246,7 +245,8 @@ async def train(args: argparse.Namespace) -> int:
     bar.close()
     elapsed = time.perf_counter() - start
     summary = (f"episodes={tracker.episodes} mean_return(last {len(tracker.returns)})="
-               f"{tracker.mean:.1f} frames={frames} seconds={elapsed:.1f}")
+               f"{tracker.mean:.1f} frames={frames} seconds={elapsed:.1f} "
+               f"(first batch after {first_batch_s:.1f} s)")
     if tracker.reached(args.target):
         print(f"SOLVED CartPole-v1 (target {args.target:g}): {summary}")
         return 0

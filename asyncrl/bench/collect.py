@@ -65,6 +65,8 @@ class Run:
     worker_rss_mb: list[float]
     frames: int
     batch_shape: list[int]
+    close_error: str | None = None  # raised while closing, after the measurement
+    leftover_pids: list[int] = field(default_factory=list)  # workers alive 10 s after close
 
 
 @dataclass
@@ -118,10 +120,12 @@ def spawned_children() -> set[int]:
     return pids
 
 
-def _wait_children_gone(before: set[int], timeout: float = 10.0) -> None:
+def _wait_children_gone(before: set[int], timeout: float = 10.0) -> list[int]:
+    """Wait for the workers started since ``before`` to exit; return those still alive."""
     deadline = time.monotonic() + timeout
     while spawned_children() - before and time.monotonic() < deadline:
         time.sleep(0.05)
+    return sorted(spawned_children() - before)
 
 
 # -- TorchRL -------------------------------------------------------------------------------------
@@ -153,32 +157,42 @@ def run_torchrl(case: Case, batches: int) -> Run:
             frames += next(it).numel()
         fps = frames / (time.perf_counter() - t0)
         workers = sorted(spawned_children() - before)
-        rss = [peak_rss_mb(pid) for pid in workers]
+        run = Run(fps, first_batch_s, [peak_rss_mb(pid) for pid in workers], frames,
+                  list(first.shape))
     finally:
         collector.shutdown()
-    _wait_children_gone(before)
-    return Run(fps, first_batch_s, rss, frames, list(first.shape))
+    run.leftover_pids = _wait_children_gone(before)
+    return run
 
 
 # -- asyncrl -------------------------------------------------------------------------------------
 async def _asyncrl_once(case: Case, batches: int) -> Run:
     from asyncrl import MultiCollector
 
+    run: Run | None = None
     start = time.perf_counter()
-    async with MultiCollector(
-        ENV_ID, None, num_workers=NUM_WORKERS, sync=case.sync,
-        envs_per_worker=case.envs_per_worker, frames_per_batch=case.frames_per_batch,
-        total_frames=-1,
-    ) as collector:
-        it = collector.__aiter__()
-        first = await it.__anext__()
-        first_batch_s = time.perf_counter() - start
-        frames, t0 = 0, time.perf_counter()
-        for _ in range(batches):
-            frames += (await it.__anext__()).numel()
-        fps = frames / (time.perf_counter() - t0)
-        rss = [peak_rss_mb(pid) for pid in collector.worker_pids]
-    return Run(fps, first_batch_s, rss, frames, list(first.shape))
+    try:
+        async with MultiCollector(
+            ENV_ID, None, num_workers=NUM_WORKERS, sync=case.sync,
+            envs_per_worker=case.envs_per_worker, frames_per_batch=case.frames_per_batch,
+            total_frames=-1,
+        ) as collector:
+            it = collector.__aiter__()
+            first = await it.__anext__()
+            first_batch_s = time.perf_counter() - start
+            frames, t0 = 0, time.perf_counter()
+            for _ in range(batches):
+                frames += (await it.__anext__()).numel()
+            fps = frames / (time.perf_counter() - t0)
+            run = Run(fps, first_batch_s, [peak_rss_mb(p) for p in collector.worker_pids],
+                      frames, list(first.shape))
+    except Exception as exc:
+        if run is None:
+            raise
+        # The numbers are in; report a failing close next to them instead of losing them.
+        run.close_error = f"{type(exc).__name__}: {exc}"
+    assert run is not None
+    return run
 
 
 def run_asyncrl(case: Case, batches: int) -> Run:
@@ -186,7 +200,7 @@ def run_asyncrl(case: Case, batches: int) -> Run:
 
     before = spawned_children()
     run = anyio.run(_asyncrl_once, case, batches)
-    _wait_children_gone(before)
+    run.leftover_pids = _wait_children_gone(before)
     return run
 
 
@@ -246,6 +260,15 @@ def environment() -> str:
     return f"{os.cpu_count()} CPUs, {platform.machine()}, " + ", ".join(versions)
 
 
+def _problems(run: Run) -> list[str]:
+    problems = []
+    if run.close_error:
+        problems.append(f"closing the collector raised {run.close_error}")
+    if run.leftover_pids:
+        problems.append(f"worker processes {run.leftover_pids} still alive 10 s after close")
+    return problems
+
+
 # -- main ------------------------------------------------------------------------------------------
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m asyncrl.bench.collect",
@@ -293,6 +316,8 @@ def main(argv: list[str] | None = None) -> int:
                       f"first batch {run.first_batch_s:5.2f} s  worker RSS "
                       f"{', '.join(f'{m:.0f}' for m in run.worker_rss_mb)} MiB  "
                       f"batch {run.batch_shape}", file=sys.stderr, flush=True)
+                for problem in _problems(run):
+                    print(f"{'':8} {'':10}     {problem}", file=sys.stderr, flush=True)
                 gc.collect()
     print(f"\n{command}\n\n{environment()}; {args.repeats} repeats x {args.batches} "
           f"timed batches; total {time.perf_counter() - started:.0f} s\n")
@@ -300,6 +325,11 @@ def main(argv: list[str] | None = None) -> int:
     failed = [r for r in results.values() if r.error]
     for r in failed:
         print(f"\n{r.library} {r.case}: {r.error}")
+    for r in results.values():
+        problems = sorted({p for run in r.runs for p in _problems(run)})
+        failed += [r] if problems else []
+        for problem in problems:
+            print(f"\n{r.library} {r.case}: {problem}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"command": command, "environment": environment(),
