@@ -257,6 +257,9 @@ def environment() -> str:
             versions.append(f"{name} {getattr(module, '__version__', '?')}")
         except ImportError:
             versions.append(f"{name} missing")
+    import multiprocessing as mp
+
+    versions.append(f"TorchRL start method {mp.get_start_method(allow_none=True)}")
     return f"{os.cpu_count()} CPUs, {platform.machine()}, " + ", ".join(versions)
 
 
@@ -280,6 +283,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help=f"comma-separated, from {', '.join(CASES)}")
     p.add_argument("--libraries", default="asyncrl,torchrl",
                    help="comma-separated: asyncrl, torchrl")
+    p.add_argument("--torchrl-start-method", choices=("spawn", "fork", "forkserver"),
+                   help="multiprocessing start method for TorchRL's workers (default: "
+                        "TorchRL's own, spawn; asyncrl always spawns)")
     p.add_argument("--json", metavar="PATH", help="also write every run to PATH")
     return p.parse_args(argv)
 
@@ -295,9 +301,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"unknown libraries {sorted(unknown)}; expected asyncrl and/or torchrl",
               file=sys.stderr)
         return 2
+    if "torchrl" in libraries:
+        # TorchRL picks its start method (spawn) when imported; import it before anything
+        # fixes multiprocessing's default context, or it silently falls back to fork.
+        import multiprocessing as mp
+
+        import torchrl  # noqa: F401
+
+        if args.torchrl_start_method:
+            mp.set_start_method(args.torchrl_start_method, force=True)
     warnings.filterwarnings("ignore")
     results: dict[tuple[str, str], Result] = {}
-    started = time.perf_counter()
+    started, load_before = time.perf_counter(), os.getloadavg()[0]
     for case in cases:
         for repeat in range(args.repeats):
             for library in libraries:  # interleaved, so drifts hit both alike
@@ -320,7 +335,8 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"{'':8} {'':10}     {problem}", file=sys.stderr, flush=True)
                 gc.collect()
     print(f"\n{command}\n\n{environment()}; {args.repeats} repeats x {args.batches} "
-          f"timed batches; total {time.perf_counter() - started:.0f} s\n")
+          f"timed batches; total {time.perf_counter() - started:.0f} s; 1-min load average "
+          f"{load_before:.1f} before, {os.getloadavg()[0]:.1f} after\n")
     print(markdown_table(results, cases))
     failed = [r for r in results.values() if r.error]
     for r in failed:
