@@ -46,7 +46,10 @@ def rebuild_remote_exception(
 
 
 def _resolve_exception_type(type_path: str) -> type[Exception] | None:
-    module_name, _, qualname = type_path.rpartition(".")
+    if ":" in type_path:  # "module:Qual.Name", as worker error reports send it
+        module_name, _, qualname = type_path.partition(":")
+    else:
+        module_name, _, qualname = type_path.rpartition(".")
     if module_name == "builtins":
         candidate = getattr(builtins, qualname, None)
     else:

@@ -115,6 +115,8 @@ class EnvPool(ABC):
         self.reward = np.zeros(self.num_envs, dtype=np.float32)
         self.terminated = np.zeros(self.num_envs, dtype=bool)
         self.truncated = np.zeros(self.num_envs, dtype=bool)
+        #: True when some env finished in the last step (saves the caller a scan).
+        self.any_done = False
         self._pending_seeds: list[int] | None = None
         self._closed = False
 
@@ -128,6 +130,7 @@ class EnvPool(ABC):
         else:
             seeds, self._pending_seeds = self._pending_seeds, None
         self._reset_all(seeds)
+        self.any_done = False
         self.reward.fill(0.0)
         self.terminated.fill(False)
         self.truncated.fill(False)
@@ -222,22 +225,29 @@ class _GymEnvListPool(EnvPool):
             )
         )
         self._envs = envs
+        self._int_actions = self.specs.action.n is not None
         self._owner = owner  # a SyncVectorEnv we took the envs from, closed with us
 
     def step_inplace(self, actions: np.ndarray) -> None:
         rew, term, trunc = self.reward, self.terminated, self.truncated
-        if self._layout.is_dict:
-            write = self._layout.write_row
-            for i, env in enumerate(self._envs):
-                obs, r, te, tr, _ = env.step(actions[i])
+        # A Discrete action goes in as a Python int: gymnasium's Discrete.contains
+        # checks that much faster than a numpy scalar.
+        item = self._int_actions
+        write = None if not self._layout.is_dict else self._layout.write_row
+        buf = self._layout.arrays[0]
+        any_done = False
+        for i, env in enumerate(self._envs):
+            obs, r, te, tr, _ = env.step(actions.item(i) if item else actions[i])
+            if write is None:
+                buf[i] = obs
+            else:
                 write(i, obs)
-                rew[i] = r
-                term[i] = te
-                trunc[i] = tr
-        else:
-            buf = self._layout.arrays[0]
-            for i, env in enumerate(self._envs):
-                buf[i], rew[i], term[i], trunc[i], _ = env.step(actions[i])
+            rew[i] = r
+            term[i] = te
+            trunc[i] = tr
+            if te or tr:
+                any_done = True
+        self.any_done = any_done
 
     def _reset_all(self, seeds: Sequence[int] | None) -> None:
         for i, env in enumerate(self._envs):
@@ -306,6 +316,7 @@ class _GymVectorPool(EnvPool):
         self.supports_partial_reset = known
         # SAME_STEP: reset observations the env already produced, per finished env.
         self._auto_reset = np.zeros(self.num_envs, dtype=bool)
+        self._done = np.zeros(self.num_envs, dtype=bool)
         self._reset_obs = _ObsLayout(self.specs.observation, self.num_envs)
 
     def step_inplace(self, actions: np.ndarray) -> None:
@@ -314,13 +325,14 @@ class _GymVectorPool(EnvPool):
         np.copyto(self.reward, rew, casting="unsafe")
         np.copyto(self.terminated, term, casting="unsafe")
         np.copyto(self.truncated, trunc, casting="unsafe")
-        if self._same_step:
-            np.logical_or(self.terminated, self.truncated, out=self._auto_reset)
-            if self._auto_reset.any():
-                final = info["final_obs"]
-                for i in np.flatnonzero(self._auto_reset):
-                    self._reset_obs.copy_row_from(int(i), self._layout)
-                    self._layout.write_row(int(i), final[i])
+        np.logical_or(self.terminated, self.truncated, out=self._done)
+        self.any_done = bool(self._done.any())
+        if self._same_step and self.any_done:
+            np.copyto(self._auto_reset, self._done)
+            final = info["final_obs"]
+            for i in np.flatnonzero(self._done):
+                self._reset_obs.copy_row_from(int(i), self._layout)
+                self._layout.write_row(int(i), final[i])
 
     def _reset_all(self, seeds: Sequence[int] | None) -> None:
         obs, _ = self._venv.reset(seed=None if seeds is None else list(seeds))
@@ -390,6 +402,7 @@ class _TorchRLPool(EnvPool):
         self.reward[:] = out.get("reward").reshape(n).float().cpu().numpy()
         self.terminated[:] = out.get("terminated").reshape(n).cpu().numpy()
         self.truncated[:] = out.get("truncated").reshape(n).cpu().numpy()
+        self.any_done = bool(self.terminated.any() or self.truncated.any())
         self._td = out
 
     def _reset_all(self, seeds: Sequence[int] | None) -> None:

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeAlias
 
@@ -30,6 +31,10 @@ __all__ = [
     "resolve_exploration_type",
     "torch_dtype",
 ]
+
+# Pre-drawn sample blocks: up to this many calls, and this many numbers, at once.
+_BLOCK_CALLS = 256
+_BLOCK_ITEMS = 1 << 16
 
 ExplorationLike: TypeAlias = ExplorationType | str | None
 NestedKey: TypeAlias = str | tuple[str, ...]
@@ -110,21 +115,31 @@ class RandomPolicy:
             self._all_finite = bool(self._finite.all())
             self._any_finite = bool(self._finite.any())
             self._clip = bool(np.isfinite(self._low).any() or np.isfinite(high_arr).any())
-        self._scratch: np.ndarray | None = None
-        self._scratch2: np.ndarray | None = None
+        self._block: np.ndarray | None = None  # pre-drawn samples, one row per call
+        self._block_pos = 0
         self._dest: torch.Tensor | None = None
         self._dest_np: np.ndarray | None = None
 
     def set_seed(self, seed: int | None) -> None:
         self._rng = np.random.default_rng(seed)
+        self._block = None  # samples drawn with the old generator are dropped
 
     def sample_into(self, out: np.ndarray) -> None:
-        """Fill ``out`` (shape ``(*batch, *spec.shape)``, any strides) with random actions."""
-        scratch = self._scratch
-        if scratch is None or scratch.shape != out.shape:
-            # float64 scratch: Generator.random(out=) needs a contiguous float array.
-            scratch = self._scratch = np.empty(out.shape, dtype=np.float64)
-            self._scratch2 = np.empty(out.shape, dtype=np.float64)
+        """Fill ``out`` (shape ``(*batch, *spec.shape)``, any strides) with random actions.
+
+        Samples are drawn in blocks of many calls at once (one vectorised draw
+        instead of several small ufunc calls per step), then handed out in order:
+        the same seed gives the same sequence for the same ``out`` shape.
+        """
+        block = self._block
+        if block is None or block.shape[1:] != out.shape or self._block_pos == len(block):
+            block = self._refill(out.shape)
+        np.copyto(out, block[self._block_pos], casting="unsafe")
+        self._block_pos += 1
+
+    def _refill(self, shape: tuple[int, ...]) -> np.ndarray:
+        count = max(1, min(_BLOCK_CALLS, _BLOCK_ITEMS // max(1, math.prod(shape))))
+        scratch = np.empty((count, *shape), dtype=np.float64)
         rng = self._rng
         if self._integer:
             rng.random(out=scratch)
@@ -140,15 +155,16 @@ class RandomPolicy:
         else:
             rng.standard_normal(out=scratch)
             if self._any_finite:
-                uniform = self._scratch2
-                assert uniform is not None
+                uniform = np.empty_like(scratch)
                 rng.random(out=uniform)
                 np.multiply(uniform, self._span, out=uniform)
                 np.add(uniform, self._low, out=uniform)
-                np.copyto(scratch, uniform, where=np.broadcast_to(self._finite, out.shape))
+                np.copyto(scratch, uniform, where=np.broadcast_to(self._finite, scratch.shape))
             if self._clip:
                 np.clip(scratch, self._low, self._high, out=scratch)
-        np.copyto(out, scratch, casting="unsafe")
+        self._block = scratch.astype(self._dtype, casting="unsafe")
+        self._block_pos = 0
+        return self._block
 
     def __call__(self, td: TensorDictBase) -> TensorDictBase:
         dest = td.get(self.action_key, None)

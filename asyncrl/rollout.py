@@ -244,16 +244,16 @@ class Rollout:
             k: d[("next", k)].numpy()[..., 0] for k in ("reward", "done", "terminated", "truncated")
         }
         trunc_src = self._trunc if self.max_frames_per_traj else pool.truncated
-        traj = d[("collector", "traj_ids")].numpy()
+        # traj_ids, policy_version and ("next", "done") are not written per step:
+        # they are filled per batch and patched where they change (resets, updates).
+        self._traj = d[("collector", "traj_ids")].numpy()
         self._pre = [(b.numpy(), a) for b, a in zip(obs_bufs, pool.obs_arrays, strict=True)]
-        self._pre.append((traj, self._traj_cur))
         self._pre.append((action.numpy(), self._act_np))
         self._post = [(b.numpy(), a) for b, a in zip(next_bufs, pool.obs_arrays, strict=True)]
         self._post += [
             (nxt["reward"], pool.reward),
             (nxt["terminated"], pool.terminated),
             (nxt["truncated"], trunc_src),
-            (nxt["done"], self._done),
         ]
         # numpy writes are ~2x cheaper than torch indexing; keep torch for dtypes
         # numpy lacks (bfloat16) and for tensors the policy leaves off the CPU.
@@ -263,6 +263,7 @@ class Rollout:
         ]
         self._pv = d[("collector", "policy_version")].numpy()
         self._next_done, self._next_trunc = nxt["done"], nxt["truncated"]
+        self._next_term = nxt["terminated"]
 
     # -- collection ------------------------------------------------------------------------
 
@@ -281,11 +282,13 @@ class Rollout:
         if not self._adapter.is_random:
             n_random = min(t_total, max(0, math.ceil((self.init_random_frames - self._frames) / n)))
         self._pv.fill(self.policy_version)
+        self._traj[...] = self._traj_cur[:, None]
         try:
             with self._adapter.exploration():
                 steps = self._run(n_random)
         finally:
             self._disarm_stop()
+        np.logical_or(self._next_term, self._next_trunc, out=self._next_done)
         self._frames += steps * n
         self._traj_fresh = False
         if self.set_truncated and steps:
@@ -349,13 +352,17 @@ class Rollout:
                     dst[i] = src
                 step_env(act_np)
                 if limit:
-                    self._apply_limit(limit)
+                    self._apply_limit(limit)  # before `post`: it edits truncated
+                    for dst, src in post:
+                        dst[i] = src
+                    if done.any():
+                        self._reset_done(done, t)
                 else:
-                    np.logical_or(pool.terminated, pool.truncated, out=done)
-                for dst, src in post:
-                    dst[i] = src
-                if done.any():
-                    self._reset_done(done)
+                    for dst, src in post:
+                        dst[i] = src
+                    if pool.any_done:
+                        np.logical_or(pool.terminated, pool.truncated, out=done)
+                        self._reset_done(done, t)
         except _StopCollect:
             return t
         return self.steps_per_batch
@@ -366,10 +373,11 @@ class Rollout:
         np.logical_or(self.env_pool.truncated, self._hit, out=self._trunc)
         np.logical_or(self.env_pool.terminated, self._trunc, out=self._done)
 
-    def _reset_done(self, mask: np.ndarray) -> None:
+    def _reset_done(self, mask: np.ndarray, t: int) -> None:
         # Episode ends are rare next to steps: allocations here are fine.
         self.env_pool.reset_where(mask)
         self._new_trajectories(mask)
+        self._traj[mask, t + 1 :] = self._traj_cur[mask, None]
 
     def _new_trajectories(self, mask: np.ndarray) -> None:
         k = int(mask.sum())

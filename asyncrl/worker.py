@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import pickle
 import socket
 import sys
 import traceback
@@ -20,6 +21,7 @@ from typing import Any
 import anyio
 import torch
 from transports import Link, Message, PeerLostError, ProtocolError
+from transports import shutdown as flush_and_close_sockets
 
 from ._protocol import (
     PROTOCOL,
@@ -35,7 +37,7 @@ from ._protocol import (
 from ._spec import WorkerSpec
 from .envs import make_env_pool
 from .rollout import Rollout
-from .weights import WeightReceiver, resolve_model
+from .weights import WEIGHTS_KIND, WeightReceiverGroup
 
 log = logging.getLogger("asyncrl.worker")
 
@@ -81,10 +83,10 @@ class Worker:
         self._request_ready = anyio.Event()
         self._busy = anyio.Lock()  # held while the rollout or a control op uses the envs
         self._current_request: int | None = None
-        self._receivers: dict[str, WeightReceiver] = {}
+        self._receivers = WeightReceiverGroup()
         self._acks_due = anyio.Event()
         self._pending_early: list[Message] = []  # weights that came before the welcome
-        self._orphan_acks: list[tuple[Message, BaseException]] = []
+        self._exit: WorkerExit | None = None
 
     @property
     def env(self) -> Any:
@@ -96,12 +98,11 @@ class Worker:
         try:
             await self._start()
             async with anyio.create_task_group() as tg:
-                tg.start_soon(self._collect_loop)
-                tg.start_soon(self._ack_loop)
-                if self.parent_pid is not None:
-                    tg.start_soon(self._watch_parent)
-                await self._dispatch_loop()
-                tg.cancel_scope.cancel()
+                for task in (self._collect_loop, self._ack_loop, self._dispatch_loop,
+                             self._watch_parent):
+                    tg.start_soon(self._until_exit, task, tg.cancel_scope)
+            if self._exit is not None:
+                raise self._exit
             return EXIT_OK
         except WorkerExit as exc:
             if exc.code != EXIT_OK:
@@ -109,6 +110,14 @@ class Worker:
             return exc.code
         finally:
             self._close_envs()
+
+    async def _until_exit(self, task: Any, scope: anyio.CancelScope) -> None:
+        """Run one of the worker's loops; the first to finish or exit stops them all."""
+        try:
+            await task()
+        except WorkerExit as exc:
+            self._exit = self._exit or exc
+        scope.cancel()
 
     async def _start(self) -> None:
         torch.set_num_threads(self.spec.torch_threads)
@@ -149,7 +158,7 @@ class Worker:
             if message.kind == Refuse.KIND:
                 reason = Refuse.from_body(message.body).reason
                 raise WorkerExit(EXIT_REFUSED, f"the coordinator refused this worker: {reason}")
-            if message.kind == "weights":
+            if message.kind == WEIGHTS_KIND:
                 # Weights may precede the welcome for a late joiner: keep them.
                 self._pending_early.append(message)
                 continue
@@ -158,30 +167,25 @@ class Worker:
     def _init_receivers(self) -> None:
         assert self.rollout is not None
         rollout = self.rollout
-        for model_id, scheme in (self.spec.weight_sync_schemes or {}).items():
-            target = resolve_model(self, model_id)
-            receiver = scheme.init_on_worker(model_id=model_id, model=target)
-            if receiver is not None:
-                self._receivers[model_id] = receiver
-        if "policy" not in self._receivers and isinstance(self.policy, torch.nn.Module):
-            from .weights import ZmqWeightSyncScheme
+        group = self._receivers
 
-            self._receivers["policy"] = ZmqWeightSyncScheme().init_on_worker(
-                model_id="policy", model=self.policy)
-        policy_receiver = self._receivers.get("policy")
+        def on_policy_applied(version: int) -> None:
+            rollout.policy_version = version
+
+        for model_id, scheme in (self.spec.weight_sync_schemes or {}).items():
+            on_apply = on_policy_applied if model_id == "policy" else None
+            group.add(scheme.init_on_worker(model_id, root=self, on_apply=on_apply))
 
         def before_step() -> None:
-            applied = False
-            for receiver in self._receivers.values():
-                applied |= receiver.apply_pending()
-            if applied:
-                if policy_receiver is not None:
-                    rollout.policy_version = policy_receiver.version
+            # Runs in the rollout thread at every step boundary: one attribute check
+            # unless an update is waiting.
+            if group.has_pending:
+                group.apply_pending()
                 anyio.from_thread.run_sync(self._acks_due.set)
 
-        rollout.before_step = before_step if self._receivers else None
+        rollout.before_step = before_step if len(group) else None
         for message in self._pending_early:
-            self._on_weights(message)
+            group.on_message(message)
         self._pending_early.clear()
 
     # -- messages ------------------------------------------------------------------
@@ -204,10 +208,8 @@ class Worker:
                     request = Preempt.from_body(message.body).request
                     if self._current_request == request and self.rollout is not None:
                         self.rollout.request_stop()
-                elif message.kind == "weights":
-                    self._on_weights(message)
-                    if not self._busy.locked():
-                        await self._apply_idle()
+                elif message.kind == WEIGHTS_KIND:
+                    await self._on_weights(message)
                 elif message.kind == Control.KIND:
                     control = Control.from_body(message.body)
                     if control.op == "close":
@@ -221,41 +223,19 @@ class Worker:
                 if message.needs_ack:
                     await self.link.ack(message, error=exc)
 
-    def _on_weights(self, message: Message) -> None:
-        model_id = message.meta.get("model_id", "policy")
-        receiver = self._receivers.get(model_id) if isinstance(model_id, str) else None
-        if receiver is None:
-            self._orphan_acks.append((message, KeyError(
-                f"this worker has no model {model_id!r}; it has {sorted(self._receivers)}")))
-            self._acks_due.set()
-            return
-        receiver.on_message(message)
-
-    async def _apply_idle(self) -> None:
-        async with self._busy:
-            applied = False
-            for receiver in self._receivers.values():
-                applied |= receiver.apply_pending()
-            if applied and self.rollout is not None and "policy" in self._receivers:
-                self.rollout.policy_version = self._receivers["policy"].version
-        await self._flush_acks()
+    async def _on_weights(self, message: Message) -> None:
+        self._receivers.on_message(message)  # never raises: a bad update is acked as an error
+        if not self._busy.locked():
+            # Idle between batches: apply now (sync mode relies on it).
+            async with self._busy:
+                self._receivers.apply_pending()
+        await self._receivers.flush_acks(self.link)
 
     async def _ack_loop(self) -> None:
         while True:
             await self._acks_due.wait()
             self._acks_due = anyio.Event()
-            await self._flush_acks()
-
-    async def _flush_acks(self) -> None:
-        for message, error in self._orphan_acks:
-            await self.link.ack(message, error=error)
-        self._orphan_acks.clear()
-        for receiver in self._receivers.values():
-            for message, result, error in receiver.take_acks():
-                if error is None:
-                    await self.link.ack(message, result=result)
-                else:
-                    await self.link.ack(message, error=error)
+            await self._receivers.flush_acks(self.link)
 
     async def _control(self, message: Message, control: Control) -> None:
         async with self._busy:
@@ -316,6 +296,8 @@ class Worker:
 
     async def _watch_parent(self) -> None:
         # A spawned worker must not outlive its trainer, even if it never says goodbye.
+        if self.parent_pid is None:
+            await anyio.sleep_forever()
         while os.getppid() == self.parent_pid:
             await anyio.sleep(0.5)
         raise WorkerExit(EXIT_COORDINATOR_LOST, "the parent process is gone")
@@ -359,14 +341,25 @@ async def run_worker(endpoint: str, spec: WorkerSpec, *, identity: bytes | None 
         return await Worker(link, spec, slot=slot, token=token, parent_pid=parent_pid).run()
 
 
-def process_main(endpoint: str, spec: WorkerSpec, slot: int, token: str, backend: str,
+def process_main(endpoint: str, spec_bytes: bytes, slot: int, token: str, backend: str,
                  parent_pid: int, options: dict[str, Any]) -> None:
-    """Entry point of a locally spawned worker process."""
+    """Entry point of a locally spawned worker process.
+
+    ``spec_bytes`` is a plain pickle of the :class:`WorkerSpec` made by our own
+    parent process (never data from the network).
+    """
     logging.basicConfig(level=logging.WARNING, format="worker %(process)d: %(message)s")
+    spec = pickle.loads(spec_bytes)
     identity = f"local-{slot}-{os.getpid()}".encode()
     code = anyio.run(
         lambda: run_worker(endpoint, spec, identity=identity, slot=slot, token=token,
                            parent_pid=parent_pid, **options),
         backend=backend,
     )
-    sys.exit(code)
+    # Everything is closed by now; skipping the interpreter's teardown (torch, atexit
+    # hooks) makes shutdown take milliseconds instead of seconds on a busy machine.
+    flush_and_close_sockets()
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

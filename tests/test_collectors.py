@@ -105,6 +105,10 @@ async def test_weights_update_reaches_every_frame_of_the_next_sync_batch() -> No
             assert first["collector", "policy_version"].eq(0).all()
             with torch.no_grad():
                 policy.value.fill_(-1.0)
+            # No silent update: the workers hold a copy until weights are sent.
+            unsent = await collector.__anext__()
+            assert unsent["action"].eq(1).all()
+            assert unsent["collector", "policy_version"].eq(0).all()
             await collector.update_policy_weights()
             assert collector.policy_version == 1
             second = await collector.__anext__()

@@ -15,3 +15,4 @@ from ._link import Link as Link
 from ._types import Message as Message
 from ._types import PeerEvent as PeerEvent
 from ._types import Ticket as Ticket
+from ._socket import shutdown as shutdown

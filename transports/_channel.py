@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from typing import Any, NamedTuple, Self
 
 import anyio
 import anyio.abc
+import anyio.lowlevel
 import zmq
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from ._codec import Decoded, ProtocolError, decode_message, encode_message
 from ._errors import ClosedResourceError, TransportError
@@ -23,6 +24,23 @@ ACK = "ack"
 BYE = "bye"
 
 
+async def exit_task_group(task_group: Any, exc_info: tuple[Any, Any, Any]) -> bool | None:
+    """Leave a task group entered in ``__aenter__``, without wrapping the body's own error.
+
+    anyio wraps whatever leaves a task group in an ``ExceptionGroup``; when the
+    only error is the one raised by the ``async with`` body, the user should
+    get that exception itself.
+    """
+    body_error = exc_info[1]
+    try:
+        return await task_group.__aexit__(*exc_info)
+    except BaseExceptionGroup as group:
+        if body_error is not None and len(group.exceptions) == 1 \
+                and group.exceptions[0] is body_error:
+            raise body_error from body_error.__cause__
+        raise
+
+
 class ChannelStatistics(NamedTuple):
     """Counters of one channel (in the spirit of anyio's ``statistics()``)."""
 
@@ -34,10 +52,89 @@ class ChannelStatistics(NamedTuple):
     pending_acks: int
 
 
+#: A consumer that finds items waiting yields to the event loop once per this many.
+GETS_PER_YIELD = 32
+
+
+class Inbox:
+    """The bounded queue between a channel's pump and its consumers.
+
+    A memory object stream with a buffer, tuned for the hot path: ``get()``
+    parks only when the queue is empty and ``put_nowait()`` never yields, so a
+    message costs no extra trip through the scheduler on either side. ``get()``
+    still honours cancellation at once, a cancelled ``get()`` takes nothing, and
+    a consumer that keeps finding items yields every ``GETS_PER_YIELD`` of them.
+    ``put()`` waits while the queue is full: back-pressure on the pump.
+    """
+
+    def __init__(self, size: int) -> None:
+        self._items: deque[Any] = deque()
+        self._size = max(1, size)
+        self._not_empty: anyio.Event | None = None
+        self._not_full: anyio.Event | None = None
+        self._gets_without_yield = 0
+        self.closed = False
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def put_nowait(self, item: Any, *, force: bool = False) -> bool:
+        """Queue ``item``; False if full (unless ``force``) or closed."""
+        if self.closed or (len(self._items) >= self._size and not force):
+            return False
+        self._items.append(item)
+        if self._not_empty is not None:
+            self._not_empty.set()
+            self._not_empty = None
+        return True
+
+    async def put(self, item: Any) -> None:
+        """Queue ``item``, waiting while the queue is full; dropped once closed."""
+        while not self.put_nowait(item) and not self.closed:
+            if self._not_full is None:
+                self._not_full = anyio.Event()
+            await self._not_full.wait()
+
+    def get_nowait(self) -> Any:
+        """The oldest item; ``anyio.WouldBlock`` if none, ``anyio.EndOfStream`` once closed."""
+        if self._items:
+            item = self._items.popleft()
+            if self._not_full is not None:
+                self._not_full.set()
+                self._not_full = None
+            return item
+        if self.closed:
+            raise anyio.EndOfStream
+        raise anyio.WouldBlock
+
+    async def get(self) -> Any:
+        await anyio.lowlevel.checkpoint_if_cancelled()
+        while not self._items and not self.closed:
+            if self._not_empty is None:
+                self._not_empty = anyio.Event()
+            await self._not_empty.wait()
+            self._gets_without_yield = 0
+        item = self.get_nowait()
+        self._gets_without_yield += 1
+        if self._gets_without_yield >= GETS_PER_YIELD:
+            self._gets_without_yield = 0
+            await anyio.lowlevel.cancel_shielded_checkpoint()  # the item is ours: no cancel
+        return item
+
+    def close(self) -> None:
+        """Wake everyone: getters drain what is left, then get ``EndOfStream``."""
+        self.closed = True
+        for event in (self._not_empty, self._not_full):
+            if event is not None:
+                event.set()
+        self._not_empty = self._not_full = None
+
+
 class Channel:
     """Base of :class:`Hub` and :class:`Link`. Use them through ``async with``."""
 
     _socket_type: int
+    _leading_bytes = 1  # frames received as bytes: [header] (a Hub adds the identity)
 
     def __init__(
         self,
@@ -59,12 +156,10 @@ class Channel:
         self.heartbeat_interval = heartbeat_interval
         self.peer_timeout = peer_timeout
         self.max_bytes = max_bytes
-        self._queue_size = queue_size
         self._linger_ms = int(linger * 1000)
         self._context = context or default_context()
         self._io: AsyncSocket | None = None
-        self._items_in: MemoryObjectSendStream[Any] | None = None
-        self._items_out: MemoryObjectReceiveStream[Any] | None = None
+        self._inbox = Inbox(queue_size)
         self._task_group: Any = None
         self._background = anyio.CancelScope()
         self._closing = False
@@ -84,9 +179,9 @@ class Channel:
         except BaseException:
             socket.close(linger=0)
             raise
-        self._io = AsyncSocket(socket, self._on_frames, self._caught_up)
+        self._io = AsyncSocket(socket, self._on_frames, self._caught_up,
+                               leading_bytes=self._leading_bytes)
         self._io.translate = self._translate_send_error  # type: ignore[method-assign]
-        self._items_in, self._items_out = anyio.create_memory_object_stream[Any](self._queue_size)
         self._task_group = anyio.create_task_group()
         await self._task_group.__aenter__()
         try:
@@ -100,7 +195,7 @@ class Channel:
 
     async def __aexit__(self, *exc_info: Any) -> bool | None:
         await self.aclose()
-        return await self._task_group.__aexit__(*exc_info)
+        return await exit_task_group(self._task_group, exc_info)
 
     async def _run_background(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
         assert self._io is not None
@@ -121,8 +216,7 @@ class Channel:
             self._farewell(self._io.socket)
             self._io.close(self._linger_ms)
             self._on_close()
-            if self._items_in is not None:
-                self._items_in.close()
+            self._inbox.close()
 
     def _closed_error(self) -> ClosedResourceError:
         return ClosedResourceError(f"{type(self).__name__} on {self.endpoint} is closed")
@@ -145,29 +239,24 @@ class Channel:
             return None
 
     async def _deliver(self, item: Message | PeerEvent) -> None:
-        assert self._items_in is not None
         self._received += isinstance(item, Message)
-        try:
-            await self._items_in.send(item)
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-            pass  # closing: nobody reads any more
+        if not self._inbox.put_nowait(item):
+            await self._inbox.put(item)  # full: back-pressure (dropped if closing)
 
     async def _next_item(self) -> Message | PeerEvent:
         self._require_open()
-        assert self._items_out is not None
         try:
-            return await self._items_out.receive()
-        except (anyio.EndOfStream, anyio.ClosedResourceError):
+            return await self._inbox.get()
+        except anyio.EndOfStream:
             raise self._closed_error() from None
 
     def _next_item_nowait(self) -> Message | PeerEvent | None:
         self._require_open()
-        assert self._items_out is not None
         try:
-            return self._items_out.receive_nowait()
+            return self._inbox.get_nowait()
         except anyio.WouldBlock:
             return None
-        except (anyio.EndOfStream, anyio.ClosedResourceError):
+        except anyio.EndOfStream:
             raise self._closed_error() from None
 
     # -- sending ------------------------------------------------------------------

@@ -18,7 +18,6 @@ read the peer's heartbeats yet).
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -36,6 +35,14 @@ _context: zmq.Context | None = None
 #: A sender yields to the event loop once per this many sends that did not wait.
 SENDS_PER_YIELD = 32
 
+# Plain ints: ZeroMQ's enum flags cost a Python-level enum operation per use.
+_NOBLOCK = int(zmq.NOBLOCK)
+_NOBLOCK_SNDMORE = int(zmq.NOBLOCK) | int(zmq.SNDMORE)
+_EVENTS = int(zmq.EVENTS)
+_RCVMORE = int(zmq.RCVMORE)
+_POLLIN = int(zmq.POLLIN)
+_POLLOUT = int(zmq.POLLOUT)
+
 
 def default_context() -> zmq.Context:
     """The process-wide ZeroMQ context (``inproc://`` needs both ends to share it)."""
@@ -45,23 +52,43 @@ def default_context() -> zmq.Context:
     return _context
 
 
-class AsyncSocket:
-    """Drives a ZeroMQ socket from anyio: a read pump plus non-blocking sends."""
+def shutdown(linger: float = 1.0) -> None:
+    """Deliver what is still queued (up to ``linger`` s), then end ZeroMQ in this process.
 
-    def __init__(self, socket: zmq.Socket, on_frames: Callable[[list[zmq.Frame]], Any],
-                 on_caught_up: Callable[[], None] = lambda: None) -> None:
+    Call it last in a process that leaves through ``os._exit``: the error
+    report or goodbye it just sent is flushed first.
+    """
+    global _context
+    if _context is not None and not _context.closed:
+        _context.destroy(linger=int(linger * 1000))
+    _context = None
+
+
+class AsyncSocket:
+    """Drives a ZeroMQ socket from anyio: a read pump plus non-blocking sends.
+
+    ``leading_bytes`` says how many leading frames of each message are received
+    as ``bytes`` (routing identity, header: small, and cheaper to copy than to
+    wrap); the frames after them stay zero-copy ``zmq.Frame`` objects.
+    """
+
+    def __init__(self, socket: zmq.Socket, on_frames: Callable[[list[Any]], Any],
+                 on_caught_up: Callable[[], None] = lambda: None, *,
+                 leading_bytes: int = 1) -> None:
         self.socket = socket
         self._on_frames = on_frames  # async callable, handles one multipart message
         self._on_caught_up = on_caught_up  # called whenever everything queued has been read
+        self._leading_bytes = leading_bytes
         self._fd = socket.getsockopt(zmq.FD)
         self._wait_scope: anyio.CancelScope | None = None
         self._poked = False
+        self._parked = False
         self._writable = anyio.Event()
+        self._send_waiters = 0
         self._stopped = anyio.Event()
         self._started = False
         self._sends_without_yield = 0
         self.closed = False
-        self.last_activity = time.monotonic()
 
     # -- pump -----------------------------------------------------------------
     async def pump(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
@@ -71,31 +98,52 @@ class AsyncSocket:
         try:
             task_status.started()
             while True:
-                await self._drain()
-                self._on_caught_up()
+                # One cancel scope serves every wait until a poke cancels it: creating
+                # one per message would cost more than the rest of the wait.
                 with anyio.CancelScope() as scope:
                     self._wait_scope = scope
-                    if not self._poked:
-                        await anyio.wait_readable(self._fd)
-                self._wait_scope = None
+                    while True:
+                        await self._drain()
+                        self._on_caught_up()
+                        if self._poked:
+                            self._poked = False
+                            await anyio.lowlevel.checkpoint()  # let others run, look again
+                            continue
+                        self._parked = True
+                        try:
+                            await anyio.wait_readable(self._fd)
+                        finally:
+                            self._parked = False
                 self._poked = False
         finally:
             self._wait_scope = None
             self._stopped.set()
 
     async def _drain(self) -> None:
+        # Read until ZeroMQ says nothing is left: a failed recv or EVENTS without
+        # POLLIN both re-arm the descriptor. Woken up, we try recv straight away
+        # (no EVENTS call first): a wake-up almost always means a message.
+        socket = self.socket
         while True:
-            events = self.socket.getsockopt(zmq.EVENTS)
-            if events & zmq.POLLOUT:
-                self._writable.set()
-            if not events & zmq.POLLIN:
-                return
             try:
-                frames = self.socket.recv_multipart(zmq.NOBLOCK, copy=False)
+                frames = self._recv()
             except zmq.Again:
+                events = socket.get(_EVENTS) if self._send_waiters else 0
+            else:
+                await self._on_frames(frames)
+                events = socket.get(_EVENTS)
+            if events & _POLLOUT:
+                self._writable.set()
+            if not events & _POLLIN:
                 return
-            self.last_activity = time.monotonic()
-            await self._on_frames(frames)
+
+    def _recv(self) -> list[Any]:
+        socket = self.socket
+        frames: list[Any] = [socket.recv(_NOBLOCK)]
+        # A multipart message arrives whole: once its first frame is here, all are.
+        while socket.get(_RCVMORE):
+            frames.append(socket.recv(_NOBLOCK, copy=len(frames) < self._leading_bytes))
+        return frames
 
     def wake(self) -> None:
         """Make the pump look at the socket (and call ``on_caught_up``) again soon."""
@@ -103,7 +151,9 @@ class AsyncSocket:
 
     def _poke(self) -> None:
         self._poked = True
-        if self._wait_scope is not None:
+        # Only a parked pump is interrupted: elsewhere a cancellation could land in
+        # the middle of a delivery, and the pump looks at `_poked` before parking.
+        if self._parked and self._wait_scope is not None:
             self._wait_scope.cancel()
 
     # -- send -----------------------------------------------------------------
@@ -118,7 +168,7 @@ class AsyncSocket:
             if self.closed:
                 raise ClosedResourceError("the channel is closed")
             try:
-                self.socket.send_multipart(frames, zmq.NOBLOCK, copy=False)
+                self._send(frames)
                 break
             except zmq.Again:
                 if retries:
@@ -129,7 +179,11 @@ class AsyncSocket:
                 if self._writable.is_set():
                     self._writable = anyio.Event()
                 self._poke()  # the pump re-reads EVENTS and sets _writable on POLLOUT
-                await self._writable.wait()
+                self._send_waiters += 1
+                try:
+                    await self._writable.wait()
+                finally:
+                    self._send_waiters -= 1
             except zmq.ZMQError as exc:
                 raise self.translate(exc) from exc
         self._after_send()
@@ -147,15 +201,23 @@ class AsyncSocket:
         if self.closed:
             return False
         try:
-            self.socket.send_multipart(frames, zmq.NOBLOCK, copy=False)
+            self._send(frames)
         except zmq.ZMQError:
             return False
         self._after_send()
         return True
 
+    def _send(self, frames: Sequence[Any]) -> None:
+        # send_multipart, minus its per-frame type checks and enum flag arithmetic.
+        # Only the first frame can fail (EAGAIN, EHOSTUNREACH): the rest follow it.
+        socket = self.socket
+        last = len(frames) - 1
+        for i, frame in enumerate(frames):
+            socket.send(frame, _NOBLOCK_SNDMORE if i < last else _NOBLOCK, copy=False)
+
     def _after_send(self) -> None:
         # The send may have consumed the edge that announced input: look again.
-        if self.socket.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+        if self.socket.get(_EVENTS) & _POLLIN:
             self._poke()
 
     def translate(self, exc: zmq.ZMQError) -> Exception:

@@ -10,6 +10,7 @@ from typing import Any, Self
 
 import anyio
 from tensordict import TensorDictBase
+from transports._channel import exit_task_group
 
 from .._errors import CollectorError
 from ..rollout import split_trajectories
@@ -84,7 +85,7 @@ class BaseCollector:
 
     async def __aexit__(self, *exc_info: Any) -> bool | None:
         await self.aclose()
-        return await self._task_group.__aexit__(*exc_info)
+        return await exit_task_group(self._task_group, exc_info)
 
     async def aclose(self) -> None:
         """Stop workers and release everything. Idempotent; bounded even when cancelled."""

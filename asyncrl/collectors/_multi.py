@@ -142,6 +142,7 @@ class MultiCollector(BaseCollector):
         self._tmpdir: str | None = None
         self._ready = False
         self._background = anyio.CancelScope()
+        self._background_done = anyio.Event()
 
     def _split_frames(self, frames_per_batch: int | Sequence[int], workers: int) -> list[int]:
         per_env = self.envs_per_worker
@@ -166,6 +167,10 @@ class MultiCollector(BaseCollector):
 
     # -- life cycle ----------------------------------------------------------------------
     async def _open(self) -> None:
+        await self._task_group.start(self._run_background)
+
+    async def _run_background(self, *, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
+        """Owns the hub, the scheduler and the process watchers, in one task."""
         backend = self.backend or anyio.lowlevel.current_token().__class__.__module__
         backend = "trio" if "trio" in backend else "asyncio"
         endpoint = self.listen
@@ -173,34 +178,38 @@ class MultiCollector(BaseCollector):
             self._tmpdir = tempfile.mkdtemp(prefix="asyncrl-")
             endpoint = f"ipc://{self._tmpdir}/coordinator"
         interval, timeout = self._heartbeat
-        self._hub = Hub(endpoint, heartbeat_interval=interval, peer_timeout=timeout)
-        await self._hub.__aenter__()
         token = secrets.token_hex(16)
-        self._scheduler = Scheduler(
-            self._hub, sync=self.sync, frames_per_worker=self.frames_per_worker,
+        try:
+            with self._background:
+                async with Hub(endpoint, heartbeat_interval=interval,
+                               peer_timeout=timeout) as hub:
+                    self._hub = hub
+                    scheduler = self._scheduler = self._make_scheduler(hub, token)
+                    for model_id, scheme in self.weight_sync_schemes.items():
+                        model = self.policy if model_id == "policy" else None
+                        self._senders[model_id] = scheme.init_on_sender(
+                            model_id, model=model, hub=hub, workers=self._worker_peers)
+                    workers = self._workers = LocalWorkers(
+                        hub.endpoint, self._spec, self.num_workers, token=token,
+                        backend=backend,
+                        options={"heartbeat_interval": interval, "peer_timeout": timeout})
+                    workers.start()
+                    async with anyio.create_task_group() as tg:
+                        tg.start_soon(scheduler.run)
+                        tg.start_soon(workers.watch, self._on_process_death)
+                        task_status.started()
+        finally:
+            self._background_done.set()
+
+    def _make_scheduler(self, hub: Hub, token: str) -> Scheduler:
+        return Scheduler(
+            hub, sync=self.sync, frames_per_worker=self.frames_per_worker,
             prefetch=self.prefetch, preemptive_threshold=self.preemptive_threshold,
             init_random_frames=self.init_random_frames // max(1, self.num_workers),
             check_specs=check_specs, token=token, accept_remote=self.remote_workers > 0,
             on_worker_loss=self.on_worker_loss, on_join=self._on_join,
             batch_budget=self._batch_budget(),
         )
-        for model_id, scheme in self.weight_sync_schemes.items():
-            model = self.policy if model_id == "policy" else None
-            self._senders[model_id] = scheme.init_on_sender(
-                model_id=model_id, model=model, hub=self._hub, workers=self._worker_peers)
-        self._workers = LocalWorkers(self._hub.endpoint, self._spec, self.num_workers,
-                                     token=token, backend=backend,
-                                     options={"heartbeat_interval": interval,
-                                              "peer_timeout": timeout})
-        self._workers.start()
-        self._task_group.start_soon(self._run_background)
-
-    async def _run_background(self) -> None:
-        assert self._scheduler is not None and self._workers is not None
-        with self._background:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(self._scheduler.run)
-                tg.start_soon(self._workers.watch, self._on_process_death)
 
     def _batch_budget(self) -> int | None:
         if self.sync or self.total_frames < 0:
@@ -238,16 +247,15 @@ class MultiCollector(BaseCollector):
                         await self._hub.send(worker.peer, Control("close").to_body(),
                                              kind=Control.KIND)
                     except Exception:
-                        pass
-        self._background.cancel()
-        if self._workers is not None:
-            await anyio.lowlevel.checkpoint()  # let the watchers leave their waits
-            await self._workers.stop()
+                        pass  # gone already: stop() below takes care of it
         for sender in self._senders.values():
             await sender.aclose()
+        self._background.cancel()
         if self._hub is not None:
-            await self._hub.aclose()
-            await self._hub.__aexit__(None, None, None)
+            with anyio.move_on_after(10):
+                await self._background_done.wait()
+        if self._workers is not None:
+            await self._workers.stop()
         if self._tmpdir is not None:
             shutil.rmtree(self._tmpdir, ignore_errors=True)
 
@@ -317,6 +325,10 @@ class MultiCollector(BaseCollector):
             return self.policy
         return self.weight_sender(model_id).model
 
+    def _note_batch(self, worker: WorkerInfo) -> None:
+        for sender in self._senders.values():
+            sender.note_batch(worker.index)  # max_interval counts delivered batches
+
     def _live(self) -> list[WorkerInfo]:
         assert self._scheduler is not None
         return self._scheduler.live_workers
@@ -349,8 +361,10 @@ class MultiSyncCollector(MultiCollector):
     async def _next_batch(self) -> TensorDictBase:
         await self._ensure_ready()
         assert self._scheduler is not None
-        shares = [frames for _, frames in await self._scheduler.next_round()]
-        return assemble(shares, self.cat_results)
+        round_ = await self._scheduler.next_round()
+        for worker, _ in round_:
+            self._note_batch(worker)
+        return assemble([frames for _, frames in round_], self.cat_results)
 
 
 class MultiAsyncCollector(MultiCollector):
@@ -366,7 +380,8 @@ class MultiAsyncCollector(MultiCollector):
     async def _next_batch(self) -> TensorDictBase:
         await self._ensure_ready()
         assert self._scheduler is not None
-        _, frames = await self._scheduler.next_batch()
+        worker, frames = await self._scheduler.next_batch()
+        self._note_batch(worker)
         return frames
 
 

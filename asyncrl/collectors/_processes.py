@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import multiprocessing as mp
 import os
+import pickle
 from collections.abc import Awaitable, Callable
 from multiprocessing.process import BaseProcess
 from typing import Any
@@ -36,10 +37,15 @@ class LocalWorkers:
 
     def start(self) -> None:
         context = mp.get_context("spawn")  # fork is unsafe with threads and ZeroMQ
+        # Plain pickle, not multiprocessing's: torch's multiprocessing reductions would
+        # put the policy's tensors in memory shared with the trainer, and every
+        # optimiser step would silently change the workers' weights (no version,
+        # no ack). The workers get a copy; updates go through the weight channels.
+        spec_bytes = pickle.dumps(self.spec, protocol=pickle.HIGHEST_PROTOCOL)
         for slot in range(self.count):
             process = context.Process(
                 target=process_main,
-                args=(self.endpoint, self.spec, slot, self.token, self.backend, os.getpid(),
+                args=(self.endpoint, spec_bytes, slot, self.token, self.backend, os.getpid(),
                       self.options),
                 name=f"asyncrl-worker-{slot}",
                 daemon=True,
