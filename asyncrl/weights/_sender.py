@@ -16,7 +16,7 @@ from ._strategy import WeightStrategy, as_strategy, clone_weights, flat_tensors
 __all__ = ["HubLike", "WeightSender"]
 
 #: Copies above this many bytes run in a worker thread so the event loop keeps beating.
-THREAD_COPY_BYTES = 4 << 20
+THREAD_COPY_BYTES = 32 << 20
 
 WorkerIds = int | Iterable[int] | None
 Workers = Mapping[int, bytes] | Callable[[], Mapping[int, bytes]]

@@ -9,6 +9,8 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from torch import nn
 
+from transports._shm import copy_into
+
 from ._errors import WeightMismatchError
 
 __all__ = ["WeightStrategy", "as_strategy", "check_compatible", "clone_weights", "flat_tensors"]
@@ -72,12 +74,11 @@ class WeightStrategy:
         targets = flat_tensors(destination, live=True)
         sources = flat_tensors(weights)
         check_compatible(targets, sources, strict=strict)
-        with torch.no_grad():
-            for key, src in sources.items():
-                dst = targets.get(key)
-                if dst is None or _same_memory(dst, src):
-                    continue  # same storage (in-process, same object): nothing to copy
-                dst.copy_(src, non_blocking=False)
+        for key, src in sources.items():
+            dst = targets.get(key)
+            if dst is None or _same_memory(dst, src):
+                continue  # same storage (in-process, same object): nothing to copy
+            copy_into(dst, src)
         return destination
 
 
@@ -134,14 +135,19 @@ def flat_tensors(obj: Any, *, live: bool = False) -> dict[str, torch.Tensor]:
 
 def clone_weights(weights: Any) -> Any:
     """A private copy of ``weights`` (same structure), safe to send while the model trains."""
-    with torch.no_grad():
-        if isinstance(weights, TensorDictBase):
-            return weights.detach().clone()
-        if isinstance(weights, Mapping):
-            return {k: clone_weights(v) for k, v in weights.items()}
-        if isinstance(weights, torch.Tensor):
-            return weights.detach().clone()
-        return weights
+    if isinstance(weights, TensorDictBase):
+        return weights.detach().apply(_clone_tensor)
+    if isinstance(weights, Mapping):
+        return {k: clone_weights(v) for k, v in weights.items()}
+    if isinstance(weights, torch.Tensor):
+        return _clone_tensor(weights)
+    return weights
+
+
+def _clone_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    out = torch.empty(tensor.shape, dtype=tensor.dtype, device=tensor.device)
+    copy_into(out, tensor)
+    return out
 
 
 def _flatten_mapping(obj: Mapping[Any, Any], prefix: str, out: dict[str, torch.Tensor],

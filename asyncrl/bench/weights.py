@@ -1,0 +1,360 @@
+"""Weight-sync benchmark: update + ack latency to 2 worker processes, and tcp bandwidth.
+
+Latency: p50 of one blocking update (``await sender.send()`` / TorchRL's
+``scheme.send()`` with ``sync=True``) to 2 local worker processes that apply
+the weights and acknowledge, for MLPs of about 4 thousand, 4 million and 67
+million float32 parameters, with
+
+* asyncrl ``ZmqWeightSyncScheme`` (ipc socket, the local-worker default),
+* asyncrl ``SharedMemWeightSyncScheme`` (double-buffered seqlock block),
+* TorchRL ``MultiProcessWeightSyncScheme`` (mp queues, torch shared storage),
+* TorchRL ``SharedMemWeightSyncScheme`` (in-place writes into shared params),
+
+TorchRL rows are skipped when torchrl is not installed. Bandwidth: the 67M
+model (268 MB) sent to one worker over tcp loopback with the ZeroMQ scheme
+against a bare pyzmq ROUTER/DEALER round trip of the same bytes (send, the
+peer receives them all, answers a few bytes).
+
+    python -m asyncrl.bench.weights            # full run, a few minutes
+    python -m asyncrl.bench.weights --quick    # smoke run (small sizes)
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import multiprocessing as mp
+import os
+import platform
+import shlex
+import statistics
+import sys
+import tempfile
+import time
+from typing import Any
+
+import anyio
+import torch
+import zmq
+from torch import nn
+
+from asyncrl.weights import (
+    SharedMemWeightSyncScheme,
+    WeightReceiverGroup,
+    WeightSyncScheme,
+    ZmqWeightSyncScheme,
+)
+from transports import Hub, Link, Message
+
+#: name -> (layer widths, repetitions in the full run)
+SIZES: dict[str, tuple[tuple[int, ...], int]] = {
+    "4k": ((32, 64, 32, 4), 200),
+    "4M": ((1024, 2048, 1024, 4), 40),
+    "67M": ((4096, 8192, 4096, 4), 8),
+}
+QUICK_SIZES: dict[str, tuple[tuple[int, ...], int]] = {
+    "4k": ((32, 64, 32, 4), 20),
+    "1M": ((512, 1024, 512, 4), 5),
+}
+WORKERS = 2
+LIVENESS = {"heartbeat_interval": 1.0, "peer_timeout": 60.0}
+
+
+def mlp(widths: tuple[int, ...]) -> nn.Module:
+    layers: list[nn.Module] = []
+    for i, (a, b) in enumerate(itertools.pairwise(widths)):
+        layers.append(nn.Linear(a, b))
+        if i < len(widths) - 2:
+            layers.append(nn.Tanh())
+    return nn.Sequential(*layers)
+
+
+def n_params(module: nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+def fill_(module: nn.Module, value: float) -> None:
+    with torch.no_grad():
+        for p in module.parameters():
+            p.fill_(value)
+
+
+# ------------------------------------------------------------------ asyncrl workers
+
+
+def _asyncrl_worker(endpoint: str, index: int, config: dict[str, Any],
+                    sizes: dict[str, tuple[tuple[int, ...], int]]) -> None:
+    torch.set_num_threads(1)
+    anyio.run(_asyncrl_worker_main, endpoint, index, config, sizes)
+
+
+async def _asyncrl_worker_main(endpoint: str, index: int, config: dict[str, Any],
+                               sizes: dict[str, tuple[tuple[int, ...], int]]) -> None:
+    receivers = [WeightSyncScheme.from_config(config).init_on_worker(name, model=mlp(widths))
+                 for name, (widths, _) in sizes.items()]
+    group = WeightReceiverGroup(receivers)
+    async with Link(endpoint, identity=f"bench-{index}".encode(), **LIVENESS) as link:
+        await link.send({}, kind="hello")
+        while True:
+            message = await link.recv()
+            if message.kind == "stop":
+                break
+            group.on_message(message)  # an idle worker applies at once
+            group.apply_pending()
+            await group.flush_acks(link)
+        await group.aclose()
+
+
+async def _drain(hub: Hub, joined: anyio.Event, count: int) -> None:
+    seen = 0
+    while True:
+        item = await hub.recv()
+        if isinstance(item, Message) and item.kind == "hello":
+            seen += 1
+            if seen == count:
+                joined.set()
+
+
+async def bench_asyncrl(scheme: WeightSyncScheme, sizes: dict[str, tuple[tuple[int, ...], int]],
+                        endpoint: str, workers: int = WORKERS) -> dict[str, list[float]]:
+    """Seconds per blocking update for each size, ``workers`` worker processes."""
+    ctx = mp.get_context("spawn")
+    results: dict[str, list[float]] = {}
+    async with Hub(endpoint, **LIVENESS) as hub, anyio.create_task_group() as tg:
+        joined = anyio.Event()
+        tg.start_soon(_drain, hub, joined, workers)
+        procs = [ctx.Process(target=_asyncrl_worker,
+                             args=(hub.endpoint, i, scheme.to_config(), sizes), daemon=True)
+                 for i in range(workers)]
+        for proc in procs:
+            proc.start()
+        try:
+            with anyio.fail_after(300):
+                await joined.wait()
+            peers = {i: f"bench-{i}".encode() for i in range(workers)}
+            for name, (widths, reps) in sizes.items():
+                model = mlp(widths)
+                sender = WeightSyncScheme.from_config(scheme.to_config()).init_on_sender(
+                    name, hub=hub, model=model, workers=peers)
+                times = []
+                for rep in range(reps + 2):  # two warm-up rounds
+                    fill_(model, float(rep))
+                    start = time.perf_counter()
+                    await sender.send(timeout=120)
+                    if rep >= 2:
+                        times.append(time.perf_counter() - start)
+                await sender.aclose()
+                results[name] = times
+            for peer in peers.values():
+                await hub.send(peer, {}, kind="stop")
+        finally:
+            for proc in procs:
+                await anyio.to_thread.run_sync(proc.join, 30)
+                if proc.is_alive():
+                    proc.kill()
+            tg.cancel_scope.cancel()
+    return results
+
+
+# ------------------------------------------------------------------ TorchRL
+
+
+def _torchrl_worker(schemes: dict[str, Any], index: int,
+                    sizes: dict[str, tuple[tuple[int, ...], int]], stop: Any) -> None:
+    torch.set_num_threads(1)
+    models = {name: mlp(widths) for name, (widths, _) in sizes.items()}
+    for name, scheme in schemes.items():
+        scheme.init_on_receiver(model_id=name, model=models[name], worker_idx=index)
+        scheme.connect(worker_idx=index)
+    stop.wait()
+
+
+def bench_torchrl(kind: str, sizes: dict[str, tuple[tuple[int, ...], int]]
+                  ) -> dict[str, list[float]] | None:
+    try:
+        from torchrl.weight_update import (
+            MultiProcessWeightSyncScheme as TorchRLMultiProcess,
+        )
+        from torchrl.weight_update import SharedMemWeightSyncScheme as TorchRLSharedMem
+    except ImportError:
+        return None
+    # TorchRL's schemes create their queues in the default context: use it too.
+    ctx = mp.get_context()
+    devices = [torch.device("cpu")] * WORKERS
+    models = {name: mlp(widths) for name, (widths, _) in sizes.items()}
+    schemes: dict[str, Any] = {}
+    for name, model in models.items():
+        if kind == "mp":
+            scheme = TorchRLMultiProcess()
+            scheme.init_on_sender(model_id=name, model=model, devices=devices, ctx=ctx)
+        else:
+            scheme = TorchRLSharedMem()
+            scheme.init_on_sender(model_id=name, model=model, devices=devices)
+        schemes[name] = scheme
+    stop = ctx.Event()
+    procs = [ctx.Process(target=_torchrl_worker, args=(schemes, i, sizes, stop), daemon=True)
+             for i in range(WORKERS)]
+    for proc in procs:
+        proc.start()
+    results: dict[str, list[float]] = {}
+    try:
+        for scheme in schemes.values():
+            scheme.connect()
+        for name, (_, reps) in sizes.items():
+            times = []
+            for rep in range(reps + 2):
+                fill_(models[name], float(rep))
+                start = time.perf_counter()
+                schemes[name].send()
+                if rep >= 2:
+                    times.append(time.perf_counter() - start)
+            results[name] = times
+    finally:
+        stop.set()
+        for proc in procs:
+            proc.join(30)
+            if proc.is_alive():
+                proc.kill()
+        for scheme in schemes.values():
+            try:
+                scheme.shutdown()
+            except Exception:
+                pass
+    return results
+
+
+# ------------------------------------------------------------------ bandwidth
+
+
+def _bare_peer(endpoint: str) -> None:
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.IDENTITY, b"bare")
+    sock.connect(endpoint)
+    sock.send(b"hello")
+    while True:
+        frames = sock.recv_multipart(copy=False)
+        if frames[0].bytes == b"stop":
+            break
+        sock.send(b"ack")
+    sock.close(linger=0)
+
+
+def bench_bare_zmq(nbytes: int, reps: int) -> list[float]:
+    ctx = mp.get_context("spawn")
+    sock = zmq.Context.instance().socket(zmq.ROUTER)
+    sock.bind("tcp://127.0.0.1:0")
+    endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+    proc = ctx.Process(target=_bare_peer, args=(endpoint,), daemon=True)
+    proc.start()
+    payload = torch.ones(nbytes // 4).numpy()  # the same bytes as the weights
+    times = []
+    try:
+        peer, _ = sock.recv_multipart()
+        for rep in range(reps + 2):
+            start = time.perf_counter()
+            sock.send_multipart([peer, b"header", payload], copy=False)
+            sock.recv_multipart()
+            if rep >= 2:
+                times.append(time.perf_counter() - start)
+        sock.send_multipart([peer, b"stop"])
+    finally:
+        proc.join(30)
+        if proc.is_alive():
+            proc.kill()
+        sock.close(linger=0)
+    return times
+
+
+# ------------------------------------------------------------------ report
+
+
+def progress(text: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
+
+
+def p50_ms(times: list[float]) -> float:
+    return statistics.median(times) * 1e3
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m asyncrl.bench.weights",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes, few repetitions")
+    parser.add_argument("--no-torchrl", action="store_true", help="skip the TorchRL rows")
+    args = parser.parse_args(argv)
+    sizes = QUICK_SIZES if args.quick else SIZES
+    command = "python -m asyncrl.bench.weights" + (" " + shlex.join(argv) if argv else "")
+    started = time.monotonic()
+
+    rows: dict[str, dict[str, list[float]] | None] = {}
+    with tempfile.TemporaryDirectory(prefix="asyncrl-bench-") as tmp:
+        for label, scheme in [("asyncrl ZmqWeightSyncScheme (ipc)", ZmqWeightSyncScheme()),
+                              ("asyncrl SharedMemWeightSyncScheme", SharedMemWeightSyncScheme())]:
+            progress(label)
+            rows[label] = anyio.run(bench_asyncrl, scheme, sizes, f"ipc://{tmp}/{len(rows)}")
+    if not args.no_torchrl:
+        for label, kind in [("TorchRL MultiProcessWeightSyncScheme", "mp"),
+                            ("TorchRL SharedMemWeightSyncScheme", "shm")]:
+            progress(label)
+            rows[label] = bench_torchrl(kind, sizes)
+
+    biggest = list(sizes)[-1]
+    widths, reps = sizes[biggest]
+    nbytes = n_params(mlp(widths)) * 4
+    progress("bandwidth over tcp")
+    ours = anyio.run(bench_asyncrl, ZmqWeightSyncScheme(), {biggest: (widths, reps)},
+                     "tcp://127.0.0.1:0", 1)[biggest]
+    bare = bench_bare_zmq(nbytes, reps)
+
+    print(report(rows, sizes, biggest, nbytes, ours, bare, command,
+                 time.monotonic() - started))
+    return 0
+
+
+def report(rows: dict[str, dict[str, list[float]] | None],
+           sizes: dict[str, tuple[tuple[int, ...], int]], biggest: str, nbytes: int,
+           ours: list[float], bare: list[float], command: str, elapsed: float) -> str:
+    params = {name: n_params(mlp(widths)) for name, (widths, _) in sizes.items()}
+    header = "| scheme | " + " | ".join(
+        f"{name} ({params[name]:,} params) p50 ms" for name in sizes) + " |"
+    lines = [f"Weight sync: update + ack to {WORKERS} worker processes (p50, lower is better)",
+             "", header, "|" + "---|" * (len(sizes) + 1)]
+    reference = rows.get("TorchRL SharedMemWeightSyncScheme")
+    for label, result in rows.items():
+        if result is None:
+            lines.append(f"| {label} | " + " | ".join("n/a" for _ in sizes) + " |")
+            continue
+        cells = []
+        for name in sizes:
+            cell = f"{p50_ms(result[name]):.2f}"
+            if reference is not None and result is not reference:
+                cell += f" ({p50_ms(result[name]) / p50_ms(reference[name]):.2f}x)"
+            cells.append(cell)
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    if reference is not None:
+        lines.append("")
+        lines.append("(N.NNx) = p50 / TorchRL SharedMemWeightSyncScheme's p50 at that size.")
+    mb = nbytes / 1e6
+    ours_bw, bare_bw = mb / statistics.median(ours), mb / statistics.median(bare)
+    lines += [
+        "",
+        f"Bandwidth over tcp loopback, {biggest} model = {mb:.0f} MB, 1 worker process "
+        "(median of the round trip):",
+        "",
+        "| path | p50 ms | MB/s | ratio |",
+        "|---|---|---|---|",
+        f"| bare pyzmq ROUTER/DEALER send + 3-byte answer | {p50_ms(bare):.1f} | "
+        f"{bare_bw:.0f} | 1.00 |",
+        f"| asyncrl ZmqWeightSyncScheme send + apply + ack | {p50_ms(ours):.1f} | "
+        f"{ours_bw:.0f} | {ours_bw / bare_bw:.2f} |",
+        "",
+        f"machine: {platform.machine()}, {os.cpu_count()} CPUs, "
+        f"load average {os.getloadavg()[0]:.1f}; torch {torch.__version__}, "
+        f"python {platform.python_version()}; run took {elapsed:.0f} s",
+        f"command: {command}",
+    ]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
