@@ -633,9 +633,10 @@ def _capture_frames(channel: Hub | Link) -> list[list[zmq.Frame]]:
     return seen
 
 
-def _inside(tensor: torch.Tensor, frame: zmq.Frame) -> bool:
-    start = np.frombuffer(frame.buffer, dtype=np.uint8).ctypes.data
-    end = start + len(frame.buffer)
+def _inside(tensor: torch.Tensor, frame: zmq.Frame | bytes) -> bool:
+    buffer = frame.buffer if isinstance(frame, zmq.Frame) else frame
+    start = np.frombuffer(buffer, dtype=np.uint8).ctypes.data
+    end = start + len(buffer)
     ptr = tensor.data_ptr()
     return start <= ptr and ptr + tensor.numel() * tensor.element_size() <= end
 

@@ -33,6 +33,7 @@ class Hub(Channel):
     """
 
     _socket_type = zmq.ROUTER
+    _leading_bytes = 2  # [identity, header]
 
     def __init__(self, endpoint: str = "tcp://127.0.0.1:0", **options: Any) -> None:
         super().__init__(endpoint, **options)
@@ -116,9 +117,8 @@ class Hub(Channel):
         return ticket.outcome()
 
     def statistics(self) -> ChannelStatistics:
-        queued = self._items_out.statistics().current_buffer_used if self._items_out else 0
         return ChannelStatistics(len(self._last_seen), self._received, self._sent, self._bad,
-                                 queued, len(self._tickets))
+                                 len(self._inbox), len(self._tickets))
 
     # -- internals ------------------------------------------------------------------------
     def _register(self, ticket: Ticket) -> None:
@@ -141,7 +141,7 @@ class Hub(Channel):
     async def _on_frames(self, frames: list[zmq.Frame]) -> None:
         if len(frames) < 2:
             return
-        peer = frames[0].bytes
+        peer = frames[0]
         message = self._decode(frames[1:], origin=repr(peer))
         if message is None:
             return  # garbage does not make a peer (nor keep one alive)
@@ -149,7 +149,10 @@ class Hub(Channel):
             if self._last_seen.pop(peer, None) is not None:
                 self._lose(peer)
             return
-        await self._mark_seen(peer)
+        if peer in self._last_seen:
+            self._last_seen[peer] = time.monotonic()
+        else:
+            await self._join(peer)
         if message.kind == PING:
             return
         if message.kind == ACK:
@@ -158,11 +161,9 @@ class Hub(Channel):
         await self._deliver(Message(peer, message.kind, message.seq, message.body,
                                     message.meta, message.needs_ack))
 
-    async def _mark_seen(self, peer: bytes) -> None:
-        joined = peer not in self._last_seen
+    async def _join(self, peer: bytes) -> None:
         self._last_seen[peer] = time.monotonic()
-        if joined:
-            await self._deliver(PeerEvent(peer, "joined"))
+        await self._deliver(PeerEvent(peer, "joined"))
 
     def _on_ack(self, peer: bytes, seq: int, body: Any, meta: dict[str, Any]) -> None:
         ticket = self._tickets.get(seq)
@@ -207,14 +208,8 @@ class Hub(Channel):
             ticket.resolve(peer, lost=True)
             if not ticket.pending:
                 del self._tickets[seq]
-        assert self._items_in is not None
-        try:
-            self._items_in.send_nowait(PeerEvent(peer, "lost"))
-        except anyio.WouldBlock:
-            # The consumer is far behind; deliver the event when it catches up.
-            self._task_group.start_soon(self._deliver, PeerEvent(peer, "lost"))
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-            pass
+        # Not held back by a full queue: events are few (one per peer) and must not wait.
+        self._inbox.put_nowait(PeerEvent(peer, "lost"), force=True)
 
 
 class _Unreachable(Exception):

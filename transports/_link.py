@@ -9,7 +9,6 @@ import traceback
 import uuid
 from typing import Any
 
-import anyio
 import zmq
 
 from ._channel import ACK, BYE, PING, Channel, ChannelStatistics
@@ -116,14 +115,12 @@ class Link(Channel):
         return await self.recv()
 
     def statistics(self) -> ChannelStatistics:
-        queued = self._items_out.statistics().current_buffer_used if self._items_out else 0
         return ChannelStatistics(int(not self._lost), self._received, self._sent, self._bad,
-                                 queued, 0)
+                                 len(self._inbox), 0)
 
     # -- internals ------------------------------------------------------------------------
     def _queued(self) -> int:
-        assert self._items_out is not None
-        return self._items_out.statistics().current_buffer_used
+        return len(self._inbox)
 
     def _lost_error(self) -> PeerLostError:
         return PeerLostError([b"hub@" + self.endpoint.encode()],
@@ -158,11 +155,7 @@ class Link(Channel):
 
     def _lose_hub(self) -> None:
         self._lost = True
-        assert self._items_in is not None
-        try:
-            self._items_in.send_nowait(PeerEvent(HUB, "lost"))  # wakes a waiting recv()
-        except (anyio.WouldBlock, anyio.BrokenResourceError, anyio.ClosedResourceError):
-            pass  # messages are queued: recv() raises once they are read
+        self._inbox.put_nowait(PeerEvent(HUB, "lost"), force=True)  # wakes a waiting recv()
 
 
 def error_payload(error: BaseException) -> dict[str, str]:
