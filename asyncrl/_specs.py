@@ -299,12 +299,12 @@ def array_spec_from_space(space: Any) -> ArraySpec:
             tuple(space.shape), dtype, _bound(space.low, -np.inf), _bound(space.high, np.inf)
         )
     if isinstance(space, spaces.MultiDiscrete):
-        start = np.broadcast_to(space.start, space.shape)
+        lowest = np.broadcast_to(space.start, space.shape)
         return ArraySpec(
             tuple(space.shape),
             np.dtype(space.dtype).name,
-            _bound(start, -np.inf),
-            _bound(start + space.nvec - 1, np.inf),
+            _bound(lowest, -np.inf),
+            _bound(lowest + space.nvec - 1, np.inf),
         )
     if isinstance(space, spaces.MultiBinary):
         return ArraySpec(tuple(space.shape), np.dtype(space.dtype).name, 0.0, 1.0)

@@ -49,7 +49,8 @@ def test_multidiscrete_and_multibinary() -> None:
 
 
 def test_box_bounded_per_dim() -> None:
-    space = spaces.Box(np.float32([-1.0, 10.0]), np.float32([1.0, 20.0]), dtype=np.float32)
+    low, high = np.array([-1.0, 10.0], np.float32), np.array([1.0, 20.0], np.float32)
+    space = spaces.Box(low, high, dtype=np.float32)
     action = RandomPolicy(space, seed=0)(_td(1000))["action"]
     assert action.dtype == torch.float32 and action.shape == (1000, 2)
     assert (action[:, 0] >= -1).all() and (action[:, 0] <= 1).all()

@@ -449,6 +449,24 @@ def test_split_trajectories_matches_torchrl() -> None:
     assert (ours == theirs).all()
 
 
+def test_torchrl_env_factory() -> None:
+    pytest.importorskip("torchrl")
+    from torchrl.envs import GymEnv
+
+    def make() -> Any:
+        return GymEnv("CartPole-v1", categorical_action_encoding=True)
+
+    with Rollout(make_env_pool(make, num_envs=2), None, 80) as r:
+        r.set_seed(0)
+        batch = r.collect()
+    done = batch.get(("next", "done"))[..., 0]
+    ids = batch.get(("collector", "traj_ids"))
+    assert done.any()
+    torch.testing.assert_close(ids[:, 1:] != ids[:, :-1], done[:, :-1])
+    after_reset = batch.get("observation")[:, 1:][done[:, :-1]]
+    assert (after_reset.abs() <= 0.05).all()  # CartPole's reset range
+
+
 def test_storing_device() -> None:
     with Rollout(make_env_pool("CartPole-v1"), None, 4, storing_device="meta") as r:
         assert r.collect().get("observation").device.type == "meta"
