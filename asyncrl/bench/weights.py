@@ -227,7 +227,7 @@ def bench_torchrl(kind: str, sizes: dict[str, tuple[tuple[int, ...], int]]
 
 
 def _bare_peer(endpoint: str) -> None:
-    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.DEALER)
     sock.setsockopt(zmq.IDENTITY, b"bare")
     sock.connect(endpoint)
     sock.send(b"hello")
@@ -241,7 +241,7 @@ def _bare_peer(endpoint: str) -> None:
 
 def bench_bare_zmq(nbytes: int, reps: int) -> list[float]:
     ctx = mp.get_context("spawn")
-    sock = zmq.Context.instance().socket(zmq.ROUTER)
+    sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.ROUTER)
     sock.bind("tcp://127.0.0.1:0")
     endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
     proc = ctx.Process(target=_bare_peer, args=(endpoint,), daemon=True)
