@@ -252,7 +252,7 @@ def bench_bare_zmq(nbytes: int, reps: int) -> list[float]:
         peer, _ = sock.recv_multipart()
         for rep in range(reps + 2):
             start = time.perf_counter()
-            sock.send_multipart([peer, b"header", payload], copy=False)
+            sock.send_multipart([peer, b"header", payload], copy=False)  # type: ignore[list-item]
             sock.recv_multipart()
             if rep >= 2:
                 times.append(time.perf_counter() - start)
