@@ -1,11 +1,13 @@
 """The rollout hot loop: step an `EnvPool` with a policy into preallocated buffers.
 
 Layout: every buffer is a torch tensor of shape ``[N, T, ...]`` (env first,
-time last: TorchRL's layout for a batched env), written through numpy views
-with a precomputed ``(slice(None), t)`` index per step, so a step creates no
-view, TensorDict, dict or list of ours. The step TensorDict given to the
-policy is built once; its observation entries *share memory with the env
-pool's buffers*, so a step result is visible to the policy without a copy.
+time last: TorchRL's layout for a batched env, contiguous for the codec),
+written through numpy views with a precomputed ``(slice(None), t)`` index per
+step, so a step creates no TensorDict, tensor, dict or list of ours. The step
+TensorDict given to the policy is built once; its observation entries *share
+memory with the env pool's buffers*, so a step result is visible to the policy
+without a copy. ``traj_ids``, ``policy_version`` and ``("next", "done")`` are
+filled once per batch and patched only where they change.
 """
 
 from __future__ import annotations
@@ -78,6 +80,39 @@ class Rollout:
         storing_device: torch.device | str | None = None,
     ) -> None:
         pool = env_pool if isinstance(env_pool, EnvPool) else make_env_pool(env_pool)
+        try:
+            self._init(
+                pool,
+                policy,
+                frames_per_batch,
+                worker_index,
+                max_frames_per_traj,
+                init_random_frames,
+                reset_at_each_iter,
+                reset_when_done,
+                set_truncated,
+                exploration_type,
+                storing_device,
+            )
+        except BaseException:
+            if pool is not env_pool:  # we built it: don't leak its envs
+                pool.close()
+            raise
+
+    def _init(
+        self,
+        pool: EnvPool,
+        policy: Callable[..., Any] | nn.Module | None,
+        frames_per_batch: int,
+        worker_index: int,
+        max_frames_per_traj: int | None,
+        init_random_frames: int | None,
+        reset_at_each_iter: bool,
+        reset_when_done: bool,
+        set_truncated: bool,
+        exploration_type: ExplorationLike,
+        storing_device: torch.device | str | None,
+    ) -> None:
         n = pool.num_envs
         _check_args(frames_per_batch, n, worker_index, reset_when_done, init_random_frames)
         if max_frames_per_traj is not None and max_frames_per_traj <= 0:
@@ -267,10 +302,11 @@ class Rollout:
 
     # -- collection ------------------------------------------------------------------------
 
-    def collect(self) -> TensorDictBase:
+    def collect(self, max_steps: int | None = None) -> TensorDictBase:
         """Run one batch; return ``[N, T]`` frames viewing our buffers (valid until next call).
 
-        After `request_stop` the batch ends early: ``[N, t]`` with ``t < T``.
+        After `request_stop`, or past ``max_steps`` steps, the batch ends early:
+        ``[N, t]`` with ``t < T`` (``max_steps=0``: an empty batch, envs untouched).
         """
         if self._closed:
             raise RuntimeError("Rollout.collect() after close()")
@@ -285,7 +321,8 @@ class Rollout:
         self._traj[...] = self._traj_cur[:, None]
         try:
             with self._adapter.exploration():
-                steps = self._run(n_random)
+                steps = self._run(n_random, t_total if max_steps is None
+                                  else max(0, min(t_total, max_steps)))
         finally:
             self._disarm_stop()
         np.logical_or(self._next_term, self._next_trunc, out=self._next_done)
@@ -321,7 +358,7 @@ class Rollout:
                 self.before_step = self._saved_before_step
                 self._saved_before_step = None
 
-    def _run(self, n_random: int) -> int:
+    def _run(self, n_random: int, n_steps: int) -> int:
         """The hot loop; returns the number of steps run. Its names are bound up front."""
         pool, idx, pre, post = self.env_pool, self._idx, self._pre, self._post
         step_env, sample = pool.step_inplace, self._random.sample_into
@@ -330,7 +367,7 @@ class Rollout:
         version = self.policy_version
         t = 0
         try:
-            for t in range(self.steps_per_batch):
+            for t in range(n_steps):
                 if self.before_step is not None:
                     self.before_step()
                     if self.policy_version != version:
@@ -365,7 +402,7 @@ class Rollout:
                         self._reset_done(done, t)
         except _StopCollect:
             return t
-        return self.steps_per_batch
+        return n_steps
 
     def _apply_limit(self, limit: int) -> None:
         np.add(self._steps, 1, out=self._steps)
