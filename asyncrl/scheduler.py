@@ -268,7 +268,7 @@ class Scheduler:
     async def _on_error(self, message: Message) -> None:
         report = ErrorReport.from_body(message.body)
         worker = self.workers.get(message.peer)
-        name = f"{worker.index} ({worker.name})" if worker else message.peer.decode("replace")
+        name = f"{worker.index} ({worker.name})" if worker else message.peer.decode(errors="replace")
         error = rebuild_remote_exception(report.type, report.message, report.traceback,
                                          peer=name)
         if report.fatal:

@@ -83,6 +83,7 @@ class Worker:
         self._request_ready = anyio.Event()
         self._busy = anyio.Lock()  # held while the rollout or a control op uses the envs
         self._current_request: int | None = None
+        self._preempted: int | None = None  # the latest request the coordinator cut short
         self._receivers = WeightReceiverGroup()
         self._acks_due = anyio.Event()
         self._pending_early: list[Message] = []  # weights that came before the welcome
@@ -206,6 +207,7 @@ class Worker:
                     self._request_ready.set()
                 elif message.kind == Preempt.KIND:
                     request = Preempt.from_body(message.body).request
+                    self._preempted = request  # also cuts a batch not started yet
                     if self._current_request == request and self.rollout is not None:
                         self.rollout.request_stop()
                 elif message.kind == WEIGHTS_KIND:
@@ -276,17 +278,19 @@ class Worker:
             async with self._busy:
                 self._current_request = request
                 try:
-                    frames = await anyio.to_thread.run_sync(self._collect_one)
+                    frames = await anyio.to_thread.run_sync(self._collect_one, request)
                 except Exception as exc:
                     await self._report_and_exit(exc)
                 finally:
                     self._current_request = None
             await self.link.send(Batch(request, frames).to_body(), kind=Batch.KIND)
 
-    def _collect_one(self) -> Any:
+    def _collect_one(self, request: int) -> Any:
         assert self.rollout is not None
+        # A share preempted before it started is sent empty: the round is waiting.
+        max_steps = 0 if request == self._preempted else None
         # The rollout reuses its buffers: the message gets its own copy.
-        return self.rollout.collect().clone()
+        return self.rollout.collect(max_steps).clone()
 
     async def _report_and_exit(self, error: BaseException) -> None:
         log.error("worker error: %s", error)

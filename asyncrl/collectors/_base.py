@@ -54,8 +54,7 @@ class BaseCollector:
         self._task_group: Any = None
         self._closed = False
         self._running_free = False
-        self._resumed = anyio.Event()
-        self._resumed.set()
+        self._resumed: anyio.Event | None = None  # async primitives need the event loop
 
     # -- to implement --------------------------------------------------------------
     async def _open(self) -> None:
@@ -72,7 +71,13 @@ class BaseCollector:
         raise NotImplementedError
 
     # -- life cycle ---------------------------------------------------------------------
+    def _create_async_state(self) -> None:
+        """Create the anyio primitives (they need a running event loop; __init__ may not)."""
+        self._resumed = anyio.Event()
+        self._resumed.set()
+
     async def __aenter__(self) -> Self:
+        self._create_async_state()
         self._task_group = anyio.create_task_group()
         await self._task_group.__aenter__()
         try:
@@ -133,17 +138,18 @@ class BaseCollector:
     async def _run_free(self) -> None:
         async for batch in self:
             self.replay_buffer.extend(batch)
+            assert self._resumed is not None
             await self._resumed.wait()
 
     @asynccontextmanager
     async def pause(self) -> AsyncIterator[None]:
         """``async with c.pause():`` — no new batch is collected inside the block."""
-        self._resumed = anyio.Event()
+        resumed = self._resumed = anyio.Event()
         await self._set_paused(True)
         try:
             yield
         finally:
-            self._resumed.set()
+            resumed.set()
             await self._set_paused(False)
 
     async def _set_paused(self, paused: bool) -> None:

@@ -70,7 +70,16 @@ class Collector(BaseCollector):
         self.policy = policy
         self.policy_version = 0
         self.rollout: Rollout | None = None
-        self._lock = anyio.Lock()  # the rollout and weight loads never overlap
+        self._lock: anyio.Lock | None = None  # the rollout and weight loads never overlap
+
+    def _create_async_state(self) -> None:
+        super()._create_async_state()
+        self._lock = anyio.Lock()
+
+    def _locked(self) -> anyio.Lock:
+        if self._lock is None:
+            raise RuntimeError("the collector is not open: use 'async with Collector(...)'")
+        return self._lock
 
     async def _open(self) -> None:
         self.rollout = await anyio.to_thread.run_sync(self._build)
@@ -95,7 +104,7 @@ class Collector(BaseCollector):
 
     async def _next_batch(self) -> TensorDictBase:
         assert self.rollout is not None
-        async with self._lock:
+        async with self._locked():
             # The rollout reuses its buffers: hand out a copy the trainer may keep.
             return await anyio.to_thread.run_sync(lambda: self.rollout.collect().clone())
 
@@ -105,7 +114,7 @@ class Collector(BaseCollector):
         if model_id != "policy":
             raise KeyError(f"the in-process collector has only the 'policy' model, "
                            f"not {model_id!r}")
-        async with self._lock:
+        async with self._locked():
             if weights is not None and weights is not self.policy:
                 WeightStrategy("state_dict").apply_weights(self.policy, weights)
             self.policy_version += 1
@@ -114,12 +123,12 @@ class Collector(BaseCollector):
 
     async def set_seed(self, seed: int, static_seed: bool = False) -> int:
         assert self.rollout is not None
-        async with self._lock:
+        async with self._locked():
             return self.rollout.set_seed(seed, static_seed)
 
     async def reset(self, reset_idx: Any = None) -> None:
         assert self.rollout is not None
-        async with self._lock:
+        async with self._locked():
             self.rollout.reset(reset_idx)
 
     def get_model(self, model_id: str = "policy") -> Any:

@@ -141,6 +141,11 @@ class MultiCollector(BaseCollector):
         self._scheduler: Scheduler | None = None
         self._tmpdir: str | None = None
         self._ready = False
+        self._background: anyio.CancelScope | None = None
+        self._background_done: anyio.Event | None = None
+
+    def _create_async_state(self) -> None:
+        super()._create_async_state()
         self._background = anyio.CancelScope()
         self._background_done = anyio.Event()
 
@@ -179,6 +184,7 @@ class MultiCollector(BaseCollector):
             endpoint = f"ipc://{self._tmpdir}/coordinator"
         interval, timeout = self._heartbeat
         token = secrets.token_hex(16)
+        assert self._background is not None and self._background_done is not None
         try:
             with self._background:
                 async with Hub(endpoint, heartbeat_interval=interval,
@@ -250,8 +256,9 @@ class MultiCollector(BaseCollector):
                         pass  # gone already: stop() below takes care of it
         for sender in self._senders.values():
             await sender.aclose()
-        self._background.cancel()
-        if self._hub is not None:
+        if self._background is not None:
+            self._background.cancel()
+        if self._hub is not None and self._background_done is not None:
             with anyio.move_on_after(10):
                 await self._background_done.wait()
         if self._workers is not None:
