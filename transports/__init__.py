@@ -1,4 +1,11 @@
-"""transports: the wire layer of asyncrl (bytes, tensors, peers, acks; nothing about RL)."""
+"""transports: the wire layer of asyncrl (bytes, tensors, peers, acks; nothing about RL).
+
+* :func:`encode` / :func:`decode`: a msgpack header plus raw tensor frames, zero
+  copy both ways, never pickle; hostile input raises :class:`ProtocolError`.
+* :class:`Hub` (many identified peers) and :class:`Link` (one upstream): async
+  ZeroMQ channels over anyio (asyncio and trio) with acks, heartbeats and goodbyes.
+* :class:`SharedTensorBlock`: same-host tensors in shared memory, read whole or not at all.
+"""
 
 from ._channel import ChannelStatistics as ChannelStatistics
 from ._codec import DEFAULT_MAX_BYTES as DEFAULT_MAX_BYTES
@@ -12,7 +19,10 @@ from ._errors import RemoteError as RemoteError
 from ._errors import TransportError as TransportError
 from ._hub import Hub as Hub
 from ._link import Link as Link
+from ._shm import SharedTensorBlock as SharedTensorBlock
+from ._shm import TornReadError as TornReadError
+from ._shm import copy_into as copy_into
+from ._socket import shutdown as shutdown
 from ._types import Message as Message
 from ._types import PeerEvent as PeerEvent
 from ._types import Ticket as Ticket
-from ._socket import shutdown as shutdown
