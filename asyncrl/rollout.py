@@ -310,7 +310,6 @@ class Rollout:
         """
         if self._closed:
             raise RuntimeError("Rollout.collect() after close()")
-        self._disarm_stop()  # a stop meant for the previous batch
         if self.reset_at_each_iter:
             self.reset()
         t_total, n = self.steps_per_batch, self.num_envs
@@ -341,9 +340,11 @@ class Rollout:
         return out
 
     def request_stop(self) -> None:
-        """End the running `collect` at the next step boundary (thread-safe).
+        """End the running (or the next) `collect` at a step boundary; thread-safe.
 
-        The batch returned is then shorter (``[N, t]``); used for preemption.
+        The batch returned is then shorter (``[N, t]``, maybe ``t == 0``); used
+        for preemption. A request made before `collect` starts applies to it, so
+        a stop that races with the start of a batch is never lost.
         """
         with self._stop_lock:
             if not self._stop_armed:

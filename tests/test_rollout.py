@@ -387,7 +387,8 @@ def test_request_stop_shortens_the_batch() -> None:
         assert r.before_step is before_step  # restored for the next batch
         assert r.collect().batch_size == (2, 20)
         r.before_step = None
-        r.request_stop()  # a stale stop request does not cut the next batch
+        r.request_stop()  # made before the batch starts: it still applies
+        assert r.collect().batch_size == (2, 0)
         assert r.collect().batch_size == (2, 20)
 
 
