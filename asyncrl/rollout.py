@@ -320,8 +320,9 @@ class Rollout:
         self._traj[...] = self._traj_cur[:, None]
         try:
             with self._adapter.exploration():
-                steps = self._run(n_random, t_total if max_steps is None
-                                  else max(0, min(t_total, max_steps)))
+                steps = self._run(
+                    n_random, t_total if max_steps is None else max(0, min(t_total, max_steps))
+                )
         finally:
             self._disarm_stop()
         np.logical_or(self._next_term, self._next_trunc, out=self._next_done)

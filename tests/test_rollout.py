@@ -392,6 +392,18 @@ def test_request_stop_shortens_the_batch() -> None:
         assert r.collect().batch_size == (2, 20)
 
 
+def test_collect_max_steps() -> None:
+    with Rollout(make_env_pool("CartPole-v1", num_envs=2), None, 20) as r:
+        r.set_seed(0)
+        first = r.collect(max_steps=3).clone()
+        assert first.batch_size == (2, 3)
+        assert r.collect(max_steps=0).batch_size == (2, 0)  # envs untouched
+        second = r.collect().clone()
+    assert second.batch_size == (2, 10)
+    batch = torch.cat([first, second], 1)
+    assert_matches(batch, reference(lambda: gym.make("CartPole-v1"), 0, actions_of(batch)))
+
+
 # -- the returned batch -----------------------------------------------------------------------
 
 
