@@ -259,8 +259,16 @@ def machine_note() -> str:
     return (
         f"{platform.machine()}, {os.cpu_count()} CPU(s), {platform.system()} "
         f"{platform.release()}; Python {platform.python_version()}, torch {torch.__version__}, "
-        f"tensordict {tensordict.__version__}, pyzmq {zmq.__version__}"
+        f"tensordict {tensordict.__version__}, pyzmq {zmq.__version__}; "
+        f"load average at start {_load_average()}"
     )
+
+
+def _load_average() -> str:
+    try:
+        return " / ".join(f"{x:.2f}" for x in os.getloadavg()) + " (1/5/15 min)"
+    except OSError:
+        return "unknown"
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
