@@ -1,6 +1,6 @@
 """Collection throughput, start-up time and worker memory: asyncrl against TorchRL.
 
-    python -m asyncrl.bench.collect                 # full run (about 5 minutes on 2 cores)
+    python -m asyncrl.bench.collect                 # full run (about 2 minutes on 2 idle cores)
     python -m asyncrl.bench.collect --repeats 1 --batches 3     # smoke run
 
 CartPole-v1, random policy, 2 worker processes, in the same run for both libraries:
@@ -12,8 +12,9 @@ CartPole-v1, random policy, 2 worker processes, in the same run for both librari
 
 For each configuration and repeat, a fresh collector is built; the time from the
 constructor call to the first batch is "first batch"; the first batch is also the
-warm-up; frames/s is measured over the next ``--batches`` batches; "peak RSS" is
-``VmHWM`` of each worker process (``/proc/<pid>/status``), read before shutdown.
+warm-up; frames/s is measured over the next ``--batches`` batches (and at least one
+second); "peak RSS" is ``VmHWM`` of each worker process (``/proc/<pid>/status``), read
+before shutdown.
 Medians over ``--repeats``; ratios are asyncrl / TorchRL. Targets (issue 4): frames/s
 >= 5x, first batch <= 0.3x, peak RSS per worker <= 1x.
 """
@@ -37,6 +38,7 @@ from typing import Any
 
 ENV_ID = "CartPole-v1"
 NUM_WORKERS = 2
+MIN_SECONDS = 1.0  # a timed window is at least --batches batches and this long
 
 
 @dataclass(frozen=True)
@@ -152,9 +154,9 @@ def run_torchrl(case: Case, batches: int) -> Run:
         it = iter(collector)
         first = next(it)
         first_batch_s = time.perf_counter() - start
-        frames, t0 = 0, time.perf_counter()
-        for _ in range(batches):
-            frames += next(it).numel()
+        frames, count, t0 = 0, 0, time.perf_counter()
+        while count < batches or time.perf_counter() - t0 < MIN_SECONDS:
+            frames, count = frames + next(it).numel(), count + 1
         fps = frames / (time.perf_counter() - t0)
         workers = sorted(spawned_children() - before)
         run = Run(fps, first_batch_s, [peak_rss_mb(pid) for pid in workers], frames,
@@ -180,9 +182,9 @@ async def _asyncrl_once(case: Case, batches: int) -> Run:
             it = collector.__aiter__()
             first = await it.__anext__()
             first_batch_s = time.perf_counter() - start
-            frames, t0 = 0, time.perf_counter()
-            for _ in range(batches):
-                frames += (await it.__anext__()).numel()
+            frames, count, t0 = 0, 0, time.perf_counter()
+            while count < batches or time.perf_counter() - t0 < MIN_SECONDS:
+                frames, count = frames + (await it.__anext__()).numel(), count + 1
             fps = frames / (time.perf_counter() - t0)
             run = Run(fps, first_batch_s, [peak_rss_mb(p) for p in collector.worker_pids],
                       frames, list(first.shape))
