@@ -17,8 +17,9 @@ read the peer's heartbeats yet).
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import anyio
@@ -83,6 +84,9 @@ class AsyncSocket:
         self._wait_scope: anyio.CancelScope | None = None
         self._poked = False
         self._parked = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._future: asyncio.Future[None] | None = None
+        self._watching = False
         self._writable = anyio.Event()
         self._send_waiters = 0
         self._stopped = anyio.Event()
@@ -95,6 +99,7 @@ class AsyncSocket:
                    ) -> None:
         """Read forever; run under a task group (``tg.start``), cancel to stop."""
         self._started = True
+        wait = self._waiter_for_backend()
         try:
             task_status.started()
             while True:
@@ -111,13 +116,53 @@ class AsyncSocket:
                             continue
                         self._parked = True
                         try:
-                            await anyio.wait_readable(self._fd)
+                            await wait()
                         finally:
                             self._parked = False
                 self._poked = False
         finally:
             self._wait_scope = None
+            self._stop_watching()
             self._stopped.set()
+
+    # asyncio's add_reader()/remove_reader() around every wait (what anyio.wait_readable
+    # does) cost two epoll_ctl calls and a handful of allocations per message. On
+    # asyncio the descriptor stays registered while the pump keeps up; the callback
+    # unregisters it when it fires while the pump is busy, so that a pump held up by
+    # a full inbox never makes the event loop spin on a readable descriptor.
+    def _waiter_for_backend(self) -> Callable[[], Awaitable[None]]:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        if loop is None or asyncio.current_task() is None:
+            return lambda: anyio.wait_readable(self._fd)  # trio: one epoll_ctl per wait
+        self._loop = loop
+        return self._wait_asyncio
+
+    async def _wait_asyncio(self) -> None:
+        assert self._loop is not None
+        future = self._loop.create_future()
+        self._future = future
+        if not self._watching:
+            self._loop.add_reader(self._fd, self._on_readable)
+            self._watching = True
+        try:
+            await future
+        finally:
+            self._future = None
+
+    def _on_readable(self) -> None:
+        future = self._future
+        if future is None:
+            self._stop_watching()  # busy: looked at again before the next wait
+        elif not future.done():
+            future.set_result(None)
+
+    def _stop_watching(self) -> None:
+        if self._watching and self._loop is not None:
+            self._loop.remove_reader(self._fd)
+        self._watching = False
 
     async def _drain(self) -> None:
         # Read until ZeroMQ says nothing is left: a failed recv or EVENTS without
