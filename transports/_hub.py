@@ -67,7 +67,13 @@ class Hub(Channel):
 
     async def send(self, peer: bytes, body: Any, *, kind: str = "data",
                    meta: dict[str, Any] | None = None) -> None:
-        """Queue ``body`` for ``peer``; raises :class:`PeerLostError` if it is not connected."""
+        """Queue ``body`` for ``peer``; raises :class:`PeerLostError` if it is not connected.
+
+        Tensors travel without a copy: ZeroMQ reads their memory after this
+        returns (over ``inproc://`` the receiver even gets that memory itself).
+        Do not modify them in place until the peer has them (acked), or send a
+        clone.
+        """
         frames = encode_message(body, kind=kind, seq=self._next_seq(), meta=meta)
         await self._send_to(peer, frames)
 

@@ -64,7 +64,11 @@ class Link(Channel):
     # -- API --------------------------------------------------------------------------
     async def send(self, body: Any, *, kind: str = "data",
                    meta: dict[str, Any] | None = None) -> None:
-        """Queue ``body`` for the hub (returns once ZeroMQ took it)."""
+        """Queue ``body`` for the hub (returns once ZeroMQ took it).
+
+        Tensors travel without a copy, as with :meth:`Hub.send`: do not modify
+        them in place right after sending.
+        """
         await self._send_frames(encode_message(body, kind=kind, seq=self._next_seq(), meta=meta))
 
     async def recv(self) -> Message:
