@@ -54,6 +54,7 @@ class BaseCollector:
         self._task_group: Any = None
         self._closed = False
         self._running_free = False
+        self._free_run: anyio.CancelScope | None = None
         self._resumed: anyio.Event | None = None  # async primitives need the event loop
 
     # -- to implement --------------------------------------------------------------
@@ -97,6 +98,8 @@ class BaseCollector:
         if self._closed:
             return
         self._closed = True
+        if self._free_run is not None:
+            self._free_run.cancel()
         with anyio.CancelScope(shield=True):
             await self._close()
 
@@ -111,7 +114,12 @@ class BaseCollector:
             raise StopAsyncIteration
         if self.update_at_each_batch:
             await self.update_policy_weights()
-        batch = await self._next_batch()
+        try:
+            batch = await self._next_batch()
+        except Exception:
+            if self._closed:  # closed from another task while this one waited
+                raise StopAsyncIteration from None
+            raise
         self.frames_collected += batch.numel()
         if self.split_trajs:
             batch = split_trajectories(batch)
@@ -136,10 +144,11 @@ class BaseCollector:
         self._task_group.start_soon(self._run_free)
 
     async def _run_free(self) -> None:
-        async for batch in self:
-            self.replay_buffer.extend(batch)
-            assert self._resumed is not None
-            await self._resumed.wait()
+        with anyio.CancelScope() as self._free_run:  # aclose() ends it
+            async for batch in self:
+                self.replay_buffer.extend(batch)
+                assert self._resumed is not None
+                await self._resumed.wait()
 
     @asynccontextmanager
     async def pause(self) -> AsyncIterator[None]:

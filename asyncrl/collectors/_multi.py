@@ -246,6 +246,8 @@ class MultiCollector(BaseCollector):
             self._ready = True
 
     async def _close(self) -> None:
+        if self._scheduler is not None:
+            self._scheduler.fail(CollectorError("the collector was closed"))  # wake waiters
         if self._hub is not None and self._scheduler is not None:
             with anyio.move_on_after(2):
                 for worker in self._scheduler.live_workers:
