@@ -215,6 +215,8 @@ class Worker:
                 elif message.kind == Control.KIND:
                     control = Control.from_body(message.body)
                     if control.op == "close":
+                        if self.rollout is not None:
+                            self.rollout.request_stop()  # end a running batch at its next step
                         await self.link.ack(message, result=None)
                         return
                     await self._control(message, control)

@@ -165,6 +165,27 @@ async def test_aclose_leaves_no_process_and_is_idempotent() -> None:
     assert not any(pid_alive(p) for p in pids)
 
 
+async def test_aclose_from_another_task_ends_a_waiting_iteration() -> None:
+    with anyio.fail_after(LIMIT):
+        async with MultiSyncCollector(counting, num_workers=1,
+                                      frames_per_batch=2_000_000) as collector:
+            ended = anyio.Event()
+
+            async def consume() -> None:
+                async for _ in collector:
+                    raise AssertionError("no batch of 2M frames can be ready yet")
+                ended.set()
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(consume)
+                await collector._ensure_ready()  # the worker is inside its long batch
+                await anyio.wait_all_tasks_blocked()
+                await collector.aclose()
+                await ended.wait()
+            pids = collector.worker_pids
+    assert not any(pid_alive(p) for p in pids)
+
+
 async def test_cancelling_the_trainer_stops_every_worker() -> None:
     pids: list[int] = []
     with anyio.fail_after(LIMIT):
