@@ -100,8 +100,11 @@ def peak_rss_mb(pid: int) -> float:
     return float("nan")
 
 
+HELPERS = (b"resource_tracker", b"forkserver")  # multiprocessing's own helper processes
+
+
 def spawned_children() -> set[int]:
-    """Pids of this process's children started by multiprocessing's spawn (not helpers)."""
+    """Pids of this process's worker children (not multiprocessing's helper processes)."""
     me = os.getpid()
     pids = set()
     for entry in os.listdir("/proc"):
@@ -117,7 +120,7 @@ def spawned_children() -> set[int]:
                 cmdline = f.read()
         except (OSError, ValueError, IndexError):
             continue
-        if b"spawn_main" in cmdline:
+        if not any(helper in cmdline for helper in HELPERS):
             pids.add(int(entry))
     return pids
 
