@@ -55,6 +55,7 @@ class _Round:
     targets: dict[bytes, WorkerInfo]
     shares: dict[bytes, TensorDictBase] = field(default_factory=dict)
     preempted: bool = False
+    replacements: int = 0  # shares of lost workers a newcomer must deliver ("wait")
     complete: anyio.Event = field(default_factory=anyio.Event)
 
     def missing(self) -> list[WorkerInfo]:
@@ -79,6 +80,7 @@ class Scheduler:
         on_worker_loss: OnWorkerLoss = "raise",
         on_join: Callable[[WorkerInfo], Awaitable[None]] | None = None,
         batch_budget: int | None = None,
+        first_remote_index: int | None = None,
     ) -> None:
         self.hub = hub
         self.sync = sync
@@ -94,7 +96,9 @@ class Scheduler:
         self._budget = batch_budget  # async: credits still allowed to be granted
         self.workers: dict[bytes, WorkerInfo] = {}
         self.specs: dict[str, Any] | None = None
-        self._next_index = 0
+        # Remote workers (and rejoining ones) get fresh indices after the local slots.
+        self._next_index = len(frames_per_worker) if first_remote_index is None \
+            else first_remote_index
         self._changed = anyio.Event()
         self._failure: BaseException | None = None
         self._round: _Round | None = None
@@ -145,14 +149,20 @@ class Scheduler:
                 await self._wait_change()
                 continue
             if worker.alive and not self.paused:
-                await self._grant(worker, -1)
+                await self._grant(worker)
             return worker, frames
 
     async def resume(self) -> None:
         """Async mode: hand the credits withheld while paused back to every worker."""
         self.paused = False
+        await self._top_up()
+
+    async def _top_up(self) -> None:
+        """Async mode: bring every live worker back to ``prefetch`` credits (budget allowing)."""
+        if self.sync or self.paused:
+            return
         for worker in self.live_workers:
-            while worker.credits < self.prefetch and await self._grant(worker, -1):
+            while worker.credits < self.prefetch and await self._grant(worker):
                 pass
 
     def fail(self, error: BaseException) -> None:
@@ -190,6 +200,9 @@ class Scheduler:
             return
         if self.specs is None:
             self.specs = hello.specs
+        previous = self.workers.get(message.peer)
+        if previous is not None and previous.alive:
+            await self._forget(previous)  # it restarted before its silence was noticed
         index = hello.slot if hello.slot >= 0 else self._take_index()
         worker = WorkerInfo(index, message.peer, hello.name, hello.host, hello.pid)
         self.workers[message.peer] = worker
@@ -199,9 +212,13 @@ class Scheduler:
         await self._send(worker.peer, welcome.to_body(), Welcome.KIND)
         if self._on_join is not None:
             await self._on_join(worker)  # latest weights before the first frame
-        if not self.sync and not self.paused:
-            for _ in range(self.prefetch):
-                await self._grant(worker, -1)
+        round_ = self._round
+        if self.sync and round_ is not None and round_.replacements > 0:
+            # on_worker_loss="wait": the newcomer delivers the lost worker's share.
+            round_.replacements -= 1
+            round_.targets[worker.peer] = worker
+            await self._grant(worker, round_.request)
+        await self._top_up()
         self._notify()
 
     def _admission_problems(self, hello: Hello) -> list[str]:
@@ -220,8 +237,9 @@ class Scheduler:
         return problems
 
     def _take_index(self) -> int:
+        # Never reuse an index: traj ids and batch tags of a lost worker stay unique.
         taken = {w.index for w in self.workers.values()}
-        index = max(self._next_index, len(self.frames_per_worker))
+        index = self._next_index
         while index in taken:
             index += 1
         self._next_index = index + 1
@@ -232,6 +250,8 @@ class Scheduler:
         if worker is None or not worker.alive:
             return  # a lost worker's late batch is discarded, never half-delivered
         batch = Batch.from_body(message.body)
+        if not self.sync and batch.request != worker.index:
+            return  # collected before this worker was (re)admitted: never half-delivered
         worker.credits = max(0, worker.credits - 1)
         worker.delivered += 1
         if self.sync:
@@ -255,7 +275,7 @@ class Scheduler:
 
     async def _check_round(self, round_: _Round) -> None:
         missing = [w for w in round_.missing() if w.alive]
-        if not missing:
+        if not missing and round_.replacements == 0:
             round_.complete.set()
             return
         threshold = self.preemptive_threshold
@@ -282,21 +302,37 @@ class Scheduler:
         worker = self.workers.get(peer)
         if worker is None or not worker.alive:
             return
-        worker.alive = False
         log.warning("worker %d (%s on %s) was lost", worker.index, worker.name, worker.host)
         if self.on_worker_loss == "raise":
             self.fail(WorkerLostError(
                 f"worker {worker.index} ({worker.name}, pid {worker.pid} on {worker.host}) "
-                "stopped answering; pass on_worker_loss='continue' to carry on without it"))
-        elif self._round is not None and worker.peer in self._round.targets:
-            self._round.targets.pop(worker.peer)  # its unfinished share is dropped
-            self._round.shares.pop(worker.peer, None)
-            await self._check_round(self._round)
+                "stopped answering; pass on_worker_loss='continue' or 'wait' to carry on"))
+        await self._forget(worker)
+
+    async def _forget(self, worker: WorkerInfo) -> None:
+        """Drop a worker (lost, or replaced by its own new hello) and what it owed."""
+        worker.alive = False
+        round_ = self._round
+        if round_ is not None and worker.peer in round_.targets \
+                and worker.peer not in round_.shares:
+            round_.targets.pop(worker.peer)  # its unfinished share is dropped
+            if self.on_worker_loss == "wait":
+                round_.replacements += 1
+            await self._check_round(round_)
+        if not self.sync:
+            # Its unfinished batches will never come: give their credits to the others,
+            # so total_frames is still met exactly.
+            if self._budget is not None:
+                self._budget += worker.credits
+            worker.credits = 0
+            await self._top_up()
         self._notify()
 
     # -- helpers ---------------------------------------------------------------------
-    async def _grant(self, worker: WorkerInfo, request: int) -> bool:
-        if request < 0:
+    async def _grant(self, worker: WorkerInfo, request: int | None = None) -> bool:
+        """Ask ``worker`` for one batch: for sync round ``request``, or (None) in async mode."""
+        if request is None:
+            request = worker.index  # tags its batches with this admission
             if self._budget is not None:
                 if self._budget <= 0:
                     return False

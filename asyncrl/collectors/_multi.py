@@ -214,7 +214,7 @@ class MultiCollector(BaseCollector):
             init_random_frames=self.init_random_frames // max(1, self.num_workers),
             check_specs=check_specs, token=token, accept_remote=self.remote_workers > 0,
             on_worker_loss=self.on_worker_loss, on_join=self._on_join,
-            batch_budget=self._batch_budget(),
+            batch_budget=self._batch_budget(), first_remote_index=self.num_workers,
         )
 
     def _batch_budget(self) -> int | None:
@@ -269,6 +269,13 @@ class MultiCollector(BaseCollector):
             shutil.rmtree(self._tmpdir, ignore_errors=True)
 
     # -- public API ------------------------------------------------------------------------
+    @property
+    def endpoint(self) -> str:
+        """The address workers connect to (``listen``, with the real port once bound)."""
+        if self._hub is None:
+            raise CollectorError("the collector is not open yet: use 'async with'")
+        return self._hub.endpoint
+
     @property
     def worker_pids(self) -> list[int]:
         """Process ids of the local workers (for monitoring and tests)."""
