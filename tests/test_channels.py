@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import numpy as np
 import pytest
 import torch
@@ -395,6 +396,59 @@ async def test_a_stuck_peer_does_not_stall_liveness_of_the_others() -> None:
                     assert await hub.recv() == PeerEvent(b"ghost", "lost")
             finally:
                 ghost.close(linger=0)
+
+
+# ---------------------------------------------------------------- scheduling
+
+
+async def test_cancelled_recv_loses_nothing() -> None:
+    with anyio.fail_after(WAIT):
+        async with Hub(f"inproc://{uuid.uuid4().hex}", **FAST) as hub, \
+                Link(hub.endpoint, identity="w0", **FAST) as link:
+            await wait_joined(hub, {b"w0"})
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(link.recv)
+                await anyio.wait_all_tasks_blocked()
+                tg.cancel_scope.cancel()
+            await hub.send(b"w0", "kept")
+            assert (await link.recv()).body == "kept"
+            # recv() is a cancellation point even when a message is already waiting.
+            await hub.send(b"w0", "still kept")
+            while link.statistics().queued == 0:  # noqa: ASYNC110 (filled by the pump)
+                await anyio.sleep(0.01)
+            with anyio.CancelScope() as scope:
+                scope.cancel()
+                await link.recv()
+            assert scope.cancelled_caught
+            assert (await link.recv()).body == "still kept"
+
+
+async def test_a_sending_loop_lets_other_tasks_run_and_can_be_cancelled() -> None:
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            await anyio.lowlevel.checkpoint()
+            ticks += 1
+
+    with anyio.fail_after(WAIT):
+        async with Hub(f"inproc://{uuid.uuid4().hex}", **FAST) as hub, \
+                Link(hub.endpoint, identity="w0", **FAST) as link, \
+                anyio.create_task_group() as tg:
+            tg.start_soon(ticker)
+            sent = 0
+            with anyio.CancelScope() as scope:
+                while True:  # never waits: ZeroMQ has room for all of these
+                    await link.send(sent)
+                    sent += 1
+                    if sent == 1000:
+                        scope.cancel()  # honoured by the next send
+            assert sent == 1000
+            assert ticks > 0, "the sending loop starved the other tasks"
+            got = [(await next_message(hub)).body for _ in range(sent)]
+            assert got == list(range(sent))
+            tg.cancel_scope.cancel()
 
 
 # ---------------------------------------------------------------- closing

@@ -35,6 +35,9 @@ log = logging.getLogger("transports")
 _context: zmq.Context | None = None
 #: A sender yields to the event loop once per this many sends that did not wait.
 SENDS_PER_YIELD = 32
+#: The pump yields to the event loop after reading this many messages or bytes in a row.
+DRAIN_MESSAGES = 32
+DRAIN_BYTES = 1 << 20
 
 # Plain ints: ZeroMQ's enum flags cost a Python-level enum operation per use.
 _NOBLOCK = int(zmq.NOBLOCK)
@@ -169,6 +172,8 @@ class AsyncSocket:
         # POLLIN both re-arm the descriptor. Woken up, we try recv straight away
         # (no EVENTS call first): a wake-up almost always means a message.
         socket = self.socket
+        budget = DRAIN_BYTES
+        count = 0
         while True:
             try:
                 frames = self._recv()
@@ -176,6 +181,15 @@ class AsyncSocket:
                 events = socket.get(_EVENTS) if self._send_waiters else 0
             else:
                 await self._on_frames(frames)
+                # A backlog is not read in one go: the consumers (and the heartbeats)
+                # run every few messages or megabytes, and free what they are done
+                # with instead of the whole backlog being alive at once.
+                count += 1
+                for frame in frames:
+                    budget -= len(frame)
+                if budget <= 0 or count >= DRAIN_MESSAGES:
+                    budget, count = DRAIN_BYTES, 0
+                    await anyio.lowlevel.checkpoint()
                 events = socket.get(_EVENTS)
             if events & _POLLOUT:
                 self._writable.set()
