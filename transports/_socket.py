@@ -140,7 +140,11 @@ class AsyncSocket:
             loop = None
         if loop is None or asyncio.current_task() is None:
             return lambda: anyio.wait_readable(self._fd)  # trio: one epoll_ctl per wait
-        self._loop = loop
+        try:
+            loop.add_reader(self._fd, self._on_readable)
+        except NotImplementedError:  # a loop without readers (Windows' proactor)
+            return lambda: anyio.wait_readable(self._fd)
+        self._loop, self._watching = loop, True
         return self._wait_asyncio
 
     async def _wait_asyncio(self) -> None:
