@@ -20,6 +20,7 @@ from typing import Any
 
 import anyio
 import torch
+
 from transports import Link, Message, PeerLostError, ProtocolError
 from transports import shutdown as flush_and_close_sockets
 
@@ -69,8 +70,11 @@ class Worker:
     """One worker's state machine. Build with a connected link, then ``await run()``."""
 
     def __init__(self, link: Link, spec: WorkerSpec, *, slot: int = -1, token: str = "",
-                 parent_pid: int | None = None) -> None:
+                 parent_pid: int | None = None, reconnect: bool = False,
+                 reconnect_timeout: float = 3600.0) -> None:
         self.link = link
+        self.reconnect = reconnect
+        self.reconnect_timeout = reconnect_timeout
         self.spec = spec
         self.slot = slot
         self.token = token
@@ -97,14 +101,20 @@ class Worker:
     # -- life cycle --------------------------------------------------------------
     async def run(self) -> int:
         try:
-            await self._start()
-            async with anyio.create_task_group() as tg:
-                for task in (self._collect_loop, self._ack_loop, self._dispatch_loop,
-                             self._watch_parent):
-                    tg.start_soon(self._until_exit, task, tg.cancel_scope)
-            if self._exit is not None:
-                raise self._exit
-            return EXIT_OK
+            await self._build()
+            while True:
+                await self._join()
+                self._exit = None
+                async with anyio.create_task_group() as tg:
+                    for task in (self._collect_loop, self._ack_loop, self._dispatch_loop,
+                                 self._watch_parent):
+                        tg.start_soon(self._until_exit, task, tg.cancel_scope)
+                if self._exit is None:
+                    return EXIT_OK
+                if self._exit.code != EXIT_COORDINATOR_LOST or not self.reconnect:
+                    raise self._exit
+                log.warning("%s; waiting for it to come back", self._exit)
+                await self._wait_for_coordinator()
         except WorkerExit as exc:
             if exc.code != EXIT_OK:
                 log.error("worker exits: %s", exc)
@@ -118,17 +128,34 @@ class Worker:
             await task()
         except WorkerExit as exc:
             self._exit = self._exit or exc
+        if self.rollout is not None:
+            self.rollout.request_stop()  # a batch in progress is abandoned, not delivered
         scope.cancel()
 
-    async def _start(self) -> None:
+    async def _wait_for_coordinator(self) -> None:
+        # Our heartbeats go on; the hub answers with its own once it (or its
+        # successor) is back. The wait is bounded by `reconnect_timeout`.
+        with anyio.move_on_after(self.reconnect_timeout):
+            await self.link.wait_connected()
+            return
+        raise WorkerExit(EXIT_COORDINATOR_LOST,
+                         f"the coordinator at {self.link.endpoint} did not come back within "
+                         f"{self.reconnect_timeout} s")
+
+    async def _build(self) -> None:
         torch.set_num_threads(self.spec.torch_threads)
         try:
             self.env_pool = make_env_pool(self.spec.create_env_fn,
                                           create_env_kwargs=self.spec.create_env_kwargs,
                                           num_envs=self.spec.envs_per_worker)
             self.policy = self.spec.make_policy()
+            self._init_receivers()
         except Exception as exc:
             await self._report_and_exit(exc)
+
+    async def _join(self) -> None:
+        """Hello, welcome, and a rollout for the index we were given."""
+        self._requests.clear()  # credits of an earlier admission are void
         hello = Hello(protocol=PROTOCOL, name=self.link.identity.decode(errors="replace"),
                       host=socket.gethostname(), pid=os.getpid(),
                       specs=self.env_pool.specs.to_dict(), slot=self.slot, token=self.token)
@@ -147,9 +174,18 @@ class Worker:
                 exploration_type=self.spec.exploration_type,
                 storing_device=self.spec.storing_device,
             )
-            self._init_receivers()
         except Exception as exc:
             await self._report_and_exit(exc)
+        if len(self._receivers):
+            self.rollout.before_step = self._before_step
+            if "policy" in self._receivers.versions:
+                self.rollout.policy_version = self._receivers.versions["policy"]
+        for message in self._pending_early:
+            self._receivers.on_message(message)
+        self._pending_early.clear()
+        if self._receivers.has_pending:
+            self._receivers.apply_pending()
+            await self._receivers.flush_acks(self.link)
 
     async def _await_welcome(self) -> Welcome:
         while True:
@@ -166,28 +202,20 @@ class Worker:
             log.warning("ignored %r message before the welcome", message.kind)
 
     def _init_receivers(self) -> None:
-        assert self.rollout is not None
-        rollout = self.rollout
-        group = self._receivers
-
         def on_policy_applied(version: int) -> None:
-            rollout.policy_version = version
+            if self.rollout is not None:
+                self.rollout.policy_version = version
 
         for model_id, scheme in (self.spec.weight_sync_schemes or {}).items():
             on_apply = on_policy_applied if model_id == "policy" else None
-            group.add(scheme.init_on_worker(model_id, root=self, on_apply=on_apply))
+            self._receivers.add(scheme.init_on_worker(model_id, root=self, on_apply=on_apply))
 
-        def before_step() -> None:
-            # Runs in the rollout thread at every step boundary: one attribute check
-            # unless an update is waiting.
-            if group.has_pending:
-                group.apply_pending()
-                anyio.from_thread.run_sync(self._acks_due.set)
-
-        rollout.before_step = before_step if len(group) else None
-        for message in self._pending_early:
-            group.on_message(message)
-        self._pending_early.clear()
+    def _before_step(self) -> None:
+        # Runs in the rollout thread at every step boundary: one attribute check
+        # unless an update is waiting.
+        if self._receivers.has_pending:
+            self._receivers.apply_pending()
+            anyio.from_thread.run_sync(self._acks_due.set)
 
     # -- messages ------------------------------------------------------------------
     async def _recv(self) -> Message:
@@ -304,8 +332,18 @@ class Worker:
         # A spawned worker must not outlive its trainer, even if it never says goodbye.
         if self.parent_pid is None:
             await anyio.sleep_forever()
-        while os.getppid() == self.parent_pid:
-            await anyio.sleep(0.5)
+        try:
+            fd = os.pidfd_open(self.parent_pid)  # readable when the parent exits
+        except (AttributeError, OSError):
+            fd = None
+        if fd is not None:
+            try:
+                await anyio.wait_readable(fd)
+            finally:
+                os.close(fd)
+        else:  # no pidfd (old kernel): look at our parent id now and then
+            while os.getppid() == self.parent_pid:  # noqa: ASYNC110
+                await anyio.sleep(0.5)
         raise WorkerExit(EXIT_COORDINATOR_LOST, "the parent process is gone")
 
     def _close_envs(self) -> None:
@@ -335,16 +373,21 @@ def _plain(value: Any) -> Any:
 async def run_worker(endpoint: str, spec: WorkerSpec, *, identity: bytes | None = None,
                      slot: int = -1, token: str = "", parent_pid: int | None = None,
                      heartbeat_interval: float = 1.0, peer_timeout: float = 10.0,
+                     reconnect: bool = False, reconnect_timeout: float = 3600.0,
                      **link_options: Any) -> int:
     """Connect to the coordinator at ``endpoint`` and serve until told to close.
 
-    Returns an exit code: 0 when closed by the coordinator, 1 on an env or
-    policy error (reported to the coordinator first), 3 when the coordinator
-    is gone, 4 when refused.
+    With ``reconnect=True`` a worker whose coordinator went silent waits (up to
+    ``reconnect_timeout`` s) for it, or a restarted one, and joins again with
+    the latest weights; otherwise it exits. Returns an exit code: 0 when closed
+    by the coordinator, 1 on an env or policy error (reported to the
+    coordinator first), 3 when the coordinator is gone, 4 when refused.
     """
     async with Link(endpoint, identity=identity, heartbeat_interval=heartbeat_interval,
                     peer_timeout=peer_timeout, **link_options) as link:
-        return await Worker(link, spec, slot=slot, token=token, parent_pid=parent_pid).run()
+        worker = Worker(link, spec, slot=slot, token=token, parent_pid=parent_pid,
+                        reconnect=reconnect, reconnect_timeout=reconnect_timeout)
+        return await worker.run()
 
 
 def process_main(endpoint: str, spec_bytes: bytes, slot: int, token: str, backend: str,

@@ -9,6 +9,7 @@ import traceback
 import uuid
 from typing import Any
 
+import anyio
 import zmq
 
 from ._channel import ACK, BYE, PING, Channel, ChannelStatistics
@@ -50,6 +51,7 @@ class Link(Channel):
         self.identity = identity or default_identity()
         self._last_seen = time.monotonic()
         self._lost = False
+        self._back: anyio.Event | None = None  # set when the hub is heard again
 
     def _prepare(self, socket: zmq.Socket) -> None:
         socket.setsockopt(zmq.IDENTITY, self.identity)
@@ -60,6 +62,13 @@ class Link(Channel):
     def connected(self) -> bool:
         """False once the hub has been silent for longer than ``peer_timeout``."""
         return not self._lost
+
+    async def wait_connected(self) -> None:
+        """Return once the hub is heard from (at once if it is not considered lost)."""
+        while self._lost:
+            if self._back is None or self._back.is_set():
+                self._back = anyio.Event()
+            await self._back.wait()
 
     # -- API --------------------------------------------------------------------------
     async def send(self, body: Any, *, kind: str = "data",
@@ -130,17 +139,20 @@ class Link(Channel):
         return PeerLostError([b"hub@" + self.endpoint.encode()],
                              f"for {self.peer_timeout} s or said goodbye")
 
-    async def _on_frames(self, frames: list[zmq.Frame]) -> None:
+    def _handle(self, frames: list[Any]) -> Message | None:
         self._last_seen = time.monotonic()
-        self._lost = False
+        if self._lost:
+            self._lost = False
+            if self._back is not None:
+                self._back.set()
         message = self._decode(frames, origin=self.endpoint)
         if message is None or message.kind == PING:
-            return
+            return None
         if message.kind == BYE:
             self._lose_hub()
-            return
-        await self._deliver(Message(HUB, message.kind, message.seq, message.body,
-                                    message.meta, message.needs_ack))
+            return None
+        return Message(HUB, message.kind, message.seq, message.body, message.meta,
+                       message.needs_ack)
 
     def _send_pings(self, ping: list[Any]) -> None:
         assert self._io is not None
