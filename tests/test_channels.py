@@ -683,13 +683,13 @@ def _capture_frames(channel: Hub | Link) -> list[list[zmq.Frame]]:
     """Record the raw frames the channel's pump hands to its decoder."""
     assert channel._io is not None
     seen: list[list[zmq.Frame]] = []
-    handler = channel._io._on_frames
+    handler = channel._io._handle
 
-    async def spy(frames: list[zmq.Frame]) -> None:
+    def spy(frames: list[zmq.Frame]) -> Any:
         seen.append(frames)
-        await handler(frames)
+        return handler(frames)
 
-    channel._io._on_frames = spy
+    channel._io._handle = spy
     return seen
 
 

@@ -179,8 +179,8 @@ class Channel:
         except BaseException:
             socket.close(linger=0)
             raise
-        self._io = AsyncSocket(socket, self._on_frames, self._caught_up,
-                               leading_bytes=self._leading_bytes)
+        self._io = AsyncSocket(socket, self._handle, self._deliver_nowait, self._deliver,
+                               self._caught_up, leading_bytes=self._leading_bytes)
         self._io.translate = self._translate_send_error  # type: ignore[method-assign]
         self._task_group = anyio.create_task_group()
         await self._task_group.__aenter__()
@@ -238,10 +238,15 @@ class Channel:
             log.warning("dropped a malformed message from %s: %s", origin, exc)
             return None
 
+    def _deliver_nowait(self, item: Message | PeerEvent) -> bool:
+        if not self._inbox.put_nowait(item):
+            return False
+        self._received += isinstance(item, Message)
+        return True
+
     async def _deliver(self, item: Message | PeerEvent) -> None:
         self._received += isinstance(item, Message)
-        if not self._inbox.put_nowait(item):
-            await self._inbox.put(item)  # full: back-pressure (dropped if closing)
+        await self._inbox.put(item)  # waits while full (back-pressure); dropped if closing
 
     async def _next_item(self) -> Message | PeerEvent:
         self._require_open()
@@ -289,7 +294,11 @@ class Channel:
     def _prepare(self, socket: zmq.Socket) -> None:
         raise NotImplementedError
 
-    async def _on_frames(self, frames: list[zmq.Frame]) -> None:
+    def _handle(self, frames: list[Any]) -> Message | None:
+        """Take in one received message; return what the consumers should get, if anything.
+
+        Synchronous, so that it can run in the pump or in its reader callback.
+        """
         raise NotImplementedError
 
     def _send_pings(self, ping: list[Any]) -> None:

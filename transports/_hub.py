@@ -144,32 +144,33 @@ class Hub(Channel):
             return _Unreachable()
         return super()._translate_send_error(exc)
 
-    async def _on_frames(self, frames: list[zmq.Frame]) -> None:
+    def _handle(self, frames: list[Any]) -> Message | None:
         if len(frames) < 2:
-            return
+            return None
         peer = frames[0]
         message = self._decode(frames[1:], origin=repr(peer))
         if message is None:
-            return  # garbage does not make a peer (nor keep one alive)
+            return None  # garbage does not make a peer (nor keep one alive)
         if message.kind == BYE:
             if self._last_seen.pop(peer, None) is not None:
                 self._lose(peer)
-            return
+            return None
         if peer in self._last_seen:
             self._last_seen[peer] = time.monotonic()
         else:
-            await self._join(peer)
+            self._join(peer)
         if message.kind == PING:
-            return
+            return None
         if message.kind == ACK:
             self._on_ack(peer, message.seq, message.body, message.meta)
-            return
-        await self._deliver(Message(peer, message.kind, message.seq, message.body,
-                                    message.meta, message.needs_ack))
+            return None
+        return Message(peer, message.kind, message.seq, message.body, message.meta,
+                       message.needs_ack)
 
-    async def _join(self, peer: bytes) -> None:
+    def _join(self, peer: bytes) -> None:
         self._last_seen[peer] = time.monotonic()
-        await self._deliver(PeerEvent(peer, "joined"))
+        # Like "lost", never held back by a full queue: one event per peer.
+        self._inbox.put_nowait(PeerEvent(peer, "joined"), force=True)
 
     def _on_ack(self, peer: bytes, seq: int, body: Any, meta: dict[str, Any]) -> None:
         ticket = self._tickets.get(seq)

@@ -76,12 +76,18 @@ class AsyncSocket:
     wrap); the frames after them stay zero-copy ``zmq.Frame`` objects.
     """
 
-    def __init__(self, socket: zmq.Socket, on_frames: Callable[[list[Any]], Any],
+    def __init__(self, socket: zmq.Socket, handle: Callable[[list[Any]], Any],
+                 deliver_nowait: Callable[[Any], bool],
+                 deliver: Callable[[Any], Awaitable[None]],
                  on_caught_up: Callable[[], None] = lambda: None, *,
                  leading_bytes: int = 1) -> None:
         self.socket = socket
-        self._on_frames = on_frames  # async callable, handles one multipart message
+        self._handle = handle  # one message's frames -> an item for the consumers, or None
+        self._deliver_nowait = deliver_nowait  # queue an item now, or say False
+        self._deliver = deliver  # queue an item, waiting for room (back-pressure)
         self._on_caught_up = on_caught_up  # called whenever everything queued has been read
+        self._stash: Any = None  # an item the reader callback could not queue
+        self._error: BaseException | None = None  # raised in the reader callback
         self._leading_bytes = leading_bytes
         self._fd = socket.getsockopt(zmq.FD)
         self._wait_scope: anyio.CancelScope | None = None
@@ -122,6 +128,7 @@ class AsyncSocket:
                             await wait()
                         finally:
                             self._parked = False
+                        await self._take_over()
                 self._poked = False
         finally:
             self._wait_scope = None
@@ -163,8 +170,28 @@ class AsyncSocket:
         future = self._future
         if future is None:
             self._stop_watching()  # busy: looked at again before the next wait
-        elif not future.done():
-            future.set_result(None)
+            return
+        if future.done():
+            return
+        # The pump is parked: read right here. Waking the pump task only to hand
+        # the message to the consumer task would cost one more trip through the
+        # event loop per message. Anything that must wait goes to the pump.
+        try:
+            if self._drain_now():
+                self._on_caught_up()
+                return
+        except BaseException as exc:  # a bug, not bad input: let the pump raise it
+            self._error = exc
+        future.set_result(None)
+
+    async def _take_over(self) -> None:
+        """After a wake-up: finish what the reader callback could not."""
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+        if self._stash is not None:
+            item, self._stash = self._stash, None
+            await self._deliver(item)
 
     def _stop_watching(self) -> None:
         if self._watching and self._loop is not None:
@@ -184,7 +211,9 @@ class AsyncSocket:
             except zmq.Again:
                 events = socket.get(_EVENTS) if self._send_waiters else 0
             else:
-                await self._on_frames(frames)
+                item = self._handle(frames)
+                if item is not None and not self._deliver_nowait(item):
+                    await self._deliver(item)  # the inbox is full: back-pressure
                 # A backlog is not read in one go: the consumers (and the heartbeats)
                 # run every few messages or megabytes, and free what they are done
                 # with instead of the whole backlog being alive at once.
@@ -199,6 +228,32 @@ class AsyncSocket:
                 self._writable.set()
             if not events & _POLLIN:
                 return
+
+    def _drain_now(self) -> bool:
+        """``_drain`` without waiting: True once caught up, False to hand over to the pump."""
+        socket = self.socket
+        budget = DRAIN_BYTES
+        count = 0
+        while True:
+            try:
+                frames = self._recv()
+            except zmq.Again:
+                events = socket.get(_EVENTS) if self._send_waiters else 0
+            else:
+                item = self._handle(frames)
+                if item is not None and not self._deliver_nowait(item):
+                    self._stash = item
+                    return False
+                count += 1
+                for frame in frames:
+                    budget -= len(frame)
+                if budget <= 0 or count >= DRAIN_MESSAGES:
+                    return False  # a backlog: the pump reads on, yielding as it goes
+                events = socket.get(_EVENTS)
+            if events & _POLLOUT:
+                self._writable.set()
+            if not events & _POLLIN:
+                return True
 
     def _recv(self) -> list[Any]:
         socket = self.socket
