@@ -31,6 +31,9 @@ def _worker_parser(sub: Any) -> None:
                    help="worker processes to run on this host")
     p.add_argument("--peer-timeout", type=float, default=10.0, metavar="SECONDS",
                    help="exit when the coordinator is silent this long")
+    p.add_argument("--reconnect", action="store_true",
+                   help="when the coordinator goes silent, wait for it (or a restarted one) "
+                        "and join again, instead of exiting")
     p.add_argument("--backend", choices=("asyncio", "trio"), default="asyncio")
 
 
@@ -75,7 +78,8 @@ def run_workers(args: argparse.Namespace) -> int:
                       policy_factory=args.policy)
     context = mp.get_context("spawn")
     processes = [context.Process(target=_remote_worker_main,
-                                 args=(args.connect, spec, args.backend, args.peer_timeout),
+                                 args=(args.connect, spec, args.backend, args.peer_timeout,
+                                       args.reconnect),
                                  name=f"asyncrl-worker-{i}") for i in range(args.workers)]
     for process in processes:
         process.start()
@@ -89,14 +93,15 @@ def run_workers(args: argparse.Namespace) -> int:
     return max(codes, key=abs) if any(codes) else 0
 
 
-def _remote_worker_main(endpoint: str, spec: Any, backend: str, peer_timeout: float) -> None:
+def _remote_worker_main(endpoint: str, spec: Any, backend: str, peer_timeout: float,
+                        reconnect: bool) -> None:
     import anyio
 
     from .worker import run_worker
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s worker %(process)d: %(message)s")
-    code = anyio.run(lambda: run_worker(endpoint, spec, peer_timeout=peer_timeout),
-                     backend=backend)
+    code = anyio.run(lambda: run_worker(endpoint, spec, peer_timeout=peer_timeout,
+                                        reconnect=reconnect), backend=backend)
     sys.exit(code)
 
 

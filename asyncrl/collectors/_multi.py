@@ -19,6 +19,7 @@ from .._errors import CollectorError, WorkerLostError
 from .._protocol import Control
 from .._spec import WorkerSpec
 from ..scheduler import OnWorkerLoss, Scheduler, WorkerInfo, check_specs
+from ..envs import make_env_pool
 from ..weights import WeightSender, ZmqWeightSyncScheme
 from ._base import BaseCollector
 from ._processes import LocalWorkers
@@ -191,6 +192,8 @@ class MultiCollector(BaseCollector):
                                peer_timeout=timeout) as hub:
                     self._hub = hub
                     scheduler = self._scheduler = self._make_scheduler(hub, token)
+                    if self.remote_workers:
+                        scheduler.specs = await self._reference_specs()
                     for model_id, scheme in self.weight_sync_schemes.items():
                         model = self.policy if model_id == "policy" else None
                         self._senders[model_id] = scheme.init_on_sender(
@@ -206,6 +209,24 @@ class MultiCollector(BaseCollector):
                         task_status.started()
         finally:
             self._background_done.set()
+
+    async def _reference_specs(self) -> dict[str, Any] | None:
+        """The specs remote workers must match: from one env built here, if it builds."""
+        spec = self._spec
+
+        def build() -> dict[str, Any]:
+            pool = make_env_pool(spec.create_env_fn, create_env_kwargs=spec.create_env_kwargs,
+                                 num_envs=spec.envs_per_worker)
+            try:
+                return pool.specs.to_dict()
+            finally:
+                pool.close()
+
+        try:
+            return await anyio.to_thread.run_sync(build)
+        except Exception as exc:  # the first worker's specs become the reference
+            log.warning("could not build the env here to check remote workers' specs: %s", exc)
+            return None
 
     def _make_scheduler(self, hub: Hub, token: str) -> Scheduler:
         return Scheduler(

@@ -1,0 +1,89 @@
+"""Workers on other hosts, simulated by `asyncrl worker` processes over tcp loopback."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import anyio
+import pytest
+from asyncrl import MultiSyncCollector
+
+pytestmark = pytest.mark.anyio
+LIMIT = 90
+
+
+def cli_worker(endpoint: str, *args: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "asyncrl.cli", "worker", "--connect", endpoint, *args],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+async def wait_exit(process: subprocess.Popen) -> int:
+    while process.poll() is None:
+        await anyio.sleep(0.05)
+    return process.returncode
+
+
+async def test_cli_workers_join_a_listening_collector() -> None:
+    with anyio.fail_after(LIMIT):
+        async with MultiSyncCollector("CartPole-v1", num_workers=0, remote_workers=2,
+                                      listen="tcp://127.0.0.1:0", frames_per_batch=100,
+                                      total_frames=300) as collector:
+            host = cli_worker(collector.endpoint, "--env", "CartPole-v1", "--workers", "2")
+            try:
+                batches = [b async for b in collector]
+            except BaseException:
+                host.kill()
+                raise
+        code = await wait_exit(host)
+    output = host.stdout.read()
+    assert code == 0, output
+    assert len(batches) == 3
+    for batch in batches:
+        assert tuple(batch.shape) == (2, 50)
+        assert sorted(batch["collector", "worker_id"][:, 0].tolist()) == [0, 1]
+
+
+async def test_mixed_local_and_remote_workers() -> None:
+    with anyio.fail_after(LIMIT):
+        async with MultiSyncCollector("CartPole-v1", num_workers=1, remote_workers=1,
+                                      listen="tcp://127.0.0.1:0", frames_per_batch=40,
+                                      total_frames=80) as collector:
+            host = cli_worker(collector.endpoint, "--env", "CartPole-v1")
+            try:
+                batches = [b async for b in collector]
+            except BaseException:
+                host.kill()
+                raise
+        assert await wait_exit(host) == 0
+    assert [sorted(b["collector", "worker_id"][:, 0].tolist()) for b in batches] == [[0, 1]] * 2
+
+
+async def test_spec_mismatch_is_refused_naming_the_field() -> None:
+    with anyio.fail_after(LIMIT):
+        async with MultiSyncCollector("CartPole-v1", num_workers=0, remote_workers=1,
+                                      listen="tcp://127.0.0.1:0",
+                                      frames_per_batch=10) as collector:
+            host = cli_worker(collector.endpoint, "--env", "asyncrl.testing:CountingEnv")
+            code = await wait_exit(host)
+    output = host.stdout.read()
+    assert code == 4, output
+    assert "refused" in output and "observation" in output, output
+
+
+def test_cli_bad_import_path_is_one_clear_line() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "asyncrl.cli", "worker", "--connect", "tcp://127.0.0.1:9",
+         "--env", "no_such_module_xyz:make"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert result.stderr.strip().count("\n") == 0, result.stderr
+    assert "no_such_module_xyz" in result.stderr
+
+
+def test_cli_help_is_complete() -> None:
+    result = subprocess.run([sys.executable, "-m", "asyncrl.cli", "worker", "--help"],
+                            capture_output=True, text=True, timeout=60)
+    for flag in ("--connect", "--env", "--policy", "--envs-per-worker", "--workers",
+                 "--reconnect"):
+        assert flag in result.stdout
