@@ -466,6 +466,13 @@ def test_encode_message_fields_roundtrip() -> None:
     assert transports.decode(frames)["t"].tolist() == [1.0, 1.0]
 
 
+def test_ack_flag_roundtrip_and_only_true_counts() -> None:
+    assert decode_message(encode_message(1, seq=5, ack=True)).needs_ack is True
+    assert decode_message(encode_message(1, seq=5)).needs_ack is False
+    for flag in (1, "yes", [True]):
+        assert decode_message([header(1, a=flag)]).needs_ack is False
+
+
 def test_misaligned_frames_are_decoded_correctly() -> None:
     tensor = torch.arange(6, dtype=torch.float64) / 3
     frames = encode(tensor)
