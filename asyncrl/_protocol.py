@@ -65,16 +65,26 @@ class Welcome:
     index: int
     frames_per_batch: int
     init_random_frames: int = 0
+    #: ``{model_id: scheme.to_config()}``: how weights reach this worker (remote hosts
+    #: build their receivers from it; code never travels).
+    schemes: dict[str, Any] = field(default_factory=dict)
 
     def to_body(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_body(cls, body: Any) -> Self:
+        frames = _field(body, "frames_per_batch", int, "welcome")
+        if not 0 < frames <= 1 << 31:
+            raise ProtocolError(f"welcome frames_per_batch must be in 1..2**31, got {frames}")
+        schemes = _field(body, "schemes", dict, "welcome")
+        if not all(isinstance(k, str) and isinstance(v, dict) for k, v in schemes.items()):
+            raise ProtocolError("welcome schemes must map model ids to scheme configs")
         return cls(
             index=_field(body, "index", int, "welcome"),
-            frames_per_batch=_field(body, "frames_per_batch", int, "welcome"),
+            frames_per_batch=frames,
             init_random_frames=_field(body, "init_random_frames", int, "welcome"),
+            schemes=schemes,
         )
 
 

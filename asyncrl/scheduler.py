@@ -81,6 +81,7 @@ class Scheduler:
         on_join: Callable[[WorkerInfo], Awaitable[None]] | None = None,
         batch_budget: int | None = None,
         first_remote_index: int | None = None,
+        scheme_configs: dict[str, Any] | None = None,
     ) -> None:
         self.hub = hub
         self.sync = sync
@@ -94,6 +95,7 @@ class Scheduler:
         self.on_worker_loss = on_worker_loss
         self._on_join = on_join
         self._budget = batch_budget  # async: credits still allowed to be granted
+        self._scheme_configs = dict(scheme_configs or {})
         self.workers: dict[bytes, WorkerInfo] = {}
         self.specs: dict[str, Any] | None = None
         # Remote workers (and rejoining ones) get fresh indices after the local slots.
@@ -208,7 +210,8 @@ class Scheduler:
         self.workers[message.peer] = worker
         frames = self.frames_per_worker[index % len(self.frames_per_worker)]
         welcome = Welcome(index=index, frames_per_batch=frames,
-                          init_random_frames=self.init_random_frames)
+                          init_random_frames=self.init_random_frames,
+                          schemes=self._scheme_configs)
         await self._send(worker.peer, welcome.to_body(), Welcome.KIND)
         if self._on_join is not None:
             await self._on_join(worker)  # latest weights before the first frame

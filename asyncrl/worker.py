@@ -38,7 +38,7 @@ from ._protocol import (
 from ._spec import WorkerSpec
 from .envs import make_env_pool
 from .rollout import Rollout
-from .weights import WEIGHTS_KIND, WeightReceiverGroup
+from .weights import WEIGHTS_KIND, WeightReceiverGroup, WeightSyncScheme
 
 log = logging.getLogger("asyncrl.worker")
 
@@ -163,6 +163,7 @@ class Worker:
         welcome = await self._await_welcome()
         self.index = welcome.index
         try:
+            self._add_remote_receivers(welcome.schemes)
             self.rollout = Rollout(
                 self.env_pool, self.policy, welcome.frames_per_batch,
                 worker_index=welcome.index,
@@ -202,13 +203,23 @@ class Worker:
             log.warning("ignored %r message before the welcome", message.kind)
 
     def _init_receivers(self) -> None:
-        def on_policy_applied(version: int) -> None:
-            if self.rollout is not None:
-                self.rollout.policy_version = version
-
         for model_id, scheme in (self.spec.weight_sync_schemes or {}).items():
-            on_apply = on_policy_applied if model_id == "policy" else None
+            on_apply = self._on_policy_applied if model_id == "policy" else None
             self._receivers.add(scheme.init_on_worker(model_id, root=self, on_apply=on_apply))
+
+    def _add_remote_receivers(self, configs: dict[str, Any]) -> None:
+        """Receivers for the models the coordinator syncs that our spec did not name."""
+        known = self._receivers.versions
+        for model_id, config in configs.items():
+            if model_id in known:
+                continue
+            scheme = WeightSyncScheme.from_config(config)
+            on_apply = self._on_policy_applied if model_id == "policy" else None
+            self._receivers.add(scheme.init_on_worker(model_id, root=self, on_apply=on_apply))
+
+    def _on_policy_applied(self, version: int) -> None:
+        if self.rollout is not None:
+            self.rollout.policy_version = version
 
     def _before_step(self) -> None:
         # Runs in the rollout thread at every step boundary: one attribute check

@@ -236,6 +236,8 @@ class MultiCollector(BaseCollector):
             check_specs=check_specs, token=token, accept_remote=self.remote_workers > 0,
             on_worker_loss=self.on_worker_loss, on_join=self._on_join,
             batch_budget=self._batch_budget(), first_remote_index=self.num_workers,
+            scheme_configs={model_id: scheme.to_config()
+                            for model_id, scheme in self.weight_sync_schemes.items()},
         )
 
     def _batch_budget(self) -> int | None:

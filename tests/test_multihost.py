@@ -1,0 +1,132 @@
+"""Two hosts in Linux network namespaces: a worker host's link is cut mid-run and restored.
+
+Needs root and iproute2 (CI has both); skipped with the reason otherwise. Every
+address lives inside the two namespaces this test creates and removes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import threading
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+TRAINER = Path(__file__).parent / "multihost" / "trainer.py"
+TOTAL_FRAMES = 3000  # 30 batches of 100
+
+
+def run(*args: str) -> None:
+    subprocess.run(args, check=True, capture_output=True, timeout=30)
+
+
+@pytest.fixture
+def two_hosts():
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        pytest.skip("needs root and iproute2 ('ip') to create network namespaces")
+    tag = f"{os.getpid() % 100000}"
+    coord, worker = f"arl-c{tag}", f"arl-w{tag}"
+    veth_c, veth_w = f"arlc{tag}", f"arlw{tag}"
+    try:
+        run("ip", "netns", "add", coord)
+    except subprocess.CalledProcessError as exc:
+        pytest.skip(f"cannot create network namespaces here: {exc.stderr!r}")
+    try:
+        run("ip", "netns", "add", worker)
+        run("ip", "link", "add", veth_c, "type", "veth", "peer", "name", veth_w)
+        run("ip", "link", "set", veth_c, "netns", coord)
+        run("ip", "link", "set", veth_w, "netns", worker)
+        for ns, dev, addr in ((coord, veth_c, "10.213.7.1/30"), (worker, veth_w, "10.213.7.2/30")):
+            run("ip", "netns", "exec", ns, "ip", "addr", "add", addr, "dev", dev)
+            run("ip", "netns", "exec", ns, "ip", "link", "set", dev, "up")
+            run("ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up")
+        yield {"coord": coord, "worker": worker, "veth_w": veth_w, "addr": "10.213.7.1"}
+    finally:
+        for ns in (coord, worker):
+            subprocess.run(["ip", "netns", "delete", ns], capture_output=True, timeout=30)
+
+
+class Lines:
+    """JSON lines of a subprocess, read by a thread; ``until`` waits with a deadline."""
+
+    def __init__(self, process: subprocess.Popen) -> None:
+        self.events: list[dict] = []
+        self.other: list[str] = []
+        self._queue: queue.Queue = queue.Queue()
+        threading.Thread(target=self._pump, args=(process.stdout,), daemon=True).start()
+
+    def _pump(self, stream) -> None:
+        for line in stream:
+            self._queue.put(line)
+        self._queue.put(None)
+
+    def until(self, predicate, timeout: float) -> dict:
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                line = self._queue.get(timeout=left)
+            except queue.Empty:
+                break
+            if line is None:
+                break
+            if not line.startswith("{"):
+                self.other.append(line)
+                continue
+            event = json.loads(line)
+            self.events.append(event)
+            if predicate(event):
+                return event
+        raise AssertionError(f"no matching event within {timeout} s; last events: "
+                             f"{self.events[-5:]}; other output: {''.join(self.other[-20:])}")
+
+
+def test_worker_host_survives_a_cut_link_and_rejoins(two_hosts) -> None:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    trainer = subprocess.Popen(
+        ["ip", "netns", "exec", two_hosts["coord"], sys.executable, str(TRAINER),
+         f"tcp://{two_hosts['addr']}:5555", str(TOTAL_FRAMES)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    host = None
+    try:
+        lines = Lines(trainer)
+        lines.until(lambda e: e["event"] == "listening", 60)
+        host = subprocess.Popen(
+            ["ip", "netns", "exec", two_hosts["worker"], sys.executable, "-m", "asyncrl.cli",
+             "worker", "--connect", f"tcp://{two_hosts['addr']}:5555", "--env", "CartPole-v1",
+             "--policy", "asyncrl.testing:ParamPolicy", "--reconnect", "--peer-timeout", "2"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+        lines.until(lambda e: e["event"] == "batch" and e["max_version"] >= 1, 90)
+        # Cut the worker host's link for longer than the peer timeout, then restore it.
+        run("ip", "netns", "exec", two_hosts["worker"], "ip", "link", "set",
+            two_hosts["veth_w"], "down")
+        cut_at = len(lines.events)
+        time.sleep(5)
+        run("ip", "netns", "exec", two_hosts["worker"], "ip", "link", "set",
+            two_hosts["veth_w"], "up")
+        done = lines.until(lambda e: e["event"] == "done", 120)
+    finally:
+        trainer.kill()
+        if host is not None:
+            host.kill()
+    batches = [e for e in lines.events if e["event"] == "batch"]
+    assert done["frames"] == TOTAL_FRAMES
+    assert sum(b["frames"] for b in batches) == TOTAL_FRAMES  # nothing lost or duplicated
+    assert all(b["frames"] == 100 for b in batches)  # never a half-delivered batch
+    before = [b for b in lines.events[:cut_at] if b["event"] == "batch"]
+    first_index = before[0]["worker"]
+    after = [b for b in batches if b["worker"] != first_index]
+    assert after, "the worker host never rejoined"
+    rejoin_index = after[0]["worker"]
+    assert rejoin_index > first_index  # a rejoining worker gets a fresh index
+    assert all(b["worker"] == rejoin_index for b in batches[batches.index(after[0]):])
+    # Weights published while the host was away reach it before its first new frame.
+    assert after[0]["min_version"] > max(b["max_version"] for b in before)
+    old_ids = {t for b in batches if b["worker"] == first_index for t in b["traj_ids"]}
+    new_ids = {t for b in after for t in b["traj_ids"]}
+    assert not old_ids & new_ids
