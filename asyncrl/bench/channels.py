@@ -386,9 +386,11 @@ def environment() -> str:
         trio_version = version("trio")
     except Exception:  # pragma: no cover
         anyio_version = trio_version = "?"
+    load = " / ".join(f"{x:.2f}" for x in os.getloadavg())
     return (f"Python {platform.python_version()}, pyzmq {zmq.__version__}, libzmq "
             f"{zmq.zmq_version()}, anyio {anyio_version}, trio {trio_version}, "
-            f"{os.cpu_count()} CPU(s), {platform.machine()} {platform.system()}")
+            f"{os.cpu_count()} CPU(s), {platform.machine()} {platform.system()}; "
+            f"load average at the end {load} (1/5/15 min)")
 
 
 # ------------------------------------------------------------------ main
