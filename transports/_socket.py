@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import anyio.abc
@@ -89,7 +89,7 @@ class AsyncSocket:
         self._stash: Any = None  # an item the reader callback could not queue
         self._error: BaseException | None = None  # raised in the reader callback
         self._leading_bytes = leading_bytes
-        self._fd = socket.getsockopt(zmq.FD)
+        self._fd = cast(int, socket.getsockopt(zmq.FD))
         self._wait_scope: anyio.CancelScope | None = None
         self._poked = False
         self._parked = False
@@ -209,7 +209,7 @@ class AsyncSocket:
             try:
                 frames = self._recv()
             except zmq.Again:
-                events = socket.get(_EVENTS) if self._send_waiters else 0
+                events = cast(int, socket.get(_EVENTS)) if self._send_waiters else 0
             else:
                 item = self._handle(frames)
                 if item is not None and not self._deliver_nowait(item):
@@ -223,7 +223,7 @@ class AsyncSocket:
                 if budget <= 0 or count >= DRAIN_MESSAGES:
                     budget, count = DRAIN_BYTES, 0
                     await anyio.lowlevel.checkpoint()
-                events = socket.get(_EVENTS)
+                events = cast(int, socket.get(_EVENTS))
             if events & _POLLOUT:
                 self._writable.set()
             if not events & _POLLIN:
@@ -238,7 +238,7 @@ class AsyncSocket:
             try:
                 frames = self._recv()
             except zmq.Again:
-                events = socket.get(_EVENTS) if self._send_waiters else 0
+                events = cast(int, socket.get(_EVENTS)) if self._send_waiters else 0
             else:
                 item = self._handle(frames)
                 if item is not None and not self._deliver_nowait(item):
@@ -249,7 +249,7 @@ class AsyncSocket:
                     budget -= len(frame)
                 if budget <= 0 or count >= DRAIN_MESSAGES:
                     return False  # a backlog: the pump reads on, yielding as it goes
-                events = socket.get(_EVENTS)
+                events = cast(int, socket.get(_EVENTS))
             if events & _POLLOUT:
                 self._writable.set()
             if not events & _POLLIN:
@@ -335,7 +335,7 @@ class AsyncSocket:
 
     def _after_send(self) -> None:
         # The send may have consumed the edge that announced input: look again.
-        if self.socket.get(_EVENTS) & _POLLIN:
+        if cast(int, self.socket.get(_EVENTS)) & _POLLIN:
             self._poke()
 
     def translate(self, exc: zmq.ZMQError) -> Exception:

@@ -43,6 +43,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 MB = 1 << 20
 
@@ -72,7 +73,7 @@ def _serve_ours(endpoint: str, backend: str) -> None:
 def _serve_zmq_rep(endpoint: str) -> None:
     import zmq
 
-    sock = zmq.Context.instance().socket(zmq.REP)
+    sock: Any = zmq.Context.instance().socket(zmq.REP)
     sock.bind(endpoint)
     print(sock.getsockopt_string(zmq.LAST_ENDPOINT), flush=True)
     while True:
@@ -82,7 +83,7 @@ def _serve_zmq_rep(endpoint: str) -> None:
 def _serve_zmq_router(endpoint: str) -> None:
     import zmq
 
-    sock = zmq.Context.instance().socket(zmq.ROUTER)
+    sock: Any = zmq.Context.instance().socket(zmq.ROUTER)
     sock.bind(endpoint)
     print(sock.getsockopt_string(zmq.LAST_ENDPOINT), flush=True)
     while True:
@@ -100,7 +101,7 @@ def _serve_zmq_asyncio(endpoint: str) -> None:
     import zmq.asyncio
 
     async def main() -> None:
-        sock = zmq.asyncio.Context.instance().socket(zmq.ROUTER)
+        sock: Any = zmq.asyncio.Context.instance().socket(zmq.ROUTER)
         sock.bind(endpoint)
         print(sock.getsockopt_string(zmq.LAST_ENDPOINT), flush=True)
         while True:
@@ -166,7 +167,7 @@ def _ours_latency(endpoint: str, backend: str, body: bytes, warmup: int, n: int)
 def _zmq_req_latency(endpoint: str, body: bytes, warmup: int, n: int) -> list[int]:
     import zmq
 
-    sock = zmq.Context.instance().socket(zmq.REQ)
+    sock: Any = zmq.Context.instance().socket(zmq.REQ)
     sock.setsockopt(zmq.LINGER, 0)
     sock.connect(endpoint)
     try:
@@ -189,7 +190,7 @@ def _zmq_asyncio_latency(endpoint: str, body: bytes, warmup: int, n: int) -> lis
     import zmq.asyncio
 
     async def main() -> list[int]:
-        sock = zmq.asyncio.Context.instance().socket(zmq.DEALER)
+        sock: Any = zmq.asyncio.Context.instance().socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.connect(endpoint)
         try:
@@ -234,7 +235,7 @@ def _zmq_stream(endpoint: str, count: int, size: int) -> float:
     import zmq
 
     payload = np.ones(size, dtype=np.uint8)
-    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock: Any = zmq.Context.instance().socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     sock.connect(endpoint)
     try:
@@ -297,7 +298,7 @@ def endpoints(transports: Sequence[str], workdir: str) -> Iterator[tuple[str, Ca
 
 def run_latency(args: argparse.Namespace, workdir: str) -> list[Latency]:
     body = b"x" * args.size
-    results = []
+    results: list[Latency] = []
     for transport, make_endpoint in endpoints(args.transports, workdir):
         rows = {name: Latency(name, transport) for name in LATENCY_VARIANTS}
         with _servers({name: kind for name, (kind, _) in LATENCY_VARIANTS.items()},
@@ -320,7 +321,7 @@ def run_throughput(args: argparse.Namespace, workdir: str) -> list[Throughput]:
         "asyncrl Link->Hub (1 MiB tensor)": ("ours-asyncio", _ours_stream),
         "pyzmq DEALER->ROUTER (blocking, copy=False)": ("zmq-router", _zmq_stream),
     }
-    results = []
+    results: list[Throughput] = []
     for transport, make_endpoint in endpoints(args.transports, workdir):
         rows = {name: Throughput(name, transport) for name in variants}
         with _servers({name: kind for name, (kind, _) in variants.items()},
