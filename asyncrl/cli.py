@@ -31,10 +31,25 @@ def _worker_parser(sub: Any) -> None:
                    help="worker processes to run on this host")
     p.add_argument("--peer-timeout", type=float, default=10.0, metavar="SECONDS",
                    help="exit when the coordinator is silent this long")
+    p.add_argument("--keys", metavar="DIR", default=None,
+                   help="CURVE keys made by 'asyncrl keys generate DIR' (needs worker.key_secret "
+                        "and coordinator.key)")
     p.add_argument("--reconnect", action="store_true",
                    help="when the coordinator goes silent, wait for it (or a restarted one) "
                         "and join again, instead of exiting")
     p.add_argument("--backend", choices=("asyncio", "trio"), default="asyncio")
+
+
+def _keys_parser(sub: Any) -> None:
+    p = sub.add_parser("keys", help="CURVE keys for encrypted, authenticated collection")
+    keys_sub = p.add_subparsers(dest="keys_command", required=True)
+    g = keys_sub.add_parser(
+        "generate", help="write coordinator and worker key pairs to DIR",
+        description="Write DIR/coordinator.key(_secret), DIR/worker.key(_secret) and "
+                    "DIR/authorized/ (public keys the coordinator accepts). Give the "
+                    "coordinator the whole DIR (MultiCollector(curve_keys=DIR)); give worker "
+                    "hosts worker.key_secret and coordinator.key (asyncrl worker --keys DIR).")
+    g.add_argument("directory", metavar="DIR")
 
 
 def _bench_parser(sub: Any) -> None:
@@ -47,6 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="asyncrl", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     _worker_parser(sub)
+    _keys_parser(sub)
     _bench_parser(sub)
     return parser
 
@@ -56,7 +72,22 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "bench":
         module = importlib.import_module(f"asyncrl.bench.{args.name}")
         return int(module.main(args.args) or 0)
+    if args.command == "keys":
+        return generate_keys_command(args.directory)
     return run_workers(args)
+
+
+def generate_keys_command(directory: str) -> int:
+    from transports import generate_keys
+
+    try:
+        root = generate_keys(directory)
+    except (OSError, ValueError) as exc:
+        print(f"asyncrl keys: {exc}", file=sys.stderr)
+        return 2
+    print(f"wrote CURVE keys to {root}: coordinator.key(_secret), worker.key(_secret), "
+          "authorized/")
+    return 0
 
 
 def run_workers(args: argparse.Namespace) -> int:
@@ -71,7 +102,11 @@ def run_workers(args: argparse.Namespace) -> int:
             resolve_import_path(args.env)
         if args.policy:
             resolve_import_path(args.policy)
-    except ValueError as exc:
+        if args.keys:
+            from transports import CurveClient
+
+            CurveClient.from_dir(args.keys)
+    except Exception as exc:
         print(f"asyncrl worker: {exc}", file=sys.stderr)
         return 2
     spec = WorkerSpec(create_env_fn=args.env, envs_per_worker=args.envs_per_worker,
@@ -79,7 +114,7 @@ def run_workers(args: argparse.Namespace) -> int:
     context = mp.get_context("spawn")
     processes = [context.Process(target=_remote_worker_main,
                                  args=(args.connect, spec, args.backend, args.peer_timeout,
-                                       args.reconnect),
+                                       args.reconnect, args.keys),
                                  name=f"asyncrl-worker-{i}") for i in range(args.workers)]
     for process in processes:
         process.start()
@@ -94,14 +129,14 @@ def run_workers(args: argparse.Namespace) -> int:
 
 
 def _remote_worker_main(endpoint: str, spec: Any, backend: str, peer_timeout: float,
-                        reconnect: bool) -> None:
+                        reconnect: bool, keys: str | None) -> None:
     import anyio
 
     from .worker import run_worker
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s worker %(process)d: %(message)s")
     code = anyio.run(lambda: run_worker(endpoint, spec, peer_timeout=peer_timeout,
-                                        reconnect=reconnect), backend=backend)
+                                        reconnect=reconnect, curve_keys=keys), backend=backend)
     sys.exit(code)
 
 

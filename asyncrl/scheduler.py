@@ -25,6 +25,7 @@ from typing import Any, Literal
 
 import anyio
 from tensordict import TensorDictBase
+
 from transports import Hub, Message, PeerEvent, PeerLostError, ProtocolError
 
 from ._errors import HandshakeError, WorkerLostError, rebuild_remote_exception
@@ -291,7 +292,8 @@ class Scheduler:
     async def _on_error(self, message: Message) -> None:
         report = ErrorReport.from_body(message.body)
         worker = self.workers.get(message.peer)
-        name = f"{worker.index} ({worker.name})" if worker else message.peer.decode(errors="replace")
+        name = (f"{worker.index} ({worker.name})" if worker
+                else message.peer.decode(errors="replace"))
         error = rebuild_remote_exception(report.type, report.message, report.traceback,
                                          peer=name)
         if report.fatal:

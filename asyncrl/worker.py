@@ -21,7 +21,7 @@ from typing import Any
 import anyio
 import torch
 
-from transports import Link, Message, PeerLostError, ProtocolError
+from transports import CurveClient, Link, Message, PeerLostError, ProtocolError
 from transports import shutdown as flush_and_close_sockets
 
 from ._protocol import (
@@ -385,15 +385,18 @@ async def run_worker(endpoint: str, spec: WorkerSpec, *, identity: bytes | None 
                      slot: int = -1, token: str = "", parent_pid: int | None = None,
                      heartbeat_interval: float = 1.0, peer_timeout: float = 10.0,
                      reconnect: bool = False, reconnect_timeout: float = 3600.0,
-                     **link_options: Any) -> int:
+                     curve_keys: str | None = None, **link_options: Any) -> int:
     """Connect to the coordinator at ``endpoint`` and serve until told to close.
 
     With ``reconnect=True`` a worker whose coordinator went silent waits (up to
     ``reconnect_timeout`` s) for it, or a restarted one, and joins again with
-    the latest weights; otherwise it exits. Returns an exit code: 0 when closed
-    by the coordinator, 1 on an env or policy error (reported to the
+    the latest weights; otherwise it exits. ``curve_keys`` is a directory made
+    by ``asyncrl keys generate`` (CURVE encryption and authentication). Returns an exit
+    code: 0 when closed by the coordinator, 1 on an env or policy error (reported to the
     coordinator first), 3 when the coordinator is gone, 4 when refused.
     """
+    if curve_keys is not None:
+        link_options["curve"] = CurveClient.from_dir(curve_keys)
     async with Link(endpoint, identity=identity, heartbeat_interval=heartbeat_interval,
                     peer_timeout=peer_timeout, **link_options) as link:
         worker = Worker(link, spec, slot=slot, token=token, parent_pid=parent_pid,

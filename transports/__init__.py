@@ -12,6 +12,9 @@ from ._codec import DEFAULT_MAX_BYTES as DEFAULT_MAX_BYTES
 from ._codec import PROTOCOL_VERSION as PROTOCOL_VERSION
 from ._codec import decode as decode
 from ._codec import encode as encode
+from ._curve import CurveClient as CurveClient
+from ._curve import CurveServer as CurveServer
+from ._curve import generate_keys as generate_keys
 from ._errors import ClosedResourceError as ClosedResourceError
 from ._errors import PeerLostError as PeerLostError
 from ._errors import ProtocolError as ProtocolError

@@ -13,6 +13,7 @@ import anyio.lowlevel
 import zmq
 
 from ._codec import Decoded, ProtocolError, decode_message, encode_message
+from ._curve import Authenticator, CurveClient, CurveServer
 from ._errors import ClosedResourceError, TransportError
 from ._socket import AsyncSocket, configure, default_context
 from ._types import Message, PeerEvent
@@ -146,6 +147,7 @@ class Channel:
         queue_size: int = 1024,
         linger: float = 1.0,
         context: zmq.Context | None = None,
+        curve: CurveServer | CurveClient | None = None,
     ) -> None:
         if heartbeat_interval <= 0 or peer_timeout <= heartbeat_interval:
             raise ValueError(
@@ -158,6 +160,8 @@ class Channel:
         self.max_bytes = max_bytes
         self._linger_ms = int(linger * 1000)
         self._context = context or default_context()
+        self.curve = curve
+        self._authenticator: Authenticator | None = None
         self._io: AsyncSocket | None = None
         self._inbox = Inbox(queue_size)
         self._task_group: Any = None
@@ -175,9 +179,11 @@ class Channel:
         try:
             configure(socket, max_bytes=self.max_bytes, heartbeat_interval=self.heartbeat_interval,
                       peer_timeout=self.peer_timeout)
+            self._secure(socket)
             self._prepare(socket)
         except BaseException:
             socket.close(linger=0)
+            self._stop_authenticator()
             raise
         self._io = AsyncSocket(socket, self._handle, self._deliver_nowait, self._deliver,
                                self._caught_up, leading_bytes=self._leading_bytes)
@@ -215,8 +221,28 @@ class Channel:
             await self._io.wait_stopped()  # never close an fd a task still waits on
             self._farewell(self._io.socket)
             self._io.close(self._linger_ms)
+            self._stop_authenticator()
             self._on_close()
             self._inbox.close()
+
+    def _secure(self, socket: zmq.Socket) -> None:
+        if self.curve is None:
+            return
+        if isinstance(self.curve, CurveServer):
+            # The ZAP handler must run before the first peer connects.
+            self._authenticator = Authenticator(self._context, self.curve, self.endpoint)
+            self._authenticator.start()
+        self.curve.apply(socket)
+
+    def _stop_authenticator(self) -> None:
+        if self._authenticator is not None:
+            self._authenticator.stop()
+            self._authenticator = None
+
+    @property
+    def refused_peers(self) -> int:
+        """Connections refused because their CURVE key is not authorized."""
+        return self._authenticator.provider.refused if self._authenticator else 0
 
     def _closed_error(self) -> ClosedResourceError:
         return ClosedResourceError(f"{type(self).__name__} on {self.endpoint} is closed")

@@ -13,13 +13,14 @@ import anyio
 import anyio.lowlevel
 import torch
 from tensordict import TensorDict, TensorDictBase
-from transports import Hub
+
+from transports import CurveServer, Hub
 
 from .._errors import CollectorError, WorkerLostError
 from .._protocol import Control
 from .._spec import WorkerSpec
-from ..scheduler import OnWorkerLoss, Scheduler, WorkerInfo, check_specs
 from ..envs import make_env_pool
+from ..scheduler import OnWorkerLoss, Scheduler, WorkerInfo, check_specs
 from ..weights import WeightSender, ZmqWeightSyncScheme
 from ._base import BaseCollector
 from ._processes import LocalWorkers
@@ -85,6 +86,7 @@ class MultiCollector(BaseCollector):
         peer_timeout: float = 10.0,
         listen: str | None = None,
         remote_workers: int = 0,
+        curve_keys: str | None = None,
     ) -> None:
         if isinstance(create_env_fn, list | tuple):
             if num_workers is not None and num_workers != len(create_env_fn):
@@ -111,6 +113,7 @@ class MultiCollector(BaseCollector):
         self.preemptive_threshold = preemptive_threshold
         self.on_worker_loss = on_worker_loss
         self.listen = listen
+        self.curve_keys = curve_keys  # a directory made by `asyncrl keys generate`
         self.backend = backend
         self._heartbeat = (heartbeat_interval, peer_timeout)
         total_workers = num_workers + remote_workers
@@ -188,8 +191,9 @@ class MultiCollector(BaseCollector):
         assert self._background is not None and self._background_done is not None
         try:
             with self._background:
-                async with Hub(endpoint, heartbeat_interval=interval,
-                               peer_timeout=timeout) as hub:
+                curve = CurveServer.from_dir(self.curve_keys) if self.curve_keys else None
+                async with Hub(endpoint, heartbeat_interval=interval, peer_timeout=timeout,
+                               curve=curve) as hub:
                     self._hub = hub
                     scheduler = self._scheduler = self._make_scheduler(hub, token)
                     if self.remote_workers:
@@ -201,7 +205,8 @@ class MultiCollector(BaseCollector):
                     workers = self._workers = LocalWorkers(
                         hub.endpoint, self._spec, self.num_workers, token=token,
                         backend=backend,
-                        options={"heartbeat_interval": interval, "peer_timeout": timeout})
+                        options={"heartbeat_interval": interval, "peer_timeout": timeout,
+                                 "curve_keys": self.curve_keys})
                     workers.start()
                     async with anyio.create_task_group() as tg:
                         tg.start_soon(scheduler.run)
@@ -298,6 +303,11 @@ class MultiCollector(BaseCollector):
         if self._hub is None:
             raise CollectorError("the collector is not open yet: use 'async with'")
         return self._hub.endpoint
+
+    @property
+    def refused_peers(self) -> int:
+        """Connections refused for an unauthorized CURVE key (see ``curve_keys``)."""
+        return self._hub.refused_peers if self._hub is not None else 0
 
     @property
     def worker_pids(self) -> list[int]:

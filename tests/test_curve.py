@@ -1,0 +1,96 @@
+"""CURVE: encrypted, authenticated channels; unknown keys refused and logged."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+
+import anyio
+import pytest
+from asyncrl import MultiSyncCollector
+from transports import CurveClient, CurveServer, Hub, Link, PeerEvent, generate_keys
+
+pytestmark = pytest.mark.anyio
+LIMIT = 60
+FAST = {"heartbeat_interval": 0.05, "peer_timeout": 1.0}
+
+
+async def next_message(hub: Hub):
+    while isinstance(item := await hub.recv(), PeerEvent):
+        pass
+    return item
+
+
+async def test_authorized_key_talks_encrypted(tmp_path) -> None:
+    keys = generate_keys(tmp_path / "keys")
+    with anyio.fail_after(LIMIT):
+        async with Hub("tcp://127.0.0.1:0", curve=CurveServer.from_dir(keys), **FAST) as hub:
+            async with Link(hub.endpoint, identity=b"w0", curve=CurveClient.from_dir(keys),
+                            **FAST) as link:
+                await link.send({"x": 1}, kind="batch")
+                message = await next_message(hub)
+                assert (message.peer, message.body) == (b"w0", {"x": 1})
+        assert hub.refused_peers == 0
+
+
+async def test_unknown_key_is_refused_and_logged(tmp_path, caplog) -> None:
+    keys = generate_keys(tmp_path / "keys")
+    stranger = generate_keys(tmp_path / "stranger")  # right server key, unknown client key
+    (stranger / "coordinator.key").write_bytes((keys / "coordinator.key").read_bytes())
+    caplog.set_level(logging.WARNING, logger="transports.curve")
+    with anyio.fail_after(LIMIT):
+        async with Hub("tcp://127.0.0.1:0", curve=CurveServer.from_dir(keys), **FAST) as hub:
+            async with Link(hub.endpoint, identity=b"intruder",
+                            curve=CurveClient.from_dir(stranger), **FAST) as link:
+                await link.send({"x": 1}, kind="batch")
+                while hub.refused_peers == 0:
+                    await anyio.sleep(0.02)
+                with anyio.move_on_after(0.5):  # it never gets in
+                    item = await hub.recv()
+                    pytest.fail(f"the hub accepted an unknown key: {item}")
+    assert "not authorized" in caplog.text
+
+
+async def test_plain_peer_cannot_reach_a_curve_hub(tmp_path) -> None:
+    keys = generate_keys(tmp_path / "keys")
+    with anyio.fail_after(LIMIT):
+        async with Hub("tcp://127.0.0.1:0", curve=CurveServer.from_dir(keys), **FAST) as hub:
+            async with Link(hub.endpoint, identity=b"plain", **FAST) as link:
+                with anyio.move_on_after(1.0):  # may block: the handshake never completes
+                    await link.send({"x": 1}, kind="batch")
+                with anyio.move_on_after(1.0):
+                    item = await hub.recv()
+                    pytest.fail(f"a peer without keys got through: {item}")
+
+
+def test_generate_refuses_to_overwrite(tmp_path) -> None:
+    generate_keys(tmp_path)
+    with pytest.raises(FileExistsError):
+        generate_keys(tmp_path)
+
+
+async def test_collector_with_keys_serves_keyed_workers_and_refuses_others(tmp_path) -> None:
+    keys = tmp_path / "keys"
+    subprocess.run([sys.executable, "-m", "asyncrl.cli", "keys", "generate", str(keys)],
+                   check=True, timeout=60)
+    stranger = generate_keys(tmp_path / "stranger")
+    (stranger / "coordinator.key").write_bytes((keys / "coordinator.key").read_bytes())
+    with anyio.fail_after(LIMIT):
+        async with MultiSyncCollector("CartPole-v1", num_workers=1, remote_workers=1,
+                                      listen="tcp://127.0.0.1:0", curve_keys=str(keys),
+                                      frames_per_batch=20, total_frames=40) as collector:
+            intruder = subprocess.Popen(
+                [sys.executable, "-m", "asyncrl.cli", "worker", "--connect", collector.endpoint,
+                 "--env", "CartPole-v1", "--keys", str(stranger), "--peer-timeout", "3"])
+            friend = subprocess.Popen(
+                [sys.executable, "-m", "asyncrl.cli", "worker", "--connect", collector.endpoint,
+                 "--env", "CartPole-v1", "--keys", str(keys)])
+            try:
+                batches = [b async for b in collector]
+                while collector.refused_peers == 0:  # the intruder may start late
+                    await anyio.sleep(0.05)
+            finally:
+                intruder.kill()
+                friend.kill()
+    assert len(batches) == 2
