@@ -85,7 +85,7 @@ async def wait_joined(hub: Hub, names: set[bytes]) -> None:
 
 async def eventually(predicate: Any, what: str) -> None:
     """Poll ``predicate()`` until true (bounded by the caller's ``fail_after``)."""
-    while not predicate():  # noqa: ASYNC110 (state owned by another task, no event to wait on)
+    while not predicate():
         await anyio.sleep(0.01)
     assert predicate(), what
 
@@ -414,7 +414,7 @@ async def test_cancelled_recv_loses_nothing() -> None:
             assert (await link.recv()).body == "kept"
             # recv() is a cancellation point even when a message is already waiting.
             await hub.send(b"w0", "still kept")
-            while link.statistics().queued == 0:  # noqa: ASYNC110 (filled by the pump)
+            while link.statistics().queued == 0:
                 await anyio.sleep(0.01)
             with anyio.CancelScope() as scope:
                 scope.cancel()
@@ -672,7 +672,7 @@ async def test_no_file_descriptors_leak(scheme: str, tmp_path: Path) -> None:
             await cycle()
         # ZeroMQ's reaper thread closes a socket's descriptors shortly after close().
         with anyio.fail_after(5):
-            while open_fds() > before:  # noqa: ASYNC110 (another thread closes them)
+            while open_fds() > before:
                 await anyio.sleep(0.02)
 
 

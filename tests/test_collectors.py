@@ -13,6 +13,7 @@ import anyio
 import gymnasium as gym
 import pytest
 import torch
+
 from asyncrl import (
     BlockingCollector,
     Collector,
@@ -282,7 +283,7 @@ async def test_multi_collector_worker_matches_a_gymnasium_loop() -> None:
         for batch in batches:
             for t in range(batch.shape[-1]):
                 assert torch.allclose(batch["observation"][worker, t], torch.as_tensor(obs))
-                obs, reward, term, trunc, _ = env.step(int(batch["action"][worker, t]))
+                obs, _reward, term, trunc, _ = env.step(int(batch["action"][worker, t]))
                 assert bool(batch["next", "done"][worker, t]) == (term or trunc)
                 if term or trunc:
                     obs, _ = env.reset()

@@ -8,6 +8,7 @@ import sys
 
 import anyio
 import pytest
+
 from asyncrl import MultiSyncCollector
 from transports import CurveClient, CurveServer, Hub, Link, PeerEvent, generate_keys
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 import json
 import os
 import queue
-import threading
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 

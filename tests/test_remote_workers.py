@@ -7,6 +7,7 @@ import sys
 
 import anyio
 import pytest
+
 from asyncrl import MultiSyncCollector
 
 pytestmark = pytest.mark.anyio

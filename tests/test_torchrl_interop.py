@@ -5,9 +5,10 @@ from __future__ import annotations
 import anyio
 import pytest
 import torch
-from asyncrl import MultiAsyncCollector, MultiSyncCollector
 from tensordict.nn import TensorDictModule
 from torch import nn
+
+from asyncrl import MultiAsyncCollector, MultiSyncCollector
 
 torchrl = pytest.importorskip("torchrl", reason="the torchrl extra is not installed")
 from torchrl.data import LazyTensorStorage, ReplayBuffer  # noqa: E402

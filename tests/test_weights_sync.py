@@ -64,7 +64,7 @@ def value_of(module: nn.Module) -> float:
 
 async def until(predicate: Any) -> None:
     """Poll ``predicate()`` until true (bounded by the caller's ``fail_after``)."""
-    while not predicate():  # noqa: ASYNC110 - the state changes in another task or thread
+    while not predicate():
         await anyio.sleep(0.001)
 
 

@@ -149,7 +149,7 @@ async def test_newest_wins_over_sockets(scheme_cls: type[WeightSyncScheme]) -> N
                 fill_(trainer, fill)
                 await sender.send_async()
             receiver = worker.group["policy"]
-            while receiver.pending_version != 3:  # noqa: ASYNC110 - filled by another task
+            while receiver.pending_version != 3:
                 await anyio.sleep(0.005)
             assert worker.group.apply_pending() == {"policy": 3}  # the next step boundary
             acks = worker.group.take_acks()
@@ -196,7 +196,7 @@ async def test_late_joiner_over_sockets(scheme_cls: type[WeightSyncScheme]) -> N
             late = TaskWorker(hub.endpoint, 9, net(0.0), pickle.loads(pickle.dumps(scheme_cls())))
             async with anyio.create_task_group() as tg:
                 tg.start_soon(late.run)
-                while late.peer not in hub.peers:  # noqa: ASYNC110 - the hub's pump adds it
+                while late.peer not in hub.peers:
                     await anyio.sleep(0.01)
                 sender.add_worker(9, late.peer)
                 assert await sender.on_worker_joined(9) == 2

@@ -9,6 +9,7 @@ import json
 import sys
 
 import anyio
+
 from asyncrl import MultiAsyncCollector
 from asyncrl.testing import ParamPolicy
 from transports import PeerLostError
