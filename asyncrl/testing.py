@@ -53,6 +53,41 @@ class CountingEnv(gym.Env):
         return np.array([self._t, self._episode], dtype=np.float32)
 
 
+class TinyDictEnv(gym.Env):
+    """Dict observations (one nested), Box action; terminates after ``horizon`` steps.
+
+    >>> env = TinyDictEnv()
+    >>> sorted(env.reset(seed=0)[0])
+    ['count', 'extra', 'pos']
+    """
+
+    def __init__(self, horizon: int = 3) -> None:
+        self.horizon = horizon
+        self.observation_space = gym.spaces.Dict(
+            {
+                "pos": gym.spaces.Box(-10.0, 10.0, (2,), np.float32),
+                "count": gym.spaces.Discrete(horizon + 1),
+                "extra": gym.spaces.Dict({"flags": gym.spaces.MultiBinary(3)}),
+            }
+        )
+        self.action_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+
+    def _obs(self) -> dict[str, Any]:
+        flags = np.array([self.count % 2, 1, 0], dtype=np.int8)
+        return {"pos": self.pos.copy(), "count": self.count, "extra": {"flags": flags}}
+
+    def reset(self, *, seed: int | None = None, options: Any = None) -> tuple[Any, dict]:
+        super().reset(seed=seed)
+        self.pos = self.np_random.uniform(-1, 1, size=2).astype(np.float32)
+        self.count = 0
+        return self._obs(), {}
+
+    def step(self, action: Any) -> tuple[Any, float, bool, bool, dict]:
+        self.pos = (self.pos + np.asarray(action, dtype=np.float32)).astype(np.float32)
+        self.count += 1
+        return self._obs(), float(self.pos.sum()), self.count >= self.horizon, False, {}
+
+
 def failing_env_at_init() -> gym.Env:
     """An env factory that raises while the worker starts."""
     raise ValueError("this env cannot be built (on purpose)")

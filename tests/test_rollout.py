@@ -23,37 +23,7 @@ import asyncrl.rollout
 from asyncrl.envs import make_env_pool
 from asyncrl.policies import RandomPolicy
 from asyncrl.rollout import Rollout, split_trajectories
-
-
-class TinyDictEnv(gym.Env):
-    """Dict observations (one nested), Box action; terminates after ``horizon`` steps."""
-
-    def __init__(self, horizon: int = 3) -> None:
-        self.horizon = horizon
-        self.observation_space = spaces.Dict(
-            {
-                "pos": spaces.Box(-10.0, 10.0, (2,), np.float32),
-                "count": spaces.Discrete(horizon + 1),
-                "extra": spaces.Dict({"flags": spaces.MultiBinary(3)}),
-            }
-        )
-        self.action_space = spaces.Box(-1.0, 1.0, (2,), np.float32)
-
-    def _obs(self) -> dict[str, Any]:
-        flags = np.array([self.count % 2, 1, 0], dtype=np.int8)
-        return {"pos": self.pos.copy(), "count": self.count, "extra": {"flags": flags}}
-
-    def reset(self, *, seed: int | None = None, options: Any = None) -> tuple[Any, dict]:
-        super().reset(seed=seed)
-        self.pos = self.np_random.uniform(-1, 1, size=2).astype(np.float32)
-        self.count = 0
-        return self._obs(), {}
-
-    def step(self, action: Any) -> tuple[Any, float, bool, bool, dict]:
-        self.pos = (self.pos + np.asarray(action, dtype=np.float32)).astype(np.float32)
-        self.count += 1
-        return self._obs(), float(self.pos.sum()), self.count >= self.horizon, False, {}
-
+from asyncrl.testing import TinyDictEnv
 
 # -- the reference ----------------------------------------------------------------------------
 
