@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from typing import Any, NamedTuple, Self
+from typing import Any, NamedTuple
 
 import anyio
 import anyio.abc
@@ -15,6 +15,7 @@ import zmq
 from ._codec import Decoded, ProtocolError, decode_message, encode_message
 from ._curve import Authenticator, CurveClient, CurveServer
 from ._errors import ClosedResourceError, TransportError
+from ._resource import TaskGroupResource
 from ._socket import AsyncSocket, configure, default_context
 from ._types import Message, PeerEvent
 
@@ -23,23 +24,6 @@ log = logging.getLogger("transports")
 PING = "ping"
 ACK = "ack"
 BYE = "bye"
-
-
-async def exit_task_group(task_group: Any, exc_info: tuple[Any, Any, Any]) -> bool | None:
-    """Leave a task group entered in ``__aenter__``, without wrapping the body's own error.
-
-    anyio wraps whatever leaves a task group in an ``ExceptionGroup``; when the
-    only error is the one raised by the ``async with`` body, the user should
-    get that exception itself.
-    """
-    body_error = exc_info[1]
-    try:
-        return await task_group.__aexit__(*exc_info)
-    except BaseExceptionGroup as group:
-        if body_error is not None and len(group.exceptions) == 1 \
-                and group.exceptions[0] is body_error:
-            raise body_error from body_error.__cause__
-        raise
 
 
 class ChannelStatistics(NamedTuple):
@@ -131,7 +115,7 @@ class Inbox:
         self._not_empty = self._not_full = None
 
 
-class Channel:
+class Channel(TaskGroupResource):
     """Base of :class:`Hub` and :class:`Link`. Use them through ``async with``."""
 
     _socket_type: int
@@ -164,7 +148,6 @@ class Channel:
         self._authenticator: Authenticator | None = None
         self._io: AsyncSocket | None = None
         self._inbox = Inbox(queue_size)
-        self._task_group: Any = None
         self._background = anyio.CancelScope()
         self._closing = False
         self._next_liveness_check = 0.0
@@ -174,7 +157,7 @@ class Channel:
         self._bad = 0
 
     # -- lifecycle --------------------------------------------------------------
-    async def __aenter__(self) -> Self:
+    async def _open(self) -> None:
         socket = self._context.socket(self._socket_type)
         try:
             configure(socket, max_bytes=self.max_bytes, heartbeat_interval=self.heartbeat_interval,
@@ -188,20 +171,8 @@ class Channel:
         self._io = AsyncSocket(socket, self._handle, self._deliver_nowait, self._deliver,
                                self._caught_up, leading_bytes=self._leading_bytes)
         self._io.translate = self._translate_send_error  # type: ignore[method-assign]
-        self._task_group = anyio.create_task_group()
-        await self._task_group.__aenter__()
-        try:
-            # The pump must be running before anyone can call aclose(), which waits for it.
-            await self._task_group.start(self._run_background)
-        except BaseException as exc:
-            await self.aclose()
-            await self._task_group.__aexit__(type(exc), exc, exc.__traceback__)
-            raise
-        return self
-
-    async def __aexit__(self, *exc_info: Any) -> bool | None:
-        await self.aclose()
-        return await exit_task_group(self._task_group, exc_info)
+        # The pump must be running before anyone can call aclose(), which waits for it.
+        await self._task_group.start(self._run_background)
 
     async def _run_background(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
         assert self._io is not None

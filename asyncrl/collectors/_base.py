@@ -10,7 +10,8 @@ from typing import Any, Self
 
 import anyio
 from tensordict import TensorDictBase
-from transports._channel import exit_task_group
+
+from transports._resource import TaskGroupResource
 
 from .._errors import CollectorError
 from ..rollout import split_trajectories
@@ -32,7 +33,7 @@ def normalise_total_frames(total_frames: int | None, batch_frames: int) -> int:
     return total_frames
 
 
-class BaseCollector:
+class BaseCollector(TaskGroupResource):
     """Async iteration over batches, ``total_frames``, ``postproc``, ``start()``/``pause()``."""
 
     def __init__(
@@ -51,7 +52,6 @@ class BaseCollector:
         self.replay_buffer = replay_buffer
         self.update_at_each_batch = update_at_each_batch
         self.frames_collected = 0
-        self._task_group: Any = None
         self._closed = False
         self._running_free = False
         self._free_run: anyio.CancelScope | None = None
@@ -79,19 +79,7 @@ class BaseCollector:
 
     async def __aenter__(self) -> Self:
         self._create_async_state()
-        self._task_group = anyio.create_task_group()
-        await self._task_group.__aenter__()
-        try:
-            await self._open()
-        except BaseException as exc:
-            await self.aclose()
-            await self._task_group.__aexit__(type(exc), exc, exc.__traceback__)
-            raise
-        return self
-
-    async def __aexit__(self, *exc_info: Any) -> bool | None:
-        await self.aclose()
-        return await exit_task_group(self._task_group, exc_info)
+        return await super().__aenter__()
 
     async def aclose(self) -> None:
         """Stop workers and release everything. Idempotent; bounded even when cancelled."""
