@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar, Self
 
 from tensordict import TensorDictBase
+
 from transports import ProtocolError
 
 PROTOCOL = 1

@@ -8,4 +8,4 @@ PY=${PYTHON:-python3}
 . .venv/bin/activate
 pip install -q --upgrade pip >/dev/null
 pip install -q "torch==2.13.0"
-pip install -q -e ".[dev,torchrl,examples]"
+pip install -q -e ".[dev,torchrl,examples,ray]"

@@ -1,0 +1,642 @@
+"""Coordinator scaling by simulation: one real coordinator, up to 512 simulated workers.
+
+What is real: the coordinator side, exactly as :class:`~asyncrl.MultiCollector`
+runs it -- a :class:`transports.Hub` (ROUTER, pump, codec decode of every batch,
+heartbeats, liveness), the :class:`~asyncrl.scheduler.Scheduler` (handshake
+with ``check_specs``, credits, sync rounds with ``next_round``, async
+first-come with ``next_batch``) and, in sync mode, the assembly of the shares
+with ``asyncrl.collectors._multi.assemble``. Batches have TorchRL's layout
+(``observation``, ``action``, ``("next", ...)``, ``("collector", ...)``) of
+``[1, frames]`` per message.
+
+What is simulated: the workers. They speak the real protocol (hello with env
+specs and ``slot=-1``, welcome, collect credits, batch, heartbeats) over real
+ZeroMQ ``ipc://`` connections, one DEALER socket per simulated worker, but
+they live in one or more *worker host* processes (``--hosts``) that hold many
+sockets each and run a plain epoll loop over raw pyzmq: no env, no policy, no
+event loop, and each batch's frames are encoded once (per request id) and
+re-sent. A simulated worker answers a credit after ``--delay-ms`` (its
+"collection time", one batch at a time, like a real worker) or at once
+(``delay 0``: flat out, the coordinator is the only limit).
+
+Why separate processes: simulated workers in the coordinator's process would
+steal its CPU and its event loop, and their cost (a Link pump, a heartbeat
+task and a decode per message each) is as large as the coordinator's. In a
+separate process they cost the coordinator nothing but the bytes they send,
+so ``time.thread_time()`` of the event-loop thread is the coordinator's own
+cost (Python: hub pump, decode, scheduler, trainer loop) and
+``time.process_time()`` adds libzmq's I/O thread. The host's CPU use is
+reported too: a host near 100 % would mean the host, not the coordinator,
+was the limit. ``--workers inproc`` runs the simulated workers as anyio tasks
+with their own :class:`transports.Link` in this process instead (the figures
+then mix both sides; used by the tests).
+
+    python -m asyncrl.bench.scaling            # full run (~4 min on 2 cores)
+    python -m asyncrl.bench.scaling --quick    # ~30 s
+    python -m asyncrl.bench.scaling --profile sync:512   # cProfile of one case
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import cProfile
+import io
+import json
+import math
+import os
+import platform
+import pstats
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import anyio.abc
+import torch
+from tensordict import TensorDict, TensorDictBase
+
+from .._protocol import PROTOCOL, Batch, Collect, Hello, Welcome
+from .._specs import ArraySpec, EnvSpecs
+
+# ------------------------------------------------------------------ the simulated batch
+
+
+def make_specs(obs_dim: int) -> dict[str, Any]:
+    """The env specs a simulated worker announces (a CartPole-like Box / Discrete(2))."""
+    specs = EnvSpecs(observation={"observation": ArraySpec(shape=(obs_dim,), dtype="float32")},
+                     action=ArraySpec(shape=(), dtype="int64", low=0.0, high=1.0, n=2),
+                     num_envs=1)
+    return specs.to_dict()
+
+
+def make_share(frames: int, obs_dim: int, *, worker_id: int = 0, seq: int = 0,
+               policy_version: int = 0) -> TensorDict:
+    """One worker's share in the layout :class:`~asyncrl.rollout.Rollout` produces: ``[1, T]``.
+
+    ``("collector", "traj_ids")`` holds ``seq`` so that a test can tell batches apart.
+    """
+    shape = (1, frames)
+
+    def flags() -> torch.Tensor:
+        return torch.zeros((*shape, 1), dtype=torch.bool)
+
+    obs = torch.arange(frames * obs_dim, dtype=torch.float32).reshape(*shape, obs_dim)
+    return TensorDict({
+        "observation": obs,
+        "action": torch.zeros(shape, dtype=torch.int64),
+        "done": flags(), "terminated": flags(), "truncated": flags(),
+        "next": TensorDict({
+            "observation": obs + 1, "reward": torch.ones((*shape, 1)),
+            "done": flags(), "terminated": flags(), "truncated": flags(),
+        }, batch_size=shape),
+        "collector": TensorDict({
+            "traj_ids": torch.full(shape, seq, dtype=torch.int64),
+            "worker_id": torch.full(shape, worker_id, dtype=torch.int64),
+            "policy_version": torch.full(shape, policy_version, dtype=torch.int64),
+        }, batch_size=shape),
+    }, batch_size=shape)
+
+
+def td_nbytes(td: TensorDictBase) -> int:
+    return sum(t.numel() * t.element_size()
+               for t in td.values(include_nested=True, leaves_only=True))
+
+
+# ------------------------------------------------------------- in-process simulated worker
+
+
+@dataclass
+class SimRecord:
+    """What one in-process simulated worker saw (for exact accounting in tests)."""
+
+    name: str
+    index: int = -1
+    granted: int = 0  # credits received
+    sent: int = 0  # batches sent
+    max_outstanding: int = 0  # most credits held at once (received, not yet answered)
+    requests: list[int] = field(default_factory=list)  # request id of every batch sent
+
+
+async def sim_worker(endpoint: str, name: str, *, frames: int, obs_dim: int = 4,
+                     delay: float = 0.0, record: SimRecord | None = None,
+                     task_status: anyio.abc.TaskStatus[SimRecord] = anyio.TASK_STATUS_IGNORED,
+                     **link_options: Any) -> None:
+    """A worker without envs: hello, then one ``[1, frames]`` batch per credit, in order.
+
+    Runs until cancelled or the hub says goodbye. Each batch is stamped with the
+    worker's index and a per-worker sequence number (``("collector", "traj_ids")``).
+    """
+    from transports import Link, PeerLostError
+
+    record = record or SimRecord(name)
+    pending: list[int] = []
+    async with Link(endpoint, identity=name, **link_options) as link:
+        hello = Hello(protocol=PROTOCOL, name=name, host="sim", pid=os.getpid(),
+                      specs=make_specs(obs_dim), slot=-1)
+        await link.send(hello.to_body(), kind=Hello.KIND)
+        task_status.started(record)
+        with contextlib.suppress(PeerLostError):
+            async for message in link:
+                if message.kind == Welcome.KIND:
+                    record.index = Welcome.from_body(message.body).index
+                elif message.kind == Collect.KIND:
+                    collect = Collect.from_body(message.body)
+                    record.granted += collect.credits
+                    pending.extend([collect.request] * collect.credits)
+                    record.max_outstanding = max(record.max_outstanding, len(pending))
+                    while pending:  # one batch at a time, in the order credits came
+                        if delay:
+                            await anyio.sleep(delay)
+                        request = pending.pop(0)
+                        share = make_share(frames, obs_dim, worker_id=record.index,
+                                           seq=record.sent)
+                        await link.send(Batch(request, share).to_body(), kind=Batch.KIND)
+                        record.sent += 1
+                        record.requests.append(request)
+
+
+# ------------------------------------------------------------------ worker host process
+
+
+class _Host:
+    """Many simulated workers in one process: raw DEALER sockets under one epoll loop.
+
+    Commands (one JSON line each on stdin, answered on stdout): ``start`` opens
+    ``n`` sockets and sends their hellos; ``stop`` closes them and reports the
+    CPU time and message counts since ``start``.
+    """
+
+    def __init__(self) -> None:
+        import select
+
+        import zmq
+
+        from transports._codec import encode_message
+
+        self.zmq = zmq
+        self.encode = encode_message
+        self.context = zmq.Context()
+        self.epoll = select.epoll()
+        self.epoll.register(sys.stdin.fileno(), select.EPOLLIN)
+        self.sockets: list[Any] = []
+        self.by_fd: dict[int, int] = {}
+        self.busy_until: list[float] = []
+        self.due: list[tuple[float, int, int, int]] = []
+        self.counter = 0
+        self.cache: dict[int, list[bytes]] = {}
+        self.ping = [bytes(f) for f in encode_message(None, kind="ping")]
+        self.next_ping = math.inf
+        self.delay = 0.0
+        self.share: TensorDict | None = None
+        self.received = self.sent = 0
+        self.cpu0 = self.wall0 = 0.0
+
+    def serve(self) -> None:
+        import heapq
+
+        print(json.dumps({"ready": os.getpid()}), flush=True)
+        while True:
+            now = time.monotonic()
+            timeout = min(self.next_ping, self.due[0][0] if self.due else math.inf) - now
+            for fd, _ in self.epoll.poll(max(0.0, min(timeout, 1.0))):
+                if fd == sys.stdin.fileno():
+                    line = sys.stdin.readline()
+                    if not line or not self.command(json.loads(line)):
+                        return
+                else:
+                    self.drain(self.by_fd[fd])
+            now = time.monotonic()
+            while self.due and self.due[0][0] <= now:
+                _, _, index, request = heapq.heappop(self.due)
+                self.send_batch(index, request)
+            if now >= self.next_ping:
+                self.next_ping = now + 1.0
+                for sock in self.sockets:
+                    with contextlib.suppress(self.zmq.ZMQError):
+                        sock.send_multipart(self.ping, self.zmq.NOBLOCK)
+
+    def command(self, cmd: dict[str, Any]) -> bool:
+        if cmd["cmd"] == "start":
+            self.start(cmd)
+            reply: dict[str, Any] = {"started": len(self.sockets)}
+        elif cmd["cmd"] == "stop":
+            reply = {"cpu": time.process_time() - self.cpu0,
+                     "wall": time.perf_counter() - self.wall0,
+                     "received": self.received, "sent": self.sent}
+            self.close_sockets()
+        else:
+            return False
+        print(json.dumps(reply), flush=True)
+        return True
+
+    def start(self, cmd: dict[str, Any]) -> None:
+        from transports._socket import configure
+
+        zmq = self.zmq
+        self.delay = cmd["delay"]
+        self.share = make_share(cmd["frames"], cmd["obs_dim"])
+        self.cache.clear()
+        specs = make_specs(cmd["obs_dim"])
+        for i in range(cmd["n"]):
+            sock = self.context.socket(zmq.DEALER)
+            configure(sock, max_bytes=None, heartbeat_interval=1.0, peer_timeout=10.0)
+            name = f"{cmd['prefix']}-{i}"
+            sock.setsockopt(zmq.IDENTITY, name.encode())
+            sock.connect(cmd["endpoint"])
+            hello = Hello(protocol=PROTOCOL, name=name, host="sim-host", pid=os.getpid(),
+                          specs=specs, slot=-1)
+            sock.send_multipart(self.encode(hello.to_body(), kind=Hello.KIND, seq=1))
+            self.by_fd[sock.getsockopt(zmq.FD)] = len(self.sockets)
+            self.epoll.register(sock.getsockopt(zmq.FD), 1)  # EPOLLIN
+            self.sockets.append(sock)
+            self.busy_until.append(0.0)
+        self.next_ping = time.monotonic() + 1.0
+        self.received = self.sent = 0
+        self.cpu0, self.wall0 = time.process_time(), time.perf_counter()
+
+    def close_sockets(self) -> None:
+        for sock in self.sockets:
+            self.epoll.unregister(sock.getsockopt(self.zmq.FD))
+            sock.close(linger=0)
+        self.sockets.clear()
+        self.by_fd.clear()
+        self.busy_until.clear()
+        self.due.clear()
+        self.next_ping = math.inf
+
+    def drain(self, index: int) -> None:
+        # ZeroMQ's descriptor is edge-triggered: read until EVENTS says nothing is left.
+        zmq = self.zmq
+        sock = self.sockets[index]
+        while sock.get(zmq.EVENTS) & zmq.POLLIN:
+            frames = sock.recv_multipart(zmq.NOBLOCK)
+            self.received += 1
+            self.on_message(index, frames)
+
+    def on_message(self, index: int, frames: list[bytes]) -> None:
+        import heapq
+
+        from transports._codec import decode_message
+
+        message = decode_message(frames)
+        if message.kind != Collect.KIND:
+            return  # welcome, ping, bye, preempt: nothing to do for a simulated worker
+        collect = Collect.from_body(message.body)
+        for _ in range(collect.credits):
+            if not self.delay:
+                self.send_batch(index, collect.request)
+                continue
+            start = max(time.monotonic(), self.busy_until[index])
+            self.busy_until[index] = start + self.delay
+            self.counter += 1
+            heapq.heappush(self.due, (start + self.delay, self.counter, index, collect.request))
+
+    def send_batch(self, index: int, request: int) -> None:
+        frames = self.cache.get(request)
+        if frames is None:
+            assert self.share is not None
+            if len(self.cache) > 4:
+                self.cache.clear()
+            encoded = self.encode(Batch(request, self.share).to_body(), kind=Batch.KIND)
+            frames = self.cache[request] = [bytes(f) for f in encoded]
+        self.sockets[index].send_multipart(frames)
+        self.sent += 1
+        self.drain(index)  # the send may have consumed the edge of a waiting message
+
+
+def _host_main() -> int:
+    torch.set_num_threads(1)
+    _Host().serve()
+    return 0
+
+
+class HostProcess:
+    """A worker host process, driven over its stdin/stdout (blocking: setup and teardown only)."""
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "asyncrl.bench.scaling", "--host-process"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.pid = self.call(None)["ready"]
+
+    def call(self, cmd: dict[str, Any] | None) -> dict[str, Any]:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        if cmd is not None:
+            self.proc.stdin.write(json.dumps(cmd) + "\n")
+            self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"worker host {self.proc.pid} exited ({self.proc.poll()})")
+        return json.loads(line)
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            assert self.proc.stdin is not None
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+# -------------------------------------------------------------------------- coordinator
+
+
+@dataclass(frozen=True)
+class Case:
+    mode: str  # "sync" | "async"
+    workers: int
+    prefetch: int = 1
+    delay_ms: float = 20.0
+    backend: str = "asyncio"
+
+    @property
+    def label(self) -> str:
+        return "sync" if self.mode == "sync" else f"async p{self.prefetch}"
+
+
+@dataclass
+class Row:
+    case: Case
+    batches: int = 0
+    frames: int = 0
+    wall: float = 0.0
+    cpu_loop: float = 0.0  # event-loop thread
+    cpu_process: float = 0.0  # + libzmq I/O thread
+    msgs: int = 0  # data messages through the hub, both directions (no heartbeats)
+    batch_frames: int = 0
+    batch_bytes: int = 0
+    assemble: float = 0.0  # sync: loop CPU spent in assemble()
+    host_busy: float = 0.0  # most loaded worker host: CPU / wall
+    error: str | None = None
+
+    @property
+    def offered(self) -> float:
+        """Batches/s the workers would deliver to an infinitely fast coordinator."""
+        if not self.case.delay_ms:
+            return math.inf
+        per_worker = 1000.0 / self.case.delay_ms
+        return per_worker if self.case.mode == "sync" else per_worker * self.case.workers
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.wall, self.loop, self.process = (time.perf_counter(), time.thread_time(),
+                                              time.process_time())
+
+
+async def _trainer(scheduler: Any, sync: bool, until: float, row: Row | None) -> None:
+    from ..collectors._multi import assemble
+
+    while time.perf_counter() < until:
+        if sync:
+            shares = [frames for _, frames in await scheduler.next_round()]
+            t0 = time.thread_time()
+            batch = assemble(shares, 0)
+            if row is not None:
+                row.assemble += time.thread_time() - t0
+        else:
+            _, batch = await scheduler.next_batch()
+        if row is not None:
+            row.batches += 1
+            row.frames += batch.numel()
+            if not row.batch_bytes:
+                row.batch_frames, row.batch_bytes = batch.numel(), td_nbytes(batch)
+
+
+async def measure(case: Case, hosts: list[HostProcess], *, workdir: str, frames: int,
+                  obs_dim: int, warmup: float, duration: float, tag: str,
+                  inproc: bool = False) -> Row:
+    """Admit ``case.workers`` simulated workers, warm up, then time the trainer loop."""
+    from transports import Hub
+
+    from ..scheduler import Scheduler, check_specs
+
+    row = Row(case)
+    endpoint = f"inproc://scaling-{tag}" if inproc else f"ipc://{workdir}/hub-{tag}"
+    async with Hub(endpoint) as hub:
+        scheduler = Scheduler(hub, sync=case.mode == "sync",
+                              frames_per_worker=[frames] * case.workers,
+                              prefetch=case.prefetch, check_specs=check_specs,
+                              accept_remote=True)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(scheduler.run)
+            if inproc:
+                for i in range(case.workers):
+                    await tg.start(_inproc_worker, hub.endpoint, f"{tag}-{i}", frames, obs_dim,
+                                   case.delay_ms / 1000)
+            else:
+                for h, share in enumerate(_split(case.workers, len(hosts))):
+                    hosts[h].call({"cmd": "start", "endpoint": hub.endpoint, "n": share,
+                                   "prefix": f"{tag}-h{h}", "delay": case.delay_ms / 1000,
+                                   "frames": frames, "obs_dim": obs_dim})
+            with anyio.fail_after(120):
+                await scheduler.wait_for_workers(case.workers)
+            sync = case.mode == "sync"
+            await _trainer(scheduler, sync, time.perf_counter() + warmup, None)
+            stats0, start = hub.statistics(), _Clock()
+            await _trainer(scheduler, sync, time.perf_counter() + duration, row)
+            stats1, end = hub.statistics(), _Clock()
+            tg.cancel_scope.cancel()
+        if not inproc:
+            reports = [host.call({"cmd": "stop"}) for host in hosts[:case.workers]]
+            row.host_busy = max(r["cpu"] / max(r["wall"], 1e-9) for r in reports)
+    row.wall, row.cpu_loop = end.wall - start.wall, end.loop - start.loop
+    row.cpu_process = end.process - start.process
+    row.msgs = (stats1.messages_received - stats0.messages_received
+                + stats1.messages_sent - stats0.messages_sent)
+    return row
+
+
+async def _inproc_worker(endpoint: str, name: str, frames: int, obs_dim: int, delay: float,
+                         *, task_status: anyio.abc.TaskStatus[SimRecord]) -> None:
+    await sim_worker(endpoint, name, frames=frames, obs_dim=obs_dim, delay=delay,
+                     task_status=task_status)
+
+
+def _split(total: int, parts: int) -> list[int]:
+    return [n for n in (total // parts + (i < total % parts) for i in range(parts)) if n]
+
+
+# ------------------------------------------------------------------------------ report
+
+
+def _us(seconds: float, count: int) -> str:
+    return f"{seconds / count * 1e6:,.0f}" if count else "-"
+
+
+def table(rows: list[Row]) -> str:
+    head = ("| mode | backend | workers | worker delay ms | batch frames | batch KiB "
+            "| batches/s | of offered | frames/s | msgs/s | wall ms/batch "
+            "| loop CPU ms/batch | loop CPU us/msg | assemble ms/batch | loop busy "
+            "| process CPU | host busy |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for r in rows:
+        c = r.case
+        if r.error:
+            lines.append(f"| {c.label} | {c.backend} | {c.workers} | {c.delay_ms:g} | "
+                         f"FAILED: {r.error} |")
+            continue
+        rate = r.batches / r.wall if r.wall else 0.0
+        offered = "-" if math.isinf(r.offered) else f"{100 * rate / r.offered:.0f} %"
+        assemble = f"{r.assemble / r.batches * 1e3:.2f}" if c.mode == "sync" and r.batches \
+            else "-"
+        lines.append(
+            f"| {c.label} | {c.backend} | {c.workers} | {c.delay_ms:g} | {r.batch_frames:,} "
+            f"| {r.batch_bytes / 1024:,.1f} | {rate:,.1f} | {offered} "
+            f"| {r.frames / r.wall:,.0f} | {r.msgs / r.wall:,.0f} "
+            f"| {r.wall / max(r.batches, 1) * 1e3:.2f} "
+            f"| {r.cpu_loop / max(r.batches, 1) * 1e3:.3f} | {_us(r.cpu_loop, r.msgs)} "
+            f"| {assemble} | {100 * r.cpu_loop / r.wall:.0f} % "
+            f"| {100 * r.cpu_process / r.wall:.0f} % "
+            f"| {'-' if not r.host_busy else f'{100 * r.host_busy:.0f} %'} |")
+    return "\n".join(lines)
+
+
+def saturation(rows: list[Row]) -> list[str]:
+    """Per mode and backend: the first paced case whose loop is >= 90 % busy or falls behind."""
+    notes = []
+    groups: dict[tuple[str, str], list[Row]] = {}
+    for r in rows:
+        if r.case.delay_ms and not r.error:
+            groups.setdefault((r.case.label, r.case.backend), []).append(r)
+    for (label, backend), group in groups.items():
+        group.sort(key=lambda r: r.case.workers)
+        hit = next((r for r in group if r.cpu_loop / r.wall >= 0.9
+                    or r.batches / r.wall < 0.9 * r.offered), None)
+        if hit is None:
+            notes.append(f"- {label} / {backend}: not saturated up to {group[-1].case.workers} "
+                         "workers")
+        else:
+            notes.append(f"- {label} / {backend}: saturated at {hit.case.workers} workers "
+                         f"({hit.msgs / hit.wall:,.0f} msgs/s, loop "
+                         f"{100 * hit.cpu_loop / hit.wall:.0f} % busy, "
+                         f"{100 * hit.batches / hit.wall / hit.offered:.0f} % of offered)")
+    return notes
+
+
+# --------------------------------------------------------------------------------- main
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m asyncrl.bench.scaling", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="~30 s smoke run")
+    p.add_argument("--workers", default=None,
+                   help="comma-separated worker counts (default 8,32,64,128,256,512)")
+    p.add_argument("--backends", default=None, help="asyncio,trio (quick: asyncio)")
+    p.add_argument("--frames", type=int, default=64, help="frames per worker batch (T)")
+    p.add_argument("--obs-dim", type=int, default=4, help="observation size (float32)")
+    p.add_argument("--delay-ms", type=float, default=20.0,
+                   help="simulated collection time of one batch per worker (paced runs)")
+    p.add_argument("--flat-out", default=None,
+                   help="worker counts also run with delay 0 (default 8,64,512; quick 8,256)")
+    p.add_argument("--hosts", type=int, default=1, help="worker host processes")
+    p.add_argument("--duration", type=float, default=None, help="timed seconds per case")
+    p.add_argument("--inproc", action="store_true",
+                   help="simulated workers as in-process anyio tasks (figures mix both sides)")
+    p.add_argument("--profile", default=None, metavar="MODE:N",
+                   help="cProfile one case (sync:512, async1:512, async4:512) and print it")
+    p.add_argument("--host-process", action="store_true", help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def cases(args: argparse.Namespace) -> list[Case]:
+    workers = _ints(args.workers or ("8,64,256" if args.quick else "8,32,64,128,256,512"))
+    backends = (args.backends or ("asyncio" if args.quick else "asyncio,trio")).split(",")
+    flat = _ints(args.flat_out or ("8,256" if args.quick else "8,64,512"))
+    modes = [("sync", 1), ("async", 1), ("async", 4)]
+    out = [Case(m, n, p, args.delay_ms, b) for b in backends for m, p in modes for n in workers]
+    out += [Case(m, n, p, 0.0, backends[0]) for m, p in modes for n in flat]
+    return out
+
+
+@contextlib.contextmanager
+def _hosts(count: int, inproc: bool) -> Iterator[list[HostProcess]]:
+    hosts: list[HostProcess] = []
+    try:
+        if not inproc:
+            hosts = [HostProcess() for _ in range(count)]
+        yield hosts
+    finally:
+        for host in hosts:
+            host.close()
+
+
+def _run_case(case: Case, hosts: list[HostProcess], args: argparse.Namespace, workdir: str,
+              tag: str, wrap: Callable[[Callable[[], Any]], Any] = lambda f: f()) -> Row:
+    warmup, duration = (0.2, args.duration or 0.5) if args.quick else (0.5, args.duration or 2.0)
+
+    async def run() -> Row:
+        return await measure(case, hosts, workdir=workdir, frames=args.frames,
+                             obs_dim=args.obs_dim, warmup=warmup, duration=duration, tag=tag,
+                             inproc=args.inproc)
+
+    return wrap(lambda: anyio.run(run, backend=case.backend))
+
+
+def _profile(spec: str, hosts: list[HostProcess], args: argparse.Namespace,
+             workdir: str) -> None:
+    mode, _, n = spec.partition(":")
+    prefetch = int(mode[5:] or 1) if mode.startswith("async") else 1
+    case = Case("sync" if mode == "sync" else "async", int(n or 512), prefetch, args.delay_ms)
+    profiler = cProfile.Profile()
+
+    def wrap(f: Callable[[], Any]) -> Any:
+        return profiler.runcall(f)
+
+    row = _run_case(case, hosts, args, workdir, "profile", wrap)
+    print(table([row]))
+    out = io.StringIO()
+    pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(30)
+    print(out.getvalue())
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.host_process:
+        return _host_main()
+    command = "python -m asyncrl.bench.scaling " + shlex.join(
+        sys.argv[1:] if argv is None else argv)
+    torch.set_num_threads(1)  # the coordinator's tensor work is small; no OpenMP spinning
+    rows: list[Row] = []
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="asyncrl-scaling-") as workdir, \
+            _hosts(args.hosts, args.inproc) as hosts:
+        if args.profile:
+            _profile(args.profile, hosts, args, workdir)
+            return 0
+        for i, case in enumerate(cases(args)):
+            try:
+                row = _run_case(case, hosts, args, workdir, f"c{i}")
+            except Exception as exc:  # one failed case must not hide the others
+                row = Row(case, error=f"{type(exc).__name__}: {exc}")
+            rows.append(row)
+            print(table([row]).splitlines()[-1], file=sys.stderr, flush=True)
+    print(f"\n## Coordinator scaling (simulated workers, {args.frames} frames x "
+          f"obs {args.obs_dim} per worker batch)\n")
+    print(table(rows))
+    print("\nSaturation (paced cases: loop >= 90 % busy or < 90 % of the offered rate):\n")
+    print("\n".join(saturation(rows)))
+    print(f"\nMachine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
+          f"Python {platform.python_version()}, torch {torch.__version__}, load average "
+          f"{os.getloadavg()[0]:.2f}; workers in "
+          f"{'this process' if args.inproc else f'{args.hosts} host process(es)'}; "
+          f"total {time.perf_counter() - started:.0f} s")
+    print(f"\nCommand: `{command}`")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Launchers that start asyncrl workers on clusters; they connect back over ZeroMQ."""
