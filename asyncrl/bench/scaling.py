@@ -217,9 +217,10 @@ class _Host:
                 self.send_batch(index, request)
             if now >= self.next_ping:
                 self.next_ping = now + 1.0
-                for sock in self.sockets:
+                for index, sock in enumerate(self.sockets):
                     with contextlib.suppress(self.zmq.ZMQError):
                         sock.send_multipart(self.ping, self.zmq.NOBLOCK)
+                    self.drain(index)  # any call may consume the edge of a waiting message
 
     def command(self, cmd: dict[str, Any]) -> bool:
         if cmd["cmd"] == "start":
@@ -256,6 +257,7 @@ class _Host:
             self.epoll.register(sock.getsockopt(zmq.FD), 1)  # EPOLLIN
             self.sockets.append(sock)
             self.busy_until.append(0.0)
+            self.drain(len(self.sockets) - 1)
         self.next_ping = time.monotonic() + 1.0
         self.received = self.sent = 0
         self.cpu0, self.wall0 = time.process_time(), time.perf_counter()
@@ -305,14 +307,30 @@ class _Host:
                 self.cache.clear()
             encoded = self.encode(Batch(request, self.share).to_body(), kind=Batch.KIND)
             frames = self.cache[request] = [bytes(f) for f in encoded]
-        self.sockets[index].send_multipart(frames)
+        try:
+            self.sockets[index].send_multipart(frames, self.zmq.NOBLOCK)
+        except self.zmq.Again:  # the coordinator's queue is full: try again in 1 ms
+            import heapq
+
+            self.counter += 1
+            heapq.heappush(self.due, (time.monotonic() + 0.001, self.counter, index, request))
+            return
         self.sent += 1
         self.drain(index)  # the send may have consumed the edge of a waiting message
 
 
 def _host_main() -> int:
+    import faulthandler
+    import signal
+
+    faulthandler.register(signal.SIGUSR1)  # `kill -USR1 PID` prints where a host is
     torch.set_num_threads(1)
-    _Host().serve()
+    host = _Host()
+    try:
+        host.serve()
+    finally:
+        host.close_sockets()
+        host.context.destroy(linger=0)
     return 0
 
 
