@@ -106,9 +106,10 @@ class Scheduler:
         self._failure: BaseException | None = None
         self._round: _Round | None = None
         self._request = 0
+        # Credits bound this queue (live workers x prefetch, plus what a lost worker
+        # had already delivered), so it needs no bound of its own.
         self._ready_send, self._ready_recv = anyio.create_memory_object_stream[
-            tuple[WorkerInfo, TensorDictBase]](max(1, len(frames_per_worker)) * max(1, prefetch)
-                                               + 16)
+            tuple[WorkerInfo, TensorDictBase]](math.inf)
         self.paused = False
 
     # -- trainer-facing ------------------------------------------------------------
@@ -261,11 +262,7 @@ class Scheduler:
         if self.sync:
             await self._on_share(worker, batch)
         else:
-            try:
-                self._ready_send.send_nowait((worker, batch.frames))
-            except anyio.WouldBlock:
-                # Cannot happen while credits bound the queue; say so loudly if it does.
-                self.fail(RuntimeError("async batch queue overflow: credits were exceeded"))
+            self._ready_send.send_nowait((worker, batch.frames))
         self._notify()
 
     async def _on_share(self, worker: WorkerInfo, batch: Batch) -> None:
