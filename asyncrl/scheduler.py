@@ -47,7 +47,13 @@ class WorkerInfo:
     pid: int
     alive: bool = True
     credits: int = 0  # batches asked for and not delivered yet
+    queued: int = 0  # async: delivered, not yet taken by the trainer
     delivered: int = 0
+
+    @property
+    def ahead(self) -> int:
+        """Batches this worker is ahead of the trainer (bounded by ``prefetch``)."""
+        return self.credits + self.queued
 
 
 @dataclass(eq=False)
@@ -152,7 +158,8 @@ class Scheduler:
             except anyio.WouldBlock:
                 await self._wait_change()
                 continue
-            if worker.alive and not self.paused:
+            worker.queued -= 1
+            if worker.alive and not self.paused and worker.ahead < self.prefetch:
                 await self._grant(worker)
             return worker, frames
 
@@ -166,7 +173,7 @@ class Scheduler:
         if self.sync or self.paused:
             return
         for worker in self.live_workers:
-            while worker.credits < self.prefetch and await self._grant(worker):
+            while worker.ahead < self.prefetch and await self._grant(worker):
                 pass
 
     def fail(self, error: BaseException) -> None:
@@ -262,6 +269,7 @@ class Scheduler:
         if self.sync:
             await self._on_share(worker, batch)
         else:
+            worker.queued += 1
             self._ready_send.send_nowait((worker, batch.frames))
         self._notify()
 

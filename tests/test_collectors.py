@@ -96,6 +96,21 @@ async def test_async_collector_delivers_exact_total_frames() -> None:
     assert {int(b["collector", "worker_id"][0, 0]) for b in batches} <= {0, 1}
 
 
+async def test_a_slow_trainer_keeps_workers_at_most_prefetch_ahead() -> None:
+    with anyio.fail_after(LIMIT):
+        async with MultiAsyncCollector(counting, num_workers=2, frames_per_batch=8,
+                                       prefetch=3) as collector:
+            taken = 0
+            for _ in range(4):
+                await collector.__anext__()
+                taken += 1
+                await anyio.sleep(0.3)  # a slow trainer: the workers could run far ahead
+                stats = collector.statistics()
+                assert len(stats) == 2
+                assert all(s.ahead <= 3 for s in stats), stats
+                assert sum(s.delivered for s in stats) <= taken + 2 * 3, stats
+
+
 async def test_weights_update_reaches_every_frame_of_the_next_sync_batch() -> None:
     policy = ParamPolicy(1.0)
     with anyio.fail_after(LIMIT):

@@ -7,7 +7,7 @@ import secrets
 import shutil
 import tempfile
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import anyio
 import anyio.lowlevel
@@ -26,6 +26,16 @@ from ._base import BaseCollector
 from ._processes import LocalWorkers
 
 log = logging.getLogger("asyncrl.collectors")
+
+
+class WorkerStatistics(NamedTuple):
+    """A live worker as the coordinator sees it (see ``MultiCollector.statistics()``)."""
+
+    index: int
+    name: str
+    host: str
+    delivered: int  # batches received from it
+    ahead: int  # batches asked for or waiting for the trainer (at most ``prefetch``)
 
 
 class MultiCollector(BaseCollector):
@@ -303,6 +313,13 @@ class MultiCollector(BaseCollector):
         if self._hub is None:
             raise CollectorError("the collector is not open yet: use 'async with'")
         return self._hub.endpoint
+
+    def statistics(self) -> list[WorkerStatistics]:
+        """One line per live worker: index, host, batches delivered, batches ahead."""
+        if self._scheduler is None:
+            return []
+        return [WorkerStatistics(w.index, w.name, w.host, w.delivered, w.ahead)
+                for w in self._scheduler.live_workers]
 
     @property
     def refused_peers(self) -> int:
