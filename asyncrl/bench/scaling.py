@@ -209,7 +209,7 @@ class _Host:
                     line = sys.stdin.readline()
                     if not line or not self.command(json.loads(line)):
                         return
-                else:
+                elif fd in self.by_fd:  # not a socket closed by `stop` in this batch
                     self.drain(self.by_fd[fd])
             now = time.monotonic()
             while self.due and self.due[0][0] <= now:
@@ -519,7 +519,13 @@ def table(rows: list[Row]) -> str:
 
 
 def saturation(rows: list[Row]) -> list[str]:
-    """Per mode and backend: the first paced case whose loop is >= 90 % busy or falls behind."""
+    """Per mode and backend: the first paced case whose loop is >= 90 % busy or falls behind.
+
+    Falling behind means < 90 % of the offered batch rate, counted with
+    ``prefetch > 1`` only: a sync round, and an async worker holding a single
+    credit, wait a round trip to the trainer on top of the workers' delay, so
+    their rate is below the offered one at any size.
+    """
     notes = []
     groups: dict[tuple[str, str], list[Row]] = {}
     for r in rows:
@@ -527,8 +533,9 @@ def saturation(rows: list[Row]) -> list[str]:
             groups.setdefault((r.case.label, r.case.backend), []).append(r)
     for (label, backend), group in groups.items():
         group.sort(key=lambda r: r.case.workers)
-        hit = next((r for r in group if r.cpu_loop / r.wall >= 0.9
-                    or r.batches / r.wall < 0.9 * r.offered), None)
+        hit = next((r for r in group if r.cpu_loop / r.wall >= 0.9 or (
+            r.case.mode == "async" and r.case.prefetch > 1
+            and r.batches / r.wall < 0.9 * r.offered)), None)
         if hit is None:
             notes.append(f"- {label} / {backend}: not saturated up to {group[-1].case.workers} "
                          "workers")
