@@ -31,7 +31,7 @@ was the limit. ``--workers inproc`` runs the simulated workers as anyio tasks
 with their own :class:`transports.Link` in this process instead (the figures
 then mix both sides; used by the tests).
 
-    python -m asyncrl.bench.scaling            # full run (~4 min on 2 cores)
+    python -m asyncrl.bench.scaling            # full run (~2 min on 2 cores)
     python -m asyncrl.bench.scaling --quick    # ~30 s
     python -m asyncrl.bench.scaling --profile sync:512   # cProfile of one case
 """
@@ -652,7 +652,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n## Coordinator scaling (simulated workers, {args.frames} frames x "
           f"obs {args.obs_dim} per worker batch)\n")
     print(table(rows))
-    print("\nSaturation (paced cases: loop >= 90 % busy or < 90 % of the offered rate):\n")
+    print("\nSaturation (paced cases: loop >= 90 % busy, or async prefetch > 1 below 90 % "
+          "of the offered rate):\n")
     print("\n".join(saturation(rows)))
     print(f"\nMachine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
           f"Python {platform.python_version()}, torch {torch.__version__}, load average "
