@@ -267,11 +267,11 @@ class Scheduler:
         worker.credits = max(0, worker.credits - 1)
         worker.delivered += 1
         if self.sync:
-            await self._on_share(worker, batch)
+            await self._on_share(worker, batch)  # wakes the trainer once the round is whole
         else:
             worker.queued += 1
             self._ready_send.send_nowait((worker, batch.frames))
-        self._notify()
+            self._notify()
 
     async def _on_share(self, worker: WorkerInfo, batch: Batch) -> None:
         round_ = self._round
@@ -283,15 +283,16 @@ class Scheduler:
         await self._check_round(round_)
 
     async def _check_round(self, round_: _Round) -> None:
-        missing = [w for w in round_.missing() if w.alive]
-        if not missing and round_.replacements == 0:
+        # O(1) per share: targets hold live workers only, and every share is a target's.
+        if len(round_.shares) == len(round_.targets) and round_.replacements == 0:
             round_.complete.set()
+            self._notify()
             return
         threshold = self.preemptive_threshold
         if (threshold is not None and not round_.preempted
                 and len(round_.shares) >= math.ceil(threshold * len(round_.targets))):
             round_.preempted = True
-            for worker in missing:
+            for worker in round_.missing():
                 await self._send(worker.peer, Preempt(round_.request).to_body(), Preempt.KIND)
 
     async def _on_error(self, message: Message) -> None:

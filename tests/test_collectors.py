@@ -304,6 +304,27 @@ async def test_multi_collector_worker_matches_a_gymnasium_loop() -> None:
                     obs, _ = env.reset()
 
 
+async def test_control_operations_reach_the_workers() -> None:
+    policy = ParamPolicy(2.5)
+    with anyio.fail_after(LIMIT):
+        async with MultiSyncCollector(counting, policy, num_workers=2,
+                                      frames_per_batch=8) as collector:
+            assert await collector.getattr_env("num_envs") == 1
+            assert await collector.getattr_policy("training") is True
+            state = await collector.state_dict()
+            assert sorted(state) == ["worker0", "worker1"]
+            assert float(state["worker1"]["policy_state_dict"]["value"]) == 2.5
+            state["worker1"]["policy_state_dict"]["value"] = torch.tensor([-1.0])
+            await collector.load_state_dict(state)
+            await collector.reset()
+            batch = await collector.__anext__()
+            assert batch["action"][0].eq(1).all() and batch["action"][1].eq(0).all()
+            assert batch["observation"][:, 0, 0].eq(0).all()  # reset: episodes start at 0
+            assert collector.get_model("policy") is policy
+            with pytest.raises(KeyError, match="no weight sync scheme"):
+                collector.weight_sender("critic")
+
+
 def test_blocking_collector_from_plain_code() -> None:
     policy = ParamPolicy(1.0)
     collector = MultiSyncCollector(counting, policy, num_workers=1, frames_per_batch=8,
