@@ -9,7 +9,6 @@
 """
 
 from ._errors import CollectorError as CollectorError
-from ._errors import HandshakeError as HandshakeError
 from ._errors import WorkerLostError as WorkerLostError
 from .collectors import BlockingCollector as BlockingCollector
 from .collectors import Collector as Collector

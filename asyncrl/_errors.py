@@ -16,10 +16,6 @@ class WorkerLostError(CollectorError):
     """A worker process or host died or went silent."""
 
 
-class HandshakeError(CollectorError):
-    """A worker was refused: wrong protocol, mismatched env specs, no credentials."""
-
-
 def rebuild_remote_exception(
     type_path: str, message: str, traceback_text: str, *, peer: str | None = None
 ) -> BaseException:

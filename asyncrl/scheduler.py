@@ -28,7 +28,7 @@ from tensordict import TensorDictBase
 
 from transports import Hub, Message, PeerEvent, PeerLostError, ProtocolError
 
-from ._errors import HandshakeError, WorkerLostError, rebuild_remote_exception
+from ._errors import WorkerLostError, rebuild_remote_exception
 from ._protocol import PROTOCOL, Batch, Collect, ErrorReport, Hello, Preempt, Refuse, Welcome
 
 log = logging.getLogger("asyncrl.scheduler")
@@ -383,4 +383,4 @@ def check_specs(reference: dict[str, Any], hello: Hello) -> list[str]:
     return [f"specs: {line}" for line in ours.describe_mismatch(theirs)]
 
 
-__all__ = ["HandshakeError", "OnWorkerLoss", "Scheduler", "WorkerInfo", "check_specs"]
+__all__ = ["OnWorkerLoss", "Scheduler", "WorkerInfo", "check_specs"]
