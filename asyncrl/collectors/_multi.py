@@ -247,7 +247,8 @@ class MultiCollector(BaseCollector):
         return Scheduler(
             hub, sync=self.sync, frames_per_worker=self.frames_per_worker,
             prefetch=self.prefetch, preemptive_threshold=self.preemptive_threshold,
-            init_random_frames=self.init_random_frames // max(1, self.num_workers),
+            init_random_frames=self.init_random_frames
+            // max(1, self.num_workers + self.remote_workers),
             check_specs=check_specs, token=token, accept_remote=self.remote_workers > 0,
             on_worker_loss=self.on_worker_loss, on_join=self._on_join,
             batch_budget=self._batch_budget(), first_remote_index=self.num_workers,
