@@ -103,12 +103,16 @@ class Worker:
         try:
             await self._build()
             while True:
-                await self._join()
-                self._exit = None
-                async with anyio.create_task_group() as tg:
-                    for task in (self._collect_loop, self._ack_loop, self._dispatch_loop,
-                                 self._watch_parent):
-                        tg.start_soon(self._until_exit, task, tg.cancel_scope)
+                try:
+                    await self._join()
+                except WorkerExit as exc:
+                    self._exit = exc  # no coordinator yet: with `reconnect`, wait for one
+                else:
+                    self._exit = None
+                    async with anyio.create_task_group() as tg:
+                        for task in (self._collect_loop, self._ack_loop, self._dispatch_loop,
+                                     self._watch_parent):
+                            tg.start_soon(self._until_exit, task, tg.cancel_scope)
                 if self._exit is None:
                     return EXIT_OK
                 if self._exit.code != EXIT_COORDINATOR_LOST or not self.reconnect:

@@ -6,17 +6,15 @@ address lives inside the two namespaces this test creates and removes.
 
 from __future__ import annotations
 
-import json
 import os
-import queue
 import shutil
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
+from multihost.lines import Lines
 
 TRAINER = Path(__file__).parent / "multihost" / "trainer.py"
 TOTAL_FRAMES = 3000  # 30 batches of 100
@@ -50,40 +48,6 @@ def two_hosts():
     finally:
         for ns in (coord, worker):
             subprocess.run(["ip", "netns", "delete", ns], capture_output=True, timeout=30)
-
-
-class Lines:
-    """JSON lines of a subprocess, read by a thread; ``until`` waits with a deadline."""
-
-    def __init__(self, process: subprocess.Popen) -> None:
-        self.events: list[dict] = []
-        self.other: list[str] = []
-        self._queue: queue.Queue = queue.Queue()
-        threading.Thread(target=self._pump, args=(process.stdout,), daemon=True).start()
-
-    def _pump(self, stream) -> None:
-        for line in stream:
-            self._queue.put(line)
-        self._queue.put(None)
-
-    def until(self, predicate, timeout: float) -> dict:
-        deadline = time.monotonic() + timeout
-        while (left := deadline - time.monotonic()) > 0:
-            try:
-                line = self._queue.get(timeout=left)
-            except queue.Empty:
-                break
-            if line is None:
-                break
-            if not line.startswith("{"):
-                self.other.append(line)
-                continue
-            event = json.loads(line)
-            self.events.append(event)
-            if predicate(event):
-                return event
-        raise AssertionError(f"no matching event within {timeout} s; last events: "
-                             f"{self.events[-5:]}; other output: {''.join(self.other[-20:])}")
 
 
 def test_worker_host_survives_a_cut_link_and_rejoins(two_hosts) -> None:

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import anyio
 import pytest
+from multihost.lines import Lines
 
 from asyncrl import MultiSyncCollector
+from transports import Link, PeerLostError
 
 pytestmark = pytest.mark.anyio
 LIMIT = 90
@@ -88,3 +92,64 @@ def test_cli_help_is_complete() -> None:
     for flag in ("--connect", "--env", "--policy", "--envs-per-worker", "--workers",
                  "--reconnect"):
         assert flag in result.stdout
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def trainer(endpoint: str, total_frames: int) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, str(Path(__file__).parent / "multihost" / "trainer.py"), endpoint,
+         str(total_frames)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+async def test_a_link_sees_its_hub_die_and_a_new_one_answer() -> None:
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    hub_script = str(Path(__file__).parent / "multihost" / "hub.py")
+    first = subprocess.Popen([sys.executable, hub_script, endpoint], stdout=subprocess.PIPE,
+                             text=True)
+    second = None
+    try:
+        first_instance = first.stdout.readline().split()[1]
+        async with Link(endpoint, identity=b"w", heartbeat_interval=0.25,
+                        peer_timeout=2) as link:
+            with anyio.fail_after(LIMIT):
+                await link.send("hello")
+                while link._hub_instance != first_instance:
+                    await anyio.sleep(0.05)
+                first.kill()  # dies without a goodbye
+                with pytest.raises(PeerLostError):
+                    await link.recv()
+                second = subprocess.Popen([sys.executable, hub_script, endpoint],
+                                          stdout=subprocess.PIPE, text=True)
+                second_instance = second.stdout.readline().split()[1]
+                await link.wait_connected()
+                while link._hub_instance != second_instance:
+                    await anyio.sleep(0.05)
+                assert link.connected
+    finally:
+        for process in (first, second):
+            if process is not None:
+                process.kill()
+
+
+def test_coordinator_death_ends_a_worker_without_reconnect() -> None:
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    first = trainer(endpoint, 100_000)
+    events = Lines(first)
+    host = None
+    try:
+        events.until(lambda e: e["event"] == "listening", LIMIT)
+        host = cli_worker(endpoint, "--env", "CartPole-v1", "--policy",
+                          "asyncrl.testing:ParamPolicy", "--peer-timeout", "2")
+        events.until(lambda e: e["event"] == "batch", LIMIT)
+        first.kill()  # the coordinator dies without a goodbye
+        assert host.wait(timeout=LIMIT) == 3
+        assert "is gone" in host.stdout.read()
+    finally:
+        for process in (first, host):
+            if process is not None and process.poll() is None:
+                process.kill()

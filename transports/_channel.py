@@ -272,12 +272,15 @@ class Channel(TaskGroupResource):
 
     async def _heartbeat_loop(self) -> None:
         # Pings never wait: a peer whose queue is full must not delay the others.
-        ping = encode_message(None, kind=PING)
+        ping = encode_message(None, kind=PING, meta=self._ping_meta())
         assert self._io is not None
         while True:
             self._send_pings(ping)
             self._io.wake()  # the pump checks liveness once it has read everything
             await anyio.sleep(self.heartbeat_interval)
+
+    def _ping_meta(self) -> dict[str, Any]:
+        return {}
 
     def _caught_up(self) -> None:
         # Silence is judged only here, with every received heartbeat accounted for:

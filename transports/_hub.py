@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import secrets
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -37,8 +38,14 @@ class Hub(Channel):
 
     def __init__(self, endpoint: str = "tcp://127.0.0.1:0", **options: Any) -> None:
         super().__init__(endpoint, **options)
+        self.instance = secrets.token_hex(8)  # told to every peer in the pings
         self._last_seen: dict[bytes, float] = {}
         self._tickets: dict[int, Ticket] = {}
+
+    def _ping_meta(self) -> dict[str, Any]:
+        # A restarted coordinator is a new instance: its links see the change and
+        # their workers join again instead of waiting for orders that never come.
+        return {"hub": self.instance}
 
     @property
     def peers(self) -> frozenset[bytes]:

@@ -52,6 +52,7 @@ class Link(Channel):
         self._last_seen = time.monotonic()
         self._lost = False
         self._back: anyio.Event | None = None  # set when the hub is heard again
+        self._hub_instance: str | None = None  # changes when the coordinator restarts
 
     def _prepare(self, socket: zmq.Socket) -> None:
         socket.setsockopt(zmq.IDENTITY, self.identity)
@@ -92,6 +93,8 @@ class Link(Channel):
             item = await self._next_item()
             if isinstance(item, Message):
                 return item
+            if item.event == "restarted":
+                raise self._restarted_error()
             if self._lost:
                 raise self._lost_error()
             # A stale "lost": the hub has been heard from since. Keep reading.
@@ -102,6 +105,8 @@ class Link(Channel):
             item = self._next_item_nowait()
             if isinstance(item, Message):
                 return item
+            if item is not None and item.event == "restarted":
+                raise self._restarted_error()
             if self._lost:
                 raise self._lost_error()
             if item is None:
@@ -135,6 +140,10 @@ class Link(Channel):
     def _queued(self) -> int:
         return len(self._inbox)
 
+    def _restarted_error(self) -> PeerLostError:
+        return PeerLostError([b"hub@" + self.endpoint.encode()],
+                             "and a restarted hub answers in its place: join it again")
+
     def _lost_error(self) -> PeerLostError:
         return PeerLostError([b"hub@" + self.endpoint.encode()],
                              f"for {self.peer_timeout} s or said goodbye")
@@ -146,13 +155,23 @@ class Link(Channel):
             if self._back is not None:
                 self._back.set()
         message = self._decode(frames, origin=self.endpoint)
-        if message is None or message.kind == PING:
+        if message is None:
+            return None
+        if message.kind == PING:
+            self._note_instance(message.meta.get("hub"))
             return None
         if message.kind == BYE:
             self._lose_hub()
             return None
         return Message(HUB, message.kind, message.seq, message.body, message.meta,
                        message.needs_ack)
+
+    def _note_instance(self, instance: Any) -> None:
+        if not isinstance(instance, str):
+            return
+        if self._hub_instance is not None and instance != self._hub_instance:
+            self._inbox.put_nowait(PeerEvent(HUB, "restarted"), force=True)
+        self._hub_instance = instance
 
     def _send_pings(self, ping: list[Any]) -> None:
         assert self._io is not None

@@ -32,7 +32,7 @@ class PeerEvent:
     """A peer appeared (first message or heartbeat) or went silent past the timeout."""
 
     peer: bytes
-    event: Literal["joined", "lost"]
+    event: Literal["joined", "lost", "restarted"]
 
 
 @dataclass(eq=False)

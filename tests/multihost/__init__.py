@@ -1,0 +1,1 @@
+"""Helpers of the multi-host tests (run in subprocesses or imported)."""
