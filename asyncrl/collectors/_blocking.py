@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from typing import Any
@@ -64,7 +65,7 @@ class BlockingCollector:
 
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self.collector, name)
-        if callable(attr) and _is_coroutine_function(attr):
+        if inspect.iscoroutinefunction(attr):
             portal = self._require_portal()
 
             @functools.wraps(attr)
@@ -79,8 +80,3 @@ class BlockingCollector:
             raise RuntimeError("use BlockingCollector inside a 'with' block")
         return self._portal
 
-
-def _is_coroutine_function(fn: Any) -> bool:
-    import inspect
-
-    return inspect.iscoroutinefunction(fn)
