@@ -16,7 +16,6 @@ no frame is ever spent on a reset (see `_GymVectorPool`).
 
 from __future__ import annotations
 
-import importlib
 import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
@@ -24,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from ._spec import resolve_import_path
 from ._specs import (
     ArraySpec,
     EnvSpecs,
@@ -476,17 +476,7 @@ _IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 
 
 def _resolve_import_path(path: str) -> Callable[..., Any]:
-    module_name, _, attr = path.partition(":")
-    try:
-        obj: Any = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ValueError(
-            f"cannot import module {module_name!r} of env factory {path!r}: {exc}"
-        ) from exc
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            raise ValueError(f"env factory {path!r}: {module_name!r} has no attribute {attr!r}")
-        obj = getattr(obj, part)
+    obj = resolve_import_path(path)
     if not callable(obj):
         raise ValueError(f"env factory {path!r} is not callable ({type(obj).__name__})")
     return obj  # type: ignore[no-any-return]
