@@ -41,6 +41,9 @@ class Hello:
     specs: dict[str, Any]
     slot: int = -1  # the index a locally spawned worker was started for; -1: any
     token: str = ""  # proves a local worker was spawned by this coordinator
+    #: The upstream identity of this host's relay ("": none). Weights go through it
+    #: only if that relay also lists this worker (see :class:`RelayHello`).
+    relay: str = ""
 
     def to_body(self) -> dict[str, Any]:
         return asdict(self)
@@ -55,7 +58,71 @@ class Hello:
             specs=_field(body, "specs", dict, "hello"),
             slot=_field(body, "slot", int, "hello"),
             token=_field(body, "token", str, "hello")[:200],
+            relay=_optional_str(body, "relay", "hello")[:255],
         )
+
+
+def _optional_str(body: dict[str, Any], name: str, what: str) -> str:
+    value = body.get(name, "")
+    if not isinstance(value, str):
+        raise ProtocolError(f"{what} message field {name!r} must be str, "
+                            f"got {type(value).__name__}")
+    return value
+
+
+#: Most workers one relay may speak for (a relay is one host's worker processes).
+MAX_RELAY_MEMBERS = 1024
+
+
+@dataclass(slots=True)
+class RelayHello:
+    """Relay -> coordinator: I am host ``host``'s relay and these workers are mine.
+
+    ``members`` are the workers' peer identities. The coordinator then sends each
+    weight version once to the relay for those of them that name this relay in
+    their own hello; everything else still goes to the workers directly.
+    """
+
+    KIND: ClassVar[str] = "relay_hello"
+    protocol: int
+    name: str
+    host: str
+    pid: int
+    members: list[bytes]
+
+    def to_body(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_body(cls, body: Any) -> Self:
+        members = _field(body, "members", list, "relay_hello")
+        if len(members) > MAX_RELAY_MEMBERS:
+            raise ProtocolError(f"relay_hello lists {len(members)} members; at most "
+                                f"{MAX_RELAY_MEMBERS} are allowed")
+        if not all(isinstance(m, bytes) and 0 < len(m) <= 255 for m in members):
+            raise ProtocolError("relay_hello members must be peer identities (1 to 255 bytes)")
+        return cls(
+            protocol=_field(body, "protocol", int, "relay_hello"),
+            name=_field(body, "name", str, "relay_hello")[:255],
+            host=_field(body, "host", str, "relay_hello")[:200],
+            pid=_field(body, "pid", int, "relay_hello"),
+            members=members,
+        )
+
+
+@dataclass(slots=True)
+class RelayWelcome:
+    """Coordinator -> relay: registered; weights for your members may come through you."""
+
+    KIND: ClassVar[str] = "relay_welcome"
+    members: int
+
+    def to_body(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_body(cls, body: Any) -> Self:
+        return cls(members=_field(body, "members", int, "relay_welcome"))
 
 
 @dataclass(slots=True)

@@ -213,7 +213,8 @@ class _RefusingSender(WeightSender):
             f"model {self.model_id!r} uses NoWeightSyncScheme: its weights are never sent. "
             "Use ZmqWeightSyncScheme or SharedMemWeightSyncScheme to update workers.")
 
-    async def send_latest(self, worker_ids: WorkerIds = None) -> int | None:
+    async def send_latest(self, worker_ids: WorkerIds = None, *,
+                          direct: bool = False) -> int | None:
         return None  # nothing to catch up on: workers keep their own weights
 
 

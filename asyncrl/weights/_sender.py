@@ -10,6 +10,7 @@ import anyio
 
 from transports import PeerLostError, RemoteError, Ticket
 
+from ._fanout import RELAY_TO, parse_relay_ack
 from ._receiver import WEIGHTS_KIND
 from ._strategy import WeightStrategy, as_strategy, clone_weights, flat_tensors
 
@@ -20,6 +21,8 @@ THREAD_COPY_BYTES = 32 << 20
 
 WorkerIds = int | Iterable[int] | None
 Workers = Mapping[int, bytes] | Callable[[], Mapping[int, bytes]]
+#: ``{worker_id: relay peer}`` for the workers whose weights go through their host's relay.
+RelayRoutes = Callable[[], Mapping[int, bytes]]
 
 
 class HubLike(Protocol):
@@ -30,14 +33,76 @@ class HubLike(Protocol):
 
 
 @dataclass(eq=False)
-class _Sent:
-    """One send waiting for its acknowledgements."""
+class _Part:
+    """One hub message of a send: to workers directly, or to one relay for its members."""
 
     ticket: Ticket
+    workers: dict[bytes, int]  # peer (direct) or member identity (relayed) -> worker id
+    relay: bytes | None = None
+    gone: set[int] = field(default_factory=set)  # relayed members removed since
+
+    def silent(self) -> list[int]:
+        if self.relay is not None:
+            return sorted(self.workers.values()) if self.ticket.pending else []
+        return [self.workers[p] for p in self.ticket.pending]
+
+
+@dataclass(eq=False)
+class _Sent:
+    """One send (one version to some workers) waiting for its acknowledgements."""
+
     version: int
-    workers: dict[bytes, int]  # peer -> worker id
+    parts: list[_Part]
     slot: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    _outcome: tuple[dict[int, int], list[BaseException]] | None = None
+
+    @property
+    def tickets(self) -> list[Ticket]:
+        return [part.ticket for part in self.parts]
+
+    @property
+    def pending(self) -> bool:
+        return any(part.ticket.pending for part in self.parts)
+
+    def outcome(self) -> tuple[dict[int, int], list[BaseException]]:
+        """``({worker_id: version applied}, [errors])`` of a send that is not pending."""
+        if self._outcome is None:
+            self._outcome = self._read_outcome()
+        return self._outcome
+
+    def _read_outcome(self) -> tuple[dict[int, int], list[BaseException]]:
+        applied: dict[int, int] = {}
+        errors: list[BaseException] = []
+        for part in self.parts:
+            ticket = part.ticket
+            if part.relay is None:
+                for peer, result in ticket.acks.items():
+                    applied[part.workers[peer]] = _acked_version(result, self.version)
+                errors.extend(ticket.errors.values())
+                if ticket.lost:
+                    errors.append(PeerLostError(sorted(ticket.lost),
+                                                f"before acknowledging message {ticket.seq}"))
+                continue
+            via = part.relay.decode(errors="replace")
+            members = sorted(part.workers)
+            for error in ticket.errors.values():  # the relay refused the message itself
+                error.add_note(f"relay {via} failed to deliver to worker(s) "
+                               f"{sorted(part.workers.values())}")
+                errors.append(error)
+            if ticket.lost:
+                errors.append(PeerLostError(members, f"(their relay {via} went silent before "
+                                                     f"acknowledging message {ticket.seq})"))
+            if ticket.acks:
+                live = {m: w for m, w in part.workers.items() if w not in part.gone}
+                done, failed = parse_relay_ack(ticket.acks[part.relay], live, part.relay,
+                                               self.version)
+                applied.update(done)
+                errors.extend(failed.values())
+                gone = [m for m, w in part.workers.items() if w in part.gone]
+                if gone:
+                    errors.append(PeerLostError(gone, "(removed while their relay delivered)"))
+        return applied, errors
 
 
 class WeightSender:
@@ -83,6 +148,8 @@ class WeightSender:
         self._hooks: list[Callable[[], Any]] = []
         self._lock: anyio.Lock | None = None
         self._closed = False
+        self._routes: RelayRoutes | None = None
+        self.copies_sent = 0  # weight messages handed to the hub: one per peer (worker or relay)
         if workers is not None and not callable(workers):
             for worker_id, peer in workers.items():
                 self.add_worker(worker_id, peer)
@@ -118,6 +185,20 @@ class WeightSender:
         """Sends whose acknowledgements ``wait_ack`` has not collected yet."""
         return len(self._outstanding)
 
+    #: False for senders whose messages only make sense on the trainer's host (shared memory).
+    relayable: bool = True
+
+    def set_relay_routes(self, routes: RelayRoutes | None) -> None:
+        """Send the weights of the workers ``routes()`` names through their host's relay.
+
+        ``routes()`` returns ``{worker_id: relay peer}`` at each send: those workers
+        get one message per relay (the relay fans it out and acks for each of
+        them); the others, and every catch-up of a joining worker, go direct.
+        """
+        if routes is not None and not self.relayable:
+            raise ValueError(f"{type(self).__name__} cannot send through relays")
+        self._routes = routes
+
     def add_worker(self, worker_id: int, peer: bytes) -> None:
         """Serve ``worker_id`` (reachable as ``peer`` on the hub). Follow with ``send_latest``."""
         self._workers[worker_id] = peer
@@ -130,10 +211,13 @@ class WeightSender:
         self._workers.pop(worker_id, None)
         self._since.pop(worker_id, None)
         self._acked.pop(worker_id, None)
-        if peer is not None:
-            for sent in self._outstanding:
-                if sent.workers.get(peer) == worker_id:
-                    sent.ticket.resolve(peer, lost=True)
+        for sent in self._outstanding:
+            for part in sent.parts:
+                if part.relay is not None:
+                    if worker_id in part.workers.values():
+                        part.gone.add(worker_id)  # the relay still answers for the others
+                elif peer is not None and part.workers.get(peer) == worker_id:
+                    part.ticket.resolve(peer, lost=True)
 
     def note_batch(self, worker_id: int, count: int = 1) -> None:
         """Record that ``worker_id`` delivered ``count`` batches (for ``max_interval``)."""
@@ -179,26 +263,29 @@ class WeightSender:
             hook()
         return version
 
-    async def send_latest(self, worker_ids: WorkerIds = None) -> int | None:
+    async def send_latest(self, worker_ids: WorkerIds = None, *,
+                          direct: bool = False) -> int | None:
         """Send the last version again to ``worker_ids`` (e.g. a worker that just joined).
 
         Returns that version, or None if nothing was ever sent (the workers keep
-        their own initial weights, version 0).
+        their own initial weights, version 0). ``direct=True`` bypasses relays.
         """
         targets = self._select(worker_ids)
         async with self._get_lock():
             if self._version == 0 or not targets:
                 return None
-            await self._post(self._latest, self._version, targets, self._latest_extra())
+            await self._post(self._latest, self._version, targets, self._latest_extra(),
+                             direct=direct)
         return self._version
 
     async def on_worker_joined(self, worker_id: int) -> int | None:
-        """Catch a (late) joiner up: same as ``send_latest(worker_id)``.
+        """Catch a (late) joiner up: ``send_latest(worker_id, direct=True)``.
 
         Call it when a worker is admitted and before granting it credits: the
-        weights then arrive before its first collect request.
+        weights then arrive before its first collect request, because they
+        travel on the same socket, ahead of it (hence never through a relay).
         """
-        return await self.send_latest(worker_id)
+        return await self.send_latest(worker_id, direct=True)
 
     async def wait_ack(self, timeout: float | None = None) -> dict[int, int]:
         """Wait for every outstanding send; return ``{worker_id: version applied}``.
@@ -211,23 +298,20 @@ class WeightSender:
         records = list(self._outstanding)
         with anyio.move_on_after(timeout):
             for sent in records:
-                await sent.ticket.done.wait()
-        finished = [s for s in records if not s.ticket.pending]
-        late = [s for s in records if s.ticket.pending]
+                for ticket in sent.tickets:
+                    await ticket.done.wait()
+        finished = [s for s in records if not s.pending]
+        late = [s for s in records if s.pending]
         self._outstanding = [s for s in self._outstanding if s not in finished]
         applied: dict[int, int] = {}
         failure: BaseException | None = None
         for sent in finished:
-            try:
-                acks = sent.ticket.outcome()
-            except (RemoteError, PeerLostError) as exc:
-                failure = failure or self._annotate(exc, sent)
-                continue
-            for peer, result in acks.items():
-                worker_id = sent.workers[peer]
-                version = _acked_version(result, sent.version)
+            done, errors = sent.outcome()
+            for worker_id, version in done.items():
                 applied[worker_id] = max(applied.get(worker_id, 0), version)
                 self._acked[worker_id] = max(self._acked.get(worker_id, 0), version)
+            if errors and failure is None:
+                failure = self._annotate(_first_error(errors), sent)
         if failure is not None:
             raise failure
         if late:
@@ -262,28 +346,47 @@ class WeightSender:
 
     # -- internals ---------------------------------------------------------------------------------
     async def _post(self, payload: Any, version: int, worker_ids: list[int],
-                    extra: dict[str, Any]) -> Ticket:
+                    extra: dict[str, Any], *, direct: bool = False) -> _Sent:
         workers = self.workers
-        peers = {workers[w]: w for w in worker_ids}
+        routes = {} if direct or self._routes is None else self._routes()
+        peers: dict[bytes, int] = {}
+        relayed: dict[bytes, dict[bytes, int]] = {}
+        for worker_id in worker_ids:
+            relay = routes.get(worker_id)
+            if relay is None:
+                peers[workers[worker_id]] = worker_id
+            else:
+                relayed.setdefault(relay, {})[workers[worker_id]] = worker_id
         meta = {"model_id": self.model_id, "version": version}
-        ticket = await self.hub.send_async(list(peers), payload, kind=WEIGHTS_KIND, meta=meta)
+        parts = []
+        if peers:
+            ticket = await self.hub.send_async(list(peers), payload, kind=WEIGHTS_KIND, meta=meta)
+            parts.append(_Part(ticket, peers))
+        for relay, members in relayed.items():
+            # One copy per host: the relay delivers it to each member and acks for all.
+            ticket = await self.hub.send_async([relay], payload, kind=WEIGHTS_KIND,
+                                               meta={**meta, RELAY_TO: list(members)})
+            parts.append(_Part(ticket, members, relay))
+        self.copies_sent += len(peers) + len(relayed)
         self._prune()
-        self._outstanding.append(_Sent(ticket, version, peers, extra.get("slot"), extra))
+        sent = _Sent(version, parts, extra.get("slot"), extra)
+        self._outstanding.append(sent)
         for worker_id in worker_ids:
             self._since[worker_id] = 0
-        return ticket
+        return sent
 
     def _prune(self) -> None:
         """Forget finished, successful sends nobody waited for (bounded memory)."""
         keep = []
         for sent in self._outstanding:
-            ticket = sent.ticket
-            if ticket.pending or ticket.errors or ticket.lost:
+            if sent.pending:
                 keep.append(sent)
                 continue
-            for peer, result in ticket.acks.items():
-                worker_id = sent.workers[peer]
-                version = _acked_version(result, sent.version)
+            done, errors = sent.outcome()
+            if errors:
+                keep.append(sent)  # wait_ack() reports them
+                continue
+            for worker_id, version in done.items():
                 self._acked[worker_id] = max(self._acked.get(worker_id, 0), version)
         self._outstanding = keep
 
@@ -314,20 +417,30 @@ class WeightSender:
         return self._lock
 
     def _annotate(self, exc: BaseException, sent: _Sent) -> BaseException:
-        ids = sorted(sent.workers.values())
+        ids = sorted(w for part in sent.parts for w in part.workers.values())
         exc.add_note(f"while sending version {sent.version} of model {self.model_id!r} "
                      f"to worker(s) {ids}")
         return exc
 
     def _timeout_error(self, late: list[_Sent], timeout: float | None) -> TimeoutError:
-        silent = sorted({s.workers[p] for s in late for p in s.ticket.pending})
-        peers = sorted({p.decode(errors="replace") for s in late for p in s.ticket.pending})
+        parts = [part for s in late for part in s.parts]
+        silent = sorted({w for part in parts for w in part.silent()})
+        peers = sorted({p.decode(errors="replace") for part in parts for p in part.ticket.pending})
         versions = sorted({s.version for s in late})
         return TimeoutError(
             f"model {self.model_id!r}: no acknowledgement of version(s) {versions} within "
             f"{timeout} s from worker(s) {silent} (peers {', '.join(peers)}); they may be busy, "
             "stuck or gone. The sends stay outstanding: call wait_ack() again to keep waiting."
         )
+
+
+def _first_error(errors: list[BaseException]) -> BaseException:
+    """A worker's own failure before a lost peer; the others are named in a note."""
+    first = next((e for e in errors if isinstance(e, RemoteError)), errors[0])
+    if len(errors) > 1:
+        first.add_note(f"{len(errors) - 1} more failure(s) in the same send: "
+                       + "; ".join(str(e).splitlines()[0] for e in errors if e is not first))
+    return first
 
 
 def _acked_version(result: Any, default: int) -> int:

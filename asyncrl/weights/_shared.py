@@ -13,7 +13,7 @@ from transports import Message, ProtocolError, Ticket
 from transports._shm import SharedTensorBlock, TornReadError
 
 from ._receiver import WeightReceiver, _Update
-from ._sender import THREAD_COPY_BYTES, WeightSender
+from ._sender import THREAD_COPY_BYTES, WeightSender, _Sent
 from ._strategy import check_compatible, flat_tensors
 
 __all__ = ["SharedMemWeightReceiver", "SharedMemWeightSender"]
@@ -31,6 +31,8 @@ class SharedMemWeightSender(WeightSender):
     disturbed; if one is (a stuck worker), its seqlock check catches the tear
     and it reads the newest slot instead. The block is unlinked by ``aclose()``.
     """
+
+    relayable = False  # the block lives on the trainer's host: nothing for a relay to carry
 
     def __init__(self, model_id: str, hub: Any, *, slots: int = 2,
                  slot_timeout: float = 1.0, **kwargs: Any) -> None:
@@ -59,10 +61,10 @@ class SharedMemWeightSender(WeightSender):
         return {"slot": self._latest["slot"]} if self._latest else {}
 
     async def _post(self, payload: Any, version: int, worker_ids: list[int],
-                    extra: dict[str, Any]) -> Ticket:
-        ticket = await super()._post(payload, version, worker_ids, extra)
-        self._slot_tickets[extra["slot"]].append(ticket)
-        return ticket
+                    extra: dict[str, Any], *, direct: bool = False) -> _Sent:
+        sent = await super()._post(payload, version, worker_ids, extra, direct=True)
+        self._slot_tickets[extra["slot"]].extend(sent.tickets)
+        return sent
 
     async def _wait_slot(self, slot: int) -> None:
         tickets = [t for t in self._slot_tickets[slot] if t.pending]
