@@ -29,7 +29,18 @@ from tensordict import TensorDictBase
 from transports import Hub, Message, PeerEvent, PeerLostError, ProtocolError
 
 from ._errors import WorkerLostError, rebuild_remote_exception
-from ._protocol import PROTOCOL, Batch, Collect, ErrorReport, Hello, Preempt, Refuse, Welcome
+from ._protocol import (
+    PROTOCOL,
+    Batch,
+    Collect,
+    ErrorReport,
+    Hello,
+    Preempt,
+    Refuse,
+    RelayHello,
+    RelayWelcome,
+    Welcome,
+)
 
 log = logging.getLogger("asyncrl.scheduler")
 
@@ -49,11 +60,22 @@ class WorkerInfo:
     credits: int = 0  # batches asked for and not delivered yet
     queued: int = 0  # async: delivered, not yet taken by the trainer
     delivered: int = 0
+    relay: bytes | None = None  # the relay its hello named (weights go through it if it agrees)
 
     @property
     def ahead(self) -> int:
         """Batches this worker is ahead of the trainer (bounded by ``prefetch``)."""
         return self.credits + self.queued
+
+
+@dataclass(frozen=True)
+class RelayInfo:
+    """A host's relay: it receives each weight version once for ``members``."""
+
+    peer: bytes
+    host: str
+    pid: int
+    members: frozenset[bytes]
 
 
 @dataclass(eq=False)
@@ -104,6 +126,7 @@ class Scheduler:
         self._budget = batch_budget  # async: credits still allowed to be granted
         self._scheme_configs = dict(scheme_configs or {})
         self.workers: dict[bytes, WorkerInfo] = {}
+        self.relays: dict[bytes, RelayInfo] = {}
         self.specs: dict[str, Any] | None = None
         # Remote workers (and rejoining ones) get fresh indices after the local slots.
         self._next_index = len(frames_per_worker) if first_remote_index is None \
@@ -176,6 +199,19 @@ class Scheduler:
             while worker.ahead < self.prefetch and await self._grant(worker):
                 pass
 
+    def relay_routes(self) -> dict[int, bytes]:
+        """``{worker index: relay peer}``: live workers whose weights go through a relay.
+
+        A worker is routed through a relay only when both agree: its hello names
+        the relay and the relay's hello lists it. Anyone else gets weights directly.
+        """
+        routes = {}
+        for worker in self.workers.values():
+            relay = self.relays.get(worker.relay) if worker.relay is not None else None
+            if worker.alive and relay is not None and worker.peer in relay.members:
+                routes[worker.index] = relay.peer
+        return routes
+
     def fail(self, error: BaseException) -> None:
         """Make every waiting and future trainer call raise ``error``."""
         if self._failure is None:
@@ -191,6 +227,8 @@ class Scheduler:
                         await self._on_lost(item.peer)
                 elif item.kind == Hello.KIND:
                     await self._on_hello(item)
+                elif item.kind == RelayHello.KIND:
+                    await self._on_relay_hello(item)
                 elif item.kind == Batch.KIND:
                     await self._on_batch(item)
                 elif item.kind == ErrorReport.KIND:
@@ -215,7 +253,8 @@ class Scheduler:
         if previous is not None and previous.alive:
             await self._forget(previous)  # it restarted before its silence was noticed
         index = hello.slot if hello.slot >= 0 else self._take_index()
-        worker = WorkerInfo(index, message.peer, hello.name, hello.host, hello.pid)
+        worker = WorkerInfo(index, message.peer, hello.name, hello.host, hello.pid,
+                            relay=hello.relay.encode() if hello.relay else None)
         self.workers[message.peer] = worker
         frames = self.frames_per_worker[index % len(self.frames_per_worker)]
         welcome = Welcome(index=index, frames_per_batch=frames,
@@ -232,6 +271,26 @@ class Scheduler:
             await self._grant(worker, round_.request)
         await self._top_up()
         self._notify()
+
+    async def _on_relay_hello(self, message: Message) -> None:
+        hello = RelayHello.from_body(message.body)
+        problems = []
+        if hello.protocol != PROTOCOL:
+            problems.append(f"protocol: coordinator speaks {PROTOCOL}, relay {hello.protocol}")
+        if not self._accept_remote:
+            problems.append("remote workers (and their relays) are not accepted by this "
+                            "collector; pass listen= and remote_workers=")
+        if problems:
+            reason = "; ".join(problems)
+            log.warning("refused relay %s from %s: %s", hello.name, hello.host, reason)
+            await self._send(message.peer, Refuse(reason).to_body(), Refuse.KIND)
+            return
+        self.relays[message.peer] = RelayInfo(message.peer, hello.host, hello.pid,
+                                              frozenset(hello.members))
+        log.info("relay %s on %s carries the weights of up to %d workers",
+                 message.peer.decode(errors="replace"), hello.host, len(hello.members))
+        await self._send(message.peer, RelayWelcome(len(hello.members)).to_body(),
+                         RelayWelcome.KIND)
 
     def _admission_problems(self, hello: Hello) -> list[str]:
         problems = []
@@ -310,6 +369,10 @@ class Scheduler:
             log.warning("worker %s reported: %s", name, report.message)
 
     async def _on_lost(self, peer: bytes) -> None:
+        if self.relays.pop(peer, None) is not None:
+            # Its workers get their weights directly from the next send on.
+            log.warning("relay %s was lost", peer.decode(errors="replace"))
+            return
         worker = self.workers.get(peer)
         if worker is None or not worker.alive:
             return
@@ -383,4 +446,4 @@ def check_specs(reference: dict[str, Any], hello: Hello) -> list[str]:
     return [f"specs: {line}" for line in ours.describe_mismatch(theirs)]
 
 
-__all__ = ["OnWorkerLoss", "Scheduler", "WorkerInfo", "check_specs"]
+__all__ = ["OnWorkerLoss", "RelayInfo", "Scheduler", "WorkerInfo", "check_specs"]

@@ -16,6 +16,7 @@ import socket
 import sys
 import traceback
 from collections import deque
+from contextlib import AsyncExitStack
 from typing import Any
 
 import anyio
@@ -37,6 +38,7 @@ from ._protocol import (
 )
 from ._spec import WorkerSpec
 from .envs import make_env_pool
+from .relay import ATTACHED_KIND
 from .rollout import Rollout
 from .weights import WEIGHTS_KIND, WeightReceiverGroup, WeightSyncScheme
 
@@ -47,13 +49,17 @@ EXIT_ERROR = 1
 EXIT_COORDINATOR_LOST = 3
 EXIT_REFUSED = 4
 
+#: ``Message.peer`` given to what came through the host's relay: its ack goes back there.
+VIA_RELAY = b"relay"
+
 
 class WorkerExit(Exception):
     """Ends :func:`run_worker` with an exit code and a one-line reason."""
 
-    def __init__(self, code: int, reason: str) -> None:
+    def __init__(self, code: int, reason: str, *, final: bool = False) -> None:
         super().__init__(reason)
         self.code = code
+        self.final = final  # no waiting for the coordinator to come back (--reconnect)
 
 
 def error_report(error: BaseException, *, fatal: bool = True) -> ErrorReport:
@@ -71,8 +77,12 @@ class Worker:
 
     def __init__(self, link: Link, spec: WorkerSpec, *, slot: int = -1, token: str = "",
                  parent_pid: int | None = None, reconnect: bool = False,
-                 reconnect_timeout: float = 3600.0) -> None:
+                 reconnect_timeout: float = 3600.0, relay_link: Link | None = None,
+                 relay_name: str = "") -> None:
         self.link = link
+        self.relay_link = relay_link  # this host's relay, if any: weights may come that way
+        self.relay_name = relay_name
+        self._relay_attached = False
         self.reconnect = reconnect
         self.reconnect_timeout = reconnect_timeout
         self.spec = spec
@@ -111,11 +121,12 @@ class Worker:
                     self._exit = None
                     async with anyio.create_task_group() as tg:
                         for task in (self._collect_loop, self._ack_loop, self._dispatch_loop,
-                                     self._watch_parent):
+                                     self._watch_parent, self._relay_loop):
                             tg.start_soon(self._until_exit, task, tg.cancel_scope)
                 if self._exit is None:
                     return EXIT_OK
-                if self._exit.code != EXIT_COORDINATOR_LOST or not self.reconnect:
+                if self._exit.code != EXIT_COORDINATOR_LOST or not self.reconnect \
+                        or self._exit.final:
                     raise self._exit
                 log.warning("%s; waiting for it to come back", self._exit)
                 await self._wait_for_coordinator()
@@ -160,9 +171,11 @@ class Worker:
     async def _join(self) -> None:
         """Hello, welcome, and a rollout for the index we were given."""
         self._requests.clear()  # credits of an earlier admission are void
+        await self._attach_to_relay()
         hello = Hello(protocol=PROTOCOL, name=self.link.identity.decode(errors="replace"),
                       host=socket.gethostname(), pid=os.getpid(),
-                      specs=self.env_pool.specs.to_dict(), slot=self.slot, token=self.token)
+                      specs=self.env_pool.specs.to_dict(), slot=self.slot, token=self.token,
+                      relay=self.relay_name if self._relay_attached else "")
         await self.link.send(hello.to_body(), kind=Hello.KIND)
         welcome = await self._await_welcome()
         self.index = welcome.index
@@ -190,7 +203,23 @@ class Worker:
         self._pending_early.clear()
         if self._receivers.has_pending:
             self._receivers.apply_pending()
-            await self._receivers.flush_acks(self.link)
+            await self._receivers.flush_acks(self)
+
+    async def _attach_to_relay(self, timeout: float = 10.0) -> None:
+        """Wait until the host's relay knows us, so weights it forwards can reach us."""
+        if self.relay_link is None or self._relay_attached:
+            return
+        with anyio.move_on_after(timeout):
+            while True:
+                try:
+                    message = await self.relay_link.recv()
+                except PeerLostError:
+                    break
+                if message.kind == ATTACHED_KIND:
+                    self._relay_attached = True
+                    return
+        log.warning("the relay at %s did not answer within %s s: weights come directly",
+                    self.relay_link.endpoint, timeout)
 
     async def _await_welcome(self) -> Welcome:
         while True:
@@ -276,13 +305,39 @@ class Worker:
             # Idle between batches: apply now (sync mode relies on it).
             async with self._busy:
                 self._receivers.apply_pending()
-        await self._receivers.flush_acks(self.link)
+        await self._receivers.flush_acks(self)
+
+    async def ack(self, message: Message, result: Any = None, *,
+                  error: BaseException | None = None) -> None:
+        """Acknowledge a weight message over the link it came from (relay or coordinator)."""
+        link = self.relay_link if message.peer == VIA_RELAY else self.link
+        assert link is not None
+        await link.ack(message, result, error=error)
+
+    async def _relay_loop(self) -> None:
+        """Weights forwarded by the host's relay; everything else comes from the coordinator."""
+        if self.relay_link is None or not self._relay_attached:
+            await anyio.sleep_forever()
+        assert self.relay_link is not None
+        while True:
+            try:
+                message = await self.relay_link.recv()
+            except PeerLostError:
+                # The coordinator notices too and sends to us directly until it is back.
+                log.warning("the host's relay at %s went silent", self.relay_link.endpoint)
+                await self.relay_link.wait_connected()
+                continue
+            if message.kind == WEIGHTS_KIND:
+                message.peer = VIA_RELAY
+                await self._on_weights(message)
+            elif message.kind != ATTACHED_KIND:
+                log.warning("ignored a %r message from the relay", message.kind)
 
     async def _ack_loop(self) -> None:
         while True:
             await self._acks_due.wait()
             self._acks_due = anyio.Event()
-            await self._receivers.flush_acks(self.link)
+            await self._receivers.flush_acks(self)
 
     async def _control(self, message: Message, control: Control) -> None:
         async with self._busy:
@@ -359,7 +414,7 @@ class Worker:
         else:  # no pidfd (old kernel): look at our parent id now and then
             while os.getppid() == self.parent_pid:  # noqa: ASYNC110
                 await anyio.sleep(0.5)
-        raise WorkerExit(EXIT_COORDINATOR_LOST, "the parent process is gone")
+        raise WorkerExit(EXIT_COORDINATOR_LOST, "the parent process is gone", final=True)
 
     def _close_envs(self) -> None:
         if self.env_pool is not None:
@@ -389,22 +444,35 @@ async def run_worker(endpoint: str, spec: WorkerSpec, *, identity: bytes | None 
                      slot: int = -1, token: str = "", parent_pid: int | None = None,
                      heartbeat_interval: float = 1.0, peer_timeout: float = 10.0,
                      reconnect: bool = False, reconnect_timeout: float = 3600.0,
-                     curve_keys: str | None = None, **link_options: Any) -> int:
+                     curve_keys: str | None = None, relay: str | None = None,
+                     relay_name: bytes | str = b"", **link_options: Any) -> int:
     """Connect to the coordinator at ``endpoint`` and serve until told to close.
 
     With ``reconnect=True`` a worker whose coordinator went silent waits (up to
     ``reconnect_timeout`` s) for it, or a restarted one, and joins again with
     the latest weights; otherwise it exits. ``curve_keys`` is a directory made
-    by ``asyncrl keys generate`` (CURVE encryption and authentication). Returns an exit
+    by ``asyncrl keys generate`` (CURVE encryption and authentication). ``relay``
+    is the endpoint of this host's :class:`~asyncrl.relay.HostRelay` and
+    ``relay_name`` its identity: weight updates may then come through it. Returns an exit
     code: 0 when closed by the coordinator, 1 on an env or policy error (reported to the
     coordinator first), 3 when the coordinator is gone, 4 when refused.
     """
     if curve_keys is not None:
         link_options["curve"] = CurveClient.from_dir(curve_keys)
-    async with Link(endpoint, identity=identity, heartbeat_interval=heartbeat_interval,
-                    peer_timeout=peer_timeout, **link_options) as link:
+    async with AsyncExitStack() as stack:
+        link = await stack.enter_async_context(
+            Link(endpoint, identity=identity, heartbeat_interval=heartbeat_interval,
+                 peer_timeout=peer_timeout, **link_options))
+        relay_link = None
+        if relay is not None:  # same identity: the relay knows its members by it
+            relay_link = await stack.enter_async_context(
+                Link(relay, identity=link.identity, heartbeat_interval=heartbeat_interval,
+                     peer_timeout=peer_timeout))
+        if isinstance(relay_name, bytes):
+            relay_name = relay_name.decode(errors="replace")
         worker = Worker(link, spec, slot=slot, token=token, parent_pid=parent_pid,
-                        reconnect=reconnect, reconnect_timeout=reconnect_timeout)
+                        reconnect=reconnect, reconnect_timeout=reconnect_timeout,
+                        relay_link=relay_link, relay_name=relay_name)
         return await worker.run()
 
 

@@ -210,8 +210,10 @@ class MultiCollector(BaseCollector):
                         scheduler.specs = await self._reference_specs()
                     for model_id, scheme in self.weight_sync_schemes.items():
                         model = self.policy if model_id == "policy" else None
-                        self._senders[model_id] = scheme.init_on_sender(
+                        sender = self._senders[model_id] = scheme.init_on_sender(
                             model_id, model=model, hub=hub, workers=self._worker_peers)
+                        if sender.relayable:
+                            sender.set_relay_routes(scheduler.relay_routes)
                     workers = self._workers = LocalWorkers(
                         hub.endpoint, self._spec, self.num_workers, token=token,
                         backend=backend,

@@ -1,0 +1,283 @@
+"""A host's relay: each weight version crosses the network once per host, not once per worker.
+
+``asyncrl worker --workers K`` runs one :class:`HostRelay` beside its K worker
+processes. The relay joins the coordinator as a peer of its own and says
+which workers it speaks for; the workers connect to it over ``ipc://`` as well
+as to the coordinator. The coordinator then sends each weight version once
+to the relay, which forwards the same frames (no copy in the relay) to the
+members it names and acks for all of them with the version each applied.
+
+Only weights go through the relay. Batches, control messages and heartbeats
+go straight between each worker and the coordinator: a relay hop would add
+latency to every batch and save nothing, since each batch is different (see
+``docs/multihost.md`` for the measurement). A worker's catch-up copy on
+joining also goes direct, ahead of its first collect request on the same socket.
+
+If the relay is lost the coordinator sends to its workers directly again; if
+the coordinator is lost or restarted the relay registers again once it
+answers.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import socket
+import tempfile
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+
+from transports import (
+    ClosedResourceError,
+    CurveClient,
+    Hub,
+    Link,
+    Message,
+    PeerEvent,
+    PeerLostError,
+    ProtocolError,
+    Ticket,
+)
+from transports._resource import TaskGroupResource
+
+from ._protocol import MAX_RELAY_MEMBERS, PROTOCOL, Refuse, RelayHello, RelayWelcome
+from .weights import WEIGHTS_KIND
+from .weights._fanout import RELAY_TO, relay_ack_body, relay_failure
+
+log = logging.getLogger("asyncrl.relay")
+
+#: Sent by the relay to a member once it is attached: its weights may now come this way.
+ATTACHED_KIND = "relay_attached"
+
+
+def relay_identity() -> bytes:
+    """``relay-host-pid-random``: the relay's identity on the coordinator's hub."""
+    return f"relay-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}".encode()
+
+
+@dataclass(frozen=True)
+class RelayStatistics:
+    """What a relay did so far (see :meth:`HostRelay.statistics`)."""
+
+    registered: bool  # the coordinator accepted it (and did not go away since)
+    attached: int  # members connected to it now
+    received: int  # weight messages received from the coordinator
+    delivered: int  # copies handed to members (received x members, when all are attached)
+    failed: int  # member deliveries that failed (error, lost, not attached)
+
+
+class HostRelay(TaskGroupResource):
+    """Receives weights once from the coordinator at ``connect``; fans them out to ``members``.
+
+    ``members`` are the identities of this host's workers; start each with
+    ``run_worker(..., identity=member, relay=relay.endpoint, relay_name=relay.name)``.
+    ``endpoint`` (default: ``ipc://`` in a private temporary directory) is where
+    the members connect. ``curve_keys`` is the workers' key directory, as for
+    ``asyncrl worker --keys``.
+
+    >>> async with HostRelay("tcp://trainer:5555", [b"w0", b"w1"]) as relay:  # doctest: +SKIP
+    ...     relay.endpoint              # 'ipc:///tmp/asyncrl-relay-.../relay'
+    ...     await run_worker(..., identity=b"w0", relay=relay.endpoint, relay_name=relay.name)
+    """
+
+    def __init__(self, connect: str, members: Iterable[bytes], *,
+                 name: bytes | None = None, endpoint: str | None = None,
+                 heartbeat_interval: float = 1.0, peer_timeout: float = 10.0,
+                 curve_keys: str | None = None, max_in_flight: int = 64) -> None:
+        self.connect = connect
+        self.members = frozenset(members)
+        if not 0 < len(self.members) <= MAX_RELAY_MEMBERS:
+            raise ValueError(f"a relay serves 1 to {MAX_RELAY_MEMBERS} workers, "
+                             f"got {len(self.members)}")
+        self.name = name or relay_identity()
+        self._endpoint = endpoint
+        self._channel_options: dict[str, Any] = {"heartbeat_interval": heartbeat_interval,
+                                                 "peer_timeout": peer_timeout}
+        self._curve_keys = curve_keys
+        self._in_flight = anyio.Semaphore(max_in_flight)
+        self._background = anyio.CancelScope()
+        self._stopped = anyio.Event()
+        self._tmpdir: str | None = None
+        self._closed = False
+        self._tasks: Any = None
+        self.hub: Hub | None = None
+        self.link: Link | None = None
+        self.refused: str | None = None  # the coordinator's reason, if it refused us
+        self._registered = False
+        self._received = self._delivered = self._failed = 0
+
+    @property
+    def endpoint(self) -> str:
+        """Where this host's workers connect (available once entered)."""
+        if self.hub is None:
+            raise RuntimeError("HostRelay is not open: use it with 'async with'")
+        return self.hub.endpoint
+
+    def statistics(self) -> RelayStatistics:
+        attached = len(self.hub.peers & self.members) if self.hub is not None else 0
+        return RelayStatistics(self._registered, attached, self._received, self._delivered,
+                               self._failed)
+
+    # -- life cycle --------------------------------------------------------------------
+    async def _open(self) -> None:
+        await self._task_group.start(self._run)
+
+    async def _run(self, *, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
+        """Owns both sockets and the tasks that use them, so they close in this task."""
+        try:
+            with self._background:
+                endpoint = self._endpoint
+                if endpoint is None:
+                    self._tmpdir = tempfile.mkdtemp(prefix="asyncrl-relay-")  # 0700: ours only
+                    endpoint = f"ipc://{self._tmpdir}/relay"
+                curve = CurveClient.from_dir(self._curve_keys) if self._curve_keys else None
+                async with Hub(endpoint, **self._channel_options) as hub, \
+                        Link(self.connect, identity=self.name, curve=curve,
+                             **self._channel_options) as link:
+                    self.hub, self.link = hub, link
+                    async with anyio.create_task_group() as tg:
+                        self._tasks = tg
+                        tg.start_soon(self._serve_members)
+                        tg.start_soon(self._serve_upstream)
+                        task_status.started()
+        finally:
+            if self._tmpdir is not None:
+                shutil.rmtree(self._tmpdir, ignore_errors=True)
+            self._stopped.set()
+
+    async def aclose(self) -> None:
+        """Stop relaying and close both sockets (idempotent, bounded)."""
+        if self._closed or self._task_group is None:
+            return  # closed already, or never opened
+        self._closed = True
+        self._background.cancel()
+        with anyio.CancelScope(shield=True):
+            await self._stopped.wait()
+
+    # -- the coordinator's side ------------------------------------------------------------
+    async def _serve_upstream(self) -> None:
+        assert self.link is not None
+        link = self.link
+        while True:
+            try:
+                await self._register(link)
+                while True:
+                    await self._on_upstream(link, await link.recv())
+            except PeerLostError as exc:
+                self._registered = False
+                log.warning("relay: the coordinator is gone (%s); registering again when it "
+                            "answers", exc)
+                await link.wait_connected()
+
+    async def _register(self, link: Link) -> None:
+        hello = RelayHello(protocol=PROTOCOL, name=self.name.decode(errors="replace"),
+                           host=socket.gethostname(), pid=os.getpid(),
+                           members=sorted(self.members))
+        await link.send(hello.to_body(), kind=RelayHello.KIND)
+        while True:
+            message = await link.recv()
+            if message.kind == RelayWelcome.KIND:
+                self._registered, self.refused = True, None
+                log.info("relay: registered with %s for %d workers", self.connect,
+                         len(self.members))
+                return
+            if message.kind == Refuse.KIND:
+                self.refused = Refuse.from_body(message.body).reason
+                log.error("relay: the coordinator refused this relay (%s); this host's workers "
+                          "get their weights directly", self.refused)
+                while True:  # idle until this coordinator goes (PeerLostError), then retry
+                    await link.recv()
+            await self._on_upstream(link, message)
+
+    async def _on_upstream(self, link: Link, message: Message) -> None:
+        if message.kind != WEIGHTS_KIND:
+            if message.kind != RelayWelcome.KIND:  # a duplicate welcome is harmless
+                log.warning("relay: ignored a %r message from the coordinator", message.kind)
+            return
+        try:
+            targets, meta = self._targets(message)
+        except ProtocolError as exc:
+            log.warning("relay: refused a malformed weight message: %s", exc)
+            if message.needs_ack:
+                await link.ack(message, error=exc)
+            return
+        await self._in_flight.acquire()  # bounds the versions held for slow members
+        try:
+            self._received += 1
+            attached = [m for m in targets if m in self.hub.peers] if self.hub else []
+            assert self.hub is not None
+            # The same frames go to every member: the relay never copies the weights.
+            ticket = await self.hub.send_async(attached, message.body, kind=WEIGHTS_KIND,
+                                               meta=meta)
+        except BaseException:
+            self._in_flight.release()
+            raise
+        missing = [m for m in targets if m not in attached]
+        self._tasks.start_soon(self._ack_when_delivered, link, message, meta, ticket, missing)
+
+    def _targets(self, message: Message) -> tuple[list[bytes], dict[str, Any]]:
+        meta = message.meta
+        members, model_id, version = meta.get(RELAY_TO), meta.get("model_id"), meta.get("version")
+        if not isinstance(model_id, str) or type(version) is not int or version < 1:
+            raise ProtocolError(f"relayed weights need a str model_id and a positive int "
+                                f"version, got {model_id!r} and {version!r}")
+        if not isinstance(members, list) or not 0 < len(members) <= MAX_RELAY_MEMBERS:
+            raise ProtocolError(f"relayed weights need a {RELAY_TO!r} list of 1 to "
+                                f"{MAX_RELAY_MEMBERS} member identities")
+        strangers = [m for m in members if m not in self.members]
+        if strangers:
+            raise ProtocolError(f"relayed weights name workers this relay does not serve: "
+                                f"{strangers[:5]!r}; its members are {sorted(self.members)[:5]!r}")
+        return list(dict.fromkeys(members)), {"model_id": model_id, "version": version}
+
+    async def _ack_when_delivered(self, link: Link, message: Message, meta: dict[str, Any],
+                                  ticket: Ticket, missing: list[bytes]) -> None:
+        try:
+            await ticket.done.wait()  # every member acks, fails, or is lost (its heartbeats)
+        finally:
+            self._in_flight.release()
+        versions = {}
+        for member, result in ticket.acks.items():
+            version = result.get("version") if isinstance(result, dict) else None
+            versions[member] = version if type(version) is int else meta["version"]
+        failed = {member: relay_failure(error) for member, error in ticket.errors.items()}
+        for member in ticket.lost:
+            failed[member] = relay_failure(None, lost="the worker left the relay before "
+                                                      "applying")
+        for member in missing:
+            failed[member] = relay_failure(None, lost="the worker is not attached to the relay")
+        self._delivered += len(versions)
+        self._failed += len(failed)
+        if message.needs_ack:
+            try:
+                await link.ack(message, relay_ack_body(meta["model_id"], versions, failed))
+            except ClosedResourceError:
+                pass  # closing: the coordinator sees the relay go
+
+    # -- the members' side -----------------------------------------------------------------
+    async def _serve_members(self) -> None:
+        assert self.hub is not None
+        async for item in self.hub:
+            if isinstance(item, PeerEvent):
+                await self._on_member_event(item)
+            else:
+                log.warning("relay: ignored a %r message from %r", item.kind, item.peer)
+
+    async def _on_member_event(self, event: PeerEvent) -> None:
+        assert self.hub is not None
+        who = event.peer.decode(errors="replace")
+        if event.peer not in self.members:
+            log.warning("relay: %s connected but is not one of this host's workers", who)
+            return
+        if event.event == "joined":
+            try:
+                await self.hub.send(event.peer, None, kind=ATTACHED_KIND)
+            except PeerLostError:
+                pass  # gone again already
+        elif event.event == "lost":
+            log.warning("relay: worker %s left", who)
