@@ -383,6 +383,12 @@ class Worker:
                     await self._report_and_exit(exc)
                 finally:
                     self._current_request = None
+                if self._receivers.has_pending:
+                    # Weights that came after the batch's last step boundary: apply them
+                    # now, or they would wait for the next credit while the trainer may be
+                    # waiting for their ack before it asks for more.
+                    self._receivers.apply_pending()
+                    self._acks_due.set()
             await self.link.send(Batch(request, frames).to_body(), kind=Batch.KIND)
 
     def _collect_one(self, request: int) -> Any:

@@ -6,16 +6,21 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from functools import partial
 
 import anyio
 import pytest
 import torch
 
 from asyncrl import MultiAsyncCollector, MultiSyncCollector
+from asyncrl._spec import WorkerSpec
 from asyncrl.relay import HostRelay
 from asyncrl.testing import ParamPolicy
 from asyncrl.weights import WEIGHTS_KIND
 from asyncrl.weights._fanout import RELAY_TO
+from asyncrl.worker import run_worker
 from transports import Hub, Link, PeerLostError, RemoteError
 
 pytestmark = pytest.mark.anyio
@@ -87,3 +92,138 @@ async def test_one_weight_copy_per_host_reaches_every_worker_of_it() -> None:
     assert sorted(routes) == [0, 1, 2]
     assert copies == 5, f"one message per version for the whole host, got {copies} for 5"
     assert sender.acked_versions == {0: 5, 1: 5, 2: 5}
+
+
+# -- in-process: a collector, a relay and workers as tasks of the test ------------------------
+SPEC = WorkerSpec(create_env_fn="CartPole-v1", policy_factory="asyncrl.testing:ParamPolicy")
+
+
+@asynccontextmanager
+async def in_process_host(endpoint: str, names: list[bytes]) -> AsyncIterator[HostRelay]:
+    """A relay and its workers as tasks of this process (what `asyncrl worker` runs)."""
+    async with anyio.create_task_group() as tg:
+        async with HostRelay(endpoint, names, heartbeat_interval=0.2, peer_timeout=2.0) as relay:
+            for name in names:
+                tg.start_soon(partial(run_worker, endpoint, SPEC, identity=name,
+                                      relay=relay.endpoint, relay_name=relay.name,
+                                      heartbeat_interval=0.2, peer_timeout=2.0))
+            try:
+                yield relay
+            finally:
+                tg.cancel_scope.cancel()  # the workers, as a killed host would lose them
+
+
+def collector(**options: object) -> MultiAsyncCollector:
+    return MultiAsyncCollector("CartPole-v1", ParamPolicy(), num_workers=0, remote_workers=2,
+                               listen="tcp://127.0.0.1:0", frames_per_batch=20,
+                               total_frames=-1, heartbeat_interval=0.2, peer_timeout=2.0,
+                               **options)
+
+
+async def test_a_workers_error_comes_back_through_the_relay_with_its_type() -> None:
+    with anyio.fail_after(LIMIT):
+        async with collector() as c, in_process_host(c.endpoint, [b"w0", b"w1"]):
+            await c.__aiter__().__anext__()
+            await wait_for_routes(c, 2)
+            with pytest.raises(RemoteError) as caught:
+                await c.weight_sender().send({"value": torch.ones(3)}, timeout=30)
+    error = caught.value
+    assert "shape" in str(error) and "value" in str(error), str(error)
+    assert error.peer in ("w0", "w1")
+    assert any("reported by relay" in note for note in error.__notes__)
+
+
+async def test_a_lost_relay_sends_its_workers_back_to_direct_weights() -> None:
+    with anyio.fail_after(LIMIT):
+        async with collector(on_worker_loss="continue") as c, \
+                in_process_host(c.endpoint, [b"w0", b"w1"]) as relay:
+            batches = c.__aiter__()
+            await batches.__anext__()
+            await wait_for_routes(c, 2)
+            sender = c.weight_sender()
+            await sender.send(timeout=30)
+            assert sender.copies_sent == 1
+            await relay.aclose()  # says goodbye: the coordinator forgets it at once
+            scheduler = c._scheduler
+            assert scheduler is not None
+            while scheduler.relays:
+                await anyio.sleep(0.02)
+            assert scheduler.relay_routes() == {}
+            applied = await sender.send(timeout=30)
+            assert sender.acked_versions == {0: applied, 1: applied} == {0: 2, 1: 2}
+            assert sender.copies_sent == 3  # one via the relay, then one per worker
+            batch = await batches.__anext__()
+            while int(batch["collector", "policy_version"].min()) < 2:
+                batch = await batches.__anext__()  # credits granted before the update
+
+
+# -- hostile or faulty peers ---------------------------------------------------------------------
+def fake_relay(endpoint: str) -> Link:
+    return Link(endpoint, identity=b"relay-x", heartbeat_interval=0.2, peer_timeout=2.0)
+
+
+@pytest.mark.parametrize("answer", [
+    {"versions": {b"w0": "seven"}},
+    {"versions": {b"w0": 99}},
+    {"versions": {}},
+    ["not", "a", "map"],
+])
+async def test_a_relay_cannot_claim_an_update_it_did_not_deliver(answer: object) -> None:
+    from asyncrl.weights import ZmqWeightSyncScheme
+
+    with anyio.fail_after(LIMIT):
+        async with Hub("tcp://127.0.0.1:0", heartbeat_interval=0.2, peer_timeout=2.0) as hub:
+            async with fake_relay(hub.endpoint) as relay:
+                assert (await hub.recv()).event == "joined"
+                sender = ZmqWeightSyncScheme().init_on_sender(
+                    "policy", hub=hub, model=ParamPolicy(), workers={0: b"w0"})
+                sender.set_relay_routes(lambda: {0: b"relay-x"})
+                await sender.send_async()
+                message = await relay.recv()
+                assert message.kind == WEIGHTS_KIND and message.meta[RELAY_TO] == [b"w0"]
+                await relay.ack(message, answer)
+                with pytest.raises(RemoteError, match="without a valid version"):
+                    await sender.wait_ack(timeout=30)
+
+
+async def test_a_relay_lost_before_acking_fails_its_workers_not_the_others() -> None:
+    from asyncrl.weights import ZmqWeightSyncScheme
+
+    with anyio.fail_after(LIMIT):
+        async with Hub("tcp://127.0.0.1:0", heartbeat_interval=0.2, peer_timeout=2.0) as hub:
+            async with fake_relay(hub.endpoint) as relay:
+                assert (await hub.recv()).event == "joined"
+                sender = ZmqWeightSyncScheme().init_on_sender(
+                    "policy", hub=hub, model=ParamPolicy(), workers={0: b"w0"})
+                sender.set_relay_routes(lambda: {0: b"relay-x"})
+                await sender.send_async()
+                await relay.recv()
+            # the relay said goodbye before acking
+            with pytest.raises(PeerLostError, match="relay relay-x went silent") as caught:
+                await sender.wait_ack(timeout=30)
+    assert caught.value.peers == [b"w0"]
+
+
+async def test_the_relay_refuses_weights_for_workers_it_does_not_serve() -> None:
+    with anyio.fail_after(LIMIT):
+        async with Hub("tcp://127.0.0.1:0", heartbeat_interval=0.2, peer_timeout=2.0) as hub, \
+                HostRelay(hub.endpoint, [b"mine"], heartbeat_interval=0.2,
+                          peer_timeout=2.0) as relay:
+            joined = await hub.recv()
+            hello = await hub.recv()
+            assert joined.event == "joined" and hello.kind == "relay_hello"
+            assert hello.body["members"] == [b"mine"]
+            ticket = await hub.send_async([joined.peer], {"w": torch.ones(2)}, kind=WEIGHTS_KIND,
+                                          meta={"model_id": "policy", "version": 1,
+                                                RELAY_TO: [b"someone-else"]})
+            with pytest.raises(RemoteError, match="does not serve") as caught:
+                await hub.wait_ack(ticket, timeout=30)
+            assert caught.value.remote_type.endswith("ProtocolError")
+            # A member that never attached is reported lost, not waited for.
+            ticket = await hub.send_async([joined.peer], {"w": torch.ones(2)}, kind=WEIGHTS_KIND,
+                                          meta={"model_id": "policy", "version": 1,
+                                                RELAY_TO: [b"mine"]})
+            answer = await hub.wait_ack(ticket, timeout=30)
+            assert answer[joined.peer]["versions"] == {}
+            assert answer[joined.peer]["failed"][b"mine"]["type"] == "transports.PeerLostError"
+            assert relay.statistics().failed == 1
