@@ -6,6 +6,7 @@ address lives inside the two namespaces this test creates and removes.
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import subprocess
@@ -50,11 +51,13 @@ def two_hosts():
             subprocess.run(["ip", "netns", "delete", ns], capture_output=True, timeout=30)
 
 
-def test_worker_host_survives_a_cut_link_and_rejoins(two_hosts) -> None:
+@pytest.mark.parametrize("workers", [1, 2], ids=["one-worker", "two-workers-relay"])
+def test_worker_host_survives_a_cut_link_and_rejoins(two_hosts, workers: int) -> None:
+    """With two workers the host runs a relay: weights cross the link once per version."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     trainer = subprocess.Popen(
         ["ip", "netns", "exec", two_hosts["coord"], sys.executable, str(TRAINER),
-         f"tcp://{two_hosts['addr']}:5555", str(TOTAL_FRAMES)],
+         f"tcp://{two_hosts['addr']}:5555", str(TOTAL_FRAMES * workers), str(workers)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     host = None
     try:
@@ -63,8 +66,10 @@ def test_worker_host_survives_a_cut_link_and_rejoins(two_hosts) -> None:
         host = subprocess.Popen(
             ["ip", "netns", "exec", two_hosts["worker"], sys.executable, "-m", "asyncrl.cli",
              "worker", "--connect", f"tcp://{two_hosts['addr']}:5555", "--env", "CartPole-v1",
-             "--policy", "asyncrl.testing:ParamPolicy", "--reconnect", "--peer-timeout", "2"],
+             "--policy", "asyncrl.testing:ParamPolicy", "--reconnect", "--peer-timeout", "2",
+             "--workers", str(workers)],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+        lines.until(lambda e: e["event"] == "weights" and e["relayed"] == relayed(workers), 90)
         lines.until(lambda e: e["event"] == "batch" and e["max_version"] >= 1, 90)
         # Cut the worker host's link for longer than the peer timeout, then restore it.
         run("ip", "netns", "exec", two_hosts["worker"], "ip", "link", "set",
@@ -77,20 +82,37 @@ def test_worker_host_survives_a_cut_link_and_rejoins(two_hosts) -> None:
     finally:
         trainer.kill()
         if host is not None:
-            host.kill()
+            host.kill()  # its workers follow their parent (pidfd watch)
     batches = [e for e in lines.events if e["event"] == "batch"]
-    assert done["frames"] == TOTAL_FRAMES
-    assert sum(b["frames"] for b in batches) == TOTAL_FRAMES  # nothing lost or duplicated
+    assert done["frames"] == TOTAL_FRAMES * workers
+    assert sum(b["frames"] for b in batches) == TOTAL_FRAMES * workers  # none lost or doubled
     assert all(b["frames"] == 100 for b in batches)  # never a half-delivered batch
     before = [b for b in lines.events[:cut_at] if b["event"] == "batch"]
-    first_index = before[0]["worker"]
-    after = [b for b in batches if b["worker"] != first_index]
+    first_indices = set(range(workers))  # the indices of the first admission
+    assert {b["worker"] for b in before} <= first_indices
+    after = [b for b in batches if b["worker"] not in first_indices]
     assert after, "the worker host never rejoined"
-    rejoin_index = after[0]["worker"]
-    assert rejoin_index > first_index  # a rejoining worker gets a fresh index
-    assert all(b["worker"] == rejoin_index for b in batches[batches.index(after[0]):])
+    # Rejoining workers get fresh indices, and only they deliver from then on.
+    assert min(b["worker"] for b in after) > max(first_indices)
+    assert all(b["worker"] not in first_indices for b in batches[batches.index(after[0]):])
     # Weights published while the host was away reach it before its first new frame.
-    assert after[0]["min_version"] > max(b["max_version"] for b in before)
-    old_ids = {t for b in batches if b["worker"] == first_index for t in b["traj_ids"]}
+    newest_before = max(b["max_version"] for b in before)
+    for index in {b["worker"] for b in after}:
+        first_new = next(b for b in after if b["worker"] == index)
+        assert first_new["min_version"] > newest_before
+    old_ids = {t for b in batches if b["worker"] in first_indices for t in b["traj_ids"]}
     new_ids = {t for b in after for t in b["traj_ids"]}
     assert not old_ids & new_ids
+    # After the cut the relay registers again: updates go through it once more.
+    updates = [e for e in lines.events[cut_at:] if e["event"] == "weights"]
+    assert any(e["relayed"] == relayed(workers) for e in updates), updates
+    if workers > 1:
+        pairs = [(a, b) for a, b in itertools.pairwise(updates)
+                 if a["relayed"] == b["relayed"] == workers]
+        assert pairs, updates
+        for a, b in pairs:
+            assert b["copies"] - a["copies"] == 1  # one copy per version for the whole host
+
+
+def relayed(workers: int) -> int:
+    return workers if workers > 1 else 0

@@ -36,6 +36,7 @@ class WorkerStatistics(NamedTuple):
     host: str
     delivered: int  # batches received from it
     ahead: int  # batches asked for or waiting for the trainer (at most ``prefetch``)
+    relay: str = ""  # the relay its weight updates go through ("": sent to it directly)
 
 
 class MultiCollector(BaseCollector):
@@ -318,10 +319,12 @@ class MultiCollector(BaseCollector):
         return self._hub.endpoint
 
     def statistics(self) -> list[WorkerStatistics]:
-        """One line per live worker: index, host, batches delivered, batches ahead."""
+        """One line per live worker: index, host, batches delivered, batches ahead, relay."""
         if self._scheduler is None:
             return []
-        return [WorkerStatistics(w.index, w.name, w.host, w.delivered, w.ahead)
+        routes = self._scheduler.relay_routes()
+        return [WorkerStatistics(w.index, w.name, w.host, w.delivered, w.ahead,
+                                 routes.get(w.index, b"").decode(errors="replace"))
                 for w in self._scheduler.live_workers]
 
     @property
