@@ -194,7 +194,7 @@ class Worker:
             )
         except Exception as exc:
             await self._report_and_exit(exc)
-        if len(self._receivers):
+        if len(self._receivers) and self.rollout is not None:
             self.rollout.before_step = self._before_step
             if "policy" in self._receivers.versions:
                 self.rollout.policy_version = self._receivers.versions["policy"]
@@ -406,10 +406,12 @@ class Worker:
 
     async def _watch_parent(self) -> None:
         # A spawned worker must not outlive its trainer, even if it never says goodbye.
-        if self.parent_pid is None:
+        parent = self.parent_pid
+        if parent is None:
             await anyio.sleep_forever()
+            return
         try:
-            fd = os.pidfd_open(self.parent_pid)  # readable when the parent exits
+            fd = os.pidfd_open(parent)  # readable when the parent exits
         except (AttributeError, OSError):
             fd = None
         if fd is not None:
@@ -418,7 +420,7 @@ class Worker:
             finally:
                 os.close(fd)
         else:  # no pidfd (old kernel): look at our parent id now and then
-            while os.getppid() == self.parent_pid:  # noqa: ASYNC110
+            while os.getppid() == parent:  # noqa: ASYNC110
                 await anyio.sleep(0.5)
         raise WorkerExit(EXIT_COORDINATOR_LOST, "the parent process is gone", final=True)
 

@@ -253,8 +253,9 @@ class _Host:
             hello = Hello(protocol=PROTOCOL, name=name, host="sim-host", pid=os.getpid(),
                           specs=specs, slot=-1)
             sock.send_multipart(self.encode(hello.to_body(), kind=Hello.KIND, seq=1))
-            self.by_fd[sock.getsockopt(zmq.FD)] = len(self.sockets)
-            self.epoll.register(sock.getsockopt(zmq.FD), 1)  # EPOLLIN
+            fd = int(sock.getsockopt(zmq.FD))
+            self.by_fd[fd] = len(self.sockets)
+            self.epoll.register(fd, 1)  # EPOLLIN
             self.sockets.append(sock)
             self.busy_until.append(0.0)
             self.drain(len(self.sockets) - 1)

@@ -103,10 +103,11 @@ class Collector(BaseCollector):
             self.rollout.close()
 
     async def _next_batch(self) -> TensorDictBase:
-        assert self.rollout is not None
+        rollout = self.rollout
+        assert rollout is not None
         async with self._locked():
             # The rollout reuses its buffers: hand out a copy the trainer may keep.
-            return await anyio.to_thread.run_sync(lambda: self.rollout.collect().clone())
+            return await anyio.to_thread.run_sync(lambda: rollout.collect().clone())
 
     async def update_policy_weights(self, weights: Any = None, *, worker_ids: Any = None,
                                     model_id: str = "policy") -> None:

@@ -7,7 +7,8 @@ import secrets
 import shutil
 import tempfile
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from dataclasses import dataclass
+from typing import Any
 
 import anyio
 import anyio.lowlevel
@@ -28,7 +29,8 @@ from ._processes import LocalWorkers
 log = logging.getLogger("asyncrl.collectors")
 
 
-class WorkerStatistics(NamedTuple):
+@dataclass(frozen=True)
+class WorkerStatistics:
     """A live worker as the coordinator sees it (see ``MultiCollector.statistics()``)."""
 
     index: int

@@ -81,7 +81,8 @@ def launch_workers(
     spec_kwargs = {"create_env_fn": env, "policy_factory": policy,
                    "envs_per_worker": envs_per_worker}
     options = {"curve_keys": curve_keys, "reconnect": reconnect, "peer_timeout": peer_timeout}
-    actors = [WorkerActor.options(num_cpus=num_cpus, **actor_options).remote()
+    actors = [WorkerActor.options(  # type: ignore[attr-defined]  # added by @ray.remote
+                  num_cpus=num_cpus, **actor_options).remote()
               for _ in range(num_workers)]
     runs = [actor.run.remote(endpoint, spec_kwargs, options) for actor in actors]
     return RayWorkers(actors, runs)
