@@ -21,7 +21,7 @@ from asyncrl.testing import ParamPolicy
 from asyncrl.weights import WEIGHTS_KIND
 from asyncrl.weights._fanout import RELAY_TO
 from asyncrl.worker import run_worker
-from transports import Hub, Link, PeerLostError, RemoteError
+from transports import Hub, Link, PeerLostError, RemoteError, generate_keys
 
 pytestmark = pytest.mark.anyio
 LIMIT = 90
@@ -57,13 +57,15 @@ async def wait_for_routes(collector: MultiSyncCollector | MultiAsyncCollector,
     return scheduler.relay_routes()
 
 
-async def test_one_weight_copy_per_host_reaches_every_worker_of_it() -> None:
+async def test_one_weight_copy_per_host_reaches_every_worker_of_it(tmp_path) -> None:
+    """A 3-worker host behind its relay, over CURVE (the relay authenticates like a worker)."""
+    keys = generate_keys(tmp_path / "keys")
     policy = ParamPolicy()
     with anyio.fail_after(LIMIT):
         async with MultiSyncCollector("CartPole-v1", policy, num_workers=0, remote_workers=3,
                                       listen="tcp://127.0.0.1:0", frames_per_batch=60,
-                                      total_frames=-1) as collector:
-            host = cli_host(collector.endpoint, "--workers", "3")
+                                      total_frames=-1, curve_keys=str(keys)) as collector:
+            host = cli_host(collector.endpoint, "--workers", "3", "--keys", str(keys))
             try:
                 batches = collector.__aiter__()
                 first = await batches.__anext__()
@@ -92,6 +94,7 @@ async def test_one_weight_copy_per_host_reaches_every_worker_of_it() -> None:
     assert sorted(routes) == [0, 1, 2]
     assert copies == 5, f"one message per version for the whole host, got {copies} for 5"
     assert sender.acked_versions == {0: 5, 1: 5, 2: 5}
+    assert collector.refused_peers == 0
 
 
 # -- in-process: a collector, a relay and workers as tasks of the test ------------------------
