@@ -12,7 +12,7 @@ import sys
 import uuid
 from typing import Any
 
-BENCHMARKS = ("codec", "channels", "weights", "collect")
+BENCHMARKS = ("codec", "channels", "weights", "collect", "relay")
 
 
 def _worker_parser(sub: Any) -> None:
