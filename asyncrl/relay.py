@@ -10,7 +10,7 @@ members it names and acks for all of them with the version each applied.
 Only weights go through the relay. Batches, control messages and heartbeats
 go straight between each worker and the coordinator: a relay hop would add
 latency to every batch and save nothing, since each batch is different (see
-``docs/multihost.md`` for the measurement). A worker's catch-up copy on
+``docs/bench/relay.md`` for the measurement). A worker's catch-up copy on
 joining also goes direct, ahead of its first collect request on the same socket.
 
 If the relay is lost the coordinator sends to its workers directly again; if
@@ -218,7 +218,10 @@ class HostRelay(TaskGroupResource):
             self._in_flight.release()
             raise
         missing = [m for m in targets if m not in attached]
-        self._tasks.start_soon(self._ack_when_delivered, link, message, meta, ticket, missing)
+        # Keep what the ack needs, not the weights: once ZeroMQ sent the frames to
+        # every member, their memory is free even while slow members apply them.
+        receipt = Message(message.peer, message.kind, message.seq, None, {}, message.needs_ack)
+        self._tasks.start_soon(self._ack_when_delivered, link, receipt, meta, ticket, missing)
 
     def _targets(self, message: Message) -> tuple[list[bytes], dict[str, Any]]:
         meta = message.meta
@@ -280,4 +283,4 @@ class HostRelay(TaskGroupResource):
             except PeerLostError:
                 pass  # gone again already
         elif event.event == "lost":
-            log.warning("relay: worker %s left", who)
+            log.info("relay: worker %s left", who)  # a worker that closes says goodbye too

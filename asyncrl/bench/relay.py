@@ -151,7 +151,8 @@ async def _worker_main(config: dict[str, Any]) -> None:
 async def _relay_main(config: dict[str, Any]) -> None:
     members = [worker_name(i) for i in range(config["workers"])]
     async with HostRelay(config["trainer"], members, name=RELAY, endpoint=config["endpoint"],
-                         **LIVENESS):
+                         heartbeat_interval=LIVENESS["heartbeat_interval"],
+                         peer_timeout=LIVENESS["peer_timeout"]):
         await anyio.sleep_forever()  # until terminated
 
 
