@@ -103,6 +103,10 @@ def run_workers(args: argparse.Namespace) -> int:
     if args.workers < 1 or args.envs_per_worker < 1:
         print("asyncrl worker: --workers and --envs-per-worker must be >= 1", file=sys.stderr)
         return 2
+    if not args.peer_timeout > 0:
+        print(f"asyncrl worker: --peer-timeout must be > 0, got {args.peer_timeout}",
+              file=sys.stderr)
+        return 2
     try:
         if ":" in args.env:
             resolve_import_path(args.env)
@@ -146,6 +150,7 @@ class HostWorkers:
         context = mp.get_context("spawn")
         for i, identity in enumerate(self.identities):
             options = {"peer_timeout": args.peer_timeout, "reconnect": args.reconnect,
+                       "heartbeat_interval": heartbeat_interval(args.peer_timeout),
                        "curve_keys": args.keys, "identity": identity,
                        "parent_pid": os.getpid(), "relay": relay, "relay_name": relay_name}
             process = context.Process(target=_remote_worker_main,
@@ -165,6 +170,7 @@ class HostWorkers:
 
         args = self.args
         async with HostRelay(args.connect, self.identities, peer_timeout=args.peer_timeout,
+                             heartbeat_interval=heartbeat_interval(args.peer_timeout),
                              curve_keys=args.keys) as relay:
             self.start(relay.endpoint, relay.name)
             try:
@@ -192,6 +198,11 @@ class HostWorkers:
     def exit_code(self) -> int:
         codes = [p.exitcode or 0 for p in self.processes]
         return max(codes, key=abs) if any(codes) else 0
+
+
+def heartbeat_interval(peer_timeout: float) -> float:
+    """1 s, or less for short timeouts: several heartbeats must fit in one timeout."""
+    return min(1.0, peer_timeout / 4)
 
 
 def _remote_worker_main(endpoint: str, spec: Any, backend: str, options: dict[str, Any]) -> None:

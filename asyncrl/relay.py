@@ -94,6 +94,9 @@ class HostRelay(TaskGroupResource):
         if not 0 < len(self.members) <= MAX_RELAY_MEMBERS:
             raise ValueError(f"a relay serves 1 to {MAX_RELAY_MEMBERS} workers, "
                              f"got {len(self.members)}")
+        if not 0 < heartbeat_interval < peer_timeout:
+            raise ValueError(f"need 0 < heartbeat_interval < peer_timeout, got "
+                             f"{heartbeat_interval} and {peer_timeout}")
         self.name = name or relay_identity()
         self._endpoint = endpoint
         self._channel_options: dict[str, Any] = {"heartbeat_interval": heartbeat_interval,
@@ -169,9 +172,13 @@ class HostRelay(TaskGroupResource):
                 while True:
                     await self._on_upstream(link, await link.recv())
             except PeerLostError as exc:
+                if self._registered:
+                    log.warning("relay: the coordinator is gone (%s); registering again when "
+                                "it answers", exc)
+                else:
+                    log.warning("relay: no coordinator answered at %s; registering when one "
+                                "does", self.connect)
                 self._registered = False
-                log.warning("relay: the coordinator is gone (%s); registering again when it "
-                            "answers", exc)
                 await link.wait_connected()
 
     async def _register(self, link: Link) -> None:

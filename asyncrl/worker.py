@@ -266,6 +266,13 @@ class Worker:
         try:
             return await self.link.recv()
         except PeerLostError as exc:
+            if self.index < 0:  # never welcomed: maybe never reached
+                raise WorkerExit(
+                    EXIT_COORDINATOR_LOST,
+                    f"no coordinator answered at {self.link.endpoint} within "
+                    f"{self.link.peer_timeout} s: check the address and port, that the trainer "
+                    "is running with MultiCollector(listen=...) there, and that no firewall is "
+                    "in the way") from None
             raise WorkerExit(EXIT_COORDINATOR_LOST,
                              f"the coordinator at {self.link.endpoint} is gone ({exc})") from None
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -230,3 +231,24 @@ async def test_the_relay_refuses_weights_for_workers_it_does_not_serve() -> None
             assert answer[joined.peer]["versions"] == {}
             assert answer[joined.peer]["failed"][b"mine"]["type"] == "transports.PeerLostError"
             assert relay.statistics().failed == 1
+
+
+def test_an_unreachable_coordinator_is_one_clear_line_per_worker() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nobody listens there once closed
+    result = subprocess.run(
+        [sys.executable, "-m", "asyncrl.cli", "worker", "--connect", f"tcp://127.0.0.1:{port}",
+         "--env", "CartPole-v1", "--workers", "2", "--peer-timeout", "1"],
+        capture_output=True, text=True, timeout=LIMIT)
+    output = result.stdout + result.stderr
+    assert result.returncode == 3, output
+    assert output.count(f"no coordinator answered at tcp://127.0.0.1:{port} within 1.0 s") == 2
+    assert "Traceback" not in output
+
+
+def test_cli_help_names_the_relay_switch() -> None:
+    result = subprocess.run([sys.executable, "-m", "asyncrl.cli", "worker", "--help"],
+                            capture_output=True, text=True, timeout=LIMIT)
+    text = " ".join(result.stdout.split())  # argparse wraps lines
+    assert "--no-relay" in text and "one copy per host" in text
