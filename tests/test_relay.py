@@ -252,3 +252,38 @@ def test_cli_help_names_the_relay_switch() -> None:
                             capture_output=True, text=True, timeout=LIMIT)
     text = " ".join(result.stdout.split())  # argparse wraps lines
     assert "--no-relay" in text and "one copy per host" in text
+
+
+async def test_killing_the_host_process_takes_its_workers_and_relay_down() -> None:
+    with anyio.fail_after(LIMIT):
+        async with MultiAsyncCollector("CartPole-v1", ParamPolicy(), num_workers=0,
+                                       remote_workers=2, listen="tcp://127.0.0.1:0",
+                                       frames_per_batch=20, total_frames=-1,
+                                       on_worker_loss="continue", heartbeat_interval=0.2,
+                                       peer_timeout=2.0) as collector:
+            host = cli_host(collector.endpoint, "--workers", "2", "--peer-timeout", "2")
+            try:
+                await collector.__aiter__().__anext__()
+                await wait_for_routes(collector, 2)
+                children = [int(pid) for pid in subprocess.run(
+                    ["pgrep", "-P", str(host.pid)], capture_output=True, text=True,
+                    check=True).stdout.split()]
+                assert len(children) >= 2  # the workers (plus multiprocessing's tracker)
+                os.kill(host.pid, signal.SIGKILL)  # the relay's process, not its children
+                host.wait()
+                while any(alive(pid) for pid in children):  # they watch their parent
+                    await anyio.sleep(0.05)
+                scheduler = collector._scheduler
+                assert scheduler is not None
+                while scheduler.live_workers or scheduler.relays:
+                    await anyio.sleep(0.05)
+            finally:
+                kill_group(host)
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(") ")[1][0] != "Z"
+    except FileNotFoundError:
+        return False
