@@ -5,11 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
-import multiprocessing as mp
-import os
-import socket
 import sys
-import uuid
 from typing import Any
 
 BENCHMARKS = ("codec", "channels", "weights", "collect", "relay")
@@ -121,98 +117,12 @@ def run_workers(args: argparse.Namespace) -> int:
         return 2
     spec = WorkerSpec(create_env_fn=args.env, envs_per_worker=args.envs_per_worker,
                       policy_factory=args.policy)
-    host = HostWorkers(args, spec)
-    try:
-        if args.workers > 1 and not args.no_relay:
-            import anyio
+    from .host import HostWorkers
 
-            anyio.run(host.run_with_relay, backend=args.backend)
-        else:
-            host.start()
-            host.join()
-    except KeyboardInterrupt:
-        host.terminate()
-    return host.exit_code()
-
-
-class HostWorkers:
-    """The K worker processes of ``asyncrl worker``, and their relay if there is one."""
-
-    def __init__(self, args: argparse.Namespace, spec: Any) -> None:
-        self.args = args
-        self.spec = spec
-        tag = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-        self.identities = [f"{tag}-w{i}".encode() for i in range(args.workers)]
-        self.processes: list[Any] = []
-
-    def start(self, relay: str | None = None, relay_name: bytes = b"") -> None:
-        args = self.args
-        context = mp.get_context("spawn")
-        for i, identity in enumerate(self.identities):
-            options = {"peer_timeout": args.peer_timeout, "reconnect": args.reconnect,
-                       "heartbeat_interval": heartbeat_interval(args.peer_timeout),
-                       "curve_keys": args.keys, "identity": identity,
-                       "parent_pid": os.getpid(), "relay": relay, "relay_name": relay_name}
-            process = context.Process(target=_remote_worker_main,
-                                      args=(args.connect, self.spec, args.backend, options),
-                                      name=f"asyncrl-worker-{i}")
-            process.start()
-            self.processes.append(process)
-
-    def join(self) -> None:
-        for process in self.processes:
-            process.join()
-
-    async def run_with_relay(self) -> None:
-        import anyio
-
-        from .relay import HostRelay
-
-        args = self.args
-        async with HostRelay(args.connect, self.identities, peer_timeout=args.peer_timeout,
-                             heartbeat_interval=heartbeat_interval(args.peer_timeout),
-                             curve_keys=args.keys) as relay:
-            self.start(relay.endpoint, relay.name)
-            try:
-                for process in self.processes:
-                    await anyio.wait_readable(process.sentinel)  # readable once it exited
-            finally:
-                with anyio.CancelScope(shield=True):
-                    await anyio.to_thread.run_sync(self.stop)
-
-    def stop(self, timeout: float = 10.0) -> None:
-        """Wait for the workers (they exit when told or when we die); terminate stragglers."""
-        for process in self.processes:
-            process.join(timeout)
-            if process.exitcode is None:
-                process.terminate()
-                process.join(timeout)
-
-    def terminate(self) -> None:
-        for process in self.processes:
-            if process.exitcode is None:
-                process.terminate()
-        for process in self.processes:
-            process.join(10)
-
-    def exit_code(self) -> int:
-        codes = [p.exitcode or 0 for p in self.processes]
-        return max(codes, key=abs) if any(codes) else 0
-
-
-def heartbeat_interval(peer_timeout: float) -> float:
-    """1 s, or less for short timeouts: several heartbeats must fit in one timeout."""
-    return min(1.0, peer_timeout / 4)
-
-
-def _remote_worker_main(endpoint: str, spec: Any, backend: str, options: dict[str, Any]) -> None:
-    import anyio
-
-    from .worker import run_worker
-
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s worker %(process)d: %(message)s")
-    code = anyio.run(lambda: run_worker(endpoint, spec, **options), backend=backend)
-    sys.exit(code)
+    host = HostWorkers(args.connect, spec, workers=args.workers, relay=not args.no_relay,
+                       peer_timeout=args.peer_timeout, reconnect=args.reconnect,
+                       curve_keys=args.keys, backend=args.backend)
+    return host.run()
 
 
 if __name__ == "__main__":

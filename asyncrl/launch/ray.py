@@ -14,6 +14,10 @@ gymnasium id) resolved inside the actor.
 ...     async for batch in c:
 ...         ...
 >>> workers.wait(timeout=30)   # exit codes, once the collector closed them
+
+:func:`launch_hosts` starts one actor per Ray node instead, which runs K worker
+processes and their relay, as ``asyncrl worker --workers K`` does: each weight
+version then crosses the network once per node.
 """
 
 from __future__ import annotations
@@ -39,6 +43,17 @@ class WorkerActor:
 
         spec = WorkerSpec(**spec_kwargs)
         return anyio.run(lambda: run_worker(endpoint, spec, **options))
+
+
+@ray.remote
+class HostActor:
+    """One node's asyncrl workers and relay (``asyncrl worker --workers K``) in a Ray actor."""
+
+    def run(self, endpoint: str, spec_kwargs: dict[str, Any], options: dict[str, Any]) -> int:
+        from .._spec import WorkerSpec
+        from ..host import HostWorkers
+
+        return HostWorkers(endpoint, WorkerSpec(**spec_kwargs), **options).run()
 
 
 @dataclass
@@ -84,5 +99,47 @@ def launch_workers(
     actors = [WorkerActor.options(  # type: ignore[attr-defined]  # added by @ray.remote
                   num_cpus=num_cpus, **actor_options).remote()
               for _ in range(num_workers)]
+    runs = [actor.run.remote(endpoint, spec_kwargs, options) for actor in actors]
+    return RayWorkers(actors, runs)
+
+
+def launch_hosts(
+    endpoint: str,
+    *,
+    workers_per_host: int,
+    env: str,
+    policy: str | None = None,
+    envs_per_worker: int = 1,
+    nodes: list[str] | None = None,
+    curve_keys: str | None = None,
+    reconnect: bool = False,
+    peer_timeout: float = 10.0,
+    **actor_options: Any,
+) -> RayWorkers:
+    """Start ``workers_per_host`` workers and one relay on each Ray node (or each of ``nodes``).
+
+    Each node gets one actor pinned to it (``NodeAffinitySchedulingStrategy``)
+    that reserves ``workers_per_host`` CPUs and spawns the workers, as
+    ``asyncrl worker --workers K`` does on a host: weights reach the node once
+    per version. ``nodes`` are Ray node ids (default: every alive node). The
+    collector's ``remote_workers`` is ``workers_per_host x`` the number of nodes.
+    """
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    if workers_per_host < 1:
+        raise ValueError(f"workers_per_host must be >= 1, got {workers_per_host}")
+    if nodes is None:
+        nodes = [node["NodeID"] for node in ray.nodes() if node.get("Alive")]
+    if not nodes:
+        raise ValueError("no alive Ray node to start workers on: is ray.init() done?")
+    spec_kwargs = {"create_env_fn": env, "policy_factory": policy,
+                   "envs_per_worker": envs_per_worker}
+    options = {"workers": workers_per_host, "curve_keys": curve_keys, "reconnect": reconnect,
+               "peer_timeout": peer_timeout}
+    actors = [HostActor.options(  # type: ignore[attr-defined]  # added by @ray.remote
+                  num_cpus=workers_per_host,
+                  scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
+                  **actor_options).remote()
+              for node in nodes]
     runs = [actor.run.remote(endpoint, spec_kwargs, options) for actor in actors]
     return RayWorkers(actors, runs)

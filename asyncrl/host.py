@@ -1,0 +1,117 @@
+"""One worker host: K worker processes and, for K > 1, the relay that feeds them weights.
+
+What ``asyncrl worker --workers K`` runs, and what a Ray host actor runs
+(:func:`asyncrl.launch.ray.launch_hosts`).
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import os
+import socket
+import sys
+import uuid
+from typing import Any
+
+import anyio
+
+from ._spec import WorkerSpec
+
+log = logging.getLogger("asyncrl.host")
+
+
+def heartbeat_interval(peer_timeout: float) -> float:
+    """1 s, or less for short timeouts: several heartbeats must fit in one timeout."""
+    return min(1.0, peer_timeout / 4)
+
+
+class HostWorkers:
+    """Spawns this host's K workers (and their relay) and waits for them; see :meth:`run`.
+
+    >>> host = HostWorkers("tcp://trainer:5555", WorkerSpec("CartPole-v1"),  # doctest: +SKIP
+    ...                    workers=4, reconnect=True)
+    >>> exit_code = host.run()   # blocks until the workers exit
+    """
+
+    def __init__(self, connect: str, spec: WorkerSpec, *, workers: int, relay: bool = True,
+                 peer_timeout: float = 10.0, reconnect: bool = False,
+                 curve_keys: str | None = None, backend: str = "asyncio") -> None:
+        if workers < 1:
+            raise ValueError(f"workers must be >= 1, got {workers}")
+        self.connect = connect
+        self.spec = spec
+        self.relay = relay and workers > 1
+        self.peer_timeout = peer_timeout
+        self.reconnect = reconnect
+        self.curve_keys = curve_keys
+        self.backend = backend
+        tag = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.identities = [f"{tag}-w{i}".encode() for i in range(workers)]
+        self.processes: list[Any] = []
+
+    def run(self) -> int:
+        """Start the workers, wait until they all exit; return the exit code that matters."""
+        try:
+            if self.relay:
+                anyio.run(self._run_with_relay, backend=self.backend)
+            else:
+                self._start()
+                for process in self.processes:
+                    process.join()
+        except KeyboardInterrupt:
+            self.terminate()
+        codes = [p.exitcode or 0 for p in self.processes]
+        return max(codes, key=abs) if any(codes) else 0
+
+    def terminate(self) -> None:
+        """Stop the workers now (SIGTERM, then wait)."""
+        for process in self.processes:
+            if process.exitcode is None:
+                process.terminate()
+        for process in self.processes:
+            process.join(10)
+
+    def _start(self, relay: str | None = None, relay_name: bytes = b"") -> None:
+        context = mp.get_context("spawn")
+        for i, identity in enumerate(self.identities):
+            options = {"peer_timeout": self.peer_timeout,
+                       "heartbeat_interval": heartbeat_interval(self.peer_timeout),
+                       "reconnect": self.reconnect, "curve_keys": self.curve_keys,
+                       "identity": identity, "parent_pid": os.getpid(), "relay": relay,
+                       "relay_name": relay_name}
+            process = context.Process(target=_worker_main,
+                                      args=(self.connect, self.spec, self.backend, options),
+                                      name=f"asyncrl-worker-{i}")
+            process.start()
+            self.processes.append(process)
+
+    async def _run_with_relay(self) -> None:
+        from .relay import HostRelay
+
+        async with HostRelay(self.connect, self.identities, peer_timeout=self.peer_timeout,
+                             heartbeat_interval=heartbeat_interval(self.peer_timeout),
+                             curve_keys=self.curve_keys) as relay:
+            self._start(relay.endpoint, relay.name)
+            try:
+                for process in self.processes:
+                    await anyio.wait_readable(process.sentinel)  # readable once it exited
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await anyio.to_thread.run_sync(self._reap)
+
+    def _reap(self, timeout: float = 10.0) -> None:
+        # The workers exit when told or when we die; terminate what is left.
+        for process in self.processes:
+            process.join(timeout)
+            if process.exitcode is None:
+                process.terminate()
+                process.join(timeout)
+
+
+def _worker_main(endpoint: str, spec: WorkerSpec, backend: str, options: dict[str, Any]) -> None:
+    from .worker import run_worker
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s worker %(process)d: %(message)s")
+    code = anyio.run(lambda: run_worker(endpoint, spec, **options), backend=backend)
+    sys.exit(code)
