@@ -239,6 +239,9 @@ class HostRelay(TaskGroupResource):
         if not isinstance(members, list) or not 0 < len(members) <= MAX_RELAY_MEMBERS:
             raise ProtocolError(f"relayed weights need a {RELAY_TO!r} list of 1 to "
                                 f"{MAX_RELAY_MEMBERS} member identities")
+        if not all(isinstance(m, bytes) for m in members):
+            raise ProtocolError(f"relayed weights: {RELAY_TO!r} must list peer identities "
+                                "(bytes)")
         strangers = [m for m in members if m not in self.members]
         if strangers:
             raise ProtocolError(f"relayed weights name workers this relay does not serve: "

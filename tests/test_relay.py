@@ -161,6 +161,19 @@ async def test_a_lost_relay_sends_its_workers_back_to_direct_weights() -> None:
                 batch = await batches.__anext__()  # credits granted before the update
 
 
+async def test_pipelined_versions_through_the_relay_end_at_the_newest() -> None:
+    with anyio.fail_after(LIMIT):
+        async with collector() as c, in_process_host(c.endpoint, [b"w0", b"w1"]):
+            await c.__aiter__().__anext__()
+            await wait_for_routes(c, 2)
+            sender = c.weight_sender()
+            for _ in range(3):  # newest wins: a worker may ack version 1 with 2 or 3
+                await sender.send_async()
+            applied = await sender.wait_ack(timeout=30)
+    assert applied == {0: 3, 1: 3}
+    assert sender.copies_sent == 3
+
+
 # -- hostile or faulty peers ---------------------------------------------------------------------
 def fake_relay(endpoint: str) -> Link:
     return Link(endpoint, identity=b"relay-x", heartbeat_interval=0.2, peer_timeout=2.0)
@@ -223,6 +236,13 @@ async def test_the_relay_refuses_weights_for_workers_it_does_not_serve() -> None
             with pytest.raises(RemoteError, match="does not serve") as caught:
                 await hub.wait_ack(ticket, timeout=30)
             assert caught.value.remote_type.endswith("ProtocolError")
+            for bad in ([[1, 2]], "mine", [b"mine"] * 2000):  # unhashable, not a list, too long
+                ticket = await hub.send_async([joined.peer], {"w": torch.ones(2)},
+                                              kind=WEIGHTS_KIND,
+                                              meta={"model_id": "policy", "version": 1,
+                                                    RELAY_TO: bad})
+                with pytest.raises(RemoteError, match="relay_to"):
+                    await hub.wait_ack(ticket, timeout=30)
             # A member that never attached is reported lost, not waited for.
             ticket = await hub.send_async([joined.peer], {"w": torch.ones(2)}, kind=WEIGHTS_KIND,
                                           meta={"model_id": "policy", "version": 1,

@@ -43,13 +43,15 @@ def relay_ack_body(model_id: str, versions: dict[bytes, int],
     return {"model_id": model_id, "versions": versions, "failed": failed}
 
 
-def parse_relay_ack(result: Any, members: dict[bytes, int], relay: bytes,
-                    default_version: int) -> tuple[dict[int, int], dict[int, BaseException]]:
+def parse_relay_ack(result: Any, members: dict[bytes, int], relay: bytes, sent: int,
+                    latest: int) -> tuple[dict[int, int], dict[int, BaseException]]:
     """Read a relay's ack: ``({worker_id: version}, {worker_id: error})`` over ``members``.
 
     ``members`` maps each member identity the message was relayed to onto its
-    worker id. A member the answer does not account for is a failure, so a
-    faulty relay cannot make ``wait_ack`` report an update nobody applied.
+    worker id. A member the answer does not account for, or one that claims a
+    version outside ``sent..latest`` (newest wins: a worker may ack version
+    ``sent`` with a newer one it applied), is a failure, so a faulty relay cannot
+    make ``wait_ack`` report an update nobody applied.
     """
     versions = result.get("versions") if isinstance(result, dict) else None
     failed = result.get("failed") if isinstance(result, dict) else None
@@ -60,14 +62,14 @@ def parse_relay_ack(result: Any, members: dict[bytes, int], relay: bytes,
     errors: dict[int, BaseException] = {}
     for member, worker_id in members.items():
         version = versions.get(member)
-        if type(version) is int and 0 < version <= default_version:
+        if type(version) is int and sent <= version <= latest:
             applied[worker_id] = version
         elif member in failed:
             errors[worker_id] = _failure_error(member, failed[member], via)
         else:
             errors[worker_id] = RemoteError(
                 f"relay {via} acknowledged without a valid version for this worker "
-                f"(got {version!r}); expected an int in 1..{default_version}",
+                f"(got {version!r}); expected an int in {sent}..{latest}",
                 peer=member, remote_type="asyncrl.weights.RelayProtocolError")
     return applied, errors
 

@@ -65,13 +65,17 @@ class _Sent:
     def pending(self) -> bool:
         return any(part.ticket.pending for part in self.parts)
 
-    def outcome(self) -> tuple[dict[int, int], list[BaseException]]:
-        """``({worker_id: version applied}, [errors])`` of a send that is not pending."""
+    def outcome(self, latest: int) -> tuple[dict[int, int], list[BaseException]]:
+        """``({worker_id: version applied}, [errors])`` of a send that is not pending.
+
+        ``latest`` is the sender's newest version: what a worker may have applied
+        instead of this one.
+        """
         if self._outcome is None:
-            self._outcome = self._read_outcome()
+            self._outcome = self._read_outcome(latest)
         return self._outcome
 
-    def _read_outcome(self) -> tuple[dict[int, int], list[BaseException]]:
+    def _read_outcome(self, latest: int) -> tuple[dict[int, int], list[BaseException]]:
         applied: dict[int, int] = {}
         errors: list[BaseException] = []
         for part in self.parts:
@@ -96,7 +100,7 @@ class _Sent:
             if ticket.acks:
                 live = {m: w for m, w in part.workers.items() if w not in part.gone}
                 done, failed = parse_relay_ack(ticket.acks[part.relay], live, part.relay,
-                                               self.version)
+                                               self.version, latest)
                 applied.update(done)
                 errors.extend(failed.values())
                 gone = [m for m, w in part.workers.items() if w in part.gone]
@@ -306,7 +310,7 @@ class WeightSender:
         applied: dict[int, int] = {}
         failure: BaseException | None = None
         for sent in finished:
-            done, errors = sent.outcome()
+            done, errors = sent.outcome(self._version)
             for worker_id, version in done.items():
                 applied[worker_id] = max(applied.get(worker_id, 0), version)
                 self._acked[worker_id] = max(self._acked.get(worker_id, 0), version)
@@ -382,7 +386,7 @@ class WeightSender:
             if sent.pending:
                 keep.append(sent)
                 continue
-            done, errors = sent.outcome()
+            done, errors = sent.outcome(self._version)
             if errors:
                 keep.append(sent)  # wait_ack() reports them
                 continue
