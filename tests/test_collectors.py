@@ -284,6 +284,44 @@ async def test_in_process_collector_matches_a_gymnasium_loop() -> None:
                 obs, _ = env.reset()
 
 
+async def test_in_process_weight_sender_applies_between_and_during_batches() -> None:
+    policy = ParamPolicy(1.0)
+    separate = {"value": torch.tensor([-1.0])}  # a state dict: copied in
+    with anyio.fail_after(LIMIT):
+        async with Collector(counting, policy, frames_per_batch=8, total_frames=-1) as c:
+            batches = c.__aiter__()
+            first = await batches.__anext__()
+            sender = c.weight_sender()
+            # Between batches: applied at once, so an awaited send returns.
+            assert await sender.send(separate, timeout=30) == 1
+            assert float(policy.value.detach()) == -1.0
+            second = await batches.__anext__()
+            # During a batch (another task collects): applied at a step boundary.
+            async with anyio.create_task_group() as tg:
+                results = []
+
+                async def collect() -> None:
+                    results.append(await batches.__anext__())
+
+                tg.start_soon(collect)
+                with torch.no_grad():
+                    policy.value.fill_(2.0)  # the trainer trains the shared object in place
+                version = await sender.send_async()
+                assert await sender.wait_ack(timeout=30) == {0: version}
+            third = await batches.__anext__()
+            await c.update_policy_weights()
+            fourth = await batches.__anext__()
+    assert first["collector", "policy_version"].unique().tolist() == [0]
+    assert first["action"].unique().tolist() == [1]
+    assert second["collector", "policy_version"].unique().tolist() == [1]
+    assert second["action"].unique().tolist() == [0]
+    assert third["collector", "policy_version"].unique().tolist() == [2]
+    assert third["action"].unique().tolist() == [1]
+    assert fourth["collector", "policy_version"].unique().tolist() == [3]
+    with pytest.raises(KeyError, match="only the 'policy' model"):
+        c.weight_sender("critic")
+
+
 async def test_multi_collector_worker_matches_a_gymnasium_loop() -> None:
     seed = 11
     with anyio.fail_after(LIMIT):

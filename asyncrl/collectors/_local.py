@@ -12,7 +12,7 @@ from tensordict import TensorDictBase
 from .._spec import WorkerSpec
 from ..envs import make_env_pool
 from ..rollout import Rollout
-from ..weights import WeightStrategy
+from ..weights import InProcessWeightSyncScheme, WeightReceiver, WeightSender
 from ._base import BaseCollector
 
 
@@ -21,8 +21,12 @@ class Collector(BaseCollector):
 
     The rollout runs in a worker thread so the event loop stays free. The
     policy object is shared with the trainer: ``update_policy_weights()``
-    without weights only bumps the version (no copy); with weights it loads
-    them between two batches.
+    without weights only bumps the version (no copy); with weights it copies
+    them in. ``weight_sender()`` gives the same sends as a
+    :class:`~asyncrl.weights.WeightSender` (``send_async`` / ``wait_ack``,
+    over :class:`~asyncrl.weights.InProcessWeightSyncScheme`): an update is
+    applied at the next step boundary of a batch in progress, or at once
+    between batches, and acked with its version.
 
     >>> async with Collector("CartPole-v1", frames_per_batch=200,    # doctest: +SKIP
     ...                      total_frames=1000) as collector:
@@ -70,7 +74,10 @@ class Collector(BaseCollector):
         self.policy = policy
         self.policy_version = 0
         self.rollout: Rollout | None = None
-        self._lock: anyio.Lock | None = None  # the rollout and weight loads never overlap
+        self._lock: anyio.Lock | None = None  # held while a batch is collected
+        self._weights = InProcessWeightSyncScheme()
+        self._sender: WeightSender | None = None
+        self._receiver: WeightReceiver | None = None
 
     def _create_async_state(self) -> None:
         super()._create_async_state()
@@ -83,6 +90,41 @@ class Collector(BaseCollector):
 
     async def _open(self) -> None:
         self.rollout = await anyio.to_thread.run_sync(self._build)
+        if isinstance(self.policy, torch.nn.Module):
+            self._sender = self._weights.init_on_sender("policy", model=self.policy)
+            receiver = self._receiver = self._weights.init_on_worker(
+                "policy", model=self.policy, on_apply=self._on_applied)
+            assert receiver.link is not None
+            receiver.link._deliver = self._on_weights  # type: ignore[attr-defined]
+            self.rollout.before_step = self._before_step
+
+    def _on_weights(self, message: Any) -> None:
+        # Called inside the sender's send_async, in the event loop.
+        receiver = self._receiver
+        assert receiver is not None
+        receiver.on_message(message)
+        if not self._locked().locked():
+            # No batch in progress: apply now, or an awaited send would wait for
+            # a batch that the trainer only asks for once the send returned.
+            receiver.apply_pending()
+            self._flush_acks()
+
+    def _before_step(self) -> None:
+        # In the rollout thread, at each step boundary: one attribute check unless
+        # an update is waiting.
+        receiver = self._receiver
+        if receiver is not None and receiver.has_pending:
+            receiver.apply_pending()
+            anyio.from_thread.run_sync(self._flush_acks)
+
+    def _flush_acks(self) -> None:
+        assert self._receiver is not None
+        self._task_group.start_soon(self._receiver.flush_acks)
+
+    def _on_applied(self, version: int) -> None:
+        self.policy_version = version
+        if self.rollout is not None:
+            self.rollout.policy_version = version
 
     def _build(self) -> Rollout:
         spec = self._spec
@@ -107,20 +149,38 @@ class Collector(BaseCollector):
         assert rollout is not None
         async with self._locked():
             # The rollout reuses its buffers: hand out a copy the trainer may keep.
-            return await anyio.to_thread.run_sync(lambda: rollout.collect().clone())
+            batch = await anyio.to_thread.run_sync(lambda: rollout.collect().clone())
+            receiver = self._receiver
+            if receiver is not None and receiver.has_pending:
+                receiver.apply_pending()  # came after the batch's last step boundary
+                self._flush_acks()
+            return batch
 
-    async def update_policy_weights(self, weights: Any = None, *, worker_ids: Any = None,
-                                    model_id: str = "policy") -> None:
-        """Apply ``weights`` (or nothing, when the trainer updates this very policy)."""
+    def weight_sender(self, model_id: str = "policy") -> WeightSender:
+        """The :class:`~asyncrl.weights.WeightSender` of the policy (an ``nn.Module``)."""
         if model_id != "policy":
             raise KeyError(f"the in-process collector has only the 'policy' model, "
                            f"not {model_id!r}")
-        async with self._locked():
-            if weights is not None and weights is not self.policy:
-                WeightStrategy("state_dict").apply_weights(self.policy, weights)
-            self.policy_version += 1
-            if self.rollout is not None:
-                self.rollout.policy_version = self.policy_version
+        if self._sender is None:
+            raise KeyError("no weight sender: the collector is not open yet, or its policy is "
+                           f"not an nn.Module ({type(self.policy).__name__}); "
+                           "update_policy_weights() still bumps the version")
+        return self._sender
+
+    async def update_policy_weights(self, weights: Any = None, *, worker_ids: Any = None,
+                                    model_id: str = "policy") -> None:
+        """Apply ``weights`` (or nothing, when the trainer updates this very policy).
+
+        Returns once the collector applied them: at once between batches, at the
+        next step boundary while a batch is being collected.
+        """
+        if model_id != "policy":
+            raise KeyError(f"the in-process collector has only the 'policy' model, "
+                           f"not {model_id!r}")
+        if self._sender is not None:
+            await self._sender.send(None if weights is self.policy else weights)
+            return
+        self._on_applied(self.policy_version + 1)  # a policy without weights: a new version
 
     async def set_seed(self, seed: int, static_seed: bool = False) -> int:
         assert self.rollout is not None
