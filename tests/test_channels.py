@@ -311,6 +311,48 @@ async def test_link_whose_hub_never_answers_gets_peer_lost() -> None:
             assert link.statistics().peers == 0
 
 
+async def test_a_hub_tells_a_new_peer_its_instance_before_answering(endpoint: str) -> None:
+    # Heartbeats far apart: the instance can only come from the ping sent at joining,
+    # which must precede the hub's first answer (a hub can die right after it).
+    slow = {"heartbeat_interval": 60, "peer_timeout": 120}
+    with anyio.fail_after(WAIT):
+        async with Hub(endpoint, **slow) as hub, \
+                Link(hub.endpoint, identity="w0", **slow) as link:
+            await link.send("hello")
+            assert (await next_message(hub)).body == "hello"
+            await hub.send(b"w0", "welcome")
+            assert (await link.recv()).body == "welcome"
+            assert link._hub_instance == hub.instance
+
+
+@pytest.fixture
+def ipc_endpoint(tmp_path: Path) -> Iterator[str]:
+    address = short_ipc_path(tmp_path)
+    yield address
+    Path(address.removeprefix("ipc://")).unlink(missing_ok=True)
+
+
+async def test_a_hub_reported_lost_is_not_reported_again_when_a_successor_answers(
+        ipc_endpoint: str) -> None:
+    # The consumer was told the hub is gone and joins again anyway: a "restarted"
+    # on top would make it join twice.
+    endpoint = ipc_endpoint  # ipc: the successor binds the same address at once
+    with anyio.fail_after(WAIT):
+        async with Link(endpoint, identity="w0", **FAST) as link:
+            async with Hub(endpoint, **FAST) as first:
+                await link.send("hello")
+                assert (await next_message(first)).body == "hello"
+                await eventually(lambda: link._hub_instance == first.instance, "first known")
+            with pytest.raises(PeerLostError, match="goodbye"):  # the first hub's goodbye
+                await link.recv()
+            async with Hub(endpoint, **FAST) as second:
+                await wait_joined(second, {b"w0"})  # from the link's heartbeats
+                await link.wait_connected()  # its first ping, telling its instance
+                assert link._hub_instance == second.instance
+                await second.send(b"w0", "welcome")
+                assert (await link.recv()).body == "welcome"  # no "restarted" before it
+
+
 class socket_port:
     """A TCP port that nothing listens on (bound, never listened, released on exit)."""
 

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -18,10 +22,10 @@ pytestmark = pytest.mark.anyio
 LIMIT = 90
 
 
-def cli_worker(endpoint: str, *args: str) -> subprocess.Popen:
+def cli_worker(endpoint: str, *args: str, **popen: Any) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "asyncrl.cli", "worker", "--connect", endpoint, *args],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **popen)
 
 
 async def wait_exit(process: subprocess.Popen) -> int:
@@ -153,3 +157,40 @@ def test_coordinator_death_ends_a_worker_without_reconnect() -> None:
         for process in (first, host):
             if process is not None and process.poll() is None:
                 process.kill()
+
+
+@pytest.mark.parametrize("peer_timeout", ["2", "600"])
+def test_a_reconnecting_worker_joins_a_restarted_coordinator(peer_timeout: str) -> None:
+    # A peer timeout longer than the test's bounds leaves one way to join again in
+    # time: the new hub instance in the pings. With 2 s, the silence of the dead
+    # coordinator may be noticed first; either way the worker joins once.
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    first = trainer(endpoint, 100_000)
+    host = second = None
+    failure = None
+    try:
+        events = Lines(first)
+        events.until(lambda e: e["event"] == "listening", LIMIT)
+        host = cli_worker(endpoint, "--env", "CartPole-v1", "--policy",
+                          "asyncrl.testing:ParamPolicy", "--reconnect",
+                          "--peer-timeout", peer_timeout,
+                          start_new_session=True)  # its worker processes die with it
+        events.until(lambda e: e["event"] == "batch", LIMIT)
+        first.kill()  # the coordinator dies without a goodbye
+        first.wait(LIMIT)
+        second = trainer(endpoint, 100_000)
+        try:
+            Lines(second).until(lambda e: e["event"] == "batch", LIMIT)
+        except AssertionError as exc:
+            failure = exc
+    finally:
+        for process in (first, second):
+            if process is not None and process.poll() is None:
+                process.kill()
+                process.wait(LIMIT)
+        if host is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(host.pid, signal.SIGKILL)
+    output = host.communicate(timeout=LIMIT)[0]
+    assert failure is None, f"{failure}\nworker output:\n{output}"
+    assert output.count("waiting for it to come back") == 1, output

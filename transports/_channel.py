@@ -147,6 +147,7 @@ class Channel(TaskGroupResource):
         self.curve = curve
         self._authenticator: Authenticator | None = None
         self._io: AsyncSocket | None = None
+        self._ping: list[Any] = []  # encoded once the socket is open
         self._inbox = Inbox(queue_size)
         self._background = anyio.CancelScope()
         self._closing = False
@@ -171,6 +172,7 @@ class Channel(TaskGroupResource):
         self._io = AsyncSocket(socket, self._handle, self._deliver_nowait, self._deliver,
                                self._caught_up, leading_bytes=self._leading_bytes)
         self._io.translate = self._translate_send_error  # type: ignore[method-assign]
+        self._ping = encode_message(None, kind=PING, meta=self._ping_meta())
         # The pump must be running before anyone can call aclose(), which waits for it.
         await self._task_group.start(self._run_background)
 
@@ -272,10 +274,9 @@ class Channel(TaskGroupResource):
 
     async def _heartbeat_loop(self) -> None:
         # Pings never wait: a peer whose queue is full must not delay the others.
-        ping = encode_message(None, kind=PING, meta=self._ping_meta())
         assert self._io is not None
         while True:
-            self._send_pings(ping)
+            self._send_pings(self._ping)
             self._io.wake()  # the pump checks liveness once it has read everything
             await anyio.sleep(self.heartbeat_interval)
 

@@ -176,6 +176,13 @@ class Hub(Channel):
 
     def _join(self, peer: bytes) -> None:
         self._last_seen[peer] = time.monotonic()
+        # A ping at once tells the newcomer our instance before any answer of ours
+        # (one pipe keeps its order): a link that was answered by us knows who we
+        # were, and sees a successor as a restart, even if we die before our first
+        # heartbeat. A hub that died that early was seen as the first instance of
+        # its successor, and the link waited for orders that never came.
+        assert self._io is not None
+        self._io.try_send([peer, *self._ping], from_handle=True)
         # Like "lost", never held back by a full queue: one event per peer.
         self._inbox.put_nowait(PeerEvent(peer, "joined"), force=True)
 

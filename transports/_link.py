@@ -53,6 +53,7 @@ class Link(Channel):
         self._lost = False
         self._back: anyio.Event | None = None  # set when the hub is heard again
         self._hub_instance: str | None = None  # changes when the coordinator restarts
+        self._loss_reported = False  # recv raised "lost" since the hub was last heard
 
     def _prepare(self, socket: zmq.Socket) -> None:
         socket.setsockopt(zmq.IDENTITY, self.identity)
@@ -85,7 +86,9 @@ class Link(Channel):
         """The next message from the hub; :class:`PeerLostError` if the hub went silent.
 
         Messages that arrived before the hub was lost come first; after that every
-        call raises until the hub is heard from again.
+        call raises until the hub is heard from again. A restarted hub (a new
+        instance) raises once too, unless a "lost" was raised since the old one
+        was last heard: the caller joins again either way, and only once.
         """
         while True:
             if self._lost and not self._queued():
@@ -145,6 +148,7 @@ class Link(Channel):
                              "and a restarted hub answers in its place: join it again")
 
     def _lost_error(self) -> PeerLostError:
+        self._loss_reported = True  # only made to be raised by recv()
         return PeerLostError([b"hub@" + self.endpoint.encode()],
                              f"for {self.peer_timeout} s or said goodbye")
 
@@ -159,17 +163,22 @@ class Link(Channel):
             return None
         if message.kind == PING:
             self._note_instance(message.meta.get("hub"))
+            self._loss_reported = False
             return None
         if message.kind == BYE:
             self._lose_hub()
             return None
+        self._loss_reported = False
         return Message(HUB, message.kind, message.seq, message.body, message.meta,
                        message.needs_ack)
 
     def _note_instance(self, instance: Any) -> None:
         if not isinstance(instance, str):
             return
-        if self._hub_instance is not None and instance != self._hub_instance:
+        # A consumer that recv() already told the hub is gone joins again anyway: a
+        # second report would make it join twice.
+        if (self._hub_instance is not None and instance != self._hub_instance
+                and not self._loss_reported):
             self._inbox.put_nowait(PeerEvent(HUB, "restarted"), force=True)
         self._hub_instance = instance
 

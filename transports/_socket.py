@@ -314,15 +314,22 @@ class AsyncSocket:
             self._sends_without_yield = 0
             await anyio.lowlevel.cancel_shielded_checkpoint()
 
-    def try_send(self, frames: Sequence[Any]) -> bool:
-        """Send now or not at all (heartbeats): False if closed, full or unroutable."""
+    def try_send(self, frames: Sequence[Any], *, from_handle: bool = False) -> bool:
+        """Send now or not at all (heartbeats): False if closed, full or unroutable.
+
+        ``from_handle=True`` is for a send made inside ``handle``, in the middle of
+        a drain: the drain reads ``zmq.EVENTS`` again before it parks, so the pump
+        is not poked (a poke there would cancel the wait the reader callback is
+        about to complete).
+        """
         if self.closed:
             return False
         try:
             self._send(frames)
         except zmq.ZMQError:
             return False
-        self._after_send()
+        if not from_handle:
+            self._after_send()
         return True
 
     def _send(self, frames: Sequence[Any]) -> None:
