@@ -110,6 +110,33 @@ class Worker:
 
     # -- life cycle --------------------------------------------------------------
     async def run(self) -> int:
+        """Serve until closed, refused or orphaned; return the exit code."""
+        code = EXIT_OK
+
+        async def serve() -> None:
+            nonlocal code
+            code = await self._serve()
+            tg.cancel_scope.cancel()
+
+        async def watch_parent() -> None:
+            # For the whole life of the worker, also while it joins or waits for a
+            # coordinator: a spawned worker must never outlive the process that made it.
+            nonlocal code
+            try:
+                await self._watch_parent()
+            except WorkerExit as exc:
+                log.error("worker exits: %s", exc)
+                code = exc.code
+                if self.rollout is not None:
+                    self.rollout.request_stop()  # the batch in progress ends at its next step
+                tg.cancel_scope.cancel()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(serve)
+            tg.start_soon(watch_parent)
+        return code
+
+    async def _serve(self) -> int:
         try:
             await self._build()
             while True:
@@ -121,7 +148,7 @@ class Worker:
                     self._exit = None
                     async with anyio.create_task_group() as tg:
                         for task in (self._collect_loop, self._ack_loop, self._dispatch_loop,
-                                     self._watch_parent, self._relay_loop):
+                                     self._relay_loop):
                             tg.start_soon(self._until_exit, task, tg.cancel_scope)
                 if self._exit is None:
                     return EXIT_OK
@@ -176,7 +203,13 @@ class Worker:
                       host=socket.gethostname(), pid=os.getpid(),
                       specs=self.env_pool.specs.to_dict(), slot=self.slot, token=self.token,
                       relay=self.relay_name if self._relay_attached else "")
-        await self.link.send(hello.to_body(), kind=Hello.KIND)
+        sent = False
+        with anyio.move_on_after(self.link.peer_timeout):
+            # A send blocks while no connection is up (e.g. a CURVE handshake that fails).
+            await self.link.send(hello.to_body(), kind=Hello.KIND)
+            sent = True
+        if not sent:
+            raise WorkerExit(EXIT_COORDINATOR_LOST, self._unreachable())
         welcome = await self._await_welcome()
         self.index = welcome.index
         try:
@@ -248,7 +281,15 @@ class Worker:
                 continue
             scheme = WeightSyncScheme.from_config(config)
             on_apply = self._on_policy_applied if model_id == "policy" else None
-            self._receivers.add(scheme.init_on_worker(model_id, root=self, on_apply=on_apply))
+            receiver = scheme.init_on_worker(model_id, root=self, on_apply=on_apply)
+            if receiver.model is None and scheme.name != "none":
+                # Collecting with random actions while the trainer believes its weights
+                # are in use would be a silent failure: stop with a clear error instead.
+                raise ValueError(
+                    f"the coordinator syncs the weights of {model_id!r}, but this worker has "
+                    f"no {model_id!r} (no policy means random actions): start it with "
+                    "--policy pkg.mod:factory returning the trainer's policy architecture")
+            self._receivers.add(receiver)
 
     def _on_policy_applied(self, version: int) -> None:
         if self.rollout is not None:
@@ -267,14 +308,15 @@ class Worker:
             return await self.link.recv()
         except PeerLostError as exc:
             if self.index < 0:  # never welcomed: maybe never reached
-                raise WorkerExit(
-                    EXIT_COORDINATOR_LOST,
-                    f"no coordinator answered at {self.link.endpoint} within "
-                    f"{self.link.peer_timeout} s: check the address and port, that the trainer "
-                    "is running with MultiCollector(listen=...) there, and that no firewall is "
-                    "in the way") from None
+                raise WorkerExit(EXIT_COORDINATOR_LOST, self._unreachable()) from None
             raise WorkerExit(EXIT_COORDINATOR_LOST,
                              f"the coordinator at {self.link.endpoint} is gone ({exc})") from None
+
+    def _unreachable(self) -> str:
+        return (f"no coordinator answered at {self.link.endpoint} within "
+                f"{self.link.peer_timeout} s: check the address and port, that the trainer is "
+                "running with MultiCollector(listen=...) there, that no firewall is in the way, "
+                "and (with --keys) that this host's key is authorized")
 
     async def _dispatch_loop(self) -> None:
         while True:

@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from functools import partial
@@ -307,3 +308,50 @@ def alive(pid: int) -> bool:
             return stat.read().split(") ")[1][0] != "Z"
     except FileNotFoundError:
         return False
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_workers_still_joining_exit_with_their_host_process(workers: str) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nobody answers: the workers sit in their join
+    host = subprocess.Popen(
+        [sys.executable, "-m", "asyncrl.cli", "worker", "--connect", f"tcp://127.0.0.1:{port}",
+         "--env", "CartPole-v1", "--workers", workers, "--peer-timeout", "600"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + LIMIT
+        children: list[int] = []
+        while len(children) < int(workers) and time.monotonic() < deadline:
+            time.sleep(0.1)
+            children = [int(pid) for pid in subprocess.run(
+                ["pgrep", "-P", str(host.pid), "-f", "spawn_main"], capture_output=True,
+                text=True).stdout.split()]
+        assert len(children) == int(workers)
+        time.sleep(3)  # past their imports: now waiting for a welcome (up to 600 s)
+        os.kill(host.pid, signal.SIGKILL)
+        host.wait()
+        while any(alive(pid) for pid in children):
+            assert time.monotonic() < deadline, "orphaned workers outlived their host process"
+            time.sleep(0.1)
+    finally:
+        kill_group(host)
+
+
+async def test_a_worker_without_the_synced_policy_stops_the_run_with_a_clear_error() -> None:
+    with anyio.fail_after(LIMIT):
+        async with MultiSyncCollector("CartPole-v1", ParamPolicy(), num_workers=0,
+                                      remote_workers=1, listen="tcp://127.0.0.1:0",
+                                      frames_per_batch=20, total_frames=40) as collector:
+            host = subprocess.Popen(
+                [sys.executable, "-m", "asyncrl.cli", "worker", "--connect", collector.endpoint,
+                 "--env", "CartPole-v1"],  # no --policy
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                start_new_session=True)
+            try:
+                with pytest.raises(ValueError, match="start it with --policy"):
+                    [b async for b in collector]
+            finally:
+                code = await wait_exit(host)
+                kill_group(host)
+    assert code == 1, host.stdout.read() if host.stdout else ""
