@@ -20,7 +20,7 @@ from asyncrl import MultiAsyncCollector, MultiSyncCollector
 from asyncrl._spec import WorkerSpec
 from asyncrl.relay import HostRelay
 from asyncrl.testing import ParamPolicy
-from asyncrl.weights import WEIGHTS_KIND
+from asyncrl.weights import WEIGHTS_KIND, WeightSender, ZmqWeightSyncScheme
 from asyncrl.weights._fanout import RELAY_TO
 from asyncrl.worker import run_worker
 from transports import Hub, Link, PeerLostError, RemoteError, generate_keys
@@ -176,8 +176,17 @@ async def test_pipelined_versions_through_the_relay_end_at_the_newest() -> None:
 
 
 # -- hostile or faulty peers ---------------------------------------------------------------------
-def fake_relay(endpoint: str) -> Link:
-    return Link(endpoint, identity=b"relay-x", heartbeat_interval=0.2, peer_timeout=2.0)
+@asynccontextmanager
+async def sender_behind_fake_relay() -> AsyncIterator[tuple[WeightSender, Link]]:
+    """A trainer's sender whose one worker (w0) is routed through ``relay-x``, played here."""
+    async with Hub("tcp://127.0.0.1:0", heartbeat_interval=0.2, peer_timeout=2.0) as hub:
+        async with Link(hub.endpoint, identity=b"relay-x", heartbeat_interval=0.2,
+                        peer_timeout=2.0) as relay:
+            assert (await hub.recv()).event == "joined"
+            sender = ZmqWeightSyncScheme().init_on_sender(
+                "policy", hub=hub, model=ParamPolicy(), workers={0: b"w0"})
+            sender.set_relay_routes(lambda: {0: b"relay-x"})
+            yield sender, relay
 
 
 @pytest.mark.parametrize("answer", [
@@ -187,36 +196,22 @@ def fake_relay(endpoint: str) -> Link:
     ["not", "a", "map"],
 ])
 async def test_a_relay_cannot_claim_an_update_it_did_not_deliver(answer: object) -> None:
-    from asyncrl.weights import ZmqWeightSyncScheme
-
     with anyio.fail_after(LIMIT):
-        async with Hub("tcp://127.0.0.1:0", heartbeat_interval=0.2, peer_timeout=2.0) as hub:
-            async with fake_relay(hub.endpoint) as relay:
-                assert (await hub.recv()).event == "joined"
-                sender = ZmqWeightSyncScheme().init_on_sender(
-                    "policy", hub=hub, model=ParamPolicy(), workers={0: b"w0"})
-                sender.set_relay_routes(lambda: {0: b"relay-x"})
-                await sender.send_async()
-                message = await relay.recv()
-                assert message.kind == WEIGHTS_KIND and message.meta[RELAY_TO] == [b"w0"]
-                await relay.ack(message, answer)
-                with pytest.raises(RemoteError, match="without a valid version"):
-                    await sender.wait_ack(timeout=30)
+        async with sender_behind_fake_relay() as (sender, relay):
+            await sender.send_async()
+            message = await relay.recv()
+            assert message.kind == WEIGHTS_KIND and message.meta[RELAY_TO] == [b"w0"]
+            await relay.ack(message, answer)
+            with pytest.raises(RemoteError, match="without a valid version"):
+                await sender.wait_ack(timeout=30)
 
 
-async def test_a_relay_lost_before_acking_fails_its_workers_not_the_others() -> None:
-    from asyncrl.weights import ZmqWeightSyncScheme
-
+async def test_a_relay_lost_before_acking_fails_its_workers() -> None:
     with anyio.fail_after(LIMIT):
-        async with Hub("tcp://127.0.0.1:0", heartbeat_interval=0.2, peer_timeout=2.0) as hub:
-            async with fake_relay(hub.endpoint) as relay:
-                assert (await hub.recv()).event == "joined"
-                sender = ZmqWeightSyncScheme().init_on_sender(
-                    "policy", hub=hub, model=ParamPolicy(), workers={0: b"w0"})
-                sender.set_relay_routes(lambda: {0: b"relay-x"})
-                await sender.send_async()
-                await relay.recv()
-            # the relay said goodbye before acking
+        async with sender_behind_fake_relay() as (sender, relay):
+            await sender.send_async()
+            await relay.recv()
+            await relay.aclose()  # goodbye before the ack
             with pytest.raises(PeerLostError, match="relay relay-x went silent") as caught:
                 await sender.wait_ack(timeout=30)
     assert caught.value.peers == [b"w0"]

@@ -93,8 +93,7 @@ def launch_workers(
     """
     if num_workers < 1:
         raise ValueError(f"num_workers must be >= 1, got {num_workers}")
-    spec_kwargs = {"create_env_fn": env, "policy_factory": policy,
-                   "envs_per_worker": envs_per_worker}
+    spec_kwargs = _spec_kwargs(env, policy, envs_per_worker)
     options = {"curve_keys": curve_keys, "reconnect": reconnect, "peer_timeout": peer_timeout}
     actors = [WorkerActor.options(  # type: ignore[attr-defined]  # added by @ray.remote
                   num_cpus=num_cpus, **actor_options).remote()
@@ -132,8 +131,7 @@ def launch_hosts(
         nodes = [node["NodeID"] for node in ray.nodes() if node.get("Alive")]
     if not nodes:
         raise ValueError("no alive Ray node to start workers on: is ray.init() done?")
-    spec_kwargs = {"create_env_fn": env, "policy_factory": policy,
-                   "envs_per_worker": envs_per_worker}
+    spec_kwargs = _spec_kwargs(env, policy, envs_per_worker)
     options = {"workers": workers_per_host, "curve_keys": curve_keys, "reconnect": reconnect,
                "peer_timeout": peer_timeout}
     actors = [HostActor.options(  # type: ignore[attr-defined]  # added by @ray.remote
@@ -143,3 +141,8 @@ def launch_hosts(
               for node in nodes]
     runs = [actor.run.remote(endpoint, spec_kwargs, options) for actor in actors]
     return RayWorkers(actors, runs)
+
+
+def _spec_kwargs(env: str, policy: str | None, envs_per_worker: int) -> dict[str, Any]:
+    # Import paths and plain values only: the actor builds its WorkerSpec itself.
+    return {"create_env_fn": env, "policy_factory": policy, "envs_per_worker": envs_per_worker}
