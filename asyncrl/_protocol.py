@@ -44,6 +44,9 @@ class Hello:
     #: The upstream identity of this host's relay ("": none). Weights go through it
     #: only if that relay also lists this worker (see :class:`RelayHello`).
     relay: str = ""
+    #: Counts the hellos of one join: a hello that reached a coordinator which died
+    #: before answering is said again, and only the welcome for the latest counts.
+    attempt: int = 0
 
     def to_body(self) -> dict[str, Any]:
         return asdict(self)
@@ -59,7 +62,16 @@ class Hello:
             slot=_field(body, "slot", int, "hello"),
             token=_field(body, "token", str, "hello")[:200],
             relay=_optional_str(body, "relay", "hello")[:255],
+            attempt=_optional_int(body, "attempt", "hello"),
         )
+
+
+def _optional_int(body: dict[str, Any], name: str, what: str) -> int:
+    value = body.get(name, 0)
+    if type(value) is not int:
+        raise ProtocolError(f"{what} message field {name!r} must be int, "
+                            f"got {type(value).__name__}")
+    return value
 
 
 def _optional_str(body: dict[str, Any], name: str, what: str) -> str:
@@ -136,6 +148,7 @@ class Welcome:
     #: ``{model_id: scheme.to_config()}``: how weights reach this worker (remote hosts
     #: build their receivers from it; code never travels).
     schemes: dict[str, Any] = field(default_factory=dict)
+    attempt: int = 0  # the hello's attempt this welcome answers
 
     def to_body(self) -> dict[str, Any]:
         return asdict(self)
@@ -153,6 +166,7 @@ class Welcome:
             frames_per_batch=frames,
             init_random_frames=_field(body, "init_random_frames", int, "welcome"),
             schemes=schemes,
+            attempt=_optional_int(body, "attempt", "welcome"),
         )
 
 

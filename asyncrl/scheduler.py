@@ -259,7 +259,7 @@ class Scheduler:
         frames = self.frames_per_worker[index % len(self.frames_per_worker)]
         welcome = Welcome(index=index, frames_per_batch=frames,
                           init_random_frames=self.init_random_frames,
-                          schemes=self._scheme_configs)
+                          schemes=self._scheme_configs, attempt=hello.attempt)
         await self._send(worker.peer, welcome.to_body(), Welcome.KIND)
         if self._on_join is not None:
             await self._on_join(worker)  # latest weights before the first frame

@@ -203,14 +203,24 @@ class Worker:
                       host=socket.gethostname(), pid=os.getpid(),
                       specs=self.env_pool.specs.to_dict(), slot=self.slot, token=self.token,
                       relay=self.relay_name if self._relay_attached else "")
-        sent = False
-        with anyio.move_on_after(self.link.peer_timeout):
-            # A send blocks while no connection is up (e.g. a CURVE handshake that fails).
-            await self.link.send(hello.to_body(), kind=Hello.KIND)
-            sent = True
-        if not sent:
-            raise WorkerExit(EXIT_COORDINATOR_LOST, self._unreachable())
-        welcome = await self._await_welcome()
+        welcome = None
+        while welcome is None:
+            sent = False
+            with anyio.move_on_after(self.link.peer_timeout):
+                # A send blocks while no connection is up (e.g. a failing CURVE handshake).
+                await self.link.send(hello.to_body(), kind=Hello.KIND)
+                sent = True
+            if not sent:
+                raise WorkerExit(EXIT_COORDINATOR_LOST, self._unreachable())
+            # A coordinator answers at once; one that stays alive (its heartbeats
+            # come) but silent got our hello just before it died and a successor
+            # took its place: say hello again (a gone one ends the wait first).
+            with anyio.move_on_after(2 * self.link.peer_timeout):
+                welcome = await self._await_welcome(hello.attempt)
+            if welcome is None:
+                log.warning("no welcome from %s within %s s; saying hello again",
+                            self.link.endpoint, 2 * self.link.peer_timeout)
+                hello.attempt += 1
         self.index = welcome.index
         try:
             self._add_remote_receivers(welcome.schemes)
@@ -254,11 +264,15 @@ class Worker:
         log.warning("the relay at %s did not answer within %s s: weights come directly",
                     self.relay_link.endpoint, timeout)
 
-    async def _await_welcome(self) -> Welcome:
+    async def _await_welcome(self, attempt: int) -> Welcome:
         while True:
             message = await self._recv()
             if message.kind == Welcome.KIND:
-                return Welcome.from_body(message.body)
+                welcome = Welcome.from_body(message.body)
+                if welcome.attempt == attempt:
+                    return welcome
+                log.info("ignored the welcome of an earlier hello (attempt %d)", welcome.attempt)
+                continue
             if message.kind == Refuse.KIND:
                 reason = Refuse.from_body(message.body).reason
                 raise WorkerExit(EXIT_REFUSED, f"the coordinator refused this worker: {reason}")

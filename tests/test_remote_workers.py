@@ -194,3 +194,40 @@ def test_a_reconnecting_worker_joins_a_restarted_coordinator(peer_timeout: str) 
     output = host.communicate(timeout=LIMIT)[0]
     assert failure is None, f"{failure}\nworker output:\n{output}"
     assert output.count("waiting for it to come back") == 1, output
+
+
+async def test_a_hello_left_unanswered_is_said_again_and_only_its_welcome_counts() -> None:
+    """As when a coordinator died between receiving a hello and answering it."""
+    from asyncrl._protocol import Batch, Collect, Control, Hello, Welcome
+    from asyncrl._spec import WorkerSpec
+    from asyncrl.worker import run_worker
+    from transports import Hub, Message
+
+    codes: list[int] = []
+    with anyio.fail_after(LIMIT):
+        async with Hub("tcp://127.0.0.1:0", heartbeat_interval=0.1, peer_timeout=1.0) as hub:
+
+            async def worker() -> None:
+                codes.append(await run_worker(hub.endpoint, WorkerSpec("CartPole-v1"),
+                                              identity=b"w", heartbeat_interval=0.1,
+                                              peer_timeout=1.0))
+
+            async def next_message(kind: str) -> Message:
+                while not (isinstance(item := await hub.recv(), Message) and item.kind == kind):
+                    pass
+                return item
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(worker)
+                first = Hello.from_body((await next_message("hello")).body)  # left unanswered
+                second = Hello.from_body((await next_message("hello")).body)
+                assert (first.attempt, second.attempt) == (0, 1)
+                for welcome in (Welcome(index=3, frames_per_batch=4, attempt=0),  # stale
+                                Welcome(index=7, frames_per_batch=4, attempt=1)):
+                    await hub.send(b"w", welcome.to_body(), kind=Welcome.KIND)
+                await hub.send(b"w", Collect(7, 1).to_body(), kind=Collect.KIND)
+                batch = Batch.from_body((await next_message("batch")).body)
+                await hub.send(b"w", Control("close").to_body(), kind=Control.KIND)
+    assert batch.request == 7
+    assert batch.frames["collector", "worker_id"].unique().tolist() == [7]
+    assert codes == [0]
