@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 from typing import Any
 
@@ -39,6 +40,9 @@ def _worker_parser(sub: Any) -> None:
     p.add_argument("--no-relay", action="store_true",
                    help="with --workers > 1, let each worker receive its own copy of every "
                         "weight update instead of one copy per host through a local relay")
+    p.add_argument("--app-dir", default=".", metavar="DIR",
+                   help="put DIR first on the import path for --env and --policy "
+                        "(default: the current directory, as 'python -m' does)")
     p.add_argument("--backend", choices=("asyncio", "trio"), default="asyncio")
 
 
@@ -103,6 +107,9 @@ def run_workers(args: argparse.Namespace) -> int:
         print(f"asyncrl worker: --peer-timeout must be > 0, got {args.peer_timeout}",
               file=sys.stderr)
         return 2
+    app_dir = os.path.abspath(args.app_dir)
+    if app_dir not in sys.path:
+        sys.path.insert(0, app_dir)  # spawned workers inherit it
     try:
         if ":" in args.env:
             resolve_import_path(args.env)

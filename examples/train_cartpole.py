@@ -12,6 +12,12 @@ was collected with the new weights (the progress bar's ``lag`` stays 0).
 The script exits 0 once the mean return of the last ``--window`` finished
 episodes reaches ``--target`` and 1 if ``--max-frames`` frames did not get there.
 torchrl is not needed; tqdm is (``pip install tqdm``).
+
+Workers on other hosts (or other terminals) join the same run:
+
+    python examples/train_cartpole.py --workers 0 --remote-workers 2 --listen tcp://0.0.0.0:5555
+    asyncrl worker --connect tcp://TRAINER:5555 --env CartPole-v1 --envs-per-worker 4 \
+        --policy examples.train_cartpole:make_policy --workers 2     # from the repository root
 """
 
 from __future__ import annotations
@@ -196,6 +202,10 @@ def policy_lag(collector: object, batch: TensorDictBase) -> int:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
+    p.add_argument("--remote-workers", type=int, default=0,
+                   help="also wait for this many 'asyncrl worker' processes (needs --listen)")
+    p.add_argument("--listen", default=None, metavar="tcp://HOST:PORT",
+                   help="where remote workers connect (e.g. tcp://0.0.0.0:5555)")
     p.add_argument("--envs-per-worker", type=int, default=4)
     p.add_argument("--frames-per-batch", type=int, default=2048)
     p.add_argument("--max-frames", type=int, default=500_000,
@@ -226,7 +236,11 @@ async def train(args: argparse.Namespace) -> int:
         "CartPole-v1", policy, num_workers=args.workers,
         envs_per_worker=args.envs_per_worker, frames_per_batch=args.frames_per_batch,
         total_frames=batches * args.frames_per_batch,
+        remote_workers=args.remote_workers, listen=args.listen,
     ) as collector:
+        if args.listen:
+            print(f"listening on {collector.endpoint} for {args.remote_workers} remote "
+                  "worker(s)", flush=True)
         await collector.set_seed(args.seed)
         async for batch in collector:
             if not frames:

@@ -231,3 +231,32 @@ async def test_a_hello_left_unanswered_is_said_again_and_only_its_welcome_counts
     assert batch.request == 7
     assert batch.frames["collector", "worker_id"].unique().tolist() == [7]
     assert codes == [0]
+
+
+def test_the_example_trains_with_workers_on_another_host() -> None:
+    """The flow the example's docstring gives: trainer listens, `asyncrl worker` joins."""
+    root = Path(__file__).parent.parent
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    trainer = subprocess.Popen(
+        [sys.executable, "examples/train_cartpole.py", "--workers", "0", "--remote-workers", "2",
+         "--listen", endpoint, "--no-progress", "--frames-per-batch", "256", "--target", "0",
+         "--window", "1"], cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    host = None
+    try:
+        # The console script, as a user types it: the current directory is on the import
+        # path only because the CLI puts it there (--app-dir).
+        script = Path(sys.executable).parent / "asyncrl"
+        command = [str(script)] if script.exists() else [sys.executable, "-m", "asyncrl.cli"]
+        host = subprocess.Popen(
+            [*command, "worker", "--connect", endpoint, "--env", "CartPole-v1",
+             "--envs-per-worker", "4", "--workers", "2", "--policy",
+             "examples.train_cartpole:make_policy"], cwd=root, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, text=True)
+        output, _ = trainer.communicate(timeout=LIMIT)
+        assert trainer.returncode == 0, output
+        assert "SOLVED" in output
+        assert host.wait(timeout=LIMIT) == 0, host.stdout.read() if host.stdout else ""
+    finally:
+        for process in (trainer, host):
+            if process is not None and process.poll() is None:
+                process.kill()
