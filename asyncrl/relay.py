@@ -172,7 +172,9 @@ class HostRelay(TaskGroupResource):
                 while True:
                     await self._on_upstream(link, await link.recv())
             except PeerLostError as exc:
-                if self._registered:
+                if link.hub_closed:
+                    log.info("relay: the coordinator closed; registering again if it comes back")
+                elif self._registered:
                     log.warning("relay: the coordinator is gone (%s); registering again when "
                                 "it answers", exc)
                 else:

@@ -767,3 +767,18 @@ async def test_large_tensor_arrives_without_a_copy(scheme: str, tmp_path: Path) 
                 assert back.data_ptr() == big.data_ptr()
             del hub_frames[:], link_frames[:]
             assert torch.equal(back, big)  # the tensor keeps its frame alive
+
+
+async def test_a_link_tells_a_hub_that_closed_from_one_that_went_silent() -> None:
+    with anyio.fail_after(30):
+        async with Hub("tcp://127.0.0.1:0", heartbeat_interval=0.1, peer_timeout=1.0) as hub:
+            async with Link(hub.endpoint, identity=b"w", heartbeat_interval=0.1,
+                            peer_timeout=1.0) as link:
+                await link.send("hi")
+                while not link._hub_instance:
+                    await anyio.sleep(0.02)
+                assert not link.hub_closed
+                await hub.aclose()  # says goodbye
+                with pytest.raises(PeerLostError):
+                    await link.recv()
+                assert link.hub_closed and not link.connected

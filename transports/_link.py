@@ -54,6 +54,7 @@ class Link(Channel):
         self._back: anyio.Event | None = None  # set when the hub is heard again
         self._hub_instance: str | None = None  # changes when the coordinator restarts
         self._loss_reported = False  # recv raised "lost" since the hub was last heard
+        self._goodbye = False  # the last loss was a goodbye (the hub closed)
 
     def _prepare(self, socket: zmq.Socket) -> None:
         socket.setsockopt(zmq.IDENTITY, self.identity)
@@ -64,6 +65,11 @@ class Link(Channel):
     def connected(self) -> bool:
         """False once the hub has been silent for longer than ``peer_timeout``."""
         return not self._lost
+
+    @property
+    def hub_closed(self) -> bool:
+        """True when the hub was lost because it said goodbye (closed), not by silence."""
+        return self._lost and self._goodbye
 
     async def wait_connected(self) -> None:
         """Return once the hub is heard from (at once if it is not considered lost)."""
@@ -166,7 +172,7 @@ class Link(Channel):
             self._loss_reported = False
             return None
         if message.kind == BYE:
-            self._lose_hub()
+            self._lose_hub(goodbye=True)
             return None
         self._loss_reported = False
         return Message(HUB, message.kind, message.seq, message.body, message.meta,
@@ -197,8 +203,9 @@ class Link(Channel):
         if not self._lost and now - self._last_seen > self.peer_timeout:
             self._lose_hub()
 
-    def _lose_hub(self) -> None:
+    def _lose_hub(self, *, goodbye: bool = False) -> None:
         self._lost = True
+        self._goodbye = goodbye
         self._inbox.put_nowait(PeerEvent(HUB, "lost"), force=True)  # wakes a waiting recv()
 
 
