@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import multiprocessing as mp
 import os
+import signal
 import socket
 import sys
 import uuid
@@ -56,6 +57,8 @@ class HostWorkers:
             if self.relay:
                 anyio.run(self._run_with_relay, backend=self.backend)
             else:
+                # SIGTERM (docker stop, systemd, kill) stops the workers like Ctrl-C.
+                signal.signal(signal.SIGTERM, _interrupt)
                 self._start()
                 for process in self.processes:
                     process.join()
@@ -94,11 +97,25 @@ class HostWorkers:
                              curve_keys=self.curve_keys) as relay:
             self._start(relay.endpoint, relay.name)
             try:
-                for process in self.processes:
-                    await anyio.wait_readable(process.sentinel)  # readable once it exited
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(self._terminate_on_sigterm)
+                    for process in self.processes:
+                        await anyio.wait_readable(process.sentinel)  # readable once it exited
+                    tg.cancel_scope.cancel()
             finally:
                 with anyio.CancelScope(shield=True):
                     await anyio.to_thread.run_sync(self._reap)
+
+    async def _terminate_on_sigterm(self) -> None:
+        # SIGTERM (docker stop, systemd, kill) stops the workers, then the relay closes
+        # and removes its socket directory.
+        with anyio.open_signal_receiver(signal.SIGTERM) as signals:
+            async for _ in signals:
+                log.info("SIGTERM: stopping this host's workers")
+                for process in self.processes:
+                    if process.exitcode is None:
+                        process.terminate()
+                return
 
     def _reap(self, timeout: float = 10.0) -> None:
         # The workers exit when told or when we die; terminate what is left.
@@ -107,6 +124,10 @@ class HostWorkers:
             if process.exitcode is None:
                 process.terminate()
                 process.join(timeout)
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
 
 
 def _worker_main(endpoint: str, spec: WorkerSpec, backend: str, options: dict[str, Any]) -> None:

@@ -12,8 +12,10 @@ from __future__ import annotations
 import logging
 import os
 import pickle
+import shutil
 import socket
 import sys
+import tempfile
 import traceback
 from collections import deque
 from contextlib import AsyncExitStack
@@ -129,6 +131,9 @@ class Worker:
                 code = exc.code
                 if self.rollout is not None:
                     self.rollout.request_stop()  # the batch in progress ends at its next step
+                for link in (self.link, self.relay_link):
+                    if link is not None:
+                        remove_orphaned_socket_dir(link.endpoint)
                 tg.cancel_scope.cancel()
 
         async with anyio.create_task_group() as tg:
@@ -493,6 +498,20 @@ class Worker:
                 self.env_pool.close()
             except Exception:
                 log.exception("closing the envs failed")
+
+
+def remove_orphaned_socket_dir(endpoint: str) -> None:
+    """Remove the private ``ipc://`` directory of a parent that died without cleaning up.
+
+    Collectors and relays bind in ``<tmp>/asyncrl-*`` and remove it when they close;
+    a SIGKILLed one cannot, so its children do once they see it gone.
+    """
+    if not endpoint.startswith("ipc://"):
+        return
+    directory = os.path.dirname(endpoint[len("ipc://"):])
+    if os.path.dirname(directory) == tempfile.gettempdir() \
+            and os.path.basename(directory).startswith("asyncrl-"):
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def _state_dict(policy: Any) -> Any:

@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -270,7 +271,14 @@ def test_cli_help_names_the_relay_switch() -> None:
     assert "--no-relay" in text and "one copy per host" in text
 
 
-async def test_killing_the_host_process_takes_its_workers_and_relay_down() -> None:
+def relay_dirs() -> set[str]:
+    return {name for name in os.listdir(tempfile.gettempdir())
+            if name.startswith("asyncrl-relay-")}
+
+
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
+async def test_killing_the_host_process_takes_its_workers_and_relay_down(how) -> None:
+    before = relay_dirs()
     with anyio.fail_after(LIMIT):
         async with MultiAsyncCollector("CartPole-v1", ParamPolicy(), num_workers=0,
                                        remote_workers=2, listen="tcp://127.0.0.1:0",
@@ -285,9 +293,10 @@ async def test_killing_the_host_process_takes_its_workers_and_relay_down() -> No
                     ["pgrep", "-P", str(host.pid)], capture_output=True, text=True,
                     check=True).stdout.split()]
                 assert len(children) >= 2  # the workers (plus multiprocessing's tracker)
-                os.kill(host.pid, signal.SIGKILL)  # the relay's process, not its children
-                host.wait()
+                os.kill(host.pid, how)  # the relay's process, not its children
                 while any(alive(pid) for pid in children):  # they watch their parent
+                    await anyio.sleep(0.05)
+                while host.poll() is None:
                     await anyio.sleep(0.05)
                 scheduler = collector._scheduler
                 assert scheduler is not None
@@ -295,6 +304,10 @@ async def test_killing_the_host_process_takes_its_workers_and_relay_down() -> No
                     await anyio.sleep(0.05)
             finally:
                 kill_group(host)
+    # Its ipc directory goes too: removed by the relay (SIGTERM) or by the orphans (SIGKILL).
+    assert relay_dirs() - before == set()
+    if how == signal.SIGTERM:
+        assert host.returncode != -signal.SIGTERM  # it handled the signal and cleaned up
 
 
 def alive(pid: int) -> bool:
