@@ -202,58 +202,59 @@ class AsyncSocket:
         # Read until ZeroMQ says nothing is left: a failed recv or EVENTS without
         # POLLIN both re-arm the descriptor. Woken up, we try recv straight away
         # (no EVENTS call first): a wake-up almost always means a message.
-        socket = self.socket
-        budget = DRAIN_BYTES
-        count = 0
+        budget, count = DRAIN_BYTES, 0
         while True:
-            try:
-                frames = self._recv()
-            except zmq.Again:
-                events = cast(int, socket.get(_EVENTS)) if self._send_waiters else 0
-            else:
-                item = self._handle(frames)
+            read = self._read_one()
+            if read is not None:
+                item, size = read
                 if item is not None and not self._deliver_nowait(item):
                     await self._deliver(item)  # the inbox is full: back-pressure
                 # A backlog is not read in one go: the consumers (and the heartbeats)
                 # run every few messages or megabytes, and free what they are done
                 # with instead of the whole backlog being alive at once.
                 count += 1
-                for frame in frames:
-                    budget -= len(frame)
+                budget -= size
                 if budget <= 0 or count >= DRAIN_MESSAGES:
                     budget, count = DRAIN_BYTES, 0
                     await anyio.lowlevel.checkpoint()
-                events = cast(int, socket.get(_EVENTS))
-            if events & _POLLOUT:
-                self._writable.set()
-            if not events & _POLLIN:
+            if not self._input_waiting(read is not None):
                 return
 
     def _drain_now(self) -> bool:
         """``_drain`` without waiting: True once caught up, False to hand over to the pump."""
-        socket = self.socket
-        budget = DRAIN_BYTES
-        count = 0
+        budget, count = DRAIN_BYTES, 0
         while True:
-            try:
-                frames = self._recv()
-            except zmq.Again:
-                events = cast(int, socket.get(_EVENTS)) if self._send_waiters else 0
-            else:
-                item = self._handle(frames)
+            read = self._read_one()
+            if read is not None:
+                item, size = read
                 if item is not None and not self._deliver_nowait(item):
                     self._stash = item
                     return False
                 count += 1
-                for frame in frames:
-                    budget -= len(frame)
+                budget -= size
                 if budget <= 0 or count >= DRAIN_MESSAGES:
                     return False  # a backlog: the pump reads on, yielding as it goes
-                events = cast(int, socket.get(_EVENTS))
-            if events & _POLLOUT:
-                self._writable.set()
-            if not events & _POLLIN:
+            if not self._input_waiting(read is not None):
                 return True
+
+    def _read_one(self) -> tuple[Any, int] | None:
+        """Receive and handle one message: ``(item or None, bytes)``; None if none is waiting."""
+        try:
+            frames = self._recv()
+        except zmq.Again:
+            return None
+        return self._handle(frames), sum(len(frame) for frame in frames)
+
+    def _input_waiting(self, read: bool) -> bool:
+        """Re-read ``EVENTS`` (edge-triggered descriptor): wake senders; True if input waits.
+
+        After a failed recv EVENTS is only needed for blocked senders: the failed
+        recv itself re-armed the descriptor.
+        """
+        events = cast(int, self.socket.get(_EVENTS)) if read or self._send_waiters else 0
+        if events & _POLLOUT:
+            self._writable.set()
+        return bool(events & _POLLIN)
 
     def _recv(self) -> list[Any]:
         socket = self.socket
