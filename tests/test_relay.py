@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from functools import partial
@@ -16,6 +14,7 @@ from functools import partial
 import anyio
 import pytest
 import torch
+from multihost.processes import alive, free_port, kill_group, wait_exit
 
 from asyncrl import MultiAsyncCollector, MultiSyncCollector
 from asyncrl._spec import WorkerSpec
@@ -24,7 +23,7 @@ from asyncrl.testing import ParamPolicy
 from asyncrl.weights import WEIGHTS_KIND, WeightSender, ZmqWeightSyncScheme
 from asyncrl.weights._fanout import RELAY_TO
 from asyncrl.worker import run_worker
-from transports import Hub, Link, PeerLostError, RemoteError, generate_keys
+from transports import Hub, Link, Message, PeerLostError, RemoteError, generate_keys
 
 pytestmark = pytest.mark.anyio
 LIMIT = 90
@@ -35,20 +34,6 @@ def cli_host(endpoint: str, *args: str) -> subprocess.Popen:
         [sys.executable, "-m", "asyncrl.cli", "worker", "--connect", endpoint,
          "--env", "CartPole-v1", "--policy", "asyncrl.testing:ParamPolicy", *args],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-
-
-async def wait_exit(process: subprocess.Popen) -> int:
-    while process.poll() is None:
-        await anyio.sleep(0.05)
-    return process.returncode
-
-
-def kill_group(process: subprocess.Popen) -> None:
-    try:
-        os.killpg(process.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    process.wait()
 
 
 async def wait_for_routes(collector: MultiSyncCollector | MultiAsyncCollector,
@@ -251,9 +236,7 @@ async def test_the_relay_refuses_weights_for_workers_it_does_not_serve() -> None
 
 
 def test_an_unreachable_coordinator_is_one_clear_line_per_worker() -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]  # nobody listens there once closed
+    port = free_port()
     result = subprocess.run(
         [sys.executable, "-m", "asyncrl.cli", "worker", "--connect", f"tcp://127.0.0.1:{port}",
          "--env", "CartPole-v1", "--workers", "2", "--peer-timeout", "1"],
@@ -310,40 +293,31 @@ async def test_killing_the_host_process_takes_its_workers_and_relay_down(how) ->
         assert host.returncode != -signal.SIGTERM  # it handled the signal and cleaned up
 
 
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().split(") ")[1][0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
-@pytest.mark.parametrize("workers", ["1", "2"])
-def test_workers_still_joining_exit_with_their_host_process(workers: str) -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]  # nobody answers: the workers sit in their join
-    host = subprocess.Popen(
-        [sys.executable, "-m", "asyncrl.cli", "worker", "--connect", f"tcp://127.0.0.1:{port}",
-         "--env", "CartPole-v1", "--workers", workers, "--peer-timeout", "600"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    try:
-        deadline = time.monotonic() + LIMIT
-        children: list[int] = []
-        while len(children) < int(workers) and time.monotonic() < deadline:
-            time.sleep(0.1)
-            children = [int(pid) for pid in subprocess.run(
-                ["pgrep", "-P", str(host.pid), "-f", "spawn_main"], capture_output=True,
-                text=True).stdout.split()]
-        assert len(children) == int(workers)
-        time.sleep(3)  # past their imports: now waiting for a welcome (up to 600 s)
-        os.kill(host.pid, signal.SIGKILL)
-        host.wait()
-        while any(alive(pid) for pid in children):
-            assert time.monotonic() < deadline, "orphaned workers outlived their host process"
-            time.sleep(0.1)
-    finally:
-        kill_group(host)
+@pytest.mark.parametrize("workers", [1, 2])
+async def test_workers_still_joining_exit_with_their_host_process(workers: int) -> None:
+    with anyio.fail_after(LIMIT):
+        # A coordinator that hears the hellos and never answers: the workers wait in
+        # their join (its heartbeats keep them from giving up for 2 x 600 s).
+        async with Hub("tcp://127.0.0.1:0") as silent:
+            host = subprocess.Popen(
+                [sys.executable, "-m", "asyncrl.cli", "worker", "--connect", silent.endpoint,
+                 "--env", "CartPole-v1", "--workers", str(workers), "--peer-timeout", "600"],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+            try:
+                joining: set[bytes] = set()
+                while len(joining) < workers:
+                    item = await silent.recv()
+                    if isinstance(item, Message) and item.kind == "hello":
+                        joining.add(item.peer)
+                children = [int(pid) for pid in subprocess.run(
+                    ["pgrep", "-P", str(host.pid), "-f", "spawn_main"], capture_output=True,
+                    text=True, check=True).stdout.split()]
+                assert len(children) == workers
+                os.kill(host.pid, signal.SIGKILL)
+                while any(alive(pid) for pid in children):  # orphans must not linger
+                    await anyio.sleep(0.05)
+            finally:
+                kill_group(host)
 
 
 async def test_a_worker_without_the_synced_policy_stops_the_run_with_a_clear_error() -> None:

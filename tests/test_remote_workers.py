@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +13,7 @@ from typing import Any
 import anyio
 import pytest
 from multihost.lines import Lines
+from multihost.processes import free_port, wait_exit
 
 from asyncrl import MultiSyncCollector
 from transports import Link, PeerLostError
@@ -26,12 +26,6 @@ def cli_worker(endpoint: str, *args: str, **popen: Any) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "asyncrl.cli", "worker", "--connect", endpoint, *args],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **popen)
-
-
-async def wait_exit(process: subprocess.Popen) -> int:
-    while process.poll() is None:
-        await anyio.sleep(0.05)
-    return process.returncode
 
 
 async def test_cli_workers_join_a_listening_collector() -> None:
@@ -96,12 +90,6 @@ def test_cli_help_is_complete() -> None:
     for flag in ("--connect", "--env", "--policy", "--envs-per-worker", "--workers",
                  "--reconnect"):
         assert flag in result.stdout
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def trainer(endpoint: str, total_frames: int) -> subprocess.Popen:

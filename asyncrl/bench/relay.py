@@ -37,7 +37,6 @@ import os
 import platform
 import random
 import shlex
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -51,7 +50,7 @@ import torch
 from tensordict import TensorDict
 
 from asyncrl._protocol import RelayHello, RelayWelcome
-from asyncrl.bench.weights import fill_, mlp, n_params
+from asyncrl.bench.weights import fill_, mlp, n_params, p50_ms, progress
 from asyncrl.relay import ATTACHED_KIND, HostRelay
 from asyncrl.weights import (
     WEIGHTS_KIND,
@@ -88,14 +87,6 @@ BATCHER = b"bench-batcher"
 
 def worker_name(index: int) -> bytes:
     return f"bench-w{index}".encode()
-
-
-def progress(text: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
-
-
-def p50_ms(times: list[float]) -> float:
-    return statistics.median(times) * 1e3
 
 
 # ------------------------------------------------------------------ processes of the host

@@ -92,10 +92,9 @@ class Collector(BaseCollector):
         self.rollout = await anyio.to_thread.run_sync(self._build)
         if isinstance(self.policy, torch.nn.Module):
             self._sender = self._weights.init_on_sender("policy", model=self.policy)
-            receiver = self._receiver = self._weights.init_on_worker(
-                "policy", model=self.policy, on_apply=self._on_applied)
-            assert receiver.link is not None
-            receiver.link._deliver = self._on_weights  # type: ignore[attr-defined]
+            self._receiver = self._weights.init_on_worker(
+                "policy", model=self.policy, on_apply=self._on_applied,
+                deliver=self._on_weights)
             self.rollout.before_step = self._before_step
 
     def _on_weights(self, message: Any) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 from transports import Message
@@ -298,8 +299,14 @@ class InProcessWeightSyncScheme(WeightSyncScheme):
         return self._sender
 
     def init_on_worker(self, model_id: str = "policy", *, model: Any = None, root: Any = None,
-                       on_apply: Any = None, worker_id: int | None = None) -> WeightReceiver:
-        """Create the receiver of collector ``worker_id`` (default: the next free id)."""
+                       on_apply: Any = None, worker_id: int | None = None,
+                       deliver: Callable[[Message], Any] | None = None) -> WeightReceiver:
+        """Create the receiver of collector ``worker_id`` (default: the next free id).
+
+        Updates reach ``deliver(message)`` inside the sender's ``send_async``
+        (default: the receiver's ``on_message``); a collector that applies at once
+        when idle passes its own.
+        """
         sender = self.get_sender()
         if worker_id is None:
             worker_id = max(self._receivers, default=-1) + 1
@@ -307,7 +314,7 @@ class InProcessWeightSyncScheme(WeightSyncScheme):
                                   strategy=self.strategy, on_apply=on_apply)
         assert self._hub is not None
         peer = f"in-process-{worker_id}".encode()
-        receiver.link = self._hub.connect(peer, deliver=receiver.on_message)
+        receiver.link = self._hub.connect(peer, deliver=deliver or receiver.on_message)
         sender.add_worker(worker_id, peer)
         self._receivers[worker_id] = self._receiver = receiver
         return receiver
