@@ -215,14 +215,14 @@ class HostRelay(TaskGroupResource):
             if message.needs_ack:
                 await link.ack(message, error=exc)
             return
-        await self._in_flight.acquire()  # bounds the versions held for slow members
+        hub = self.hub
+        assert hub is not None
+        await self._in_flight.acquire()  # bounds the forwards awaiting their members' acks
         try:
             self._received += 1
-            attached = [m for m in targets if m in self.hub.peers] if self.hub else []
-            assert self.hub is not None
+            attached = [m for m in targets if m in hub.peers]
             # The same frames go to every member: the relay never copies the weights.
-            ticket = await self.hub.send_async(attached, message.body, kind=WEIGHTS_KIND,
-                                               meta=meta)
+            ticket = await hub.send_async(attached, message.body, kind=WEIGHTS_KIND, meta=meta)
         except BaseException:
             self._in_flight.release()
             raise
