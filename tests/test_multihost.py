@@ -79,6 +79,8 @@ def test_worker_host_survives_a_cut_link_and_rejoins(two_hosts, workers: int) ->
         run("ip", "netns", "exec", two_hosts["worker"], "ip", "link", "set",
             two_hosts["veth_w"], "up")
         done = lines.until(lambda e: e["event"] == "done", 120)
+        # Closed by the trainer, the host's workers exit and the host (and relay) with them.
+        assert host.wait(timeout=60) == 0
     finally:
         trainer.kill()
         if host is not None:
