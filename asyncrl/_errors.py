@@ -25,6 +25,14 @@ def rebuild_remote_exception(
     process already imported (a remote peer never makes us import anything);
     otherwise a :class:`transports.RemoteError`. The remote traceback is kept
     as the ``__cause__`` (a ``RemoteError``) and as a note.
+
+    A peer's word never becomes control flow: types that steer iteration,
+    generators, cancellation or the interpreter (``StopIteration``,
+    ``StopAsyncIteration``, ``GeneratorExit``, ``KeyboardInterrupt``,
+    ``SystemExit``, asyncio/trio/anyio cancellation, any ``BaseException``
+    that is not an ``Exception``) come back as a ``RemoteError``: raised in an
+    ``async for``, a forged ``StopAsyncIteration`` would end the user's loop
+    silently instead of failing it.
     """
     remote = RemoteError(message, peer=peer, remote_type=type_path,
                          remote_traceback=traceback_text)
@@ -53,6 +61,23 @@ def _resolve_exception_type(type_path: str) -> type[Exception] | None:
         candidate = module
         for part in qualname.split(".") if module is not None else ():
             candidate = getattr(candidate, part, None)
-    if isinstance(candidate, type) and issubclass(candidate, Exception):
+    if (isinstance(candidate, type) and issubclass(candidate, Exception)
+            and not issubclass(candidate, _control_flow_types())):
         return candidate
     return None
+
+
+def _control_flow_types() -> tuple[type[BaseException], ...]:
+    """Exception types that mean "stop" or "cancelled" rather than "failed".
+
+    Cancellation types are BaseExceptions already; they are listed so that a
+    class deriving from both ``Exception`` and one of them is refused too.
+    """
+    import asyncio
+
+    types: list[type[BaseException]] = [StopIteration, StopAsyncIteration, GeneratorExit,
+                                        asyncio.CancelledError]
+    trio = sys.modules.get("trio")  # only if loaded (never import on a peer's word)
+    if trio is not None:
+        types.append(trio.Cancelled)
+    return tuple(types)

@@ -12,10 +12,11 @@ import os
 import signal
 import socket
 import sys
-import uuid
 from typing import Any
 
 import anyio
+
+from transports import random_identity
 
 from ._spec import WorkerSpec
 
@@ -47,8 +48,9 @@ class HostWorkers:
         self.reconnect = reconnect
         self.curve_keys = curve_keys
         self.backend = backend
-        tag = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-        self.identities = [f"{tag}-w{i}".encode() for i in range(workers)]
+        # Unguessable (128 random bits each): an identity is a route on the hub.
+        tag = f"{socket.gethostname()}-{os.getpid()}"
+        self.identities = [random_identity(f"{tag}-w{i}") for i in range(workers)]
         self.processes: list[Any] = []
 
     def run(self) -> int:

@@ -25,7 +25,6 @@ import os
 import shutil
 import socket
 import tempfile
-import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -42,6 +41,7 @@ from transports import (
     PeerLostError,
     ProtocolError,
     Ticket,
+    random_identity,
 )
 from transports._resource import TaskGroupResource
 
@@ -57,7 +57,7 @@ ATTACHED_KIND = "relay_attached"
 
 def relay_identity() -> bytes:
     """``relay-host-pid-random``: the relay's identity on the coordinator's hub."""
-    return f"relay-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}".encode()
+    return random_identity(f"relay-{socket.gethostname()}-{os.getpid()}")
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from typing import Any
 import anyio
 import torch
 
-from transports import CurveClient, Link, Message, PeerLostError, ProtocolError
+from transports import CurveClient, Link, Message, PeerLostError, ProtocolError, random_identity
 from transports import shutdown as flush_and_close_sockets
 
 from ._protocol import (
@@ -575,7 +575,7 @@ def process_main(endpoint: str, spec_bytes: bytes, slot: int, token: str, backen
     """
     logging.basicConfig(level=logging.WARNING, format="worker %(process)d: %(message)s")
     spec = pickle.loads(spec_bytes)
-    identity = f"local-{slot}-{os.getpid()}".encode()
+    identity = random_identity(f"local-{slot}-{os.getpid()}")  # unguessable: no hijack
     code = anyio.run(
         lambda: run_worker(endpoint, spec, identity=identity, slot=slot, token=token,
                            parent_pid=parent_pid, **options),

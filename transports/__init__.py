@@ -22,6 +22,8 @@ from ._errors import RemoteError as RemoteError
 from ._errors import TransportError as TransportError
 from ._hub import Hub as Hub
 from ._link import Link as Link
+from ._link import random_identity as random_identity
+from ._ratelimit import RateLimitedLog as RateLimitedLog
 from ._shm import SharedTensorBlock as SharedTensorBlock
 from ._shm import TornReadError as TornReadError
 from ._shm import copy_into as copy_into

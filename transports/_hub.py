@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import logging
 import secrets
 import time
 from collections.abc import Iterable
@@ -14,9 +15,16 @@ import zmq
 from ._channel import ACK, BYE, PING, Channel, ChannelStatistics
 from ._codec import encode_message
 from ._errors import PeerLostError, RemoteError
+from ._ratelimit import RateLimitedLog
 from ._types import Message, PeerEvent, Ticket
 
+log = logging.getLogger("transports")
+
 MAX_PENDING_TICKETS = 4096
+#: With ``admission=True``: the largest message a peer that was not admitted may send
+#: (a hello with env specs fits), and how many such strangers are tracked at once.
+STRANGER_MAX_BYTES = 1 << 20
+MAX_STRANGERS = 256
 
 
 class Hub(Channel):
@@ -27,6 +35,23 @@ class Hub(Channel):
     :class:`PeerEvent` items in arrival order. A peer is *joined* from its first
     message or heartbeat and *lost* after ``peer_timeout`` seconds of silence.
 
+    With ``admission=True`` (a hub that listens on a network) the owner decides
+    who is a peer: :meth:`admit` after it authenticated a hello, :meth:`expel`
+    when it refuses or drops one. Until admitted, a connection is a *stranger*:
+    its messages above ``stranger_max_bytes`` are dropped unread (counted in
+    ``statistics().bad_messages``), it produces no joined/lost events, and at most
+    ``max_strangers`` of them are tracked (the longest silent one is forgotten
+    first). An admitted peer is lost as usual and is then a stranger again.
+    Bound ``max_bytes`` too: ZeroMQ assembles a whole message (up to that size)
+    before anyone can look at who sent it.
+
+    Identities are routing addresses, not credentials: ``ROUTER_HANDOVER`` lets
+    a reconnecting peer take its route back, so whoever presents an identity gets
+    that peer's messages. Peers therefore use unguessable identities (128 random
+    bits, see ``transports.random_identity``); on plain ``tcp://`` they travel in
+    clear text, so on a network you do not trust use CURVE (``curve=``), which
+    authenticates every connection and encrypts the identity with everything else.
+
     >>> async with Hub("tcp://127.0.0.1:0") as hub:          # doctest: +SKIP
     ...     item = await hub.recv()                         # PeerEvent(b"w0", "joined")
     ...     ticket = await hub.send_async([b"w0"], {"w": torch.ones(3)}, kind="weights")
@@ -36,11 +61,19 @@ class Hub(Channel):
     _socket_type = zmq.ROUTER
     _leading_bytes = 2  # [identity, header]
 
-    def __init__(self, endpoint: str = "tcp://127.0.0.1:0", **options: Any) -> None:
+    def __init__(self, endpoint: str = "tcp://127.0.0.1:0", *, admission: bool = False,
+                 stranger_max_bytes: int = STRANGER_MAX_BYTES,
+                 max_strangers: int = MAX_STRANGERS, **options: Any) -> None:
         super().__init__(endpoint, **options)
         self.instance = secrets.token_hex(8)  # told to every peer in the pings
-        self._last_seen: dict[bytes, float] = {}
+        self.admission = admission
+        self.stranger_max_bytes = stranger_max_bytes
+        self.max_strangers = max(1, max_strangers)
+        self._last_seen: dict[bytes, float] = {}  # live peers (admitted and strangers)
+        self._admitted: set[bytes] = set()
+        self._strangers: dict[bytes, None] = {}  # admission: live strangers, oldest first
         self._tickets: dict[int, Ticket] = {}
+        self._limited = RateLimitedLog(log)
 
     def _ping_meta(self) -> dict[str, Any]:
         # A restarted coordinator is a new instance: its links see the change and
@@ -49,8 +82,23 @@ class Hub(Channel):
 
     @property
     def peers(self) -> frozenset[bytes]:
-        """Identities of the peers currently alive."""
+        """Identities of the peers currently alive (with ``admission``: admitted ones)."""
+        if self.admission:
+            return frozenset(p for p in self._last_seen if p in self._admitted)
         return frozenset(self._last_seen)
+
+    def admit(self, peer: bytes) -> None:
+        """Make ``peer`` a full peer: any message size, liveness events (``admission``)."""
+        self._admitted.add(peer)
+        self._strangers.pop(peer, None)
+        self._last_seen.setdefault(peer, time.monotonic())
+
+    def expel(self, peer: bytes) -> None:
+        """Make ``peer`` a stranger again (refused, or dropped by the owner); no event."""
+        self._admitted.discard(peer)
+        if self.admission and self._last_seen.pop(peer, None) is not None:
+            self._strangers.pop(peer, None)  # re-tracked as a stranger if it speaks again
+            self._abandon_tickets(peer)
 
     def _prepare(self, socket: zmq.Socket) -> None:
         socket.setsockopt(zmq.ROUTER_MANDATORY, 1)  # unknown peer: an error, not a silent drop
@@ -130,7 +178,7 @@ class Hub(Channel):
         return ticket.outcome()
 
     def statistics(self) -> ChannelStatistics:
-        return ChannelStatistics(len(self._last_seen), self._received, self._sent, self._bad,
+        return ChannelStatistics(len(self.peers), self._received, self._sent, self._bad,
                                  len(self._inbox), len(self._tickets))
 
     # -- internals ------------------------------------------------------------------------
@@ -155,24 +203,56 @@ class Hub(Channel):
         if len(frames) < 2:
             return None
         peer = frames[0]
+        stranger = self.admission and peer not in self._admitted
+        if stranger and not self._small(frames):
+            return None  # before any decoding: an unknown peer's bulk is never looked at
         message = self._decode(frames[1:], origin=repr(peer))
         if message is None:
             return None  # garbage does not make a peer (nor keep one alive)
         if message.kind == BYE:
             if self._last_seen.pop(peer, None) is not None:
-                self._lose(peer)
+                self._strangers.pop(peer, None)
+                if not stranger:
+                    self._lose(peer)
             return None
         if peer in self._last_seen:
             self._last_seen[peer] = time.monotonic()
+            if stranger:
+                self._strangers[peer] = self._strangers.pop(peer, None)  # newest last
+        elif stranger:
+            self._meet(peer)
         else:
             self._join(peer)
         if message.kind == PING:
             return None
         if message.kind == ACK:
-            self._on_ack(peer, message.seq, message.body, message.meta)
+            if not stranger:  # a stranger has nothing to acknowledge
+                self._on_ack(peer, message.seq, message.body, message.meta)
             return None
         return Message(peer, message.kind, message.seq, message.body, message.meta,
                        message.needs_ack)
+
+    def _small(self, frames: list[Any]) -> bool:
+        size = sum(len(frame) for frame in frames[1:])
+        if size <= self.stranger_max_bytes:
+            return True
+        self._bad += 1
+        self._limited.warning(
+            "stranger-size", "dropped a %d-byte message from %r, a peer that was not "
+            "admitted (at most %d bytes until a hello is accepted)", size, frames[0],
+            self.stranger_max_bytes)
+        return False
+
+    def _meet(self, peer: bytes) -> None:
+        """A stranger's first message: tracked (bounded table), pinged, no event."""
+        if len(self._strangers) >= self.max_strangers:
+            oldest = next(iter(self._strangers))  # the longest silent one
+            del self._strangers[oldest]
+            self._last_seen.pop(oldest, None)
+        self._strangers[peer] = None
+        self._last_seen[peer] = time.monotonic()
+        assert self._io is not None
+        self._io.try_send([peer, *self._ping], from_handle=True)
 
     def _join(self, peer: bytes) -> None:
         self._last_seen[peer] = time.monotonic()
@@ -207,7 +287,10 @@ class Hub(Channel):
         for peer, seen in list(self._last_seen.items()):
             if now - seen > self.peer_timeout:
                 del self._last_seen[peer]
-                self._lose(peer)
+                if peer in self._strangers:
+                    del self._strangers[peer]  # a stranger leaves no trace
+                else:
+                    self._lose(peer)
 
     def _farewell(self, socket: zmq.Socket) -> None:
         # Links report the hub lost at once instead of after their peer timeout.
@@ -225,12 +308,17 @@ class Hub(Channel):
         self._tickets.clear()
 
     def _lose(self, peer: bytes) -> None:
+        self._admitted.discard(peer)  # it must be admitted again (a new hello)
+        self._abandon_tickets(peer)
+        # Not held back by a full queue: events are few (one per peer) and must not wait.
+        self._inbox.put_nowait(PeerEvent(peer, "lost"), force=True)
+
+
+    def _abandon_tickets(self, peer: bytes) -> None:
         for seq, ticket in list(self._tickets.items()):
             ticket.resolve(peer, lost=True)
             if not ticket.pending:
                 del self._tickets[seq]
-        # Not held back by a full queue: events are few (one per peer) and must not wait.
-        self._inbox.put_nowait(PeerEvent(peer, "lost"), force=True)
 
 
 class _Unreachable(Exception):

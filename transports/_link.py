@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import os
+import secrets
 import socket as _socket
 import time
 import traceback
-import uuid
 from typing import Any
 
 import anyio
@@ -20,9 +20,20 @@ from ._types import Message, PeerEvent
 HUB = b""
 
 
+def random_identity(prefix: str) -> bytes:
+    """``prefix-<32 hex digits>``: readable in logs, and 128 random bits nobody can guess.
+
+    A hub's route to a peer is its identity (and ``ROUTER_HANDOVER`` gives the
+    route to whoever presents it last), so an identity must not be guessable
+    from what is public (host name, pid, slot). The prefix is cut so that the
+    whole identity fits ZeroMQ's 255 bytes.
+    """
+    return f"{prefix[:200]}-{secrets.token_hex(16)}".encode()
+
+
 def default_identity() -> bytes:
-    """``host-pid-random``: unique per process, readable in logs."""
-    return f"{_socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}".encode()
+    """``host-pid-random``: readable in logs, with 128 random bits (unguessable)."""
+    return random_identity(f"{_socket.gethostname()}-{os.getpid()}")
 
 
 class Link(Channel):
