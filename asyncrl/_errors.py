@@ -16,6 +16,10 @@ class WorkerLostError(CollectorError):
     """A worker process or host died or went silent."""
 
 
+class BadBatchError(WorkerLostError):
+    """A worker sent a batch that is not what it was asked for; it was dropped, not counted."""
+
+
 def rebuild_remote_exception(
     type_path: str, message: str, traceback_text: str, *, peer: str | None = None
 ) -> BaseException:

@@ -66,8 +66,8 @@ class Hello:
         )
 
 
-def _optional_int(body: dict[str, Any], name: str, what: str) -> int:
-    value = body.get(name, 0)
+def _optional_int(body: dict[str, Any], name: str, what: str, default: int = 0) -> int:
+    value = body.get(name, default)
     if type(value) is not int:
         raise ProtocolError(f"{what} message field {name!r} must be int, "
                             f"got {type(value).__name__}")
@@ -245,6 +245,10 @@ class ErrorReport:
     message: str
     traceback: str
     fatal: bool = True
+    #: A local worker that fails before its hello (building its env or policy) is not
+    #: admitted yet: its slot and spawn token vouch for the report instead.
+    slot: int = -1
+    token: str = ""
 
     def to_body(self) -> dict[str, Any]:
         return asdict(self)
@@ -256,6 +260,8 @@ class ErrorReport:
             message=_field(body, "message", str, "error")[:65536],
             traceback=_field(body, "traceback", str, "error")[:262144],
             fatal=_field(body, "fatal", bool, "error"),
+            slot=_optional_int(body, "slot", "error", default=-1),
+            token=_optional_str(body, "token", "error")[:200],
         )
 
 

@@ -19,16 +19,18 @@ from __future__ import annotations
 
 import logging
 import math
+import secrets
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import anyio
+import torch
 from tensordict import TensorDictBase
 
-from transports import Hub, Message, PeerEvent, PeerLostError, ProtocolError
+from transports import Hub, Message, PeerEvent, PeerLostError, ProtocolError, RateLimitedLog
 
-from ._errors import WorkerLostError, rebuild_remote_exception
+from ._errors import BadBatchError, WorkerLostError, rebuild_remote_exception
 from ._protocol import (
     PROTOCOL,
     Batch,
@@ -111,6 +113,7 @@ class Scheduler:
         batch_budget: int | None = None,
         first_remote_index: int | None = None,
         scheme_configs: dict[str, Any] | None = None,
+        max_remote_workers: int | None = None,
     ) -> None:
         self.hub = hub
         self.sync = sync
@@ -131,6 +134,11 @@ class Scheduler:
         # Remote workers (and rejoining ones) get fresh indices after the local slots.
         self._next_index = len(frames_per_worker) if first_remote_index is None \
             else first_remote_index
+        self._first_remote_index = self._next_index
+        self._max_remote = max_remote_workers  # None: any number
+        self._checker = BatchChecker()
+        # Peers are hostile until admitted: what they make us log is rate-limited.
+        self._limited_log = RateLimitedLog(log)
         self._changed = anyio.Event()
         self._failure: BaseException | None = None
         self._round: _Round | None = None
@@ -234,10 +242,11 @@ class Scheduler:
                 elif item.kind == ErrorReport.KIND:
                     await self._on_error(item)
                 else:
-                    log.warning("ignored a %r message from %r", item.kind, item.peer)
+                    self._limited_log.warning("unknown-kind", "ignored a %r message from %r",
+                                              item.kind, item.peer)
             except ProtocolError as exc:
-                log.warning("dropped a bad %r message from %r: %s",
-                            getattr(item, "kind", "?"), item.peer, exc)
+                self._limited_log.warning("bad-message", "dropped a bad %r message from %r: %s",
+                                          getattr(item, "kind", "?"), item.peer, exc)
 
     async def _on_hello(self, message: Message) -> None:
         hello = Hello.from_body(message.body)
@@ -280,6 +289,10 @@ class Scheduler:
         if not self._accept_remote:
             problems.append("remote workers (and their relays) are not accepted by this "
                             "collector; pass listen= and remote_workers=")
+        elif self._max_remote is not None and len(self.relays) >= self._max_remote \
+                and message.peer not in self.relays:
+            problems.append(f"remote_workers: this collector takes at most {self._max_remote} "
+                            "remote worker(s), and as many relays are registered")
         if problems:
             reason = "; ".join(problems)
             log.warning("refused relay %s from %s: %s", hello.name, hello.host, reason)
@@ -305,7 +318,21 @@ class Scheduler:
             problems.append(f"slot: worker index {hello.slot} is taken")
         if self._check_specs is not None and self.specs is not None:
             problems += self._check_specs(self.specs, hello)
+        if not local and not problems:
+            problems += self._remote_capacity_problems()
         return problems
+
+    def _remote_capacity_problems(self) -> list[str]:
+        """``remote_workers`` is a limit: who gets the weights is the trainer's choice."""
+        if self._max_remote is None:
+            return []
+        remote = sum(1 for w in self.workers.values()
+                     if w.alive and w.index >= self._first_remote_index)
+        if remote < self._max_remote:
+            return []
+        return [f"remote_workers: this collector takes at most {self._max_remote} remote "
+                f"worker(s) and {remote} already joined; stop one or start the trainer with "
+                "a larger remote_workers"]
 
     def _take_index(self) -> int:
         # Never reuse an index: traj ids and batch tags of a lost worker stay unique.
@@ -323,6 +350,10 @@ class Scheduler:
         batch = Batch.from_body(message.body)
         if not self.sync and batch.request != worker.index:
             return  # collected before this worker was (re)admitted: never half-delivered
+        problems = self._batch_problems(worker, batch)
+        if problems:
+            await self._reject_batch(worker, batch, problems)  # never counted
+            return
         worker.credits = max(0, worker.credits - 1)
         worker.delivered += 1
         if self.sync:
@@ -332,11 +363,38 @@ class Scheduler:
             self._ready_send.send_nowait((worker, batch.frames))
             self._notify()
 
+    def _batch_problems(self, worker: WorkerInfo, batch: Batch) -> list[str]:
+        """What is wrong with ``batch`` given what ``worker`` was asked for ([] if nothing)."""
+        frames = self.frames_per_worker[worker.index % len(self.frames_per_worker)]
+        round_ = self._round
+        # Only a share the scheduler cut short (preemptive_threshold) may hold fewer steps.
+        shorter = (self.sync and round_ is not None and round_.preempted
+                   and batch.request == round_.request)
+        return self._checker.problems(batch.frames, specs=self.specs, frames=frames,
+                                      worker_index=worker.index, shorter_ok=shorter)
+
+    async def _reject_batch(self, worker: WorkerInfo, batch: Batch, problems: list[str]) -> None:
+        """A batch that is not what was asked: tell the worker, drop it, apply on_worker_loss."""
+        what = "; ".join(problems)
+        log.error("worker %d (%s on %s) sent a bad batch for request %d, dropped it: %s",
+                  worker.index, worker.name, worker.host, batch.request, what)
+        reason = f"your batch for request {batch.request} was rejected: {what}"
+        await self._send(worker.peer, Refuse(reason).to_body(), Refuse.KIND)
+        if self.on_worker_loss == "raise":
+            self.fail(BadBatchError(
+                f"worker {worker.index} ({worker.name}, pid {worker.pid} on {worker.host}) "
+                f"sent a batch that is not what was asked: {what}; it was dropped and none "
+                "of its frames were counted. Check that every worker runs the same asyncrl "
+                "and env version, or pass on_worker_loss='continue' to carry on without it"))
+        if worker.alive:
+            await self._forget(worker)
+
     async def _on_share(self, worker: WorkerInfo, batch: Batch) -> None:
         round_ = self._round
         if round_ is None or batch.request != round_.request or worker.peer not in round_.targets:
-            log.warning("discarded a batch of worker %d for request %d", worker.index,
-                        batch.request)
+            self._limited_log.warning(
+                "stale-share", "discarded a batch of worker %d for request %d",
+                worker.index, batch.request)
             return
         round_.shares[worker.peer] = batch.frames
         await self._check_round(round_)
@@ -357,8 +415,18 @@ class Scheduler:
     async def _on_error(self, message: Message) -> None:
         report = ErrorReport.from_body(message.body)
         worker = self.workers.get(message.peer)
-        name = (f"{worker.index} ({worker.name})" if worker
-                else message.peer.decode(errors="replace"))
+        if worker is not None and worker.alive:
+            name = f"{worker.index} ({worker.name})"
+        elif self._spawned_here(report):
+            worker, name = None, f"{report.slot} (failed before joining)"
+        else:
+            # Only a peer that was admitted (or proves it was spawned here) may stop the
+            # run: anyone can connect to a listening port and send an "error" message.
+            self._limited_log.warning(
+                "stranger-error", "ignored an error report from %r, which is not an admitted "
+                "worker (a stranger, or a worker already lost): %s: %s", message.peer,
+                report.type, report.message[:200])
+            return
         error = rebuild_remote_exception(report.type, report.message, report.traceback,
                                          peer=name)
         if report.fatal:
@@ -366,7 +434,16 @@ class Scheduler:
                 worker.alive = False
             self.fail(error)
         else:
-            log.warning("worker %s reported: %s", name, report.message)
+            self._limited_log.warning(f"report-{name}", "worker %s reported: %s", name,
+                                      report.message)
+
+    def _spawned_here(self, report: ErrorReport) -> bool:
+        """A local worker's report sent before it was admitted (its env failed to build)."""
+        if report.slot < 0 or not self._token or not report.token:
+            return False
+        if any(w.index == report.slot and w.alive for w in self.workers.values()):
+            return False  # that slot's worker is live and speaks for itself
+        return secrets.compare_digest(report.token.encode(), self._token.encode())
 
     async def _on_lost(self, peer: bytes) -> None:
         if self.relays.pop(peer, None) is not None:
@@ -416,10 +493,15 @@ class Scheduler:
         return True
 
     async def _send(self, peer: bytes, body: Any, kind: str) -> None:
+        if kind in (Welcome.KIND, RelayWelcome.KIND):
+            # Admitted before it is told so: its first batch may be large (see Hub.admit).
+            self.hub.admit(peer)
         try:
             await self.hub.send(peer, body, kind=kind)
         except PeerLostError:
             await self._on_lost(peer)
+        if kind == Refuse.KIND:
+            self.hub.expel(peer)  # a stranger again: small messages only, no say in the run
 
     def _raise_failure(self) -> None:
         if self._failure is not None:
@@ -434,6 +516,107 @@ class Scheduler:
         await self._changed.wait()
 
 
+#: Keys of TorchRL's batch layout every share must hold (observations come from the specs).
+REQUIRED_KEYS: tuple[tuple[str, ...], ...] = (
+    ("action",), ("next", "reward"), ("next", "done"), ("next", "terminated"),
+    ("next", "truncated"), ("collector", "traj_ids"), ("collector", "worker_id"),
+    ("collector", "policy_version"),
+)
+_FLAGS = (("next", "done"), ("next", "terminated"), ("next", "truncated"))
+
+
+class BatchChecker:
+    """Checks a worker's batch against what it was asked for, before it is counted.
+
+    A batch from the network decides how many frames the trainer thinks it
+    has, so nothing in it is taken on trust: its batch size must be
+    ``[num_envs, frames // num_envs]`` (fewer steps only for a share the
+    scheduler cut short), every leaf must share those leading dimensions,
+    TorchRL's keys must be there, observations and actions must have the
+    shapes and dtypes of the handshake's specs, and ``("collector",
+    "worker_id")`` must be the sender's index.
+    """
+
+    def __init__(self) -> None:
+        self._specs_source: dict[str, Any] | None = None
+        self._specs: Any = None  # EnvSpecs parsed from _specs_source (None: unusable)
+
+    def problems(self, td: TensorDictBase, *, specs: dict[str, Any] | None, frames: int,
+                 worker_index: int, shorter_ok: bool) -> list[str]:
+        parsed = self._parse(specs)
+        envs = parsed.num_envs if parsed is not None else None
+        shape = tuple(td.batch_size)
+        if len(shape) != 2:
+            return [f"batch size {list(shape)}: expected [num_envs, steps]"]
+        if envs is not None:
+            steps = frames // envs
+            if shape[0] != envs or not (shape[1] == steps or (shorter_ok and shape[1] < steps)):
+                return [f"batch size {list(shape)}: expected [{envs}, {steps}] "
+                        f"({frames} frames over {envs} envs)"]
+        elif shape[0] * shape[1] != frames and not (shorter_ok and shape[0] * shape[1] < frames):
+            # Specs unusable (no check_specs): at least the frame count must hold.
+            return [f"batch size {list(shape)}: expected {frames} frames"]
+        problems = self._leaf_problems(td, shape)
+        if problems:
+            return problems
+        if parsed is not None:
+            problems += self._spec_problems(td, parsed, shape)
+        ids = td.get(("collector", "worker_id"))
+        if not bool((ids == worker_index).all()):
+            problems.append(f"('collector', 'worker_id'): expected {worker_index} everywhere")
+        return problems
+
+    def _parse(self, specs: dict[str, Any] | None) -> Any:
+        if specs is not self._specs_source:
+            from .envs import EnvSpecs
+
+            self._specs_source = specs
+            try:
+                self._specs = EnvSpecs.from_dict(specs) if specs is not None else None
+            except ValueError:
+                self._specs = None  # checked at the handshake when check_specs is on
+        return self._specs
+
+    @staticmethod
+    def _leaf_problems(td: TensorDictBase, shape: tuple[int, ...]) -> list[str]:
+        problems = []
+        keys = {k if isinstance(k, tuple) else (k,)
+                for k in td.keys(include_nested=True, leaves_only=True)}
+        for key in REQUIRED_KEYS:
+            if key not in keys:
+                problems.append(f"{key}: missing")
+        for key in keys:
+            value = td.get(key)
+            if not isinstance(value, torch.Tensor) or tuple(value.shape[:2]) != shape:
+                got = list(getattr(value, "shape", ()))
+                problems.append(f"{key}: shape {got}, expected leading dims {list(shape)}")
+        for key in _FLAGS:
+            if key in keys and td.get(key).dtype != torch.bool:
+                problems.append(f"{key}: dtype {td.get(key).dtype}, expected torch.bool")
+        ids = td.get(("collector", "worker_id"), None)
+        if isinstance(ids, torch.Tensor) and ids.dtype != torch.int64:
+            problems.append(f"('collector', 'worker_id'): dtype {ids.dtype}, expected torch.int64")
+        return problems[:20]
+
+    @staticmethod
+    def _spec_problems(td: TensorDictBase, specs: Any, shape: tuple[int, ...]) -> list[str]:
+        from .policies import torch_dtype
+
+        problems = []
+        expected = [(("action",), specs.action)]
+        for path, spec in specs.flat_observation().items():
+            expected += [(path, spec), (("next", *path), spec)]
+        for key, spec in expected:
+            value = td.get(key, None)
+            want_shape, want_dtype = [*shape, *spec.shape], torch_dtype(spec.dtype)
+            if value is None:
+                problems.append(f"{key}: missing")
+            elif list(value.shape) != want_shape or value.dtype != want_dtype:
+                problems.append(f"{key}: {value.dtype} {list(value.shape)}, expected "
+                                f"{want_dtype} {want_shape} (from the env specs)")
+        return problems[:20]
+
+
 def check_specs(reference: dict[str, Any], hello: Hello) -> list[str]:
     """Handshake check: the worker's env specs must equal the first worker's."""
     from .envs import EnvSpecs
@@ -446,4 +629,4 @@ def check_specs(reference: dict[str, Any], hello: Hello) -> list[str]:
     return [f"specs: {line}" for line in ours.describe_mismatch(theirs)]
 
 
-__all__ = ["OnWorkerLoss", "RelayInfo", "Scheduler", "WorkerInfo", "check_specs"]
+__all__ = ["BatchChecker", "OnWorkerLoss", "RelayInfo", "Scheduler", "WorkerInfo", "check_specs"]

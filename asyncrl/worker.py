@@ -64,13 +64,16 @@ class WorkerExit(Exception):
         self.final = final  # no waiting for the coordinator to come back (--reconnect)
 
 
-def error_report(error: BaseException, *, fatal: bool = True) -> ErrorReport:
+def error_report(error: BaseException, *, fatal: bool = True, slot: int = -1,
+                 token: str = "") -> ErrorReport:
     kind = type(error)
     return ErrorReport(
         type=f"{kind.__module__}:{kind.__qualname__}",
         message=str(error),
         traceback="".join(traceback.format_exception(error)),
         fatal=fatal,
+        slot=slot,
+        token=token,
     )
 
 
@@ -469,7 +472,9 @@ class Worker:
     async def _report_and_exit(self, error: BaseException) -> None:
         log.error("worker error: %s", error)
         with anyio.CancelScope(shield=True):
-            await self.link.send(error_report(error).to_body(), kind=ErrorReport.KIND)
+            # slot and token: a report sent before our hello was answered still counts.
+            report = error_report(error, slot=self.slot, token=self.token)
+            await self.link.send(report.to_body(), kind=ErrorReport.KIND)
         raise WorkerExit(EXIT_ERROR, f"{type(error).__name__}: {error}") from error
 
     async def _watch_parent(self) -> None:

@@ -15,6 +15,7 @@ import zmq
 from ._codec import Decoded, ProtocolError, decode_message, encode_message
 from ._curve import Authenticator, CurveClient, CurveServer
 from ._errors import ClosedResourceError, TransportError
+from ._ratelimit import RateLimitedLog
 from ._resource import TaskGroupResource
 from ._socket import AsyncSocket, configure, default_context
 from ._types import Message, PeerEvent
@@ -156,6 +157,7 @@ class Channel(TaskGroupResource):
         self._received = 0
         self._sent = 0
         self._bad = 0
+        self._limited_log = RateLimitedLog(log)  # hostile input must not flood the log
 
     # -- lifecycle --------------------------------------------------------------
     async def _open(self) -> None:
@@ -233,8 +235,9 @@ class Channel(TaskGroupResource):
             return decode_message(frames, max_bytes=self.max_bytes)
         except ProtocolError as exc:
             # Hostile or broken input is dropped and counted; the loop goes on.
-            self._bad += 1
-            log.warning("dropped a malformed message from %s: %s", origin, exc)
+            self._bad += 1  # exact, whatever the log shows
+            self._limited_log.warning("malformed", "dropped a malformed message from %s: %s",
+                                      origin, exc)
             return None
 
     def _deliver_nowait(self, item: Message | PeerEvent) -> bool:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import errno
-import logging
 import secrets
 import time
 from collections.abc import Iterable
@@ -15,10 +14,7 @@ import zmq
 from ._channel import ACK, BYE, PING, Channel, ChannelStatistics
 from ._codec import encode_message
 from ._errors import PeerLostError, RemoteError
-from ._ratelimit import RateLimitedLog
 from ._types import Message, PeerEvent, Ticket
-
-log = logging.getLogger("transports")
 
 MAX_PENDING_TICKETS = 4096
 #: With ``admission=True``: the largest message a peer that was not admitted may send
@@ -73,7 +69,6 @@ class Hub(Channel):
         self._admitted: set[bytes] = set()
         self._strangers: dict[bytes, None] = {}  # admission: live strangers, oldest first
         self._tickets: dict[int, Ticket] = {}
-        self._limited = RateLimitedLog(log)
 
     def _ping_meta(self) -> dict[str, Any]:
         # A restarted coordinator is a new instance: its links see the change and
@@ -237,7 +232,7 @@ class Hub(Channel):
         if size <= self.stranger_max_bytes:
             return True
         self._bad += 1
-        self._limited.warning(
+        self._limited_log.warning(
             "stranger-size", "dropped a %d-byte message from %r, a peer that was not "
             "admitted (at most %d bytes until a hello is accepted)", size, frames[0],
             self.stranger_max_bytes)

@@ -24,6 +24,7 @@ from ..envs import make_env_pool
 from ..scheduler import OnWorkerLoss, Scheduler, WorkerInfo, check_specs
 from ..weights import WeightSender, ZmqWeightSyncScheme
 from ._base import BaseCollector
+from ._limits import listening_hub_limits
 from ._processes import LocalWorkers
 
 log = logging.getLogger("asyncrl.collectors")
@@ -100,6 +101,7 @@ class MultiCollector(BaseCollector):
         listen: str | None = None,
         remote_workers: int = 0,
         curve_keys: str | None = None,
+        max_message_bytes: int | None = None,
     ) -> None:
         if isinstance(create_env_fn, list | tuple):
             if num_workers is not None and num_workers != len(create_env_fn):
@@ -127,6 +129,9 @@ class MultiCollector(BaseCollector):
         self.on_worker_loss = on_worker_loss
         self.listen = listen
         self.curve_keys = curve_keys  # a directory made by `asyncrl keys generate`
+        # Largest message a listening hub takes (None: derived from what is asked, see
+        # _inbound_limit); ZeroMQ holds a whole message before anyone sees its sender.
+        self.max_message_bytes = max_message_bytes
         self.backend = backend
         self._heartbeat = (heartbeat_interval, peer_timeout)
         total_workers = num_workers + remote_workers
@@ -205,12 +210,13 @@ class MultiCollector(BaseCollector):
         try:
             with self._background:
                 curve = CurveServer.from_dir(self.curve_keys) if self.curve_keys else None
+                specs = await self._reference_specs() if self.remote_workers else None
                 async with Hub(endpoint, heartbeat_interval=interval, peer_timeout=timeout,
-                               curve=curve) as hub:
+                               curve=curve, **self._hub_limits(specs)) as hub:
                     self._hub = hub
                     scheduler = self._scheduler = self._make_scheduler(hub, token)
                     if self.remote_workers:
-                        scheduler.specs = await self._reference_specs()
+                        scheduler.specs = specs
                     for model_id, scheme in self.weight_sync_schemes.items():
                         model = self.policy if model_id == "policy" else None
                         sender = self._senders[model_id] = scheme.init_on_sender(
@@ -248,6 +254,13 @@ class MultiCollector(BaseCollector):
             log.warning("could not build the env here to check remote workers' specs: %s", exc)
             return None
 
+    def _hub_limits(self, specs: dict[str, Any] | None) -> dict[str, Any]:
+        if self.listen is None:
+            return {}  # a private ipc socket: only our own workers can reach it
+        policy = self.policy if isinstance(self.policy, torch.nn.Module) else None
+        return listening_hub_limits(specs, frames=max(self.frames_per_worker), policy=policy,
+                                    max_message_bytes=self.max_message_bytes)
+
     def _make_scheduler(self, hub: Hub, token: str) -> Scheduler:
         return Scheduler(
             hub, sync=self.sync, frames_per_worker=self.frames_per_worker,
@@ -259,6 +272,7 @@ class MultiCollector(BaseCollector):
             batch_budget=self._batch_budget(), first_remote_index=self.num_workers,
             scheme_configs={model_id: scheme.to_config()
                             for model_id, scheme in self.weight_sync_schemes.items()},
+            max_remote_workers=self.remote_workers,
         )
 
     def _batch_budget(self) -> int | None:
