@@ -363,6 +363,11 @@ class Worker:
                         await self.link.ack(message, result=None)
                         return
                     await self._control(message, control)
+                elif message.kind == Refuse.KIND:
+                    # Dropped after joining (e.g. a batch that was not what was asked).
+                    reason = Refuse.from_body(message.body).reason
+                    raise WorkerExit(EXIT_REFUSED, f"the coordinator dropped this worker: "
+                                     f"{reason}", final=True)
                 else:
                     log.warning("ignored a %r message", message.kind)
             except ProtocolError as exc:

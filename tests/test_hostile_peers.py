@@ -219,6 +219,37 @@ async def test_under_continue_a_rogue_is_dropped_and_the_others_go_on() -> None:
                 tg.cancel_scope.cancel()
 
 
+@pytest.mark.parametrize("bad", [huge_empty_batch, wrong_obs_batch])
+@pytest.mark.parametrize("on_worker_loss", ["raise", "continue"])
+async def test_a_rogue_remote_worker_does_not_complete_the_run_with_bogus_frames(
+        bad: Any, on_worker_loss: str) -> None:
+    frames = 0
+    with anyio.fail_after(LIMIT):
+        async with MultiAsyncCollector("CartPole-v1", num_workers=1, remote_workers=1,
+                                       listen="tcp://127.0.0.1:0", frames_per_batch=FRAMES,
+                                       total_frames=100, on_worker_loss=on_worker_loss) as c, \
+                Link(c.endpoint, identity=random_identity("rogue")) as rogue:
+            assert c._scheduler is not None
+            specs = c._scheduler.specs
+            await rogue.send(Hello(protocol=PROTOCOL, name="rogue", host="test", pid=1,
+                                   specs=specs).to_body(), kind=Hello.KIND)
+            welcome = await recv_kind(rogue, Welcome.KIND, Refuse.KIND)
+            index = Welcome.from_body(welcome.body).index
+            collect = Collect.from_body((await recv_kind(rogue, Collect.KIND)).body)
+            await rogue.send(Batch(collect.request, bad(index)).to_body(), kind=Batch.KIND)
+            if on_worker_loss == "raise":
+                with pytest.raises(BadBatchError, match=f"worker {index}"):
+                    async for batch in c:
+                        frames += batch.numel()
+                        assert batch.numel() == FRAMES
+            else:
+                async for batch in c:
+                    frames += batch.numel()
+                assert frames == 100
+            assert (await recv_kind(rogue, Refuse.KIND)).body["reason"]
+    assert frames <= 100
+
+
 # -- 4. identities cannot be guessed -------------------------------------------------------
 async def test_a_guessed_identity_does_not_take_over_a_local_worker() -> None:
     with anyio.fail_after(LIMIT):

@@ -187,9 +187,10 @@ class _Host:
         self.sockets: list[Any] = []
         self.by_fd: dict[int, int] = {}
         self.busy_until: list[float] = []
+        self.welcomed: list[int] = []  # each socket's worker index (its batches carry it)
         self.due: list[tuple[float, int, int, int]] = []
         self.counter = 0
-        self.cache: dict[int, list[bytes]] = {}
+        self.cache: dict[tuple[int, int], list[bytes]] = {}
         self.ping = [bytes(f) for f in encode_message(None, kind="ping")]
         self.next_ping = math.inf
         self.delay = 0.0
@@ -257,6 +258,7 @@ class _Host:
             self.by_fd[fd] = len(self.sockets)
             self.epoll.register(fd, 1)  # EPOLLIN
             self.sockets.append(sock)
+            self.welcomed.append(-1)
             self.busy_until.append(0.0)
             self.drain(len(self.sockets) - 1)
         self.next_ping = time.monotonic() + 1.0
@@ -270,6 +272,7 @@ class _Host:
         self.sockets.clear()
         self.by_fd.clear()
         self.busy_until.clear()
+        self.welcomed.clear()
         self.due.clear()
         self.next_ping = math.inf
 
@@ -288,6 +291,9 @@ class _Host:
         from transports._codec import decode_message
 
         message = decode_message(frames)
+        if message.kind == Welcome.KIND:
+            self.welcomed[index] = Welcome.from_body(message.body).index
+            return
         if message.kind != Collect.KIND:
             return  # welcome, ping, bye, preempt: nothing to do for a simulated worker
         collect = Collect.from_body(message.body)
@@ -301,13 +307,15 @@ class _Host:
             heapq.heappush(self.due, (start + self.delay, self.counter, index, collect.request))
 
     def send_batch(self, index: int, request: int) -> None:
-        frames = self.cache.get(request)
+        key = (request, self.welcomed[index])  # the scheduler checks ("collector", "worker_id")
+        frames = self.cache.get(key)
         if frames is None:
             assert self.share is not None
-            if len(self.cache) > 4:
+            if len(self.cache) > 4 * len(self.sockets):
                 self.cache.clear()
+            self.share["collector", "worker_id"].fill_(self.welcomed[index])
             encoded = self.encode(Batch(request, self.share).to_body(), kind=Batch.KIND)
-            frames = self.cache[request] = [bytes(f) for f in encoded]
+            frames = self.cache[key] = [bytes(f) for f in encoded]
         try:
             self.sockets[index].send_multipart(frames, self.zmq.NOBLOCK)
         except self.zmq.Again:  # the coordinator's queue is full: try again in 1 ms
