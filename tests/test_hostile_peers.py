@@ -236,15 +236,18 @@ async def test_a_rogue_remote_worker_does_not_complete_the_run_with_bogus_frames
             welcome = await recv_kind(rogue, Welcome.KIND, Refuse.KIND)
             index = Welcome.from_body(welcome.body).index
             collect = Collect.from_body((await recv_kind(rogue, Collect.KIND)).body)
+            batches = c.__aiter__()
+            frames += (await batches.__anext__()).numel()  # both joined: the run is on
             await rogue.send(Batch(collect.request, bad(index)).to_body(), kind=Batch.KIND)
             if on_worker_loss == "raise":
                 with pytest.raises(BadBatchError, match=f"worker {index}"):
-                    async for batch in c:
+                    async for batch in batches:
                         frames += batch.numel()
                         assert batch.numel() == FRAMES
             else:
-                async for batch in c:
+                async for batch in batches:
                     frames += batch.numel()
+                    assert not bool((batch["collector", "worker_id"] == index).any())
                 assert frames == 100
             assert (await recv_kind(rogue, Refuse.KIND)).body["reason"]
     assert frames <= 100
