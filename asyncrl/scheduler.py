@@ -94,7 +94,18 @@ class _Round:
 
 
 class Scheduler:
-    """Coordinator state and the task that keeps it current (run it in a task group)."""
+    """Coordinator state and the task that keeps it current (run it in a task group).
+
+    Peers are hostile until admitted. Only a welcomed, live worker's reports
+    count (and a local worker's report before its hello, vouched for by its
+    spawn token); the hub is told whom the scheduler admitted (``Hub.admit``
+    when welcomed, ``Hub.expel`` when refused), so strangers cannot stream bulk
+    data; ``max_remote_workers`` bounds the remote workers (and relays) alive
+    at once; every batch is checked (:class:`BatchChecker`) before a frame of it
+    is counted. Plain ``tcp://`` is unauthenticated by design: anyone who can
+    reach the port can say hello as a remote worker; use CURVE keys on a network
+    you do not trust.
+    """
 
     def __init__(
         self,
