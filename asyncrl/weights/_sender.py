@@ -82,7 +82,11 @@ class _Sent:
             ticket = part.ticket
             if part.relay is None:
                 for peer, result in ticket.acks.items():
-                    applied[part.workers[peer]] = _acked_version(result, self.version)
+                    version = _acked_version(result, self.version)
+                    if self.version <= version <= latest:
+                        applied[part.workers[peer]] = version
+                    else:  # e.g. a worker still counting in a previous trainer's versions
+                        errors.append(_bad_ack(peer, version, self.version, latest))
                 errors.extend(ticket.errors.values())
                 if ticket.lost:
                     errors.append(PeerLostError(sorted(ticket.lost),
@@ -361,7 +365,12 @@ class WeightSender:
                 peers[workers[worker_id]] = worker_id
             else:
                 relayed.setdefault(relay, {})[workers[worker_id]] = worker_id
-        meta = {"model_id": self.model_id, "version": version}
+        meta: dict[str, Any] = {"model_id": self.model_id, "version": version}
+        instance = getattr(self.hub, "instance", None)
+        if isinstance(instance, str):
+            # Versions are numbered per coordinator instance: a worker (or relay) that
+            # follows another instance drops this message instead of comparing numbers.
+            meta["instance"] = instance
         parts = []
         if peers:
             ticket = await self.hub.send_async(list(peers), payload, kind=WEIGHTS_KIND, meta=meta)
@@ -450,6 +459,14 @@ def _first_error(errors: list[BaseException]) -> BaseException:
 def _acked_version(result: Any, default: int) -> int:
     version = result.get("version") if isinstance(result, dict) else None
     return version if type(version) is int else default
+
+
+def _bad_ack(peer: bytes, version: int, sent: int, latest: int) -> RemoteError:
+    return RemoteError(
+        f"worker acknowledged version {version} for a send of version {sent}; expected "
+        f"{sent}..{latest} (newest wins). It may count versions of another trainer "
+        "instance: restart it, or update asyncrl on its host",
+        peer=peer, remote_type="asyncrl.weights.WeightSyncError")
 
 
 def _nbytes(weights: Any) -> int:
