@@ -284,9 +284,10 @@ class HostRelay(TaskGroupResource):
             failed[member] = relay_failure(None, lost="the worker is not attached to the relay")
         self._delivered += len(versions)
         self._failed += len(failed)
-        if not self._registered or message.meta["instance"] != self.instance:
-            # The coordinator that sent it is gone (or may be): its sequence number
-            # would name another message of a restarted one.
+        sender, now = message.meta["instance"], link.hub_instance
+        if sender != self.instance or (sender and now is not None and now != sender):
+            # The coordinator that sent it is gone: its sequence number would name
+            # another message of the restarted one there now.
             log.info("relay: dropped the ack of version %s of a previous coordinator",
                      meta["version"])
             return
