@@ -7,12 +7,16 @@ that held version 11 of a dead trainer must apply the new trainer's versions
 
 from __future__ import annotations
 
+import errno
 import subprocess
 import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import anyio
 import pytest
 import torch
+import zmq
 from multihost.processes import free_port, kill_group, wait_exit
 
 from asyncrl import MultiSyncCollector
@@ -160,3 +164,67 @@ async def test_a_direct_ack_outside_the_sent_versions_fails_the_send() -> None:
             with pytest.raises(RemoteError, match=r"acknowledged version 11 .* expected 1\.\.1"):
                 await sender.wait_ack(timeout=30)
             assert sender.acked_versions == {0: 0}
+
+
+@asynccontextmanager
+async def rebind(endpoint: str) -> AsyncIterator[Hub]:
+    """A hub on the endpoint a hub of this process just closed (zmq unbinds in the background)."""
+    while True:
+        hub = Hub(endpoint, **HEARTBEAT)
+        try:
+            await hub.__aenter__()
+        except zmq.ZMQError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                raise
+            await anyio.sleep(0.05)
+            continue
+        try:
+            yield hub
+        finally:
+            await hub.__aexit__(None, None, None)
+        return
+
+
+async def test_a_relay_never_acks_a_dead_trainers_forward_to_its_successor() -> None:
+    """The relay forwarded version 11 of trainer A; A is replaced by B before the member acks.
+
+    The ack of A's message must not reach B: its sequence number would name one of
+    B's messages (here B's version 1, sent with the same sequence number).
+    """
+    from asyncrl._protocol import RelayWelcome
+    from asyncrl.relay import ATTACHED_KIND, HostRelay
+    from asyncrl.weights import WEIGHTS_KIND
+    from asyncrl.weights._fanout import RELAY_TO
+
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+
+    async def register(hub: Hub, version: int) -> tuple[bytes, int]:
+        joined = await hub.recv()
+        assert (await hub.recv()).kind == "relay_hello"
+        await hub.send(joined.peer, {"members": 1, "instance": hub.instance},
+                       kind=RelayWelcome.KIND)
+        ticket = await hub.send_async([joined.peer], {"value": torch.tensor([1.0])},
+                                      kind=WEIGHTS_KIND,
+                                      meta={"model_id": "policy", "version": version,
+                                            "instance": hub.instance, RELAY_TO: [b"m"]})
+        return joined.peer, ticket
+
+    with anyio.fail_after(60):
+        async with HostRelay(endpoint, [b"m"], **HEARTBEAT) as relay, \
+                Link(relay.endpoint, identity=b"m", **HEARTBEAT) as member:
+            assert (await member.recv()).kind == ATTACHED_KIND
+            async with Hub(endpoint, **HEARTBEAT) as first:
+                _, old_ticket = await register(first, 11)
+                old = await member.recv()  # forwarded, not applied yet when A goes
+            async with rebind(endpoint) as second:
+                relay_peer, ticket = await register(second, 1)
+                assert ticket.seq == old_ticket.seq  # the collision this test is about
+                new = await member.recv()
+                await member.ack(old, {"model_id": "policy", "version": 11})
+                await member.ack(new, {"model_id": "policy", "version": 1})
+                answer = await second.wait_ack(ticket, timeout=30)
+    assert answer[relay_peer]["versions"] == {b"m": 1}
+    # Forwards carry their numbering: a member drops those of another instance.
+    assert (old.meta.get("instance"), new.meta.get("instance")) == (first.instance,
+                                                                    second.instance)
+    assert relay.instance == second.instance

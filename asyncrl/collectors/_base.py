@@ -51,7 +51,7 @@ def check_cat_results(value: Any) -> str | int | None:
     if value is None or (isinstance(value, str) and value == "stack"):
         return value
     if isinstance(value, numbers.Integral) and not isinstance(value, bool) \
-            and -2 <= value <= 1:
+            and -2 <= int(value) <= 1:
         return int(value)
     raise ValueError(f"cat_results must be 'stack', None (stack, as in TorchRL) or a dim to "
                      f"concatenate the workers' [envs, time] shares along (0, 1, -1 or -2); "

@@ -107,6 +107,8 @@ class MultiCollector(BaseCollector):
         remote_workers: int = 0,
         curve_keys: str | None = None,
     ) -> None:
+        if num_workers is not None:
+            num_workers = check_int("num_workers", num_workers, minimum=0)
         if isinstance(create_env_fn, list | tuple):
             if num_workers is not None and num_workers != len(create_env_fn):
                 raise ValueError(f"num_workers={num_workers} but {len(create_env_fn)} env "
@@ -115,8 +117,7 @@ class MultiCollector(BaseCollector):
                 raise ValueError("one env factory shared by all workers is supported; pass "
                                  "create_env_fn=factory and num_workers=N")
             num_workers, create_env_fn = len(create_env_fn), create_env_fn[0]
-        num_workers = 1 if num_workers is None else check_int("num_workers", num_workers,
-                                                              minimum=0)
+        num_workers = 1 if num_workers is None else num_workers
         remote_workers = check_int("remote_workers", remote_workers, minimum=0)
         envs_per_worker = check_int("envs_per_worker", envs_per_worker, minimum=1)
         prefetch = check_int("prefetch", prefetch, minimum=1)
