@@ -195,7 +195,12 @@ class HostRelay(TaskGroupResource):
             message = await link.recv()
             if message.kind == RelayWelcome.KIND:
                 self._registered, self.refused = True, None
-                instance = RelayWelcome.from_body(message.body).instance
+                try:
+                    instance = RelayWelcome.from_body(message.body).instance
+                except ProtocolError as exc:  # never crash on what the network sent
+                    log.warning("relay: a malformed welcome (%s); taking it as one from an "
+                                "unnamed coordinator instance", exc)
+                    instance = ""
                 if self.instance and instance != self.instance:
                     log.warning("relay: the coordinator restarted (instance %s, was %s); "
                                 "forwards of the old one are dropped", instance, self.instance)

@@ -156,6 +156,7 @@ class WeightSender:
         self._hooks: list[Callable[[], Any]] = []
         self._lock: anyio.Lock | None = None
         self._closed = False
+        self._preparing = 0  # the version being written (shared memory: readable already)
         self._routes: RelayRoutes | None = None
         self.copies_sent = 0  # weight messages handed to the hub: one per peer (worker or relay)
         if workers is not None and not callable(workers):
@@ -263,7 +264,11 @@ class WeightSender:
         async with self._get_lock():
             version = self._version + 1
             due = [w for w in targets if self._since.get(w, self.max_interval) >= self.max_interval]
-            payload, extra = await self._prepare(source, version)
+            self._preparing = version
+            try:
+                payload, extra = await self._prepare(source, version)
+            finally:
+                self._preparing = 0
             self._version, self._latest = version, payload
             if due:
                 await self._post(payload, version, due, extra)
@@ -314,7 +319,7 @@ class WeightSender:
         applied: dict[int, int] = {}
         failure: BaseException | None = None
         for sent in finished:
-            done, errors = sent.outcome(self._version)
+            done, errors = sent.outcome(self._newest)
             for worker_id, version in done.items():
                 applied[worker_id] = max(applied.get(worker_id, 0), version)
                 self._acked[worker_id] = max(self._acked.get(worker_id, 0), version)
@@ -395,13 +400,18 @@ class WeightSender:
             if sent.pending:
                 keep.append(sent)
                 continue
-            done, errors = sent.outcome(self._version)
+            done, errors = sent.outcome(self._newest)
             if errors:
                 keep.append(sent)  # wait_ack() reports them
                 continue
             for worker_id, version in done.items():
                 self._acked[worker_id] = max(self._acked.get(worker_id, 0), version)
         self._outstanding = keep
+
+    @property
+    def _newest(self) -> int:
+        """The newest version a worker may have applied (acks above it are invalid)."""
+        return max(self._version, self._preparing)
 
     def _select(self, worker_ids: WorkerIds) -> list[int]:
         if self._closed:
