@@ -443,7 +443,8 @@ class MultiSyncCollector(MultiCollector):
     Workers wait for the trainer between batches, so each batch yielded after
     ``await update_policy_weights()`` returned was collected entirely with
     those weights. Shares are concatenated along ``cat_results`` (default 0:
-    ``[workers * envs, time]``) or stacked (``"stack"``).
+    ``[workers * envs, time]``; 1 or -1: along time) or stacked (``"stack"``, or
+    None as in TorchRL: ``[workers, envs, time]``).
     """
 
     sync = True
