@@ -128,13 +128,16 @@ class RelayWelcome:
 
     KIND: ClassVar[str] = "relay_welcome"
     members: int
+    #: The coordinator's hub instance: weight versions are numbered per instance.
+    instance: str = ""
 
     def to_body(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_body(cls, body: Any) -> Self:
-        return cls(members=_field(body, "members", int, "relay_welcome"))
+        return cls(members=_field(body, "members", int, "relay_welcome"),
+                   instance=_optional_str(body, "instance", "relay_welcome")[:64])
 
 
 @dataclass(slots=True)
@@ -149,6 +152,9 @@ class Welcome:
     #: build their receivers from it; code never travels).
     schemes: dict[str, Any] = field(default_factory=dict)
     attempt: int = 0  # the hello's attempt this welcome answers
+    #: The coordinator's hub instance. Weight versions are numbered per instance: a
+    #: worker welcomed by a new one (a restarted trainer) starts counting afresh.
+    instance: str = ""
 
     def to_body(self) -> dict[str, Any]:
         return asdict(self)
@@ -167,6 +173,7 @@ class Welcome:
             init_random_frames=_field(body, "init_random_frames", int, "welcome"),
             schemes=schemes,
             attempt=_optional_int(body, "attempt", "welcome"),
+            instance=_optional_str(body, "instance", "welcome")[:64],
         )
 
 

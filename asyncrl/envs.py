@@ -153,8 +153,12 @@ class EnvPool(ABC):
         """Step every env; returns ``(next_obs, reward, terminated, truncated)``.
 
         An env that finished returns its terminal observation and must be reset
-        (``reset_where``) before the next step.
+        (``reset_where``) before the next step. Integer actions (Discrete,
+        MultiDiscrete, MultiBinary) must come as integers: floats are refused,
+        never rounded.
         """
+        actions = np.asarray(actions)
+        check_action_dtype(self.specs.action, actions.dtype, actions)
         self.step_inplace(actions)
         return self.obs, self.reward, self.terminated, self.truncated
 
@@ -433,6 +437,33 @@ class _TorchRLPool(EnvPool):
 
     def _close(self) -> None:
         self._env.close()
+
+
+def check_action_dtype(spec: ArraySpec, dtype: Any, actions: Any = None) -> None:
+    """Refuse floating-point actions for an env whose actions are integers.
+
+    Casting would truncate silently (0.7 -> action 0). Integral floats (1.0) are
+    refused too: TorchRL's ``Categorical`` spec does not contain a float tensor
+    (``spec.is_in(torch.tensor(1.0))`` is False), and a float action usually means
+    a policy head that was meant to be sampled or argmax-ed. ``dtype`` is a numpy
+    or torch dtype; ``actions`` (optional) gives an example in the message.
+    """
+    if np.dtype(spec.dtype).kind not in "iub":
+        return
+    floating = getattr(dtype, "is_floating_point", None)
+    if floating is None:
+        floating = np.dtype(dtype).kind in "fc"
+    if not floating and not getattr(dtype, "is_complex", False):
+        return
+    kind = f"Discrete({spec.n})" if spec.n is not None else f"{spec.dtype} {spec.shape}"
+    example = ""
+    if actions is not None and getattr(actions, "size", None) != 0:
+        first = actions.reshape(-1)[0]
+        example = f" (e.g. {round(float(first), 6)!r})"
+    raise TypeError(
+        f"the env's actions are integers ({kind}, dtype {spec.dtype}), but the policy gave "
+        f"{str(dtype).removeprefix('torch.')} actions{example}; asyncrl never rounds "
+        "actions: return integer actions (e.g. dist.sample().long() or logits.argmax(-1))")
 
 
 def _torch_dtype(name: str) -> Any:

@@ -112,6 +112,9 @@ class HostRelay(TaskGroupResource):
         self.link: Link | None = None
         self.refused: str | None = None  # the coordinator's reason, if it refused us
         self._registered = False
+        #: The coordinator instance we registered with: weight versions and message
+        #: sequence numbers mean something only to that instance.
+        self.instance = ""
         self._received = self._delivered = self._failed = 0
 
     @property
@@ -192,6 +195,16 @@ class HostRelay(TaskGroupResource):
             message = await link.recv()
             if message.kind == RelayWelcome.KIND:
                 self._registered, self.refused = True, None
+                try:
+                    instance = RelayWelcome.from_body(message.body).instance
+                except ProtocolError as exc:  # never crash on what the network sent
+                    log.warning("relay: a malformed welcome (%s); taking it as one from an "
+                                "unnamed coordinator instance", exc)
+                    instance = ""
+                if self.instance and instance != self.instance:
+                    log.warning("relay: the coordinator restarted (instance %s, was %s); "
+                                "forwards of the old one are dropped", instance, self.instance)
+                self.instance = instance
                 log.info("relay: registered with %s for %d workers", self.connect,
                          len(self.members))
                 return
@@ -229,7 +242,8 @@ class HostRelay(TaskGroupResource):
         missing = [m for m in targets if m not in attached]
         # Keep what the ack needs, not the weights: once ZeroMQ sent the frames to
         # every member, their memory is free even while slow members apply them.
-        receipt = Message(message.peer, message.kind, message.seq, None, {}, message.needs_ack)
+        receipt = Message(message.peer, message.kind, message.seq, None,
+                          {"instance": self.instance}, message.needs_ack)
         self._tasks.start_soon(self._ack_when_delivered, link, receipt, meta, ticket, missing)
 
     def _targets(self, message: Message) -> tuple[list[bytes], dict[str, Any]]:
@@ -248,7 +262,14 @@ class HostRelay(TaskGroupResource):
         if strangers:
             raise ProtocolError(f"relayed weights name workers this relay does not serve: "
                                 f"{strangers[:5]!r}; its members are {sorted(self.members)[:5]!r}")
-        return list(dict.fromkeys(members)), {"model_id": model_id, "version": version}
+        instance = meta.get("instance", self.instance)
+        if not isinstance(instance, str) or instance != self.instance:
+            raise ProtocolError(f"relayed weights from coordinator instance {instance!r:.40}, "
+                                f"but this relay registered with {self.instance!r}")
+        forward = {"model_id": model_id, "version": version}
+        if instance:  # members drop what another instance than theirs sent
+            forward["instance"] = instance
+        return list(dict.fromkeys(members)), forward
 
     async def _ack_when_delivered(self, link: Link, message: Message, meta: dict[str, Any],
                                   ticket: Ticket, missing: list[bytes]) -> None:
@@ -268,6 +289,13 @@ class HostRelay(TaskGroupResource):
             failed[member] = relay_failure(None, lost="the worker is not attached to the relay")
         self._delivered += len(versions)
         self._failed += len(failed)
+        sender, now = message.meta["instance"], link.hub_instance
+        if sender != self.instance or (sender and now is not None and now != sender):
+            # The coordinator that sent it is gone: its sequence number would name
+            # another message of the restarted one there now.
+            log.info("relay: dropped the ack of version %s of a previous coordinator",
+                     meta["version"])
+            return
         if message.needs_ack:
             try:
                 await link.ack(message, relay_ack_body(meta["model_id"], versions, failed))

@@ -22,7 +22,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from torch import nn
 
-from .envs import EnvPool, make_env_pool
+from .envs import EnvPool, check_action_dtype, make_env_pool
 from .policies import ExplorationLike, ExplorationType, PolicyAdapter, RandomPolicy, torch_dtype
 
 __all__ = ["Rollout", "split_trajectories"]
@@ -211,6 +211,7 @@ class Rollout:
                 f"the policy must write 'action' of shape {(n, *act.shape)} "
                 f"(num_envs, *action_spec.shape); it wrote {got}"
             )
+        check_action_dtype(act, action.dtype, action.detach())
         td.set("action", self._act_t)  # in-place writers then fill ours: no copy
         obs_paths = set(self.env_pool.obs_paths)
         extras = []
@@ -384,6 +385,8 @@ class Rollout:
                     policy(step_td)
                     action = step_td.get("action")
                     if action is not act_t:
+                        if action.dtype is not act_t.dtype:  # rare: never cast floats silently
+                            check_action_dtype(pool.specs.action, action.dtype, action.detach())
                         act_t.copy_(action)
                     for key, dst, as_numpy in extras:
                         dst[i] = step_td.get(key).numpy() if as_numpy else step_td.get(key)

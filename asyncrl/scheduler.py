@@ -279,7 +279,8 @@ class Scheduler:
         frames = self.frames_per_worker[index % len(self.frames_per_worker)]
         welcome = Welcome(index=index, frames_per_batch=frames,
                           init_random_frames=self.init_random_frames,
-                          schemes=self._scheme_configs, attempt=hello.attempt)
+                          schemes=self._scheme_configs, attempt=hello.attempt,
+                          instance=getattr(self.hub, "instance", ""))
         await self._send(worker.peer, welcome.to_body(), Welcome.KIND)
         if self._on_join is not None:
             await self._on_join(worker)  # latest weights before the first frame
@@ -313,8 +314,8 @@ class Scheduler:
                                               frozenset(hello.members))
         log.info("relay %s on %s carries the weights of up to %d workers",
                  message.peer.decode(errors="replace"), hello.host, len(hello.members))
-        await self._send(message.peer, RelayWelcome(len(hello.members)).to_body(),
-                         RelayWelcome.KIND)
+        welcome = RelayWelcome(len(hello.members), instance=getattr(self.hub, "instance", ""))
+        await self._send(message.peer, welcome.to_body(), RelayWelcome.KIND)
 
     def _admission_problems(self, hello: Hello) -> list[str]:
         problems = []

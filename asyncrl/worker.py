@@ -98,6 +98,7 @@ class Worker:
         self.policy: Any = None
         self.rollout: Rollout | None = None
         self.index = -1
+        self.instance = ""  # the coordinator instance that welcomed us last
         self._requests: deque[int] = deque()
         self._request_ready = anyio.Event()
         self._busy = anyio.Lock()  # held while the rollout or a control op uses the envs
@@ -230,8 +231,16 @@ class Worker:
                             self.link.endpoint, 2 * self.link.peer_timeout)
                 hello.attempt += 1
         self.index = welcome.index
+        if welcome.instance and welcome.instance != self.instance:
+            if self.instance:
+                log.warning("joined a restarted coordinator (instance %s, was %s): weight "
+                            "versions count afresh", welcome.instance, self.instance)
+            self.instance = welcome.instance
         try:
             self._add_remote_receivers(welcome.schemes)
+            # A restarted trainer numbers its versions from 1 again: before its
+            # catch-up weights are read, forget what the old one's numbers meant.
+            self._receivers.follow(self.instance)
             self.rollout = Rollout(
                 self.env_pool, self.policy, welcome.frames_per_batch,
                 worker_index=welcome.index,
@@ -388,6 +397,12 @@ class Worker:
         """Acknowledge a weight message over the link it came from (relay or coordinator)."""
         link = self.relay_link if message.peer == VIA_RELAY else self.link
         assert link is not None
+        instance = message.meta.get("instance")
+        if link is self.link and isinstance(instance, str) and instance != self.instance:
+            # Its sender is gone; its sequence number would name another message of
+            # the coordinator there now. (A relay drops such acks itself.)
+            log.debug("dropped the ack of weights from coordinator instance %s", instance)
+            return
         await link.ack(message, result, error=error)
 
     async def _relay_loop(self) -> None:

@@ -78,6 +78,11 @@ class Link(Channel):
         return not self._lost
 
     @property
+    def hub_instance(self) -> str | None:
+        """The instance id the hub sends in its pings (None until heard): a restart changes it."""
+        return self._hub_instance
+
+    @property
     def hub_closed(self) -> bool:
         """True when the hub was lost because it said goodbye (closed), not by silence."""
         return self._lost and self._goodbye

@@ -48,7 +48,8 @@ class TaskGroupResource:
             await self._open()
         except BaseException as exc:
             await self.aclose()
-            await self._task_group.__aexit__(type(exc), exc, exc.__traceback__)
+            # The error of _open itself, not an ExceptionGroup around it.
+            await exit_task_group(self._task_group, (type(exc), exc, exc.__traceback__))
             raise
         return self
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 import warnings
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -16,9 +17,56 @@ from transports._resource import TaskGroupResource
 from .._errors import CollectorError
 from ..rollout import split_trajectories
 
+#: What a collector may do when a worker is lost ("restart": local workers are respawned).
+ON_WORKER_LOSS = ("raise", "continue", "wait", "restart")
+
+
+def check_int(name: str, value: Any, *, minimum: int) -> int:
+    """``value`` as an int >= ``minimum``, or a TypeError / ValueError naming ``name``.
+
+    Integers only: ``2.0`` or ``True`` are refused (TorchRL's arguments are ints
+    too), so a wrong type fails here, not deep inside the first batch.
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int >= {minimum}, got {type(value).__name__} "
+                        f"{value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value}")
+    return int(value)
+
+
+def check_on_worker_loss(value: Any) -> str:
+    if not isinstance(value, str) or value not in ON_WORKER_LOSS:
+        raise ValueError(f"on_worker_loss must be one of {', '.join(map(repr, ON_WORKER_LOSS))}; "
+                         f"got {value!r}")
+    return value
+
+
+def check_cat_results(value: Any) -> str | int | None:
+    """TorchRL's values: ``"stack"``, None (TorchRL: the same as ``"stack"``) or a dim.
+
+    Each worker's share is ``[envs, time]``: the dims to concatenate along are
+    0 / -2 (envs) and 1 / -1 (time).
+    """
+    if value is None or (isinstance(value, str) and value == "stack"):
+        return value
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool) \
+            and -2 <= int(value) <= 1:
+        return int(value)
+    raise ValueError(f"cat_results must be 'stack', None (stack, as in TorchRL) or a dim to "
+                     f"concatenate the workers' [envs, time] shares along (0, 1, -1 or -2); "
+                     f"got {value!r}")
+
+
+def check_total_frames(value: Any) -> int | None:
+    if value is None:
+        return None
+    return check_int("total_frames", value, minimum=-(1 << 62))
+
 
 def normalise_total_frames(total_frames: int | None, batch_frames: int) -> int:
     """TorchRL's rule: -1 (or None) is endless; otherwise round up to whole batches."""
+    total_frames = check_total_frames(total_frames)
     if total_frames is None or total_frames < 0:
         return -1
     if total_frames == 0:
@@ -78,6 +126,12 @@ class BaseCollector(TaskGroupResource):
         self._resumed.set()
 
     async def __aenter__(self) -> Self:
+        if self._closed or self._task_group is not None:
+            state = "closed" if self._closed else "open"
+            raise CollectorError(
+                f"this {type(self).__name__} was already entered and is {state}: a collector "
+                "is single-use (its workers and sockets are gone once closed); make a new one "
+                "for another run")
         self._create_async_state()
         return await super().__aenter__()
 

@@ -13,7 +13,7 @@ from .._spec import WorkerSpec
 from ..envs import make_env_pool
 from ..rollout import Rollout
 from ..weights import InProcessWeightSyncScheme, WeightReceiver, WeightSender
-from ._base import BaseCollector
+from ._base import BaseCollector, check_int
 
 
 class Collector(BaseCollector):
@@ -59,6 +59,11 @@ class Collector(BaseCollector):
         env_device: Any = None,
         storing_device: Any = None,
     ) -> None:
+        frames_per_batch = check_int("frames_per_batch", frames_per_batch, minimum=1)
+        envs_per_worker = check_int("envs_per_worker", envs_per_worker, minimum=1)
+        if frames_per_batch % envs_per_worker:
+            raise ValueError(f"frames_per_batch ({frames_per_batch}) must be a multiple of "
+                             f"envs_per_worker ({envs_per_worker})")
         super().__init__(total_frames=total_frames, batch_frames=frames_per_batch,
                          split_trajs=split_trajs, postproc=postproc,
                          replay_buffer=replay_buffer, update_at_each_batch=update_at_each_batch)

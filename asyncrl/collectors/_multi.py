@@ -23,7 +23,13 @@ from .._spec import WorkerSpec
 from ..envs import make_env_pool
 from ..scheduler import OnWorkerLoss, Scheduler, WorkerInfo, check_specs
 from ..weights import WeightSender, ZmqWeightSyncScheme
-from ._base import BaseCollector
+from ._base import (
+    BaseCollector,
+    check_cat_results,
+    check_int,
+    check_on_worker_loss,
+    check_total_frames,
+)
 from ._limits import listening_hub_limits
 from ._processes import LocalWorkers
 
@@ -103,6 +109,8 @@ class MultiCollector(BaseCollector):
         curve_keys: str | None = None,
         max_message_bytes: int | None = None,
     ) -> None:
+        if num_workers is not None:
+            num_workers = check_int("num_workers", num_workers, minimum=0)
         if isinstance(create_env_fn, list | tuple):
             if num_workers is not None and num_workers != len(create_env_fn):
                 raise ValueError(f"num_workers={num_workers} but {len(create_env_fn)} env "
@@ -112,10 +120,16 @@ class MultiCollector(BaseCollector):
                                  "create_env_fn=factory and num_workers=N")
             num_workers, create_env_fn = len(create_env_fn), create_env_fn[0]
         num_workers = 1 if num_workers is None else num_workers
+        remote_workers = check_int("remote_workers", remote_workers, minimum=0)
+        envs_per_worker = check_int("envs_per_worker", envs_per_worker, minimum=1)
+        prefetch = check_int("prefetch", prefetch, minimum=1)
+        on_worker_loss = check_on_worker_loss(on_worker_loss)  # type: ignore[assignment]
+        check_total_frames(total_frames)
+        # TorchRL's None means "stack", not a concatenation.
+        cat_results = check_cat_results(cat_results)
+        cat_results = "stack" if cat_results is None else cat_results
         if num_workers + remote_workers < 1:
             raise ValueError("need at least one worker (num_workers + remote_workers >= 1)")
-        if prefetch < 1:
-            raise ValueError(f"prefetch must be >= 1, got {prefetch}")
         if preemptive_threshold is not None and not 0 < preemptive_threshold <= 1:
             raise ValueError(f"preemptive_threshold must be in (0, 1], got {preemptive_threshold}")
         if remote_workers and listen is None:
@@ -173,19 +187,21 @@ class MultiCollector(BaseCollector):
 
     def _split_frames(self, frames_per_batch: int | Sequence[int], workers: int) -> list[int]:
         per_env = self.envs_per_worker
-        if isinstance(frames_per_batch, Sequence):
-            shares = [int(f) for f in frames_per_batch]
+        if isinstance(frames_per_batch, Sequence) and not isinstance(frames_per_batch, str):
+            shares = [check_int(f"frames_per_batch[{i}]", f, minimum=1)
+                      for i, f in enumerate(frames_per_batch)]
             if len(shares) != workers:
                 raise ValueError(f"frames_per_batch has {len(shares)} entries for {workers} "
                                  "workers")
         elif self.sync:
+            frames_per_batch = check_int("frames_per_batch", frames_per_batch, minimum=1)
             if frames_per_batch % (workers * per_env):
                 raise ValueError(
                     f"sync mode splits frames_per_batch={frames_per_batch} over {workers} "
                     f"workers x {per_env} envs: make it a multiple of {workers * per_env}")
             shares = [frames_per_batch // workers] * workers
         else:
-            shares = [int(frames_per_batch)] * workers
+            shares = [check_int("frames_per_batch", frames_per_batch, minimum=1)] * workers
         for share in shares:
             if share <= 0 or share % per_env:
                 raise ValueError(f"each worker's frames ({share}) must be a positive multiple "
@@ -441,7 +457,8 @@ class MultiSyncCollector(MultiCollector):
     Workers wait for the trainer between batches, so each batch yielded after
     ``await update_policy_weights()`` returned was collected entirely with
     those weights. Shares are concatenated along ``cat_results`` (default 0:
-    ``[workers * envs, time]``) or stacked (``"stack"``).
+    ``[workers * envs, time]``; 1 or -1: along time) or stacked (``"stack"``, or
+    None as in TorchRL: ``[workers, envs, time]``).
     """
 
     sync = True

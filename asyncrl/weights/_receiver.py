@@ -11,6 +11,7 @@ from tensordict import TensorDictBase
 
 from transports import Message, ProtocolError
 
+from ._errors import WeightSyncError
 from ._strategy import WeightStrategy, as_strategy
 
 __all__ = ["WEIGHTS_KIND", "Acker", "WeightAck", "WeightReceiver", "WeightReceiverGroup"]
@@ -96,6 +97,8 @@ class WeightReceiver:
         self.on_apply = on_apply
         self.link = link
         self.last_error: BaseException | None = None
+        #: The coordinator instance whose versions :attr:`version` counts ("": not told).
+        self.instance = ""
         self._version = 0
         self._pending: _Update | None = None
         self._waiting: list[Message] = []  # acked with the version applied next
@@ -124,9 +127,33 @@ class WeightReceiver:
         return self._pending is not None
 
     # -- event-loop side --------------------------------------------------------------------
+    def follow(self, instance: str) -> bool:
+        """Count versions in the numbering of coordinator ``instance`` (from its welcome).
+
+        Versions are numbered per coordinator instance: a restarted trainer starts
+        again at 1. Told a new instance, the receiver starts afresh: version 0 (the
+        model keeps the weights it holds until the new trainer sends its own), the
+        old instance's pending update dropped and its waiting messages acked with an
+        error. Returns True if that happened. ``""`` (an old coordinator) changes nothing.
+        """
+        if not instance or instance == self.instance:
+            return False
+        with self._apply_lock, self._lock:
+            known, self.instance = self.instance, instance
+            if not known:
+                return False  # the first coordinator: nothing to forget
+            waiting = self._waiting
+            self._pending, self._waiting, self._version = None, [], 0
+            stale = WeightSyncError(f"the coordinator restarted (instance {known} -> "
+                                    f"{instance}) before these weights were applied")
+            for message in waiting:
+                self._queue_ack(message, None, stale)
+        return True
+
     def on_message(self, message: Message) -> None:
         """Take a ``weights`` message; never raises (a bad one is acked with the error)."""
         try:
+            self._check_instance(message)
             version = self._check_meta(message)
             payload = self._load(message)
         except Exception as exc:
@@ -214,6 +241,15 @@ class WeightReceiver:
         return update.version
 
     # -- internals ------------------------------------------------------------------------------
+    def _check_instance(self, message: Message) -> None:
+        # Weights stamped by another coordinator instance than the one we follow (a
+        # relay forwarding what the dead trainer sent): their version means nothing here.
+        instance = message.meta.get("instance")
+        if self.instance and isinstance(instance, str) and instance != self.instance:
+            raise WeightSyncError(
+                f"weights for {self.model_id!r} from coordinator instance {instance[:32]!r}, "
+                f"but this worker was welcomed by {self.instance!r}: dropped (stale)")
+
     def _check_meta(self, message: Message) -> int:
         meta = message.meta
         model_id, version = meta.get("model_id"), meta.get("version")
@@ -289,6 +325,11 @@ class WeightReceiverGroup:
     @property
     def has_pending(self) -> bool:
         return any(r._pending is not None for r in self._receivers.values())
+
+    def follow(self, instance: str) -> bool:
+        """Tell every receiver the coordinator instance (see :meth:`WeightReceiver.follow`)."""
+        changed = [receiver.follow(instance) for receiver in self._receivers.values()]
+        return any(changed)
 
     def on_message(self, message: Message) -> None:
         """Route a ``weights`` message to its model id's receiver (never raises)."""

@@ -82,7 +82,11 @@ class _Sent:
             ticket = part.ticket
             if part.relay is None:
                 for peer, result in ticket.acks.items():
-                    applied[part.workers[peer]] = _acked_version(result, self.version)
+                    version = _acked_version(result, self.version)
+                    if self.version <= version <= latest:
+                        applied[part.workers[peer]] = version
+                    else:  # e.g. a worker still counting in a previous trainer's versions
+                        errors.append(_bad_ack(peer, version, self.version, latest))
                 errors.extend(ticket.errors.values())
                 if ticket.lost:
                     errors.append(PeerLostError(sorted(ticket.lost),
@@ -152,6 +156,7 @@ class WeightSender:
         self._hooks: list[Callable[[], Any]] = []
         self._lock: anyio.Lock | None = None
         self._closed = False
+        self._preparing = 0  # the version being written (shared memory: readable already)
         self._routes: RelayRoutes | None = None
         self.copies_sent = 0  # weight messages handed to the hub: one per peer (worker or relay)
         if workers is not None and not callable(workers):
@@ -259,7 +264,11 @@ class WeightSender:
         async with self._get_lock():
             version = self._version + 1
             due = [w for w in targets if self._since.get(w, self.max_interval) >= self.max_interval]
-            payload, extra = await self._prepare(source, version)
+            self._preparing = version
+            try:
+                payload, extra = await self._prepare(source, version)
+            finally:
+                self._preparing = 0
             self._version, self._latest = version, payload
             if due:
                 await self._post(payload, version, due, extra)
@@ -310,7 +319,7 @@ class WeightSender:
         applied: dict[int, int] = {}
         failure: BaseException | None = None
         for sent in finished:
-            done, errors = sent.outcome(self._version)
+            done, errors = sent.outcome(self._newest)
             for worker_id, version in done.items():
                 applied[worker_id] = max(applied.get(worker_id, 0), version)
                 self._acked[worker_id] = max(self._acked.get(worker_id, 0), version)
@@ -361,7 +370,12 @@ class WeightSender:
                 peers[workers[worker_id]] = worker_id
             else:
                 relayed.setdefault(relay, {})[workers[worker_id]] = worker_id
-        meta = {"model_id": self.model_id, "version": version}
+        meta: dict[str, Any] = {"model_id": self.model_id, "version": version}
+        instance = getattr(self.hub, "instance", None)
+        if isinstance(instance, str):
+            # Versions are numbered per coordinator instance: a worker (or relay) that
+            # follows another instance drops this message instead of comparing numbers.
+            meta["instance"] = instance
         parts = []
         if peers:
             ticket = await self.hub.send_async(list(peers), payload, kind=WEIGHTS_KIND, meta=meta)
@@ -386,13 +400,18 @@ class WeightSender:
             if sent.pending:
                 keep.append(sent)
                 continue
-            done, errors = sent.outcome(self._version)
+            done, errors = sent.outcome(self._newest)
             if errors:
                 keep.append(sent)  # wait_ack() reports them
                 continue
             for worker_id, version in done.items():
                 self._acked[worker_id] = max(self._acked.get(worker_id, 0), version)
         self._outstanding = keep
+
+    @property
+    def _newest(self) -> int:
+        """The newest version a worker may have applied (acks above it are invalid)."""
+        return max(self._version, self._preparing)
 
     def _select(self, worker_ids: WorkerIds) -> list[int]:
         if self._closed:
@@ -450,6 +469,14 @@ def _first_error(errors: list[BaseException]) -> BaseException:
 def _acked_version(result: Any, default: int) -> int:
     version = result.get("version") if isinstance(result, dict) else None
     return version if type(version) is int else default
+
+
+def _bad_ack(peer: bytes, version: int, sent: int, latest: int) -> RemoteError:
+    return RemoteError(
+        f"worker acknowledged version {version} for a send of version {sent}; expected "
+        f"{sent}..{latest} (newest wins). It may count versions of another trainer "
+        "instance: restart it, or update asyncrl on its host",
+        peer=peer, remote_type="asyncrl.weights.WeightSyncError")
 
 
 def _nbytes(weights: Any) -> int:
