@@ -131,6 +131,7 @@ class Scheduler:
         accept_remote: bool = False,
         on_worker_loss: OnWorkerLoss = "raise",
         on_join: Callable[[WorkerInfo], Awaitable[None]] | None = None,
+        on_lost: Callable[[WorkerInfo], None] | None = None,
         batch_budget: int | None = None,
         first_remote_index: int | None = None,
         scheme_configs: dict[str, Any] | None = None,
@@ -146,6 +147,7 @@ class Scheduler:
         self._accept_remote = accept_remote
         self.on_worker_loss = on_worker_loss
         self._on_join = on_join
+        self._on_lost_hook = on_lost  # e.g. "restart": end a silent local process
         self._budget = batch_budget  # async: credits still allowed to be granted
         self._scheme_configs = dict(scheme_configs or {})
         self.workers: dict[bytes, WorkerInfo] = {}
@@ -493,6 +495,8 @@ class Scheduler:
                 "stopped answering; pass on_worker_loss='continue', 'wait' or 'restart' to "
                 "carry on"))
         await self._forget(worker)
+        if self._on_lost_hook is not None:
+            self._on_lost_hook(worker)
 
     async def _forget(self, worker: WorkerInfo) -> None:
         """Drop a worker (lost, or replaced by its own new hello) and what it owed."""

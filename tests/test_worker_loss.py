@@ -187,3 +187,17 @@ async def test_spawning_a_big_policy_keeps_the_event_loop_free() -> None:
     assert batch.numel() == 6
     assert max(gaps) < 5.0, f"the event loop was blocked for {max(gaps):.1f} s"
     assert pids_gone(pids)
+
+
+async def test_frozen_worker_is_replaced_under_restart() -> None:
+    with anyio.fail_after(LIMIT):
+        async with MultiSyncCollector(ENV, num_workers=2, frames_per_batch=8, total_frames=40,
+                                      on_worker_loss="restart", **FAST) as c:
+            await c.__anext__()
+            old = c.worker_pids
+            os.kill(old[1], signal.SIGSTOP)  # silent for good: killed, its slot respawned
+            frames = await run_to_the_end(c)
+            new = c.worker_pids
+    assert frames == [8] * 4
+    assert new[0] == old[0] and new[1] != old[1]
+    assert pids_gone(old + new)

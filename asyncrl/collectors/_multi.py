@@ -263,6 +263,7 @@ class MultiCollector(BaseCollector):
             // max(1, self.num_workers + self.remote_workers),
             check_specs=check_specs, token=token, accept_remote=self.remote_workers > 0,
             on_worker_loss=self.on_worker_loss, on_join=self._on_join,
+            on_lost=self._on_worker_silent,
             batch_budget=self._batch_budget(), first_remote_index=self.num_workers,
             scheme_configs={model_id: scheme.to_config()
                             for model_id, scheme in self.weight_sync_schemes.items()},
@@ -311,6 +312,18 @@ class MultiCollector(BaseCollector):
         self._restart_streak[slot] = streak + 1
         log.warning("restarting worker slot %d", slot)
         return True
+
+    def _on_worker_silent(self, worker: WorkerInfo) -> None:
+        """A worker went silent for ``peer_timeout``: "restart" replaces a local one."""
+        if self.on_worker_loss != "restart" or self._workers is None or self._closed:
+            return
+        process = self._workers.slots.get(worker.index)
+        if process is not None and process.pid == worker.pid and process.is_alive():
+            # Hung or frozen: kill it; its slot's watcher respawns it (RLlib restarts
+            # unhealthy env runners the same way).
+            log.warning("worker %d (pid %d) is silent: killing it to restart its slot",
+                        worker.index, worker.pid)
+            process.kill()
 
     async def _on_join(self, worker: WorkerInfo) -> None:
         for sender in self._senders.values():
