@@ -167,7 +167,7 @@ class Scheduler:
         self.paused = False
         # Peers whose loss was handled, newest last (bounded: peers may be hostile).
         self._gone: OrderedDict[bytes, None] = OrderedDict()
-        self._written_off = 0  # workers that died before their admission ("continue")
+        self._written_off = 0  # workers lost under "continue": nobody waits for them
         self._expected = 0  # workers the run was started with (see wait_for_workers)
 
     # -- trainer-facing ------------------------------------------------------------
@@ -467,8 +467,8 @@ class Scheduler:
                 "but nothing can replace a dead local worker here (no respawn, no remote "
                 "workers accepted): pass on_worker_loss='restart' to respawn it, or "
                 "'continue' to go on without it"))
-        elif worker is None and self.on_worker_loss == "continue":
-            self._written_off += 1  # died before it joined: stop waiting for it
+        elif self.on_worker_loss == "continue" and (worker is None or worker.alive):
+            self._written_off += 1  # also if it died before it joined: stop waiting for it
         if worker is not None and worker.alive:
             await self._forget(worker)
         self._notify()
@@ -494,6 +494,8 @@ class Scheduler:
                 f"worker {worker.index} ({worker.name}, pid {worker.pid} on {worker.host}) "
                 "stopped answering; pass on_worker_loss='continue', 'wait' or 'restart' to "
                 "carry on"))
+        elif self.on_worker_loss == "continue":
+            self._written_off += 1
         await self._forget(worker)
         if self._on_lost_hook is not None:
             self._on_lost_hook(worker)

@@ -51,6 +51,18 @@ class MultiCollector(BaseCollector):
     :class:`MultiAsyncCollector` (each batch comes from one worker, first come
     first served, each worker at most ``prefetch`` batches ahead).
 
+    ``on_worker_loss`` says what a lost worker does to the run, the same for
+    local and remote workers (a local worker is lost when its process ends, with
+    its exit code or signal, or when it is silent for ``peer_timeout``):
+    ``"raise"`` (default) fails the run naming the worker; ``"continue"`` goes
+    on with the others (``total_frames`` stays exact in async mode; in sync mode
+    later rounds ask only the workers needed to reach it); ``"wait"`` makes sync
+    rounds wait for a replacement share (a remote newcomer, or the dropped worker
+    itself: one that speaks again is told to rejoin), and fails at once when a
+    dead local worker cannot be replaced; ``"restart"`` respawns a local worker's
+    slot (a silent one is killed first), at most ``max_restarts`` times in a row
+    without a delivered batch, and waits for a remote one as ``"wait"`` does.
+
     >>> async with MultiCollector("CartPole-v1", policy=None, num_workers=2,   # doctest: +SKIP
     ...                           frames_per_batch=1000, total_frames=10_000, sync=True) as c:
     ...     async for batch in c:
