@@ -214,8 +214,10 @@ class MultiCollector(BaseCollector):
         backend = self.backend or anyio.lowlevel.current_token().__class__.__module__
         backend = "trio" if "trio" in backend else "asyncio"
         endpoint = self.listen
-        # Private (0700): the coordinator's socket (unless `listen`) and the workers' spec.
-        self._tmpdir = tempfile.mkdtemp(prefix="asyncrl-")
+        if endpoint is None or self.num_workers:
+            # Private (0700): the coordinator's socket (unless `listen`) and the local
+            # workers' spec; removed at close, or by the workers if the trainer dies.
+            self._tmpdir = tempfile.mkdtemp(prefix="asyncrl-")
         if endpoint is None:
             endpoint = f"ipc://{self._tmpdir}/coordinator"
         interval, timeout = self._heartbeat
@@ -241,7 +243,7 @@ class MultiCollector(BaseCollector):
                         backend=backend,
                         options={"heartbeat_interval": interval, "peer_timeout": timeout,
                                  "curve_keys": self.curve_keys},
-                        directory=self._tmpdir)
+                        directory=self._tmpdir or "")
                     async with anyio.create_task_group() as tg:
                         tg.start_soon(scheduler.run)  # hellos are answered while others spawn
                         await tg.start(workers.run, self._on_process_death)

@@ -61,6 +61,9 @@ class LocalWorkers:
     async def run(self, on_death: OnDeath, *,
                   task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Start every slot (reported started once all are), then watch and respawn."""
+        if not self.count:
+            task_status.started()
+            return
         self._spec_path = await anyio.to_thread.run_sync(self._write_spec)
         async with anyio.create_task_group() as spawning:
             for slot in range(self.count):
