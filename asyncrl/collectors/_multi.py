@@ -341,6 +341,8 @@ class MultiCollector(BaseCollector):
 
     async def _on_join(self, worker: WorkerInfo) -> None:
         for sender in self._senders.values():
+            if not worker.alive:
+                return  # lost while it joined (its process died, or its welcome bounced)
             await sender.on_worker_joined(worker.index)
 
     def _worker_peers(self) -> dict[int, bytes]:
