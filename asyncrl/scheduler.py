@@ -66,6 +66,9 @@ log = logging.getLogger("asyncrl.scheduler")
 #:   ``max_restarts`` times in a row fails the run. Rounds wait for the replacement as
 #:   with ``"wait"``. A remote worker cannot be respawned from here: it is waited for
 #:   as with ``"wait"`` (its host's ``--reconnect`` brings it back).
+#:
+#: In every mode an error a worker *reports* (its env or policy raised) fails the run
+#: with the worker's exception, type and traceback: restarting would repeat it.
 OnWorkerLoss = Literal["raise", "continue", "wait", "restart"]
 
 
