@@ -193,6 +193,27 @@ class Refuse:
 
 
 @dataclass(slots=True)
+class Rejoin:
+    """Coordinator -> worker: I dropped you (silent too long); say hello again.
+
+    A worker that was frozen (SIGSTOP, a long GC pause, a swapped-out host) past
+    ``peer_timeout`` was forgotten by the coordinator but does not know it; its
+    next heartbeat gets it this message, and it joins again (a local worker for
+    the same slot) with fresh credits and the latest weights.
+    """
+
+    KIND: ClassVar[str] = "rejoin"
+    reason: str = ""
+
+    def to_body(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_body(cls, body: Any) -> Self:
+        return cls(reason=_optional_str(body, "reason", "rejoin")[:1000])
+
+
+@dataclass(slots=True)
 class Collect:
     """Coordinator -> worker: collect ``credits`` batches for request ``request``."""
 

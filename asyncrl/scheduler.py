@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import math
 import secrets
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -39,6 +40,7 @@ from ._protocol import (
     Hello,
     Preempt,
     Refuse,
+    Rejoin,
     RelayHello,
     RelayWelcome,
     Welcome,
@@ -46,7 +48,30 @@ from ._protocol import (
 
 log = logging.getLogger("asyncrl.scheduler")
 
-OnWorkerLoss = Literal["raise", "continue", "wait"]
+#: What a lost worker (dead process, or silent for ``peer_timeout``) does to the run:
+#:
+#: * ``"raise"``: the run fails with :class:`WorkerLostError` naming the worker (and, for a
+#:   local one, its exit code or signal).
+#: * ``"continue"``: the others carry on. Async mode: the lost worker's credits go to
+#:   the others, so ``total_frames`` stays exact. Sync mode: rounds shrink, and later
+#:   rounds ask only the workers still needed to reach ``total_frames`` (exact when the
+#:   shortfall is a multiple of the shares, as with equal shares and no preemption; else
+#:   the last batch exceeds it by less than one share).
+#: * ``"wait"``: sync mode: the round waits for a replacement to deliver the lost
+#:   share (a remote newcomer, or the same worker coming back: a worker dropped for
+#:   silence that speaks again is told to rejoin). A dead local process cannot come
+#:   back: without ``remote_workers`` nothing can replace it, and the run fails with a
+#:   clear error instead of waiting forever (use ``"restart"``).
+#: * ``"restart"``: local workers: the slot is respawned (RLlib's
+#:   ``restart_failed_env_runners``); the new process gets the latest weights before
+#:   its first frame; a slot that dies again before delivering a batch more than
+#:   ``max_restarts`` times in a row fails the run. Rounds wait for the replacement as
+#:   with ``"wait"``. A remote worker cannot be respawned from here: it is waited for
+#:   as with ``"wait"`` (its host's ``--reconnect`` brings it back).
+#:
+#: In every mode an error a worker *reports* (its env or policy raised) fails the run
+#: with the worker's exception, type and traceback: restarting would repeat it.
+OnWorkerLoss = Literal["raise", "continue", "wait", "restart"]
 
 
 @dataclass(eq=False)
@@ -63,6 +88,7 @@ class WorkerInfo:
     queued: int = 0  # async: delivered, not yet taken by the trainer
     delivered: int = 0
     relay: bytes | None = None  # the relay its hello named (weights go through it if it agrees)
+    rejoin_asked: bool = False  # dropped, spoke again, and was told to rejoin
 
     @property
     def ahead(self) -> int:
@@ -121,6 +147,7 @@ class Scheduler:
         accept_remote: bool = False,
         on_worker_loss: OnWorkerLoss = "raise",
         on_join: Callable[[WorkerInfo], Awaitable[None]] | None = None,
+        on_lost: Callable[[WorkerInfo], None] | None = None,
         batch_budget: int | None = None,
         first_remote_index: int | None = None,
         scheme_configs: dict[str, Any] | None = None,
@@ -137,6 +164,7 @@ class Scheduler:
         self._accept_remote = accept_remote
         self.on_worker_loss = on_worker_loss
         self._on_join = on_join
+        self._on_lost_hook = on_lost  # e.g. "restart": end a silent local process
         self._budget = batch_budget  # async: credits still allowed to be granted
         self._scheme_configs = dict(scheme_configs or {})
         self.workers: dict[bytes, WorkerInfo] = {}
@@ -159,6 +187,10 @@ class Scheduler:
         self._ready_send, self._ready_recv = anyio.create_memory_object_stream[
             tuple[WorkerInfo, TensorDictBase]](math.inf)
         self.paused = False
+        # Peers whose loss was handled, newest last (bounded: peers may be hostile).
+        self._gone: OrderedDict[bytes, None] = OrderedDict()
+        self._written_off = 0  # workers lost under "continue": nobody waits for them
+        self._expected = 0  # workers the run was started with (see wait_for_workers)
 
     # -- trainer-facing ------------------------------------------------------------
     @property
@@ -166,20 +198,43 @@ class Scheduler:
         return sorted((w for w in self.workers.values() if w.alive), key=lambda w: w.index)
 
     async def wait_for_workers(self, count: int) -> None:
-        """Return once ``count`` workers were admitted; raise a worker's failure."""
-        while len(self.live_workers) < count:
+        """Return once ``count`` workers (less those lost before joining) were admitted."""
+        self._expected = count
+        while len(self.live_workers) < count - self._written_off:
             self._raise_failure()
             await self._wait_change()
         self._raise_failure()
+        if not self.live_workers:
+            raise WorkerLostError("every worker was lost before it joined")
 
-    async def next_round(self) -> list[tuple[WorkerInfo, TensorDictBase]]:
-        """Sync mode: one share from every live worker, ordered by worker index."""
+    async def next_round(self, max_frames: int | None = None
+                         ) -> list[tuple[WorkerInfo, TensorDictBase]]:
+        """Sync mode: one share from every live worker, ordered by worker index.
+
+        With ``max_frames`` (what ``total_frames`` still allows), only the workers
+        needed to reach it are asked, in index order: after a round shrank
+        (``on_worker_loss="continue"``) the run still ends on ``total_frames``.
+        """
         self._raise_failure()
         self._request += 1
-        targets = {w.peer: w for w in self.live_workers}
-        if not targets:
+        targets = {}
+        frames = 0
+        for worker in self.live_workers:
+            if max_frames is not None and frames >= max_frames:
+                break
+            targets[worker.peer] = worker
+            frames += self._share(worker.index)
+        replacements = 0
+        if self.on_worker_loss in ("wait", "restart"):
+            # Lost before this round began: the round waits for their replacements too.
+            for _ in range(self._expected - self._written_off - len(self.live_workers)):
+                if max_frames is not None and frames >= max_frames:
+                    break
+                replacements += 1
+                frames += self.frames_per_worker[0]
+        if not targets and not replacements:
             raise WorkerLostError("no live worker to collect from")
-        round_ = _Round(self._request, targets)
+        round_ = _Round(self._request, targets, replacements=replacements)
         self._round = round_
         for worker in targets.values():
             await self._grant(worker, round_.request)
@@ -244,6 +299,8 @@ class Scheduler:
                 if isinstance(item, PeerEvent):
                     if item.event == "lost":
                         await self._on_lost(item.peer)
+                    elif item.event == "joined":
+                        await self._on_joined(item.peer)
                 elif item.kind == Hello.KIND:
                     await self._on_hello(item)
                 elif item.kind == RelayHello.KIND:
@@ -276,7 +333,7 @@ class Scheduler:
         worker = WorkerInfo(index, message.peer, hello.name, hello.host, hello.pid,
                             relay=hello.relay.encode() if hello.relay else None)
         self.workers[message.peer] = worker
-        frames = self.frames_per_worker[index % len(self.frames_per_worker)]
+        frames = self._share(index)
         welcome = Welcome(index=index, frames_per_batch=frames,
                           init_random_frames=self.init_random_frames,
                           schemes=self._scheme_configs, attempt=hello.attempt,
@@ -457,7 +514,65 @@ class Scheduler:
             return False  # that slot's worker is live and speaks for itself
         return secrets.compare_digest(report.token.encode(), self._token.encode())
 
+    async def _on_joined(self, peer: bytes) -> None:
+        """A peer the hub had lost speaks again: if it was our worker, tell it to rejoin."""
+        worker = self.workers.get(peer)
+        if worker is None or worker.alive or worker.rejoin_asked:
+            return
+        worker.rejoin_asked = True
+        self._gone.pop(peer, None)
+        log.warning("worker %d (%s) speaks again after it was dropped: asking it to rejoin",
+                    worker.index, worker.name)
+        reason = f"silent for more than {self.hub.peer_timeout} s"
+        await self._send(peer, Rejoin(reason).to_body(), Rejoin.KIND)
+
+    async def settle(self, peer: bytes, timeout: float) -> None:
+        """Wait (up to ``timeout`` s) until what ``peer`` sent before it went away is handled.
+
+        A worker that reports an error sends the report, says goodbye and exits;
+        its process may be seen dead before the hub delivered the report. The
+        goodbye comes after the report on the same pipe, so once the peer's loss
+        was handled (or the run failed) the report, if any, was too.
+        """
+        with anyio.move_on_after(timeout):
+            while peer not in self._gone and self._failure is None:
+                await self._wait_change()
+
+    @property
+    def failed(self) -> bool:
+        return self._failure is not None
+
+    async def worker_exited(self, peer: bytes, error: WorkerLostError, *,
+                            replaceable: bool) -> None:
+        """A local worker's process ended without being told to: apply ``on_worker_loss``.
+
+        ``replaceable``: something can take its place (it is respawned, or remote
+        workers may join); without it ``"wait"`` would wait forever, so it fails.
+        """
+        self._mark_gone(peer)
+        worker = self.workers.get(peer)
+        if self.on_worker_loss == "raise":
+            self.fail(error)
+        elif self.on_worker_loss in ("wait", "restart") and not replaceable:
+            self.fail(WorkerLostError(
+                f"{error}. on_worker_loss={self.on_worker_loss!r} waits for a replacement, "
+                "but nothing can replace a dead local worker here (no respawn, no remote "
+                "workers accepted): pass on_worker_loss='restart' to respawn it, or "
+                "'continue' to go on without it"))
+        elif self.on_worker_loss == "continue" and (worker is None or worker.alive):
+            self._written_off += 1  # also if it died before it joined: stop waiting for it
+        if worker is not None and worker.alive:
+            await self._forget(worker)
+        self._notify()
+
+    def _mark_gone(self, peer: bytes) -> None:
+        self._gone[peer] = None
+        self._gone.move_to_end(peer)
+        while len(self._gone) > 1024:
+            self._gone.popitem(last=False)
+
     async def _on_lost(self, peer: bytes) -> None:
+        self._mark_gone(peer)
         if self.relays.pop(peer, None) is not None:
             # Its workers get their weights directly from the next send on.
             log.warning("relay %s was lost", peer.decode(errors="replace"))
@@ -469,8 +584,13 @@ class Scheduler:
         if self.on_worker_loss == "raise":
             self.fail(WorkerLostError(
                 f"worker {worker.index} ({worker.name}, pid {worker.pid} on {worker.host}) "
-                "stopped answering; pass on_worker_loss='continue' or 'wait' to carry on"))
+                "stopped answering; pass on_worker_loss='continue', 'wait' or 'restart' to "
+                "carry on"))
+        elif self.on_worker_loss == "continue":
+            self._written_off += 1
         await self._forget(worker)
+        if self._on_lost_hook is not None:
+            self._on_lost_hook(worker)
 
     async def _forget(self, worker: WorkerInfo) -> None:
         """Drop a worker (lost, or replaced by its own new hello) and what it owed."""
@@ -479,7 +599,7 @@ class Scheduler:
         if round_ is not None and worker.peer in round_.targets \
                 and worker.peer not in round_.shares:
             round_.targets.pop(worker.peer)  # its unfinished share is dropped
-            if self.on_worker_loss == "wait":
+            if self.on_worker_loss in ("wait", "restart"):
                 round_.replacements += 1
             await self._check_round(round_)
         if not self.sync:
@@ -492,6 +612,10 @@ class Scheduler:
         self._notify()
 
     # -- helpers ---------------------------------------------------------------------
+    def _share(self, index: int) -> int:
+        """Frames per batch of the worker admitted with ``index``."""
+        return self.frames_per_worker[index % len(self.frames_per_worker)]
+
     async def _grant(self, worker: WorkerInfo, request: int | None = None) -> bool:
         """Ask ``worker`` for one batch: for sync round ``request``, or (None) in async mode."""
         if request is None:

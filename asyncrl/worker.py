@@ -24,7 +24,7 @@ from typing import Any
 import anyio
 import torch
 
-from transports import CurveClient, Link, Message, PeerLostError, ProtocolError, random_identity
+from transports import CurveClient, Link, Message, PeerLostError, ProtocolError
 from transports import shutdown as flush_and_close_sockets
 
 from ._protocol import (
@@ -36,6 +36,7 @@ from ._protocol import (
     Hello,
     Preempt,
     Refuse,
+    Rejoin,
     Welcome,
 )
 from ._spec import WorkerSpec
@@ -50,6 +51,8 @@ EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_COORDINATOR_LOST = 3
 EXIT_REFUSED = 4
+#: Not a process exit code: ends one admission when the coordinator says "rejoin".
+EXIT_REJOIN = -1000
 
 #: ``Message.peer`` given to what came through the host's relay: its ack goes back there.
 VIA_RELAY = b"relay"
@@ -161,6 +164,9 @@ class Worker:
                             tg.start_soon(self._until_exit, task, tg.cancel_scope)
                 if self._exit is None:
                     return EXIT_OK
+                if self._exit.code == EXIT_REJOIN:
+                    log.warning("%s: joining again", self._exit)
+                    continue
                 if self._exit.code != EXIT_COORDINATOR_LOST or not self.reconnect \
                         or self._exit.final:
                     raise self._exit
@@ -357,6 +363,10 @@ class Worker:
                     collect = Collect.from_body(message.body)
                     self._requests.extend([collect.request] * collect.credits)
                     self._request_ready.set()
+                elif message.kind == Rejoin.KIND:
+                    reason = Rejoin.from_body(message.body).reason
+                    raise WorkerExit(EXIT_REJOIN, "the coordinator dropped this worker"
+                                     + (f" ({reason})" if reason else ""))
                 elif message.kind == Preempt.KIND:
                     request = Preempt.from_body(message.body).request
                     self._preempted = request  # also cuts a batch not started yet
@@ -531,9 +541,12 @@ def remove_orphaned_socket_dir(endpoint: str) -> None:
     Collectors and relays bind in ``<tmp>/asyncrl-*`` and remove it when they close;
     a SIGKILLed one cannot, so its children do once they see it gone.
     """
-    if not endpoint.startswith("ipc://"):
-        return
-    directory = os.path.dirname(endpoint[len("ipc://"):])
+    if endpoint.startswith("ipc://"):
+        remove_orphaned_dir(os.path.dirname(endpoint[len("ipc://"):]))
+
+
+def remove_orphaned_dir(directory: str) -> None:
+    """Remove ``directory`` if it is one of ours (``<tmp>/asyncrl-*``), else nothing."""
     if os.path.dirname(directory) == tempfile.gettempdir() \
             and os.path.basename(directory).startswith("asyncrl-"):
         shutil.rmtree(directory, ignore_errors=True)
@@ -591,21 +604,27 @@ async def run_worker(endpoint: str, spec: WorkerSpec, *, identity: bytes | None 
         return await worker.run()
 
 
-def process_main(endpoint: str, spec_bytes: bytes, slot: int, token: str, backend: str,
-                 parent_pid: int, options: dict[str, Any]) -> None:
+def process_main(endpoint: str, spec_path: str, slot: int, identity: bytes, token: str,
+                 backend: str, parent_pid: int, options: dict[str, Any]) -> None:
     """Entry point of a locally spawned worker process.
 
-    ``spec_bytes`` is a plain pickle of the :class:`WorkerSpec` made by our own
-    parent process (never data from the network).
+    ``spec_path`` is a file (0600, in the collector's private directory) holding a
+    plain pickle of the :class:`WorkerSpec` made by our own parent process (never
+    data from the network). It is not sent through the spawn pipe: a big policy
+    would make the parent's ``Process.start()`` wait until this process read it.
+    ``identity`` is the link identity the parent chose (unguessable, see
+    :func:`transports.random_identity`): it maps this process's death to its peer.
     """
     logging.basicConfig(level=logging.WARNING, format="worker %(process)d: %(message)s")
-    spec = pickle.loads(spec_bytes)
-    identity = random_identity(f"local-{slot}-{os.getpid()}")  # unguessable: no hijack
+    with open(spec_path, "rb") as f:
+        spec = pickle.load(f)
     code = anyio.run(
         lambda: run_worker(endpoint, spec, identity=identity, slot=slot, token=token,
                            parent_pid=parent_pid, **options),
         backend=backend,
     )
+    if os.getppid() != parent_pid:  # the trainer died without cleaning up its directory
+        remove_orphaned_dir(os.path.dirname(spec_path))
     # Everything is closed by now; skipping the interpreter's teardown (torch, atexit
     # hooks) makes shutdown take milliseconds instead of seconds on a busy machine.
     flush_and_close_sockets()

@@ -23,6 +23,7 @@ from .._spec import WorkerSpec
 from ..envs import make_env_pool
 from ..scheduler import OnWorkerLoss, Scheduler, WorkerInfo, check_specs
 from ..weights import WeightSender, ZmqWeightSyncScheme
+from ..worker import EXIT_ERROR
 from ._base import (
     BaseCollector,
     check_cat_results,
@@ -31,7 +32,7 @@ from ._base import (
     check_total_frames,
 )
 from ._limits import listening_hub_limits
-from ._processes import LocalWorkers
+from ._processes import LocalWorkers, describe_exit, likely_causes
 
 log = logging.getLogger("asyncrl.collectors")
 
@@ -46,6 +47,7 @@ class WorkerStatistics:
     delivered: int  # batches received from it
     ahead: int  # batches asked for or waiting for the trainer (at most ``prefetch``)
     relay: str = ""  # the relay its weight updates go through ("": sent to it directly)
+    pid: int = 0  # its process id (on ``host``)
 
 
 class MultiCollector(BaseCollector):
@@ -56,6 +58,18 @@ class MultiCollector(BaseCollector):
     :class:`MultiAsyncCollector` (each batch comes from one worker, first come
     first served, each worker at most ``prefetch`` batches ahead).
 
+    ``on_worker_loss`` says what a lost worker does to the run, the same for
+    local and remote workers (a local worker is lost when its process ends, with
+    its exit code or signal, or when it is silent for ``peer_timeout``):
+    ``"raise"`` (default) fails the run naming the worker; ``"continue"`` goes
+    on with the others (``total_frames`` stays exact in async mode; in sync mode
+    later rounds ask only the workers needed to reach it); ``"wait"`` makes sync
+    rounds wait for a replacement share (a remote newcomer, or the dropped worker
+    itself: one that speaks again is told to rejoin), and fails at once when a
+    dead local worker cannot be replaced; ``"restart"`` respawns a local worker's
+    slot (a silent one is killed first), at most ``max_restarts`` times in a row
+    without a delivered batch, and waits for a remote one as ``"wait"`` does.
+
     >>> async with MultiCollector("CartPole-v1", policy=None, num_workers=2,   # doctest: +SKIP
     ...                           frames_per_batch=1000, total_frames=10_000, sync=True) as c:
     ...     async for batch in c:
@@ -64,6 +78,9 @@ class MultiCollector(BaseCollector):
     """
 
     sync: bool = True
+    #: ``on_worker_loss="restart"``: how many times in a row a local slot may die
+    #: before it delivered a batch; one more death fails the run (a crash loop).
+    max_restarts: int = 3
 
     def __new__(cls, *args: Any, sync: bool | None = None, **kwargs: Any) -> Any:
         if cls is MultiCollector:
@@ -179,6 +196,7 @@ class MultiCollector(BaseCollector):
         self._ready = False
         self._background: anyio.CancelScope | None = None
         self._background_done: anyio.Event | None = None
+        self._restart_streak: dict[int, int] = {}  # slot -> deaths since its last batch
 
     def _create_async_state(self) -> None:
         super()._create_async_state()
@@ -217,8 +235,11 @@ class MultiCollector(BaseCollector):
         backend = self.backend or anyio.lowlevel.current_token().__class__.__module__
         backend = "trio" if "trio" in backend else "asyncio"
         endpoint = self.listen
-        if endpoint is None:
+        if endpoint is None or self.num_workers:
+            # Private (0700): the coordinator's socket (unless `listen`) and the local
+            # workers' spec; removed at close, or by the workers if the trainer dies.
             self._tmpdir = tempfile.mkdtemp(prefix="asyncrl-")
+        if endpoint is None:
             endpoint = f"ipc://{self._tmpdir}/coordinator"
         interval, timeout = self._heartbeat
         token = secrets.token_hex(16)
@@ -243,11 +264,11 @@ class MultiCollector(BaseCollector):
                         hub.endpoint, self._spec, self.num_workers, token=token,
                         backend=backend,
                         options={"heartbeat_interval": interval, "peer_timeout": timeout,
-                                 "curve_keys": self.curve_keys})
-                    workers.start()
+                                 "curve_keys": self.curve_keys},
+                        directory=self._tmpdir or "")
                     async with anyio.create_task_group() as tg:
-                        tg.start_soon(scheduler.run)
-                        tg.start_soon(workers.watch, self._on_process_death)
+                        tg.start_soon(scheduler.run)  # hellos are answered while others spawn
+                        await tg.start(workers.run, self._on_process_death)
                         task_status.started()
         finally:
             self._background_done.set()
@@ -285,6 +306,7 @@ class MultiCollector(BaseCollector):
             // max(1, self.num_workers + self.remote_workers),
             check_specs=check_specs, token=token, accept_remote=self.remote_workers > 0,
             on_worker_loss=self.on_worker_loss, on_join=self._on_join,
+            on_lost=self._on_worker_silent,
             batch_budget=self._batch_budget(), first_remote_index=self.num_workers,
             scheme_configs={model_id: scheme.to_config()
                             for model_id, scheme in self.weight_sync_schemes.items()},
@@ -296,17 +318,62 @@ class MultiCollector(BaseCollector):
             return None
         return self.total_frames // self.frames_per_batch
 
-    async def _on_process_death(self, slot: int, pid: int, exitcode: int) -> None:
-        if self._closed or self._scheduler is None:
+    async def _on_process_death(self, slot: int, process: Any) -> bool:
+        """A local worker's process ended (reaped); returns True to respawn its slot."""
+        scheduler = self._scheduler
+        if self._closed or scheduler is None or scheduler.failed:
+            return False
+        pid, exitcode = process.pid, process.exitcode
+        assert self._workers is not None
+        peer = self._workers.identities[process]
+        if exitcode == EXIT_ERROR:
+            # It may have reported its error (type, traceback) just before exiting:
+            # that report must win, and it may still be on its way. A peer the hub
+            # never heard from has nothing on its way (the grace is a safety margin).
+            hub = self._hub
+            connected = hub is not None and (peer in hub.peers or peer in scheduler.workers)
+            await scheduler.settle(peer, self._heartbeat[1] + 1.0 if connected else 1.0)
+        if self._closed or scheduler.failed:
+            return False
+        worker = scheduler.workers.get(peer)
+        if worker is not None and worker.delivered:
+            self._restart_streak[slot] = 0
+        restart = self.on_worker_loss == "restart"
+        error = WorkerLostError(
+            f"worker {slot} (pid {pid}) {describe_exit(exitcode)} before the collector was "
+            f"closed: {likely_causes(exitcode)}")
+        streak = self._restart_streak.get(slot, 0)
+        if restart and streak >= self.max_restarts:
+            scheduler.fail(WorkerLostError(
+                f"worker slot {slot} died {streak + 1} times in a row without delivering a "
+                f"batch (on_worker_loss='restart', max_restarts={self.max_restarts}); its "
+                f"last process: {error}"))
+            return False
+        log.warning("%s", error)
+        await scheduler.worker_exited(peer, error,
+                                      replaceable=restart or self.remote_workers > 0)
+        if not restart or scheduler.failed:
+            return False
+        self._restart_streak[slot] = streak + 1
+        log.warning("restarting worker slot %d", slot)
+        return True
+
+    def _on_worker_silent(self, worker: WorkerInfo) -> None:
+        """A worker went silent for ``peer_timeout``: "restart" replaces a local one."""
+        if self.on_worker_loss != "restart" or self._workers is None or self._closed:
             return
-        if exitcode == 1:
-            return  # the worker reported its error before exiting; that report is raised
-        self._scheduler.fail(WorkerLostError(
-            f"worker {slot} (pid {pid}) died with exit code {exitcode} before the collector "
-            "was closed"))
+        process = self._workers.slots.get(worker.index)
+        if process is not None and process.pid == worker.pid and process.is_alive():
+            # Hung or frozen: kill it; its slot's watcher respawns it (RLlib restarts
+            # unhealthy env runners the same way).
+            log.warning("worker %d (pid %d) is silent: killing it to restart its slot",
+                        worker.index, worker.pid)
+            process.kill()
 
     async def _on_join(self, worker: WorkerInfo) -> None:
         for sender in self._senders.values():
+            if not worker.alive:
+                return  # lost while it joined (its process died, or its welcome bounced)
             await sender.on_worker_joined(worker.index)
 
     def _worker_peers(self) -> dict[int, bytes]:
@@ -356,7 +423,7 @@ class MultiCollector(BaseCollector):
             return []
         routes = self._scheduler.relay_routes()
         return [WorkerStatistics(w.index, w.name, w.host, w.delivered, w.ahead,
-                                 routes.get(w.index, b"").decode(errors="replace"))
+                                 routes.get(w.index, b"").decode(errors="replace"), w.pid)
                 for w in self._scheduler.live_workers]
 
     @property
@@ -466,7 +533,10 @@ class MultiSyncCollector(MultiCollector):
     async def _next_batch(self) -> TensorDictBase:
         await self._ensure_ready()
         assert self._scheduler is not None
-        round_ = await self._scheduler.next_round()
+        # Ask only for what total_frames still allows: a round that shrank (a lost
+        # worker, on_worker_loss="continue") is made up without overshooting.
+        left = self.total_frames - self.frames_collected if self.total_frames >= 0 else None
+        round_ = await self._scheduler.next_round(left)
         for worker, _ in round_:
             self._note_batch(worker)
         return assemble([frames for _, frames in round_], self.cat_results)
