@@ -156,7 +156,7 @@ async def train(collector: Any, *, after_batch: Any = None,
     version (on-policy). Returns the batches and the value of each version.
     """
     policy = collector.policy
-    values: dict[int, float | None] = {collector.policy_version: float(policy.value)}
+    values: dict[int, float | None] = {collector.policy_version: policy.value.item()}
     batches = []
     async for batch in collector:
         if collector.sync and batches:
@@ -169,7 +169,7 @@ async def train(collector: Any, *, after_batch: Any = None,
             await after_batch(collector, len(batches) - 1)
         policy.value.data.fill_(offset + collector.policy_version + 1)
         await collector.update_policy_weights()
-        values[collector.policy_version] = float(policy.value)
+        values[collector.policy_version] = policy.value.item()
     return batches, values
 
 
