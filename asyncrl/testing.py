@@ -129,8 +129,8 @@ class IdentityEnv(gym.Env):
     or repeated none. Episodes last ``length`` steps; the action is ignored.
 
     >>> env = IdentityEnv(length=2)
-    >>> env.reset()[0][2], env.step(0)[0][2], env.step(0)[2]
-    (0.0, 1.0, True)
+    >>> int(env.reset()[0][2]), int(env.step(0)[0][2]), env.step(0)[2]
+    (0, 1, True)
     """
 
     metadata: dict[str, Any] = {"render_modes": []}
