@@ -28,6 +28,7 @@ FAULTS = {
     "stop": "a worker SIGSTOPped for 20 s, then SIGCONT",
     "block": "the trainer loop blocked 15 s (time.sleep) between batches",
     "env_error": "an exception in a worker's env (RuntimeError at its 600th step)",
+    "trainer_kill": "the trainer process SIGKILLed",
 }
 
 
@@ -71,6 +72,8 @@ def child(mode: str, fault: str) -> None:
                     threading.Timer(20, os.kill, (pids[1], signal.SIGCONT)).start()
                 elif fault == "block":
                     time.sleep(15)
+                elif fault == "trainer_kill":
+                    time.sleep(600)  # the parent kills this process now
             if i >= FAULT_AT + AFTER:
                 break
     except BaseException as exc:
@@ -90,6 +93,7 @@ def run_case(mode: str, fault: str, timeout: float) -> str:
     threading.Thread(target=lambda: [lines.put(x) for x in process.stdout] + [lines.put(None)],
                      daemon=True).start()
     events, other, fault_t, deadline = [], [], None, time.monotonic() + timeout + 120
+    pids: list[int] = []
     while time.monotonic() < deadline:
         try:
             line = lines.get(timeout=1)
@@ -100,8 +104,14 @@ def run_case(mode: str, fault: str, timeout: float) -> str:
         if line.startswith("{"):
             event = json.loads(line)
             events.append(event)
+            if event["event"] == "ready":
+                pids = event["pids"]
             if event["event"] == "fault":
                 fault_t, deadline = time.monotonic(), time.monotonic() + timeout
+                if fault == "trainer_kill":
+                    process.kill()  # the trainer only: do its workers notice?
+                    process.wait()
+                    return orphans(pids, timeout)
             if event["event"] in ("raised", "done"):
                 break
         elif line:
@@ -111,11 +121,32 @@ def run_case(mode: str, fault: str, timeout: float) -> str:
     except ProcessLookupError:
         pass
     process.wait()
-    return describe(events, other, fault_t, timeout)
+    return describe(events, other, fault_t, timeout, fault)
+
+
+def orphans(pids: list[int], timeout: float) -> str:
+    start = time.monotonic()
+    while time.monotonic() - start < timeout:
+        if not any(_alive(pid) for pid in pids):
+            return f"workers exited {time.monotonic() - start:.1f} s after the trainer died"
+        time.sleep(0.1)
+    left = [pid for pid in pids if _alive(pid)]
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    return (f"{len(left)} of {len(pids)} workers still running {timeout:.0f} s after the "
+            f"trainer died (orphans; killed by this script)")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] not in "ZX"
+    except FileNotFoundError:
+        return False
 
 
 def describe(events: list[dict], other: list[str], fault_t: float | None,
-             timeout: float) -> str:
+             timeout: float, fault: str) -> str:
     at = next((e["t"] for e in events if e["event"] == "fault"), None)
     if at is None:
         return f"no fault injected; output: {' | '.join(other[-3:])}"
@@ -123,6 +154,13 @@ def describe(events: list[dict], other: list[str], fault_t: float | None,
     after = [e for e in events if e["event"] == "batch" and e["i"] > FAULT_AT]
     batch_times = [at] + [e["t"] for e in after]
     gap = max((b - a for a, b in itertools.pairwise(batch_times)), default=0)
+    if last["event"] == "raised" and fault == "env_error":
+        batches = sum(1 for e in events if e["event"] == "batch")
+        kept = ("the env's RuntimeError and traceback are only in the worker's stderr"
+                if any("failed on purpose" in line for line in other) else
+                "the env's error is nowhere in the output")
+        return (f"raised {last['type']} after {batches} batches: {last['message'][:200]!r}; "
+                f"{kept}")
     if last["event"] == "raised":
         return (f"raised {last['type']} {last['t'] - at:.1f} s after the fault, "
                 f"after {len(after)} more batches: {last['message'][:200]!r}")

@@ -8,6 +8,7 @@ tests running beside it) and a snapshot of the processes that existed before it.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -128,9 +129,7 @@ class Sandbox:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        for path in sorted(self.root.glob("**/*"), reverse=True):
-            (path.rmdir if path.is_dir() and not path.is_symlink() else path.unlink)()
-        self.root.rmdir()
+        shutil.rmtree(self.root, ignore_errors=True)
 
 
 def assert_frames(batches: list[Any], values: dict[int, float | None] | None = None, *,
