@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from tensordict import TensorDict
 
 from asyncrl.testing import IdentityEnv, ValuePolicy, frame_identity_problems, version_problems
+
+pytestmark = pytest.mark.chaos
 
 
 def frames(pid: int, instance: int, steps: list[int], versions: list[int] | None = None,

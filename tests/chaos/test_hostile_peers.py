@@ -1,6 +1,7 @@
 """Chaos: strangers on the listening tcp port (impersonation, forged errors, flood, fuzz).
 
-Everything stays on 127.0.0.1 and every loop is bounded.
+Everything stays on 127.0.0.1 and every loop is bounded. Each scenario runs on one
+anyio backend (the suite covers both) to keep it short.
 """
 
 from __future__ import annotations
@@ -39,9 +40,9 @@ def tcp_address(endpoint: str) -> tuple[str, int]:
     return host, int(port)
 
 
-@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_a_socket_reusing_a_workers_identity_takes_nothing_over(sandbox) -> None:
-    with anyio.fail_after(LIMIT):  # a hijacked route shows as this bound running out
+    with anyio.fail_after(40):  # a hijacked route shows as this bound running out
         async with listening() as c, contextlib.AsyncExitStack() as impostors:
 
             async def impersonate(c, index: int) -> None:
@@ -107,7 +108,7 @@ def _flood(address: tuple[str, int], megabytes: int) -> int:
     return sent
 
 
-@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+@pytest.mark.parametrize("anyio_backend", ["trio"])
 async def test_a_flood_before_any_hello_leaves_the_trainers_memory_bounded(sandbox) -> None:
     peak: list[float] = []
 
@@ -166,7 +167,7 @@ def _fuzz(endpoint: str, seed: int, messages: int = 2000, connections: int = 100
         dealer.close()
 
 
-@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_a_fuzzed_port_neither_ends_the_run_nor_floods_the_log(
         sandbox, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING)
