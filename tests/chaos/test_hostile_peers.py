@@ -26,7 +26,7 @@ from transports._codec import encode_message
 from .helpers import LIMIT, LIVENESS, RSS_GROWTH_MB, assert_frames, pids_in, rss_mb, train
 
 pytestmark = [pytest.mark.anyio, pytest.mark.chaos]
-TOTAL = 300
+TOTAL = 200
 
 
 def listening(sync: bool = True, **kwargs):

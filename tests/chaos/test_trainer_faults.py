@@ -50,7 +50,7 @@ async def test_a_trainer_blocked_for_several_peer_timeouts_keeps_its_workers(
         sandbox, sync: bool) -> None:
     """A synchronous training step (time.sleep) of 4 peer timeouts loses nothing."""
     cls = MultiSyncCollector if sync else MultiAsyncCollector
-    total = 300
+    total = 200
 
     async def block(c, index: int) -> None:
         if index == 2:

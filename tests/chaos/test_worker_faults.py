@@ -27,7 +27,7 @@ from .helpers import (
 )
 
 pytestmark = [pytest.mark.anyio, pytest.mark.chaos]
-TOTAL = 400
+TOTAL = 240
 MODES = [("asyncio", True), ("trio", False)]
 
 
@@ -45,6 +45,18 @@ def kill_worker_after(batch_index: int, slot: int = 1):
             killed.append(c.worker_pids[slot])
             os.kill(killed[0], signal.SIGKILL)
     return after_batch, killed
+
+
+@pytest.mark.parametrize(("anyio_backend", "sync"), MODES)
+async def test_a_healthy_run_passes_every_check(sandbox, sync: bool) -> None:
+    """The control: without a fault, every check of the suite holds."""
+    rss = rss_mb()
+    with anyio.fail_after(LIMIT):
+        async with collector(sync, "raise") as c:
+            batches, values = await train(c)
+        await sandbox.assert_clean()
+    assert_frames(batches, values, total_frames=TOTAL)
+    assert rss_mb() - rss < RSS_GROWTH_MB
 
 
 @pytest.mark.parametrize(("anyio_backend", "sync"), [("trio", False)])
