@@ -89,7 +89,7 @@ def test_a_reconnecting_host_acts_with_the_restarted_trainers_weights(
 
 
 async def _second_trainer(endpoint: str, workers: int, sandbox: Sandbox) -> None:
-    total = 40 * workers * 10
+    total = 20 * workers * 10
     with anyio.fail_after(LIMIT):
         async with MultiSyncCollector(identity_env, ValuePolicy(1000.0), num_workers=0,
                                       remote_workers=workers, listen=endpoint,
