@@ -82,10 +82,15 @@ def test_a_reconnecting_host_acts_with_the_restarted_trainers_weights(
         first.kill()  # the old trainer dies without a goodbye, its workers at version >= 5
         first.wait(LIMIT)
         anyio.run(_second_trainer, endpoint, workers, sandbox)
-    finally:
-        os.killpg(host.pid, signal.SIGKILL)
+        # The new trainer closed with a goodbye: the host exits by itself, cleanly.
         output = host.communicate(timeout=LIMIT)[0]
-    assert "Traceback" not in output, output
+    finally:
+        if host.poll() is None:
+            os.killpg(host.pid, signal.SIGKILL)
+            output = host.communicate(timeout=LIMIT)[0]
+            raise AssertionError(f"the host did not exit after the trainer closed:\n{output}")
+    assert host.returncode == 0 and "Traceback" not in output, output
+    anyio.run(sandbox.assert_clean)
 
 
 async def _second_trainer(endpoint: str, workers: int, sandbox: Sandbox) -> None:
