@@ -20,6 +20,7 @@ import subprocess
 import sys
 import threading
 import time
+from typing import Any
 
 FAULT_AT = 3  # the fault happens after this many batches
 AFTER = 8  # batches wanted after the fault to call it "carried on"
@@ -89,9 +90,14 @@ def run_case(mode: str, fault: str, timeout: float) -> str:
     process = subprocess.Popen([sys.executable, __file__, "--child", mode, fault],
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                start_new_session=True)
-    lines: queue.Queue = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(x) for x in process.stdout] + [lines.put(None)],
-                     daemon=True).start()
+    lines: queue.Queue[str | None] = queue.Queue()
+
+    def pump(stream: Any) -> None:
+        for line in stream:
+            lines.put(line)
+        lines.put(None)
+
+    threading.Thread(target=pump, args=(process.stdout,), daemon=True).start()
     events, other, fault_t, deadline = [], [], None, time.monotonic() + timeout + 120
     pids: list[int] = []
     while time.monotonic() < deadline:

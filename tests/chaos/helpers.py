@@ -24,7 +24,7 @@ from asyncrl.testing import frame_identity_problems, version_problems
 
 HEARTBEAT = 0.2  # short liveness settings keep every scenario quick
 PEER_TIMEOUT = 1.5
-LIVENESS = {"heartbeat_interval": HEARTBEAT, "peer_timeout": PEER_TIMEOUT}
+LIVENESS: dict[str, Any] = {"heartbeat_interval": HEARTBEAT, "peer_timeout": PEER_TIMEOUT}
 LIMIT = 60  # the bound on any one scenario's waits (2 shared cores, process spawns)
 RSS_GROWTH_MB = 200  # what a scenario may add to the trainer's memory
 
@@ -156,7 +156,7 @@ async def train(collector: Any, *, after_batch: Any = None,
     """
     policy = collector.policy
     values: dict[int, float | None] = {collector.policy_version: policy.value.item()}
-    batches = []
+    batches: list[Any] = []
     async for batch in collector:
         if collector.sync and batches:
             stamped = sorted(set(batch["collector", "policy_version"].flatten().tolist()))

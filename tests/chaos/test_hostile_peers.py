@@ -11,6 +11,7 @@ import logging
 import random
 import socket
 import struct
+from typing import Any
 
 import anyio
 import anyio.to_thread
@@ -147,7 +148,7 @@ def _fuzz(endpoint: str, seed: int, messages: int = 2000, connections: int = 100
                 pass
     kinds = ["hello", "batch", "error", "ack", "weights", "collect", "control", "data",
              "relay_hello", "x" * 300]
-    context = zmq.Context.instance()
+    context: Any = zmq.Context.instance()
     dealer = context.socket(zmq.DEALER)
     dealer.setsockopt(zmq.LINGER, 0)
     dealer.setsockopt(zmq.SNDTIMEO, 5000)

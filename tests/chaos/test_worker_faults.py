@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+from typing import Any
 
 import anyio
 import pytest
@@ -31,7 +32,7 @@ TOTAL = 240
 MODES = [("asyncio", True), ("trio", False)]
 
 
-def collector(sync: bool, on_worker_loss: str, **kwargs):
+def collector(sync: bool, on_worker_loss: Any, **kwargs: Any) -> Any:
     cls = MultiSyncCollector if sync else MultiAsyncCollector
     return cls(identity_env, ValuePolicy(0.0), num_workers=2, frames_per_batch=20,
                total_frames=TOTAL, on_worker_loss=on_worker_loss, **LIVENESS, **kwargs)

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import Any
 
 import anyio
 
 from asyncrl import MultiSyncCollector
 from asyncrl.testing import ValuePolicy, identity_env
 
-LIVENESS = {"heartbeat_interval": 0.2, "peer_timeout": 1.5}
+LIVENESS: dict[str, Any] = {"heartbeat_interval": 0.2, "peer_timeout": 1.5}
 
 
 def say(**event: object) -> None:
