@@ -6,6 +6,7 @@ and remote hosts can import them by path, e.g. ``asyncrl.testing:CountingEnv``.
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import gymnasium as gym
@@ -113,3 +114,141 @@ class ParamPolicy(nn.Module):
     def forward(self, observation: torch.Tensor) -> torch.Tensor:
         positive = (self.value > 0).to(torch.int64)
         return positive.expand(observation.shape[:-1]).clone()
+
+
+_ID_LIMIT = 1 << 24  # ids stay exact in float32 observations
+
+
+class IdentityEnv(gym.Env):
+    """Every observation is ``[pid, instance, steps]``: which process, which env, which step.
+
+    ``pid`` is the process that steps the env, ``instance`` a random id drawn when
+    the env is built, ``steps`` the number of ``step()`` calls since then (resets do
+    not count and do not restart it). A frame's ``("next", "observation")`` thus
+    names it uniquely, and :func:`frame_identity_problems` proves that a run lost
+    or repeated none. Episodes last ``length`` steps; the action is ignored.
+
+    >>> env = IdentityEnv(length=2)
+    >>> int(env.reset()[0][2]), int(env.step(0)[0][2]), env.step(0)[2]
+    (0, 1, True)
+    """
+
+    metadata: dict[str, Any] = {"render_modes": []}
+
+    def __init__(self, length: int = 50) -> None:
+        import os
+        import secrets
+
+        self.length = length
+        self.pid = os.getpid()
+        self.instance = 1 + secrets.randbelow(_ID_LIMIT - 1)
+        self.observation_space = gym.spaces.Box(0.0, float(1 << 31), shape=(3,),
+                                                dtype=np.float64)
+        self.action_space = gym.spaces.Discrete(1 << 16)
+        self.steps = 0
+        self._t = 0
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple:
+        super().reset(seed=seed)
+        self._t = 0
+        return self._obs(), {}
+
+    def step(self, action: Any) -> tuple:
+        self.steps += 1
+        self._t += 1
+        return self._obs(), 1.0, self._t >= self.length, False, {}
+
+    def _obs(self) -> np.ndarray:
+        return np.array([self.pid, self.instance, self.steps], dtype=np.float64)
+
+
+def identity_env() -> IdentityEnv:
+    """A top-level factory for :class:`IdentityEnv` (picklable, importable by path)."""
+    return IdentityEnv()
+
+
+def frame_identity_problems(batches: Any, *, from_start: bool = False) -> list[str]:
+    """What is wrong with the frames of ``batches`` collected from :class:`IdentityEnv` envs.
+
+    Within each (pid, instance) stream the ``steps`` of ``("next", "observation")``
+    seen across all batches, in order, must be consecutive with no repeat: a gap is a
+    lost frame, a repeat a duplicated one. A stream may end early (its worker died:
+    its unfinished batch is dropped whole) and, with ``from_start=False``, may begin
+    after step 1. Returns readable problems; empty means every frame is accounted for.
+
+    >>> frame_identity_problems([])
+    []
+    """
+    steps: dict[tuple[int, int], list[int]] = {}
+    for batch in batches:
+        ids = batch["next", "observation"].reshape(-1, batch["next", "observation"].shape[-1])
+        for pid, instance, step in ids.to(torch.float64).round().long().tolist():
+            steps.setdefault((pid, instance), []).append(step)
+    problems = []
+    for (pid, instance), seen in sorted(steps.items()):
+        ordered = sorted(seen)
+        name = f"env {instance} of pid {pid}"
+        repeats = sorted({s for s, n in itertools.pairwise(ordered) if s == n})
+        if repeats:
+            problems.append(f"{name}: step(s) {_few(repeats)} collected more than once")
+        gaps = [(a, b) for a, b in itertools.pairwise(ordered) if b > a + 1]
+        if from_start and ordered[0] != 1:
+            gaps.insert(0, (0, ordered[0]))
+        if gaps:
+            lost = ", ".join(f"{a + 1}..{b - 1}" for a, b in gaps[:5])
+            problems.append(f"{name}: step(s) {lost} never collected "
+                            f"({sum(b - a - 1 for a, b in gaps)} frames lost)")
+    return problems
+
+
+def _few(values: list[int]) -> str:
+    return ", ".join(map(str, values[:5])) + (f" and {len(values) - 5} more"
+                                              if len(values) > 5 else "")
+
+
+class ValuePolicy(nn.Module):
+    """Action = its single parameter, rounded: the weights that acted are visible in the batch.
+
+    Set the parameter to a new value before each weight update and
+    :func:`version_problems` checks that every frame stamped with a version was
+    produced by the weights of that version.
+
+    >>> ValuePolicy(7.0)(torch.zeros(2, 3)).tolist()
+    [7, 7]
+    """
+
+    def __init__(self, value: float = 0.0) -> None:
+        super().__init__()
+        self.value = nn.Parameter(torch.tensor([float(value)]))
+
+    def forward(self, observation: torch.Tensor) -> torch.Tensor:
+        action = self.value.detach().round().to(torch.int64)
+        return action.expand(observation.shape[:-1]).clone()
+
+
+def version_problems(batches: Any, values: dict[int, float | None]) -> list[str]:
+    """Frames whose action is not the :class:`ValuePolicy` value of their stamped version.
+
+    ``values`` maps each weight version to the value the policy had when it was
+    sent (``None``: any value, e.g. version 0 of a remote host's own policy).
+    Returns readable problems, one per (batch, version) that is wrong.
+
+    >>> version_problems([], {0: 0.0})
+    []
+    """
+    problems = []
+    for index, batch in enumerate(batches):
+        versions = batch["collector", "policy_version"].reshape(-1).tolist()
+        actions = batch["action"].reshape(-1).tolist()
+        wrong: dict[int, set[int]] = {}
+        for version, action in zip(versions, actions, strict=True):
+            if int(version) in values and values[int(version)] is None:
+                continue
+            expected = values.get(int(version))
+            if expected is None or round(expected) != int(action):
+                wrong.setdefault(int(version), set()).add(int(action))
+        for version, acted in sorted(wrong.items()):
+            problems.append(
+                f"batch {index}: frames stamped version {version} acted with value(s) "
+                f"{sorted(acted)}, expected {values.get(version, 'no such version')}")
+    return problems
