@@ -231,3 +231,211 @@ async def test_a_hub_whose_loop_is_blocked_keeps_its_peers() -> None:
             with anyio.CancelScope(shield=True):
                 proc.kill()
                 await proc.aclose()
+
+
+# ---------------------------------------------------------------- collectors end to end
+
+
+@pytest.mark.parametrize("sync", [True, False], ids=["sync", "async"])
+async def test_a_training_step_that_holds_the_loop_does_not_kill_the_workers(
+        sync: bool) -> None:
+    from asyncrl import MultiAsyncCollector, MultiSyncCollector
+    from asyncrl.testing import CountingEnv, ParamPolicy
+
+    per_batch, batches = 16, 6
+    kind = MultiSyncCollector if sync else MultiAsyncCollector
+    options = {} if sync else {"prefetch": 2}
+    frames = 0
+    with anyio.fail_after(STARTUP + 60):
+        async with kind(CountingEnv, ParamPolicy(), num_workers=2, frames_per_batch=per_batch,
+                        total_frames=per_batch * batches, **FAST, **options) as collector:
+            pids: list[int] = []
+            async for batch in collector:
+                frames += batch.numel()
+                if not pids:
+                    pids = list(collector.worker_pids)
+                    time.sleep(BUSY)  # a training step that never yields to the event loop
+                    await collector.update_policy_weights()  # and the workers still apply
+            assert collector.worker_pids == pids and len(pids) == 2
+            assert all(_alive(pid) for pid in pids)
+            assert len(collector.statistics()) == 2  # nobody was lost and replaced
+    assert frames == per_batch * batches
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[1][0] != "Z"
+    except OSError:
+        return False
+
+
+# ---------------------------------------------------------------- admission races
+
+
+class Coordinator:
+    """A Scheduler on a real Hub, with a weight sender wired as MultiCollector wires it."""
+
+    def __init__(self, hub: Hub, *, sync: bool = False, on_join: object = None,
+                 budget: int | None = None, token: str = "") -> None:
+        from asyncrl.scheduler import Scheduler
+        from asyncrl.testing import ParamPolicy
+        from asyncrl.weights import WeightSender
+
+        self.hub = hub
+        self.sender = WeightSender("policy", hub, model=ParamPolicy(),
+                                   workers=lambda: {w.index: w.peer
+                                                    for w in self.scheduler.live_workers})
+        self.scheduler = Scheduler(
+            hub, sync=sync, frames_per_worker=[4], prefetch=2, accept_remote=True,
+            on_worker_loss="continue", on_join=on_join or self.catch_up, batch_budget=budget,
+            token=token, first_remote_index=1)
+
+    async def catch_up(self, worker: object) -> None:
+        await self.sender.on_worker_joined(worker.index)  # type: ignore[attr-defined]
+
+
+def hello(name: bytes, attempt: int = 0, *, slot: int = -1, token: str = "") -> dict:
+    from asyncrl._protocol import PROTOCOL, Hello
+
+    return Hello(protocol=PROTOCOL, name=name.decode(), host="test-host", pid=os.getpid(),
+                 specs={}, slot=slot, token=token, attempt=attempt).to_body()
+
+
+async def next_order(link: Link) -> Message:
+    """The next message from the coordinator that is not weights."""
+    while (message := await link.recv()).kind == "weights":
+        pass
+    return message
+
+
+async def admit(coordinator: Coordinator, link: Link) -> Message:
+    await link.send(hello(link.identity), kind="hello")
+    welcome = await next_order(link)
+    assert welcome.kind == "welcome", welcome
+    return welcome
+
+
+@pytest.mark.parametrize("where", ["welcome", "catch-up", "sender-lock", "grant"])
+async def test_a_worker_lost_during_its_admission_does_not_crash_the_scheduler(
+        where: str) -> None:
+    """The loss is injected at each await point of the admission."""
+    from transports import Hub as _Hub
+
+    async with _Hub(f"inproc://{uuid.uuid4().hex}", **FAST) as hub:
+        coordinator: Coordinator
+        lost = anyio.Event()
+
+        async def lose(worker: object) -> None:
+            await coordinator.scheduler._on_lost(worker.peer)  # type: ignore[attr-defined]
+            lost.set()
+
+        async def on_join(worker: object) -> None:
+            if worker.peer != b"doomed":  # type: ignore[attr-defined]
+                await coordinator.catch_up(worker)
+            elif where == "catch-up":
+                await lose(worker)
+            elif where == "sender-lock":
+                assert coordinator.sender._lock is not None
+                with anyio.fail_after(10):  # another send holds the lock: lose it meanwhile
+                    async with anyio.create_task_group() as tg:
+                        tg.start_soon(coordinator.catch_up, worker)
+                        while coordinator.sender._lock.statistics().tasks_waiting == 0:
+                            await anyio.sleep(0.01)
+                        await lose(worker)
+                        release.set()
+            elif where == "grant":
+                await coordinator.catch_up(worker)
+                await lose(worker)
+
+        coordinator = Coordinator(hub, on_join=on_join, budget=10)
+        scheduler = coordinator.scheduler
+        await coordinator.sender.send_async()  # version 1: a joiner has weights to catch up
+        held, release = anyio.Event(), anyio.Event()
+
+        async def hold_lock() -> None:  # a send in progress (copying big weights, say)
+            async with coordinator.sender._get_lock():
+                held.set()
+                await release.wait()
+        if where == "welcome":
+            real_send = hub.send
+
+            async def send(peer: bytes, body: object, *, kind: str = "data",
+                           meta: dict | None = None) -> None:
+                if kind == "welcome" and peer == b"doomed":
+                    await lose(scheduler.workers[peer])  # gone just as it was welcomed
+                    return
+                await real_send(peer, body, kind=kind, meta=meta)
+
+            hub.send = send  # type: ignore[method-assign]
+
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as tg, \
+                    Link(hub.endpoint, identity=b"doomed", **FAST) as doomed, \
+                    Link(hub.endpoint, identity=b"next", **FAST) as survivor:
+                tg.start_soon(scheduler.run)
+                if where == "sender-lock":
+                    tg.start_soon(hold_lock)
+                    await held.wait()
+                await doomed.send(hello(b"doomed"), kind="hello")
+                await lost.wait()
+                # The scheduler task is alive and admits the next worker normally.
+                welcome = await admit(coordinator, survivor)
+                assert [w.peer for w in scheduler.live_workers] == [b"next"]
+                assert welcome.body["index"] == scheduler.live_workers[0].index
+                assert scheduler._failure is None
+                # The lost worker was granted nothing: its credits are not a leak.
+                assert scheduler._budget == 10 - scheduler.prefetch
+                tg.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize("slot", [-1, 0], ids=["remote", "local-slot"])
+async def test_a_repeated_hello_while_admitted_is_welcomed_again_the_same(slot: int) -> None:
+    """A trainer busy when a worker joined: the worker said hello twice before any answer."""
+    async with Hub(f"inproc://{uuid.uuid4().hex}", **FAST) as hub:
+        coordinator = Coordinator(hub, token="secret")
+        coordinator.scheduler.frames_per_worker = [4]  # slot 0 is a local worker's
+        with anyio.fail_after(30):
+            async with Link(hub.endpoint, identity=b"w", **FAST) as link, \
+                    anyio.create_task_group() as tg:
+                for attempt in (0, 1, 2):
+                    await link.send(hello(b"w", attempt, slot=slot, token="secret"),
+                                    kind="hello")
+                while hub.statistics().queued < 4:  # joined + 3 hellos: all waiting
+                    await anyio.sleep(0.01)
+                tg.start_soon(coordinator.scheduler.run)
+                orders = [await next_order(link)]
+                while not (orders[-1].kind == "welcome" and orders[-1].body["attempt"] == 2):
+                    orders.append(await next_order(link))
+                    assert orders[-1].kind != "refuse", orders[-1].body
+                welcomes = [m.body for m in orders if m.kind == "welcome"]
+                assert [w["attempt"] for w in welcomes] == [0, 1, 2]
+                assert len({w["index"] for w in welcomes}) == 1  # one admission
+                # After the welcome it takes, the worker gets what it is owed: its credits.
+                credits = await next_order(link)
+                assert credits.kind == "collect"
+                assert credits.body == {"request": welcomes[0]["index"], "credits": 2}
+                workers = coordinator.scheduler.live_workers
+                assert len(workers) == 1 and workers[0].credits == 2
+                tg.cancel_scope.cancel()
+
+
+async def test_a_repeated_hello_during_a_sync_round_gets_the_share_asked_again() -> None:
+    async with Hub(f"inproc://{uuid.uuid4().hex}", **FAST) as hub:
+        coordinator = Coordinator(hub, sync=True)
+        scheduler = coordinator.scheduler
+        with anyio.fail_after(30):
+            async with Link(hub.endpoint, identity=b"w", **FAST) as link, \
+                    anyio.create_task_group() as tg:
+                tg.start_soon(scheduler.run)
+                welcome = await admit(coordinator, link)
+                tg.start_soon(scheduler.next_round)
+                first = await next_order(link)
+                assert first.kind == "collect"
+                await link.send(hello(b"w", 1), kind="hello")  # the first answers were late
+                again = await next_order(link)
+                assert again.kind == "welcome" and again.body["attempt"] == 1
+                assert again.body["index"] == welcome.body["index"]
+                share = await next_order(link)
+                assert share.kind == "collect" and share.body == first.body
+                tg.cancel_scope.cancel()
