@@ -333,8 +333,9 @@ async def test_a_worker_lost_during_its_admission_does_not_crash_the_scheduler(
         async def on_join(worker: object) -> None:
             if worker.peer != b"doomed":  # type: ignore[attr-defined]
                 await coordinator.catch_up(worker)
-            elif where == "catch-up":
+            elif where == "catch-up":  # lost while on_join awaited something else
                 await lose(worker)
+                await coordinator.catch_up(worker)
             elif where == "sender-lock":
                 assert coordinator.sender._lock is not None
                 with anyio.fail_after(10):  # another send holds the lock: lose it meanwhile
@@ -344,9 +345,10 @@ async def test_a_worker_lost_during_its_admission_does_not_crash_the_scheduler(
                             await anyio.sleep(0.01)
                         await lose(worker)
                         release.set()
-            elif where == "grant":
+            else:
                 await coordinator.catch_up(worker)
-                await lose(worker)
+                if where == "grant":
+                    await lose(worker)
 
         coordinator = Coordinator(hub, on_join=on_join, budget=10)
         scheduler = coordinator.scheduler
@@ -439,3 +441,36 @@ async def test_a_repeated_hello_during_a_sync_round_gets_the_share_asked_again()
                 share = await next_order(link)
                 assert share.kind == "collect" and share.body == first.body
                 tg.cancel_scope.cancel()
+
+
+async def test_a_worker_found_gone_while_a_round_is_asked_for_does_not_break_the_round() -> None:
+    """What a busy trainer meets when it comes back: a worker left while it was away.
+
+    The trainer's own grant finds the peer gone and drops it from the round it is
+    iterating over (once "dictionary changed size during iteration").
+    """
+    from transports import PeerLostError as _Lost
+
+    async with Hub(f"inproc://{uuid.uuid4().hex}", **FAST) as hub:
+        coordinator = Coordinator(hub, sync=True)
+        scheduler = coordinator.scheduler
+        with anyio.fail_after(30):
+            async with Link(hub.endpoint, identity=b"w2", **FAST) as survivor:
+                async with Link(hub.endpoint, identity=b"w1", **FAST) as leaving, \
+                        anyio.create_task_group() as tg:
+                    tg.start_soon(scheduler.run)
+                    await admit(coordinator, leaving)
+                    await admit(coordinator, survivor)
+                    tg.cancel_scope.cancel()  # the loss must be met by the grant itself
+                while True:  # until the hub can no longer route to the closed link
+                    try:
+                        await hub.send(b"w1", None, kind="probe")
+                    except _Lost:
+                        break
+                    await anyio.sleep(0.01)
+                with anyio.move_on_after(1):
+                    await scheduler.next_round()  # waits for w2's share: no error
+                assert scheduler._round is not None
+                assert list(scheduler._round.targets) == [b"w2"]
+                assert (await next_order(survivor)).kind == "collect"
+                assert scheduler._failure is None
