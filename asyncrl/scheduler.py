@@ -301,6 +301,11 @@ class Scheduler:
                           init_random_frames=self.init_random_frames,
                           schemes=self._scheme_configs, attempt=hello.attempt)
         await self._send(worker.peer, welcome.to_body(), Welcome.KIND)
+        # The latest weights again, ahead of its orders: a worker that joins again after
+        # a broken connection may have missed what was sent meanwhile (newest wins, so a
+        # copy it already has costs one ack).
+        if self._on_join is not None and worker.alive:
+            await self._on_join(worker)
         round_ = self._round
         if not worker.alive:
             return

@@ -474,3 +474,37 @@ async def test_a_worker_found_gone_while_a_round_is_asked_for_does_not_break_the
                 assert list(scheduler._round.targets) == [b"w2"]
                 assert (await next_order(survivor)).kind == "collect"
                 assert scheduler._failure is None
+
+
+async def test_a_worker_that_said_hello_twice_to_a_busy_trainer_joins_once_and_collects() -> None:
+    """The real worker: its hellos wait in the hub while the trainer is busy."""
+    from asyncrl._protocol import Control
+    from asyncrl._spec import WorkerSpec
+    from asyncrl.testing import CountingEnv
+    from asyncrl.worker import run_worker
+
+    codes: list[int] = []
+    async with Hub("tcp://127.0.0.1:0", **FAST) as hub:
+        coordinator = Coordinator(hub, token="secret")
+        scheduler = coordinator.scheduler
+        scheduler.frames_per_worker = [4]
+
+        async def worker() -> None:
+            codes.append(await run_worker(hub.endpoint, WorkerSpec(CountingEnv), identity=b"w",
+                                          slot=0, token="secret", **FAST))
+
+        with anyio.fail_after(60):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(worker)
+                while hub.statistics().queued < 3:  # joined + two hellos, unanswered
+                    await anyio.sleep(0.05)
+                tg.start_soon(scheduler.run)  # the trainer is back
+                who, batch = await scheduler.next_batch()
+                assert who.index == 0 and batch.numel() == 4
+                assert batch["collector", "worker_id"].unique().tolist() == [0]
+                assert [w.index for w in scheduler.live_workers] == [0]
+                await hub.send(b"w", Control("close").to_body(), kind=Control.KIND)
+                while not codes:
+                    await anyio.sleep(0.05)
+                tg.cancel_scope.cancel()  # the scheduler task
+    assert codes == [0]
