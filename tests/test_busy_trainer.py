@@ -277,7 +277,7 @@ class Coordinator:
     """A Scheduler on a real Hub, with a weight sender wired as MultiCollector wires it."""
 
     def __init__(self, hub: Hub, *, sync: bool = False, on_join: object = None,
-                 budget: int | None = None, token: str = "") -> None:
+                 budget: int | None = None, token: str = "", loss: str = "continue") -> None:
         from asyncrl.scheduler import Scheduler
         from asyncrl.testing import ParamPolicy
         from asyncrl.weights import WeightSender
@@ -288,7 +288,7 @@ class Coordinator:
                                                     for w in self.scheduler.live_workers})
         self.scheduler = Scheduler(
             hub, sync=sync, frames_per_worker=[4], prefetch=2, accept_remote=True,
-            on_worker_loss="continue", on_join=on_join or self.catch_up, batch_budget=budget,
+            on_worker_loss=loss, on_join=on_join or self.catch_up, batch_budget=budget,
             token=token, first_remote_index=1)
 
     async def catch_up(self, worker: object) -> None:
@@ -508,3 +508,37 @@ async def test_a_worker_that_said_hello_twice_to_a_busy_trainer_joins_once_and_c
                     await anyio.sleep(0.05)
                 tg.cancel_scope.cancel()  # the scheduler task
     assert codes == [0]
+
+
+async def test_a_replacement_lost_during_its_admission_leaves_the_share_to_the_next() -> None:
+    """Sync, on_worker_loss="wait": a newcomer owes a lost worker's share; lost itself
+    before its grant, the share must stay owed (not be asked of a worker that is gone)."""
+    async with Hub(f"inproc://{uuid.uuid4().hex}", **FAST) as hub:
+        coordinator: Coordinator
+
+        async def on_join(worker: object) -> None:
+            await coordinator.catch_up(worker)
+            if worker.peer == b"doomed":  # type: ignore[attr-defined]
+                await coordinator.scheduler._on_lost(b"doomed")
+
+        coordinator = Coordinator(hub, sync=True, loss="wait", on_join=on_join)
+        scheduler = coordinator.scheduler
+        with anyio.fail_after(30):
+            async with Link(hub.endpoint, identity=b"first", **FAST) as first, \
+                    Link(hub.endpoint, identity=b"doomed", **FAST) as doomed, \
+                    Link(hub.endpoint, identity=b"next", **FAST) as newcomer, \
+                    anyio.create_task_group() as tg:
+                tg.start_soon(scheduler.run)
+                await admit(coordinator, first)
+                tg.start_soon(scheduler.next_round)
+                assert (await next_order(first)).kind == "collect"
+                round_ = scheduler._round
+                assert round_ is not None
+                await scheduler._on_lost(b"first")  # its share is owed by the next to join
+                assert round_.replacements == 1
+                await admit(coordinator, doomed)
+                await admit(coordinator, newcomer)
+                share = await next_order(newcomer)
+                assert share.kind == "collect" and share.body["request"] == round_.request
+                assert list(round_.targets) == [b"next"]
+                tg.cancel_scope.cancel()
