@@ -39,11 +39,12 @@ class Link(Channel):
 
     The link connects (and reconnects) in the background; ZeroMQ queues sends
     until the hub is there. ``recv()`` raises :class:`PeerLostError` once the hub
-    is *gone*: it said goodbye, or it has been silent for ``peer_timeout``
-    seconds while no connection to it was up (it was never reached, or its
-    connection closed and did not come back). A hub that is silent over a live
-    connection is *busy* (a training step that holds its event loop), not gone:
-    the link logs it once and keeps waiting. A dead process's connection is
+    is *gone*: it said goodbye, or it has been silent for longer than
+    ``peer_timeout`` seconds and no connection to it is up (it was never
+    reached, or its connection closed and did not come back). A hub that is
+    silent over a live connection is *busy* (a training step that holds its
+    event loop), not gone: the link logs it once and keeps waiting (a frozen
+    hub process too: it is the same to TCP). A dead process's connection is
     closed by its kernel; a dead host's or a cut network's by TCP (the link
     gives unacknowledged data ``peer_timeout`` seconds, and keepalive probes
     an idle connection), so a worker never waits forever on a coordinator
@@ -241,6 +242,8 @@ class Link(Channel):
         # Silence alone does not make the hub gone: its event loop may be held by a
         # training step for longer than peer_timeout. Silence while no connection is
         # up does (never reached, or its connection closed and did not come back).
+        # inproc:// has no connections to watch: silence alone decides there, as the
+        # hub shares this process and its event loop.
         self._read_connection_events()
         silence = now - self._last_seen
         if self._lost or silence <= self.peer_timeout:
