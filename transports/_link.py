@@ -245,7 +245,7 @@ class Link(Channel):
         # inproc:// has no connections to watch: silence alone decides there, as the
         # hub shares this process and its event loop.
         self._read_connection_events()
-        silence = now - self._last_seen
+        silence = self._silence(self._last_seen, now)
         if self._lost or silence <= self.peer_timeout:
             return
         if not self._up:
