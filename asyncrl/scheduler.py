@@ -236,7 +236,8 @@ class Scheduler:
             raise WorkerLostError("no live worker to collect from")
         round_ = _Round(self._request, targets, replacements=replacements)
         self._round = round_
-        for worker in targets.values():
+        # A copy: a worker lost during a grant leaves round_.targets (the same dict).
+        for worker in list(targets.values()):
             await self._grant(worker, round_.request)
         while not round_.complete.is_set():
             self._raise_failure()
@@ -318,6 +319,11 @@ class Scheduler:
 
     async def _on_hello(self, message: Message) -> None:
         hello = Hello.from_body(message.body)
+        previous = self.workers.get(message.peer)
+        if previous is not None and previous.alive and (previous.pid, previous.host) == (
+                hello.pid, hello.host):
+            await self._welcome_again(previous, hello)  # its welcome was late: same admission
+            return
         problems = self._admission_problems(hello)
         if problems:
             reason = "; ".join(problems)
@@ -333,14 +339,13 @@ class Scheduler:
         worker = WorkerInfo(index, message.peer, hello.name, hello.host, hello.pid,
                             relay=hello.relay.encode() if hello.relay else None)
         self.workers[message.peer] = worker
-        frames = self._share(index)
-        welcome = Welcome(index=index, frames_per_batch=frames,
-                          init_random_frames=self.init_random_frames,
-                          schemes=self._scheme_configs, attempt=hello.attempt,
-                          instance=getattr(self.hub, "instance", ""))
-        await self._send(worker.peer, welcome.to_body(), Welcome.KIND)
-        if self._on_join is not None:
+        await self._welcome(worker, hello.attempt)
+        # Each await may see the worker lost (by this task or the trainer's): from then
+        # on there is nothing to catch up or grant, and its loss was handled already.
+        if self._on_join is not None and worker.alive:
             await self._on_join(worker)  # latest weights before the first frame
+        if not worker.alive:
+            return
         round_ = self._round
         if self.sync and round_ is not None and round_.replacements > 0:
             # on_worker_loss="wait": the newcomer delivers the lost worker's share.
@@ -349,6 +354,47 @@ class Scheduler:
             await self._grant(worker, round_.request)
         await self._top_up()
         self._notify()
+
+    async def _welcome(self, worker: WorkerInfo, attempt: int) -> None:
+        """Send ``worker`` its admission (``_send`` also admits it on the hub)."""
+        welcome = Welcome(index=worker.index, frames_per_batch=self._share(worker.index),
+                          init_random_frames=self.init_random_frames,
+                          schemes=self._scheme_configs, attempt=attempt,
+                          instance=getattr(self.hub, "instance", ""))
+        await self._send(worker.peer, welcome.to_body(), Welcome.KIND)
+
+    async def _welcome_again(self, worker: WorkerInfo, hello: Hello) -> None:
+        """Answer a hello from a worker this coordinator has admitted already.
+
+        A worker says hello again when no welcome came within twice its peer
+        timeout, as when this trainer's loop was held by a long training step;
+        it then takes only the welcome of its latest hello and drops the orders
+        that came before it (weights excepted). So the same admission is welcomed
+        again, echoing the latest attempt, followed by what the worker is owed:
+        its credits, or its share of the current round. Idempotent: repeating
+        it leaves the worker, and this state, where one answer would have.
+        """
+        log.warning("worker %d (%s) said hello again (attempt %d) while admitted: welcoming "
+                    "it again", worker.index, worker.name, hello.attempt)
+        worker.relay = hello.relay.encode() if hello.relay else None
+        await self._welcome(worker, hello.attempt)
+        # The latest weights again, ahead of its orders: a worker that joins again after
+        # a broken connection may have missed what was sent meanwhile (newest wins, so a
+        # copy it already has costs one ack).
+        if self._on_join is not None and worker.alive:
+            await self._on_join(worker)
+        round_ = self._round
+        if not worker.alive:
+            return
+        if not self.sync:
+            if worker.credits:
+                await self._send(worker.peer, Collect(worker.index, worker.credits).to_body(),
+                                 Collect.KIND)
+        elif round_ is not None and worker.peer in round_.targets \
+                and worker.peer not in round_.shares:
+            await self._send(worker.peer, Collect(round_.request, 1).to_body(), Collect.KIND)
+            if round_.preempted and worker.alive:
+                await self._send(worker.peer, Preempt(round_.request).to_body(), Preempt.KIND)
 
     async def _on_relay_hello(self, message: Message) -> None:
         hello = RelayHello.from_body(message.body)
@@ -618,6 +664,8 @@ class Scheduler:
 
     async def _grant(self, worker: WorkerInfo, request: int | None = None) -> bool:
         """Ask ``worker`` for one batch: for sync round ``request``, or (None) in async mode."""
+        if not worker.alive:
+            return False  # lost during an earlier await: its credit would be a leak
         if request is None:
             request = worker.index  # tags its batches with this admission
             if self._budget is not None:

@@ -153,6 +153,8 @@ class Channel(TaskGroupResource):
         self._background = anyio.CancelScope()
         self._closing = False
         self._next_liveness_check = 0.0
+        self._beat_due = 0.0  # when the heartbeat loop should run next (0: not started)
+        self._awake_since = 0.0  # a peer's silence counts from here at the earliest
         self._seq = 0
         self._received = 0
         self._sent = 0
@@ -281,15 +283,31 @@ class Channel(TaskGroupResource):
         while True:
             self._send_pings(self._ping)
             self._io.wake()  # the pump checks liveness once it has read everything
+            now = time.monotonic()
+            self._note_stall(now)  # before the next due time hides it from the pump
+            self._beat_due = now + self.heartbeat_interval
             await anyio.sleep(self.heartbeat_interval)
 
     def _ping_meta(self) -> dict[str, Any]:
         return {}
 
+    def _note_stall(self, now: float) -> None:
+        if self._beat_due and now - self._beat_due > self.peer_timeout / 2:
+            # Our own heartbeat is long overdue: this process did not run (a training
+            # step held the loop, or the process was frozen). What peers sent meanwhile
+            # may still be on its way from ZeroMQ's I/O thread, and their silence over
+            # that time says nothing: count it from now.
+            self._awake_since = now
+
+    def _silence(self, seen: float, now: float) -> float:
+        """How long a peer last heard at ``seen`` has been silent while we listened."""
+        return now - max(seen, self._awake_since)
+
     def _caught_up(self) -> None:
         # Silence is judged only here, with every received heartbeat accounted for:
         # neither a busy event loop nor a consumer that lags makes a live peer "lost".
         now = time.monotonic()
+        self._note_stall(now)
         if now >= self._next_liveness_check:
             self._next_liveness_check = now + self.heartbeat_interval / 2
             self._check_liveness(now)

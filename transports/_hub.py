@@ -280,7 +280,7 @@ class Hub(Channel):
 
     def _check_liveness(self, now: float) -> None:
         for peer, seen in list(self._last_seen.items()):
-            if now - seen > self.peer_timeout:
+            if self._silence(seen, now) > self.peer_timeout:
                 del self._last_seen[peer]
                 if peer in self._strangers:
                     del self._strangers[peer]  # a stranger leaves no trace

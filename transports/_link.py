@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 import socket as _socket
@@ -11,6 +12,7 @@ from typing import Any
 
 import anyio
 import zmq
+from zmq.utils.monitor import parse_monitor_message
 
 from ._channel import ACK, BYE, PING, Channel, ChannelStatistics
 from ._codec import encode_message
@@ -18,6 +20,13 @@ from ._errors import PeerLostError
 from ._types import Message, PeerEvent
 
 HUB = b""
+
+log = logging.getLogger("transports")
+
+# The connection events the link's liveness needs: a ZMTP handshake done (the hub's
+# ZeroMQ is there, whatever its event loop is doing) and a connection closed.
+_UP = int(zmq.EVENT_HANDSHAKE_SUCCEEDED)
+_DOWN = int(zmq.EVENT_DISCONNECTED)
 
 
 def random_identity(prefix: str) -> bytes:
@@ -40,9 +49,17 @@ class Link(Channel):
     """One upstream hub: send messages, receive messages, acknowledge them.
 
     The link connects (and reconnects) in the background; ZeroMQ queues sends
-    until the hub is there. ``recv()`` raises :class:`PeerLostError` when the hub
-    has been silent for ``peer_timeout`` seconds, so a worker never waits
-    forever on a coordinator that is gone.
+    until the hub is there. ``recv()`` raises :class:`PeerLostError` once the hub
+    is *gone*: it said goodbye, or it has been silent for longer than
+    ``peer_timeout`` seconds and no connection to it is up (it was never
+    reached, or its connection closed and did not come back). A hub that is
+    silent over a live connection is *busy* (a training step that holds its
+    event loop), not gone: the link logs it once and keeps waiting (a frozen
+    hub process too: it is the same to TCP). A dead process's connection is
+    closed by its kernel; a dead host's or a cut network's by TCP (the link
+    gives unacknowledged data ``peer_timeout`` seconds, and keepalive probes
+    an idle connection), so a worker never waits forever on a coordinator
+    that is gone.
 
     >>> async with Link("tcp://127.0.0.1:5555", identity=b"w0") as link:  # doctest: +SKIP
     ...     msg = await link.recv()
@@ -66,15 +83,33 @@ class Link(Channel):
         self._hub_instance: str | None = None  # changes when the coordinator restarts
         self._loss_reported = False  # recv raised "lost" since the hub was last heard
         self._goodbye = False  # the last loss was a goodbye (the hub closed)
+        self._why_lost = ""
+        # Connection state, from ZeroMQ's socket monitor (read by the liveness check).
+        self._monitor: zmq.Socket | None = None
+        self._up = False  # a connection to the hub is established (handshake done)
+        self._silence_noted = False  # "silent but connected" was logged for this silence
 
     def _prepare(self, socket: zmq.Socket) -> None:
         socket.setsockopt(zmq.IDENTITY, self.identity)
-        socket.connect(self.endpoint)
+        # TCP keepalive covers an idle connection, but ours never is: heartbeats are
+        # always in flight, and the kernel would retransmit them to a dead host for
+        # ~15 minutes (tcp_retries2) before closing. Data unacknowledged by the hub's
+        # kernel for peer_timeout closes the connection instead. A busy hub's kernel
+        # (and its ZeroMQ I/O thread) keeps acknowledging, so this never fires for it.
+        socket.setsockopt(zmq.TCP_MAXRT, max(1, int(self.peer_timeout * 1000)))
+        # Watch the connection before connecting, so that its first handshake is seen.
+        self._monitor = socket.get_monitor_socket(
+            _UP | _DOWN, addr=f"inproc://transports-link-monitor-{secrets.token_hex(8)}")
+        try:
+            socket.connect(self.endpoint)
+        except BaseException:
+            self._close_monitor()
+            raise
         self._last_seen = time.monotonic()  # the timeout counts from opening, not creation
 
     @property
     def connected(self) -> bool:
-        """False once the hub has been silent for longer than ``peer_timeout``."""
+        """False once the hub is considered gone (see the class docstring)."""
         return not self._lost
 
     @property
@@ -171,11 +206,15 @@ class Link(Channel):
 
     def _lost_error(self) -> PeerLostError:
         self._loss_reported = True  # only made to be raised by recv()
-        return PeerLostError([b"hub@" + self.endpoint.encode()],
-                             f"for {self.peer_timeout} s or said goodbye")
+        return PeerLostError([b"hub@" + self.endpoint.encode()], self._why_lost)
 
     def _handle(self, frames: list[Any]) -> Message | None:
-        self._last_seen = time.monotonic()
+        now = time.monotonic()
+        if self._silence_noted:
+            self._silence_noted = False
+            log.warning("the hub at %s answers again after %.1f s of silence",
+                        self.endpoint, now - self._last_seen)
+        self._last_seen = now
         if self._lost:
             self._lost = False
             if self._back is not None:
@@ -216,13 +255,67 @@ class Link(Channel):
             pass
 
     def _check_liveness(self, now: float) -> None:
-        if not self._lost and now - self._last_seen > self.peer_timeout:
+        # Silence alone does not make the hub gone: its event loop may be held by a
+        # training step for longer than peer_timeout. Silence while no connection is
+        # up does (never reached, or its connection closed and did not come back).
+        # inproc:// has no connections to watch: silence alone decides there, as the
+        # hub shares this process and its event loop.
+        self._read_connection_events()
+        silence = self._silence(self._last_seen, now)
+        if self._lost or silence <= self.peer_timeout:
+            return
+        if not self._up:
             self._lose_hub()
+        elif not self._silence_noted:
+            self._silence_noted = True
+            log.warning("the hub at %s has been silent for %.1f s but its connection is up: "
+                        "waiting for it (a busy trainer is not a gone one)",
+                        self.endpoint, silence)
+
+    def _read_connection_events(self) -> None:
+        # Never waited on: read (without blocking) whenever liveness is checked, which
+        # the heartbeat loop makes happen every heartbeat_interval. No extra task, no
+        # extra descriptor to wait on, the same on both anyio backends.
+        monitor = self._monitor
+        if monitor is None:
+            return
+        while True:
+            try:
+                frames = monitor.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            except zmq.ZMQError:  # closed under us: nothing more to learn
+                return
+            try:
+                event = parse_monitor_message(frames)["event"]
+            except Exception:
+                continue  # not ours to crash on
+            if event == _UP:
+                self._up = True
+            elif event == _DOWN:
+                self._up = False
 
     def _lose_hub(self, *, goodbye: bool = False) -> None:
         self._lost = True
         self._goodbye = goodbye
+        if goodbye:
+            self._why_lost = "(it said goodbye: the hub closed)"
+        elif self._hub_instance is None and not self._received:
+            self._why_lost = (f"for {self.peer_timeout} s and no connection to it came up "
+                              "(never reached)")
+        else:
+            self._why_lost = (f"for {self.peer_timeout} s with its connection closed "
+                              "(the process or its host is gone, or the network is cut)")
         self._inbox.put_nowait(PeerEvent(HUB, "lost"), force=True)  # wakes a waiting recv()
+
+    def _on_close(self) -> None:
+        self._close_monitor()
+
+    def _close_monitor(self) -> None:
+        # Our end of the monitor pipe; ZeroMQ stops its own end with the socket.
+        if self._monitor is not None:
+            self._monitor.close(linger=0)
+            self._monitor = None
 
 
 def error_payload(error: BaseException) -> dict[str, str]:

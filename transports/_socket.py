@@ -375,6 +375,12 @@ def configure(socket: zmq.Socket, *, max_bytes: int | None, heartbeat_interval: 
     3937, 4364, 4767), and even when it does not, it drops a healthy connection
     that merely has a slow reader. TCP keepalive, answered by the kernel
     whatever the reader does, covers half-open connections instead.
+
+    Silence alone is not loss on a :class:`Link`: its hub may be a trainer whose
+    event loop a training step holds. The link also watches its connection
+    (ZeroMQ's socket monitor) and bounds unacknowledged data (``TCP_MAXRT``),
+    since its heartbeats keep its connection from ever being idle, the one case
+    keepalive probes.
     """
     del heartbeat_interval  # app-level heartbeats use it, ZeroMQ does not
     limit = DEFAULT_MAX_BYTES if max_bytes is None else max_bytes

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -15,6 +16,8 @@ from ._receiver import WEIGHTS_KIND
 from ._strategy import WeightStrategy, as_strategy, clone_weights, flat_tensors
 
 __all__ = ["HubLike", "WeightSender"]
+
+log = logging.getLogger("asyncrl.weights")
 
 #: Copies above this many bytes run in a worker thread so the event loop keeps beating.
 THREAD_COPY_BYTES = 32 << 20
@@ -283,13 +286,7 @@ class WeightSender:
         Returns that version, or None if nothing was ever sent (the workers keep
         their own initial weights, version 0). ``direct=True`` bypasses relays.
         """
-        targets = self._select(worker_ids)
-        async with self._get_lock():
-            if self._version == 0 or not targets:
-                return None
-            await self._post(self._latest, self._version, targets, self._latest_extra(),
-                             direct=direct)
-        return self._version
+        return await self._send_latest(self._select(worker_ids), direct=direct)
 
     async def on_worker_joined(self, worker_id: int) -> int | None:
         """Catch a (late) joiner up: ``send_latest(worker_id, direct=True)``.
@@ -297,8 +294,30 @@ class WeightSender:
         Call it when a worker is admitted and before granting it credits: the
         weights then arrive before its first collect request, because they
         travel on the same socket, ahead of it (hence never through a relay).
+
+        A worker that is gone by now (lost between its welcome and this call, or
+        while an earlier send held the lock) is skipped: there is nobody to catch
+        up, and its loss is the scheduler's to handle. Returns None then.
         """
-        return await self.send_latest(worker_id, direct=True)
+        if self._closed:
+            return None  # the collector is closing: nobody to catch up
+        if worker_id not in self.workers:
+            log.info("model %r: worker %d left before its catch-up; nothing sent",
+                     self.model_id, worker_id)
+            return None
+        return await self._send_latest([worker_id], direct=True, skip_gone=True)
+
+    async def _send_latest(self, targets: list[int], *, direct: bool,
+                           skip_gone: bool = False) -> int | None:
+        async with self._get_lock():
+            if skip_gone:  # it may have left while an earlier send held the lock
+                known = self.workers
+                targets = [w for w in targets if w in known]
+            if self._version == 0 or not targets:
+                return None
+            await self._post(self._latest, self._version, targets, self._latest_extra(),
+                             direct=direct)
+        return self._version
 
     async def wait_ack(self, timeout: float | None = None) -> dict[int, int]:
         """Wait for every outstanding send; return ``{worker_id: version applied}``.
@@ -360,10 +379,17 @@ class WeightSender:
     # -- internals ---------------------------------------------------------------------------------
     async def _post(self, payload: Any, version: int, worker_ids: list[int],
                     extra: dict[str, Any], *, direct: bool = False) -> _Sent:
+        # Read the workers now, not when the targets were chosen: a worker may have
+        # been lost while this send waited for the lock or copied the weights.
         workers = self.workers
         routes = {} if direct or self._routes is None else self._routes()
         peers: dict[bytes, int] = {}
         relayed: dict[bytes, dict[bytes, int]] = {}
+        parts = []
+        gone = [w for w in worker_ids if w not in workers]
+        if gone:
+            parts.append(_gone_part(gone))  # wait_ack reports them lost, like any other
+            worker_ids = [w for w in worker_ids if w in workers]
         for worker_id in worker_ids:
             relay = routes.get(worker_id)
             if relay is None:
@@ -376,7 +402,6 @@ class WeightSender:
             # Versions are numbered per coordinator instance: a worker (or relay) that
             # follows another instance drops this message instead of comparing numbers.
             meta["instance"] = instance
-        parts = []
         if peers:
             ticket = await self.hub.send_async(list(peers), payload, kind=WEIGHTS_KIND, meta=meta)
             parts.append(_Part(ticket, peers))
@@ -455,6 +480,15 @@ class WeightSender:
             f"{timeout} s from worker(s) {silent} (peers {', '.join(peers)}); they may be busy, "
             "stuck or gone. The sends stay outstanding: call wait_ack() again to keep waiting."
         )
+
+
+def _gone_part(worker_ids: list[int]) -> _Part:
+    """The part of a send for workers that left before it went out: lost, never sent."""
+    names = {f"worker-{w}".encode(): w for w in worker_ids}
+    ticket = Ticket(seq=0, peers=frozenset(names))
+    for name in names:
+        ticket.resolve(name, lost=True)
+    return _Part(ticket, names)
 
 
 def _first_error(errors: list[BaseException]) -> BaseException:
