@@ -57,7 +57,7 @@ QUICK_SIZES: dict[str, tuple[tuple[int, ...], int]] = {
     "1M": ((512, 1024, 512, 4), 5),
 }
 WORKERS = 2
-LIVENESS = {"heartbeat_interval": 1.0, "peer_timeout": 60.0}
+LIVENESS: dict[str, Any] = {"heartbeat_interval": 1.0, "peer_timeout": 60.0}
 
 
 def mlp(widths: tuple[int, ...]) -> nn.Module:
