@@ -88,7 +88,7 @@ class WorkerInfo:
     queued: int = 0  # async: delivered, not yet taken by the trainer
     delivered: int = 0
     relay: bytes | None = None  # the relay its hello named (weights go through it if it agrees)
-    rejoin_asked: bool = False  # dropped, spoke again, and was told to rejoin
+    rejoin_asked: bool = False  # dropped, then told to rejoin (or refused: never to be)
 
     @property
     def ahead(self) -> int:
@@ -300,7 +300,7 @@ class Scheduler:
                 if isinstance(item, PeerEvent):
                     if item.event == "lost":
                         await self._on_lost(item.peer)
-                    elif item.event == "joined":
+                    elif item.event in ("joined", "returned"):
                         await self._on_joined(item.peer)
                 elif item.kind == Hello.KIND:
                     await self._on_hello(item)
@@ -494,6 +494,7 @@ class Scheduler:
         log.error("worker %d (%s on %s) sent a bad batch for request %d, dropped it: %s",
                   worker.index, worker.name, worker.host, batch.request, what)
         reason = f"your batch for request {batch.request} was rejected: {what}"
+        worker.rejoin_asked = True  # refused for cause: never invited back
         await self._send(worker.peer, Refuse(reason).to_body(), Refuse.KIND)
         if self.on_worker_loss == "raise":
             self.fail(BadBatchError(
@@ -588,6 +589,10 @@ class Scheduler:
     def failed(self) -> bool:
         return self._failure is not None
 
+    def raise_if_failed(self) -> None:
+        """Raise the run's failure, if it has one."""
+        self._raise_failure()
+
     async def worker_exited(self, peer: bytes, error: WorkerLostError, *,
                             replaceable: bool) -> None:
         """A local worker's process ended without being told to: apply ``on_worker_loss``.
@@ -641,6 +646,11 @@ class Scheduler:
     async def _forget(self, worker: WorkerInfo) -> None:
         """Drop a worker (lost, or replaced by its own new hello) and what it owed."""
         worker.alive = False
+        self._mark_gone(worker.peer)
+        # A stranger again for the hub: acks it owes are abandoned at once (a weight
+        # send does not wait for a dead process's heartbeats to stop), its bulk is no
+        # longer taken, and if it speaks again the hub says so ("returned").
+        self.hub.expel(worker.peer)
         round_ = self._round
         if round_ is not None and worker.peer in round_.targets \
                 and worker.peer not in round_.shares:

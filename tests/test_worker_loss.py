@@ -112,11 +112,10 @@ async def test_exit_before_reporting_raises_instead_of_hanging() -> None:
                                       create_env_kwargs={"x": ExitOnUnpickle()}) as c:
             with pytest.raises(WorkerLostError) as info:
                 await c.__anext__()
-            pids = c.worker_pids
+            assert c.worker_pids == []  # a dead process is not listed as a worker
     message = str(info.value)
     assert "worker 0 (pid" in message and "exited with code 1" in message
     assert "__main__" in message and "unpickled" in message
-    assert pids_gone(pids)
 
 
 async def test_a_reported_error_wins_over_the_exit_code() -> None:

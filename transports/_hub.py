@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import secrets
 import time
+from collections import OrderedDict
 from collections.abc import Iterable
 from typing import Any
 
@@ -67,6 +68,7 @@ class Hub(Channel):
         self.max_strangers = max(1, max_strangers)
         self._last_seen: dict[bytes, float] = {}  # live peers (admitted and strangers)
         self._admitted: set[bytes] = set()
+        self._dropped: OrderedDict[bytes, None] = OrderedDict()  # admitted, then lost/expelled
         self._strangers: dict[bytes, None] = {}  # admission: live strangers, oldest first
         self._tickets: dict[int, Ticket] = {}
 
@@ -85,15 +87,22 @@ class Hub(Channel):
     def admit(self, peer: bytes) -> None:
         """Make ``peer`` a full peer: any message size, liveness events (``admission``)."""
         self._admitted.add(peer)
+        self._dropped.pop(peer, None)
         self._strangers.pop(peer, None)
         self._last_seen.setdefault(peer, time.monotonic())
 
     def expel(self, peer: bytes) -> None:
-        """Make ``peer`` a stranger again (refused, or dropped by the owner); no event."""
+        """Drop ``peer`` (refused, or dropped by the owner): the acks it owes are
+        abandoned (``wait_ack`` reports it lost at once), with ``admission`` it is a
+        stranger again, and if it speaks again the hub reports it (``"returned"``, or
+        ``"joined"`` without admission). No "lost" event: the owner knows."""
+        admitted = peer in self._admitted
         self._admitted.discard(peer)
-        if self.admission and self._last_seen.pop(peer, None) is not None:
+        if self._last_seen.pop(peer, None) is not None or admitted:
             self._strangers.pop(peer, None)  # re-tracked as a stranger if it speaks again
             self._abandon_tickets(peer)
+        if admitted:
+            self._remember_dropped(peer)
 
     def _prepare(self, socket: zmq.Socket) -> None:
         socket.setsockopt(zmq.ROUTER_MANDATORY, 1)  # unknown peer: an error, not a silent drop
@@ -248,6 +257,9 @@ class Hub(Channel):
         self._last_seen[peer] = time.monotonic()
         assert self._io is not None
         self._io.try_send([peer, *self._ping], from_handle=True)
+        if self._dropped.pop(peer, 0) is None:
+            # Admitted once, dropped, heard again: its owner may ask it to join again.
+            self._inbox.put_nowait(PeerEvent(peer, "returned"), force=True)
 
     def _join(self, peer: bytes) -> None:
         self._last_seen[peer] = time.monotonic()
@@ -303,11 +315,20 @@ class Hub(Channel):
         self._tickets.clear()
 
     def _lose(self, peer: bytes) -> None:
+        if peer in self._admitted:
+            self._remember_dropped(peer)
         self._admitted.discard(peer)  # it must be admitted again (a new hello)
         self._abandon_tickets(peer)
         # Not held back by a full queue: events are few (one per peer) and must not wait.
         self._inbox.put_nowait(PeerEvent(peer, "lost"), force=True)
 
+
+    def _remember_dropped(self, peer: bytes) -> None:
+        # Bounded: only to tell the owner that a peer it had admitted speaks again.
+        self._dropped[peer] = None
+        self._dropped.move_to_end(peer)
+        while len(self._dropped) > self.max_strangers:
+            self._dropped.popitem(last=False)
 
     def _abandon_tickets(self, peer: bytes) -> None:
         for seq, ticket in list(self._tickets.items()):

@@ -29,10 +29,15 @@ class Message:
 
 @dataclass(frozen=True, slots=True)
 class PeerEvent:
-    """A peer appeared (first message or heartbeat) or went silent past the timeout."""
+    """A peer appeared (first message or heartbeat) or went silent past the timeout.
+
+    ``"returned"``: a peer that was admitted, then lost or expelled, speaks again
+    (a frozen process resumed, a cut link restored); it is a stranger until the
+    owner admits it again.
+    """
 
     peer: bytes
-    event: Literal["joined", "lost", "restarted"]
+    event: Literal["joined", "lost", "restarted", "returned"]
 
 
 @dataclass(eq=False)

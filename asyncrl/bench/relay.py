@@ -348,8 +348,8 @@ async def bench_weights(sizes: dict[str, tuple[tuple[int, ...], int]], tmp: str,
                 if item.kind == "hello":
                     hellos.add(item.peer)
                 elif item.kind == RelayHello.KIND:
-                    await hub.send(item.peer, RelayWelcome(members=workers).to_body(),
-                                   kind=RelayWelcome.KIND)
+                    welcome = RelayWelcome(members=workers, instance=hub.instance)
+                    await hub.send(item.peer, welcome.to_body(), kind=RelayWelcome.KIND)
                     registered.set()
                 if len(hellos) == workers and registered.is_set():
                     ready.set()

