@@ -93,7 +93,9 @@ async def echo(link: Link, body: object, *, kind: str = "data") -> object:
 # ---------------------------------------------------------------- the link's liveness
 
 
-@pytest.mark.parametrize("how", ["blocked-loop", "sigstop"])
+# A hub process per case: one backend each (the link's side is what is tested).
+@pytest.mark.parametrize(("anyio_backend", "how"),
+                         [("asyncio", "blocked-loop"), ("trio", "sigstop")])
 async def test_a_link_waits_for_a_busy_hub_and_goes_on_with_it(how: str) -> None:
     """Silent for several peer timeouts over a live connection: busy, not lost."""
     hub = await anyio.to_thread.run_sync(EchoHub)

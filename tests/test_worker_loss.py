@@ -4,6 +4,10 @@ Each test kills (SIGKILL), freezes (SIGSTOP/SIGCONT) or breaks a real worker
 process and checks what the trainer sees: an error naming the worker and its
 exit status, or a run that completes with exactly ``total_frames``; and that no
 process outlives the collector.
+
+Processes and sockets behave the same under both anyio backends, and each test
+spawns several processes: each runs on one backend, alternating, so that both
+are covered and the suite stays short on a 2-core machine.
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ def pids_gone(pids: list[int]) -> bool:
     return bool(pids) and not any(alive(pid) for pid in pids)
 
 
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_sigkill_under_raise_names_the_signal() -> None:
     with anyio.fail_after(LIMIT):
         async with MultiSyncCollector(ENV, num_workers=2, frames_per_batch=8,
@@ -63,7 +68,8 @@ async def test_sigkill_under_raise_names_the_signal() -> None:
     assert pids_gone(pids)
 
 
-@pytest.mark.parametrize("collector_class", [MultiSyncCollector, MultiAsyncCollector])
+@pytest.mark.parametrize(("anyio_backend", "collector_class"),
+                         [("asyncio", MultiSyncCollector), ("trio", MultiAsyncCollector)])
 async def test_sigkill_under_continue_delivers_exactly_total_frames(collector_class) -> None:
     with anyio.fail_after(LIMIT):
         async with collector_class(ENV, num_workers=2, frames_per_batch=8, total_frames=96,
@@ -77,6 +83,7 @@ async def test_sigkill_under_continue_delivers_exactly_total_frames(collector_cl
     assert pids_gone(pids)
 
 
+@pytest.mark.parametrize("anyio_backend", ["trio"])
 async def test_sigkill_under_restart_respawns_the_slot() -> None:
     with anyio.fail_after(LIMIT):
         async with MultiSyncCollector(ENV, policy=ParamPolicy(), num_workers=2,
@@ -94,6 +101,7 @@ async def test_sigkill_under_restart_respawns_the_slot() -> None:
     assert pids_gone(old + new)
 
 
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_restart_of_a_crash_looping_slot_is_bounded() -> None:
     with anyio.fail_after(LIMIT):
         async with MultiSyncCollector(ENV, num_workers=1, frames_per_batch=4,
@@ -106,6 +114,7 @@ async def test_restart_of_a_crash_looping_slot_is_bounded() -> None:
     assert len(pids) == 2 and pids_gone(pids)
 
 
+@pytest.mark.parametrize("anyio_backend", ["trio"])
 async def test_exit_before_reporting_raises_instead_of_hanging() -> None:
     with anyio.fail_after(LIMIT):
         async with MultiSyncCollector(ENV, num_workers=1, frames_per_batch=4,
@@ -118,6 +127,7 @@ async def test_exit_before_reporting_raises_instead_of_hanging() -> None:
     assert "__main__" in message and "unpickled" in message
 
 
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_a_reported_error_wins_over_the_exit_code() -> None:
     # The worker reports, says goodbye and exits with 1: its process may be seen dead
     # before its report is read; the report (type, message) is what the trainer gets.
@@ -130,6 +140,7 @@ async def test_a_reported_error_wins_over_the_exit_code() -> None:
                 await c.__anext__()
 
 
+@pytest.mark.parametrize("anyio_backend", ["trio"])
 async def test_wait_with_a_dead_local_worker_and_no_replacement_is_an_error() -> None:
     with anyio.fail_after(LIMIT):
         async with MultiSyncCollector(ENV, num_workers=2, frames_per_batch=8,
@@ -142,6 +153,7 @@ async def test_wait_with_a_dead_local_worker_and_no_replacement_is_an_error() ->
     assert pids_gone(pids)
 
 
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_frozen_worker_is_readmitted_under_wait() -> None:
     with anyio.fail_after(LIMIT):
         async with MultiSyncCollector(ENV, num_workers=2, frames_per_batch=8, total_frames=40,
@@ -160,6 +172,7 @@ async def test_frozen_worker_is_readmitted_under_wait() -> None:
     assert pids_gone(pids)
 
 
+@pytest.mark.parametrize("anyio_backend", ["trio"])
 async def test_spawning_a_big_policy_keeps_the_event_loop_free() -> None:
     policy = ParamPolicy()
     # ~32 MB pickled (not in the state dict: only `value` is synced), far over the
@@ -188,6 +201,7 @@ async def test_spawning_a_big_policy_keeps_the_event_loop_free() -> None:
     assert pids_gone(pids)
 
 
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_frozen_worker_is_replaced_under_restart() -> None:
     with anyio.fail_after(LIMIT):
         async with MultiSyncCollector(ENV, num_workers=2, frames_per_batch=8, total_frames=40,
