@@ -29,6 +29,9 @@ def _worker_parser(sub: Any) -> None:
     p.add_argument("--envs-per-worker", type=int, default=1, metavar="N")
     p.add_argument("--workers", type=int, default=1, metavar="K",
                    help="worker processes to run on this host")
+    p.add_argument("--threads", type=int, default=1, metavar="T",
+                   help="torch (and OpenMP/MKL) threads per worker process (default 1, as "
+                        "TorchRL's num_sub_threads: K workers on K cores do not oversubscribe)")
     p.add_argument("--peer-timeout", type=float, default=10.0, metavar="SECONDS",
                    help="exit when the coordinator is silent this long")
     p.add_argument("--keys", metavar="DIR", default=None,
@@ -100,8 +103,9 @@ def run_workers(args: argparse.Namespace) -> int:
     from ._spec import WorkerSpec, resolve_import_path
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    if args.workers < 1 or args.envs_per_worker < 1:
-        print("asyncrl worker: --workers and --envs-per-worker must be >= 1", file=sys.stderr)
+    if args.workers < 1 or args.envs_per_worker < 1 or args.threads < 1:
+        print("asyncrl worker: --workers, --envs-per-worker and --threads must be >= 1, got "
+              f"{args.workers}, {args.envs_per_worker} and {args.threads}", file=sys.stderr)
         return 2
     if not args.peer_timeout > 0:
         print(f"asyncrl worker: --peer-timeout must be > 0, got {args.peer_timeout}",
@@ -123,7 +127,7 @@ def run_workers(args: argparse.Namespace) -> int:
         print(f"asyncrl worker: {exc}", file=sys.stderr)
         return 2
     spec = WorkerSpec(create_env_fn=args.env, envs_per_worker=args.envs_per_worker,
-                      policy_factory=args.policy)
+                      policy_factory=args.policy, torch_threads=args.threads)
     from .host import HostWorkers
 
     host = HostWorkers(args.connect, spec, workers=args.workers, relay=not args.no_relay,

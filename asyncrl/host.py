@@ -19,6 +19,7 @@ import anyio
 from transports import random_identity
 
 from ._spec import WorkerSpec
+from .collectors._launcher import child_thread_environment
 
 log = logging.getLogger("asyncrl.host")
 
@@ -78,6 +79,12 @@ class HostWorkers:
             process.join(10)
 
     def _start(self, relay: str | None = None, relay_name: bytes = b"") -> None:
+        # Native pools (OpenMP, MKL, OpenBLAS) sized before the child imports torch;
+        # the worker also calls torch.set_num_threads(spec.torch_threads).
+        with child_thread_environment(self.spec.torch_threads):
+            self._start_processes(relay, relay_name)
+
+    def _start_processes(self, relay: str | None, relay_name: bytes) -> None:
         context = mp.get_context("spawn")
         for i, identity in enumerate(self.identities):
             options = {"peer_timeout": self.peer_timeout,

@@ -522,8 +522,8 @@ class Worker:
                 await anyio.wait_readable(fd)
             finally:
                 os.close(fd)
-        else:  # no pidfd (old kernel): look at our parent id now and then
-            while os.getppid() == parent:  # noqa: ASYNC110
+        else:  # no pidfd (old kernel): look at the trainer now and then
+            while process_alive(parent):  # noqa: ASYNC110
                 await anyio.sleep(0.5)
         raise WorkerExit(EXIT_COORDINATOR_LOST, "the parent process is gone", final=True)
 
@@ -533,6 +533,21 @@ class Worker:
                 self.env_pool.close()
             except Exception:
                 log.exception("closing the envs failed")
+
+
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (and is not a zombie waiting to be reaped)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return True  # no /proc: kill(0) is all we can know
 
 
 def remove_orphaned_socket_dir(endpoint: str) -> None:
@@ -623,7 +638,8 @@ def process_main(endpoint: str, spec_path: str, slot: int, identity: bytes, toke
                            parent_pid=parent_pid, **options),
         backend=backend,
     )
-    if os.getppid() != parent_pid:  # the trainer died without cleaning up its directory
+    # (The trainer is not our parent when a fork server started us: ask for it by pid.)
+    if not process_alive(parent_pid):  # the trainer died without cleaning up its directory
         remove_orphaned_dir(os.path.dirname(spec_path))
     # Everything is closed by now; skipping the interpreter's teardown (torch, atexit
     # hooks) makes shutdown take milliseconds instead of seconds on a busy machine.

@@ -31,8 +31,10 @@ from ._base import (
     check_on_worker_loss,
     check_total_frames,
 )
+from ._launcher import check_start_method
 from ._limits import listening_hub_limits
 from ._processes import LocalWorkers, describe_exit, likely_causes
+from ._threads import TrainerThreads
 
 log = logging.getLogger("asyncrl.collectors")
 
@@ -69,6 +71,13 @@ class MultiCollector(BaseCollector):
     dead local worker cannot be replaced; ``"restart"`` respawns a local worker's
     slot (a silent one is killed first), at most ``max_restarts`` times in a row
     without a delivered batch, and waits for a remote one as ``"wait"`` does.
+
+    Threads, with TorchRL's meaning: each worker runs torch with
+    ``num_sub_threads`` intra-op threads (default 1), and the trainer's process
+    with ``num_threads`` while the collector is open (default: the machine's
+    threads minus the local workers, at least 1; restored at close). Local
+    workers are forked from a warm fork server (``start_method="forkserver"``,
+    the default) or spawned (``"spawn"``).
 
     >>> async with MultiCollector("CartPole-v1", policy=None, num_workers=2,   # doctest: +SKIP
     ...                           frames_per_batch=1000, total_frames=10_000, sync=True) as c:
@@ -125,6 +134,9 @@ class MultiCollector(BaseCollector):
         remote_workers: int = 0,
         curve_keys: str | None = None,
         max_message_bytes: int | None = None,
+        num_threads: int | None = None,
+        num_sub_threads: int = 1,
+        start_method: str | None = None,
     ) -> None:
         if num_workers is not None:
             num_workers = check_int("num_workers", num_workers, minimum=0)
@@ -142,6 +154,10 @@ class MultiCollector(BaseCollector):
         prefetch = check_int("prefetch", prefetch, minimum=1)
         on_worker_loss = check_on_worker_loss(on_worker_loss)  # type: ignore[assignment]
         check_total_frames(total_frames)
+        if num_threads is not None:
+            num_threads = check_int("num_threads", num_threads, minimum=1)
+        num_sub_threads = check_int("num_sub_threads", num_sub_threads, minimum=1)
+        start_method = check_start_method(start_method)
         # TorchRL's None means "stack", not a concatenation.
         cat_results = check_cat_results(cat_results)
         cat_results = "stack" if cat_results is None else cat_results
@@ -164,6 +180,10 @@ class MultiCollector(BaseCollector):
         # _inbound_limit); ZeroMQ holds a whole message before anyone sees its sender.
         self.max_message_bytes = max_message_bytes
         self.backend = backend
+        self.num_threads = num_threads
+        self.num_sub_threads = num_sub_threads
+        self.start_method = start_method
+        self._threads_cap: TrainerThreads | None = None
         self._heartbeat = (heartbeat_interval, peer_timeout)
         total_workers = num_workers + remote_workers
         self.frames_per_worker = self._split_frames(frames_per_batch, total_workers)
@@ -186,7 +206,7 @@ class MultiCollector(BaseCollector):
             max_frames_per_traj=max_frames_per_traj, reset_at_each_iter=reset_at_each_iter,
             reset_when_done=reset_when_done, set_truncated=set_truncated,
             exploration_type=exploration_type, storing_device=storing_device,
-            weight_sync_schemes=schemes,
+            weight_sync_schemes=schemes, torch_threads=num_sub_threads,
         )
         self._senders: dict[str, WeightSender] = {}
         self._hub: Hub | None = None
@@ -228,6 +248,8 @@ class MultiCollector(BaseCollector):
 
     # -- life cycle ----------------------------------------------------------------------
     async def _open(self) -> None:
+        # As TorchRL: the trainer keeps the cores its local workers do not use.
+        self._threads_cap = TrainerThreads.cap(self.num_threads, self.num_workers)
         await self._task_group.start(self._run_background)
 
     async def _run_background(self, *, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
@@ -265,7 +287,7 @@ class MultiCollector(BaseCollector):
                         backend=backend,
                         options={"heartbeat_interval": interval, "peer_timeout": timeout,
                                  "curve_keys": self.curve_keys},
-                        directory=self._tmpdir or "")
+                        directory=self._tmpdir or "", start_method=self.start_method)
                     async with anyio.create_task_group() as tg:
                         tg.start_soon(scheduler.run)  # hellos are answered while others spawn
                         await tg.start(workers.run, self._on_process_death)
@@ -408,6 +430,8 @@ class MultiCollector(BaseCollector):
             await self._workers.stop()
         if self._tmpdir is not None:
             shutil.rmtree(self._tmpdir, ignore_errors=True)
+        if self._threads_cap is not None:
+            self._threads_cap.restore()
 
     # -- public API ------------------------------------------------------------------------
     @property

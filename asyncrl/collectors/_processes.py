@@ -1,9 +1,8 @@
-"""Local worker processes: spawn (off the event loop), watch (on the process sentinel), stop."""
+"""Local worker processes: start (off the event loop), watch (on the process sentinel), stop."""
 
 from __future__ import annotations
 
 import logging
-import multiprocessing as mp
 import os
 import pickle
 import signal
@@ -23,6 +22,7 @@ from ..worker import (
     EXIT_REFUSED,
     process_main,
 )
+from ._launcher import worker_context
 
 log = logging.getLogger("asyncrl.collectors")
 
@@ -38,11 +38,13 @@ class LocalWorkers:
     the collector's private directory, not through the spawn pipe: a spec larger
     than the pipe buffer made ``Process.start()`` block until the child had
     imported torch. Processes are started in threads, in parallel, so the event
-    loop keeps answering heartbeats and hellos while they start.
+    loop keeps answering heartbeats and hellos while they start; by default they
+    are forked from a warm fork server (see :mod:`._launcher`).
     """
 
     def __init__(self, endpoint: str, spec: WorkerSpec, count: int, *, token: str,
-                 backend: str, options: dict[str, Any], directory: str) -> None:
+                 backend: str, options: dict[str, Any], directory: str,
+                 start_method: str = "forkserver") -> None:
         self.endpoint = endpoint
         self.spec = spec
         self.count = count
@@ -50,6 +52,7 @@ class LocalWorkers:
         self.backend = backend
         self.options = options
         self.directory = directory  # private (mkdtemp, 0700), removed by the collector
+        self.start_method = start_method
         self.slots: dict[int, BaseProcess] = {}  # the current process of each slot
         self.processes: list[BaseProcess] = []  # every process ever started, for stop()
         self.identities: dict[BaseProcess, bytes] = {}  # each process's link identity
@@ -89,19 +92,27 @@ class LocalWorkers:
 
     async def spawn(self, slot: int) -> None:
         """Start a process for ``slot`` (in a thread: ``start()`` may take a while)."""
-        context = mp.get_context("spawn")  # fork is unsafe with threads and ZeroMQ
         # Chosen here, not in the child: a death seen on the sentinel maps to its peer.
         identity = random_identity(f"local-{slot}")
-        process = context.Process(
-            target=process_main,
-            args=(self.endpoint, self._spec_path, slot, identity, self.token, self.backend,
-                  os.getpid(), self.options),
-            name=f"asyncrl-worker-{slot}",
-            daemon=True,
-        )
 
         def start() -> None:
-            process.start()
+            context = worker_context(self.start_method)  # may start the fork server
+            process = context.Process(  # type: ignore[attr-defined]
+                target=process_main,
+                args=(self.endpoint, self._spec_path, slot, identity, self.token,
+                      self.backend, os.getpid(), self.options),
+                name=f"asyncrl-worker-{slot}",
+                daemon=True,
+            )
+            try:
+                process.start()
+            except (EOFError, ConnectionError) as exc:
+                raise RuntimeError(
+                    f"the fork server could not start worker {slot} ({exc!r}); it most "
+                    "likely failed importing the script that creates the collector: "
+                    "guard its code with `if __name__ == \"__main__\":`, or pass "
+                    "start_method='spawn' to see the import error in each worker"
+                ) from exc
             # Recorded in the thread: a cancelled spawn still leaves a stoppable process.
             self.processes.append(process)
             self.identities[process] = identity

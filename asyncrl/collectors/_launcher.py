@@ -1,0 +1,102 @@
+"""How local worker processes start: forked from a warm server, one thread each.
+
+Spawning a fresh interpreter per worker costs an import of torch, tensordict and
+gymnasium each (seconds, and N of them at once on a small machine). The default
+``"forkserver"`` start method pays that once: Python's fork server imports them
+(and the user's ``__main__``) a single time, then forks each worker from that
+warm, single-threaded process. Forking the trainer itself would be faster still,
+but is unsafe: it runs ZeroMQ's I/O threads, maybe CUDA and OpenMP pools.
+
+The fork server is started with one thread for OpenMP, MKL and OpenBLAS (set in
+its environment, before it imports anything), so that no worker starts with a
+pool sized for the whole machine; each worker then sets its own count
+(``num_sub_threads``, TorchRL's meaning) with ``torch.set_num_threads``.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import threading
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
+from multiprocessing import forkserver
+from multiprocessing.context import BaseContext
+
+#: Imported once by the fork server, so that each worker starts warm.
+PRELOAD = ("torch", "tensordict", "gymnasium", "asyncrl.worker", "asyncrl.envs")
+
+#: The variables that size native thread pools when a library loads.
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+                    "NUMEXPR_NUM_THREADS", "VECLIB_MAXIMUM_THREADS")
+
+START_METHODS = ("forkserver", "spawn")
+
+_env_lock = threading.Lock()
+
+
+def check_start_method(start_method: str | None) -> str:
+    """``None`` -> ``"forkserver"``; ``"fork"`` and unknown methods are refused."""
+    if start_method is None:
+        return "forkserver"
+    if start_method == "fork":
+        raise ValueError("start_method='fork' is not supported: the trainer runs ZeroMQ I/O "
+                         "threads (and maybe CUDA), which a forked child inherits broken; use "
+                         "'forkserver' (the default: as fast after the first start) or 'spawn'")
+    if start_method not in START_METHODS:
+        raise ValueError(f"start_method must be one of {START_METHODS}, got {start_method!r}")
+    return start_method
+
+
+def thread_environment(threads: int) -> dict[str, str]:
+    """The native-pool variables for ``threads`` threads (a user's own values win)."""
+    return {name: os.environ.get(name, str(threads)) for name in THREAD_VARIABLES}
+
+
+def child_thread_environment(threads: int) -> AbstractContextManager[None]:
+    """While open, processes started inherit ``threads`` native threads per pool."""
+    return _environment(thread_environment(threads))
+
+
+@contextmanager
+def _environment(values: dict[str, str]) -> Iterator[None]:
+    # The fork server inherits the environment it is started with; there is no
+    # per-process environment in multiprocessing. Held briefly, under a lock.
+    with _env_lock:
+        saved = {name: os.environ.get(name) for name in values}
+        os.environ.update(values)
+        try:
+            yield
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+
+
+def worker_context(start_method: str) -> BaseContext:
+    """The multiprocessing context that starts local workers (warm for forkserver).
+
+    Blocking (the fork server may have to start): call it in a thread.
+    """
+    context = mp.get_context(start_method)
+    if start_method == "forkserver":
+        with child_thread_environment(1):
+            _ensure_fork_server(context)
+    return context
+
+
+def _ensure_fork_server(context: BaseContext) -> None:
+    server = forkserver._forkserver  # one per process, shared with other users of it
+    if getattr(server, "_forkserver_pid", None) is None:
+        # Not running yet: add our modules to whatever preload was asked for
+        # (``"__main__"`` by default, so that the user's functions resolve warm).
+        wanted = list(getattr(server, "_preload_modules", ["__main__"]))
+        wanted += [m for m in PRELOAD if m not in wanted]
+        context.set_forkserver_preload(wanted)  # type: ignore[attr-defined]
+    forkserver.ensure_running()
+
+
+__all__ = ["START_METHODS", "THREAD_VARIABLES", "check_start_method", "child_thread_environment",
+           "thread_environment", "worker_context"]
