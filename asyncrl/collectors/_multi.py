@@ -31,7 +31,7 @@ from ._base import (
     check_on_worker_loss,
     check_total_frames,
 )
-from ._launcher import check_start_method
+from ._launcher import check_start_method, worker_context
 from ._limits import listening_hub_limits
 from ._processes import LocalWorkers, describe_exit, likely_causes
 from ._threads import TrainerThreads
@@ -184,6 +184,10 @@ class MultiCollector(BaseCollector):
         self.num_sub_threads = num_sub_threads
         self.start_method = start_method
         self._threads_cap: TrainerThreads | None = None
+        if num_workers and start_method == "forkserver":
+            # Started now (a few ms: it imports in its own process), it is warm by the
+            # time the collector is opened, if the trainer has anything else to set up.
+            worker_context(start_method)
         self._heartbeat = (heartbeat_interval, peer_timeout)
         total_workers = num_workers + remote_workers
         self.frames_per_worker = self._split_frames(frames_per_batch, total_workers)
