@@ -6,10 +6,10 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from functools import partial
+from pathlib import Path
 
 import anyio
 import pytest
@@ -29,11 +29,13 @@ pytestmark = pytest.mark.anyio
 LIMIT = 90
 
 
-def cli_host(endpoint: str, *args: str) -> subprocess.Popen:
+def cli_host(endpoint: str, *args: str, tmpdir: str | None = None) -> subprocess.Popen:
+    env = None if tmpdir is None else {**os.environ, "TMPDIR": tmpdir}
     return subprocess.Popen(
         [sys.executable, "-m", "asyncrl.cli", "worker", "--connect", endpoint,
          "--env", "CartPole-v1", "--policy", "asyncrl.testing:ParamPolicy", *args],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        env=env)
 
 
 async def wait_for_routes(collector: MultiSyncCollector | MultiAsyncCollector,
@@ -254,24 +256,27 @@ def test_cli_help_names_the_relay_switch() -> None:
     assert "--no-relay" in text and "one copy per host" in text
 
 
-def relay_dirs() -> set[str]:
-    return {name for name in os.listdir(tempfile.gettempdir())
-            if name.startswith("asyncrl-relay-")}
+def relay_dirs(tmpdir: Path) -> set[str]:
+    return {name for name in os.listdir(tmpdir) if name.startswith("asyncrl-relay-")}
 
 
 @pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
-async def test_killing_the_host_process_takes_its_workers_and_relay_down(how) -> None:
-    before = relay_dirs()
+async def test_killing_the_host_process_takes_its_workers_and_relay_down(
+        how: signal.Signals, tmp_path: Path) -> None:
+    # The host's temporary files go to a directory of this test's own (TMPDIR):
+    # another run on the machine making relays cannot disturb the count.
     with anyio.fail_after(LIMIT):
         async with MultiAsyncCollector("CartPole-v1", ParamPolicy(), num_workers=0,
                                        remote_workers=2, listen="tcp://127.0.0.1:0",
                                        frames_per_batch=20, total_frames=-1,
                                        on_worker_loss="continue", heartbeat_interval=0.2,
                                        peer_timeout=2.0) as collector:
-            host = cli_host(collector.endpoint, "--workers", "2", "--peer-timeout", "2")
+            host = cli_host(collector.endpoint, "--workers", "2", "--peer-timeout", "2",
+                            tmpdir=str(tmp_path))
             try:
                 await collector.__aiter__().__anext__()
                 await wait_for_routes(collector, 2)
+                assert len(relay_dirs(tmp_path)) == 1  # the relay's, while it runs
                 children = [int(pid) for pid in subprocess.run(
                     ["pgrep", "-P", str(host.pid)], capture_output=True, text=True,
                     check=True).stdout.split()]
@@ -288,7 +293,7 @@ async def test_killing_the_host_process_takes_its_workers_and_relay_down(how) ->
             finally:
                 kill_group(host)
     # Its ipc directory goes too: removed by the relay (SIGTERM) or by the orphans (SIGKILL).
-    assert relay_dirs() - before == set()
+    assert relay_dirs(tmp_path) == set()
     if how == signal.SIGTERM:
         assert host.returncode != -signal.SIGTERM  # it handled the signal and cleaned up
 
