@@ -428,8 +428,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m asyncrl.bench.collect",
                                 description=(__doc__ or "").split("\n")[0])
     p.add_argument("--quick", action="store_true",
-                   help="smoke run: 1 repeat, 2 timed batches / 0.3 s, layout 2x1 sync only "
-                        "unless --cases/--modes say otherwise")
+                   help="smoke run: 1 repeat, 1 window of 2 batches / 0.3 s, sync 2x1 only "
+                        "unless --cases says otherwise")
     p.add_argument("--repeats", type=int, help="fresh collectors per case (default 1; "
                    "3 for numbers to publish)")
     p.add_argument("--windows", type=int, help="timed windows per repeat, back to back "
