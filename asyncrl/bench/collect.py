@@ -1,22 +1,40 @@
 """Collection throughput, start-up time and worker memory: asyncrl against TorchRL.
 
-    python -m asyncrl.bench.collect                 # full run (about 2 minutes on 2 idle cores)
-    python -m asyncrl.bench.collect --repeats 1 --batches 3     # smoke run
+    python -m asyncrl.bench.collect             # the default matrix (about 8 min, 2 idle cores)
+    python -m asyncrl.bench.collect --quick     # sync 2x1 per env and policy, smoke run
+    python -m asyncrl.bench.collect --envs Pendulum-v1 --policies mlp256 --cases 4x1 --modes async
+    python -m asyncrl.bench.collect --cases sync,async   # the earlier benchmark: random, CartPole
 
-CartPole-v1, random policy, 2 worker processes, in the same run for both libraries:
+What is measured looks like training, in the same run for both libraries:
 
-- ``sync  2x1``: ``MultiSyncCollector``, 1 env per worker, 1,000 frames per batch;
-- ``async 2x1``: ``MultiAsyncCollector``, 1 env per worker, 1,000 frames per batch;
-- ``sync 2x16``: ``MultiSyncCollector``, 16 envs per worker (TorchRL: ``SerialEnv(16, ...)``
-  per worker; asyncrl: ``envs_per_worker=16``), 1,024 frames per batch.
+- envs: ``CartPole-v1`` (discrete) and ``Pendulum-v1`` (continuous);
+- policies: ``random`` (each library's own random policy), ``mlp64`` and ``mlp256``
+  (``obs -> 64|256 -> 64|256 -> action`` MLP with Tanh, a ``TensorDictModule`` writing
+  ``"action"``: argmax of the logits on CartPole, ``2 * tanh`` on Pendulum). The **same
+  policy object** (built once per repeat, CPU, seeded) is given to both libraries;
+- layouts ``workers x envs per worker``: ``2x1``, ``2x8`` (TorchRL: ``SerialEnv(8, ...)`` per
+  worker; asyncrl: ``envs_per_worker=8``) and ``4x1``; ``sync`` (``MultiSyncCollector``,
+  each batch split over the workers) and ``async`` (``MultiAsyncCollector``, each batch
+  from one worker); ``--frames-per-batch`` frames per batch (1,024 by default);
+- after every batch the trainer calls ``update_policy_weights_()`` (TorchRL, its default
+  shared-memory scheme) or ``await update_policy_weights()`` (asyncrl, its default ZeroMQ
+  scheme), as a training loop does (``--no-update-weights`` turns it off; the random policy
+  has no weights to send).
 
-For each configuration and repeat, a fresh collector is built; the time from the
-constructor call to the first batch is "first batch"; the first batch is also the
-warm-up; frames/s is measured over the next ``--batches`` batches (and at least one
-second); "peak RSS" is ``VmHWM`` of each worker process (``/proc/<pid>/status``), read
-before shutdown.
-Medians over ``--repeats``; ratios are asyncrl / TorchRL. Targets (issue 4): frames/s
->= 5x, first batch <= 0.3x, peak RSS per worker <= 1x.
+Both libraries run with their own defaults, nothing tuned by hand: TorchRL caps its
+workers (``num_sub_threads=1``) and the trainer (``num_threads``: cores minus workers),
+asyncrl does what it does by default; the trainer's ``torch.get_num_threads()`` during the
+timed window is recorded for each run.
+
+For each configuration and repeat a fresh collector is built (libraries interleaved, so
+drifts hit both alike); the time from the constructor call to the first batch is "first
+batch"; the first batch is also the warm-up; then ``--windows`` timed windows follow back
+to back, each of at least ``--batches`` batches and ``--min-seconds`` (at most
+``--max-seconds``), and the run's frames/s is their median; "peak RSS" is ``VmHWM`` of
+each worker process, read before shutdown. Medians over ``--repeats`` (default 1, which
+keeps the full matrix, 36 cases x 2 libraries, near 8 minutes on 2 idle cores; use
+``--repeats 3`` for numbers to publish); ratios are asyncrl / TorchRL. Targets (issue
+11): frames/s >= 3x, first batch <= 0.3x; (issue 4) peak RSS per worker <= 1x.
 """
 
 from __future__ import annotations
@@ -36,37 +54,60 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-ENV_ID = "CartPole-v1"
-NUM_WORKERS = 2
-MIN_SECONDS = 1.0  # a timed window is at least --batches batches and this long
+import torch
+from torch import nn
+
+ENVS = ("CartPole-v1", "Pendulum-v1")
+POLICIES = ("random", "mlp64", "mlp256")
+LAYOUTS = {"2x1": (2, 1), "2x8": (2, 8), "4x1": (4, 1), "2x16": (2, 16)}
+MODES = ("sync", "async")
+DEFAULT_LAYOUTS = ("2x1", "2x8", "4x1")
+#: The earlier benchmark's case names, still accepted by ``--cases``: (mode, layout).
+LEGACY_CASES = {"sync": ("sync", "2x1"), "async": ("async", "2x1"),
+                "sync16": ("sync", "2x16"), "async16": ("async", "2x16")}
+FRAMES_PER_BATCH = 1024  # a multiple of every layout's workers x envs
+SEED = 0
 
 
 @dataclass(frozen=True)
 class Case:
-    name: str
+    env: str
+    policy: str
     sync: bool
+    num_workers: int
     envs_per_worker: int
     frames_per_batch: int
 
+    @property
+    def layout(self) -> str:
+        return f"{self.num_workers}x{self.envs_per_worker}"
 
-CASES = {
-    "sync": Case("sync 2x1", True, 1, 1000),
-    "async": Case("async 2x1", False, 1, 1000),
-    "sync16": Case("sync 2x16", True, 16, 1024),
-    "async16": Case("async 2x16", False, 16, 1024),
-}
-DEFAULT_CASES = ("sync", "async", "sync16")
+    @property
+    def mode(self) -> str:
+        return "sync" if self.sync else "async"
+
+    @property
+    def name(self) -> str:
+        return f"{self.env} {self.policy} {self.mode} {self.layout}"
+
+    def expected_shape(self) -> list[int]:
+        """asyncrl's batch shape: ``[workers*envs, T]`` (sync) or ``[envs, T]`` (async)."""
+        envs = self.envs_per_worker * (self.num_workers if self.sync else 1)
+        return [envs, self.frames_per_batch // envs]
 
 
 @dataclass
 class Run:
     """One repeat of one case with one library."""
 
-    fps: float
+    fps: float  # median over the run's timed windows
     first_batch_s: float
     worker_rss_mb: list[float]
     frames: int
     batch_shape: list[int]
+    trainer_threads: int = 0  # torch.get_num_threads() in the trainer during the window
+    weight_updates: int = 0
+    window_fps: list[float] = field(default_factory=list)
     close_error: str | None = None  # raised while closing, after the measurement
     leftover_pids: list[int] = field(default_factory=list)  # workers alive 10 s after close
 
@@ -85,6 +126,68 @@ class Result:
             return statistics.median(max(r.worker_rss_mb, default=float("nan"))
                                      for r in self.runs)
         return statistics.median(getattr(r, attr) for r in self.runs)
+
+
+@dataclass(frozen=True)
+class Window:
+    """How long a timed window lasts: at least ``batches`` and ``min_s``, at most ``max_s``."""
+
+    batches: int
+    min_s: float
+    max_s: float
+    windows: int = 1  # back to back in one run; the run's frames/s is their median
+
+    def done(self, count: int, elapsed: float) -> bool:
+        return count >= 1 and (elapsed >= self.max_s
+                               or (count >= self.batches and elapsed >= self.min_s))
+
+
+# -- policies ----------------------------------------------------------------------------------
+class Argmax(nn.Module):
+    """Greedy discrete action from logits: a cheap, deterministic head both libraries run."""
+
+    def forward(self, logits: torch.Tensor) -> torch.Tensor:
+        return logits.argmax(-1)
+
+
+class Scale(nn.Module):
+    """``scale * x``: maps a tanh output onto Pendulum's action range [-2, 2]."""
+
+    def __init__(self, scale: float) -> None:
+        super().__init__()
+        self.scale = scale
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.scale
+
+
+#: env id -> (observation size, head size, head modules after the last Linear)
+ENV_HEADS: dict[str, tuple[int, int, Callable[[], list[nn.Module]]]] = {
+    "CartPole-v1": (4, 2, lambda: [Argmax()]),
+    "Pendulum-v1": (3, 1, lambda: [nn.Tanh(), Scale(2.0)]),
+}
+
+
+def make_policy(name: str, env_id: str) -> Any:
+    """The policy both libraries get: None for ``random``, else an MLP ``TensorDictModule``."""
+    if name == "random":
+        return None
+    if not name.startswith("mlp") or not name[3:].isdigit():
+        raise ValueError(f"unknown policy {name!r}; expected one of {', '.join(POLICIES)}")
+    if env_id not in ENV_HEADS:
+        raise ValueError(f"no MLP head for env {env_id!r}; expected one of {', '.join(ENV_HEADS)}")
+    from tensordict.nn import TensorDictModule
+
+    # Through the module's import name, also when run as ``python -m``: the workers
+    # unpickle Argmax and Scale as asyncrl.bench.collect's, never as __main__'s.
+    from asyncrl.bench import collect
+
+    width = int(name[3:])
+    obs, out, head = collect.ENV_HEADS[env_id]
+    torch.manual_seed(SEED)  # the same weights in every repeat
+    net = nn.Sequential(nn.Linear(obs, width), nn.Tanh(), nn.Linear(width, width), nn.Tanh(),
+                        nn.Linear(width, out), *head())
+    return TensorDictModule(net, in_keys=["observation"], out_keys=["action"])
 
 
 # -- process inspection ------------------------------------------------------------------------
@@ -134,36 +237,51 @@ def _wait_children_gone(before: set[int], timeout: float = 10.0) -> list[int]:
 
 
 # -- TorchRL -------------------------------------------------------------------------------------
-def _torchrl_env_factory(envs_per_worker: int) -> Callable[[], Any]:
+def _torchrl_env_factory(env_id: str, envs_per_worker: int) -> Callable[[], Any]:
     from torchrl.envs import GymEnv, SerialEnv
 
-    single = functools.partial(GymEnv, ENV_ID)
+    # Integer actions (not one-hot) on CartPole, as gymnasium and asyncrl have them, so
+    # one policy module serves both libraries; Box action spaces ignore the flag.
+    single = functools.partial(GymEnv, env_id, categorical_action_encoding=True)
     if envs_per_worker == 1:
         return single
     return functools.partial(SerialEnv, envs_per_worker, single)
 
 
-def run_torchrl(case: Case, batches: int) -> Run:
+def run_torchrl(case: Case, window: Window, update_weights: bool) -> Run:
     from torchrl.collectors import MultiAsyncCollector, MultiSyncCollector
 
     cls = MultiSyncCollector if case.sync else MultiAsyncCollector
+    policy = make_policy(case.policy, case.env)
+    update = update_weights and policy is not None
     before = spawned_children()
     start = time.perf_counter()
     collector = cls(
-        [_torchrl_env_factory(case.envs_per_worker)] * NUM_WORKERS, None,
+        [_torchrl_env_factory(case.env, case.envs_per_worker)] * case.num_workers, policy,
         frames_per_batch=case.frames_per_batch, total_frames=-1,
     )
     try:
         it = iter(collector)
         first = next(it)
         first_batch_s = time.perf_counter() - start
-        frames, count, t0 = 0, 0, time.perf_counter()
-        while count < batches or time.perf_counter() - t0 < MIN_SECONDS:
-            frames, count = frames + next(it).numel(), count + 1
-        fps = frames / (time.perf_counter() - t0)
+        updates = 0
+        if update:
+            collector.update_policy_weights_()
+            updates += 1
+        rates = []
+        for _ in range(window.windows):
+            frames, count, t0 = 0, 0, time.perf_counter()
+            while not window.done(count, time.perf_counter() - t0):
+                frames, count = frames + next(it).numel(), count + 1
+                if update:  # the trainer's step would go here; then the new weights go out
+                    collector.update_policy_weights_()
+                    updates += 1
+            rates.append(frames / (time.perf_counter() - t0))
+        fps = statistics.median(rates)
+        threads = torch.get_num_threads()
         workers = sorted(spawned_children() - before)
         run = Run(fps, first_batch_s, [peak_rss_mb(pid) for pid in workers], frames,
-                  list(first.shape))
+                  list(first.shape), threads, updates, rates)
     finally:
         collector.shutdown()
     run.leftover_pids = _wait_children_gone(before)
@@ -171,26 +289,38 @@ def run_torchrl(case: Case, batches: int) -> Run:
 
 
 # -- asyncrl -------------------------------------------------------------------------------------
-async def _asyncrl_once(case: Case, batches: int) -> Run:
+async def _asyncrl_once(case: Case, window: Window, update_weights: bool) -> Run:
     from asyncrl import MultiCollector
 
+    policy = make_policy(case.policy, case.env)
+    update = update_weights and policy is not None
     run: Run | None = None
     start = time.perf_counter()
     try:
         async with MultiCollector(
-            ENV_ID, None, num_workers=NUM_WORKERS, sync=case.sync,
+            case.env, policy, num_workers=case.num_workers, sync=case.sync,
             envs_per_worker=case.envs_per_worker, frames_per_batch=case.frames_per_batch,
             total_frames=-1,
         ) as collector:
             it = collector.__aiter__()
             first = await it.__anext__()
             first_batch_s = time.perf_counter() - start
-            frames, count, t0 = 0, 0, time.perf_counter()
-            while count < batches or time.perf_counter() - t0 < MIN_SECONDS:
-                frames, count = frames + (await it.__anext__()).numel(), count + 1
-            fps = frames / (time.perf_counter() - t0)
+            updates = 0
+            if update:
+                await collector.update_policy_weights()
+                updates += 1
+            rates = []
+            for _ in range(window.windows):
+                frames, count, t0 = 0, 0, time.perf_counter()
+                while not window.done(count, time.perf_counter() - t0):
+                    frames, count = frames + (await it.__anext__()).numel(), count + 1
+                    if update:
+                        await collector.update_policy_weights()
+                        updates += 1
+                rates.append(frames / (time.perf_counter() - t0))
+            fps = statistics.median(rates)
             run = Run(fps, first_batch_s, [peak_rss_mb(p) for p in collector.worker_pids],
-                      frames, list(first.shape))
+                      frames, list(first.shape), torch.get_num_threads(), updates, rates)
     except Exception as exc:
         if run is None:
             raise
@@ -200,17 +330,23 @@ async def _asyncrl_once(case: Case, batches: int) -> Run:
     return run
 
 
-def run_asyncrl(case: Case, batches: int) -> Run:
+def run_asyncrl(case: Case, window: Window, update_weights: bool) -> Run:
     import anyio
 
+    threads = torch.get_num_threads()
     before = spawned_children()
-    run = anyio.run(_asyncrl_once, case, batches)
+    try:
+        run = anyio.run(_asyncrl_once, case, window, update_weights)
+    finally:
+        # Whatever asyncrl did to the trainer's threads must not carry over into the next
+        # run (TorchRL restores its own on shutdown).
+        torch.set_num_threads(threads)
     run.leftover_pids = _wait_children_gone(before)
     return run
 
 
-RUNNERS: dict[str, Callable[[Case, int], Run]] = {"asyncrl": run_asyncrl,
-                                                  "torchrl": run_torchrl}
+RUNNERS: dict[str, Callable[[Case, Window, bool], Run]] = {"asyncrl": run_asyncrl,
+                                                           "torchrl": run_torchrl}
 
 
 # -- report --------------------------------------------------------------------------------------
@@ -218,43 +354,49 @@ def _ratio(ours: float, theirs: float) -> float:
     return ours / theirs if theirs and theirs == theirs else float("nan")
 
 
-def _verdict(ratio: float, target: float, higher_is_better: bool) -> str:
-    if ratio != ratio:
-        return "n/a"
-    ok = ratio >= target if higher_is_better else ratio <= target
-    return "yes" if ok else "**no**"
+def _fmt(fmt: str, value: float) -> str:
+    return "n/a" if value != value else fmt.format(value)
 
 
 METRICS = (  # attribute, label, format, target ratio, higher is better
-    ("fps", "frames/s", "{:,.0f}", 5.0, True),
+    ("fps", "frames/s", "{:,.0f}", 3.0, True),
     ("first_batch_s", "first batch (s)", "{:.2f}", 0.3, False),
     ("worker_rss_mb", "peak RSS / worker (MiB)", "{:.0f}", 1.0, False),
 )
 
 
+def _ratio_cell(ratio: float, target: float, higher: bool) -> str:
+    """The ratio, in bold when it misses the target."""
+    if ratio != ratio:
+        return "n/a"
+    ok = ratio >= target if higher else ratio <= target
+    return f"{ratio:.2f}x" if ok else f"**{ratio:.2f}x**"
+
+
 def markdown_table(results: dict[tuple[str, str], Result], cases: list[Case]) -> str:
-    lines = ["| case | metric | asyncrl | TorchRL | asyncrl / TorchRL | target | met |",
-             "|---|---|---:|---:|---:|---:|:---:|"]
+    """One row per case; each metric as asyncrl, TorchRL, ratio (bold: target missed)."""
+    head = ["env", "policy", "mode", "workers x envs"]
+    for _, label, _, target, higher in METRICS:
+        sign = ">=" if higher else "<="
+        head += [f"{label} asyncrl", "TorchRL", f"ratio ({sign} {target:g}x)"]
+    head.append("trainer threads (asyncrl / TorchRL)")
+    lines = ["| " + " | ".join(head) + " |",
+             "|" + "---|" * 4 + "---:|" * (3 * len(METRICS)) + ":---:|"]
     for case in cases:
         ours, theirs = results.get(("asyncrl", case.name)), results.get(("torchrl", case.name))
-        for attr, label, fmt, target, higher in METRICS:
+        cells = [case.env, case.policy, case.mode, case.layout]
+        for attr, _, fmt, target, higher in METRICS:
             a = ours.median(attr) if ours else float("nan")
             t = theirs.median(attr) if theirs else float("nan")
-            r = _ratio(a, t)
-            sign = ">=" if higher else "<="
-            lines.append(f"| {case.name} | {label} | {_fmt(fmt, a)} | {_fmt(fmt, t)} | "
-                         f"{_fmt('{:.2f}x', r)} | {sign} {target:g}x | "
-                         f"{_verdict(r, target, higher)} |")
+            cells += [_fmt(fmt, a), _fmt(fmt, t), _ratio_cell(_ratio(a, t), target, higher)]
+        threads = [_fmt("{:.0f}", r.median("trainer_threads")) if r else "n/a"
+                   for r in (ours, theirs)]
+        cells.append(" / ".join(threads))
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
-def _fmt(fmt: str, value: float) -> str:
-    return "n/a" if value != value else fmt.format(value)
-
-
 def environment() -> str:
-    import torch
-
     versions = [f"python {platform.python_version()}", f"torch {torch.__version__}"]
     for name in ("tensordict", "torchrl", "gymnasium", "zmq"):
         try:
@@ -278,29 +420,102 @@ def _problems(run: Run) -> list[str]:
 
 
 # -- main ------------------------------------------------------------------------------------------
+def _split(value: str) -> list[str]:
+    return [v.strip() for v in value.split(",") if v.strip()]
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m asyncrl.bench.collect",
-                                description=__doc__.split("\n")[0])
-    p.add_argument("--repeats", type=int, default=3, help="fresh collectors per case")
-    p.add_argument("--batches", type=int, default=10,
-                   help="timed batches per repeat, after the first (warm-up) batch")
-    p.add_argument("--cases", default=",".join(DEFAULT_CASES),
-                   help=f"comma-separated, from {', '.join(CASES)}")
+                                description=(__doc__ or "").split("\n")[0])
+    p.add_argument("--quick", action="store_true",
+                   help="smoke run: 1 repeat, 1 window of 2 batches / 0.3 s, sync 2x1 only "
+                        "unless --cases says otherwise")
+    p.add_argument("--repeats", type=int, help="fresh collectors per case (default 1; "
+                   "3 for numbers to publish)")
+    p.add_argument("--windows", type=int, help="timed windows per repeat, back to back "
+                   "after the first (warm-up) batch; a run's frames/s is their median "
+                   "(default 3)")
+    p.add_argument("--batches", type=int,
+                   help="batches per timed window, at least (default 1)")
+    p.add_argument("--min-seconds", type=float, help="a timed window lasts at least this "
+                   "(default 0.5)")
+    p.add_argument("--max-seconds", type=float, default=5.0,
+                   help="... and at most this, once one batch came (default 5)")
+    p.add_argument("--envs", help=f"comma-separated: {', '.join(ENVS)} (default: both; "
+                   "CartPole-v1 when --cases has only the earlier names)")
+    p.add_argument("--policies", help=f"comma-separated: {', '.join(POLICIES)} (or mlpN for "
+                   "width N; default: all; random when --cases has only the earlier names)")
+    p.add_argument("--cases", help=f"comma-separated layouts ({', '.join(LAYOUTS)}), "
+                   "MODE-LAYOUT (sync-2x8), or the earlier names "
+                   f"({', '.join(LEGACY_CASES)}); default {','.join(DEFAULT_LAYOUTS)}")
+    p.add_argument("--modes", default=",".join(MODES),
+                   help="comma-separated: sync, async (for the cases given as layouts)")
+    p.add_argument("--frames-per-batch", type=int, default=FRAMES_PER_BATCH)
+    p.add_argument("--update-weights", action=argparse.BooleanOptionalAction, default=True,
+                   help="send the policy's weights after every batch, as a trainer does")
     p.add_argument("--libraries", default="asyncrl,torchrl",
                    help="comma-separated: asyncrl, torchrl")
     p.add_argument("--torchrl-start-method", choices=("spawn", "fork", "forkserver"),
                    help="multiprocessing start method for TorchRL's workers (default: "
                         "TorchRL's own, spawn; asyncrl always spawns)")
     p.add_argument("--json", metavar="PATH", help="also write every run to PATH")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    defaults = (1, 1, 2, 0.3) if args.quick else (1, 3, 1, 0.5)
+    for name, default in zip(("repeats", "windows", "batches", "min_seconds"), defaults,
+                             strict=True):
+        if getattr(args, name) is None:
+            setattr(args, name, default)
+    if args.cases is None:
+        args.cases = "sync-2x1" if args.quick else ",".join(DEFAULT_LAYOUTS)
+    # The earlier benchmark's commands (--cases sync,async) keep measuring what they did:
+    # the random policy on CartPole.
+    legacy = all(c in LEGACY_CASES for c in _split(args.cases))
+    if args.envs is None:
+        args.envs = ENVS[0] if legacy else ",".join(ENVS)
+    if args.policies is None:
+        args.policies = "random" if legacy else ",".join(POLICIES)
+    return args
+
+
+def build_cases(args: argparse.Namespace) -> list[Case]:
+    """Every (env, policy, mode, layout) asked for, in a stable order."""
+    modes = _split(args.modes)
+    if set(modes) - set(MODES):
+        raise ValueError(f"unknown modes {sorted(set(modes) - set(MODES))}; expected "
+                         f"{', '.join(MODES)}")
+    pairs: list[tuple[str, str]] = []
+    for item in _split(args.cases):
+        if item in LEGACY_CASES:
+            pairs.append(LEGACY_CASES[item])
+        elif item in LAYOUTS:
+            pairs += [(mode, item) for mode in modes]
+        elif "-" in item and item.split("-", 1)[0] in MODES and item.split("-", 1)[1] in LAYOUTS:
+            mode, layout = item.split("-", 1)
+            pairs.append((mode, layout))
+        else:
+            raise ValueError(f"unknown case {item!r}; expected a layout ({', '.join(LAYOUTS)}), "
+                             f"MODE-LAYOUT such as sync-2x8, or one of {', '.join(LEGACY_CASES)}")
+    cases = []
+    for env in _split(args.envs):
+        for policy in _split(args.policies):
+            make_policy(policy, env)  # a bad name fails now, not after minutes of runs
+            for mode, layout in dict.fromkeys(pairs):
+                workers, per_worker = LAYOUTS[layout]
+                cases.append(Case(env, policy, mode == "sync", workers, per_worker,
+                                  args.frames_per_batch))
+    return cases
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     command = "python -m asyncrl.bench.collect " + shlex.join(
         sys.argv[1:] if argv is None else argv)
-    cases = [CASES[name.strip()] for name in args.cases.split(",") if name.strip()]
-    libraries = [lib.strip() for lib in args.libraries.split(",") if lib.strip()]
+    try:
+        cases = build_cases(args)
+    except ValueError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    libraries = _split(args.libraries)
     unknown = set(libraries) - set(RUNNERS)
     if unknown:
         print(f"unknown libraries {sorted(unknown)}; expected asyncrl and/or torchrl",
@@ -316,8 +531,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.torchrl_start_method:
             mp.set_start_method(args.torchrl_start_method, force=True)
     warnings.filterwarnings("ignore")
+    window = Window(args.batches, args.min_seconds, args.max_seconds, args.windows)
     results: dict[tuple[str, str], Result] = {}
     started, load_before = time.perf_counter(), os.getloadavg()[0]
+    trainer_threads = torch.get_num_threads()
     for case in cases:
         for repeat in range(args.repeats):
             for library in libraries:  # interleaved, so drifts hit both alike
@@ -325,22 +542,28 @@ def main(argv: list[str] | None = None) -> int:
                 if result.error is not None:
                     continue
                 try:
-                    run = RUNNERS[library](case, args.batches)
+                    run = RUNNERS[library](case, window, args.update_weights)
                 except Exception as exc:
                     result.error = f"{type(exc).__name__}: {exc}"
-                    print(f"{library:8} {case.name:10} #{repeat}: FAILED {result.error}",
+                    print(f"{library:8} {case.name:32} #{repeat}: FAILED {result.error}",
                           file=sys.stderr, flush=True)
                     continue
                 result.runs.append(run)
-                print(f"{library:8} {case.name:10} #{repeat}: {run.fps:9,.0f} frames/s  "
+                print(f"{library:8} {case.name:32} #{repeat}: {run.fps:9,.0f} frames/s  "
                       f"first batch {run.first_batch_s:5.2f} s  worker RSS "
                       f"{', '.join(f'{m:.0f}' for m in run.worker_rss_mb)} MiB  "
-                      f"batch {run.batch_shape}", file=sys.stderr, flush=True)
+                      f"batch {run.batch_shape}  trainer threads {run.trainer_threads}",
+                      file=sys.stderr, flush=True)
                 for problem in _problems(run):
-                    print(f"{'':8} {'':10}     {problem}", file=sys.stderr, flush=True)
+                    print(f"{'':8} {'':32}     {problem}", file=sys.stderr, flush=True)
                 gc.collect()
-    print(f"\n{command}\n\n{environment()}; {args.repeats} repeats x {args.batches} "
-          f"timed batches; total {time.perf_counter() - started:.0f} s; 1-min load average "
+    weights = ("update_policy_weights after every batch" if args.update_weights
+               else "no weight updates")
+    print(f"\n`{command}`\n\n{environment()}; trainer torch threads at start "
+          f"{trainer_threads}; {args.frames_per_batch} frames per batch; {weights}; "
+          f"{args.repeats} repeats x {args.windows} windows of >= {args.batches} batches "
+          f"and >= {args.min_seconds:g} s;"
+          f" total {time.perf_counter() - started:.0f} s; 1-min load average "
           f"{load_before:.1f} before, {os.getloadavg()[0]:.1f} after\n")
     print(markdown_table(results, cases))
     failed = [r for r in results.values() if r.error]
@@ -352,9 +575,15 @@ def main(argv: list[str] | None = None) -> int:
         for problem in problems:
             print(f"\n{r.library} {r.case}: {problem}")
     if args.json:
+        by_name = {case.name: case for case in cases}
         with open(args.json, "w") as f:
             json.dump({"command": command, "environment": environment(),
-                       "results": [{**asdict(r)} for r in results.values()]}, f, indent=1)
+                       "trainer_threads_at_start": trainer_threads,
+                       "update_weights": args.update_weights,
+                       "results": [{**asdict(r), **asdict(by_name[r.case]),
+                                    "median_fps": r.median("fps"),
+                                    "median_first_batch_s": r.median("first_batch_s")}
+                                   for r in results.values()]}, f, indent=1)
     return 1 if failed else 0
 
 

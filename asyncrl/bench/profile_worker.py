@@ -1,0 +1,272 @@
+"""Where a worker's time per env step goes: env, policy, rollout writes, copies, encoding.
+
+    python -m asyncrl.bench.profile_worker                      # Pendulum-v1, mlp256, 1 env
+    python -m asyncrl.bench.profile_worker --envs-per-worker 8 --policy mlp64
+    python -m asyncrl.bench.profile_worker --env CartPole-v1 --no-thread --top 25
+
+It runs, in this process, what a worker does for each credit (``Worker._collect_one``
+and the send after it): ``Rollout.collect()`` on a pool of ``--envs-per-worker`` envs
+with the benchmark's MLP policy (``asyncrl.bench.collect.make_policy``: the same module
+the collection benchmark gives both libraries), ``.clone()`` of the batch (the message's
+own copy), then ``encode_message`` of the batch message (what ``Link.send`` hands
+ZeroMQ). As in a worker, torch runs with ``--threads`` intra-op threads (the worker's
+default, 1) and the rollout runs in a separate thread (``anyio.to_thread`` in the worker;
+``--no-thread`` runs it on the main thread).
+
+Two views, both per env step (a step is one ``pool.step`` of all envs of the worker):
+
+1. **direct timing**, no profiler: the whole batch, then the env alone (``step_inplace``
+   with the last actions, resets where done) and the policy alone (on the rollout's step
+   TensorDict), each timed over as many steps as a batch has; "rollout bookkeeping" is
+   what the batch took beyond the two (buffer writes, resets, hooks), "clone" and
+   "encode" are timed per batch and divided by its steps;
+2. **cProfile**: self time of every function over ``--batches`` batches, summed by
+   where the code lives (env, policy, tensordict, rollout loop, codec, numpy, other),
+   and the top functions. The profiler's own cost inflates Python-heavy parts (each call
+   pays it), so trust view 1 for the split and view 2 for *which* functions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import platform
+import pstats
+import shlex
+import statistics
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import numpy as np
+import torch
+
+from transports._codec import encode_message
+
+from .._protocol import Batch
+from ..envs import make_env_pool
+from ..rollout import Rollout
+from .collect import make_policy
+
+T = TypeVar("T")
+
+#: cProfile self time is charged to a category by the first rule that matches the
+#: function's file (or, for built-ins, its name). Order matters: specific first.
+CATEGORIES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("env (gymnasium + EnvPool)", ("gymnasium/", "asyncrl/envs.py", "asyncrl/_specs.py")),
+    # tensordict 0.14's TensorDictModule writes each output through TensorDict.from_any,
+    # which looks for pandas on disk (importlib.util.find_spec) at every call.
+    ("TensorDictModule output: find_spec('pandas')", ("importlib", "posix.stat",
+                                                      "_distutils_hack", "_finder.py")),
+    ("policy: torch ops", ("torch._C._nn", "torch.tanh", "argmax", "method mul",
+                           "built-in method torch.")),
+    ("policy: nn.Module / TensorDictModule Python", (
+        "torch/nn/", "tensordict/nn/", "asyncrl/policies.py", "asyncrl/bench/collect.py",
+        "torch/utils/_contextlib", "torch/autograd/grad_mode", "torch/compiler",
+        "torch/_dynamo")),
+    ("encode (transports codec)", ("transports/", "msgpack")),
+    ("tensordict (clone, get/set, batch view)", ("tensordict/", "method clone",
+                                                 "method copy_", "method set_")),
+    ("rollout loop (asyncrl/rollout.py)", ("asyncrl/rollout.py",)),
+    ("numpy (buffer writes, env maths)", ("numpy/", "numpy.", "method 'any'", "copyto",
+                                          "logical_or", "built-in method numpy")),
+)
+OTHER = "other (torch dispatch, Python built-ins)"
+
+
+def categorize(filename: str, funcname: str) -> str:
+    where = f"{filename}:{funcname}"
+    for label, needles in CATEGORIES:
+        if any(n in where for n in needles):
+            return label
+    return OTHER
+
+
+def in_thread(fn: Callable[[], T], use_thread: bool) -> T:
+    """Run ``fn`` in a fresh thread (as ``anyio.to_thread`` does in a worker) or here."""
+    if not use_thread:
+        return fn()
+    out: list[Any] = []
+    errors: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            out.append(fn())
+        except BaseException as exc:  # re-raised on the caller's thread
+            errors.append(exc)
+
+    thread = threading.Thread(target=target, name="rollout")
+    thread.start()
+    thread.join()
+    if errors:
+        raise errors[0]
+    return out[0]
+
+
+class Profiler:
+    """The worker's per-credit work on one rollout, timed piece by piece."""
+
+    def __init__(self, env: str, policy: str, envs_per_worker: int,
+                 frames_per_batch: int) -> None:
+        self.rollout = Rollout(make_env_pool(env, num_envs=envs_per_worker),
+                               make_policy(policy, env), frames_per_batch)
+        self.rollout.set_seed(0)
+        self.steps = self.rollout.steps_per_batch
+        self.request = 0
+
+    def credit(self) -> list[Any]:
+        """One credit as a worker serves it: collect, copy, encode the batch message."""
+        frames = self.rollout.collect().clone()
+        self.request += 1
+        return encode_message(Batch(self.request, frames).to_body(), kind=Batch.KIND)
+
+    def time_parts(self) -> dict[str, float]:
+        """Seconds per batch of each part, measured apart, no profiler."""
+        r = self.rollout
+        t0 = time.perf_counter()
+        batch = r.collect()
+        t1 = time.perf_counter()
+        frames = batch.clone()
+        t2 = time.perf_counter()
+        encode_message(Batch(0, frames).to_body(), kind=Batch.KIND)
+        t3 = time.perf_counter()
+        return {"batch": t1 - t0, "clone": t2 - t1, "encode": t3 - t2,
+                "env": self._time_env(), "policy": self._time_policy()}
+
+    def _time_env(self) -> float:
+        pool, action = self.rollout.env_pool, self.rollout._act_np
+        done = np.zeros(pool.num_envs, dtype=bool)
+        t0 = time.perf_counter()
+        for _ in range(self.steps):
+            pool.step_inplace(action)
+            if pool.any_done:  # the rollout resets finished envs at once, so do we
+                np.logical_or(pool.terminated, pool.truncated, out=done)
+                pool.reset_where(done)
+        return time.perf_counter() - t0
+
+    def _time_policy(self) -> float:
+        adapter, td = self.rollout._adapter, self.rollout._step_td
+        with adapter.exploration():  # entered once per batch, as the rollout does
+            t0 = time.perf_counter()
+            for _ in range(self.steps):
+                adapter(td)
+            return time.perf_counter() - t0
+
+    def close(self) -> None:
+        self.rollout.close()
+
+
+def direct_table(samples: list[dict[str, float]], steps: int) -> list[str]:
+    med = {k: statistics.median(s[k] for s in samples) for k in samples[0]}
+    bookkeeping = max(0.0, med["batch"] - med["env"] - med["policy"])
+    rows = [("env step (EnvPool.step_inplace + resets)", med["env"]),
+            ("policy forward (TensorDictModule on the step td)", med["policy"]),
+            ("rollout bookkeeping (buffer writes, hooks; batch - env - policy)", bookkeeping),
+            ("clone of the batch (the message's own copy)", med["clone"]),
+            ("encode_message (header + frames for ZeroMQ)", med["encode"])]
+    total = med["batch"] + med["clone"] + med["encode"]
+    lines = ["| part | share | µs / step |", "|---|---:|---:|"]
+    lines += [f"| {name} | {100 * sec / total:.1f}% | {1e6 * sec / steps:.1f} |"
+              for name, sec in rows]
+    lines.append(f"| **total per credit** | 100% | **{1e6 * total / steps:.1f}** |")
+    return lines
+
+
+def profile_table(stats: pstats.Stats, steps: int, top: int) -> list[str]:
+    by_cat: dict[str, float] = {}
+    funcs = []
+    raw: dict[Any, Any] = stats.stats  # type: ignore[attr-defined]
+    for (filename, _line, funcname), (_cc, ncalls, tottime, _ct, _callers) in raw.items():
+        cat = categorize(filename, funcname)
+        by_cat[cat] = by_cat.get(cat, 0.0) + tottime
+        funcs.append((tottime, ncalls, _short(filename), funcname, cat))
+    total = sum(by_cat.values()) or 1.0
+    lines = ["| where (cProfile self time) | share | µs / step |", "|---|---:|---:|"]
+    for cat, sec in sorted(by_cat.items(), key=lambda kv: -kv[1]):
+        lines.append(f"| {cat} | {100 * sec / total:.1f}% | {1e6 * sec / steps:.1f} |")
+    lines += ["", f"Top {top} functions by self time:", "",
+              "| function | calls / step | share | µs / step | category |",
+              "|---|---:|---:|---:|---|"]
+    for tottime, ncalls, filename, funcname, cat in sorted(funcs, reverse=True)[:top]:
+        lines.append(f"| `{filename}:{funcname}` | {ncalls / steps:.2f} | "
+                     f"{100 * tottime / total:.1f}% | {1e6 * tottime / steps:.2f} | "
+                     f"{cat.split(' (')[0]} |")
+    return lines
+
+
+def _short(filename: str) -> str:
+    for marker in ("site-packages/", "wt-bench/", "/asyncrl/", "/transports/"):
+        if marker in filename:
+            return filename.split(marker, 1)[1]
+    return filename
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m asyncrl.bench.profile_worker",
+                                description=(__doc__ or "").split("\n")[0])
+    p.add_argument("--env", default="Pendulum-v1")
+    p.add_argument("--policy", default="mlp256", help="random, mlp64, mlp256 (mlpN)")
+    p.add_argument("--envs-per-worker", type=int, default=1)
+    p.add_argument("--frames-per-batch", type=int, default=512,
+                   help="one worker's share (512: sync 2x1 at 1,024 frames per batch)")
+    p.add_argument("--batches", type=int, default=10, help="batches per view")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch intra-op threads (a worker's default is 1)")
+    p.add_argument("--thread", action=argparse.BooleanOptionalAction, default=True,
+                   help="run the rollout in a separate thread, as a worker does")
+    p.add_argument("--threads-in-rollout-thread", action="store_true",
+                   help="also call torch.set_num_threads(--threads) in the rollout thread "
+                        "(OpenMP's thread count is per thread: the worker sets it only in "
+                        "its main thread)")
+    p.add_argument("--top", type=int, default=15, help="functions listed from cProfile")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    command = "python -m asyncrl.bench.profile_worker " + shlex.join(
+        sys.argv[1:] if argv is None else argv)
+    torch.set_num_threads(args.threads)
+    prof = Profiler(args.env, args.policy, args.envs_per_worker, args.frames_per_batch)
+    try:
+        def run() -> tuple[list[dict[str, float]], float, pstats.Stats]:
+            if args.threads_in_rollout_thread:
+                torch.set_num_threads(args.threads)
+            prof.credit()  # warm-up: first calls pay for lazy initialisation
+            samples = [prof.time_parts() for _ in range(args.batches)]
+            t0 = time.perf_counter()
+            for _ in range(args.batches):
+                prof.credit()
+            plain = (time.perf_counter() - t0) / args.batches
+            profiler = cProfile.Profile()
+            profiler.enable()
+            for _ in range(args.batches):
+                prof.credit()
+            profiler.disable()
+            return samples, plain, pstats.Stats(profiler)
+
+        samples, plain, stats = in_thread(run, args.thread)
+    finally:
+        prof.close()
+    steps = prof.steps
+    print(f"\n`{command}`\n")
+    print(f"{args.env}, {args.policy}, {args.envs_per_worker} env(s) per worker, "
+          f"{args.frames_per_batch} frames per batch ({steps} steps), torch threads "
+          f"{torch.get_num_threads()} (set in the main thread"
+          f"{' and the rollout thread' if args.threads_in_rollout_thread else ''}), rollout in "
+          f"{'a thread' if args.thread else 'the main thread'}"
+          f"; python {platform.python_version()}, torch {torch.__version__}; "
+          f"medians of {args.batches} batches")
+    print(f"\nOne credit (collect + clone + encode), no profiler: "
+          f"{1e6 * plain / steps:.1f} µs per step, "
+          f"{args.frames_per_batch / plain:,.0f} frames/s for this worker alone\n")
+    print("\n".join(direct_table(samples, steps)))
+    print(f"\ncProfile over {args.batches} credits (the profiler slows Python-heavy code):\n")
+    print("\n".join(profile_table(stats, steps * args.batches, args.top)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
