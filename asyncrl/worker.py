@@ -16,6 +16,7 @@ import shutil
 import socket
 import sys
 import tempfile
+import threading
 import traceback
 from collections import deque
 from contextlib import AsyncExitStack
@@ -200,7 +201,7 @@ class Worker:
                          f"{self.reconnect_timeout} s")
 
     async def _build(self) -> None:
-        torch.set_num_threads(self.spec.torch_threads)
+        use_torch_threads(self.spec.torch_threads)
         try:
             self.env_pool = make_env_pool(self.spec.create_env_fn,
                                           create_env_kwargs=self.spec.create_env_kwargs,
@@ -494,6 +495,7 @@ class Worker:
 
     def _collect_one(self, request: int) -> Any:
         assert self.rollout is not None
+        use_torch_threads(self.spec.torch_threads)  # this is a pool thread, not the main one
         # A share preempted before it started is sent empty: the round is waiting.
         max_steps = 0 if request == self._preempted else None
         # The rollout reuses its buffers: the message gets its own copy.
@@ -533,6 +535,21 @@ class Worker:
                 self.env_pool.close()
             except Exception:
                 log.exception("closing the envs failed")
+
+
+_thread_state = threading.local()
+
+
+def use_torch_threads(count: int) -> None:
+    """Run torch ops of the calling thread on ``count`` intra-op threads.
+
+    OpenMP keeps the count per thread: a pool thread that ran torch before
+    ``torch.set_num_threads`` was called elsewhere keeps its old count (every
+    core), and a 256-wide MLP forward then took 10-80x longer on a busy machine.
+    """
+    if getattr(_thread_state, "torch_threads", None) != count:
+        torch.set_num_threads(count)
+        _thread_state.torch_threads = count
 
 
 def process_alive(pid: int) -> bool:

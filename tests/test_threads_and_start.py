@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import anyio
@@ -131,3 +133,25 @@ def test_native_pool_variables_default_to_the_count_and_keep_the_users(
     values = thread_environment(2)
     assert values["OMP_NUM_THREADS"] == "2" and values["OPENBLAS_NUM_THREADS"] == "2"
     assert values["MKL_NUM_THREADS"] == "3"
+
+
+STALE_POOL_THREAD = """
+from concurrent.futures import ThreadPoolExecutor
+import torch
+from asyncrl.worker import use_torch_threads
+pool = ThreadPoolExecutor(1)
+pool.submit(torch.get_num_threads).result()  # the pool thread touches torch first
+torch.set_num_threads(1)  # what the worker did, in its main thread only
+print(pool.submit(torch.get_num_threads).result(), end=" ")
+pool.submit(use_torch_threads, 1).result()
+print(pool.submit(torch.get_num_threads).result())
+"""
+
+
+def test_a_pool_thread_that_ran_torch_before_takes_the_workers_count() -> None:
+    # OpenMP keeps the count per thread: the rollout's pool thread must set its own.
+    # (A fresh interpreter: whether a thread's count is stale depends on what ran before.)
+    env = {**os.environ, "OMP_NUM_THREADS": "2"}  # 2 threads by default, even on 1 core
+    out = subprocess.run([sys.executable, "-c", STALE_POOL_THREAD], capture_output=True,
+                         text=True, timeout=120, check=True, env=env).stdout.split()
+    assert out == ["2", "1"]  # stale until use_torch_threads, then the worker's count
