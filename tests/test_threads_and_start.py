@@ -155,3 +155,28 @@ def test_a_pool_thread_that_ran_torch_before_takes_the_workers_count() -> None:
     out = subprocess.run([sys.executable, "-c", STALE_POOL_THREAD], capture_output=True,
                          text=True, timeout=120, check=True, env=env).stdout.split()
     assert out == ["2", "1"]  # stale until use_torch_threads, then the worker's count
+
+
+async def test_a_fork_server_whose_socket_was_removed_is_replaced(anyio_backend: str) -> None:
+    # Its socket lives in a temporary directory that a test's TMPDIR or a tmp
+    # cleaner may remove: the next collector must still start its workers.
+    from multiprocessing import forkserver
+
+    if anyio_backend == "trio":
+        pytest.skip("processes and sockets are the same on both backends; once is enough")
+
+    async def parents_of_workers() -> set[int]:
+        async with MultiSyncCollector("CartPole-v1", None, num_workers=1, frames_per_batch=4,
+                                      total_frames=4) as c:
+            async for _ in c:
+                pass
+            return {_parent_of(pid) for pid in c.worker_pids}
+
+    with anyio.fail_after(LIMIT):
+        server = forkserver._forkserver
+        assert await parents_of_workers() == {server._forkserver_pid}
+        old_server = server._forkserver_pid
+        os.unlink(server._forkserver_address)
+        assert await parents_of_workers() == {server._forkserver_pid}  # forked, by a new one
+    assert server._forkserver_pid != old_server
+    assert not process_alive(old_server)

@@ -15,13 +15,16 @@ pool sized for the whole machine; each worker then sets its own count
 
 from __future__ import annotations
 
+import logging
 import multiprocessing as mp
 import os
 import threading
 from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, contextmanager, suppress
 from multiprocessing import forkserver
 from multiprocessing.context import BaseContext
+
+log = logging.getLogger("asyncrl.collectors")
 
 #: Imported once by the fork server, so that each worker starts warm.
 PRELOAD = ("torch", "tensordict", "gymnasium", "asyncrl.worker", "asyncrl.envs")
@@ -89,6 +92,14 @@ def worker_context(start_method: str) -> BaseContext:
 
 def _ensure_fork_server(context: BaseContext) -> None:
     server = forkserver._forkserver  # one per process, shared with other users of it
+    address = getattr(server, "_forkserver_address", None)
+    if isinstance(address, str) and not address.startswith("\0") and not os.path.exists(address):
+        # Its socket lived in a temporary directory that was removed since (a
+        # per-test TMPDIR, a tmp cleaner): nothing can reach it. Start another.
+        log.warning("the fork server's socket %s is gone; starting a new fork server", address)
+        _forget_removed_temp_dir()
+        with suppress(OSError):  # it unlinks the socket that is already gone
+            server._stop()  # type: ignore[attr-defined]
     if getattr(server, "_forkserver_pid", None) is None:
         # Not running yet: add our modules to whatever preload was asked for
         # (``"__main__"`` by default, so that the user's functions resolve warm).
@@ -96,6 +107,15 @@ def _ensure_fork_server(context: BaseContext) -> None:
         wanted += [m for m in PRELOAD if m not in wanted]
         context.set_forkserver_preload(wanted)  # type: ignore[attr-defined]
     forkserver.ensure_running()
+
+
+def _forget_removed_temp_dir() -> None:
+    # multiprocessing keeps its temporary directory for the whole process; a new
+    # fork server's socket must not be put in one that no longer exists.
+    config = mp.current_process()._config  # type: ignore[attr-defined]
+    tempdir = config.get("tempdir")
+    if tempdir and not os.path.isdir(tempdir):
+        del config["tempdir"]
 
 
 __all__ = ["START_METHODS", "THREAD_VARIABLES", "check_start_method", "child_thread_environment",

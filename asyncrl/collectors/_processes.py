@@ -96,23 +96,28 @@ class LocalWorkers:
         identity = random_identity(f"local-{slot}")
 
         def start() -> None:
-            context = worker_context(self.start_method)  # may start the fork server
-            process = context.Process(  # type: ignore[attr-defined]
-                target=process_main,
-                args=(self.endpoint, self._spec_path, slot, identity, self.token,
-                      self.backend, os.getpid(), self.options),
-                name=f"asyncrl-worker-{slot}",
-                daemon=True,
-            )
-            try:
-                process.start()
-            except (EOFError, ConnectionError) as exc:
-                raise RuntimeError(
-                    f"the fork server could not start worker {slot} ({exc!r}); it most "
-                    "likely failed importing the script that creates the collector: "
-                    "guard its code with `if __name__ == \"__main__\":`, or pass "
-                    "start_method='spawn' to see the import error in each worker"
-                ) from exc
+            method = self.start_method
+            while True:
+                context = worker_context(method)  # may start the fork server
+                process = context.Process(  # type: ignore[attr-defined]
+                    target=process_main,
+                    args=(self.endpoint, self._spec_path, slot, identity, self.token,
+                          self.backend, os.getpid(), self.options),
+                    name=f"asyncrl-worker-{slot}",
+                    daemon=True,
+                )
+                try:
+                    process.start()
+                    break
+                except (OSError, EOFError) as exc:
+                    if method == "spawn":
+                        raise
+                    # The fork server died (e.g. importing a script without a
+                    # `__main__` guard) or cannot be reached: a spawned process
+                    # still works, and reports such errors itself.
+                    log.warning("the fork server could not start worker %d (%r); "
+                                "spawning it instead", slot, exc)
+                    method = "spawn"
             # Recorded in the thread: a cancelled spawn still leaves a stoppable process.
             self.processes.append(process)
             self.identities[process] = identity
