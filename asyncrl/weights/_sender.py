@@ -527,7 +527,7 @@ class WeightSender:
     def _in_flight(self, ticket: Ticket, members: dict[bytes, int], relay: bytes | None,
                    queued: _Queued) -> None:
         """Record that ``ticket`` carries ``queued``'s version to ``members``."""
-        self.copies_sent += 1
+        self.copies_sent += 1 if relay is not None else len(members)
         self._on_transmit(queued, ticket)
         views: dict[int, dict[bytes, int]] = {}  # id(send) -> its members in this message
         sends: dict[int, _Sent] = {}
