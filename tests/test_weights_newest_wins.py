@@ -208,6 +208,23 @@ async def test_a_staged_buffer_is_not_rewritten_while_its_message_is_in_transit(
             assert worker.seen == [(3, {3.0})]
 
 
+async def test_acked_sends_alternate_between_two_snapshot_buffers() -> None:
+    with anyio.fail_after(WAIT):
+        async with trainer() as (hub, sender, workers, model), \
+                anyio.create_task_group() as tg:
+            for worker in workers:
+                tg.start_soon(worker.serve)
+            for version in range(1, 11):
+                fill_(model, float(version))
+                assert await sender.send(timeout=WAIT) == version
+            bodies = [body for _, _, body in hub.sent]
+            assert len(bodies) == 10 and len({id(body) for body in bodies}) == 2
+            for worker in workers:
+                assert [version for version, _ in worker.seen] == list(range(1, 11))
+                assert all(seen == {float(version)} for version, seen in worker.seen)
+            tg.cancel_scope.cancel()
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("scheme_cls", [ZmqWeightSyncScheme, SharedMemWeightSyncScheme])
 async def test_cuda_weights_are_staged_through_reused_pinned_buffers(scheme_cls: Any) -> None:
