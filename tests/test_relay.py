@@ -160,7 +160,9 @@ async def test_pipelined_versions_through_the_relay_end_at_the_newest() -> None:
                 await sender.send_async()
             applied = await sender.wait_ack(timeout=30)
     assert applied == {0: 3, 1: 3}
-    assert sender.copies_sent == 3
+    # One message per version through the relay, except a version replaced before it
+    # was sent (2, queued while 1 was in transit, unless 1 was acked that soon).
+    assert 2 <= sender.copies_sent <= 3
 
 
 # -- hostile or faulty peers ---------------------------------------------------------------------

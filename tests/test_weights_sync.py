@@ -222,18 +222,22 @@ async def test_pipelined_sends_newest_wins_and_both_are_acked_with_it(
         async with cluster(1, scheme=scheme_cls()) as (_, sender, workers, model):
             worker = workers[0]
             worker.paused = True  # the rollout is busy: nothing is applied yet
-            await sender.send_async()
+            await sender.send_async()  # version 1: in transit
             fill_(model, 2.0)
-            await sender.send_async()
-            await until(lambda: worker.group["policy"].pending_version == 2)
-            assert worker.group.apply_pending() == {"policy": 2}
-            acks = worker.group.take_acks()
-            assert [a.version for a in acks] == [2, 2]  # both sends, acked with version 2
-            for ack in acks:
-                await ack.send(worker.link)
-            assert await sender.wait_ack(timeout=WAIT) == {0: 2}
-            assert worker.applied == [("policy", 2)]  # version 1 was never applied
-            assert value_of(worker.models["policy"]) == 2.0
+            await sender.send_async()  # version 2: queued behind it, in the sender
+            fill_(model, 3.0)
+            await sender.send_async()  # version 3 replaces 2, which is never sent
+            await until(lambda: worker.group["policy"].pending_version == 1)
+            assert sender.copies_sent == 1
+            worker.paused = False
+            worker.group.apply_pending()
+            await worker.group.flush_acks(worker.link)
+            # wait_ack sends version 3 once 1 is acked; sends 2 and 3 are acked with 3
+            assert await sender.wait_ack(timeout=WAIT) == {0: 3}
+            assert sender.copies_sent == 2
+            versions = [v for _, v in worker.applied]
+            assert versions[-1] == 3 and 2 not in versions  # version 2 was never applied
+            assert value_of(worker.models["policy"]) == 3.0
 
 
 async def test_older_or_equal_versions_are_acked_at_once_with_the_held_version() -> None:

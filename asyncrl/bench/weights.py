@@ -17,6 +17,14 @@ peer receives them all, answers a few bytes).
 
     python -m asyncrl.bench.weights            # full run, a few minutes
     python -m asyncrl.bench.weights --quick    # smoke run (small sizes)
+    python -m asyncrl.bench.weights --sizes 4k,2M,50M --no-bandwidth   # issue #11's sizes
+    python -m asyncrl.bench.weights --rapid    # memory of 50 rapid sends (newest wins)
+
+``--rapid``: 50 ``send_async()`` in a row of a 16 MB model to 2 live worker
+processes that take 100 ms per update, then one ``wait_ack()``: the trainer's
+RSS growth (peak while sending, over the RSS before), the weight messages
+handed to ZeroMQ and the versions acknowledged. Newest wins: a version
+superseded before it was transmitted is dropped, not queued.
 """
 
 from __future__ import annotations
@@ -51,6 +59,12 @@ SIZES: dict[str, tuple[tuple[int, ...], int]] = {
     "4k": ((32, 64, 32, 4), 200),
     "4M": ((1024, 2048, 1024, 4), 40),
     "67M": ((4096, 8192, 4096, 4), 8),
+}
+#: More sizes for ``--sizes``: those of issue #11's GPU-learner measurement (2.1M, 50M).
+EXTRA_SIZES: dict[str, tuple[tuple[int, ...], int]] = {
+    "1M": ((512, 1024, 512, 4), 20),
+    "2M": ((1024, 1024, 1024, 4), 40),
+    "50M": ((4096, 6144, 4096, 4), 10),
 }
 QUICK_SIZES: dict[str, tuple[tuple[int, ...], int]] = {
     "4k": ((32, 64, 32, 4), 20),
@@ -154,6 +168,99 @@ async def bench_asyncrl(scheme: WeightSyncScheme, sizes: dict[str, tuple[tuple[i
                     proc.kill()
             tg.cancel_scope.cancel()
     return results
+
+
+# ------------------------------------------------------------------ rapid sends
+
+
+RAPID_WIDTHS = (1024, 2048, 1024, 4)  # 4.2M float32 parameters: 16.8 MB
+RAPID_SENDS = 50
+RAPID_DELAY = 0.1
+
+
+def _slow_worker(endpoint: str, index: int, delay: float) -> None:
+    torch.set_num_threads(1)
+    anyio.run(_slow_worker_main, endpoint, index, delay)
+
+
+async def _slow_worker_main(endpoint: str, index: int, delay: float) -> None:
+    receivers = [ZmqWeightSyncScheme().init_on_worker("rapid", model=mlp(RAPID_WIDTHS))]
+    group = WeightReceiverGroup(receivers)
+    async with Link(endpoint, identity=f"bench-{index}".encode(), **LIVENESS) as link:
+        await link.send({}, kind="hello")
+        while True:
+            message = await link.recv()
+            if message.kind == "stop":
+                break
+            group.on_message(message)
+            await anyio.sleep(delay)  # a worker busy stepping its envs
+            group.apply_pending()
+            await group.flush_acks(link)
+        await group.aclose()
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+async def bench_rapid(endpoint: str, sends: int = RAPID_SENDS,
+                      delay: float = RAPID_DELAY) -> dict[str, Any]:
+    """``sends`` rapid ``send_async`` to 2 slow workers: RSS growth, copies, acks."""
+    ctx = mp.get_context("spawn")
+    async with Hub(endpoint, **LIVENESS) as hub, anyio.create_task_group() as tg:
+        joined = anyio.Event()
+        tg.start_soon(_drain, hub, joined, WORKERS)
+        procs = [ctx.Process(target=_slow_worker, args=(hub.endpoint, i, delay), daemon=True)
+                 for i in range(WORKERS)]
+        for proc in procs:
+            proc.start()
+        try:
+            with anyio.fail_after(300):
+                await joined.wait()
+            model = mlp(RAPID_WIDTHS)
+            peers = {i: f"bench-{i}".encode() for i in range(WORKERS)}
+            sender = ZmqWeightSyncScheme().init_on_sender("rapid", hub=hub, model=model,
+                                                          workers=peers)
+            await sender.send(timeout=120)  # warm: the first snapshot exists on both sides
+            sent_before, base = sender.copies_sent, rss_bytes()
+            peak = base
+            start = time.perf_counter()
+            for rep in range(sends):
+                fill_(model, float(rep))
+                version = await sender.send_async()
+                peak = max(peak, rss_bytes())
+            queued = time.perf_counter() - start
+            acked = await sender.wait_ack(timeout=300)
+            peak = max(peak, rss_bytes())
+            result = {"model_mb": n_params(model) * 4 / 1e6, "sends": sends,
+                      "copies": sender.copies_sent - sent_before, "growth_mb": (peak - base) / 1e6,
+                      "queue_s": queued, "total_s": time.perf_counter() - start,
+                      "newest": version, "acked": acked}
+            await sender.aclose()
+            for peer in peers.values():
+                await hub.send(peer, {}, kind="stop")
+        finally:
+            for proc in procs:
+                await anyio.to_thread.run_sync(proc.join, 30)
+                if proc.is_alive():
+                    proc.kill()
+            tg.cancel_scope.cancel()
+    return result
+
+
+def rapid_report(result: dict[str, Any], command: str) -> str:
+    return "\n".join([
+        f"{result['sends']} rapid send_async() of a {result['model_mb']:.1f} MB model to "
+        f"{WORKERS} worker processes taking {RAPID_DELAY * 1e3:.0f} ms per update:",
+        f"  trainer RSS growth (peak): {result['growth_mb']:.0f} MB",
+        f"  weight messages handed to ZeroMQ: {result['copies']} "
+        f"(one per worker per transmitted version)",
+        f"  send_async x{result['sends']}: {result['queue_s'] * 1e3:.0f} ms; until acked: "
+        f"{result['total_s'] * 1e3:.0f} ms",
+        f"  wait_ack(): {result['acked']} (newest version {result['newest']})",
+        f"command: {command}",
+    ])
 
 
 # ------------------------------------------------------------------ TorchRL
@@ -281,9 +388,28 @@ def main(argv: list[str] | None = None) -> int:
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes, few repetitions")
     parser.add_argument("--no-torchrl", action="store_true", help="skip the TorchRL rows")
+    parser.add_argument("--sizes", help="comma-separated size names, e.g. 4k,2M,50M "
+                        f"(known: {', '.join(dict.fromkeys([*SIZES, *EXTRA_SIZES]))})")
+    parser.add_argument("--reps", type=int, help="repetitions per size (default: per size)")
+    parser.add_argument("--no-bandwidth", action="store_true", help="skip the tcp bandwidth rows")
+    parser.add_argument("--rapid", action="store_true",
+                        help="only the memory of 50 rapid sends to 2 slow workers")
     args = parser.parse_args(argv)
-    sizes = QUICK_SIZES if args.quick else SIZES
+    argv = sys.argv[1:] if argv is None else argv
     command = "python -m asyncrl.bench.weights" + (" " + shlex.join(argv) if argv else "")
+    if args.rapid:
+        with tempfile.TemporaryDirectory(prefix="asyncrl-bench-") as tmp:
+            print(rapid_report(anyio.run(bench_rapid, f"ipc://{tmp}/rapid"), command))
+        return 0
+    sizes = QUICK_SIZES if args.quick else SIZES
+    if args.sizes:
+        known = {**SIZES, **EXTRA_SIZES}
+        unknown = [n for n in args.sizes.split(",") if n not in known]
+        if unknown:
+            parser.error(f"unknown size(s) {unknown}; known: {sorted(known)}")
+        sizes = {n: known[n] for n in args.sizes.split(",")}
+    if args.reps:
+        sizes = {n: (widths, args.reps) for n, (widths, _) in sizes.items()}
     started = time.monotonic()
 
     rows: dict[str, dict[str, list[float]] | None] = {}
@@ -301,10 +427,13 @@ def main(argv: list[str] | None = None) -> int:
     biggest = list(sizes)[-1]
     widths, reps = sizes[biggest]
     nbytes = n_params(mlp(widths)) * 4
-    progress("bandwidth over tcp")
-    ours = anyio.run(bench_asyncrl, ZmqWeightSyncScheme(), {biggest: (widths, reps)},
-                     "tcp://127.0.0.1:0", 1)[biggest]
-    bare = bench_bare_zmq(nbytes, reps)
+    ours: list[float] = []
+    bare: list[float] = []
+    if not args.no_bandwidth:
+        progress("bandwidth over tcp")
+        ours = anyio.run(bench_asyncrl, ZmqWeightSyncScheme(), {biggest: (widths, reps)},
+                         "tcp://127.0.0.1:0", 1)[biggest]
+        bare = bench_bare_zmq(nbytes, reps)
 
     print(report(rows, sizes, biggest, nbytes, ours, bare, command,
                  time.monotonic() - started))
@@ -335,6 +464,8 @@ def report(rows: dict[str, dict[str, list[float]] | None],
         lines.append("")
         lines.append("(N.NNx) = p50 / TorchRL SharedMemWeightSyncScheme's p50 at that size.")
     mb = nbytes / 1e6
+    if not ours or not bare:
+        return "\n".join([*lines, "", _machine(elapsed), f"command: {command}"])
     ours_bw, bare_bw = mb / statistics.median(ours), mb / statistics.median(bare)
     lines += [
         "",
@@ -348,12 +479,16 @@ def report(rows: dict[str, dict[str, list[float]] | None],
         f"| asyncrl ZmqWeightSyncScheme send + apply + ack | {p50_ms(ours):.1f} | "
         f"{ours_bw:.0f} | {ours_bw / bare_bw:.2f} |",
         "",
-        f"machine: {platform.machine()}, {os.cpu_count()} CPUs, "
-        f"load average {os.getloadavg()[0]:.1f}; torch {torch.__version__}, "
-        f"python {platform.python_version()}; run took {elapsed:.0f} s",
+        _machine(elapsed),
         f"command: {command}",
     ]
     return "\n".join(lines)
+
+
+def _machine(elapsed: float) -> str:
+    return (f"machine: {platform.machine()}, {os.cpu_count()} CPUs, "
+            f"load average {os.getloadavg()[0]:.1f}; torch {torch.__version__}, "
+            f"python {platform.python_version()}; run took {elapsed:.0f} s")
 
 
 if __name__ == "__main__":

@@ -13,7 +13,8 @@ from transports import PeerLostError, RemoteError, Ticket
 
 from ._fanout import RELAY_TO, parse_relay_ack
 from ._receiver import WEIGHTS_KIND
-from ._strategy import WeightStrategy, as_strategy, clone_weights, flat_tensors
+from ._staging import Stage
+from ._strategy import WeightStrategy, as_strategy, flat_tensors
 
 __all__ = ["HubLike", "WeightSender"]
 
@@ -21,6 +22,8 @@ log = logging.getLogger("asyncrl.weights")
 
 #: Copies above this many bytes run in a worker thread so the event loop keeps beating.
 THREAD_COPY_BYTES = 32 << 20
+#: Idle snapshot buffers kept for reuse beyond those in use.
+SPARE_STAGES = 1
 
 WorkerIds = int | Iterable[int] | None
 Workers = Mapping[int, bytes] | Callable[[], Mapping[int, bytes]]
@@ -44,10 +47,18 @@ class _Part:
     relay: bytes | None = None
     gone: set[int] = field(default_factory=set)  # relayed members removed since
 
+    @property
+    def pending(self) -> bool:
+        if self.relay is not None:
+            return bool(self.ticket.pending)
+        # The ticket may cover more workers than this send (a version that superseded
+        # this one went to them too): only this part's own peers count.
+        return not self.ticket.pending.isdisjoint(self.workers)
+
     def silent(self) -> list[int]:
         if self.relay is not None:
             return sorted(self.workers.values()) if self.ticket.pending else []
-        return [self.workers[p] for p in self.ticket.pending]
+        return [self.workers[p] for p in self.ticket.pending if p in self.workers]
 
 
 @dataclass(eq=False)
@@ -58,6 +69,8 @@ class _Sent:
     parts: list[_Part]
     slot: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    #: Workers it is queued for: not transmitted yet (their previous version is in transit).
+    waiting: set[int] = field(default_factory=set)
     _outcome: tuple[dict[int, int], list[BaseException]] | None = None
 
     @property
@@ -66,7 +79,7 @@ class _Sent:
 
     @property
     def pending(self) -> bool:
-        return any(part.ticket.pending for part in self.parts)
+        return bool(self.waiting) or any(part.pending for part in self.parts)
 
     def outcome(self, latest: int) -> tuple[dict[int, int], list[BaseException]]:
         """``({worker_id: version applied}, [errors])`` of a send that is not pending.
@@ -84,16 +97,19 @@ class _Sent:
         for part in self.parts:
             ticket = part.ticket
             if part.relay is None:
+                own = part.workers
                 for peer, result in ticket.acks.items():
+                    if peer not in own:
+                        continue
                     version = _acked_version(result, self.version)
                     if self.version <= version <= latest:
-                        applied[part.workers[peer]] = version
+                        applied[own[peer]] = version
                     else:  # e.g. a worker still counting in a previous trainer's versions
                         errors.append(_bad_ack(peer, version, self.version, latest))
-                errors.extend(ticket.errors.values())
-                if ticket.lost:
-                    errors.append(PeerLostError(sorted(ticket.lost),
-                                                f"before acknowledging message {ticket.seq}"))
+                errors.extend(e for p, e in ticket.errors.items() if p in own)
+                lost = sorted(p for p in ticket.lost if p in own)
+                if lost:
+                    errors.append(PeerLostError(lost, f"before acknowledging message {ticket.seq}"))
                 continue
             via = part.relay.decode(errors="replace")
             members = sorted(part.workers)
@@ -116,6 +132,34 @@ class _Sent:
         return applied, errors
 
 
+@dataclass(eq=False)
+class _Queued:
+    """The newest version for one worker, waiting while its previous one is in transit."""
+
+    version: int
+    payload: Any
+    extra: dict[str, Any]
+    direct: bool
+    sends: list[_Sent]  # the sends it answers for: its own, and those it superseded
+
+
+@dataclass(eq=False)
+class _Lane:
+    """What is on its way to one worker: at most one message in transit, one queued.
+
+    A message is in transit from the moment it is handed to the hub until its
+    peer (the worker, or the relay that carries it) acknowledged it, failed, or
+    was lost. A newer version replaces the queued one: never sent, never held.
+    """
+
+    ticket: Ticket | None = None
+    peer: bytes | None = None  # who ``ticket`` waits for: the worker or its relay
+    queued: _Queued | None = None
+
+    def busy(self) -> bool:
+        return self.ticket is not None and self.peer in self.ticket.pending
+
+
 class WeightSender:
     """Sends the weights of one model id to workers; each send gets a new version.
 
@@ -125,8 +169,17 @@ class WeightSender:
     newest wins, so a worker that had not applied version *k* when *k + 1*
     arrived applies only *k + 1* and acks both sends with *k + 1*.
 
+    Newest wins in the trainer's memory too: each worker has at most one
+    message in transit (handed to ZeroMQ, not acknowledged yet) and one
+    queued here. A newer version replaces the queued one, which is never
+    transmitted; both sends are then acknowledged with the newer version. The
+    queued version goes out as soon as the one in transit is acknowledged, at
+    the latest when the sender is next used (``send_async``, ``send_latest``,
+    ``wait_ack``, which waits for it).
+
     The weights are snapshotted when sent (the model may train on right away)
-    and encoded once whatever the number of workers. The scheduler tells the
+    into reused buffers (no allocation per send; CUDA weights through one
+    pinned staging copy) and encoded once per group of workers. The scheduler tells the
     sender who the workers are (``add_worker`` / ``remove_worker``) and, for
     ``max_interval``, when each delivered a batch (``note_batch``).
 
@@ -161,6 +214,9 @@ class WeightSender:
         self._closed = False
         self._preparing = 0  # the version being written (shared memory: readable already)
         self._routes: RelayRoutes | None = None
+        self._lanes: dict[int, _Lane] = {}  # per worker: in transit and queued
+        self._stages: list[Stage] = []  # snapshot buffers, reused once free
+        self._latest_stage: Stage | None = None
         self.copies_sent = 0  # weight messages handed to the hub: one per peer (worker or relay)
         if workers is not None and not callable(workers):
             for worker_id, peer in workers.items():
@@ -216,6 +272,9 @@ class WeightSender:
         self._workers[worker_id] = peer
         self._since[worker_id] = self.max_interval  # due for its first update
         self._acked.pop(worker_id, None)
+        lane = self._lanes.get(worker_id)
+        if lane is not None:
+            lane.ticket = None  # a new incarnation: nothing of its own is in transit
 
     def remove_worker(self, worker_id: int) -> None:
         """Stop serving ``worker_id``; its pending acks fail with ``PeerLostError``."""
@@ -223,6 +282,11 @@ class WeightSender:
         self._workers.pop(worker_id, None)
         self._since.pop(worker_id, None)
         self._acked.pop(worker_id, None)
+        lane = self._lanes.pop(worker_id, None)
+        if lane is not None and lane.queued is not None:
+            for sent in lane.queued.sends:  # never transmitted: lost, like the others
+                sent.waiting.discard(worker_id)
+                sent.parts.append(_gone_part([worker_id]))
         for sent in self._outstanding:
             for part in sent.parts:
                 if part.relay is not None:
@@ -273,8 +337,10 @@ class WeightSender:
             finally:
                 self._preparing = 0
             self._version, self._latest = version, payload
+            self._latest_stage = extra.get("stage")
             if due:
-                await self._post(payload, version, due, extra)
+                self._queue(payload, version, due, extra)
+            await self._dispatch()
         for hook in self._hooks:
             hook()
         return version
@@ -315,8 +381,9 @@ class WeightSender:
                 targets = [w for w in targets if w in known]
             if self._version == 0 or not targets:
                 return None
-            await self._post(self._latest, self._version, targets, self._latest_extra(),
-                             direct=direct)
+            self._queue(self._latest, self._version, targets, self._latest_extra(),
+                        direct=direct)
+            await self._dispatch()
         return self._version
 
     async def wait_ack(self, timeout: float | None = None) -> dict[int, int]:
@@ -330,8 +397,7 @@ class WeightSender:
         records = list(self._outstanding)
         with anyio.move_on_after(timeout):
             for sent in records:
-                for ticket in sent.tickets:
-                    await ticket.done.wait()
+                await self._settle(sent)
         finished = [s for s in records if not s.pending]
         late = [s for s in records if s.pending]
         self._outstanding = [s for s in self._outstanding if s not in finished]
@@ -354,7 +420,9 @@ class WeightSender:
         """Release the sender's resources (idempotent); outstanding sends are forgotten."""
         self._closed = True
         self._outstanding.clear()
-        self._latest = None
+        self._lanes.clear()
+        self._stages.clear()
+        self._latest = self._latest_stage = None
 
     async def __aenter__(self) -> WeightSender:
         return self
@@ -366,57 +434,158 @@ class WeightSender:
     async def _prepare(self, source: Any, version: int) -> tuple[Any, dict[str, Any]]:
         """Turn ``source`` into the message body for ``version`` (snapshot, shm write...)."""
         weights = self.strategy.extract_weights(source)
-        if self.snapshot:
-            if _nbytes(weights) > THREAD_COPY_BYTES:
-                weights = await anyio.to_thread.run_sync(clone_weights, weights)
-            else:
-                weights = clone_weights(weights)
-        return weights, {}
+        if not self.snapshot:
+            return weights, {}
+        flat = flat_tensors(weights)
+        stage = self._free_stage(weights, flat)
+        if stage.nbytes > THREAD_COPY_BYTES:
+            await anyio.to_thread.run_sync(stage.fill, flat)
+        else:
+            stage.fill(flat)
+        return stage.payload, {"stage": stage}
 
     def _latest_extra(self) -> dict[str, Any]:
-        return {}
+        return {"stage": self._latest_stage} if self._latest_stage is not None else {}
+
+    def _on_transmit(self, queued: _Queued, ticket: Ticket) -> None:
+        """``queued``'s payload was handed to the hub under ``ticket``."""
+        stage = queued.extra.get("stage")
+        if stage is not None:
+            stage.transmitted(ticket)
 
     # -- internals ---------------------------------------------------------------------------------
-    async def _post(self, payload: Any, version: int, worker_ids: list[int],
-                    extra: dict[str, Any], *, direct: bool = False) -> _Sent:
-        # Read the workers now, not when the targets were chosen: a worker may have
+    def _queue(self, payload: Any, version: int, worker_ids: list[int],
+               extra: dict[str, Any], *, direct: bool = False) -> _Sent:
+        """Record a send of ``version`` and queue it for each worker (under the lock).
+
+        A version already queued for a worker is replaced: it will never be sent, and
+        its send is answered by this one's acknowledgement (newest wins).
+        """
+        sent = _Sent(version, [], extra.get("slot"), extra, waiting=set(worker_ids))
+        for worker_id in worker_ids:
+            lane = self._lanes.setdefault(worker_id, _Lane())
+            older = lane.queued.sends if lane.queued is not None else []
+            lane.queued = _Queued(version, payload, extra, direct, [*older, sent])
+            self._since[worker_id] = 0
+        self._prune()
+        self._outstanding.append(sent)
+        return sent
+
+    async def _dispatch(self) -> None:
+        """Hand each queued version whose worker has nothing in transit to the hub.
+
+        Under the lock. Workers that get the same version the same way share one
+        message (one per relay for relayed ones).
+        """
+        # Read the workers now, not when the sends were queued: a worker may have
         # been lost while this send waited for the lock or copied the weights.
         workers = self.workers
+        groups: dict[tuple[int, bool], list[int]] = {}
+        for worker_id, lane in list(self._lanes.items()):
+            queued = lane.queued
+            if queued is None or lane.busy():
+                continue
+            if worker_id not in workers:  # gone before it went out: lost, like any other
+                del self._lanes[worker_id]
+                for sent in queued.sends:
+                    sent.waiting.discard(worker_id)
+                    sent.parts.append(_gone_part([worker_id]))
+                continue
+            groups.setdefault((queued.version, queued.direct), []).append(worker_id)
+        for (_, direct), worker_ids in groups.items():
+            await self._transmit(worker_ids, workers, direct=direct or not self.relayable)
+
+    async def _transmit(self, worker_ids: list[int], workers: Mapping[int, bytes], *,
+                        direct: bool) -> None:
+        queued = self._lanes[worker_ids[0]].queued
+        assert queued is not None
         routes = {} if direct or self._routes is None else self._routes()
         peers: dict[bytes, int] = {}
         relayed: dict[bytes, dict[bytes, int]] = {}
-        parts = []
-        gone = [w for w in worker_ids if w not in workers]
-        if gone:
-            parts.append(_gone_part(gone))  # wait_ack reports them lost, like any other
-            worker_ids = [w for w in worker_ids if w in workers]
         for worker_id in worker_ids:
             relay = routes.get(worker_id)
             if relay is None:
                 peers[workers[worker_id]] = worker_id
             else:
                 relayed.setdefault(relay, {})[workers[worker_id]] = worker_id
-        meta: dict[str, Any] = {"model_id": self.model_id, "version": version}
+        meta: dict[str, Any] = {"model_id": self.model_id, "version": queued.version}
         instance = getattr(self.hub, "instance", None)
         if isinstance(instance, str):
             # Versions are numbered per coordinator instance: a worker (or relay) that
             # follows another instance drops this message instead of comparing numbers.
             meta["instance"] = instance
         if peers:
-            ticket = await self.hub.send_async(list(peers), payload, kind=WEIGHTS_KIND, meta=meta)
-            parts.append(_Part(ticket, peers))
+            ticket = await self.hub.send_async(list(peers), queued.payload, kind=WEIGHTS_KIND,
+                                               meta=meta)
+            self._in_flight(ticket, peers, None, queued)
         for relay, members in relayed.items():
             # One copy per host: the relay delivers it to each member and acks for all.
-            ticket = await self.hub.send_async([relay], payload, kind=WEIGHTS_KIND,
+            ticket = await self.hub.send_async([relay], queued.payload, kind=WEIGHTS_KIND,
                                                meta={**meta, RELAY_TO: list(members)})
-            parts.append(_Part(ticket, members, relay))
-        self.copies_sent += len(peers) + len(relayed)
-        self._prune()
-        sent = _Sent(version, parts, extra.get("slot"), extra)
-        self._outstanding.append(sent)
-        for worker_id in worker_ids:
-            self._since[worker_id] = 0
-        return sent
+            self._in_flight(ticket, members, relay, queued)
+
+    def _in_flight(self, ticket: Ticket, members: dict[bytes, int], relay: bytes | None,
+                   queued: _Queued) -> None:
+        """Record that ``ticket`` carries ``queued``'s version to ``members``."""
+        self.copies_sent += 1 if relay is not None else len(members)
+        self._on_transmit(queued, ticket)
+        views: dict[int, dict[bytes, int]] = {}  # id(send) -> its members in this message
+        sends: dict[int, _Sent] = {}
+        for member, worker_id in members.items():
+            lane = self._lanes[worker_id]
+            assert lane.queued is not None
+            for sent in lane.queued.sends:
+                views.setdefault(id(sent), {})[member] = worker_id
+                sends[id(sent)] = sent
+                sent.waiting.discard(worker_id)
+            lane.ticket, lane.peer, lane.queued = ticket, relay or member, None
+        for key, view in views.items():
+            sends[key].parts.append(_Part(ticket, view, relay))
+
+    async def _settle(self, sent: _Sent) -> None:
+        """Wait until ``sent`` is acknowledged, transmitting it where it is queued."""
+        waited: set[Ticket] = set()
+        while sent.pending:
+            ticket = self._blocking(sent)
+            if ticket is None:  # queued behind nothing any more: send it now
+                before = len(sent.waiting)
+                async with self._get_lock():
+                    await self._dispatch()
+                if len(sent.waiting) == before:
+                    return  # nothing moved (cannot happen): report it late, never spin
+                continue
+            if ticket in waited:
+                return  # done yet pending: the hub closed; wait_ack reports it
+            waited.add(ticket)
+            await ticket.done.wait()
+
+    def _blocking(self, sent: _Sent) -> Ticket | None:
+        """A ticket ``sent`` waits for, or None if only queued workers with a free lane."""
+        for part in sent.parts:
+            if part.pending:
+                return part.ticket
+        for worker_id in sent.waiting:
+            lane = self._lanes.get(worker_id)
+            if lane is not None and lane.busy():
+                return lane.ticket
+        return None
+
+    def _free_stage(self, weights: Any, flat: Mapping[str, Any]) -> Stage:
+        """A snapshot buffer nothing reads any more (reused), else a new one."""
+        used = {id(self._latest_stage)}
+        used.update(id(lane.queued.extra.get("stage")) for lane in self._lanes.values()
+                    if lane.queued is not None)
+        keep: list[Stage] = []
+        free: list[Stage] = []
+        for stage in self._stages:
+            if stage.busy() or id(stage) in used:  # busy() first: it notes a retirement
+                if not stage.retired:
+                    keep.append(stage)
+            elif stage.matches(flat):
+                free.append(stage)  # (a free stage of another layout is dropped)
+        stage = free.pop() if free else Stage(weights)
+        self._stages = [*keep, stage, *free[:SPARE_STAGES]]
+        return stage
 
     def _prune(self) -> None:
         """Forget finished, successful sends nobody waited for (bounded memory)."""
@@ -511,10 +680,3 @@ def _bad_ack(peer: bytes, version: int, sent: int, latest: int) -> RemoteError:
         f"{sent}..{latest} (newest wins). It may count versions of another trainer "
         "instance: restart it, or update asyncrl on its host",
         peer=peer, remote_type="asyncrl.weights.WeightSyncError")
-
-
-def _nbytes(weights: Any) -> int:
-    try:
-        return sum(t.numel() * t.element_size() for t in flat_tensors(weights).values())
-    except TypeError:
-        return 0

@@ -13,7 +13,8 @@ from transports import Message, ProtocolError, Ticket
 from transports._shm import SharedTensorBlock, TornReadError
 
 from ._receiver import WeightReceiver, _Update
-from ._sender import THREAD_COPY_BYTES, WeightSender, _Sent
+from ._sender import THREAD_COPY_BYTES, WeightSender, _Queued
+from ._staging import Stage
 from ._strategy import check_compatible, flat_tensors
 
 __all__ = ["SharedMemWeightReceiver", "SharedMemWeightSender"]
@@ -41,6 +42,7 @@ class SharedMemWeightSender(WeightSender):
         self.slot_timeout = slot_timeout
         self.block: SharedTensorBlock | None = None
         self._slot_tickets: list[list[Ticket]] = [[] for _ in range(slots)]
+        self._pinned: Stage | None = None  # CUDA weights: staged here, then one memcpy
 
     async def _prepare(self, source: Any, version: int) -> tuple[Any, dict[str, Any]]:
         flat = flat_tensors(source)
@@ -52,19 +54,30 @@ class SharedMemWeightSender(WeightSender):
         slot = 0 if latest is None else (latest[0] + 1) % self.slots
         await self._wait_slot(slot)
         if block.nbytes > THREAD_COPY_BYTES:
-            _, seq = await anyio.to_thread.run_sync(lambda: block.write(flat, version, slot=slot))
+            seq = await anyio.to_thread.run_sync(self._write, block, flat, version, slot)
         else:
-            _, seq = block.write(flat, version, slot=slot)
+            seq = self._write(block, flat, version, slot)
         return {"block": block.name, "slot": slot, "seq": seq}, {"slot": slot}
+
+    def _write(self, block: SharedTensorBlock, flat: Mapping[str, torch.Tensor], version: int,
+               slot: int) -> int:
+        """One copy of the weights into ``slot`` (CPU), or device -> pinned -> slot (CUDA)."""
+        if any(t.device.type == "cuda" for t in flat.values()):
+            # Shared memory is pageable: a direct device copy would be synchronous and
+            # staged by the driver per tensor. One asynchronous DMA copy into a pinned
+            # buffer, one wait, then one memcpy into the slot.
+            if self._pinned is None or not self._pinned.matches(flat):
+                self._pinned = Stage(flat)
+            self._pinned.fill(flat)
+            flat = self._pinned.views
+        return block.write(flat, version, slot=slot)[1]
 
     def _latest_extra(self) -> dict[str, Any]:
         return {"slot": self._latest["slot"]} if self._latest else {}
 
-    async def _post(self, payload: Any, version: int, worker_ids: list[int],
-                    extra: dict[str, Any], *, direct: bool = False) -> _Sent:
-        sent = await super()._post(payload, version, worker_ids, extra, direct=True)
-        self._slot_tickets[extra["slot"]].extend(sent.tickets)
-        return sent
+    def _on_transmit(self, queued: _Queued, ticket: Ticket) -> None:
+        # The slot is rewritten only once the versions transmitted from it are acked.
+        self._slot_tickets[queued.extra["slot"]].append(ticket)
 
     async def _wait_slot(self, slot: int) -> None:
         tickets = [t for t in self._slot_tickets[slot] if t.pending]
@@ -89,6 +102,7 @@ class SharedMemWeightSender(WeightSender):
     async def aclose(self) -> None:
         await super().aclose()
         self._close_block()
+        self._pinned = None
 
 
 class SharedMemWeightReceiver(WeightReceiver):
