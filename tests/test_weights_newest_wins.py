@@ -259,3 +259,19 @@ async def test_cuda_weights_are_staged_through_reused_pinned_buffers(scheme_cls:
             await scheme.aclose()
 
 
+
+
+async def test_a_queued_version_goes_out_by_itself_once_the_one_ahead_is_acked() -> None:
+    # No later send_async or wait_ack: run() (which the collectors start) sends it.
+    with anyio.fail_after(WAIT):
+        async with trainer(1) as (hub, sender, workers, model), \
+                anyio.create_task_group() as tg:
+            tg.start_soon(sender.run)
+            await rapid_sends(sender, model, 3)  # 1 in transit, 3 queued
+            assert hub.to(workers[0].peer) == [1]
+            tg.start_soon(workers[0].serve)  # acks 1: 3 must follow with nobody asking
+            while workers[0].receiver.version != 3:
+                await anyio.sleep(0.01)
+            assert hub.to(workers[0].peer) == [1, 3]
+            assert values(workers[0].model) == {3.0}
+            tg.cancel_scope.cancel()

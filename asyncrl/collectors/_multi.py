@@ -294,6 +294,8 @@ class MultiCollector(BaseCollector):
                         directory=self._tmpdir or "", start_method=self.start_method)
                     async with anyio.create_task_group() as tg:
                         tg.start_soon(scheduler.run)  # hellos are answered while others spawn
+                        for sender in self._senders.values():
+                            tg.start_soon(sender.run)  # queued versions go out once acked
                         await tg.start(workers.run, self._on_process_death)
                         task_status.started()
         finally:

@@ -173,9 +173,9 @@ class WeightSender:
     message in transit (handed to ZeroMQ, not acknowledged yet) and one
     queued here. A newer version replaces the queued one, which is never
     transmitted; both sends are then acknowledged with the newer version. The
-    queued version goes out as soon as the one in transit is acknowledged, at
-    the latest when the sender is next used (``send_async``, ``send_latest``,
-    ``wait_ack``, which waits for it).
+    queued version goes out as soon as the one in transit is acknowledged (by
+    :meth:`run`, which the collectors start; without it, when the sender is
+    next used: ``send_async``, ``send_latest``, ``wait_ack``).
 
     The weights are snapshotted when sent (the model may train on right away)
     into reused buffers (no allocation per send; CUDA weights through one
@@ -217,6 +217,7 @@ class WeightSender:
         self._lanes: dict[int, _Lane] = {}  # per worker: in transit and queued
         self._stages: list[Stage] = []  # snapshot buffers, reused once free
         self._latest_stage: Stage | None = None
+        self._wake: anyio.Event | None = None  # set when a version is queued (for run())
         self.copies_sent = 0  # weight messages handed to the hub: one per peer (worker or relay)
         if workers is not None and not callable(workers):
             for worker_id, peer in workers.items():
@@ -386,6 +387,37 @@ class WeightSender:
             await self._dispatch()
         return self._version
 
+    async def run(self) -> None:
+        """Transmit each queued version as soon as the message ahead of it is acknowledged.
+
+        Without this task a queued version goes out at the sender's next use
+        (``send_async``, ``send_latest``, ``wait_ack``). The collectors run it
+        for as long as their hub is open; cancel it to stop.
+        """
+        while not self._closed:
+            ahead = self._ahead_of_a_queued_version()
+            if ahead is None:  # nothing queued: sleep until something is
+                self._wake = anyio.Event()
+                if self._ahead_of_a_queued_version() is None:
+                    await self._wake.wait()
+            elif ahead == "send":
+                async with self._get_lock():
+                    await self._dispatch()
+                if self._ahead_of_a_queued_version() == "send":
+                    await anyio.sleep(0.05)  # not sendable yet: never spin
+            else:
+                await ahead.done.wait()
+
+    def _ahead_of_a_queued_version(self) -> Ticket | str | None:
+        """What a queued version waits for: a ticket in transit, ``"send"`` (nothing), or None."""
+        ahead: Ticket | str | None = None
+        for lane in self._lanes.values():
+            if lane.queued is not None:
+                if not lane.busy():
+                    return "send"
+                ahead = lane.ticket
+        return ahead
+
     async def wait_ack(self, timeout: float | None = None) -> dict[int, int]:
         """Wait for every outstanding send; return ``{worker_id: version applied}``.
 
@@ -419,6 +451,8 @@ class WeightSender:
     async def aclose(self) -> None:
         """Release the sender's resources (idempotent); outstanding sends are forgotten."""
         self._closed = True
+        if self._wake is not None:
+            self._wake.set()  # run() ends
         self._outstanding.clear()
         self._lanes.clear()
         self._stages.clear()
@@ -469,6 +503,8 @@ class WeightSender:
             self._since[worker_id] = 0
         self._prune()
         self._outstanding.append(sent)
+        if self._wake is not None:
+            self._wake.set()
         return sent
 
     async def _dispatch(self) -> None:
