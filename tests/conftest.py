@@ -19,6 +19,18 @@ from pathlib import Path
 import pytest
 
 
+@pytest.fixture(autouse=True, scope="session")
+def multiprocessing_temp_dir() -> None:
+    """multiprocessing's temporary directory (the fork server's socket) in the real /tmp.
+
+    Made lazily otherwise, it could land in a test's own TMPDIR (the chaos
+    sandboxes), removed when that test ends.
+    """
+    from multiprocessing import util
+
+    util.get_temp_dir()
+
+
 @pytest.fixture(params=["asyncio", "trio"])
 def anyio_backend(request: pytest.FixtureRequest) -> str:
     return request.param

@@ -91,8 +91,10 @@ class Sandbox:
             if stat is None or stat[0] in "ZX":
                 continue
             line = cmdline(pid)
-            if "resource_tracker" in line or "forkserver" in line:
-                continue  # multiprocessing's own helpers live as long as the test process
+            if ("resource_tracker" in line or "forkserver" in line) and parents.get(pid) == me:
+                # multiprocessing's own helpers live as long as the test process
+                # (not what the fork server forked: workers carry its command line too)
+                continue
             ancestor, descendant = parents.get(pid), False
             for _ in range(16):
                 if ancestor in (None, 0, 1):
