@@ -43,6 +43,7 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
+from asyncrl.worker import use_torch_threads
 from transports._codec import encode_message
 
 from .._protocol import Batch
@@ -216,10 +217,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="torch intra-op threads (a worker's default is 1)")
     p.add_argument("--thread", action=argparse.BooleanOptionalAction, default=True,
                    help="run the rollout in a separate thread, as a worker does")
-    p.add_argument("--threads-in-rollout-thread", action="store_true",
-                   help="also call torch.set_num_threads(--threads) in the rollout thread "
-                        "(OpenMP's thread count is per thread: the worker sets it only in "
-                        "its main thread)")
+    p.add_argument("--threads-in-rollout-thread", action=argparse.BooleanOptionalAction,
+                   default=True,
+                   help="set --threads in the rollout thread too, as the worker does since "
+                        "issue 11 (OpenMP's count is per thread; --no-threads-in-rollout-thread "
+                        "reproduces the worker before it, which set it in its main thread only)")
     p.add_argument("--top", type=int, default=15, help="functions listed from cProfile")
     return p.parse_args(argv)
 
@@ -233,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         def run() -> tuple[list[dict[str, float]], float, pstats.Stats]:
             if args.threads_in_rollout_thread:
-                torch.set_num_threads(args.threads)
+                use_torch_threads(args.threads)
             prof.credit()  # warm-up: first calls pay for lazy initialisation
             samples = [prof.time_parts() for _ in range(args.batches)]
             t0 = time.perf_counter()
