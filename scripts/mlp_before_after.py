@@ -1,8 +1,16 @@
-"""asyncrl before/after on a realistic policy: Pendulum-v1, 3-64-64-1 MLP, 2 workers, sync and async."""
-import statistics, sys, time
-import anyio, torch
+"""asyncrl before/after on a realistic policy.
+
+Pendulum-v1, 3-64-64-1 MLP, 2 workers, sync and async.
+"""
+import statistics
+import time
+
+import anyio
+import torch
 from tensordict.nn import TensorDictModule
-from asyncrl import MultiSyncCollector, MultiAsyncCollector
+
+from asyncrl import MultiAsyncCollector, MultiSyncCollector
+
 
 def make_policy():
     net = torch.nn.Sequential(torch.nn.Linear(3, 64), torch.nn.Tanh(), torch.nn.Linear(64, 64),
@@ -26,4 +34,5 @@ if __name__ == "__main__":
     torch.set_num_threads(1)
     for cls in (MultiSyncCollector, MultiAsyncCollector):
         r = [anyio.run(run, cls) for _ in range(5)]
-        print(f"{cls.__name__}: median {statistics.median(r):,.0f} frames/s (runs {[round(x) for x in r]})")
+        runs = [round(x) for x in r]
+        print(f"{cls.__name__}: median {statistics.median(r):,.0f} frames/s (runs {runs})")

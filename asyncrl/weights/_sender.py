@@ -406,6 +406,7 @@ class WeightSender:
                 if self._ahead_of_a_queued_version() == "send":
                     await anyio.sleep(0.05)  # not sendable yet: never spin
             else:
+                assert isinstance(ahead, Ticket)
                 await ahead.done.wait()
 
     def _ahead_of_a_queued_version(self) -> Ticket | str | None:
