@@ -252,3 +252,19 @@ def version_problems(batches: Any, values: dict[int, float | None]) -> list[str]
                 f"batch {index}: frames stamped version {version} acted with value(s) "
                 f"{sorted(acted)}, expected {values.get(version, 'no such version')}")
     return problems
+
+
+def fill_parameters(module: nn.Module, value: float) -> None:
+    """Set every parameter of ``module`` to ``value`` (weights whose version is visible).
+
+    >>> m = nn.Linear(2, 1); fill_parameters(m, 3.0); parameter_values(m)
+    {3.0}
+    """
+    with torch.no_grad():
+        for p in module.parameters():
+            p.fill_(value)
+
+
+def parameter_values(module: nn.Module) -> set[float]:
+    """The distinct values of ``module``'s parameters (one value after :func:`fill_parameters`)."""
+    return {float(v) for p in module.parameters() for v in p.detach().reshape(-1)}

@@ -196,6 +196,28 @@ async def test_the_connection_monitor_is_closed_with_the_link() -> None:
             assert monitor.closed and link._monitor is None
 
 
+async def test_closing_connected_links_leaves_the_process_able_to_connect() -> None:
+    # ZeroMQ's I/O thread sends monitor events with a blocking send: a link that
+    # closed its end of the monitor before stopping it left that thread blocked on
+    # the "disconnected" event of its closing socket, and every tcp:// and ipc://
+    # socket of the process (not inproc://) stopped moving: the CI cascade.
+    with anyio.fail_after(60):
+        async with Hub("tcp://127.0.0.1:0", **FAST) as hub:
+            for i in range(20):
+                async with Link(hub.endpoint, identity=f"w{i}".encode(), **FAST) as link:
+                    await link.send("hello")
+                    await link.wait_connected()  # the monitor saw the connection come up
+        with anyio.fail_after(10):  # a fresh pair still talks
+            async with Hub("tcp://127.0.0.1:0", **FAST) as hub, \
+                    Link(hub.endpoint, identity=b"last", **FAST) as link:
+                await link.send("still alive")
+                while True:
+                    message = await hub.recv()
+                    if isinstance(message, Message):
+                        assert message.body == "still alive"
+                        break
+
+
 ECHO_LINK = """
 import sys
 import anyio

@@ -18,6 +18,7 @@ import pytest
 import torch
 from torch import nn
 
+from asyncrl.testing import fill_parameters, parameter_values
 from asyncrl.weights import (
     LocalHub,
     LocalLink,
@@ -36,18 +37,10 @@ SENDS = 50
 
 def net(fill: float) -> nn.Module:
     module = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2))
-    fill_(module, fill)
+    fill_parameters(module, fill)
     return module
 
 
-def fill_(module: nn.Module, value: float) -> None:
-    with torch.no_grad():
-        for p in module.parameters():
-            p.fill_(value)
-
-
-def values(module: nn.Module) -> set[float]:
-    return {float(v) for p in module.parameters() for v in p.detach().reshape(-1)}
 
 
 class CountingHub(LocalHub):
@@ -105,7 +98,7 @@ async def trainer(workers: int = 2) -> AsyncIterator[tuple[CountingHub, WeightSe
 
 async def rapid_sends(sender: WeightSender, model: nn.Module, count: int = SENDS) -> None:
     for version in range(1, count + 1):
-        fill_(model, float(version))  # version k's weights are all k
+        fill_parameters(model, float(version))  # version k's weights are all k
         assert await sender.send_async() == version
 
 
@@ -122,7 +115,7 @@ async def test_rapid_sends_to_a_worker_not_reading_transmit_a_bounded_number() -
             assert hub.to(workers[1].peer) == [1, SENDS]
             for worker in workers:
                 assert worker.receiver.version == SENDS
-                assert values(worker.model) == {float(SENDS)}
+                assert parameter_values(worker.model) == {float(SENDS)}
                 # each message held exactly its version's weights: no buffer was
                 # rewritten while a message still referred to it
                 assert all(seen == {float(version)} for version, seen in worker.seen)
@@ -192,7 +185,7 @@ async def test_a_staged_buffer_is_not_rewritten_while_its_message_is_in_transit(
         async with trainer(1) as (hub, sender, workers, model):
             worker = workers[0]
             for version in (1, 2, 3):
-                fill_(model, float(version))
+                fill_parameters(model, float(version))
                 await sender.send_async()
             first = await worker.link.recv()  # still version 1's memory, after two more sends
             assert {float(v) for t in first.body.values(True, True)
@@ -215,7 +208,7 @@ async def test_acked_sends_alternate_between_two_snapshot_buffers() -> None:
             for worker in workers:
                 tg.start_soon(worker.serve)
             for version in range(1, 11):
-                fill_(model, float(version))
+                fill_parameters(model, float(version))
                 assert await sender.send(timeout=WAIT) == version
             bodies = [body for _, _, body in hub.sent]
             assert len(bodies) == 10 and len({id(body) for body in bodies}) == 2
@@ -246,9 +239,9 @@ async def test_cuda_weights_are_staged_through_reused_pinned_buffers(scheme_cls:
                         await receiver.flush_acks(worker.link)
 
                 for version in range(1, 6):
-                    fill_(model, float(version))
+                    fill_parameters(model, float(version))
                     assert await sender.send(timeout=WAIT) == version
-                    assert values(worker.model) == {float(version)}
+                    assert parameter_values(worker.model) == {float(version)}
                 tg.cancel_scope.cancel()
             if scheme_cls is ZmqWeightSyncScheme:
                 bodies = [body for _, _, body in hub.sent]
@@ -273,5 +266,5 @@ async def test_a_queued_version_goes_out_by_itself_once_the_one_ahead_is_acked()
             while workers[0].receiver.version != 3:
                 await anyio.sleep(0.01)
             assert hub.to(workers[0].peer) == [1, 3]
-            assert values(workers[0].model) == {3.0}
+            assert parameter_values(workers[0].model) == {3.0}
             tg.cancel_scope.cancel()

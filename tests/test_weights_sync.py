@@ -21,6 +21,7 @@ import torch
 from tensordict import TensorDict
 from torch import nn
 
+from asyncrl.testing import fill_parameters
 from asyncrl.weights import (
     WEIGHTS_KIND,
     InProcessWeightSyncScheme,
@@ -45,14 +46,9 @@ WAIT = 10
 def net(fill: float | None = None, width: int = 3) -> nn.Module:
     module = nn.Sequential(nn.Linear(2, width), nn.Tanh(), nn.Linear(width, 1))
     if fill is not None:
-        fill_(module, fill)
+        fill_parameters(module, fill)
     return module
 
-
-def fill_(module: nn.Module, value: float) -> None:
-    with torch.no_grad():
-        for p in module.parameters():
-            p.fill_(value)
 
 
 def value_of(module: nn.Module) -> float:
@@ -128,7 +124,7 @@ async def test_send_applies_on_every_worker_and_acks_carry_the_version(
             assert sender.version == 0
             assert await sender.send() == 1
             assert [value_of(w.models["policy"]) for w in workers] == [1.0, 1.0]
-            fill_(model, 2.0)
+            fill_parameters(model, 2.0)
             version = await sender.send_async()
             assert version == 2
             assert await sender.wait_ack(timeout=WAIT) == {0: 2, 1: 2}
@@ -153,7 +149,7 @@ async def test_send_async_snapshots_so_the_trainer_can_train_on() -> None:
         async with cluster(1) as (_, sender, workers, model):
             workers[0].paused = True
             await sender.send_async()
-            fill_(model, 99.0)  # an optimizer step right after the send
+            fill_parameters(model, 99.0)  # an optimizer step right after the send
             await until(lambda: workers[0].group["policy"].pending_version == 1)
             workers[0].group.apply_pending()
             await workers[0].group.flush_acks(workers[0].link)
@@ -223,9 +219,9 @@ async def test_pipelined_sends_newest_wins_and_both_are_acked_with_it(
             worker = workers[0]
             worker.paused = True  # the rollout is busy: nothing is applied yet
             await sender.send_async()  # version 1: in transit
-            fill_(model, 2.0)
+            fill_parameters(model, 2.0)
             await sender.send_async()  # version 2: queued behind it, in the sender
-            fill_(model, 3.0)
+            fill_parameters(model, 3.0)
             await sender.send_async()  # version 3 replaces 2, which is never sent
             await until(lambda: worker.group["policy"].pending_version == 1)
             assert sender.copies_sent == 1
@@ -367,7 +363,7 @@ async def test_late_joiner_gets_the_latest_version_before_anything_else(
         async with cluster(1, scheme=scheme_cls()) as (hub, sender, _workers, model):
             late = FakeWorker(hub, 5, {"policy": net(0.0)}, scheme_cls())
             await sender.send()
-            fill_(model, 2.0)
+            fill_parameters(model, 2.0)
             await sender.send()
             sender.add_worker(5, late.peer)
             assert await sender.on_worker_joined(5) == 2
@@ -479,7 +475,7 @@ async def test_in_process_scheme_shares_the_object_without_copying() -> None:
     receiver = scheme.init_on_worker("policy", model=policy, on_apply=versions.append)
     ptr = policy[0].weight.data_ptr()
     with anyio.fail_after(WAIT):
-        fill_(policy, 2.0)
+        fill_parameters(policy, 2.0)
         await sender.send_async()
         assert receiver.pending_version == 1  # delivered synchronously, applied at the boundary
         assert receiver.apply_pending()
@@ -496,7 +492,7 @@ async def test_in_process_scheme_copies_into_a_separate_object() -> None:
     receiver = scheme.init_on_worker("policy", model=collector)
     with anyio.fail_after(WAIT):
         await sender.send_async()
-        fill_(trainer, 7.0)  # the snapshot was taken at send time
+        fill_parameters(trainer, 7.0)  # the snapshot was taken at send time
         receiver.apply_pending()
         await receiver.flush_acks()
         await sender.wait_ack(timeout=WAIT)

@@ -18,9 +18,9 @@ from typing import Any
 import anyio
 import anyio.lowlevel
 import pytest
-import torch
 from torch import nn
 
+from asyncrl.testing import fill_parameters, parameter_values
 from asyncrl.weights import (
     SharedMemWeightSyncScheme,
     WeightReceiverGroup,
@@ -39,18 +39,10 @@ SCHEMES = [ZmqWeightSyncScheme, SharedMemWeightSyncScheme]
 
 def net(fill: float, width: int = 8) -> nn.Module:
     module = nn.Sequential(nn.Linear(4, width), nn.ReLU(), nn.Linear(width, 2))
-    fill_(module, fill)
+    fill_parameters(module, fill)
     return module
 
 
-def fill_(module: nn.Module, value: float) -> None:
-    with torch.no_grad():
-        for p in module.parameters():
-            p.fill_(value)
-
-
-def values(module: nn.Module) -> set[float]:
-    return set(torch.cat([p.detach().reshape(-1) for p in module.parameters()]).tolist())
 
 
 class TaskWorker:
@@ -132,13 +124,13 @@ async def test_send_reaches_every_worker_over_sockets(scheme_cls: type[WeightSyn
     with anyio.fail_after(WAIT):
         async with running(scheme_cls(), 2, endpoint=endpoint) as (sender, workers, trainer, _):
             assert await sender.send() == 1
-            assert [values(w.model) for w in workers] == [{1.0}, {1.0}]
-            fill_(trainer, 2.0)
+            assert [parameter_values(w.model) for w in workers] == [{1.0}, {1.0}]
+            fill_parameters(trainer, 2.0)
             await sender.send_async()
-            fill_(trainer, 3.0)
+            fill_parameters(trainer, 3.0)
             await sender.send_async()
             assert await sender.wait_ack(timeout=WAIT) == {0: 3, 1: 3}
-            assert [values(w.model) for w in workers] == [{3.0}, {3.0}]
+            assert [parameter_values(w.model) for w in workers] == [{3.0}, {3.0}]
 
 
 @pytest.mark.parametrize("scheme_cls", SCHEMES)
@@ -151,7 +143,7 @@ async def test_newest_wins_over_sockets(scheme_cls: type[WeightSyncScheme]) -> N
             worker = workers[0]
             worker.paused = True
             for fill in (1.0, 2.0, 3.0):
-                fill_(trainer, fill)
+                fill_parameters(trainer, fill)
                 await sender.send_async()
             receiver = worker.group["policy"]
             while receiver.pending_version != 1:
@@ -163,7 +155,7 @@ async def test_newest_wins_over_sockets(scheme_cls: type[WeightSyncScheme]) -> N
             await worker.group.flush_acks(worker.link)
             assert await sender.wait_ack(timeout=WAIT) == {0: 3}  # 3 went out once 1 was acked
             assert sender.copies_sent == 2
-            assert values(worker.model) == {3.0}
+            assert parameter_values(worker.model) == {3.0}
 
 
 @pytest.mark.parametrize("scheme_cls", SCHEMES)
@@ -195,7 +187,7 @@ async def test_late_joiner_over_sockets(scheme_cls: type[WeightSyncScheme]) -> N
     with anyio.fail_after(WAIT):
         async with running(scheme_cls(), 1) as (sender, _workers, trainer, _):
             await sender.send()
-            fill_(trainer, 5.0)
+            fill_parameters(trainer, 5.0)
             await sender.send()
             hub = sender.hub
             assert isinstance(hub, Hub)
@@ -207,7 +199,7 @@ async def test_late_joiner_over_sockets(scheme_cls: type[WeightSyncScheme]) -> N
                 sender.add_worker(9, late.peer)
                 assert await sender.on_worker_joined(9) == 2
                 assert await sender.wait_ack(timeout=WAIT) == {9: 2}
-                assert values(late.model) == {5.0}
+                assert parameter_values(late.model) == {5.0}
                 tg.cancel_scope.cancel()
 
 
@@ -231,7 +223,7 @@ async def _worker_main(endpoint: str, scheme: WeightSyncScheme) -> None:
                 break
             receiver.on_message(message)
             if receiver.apply_pending():
-                seen = values(model)  # what the policy would step with
+                seen = parameter_values(model)  # what the policy would step with
                 if seen != {float(receiver.version)}:
                     bad.append(f"version {receiver.version} but weights {sorted(seen)[:4]}")
                 applied.append(receiver.version)
@@ -258,7 +250,7 @@ async def test_shared_memory_snapshots_are_whole_under_a_hammering_trainer() -> 
                 sender = scheme.init_on_sender("policy", hub=hub, model=trainer,
                                                workers={0: b"proc-worker"})
                 for version in range(1, versions + 1):
-                    fill_(trainer, float(version))
+                    fill_parameters(trainer, float(version))
                     assert await sender.send_async() == version
                     await anyio.lowlevel.checkpoint()
                 acks = anyio.Event()

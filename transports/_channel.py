@@ -170,6 +170,7 @@ class Channel(TaskGroupResource):
             self._secure(socket)
             self._prepare(socket)
         except BaseException:
+            self._before_close(socket)
             socket.close(linger=0)
             self._stop_authenticator()
             raise
@@ -197,6 +198,7 @@ class Channel(TaskGroupResource):
         with anyio.CancelScope(shield=True):
             await self._io.wait_stopped()  # never close an fd a task still waits on
             self._farewell(self._io.socket)
+            self._before_close(self._io.socket)
             self._io.close(self._linger_ms)
             self._stop_authenticator()
             self._on_close()
@@ -334,6 +336,9 @@ class Channel(TaskGroupResource):
 
     def _farewell(self, socket: zmq.Socket) -> None:
         """Best effort, never blocking: tell the other end we are leaving."""
+
+    def _before_close(self, socket: zmq.Socket) -> None:
+        """Last call before ``socket`` is closed (in the thread that owns it)."""
 
     def _translate_send_error(self, exc: zmq.ZMQError) -> Exception:
         return TransportError(f"ZeroMQ send on {self.endpoint} failed: {exc}")

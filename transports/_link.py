@@ -98,13 +98,16 @@ class Link(Channel):
         # (and its ZeroMQ I/O thread) keeps acknowledging, so this never fires for it.
         socket.setsockopt(zmq.TCP_MAXRT, max(1, int(self.peer_timeout * 1000)))
         # Watch the connection before connecting, so that its first handshake is seen.
-        self._monitor = socket.get_monitor_socket(
-            _UP | _DOWN, addr=f"inproc://transports-link-monitor-{secrets.token_hex(8)}")
-        try:
-            socket.connect(self.endpoint)
-        except BaseException:
-            self._close_monitor()
-            raise
+        # ZeroMQ's I/O thread sends each event with a blocking send: our end takes
+        # any number (RCVHWM 0), so that a backlog (a loop held for long, a link
+        # never closed) can never block that thread and, with it, every tcp:// and
+        # ipc:// socket of the process.
+        address = f"inproc://transports-link-monitor-{secrets.token_hex(8)}"
+        socket.monitor(address, _UP | _DOWN)
+        self._monitor = self._context.socket(zmq.PAIR)
+        self._monitor.setsockopt(zmq.RCVHWM, 0)
+        self._monitor.connect(address)
+        socket.connect(self.endpoint)  # (on failure, _before_close stops the monitor)
         self._last_seen = time.monotonic()  # the timeout counts from opening, not creation
 
     @property
@@ -308,14 +311,26 @@ class Link(Channel):
                               "(the process or its host is gone, or the network is cut)")
         self._inbox.put_nowait(PeerEvent(HUB, "lost"), force=True)  # wakes a waiting recv()
 
-    def _on_close(self) -> None:
-        self._close_monitor()
+    def _before_close(self, socket: zmq.Socket) -> None:
+        self._close_monitor(socket)
 
-    def _close_monitor(self) -> None:
-        # Our end of the monitor pipe; ZeroMQ stops its own end with the socket.
-        if self._monitor is not None:
-            self._monitor.close(linger=0)
-            self._monitor = None
+    def _on_close(self) -> None:
+        self._close_monitor(None)  # (already done before the socket closed)
+
+    def _close_monitor(self, socket: zmq.Socket | None) -> None:
+        # Stop ZeroMQ's end first, while ours still reads: ZeroMQ's I/O thread sends
+        # each event with a *blocking* send, and an event sent after our end closed
+        # (the "disconnected" of the socket being closed) blocked that thread for
+        # good, and with it every tcp:// and ipc:// socket of the process.
+        if self._monitor is None:
+            return
+        if socket is not None and not socket.closed:
+            try:
+                socket.disable_monitor()
+            except zmq.ZMQError:
+                pass
+        self._monitor.close(linger=0)
+        self._monitor = None
 
 
 def error_payload(error: BaseException) -> dict[str, str]:

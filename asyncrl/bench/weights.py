@@ -159,15 +159,24 @@ async def bench_asyncrl(scheme: WeightSyncScheme, sizes: dict[str, tuple[tuple[i
                         times.append(time.perf_counter() - start)
                 await sender.aclose()
                 results[name] = times
-            for peer in peers.values():
-                await hub.send(peer, {}, kind="stop")
+            await _stop(hub, peers)
         finally:
-            for proc in procs:
-                await anyio.to_thread.run_sync(proc.join, 30)
-                if proc.is_alive():
-                    proc.kill()
+            await _reap(procs)
             tg.cancel_scope.cancel()
     return results
+
+
+async def _stop(hub: Any, peers: dict[int, bytes]) -> None:
+    for peer in peers.values():
+        await hub.send(peer, {}, kind="stop")
+
+
+async def _reap(procs: list[Any]) -> None:
+    """Wait for the bench's worker processes to exit (they were told to stop); kill stragglers."""
+    for proc in procs:
+        await anyio.to_thread.run_sync(proc.join, 30)
+        if proc.is_alive():
+            proc.kill()
 
 
 # ------------------------------------------------------------------ rapid sends
@@ -238,13 +247,9 @@ async def bench_rapid(endpoint: str, sends: int = RAPID_SENDS,
                       "queue_s": queued, "total_s": time.perf_counter() - start,
                       "newest": version, "acked": acked}
             await sender.aclose()
-            for peer in peers.values():
-                await hub.send(peer, {}, kind="stop")
+            await _stop(hub, peers)
         finally:
-            for proc in procs:
-                await anyio.to_thread.run_sync(proc.join, 30)
-                if proc.is_alive():
-                    proc.kill()
+            await _reap(procs)
             tg.cancel_scope.cancel()
     return result
 
