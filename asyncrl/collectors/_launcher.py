@@ -85,8 +85,7 @@ def worker_context(start_method: str) -> BaseContext:
     """
     context = mp.get_context(start_method)
     if start_method == "forkserver":
-        with child_thread_environment(1):
-            _ensure_fork_server(context)
+        _ensure_fork_server(context)
     return context
 
 
@@ -106,7 +105,12 @@ def _ensure_fork_server(context: BaseContext) -> None:
         wanted = list(getattr(server, "_preload_modules", ["__main__"]))
         wanted += [m for m in PRELOAD if m not in wanted]
         context.set_forkserver_preload(wanted)  # type: ignore[attr-defined]
-    forkserver.ensure_running()
+        with child_thread_environment(1):  # only while one starts: it inherits it
+            forkserver.ensure_running()
+    else:
+        # (restarts it if it died, without the thread variables: each worker still
+        # sets its own torch thread count)
+        forkserver.ensure_running()
 
 
 def _forget_removed_temp_dir() -> None:
