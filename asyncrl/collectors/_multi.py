@@ -184,10 +184,6 @@ class MultiCollector(BaseCollector):
         self.num_sub_threads = num_sub_threads
         self.start_method = start_method
         self._threads_cap: TrainerThreads | None = None
-        if num_workers and start_method == "forkserver":
-            # Started now (a few ms: it imports in its own process), it is warm by the
-            # time the collector is opened, if the trainer has anything else to set up.
-            worker_context(start_method)
         self._heartbeat = (heartbeat_interval, peer_timeout)
         total_workers = num_workers + remote_workers
         self.frames_per_worker = self._split_frames(frames_per_batch, total_workers)
@@ -221,6 +217,10 @@ class MultiCollector(BaseCollector):
         self._background: anyio.CancelScope | None = None
         self._background_done: anyio.Event | None = None
         self._restart_streak: dict[int, int] = {}  # slot -> deaths since its last batch
+        if num_workers and start_method == "forkserver":
+            # Started now (a few ms: it imports in its own process), it is warm by the
+            # time the collector is opened, if the trainer has anything else to set up.
+            worker_context(start_method)
 
     def _create_async_state(self) -> None:
         super()._create_async_state()
