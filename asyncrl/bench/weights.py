@@ -106,6 +106,12 @@ async def _asyncrl_worker_main(endpoint: str, index: int, config: dict[str, Any]
                                sizes: dict[str, tuple[tuple[int, ...], int]]) -> None:
     receivers = [WeightSyncScheme.from_config(config).init_on_worker(name, model=mlp(widths))
                  for name, (widths, _) in sizes.items()]
+    await _serve_weights(endpoint, index, receivers, delay=0.0)  # idle: applies at once
+
+
+async def _serve_weights(endpoint: str, index: int, receivers: list[Any], *,
+                         delay: float) -> None:
+    """A bench worker: apply each weight message ``delay`` s after it came, ack it."""
     group = WeightReceiverGroup(receivers)
     async with Link(endpoint, identity=f"bench-{index}".encode(), **LIVENESS) as link:
         await link.send({}, kind="hello")
@@ -113,7 +119,9 @@ async def _asyncrl_worker_main(endpoint: str, index: int, config: dict[str, Any]
             message = await link.recv()
             if message.kind == "stop":
                 break
-            group.on_message(message)  # an idle worker applies at once
+            group.on_message(message)
+            if delay:
+                await anyio.sleep(delay)  # a worker busy stepping its envs
             group.apply_pending()
             await group.flush_acks(link)
         await group.aclose()
@@ -194,18 +202,7 @@ def _slow_worker(endpoint: str, index: int, delay: float) -> None:
 
 async def _slow_worker_main(endpoint: str, index: int, delay: float) -> None:
     receivers = [ZmqWeightSyncScheme().init_on_worker("rapid", model=mlp(RAPID_WIDTHS))]
-    group = WeightReceiverGroup(receivers)
-    async with Link(endpoint, identity=f"bench-{index}".encode(), **LIVENESS) as link:
-        await link.send({}, kind="hello")
-        while True:
-            message = await link.recv()
-            if message.kind == "stop":
-                break
-            group.on_message(message)
-            await anyio.sleep(delay)  # a worker busy stepping its envs
-            group.apply_pending()
-            await group.flush_acks(link)
-        await group.aclose()
+    await _serve_weights(endpoint, index, receivers, delay=delay)
 
 
 def rss_bytes() -> int:
