@@ -66,7 +66,7 @@ class BatchChecker:
 
     def _parse(self, specs: dict[str, Any] | None) -> Any:
         if specs is not self._specs_source:
-            from .envs import EnvSpecs
+            from ._envs import EnvSpecs
 
             self._specs_source = specs
             try:
@@ -98,7 +98,7 @@ class BatchChecker:
 
     @staticmethod
     def _spec_problems(td: TensorDictBase, specs: Any, shape: tuple[int, ...]) -> list[str]:
-        from .policies import torch_dtype
+        from ._policies import torch_dtype
 
         problems = []
         expected = [(("action",), specs.action)]
@@ -117,7 +117,7 @@ class BatchChecker:
 
 def check_specs(reference: dict[str, Any], hello: Hello) -> list[str]:
     """Handshake check: the worker's env specs must equal the first worker's."""
-    from .envs import EnvSpecs
+    from ._envs import EnvSpecs
 
     try:
         theirs = EnvSpecs.from_dict(hello.specs)

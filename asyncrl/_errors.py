@@ -8,7 +8,19 @@ import sys
 from transports import RemoteError
 
 
-class CollectorError(Exception):
+class AsyncRLError(Exception):
+    """Root of every error asyncrl raises itself (collectors and weight sync).
+
+    Errors from the wire layer stay :class:`transports.TransportError`; a
+    worker's own exception comes back with its own type (see
+    :func:`rebuild_remote_exception`).
+
+    >>> issubclass(CollectorError, AsyncRLError)
+    True
+    """
+
+
+class CollectorError(AsyncRLError):
     """Base class of the errors a collector raises itself."""
 
 

@@ -100,7 +100,7 @@ def generate_keys_command(directory: str) -> int:
 
 
 def run_workers(args: argparse.Namespace) -> int:
-    from ._spec import WorkerSpec, resolve_import_path
+    from ._worker_spec import WorkerSpec, resolve_import_path
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     if args.workers < 1 or args.envs_per_worker < 1 or args.threads < 1:
@@ -128,7 +128,7 @@ def run_workers(args: argparse.Namespace) -> int:
         return 2
     spec = WorkerSpec(create_env_fn=args.env, envs_per_worker=args.envs_per_worker,
                       policy_factory=args.policy, torch_threads=args.threads)
-    from .host import HostWorkers
+    from ._host import HostWorkers
 
     host = HostWorkers(args.connect, spec, workers=args.workers, relay=not args.no_relay,
                        peer_timeout=args.peer_timeout, reconnect=args.reconnect,

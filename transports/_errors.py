@@ -8,6 +8,8 @@ the silent peers named in the message.
 
 from __future__ import annotations
 
+import anyio
+
 
 class TransportError(Exception):
     """Base class of every error raised by :mod:`transports`."""
@@ -20,8 +22,13 @@ class ProtocolError(TransportError):
     """
 
 
-class ClosedResourceError(TransportError):
-    """The channel was closed by this process (``aclose()`` was called)."""
+class ClosedResourceError(TransportError, anyio.ClosedResourceError):
+    """The channel was closed by this process (``aclose()`` was called).
+
+    It is also an :class:`anyio.ClosedResourceError`, so code written against
+    anyio's streams catches it with the exception it already knows ("you
+    closed it"), kept apart from :class:`PeerLostError` ("the peer broke it").
+    """
 
 
 class PeerLostError(TransportError):

@@ -43,12 +43,12 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
-from asyncrl.worker import use_torch_threads
+from asyncrl._worker import use_torch_threads
 from transports._codec import encode_message
 
 from .._protocol import Batch
-from ..envs import make_env_pool
-from ..rollout import Rollout
+from .._envs import make_env_pool
+from .._rollout import Rollout
 from .collect import make_policy
 
 T = TypeVar("T")

@@ -1,7 +1,7 @@
 """Per-host relay benchmark: weights once per host vs once per worker; batches with one hop more.
 
 A. Weights. One simulated worker host: K=4 worker processes and a
-:class:`~asyncrl.relay.HostRelay` in a process of its own; the trainer (this
+:class:`~asyncrl._relay.HostRelay` in a process of its own; the trainer (this
 process) sends with ``ZmqWeightSyncScheme`` over tcp. Each size alternates
 updates sent *direct* (one copy per worker) with updates sent *through the
 relay* (one copy per host, which the relay forwards over ipc), on the same
@@ -51,7 +51,7 @@ from tensordict import TensorDict
 
 from asyncrl._protocol import RelayHello, RelayWelcome
 from asyncrl.bench.weights import fill_, mlp, n_params, p50_ms, progress
-from asyncrl.relay import ATTACHED_KIND, HostRelay
+from asyncrl._relay import ATTACHED_KIND, HostRelay
 from asyncrl.weights import (
     WEIGHTS_KIND,
     WeightReceiverGroup,

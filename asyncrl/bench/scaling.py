@@ -2,7 +2,7 @@
 
 What is real: the coordinator side, exactly as :class:`~asyncrl.MultiCollector`
 runs it -- a :class:`transports.Hub` (ROUTER, pump, codec decode of every batch,
-heartbeats, liveness), the :class:`~asyncrl.scheduler.Scheduler` (handshake
+heartbeats, liveness), the :class:`~asyncrl._coordinator.Coordinator` (handshake
 with ``check_specs``, credits, sync rounds with ``next_round``, async
 first-come with ``next_batch``) and, in sync mode, the assembly of the shares
 with ``asyncrl.collectors._multi.assemble``. Batches have TorchRL's layout
@@ -62,7 +62,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from .._protocol import PROTOCOL, Batch, Collect, Hello, Welcome
-from .._specs import ArraySpec, EnvSpecs
+from .._env_specs import ArraySpec, EnvSpecs
 
 # ------------------------------------------------------------------ the simulated batch
 
@@ -77,7 +77,7 @@ def make_specs(obs_dim: int) -> dict[str, Any]:
 
 def make_share(frames: int, obs_dim: int, *, worker_id: int = 0, seq: int = 0,
                policy_version: int = 0) -> TensorDict:
-    """One worker's share in the layout :class:`~asyncrl.rollout.Rollout` produces: ``[1, T]``.
+    """One worker's share in the layout :class:`~asyncrl._rollout.Rollout` produces: ``[1, T]``.
 
     ``("collector", "traj_ids")`` holds ``seq`` so that a test can tell batches apart.
     """
@@ -444,12 +444,12 @@ async def measure(case: Case, hosts: list[HostProcess], *, workdir: str, frames:
     """Admit ``case.workers`` simulated workers, warm up, then time the trainer loop."""
     from transports import Hub
 
-    from ..scheduler import Scheduler, check_specs
+    from .._coordinator import Coordinator, check_specs
 
     row = Row(case)
     endpoint = f"inproc://scaling-{tag}" if inproc else f"ipc://{workdir}/hub-{tag}"
     async with Hub(endpoint) as hub:
-        scheduler = Scheduler(hub, sync=case.mode == "sync",
+        scheduler = Coordinator(hub, sync=case.mode == "sync",
                               frames_per_worker=[frames] * case.workers,
                               prefetch=case.prefetch, check_specs=check_specs,
                               accept_remote=True)

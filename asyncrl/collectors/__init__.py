@@ -2,7 +2,7 @@
 
 from ._base import BaseCollector as BaseCollector
 from ._blocking import BlockingCollector as BlockingCollector
-from ._local import Collector as Collector
+from ._inprocess import Collector as Collector
 from ._multi import MultiAsyncCollector as MultiAsyncCollector
 from ._multi import MultiCollector as MultiCollector
 from ._multi import MultiSyncCollector as MultiSyncCollector

@@ -15,7 +15,7 @@ from tensordict import TensorDictBase
 from transports._resource import TaskGroupResource
 
 from .._errors import CollectorError
-from ..rollout import split_trajectories
+from .._rollout import split_trajectories
 
 #: What a collector may do when a worker is lost ("restart": local workers are respawned).
 ON_WORKER_LOSS = ("raise", "continue", "wait", "restart")

@@ -27,7 +27,7 @@ from multiprocessing.context import BaseContext
 log = logging.getLogger("asyncrl.collectors")
 
 #: Imported once by the fork server, so that each worker starts warm.
-PRELOAD = ("torch", "tensordict", "gymnasium", "asyncrl.worker", "asyncrl.envs")
+PRELOAD = ("torch", "tensordict", "gymnasium", "asyncrl._worker", "asyncrl._envs")
 
 #: The variables that size native thread pools when a library loads.
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",

@@ -19,11 +19,11 @@ from transports import CurveServer, Hub, PeerLostError
 
 from .._errors import CollectorError, WorkerLostError
 from .._protocol import Control
-from .._spec import WorkerSpec
-from ..envs import make_env_pool
-from ..scheduler import OnWorkerLoss, Scheduler, WorkerInfo, check_specs
+from .._worker_spec import WorkerSpec
+from .._envs import make_env_pool
+from .._coordinator import OnWorkerLoss, Coordinator, WorkerInfo, check_specs
 from ..weights import WeightSender, ZmqWeightSyncScheme
-from ..worker import EXIT_ERROR
+from .._worker import EXIT_ERROR
 from ._base import (
     BaseCollector,
     check_cat_results,
@@ -211,7 +211,7 @@ class MultiCollector(BaseCollector):
         self._senders: dict[str, WeightSender] = {}
         self._hub: Hub | None = None
         self._workers: LocalWorkers | None = None
-        self._scheduler: Scheduler | None = None
+        self._scheduler: Coordinator | None = None
         self._tmpdir: str | None = None
         self._ready = False
         self._background: anyio.CancelScope | None = None
@@ -326,8 +326,8 @@ class MultiCollector(BaseCollector):
         return listening_hub_limits(specs, frames=max(self.frames_per_worker), policy=policy,
                                     max_message_bytes=self.max_message_bytes)
 
-    def _make_scheduler(self, hub: Hub, token: str) -> Scheduler:
-        return Scheduler(
+    def _make_scheduler(self, hub: Hub, token: str) -> Coordinator:
+        return Coordinator(
             hub, sync=self.sync, frames_per_worker=self.frames_per_worker,
             prefetch=self.prefetch, preemptive_threshold=self.preemptive_threshold,
             init_random_frames=self.init_random_frames

@@ -14,8 +14,8 @@ import anyio
 
 from transports import random_identity
 
-from .._spec import WorkerSpec
-from ..worker import (
+from .._worker_spec import WorkerSpec
+from .._worker import (
     EXIT_COORDINATOR_LOST,
     EXIT_ERROR,
     EXIT_OK,
@@ -182,7 +182,7 @@ def likely_causes(exitcode: int | None) -> str:
     if exitcode == EXIT_COORDINATOR_LOST:
         return "it heard nothing from the coordinator within peer_timeout and gave up"
     if exitcode == EXIT_REFUSED:
-        return "the coordinator refused it (see the warning logged by asyncrl.scheduler)"
+        return "the coordinator refused it (see the warning logged by asyncrl.coordinator)"
     if exitcode is not None and exitcode < 0:
         return ("a signal ended it: the OOM killer (see `dmesg`), a `kill`, or a crash "
                 "in native code (SIGSEGV, SIGABRT)")

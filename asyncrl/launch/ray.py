@@ -1,6 +1,6 @@
 """Start asyncrl workers as Ray actors (optional extra: ``pip install asyncrl[ray]``).
 
-Ray only places the processes: each actor runs :func:`asyncrl.worker.run_worker`
+Ray only places the processes: each actor runs :func:`asyncrl._worker.run_worker`
 and connects back to the collector's ``listen`` address over ZeroMQ, exactly as
 ``asyncrl worker --connect`` does. Env and policy are import paths (or a
 gymnasium id) resolved inside the actor.
@@ -38,8 +38,8 @@ class WorkerActor:
     def run(self, endpoint: str, spec_kwargs: dict[str, Any], options: dict[str, Any]) -> int:
         import anyio
 
-        from .._spec import WorkerSpec
-        from ..worker import run_worker
+        from .._worker_spec import WorkerSpec
+        from .._worker import run_worker
 
         spec = WorkerSpec(**spec_kwargs)
         return anyio.run(lambda: run_worker(endpoint, spec, **options))
@@ -50,8 +50,8 @@ class HostActor:
     """One node's asyncrl workers and relay (``asyncrl worker --workers K``) in a Ray actor."""
 
     def run(self, endpoint: str, spec_kwargs: dict[str, Any], options: dict[str, Any]) -> int:
-        from .._spec import WorkerSpec
-        from ..host import HostWorkers
+        from .._worker_spec import WorkerSpec
+        from .._host import HostWorkers
 
         return HostWorkers(endpoint, WorkerSpec(**spec_kwargs), **options).run()
 

@@ -13,8 +13,8 @@ from ._errors import ModelPathError as ModelPathError
 from ._errors import NotInitializedError as NotInitializedError
 from ._errors import WeightMismatchError as WeightMismatchError
 from ._errors import WeightSyncError as WeightSyncError
-from ._local import LocalHub as LocalHub
-from ._local import LocalLink as LocalLink
+from transports._memory import LocalHub as LocalHub
+from transports._memory import LocalLink as LocalLink
 from ._paths import resolve_model_path as resolve_model
 from ._paths import resolve_model_path as resolve_model_path
 from ._receiver import WEIGHTS_KIND as WEIGHTS_KIND
@@ -27,8 +27,8 @@ from ._schemes import SharedMemWeightSyncScheme as SharedMemWeightSyncScheme
 from ._schemes import WeightSyncScheme as WeightSyncScheme
 from ._schemes import ZmqWeightSyncScheme as ZmqWeightSyncScheme
 from ._sender import WeightSender as WeightSender
-from ._shared import SharedMemWeightReceiver as SharedMemWeightReceiver
-from ._shared import SharedMemWeightSender as SharedMemWeightSender
+from ._shared_memory import SharedMemWeightReceiver as SharedMemWeightReceiver
+from ._shared_memory import SharedMemWeightSender as SharedMemWeightSender
 from ._strategy import WeightStrategy as WeightStrategy
 
 __all__ = [

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from .._errors import AsyncRLError
+
 __all__ = [
     "ModelPathError",
     "NotInitializedError",
@@ -19,7 +21,7 @@ __all__ = [
 _SHOWN = 20  # keys listed per category before "... and N more"
 
 
-class WeightSyncError(Exception):
+class WeightSyncError(AsyncRLError):
     """Base class of the errors raised by :mod:`asyncrl.weights`."""
 
 

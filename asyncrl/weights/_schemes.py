@@ -8,11 +8,11 @@ from typing import Any, ClassVar
 from transports import Message
 
 from ._errors import NotInitializedError, WeightSyncError
-from ._local import LocalHub
+from transports._memory import LocalHub
 from ._paths import resolve_model_path
 from ._receiver import WeightReceiver
 from ._sender import HubLike, WeightSender, WorkerIds, Workers
-from ._shared import SharedMemWeightReceiver, SharedMemWeightSender
+from ._shared_memory import SharedMemWeightReceiver, SharedMemWeightSender
 from ._strategy import WeightFormat, WeightStrategy, as_strategy
 
 __all__ = [

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import anyio
 import pytest
-from multihost.lines import Lines
-from multihost.processes import free_port
+from tests.multihost.lines import Lines
+from tests.multihost.processes import free_port
 
 from asyncrl import MultiAsyncCollector, MultiSyncCollector
 from asyncrl.testing import ValuePolicy, identity_env

@@ -19,10 +19,10 @@ from gymnasium import spaces
 from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import TensorDictModule, TensorDictModuleBase
 
-import asyncrl.rollout
-from asyncrl.envs import make_env_pool
-from asyncrl.policies import RandomPolicy
-from asyncrl.rollout import Rollout, split_trajectories
+import asyncrl._rollout
+from asyncrl._envs import make_env_pool
+from asyncrl._policies import RandomPolicy
+from asyncrl._rollout import Rollout, split_trajectories
 from asyncrl.testing import TinyDictEnv
 
 # -- the reference ----------------------------------------------------------------------------
@@ -518,5 +518,5 @@ def test_close_is_idempotent_and_collect_after_close_fails() -> None:
 
 
 def test_doctests() -> None:
-    result = doctest.testmod(asyncrl.rollout)
+    result = doctest.testmod(asyncrl._rollout)
     assert result.failed == 0 and result.attempted > 0

@@ -15,9 +15,9 @@ import time
 from pathlib import Path
 
 import pytest
-from multihost.lines import Lines
+from tests.multihost.lines import Lines
 
-TRAINER = Path(__file__).parent / "multihost" / "trainer.py"
+TRAINER = Path(__file__).parent / "trainer.py"
 TOTAL_FRAMES = 3000  # 30 batches of 100
 
 

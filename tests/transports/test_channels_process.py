@@ -19,7 +19,7 @@ from transports import Hub, Message, PeerEvent, PeerLostError
 
 pytestmark = pytest.mark.anyio
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PEER_TIMEOUT = 0.5
 #: Starting Python and importing torch in the child can take a while on a busy machine.
 STARTUP = 60

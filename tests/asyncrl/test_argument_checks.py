@@ -9,8 +9,8 @@ import torch
 from torch import nn
 
 from asyncrl import Collector, CollectorError, MultiAsyncCollector, MultiSyncCollector
-from asyncrl.envs import make_env_pool
-from asyncrl.rollout import Rollout
+from asyncrl._envs import make_env_pool
+from asyncrl._rollout import Rollout
 
 LIMIT = 60
 

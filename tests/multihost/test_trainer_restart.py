@@ -17,7 +17,7 @@ import anyio
 import pytest
 import torch
 import zmq
-from multihost.processes import free_port, kill_group, wait_exit
+from tests.multihost.processes import free_port, kill_group, wait_exit
 
 from asyncrl import MultiSyncCollector
 from asyncrl.testing import ParamPolicy
@@ -192,7 +192,7 @@ async def test_a_relay_never_acks_a_dead_trainers_forward_to_its_successor() -> 
     B's messages (here B's version 1, sent with the same sequence number).
     """
     from asyncrl._protocol import RelayWelcome
-    from asyncrl.relay import ATTACHED_KIND, HostRelay
+    from asyncrl._relay import ATTACHED_KIND, HostRelay
     from asyncrl.weights import WEIGHTS_KIND
     from asyncrl.weights._fanout import RELAY_TO
 

@@ -21,7 +21,7 @@ from asyncrl import MultiAsyncCollector
 from asyncrl._errors import BadBatchError, rebuild_remote_exception
 from asyncrl._protocol import PROTOCOL, Batch, Collect, ErrorReport, Hello, Refuse, Welcome
 from asyncrl.bench.scaling import make_share, make_specs
-from asyncrl.scheduler import Scheduler, check_specs
+from asyncrl._coordinator import Coordinator, check_specs
 from transports import Hub, Link, RemoteError, random_identity
 from transports._codec import encode_message
 
@@ -55,8 +55,8 @@ async def join(link: Link) -> int:
     return Welcome.from_body(message.body).index
 
 
-def scheduler(hub: Hub, *, sync: bool = False, **options: Any) -> Scheduler:
-    return Scheduler(hub, sync=sync, frames_per_worker=[FRAMES], check_specs=check_specs,
+def scheduler(hub: Hub, *, sync: bool = False, **options: Any) -> Coordinator:
+    return Coordinator(hub, sync=sync, frames_per_worker=[FRAMES], check_specs=check_specs,
                      accept_remote=True, **options)
 
 
@@ -190,7 +190,7 @@ async def test_under_continue_a_rogue_is_dropped_and_the_others_go_on() -> None:
     with anyio.fail_after(LIMIT):
         async with Hub(inproc()) as hub, Link(hub.endpoint, identity=b"rogue") as rogue, \
                 Link(hub.endpoint, identity=b"good") as good:
-            sched = Scheduler(hub, sync=False, frames_per_worker=[FRAMES, FRAMES],
+            sched = Coordinator(hub, sync=False, frames_per_worker=[FRAMES, FRAMES],
                               check_specs=check_specs, accept_remote=True,
                               on_worker_loss="continue", batch_budget=3)
             async with anyio.create_task_group() as tg:

@@ -1,4 +1,4 @@
-"""64 simulated workers through the real Hub and Scheduler: exact accounting, both backends.
+"""64 simulated workers through the real Hub and Coordinator: exact accounting, both backends.
 
 The workers are in-process anyio tasks with their own ``transports.Link``
 (``asyncrl.bench.scaling.sim_worker``); everything on the coordinator side is
@@ -14,7 +14,7 @@ import pytest
 
 from asyncrl.bench.scaling import SimRecord, sim_worker
 from asyncrl.collectors._multi import assemble
-from asyncrl.scheduler import Scheduler, check_specs
+from asyncrl._coordinator import Coordinator, check_specs
 from transports import Hub
 
 WORKERS = 64
@@ -36,8 +36,8 @@ async def _worker(endpoint: str, record: SimRecord, *,
                      task_status=task_status)
 
 
-def _scheduler(hub: Hub, *, sync: bool, prefetch: int = 1) -> Scheduler:
-    return Scheduler(hub, sync=sync, frames_per_worker=[FRAMES] * WORKERS, prefetch=prefetch,
+def _scheduler(hub: Hub, *, sync: bool, prefetch: int = 1) -> Coordinator:
+    return Coordinator(hub, sync=sync, frames_per_worker=[FRAMES] * WORKERS, prefetch=prefetch,
                      check_specs=check_specs, accept_remote=True)
 
 

@@ -21,7 +21,7 @@ from typing import Any
 import anyio
 import pytest
 import torch
-from multihost.processes import alive
+from tests.multihost.processes import alive
 
 from asyncrl import MultiAsyncCollector, MultiSyncCollector, WorkerLostError
 from asyncrl.testing import ParamPolicy

@@ -16,8 +16,9 @@ from typing import Any
 import anyio
 import msgpack
 
-from transports import Message, PeerLostError, RemoteError, Ticket
-from transports._codec import decode_message, encode_message
+from ._codec import decode_message, encode_message
+from ._errors import PeerLostError, RemoteError
+from ._types import Message, Ticket
 
 __all__ = ["LocalHub", "LocalLink"]
 

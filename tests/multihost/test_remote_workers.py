@@ -12,8 +12,8 @@ from typing import Any
 
 import anyio
 import pytest
-from multihost.lines import Lines
-from multihost.processes import free_port, wait_exit
+from tests.multihost.lines import Lines
+from tests.multihost.processes import free_port, wait_exit
 
 from asyncrl import MultiSyncCollector
 from transports import Link, PeerLostError
@@ -94,13 +94,13 @@ def test_cli_help_is_complete() -> None:
 
 def trainer(endpoint: str, total_frames: int) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, str(Path(__file__).parent / "multihost" / "trainer.py"), endpoint,
+        [sys.executable, str(Path(__file__).parent / "trainer.py"), endpoint,
          str(total_frames)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
 async def test_a_link_sees_its_hub_die_and_a_new_one_answer() -> None:
     endpoint = f"tcp://127.0.0.1:{free_port()}"
-    hub_script = str(Path(__file__).parent / "multihost" / "hub.py")
+    hub_script = str(Path(__file__).parent / "hub.py")
     first = subprocess.Popen([sys.executable, hub_script, endpoint], stdout=subprocess.PIPE,
                              text=True)
     second = None
@@ -187,8 +187,8 @@ def test_a_reconnecting_worker_joins_a_restarted_coordinator(peer_timeout: str) 
 async def test_a_hello_left_unanswered_is_said_again_and_only_its_welcome_counts() -> None:
     """As when a coordinator died between receiving a hello and answering it."""
     from asyncrl._protocol import Batch, Collect, Control, Hello, Welcome
-    from asyncrl._spec import WorkerSpec
-    from asyncrl.worker import run_worker
+    from asyncrl._worker_spec import WorkerSpec
+    from asyncrl._worker import run_worker
     from transports import Hub, Message
 
     codes: list[int] = []
@@ -223,7 +223,7 @@ async def test_a_hello_left_unanswered_is_said_again_and_only_its_welcome_counts
 
 def test_the_example_trains_with_workers_on_another_host() -> None:
     """The flow the example's docstring gives: trainer listens, `asyncrl worker` joins."""
-    root = Path(__file__).parent.parent
+    root = Path(__file__).parent.parent.parent
     endpoint = f"tcp://127.0.0.1:{free_port()}"
     trainer = subprocess.Popen(
         [sys.executable, "examples/train_cartpole.py", "--workers", "0", "--remote-workers", "2",

@@ -13,9 +13,9 @@ from tensordict import TensorDict
 from tensordict.nn import TensorDictModule
 from tensordict.nn.probabilistic import interaction_type
 
-import asyncrl.policies
-from asyncrl.envs import ArraySpec
-from asyncrl.policies import ExplorationType, PolicyAdapter, RandomPolicy, resolve_exploration_type
+import asyncrl._policies
+from asyncrl._envs import ArraySpec
+from asyncrl._policies import ExplorationType, PolicyAdapter, RandomPolicy, resolve_exploration_type
 
 
 def _td(n: int = 64, obs_dim: int = 4) -> TensorDict:
@@ -178,5 +178,5 @@ def test_none_policy_is_random_and_non_callables_are_refused() -> None:
 
 
 def test_doctests() -> None:
-    result = doctest.testmod(asyncrl.policies)
+    result = doctest.testmod(asyncrl._policies)
     assert result.failed == 0 and result.attempted > 0

@@ -22,7 +22,7 @@ from tensordict.nn import TensorDictModuleBase
 from tensordict.nn import set_interaction_type as set_exploration_type
 from torch import nn
 
-from ._specs import ArraySpec, array_spec_from_space
+from ._env_specs import ArraySpec, array_spec_from_space
 
 __all__ = [
     "ExplorationType",

@@ -40,10 +40,10 @@ from ._protocol import (
     Rejoin,
     Welcome,
 )
-from ._spec import WorkerSpec
-from .envs import make_env_pool
-from .relay import ATTACHED_KIND
-from .rollout import Rollout
+from ._worker_spec import WorkerSpec
+from ._envs import make_env_pool
+from ._relay import ATTACHED_KIND
+from ._rollout import Rollout
 from .weights import WEIGHTS_KIND, WeightReceiverGroup, WeightSyncScheme
 
 log = logging.getLogger("asyncrl.worker")
@@ -612,7 +612,7 @@ async def run_worker(endpoint: str, spec: WorkerSpec, *, identity: bytes | None 
     ``reconnect_timeout`` s) for it, or a restarted one, and joins again with
     the latest weights; otherwise it exits. ``curve_keys`` is a directory made
     by ``asyncrl keys generate`` (CURVE encryption and authentication). ``relay``
-    is the endpoint of this host's :class:`~asyncrl.relay.HostRelay` and
+    is the endpoint of this host's :class:`~asyncrl._relay.HostRelay` and
     ``relay_name`` its identity: weight updates may then come through it. Returns an exit
     code: 0 when closed by the coordinator, 1 on an env or policy error (reported to the
     coordinator first), 3 when the coordinator is gone, 4 when refused.

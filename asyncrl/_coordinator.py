@@ -4,7 +4,7 @@ One task reads the hub and updates state; the trainer's calls wait on events
 that state changes set. There is no polling and no timeout used as a
 scheduling tool: a batch is handed over the moment its last share arrives.
 
-* **sync** (on-policy): :meth:`Scheduler.next_round` asks every live worker
+* **sync** (on-policy): :meth:`Coordinator.next_round` asks every live worker
   for one share of a new round and returns them all. Workers are idle between
   rounds, so weights sent between two rounds are applied before the next one.
   With ``preemptive_threshold`` the stragglers are told to stop once that
@@ -46,7 +46,7 @@ from ._protocol import (
     Welcome,
 )
 
-log = logging.getLogger("asyncrl.scheduler")
+log = logging.getLogger("asyncrl.coordinator")
 
 #: What a lost worker (dead process, or silent for ``peer_timeout``) does to the run:
 #:
@@ -119,7 +119,7 @@ class _Round:
         return [w for peer, w in self.targets.items() if peer not in self.shares]
 
 
-class Scheduler:
+class Coordinator:
     """Coordinator state and the task that keeps it current (run it in a task group).
 
     Peers are hostile until admitted. Only a welcomed, live worker's reports
@@ -710,4 +710,4 @@ class Scheduler:
         await self._changed.wait()
 
 
-__all__ = ["OnWorkerLoss", "RelayInfo", "Scheduler", "WorkerInfo", "check_specs"]
+__all__ = ["OnWorkerLoss", "RelayInfo", "Coordinator", "WorkerInfo", "check_specs"]

@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from ._spec import resolve_import_path
-from ._specs import (
+from ._worker_spec import resolve_import_path
+from ._env_specs import (
     ArraySpec,
     EnvSpecs,
     ObsSpecTree,

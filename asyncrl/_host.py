@@ -18,7 +18,7 @@ import anyio
 
 from transports import random_identity
 
-from ._spec import WorkerSpec
+from ._worker_spec import WorkerSpec
 from .collectors._launcher import child_thread_environment
 
 log = logging.getLogger("asyncrl.host")
@@ -99,7 +99,7 @@ class HostWorkers:
             self.processes.append(process)
 
     async def _run_with_relay(self) -> None:
-        from .relay import HostRelay
+        from ._relay import HostRelay
 
         async with HostRelay(self.connect, self.identities, peer_timeout=self.peer_timeout,
                              heartbeat_interval=heartbeat_interval(self.peer_timeout),
@@ -140,7 +140,7 @@ def _interrupt(signum: int, frame: Any) -> None:
 
 
 def _worker_main(endpoint: str, spec: WorkerSpec, backend: str, options: dict[str, Any]) -> None:
-    from .worker import run_worker
+    from ._worker import run_worker
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s worker %(process)d: %(message)s")
     code = anyio.run(lambda: run_worker(endpoint, spec, **options), backend=backend)

@@ -28,7 +28,7 @@ from transports import Hub, Link, Message, PeerEvent, PeerLostError
 
 pytestmark = pytest.mark.anyio
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 INTERVAL = 0.2
 PEER_TIMEOUT = 1.0
 FAST = {"heartbeat_interval": INTERVAL, "peer_timeout": PEER_TIMEOUT}
@@ -298,11 +298,11 @@ def _alive(pid: int) -> bool:
 
 
 class Coordinator:
-    """A Scheduler on a real Hub, with a weight sender wired as MultiCollector wires it."""
+    """A Coordinator on a real Hub, with a weight sender wired as MultiCollector wires it."""
 
     def __init__(self, hub: Hub, *, sync: bool = False, on_join: object = None,
                  budget: int | None = None, token: str = "", loss: str = "continue") -> None:
-        from asyncrl.scheduler import Scheduler
+        from asyncrl._coordinator import Coordinator
         from asyncrl.testing import ParamPolicy
         from asyncrl.weights import WeightSender
 
@@ -310,7 +310,7 @@ class Coordinator:
         self.sender = WeightSender("policy", hub, model=ParamPolicy(),
                                    workers=lambda: {w.index: w.peer
                                                     for w in self.scheduler.live_workers})
-        self.scheduler = Scheduler(
+        self.scheduler = Coordinator(
             hub, sync=sync, frames_per_worker=[4], prefetch=2, accept_remote=True,
             on_worker_loss=loss, on_join=on_join or self.catch_up, batch_budget=budget,
             token=token, first_remote_index=1)
@@ -507,9 +507,9 @@ async def test_a_worker_found_gone_while_a_round_is_asked_for_does_not_break_the
 async def test_a_worker_that_said_hello_twice_to_a_busy_trainer_joins_once_and_collects() -> None:
     """The real worker: its hellos wait in the hub while the trainer is busy."""
     from asyncrl._protocol import Control
-    from asyncrl._spec import WorkerSpec
+    from asyncrl._worker_spec import WorkerSpec
     from asyncrl.testing import CountingEnv
-    from asyncrl.worker import run_worker
+    from asyncrl._worker import run_worker
 
     codes: list[int] = []
     async with Hub("tcp://127.0.0.1:0", **FAST) as hub:

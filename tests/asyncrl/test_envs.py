@@ -11,9 +11,9 @@ import pytest
 from gymnasium import spaces
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
-import asyncrl._specs
-import asyncrl.envs
-from asyncrl.envs import ArraySpec, EnvPool, EnvSpecs, make_env_pool
+import asyncrl._env_specs
+import asyncrl._envs
+from asyncrl._envs import ArraySpec, EnvPool, EnvSpecs, make_env_pool
 from asyncrl.testing import TinyDictEnv
 
 
@@ -53,7 +53,7 @@ def test_dict_specs_round_trip_and_plain_types() -> None:
 
 
 def test_unbounded_box_has_no_bounds() -> None:
-    spec = asyncrl._specs.array_spec_from_space(spaces.Box(-np.inf, np.inf, (3,)))
+    spec = asyncrl._env_specs.array_spec_from_space(spaces.Box(-np.inf, np.inf, (3,)))
     assert spec.low is None and spec.high is None
     assert ArraySpec.from_dict(spec.to_dict()) == spec
 
@@ -296,7 +296,7 @@ def test_torchrl_env() -> None:
 
 
 def test_doctests() -> None:
-    for module in (asyncrl._specs, asyncrl.envs):
+    for module in (asyncrl._env_specs, asyncrl._envs):
         result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
         assert result.failed == 0, module.__name__
         assert result.attempted > 0, module.__name__

@@ -22,8 +22,8 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from torch import nn
 
-from .envs import EnvPool, check_action_dtype, make_env_pool
-from .policies import ExplorationLike, ExplorationType, PolicyAdapter, RandomPolicy, torch_dtype
+from ._envs import EnvPool, check_action_dtype, make_env_pool
+from ._policies import ExplorationLike, ExplorationType, PolicyAdapter, RandomPolicy, torch_dtype
 
 __all__ = ["Rollout", "split_trajectories"]
 
@@ -55,7 +55,7 @@ class Rollout:
     boundary before the policy runs; a change of ``policy_version`` made there
     is stamped from that frame on.
 
-    >>> from asyncrl.envs import make_env_pool
+    >>> from asyncrl._envs import make_env_pool
     >>> rollout = Rollout(make_env_pool("CartPole-v1", num_envs=2), None, frames_per_batch=8)
     >>> _ = rollout.set_seed(0)
     >>> batch = rollout.collect()

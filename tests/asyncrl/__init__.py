@@ -1,0 +1,1 @@
+"""Tests of the asyncrl package (runtime, collectors, weights)."""

@@ -1,0 +1,1 @@
+"""Tests of the transports package (wire layer)."""
