@@ -11,11 +11,11 @@
 from ._errors import AsyncRLError as AsyncRLError
 from ._errors import CollectorError as CollectorError
 from ._errors import WorkerLostError as WorkerLostError
+from ._policies import RandomPolicy as RandomPolicy
 from .collectors import BlockingCollector as BlockingCollector
 from .collectors import Collector as Collector
 from .collectors import MultiAsyncCollector as MultiAsyncCollector
 from .collectors import MultiCollector as MultiCollector
 from .collectors import MultiSyncCollector as MultiSyncCollector
-from ._policies import RandomPolicy as RandomPolicy
 
 __version__ = "0.1.0"

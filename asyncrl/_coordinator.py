@@ -710,4 +710,4 @@ class Coordinator:
         await self._changed.wait()
 
 
-__all__ = ["OnWorkerLoss", "RelayInfo", "Coordinator", "WorkerInfo", "check_specs"]
+__all__ = ["Coordinator", "OnWorkerLoss", "RelayInfo", "WorkerInfo", "check_specs"]

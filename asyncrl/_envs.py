@@ -23,7 +23,6 @@ from typing import Any
 
 import numpy as np
 
-from ._worker_spec import resolve_import_path
 from ._env_specs import (
     ArraySpec,
     EnvSpecs,
@@ -32,6 +31,7 @@ from ._env_specs import (
     flatten_obs_specs,
     observation_specs_from_space,
 )
+from ._worker_spec import resolve_import_path
 
 __all__ = ["ArraySpec", "EnvPool", "EnvSpecs", "make_env_pool"]
 

@@ -28,6 +28,7 @@ import torch
 from transports import CurveClient, Link, Message, PeerLostError, ProtocolError
 from transports import shutdown as flush_and_close_sockets
 
+from ._envs import make_env_pool
 from ._protocol import (
     PROTOCOL,
     Batch,
@@ -40,10 +41,9 @@ from ._protocol import (
     Rejoin,
     Welcome,
 )
-from ._worker_spec import WorkerSpec
-from ._envs import make_env_pool
 from ._relay import ATTACHED_KIND
 from ._rollout import Rollout
+from ._worker_spec import WorkerSpec
 from .weights import WEIGHTS_KIND, WeightReceiverGroup, WeightSyncScheme
 
 log = logging.getLogger("asyncrl.worker")

@@ -46,8 +46,8 @@ import torch
 from asyncrl._worker import use_torch_threads
 from transports._codec import encode_message
 
-from .._protocol import Batch
 from .._envs import make_env_pool
+from .._protocol import Batch
 from .._rollout import Rollout
 from .collect import make_policy
 

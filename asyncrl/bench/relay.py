@@ -50,8 +50,8 @@ import torch
 from tensordict import TensorDict
 
 from asyncrl._protocol import RelayHello, RelayWelcome
-from asyncrl.bench.weights import fill_, mlp, n_params, p50_ms, progress
 from asyncrl._relay import ATTACHED_KIND, HostRelay
+from asyncrl.bench.weights import fill_, mlp, n_params, p50_ms, progress
 from asyncrl.weights import (
     WEIGHTS_KIND,
     WeightReceiverGroup,

@@ -61,8 +61,8 @@ import anyio.abc
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from .._protocol import PROTOCOL, Batch, Collect, Hello, Welcome
 from .._env_specs import ArraySpec, EnvSpecs
+from .._protocol import PROTOCOL, Batch, Collect, Hello, Welcome
 
 # ------------------------------------------------------------------ the simulated batch
 

@@ -9,9 +9,9 @@ import anyio
 import torch
 from tensordict import TensorDictBase
 
-from .._worker_spec import WorkerSpec
 from .._envs import make_env_pool
 from .._rollout import Rollout
+from .._worker_spec import WorkerSpec
 from ..weights import InProcessWeightSyncScheme, WeightReceiver, WeightSender
 from ._base import BaseCollector, check_int
 

@@ -17,13 +17,13 @@ from tensordict import TensorDict, TensorDictBase
 
 from transports import CurveServer, Hub, PeerLostError
 
+from .._coordinator import Coordinator, OnWorkerLoss, WorkerInfo, check_specs
+from .._envs import make_env_pool
 from .._errors import CollectorError, WorkerLostError
 from .._protocol import Control
-from .._worker_spec import WorkerSpec
-from .._envs import make_env_pool
-from .._coordinator import OnWorkerLoss, Coordinator, WorkerInfo, check_specs
-from ..weights import WeightSender, ZmqWeightSyncScheme
 from .._worker import EXIT_ERROR
+from .._worker_spec import WorkerSpec
+from ..weights import WeightSender, ZmqWeightSyncScheme
 from ._base import (
     BaseCollector,
     check_cat_results,

@@ -14,7 +14,6 @@ import anyio
 
 from transports import random_identity
 
-from .._worker_spec import WorkerSpec
 from .._worker import (
     EXIT_COORDINATOR_LOST,
     EXIT_ERROR,
@@ -22,6 +21,7 @@ from .._worker import (
     EXIT_REFUSED,
     process_main,
 )
+from .._worker_spec import WorkerSpec
 from ._launcher import worker_context
 
 log = logging.getLogger("asyncrl.collectors")

@@ -38,8 +38,8 @@ class WorkerActor:
     def run(self, endpoint: str, spec_kwargs: dict[str, Any], options: dict[str, Any]) -> int:
         import anyio
 
-        from .._worker_spec import WorkerSpec
         from .._worker import run_worker
+        from .._worker_spec import WorkerSpec
 
         spec = WorkerSpec(**spec_kwargs)
         return anyio.run(lambda: run_worker(endpoint, spec, **options))
@@ -50,8 +50,8 @@ class HostActor:
     """One node's asyncrl workers and relay (``asyncrl worker --workers K``) in a Ray actor."""
 
     def run(self, endpoint: str, spec_kwargs: dict[str, Any], options: dict[str, Any]) -> int:
-        from .._worker_spec import WorkerSpec
         from .._host import HostWorkers
+        from .._worker_spec import WorkerSpec
 
         return HostWorkers(endpoint, WorkerSpec(**spec_kwargs), **options).run()
 

@@ -9,12 +9,13 @@ the version applied. A :class:`WeightSyncScheme` decides how the bytes travel:
 process) or :class:`NoWeightSyncScheme`. See ``docs/weights.md``.
 """
 
+from transports._memory import LocalHub as LocalHub
+from transports._memory import LocalLink as LocalLink
+
 from ._errors import ModelPathError as ModelPathError
 from ._errors import NotInitializedError as NotInitializedError
 from ._errors import WeightMismatchError as WeightMismatchError
 from ._errors import WeightSyncError as WeightSyncError
-from transports._memory import LocalHub as LocalHub
-from transports._memory import LocalLink as LocalLink
 from ._paths import resolve_model_path as resolve_model
 from ._paths import resolve_model_path as resolve_model_path
 from ._receiver import WEIGHTS_KIND as WEIGHTS_KIND

@@ -6,9 +6,9 @@ from collections.abc import Callable
 from typing import Any, ClassVar
 
 from transports import Message
+from transports._memory import LocalHub
 
 from ._errors import NotInitializedError, WeightSyncError
-from transports._memory import LocalHub
 from ._paths import resolve_model_path
 from ._receiver import WeightReceiver
 from ._sender import HubLike, WeightSender, WorkerIds, Workers

@@ -507,9 +507,9 @@ async def test_a_worker_found_gone_while_a_round_is_asked_for_does_not_break_the
 async def test_a_worker_that_said_hello_twice_to_a_busy_trainer_joins_once_and_collects() -> None:
     """The real worker: its hellos wait in the hub while the trainer is busy."""
     from asyncrl._protocol import Control
+    from asyncrl._worker import run_worker
     from asyncrl._worker_spec import WorkerSpec
     from asyncrl.testing import CountingEnv
-    from asyncrl._worker import run_worker
 
     codes: list[int] = []
     async with Hub("tcp://127.0.0.1:0", **FAST) as hub:

@@ -13,8 +13,8 @@ import torch
 from torch import nn
 
 from asyncrl import MultiAsyncCollector, MultiSyncCollector
-from asyncrl.collectors._launcher import THREAD_VARIABLES, thread_environment
 from asyncrl._worker import process_alive
+from asyncrl.collectors._launcher import THREAD_VARIABLES, thread_environment
 
 pytestmark = pytest.mark.anyio
 LIMIT = 90

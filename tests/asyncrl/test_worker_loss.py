@@ -21,10 +21,10 @@ from typing import Any
 import anyio
 import pytest
 import torch
-from tests.multihost.processes import alive
 
 from asyncrl import MultiAsyncCollector, MultiSyncCollector, WorkerLostError
 from asyncrl.testing import ParamPolicy
+from tests.multihost.processes import alive
 
 pytestmark = pytest.mark.anyio
 

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import anyio
 import pytest
-from tests.multihost.lines import Lines
-from tests.multihost.processes import free_port
 
 from asyncrl import MultiAsyncCollector, MultiSyncCollector
 from asyncrl.testing import ValuePolicy, identity_env
+from tests.multihost.lines import Lines
+from tests.multihost.processes import free_port
 
 from .helpers import (
     LIMIT,

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from tests.multihost.lines import Lines
 
 TRAINER = Path(__file__).parent / "trainer.py"

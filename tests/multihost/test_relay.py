@@ -14,15 +14,15 @@ from pathlib import Path
 import anyio
 import pytest
 import torch
-from tests.multihost.processes import alive, free_port, kill_group, wait_exit
 
 from asyncrl import MultiAsyncCollector, MultiSyncCollector
-from asyncrl._worker_spec import WorkerSpec
 from asyncrl._relay import HostRelay
+from asyncrl._worker import run_worker
+from asyncrl._worker_spec import WorkerSpec
 from asyncrl.testing import ParamPolicy
 from asyncrl.weights import WEIGHTS_KIND, WeightSender, ZmqWeightSyncScheme
 from asyncrl.weights._fanout import RELAY_TO
-from asyncrl._worker import run_worker
+from tests.multihost.processes import alive, free_port, kill_group, wait_exit
 from transports import Hub, Link, Message, PeerLostError, RemoteError, generate_keys
 
 pytestmark = pytest.mark.anyio

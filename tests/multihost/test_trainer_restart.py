@@ -17,11 +17,11 @@ import anyio
 import pytest
 import torch
 import zmq
-from tests.multihost.processes import free_port, kill_group, wait_exit
 
 from asyncrl import MultiSyncCollector
 from asyncrl.testing import ParamPolicy
 from asyncrl.weights import WeightReceiver, WeightSender
+from tests.multihost.processes import free_port, kill_group, wait_exit
 from transports import Hub, Link, Message, RemoteError
 
 pytestmark = pytest.mark.anyio
