@@ -40,10 +40,10 @@ from transports import (
     PeerEvent,
     PeerLostError,
     ProtocolError,
+    TaskGroupResource,
     Ticket,
     random_identity,
 )
-from transports._resource import TaskGroupResource
 
 from ._protocol import MAX_RELAY_MEMBERS, PROTOCOL, Refuse, RelayHello, RelayWelcome
 from .weights import WEIGHTS_KIND

@@ -20,10 +20,14 @@ from ._errors import PeerLostError as PeerLostError
 from ._errors import ProtocolError as ProtocolError
 from ._errors import RemoteError as RemoteError
 from ._errors import TransportError as TransportError
+from ._hub import STRANGER_MAX_BYTES as STRANGER_MAX_BYTES
 from ._hub import Hub as Hub
 from ._link import Link as Link
 from ._link import random_identity as random_identity
+from ._memory import LocalHub as LocalHub
+from ._memory import LocalLink as LocalLink
 from ._ratelimit import RateLimitedLog as RateLimitedLog
+from ._resource import TaskGroupResource as TaskGroupResource
 from ._shm import SharedTensorBlock as SharedTensorBlock
 from ._shm import TornReadError as TornReadError
 from ._shm import copy_into as copy_into

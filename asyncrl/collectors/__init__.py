@@ -6,3 +6,14 @@ from ._inprocess import Collector as Collector
 from ._multi import MultiAsyncCollector as MultiAsyncCollector
 from ._multi import MultiCollector as MultiCollector
 from ._multi import MultiSyncCollector as MultiSyncCollector
+from ._multi import WorkerStatistics as WorkerStatistics
+
+__all__ = [
+    "BaseCollector",
+    "BlockingCollector",
+    "Collector",
+    "MultiAsyncCollector",
+    "MultiCollector",
+    "MultiSyncCollector",
+    "WorkerStatistics",
+]

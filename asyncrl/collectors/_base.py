@@ -12,7 +12,7 @@ from typing import Any, Self
 import anyio
 from tensordict import TensorDictBase
 
-from transports._resource import TaskGroupResource
+from transports import TaskGroupResource
 
 from .._errors import CollectorError
 from .._rollout import split_trajectories

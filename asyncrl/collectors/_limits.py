@@ -8,7 +8,7 @@ import msgpack
 import numpy as np
 import torch
 
-from transports._hub import STRANGER_MAX_BYTES
+from transports import STRANGER_MAX_BYTES
 
 from .._env_specs import EnvSpecs
 

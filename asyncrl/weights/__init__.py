@@ -9,8 +9,8 @@ the version applied. A :class:`WeightSyncScheme` decides how the bytes travel:
 process) or :class:`NoWeightSyncScheme`. See ``docs/weights.md``.
 """
 
-from transports._memory import LocalHub as LocalHub
-from transports._memory import LocalLink as LocalLink
+from transports import LocalHub as LocalHub
+from transports import LocalLink as LocalLink
 
 from ._errors import ModelPathError as ModelPathError
 from ._errors import NotInitializedError as NotInitializedError

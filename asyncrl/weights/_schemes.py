@@ -5,8 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-from transports import Message
-from transports._memory import LocalHub
+from transports import LocalHub, Message
 
 from ._errors import NotInitializedError, WeightSyncError
 from ._paths import resolve_model_path

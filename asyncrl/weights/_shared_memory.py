@@ -9,8 +9,7 @@ from typing import Any
 import anyio
 import torch
 
-from transports import Message, ProtocolError, Ticket
-from transports._shm import SharedTensorBlock, TornReadError
+from transports import Message, ProtocolError, SharedTensorBlock, Ticket, TornReadError
 
 from ._receiver import WeightReceiver, _Update
 from ._sender import THREAD_COPY_BYTES, WeightSender, _Queued

@@ -20,8 +20,7 @@ from typing import Any
 import torch
 from tensordict import TensorDictBase
 
-from transports import Ticket
-from transports._shm import copy_into
+from transports import Ticket, copy_into
 
 from ._strategy import clone_weights, flat_tensors
 

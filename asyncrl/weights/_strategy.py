@@ -9,7 +9,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from torch import nn
 
-from transports._shm import copy_into
+from transports import copy_into
 
 from ._errors import WeightMismatchError
 
