@@ -49,6 +49,8 @@ import anyio
 import torch
 from tensordict import TensorDict
 
+# The relay is timed on its own: a HostRelay in a process, and this trainer answers its
+# hello as the coordinator would (internal, like scaling's coordinator).
 from asyncrl._protocol import RelayHello, RelayWelcome
 from asyncrl._relay import ATTACHED_KIND, HostRelay
 from asyncrl.weights import (
