@@ -6,10 +6,11 @@ import argparse
 import importlib
 import logging
 import os
+import shlex
 import sys
 from typing import Any
 
-BENCHMARKS = ("codec", "channels", "weights", "collect", "relay")
+BENCHMARKS = ("codec", "channels", "weights", "collect", "relay", "scaling", "profile_worker")
 
 
 def _worker_parser(sub: Any) -> None:
@@ -62,7 +63,11 @@ def _keys_parser(sub: Any) -> None:
 
 
 def _bench_parser(sub: Any) -> None:
-    p = sub.add_parser("bench", help="run a benchmark (python -m asyncrl.bench.NAME)")
+    p = sub.add_parser(
+        "bench", help="run a benchmark from a source checkout (python -m benchmarks.NAME)",
+        description="Run benchmarks/NAME.py of asyncrl's source tree (the benchmarks are not "
+                    "installed with the package): from the checkout that holds the running "
+                    "asyncrl, else from the current directory.")
     p.add_argument("name", choices=BENCHMARKS)
     p.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the benchmark")
 
@@ -79,11 +84,37 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "bench":
-        module = importlib.import_module(f"asyncrl.bench.{args.name}")
-        return int(module.main(args.args) or 0)
+        return run_benchmark(args.name, args.args)
     if args.command == "keys":
         return generate_keys_command(args.directory)
     return run_workers(args)
+
+
+def run_benchmark(name: str, argv: list[str], roots: list[str] | None = None) -> int:
+    """Run ``benchmarks.NAME.main(argv)`` from a source checkout; 2 if there is none."""
+    if roots is None:
+        # The checkout of the running asyncrl first (an editable install or PYTHONPATH: the
+        # benchmarks then measure the code beside them), then the current directory.
+        roots = [os.path.dirname(os.path.dirname(os.path.abspath(__file__))), os.getcwd()]
+    root = next((r for r in roots if _has_benchmark(r, name)), None)
+    if root is None:
+        command = shlex.join(["python", "-m", f"benchmarks.{name}", *argv])
+        print(f"asyncrl bench: no benchmarks/{name}.py here: the benchmarks ship with asyncrl's "
+              "source tree, not with the installed package. From a clone of the repository, "
+              f"run:\n    {command}\n(or 'asyncrl bench {name}' in the clone's root)",
+              file=sys.stderr)
+        return 2
+    if root not in sys.path:
+        sys.path.insert(0, root)  # spawned processes inherit it, as with 'python -m'
+    module = importlib.import_module(f"benchmarks.{name}")
+    return int(module.main(argv) or 0)
+
+
+def _has_benchmark(root: str, name: str) -> bool:
+    # An asyncrl checkout, not some other project's top-level "benchmarks" package.
+    return (os.path.isfile(os.path.join(root, "benchmarks", "__init__.py"))
+            and os.path.isfile(os.path.join(root, "benchmarks", f"{name}.py"))
+            and os.path.isdir(os.path.join(root, "asyncrl")))
 
 
 def generate_keys_command(directory: str) -> int:

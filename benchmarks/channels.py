@@ -25,8 +25,8 @@ decoded over the received frame by the hub) against a blocking pyzmq
 DEALER->ROUTER stream of 1 MiB numpy buffers sent with ``copy=False``; each
 repetition ends with a small message answered by the receiver.
 
-    python -m asyncrl.bench.channels            # full run
-    python -m asyncrl.bench.channels --quick    # smoke run
+    python -m benchmarks.channels            # full run
+    python -m benchmarks.channels --quick    # smoke run
 """
 
 from __future__ import annotations
@@ -44,6 +44,8 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
+
+from benchmarks import ROOT
 
 MB = 1 << 20
 
@@ -124,8 +126,8 @@ SERVERS: dict[str, Callable[[str], None]] = {
 def server(kind: str, endpoint: str) -> Iterator[str]:
     """Run a server in a child process; yield the endpoint it bound."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "asyncrl.bench.channels", "--serve", kind, endpoint],
-        stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+        [sys.executable, "-m", "benchmarks.channels", "--serve", kind, endpoint],
+        stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, cwd=ROOT,
     )
     try:
         assert proc.stdout is not None
@@ -398,7 +400,7 @@ def environment() -> str:
 
 
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m asyncrl.bench.channels",
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.channels",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--transports", default="ipc,tcp",
                         type=lambda s: [t for t in s.split(",") if t])
@@ -428,7 +430,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         except KeyboardInterrupt:
             pass
         return 0
-    command = "python -m asyncrl.bench.channels " + shlex.join(
+    command = "python -m benchmarks.channels " + shlex.join(
         sys.argv[1:] if argv is None else list(argv))
     with tempfile.TemporaryDirectory(prefix="asyncrl-bench-") as workdir:
         latency = run_latency(args, workdir)

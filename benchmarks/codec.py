@@ -14,8 +14,8 @@ decoding 256 MB received over a real ZeroMQ socket copies nothing: every
 decoded tensor lies inside its received frame and the resident set barely
 grows while decoding.
 
-    python -m asyncrl.bench.codec            # full run (1 MB and 256 MB)
-    python -m asyncrl.bench.codec --quick    # smoke run (1 MB and 16 MB)
+    python -m benchmarks.codec            # full run (1 MB and 256 MB)
+    python -m benchmarks.codec --quick    # smoke run (1 MB and 16 MB)
 """
 
 from __future__ import annotations
@@ -273,7 +273,7 @@ def _load_average() -> str:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m asyncrl.bench.codec", description=__doc__.split("\n\n")[0]
+        prog="python -m benchmarks.codec", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("--repeat", type=int, default=None,
                         help="timed repetitions on the large payload, x10 on 1 MB "
@@ -291,7 +291,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark, print a Markdown table and the command that produced it."""
     args = parse_args(argv)
-    command = shlex.join(["python", "-m", "asyncrl.bench.codec",
+    command = shlex.join(["python", "-m", "benchmarks.codec",
                           *(sys.argv[1:] if argv is None else argv)])
     sizes = [(1 * MB, args.repeat * 10), ((16 if args.quick else 256) * MB, args.repeat)]
     torch.set_num_threads(max(1, os.cpu_count() or 1))

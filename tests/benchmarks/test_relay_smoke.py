@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import anyio
 
-from asyncrl.bench.relay import bench_weights
+from benchmarks.relay import bench_weights
 
 
 def test_relay_bench_weights_one_copy_per_version_through_the_relay(tmp_path) -> None:

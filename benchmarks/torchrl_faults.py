@@ -5,7 +5,7 @@ torchrl.envs.GymEnv, 2 workers, 200 frames per batch) under each fault, each cas
 its own process bounded by --timeout, and prints what happened: raised what after
 how long, hung, or carried on. The results are in docs/reliability.md.
 
-    python scripts/torchrl_faults.py [--timeout 60] [--only kill,stop,block,env_error]
+    python -m benchmarks.torchrl_faults [--timeout 60] [--only kill,stop,block,env_error]
 """
 
 from __future__ import annotations
@@ -15,12 +15,15 @@ import itertools
 import json
 import os
 import queue
+import shlex
 import signal
 import subprocess
 import sys
 import threading
 import time
 from typing import Any
+
+from benchmarks import ROOT
 
 FAULT_AT = 3  # the fault happens after this many batches
 AFTER = 8  # batches wanted after the fault to call it "carried on"
@@ -87,9 +90,10 @@ def child(mode: str, fault: str) -> None:
 
 # -- the parent: run each case with a deadline, describe it ----------------------------
 def run_case(mode: str, fault: str, timeout: float) -> str:
-    process = subprocess.Popen([sys.executable, __file__, "--child", mode, fault],
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               start_new_session=True)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "benchmarks.torchrl_faults", "--child", mode, fault],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        cwd=ROOT)
     lines: queue.Queue[str | None] = queue.Queue()
 
     def pump(stream: Any) -> None:
@@ -177,20 +181,22 @@ def describe(events: list[dict], other: list[str], fault_t: float | None,
             f"(no error; stopped by this script)")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.torchrl_faults",
+                                     description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--timeout", type=float, default=60.0,
                         help="seconds without an outcome after the fault before a case "
                              "counts as hung")
     parser.add_argument("--only", default=",".join(FAULTS), help="faults to run, comma-separated")
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.child:
         child(*args.child)
-        return
+        return 0
     import torchrl
 
-    print(f"# {' '.join([os.path.basename(sys.executable), *sys.argv])}")
+    print("# python -m benchmarks.torchrl_faults "
+          + shlex.join(sys.argv[1:] if argv is None else argv))
     print(f"# torchrl {torchrl.__version__}, CartPole-v1 (GymEnv), 2 workers, 200 frames per "
           f"batch, fault after batch {FAULT_AT}, timeout {args.timeout:.0f} s")
     print("| collector | fault | what happened |")
@@ -200,7 +206,8 @@ def main() -> None:
             outcome = run_case(mode, fault, args.timeout)
             name = "MultiSyncCollector" if mode == "sync" else "MultiAsyncCollector"
             print(f"| {name} | {FAULTS[fault]} | {outcome} |", flush=True)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

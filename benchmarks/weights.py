@@ -15,10 +15,10 @@ model (268 MB) sent to one worker over tcp loopback with the ZeroMQ scheme
 against a bare pyzmq ROUTER/DEALER round trip of the same bytes (send, the
 peer receives them all, answers a few bytes).
 
-    python -m asyncrl.bench.weights            # full run, a few minutes
-    python -m asyncrl.bench.weights --quick    # smoke run (small sizes)
-    python -m asyncrl.bench.weights --sizes 4k,2M,50M --no-bandwidth   # issue #11's sizes
-    python -m asyncrl.bench.weights --rapid    # memory of 50 rapid sends (newest wins)
+    python -m benchmarks.weights            # full run, a few minutes
+    python -m benchmarks.weights --quick    # smoke run (small sizes)
+    python -m benchmarks.weights --sizes 4k,2M,50M --no-bandwidth   # issue #11's sizes
+    python -m benchmarks.weights --rapid    # memory of 50 rapid sends (newest wins)
 
 ``--rapid``: 50 ``send_async()`` in a row of a 16 MB model to 2 live worker
 processes that take 100 ms per update, then one ``wait_ack()``: the trainer's
@@ -386,7 +386,7 @@ def p50_ms(times: list[float]) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m asyncrl.bench.weights",
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.weights",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes, few repetitions")
     parser.add_argument("--no-torchrl", action="store_true", help="skip the TorchRL rows")
@@ -398,7 +398,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="only the memory of 50 rapid sends to 2 slow workers")
     args = parser.parse_args(argv)
     argv = sys.argv[1:] if argv is None else argv
-    command = "python -m asyncrl.bench.weights" + (" " + shlex.join(argv) if argv else "")
+    command = "python -m benchmarks.weights" + (" " + shlex.join(argv) if argv else "")
     if args.rapid:
         with tempfile.TemporaryDirectory(prefix="asyncrl-bench-") as tmp:
             print(rapid_report(anyio.run(bench_rapid, f"ipc://{tmp}/rapid"), command))

@@ -1,17 +1,18 @@
 """Where a worker's time per env step goes: env, policy, rollout writes, copies, encoding.
 
-    python -m asyncrl.bench.profile_worker                      # Pendulum-v1, mlp256, 1 env
-    python -m asyncrl.bench.profile_worker --envs-per-worker 8 --policy mlp64
-    python -m asyncrl.bench.profile_worker --env CartPole-v1 --no-thread --top 25
+    python -m benchmarks.profile_worker                      # Pendulum-v1, mlp256, 1 env
+    python -m benchmarks.profile_worker --envs-per-worker 8 --policy mlp64
+    python -m benchmarks.profile_worker --env CartPole-v1 --no-thread --top 25
 
-It runs, in this process, what a worker does for each credit (``Worker._collect_one``
-and the send after it): ``Rollout.collect()`` on a pool of ``--envs-per-worker`` envs
-with the benchmark's MLP policy (``asyncrl.bench.collect.make_policy``: the same module
-the collection benchmark gives both libraries), ``.clone()`` of the batch (the message's
-own copy), then ``encode_message`` of the batch message (what ``Link.send`` hands
-ZeroMQ). As in a worker, torch runs with ``--threads`` intra-op threads (the worker's
-default, 1) and the rollout runs in a separate thread (``anyio.to_thread`` in the worker;
-``--no-thread`` runs it on the main thread).
+It runs, in this process, what a worker does for each credit
+(:class:`asyncrl.testing.RolloutProbe`, the worker's own code): ``Rollout.collect()`` on
+a pool of ``--envs-per-worker`` envs with the benchmark's MLP policy
+(``benchmarks.collect.make_policy``: the same module the collection benchmark gives both
+libraries), ``.clone()`` of the batch (the message's own copy), then the encoding of the
+batch message (what ``Link.send`` hands ZeroMQ). As in a worker, torch runs with
+``--threads`` intra-op threads (the worker's default, 1) and the rollout runs in a
+separate thread (``anyio.to_thread`` in the worker; ``--no-thread`` runs it on the main
+thread).
 
 Two views, both per env step (a step is one ``pool.step`` of all envs of the worker):
 
@@ -40,23 +41,18 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-import numpy as np
 import torch
 
-from asyncrl._worker import use_torch_threads
-from transports._codec import encode_message
-
-from .._envs import make_env_pool
-from .._protocol import Batch
-from .._rollout import Rollout
-from .collect import make_policy
+from asyncrl.testing import RolloutProbe
+from benchmarks import ROOT
+from benchmarks.collect import make_policy
 
 T = TypeVar("T")
 
 #: cProfile self time is charged to a category by the first rule that matches the
 #: function's file (or, for built-ins, its name). Order matters: specific first.
 CATEGORIES: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("env (gymnasium + EnvPool)", ("gymnasium/", "asyncrl/envs.py", "asyncrl/_specs.py")),
+    ("env (gymnasium + EnvPool)", ("gymnasium/", "asyncrl/_envs.py", "asyncrl/_env_specs.py")),
     # tensordict 0.14's TensorDictModule writes each output through TensorDict.from_any,
     # which looks for pandas on disk (importlib.util.find_spec) at every call.
     ("TensorDictModule output: find_spec('pandas')", ("importlib", "posix.stat",
@@ -64,13 +60,13 @@ CATEGORIES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("policy: torch ops", ("torch._C._nn", "torch.tanh", "argmax", "method mul",
                            "built-in method torch.")),
     ("policy: nn.Module / TensorDictModule Python", (
-        "torch/nn/", "tensordict/nn/", "asyncrl/policies.py", "asyncrl/bench/collect.py",
+        "torch/nn/", "tensordict/nn/", "asyncrl/_policies.py", "benchmarks/collect.py",
         "torch/utils/_contextlib", "torch/autograd/grad_mode", "torch/compiler",
         "torch/_dynamo")),
     ("encode (transports codec)", ("transports/", "msgpack")),
     ("tensordict (clone, get/set, batch view)", ("tensordict/", "method clone",
                                                  "method copy_", "method set_")),
-    ("rollout loop (asyncrl/rollout.py)", ("asyncrl/rollout.py",)),
+    ("rollout loop (asyncrl/_rollout.py)", ("asyncrl/_rollout.py",)),
     ("numpy (buffer writes, env maths)", ("numpy/", "numpy.", "method 'any'", "copyto",
                                           "logical_or", "built-in method numpy")),
 )
@@ -111,52 +107,28 @@ class Profiler:
 
     def __init__(self, env: str, policy: str, envs_per_worker: int,
                  frames_per_batch: int) -> None:
-        self.rollout = Rollout(make_env_pool(env, num_envs=envs_per_worker),
-                               make_policy(policy, env), frames_per_batch)
-        self.rollout.set_seed(0)
-        self.steps = self.rollout.steps_per_batch
-        self.request = 0
+        self.probe = RolloutProbe(env, make_policy(policy, env), envs_per_worker=envs_per_worker,
+                                  frames_per_batch=frames_per_batch)
+        self.steps = self.probe.steps
 
     def credit(self) -> list[Any]:
         """One credit as a worker serves it: collect, copy, encode the batch message."""
-        frames = self.rollout.collect().clone()
-        self.request += 1
-        return encode_message(Batch(self.request, frames).to_body(), kind=Batch.KIND)
+        return self.probe.credit()
 
     def time_parts(self) -> dict[str, float]:
         """Seconds per batch of each part, measured apart, no profiler."""
-        r = self.rollout
         t0 = time.perf_counter()
-        batch = r.collect()
+        batch = self.probe.collect()
         t1 = time.perf_counter()
         frames = batch.clone()
         t2 = time.perf_counter()
-        encode_message(Batch(0, frames).to_body(), kind=Batch.KIND)
+        self.probe.encode(frames)
         t3 = time.perf_counter()
         return {"batch": t1 - t0, "clone": t2 - t1, "encode": t3 - t2,
-                "env": self._time_env(), "policy": self._time_policy()}
-
-    def _time_env(self) -> float:
-        pool, action = self.rollout.env_pool, self.rollout._act_np
-        done = np.zeros(pool.num_envs, dtype=bool)
-        t0 = time.perf_counter()
-        for _ in range(self.steps):
-            pool.step_inplace(action)
-            if pool.any_done:  # the rollout resets finished envs at once, so do we
-                np.logical_or(pool.terminated, pool.truncated, out=done)
-                pool.reset_where(done)
-        return time.perf_counter() - t0
-
-    def _time_policy(self) -> float:
-        adapter, td = self.rollout._adapter, self.rollout._step_td
-        with adapter.exploration():  # entered once per batch, as the rollout does
-            t0 = time.perf_counter()
-            for _ in range(self.steps):
-                adapter(td)
-            return time.perf_counter() - t0
+                "env": self.probe.time_env(), "policy": self.probe.time_policy()}
 
     def close(self) -> None:
-        self.rollout.close()
+        self.probe.close()
 
 
 def direct_table(samples: list[dict[str, float]], steps: int) -> list[str]:
@@ -166,7 +138,7 @@ def direct_table(samples: list[dict[str, float]], steps: int) -> list[str]:
             ("policy forward (TensorDictModule on the step td)", med["policy"]),
             ("rollout bookkeeping (buffer writes, hooks; batch - env - policy)", bookkeeping),
             ("clone of the batch (the message's own copy)", med["clone"]),
-            ("encode_message (header + frames for ZeroMQ)", med["encode"])]
+            ("encode the batch message (header + frames for ZeroMQ)", med["encode"])]
     total = med["batch"] + med["clone"] + med["encode"]
     lines = ["| part | share | µs / step |", "|---|---:|---:|"]
     lines += [f"| {name} | {100 * sec / total:.1f}% | {1e6 * sec / steps:.1f} |"
@@ -198,14 +170,15 @@ def profile_table(stats: pstats.Stats, steps: int, top: int) -> list[str]:
 
 
 def _short(filename: str) -> str:
-    for marker in ("site-packages/", "wt-bench/", "/asyncrl/", "/transports/"):
-        if marker in filename:
-            return filename.split(marker, 1)[1]
+    if filename.startswith(ROOT + "/"):  # asyncrl/_rollout.py, benchmarks/collect.py
+        return filename[len(ROOT) + 1:]
+    if "site-packages/" in filename:
+        return filename.split("site-packages/", 1)[1]
     return filename
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m asyncrl.bench.profile_worker",
+    p = argparse.ArgumentParser(prog="python -m benchmarks.profile_worker",
                                 description=(__doc__ or "").split("\n")[0])
     p.add_argument("--env", default="Pendulum-v1")
     p.add_argument("--policy", default="mlp256", help="random, mlp64, mlp256 (mlpN)")
@@ -228,14 +201,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    command = "python -m asyncrl.bench.profile_worker " + shlex.join(
+    command = "python -m benchmarks.profile_worker " + shlex.join(
         sys.argv[1:] if argv is None else argv)
     torch.set_num_threads(args.threads)
     prof = Profiler(args.env, args.policy, args.envs_per_worker, args.frames_per_batch)
     try:
         def run() -> tuple[list[dict[str, float]], float, pstats.Stats]:
-            if args.threads_in_rollout_thread:
-                use_torch_threads(args.threads)
+            if args.threads_in_rollout_thread:  # OpenMP keeps the count per thread
+                torch.set_num_threads(args.threads)
             prof.credit()  # warm-up: first calls pay for lazy initialisation
             samples = [prof.time_parts() for _ in range(args.batches)]
             t0 = time.perf_counter()

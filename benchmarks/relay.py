@@ -22,9 +22,9 @@ dev VETH root tbf rate 1gbit burst 1mb latency 50ms`` on both ends: a full-duple
 1 Gbit/s NIC), runs both again, and reads the bytes that left the trainer from
 its veth's ``tx_bytes``.
 
-    python -m asyncrl.bench.relay            # full run, loopback tcp
-    python -m asyncrl.bench.relay --netns    # and again through an emulated 1 Gbit/s NIC
-    python -m asyncrl.bench.relay --quick    # smoke run (small sizes, few repetitions)
+    python -m benchmarks.relay            # full run, loopback tcp
+    python -m benchmarks.relay --netns    # and again through an emulated 1 Gbit/s NIC
+    python -m benchmarks.relay --quick    # smoke run (small sizes, few repetitions)
 """
 
 from __future__ import annotations
@@ -49,15 +49,18 @@ import anyio
 import torch
 from tensordict import TensorDict
 
+# The relay is timed on its own: a HostRelay in a process, and this trainer answers its
+# hello as the coordinator would (internal, like scaling's coordinator).
 from asyncrl._protocol import RelayHello, RelayWelcome
 from asyncrl._relay import ATTACHED_KIND, HostRelay
-from asyncrl.bench.weights import fill_, mlp, n_params, p50_ms, progress
 from asyncrl.weights import (
     WEIGHTS_KIND,
     WeightReceiverGroup,
     WeightSyncScheme,
     ZmqWeightSyncScheme,
 )
+from benchmarks import ROOT
+from benchmarks.weights import fill_, mlp, n_params, p50_ms, progress
 from transports import Hub, Link, Message
 
 #: name -> (layer widths, timed repetitions per path in the full run)
@@ -91,7 +94,7 @@ def worker_name(index: int) -> bytes:
 
 # ------------------------------------------------------------------ processes of the host
 # Each runs ``_role(role, config)``: spawned with multiprocessing on loopback, or as
-# ``ip netns exec NS python -m asyncrl.bench.relay --role ROLE --config JSON`` in a netns.
+# ``ip netns exec NS python -m benchmarks.relay --role ROLE --config JSON`` in a netns.
 
 
 def _role(role: str, config: dict[str, Any]) -> None:
@@ -239,8 +242,8 @@ class Proc:
             self._proc.start()
         else:
             self._proc = subprocess.Popen(
-                ["ip", "netns", "exec", netns, sys.executable, "-m", "asyncrl.bench.relay",
-                 "--role", role, "--config", json.dumps(config)])
+                ["ip", "netns", "exec", netns, sys.executable, "-m", "benchmarks.relay",
+                 "--role", role, "--config", json.dumps(config)], cwd=ROOT)
 
     @property
     def pid(self) -> int:
@@ -456,7 +459,7 @@ async def bench_batches(spec: tuple[int, tuple[int, ...], torch.dtype, int, int]
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m asyncrl.bench.relay",
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.relay",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes, few repetitions")
     parser.add_argument("--netns", action="store_true",
@@ -470,7 +473,7 @@ def main(argv: list[str] | None = None) -> int:
     sizes = QUICK_SIZES if args.quick else SIZES
     batches = QUICK_BATCHES if args.quick else BATCHES
     shown = sys.argv[1:] if argv is None else argv
-    command = "python -m asyncrl.bench.relay" + (" " + shlex.join(shown) if shown else "")
+    command = "python -m benchmarks.relay" + (" " + shlex.join(shown) if shown else "")
     started = time.monotonic()
     load_before = os.getloadavg()
 

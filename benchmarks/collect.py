@@ -1,9 +1,9 @@
 """Collection throughput, start-up time and worker memory: asyncrl against TorchRL.
 
-    python -m asyncrl.bench.collect             # the default matrix (about 8 min, 2 idle cores)
-    python -m asyncrl.bench.collect --quick     # sync 2x1 per env and policy, smoke run
-    python -m asyncrl.bench.collect --envs Pendulum-v1 --policies mlp256 --cases 4x1 --modes async
-    python -m asyncrl.bench.collect --cases sync,async   # the earlier benchmark: random, CartPole
+    python -m benchmarks.collect             # the default matrix (about 8 min, 2 idle cores)
+    python -m benchmarks.collect --quick     # sync 2x1 per env and policy, smoke run
+    python -m benchmarks.collect --envs Pendulum-v1 --policies mlp256 --cases 4x1 --modes async
+    python -m benchmarks.collect --cases sync,async   # the earlier benchmark: random, CartPole
 
 What is measured looks like training, in the same run for both libraries:
 
@@ -179,8 +179,8 @@ def make_policy(name: str, env_id: str) -> Any:
     from tensordict.nn import TensorDictModule
 
     # Through the module's import name, also when run as ``python -m``: the workers
-    # unpickle Argmax and Scale as asyncrl.bench.collect's, never as __main__'s.
-    from asyncrl.bench import collect
+    # unpickle Argmax and Scale as benchmarks.collect's, never as __main__'s.
+    from benchmarks import collect
 
     width = int(name[3:])
     obs, out, head = collect.ENV_HEADS[env_id]
@@ -425,7 +425,7 @@ def _split(value: str) -> list[str]:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m asyncrl.bench.collect",
+    p = argparse.ArgumentParser(prog="python -m benchmarks.collect",
                                 description=(__doc__ or "").split("\n")[0])
     p.add_argument("--quick", action="store_true",
                    help="smoke run: 1 repeat, 1 window of 2 batches / 0.3 s, sync 2x1 only "
@@ -508,7 +508,7 @@ def build_cases(args: argparse.Namespace) -> list[Case]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    command = "python -m asyncrl.bench.collect " + shlex.join(
+    command = "python -m benchmarks.collect " + shlex.join(
         sys.argv[1:] if argv is None else argv)
     try:
         cases = build_cases(args)

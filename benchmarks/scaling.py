@@ -12,7 +12,8 @@ with ``asyncrl.collectors._multi.assemble``. Batches have TorchRL's layout
 What is simulated: the workers. They speak the real protocol (hello with env
 specs and ``slot=-1``, welcome, collect credits, batch, heartbeats) over real
 ZeroMQ ``ipc://`` connections, one DEALER socket per simulated worker, but
-they live in one or more *worker host* processes (``--hosts``) that hold many
+they live in one or more *worker host* processes (``--hosts``,
+``benchmarks/scaling_host.py``) that hold many
 sockets each and run a plain epoll loop over raw pyzmq: no env, no policy, no
 event loop, and each batch's frames are encoded once (per request id) and
 re-sent. A simulated worker answers a credit after ``--delay-ms`` (its
@@ -27,13 +28,13 @@ so ``time.thread_time()`` of the event-loop thread is the coordinator's own
 cost (Python: hub pump, decode, scheduler, trainer loop) and
 ``time.process_time()`` adds libzmq's I/O thread. The host's CPU use is
 reported too: a host near 100 % would mean the host, not the coordinator,
-was the limit. ``--workers inproc`` runs the simulated workers as anyio tasks
-with their own :class:`transports.Link` in this process instead (the figures
-then mix both sides; used by the tests).
+was the limit. ``--inproc`` runs the simulated workers as anyio tasks
+(:func:`asyncrl.testing.sim_worker`, what the tests use) with their own
+:class:`transports.Link` in this process instead (the figures then mix both sides).
 
-    python -m asyncrl.bench.scaling            # full run (~2 min on 2 cores)
-    python -m asyncrl.bench.scaling --quick    # ~30 s
-    python -m asyncrl.bench.scaling --profile sync:512   # cProfile of one case
+    python -m benchmarks.scaling            # full run (~2 min on 2 cores)
+    python -m benchmarks.scaling --quick    # ~30 s
+    python -m benchmarks.scaling --profile sync:512   # cProfile of one case
 """
 
 from __future__ import annotations
@@ -42,336 +43,29 @@ import argparse
 import contextlib
 import cProfile
 import io
-import json
 import math
 import os
 import platform
 import pstats
 import shlex
-import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
 import anyio.abc
 import torch
-from tensordict import TensorDict, TensorDictBase
+from tensordict import TensorDictBase
 
-from .._env_specs import ArraySpec, EnvSpecs
-from .._protocol import PROTOCOL, Batch, Collect, Hello, Welcome
-
-# ------------------------------------------------------------------ the simulated batch
-
-
-def make_specs(obs_dim: int) -> dict[str, Any]:
-    """The env specs a simulated worker announces (a CartPole-like Box / Discrete(2))."""
-    specs = EnvSpecs(observation={"observation": ArraySpec(shape=(obs_dim,), dtype="float32")},
-                     action=ArraySpec(shape=(), dtype="int64", low=0.0, high=1.0, n=2),
-                     num_envs=1)
-    return specs.to_dict()
-
-
-def make_share(frames: int, obs_dim: int, *, worker_id: int = 0, seq: int = 0,
-               policy_version: int = 0) -> TensorDict:
-    """One worker's share in the layout :class:`~asyncrl._rollout.Rollout` produces: ``[1, T]``.
-
-    ``("collector", "traj_ids")`` holds ``seq`` so that a test can tell batches apart.
-    """
-    shape = (1, frames)
-
-    def flags() -> torch.Tensor:
-        return torch.zeros((*shape, 1), dtype=torch.bool)
-
-    obs = torch.arange(frames * obs_dim, dtype=torch.float32).reshape(*shape, obs_dim)
-    return TensorDict({
-        "observation": obs,
-        "action": torch.zeros(shape, dtype=torch.int64),
-        "done": flags(), "terminated": flags(), "truncated": flags(),
-        "next": TensorDict({
-            "observation": obs + 1, "reward": torch.ones((*shape, 1)),
-            "done": flags(), "terminated": flags(), "truncated": flags(),
-        }, batch_size=shape),
-        "collector": TensorDict({
-            "traj_ids": torch.full(shape, seq, dtype=torch.int64),
-            "worker_id": torch.full(shape, worker_id, dtype=torch.int64),
-            "policy_version": torch.full(shape, policy_version, dtype=torch.int64),
-        }, batch_size=shape),
-    }, batch_size=shape)
-
-
-def td_nbytes(td: TensorDictBase) -> int:
-    return sum(t.numel() * t.element_size()
-               for t in td.values(include_nested=True, leaves_only=True))
-
-
-# ------------------------------------------------------------- in-process simulated worker
-
-
-@dataclass
-class SimRecord:
-    """What one in-process simulated worker saw (for exact accounting in tests)."""
-
-    name: str
-    index: int = -1
-    granted: int = 0  # credits received
-    sent: int = 0  # batches sent
-    max_outstanding: int = 0  # most credits held at once (received, not yet answered)
-    requests: list[int] = field(default_factory=list)  # request id of every batch sent
-
-
-async def sim_worker(endpoint: str, name: str, *, frames: int, obs_dim: int = 4,
-                     delay: float = 0.0, record: SimRecord | None = None,
-                     task_status: anyio.abc.TaskStatus[SimRecord] = anyio.TASK_STATUS_IGNORED,
-                     **link_options: Any) -> None:
-    """A worker without envs: hello, then one ``[1, frames]`` batch per credit, in order.
-
-    Runs until cancelled or the hub says goodbye. Each batch is stamped with the
-    worker's index and a per-worker sequence number (``("collector", "traj_ids")``).
-    """
-    from transports import Link, PeerLostError
-
-    record = record or SimRecord(name)
-    pending: list[int] = []
-    async with Link(endpoint, identity=name, **link_options) as link:
-        hello = Hello(protocol=PROTOCOL, name=name, host="sim", pid=os.getpid(),
-                      specs=make_specs(obs_dim), slot=-1)
-        await link.send(hello.to_body(), kind=Hello.KIND)
-        task_status.started(record)
-        with contextlib.suppress(PeerLostError):
-            async for message in link:
-                if message.kind == Welcome.KIND:
-                    record.index = Welcome.from_body(message.body).index
-                elif message.kind == Collect.KIND:
-                    collect = Collect.from_body(message.body)
-                    record.granted += collect.credits
-                    pending.extend([collect.request] * collect.credits)
-                    record.max_outstanding = max(record.max_outstanding, len(pending))
-                    while pending:  # one batch at a time, in the order credits came
-                        if delay:
-                            await anyio.sleep(delay)
-                        request = pending.pop(0)
-                        share = make_share(frames, obs_dim, worker_id=record.index,
-                                           seq=record.sent)
-                        await link.send(Batch(request, share).to_body(), kind=Batch.KIND)
-                        record.sent += 1
-                        record.requests.append(request)
-
-
-# ------------------------------------------------------------------ worker host process
-
-
-class _Host:
-    """Many simulated workers in one process: raw DEALER sockets under one epoll loop.
-
-    Commands (one JSON line each on stdin, answered on stdout): ``start`` opens
-    ``n`` sockets and sends their hellos; ``stop`` closes them and reports the
-    CPU time and message counts since ``start``.
-    """
-
-    def __init__(self) -> None:
-        import select
-
-        import zmq
-
-        from transports._codec import encode_message
-
-        self.zmq = zmq
-        self.encode = encode_message
-        self.context = zmq.Context()
-        self.epoll = select.epoll()
-        self.epoll.register(sys.stdin.fileno(), select.EPOLLIN)
-        self.sockets: list[Any] = []
-        self.by_fd: dict[int, int] = {}
-        self.busy_until: list[float] = []
-        self.welcomed: list[int] = []  # each socket's worker index (its batches carry it)
-        self.due: list[tuple[float, int, int, int]] = []
-        self.counter = 0
-        self.cache: dict[tuple[int, int], list[bytes]] = {}
-        self.ping = [bytes(f) for f in encode_message(None, kind="ping")]
-        self.next_ping = math.inf
-        self.delay = 0.0
-        self.share: TensorDict | None = None
-        self.received = self.sent = 0
-        self.cpu0 = self.wall0 = 0.0
-
-    def serve(self) -> None:
-        import heapq
-
-        print(json.dumps({"ready": os.getpid()}), flush=True)
-        while True:
-            now = time.monotonic()
-            timeout = min(self.next_ping, self.due[0][0] if self.due else math.inf) - now
-            for fd, _ in self.epoll.poll(max(0.0, min(timeout, 1.0))):
-                if fd == sys.stdin.fileno():
-                    line = sys.stdin.readline()
-                    if not line or not self.command(json.loads(line)):
-                        return
-                elif fd in self.by_fd:  # not a socket closed by `stop` in this batch
-                    self.drain(self.by_fd[fd])
-            now = time.monotonic()
-            while self.due and self.due[0][0] <= now:
-                _, _, index, request = heapq.heappop(self.due)
-                self.send_batch(index, request)
-            if now >= self.next_ping:
-                self.next_ping = now + 1.0
-                for index, sock in enumerate(self.sockets):
-                    with contextlib.suppress(self.zmq.ZMQError):
-                        sock.send_multipart(self.ping, self.zmq.NOBLOCK)
-                    self.drain(index)  # any call may consume the edge of a waiting message
-
-    def command(self, cmd: dict[str, Any]) -> bool:
-        if cmd["cmd"] == "start":
-            self.start(cmd)
-            reply: dict[str, Any] = {"started": len(self.sockets)}
-        elif cmd["cmd"] == "stop":
-            reply = {"cpu": time.process_time() - self.cpu0,
-                     "wall": time.perf_counter() - self.wall0,
-                     "received": self.received, "sent": self.sent}
-            self.close_sockets()
-        else:
-            return False
-        print(json.dumps(reply), flush=True)
-        return True
-
-    def start(self, cmd: dict[str, Any]) -> None:
-        from transports._socket import configure
-
-        zmq = self.zmq
-        self.delay = cmd["delay"]
-        self.share = make_share(cmd["frames"], cmd["obs_dim"])
-        self.cache.clear()
-        specs = make_specs(cmd["obs_dim"])
-        for i in range(cmd["n"]):
-            sock = self.context.socket(zmq.DEALER)
-            configure(sock, max_bytes=None, heartbeat_interval=1.0, peer_timeout=10.0)
-            name = f"{cmd['prefix']}-{i}"
-            sock.setsockopt(zmq.IDENTITY, name.encode())
-            sock.connect(cmd["endpoint"])
-            hello = Hello(protocol=PROTOCOL, name=name, host="sim-host", pid=os.getpid(),
-                          specs=specs, slot=-1)
-            sock.send_multipart(self.encode(hello.to_body(), kind=Hello.KIND, seq=1))
-            fd = int(sock.getsockopt(zmq.FD))
-            self.by_fd[fd] = len(self.sockets)
-            self.epoll.register(fd, 1)  # EPOLLIN
-            self.sockets.append(sock)
-            self.welcomed.append(-1)
-            self.busy_until.append(0.0)
-            self.drain(len(self.sockets) - 1)
-        self.next_ping = time.monotonic() + 1.0
-        self.received = self.sent = 0
-        self.cpu0, self.wall0 = time.process_time(), time.perf_counter()
-
-    def close_sockets(self) -> None:
-        for sock in self.sockets:
-            self.epoll.unregister(sock.getsockopt(self.zmq.FD))
-            sock.close(linger=0)
-        self.sockets.clear()
-        self.by_fd.clear()
-        self.busy_until.clear()
-        self.welcomed.clear()
-        self.due.clear()
-        self.next_ping = math.inf
-
-    def drain(self, index: int) -> None:
-        # ZeroMQ's descriptor is edge-triggered: read until EVENTS says nothing is left.
-        zmq = self.zmq
-        sock = self.sockets[index]
-        while sock.get(zmq.EVENTS) & zmq.POLLIN:
-            frames = sock.recv_multipart(zmq.NOBLOCK)
-            self.received += 1
-            self.on_message(index, frames)
-
-    def on_message(self, index: int, frames: list[bytes]) -> None:
-        import heapq
-
-        from transports._codec import decode_message
-
-        message = decode_message(frames)
-        if message.kind == Welcome.KIND:
-            self.welcomed[index] = Welcome.from_body(message.body).index
-            return
-        if message.kind != Collect.KIND:
-            return  # welcome, ping, bye, preempt: nothing to do for a simulated worker
-        collect = Collect.from_body(message.body)
-        for _ in range(collect.credits):
-            if not self.delay:
-                self.send_batch(index, collect.request)
-                continue
-            start = max(time.monotonic(), self.busy_until[index])
-            self.busy_until[index] = start + self.delay
-            self.counter += 1
-            heapq.heappush(self.due, (start + self.delay, self.counter, index, collect.request))
-
-    def send_batch(self, index: int, request: int) -> None:
-        key = (request, self.welcomed[index])  # the scheduler checks ("collector", "worker_id")
-        frames = self.cache.get(key)
-        if frames is None:
-            assert self.share is not None
-            if len(self.cache) > 4 * len(self.sockets):
-                self.cache.clear()
-            self.share["collector", "worker_id"].fill_(self.welcomed[index])
-            encoded = self.encode(Batch(request, self.share).to_body(), kind=Batch.KIND)
-            frames = self.cache[key] = [bytes(f) for f in encoded]
-        try:
-            self.sockets[index].send_multipart(frames, self.zmq.NOBLOCK)
-        except self.zmq.Again:  # the coordinator's queue is full: try again in 1 ms
-            import heapq
-
-            self.counter += 1
-            heapq.heappush(self.due, (time.monotonic() + 0.001, self.counter, index, request))
-            return
-        self.sent += 1
-        self.drain(index)  # the send may have consumed the edge of a waiting message
-
-
-def _host_main() -> int:
-    import faulthandler
-    import signal
-
-    faulthandler.register(signal.SIGUSR1)  # `kill -USR1 PID` prints where a host is
-    torch.set_num_threads(1)
-    host = _Host()
-    try:
-        host.serve()
-    finally:
-        host.close_sockets()
-        host.context.destroy(linger=0)
-    return 0
-
-
-class HostProcess:
-    """A worker host process, driven over its stdin/stdout (blocking: setup and teardown only)."""
-
-    def __init__(self) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "asyncrl.bench.scaling", "--host-process"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        self.pid = self.call(None)["ready"]
-
-    def call(self, cmd: dict[str, Any] | None) -> dict[str, Any]:
-        assert self.proc.stdin is not None and self.proc.stdout is not None
-        if cmd is not None:
-            self.proc.stdin.write(json.dumps(cmd) + "\n")
-            self.proc.stdin.flush()
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"worker host {self.proc.pid} exited ({self.proc.poll()})")
-        return json.loads(line)
-
-    def close(self) -> None:
-        with contextlib.suppress(OSError):
-            assert self.proc.stdin is not None
-            self.proc.stdin.close()
-        try:
-            self.proc.wait(5)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-
+# The coordinator is timed on its own, without MultiCollector around it: internal.
+from asyncrl._coordinator import Coordinator, check_specs
+from asyncrl.collectors._multi import assemble
+from asyncrl.testing import SimRecord, sim_worker
+from benchmarks.scaling_host import HostProcess
+from transports import Hub
 
 # -------------------------------------------------------------------------- coordinator
 
@@ -419,9 +113,12 @@ class _Clock:
                                               time.process_time())
 
 
-async def _trainer(scheduler: Any, sync: bool, until: float, row: Row | None) -> None:
-    from ..collectors._multi import assemble
+def td_nbytes(td: TensorDictBase) -> int:
+    return sum(t.numel() * t.element_size()
+               for t in td.values(include_nested=True, leaves_only=True))
 
+
+async def _trainer(scheduler: Any, sync: bool, until: float, row: Row | None) -> None:
     while time.perf_counter() < until:
         if sync:
             shares = [frames for _, frames in await scheduler.next_round()]
@@ -442,10 +139,6 @@ async def measure(case: Case, hosts: list[HostProcess], *, workdir: str, frames:
                   obs_dim: int, warmup: float, duration: float, tag: str,
                   inproc: bool = False) -> Row:
     """Admit ``case.workers`` simulated workers, warm up, then time the trainer loop."""
-    from transports import Hub
-
-    from .._coordinator import Coordinator, check_specs
-
     row = Row(case)
     endpoint = f"inproc://scaling-{tag}" if inproc else f"ipc://{workdir}/hub-{tag}"
     async with Hub(endpoint) as hub:
@@ -560,7 +253,7 @@ def saturation(rows: list[Row]) -> list[str]:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m asyncrl.bench.scaling", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m benchmarks.scaling", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="~30 s smoke run")
     p.add_argument("--workers", default=None,
@@ -578,7 +271,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="simulated workers as in-process anyio tasks (figures mix both sides)")
     p.add_argument("--profile", default=None, metavar="MODE:N",
                    help="cProfile one case (sync:512, async1:512, async4:512) and print it")
-    p.add_argument("--host-process", action="store_true", help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
 
@@ -639,9 +331,7 @@ def _profile(spec: str, hosts: list[HostProcess], args: argparse.Namespace,
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.host_process:
-        return _host_main()
-    command = "python -m asyncrl.bench.scaling " + shlex.join(
+    command = "python -m benchmarks.scaling " + shlex.join(
         sys.argv[1:] if argv is None else argv)
     torch.set_num_threads(1)  # the coordinator's tensor work is small; no OpenMP spinning
     rows: list[Row] = []

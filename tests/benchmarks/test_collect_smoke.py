@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from asyncrl.bench import collect
+from benchmarks import collect
 
 
 @pytest.mark.slow

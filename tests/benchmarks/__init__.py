@@ -1,0 +1,1 @@
+"""Tests of the benchmarks (run from a checkout: ``benchmarks`` is not installed)."""
