@@ -1,4 +1,11 @@
-"""Small deterministic envs and policies for tests, examples and simulations.
+"""Test doubles for users' tests and ours (like ``trio.testing``).
+
+* deterministic envs and policies (``CountingEnv``, ``ValuePolicy``, ``ParamPolicy``...)
+  whose every frame and version a test can predict;
+* simulated workers (``sim_worker``, ``make_specs``, ``make_share``, ``SimRecord``)
+  that speak the coordinator's protocol without an env or a process;
+* ``RolloutProbe``: one worker's per-credit work in this process, to time or
+  inspect the rollout without a collector.
 
 They live in the package (not in ``tests/``) so that spawned worker processes
 and remote hosts can import them by path, e.g. ``asyncrl.testing:CountingEnv``.
