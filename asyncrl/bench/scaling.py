@@ -5,7 +5,7 @@ runs it -- a :class:`transports.Hub` (ROUTER, pump, codec decode of every batch,
 heartbeats, liveness), the :class:`~asyncrl._coordinator.Coordinator` (handshake
 with ``check_specs``, credits, sync rounds with ``next_round``, async
 first-come with ``next_batch``) and, in sync mode, the assembly of the shares
-with ``asyncrl.collectors._multi.assemble``. Batches have TorchRL's layout
+with ``asyncrl._batches.assemble``. Batches have TorchRL's layout
 (``observation``, ``action``, ``("next", ...)``, ``("collector", ...)``) of
 ``[1, frames]`` per message.
 
@@ -420,7 +420,7 @@ class _Clock:
 
 
 async def _trainer(scheduler: Any, sync: bool, until: float, row: Row | None) -> None:
-    from ..collectors._multi import assemble
+    from .._batches import assemble
 
     while time.perf_counter() < until:
         if sync:

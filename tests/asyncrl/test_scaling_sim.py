@@ -12,9 +12,9 @@ import uuid
 import anyio
 import pytest
 
+from asyncrl._batches import assemble
 from asyncrl._coordinator import Coordinator, check_specs
 from asyncrl.bench.scaling import SimRecord, sim_worker
-from asyncrl.collectors._multi import assemble
 from transports import Hub
 
 WORKERS = 64
