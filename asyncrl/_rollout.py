@@ -22,7 +22,8 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from torch import nn
 
-from ._envs import EnvPool, check_action_dtype, make_env_pool
+from ._env_pools import EnvPool, check_action_dtype
+from ._envs import make_env_pool
 from ._policies import PolicyAdapter, RandomPolicy, torch_dtype
 from ._rollout_options import RolloutOptions
 
