@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from ._policies import ExplorationLike, ExplorationType, resolve_exploration_type
+from ._policies import ExplorationType, resolve_exploration_type
 
 __all__ = ["RolloutOptions"]
 
@@ -44,8 +44,10 @@ class RolloutOptions:
     reset_at_each_iter: bool = False
     reset_when_done: bool = True
     set_truncated: bool = False
-    exploration_type: ExplorationLike = ExplorationType.RANDOM
-    storing_device: torch.device | str | None = None
+    #: Also given as a name (``"random"``, ``"MODE"``): resolved to the member.
+    exploration_type: ExplorationType | None = ExplorationType.RANDOM
+    #: Also given as a device name (``"cpu"``, ``"cuda:0"``): made a ``torch.device``.
+    storing_device: torch.device | None = None
 
     def __post_init__(self) -> None:
         if not self.reset_when_done:
@@ -66,7 +68,8 @@ def _frames_limit(value: Any) -> int | None:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"max_frames_per_traj must be an int (-1 or None: no limit), got "
                         f"{type(value).__name__} {value!r}")
-    return int(value) if value > 0 else None  # TorchRL spells "no limit" -1
+    limit = int(value)
+    return limit if limit > 0 else None  # TorchRL spells "no limit" -1
 
 
 def _device(value: Any) -> torch.device | None:
