@@ -22,13 +22,16 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from torch import nn
 
-from ._envs import EnvPool, check_action_dtype, make_env_pool
-from ._policies import ExplorationLike, ExplorationType, PolicyAdapter, RandomPolicy, torch_dtype
+from ._env_pools import EnvPool, check_action_dtype
+from ._envs import make_env_pool
+from ._policies import PolicyAdapter, RandomPolicy, torch_dtype
+from ._rollout_options import RolloutOptions
 
-__all__ = ["Rollout", "split_trajectories"]
+__all__ = ["Rollout", "RolloutOptions"]
 
 _RESERVED_ROOT = frozenset({"action", "done", "terminated", "truncated", "next", "collector"})
 _TRAJ_ID_BITS = 32
+_DEFAULT_OPTIONS = RolloutOptions()
 
 
 def _td_key(path: tuple[str, ...]) -> str | tuple[str, ...]:
@@ -50,8 +53,8 @@ class Rollout:
 
     Episodes that end inside a batch are reset at once (``("next", obs)`` is
     the terminal observation, the following frame's ``obs`` the reset one).
-    ``reset_when_done=False`` is not supported (gymnasium envs must be reset
-    after they finish). ``before_step``, if set, is called at every step
+    ``options`` (:class:`RolloutOptions`) carries TorchRL's six rollout options,
+    checked where they were built. ``before_step``, if set, is called at every step
     boundary before the policy runs; a change of ``policy_version`` made there
     is stamped from that frame on.
 
@@ -71,29 +74,12 @@ class Rollout:
         frames_per_batch: int,
         *,
         worker_index: int = 0,
-        max_frames_per_traj: int | None = None,
         init_random_frames: int | None = 0,
-        reset_at_each_iter: bool = False,
-        reset_when_done: bool = True,
-        set_truncated: bool = False,
-        exploration_type: ExplorationLike = ExplorationType.RANDOM,
-        storing_device: torch.device | str | None = None,
+        options: RolloutOptions = _DEFAULT_OPTIONS,
     ) -> None:
         pool = env_pool if isinstance(env_pool, EnvPool) else make_env_pool(env_pool)
         try:
-            self._init(
-                pool,
-                policy,
-                frames_per_batch,
-                worker_index,
-                max_frames_per_traj,
-                init_random_frames,
-                reset_at_each_iter,
-                reset_when_done,
-                set_truncated,
-                exploration_type,
-                storing_device,
-            )
+            self._init(pool, policy, frames_per_batch, worker_index, init_random_frames, options)
         except BaseException:
             if pool is not env_pool:  # we built it: don't leak its envs
                 pool.close()
@@ -105,19 +91,14 @@ class Rollout:
         policy: Callable[..., Any] | nn.Module | None,
         frames_per_batch: int,
         worker_index: int,
-        max_frames_per_traj: int | None,
         init_random_frames: int | None,
-        reset_at_each_iter: bool,
-        reset_when_done: bool,
-        set_truncated: bool,
-        exploration_type: ExplorationLike,
-        storing_device: torch.device | str | None,
+        options: RolloutOptions,
     ) -> None:
         n = pool.num_envs
-        _check_args(frames_per_batch, n, worker_index, reset_when_done, init_random_frames)
-        if max_frames_per_traj is not None and max_frames_per_traj <= 0:
-            max_frames_per_traj = None  # TorchRL spells "no limit" -1
-        if max_frames_per_traj is not None and not pool.supports_partial_reset:
+        _check_args(frames_per_batch, n, worker_index, init_random_frames)
+        if not isinstance(options, RolloutOptions):
+            raise TypeError(f"options must be a RolloutOptions, got {type(options).__name__}")
+        if options.max_frames_per_traj is not None and not pool.supports_partial_reset:
             raise ValueError(
                 "max_frames_per_traj needs an env pool that can reset single envs; "
                 f"{type(pool).__name__} cannot"
@@ -127,11 +108,8 @@ class Rollout:
         self.frames_per_batch = frames_per_batch
         self.steps_per_batch = frames_per_batch // n
         self.worker_index = worker_index
-        self.max_frames_per_traj = max_frames_per_traj
+        self.options = options
         self.init_random_frames = init_random_frames or 0
-        self.reset_at_each_iter = reset_at_each_iter
-        self.set_truncated = set_truncated
-        self.storing_device = torch.device(storing_device) if storing_device is not None else None
         #: Stamped into every frame; bump it (e.g. in ``before_step``) when weights change.
         self.policy_version: int = 0
         #: Called at each step boundary before the policy runs (weight receivers use it).
@@ -143,7 +121,7 @@ class Rollout:
         self._adapter = PolicyAdapter(
             policy,
             action_spec=specs.action,
-            exploration_type=exploration_type,
+            exploration_type=options.exploration_type,
             observation_keys=self._obs_keys,
         )
         # A random policy samples straight into the action buffer, skipping the td;
@@ -279,7 +257,7 @@ class Rollout:
         nxt = {
             k: d[("next", k)].numpy()[..., 0] for k in ("reward", "done", "terminated", "truncated")
         }
-        trunc_src = self._trunc if self.max_frames_per_traj else pool.truncated
+        trunc_src = self._trunc if self.options.max_frames_per_traj else pool.truncated
         # traj_ids, policy_version and ("next", "done") are not written per step:
         # they are filled per batch and patched where they change (resets, updates).
         self._traj = d[("collector", "traj_ids")].numpy()
@@ -311,7 +289,8 @@ class Rollout:
         """
         if self._closed:
             raise RuntimeError("Rollout.collect() after close()")
-        if self.reset_at_each_iter:
+        options = self.options
+        if options.reset_at_each_iter:
             self.reset()
         t_total, n = self.steps_per_batch, self.num_envs
         n_random = t_total
@@ -329,7 +308,7 @@ class Rollout:
         np.logical_or(self._next_term, self._next_trunc, out=self._next_done)
         self._frames += steps * n
         self._traj_fresh = False
-        if self.set_truncated and steps:
+        if options.set_truncated and steps:
             # Mark the batch end as a truncation for value bootstrapping; the env
             # itself goes on (TorchRL's set_truncated).
             self._next_trunc[:, steps - 1] = True
@@ -337,8 +316,9 @@ class Rollout:
         out = self._template.copy()  # fresh structure: keys a consumer adds don't stick
         if steps < t_total:
             out = out[:, :steps]
-        if self.storing_device is not None and self.storing_device.type != "cpu":
-            out = out.to(self.storing_device)
+        device = options.storing_device
+        if device is not None and device.type != "cpu":
+            out = out.to(device)
         return out
 
     def request_stop(self) -> None:
@@ -366,7 +346,7 @@ class Rollout:
         pool, idx, pre, post = self.env_pool, self._idx, self._pre, self._post
         step_env, sample = pool.step_inplace, self._random.sample_into
         policy, step_td, act_t, act_np = self._adapter, self._step_td, self._act_t, self._act_np
-        extras, done, limit = self._extras, self._done, self.max_frames_per_traj
+        extras, done, limit = self._extras, self._done, self.options.max_frames_per_traj
         version = self.policy_version
         t = 0
         try:
@@ -507,9 +487,7 @@ def _nest(flat: dict[Any, torch.Tensor], batch_size: list[int]) -> TensorDict:
     return out
 
 
-def _check_args(
-    frames_per_batch: int, n: int, worker_index: int, reset_when_done: bool, init_random: int | None
-) -> None:
+def _check_args(frames_per_batch: int, n: int, worker_index: int, init_random: int | None) -> None:
     if not isinstance(frames_per_batch, int) or frames_per_batch <= 0:
         raise ValueError(f"frames_per_batch must be a positive int, got {frames_per_batch!r}")
     if frames_per_batch % n:
@@ -520,11 +498,6 @@ def _check_args(
         )
     if not isinstance(worker_index, int) or not 0 <= worker_index < 2**31:
         raise ValueError(f"worker_index must be an int in [0, 2**31), got {worker_index!r}")
-    if not reset_when_done:
-        raise ValueError(
-            "reset_when_done=False is not supported: gymnasium envs must be reset once "
-            "an episode ends, so the rollout always resets finished envs"
-        )
     if init_random is not None and init_random < 0:
         raise ValueError(f"init_random_frames must be >= 0, got {init_random}")
 
@@ -535,36 +508,3 @@ def _check_obs_keys(paths: tuple[tuple[str, ...], ...]) -> None:
             raise ValueError(
                 f"observation key {path!r} clashes with a batch key; rename the Dict sub-space"
             )
-
-
-def split_trajectories(
-    td: TensorDictBase, *, trajectory_key: Any = ("collector", "traj_ids")
-) -> TensorDictBase:
-    """Pad trajectories into ``[n_traj, max_len]``, as TorchRL's ``split_trajectories``.
-
-    Trajectories are runs of equal ``traj_ids`` along the flattened (env-major)
-    batch; the mask is written next to the ids (``("collector", "mask")``).
-
-    >>> ids = torch.tensor([[0, 0, 1], [2, 2, 2]])
-    >>> td = TensorDict({("collector", "traj_ids"): ids, "x": torch.ones(2, 3)}, [2, 3])
-    >>> out = split_trajectories(td)
-    >>> out.batch_size, out["collector", "mask"].sum().item()
-    (torch.Size([3, 3]), 6)
-    """
-    key = _as_tuple(trajectory_key)
-    mask_key = (*key[:-1], "mask")
-    flat = td.reshape(-1)
-    ids = flat.get(key)
-    starts = torch.ones_like(ids, dtype=torch.bool)
-    starts[1:] = ids[1:] != ids[:-1]
-    traj = starts.cumsum(0) - 1  # trajectory index of each frame
-    start_pos = torch.nonzero(starts).squeeze(-1)
-    pos = torch.arange(ids.numel()) - start_pos[traj]  # position inside its trajectory
-    n_traj = int(start_pos.numel())
-    max_len = int(pos.max()) + 1 if ids.numel() else 0
-    out = flat[:1].clone().zero_().expand(n_traj, max_len).clone()
-    out[traj, pos] = flat
-    mask = torch.zeros(n_traj, max_len, dtype=torch.bool)
-    mask[traj, pos] = True
-    out.set(_td_key(mask_key), mask)
-    return out

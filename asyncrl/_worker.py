@@ -250,14 +250,8 @@ class Worker:
             self._receivers.follow(self.instance)
             self.rollout = Rollout(
                 self.env_pool, self.policy, welcome.frames_per_batch,
-                worker_index=welcome.index,
-                max_frames_per_traj=self.spec.max_frames_per_traj,
-                init_random_frames=welcome.init_random_frames,
-                reset_at_each_iter=self.spec.reset_at_each_iter,
-                reset_when_done=self.spec.reset_when_done,
-                set_truncated=self.spec.set_truncated,
-                exploration_type=self.spec.exploration_type,
-                storing_device=self.spec.storing_device,
+                worker_index=welcome.index, init_random_frames=welcome.init_random_frames,
+                options=self.spec.rollout,
             )
         except Exception as exc:
             await self._report_and_exit(exc)

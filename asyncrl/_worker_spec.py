@@ -2,7 +2,8 @@
 
 A :class:`WorkerSpec` travels to spawned local workers through multiprocessing
 (pickle between our own processes). A remote host builds the same object from
-import paths given on its command line: code never travels over the network.
+import paths given on its command line, with the default rollout options: code
+never travels over the network.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from ._rollout_options import RolloutOptions
 
 
 @dataclass
@@ -22,12 +25,8 @@ class WorkerSpec:
     envs_per_worker: int = 1
     policy: Any = None
     policy_factory: Callable[[], Any] | str | None = None
-    max_frames_per_traj: int | None = None
-    reset_at_each_iter: bool = False
-    reset_when_done: bool = True
-    set_truncated: bool = False
-    exploration_type: Any = "random"
-    storing_device: Any = None
+    #: TorchRL's six rollout options, checked when the collector built them.
+    rollout: RolloutOptions = field(default_factory=RolloutOptions)
     weight_sync_schemes: dict[str, Any] = field(default_factory=dict)
     torch_threads: int = 1
 

@@ -5,7 +5,7 @@ runs it -- a :class:`transports.Hub` (ROUTER, pump, codec decode of every batch,
 heartbeats, liveness), the :class:`~asyncrl._coordinator.Coordinator` (handshake
 with ``check_specs``, credits, sync rounds with ``next_round``, async
 first-come with ``next_batch``) and, in sync mode, the assembly of the shares
-with ``asyncrl.collectors._multi.assemble``. Batches have TorchRL's layout
+with ``asyncrl._batches.assemble``. Batches have TorchRL's layout
 (``observation``, ``action``, ``("next", ...)``, ``("collector", ...)``) of
 ``[1, frames]`` per message.
 
@@ -62,7 +62,7 @@ from tensordict import TensorDictBase
 
 # The coordinator is timed on its own, without MultiCollector around it: internal.
 from asyncrl._coordinator import Coordinator, check_specs
-from asyncrl.collectors._multi import assemble
+from asyncrl._batches import assemble
 from asyncrl.testing import SimRecord, sim_worker
 from benchmarks.scaling_host import HostProcess
 from transports import Hub

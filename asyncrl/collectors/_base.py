@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import math
-import numbers
-import warnings
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any, Self
@@ -14,71 +11,9 @@ from tensordict import TensorDictBase
 
 from transports import TaskGroupResource
 
+from .._batches import split_trajectories
 from .._errors import CollectorError
-from .._rollout import split_trajectories
-
-#: What a collector may do when a worker is lost ("restart": local workers are respawned).
-ON_WORKER_LOSS = ("raise", "continue", "wait", "restart")
-
-
-def check_int(name: str, value: Any, *, minimum: int) -> int:
-    """``value`` as an int >= ``minimum``, or a TypeError / ValueError naming ``name``.
-
-    Integers only: ``2.0`` or ``True`` are refused (TorchRL's arguments are ints
-    too), so a wrong type fails here, not deep inside the first batch.
-    """
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an int >= {minimum}, got {type(value).__name__} "
-                        f"{value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value}")
-    return int(value)
-
-
-def check_on_worker_loss(value: Any) -> str:
-    if not isinstance(value, str) or value not in ON_WORKER_LOSS:
-        raise ValueError(f"on_worker_loss must be one of {', '.join(map(repr, ON_WORKER_LOSS))}; "
-                         f"got {value!r}")
-    return value
-
-
-def check_cat_results(value: Any) -> str | int | None:
-    """TorchRL's values: ``"stack"``, None (TorchRL: the same as ``"stack"``) or a dim.
-
-    Each worker's share is ``[envs, time]``: the dims to concatenate along are
-    0 / -2 (envs) and 1 / -1 (time).
-    """
-    if value is None or (isinstance(value, str) and value == "stack"):
-        return value
-    if isinstance(value, numbers.Integral) and not isinstance(value, bool) \
-            and -2 <= int(value) <= 1:
-        return int(value)
-    raise ValueError(f"cat_results must be 'stack', None (stack, as in TorchRL) or a dim to "
-                     f"concatenate the workers' [envs, time] shares along (0, 1, -1 or -2); "
-                     f"got {value!r}")
-
-
-def check_total_frames(value: Any) -> int | None:
-    if value is None:
-        return None
-    return check_int("total_frames", value, minimum=-(1 << 62))
-
-
-def normalise_total_frames(total_frames: int | None, batch_frames: int) -> int:
-    """TorchRL's rule: -1 (or None) is endless; otherwise round up to whole batches."""
-    total_frames = check_total_frames(total_frames)
-    if total_frames is None or total_frames < 0:
-        return -1
-    if total_frames == 0:
-        raise ValueError("total_frames must be positive, or -1 for an endless collector")
-    if total_frames % batch_frames:
-        rounded = math.ceil(total_frames / batch_frames) * batch_frames
-        warnings.warn(
-            f"total_frames ({total_frames}) is not a multiple of frames_per_batch "
-            f"({batch_frames}); the collector will deliver {rounded} frames",
-            UserWarning, stacklevel=3)
-        return rounded
-    return total_frames
+from ._config import normalise_total_frames
 
 
 class BaseCollector(TaskGroupResource):

@@ -11,9 +11,11 @@ from tensordict import TensorDictBase
 
 from .._envs import make_env_pool
 from .._rollout import Rollout
+from .._rollout_options import RolloutOptions
 from .._worker_spec import WorkerSpec
 from ..weights import InProcessWeightSyncScheme, WeightReceiver, WeightSender
-from ._base import BaseCollector, check_int
+from ._base import BaseCollector
+from ._config import check_in_process_frames
 
 
 class Collector(BaseCollector):
@@ -59,11 +61,13 @@ class Collector(BaseCollector):
         env_device: Any = None,
         storing_device: Any = None,
     ) -> None:
-        frames_per_batch = check_int("frames_per_batch", frames_per_batch, minimum=1)
-        envs_per_worker = check_int("envs_per_worker", envs_per_worker, minimum=1)
-        if frames_per_batch % envs_per_worker:
-            raise ValueError(f"frames_per_batch ({frames_per_batch}) must be a multiple of "
-                             f"envs_per_worker ({envs_per_worker})")
+        frames_per_batch, envs_per_worker = check_in_process_frames(frames_per_batch,
+                                                                    envs_per_worker)
+        rollout = RolloutOptions(
+            max_frames_per_traj=max_frames_per_traj, reset_at_each_iter=reset_at_each_iter,
+            reset_when_done=reset_when_done, set_truncated=set_truncated,
+            exploration_type=exploration_type, storing_device=storing_device)
+
         super().__init__(total_frames=total_frames, batch_frames=frames_per_batch,
                          split_trajs=split_trajs, postproc=postproc,
                          replay_buffer=replay_buffer, update_at_each_batch=update_at_each_batch)
@@ -72,9 +76,7 @@ class Collector(BaseCollector):
         self._spec = WorkerSpec(
             create_env_fn=create_env_fn, create_env_kwargs=create_env_kwargs,
             envs_per_worker=envs_per_worker, policy=policy, policy_factory=policy_factory,
-            max_frames_per_traj=max_frames_per_traj, reset_at_each_iter=reset_at_each_iter,
-            reset_when_done=reset_when_done, set_truncated=set_truncated,
-            exploration_type=exploration_type, storing_device=storing_device,
+            rollout=rollout,
         )
         self.policy = policy
         self.policy_version = 0
@@ -137,12 +139,7 @@ class Collector(BaseCollector):
         if self.policy is None:
             self.policy = spec.make_policy()
         return Rollout(pool, self.policy, self.frames_per_batch, worker_index=0,
-                       max_frames_per_traj=spec.max_frames_per_traj,
-                       init_random_frames=self.init_random_frames,
-                       reset_at_each_iter=spec.reset_at_each_iter,
-                       reset_when_done=spec.reset_when_done, set_truncated=spec.set_truncated,
-                       exploration_type=spec.exploration_type,
-                       storing_device=spec.storing_device)
+                       init_random_frames=self.init_random_frames, options=spec.rollout)
 
     async def _close(self) -> None:
         if self.rollout is not None:

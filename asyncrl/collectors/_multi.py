@@ -13,25 +13,31 @@ from typing import Any
 import anyio
 import anyio.lowlevel
 import torch
-from tensordict import TensorDict, TensorDictBase
+from tensordict import TensorDictBase
 
 from transports import CurveServer, Hub, PeerLostError
 
+from .._batches import assemble
 from .._coordinator import Coordinator, OnWorkerLoss, WorkerInfo, check_specs
 from .._envs import make_env_pool
 from .._errors import CollectorError, WorkerLostError
 from .._protocol import Control
+from .._rollout_options import RolloutOptions
 from .._worker import EXIT_ERROR
 from .._worker_spec import WorkerSpec
 from ..weights import WeightSender, ZmqWeightSyncScheme
-from ._base import (
-    BaseCollector,
+from ._base import BaseCollector
+from ._config import (
+    ThreadOptions,
+    WorkerLayout,
     check_cat_results,
     check_int,
     check_on_worker_loss,
+    check_preemptive_threshold,
     check_total_frames,
+    split_frames,
 )
-from ._launcher import check_start_method, worker_context
+from ._launcher import worker_context
 from ._limits import listening_hub_limits
 from ._processes import LocalWorkers, describe_exit, likely_causes
 from ._threads import TrainerThreads
@@ -138,38 +144,25 @@ class MultiCollector(BaseCollector):
         num_sub_threads: int = 1,
         start_method: str | None = None,
     ) -> None:
-        if num_workers is not None:
-            num_workers = check_int("num_workers", num_workers, minimum=0)
-        if isinstance(create_env_fn, list | tuple):
-            if num_workers is not None and num_workers != len(create_env_fn):
-                raise ValueError(f"num_workers={num_workers} but {len(create_env_fn)} env "
-                                 "factories were given")
-            if len({id(f) for f in create_env_fn}) > 1:
-                raise ValueError("one env factory shared by all workers is supported; pass "
-                                 "create_env_fn=factory and num_workers=N")
-            num_workers, create_env_fn = len(create_env_fn), create_env_fn[0]
-        num_workers = 1 if num_workers is None else num_workers
-        remote_workers = check_int("remote_workers", remote_workers, minimum=0)
-        envs_per_worker = check_int("envs_per_worker", envs_per_worker, minimum=1)
+        layout = WorkerLayout.check(create_env_fn, num_workers=num_workers,
+                                    remote_workers=remote_workers,
+                                    envs_per_worker=envs_per_worker, listen=listen)
         prefetch = check_int("prefetch", prefetch, minimum=1)
         on_worker_loss = check_on_worker_loss(on_worker_loss)  # type: ignore[assignment]
         check_total_frames(total_frames)
-        if num_threads is not None:
-            num_threads = check_int("num_threads", num_threads, minimum=1)
-        num_sub_threads = check_int("num_sub_threads", num_sub_threads, minimum=1)
-        start_method = check_start_method(start_method)
-        # TorchRL's None means "stack", not a concatenation.
+        threads = ThreadOptions.check(num_threads, num_sub_threads, start_method)
         cat_results = check_cat_results(cat_results)
-        cat_results = "stack" if cat_results is None else cat_results
-        if num_workers + remote_workers < 1:
-            raise ValueError("need at least one worker (num_workers + remote_workers >= 1)")
-        if preemptive_threshold is not None and not 0 < preemptive_threshold <= 1:
-            raise ValueError(f"preemptive_threshold must be in (0, 1], got {preemptive_threshold}")
-        if remote_workers and listen is None:
-            raise ValueError("remote_workers needs listen='tcp://HOST:PORT'")
-        self.num_workers = num_workers
-        self.remote_workers = remote_workers
-        self.envs_per_worker = envs_per_worker
+        preemptive_threshold = check_preemptive_threshold(preemptive_threshold)
+        frames_per_worker = split_frames(frames_per_batch, layout.total, layout.envs_per_worker,
+                                         sync=self.sync)
+        rollout = RolloutOptions(
+            max_frames_per_traj=max_frames_per_traj, reset_at_each_iter=reset_at_each_iter,
+            reset_when_done=reset_when_done, set_truncated=set_truncated,
+            exploration_type=exploration_type, storing_device=storing_device)
+
+        self.num_workers = layout.num_workers
+        self.remote_workers = layout.remote_workers
+        self.envs_per_worker = layout.envs_per_worker
         self.prefetch = prefetch
         self.cat_results = cat_results
         self.preemptive_threshold = preemptive_threshold
@@ -180,15 +173,13 @@ class MultiCollector(BaseCollector):
         # _inbound_limit); ZeroMQ holds a whole message before anyone sees its sender.
         self.max_message_bytes = max_message_bytes
         self.backend = backend
-        self.num_threads = num_threads
-        self.num_sub_threads = num_sub_threads
-        self.start_method = start_method
+        self.num_threads = threads.num_threads
+        self.num_sub_threads = threads.num_sub_threads
+        self.start_method = threads.start_method
         self._threads_cap: TrainerThreads | None = None
         self._heartbeat = (heartbeat_interval, peer_timeout)
-        total_workers = num_workers + remote_workers
-        self.frames_per_worker = self._split_frames(frames_per_batch, total_workers)
-        batch_frames = (sum(self.frames_per_worker) if self.sync
-                        else self.frames_per_worker[0])
+        self.frames_per_worker = frames_per_worker
+        batch_frames = sum(frames_per_worker) if self.sync else frames_per_worker[0]
         super().__init__(total_frames=total_frames, batch_frames=batch_frames,
                          split_trajs=split_trajs, postproc=postproc,
                          replay_buffer=replay_buffer, update_at_each_batch=update_at_each_batch)
@@ -200,13 +191,10 @@ class MultiCollector(BaseCollector):
             schemes["policy"] = ZmqWeightSyncScheme()
         self.weight_sync_schemes = schemes
         self._spec = WorkerSpec(
-            create_env_fn=create_env_fn, create_env_kwargs=create_env_kwargs,
-            envs_per_worker=envs_per_worker,
+            create_env_fn=layout.create_env_fn, create_env_kwargs=create_env_kwargs,
+            envs_per_worker=layout.envs_per_worker,
             policy=policy if policy_factory is None else None, policy_factory=policy_factory,
-            max_frames_per_traj=max_frames_per_traj, reset_at_each_iter=reset_at_each_iter,
-            reset_when_done=reset_when_done, set_truncated=set_truncated,
-            exploration_type=exploration_type, storing_device=storing_device,
-            weight_sync_schemes=schemes, torch_threads=num_sub_threads,
+            rollout=rollout, weight_sync_schemes=schemes, torch_threads=threads.num_sub_threads,
         )
         self._senders: dict[str, WeightSender] = {}
         self._hub: Hub | None = None
@@ -217,38 +205,15 @@ class MultiCollector(BaseCollector):
         self._background: anyio.CancelScope | None = None
         self._background_done: anyio.Event | None = None
         self._restart_streak: dict[int, int] = {}  # slot -> deaths since its last batch
-        if num_workers and start_method == "forkserver":
+        if layout.num_workers and threads.start_method == "forkserver":
             # Started now (a few ms: it imports in its own process), it is warm by the
             # time the collector is opened, if the trainer has anything else to set up.
-            worker_context(start_method)
+            worker_context(threads.start_method)
 
     def _create_async_state(self) -> None:
         super()._create_async_state()
         self._background = anyio.CancelScope()
         self._background_done = anyio.Event()
-
-    def _split_frames(self, frames_per_batch: int | Sequence[int], workers: int) -> list[int]:
-        per_env = self.envs_per_worker
-        if isinstance(frames_per_batch, Sequence) and not isinstance(frames_per_batch, str):
-            shares = [check_int(f"frames_per_batch[{i}]", f, minimum=1)
-                      for i, f in enumerate(frames_per_batch)]
-            if len(shares) != workers:
-                raise ValueError(f"frames_per_batch has {len(shares)} entries for {workers} "
-                                 "workers")
-        elif self.sync:
-            frames_per_batch = check_int("frames_per_batch", frames_per_batch, minimum=1)
-            if frames_per_batch % (workers * per_env):
-                raise ValueError(
-                    f"sync mode splits frames_per_batch={frames_per_batch} over {workers} "
-                    f"workers x {per_env} envs: make it a multiple of {workers * per_env}")
-            shares = [frames_per_batch // workers] * workers
-        else:
-            shares = [check_int("frames_per_batch", frames_per_batch, minimum=1)] * workers
-        for share in shares:
-            if share <= 0 or share % per_env:
-                raise ValueError(f"each worker's frames ({share}) must be a positive multiple "
-                                 f"of envs_per_worker ({per_env})")
-        return shares
 
     # -- life cycle ----------------------------------------------------------------------
     async def _open(self) -> None:
@@ -612,36 +577,3 @@ class MultiAsyncCollector(MultiCollector):
         worker, frames = await self._scheduler.next_batch()
         self._note_batch(worker)
         return frames
-
-
-def assemble(shares: list[TensorDictBase], cat_results: str | int | None) -> TensorDictBase:
-    """Join the workers' shares; unequal lengths (preemption) are padded and masked."""
-    if not shares:
-        raise CollectorError("no share to assemble")
-    lengths = {s.shape[-1] for s in shares}
-    if len(lengths) > 1:
-        shares = _pad_time(shares, max(lengths))
-    if cat_results == "stack":
-        return torch.stack(shares, 0)
-    return torch.cat(shares, 0 if cat_results is None else int(cat_results))
-
-
-def _pad_time(shares: list[TensorDictBase], length: int) -> list[TensorDictBase]:
-    padded = []
-    for share in shares:
-        n, t = share.shape[0], share.shape[-1]
-        out = share.new_zeros((*share.shape[:-1], length)) if hasattr(share, "new_zeros") \
-            else _zeros_like(share, length)
-        out[..., :t] = share
-        mask = torch.zeros((n, length), dtype=torch.bool)
-        mask[..., :t] = True
-        out.set(("collector", "mask"), mask)
-        padded.append(out)
-    return padded
-
-
-def _zeros_like(share: TensorDictBase, length: int) -> TensorDictBase:
-    return TensorDict(
-        {k: torch.zeros((*v.shape[:1], length, *v.shape[2:]), dtype=v.dtype)
-         for k, v in share.items(include_nested=True, leaves_only=True)},
-        batch_size=[share.shape[0], length])

@@ -11,6 +11,7 @@ import pytest
 from gymnasium import spaces
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
+import asyncrl._env_pools
 import asyncrl._env_specs
 import asyncrl._envs
 from asyncrl._envs import ArraySpec, EnvPool, EnvSpecs, make_env_pool
@@ -296,7 +297,7 @@ def test_torchrl_env() -> None:
 
 
 def test_doctests() -> None:
-    for module in (asyncrl._env_specs, asyncrl._envs):
+    for module in (asyncrl._env_specs, asyncrl._env_pools, asyncrl._envs):
         result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
         assert result.failed == 0, module.__name__
         assert result.attempted > 0, module.__name__

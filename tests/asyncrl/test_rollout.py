@@ -20,9 +20,10 @@ from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import TensorDictModule, TensorDictModuleBase
 
 import asyncrl._rollout
+from asyncrl._batches import split_trajectories
 from asyncrl._envs import make_env_pool
 from asyncrl._policies import RandomPolicy
-from asyncrl._rollout import Rollout, split_trajectories
+from asyncrl._rollout import Rollout, RolloutOptions
 from asyncrl.testing import TinyDictEnv
 
 # -- the reference ----------------------------------------------------------------------------
@@ -294,7 +295,10 @@ def test_policy_version_stamped_and_bumped_by_before_step() -> None:
 
 
 def test_max_frames_per_traj() -> None:
-    with Rollout(make_env_pool("CartPole-v1", num_envs=2), None, 60, max_frames_per_traj=7) as r:
+    with Rollout(
+        make_env_pool("CartPole-v1", num_envs=2), None, 60,
+        options=RolloutOptions(max_frames_per_traj=7),
+    ) as r:
         r.set_seed(5)
         batch = collect(r, 2)
     ref = reference(lambda: gym.make("CartPole-v1"), 5, actions_of(batch), max_frames=7)
@@ -308,7 +312,10 @@ def test_max_frames_per_traj() -> None:
 
 
 def test_set_truncated_marks_batch_end_without_reset() -> None:
-    with Rollout(make_env_pool("CartPole-v1", num_envs=2), None, 10, set_truncated=True) as r:
+    with Rollout(
+        make_env_pool("CartPole-v1", num_envs=2), None, 10,
+        options=RolloutOptions(set_truncated=True),
+    ) as r:
         r.set_seed(0)
         first, second = r.collect().clone(), r.collect().clone()
     assert first.get(("next", "truncated"))[:, -1].all()
@@ -324,7 +331,10 @@ def test_set_truncated_marks_batch_end_without_reset() -> None:
 
 
 def test_reset_at_each_iter() -> None:
-    with Rollout(make_env_pool("CartPole-v1", num_envs=2), None, 10, reset_at_each_iter=True) as r:
+    with Rollout(
+        make_env_pool("CartPole-v1", num_envs=2), None, 10,
+        options=RolloutOptions(reset_at_each_iter=True),
+    ) as r:
         first, second = r.collect().clone(), r.collect().clone()
     ids1, ids2 = first.get(("collector", "traj_ids")), second.get(("collector", "traj_ids"))
     assert not set(ids1.unique().tolist()) & set(ids2.unique().tolist())
@@ -451,9 +461,11 @@ def test_torchrl_env_factory() -> None:
 
 
 def test_storing_device() -> None:
-    with Rollout(make_env_pool("CartPole-v1"), None, 4, storing_device="meta") as r:
+    with Rollout(make_env_pool("CartPole-v1"), None, 4,
+                 options=RolloutOptions(storing_device="meta")) as r:
         assert r.collect().get("observation").device.type == "meta"
-    with Rollout(make_env_pool("CartPole-v1"), None, 4, storing_device="cpu") as r:
+    with Rollout(make_env_pool("CartPole-v1"), None, 4,
+                 options=RolloutOptions(storing_device="cpu")) as r:
         assert r.collect().get("observation").device.type == "cpu"
 
 
@@ -468,7 +480,7 @@ def test_frames_per_batch_must_divide() -> None:
 def test_unsupported_options_and_bad_policies() -> None:
     pool = make_env_pool("CartPole-v1", num_envs=2)
     with pytest.raises(ValueError, match="reset_when_done=False"):
-        Rollout(pool, None, 4, reset_when_done=False)
+        Rollout(pool, None, 4, options=RolloutOptions(reset_when_done=False))
     with pytest.raises(ValueError, match="worker_index"):
         Rollout(pool, None, 4, worker_index=-1)
 

@@ -12,8 +12,8 @@ import uuid
 import anyio
 import pytest
 
+from asyncrl._batches import assemble
 from asyncrl._coordinator import Coordinator, check_specs
-from asyncrl.collectors._multi import assemble
 from asyncrl.testing import SimRecord, sim_worker
 from transports import Hub
 

@@ -1,0 +1,207 @@
+"""The collectors' TorchRL-style constructor arguments, checked once, one concern each.
+
+Every check takes the arguments as the user spelled them and returns them
+normalised, or raises a TypeError / ValueError that names the argument, what
+came and what is expected: a wrong argument fails in the constructor, in the
+trainer, not deep inside the first batch or in every worker. The collectors'
+``__init__`` only call these, build their config objects and store them.
+The rollout's own six options are checked by
+:class:`~asyncrl._rollout_options.RolloutOptions`.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ._launcher import check_start_method
+
+#: What a collector may do when a worker is lost ("restart": local workers are respawned).
+ON_WORKER_LOSS = ("raise", "continue", "wait", "restart")
+
+
+def check_int(name: str, value: Any, *, minimum: int) -> int:
+    """``value`` as an int >= ``minimum``, or a TypeError / ValueError naming ``name``.
+
+    Integers only: ``2.0`` or ``True`` are refused (TorchRL's arguments are ints
+    too), so a wrong type fails here, not deep inside the first batch.
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int >= {minimum}, got {type(value).__name__} "
+                        f"{value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value}")
+    return int(value)
+
+
+# -- frames -----------------------------------------------------------------------------------
+def check_total_frames(value: Any) -> int | None:
+    if value is None:
+        return None
+    return check_int("total_frames", value, minimum=-(1 << 62))
+
+
+def normalise_total_frames(total_frames: int | None, batch_frames: int) -> int:
+    """TorchRL's rule: -1 (or None) is endless; otherwise round up to whole batches."""
+    total_frames = check_total_frames(total_frames)
+    if total_frames is None or total_frames < 0:
+        return -1
+    if total_frames == 0:
+        raise ValueError("total_frames must be positive, or -1 for an endless collector")
+    if total_frames % batch_frames:
+        rounded = math.ceil(total_frames / batch_frames) * batch_frames
+        warnings.warn(
+            f"total_frames ({total_frames}) is not a multiple of frames_per_batch "
+            f"({batch_frames}); the collector will deliver {rounded} frames",
+            UserWarning, stacklevel=3)
+        return rounded
+    return total_frames
+
+
+def check_in_process_frames(frames_per_batch: Any, envs_per_worker: Any) -> tuple[int, int]:
+    """The in-process collector's ``(frames_per_batch, envs_per_worker)``: whole steps."""
+    frames_per_batch = check_int("frames_per_batch", frames_per_batch, minimum=1)
+    envs_per_worker = check_int("envs_per_worker", envs_per_worker, minimum=1)
+    if frames_per_batch % envs_per_worker:
+        raise ValueError(f"frames_per_batch ({frames_per_batch}) must be a multiple of "
+                         f"envs_per_worker ({envs_per_worker})")
+    return frames_per_batch, envs_per_worker
+
+
+def split_frames(frames_per_batch: int | Sequence[int], workers: int, envs_per_worker: int,
+                 *, sync: bool) -> list[int]:
+    """Each worker's frames per batch: one share each of a sync batch, or an async batch each.
+
+    A sequence gives each worker its own share. Every share must be a whole
+    number of steps of the worker's ``envs_per_worker`` envs.
+    """
+    per_env = envs_per_worker
+    if isinstance(frames_per_batch, Sequence) and not isinstance(frames_per_batch, str):
+        shares = [check_int(f"frames_per_batch[{i}]", f, minimum=1)
+                  for i, f in enumerate(frames_per_batch)]
+        if len(shares) != workers:
+            raise ValueError(f"frames_per_batch has {len(shares)} entries for {workers} "
+                             "workers")
+    elif sync:
+        frames_per_batch = check_int("frames_per_batch", frames_per_batch, minimum=1)
+        if frames_per_batch % (workers * per_env):
+            raise ValueError(
+                f"sync mode splits frames_per_batch={frames_per_batch} over {workers} "
+                f"workers x {per_env} envs: make it a multiple of {workers * per_env}")
+        shares = [frames_per_batch // workers] * workers
+    else:
+        shares = [check_int("frames_per_batch", frames_per_batch, minimum=1)] * workers
+    for share in shares:
+        if share <= 0 or share % per_env:
+            raise ValueError(f"each worker's frames ({share}) must be a positive multiple "
+                             f"of envs_per_worker ({per_env})")
+    return shares
+
+
+# -- workers ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class WorkerLayout:
+    """Who collects: ``num_workers`` local processes and ``remote_workers`` that connect."""
+
+    create_env_fn: Any
+    num_workers: int
+    remote_workers: int
+    envs_per_worker: int
+
+    @property
+    def total(self) -> int:
+        return self.num_workers + self.remote_workers
+
+    @classmethod
+    def check(cls, create_env_fn: Any, *, num_workers: Any, remote_workers: Any,
+              envs_per_worker: Any, listen: str | None) -> WorkerLayout:
+        """TorchRL's spellings: ``num_workers=None`` is 1, or one factory per worker."""
+        if num_workers is not None:
+            num_workers = check_int("num_workers", num_workers, minimum=0)
+        if isinstance(create_env_fn, list | tuple):
+            if num_workers is not None and num_workers != len(create_env_fn):
+                raise ValueError(f"num_workers={num_workers} but {len(create_env_fn)} env "
+                                 "factories were given")
+            if len({id(f) for f in create_env_fn}) > 1:
+                raise ValueError("one env factory shared by all workers is supported; pass "
+                                 "create_env_fn=factory and num_workers=N")
+            num_workers, create_env_fn = len(create_env_fn), create_env_fn[0]
+        num_workers = 1 if num_workers is None else num_workers
+        remote_workers = check_int("remote_workers", remote_workers, minimum=0)
+        envs_per_worker = check_int("envs_per_worker", envs_per_worker, minimum=1)
+        if num_workers + remote_workers < 1:
+            raise ValueError("need at least one worker (num_workers + remote_workers >= 1)")
+        if remote_workers and listen is None:
+            raise ValueError("remote_workers needs listen='tcp://HOST:PORT'")
+        return cls(create_env_fn, num_workers, remote_workers, envs_per_worker)
+
+
+@dataclass(frozen=True)
+class ThreadOptions:
+    """Threads (TorchRL's meanings) and how local workers start.
+
+    ``num_threads``: the trainer's torch threads (None: the machine's minus the
+    local workers); ``num_sub_threads``: each worker's; ``start_method``:
+    ``"forkserver"`` (the default) or ``"spawn"``.
+    """
+
+    num_threads: int | None
+    num_sub_threads: int
+    start_method: str
+
+    @classmethod
+    def check(cls, num_threads: Any, num_sub_threads: Any,
+              start_method: str | None) -> ThreadOptions:
+        if num_threads is not None:
+            num_threads = check_int("num_threads", num_threads, minimum=1)
+        num_sub_threads = check_int("num_sub_threads", num_sub_threads, minimum=1)
+        return cls(num_threads, num_sub_threads, check_start_method(start_method))
+
+
+# -- batches and losses -----------------------------------------------------------------------
+def check_cat_results(value: Any) -> str | int:
+    """TorchRL's values: ``"stack"``, None (TorchRL: the same as ``"stack"``) or a dim.
+
+    Each worker's share is ``[envs, time]``: the dims to concatenate along are
+    0 / -2 (envs) and 1 / -1 (time).
+    """
+    if value is None or (isinstance(value, str) and value == "stack"):
+        return "stack"  # TorchRL's None means "stack", not a concatenation
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool) \
+            and -2 <= int(value) <= 1:
+        return int(value)
+    raise ValueError(f"cat_results must be 'stack', None (stack, as in TorchRL) or a dim to "
+                     f"concatenate the workers' [envs, time] shares along (0, 1, -1 or -2); "
+                     f"got {value!r}")
+
+
+def check_preemptive_threshold(value: float | None) -> float | None:
+    if value is not None and not 0 < value <= 1:
+        raise ValueError(f"preemptive_threshold must be in (0, 1], got {value}")
+    return value
+
+
+def check_on_worker_loss(value: Any) -> str:
+    if not isinstance(value, str) or value not in ON_WORKER_LOSS:
+        raise ValueError(f"on_worker_loss must be one of {', '.join(map(repr, ON_WORKER_LOSS))}; "
+                         f"got {value!r}")
+    return value
+
+
+__all__ = [
+    "ON_WORKER_LOSS",
+    "ThreadOptions",
+    "WorkerLayout",
+    "check_cat_results",
+    "check_in_process_frames",
+    "check_int",
+    "check_on_worker_loss",
+    "check_preemptive_threshold",
+    "check_total_frames",
+    "normalise_total_frames",
+    "split_frames",
+]
