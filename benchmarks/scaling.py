@@ -60,9 +60,10 @@ import anyio.abc
 import torch
 from tensordict import TensorDictBase
 
+from asyncrl._batches import assemble
+
 # The coordinator is timed on its own, without MultiCollector around it: internal.
 from asyncrl._coordinator import Coordinator, check_specs
-from asyncrl._batches import assemble
 from asyncrl.testing import SimRecord, sim_worker
 from benchmarks.scaling_host import HostProcess
 from transports import Hub
