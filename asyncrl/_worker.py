@@ -11,12 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
-import pickle
-import shutil
 import socket
-import sys
-import tempfile
-import threading
 import traceback
 from collections import deque
 from contextlib import AsyncExitStack
@@ -26,9 +21,9 @@ import anyio
 import torch
 
 from transports import CurveClient, Link, Message, PeerLostError, ProtocolError
-from transports import shutdown as flush_and_close_sockets
 
 from ._envs import make_env_pool
+from ._processes import process_alive, remove_orphaned_socket_dir
 from ._protocol import (
     PROTOCOL,
     Batch,
@@ -43,6 +38,7 @@ from ._protocol import (
 )
 from ._relay import ATTACHED_KIND
 from ._rollout import Rollout
+from ._threads import use_torch_threads
 from ._worker_spec import WorkerSpec
 from .weights import WEIGHTS_KIND, WeightReceiverGroup, WeightSyncScheme
 
@@ -531,53 +527,6 @@ class Worker:
                 log.exception("closing the envs failed")
 
 
-_thread_state = threading.local()
-
-
-def use_torch_threads(count: int) -> None:
-    """Run torch ops of the calling thread on ``count`` intra-op threads.
-
-    OpenMP keeps the count per thread: a pool thread that ran torch before
-    ``torch.set_num_threads`` was called elsewhere keeps its old count (every
-    core), and a 256-wide MLP forward then took 10-80x longer on a busy machine.
-    """
-    if getattr(_thread_state, "torch_threads", None) != count:
-        torch.set_num_threads(count)
-        _thread_state.torch_threads = count
-
-
-def process_alive(pid: int) -> bool:
-    """Whether process ``pid`` exists (and is not a zombie waiting to be reaped)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return True  # no /proc: kill(0) is all we can know
-
-
-def remove_orphaned_socket_dir(endpoint: str) -> None:
-    """Remove the private ``ipc://`` directory of a parent that died without cleaning up.
-
-    Collectors and relays bind in ``<tmp>/asyncrl-*`` and remove it when they close;
-    a SIGKILLed one cannot, so its children do once they see it gone.
-    """
-    if endpoint.startswith("ipc://"):
-        remove_orphaned_dir(os.path.dirname(endpoint[len("ipc://"):]))
-
-
-def remove_orphaned_dir(directory: str) -> None:
-    """Remove ``directory`` if it is one of ours (``<tmp>/asyncrl-*``), else nothing."""
-    if os.path.dirname(directory) == tempfile.gettempdir() \
-            and os.path.basename(directory).startswith("asyncrl-"):
-        shutil.rmtree(directory, ignore_errors=True)
-
-
 def _state_dict(policy: Any) -> Any:
     if isinstance(policy, torch.nn.Module):
         return {"policy_state_dict": dict(policy.state_dict())}
@@ -628,34 +577,3 @@ async def run_worker(endpoint: str, spec: WorkerSpec, *, identity: bytes | None 
                         reconnect=reconnect, reconnect_timeout=reconnect_timeout,
                         relay_link=relay_link, relay_name=relay_name)
         return await worker.run()
-
-
-def process_main(endpoint: str, spec_path: str, slot: int, identity: bytes, token: str,
-                 backend: str, parent_pid: int, options: dict[str, Any]) -> None:
-    """Entry point of a locally spawned worker process.
-
-    ``spec_path`` is a file (0600, in the collector's private directory) holding a
-    plain pickle of the :class:`WorkerSpec` made by our own parent process (never
-    data from the network). It is not sent through the spawn pipe: a big policy
-    would make the parent's ``Process.start()`` wait until this process read it.
-    ``identity`` is the link identity the parent chose (unguessable, see
-    :func:`transports.random_identity`): it maps this process's death to its peer.
-    """
-    logging.basicConfig(level=logging.WARNING, format="worker %(process)d: %(message)s")
-    with open(spec_path, "rb") as f:
-        spec = pickle.load(f)
-    code = anyio.run(
-        lambda: run_worker(endpoint, spec, identity=identity, slot=slot, token=token,
-                           parent_pid=parent_pid, **options),
-        backend=backend,
-    )
-    # (The trainer is not our parent when a fork server started us: ask for it by pid.)
-    if not process_alive(parent_pid):  # the trainer died without cleaning up its directory
-        remove_orphaned_dir(os.path.dirname(spec_path))
-    # Everything is closed by now; skipping the interpreter's teardown (torch, atexit
-    # hooks) makes shutdown take milliseconds instead of seconds on a busy machine.
-    flush_and_close_sockets()
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)

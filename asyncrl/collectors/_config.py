@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ._launcher import check_start_method
+from .._forkserver import check_start_method
 
 #: What a collector may do when a worker is lost ("restart": local workers are respawned).
 ON_WORKER_LOSS = ("raise", "continue", "wait", "restart")

@@ -21,8 +21,12 @@ from .._batches import assemble
 from .._coordinator import Coordinator, OnWorkerLoss, WorkerInfo, check_specs
 from .._envs import make_env_pool
 from .._errors import CollectorError, WorkerLostError
+from .._forkserver import worker_context
+from .._process_main import likely_causes, local_worker_processes
+from .._processes import WorkerProcesses, describe_exit
 from .._protocol import Control
 from .._rollout_options import RolloutOptions
+from .._threads import TrainerThreads
 from .._worker import EXIT_ERROR
 from .._worker_spec import WorkerSpec
 from ..weights import WeightSender, ZmqWeightSyncScheme
@@ -37,10 +41,7 @@ from ._config import (
     check_total_frames,
     split_frames,
 )
-from ._launcher import worker_context
 from ._limits import listening_hub_limits
-from ._processes import LocalWorkers, describe_exit, likely_causes
-from ._threads import TrainerThreads
 
 log = logging.getLogger("asyncrl.collectors")
 
@@ -198,7 +199,7 @@ class MultiCollector(BaseCollector):
         )
         self._senders: dict[str, WeightSender] = {}
         self._hub: Hub | None = None
-        self._workers: LocalWorkers | None = None
+        self._workers: WorkerProcesses | None = None
         self._scheduler: Coordinator | None = None
         self._tmpdir: str | None = None
         self._ready = False
@@ -251,7 +252,7 @@ class MultiCollector(BaseCollector):
                             model_id, model=model, hub=hub, workers=self._worker_peers)
                         if sender.relayable:
                             sender.set_relay_routes(scheduler.relay_routes)
-                    workers = self._workers = LocalWorkers(
+                    workers = self._workers = local_worker_processes(
                         hub.endpoint, self._spec, self.num_workers, token=token,
                         backend=backend,
                         options={"heartbeat_interval": interval, "peer_timeout": timeout,

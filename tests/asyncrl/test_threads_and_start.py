@@ -13,8 +13,8 @@ import torch
 from torch import nn
 
 from asyncrl import MultiAsyncCollector, MultiSyncCollector
-from asyncrl._worker import process_alive
-from asyncrl.collectors._launcher import THREAD_VARIABLES, thread_environment
+from asyncrl._processes import process_alive
+from asyncrl._threads import THREAD_VARIABLES, thread_environment
 
 pytestmark = pytest.mark.anyio
 LIMIT = 90
@@ -138,7 +138,7 @@ def test_native_pool_variables_default_to_the_count_and_keep_the_users(
 STALE_POOL_THREAD = """
 from concurrent.futures import ThreadPoolExecutor
 import torch
-from asyncrl._worker import use_torch_threads
+from asyncrl._threads import use_torch_threads
 pool = ThreadPoolExecutor(1)
 pool.submit(torch.get_num_threads).result()  # the pool thread touches torch first
 torch.set_num_threads(1)  # what the worker did, in its main thread only

@@ -1,4 +1,4 @@
-"""How local worker processes start: forked from a warm server, one thread each.
+"""How worker processes are started: forked from a warm server, or spawned.
 
 Spawning a fresh interpreter per worker costs an import of torch, tensordict and
 gymnasium each (seconds, and N of them at once on a small machine). The default
@@ -18,24 +18,19 @@ from __future__ import annotations
 import logging
 import multiprocessing as mp
 import os
-import threading
-from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager, suppress
+from contextlib import suppress
 from multiprocessing import forkserver
 from multiprocessing.context import BaseContext
+
+from ._threads import child_thread_environment
 
 log = logging.getLogger("asyncrl.collectors")
 
 #: Imported once by the fork server, so that each worker starts warm.
-PRELOAD = ("torch", "tensordict", "gymnasium", "asyncrl._worker", "asyncrl._envs")
-
-#: The variables that size native thread pools when a library loads.
-THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
-                    "NUMEXPR_NUM_THREADS", "VECLIB_MAXIMUM_THREADS")
+PRELOAD = ("torch", "tensordict", "gymnasium", "asyncrl._worker", "asyncrl._envs",
+           "asyncrl._process_main")
 
 START_METHODS = ("forkserver", "spawn")
-
-_env_lock = threading.Lock()
 
 
 def check_start_method(start_method: str | None) -> str:
@@ -51,35 +46,8 @@ def check_start_method(start_method: str | None) -> str:
     return start_method
 
 
-def thread_environment(threads: int) -> dict[str, str]:
-    """The native-pool variables for ``threads`` threads (a user's own values win)."""
-    return {name: os.environ.get(name, str(threads)) for name in THREAD_VARIABLES}
-
-
-def child_thread_environment(threads: int) -> AbstractContextManager[None]:
-    """While open, processes started inherit ``threads`` native threads per pool."""
-    return _environment(thread_environment(threads))
-
-
-@contextmanager
-def _environment(values: dict[str, str]) -> Iterator[None]:
-    # The fork server inherits the environment it is started with; there is no
-    # per-process environment in multiprocessing. Held briefly, under a lock.
-    with _env_lock:
-        saved = {name: os.environ.get(name) for name in values}
-        os.environ.update(values)
-        try:
-            yield
-        finally:
-            for name, value in saved.items():
-                if value is None:
-                    os.environ.pop(name, None)
-                else:
-                    os.environ[name] = value
-
-
 def worker_context(start_method: str) -> BaseContext:
-    """The multiprocessing context that starts local workers (warm for forkserver).
+    """The multiprocessing context that starts workers (warm for forkserver).
 
     Blocking (the fork server may have to start): call it in a thread.
     """
@@ -122,5 +90,4 @@ def _forget_removed_temp_dir() -> None:
         del config["tempdir"]
 
 
-__all__ = ["START_METHODS", "THREAD_VARIABLES", "check_start_method", "child_thread_environment",
-           "thread_environment", "worker_context"]
+__all__ = ["PRELOAD", "START_METHODS", "check_start_method", "worker_context"]
