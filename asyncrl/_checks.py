@@ -29,7 +29,7 @@ class BatchChecker:
     A batch from the network decides how many frames the trainer thinks it
     has, so nothing in it is taken on trust: its batch size must be
     ``[num_envs, frames // num_envs]`` (fewer steps only for a share the
-    scheduler cut short), every leaf must share those leading dimensions,
+    coordinator cut short), every leaf must share those leading dimensions,
     TorchRL's keys must be there, observations and actions must have the
     shapes and dtypes of the handshake's specs, and ``("collector",
     "worker_id")`` must be the sender's index.
