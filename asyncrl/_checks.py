@@ -1,8 +1,8 @@
-"""What the coordinator checks of what a worker sends: its handshake specs and its batches.
+"""What the coordinator checks of what a worker sends: its handshake and its batches.
 
 Nothing a worker sends is taken on trust: a remote host may run other code, an
 older asyncrl, or be hostile. These checks are pure functions of the data, so
-the scheduler stays about state and the checks are tested on their own.
+the coordinator's state stays about state and the checks are tested on their own.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from tensordict import TensorDictBase
 
-from ._protocol import Hello
+from ._protocol import PROTOCOL, Hello, RelayHello
 
 #: Keys of TorchRL's batch layout every share must hold (observations come from the specs).
 REQUIRED_KEYS: tuple[tuple[str, ...], ...] = (
@@ -29,7 +29,7 @@ class BatchChecker:
     A batch from the network decides how many frames the trainer thinks it
     has, so nothing in it is taken on trust: its batch size must be
     ``[num_envs, frames // num_envs]`` (fewer steps only for a share the
-    scheduler cut short), every leaf must share those leading dimensions,
+    coordinator cut short), every leaf must share those leading dimensions,
     TorchRL's keys must be there, observations and actions must have the
     shapes and dtypes of the handshake's specs, and ``("collector",
     "worker_id")`` must be the sender's index.
@@ -115,6 +115,43 @@ class BatchChecker:
         return problems[:20]
 
 
+def hello_problems(hello: Hello, *, token: str, accept_remote: bool,
+                   slot_taken: bool) -> list[str]:
+    """What forbids admitting the worker of ``hello`` ([] if nothing), specs and room aside.
+
+    ``slot_taken``: a live worker holds the index this (local) worker was spawned for.
+    """
+    problems = []
+    if hello.protocol != PROTOCOL:
+        problems.append(f"protocol: coordinator speaks {PROTOCOL}, worker {hello.protocol}")
+    local = hello.slot >= 0
+    if local and hello.token != token:
+        problems.append("token: this worker was not spawned by this coordinator")
+    if not local and not accept_remote:
+        problems.append("remote workers are not accepted by this collector")
+    if local and slot_taken:
+        problems.append(f"slot: worker index {hello.slot} is taken")
+    return problems
+
+
+def relay_hello_problems(hello: RelayHello, *, accept_remote: bool, max_remote: int | None,
+                         others: int) -> list[str]:
+    """What forbids registering the relay of ``hello`` ([] if nothing).
+
+    ``others``: relays registered already, this one aside (a relay may say hello again).
+    """
+    problems = []
+    if hello.protocol != PROTOCOL:
+        problems.append(f"protocol: coordinator speaks {PROTOCOL}, relay {hello.protocol}")
+    if not accept_remote:
+        problems.append("remote workers (and their relays) are not accepted by this "
+                        "collector; pass listen= and remote_workers=")
+    elif max_remote is not None and others >= max_remote:
+        problems.append(f"remote_workers: this collector takes at most {max_remote} "
+                        "remote worker(s), and as many relays are registered")
+    return problems
+
+
 def check_specs(reference: dict[str, Any], hello: Hello) -> list[str]:
     """Handshake check: the worker's env specs must equal the first worker's."""
     from ._envs import EnvSpecs
@@ -127,4 +164,4 @@ def check_specs(reference: dict[str, Any], hello: Hello) -> list[str]:
     return [f"specs: {line}" for line in ours.describe_mismatch(theirs)]
 
 
-__all__ = ["REQUIRED_KEYS", "BatchChecker", "check_specs"]
+__all__ = ["REQUIRED_KEYS", "BatchChecker", "check_specs", "hello_problems", "relay_hello_problems"]

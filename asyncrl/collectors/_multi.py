@@ -24,7 +24,6 @@ from .._errors import CollectorError, WorkerLostError
 from .._forkserver import worker_context
 from .._process_main import likely_causes, local_worker_processes
 from .._processes import WorkerProcesses, describe_exit
-from .._protocol import Control
 from .._rollout_options import RolloutOptions
 from .._threads import TrainerThreads
 from .._worker import EXIT_ERROR
@@ -200,7 +199,7 @@ class MultiCollector(BaseCollector):
         self._senders: dict[str, WeightSender] = {}
         self._hub: Hub | None = None
         self._workers: WorkerProcesses | None = None
-        self._scheduler: Coordinator | None = None
+        self._coordinator: Coordinator | None = None
         self._tmpdir: str | None = None
         self._ready = False
         self._background: anyio.CancelScope | None = None
@@ -223,7 +222,7 @@ class MultiCollector(BaseCollector):
         await self._task_group.start(self._run_background)
 
     async def _run_background(self, *, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
-        """Owns the hub, the scheduler and the process watchers, in one task."""
+        """Owns the hub, the coordinator and the process watchers, in one task."""
         backend = self.backend or anyio.lowlevel.current_token().__class__.__module__
         backend = "trio" if "trio" in backend else "asyncio"
         endpoint = self.listen
@@ -243,15 +242,12 @@ class MultiCollector(BaseCollector):
                 async with Hub(endpoint, heartbeat_interval=interval, peer_timeout=timeout,
                                curve=curve, **self._hub_limits(specs)) as hub:
                     self._hub = hub
-                    scheduler = self._scheduler = self._make_scheduler(hub, token)
-                    if self.remote_workers:
-                        scheduler.specs = specs
+                    coordinator = self._coordinator = self._make_coordinator(hub, token, specs)
                     for model_id, scheme in self.weight_sync_schemes.items():
                         model = self.policy if model_id == "policy" else None
                         sender = self._senders[model_id] = scheme.init_on_sender(
-                            model_id, model=model, hub=hub, workers=self._worker_peers)
-                        if sender.relayable:
-                            sender.set_relay_routes(scheduler.relay_routes)
+                            model_id, model=model, hub=hub, workers=coordinator.worker_peers)
+                        coordinator.attach(sender)  # relay routes, catch-up, batch counts
                     workers = self._workers = local_worker_processes(
                         hub.endpoint, self._spec, self.num_workers, token=token,
                         backend=backend,
@@ -259,7 +255,7 @@ class MultiCollector(BaseCollector):
                                  "curve_keys": self.curve_keys},
                         directory=self._tmpdir or "", start_method=self.start_method)
                     async with anyio.create_task_group() as tg:
-                        tg.start_soon(scheduler.run)  # hellos are answered while others spawn
+                        tg.start_soon(coordinator.run)  # hellos are answered while others spawn
                         for sender in self._senders.values():
                             tg.start_soon(sender.run)  # queued versions go out once acked
                         await tg.start(workers.run, self._on_process_death)
@@ -292,19 +288,19 @@ class MultiCollector(BaseCollector):
         return listening_hub_limits(specs, frames=max(self.frames_per_worker), policy=policy,
                                     max_message_bytes=self.max_message_bytes)
 
-    def _make_scheduler(self, hub: Hub, token: str) -> Coordinator:
+    def _make_coordinator(self, hub: Hub, token: str,
+                          specs: dict[str, Any] | None) -> Coordinator:
         return Coordinator(
             hub, sync=self.sync, frames_per_worker=self.frames_per_worker,
             prefetch=self.prefetch, preemptive_threshold=self.preemptive_threshold,
             init_random_frames=self.init_random_frames
             // max(1, self.num_workers + self.remote_workers),
             check_specs=check_specs, token=token, accept_remote=self.remote_workers > 0,
-            on_worker_loss=self.on_worker_loss, on_join=self._on_join,
-            on_lost=self._on_worker_silent,
+            on_worker_loss=self.on_worker_loss, on_lost=self._on_worker_silent,
             batch_budget=self._batch_budget(), first_remote_index=self.num_workers,
             scheme_configs={model_id: scheme.to_config()
                             for model_id, scheme in self.weight_sync_schemes.items()},
-            max_remote_workers=self.remote_workers,
+            max_remote_workers=self.remote_workers, specs=specs,
         )
 
     def _batch_budget(self) -> int | None:
@@ -314,8 +310,8 @@ class MultiCollector(BaseCollector):
 
     async def _on_process_death(self, slot: int, process: Any) -> bool:
         """A local worker's process ended (reaped); returns True to respawn its slot."""
-        scheduler = self._scheduler
-        if self._closed or scheduler is None or scheduler.failed:
+        coordinator = self._coordinator
+        if self._closed or coordinator is None or coordinator.failed:
             return False
         pid, exitcode = process.pid, process.exitcode
         assert self._workers is not None
@@ -325,11 +321,11 @@ class MultiCollector(BaseCollector):
             # that report must win, and it may still be on its way. A peer the hub
             # never heard from has nothing on its way (the grace is a safety margin).
             hub = self._hub
-            connected = hub is not None and (peer in hub.peers or peer in scheduler.workers)
-            await scheduler.settle(peer, self._heartbeat[1] + 1.0 if connected else 1.0)
-        if self._closed or scheduler.failed:
+            connected = hub is not None and (peer in hub.peers or peer in coordinator.workers)
+            await coordinator.settle(peer, self._heartbeat[1] + 1.0 if connected else 1.0)
+        if self._closed or coordinator.failed:
             return False
-        worker = scheduler.workers.get(peer)
+        worker = coordinator.workers.get(peer)
         if worker is not None and worker.delivered:
             self._restart_streak[slot] = 0
         restart = self.on_worker_loss == "restart"
@@ -338,15 +334,15 @@ class MultiCollector(BaseCollector):
             f"closed: {likely_causes(exitcode)}")
         streak = self._restart_streak.get(slot, 0)
         if restart and streak >= self.max_restarts:
-            scheduler.fail(WorkerLostError(
+            coordinator.fail(WorkerLostError(
                 f"worker slot {slot} died {streak + 1} times in a row without delivering a "
                 f"batch (on_worker_loss='restart', max_restarts={self.max_restarts}); its "
                 f"last process: {error}"))
             return False
         log.warning("%s", error)
-        await scheduler.worker_exited(peer, error,
-                                      replaceable=restart or self.remote_workers > 0)
-        if not restart or scheduler.failed:
+        await coordinator.worker_exited(peer, error,
+                                        replaceable=restart or self.remote_workers > 0)
+        if not restart or coordinator.failed:
             return False
         self._restart_streak[slot] = streak + 1
         log.warning("restarting worker slot %d", slot)
@@ -364,33 +360,19 @@ class MultiCollector(BaseCollector):
                         worker.index, worker.pid)
             process.kill()
 
-    async def _on_join(self, worker: WorkerInfo) -> None:
-        for sender in self._senders.values():
-            if not worker.alive:
-                return  # lost while it joined (its process died, or its welcome bounced)
-            await sender.on_worker_joined(worker.index)
-
-    def _worker_peers(self) -> dict[int, bytes]:
-        assert self._scheduler is not None
-        return {w.index: w.peer for w in self._scheduler.live_workers}
-
-    async def _ensure_ready(self) -> None:
+    async def _ensure_ready(self) -> Coordinator:
+        """The coordinator, once the run's workers have joined."""
+        coordinator = self._coordinator
+        if coordinator is None:
+            raise CollectorError("the collector is not open: use 'async with'")
         if not self._ready:
-            assert self._scheduler is not None
-            await self._scheduler.wait_for_workers(self.num_workers + self.remote_workers)
+            await coordinator.wait_for_workers(self.num_workers + self.remote_workers)
             self._ready = True
+        return coordinator
 
     async def _close(self) -> None:
-        if self._scheduler is not None:
-            self._scheduler.fail(CollectorError("the collector was closed"))  # wake waiters
-        if self._hub is not None and self._scheduler is not None:
-            with anyio.move_on_after(2):
-                for worker in self._scheduler.live_workers:
-                    try:
-                        await self._hub.send(worker.peer, Control("close").to_body(),
-                                             kind=Control.KIND)
-                    except Exception:
-                        pass  # gone already: stop() below takes care of it
+        if self._coordinator is not None:
+            await self._coordinator.close()  # wakes waiters, tells the workers to stop
         for sender in self._senders.values():
             await sender.aclose()
         if self._background is not None:
@@ -415,12 +397,12 @@ class MultiCollector(BaseCollector):
 
     def statistics(self) -> list[WorkerStatistics]:
         """One line per live worker: index, host, batches delivered, batches ahead, relay."""
-        if self._scheduler is None:
+        if self._coordinator is None:
             return []
-        routes = self._scheduler.relay_routes()
+        routes = self._coordinator.relay_routes()
         return [WorkerStatistics(w.index, w.name, w.host, w.delivered, w.ahead,
                                  routes.get(w.index, b"").decode(errors="replace"), w.pid)
-                for w in self._scheduler.live_workers]
+                for w in self._coordinator.live_workers]
 
     @property
     def refused_peers(self) -> int:
@@ -463,15 +445,15 @@ class MultiCollector(BaseCollector):
             await self._after_loss_during_update(exc)
 
     async def _after_loss_during_update(self, error: PeerLostError) -> None:
-        scheduler = self._scheduler
-        assert scheduler is not None
-        # The scheduler hears of the loss on its own path (the process's exit status,
+        coordinator = self._coordinator
+        assert coordinator is not None
+        # The coordinator hears of the loss on its own path (the process's exit status,
         # the hub's silence): let it apply on_worker_loss first, so that the error the
         # user sees names the cause, and "continue" really continues.
         with anyio.move_on_after(self._heartbeat[1] + 1.0):
             for peer in error.peers:
-                await scheduler.settle(peer, self._heartbeat[1] + 1.0)
-        scheduler.raise_if_failed()
+                await coordinator.settle(peer, self._heartbeat[1] + 1.0)
+        coordinator.raise_if_failed()
         if self.on_worker_loss == "raise":
             raise error
         log.info("weights applied by every worker still in the run; lost: %s",
@@ -479,36 +461,38 @@ class MultiCollector(BaseCollector):
 
     async def set_seed(self, seed: int, static_seed: bool = False) -> int:
         """Seed every worker's envs (TorchRL semantics); returns the next free seed."""
-        await self._ensure_ready()
-        for worker in self._live():
-            seed = await self._control(worker, "seed", seed=seed, static_seed=static_seed)
+        coordinator = await self._ensure_ready()
+        for worker in coordinator.live_workers:
+            seed = await coordinator.control(worker, "seed", seed=seed, static_seed=static_seed)
         return seed
 
     async def reset(self, reset_idx: Sequence[bool] | None = None) -> None:
         """Reset the envs of every worker (or of the workers flagged in ``reset_idx``)."""
-        await self._ensure_ready()
-        for worker in self._live():
+        coordinator = await self._ensure_ready()
+        for worker in coordinator.live_workers:
             if reset_idx is None or reset_idx[worker.index]:
-                await self._control(worker, "reset")
+                await coordinator.control(worker, "reset")
 
     async def state_dict(self) -> dict[str, Any]:
         """``{"worker0": {...}, ...}`` with each worker's policy state dict."""
-        await self._ensure_ready()
-        return {f"worker{w.index}": await self._control(w, "state_dict") for w in self._live()}
+        coordinator = await self._ensure_ready()
+        return {f"worker{w.index}": await coordinator.control(w, "state_dict")
+                for w in coordinator.live_workers}
 
     async def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        await self._ensure_ready()
-        for worker in self._live():
-            await self._control(worker, "load_state_dict", **state_dict[f"worker{worker.index}"])
+        coordinator = await self._ensure_ready()
+        for worker in coordinator.live_workers:
+            await coordinator.control(worker, "load_state_dict",
+                                      **state_dict[f"worker{worker.index}"])
 
     async def getattr_policy(self, attr: str) -> Any:
         """An attribute of worker 0's policy (msgpack-able values and tensors; else repr)."""
-        await self._ensure_ready()
-        return await self._control(self._live()[0], "getattr_policy", attr=attr)
+        coordinator = await self._ensure_ready()
+        return await coordinator.control(coordinator.live_workers[0], "getattr_policy", attr=attr)
 
     async def getattr_env(self, attr: str) -> Any:
-        await self._ensure_ready()
-        return await self._control(self._live()[0], "getattr_env", attr=attr)
+        coordinator = await self._ensure_ready()
+        return await coordinator.control(coordinator.live_workers[0], "getattr_env", attr=attr)
 
     def get_model(self, model_id: str = "policy") -> Any:
         """The trainer-side model registered for ``model_id``."""
@@ -516,26 +500,9 @@ class MultiCollector(BaseCollector):
             return self.policy
         return self.weight_sender(model_id).model
 
-    def _note_batch(self, worker: WorkerInfo) -> None:
-        for sender in self._senders.values():
-            sender.note_batch(worker.index)  # max_interval counts delivered batches
-
-    def _live(self) -> list[WorkerInfo]:
-        assert self._scheduler is not None
-        return self._scheduler.live_workers
-
-    async def _control(self, worker: WorkerInfo, op: str, **args: Any) -> Any:
-        assert self._hub is not None
-        ticket = await self._hub.send_async([worker.peer], Control(op, args).to_body(),
-                                            kind=Control.KIND)
-        return (await self._hub.wait_ack(ticket, timeout=60))[worker.peer]
-
     async def _set_paused(self, paused: bool) -> None:
-        if self._scheduler is not None and not self.sync:
-            if paused:
-                self._scheduler.paused = True
-            else:
-                await self._scheduler.resume()
+        if self._coordinator is not None and not self.sync:
+            await self._coordinator.set_paused(paused)
 
 
 class MultiSyncCollector(MultiCollector):
@@ -551,14 +518,11 @@ class MultiSyncCollector(MultiCollector):
     sync = True
 
     async def _next_batch(self) -> TensorDictBase:
-        await self._ensure_ready()
-        assert self._scheduler is not None
+        coordinator = await self._ensure_ready()
         # Ask only for what total_frames still allows: a round that shrank (a lost
         # worker, on_worker_loss="continue") is made up without overshooting.
         left = self.total_frames - self.frames_collected if self.total_frames >= 0 else None
-        round_ = await self._scheduler.next_round(left)
-        for worker, _ in round_:
-            self._note_batch(worker)
+        round_ = await coordinator.next_round(left)
         return assemble([frames for _, frames in round_], self.cat_results)
 
 
@@ -573,8 +537,6 @@ class MultiAsyncCollector(MultiCollector):
     sync = False
 
     async def _next_batch(self) -> TensorDictBase:
-        await self._ensure_ready()
-        assert self._scheduler is not None
-        worker, frames = await self._scheduler.next_batch()
-        self._note_batch(worker)
+        coordinator = await self._ensure_ready()
+        _, frames = await coordinator.next_batch()
         return frames

@@ -409,13 +409,13 @@ async def test_a_worker_lost_during_its_admission_does_not_crash_the_scheduler(
                 welcome = await admit(coordinator, survivor)
                 assert [w.peer for w in scheduler.live_workers] == [b"next"]
                 assert welcome.body["index"] == scheduler.live_workers[0].index
-                assert scheduler._failure is None
+                assert scheduler.state.failure is None
                 # The lost worker was granted nothing: its credits are not a leak.
                 # (The survivor's grant follows its welcome and catch-up: wait for it.)
-                while scheduler._budget > 10 - scheduler.prefetch:
+                while scheduler.state.budget > 10 - scheduler.state.prefetch:
                     await anyio.sleep(0.01)
                 await anyio.sleep(0.1)  # a leak would show as a second grant here
-                assert scheduler._budget == 10 - scheduler.prefetch
+                assert scheduler.state.budget == 10 - scheduler.state.prefetch
                 tg.cancel_scope.cancel()
 
 
@@ -424,7 +424,7 @@ async def test_a_repeated_hello_while_admitted_is_welcomed_again_the_same(slot: 
     """A trainer busy when a worker joined: the worker said hello twice before any answer."""
     async with Hub(f"inproc://{uuid.uuid4().hex}", **FAST) as hub:
         coordinator = Coordinator(hub, token="secret")
-        coordinator.scheduler.frames_per_worker = [4]  # slot 0 is a local worker's
+        coordinator.scheduler.state.frames_per_worker = [4]  # slot 0 is a local worker's
         with anyio.fail_after(30):
             async with Link(hub.endpoint, identity=b"w", **FAST) as link, \
                     anyio.create_task_group() as tg:
@@ -498,10 +498,10 @@ async def test_a_worker_found_gone_while_a_round_is_asked_for_does_not_break_the
                     await anyio.sleep(0.01)
                 with anyio.move_on_after(1):
                     await scheduler.next_round()  # waits for w2's share: no error
-                assert scheduler._round is not None
-                assert list(scheduler._round.targets) == [b"w2"]
+                assert scheduler.state.round is not None
+                assert list(scheduler.state.round.targets) == [b"w2"]
                 assert (await next_order(survivor)).kind == "collect"
-                assert scheduler._failure is None
+                assert scheduler.state.failure is None
 
 
 async def test_a_worker_that_said_hello_twice_to_a_busy_trainer_joins_once_and_collects() -> None:
@@ -515,7 +515,7 @@ async def test_a_worker_that_said_hello_twice_to_a_busy_trainer_joins_once_and_c
     async with Hub("tcp://127.0.0.1:0", **FAST) as hub:
         coordinator = Coordinator(hub, token="secret")
         scheduler = coordinator.scheduler
-        scheduler.frames_per_worker = [4]
+        scheduler.state.frames_per_worker = [4]
 
         async def worker() -> None:
             codes.append(await run_worker(hub.endpoint, WorkerSpec(CountingEnv), identity=b"w",
@@ -560,7 +560,7 @@ async def test_a_replacement_lost_during_its_admission_leaves_the_share_to_the_n
                 await admit(coordinator, first)
                 tg.start_soon(scheduler.next_round)
                 assert (await next_order(first)).kind == "collect"
-                round_ = scheduler._round
+                round_ = scheduler.state.round
                 assert round_ is not None
                 await scheduler._on_lost(b"first")  # its share is owed by the next to join
                 assert round_.replacements == 1

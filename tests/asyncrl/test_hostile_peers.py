@@ -181,7 +181,7 @@ async def test_a_bad_batch_is_never_counted(bad: Any) -> None:
                 refused = await recv_kind(rogue, Refuse.KIND)
                 assert "rejected" in refused.body["reason"]
                 assert not sched.live_workers
-                assert sched._ready_recv.statistics().current_buffer_used == 0
+                assert len(sched.state.ready) == 0
                 tg.cancel_scope.cancel()
     print(caught.value)
 
@@ -229,8 +229,8 @@ async def test_a_rogue_remote_worker_does_not_complete_the_run_with_bogus_frames
                                        listen="tcp://127.0.0.1:0", frames_per_batch=FRAMES,
                                        total_frames=100, on_worker_loss=on_worker_loss) as c, \
                 Link(c.endpoint, identity=random_identity("rogue")) as rogue:
-            assert c._scheduler is not None
-            specs = c._scheduler.specs
+            assert c._coordinator is not None
+            specs = c._coordinator.specs
             await rogue.send(Hello(protocol=PROTOCOL, name="rogue", host="test", pid=1,
                                    specs=specs).to_body(), kind=Hello.KIND)
             welcome = await recv_kind(rogue, Welcome.KIND, Refuse.KIND)
