@@ -17,7 +17,6 @@ import socket
 import sys
 import tempfile
 import threading
-import traceback
 from collections import deque
 from contextlib import AsyncExitStack
 from typing import Any
@@ -25,7 +24,7 @@ from typing import Any
 import anyio
 import torch
 
-from transports import CurveClient, Link, Message, PeerLostError, ProtocolError
+from transports import CurveClient, ErrorPayload, Link, Message, PeerLostError, ProtocolError
 from transports import shutdown as flush_and_close_sockets
 
 from ._envs import make_env_pool
@@ -70,15 +69,7 @@ class WorkerExit(Exception):
 
 def error_report(error: BaseException, *, fatal: bool = True, slot: int = -1,
                  token: str = "") -> ErrorReport:
-    kind = type(error)
-    return ErrorReport(
-        type=f"{kind.__module__}:{kind.__qualname__}",
-        message=str(error),
-        traceback="".join(traceback.format_exception(error)),
-        fatal=fatal,
-        slot=slot,
-        token=token,
-    )
+    return ErrorReport(ErrorPayload.from_exception(error), fatal=fatal, slot=slot, token=token)
 
 
 class Worker:
