@@ -470,8 +470,8 @@ class RelayAttached:
 
     KIND: ClassVar[str] = "relay_attached"
 
-    def to_body(self) -> None:
-        return None  # the kind says it all
+    def to_body(self) -> dict[str, Any] | None:
+        return None  # the kind says it all (nil on the wire, as ever)
 
     @classmethod
     def from_body(cls, body: Any) -> Self:

@@ -258,7 +258,8 @@ class WeightReceiver:
     def _queue_ack(self, message: Message, version: int | None,
                    error: BaseException | None) -> None:
         if message.needs_ack:
-            result = None if error is not None else WeightsApplied(self.model_id, version).to_body()
+            result = (WeightsApplied(self.model_id, version).to_body()
+                      if error is None and version is not None else None)
             self._acks.append(WeightAck(message, result, error))
 
     def _ack_now(self, message: Message, version: int | None,

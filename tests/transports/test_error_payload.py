@@ -93,3 +93,22 @@ def test_texts_are_bounded_however_the_payload_is_made() -> None:
     assert len(huge.traceback) <= ErrorPayload.MAX_TRACEBACK + len("(traceback cut)\n")
     read = ErrorPayload.from_body({"type": "T", "message": "m" * 1_000_000, "traceback": ""})
     assert len(read.message) == ErrorPayload.MAX_MESSAGE
+
+
+@pytest.mark.parametrize("body", [None, {"type": "T"}, ["not", "a", "map"]])
+def test_a_hub_reads_a_malformed_error_ack_as_that_peers_failure(body: Any) -> None:
+    from transports._hub import _remote_error  # the Hub's reader of an error ack
+
+    error = _remote_error(b"w0", body)
+    assert (error.peer, error.remote_type) == ("w0", "transports.ProtocolError")
+    assert error.remote_message.startswith("a malformed error: error acknowledgement ")
+
+
+def test_a_hub_reads_a_well_formed_error_ack_as_sent() -> None:
+    from transports._hub import _remote_error
+
+    sent = ErrorPayload.from_exception(_caught())
+    error = _remote_error(b"w0", wire_body := msgpack.unpackb(msgpack.packb(sent.to_body())))
+    assert ErrorPayload.from_body(wire_body) == sent
+    assert (error.remote_type, error.remote_message, error.remote_traceback) == (
+        sent.type, sent.message, sent.traceback)
