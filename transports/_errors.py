@@ -55,7 +55,8 @@ class RemoteError(TransportError):
     """A peer reported that handling our message failed.
 
     ``peer`` names the peer, ``remote_type`` is ``"module.QualName"`` of the
-    exception raised over there and ``remote_traceback`` its traceback text.
+    exception raised over there and ``remote_traceback`` its traceback text
+    (what its :class:`ErrorPayload` carried; see :meth:`ErrorPayload.to_remote_error`).
     """
 
     def __init__(
