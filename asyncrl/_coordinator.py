@@ -302,17 +302,16 @@ class Coordinator:
             self._limited_log.warning(
                 "stranger-error", "ignored an error report from %r, which is not an admitted "
                 "worker (a stranger, or a worker already lost): %s: %s", message.peer,
-                report.type, report.message[:200])
+                report.error.type, report.error.message[:200])
             return
-        error = rebuild_remote_exception(report.type, report.message, report.traceback,
-                                         peer=name)
+        error = rebuild_remote_exception(report.error, peer=name)
         if report.fatal:
             if worker is not None:
                 worker.alive = False
             self.fail(error)
         else:
             self._limited_log.warning(f"report-{name}", "worker %s reported: %s", name,
-                                      report.message)
+                                      report.error.message)
 
     def _spawned_here(self, report: ErrorReport) -> bool:
         """A local worker's report sent before it was admitted (its env failed to build)."""

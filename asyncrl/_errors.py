@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import builtins
 import sys
 
-from transports import RemoteError
+from transports import ErrorPayload, RemoteError
 
 
 class AsyncRLError(Exception):
@@ -32,15 +31,17 @@ class BadBatchError(WorkerLostError):
     """A worker sent a batch that is not what it was asked for; it was dropped, not counted."""
 
 
-def rebuild_remote_exception(
-    type_path: str, message: str, traceback_text: str, *, peer: str | None = None
-) -> BaseException:
+def rebuild_remote_exception(error: ErrorPayload | RemoteError, *,
+                             peer: str | None = None) -> BaseException:
     """The worker's exception as the trainer should see it.
 
-    The original type is used when it is a builtin or lives in a module this
-    process already imported (a remote peer never makes us import anything);
-    otherwise a :class:`transports.RemoteError`. The remote traceback is kept
-    as the ``__cause__`` (a ``RemoteError``) and as a note.
+    ``error`` is what the worker sent (an :class:`transports.ErrorPayload`, or
+    the :class:`transports.RemoteError` a transport made of it; ``peer`` then
+    defaults to its peer). The original type is used when it is a builtin or
+    lives in a module this process already imported (a remote peer never makes
+    us import anything); otherwise a :class:`transports.RemoteError`. The
+    remote traceback is kept as the ``__cause__`` (a ``RemoteError``) and as a
+    note.
 
     A peer's word never becomes control flow: types that steer iteration,
     generators, cancellation or the interpreter (``StopIteration``,
@@ -49,36 +50,58 @@ def rebuild_remote_exception(
     that is not an ``Exception``) come back as a ``RemoteError``: raised in an
     ``async for``, a forged ``StopAsyncIteration`` would end the user's loop
     silently instead of failing it.
+
+    >>> from transports import ErrorPayload
+    >>> error = rebuild_remote_exception(ErrorPayload("builtins.KeyError", "'obs'"), peer="w0")
+    >>> type(error).__name__, type(error.__cause__).__name__
+    ('KeyError', 'RemoteError')
     """
-    remote = RemoteError(message, peer=peer, remote_type=type_path,
-                         remote_traceback=traceback_text)
-    cls = _resolve_exception_type(type_path)
+    if isinstance(error, RemoteError):
+        remote, payload = error, ErrorPayload.from_exception(error)
+        peer = remote.peer if peer is None else peer
+    else:
+        remote, payload = error.to_remote_error(peer), error
+    cls = _resolve_exception_type(payload.type)
     if cls is None:
         return remote
     try:
-        error = cls(message)
+        rebuilt = cls(payload.message)
     except Exception:
         return remote
     where = f" in worker {peer}" if peer else " in a worker"
-    error.add_note(f"raised{where}; its traceback:\n{traceback_text.rstrip()}")
-    error.__cause__ = remote
-    return error
+    rebuilt.add_note(f"raised{where}; its traceback:\n{payload.traceback.rstrip()}")
+    rebuilt.__cause__ = remote
+    return rebuilt
 
 
 def _resolve_exception_type(type_path: str) -> type[Exception] | None:
-    if ":" in type_path:  # "module:Qual.Name", as worker error reports send it
-        module_name, _, qualname = type_path.partition(":")
-    else:
-        module_name, _, qualname = type_path.rpartition(".")
-    if module_name == "builtins":
-        candidate = getattr(builtins, qualname, None)
-    else:
-        module = sys.modules.get(module_name)  # never import on a peer's word
-        candidate = module
-        for part in qualname.split(".") if module is not None else ():
-            candidate = getattr(candidate, part, None)
+    """The exception class ``type_path`` names in what is imported here, else None.
+
+    ``"module.Qual.Name"`` (how :class:`transports.ErrorPayload` spells it) is
+    split at the longest prefix that is an imported module; ``"module:Qual.Name"``
+    (pkgutil's spelling, which older worker reports used) names the split itself.
+    """
+    candidate = _lookup(type_path)
     if (isinstance(candidate, type) and issubclass(candidate, Exception)
             and not issubclass(candidate, _control_flow_types())):
+        return candidate
+    return None
+
+
+def _lookup(type_path: str) -> object:
+    if ":" in type_path:
+        module_name, _, qualname = type_path.partition(":")
+        splits = [(module_name, qualname.split("."))]
+    else:
+        parts = type_path.split(".")
+        splits = [(".".join(parts[:i]), parts[i:]) for i in range(len(parts) - 1, 0, -1)]
+    for module_name, names in splits:
+        module = sys.modules.get(module_name)  # never import on a peer's word
+        if module is None:
+            continue
+        candidate: object = module
+        for name in names:
+            candidate = getattr(candidate, name, None)
         return candidate
     return None
 

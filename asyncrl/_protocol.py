@@ -1,18 +1,22 @@
-"""Coordinator <-> worker messages, typed and validated.
+"""Every asyncrl message, typed and validated.
 
-Each message is a small dataclass; ``to_body()`` gives the msgpack body sent
-with ``kind=<KIND>``; ``from_body()`` validates a body that came from the
-network and raises :class:`transports.ProtocolError` naming the bad field.
+Coordinator <-> worker and coordinator <-> relay messages, the meta of a
+weight message and the acks it gets (from a worker, or from a relay for its
+members). Each message is a small dataclass; ``to_body()`` gives the msgpack
+body sent with ``kind=<KIND>`` (``to_meta()`` for :class:`WeightMeta`);
+``from_body()`` validates a body that came from the network and raises
+:class:`transports.ProtocolError` naming the bad field.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar, Self
 
 from tensordict import TensorDictBase
 
-from transports import ProtocolError
+from transports import ErrorPayload, ProtocolError
 
 PROTOCOL = 1
 
@@ -266,12 +270,14 @@ class Batch:
 
 @dataclass(slots=True)
 class ErrorReport:
-    """Worker -> coordinator: an exception in the env, the policy or the worker."""
+    """Worker -> coordinator: an exception in the env, the policy or the worker.
+
+    On the wire the :class:`transports.ErrorPayload` fields (``type``,
+    ``message``, ``traceback``) sit beside the report's own.
+    """
 
     KIND: ClassVar[str] = "error"
-    type: str
-    message: str
-    traceback: str
+    error: ErrorPayload
     fatal: bool = True
     #: A local worker that fails before its hello (building its env or policy) is not
     #: admitted yet: its slot and spawn token vouch for the report instead.
@@ -279,14 +285,13 @@ class ErrorReport:
     token: str = ""
 
     def to_body(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**self.error.to_body(), "fatal": self.fatal, "slot": self.slot,
+                "token": self.token}
 
     @classmethod
     def from_body(cls, body: Any) -> Self:
         return cls(
-            type=_field(body, "type", str, "error")[:500],
-            message=_field(body, "message", str, "error")[:65536],
-            traceback=_field(body, "traceback", str, "error")[:262144],
+            error=ErrorPayload.from_body(body, "error message"),
             fatal=_field(body, "fatal", bool, "error"),
             slot=_optional_int(body, "slot", "error", default=-1),
             token=_optional_str(body, "token", "error")[:200],
@@ -319,3 +324,158 @@ class Control:
             raise ProtocolError(f"unknown control operation {op!r}; expected one of "
                                 f"{sorted(cls.OPS)}")
         return cls(op=op, args=_field(body, "args", dict, "control"))
+
+
+# -- weights: the meta of a weight message, and the acks it gets ---------------------------
+#: Meta key of a relayed weight message: the members the relay delivers it to.
+RELAY_TO = "relay_to"
+#: Longest model id (an attribute path such as ``"actor.module"``) a message may name.
+MAX_MODEL_ID = 1024
+#: Longest coordinator instance name (a hub's is 16 hex digits).
+MAX_INSTANCE = 64
+
+
+def _model_id(body: Any, what: str) -> str:
+    model_id = _field(body, "model_id", str, what)
+    if not 0 < len(model_id) <= MAX_MODEL_ID:
+        raise ProtocolError(f"{what} message field 'model_id' must be 1 to {MAX_MODEL_ID} "
+                            f"characters, got {len(model_id)}")
+    return model_id
+
+
+def _version(body: Any, what: str) -> int:
+    version = _field(body, "version", int, what)
+    if version < 1:
+        raise ProtocolError(f"{what} message field 'version' must be a positive int, "
+                            f"got {version}")
+    return version
+
+
+def _peer_map(body: Any, name: str, what: str) -> dict[Any, Any]:
+    """``body[name]``: a map keyed by at most MAX_RELAY_MEMBERS peer identities."""
+    value = _field(body, name, dict, what)
+    if len(value) > MAX_RELAY_MEMBERS:
+        raise ProtocolError(f"{what} message field {name!r} has {len(value)} entries; at most "
+                            f"{MAX_RELAY_MEMBERS} are allowed")
+    if not all(isinstance(m, bytes) and 0 < len(m) <= 255 for m in value):
+        raise ProtocolError(f"{what} message field {name!r} must be keyed by peer identities "
+                            "(1 to 255 bytes)")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class WeightMeta:
+    """The meta of a ``weights`` message (:data:`asyncrl.weights.WEIGHTS_KIND`).
+
+    The body is the weights; the meta says whose they are: ``version`` of
+    ``model_id``, numbered by coordinator ``instance`` (``""``: not said). A
+    message to a host's relay also names the members it delivers to (``relay_to``).
+    """
+
+    model_id: str
+    version: int
+    instance: str = ""
+    relay_to: tuple[bytes, ...] = ()
+
+    def to_meta(self) -> dict[str, Any]:
+        meta: dict[str, Any] = {"model_id": self.model_id, "version": self.version}
+        if self.instance:
+            meta["instance"] = self.instance
+        if self.relay_to:
+            meta[RELAY_TO] = list(self.relay_to)
+        return meta
+
+    @classmethod
+    def from_meta(cls, meta: Any) -> Self:
+        if not isinstance(meta, dict):
+            raise ProtocolError(f"weights message meta must be a map, got {type(meta).__name__}")
+        model_id, version = _model_id(meta, "weights"), _version(meta, "weights")
+        instance = _optional_str(meta, "instance", "weights")
+        if len(instance) > MAX_INSTANCE:
+            raise ProtocolError(f"weights message field 'instance' must be at most "
+                                f"{MAX_INSTANCE} characters, got {len(instance)}")
+        return cls(model_id, version, instance, _relay_to(meta.get(RELAY_TO, [])))
+
+
+def _relay_to(members: Any) -> tuple[bytes, ...]:
+    if not isinstance(members, list):
+        raise ProtocolError(f"weights message field {RELAY_TO!r} must be a list of peer "
+                            f"identities, got {type(members).__name__}")
+    if len(members) > MAX_RELAY_MEMBERS:
+        raise ProtocolError(f"weights message field {RELAY_TO!r} lists {len(members)} members; "
+                            f"at most {MAX_RELAY_MEMBERS} are allowed")
+    if not all(isinstance(m, bytes) and 0 < len(m) <= 255 for m in members):
+        raise ProtocolError(f"weights message field {RELAY_TO!r} must list peer identities "
+                            "(1 to 255 bytes)")
+    return tuple(members)
+
+
+@dataclass(frozen=True, slots=True)
+class WeightsApplied:
+    """Worker -> sender, the ack of a ``weights`` message: it holds ``version`` of ``model_id``.
+
+    The version may be newer than the message's: newest wins, so a worker that
+    got version *k + 1* before applying *k* acks both with *k + 1*.
+    """
+
+    model_id: str
+    version: int
+
+    def to_body(self) -> dict[str, Any]:
+        return {"model_id": self.model_id, "version": self.version}
+
+    @classmethod
+    def from_body(cls, body: Any) -> Self:
+        return cls(_model_id(body, "weights ack"), _version(body, "weights ack"))
+
+
+@dataclass(frozen=True, slots=True)
+class RelayAck:
+    """Relay -> sender, the ack of a relayed ``weights`` message, member by member.
+
+    ``versions[member]`` is the version that member applied; ``failed[member]``
+    says why it did not: its own error, or :meth:`lost` when the relay does not
+    reach it.
+    """
+
+    #: ``failed[member].type`` of a member the relay does not reach (lost, never attached).
+    LOST_TYPE: ClassVar[str] = "transports.PeerLostError"
+    model_id: str
+    versions: Mapping[bytes, int]
+    failed: Mapping[bytes, ErrorPayload] = field(default_factory=dict)
+
+    @classmethod
+    def lost(cls, why: str) -> ErrorPayload:
+        """The failure of a member the relay does not reach, and ``why``."""
+        return ErrorPayload(cls.LOST_TYPE, why)
+
+    def to_body(self) -> dict[str, Any]:
+        return {"model_id": self.model_id, "versions": dict(self.versions),
+                "failed": {m: p.to_body() for m, p in self.failed.items()}}
+
+    @classmethod
+    def from_body(cls, body: Any) -> Self:
+        versions = _peer_map(body, "versions", "relay ack")
+        if not all(type(v) is int for v in versions.values()):
+            raise ProtocolError("relay ack message field 'versions' must map members to int "
+                                "versions")
+        failed = {member: ErrorPayload.from_body(failure, "relay ack failure")
+                  for member, failure in _peer_map(body, "failed", "relay ack").items()}
+        return cls(_model_id(body, "relay ack"), versions, failed)
+
+
+@dataclass(frozen=True, slots=True)
+class RelayAttached:
+    """Relay -> worker: you are attached; weights for you may now come this way."""
+
+    KIND: ClassVar[str] = "relay_attached"
+
+    def to_body(self) -> dict[str, Any] | None:
+        return None  # the kind says it all (nil on the wire, as ever)
+
+    @classmethod
+    def from_body(cls, body: Any) -> Self:
+        if body is not None and not isinstance(body, dict):  # a map: fields of a later version
+            raise ProtocolError(f"relay_attached message body must be nil or a map, got "
+                                f"{type(body).__name__}")
+        return cls()

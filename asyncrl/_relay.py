@@ -34,6 +34,7 @@ import anyio
 from transports import (
     ClosedResourceError,
     CurveClient,
+    ErrorPayload,
     Hub,
     Link,
     Message,
@@ -45,14 +46,24 @@ from transports import (
     random_identity,
 )
 
-from ._protocol import MAX_RELAY_MEMBERS, PROTOCOL, Refuse, RelayHello, RelayWelcome
+from ._protocol import (
+    MAX_RELAY_MEMBERS,
+    PROTOCOL,
+    RELAY_TO,
+    Refuse,
+    RelayAck,
+    RelayAttached,
+    RelayHello,
+    RelayWelcome,
+    WeightMeta,
+    WeightsApplied,
+)
 from .weights import WEIGHTS_KIND
-from .weights._fanout import RELAY_TO, relay_ack_body, relay_failure
 
 log = logging.getLogger("asyncrl.relay")
 
 #: Sent by the relay to a member once it is attached: its weights may now come this way.
-ATTACHED_KIND = "relay_attached"
+ATTACHED_KIND = RelayAttached.KIND
 
 
 def relay_identity() -> bytes:
@@ -235,7 +246,8 @@ class HostRelay(TaskGroupResource):
             self._received += 1
             attached = [m for m in targets if m in hub.peers]
             # The same frames go to every member: the relay never copies the weights.
-            ticket = await hub.send_async(attached, message.body, kind=WEIGHTS_KIND, meta=meta)
+            ticket = await hub.send_async(attached, message.body, kind=WEIGHTS_KIND,
+                                          meta=meta.to_meta())
         except BaseException:
             self._in_flight.release()
             raise
@@ -246,47 +258,42 @@ class HostRelay(TaskGroupResource):
                           {"instance": self.instance}, message.needs_ack)
         self._tasks.start_soon(self._ack_when_delivered, link, receipt, meta, ticket, missing)
 
-    def _targets(self, message: Message) -> tuple[list[bytes], dict[str, Any]]:
-        meta = message.meta
-        members, model_id, version = meta.get(RELAY_TO), meta.get("model_id"), meta.get("version")
-        if not isinstance(model_id, str) or type(version) is not int or version < 1:
-            raise ProtocolError(f"relayed weights need a str model_id and a positive int "
-                                f"version, got {model_id!r} and {version!r}")
-        if not isinstance(members, list) or not 0 < len(members) <= MAX_RELAY_MEMBERS:
+    def _targets(self, message: Message) -> tuple[list[bytes], WeightMeta]:
+        """The members to deliver ``message`` to, and the meta they get with it."""
+        meta = WeightMeta.from_meta(message.meta)
+        if not meta.relay_to:
             raise ProtocolError(f"relayed weights need a {RELAY_TO!r} list of 1 to "
                                 f"{MAX_RELAY_MEMBERS} member identities")
-        if not all(isinstance(m, bytes) for m in members):
-            raise ProtocolError(f"relayed weights: {RELAY_TO!r} must list peer identities "
-                                "(bytes)")
-        strangers = [m for m in members if m not in self.members]
+        strangers = [m for m in meta.relay_to if m not in self.members]
         if strangers:
             raise ProtocolError(f"relayed weights name workers this relay does not serve: "
                                 f"{strangers[:5]!r}; its members are {sorted(self.members)[:5]!r}")
-        instance = meta.get("instance", self.instance)
-        if not isinstance(instance, str) or instance != self.instance:
-            raise ProtocolError(f"relayed weights from coordinator instance {instance!r:.40}, "
+        instance = meta.instance or self.instance  # unsaid: the one we registered with
+        if instance != self.instance:
+            raise ProtocolError(f"relayed weights from coordinator instance {instance!r}, "
                                 f"but this relay registered with {self.instance!r}")
-        forward = {"model_id": model_id, "version": version}
-        if instance:  # members drop what another instance than theirs sent
-            forward["instance"] = instance
-        return list(dict.fromkeys(members)), forward
+        # Stamped with the instance: members drop what another instance than theirs sent.
+        forward = WeightMeta(meta.model_id, meta.version, instance)
+        return list(dict.fromkeys(meta.relay_to)), forward
 
-    async def _ack_when_delivered(self, link: Link, message: Message, meta: dict[str, Any],
+    async def _ack_when_delivered(self, link: Link, message: Message, meta: WeightMeta,
                                   ticket: Ticket, missing: list[bytes]) -> None:
         try:
             await ticket.done.wait()  # every member acks, fails, or is lost (its heartbeats)
         finally:
             self._in_flight.release()
-        versions = {}
+        versions: dict[bytes, int] = {}
+        failed = {member: ErrorPayload.from_exception(error)
+                  for member, error in ticket.errors.items()}
         for member, result in ticket.acks.items():
-            version = result.get("version") if isinstance(result, dict) else None
-            versions[member] = version if type(version) is int else meta["version"]
-        failed = {member: relay_failure(error) for member, error in ticket.errors.items()}
+            try:
+                versions[member] = WeightsApplied.from_body(result).version
+            except ProtocolError as exc:  # the trainer hears of it; never a crash here
+                failed[member] = ErrorPayload.from_exception(exc)
         for member in ticket.lost:
-            failed[member] = relay_failure(None, lost="the worker left the relay before "
-                                                      "applying")
+            failed[member] = RelayAck.lost("the worker left the relay before applying")
         for member in missing:
-            failed[member] = relay_failure(None, lost="the worker is not attached to the relay")
+            failed[member] = RelayAck.lost("the worker is not attached to the relay")
         self._delivered += len(versions)
         self._failed += len(failed)
         sender, now = message.meta["instance"], link.hub_instance
@@ -294,11 +301,11 @@ class HostRelay(TaskGroupResource):
             # The coordinator that sent it is gone: its sequence number would name
             # another message of the restarted one there now.
             log.info("relay: dropped the ack of version %s of a previous coordinator",
-                     meta["version"])
+                     meta.version)
             return
         if message.needs_ack:
             try:
-                await link.ack(message, relay_ack_body(meta["model_id"], versions, failed))
+                await link.ack(message, RelayAck(meta.model_id, versions, failed).to_body())
             except ClosedResourceError:
                 pass  # closing: the coordinator sees the relay go
 
@@ -319,7 +326,7 @@ class HostRelay(TaskGroupResource):
             return
         if event.event == "joined":
             try:
-                await self.hub.send(event.peer, None, kind=ATTACHED_KIND)
+                await self.hub.send(event.peer, RelayAttached().to_body(), kind=RelayAttached.KIND)
             except PeerLostError:
                 pass  # gone again already
         elif event.event == "lost":

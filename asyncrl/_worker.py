@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import traceback
 from collections import deque
 from contextlib import AsyncExitStack
 from typing import Any
@@ -20,7 +19,7 @@ from typing import Any
 import anyio
 import torch
 
-from transports import CurveClient, Link, Message, PeerLostError, ProtocolError
+from transports import CurveClient, ErrorPayload, Link, Message, PeerLostError, ProtocolError
 
 from ._envs import make_env_pool
 from ._processes import process_alive, remove_orphaned_socket_dir
@@ -66,15 +65,7 @@ class WorkerExit(Exception):
 
 def error_report(error: BaseException, *, fatal: bool = True, slot: int = -1,
                  token: str = "") -> ErrorReport:
-    kind = type(error)
-    return ErrorReport(
-        type=f"{kind.__module__}:{kind.__qualname__}",
-        message=str(error),
-        traceback="".join(traceback.format_exception(error)),
-        fatal=fatal,
-        slot=slot,
-        token=token,
-    )
+    return ErrorReport(ErrorPayload.from_exception(error), fatal=fatal, slot=slot, token=token)
 
 
 class Worker:

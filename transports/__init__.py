@@ -16,6 +16,7 @@ from ._curve import CurveClient as CurveClient
 from ._curve import CurveServer as CurveServer
 from ._curve import generate_keys as generate_keys
 from ._errors import ClosedResourceError as ClosedResourceError
+from ._errors import ErrorPayload as ErrorPayload
 from ._errors import PeerLostError as PeerLostError
 from ._errors import ProtocolError as ProtocolError
 from ._errors import RemoteError as RemoteError

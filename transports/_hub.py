@@ -14,7 +14,7 @@ import zmq
 
 from ._channel import ACK, BYE, PING, Channel, ChannelStatistics
 from ._codec import encode_message
-from ._errors import PeerLostError, RemoteError
+from ._errors import ErrorPayload, PeerLostError, ProtocolError, RemoteError
 from ._types import Message, PeerEvent, Ticket
 
 MAX_PENDING_TICKETS = 4096
@@ -342,12 +342,8 @@ class _Unreachable(Exception):
 
 
 def _remote_error(peer: bytes, body: Any) -> RemoteError:
-    fields = body if isinstance(body, dict) else {}
-
-    def text(key: str, default: str) -> str:
-        value = fields.get(key, default)
-        return value[:65536] if isinstance(value, str) else default
-
-    return RemoteError(text("message", "(no message)"), peer=peer,
-                       remote_type=text("type", "Exception"),
-                       remote_traceback=text("traceback", ""))
+    try:
+        payload = ErrorPayload.from_body(body, "error acknowledgement")
+    except ProtocolError as exc:  # the peer failed and said so badly: still its failure
+        payload = ErrorPayload("transports.ProtocolError", f"a malformed error: {exc}")
+    return payload.to_remote_error(peer)

@@ -7,7 +7,6 @@ import os
 import secrets
 import socket as _socket
 import time
-import traceback
 from typing import Any
 
 import anyio
@@ -16,7 +15,7 @@ from zmq.utils.monitor import parse_monitor_message
 
 from ._channel import ACK, BYE, PING, Channel, ChannelStatistics
 from ._codec import encode_message
-from ._errors import PeerLostError
+from ._errors import ErrorPayload, PeerLostError
 from ._types import Message, PeerEvent
 
 HUB = b""
@@ -179,14 +178,14 @@ class Link(Channel):
                   error: BaseException | None = None) -> None:
         """Acknowledge ``message``: with a msgpack ``result``, or with ``error``.
 
-        An error travels as its type, message and traceback text; the hub's
-        ``wait_ack`` raises it as :class:`RemoteError`.
+        An error travels as an :class:`ErrorPayload` (type, message, traceback
+        text); the hub's ``wait_ack`` raises it as :class:`RemoteError`.
         """
         if error is None:
             frames = encode_message(result, kind=ACK, seq=message.seq)
         else:
-            frames = encode_message(error_payload(error), kind=ACK, seq=message.seq,
-                                    meta={"error": True})
+            frames = encode_message(ErrorPayload.from_exception(error).to_body(), kind=ACK,
+                                    seq=message.seq, meta={"error": True})
         await self._send_frames(frames)
 
     def __aiter__(self) -> Link:
@@ -332,12 +331,3 @@ class Link(Channel):
         self._monitor.close(linger=0)
         self._monitor = None
 
-
-def error_payload(error: BaseException) -> dict[str, str]:
-    """The msgpack form of an exception: type path, message, traceback text."""
-    kind = type(error)
-    return {
-        "type": f"{kind.__module__}.{kind.__qualname__}",
-        "message": str(error),
-        "traceback": "".join(traceback.format_exception(error)),
-    }

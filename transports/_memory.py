@@ -9,7 +9,6 @@ through the real codec so that what works here also travels over ZeroMQ.
 from __future__ import annotations
 
 import math
-import traceback
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -17,7 +16,7 @@ import anyio
 import msgpack
 
 from ._codec import decode_message, encode_message
-from ._errors import PeerLostError, RemoteError
+from ._errors import ErrorPayload, PeerLostError
 from ._types import Message, Ticket
 
 __all__ = ["LocalHub", "LocalLink"]
@@ -111,10 +110,10 @@ class LocalHub:
         if ticket is None:
             return
         if error is not None:
-            kind = type(error)
-            ticket.resolve(peer, error=RemoteError(
-                str(error), peer=peer, remote_type=f"{kind.__module__}.{kind.__qualname__}",
-                remote_traceback="".join(traceback.format_exception(error))))
+            payload = ErrorPayload.from_exception(error)
+            if self.encode:  # read back as a Hub reads it
+                payload = ErrorPayload.from_body(msgpack.unpackb(msgpack.packb(payload.to_body())))
+            ticket.resolve(peer, error=payload.to_remote_error(peer))
         else:
             if self.encode:
                 result = msgpack.unpackb(msgpack.packb(result))

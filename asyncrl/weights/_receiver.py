@@ -11,6 +11,7 @@ from tensordict import TensorDictBase
 
 from transports import Message, ProtocolError
 
+from .._protocol import WeightMeta, WeightsApplied
 from ._errors import WeightSyncError
 from ._strategy import WeightStrategy, as_strategy
 
@@ -153,7 +154,6 @@ class WeightReceiver:
     def on_message(self, message: Message) -> None:
         """Take a ``weights`` message; never raises (a bad one is acked with the error)."""
         try:
-            self._check_instance(message)
             version = self._check_meta(message)
             payload = self._load(message)
         except Exception as exc:
@@ -241,29 +241,25 @@ class WeightReceiver:
         return update.version
 
     # -- internals ------------------------------------------------------------------------------
-    def _check_instance(self, message: Message) -> None:
+    def _check_meta(self, message: Message) -> int:
+        """The version ``message`` carries, once its meta is read and meant for us."""
+        meta = WeightMeta.from_meta(message.meta)
         # Weights stamped by another coordinator instance than the one we follow (a
         # relay forwarding what the dead trainer sent): their version means nothing here.
-        instance = message.meta.get("instance")
-        if self.instance and isinstance(instance, str) and instance != self.instance:
+        if self.instance and meta.instance and meta.instance != self.instance:
             raise WeightSyncError(
-                f"weights for {self.model_id!r} from coordinator instance {instance[:32]!r}, "
+                f"weights for {self.model_id!r} from coordinator instance {meta.instance!r}, "
                 f"but this worker was welcomed by {self.instance!r}: dropped (stale)")
-
-    def _check_meta(self, message: Message) -> int:
-        meta = message.meta
-        model_id, version = meta.get("model_id"), meta.get("version")
-        if model_id != self.model_id:
-            raise ProtocolError(f"weights for model {model_id!r} reached the receiver of "
-                                f"{self.model_id!r}")
-        if type(version) is not int or version < 1:
-            raise ProtocolError(f"weight version must be a positive int, got {version!r}")
-        return version
+        if meta.model_id != self.model_id:
+            raise ProtocolError(f"weights for model {meta.model_id[:100]!r} reached the "
+                                f"receiver of {self.model_id!r}")
+        return meta.version
 
     def _queue_ack(self, message: Message, version: int | None,
                    error: BaseException | None) -> None:
         if message.needs_ack:
-            result = None if error is not None else {"model_id": self.model_id, "version": version}
+            result = (WeightsApplied(self.model_id, version).to_body()
+                      if error is None and version is not None else None)
             self._acks.append(WeightAck(message, result, error))
 
     def _ack_now(self, message: Message, version: int | None,

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import anyio
 
-from transports import PeerLostError, RemoteError, Ticket
+from transports import PeerLostError, ProtocolError, RemoteError, Ticket
 
-from ._fanout import RELAY_TO, parse_relay_ack
+from .._protocol import WeightMeta, WeightsApplied
+from ._fanout import parse_relay_ack
 from ._receiver import WEIGHTS_KIND
 from ._staging import Stage
 from ._strategy import WeightStrategy, as_strategy, flat_tensors
@@ -101,7 +102,11 @@ class _Sent:
                 for peer, result in ticket.acks.items():
                     if peer not in own:
                         continue
-                    version = _acked_version(result, self.version)
+                    try:
+                        version = WeightsApplied.from_body(result).version
+                    except ProtocolError as exc:
+                        errors.append(_malformed_ack(peer, exc))
+                        continue
                     if self.version <= version <= latest:
                         applied[own[peer]] = version
                     else:  # e.g. a worker still counting in a previous trainer's versions
@@ -545,20 +550,20 @@ class WeightSender:
                 peers[workers[worker_id]] = worker_id
             else:
                 relayed.setdefault(relay, {})[workers[worker_id]] = worker_id
-        meta: dict[str, Any] = {"model_id": self.model_id, "version": queued.version}
         instance = getattr(self.hub, "instance", None)
-        if isinstance(instance, str):
-            # Versions are numbered per coordinator instance: a worker (or relay) that
-            # follows another instance drops this message instead of comparing numbers.
-            meta["instance"] = instance
+        # Versions are numbered per coordinator instance: a worker (or relay) that
+        # follows another instance drops this message instead of comparing numbers.
+        meta = WeightMeta(self.model_id, queued.version,
+                          instance if isinstance(instance, str) else "")
         if peers:
             ticket = await self.hub.send_async(list(peers), queued.payload, kind=WEIGHTS_KIND,
-                                               meta=meta)
+                                               meta=meta.to_meta())
             self._in_flight(ticket, peers, None, queued)
         for relay, members in relayed.items():
             # One copy per host: the relay delivers it to each member and acks for all.
+            relayed_meta = replace(meta, relay_to=tuple(members))
             ticket = await self.hub.send_async([relay], queued.payload, kind=WEIGHTS_KIND,
-                                               meta={**meta, RELAY_TO: list(members)})
+                                               meta=relayed_meta.to_meta())
             self._in_flight(ticket, members, relay, queued)
 
     def _in_flight(self, ticket: Ticket, members: dict[bytes, int], relay: bytes | None,
@@ -706,9 +711,11 @@ def _first_error(errors: list[BaseException]) -> BaseException:
     return first
 
 
-def _acked_version(result: Any, default: int) -> int:
-    version = result.get("version") if isinstance(result, dict) else None
-    return version if type(version) is int else default
+def _malformed_ack(peer: bytes, error: ProtocolError) -> RemoteError:
+    return RemoteError(
+        f"worker acknowledged weights with a malformed answer ({error}); expected "
+        "{'model_id': str, 'version': int}. Update asyncrl on its host",
+        peer=peer, remote_type="asyncrl.weights.WeightSyncError")
 
 
 def _bad_ack(peer: bytes, version: int, sent: int, latest: int) -> RemoteError:

@@ -22,7 +22,7 @@ from asyncrl._coordinator import Coordinator, check_specs
 from asyncrl._errors import BadBatchError, rebuild_remote_exception
 from asyncrl._protocol import PROTOCOL, Batch, Collect, ErrorReport, Hello, Refuse, Welcome
 from asyncrl.testing import make_share, make_specs
-from transports import Hub, Link, RemoteError, random_identity
+from transports import ErrorPayload, Hub, Link, RemoteError, random_identity
 from transports._codec import encode_message
 
 pytestmark = pytest.mark.anyio
@@ -32,7 +32,7 @@ FRAMES = 10
 
 # -- helpers ----------------------------------------------------------------------------
 def forged_error(type_path: str = "builtins:RuntimeError") -> dict[str, Any]:
-    return ErrorReport(type_path, "forged: the run is over", "", fatal=True).to_body()
+    return ErrorReport(ErrorPayload(type_path, "forged: the run is over"), fatal=True).to_body()
 
 
 def hello(name: str, *, protocol: int = PROTOCOL, obs_dim: int = 4) -> dict[str, Any]:
@@ -78,13 +78,13 @@ def cartpole(**options: Any) -> MultiAsyncCollector:
 def test_control_flow_exceptions_come_back_as_remote_errors(type_path: str) -> None:
     import trio  # noqa: F401  (loaded, as in a trio trainer: still refused)
 
-    error = rebuild_remote_exception(type_path, "forged", "", peer="w")
+    error = rebuild_remote_exception(ErrorPayload(type_path, "forged"), peer="w")
     assert type(error) is RemoteError
     assert error.remote_type == type_path
 
 
 def test_plain_exceptions_keep_their_type() -> None:
-    error = rebuild_remote_exception("builtins:ValueError", "bad", "tb", peer="w")
+    error = rebuild_remote_exception(ErrorPayload("builtins:ValueError", "bad", "tb"), peer="w")
     assert type(error) is ValueError
     assert isinstance(error.__cause__, RemoteError)
 

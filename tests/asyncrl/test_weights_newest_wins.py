@@ -18,6 +18,7 @@ import pytest
 import torch
 from torch import nn
 
+from asyncrl._protocol import RelayAck
 from asyncrl.testing import fill_parameters, parameter_values
 from asyncrl.weights import (
     LocalHub,
@@ -27,7 +28,7 @@ from asyncrl.weights import (
     WeightSender,
     ZmqWeightSyncScheme,
 )
-from asyncrl.weights._fanout import RELAY_TO, relay_ack_body
+from asyncrl.weights._fanout import RELAY_TO
 from transports import PeerLostError, RemoteError, Ticket
 
 pytestmark = pytest.mark.anyio
@@ -172,8 +173,8 @@ async def test_relayed_workers_get_one_message_in_transit_per_relay() -> None:
                         message = await relay.recv()
                         assert sorted(message.meta[RELAY_TO]) == [w.peer for w in workers]
                         version = message.meta["version"]
-                        await relay.ack(message, relay_ack_body(
-                            "policy", {w.peer: version for w in workers}, {}))
+                        await relay.ack(message, RelayAck(
+                            "policy", {w.peer: version for w in workers}, {}).to_body())
 
                 assert await sender.wait_ack(timeout=WAIT) == {0: SENDS, 1: SENDS}
             assert hub.to(b"relay") == [1, SENDS]

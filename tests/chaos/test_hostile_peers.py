@@ -21,7 +21,7 @@ import zmq
 from asyncrl import MultiAsyncCollector, MultiSyncCollector
 from asyncrl._protocol import PROTOCOL, ErrorReport, Hello
 from asyncrl.testing import ValuePolicy, identity_env
-from transports import Link
+from transports import ErrorPayload, Link
 from transports._codec import encode_message
 
 from .helpers import LIMIT, LIVENESS, RSS_GROWTH_MB, assert_frames, pids_in, rss_mb, train
@@ -74,8 +74,8 @@ async def test_a_forged_error_from_a_stranger_ends_nothing(sandbox, remote_type:
             async def forge(c, index: int) -> None:
                 if index == 1:
                     link = await strangers.enter_async_context(Link(c.endpoint, **LIVENESS))
-                    report = ErrorReport(type=remote_type, message="forged by a stranger",
-                                         traceback="", fatal=True)
+                    report = ErrorReport(ErrorPayload(remote_type, "forged by a stranger"),
+                                         fatal=True)
                     await link.send(report.to_body(), kind=ErrorReport.KIND)
 
             batches, values = await train(c, after_batch=forge)

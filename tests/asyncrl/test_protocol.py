@@ -1,0 +1,209 @@
+"""The typed messages of _protocol: weights meta, weight and relay acks, error reports.
+
+Each round-trips through msgpack with the keys the wire always had, and a
+hostile body is a ProtocolError that names the bad field.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgpack
+import pytest
+import torch
+from torch import nn
+
+from asyncrl._errors import rebuild_remote_exception
+from asyncrl._protocol import (
+    MAX_RELAY_MEMBERS,
+    RELAY_TO,
+    ErrorReport,
+    RelayAck,
+    RelayAttached,
+    WeightMeta,
+    WeightsApplied,
+)
+from asyncrl.weights import LocalHub, WeightSender
+from asyncrl.weights._fanout import parse_relay_ack
+from transports import ErrorPayload, PeerLostError, ProtocolError, RemoteError
+
+pytestmark = pytest.mark.anyio
+
+
+def wire(body: Any) -> Any:
+    return msgpack.unpackb(msgpack.packb(body))
+
+
+# -- weights meta --------------------------------------------------------------------------
+def test_weight_meta_keeps_the_wire_keys_and_omits_what_is_unsaid() -> None:
+    assert WeightMeta("policy", 3).to_meta() == {"model_id": "policy", "version": 3}
+    relayed = WeightMeta("policy", 3, "abc", (b"w0", b"w1"))
+    assert wire(relayed.to_meta()) == {"model_id": "policy", "version": 3, "instance": "abc",
+                                       RELAY_TO: [b"w0", b"w1"]}
+    assert WeightMeta.from_meta(wire(relayed.to_meta())) == relayed
+    assert WeightMeta.from_meta({"model_id": "policy", "version": 3}) == WeightMeta("policy", 3)
+
+
+@pytest.mark.parametrize(("meta", "named"), [
+    ([1], "weights message meta must be a map, got list"),
+    ({"version": 1}, "field 'model_id' must be str, got NoneType"),
+    ({"model_id": "", "version": 1}, "'model_id' must be 1 to 1024 characters, got 0"),
+    ({"model_id": "p" * 2000, "version": 1}, "'model_id' must be 1 to 1024 characters"),
+    ({"model_id": "p", "version": "1"}, "field 'version' must be int, got str"),
+    ({"model_id": "p", "version": True}, "field 'version' must be int, got bool"),
+    ({"model_id": "p", "version": 0}, "field 'version' must be a positive int, got 0"),
+    ({"model_id": "p", "version": 1, "instance": 7}, "field 'instance' must be str, got int"),
+    ({"model_id": "p", "version": 1, "instance": "i" * 65}, "'instance' must be at most 64"),
+    ({"model_id": "p", "version": 1, RELAY_TO: "w0"}, "'relay_to' must be a list"),
+    ({"model_id": "p", "version": 1, RELAY_TO: [[1, 2]]}, "'relay_to' must list peer identities"),
+    ({"model_id": "p", "version": 1, RELAY_TO: [b""]}, "'relay_to' must list peer identities"),
+    ({"model_id": "p", "version": 1, RELAY_TO: [b"w"] * (MAX_RELAY_MEMBERS + 1)},
+     f"'relay_to' lists {MAX_RELAY_MEMBERS + 1} members; at most {MAX_RELAY_MEMBERS}"),
+])
+def test_a_hostile_weight_meta_names_the_bad_field(meta: Any, named: str) -> None:
+    with pytest.raises(ProtocolError, match=named):
+        WeightMeta.from_meta(meta)
+
+
+# -- a worker's weight ack -----------------------------------------------------------------
+def test_weights_applied_round_trips_with_the_wire_keys() -> None:
+    body = WeightsApplied("policy", 4).to_body()
+    assert body == {"model_id": "policy", "version": 4}
+    assert WeightsApplied.from_body(wire(body)) == WeightsApplied("policy", 4)
+
+
+@pytest.mark.parametrize(("body", "named"), [
+    (None, "weights ack message body must be a map, got NoneType"),
+    ({"version": 1}, "weights ack message field 'model_id' must be str"),
+    ({"model_id": "p", "version": "seven"}, "field 'version' must be int, got str"),
+    ({"model_id": "p", "version": -1}, "field 'version' must be a positive int, got -1"),
+])
+def test_a_hostile_weight_ack_names_the_bad_field(body: Any, named: str) -> None:
+    with pytest.raises(ProtocolError, match=named):
+        WeightsApplied.from_body(body)
+
+
+async def test_a_malformed_weight_ack_fails_the_send_instead_of_counting_as_applied() -> None:
+    hub = LocalHub(encode=True)
+    link = hub.connect(b"w0")
+    sender = WeightSender("policy", hub, model=nn.Linear(2, 1), workers={0: b"w0"})
+    await sender.send_async()
+    await link.ack(await link.recv(), {"version": 1})  # no model_id: not a weights ack
+    with pytest.raises(RemoteError, match=r"malformed answer .*'model_id' must be str"):
+        await sender.wait_ack(timeout=5)
+    assert sender.acked_versions == {0: 0}
+
+
+# -- a relay's ack -------------------------------------------------------------------------
+def test_relay_ack_round_trips_with_the_wire_keys() -> None:
+    ack = RelayAck("policy", {b"w0": 3}, {b"w1": RelayAck.lost("not attached"),
+                                          b"w2": ErrorPayload("builtins.ValueError", "bad", "tb")})
+    body = wire(ack.to_body())
+    assert body["failed"][b"w1"] == {"type": "transports.PeerLostError",
+                                     "message": "not attached", "traceback": ""}
+    assert set(body) == {"model_id", "versions", "failed"}
+    assert RelayAck.from_body(body) == ack
+
+
+@pytest.mark.parametrize(("body", "named"), [
+    ("ack", "relay ack message body must be a map, got str"),
+    ({"failed": {}, "model_id": "p"}, "relay ack message field 'versions' must be dict"),
+    ({"versions": {"w0": 1}, "failed": {}, "model_id": "p"}, "'versions' must be keyed by peer"),
+    ({"versions": {b"w0": "seven"}, "failed": {}, "model_id": "p"},
+     "'versions' must map members to int versions"),
+    ({"versions": {b"w%d" % i: 1 for i in range(MAX_RELAY_MEMBERS + 1)}, "failed": {},
+      "model_id": "p"}, f"'versions' has {MAX_RELAY_MEMBERS + 1} entries"),
+    ({"versions": {}, "model_id": "p"}, "relay ack message field 'failed' must be dict"),
+    ({"versions": {}, "failed": {b"w0": "lost"}, "model_id": "p"},
+     "relay ack failure must be a map"),
+    ({"versions": {}, "failed": {b"w0": {"type": "T", "message": 1, "traceback": ""}},
+      "model_id": "p"}, "relay ack failure field 'message' must be str"),
+    ({"versions": {}, "failed": {}}, "relay ack message field 'model_id' must be str"),
+])
+def test_a_hostile_relay_ack_names_the_bad_field(body: Any, named: str) -> None:
+    with pytest.raises(ProtocolError, match=named):
+        RelayAck.from_body(body)
+
+
+def test_a_relay_ack_is_read_member_by_member() -> None:
+    ack = RelayAck("policy", {b"a": 2, b"b": 9}, {
+        b"c": RelayAck.lost("the worker left"),
+        b"d": ErrorPayload("builtins.ValueError", "no fit", "Traceback: d"),
+    })
+    members = {b"a": 0, b"b": 1, b"c": 2, b"d": 3, b"e": 4}
+    applied, errors = parse_relay_ack(wire(ack.to_body()), members, b"relay-x", 2, 3)
+    assert applied == {0: 2}
+    assert "without a valid version for this worker (got 9); expected an int in 2..3" in str(
+        errors[1])
+    assert isinstance(errors[2], PeerLostError) and errors[2].peers == [b"c"]
+    assert "relay relay-x: the worker left" in str(errors[2])
+    assert (errors[3].remote_type, errors[3].remote_traceback) == ("builtins.ValueError",
+                                                                   "Traceback: d")
+    assert "(got None)" in str(errors[4])
+
+
+def test_a_malformed_relay_ack_fails_every_member_and_says_why() -> None:
+    applied, errors = parse_relay_ack({"versions": {b"a": 1}}, {b"a": 0, b"b": 1}, b"r", 1, 1)
+    assert applied == {}
+    assert sorted(errors) == [0, 1]
+    assert "its ack is malformed: relay ack message field 'failed' must be dict" in str(errors[0])
+
+
+def test_relay_attached_has_no_body() -> None:
+    assert RelayAttached().to_body() is None
+    assert RelayAttached.KIND == "relay_attached"
+    assert RelayAttached.from_body(None) == RelayAttached()
+    with pytest.raises(ProtocolError, match="relay_attached message body must be nil or a map"):
+        RelayAttached.from_body([1])
+
+
+# -- error reports -------------------------------------------------------------------------
+def test_an_error_report_puts_its_payload_beside_its_own_fields() -> None:
+    report = ErrorReport(ErrorPayload.from_exception(KeyError("obs")), fatal=False, slot=2,
+                         token="t")
+    body = wire(report.to_body())
+    assert set(body) == {"type", "message", "traceback", "fatal", "slot", "token"}
+    assert body["type"] == "builtins.KeyError"
+    assert ErrorReport.from_body(body) == report
+
+
+@pytest.mark.parametrize(("change", "named"), [
+    ({"type": None}, "error message field 'type' must be str, got NoneType"),
+    ({"traceback": 3}, "error message field 'traceback' must be str, got int"),
+    ({"fatal": 1}, "error message field 'fatal' must be bool, got int"),
+    ({"slot": "0"}, "error message field 'slot' must be int, got str"),
+    ({"token": b"t"}, "error message field 'token' must be str, got bytes"),
+])
+def test_a_hostile_error_report_names_the_bad_field(change: dict[str, Any], named: str) -> None:
+    body = {**ErrorReport(ErrorPayload("builtins.KeyError", "obs")).to_body(), **change}
+    with pytest.raises(ProtocolError, match=named):
+        ErrorReport.from_body(body)
+
+
+# -- rebuilding a worker's exception -------------------------------------------------------
+class _Outer:
+    class InnerError(Exception):
+        pass
+
+
+@pytest.mark.parametrize("error", [KeyError("obs"), _Outer.InnerError("deep"),
+                                   torch.cuda.OutOfMemoryError("oom")])
+def test_a_sent_exception_comes_back_with_its_own_type(error: Exception) -> None:
+    rebuilt = rebuild_remote_exception(ErrorPayload.from_exception(error), peer="w0")
+    assert type(rebuilt) is type(error)
+    assert isinstance(rebuilt.__cause__, RemoteError)
+    assert rebuilt.__cause__.peer == "w0"
+
+
+def test_a_type_in_a_module_not_imported_here_stays_a_remote_error() -> None:
+    rebuilt = rebuild_remote_exception(ErrorPayload("not_imported_anywhere.pkg.Error", "x"))
+    assert type(rebuilt) is RemoteError
+    assert rebuilt.remote_type == "not_imported_anywhere.pkg.Error"
+
+
+def test_a_remote_error_is_rebuilt_with_its_peer() -> None:
+    remote = ErrorPayload("builtins.ValueError", "bad", "tb").to_remote_error(b"w3")
+    rebuilt = rebuild_remote_exception(remote)
+    assert type(rebuilt) is ValueError
+    assert rebuilt.__cause__ is remote
+    assert "raised in worker w3; its traceback:\ntb" in rebuilt.__notes__
