@@ -41,10 +41,10 @@ from ._protocol import (
     Rejoin,
     Welcome,
 )
-from ._relay import ATTACHED_KIND
+from ._relay_member import RelayMembership
 from ._rollout import Rollout
 from ._worker_spec import WorkerSpec
-from .weights import WEIGHTS_KIND, AckRoute, WeightApplier
+from .weights import WEIGHTS_KIND, WeightApplier
 
 log = logging.getLogger("asyncrl.worker")
 
@@ -87,8 +87,6 @@ class Worker:
                  relay_name: str = "") -> None:
         self.link = link
         self.relay_link = relay_link  # this host's relay, if any: weights may come that way
-        self.relay_name = relay_name
-        self._relay_attached = False
         self.reconnect = reconnect
         self.reconnect_timeout = reconnect_timeout
         self.spec = spec
@@ -107,6 +105,7 @@ class Worker:
         self._preempted: int | None = None  # the latest request the coordinator cut short
         # Weights come from the coordinator or the relay, and are acked the way they came.
         self._weights = WeightApplier(link, relay=relay_link, busy=self._busy.locked)
+        self._relay = RelayMembership(relay_link, relay_name, self._weights)
         self._pending_early: list[Message] = []  # weights that came before the welcome
         self._exit: WorkerExit | None = None
 
@@ -158,7 +157,7 @@ class Worker:
                     self._exit = None
                     async with anyio.create_task_group() as tg:
                         for task in (self._collect_loop, self._weights.send_acks,
-                                     self._dispatch_loop, self._relay_loop):
+                                     self._dispatch_loop, self._relay.receive_weights):
                             tg.start_soon(self._until_exit, task, tg.cancel_scope)
                 if self._exit is None:
                     return EXIT_OK
@@ -211,11 +210,11 @@ class Worker:
     async def _join(self) -> None:
         """Hello, welcome, and a rollout for the index we were given."""
         self._requests.clear()  # credits of an earlier admission are void
-        await self._attach_to_relay()
+        await self._relay.attach()
         hello = Hello(protocol=PROTOCOL, name=self.link.identity.decode(errors="replace"),
                       host=socket.gethostname(), pid=os.getpid(),
                       specs=self.env_pool.specs.to_dict(), slot=self.slot, token=self.token,
-                      relay=self.relay_name if self._relay_attached else "")
+                      relay=self._relay.hello_name)
         welcome = None
         while welcome is None:
             sent = False
@@ -265,22 +264,6 @@ class Worker:
             self._weights.deliver(message)  # idle: applied now
         self._pending_early.clear()
         await self._weights.flush_acks()
-
-    async def _attach_to_relay(self, timeout: float = 10.0) -> None:
-        """Wait until the host's relay knows us, so weights it forwards can reach us."""
-        if self.relay_link is None or self._relay_attached:
-            return
-        with anyio.move_on_after(timeout):
-            while True:
-                try:
-                    message = await self.relay_link.recv()
-                except PeerLostError:
-                    break
-                if message.kind == ATTACHED_KIND:
-                    self._relay_attached = True
-                    return
-        log.warning("the relay at %s did not answer within %s s: weights come directly",
-                    self.relay_link.endpoint, timeout)
 
     async def _await_welcome(self, attempt: int) -> Welcome:
         while True:
@@ -354,24 +337,6 @@ class Worker:
                 log.warning("dropped a malformed %r message: %s", message.kind, exc)
                 if message.needs_ack:
                     await self.link.ack(message, error=exc)
-
-    async def _relay_loop(self) -> None:
-        """Weights forwarded by the host's relay; everything else comes from the coordinator."""
-        if self.relay_link is None or not self._relay_attached:
-            await anyio.sleep_forever()
-        assert self.relay_link is not None
-        while True:
-            try:
-                message = await self.relay_link.recv()
-            except PeerLostError:
-                # The coordinator notices too and sends to us directly until it is back.
-                log.warning("the host's relay at %s went silent", self.relay_link.endpoint)
-                await self.relay_link.wait_connected()
-                continue
-            if message.kind == WEIGHTS_KIND:
-                self._weights.deliver(message, AckRoute.RELAY)
-            elif message.kind != ATTACHED_KIND:
-                log.warning("ignored a %r message from the relay", message.kind)
 
     async def _control(self, message: Message, control: Control) -> None:
         async with self._busy:

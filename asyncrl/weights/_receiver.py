@@ -201,7 +201,7 @@ class WeightReceiver:
         over = link or self.link
         if over is None:
             raise ValueError(f"receiver {self.model_id!r}: no link to send acks over")
-        return await send_acks(self.take_acks(), lambda ack: over, self._requeue)
+        return await _send_in_order(self.take_acks(), lambda ack: over, self._requeue)
 
     def _requeue(self, acks: list[WeightAck]) -> None:
         with self._lock:
@@ -299,7 +299,8 @@ class WeightReceiverGroup:
     def __init__(self, receivers: Iterable[WeightReceiver] = (), *,
                  on_apply: Callable[[str, int], None] | None = None) -> None:
         self._receivers: dict[str, WeightReceiver] = {}
-        self._errors: list[WeightAck] = []
+        # Acks due here: unknown model ids, and what an interrupted flush left unsent.
+        self._due: list[WeightAck] = []
         self.on_apply = on_apply
         for receiver in receivers:
             self.add(receiver)
@@ -346,7 +347,7 @@ class WeightReceiverGroup:
         receiver = self._receivers.get(model_id) if isinstance(model_id, str) else None
         if receiver is None:
             if message.needs_ack:
-                self._errors.append(WeightAck(message, None, LookupError(
+                self._due.append(WeightAck(message, None, LookupError(
                     f"this worker has no weight receiver for model {model_id!r}; it has "
                     f"{sorted(self._receivers)}: give the worker a scheme for that model id"),
                     route))
@@ -362,7 +363,7 @@ class WeightReceiverGroup:
         return applied
 
     def take_acks(self) -> list[WeightAck]:
-        acks, self._errors = self._errors, []
+        acks, self._due = self._due, []
         for receiver in self._receivers.values():
             acks.extend(receiver.take_acks())
         return acks
@@ -376,18 +377,19 @@ class WeightReceiverGroup:
 
         If cancelled or failing midway, the unsent acks stay queued for the next call.
         """
-        return await send_acks(self.take_acks(), link_for, self._requeue)
+        return await _send_in_order(self.take_acks(), link_for, self._requeue)
 
     def _requeue(self, acks: list[WeightAck]) -> None:
-        self._errors[:0] = acks
+        self._due[:0] = acks
 
     async def aclose(self) -> None:
         for receiver in self._receivers.values():
             await receiver.aclose()
 
 
-async def send_acks(acks: Sequence[WeightAck], link_for: Callable[[WeightAck], Acker | None],
-                    requeue: Callable[[list[WeightAck]], None]) -> int:
+async def _send_in_order(acks: Sequence[WeightAck],
+                         link_for: Callable[[WeightAck], Acker | None],
+                         requeue: Callable[[list[WeightAck]], None]) -> int:
     """Send ``acks`` in order, each over ``link_for(ack)`` (None: dropped); return how many went.
 
     If cancelled or failing midway, the unsent ones go to ``requeue``: a flush
@@ -396,11 +398,12 @@ async def send_acks(acks: Sequence[WeightAck], link_for: Callable[[WeightAck], A
     sent = 0
     for index, ack in enumerate(acks):
         link = link_for(ack)
+        if link is None:
+            continue
         try:
-            if link is not None:
-                await ack.send(link)
+            await ack.send(link)
         except BaseException:
             requeue(list(acks[index:]))
             raise
-        sent += link is not None
+        sent += 1
     return sent
