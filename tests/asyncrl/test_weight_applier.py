@@ -9,6 +9,7 @@ route it came by (the coordinator directly, or the host's relay).
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import anyio
@@ -20,9 +21,11 @@ from asyncrl.weights import (
     AckRoute,
     LocalHub,
     LocalLink,
+    NoWeightSyncScheme,
     WeightApplier,
     WeightMismatchError,
     WeightReceiver,
+    ZmqWeightSyncScheme,
 )
 from transports import Message, ProtocolError, RemoteError, Ticket
 
@@ -259,3 +262,21 @@ async def test_send_acks_ends_when_closed_and_without_receivers_no_hook_is_set()
             await anyio.wait_all_tasks_blocked()
             applier.close()
             applier.close()
+
+
+async def test_receivers_come_from_the_spec_and_the_coordinator_without_duplicates() -> None:
+    worker = SimpleNamespace(policy=nn.Linear(2, 1), critic=nn.Linear(2, 1))
+    applier = WeightApplier(LocalHub().connect(PEER))
+    applier.add_schemes({"policy": ZmqWeightSyncScheme()}, root=worker)
+    applier.add_configs({"policy": NoWeightSyncScheme().to_config(),  # ours is kept
+                         "critic": ZmqWeightSyncScheme().to_config()}, root=worker)
+    assert applier.receivers.versions == {"policy": 0, "critic": 0}
+    assert type(applier.receivers["policy"]) is WeightReceiver
+
+
+async def test_a_model_this_worker_lacks_is_refused_unless_its_weights_never_come() -> None:
+    random_worker = SimpleNamespace(policy=None, critic=None)  # no policy: random actions
+    applier = WeightApplier(LocalHub().connect(PEER))
+    applier.add_configs({"policy": NoWeightSyncScheme().to_config()}, root=random_worker)
+    with pytest.raises(ValueError, match="syncs the weights of 'critic', but this worker has no"):
+        applier.add_configs({"critic": ZmqWeightSyncScheme().to_config()}, root=random_worker)
