@@ -79,7 +79,7 @@ class Collector(BaseCollector):
         self.policy = policy
         self.rollout: Rollout | None = None
         self._lock: anyio.Lock | None = None  # held while a batch is collected
-        self._weights = InProcessWeightSyncScheme()
+        self._scheme = InProcessWeightSyncScheme()
         self._sender: WeightSender | None = None
         self._applier: WeightApplier | None = None  # with a sender: an nn.Module policy
 
@@ -100,9 +100,9 @@ class Collector(BaseCollector):
     async def _open(self) -> None:
         self.rollout = await anyio.to_thread.run_sync(self._build)
         if isinstance(self.policy, torch.nn.Module):
-            self._sender = self._weights.init_on_sender("policy", model=self.policy)
-            receiver = self._weights.init_on_worker("policy", model=self.policy,
-                                                    deliver=self._on_weights)
+            self._sender = self._scheme.init_on_sender("policy", model=self.policy)
+            receiver = self._scheme.init_on_worker("policy", model=self.policy,
+                                                   deliver=self._on_weights)
             assert receiver.link is not None
             # Applied at once while no batch runs, else at the batch's next step boundary.
             self._applier = WeightApplier(receiver.link, busy=self._locked().locked)
