@@ -35,11 +35,11 @@ from ._protocol import (
     Rejoin,
     Welcome,
 )
-from ._relay import ATTACHED_KIND
+from ._relay_member import RelayMembership
 from ._rollout import Rollout
 from ._threads import use_torch_threads
 from ._worker_spec import WorkerSpec
-from .weights import WEIGHTS_KIND, WeightReceiverGroup, WeightSyncScheme
+from .weights import WEIGHTS_KIND, WeightApplier
 
 log = logging.getLogger("asyncrl.worker")
 
@@ -49,9 +49,6 @@ EXIT_COORDINATOR_LOST = 3
 EXIT_REFUSED = 4
 #: Not a process exit code: ends one admission when the coordinator says "rejoin".
 EXIT_REJOIN = -1000
-
-#: ``Message.peer`` given to what came through the host's relay: its ack goes back there.
-VIA_RELAY = b"relay"
 
 
 class WorkerExit(Exception):
@@ -77,8 +74,6 @@ class Worker:
                  relay_name: str = "") -> None:
         self.link = link
         self.relay_link = relay_link  # this host's relay, if any: weights may come that way
-        self.relay_name = relay_name
-        self._relay_attached = False
         self.reconnect = reconnect
         self.reconnect_timeout = reconnect_timeout
         self.spec = spec
@@ -95,8 +90,9 @@ class Worker:
         self._busy = anyio.Lock()  # held while the rollout or a control op uses the envs
         self._current_request: int | None = None
         self._preempted: int | None = None  # the latest request the coordinator cut short
-        self._receivers = WeightReceiverGroup()
-        self._acks_due = anyio.Event()
+        # Weights come from the coordinator or the relay, and are acked the way they came.
+        self._weights = WeightApplier(link, relay=relay_link, busy=self._busy.locked)
+        self._relay = RelayMembership(relay_link, relay_name, self._weights)
         self._pending_early: list[Message] = []  # weights that came before the welcome
         self._exit: WorkerExit | None = None
 
@@ -147,8 +143,8 @@ class Worker:
                 else:
                     self._exit = None
                     async with anyio.create_task_group() as tg:
-                        for task in (self._collect_loop, self._ack_loop, self._dispatch_loop,
-                                     self._relay_loop):
+                        for task in (self._collect_loop, self._weights.send_acks,
+                                     self._dispatch_loop, self._relay.receive_weights):
                             tg.start_soon(self._until_exit, task, tg.cancel_scope)
                 if self._exit is None:
                     return EXIT_OK
@@ -194,18 +190,18 @@ class Worker:
                                           create_env_kwargs=self.spec.create_env_kwargs,
                                           num_envs=self.spec.envs_per_worker)
             self.policy = self.spec.make_policy()
-            self._init_receivers()
+            self._weights.add_schemes(self.spec.weight_sync_schemes or {}, root=self)
         except Exception as exc:
             await self._report_and_exit(exc)
 
     async def _join(self) -> None:
         """Hello, welcome, and a rollout for the index we were given."""
         self._requests.clear()  # credits of an earlier admission are void
-        await self._attach_to_relay()
+        await self._relay.attach()
         hello = Hello(protocol=PROTOCOL, name=self.link.identity.decode(errors="replace"),
                       host=socket.gethostname(), pid=os.getpid(),
                       specs=self.env_pool.specs.to_dict(), slot=self.slot, token=self.token,
-                      relay=self.relay_name if self._relay_attached else "")
+                      relay=self._relay.hello_name)
         welcome = None
         while welcome is None:
             sent = False
@@ -231,10 +227,11 @@ class Worker:
                             "versions count afresh", welcome.instance, self.instance)
             self.instance = welcome.instance
         try:
-            self._add_remote_receivers(welcome.schemes)
+            # Receivers for the models the coordinator syncs that our spec did not name.
+            self._weights.add_configs(welcome.schemes, root=self)
             # A restarted trainer numbers its versions from 1 again: before its
             # catch-up weights are read, forget what the old one's numbers meant.
-            self._receivers.follow(self.instance)
+            self._weights.follow(self.instance)
             self.rollout = Rollout(
                 self.env_pool, self.policy, welcome.frames_per_batch,
                 worker_index=welcome.index, init_random_frames=welcome.init_random_frames,
@@ -242,32 +239,12 @@ class Worker:
             )
         except Exception as exc:
             await self._report_and_exit(exc)
-        if len(self._receivers) and self.rollout is not None:
-            self.rollout.before_step = self._before_step
-            if "policy" in self._receivers.versions:
-                self.rollout.policy_version = self._receivers.versions["policy"]
+        assert self.rollout is not None
+        self._weights.attach(self.rollout)
         for message in self._pending_early:
-            self._receivers.on_message(message)
+            self._weights.deliver(message)  # idle: applied now
         self._pending_early.clear()
-        if self._receivers.has_pending:
-            self._receivers.apply_pending()
-            await self._receivers.flush_acks(self)
-
-    async def _attach_to_relay(self, timeout: float = 10.0) -> None:
-        """Wait until the host's relay knows us, so weights it forwards can reach us."""
-        if self.relay_link is None or self._relay_attached:
-            return
-        with anyio.move_on_after(timeout):
-            while True:
-                try:
-                    message = await self.relay_link.recv()
-                except PeerLostError:
-                    break
-                if message.kind == ATTACHED_KIND:
-                    self._relay_attached = True
-                    return
-        log.warning("the relay at %s did not answer within %s s: weights come directly",
-                    self.relay_link.endpoint, timeout)
+        await self._weights.flush_acks()
 
     async def _await_welcome(self, attempt: int) -> Welcome:
         while True:
@@ -286,40 +263,6 @@ class Worker:
                 self._pending_early.append(message)
                 continue
             log.warning("ignored %r message before the welcome", message.kind)
-
-    def _init_receivers(self) -> None:
-        for model_id, scheme in (self.spec.weight_sync_schemes or {}).items():
-            on_apply = self._on_policy_applied if model_id == "policy" else None
-            self._receivers.add(scheme.init_on_worker(model_id, root=self, on_apply=on_apply))
-
-    def _add_remote_receivers(self, configs: dict[str, Any]) -> None:
-        """Receivers for the models the coordinator syncs that our spec did not name."""
-        known = self._receivers.versions
-        for model_id, config in configs.items():
-            if model_id in known:
-                continue
-            scheme = WeightSyncScheme.from_config(config)
-            on_apply = self._on_policy_applied if model_id == "policy" else None
-            receiver = scheme.init_on_worker(model_id, root=self, on_apply=on_apply)
-            if receiver.model is None and scheme.name != "none":
-                # Collecting with random actions while the trainer believes its weights
-                # are in use would be a silent failure: stop with a clear error instead.
-                raise ValueError(
-                    f"the coordinator syncs the weights of {model_id!r}, but this worker has "
-                    f"no {model_id!r} (no policy means random actions): start it with "
-                    "--policy pkg.mod:factory returning the trainer's policy architecture")
-            self._receivers.add(receiver)
-
-    def _on_policy_applied(self, version: int) -> None:
-        if self.rollout is not None:
-            self.rollout.policy_version = version
-
-    def _before_step(self) -> None:
-        # Runs in the rollout thread at every step boundary: one attribute check
-        # unless an update is waiting.
-        if self._receivers.has_pending:
-            self._receivers.apply_pending()
-            anyio.from_thread.run_sync(self._acks_due.set)
 
     # -- messages ------------------------------------------------------------------
     async def _recv(self) -> Message:
@@ -355,7 +298,7 @@ class Worker:
                     if self._current_request == request and self.rollout is not None:
                         self.rollout.request_stop()
                 elif message.kind == WEIGHTS_KIND:
-                    await self._on_weights(message)
+                    self._weights.deliver(message)
                 elif message.kind == Control.KIND:
                     control = Control.from_body(message.body)
                     if control.op == "close":
@@ -375,52 +318,6 @@ class Worker:
                 log.warning("dropped a malformed %r message: %s", message.kind, exc)
                 if message.needs_ack:
                     await self.link.ack(message, error=exc)
-
-    async def _on_weights(self, message: Message) -> None:
-        self._receivers.on_message(message)  # never raises: a bad update is acked as an error
-        if not self._busy.locked():
-            # Idle between batches: apply now (sync mode relies on it).
-            async with self._busy:
-                self._receivers.apply_pending()
-        await self._receivers.flush_acks(self)
-
-    async def ack(self, message: Message, result: Any = None, *,
-                  error: BaseException | None = None) -> None:
-        """Acknowledge a weight message over the link it came from (relay or coordinator)."""
-        link = self.relay_link if message.peer == VIA_RELAY else self.link
-        assert link is not None
-        instance = message.meta.get("instance")
-        if link is self.link and isinstance(instance, str) and instance != self.instance:
-            # Its sender is gone; its sequence number would name another message of
-            # the coordinator there now. (A relay drops such acks itself.)
-            log.debug("dropped the ack of weights from coordinator instance %s", instance)
-            return
-        await link.ack(message, result, error=error)
-
-    async def _relay_loop(self) -> None:
-        """Weights forwarded by the host's relay; everything else comes from the coordinator."""
-        if self.relay_link is None or not self._relay_attached:
-            await anyio.sleep_forever()
-        assert self.relay_link is not None
-        while True:
-            try:
-                message = await self.relay_link.recv()
-            except PeerLostError:
-                # The coordinator notices too and sends to us directly until it is back.
-                log.warning("the host's relay at %s went silent", self.relay_link.endpoint)
-                await self.relay_link.wait_connected()
-                continue
-            if message.kind == WEIGHTS_KIND:
-                message.peer = VIA_RELAY
-                await self._on_weights(message)
-            elif message.kind != ATTACHED_KIND:
-                log.warning("ignored a %r message from the relay", message.kind)
-
-    async def _ack_loop(self) -> None:
-        while True:
-            await self._acks_due.wait()
-            self._acks_due = anyio.Event()
-            await self._receivers.flush_acks(self)
 
     async def _control(self, message: Message, control: Control) -> None:
         async with self._busy:
@@ -466,12 +363,7 @@ class Worker:
                     await self._report_and_exit(exc)
                 finally:
                     self._current_request = None
-                if self._receivers.has_pending:
-                    # Weights that came after the batch's last step boundary: apply them
-                    # now, or they would wait for the next credit while the trainer may be
-                    # waiting for their ack before it asks for more.
-                    self._receivers.apply_pending()
-                    self._acks_due.set()
+                self._weights.after_batch()
             await self.link.send(Batch(request, frames).to_body(), kind=Batch.KIND)
 
     def _collect_one(self, request: int) -> Any:

@@ -13,7 +13,7 @@ from .._envs import make_env_pool
 from .._rollout import Rollout
 from .._rollout_options import RolloutOptions
 from .._worker_spec import WorkerSpec
-from ..weights import InProcessWeightSyncScheme, WeightReceiver, WeightSender
+from ..weights import InProcessWeightSyncScheme, WeightApplier, WeightSender
 from ._base import BaseCollector
 from ._config import check_in_process_frames
 
@@ -79,12 +79,11 @@ class Collector(BaseCollector):
             rollout=rollout,
         )
         self.policy = policy
-        self.policy_version = 0
         self.rollout: Rollout | None = None
         self._lock: anyio.Lock | None = None  # held while a batch is collected
-        self._weights = InProcessWeightSyncScheme()
+        self._scheme = InProcessWeightSyncScheme()
         self._sender: WeightSender | None = None
-        self._receiver: WeightReceiver | None = None
+        self._applier: WeightApplier | None = None  # with a sender: an nn.Module policy
 
     def _create_async_state(self) -> None:
         super()._create_async_state()
@@ -95,42 +94,28 @@ class Collector(BaseCollector):
             raise RuntimeError("the collector is not open: use 'async with Collector(...)'")
         return self._lock
 
+    @property
+    def policy_version(self) -> int:
+        """The version stamped on the frames collected next (0 until the first update)."""
+        return 0 if self.rollout is None else self.rollout.policy_version
+
     async def _open(self) -> None:
         self.rollout = await anyio.to_thread.run_sync(self._build)
         if isinstance(self.policy, torch.nn.Module):
-            self._sender = self._weights.init_on_sender("policy", model=self.policy)
-            self._receiver = self._weights.init_on_worker(
-                "policy", model=self.policy, on_apply=self._on_applied,
-                deliver=self._on_weights)
-            self.rollout.before_step = self._before_step
+            self._sender = self._scheme.init_on_sender("policy", model=self.policy)
+            receiver = self._scheme.init_on_worker("policy", model=self.policy,
+                                                   deliver=self._on_weights)
+            assert receiver.link is not None
+            # Applied at once while no batch runs, else at the batch's next step boundary.
+            self._applier = WeightApplier(receiver.link, busy=self._locked().locked)
+            self._applier.add(receiver)
+            self._applier.attach(self.rollout)
+            self._task_group.start_soon(self._applier.send_acks)
 
     def _on_weights(self, message: Any) -> None:
         # Called inside the sender's send_async, in the event loop.
-        receiver = self._receiver
-        assert receiver is not None
-        receiver.on_message(message)
-        if not self._locked().locked():
-            # No batch in progress: apply now, or an awaited send would wait for
-            # a batch that the trainer only asks for once the send returned.
-            receiver.apply_pending()
-            self._flush_acks()
-
-    def _before_step(self) -> None:
-        # In the rollout thread, at each step boundary: one attribute check unless
-        # an update is waiting.
-        receiver = self._receiver
-        if receiver is not None and receiver.has_pending:
-            receiver.apply_pending()
-            anyio.from_thread.run_sync(self._flush_acks)
-
-    def _flush_acks(self) -> None:
-        assert self._receiver is not None
-        self._task_group.start_soon(self._receiver.flush_acks)
-
-    def _on_applied(self, version: int) -> None:
-        self.policy_version = version
-        if self.rollout is not None:
-            self.rollout.policy_version = version
+        assert self._applier is not None
+        self._applier.deliver(message)
 
     def _build(self) -> Rollout:
         spec = self._spec
@@ -142,6 +127,8 @@ class Collector(BaseCollector):
                        init_random_frames=self.init_random_frames, options=spec.rollout)
 
     async def _close(self) -> None:
+        if self._applier is not None:
+            self._applier.close()
         if self.rollout is not None:
             self.rollout.close()
 
@@ -151,10 +138,8 @@ class Collector(BaseCollector):
         async with self._locked():
             # The rollout reuses its buffers: hand out a copy the trainer may keep.
             batch = await anyio.to_thread.run_sync(lambda: rollout.collect().clone())
-            receiver = self._receiver
-            if receiver is not None and receiver.has_pending:
-                receiver.apply_pending()  # came after the batch's last step boundary
-                self._flush_acks()
+            if self._applier is not None:
+                self._applier.after_batch()
             return batch
 
     def weight_sender(self, model_id: str = "policy") -> WeightSender:
@@ -181,7 +166,9 @@ class Collector(BaseCollector):
         if self._sender is not None:
             await self._sender.send(None if weights is self.policy else weights)
             return
-        self._on_applied(self.policy_version + 1)  # a policy without weights: a new version
+        if self.rollout is None:
+            raise RuntimeError("the collector is not open: use 'async with Collector(...)'")
+        self.rollout.policy_version += 1  # a policy without weights: a new version
 
     async def set_seed(self, seed: int, static_seed: bool = False) -> int:
         assert self.rollout is not None

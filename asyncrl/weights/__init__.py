@@ -3,15 +3,17 @@
 On the trainer a :class:`WeightSender` per model id sends versioned updates
 (``await sender.send()``, or ``send_async()`` then ``wait_ack()``); on each
 worker a :class:`WeightReceiver` applies them at a step boundary and acks with
-the version applied. A :class:`WeightSyncScheme` decides how the bytes travel:
-:class:`ZmqWeightSyncScheme` (any host), :class:`SharedMemWeightSyncScheme`
-(same host), :class:`InProcessWeightSyncScheme` (collectors in the trainer's
-process) or :class:`NoWeightSyncScheme`. See ``docs/weights.md``.
+the version applied; a :class:`WeightApplier` drives a worker's receivers (apply
+between steps, ack each update the way it came). A :class:`WeightSyncScheme`
+decides how the bytes travel: :class:`ZmqWeightSyncScheme` (any host),
+:class:`SharedMemWeightSyncScheme` (same host), :class:`InProcessWeightSyncScheme`
+(collectors in the trainer's process) or :class:`NoWeightSyncScheme`. See ``docs/weights.md``.
 """
 
 from transports import LocalHub as LocalHub
 from transports import LocalLink as LocalLink
 
+from ._applier import WeightApplier as WeightApplier
 from ._errors import ModelPathError as ModelPathError
 from ._errors import NotInitializedError as NotInitializedError
 from ._errors import WeightMismatchError as WeightMismatchError
@@ -19,6 +21,7 @@ from ._errors import WeightSyncError as WeightSyncError
 from ._paths import resolve_model_path as resolve_model
 from ._paths import resolve_model_path as resolve_model_path
 from ._receiver import WEIGHTS_KIND as WEIGHTS_KIND
+from ._receiver import AckRoute as AckRoute
 from ._receiver import WeightAck as WeightAck
 from ._receiver import WeightReceiver as WeightReceiver
 from ._receiver import WeightReceiverGroup as WeightReceiverGroup
@@ -34,6 +37,7 @@ from ._strategy import WeightStrategy as WeightStrategy
 
 __all__ = [
     "WEIGHTS_KIND",
+    "AckRoute",
     "InProcessWeightSyncScheme",
     "LocalHub",
     "LocalLink",
@@ -44,6 +48,7 @@ __all__ = [
     "SharedMemWeightSender",
     "SharedMemWeightSyncScheme",
     "WeightAck",
+    "WeightApplier",
     "WeightMismatchError",
     "WeightReceiver",
     "WeightReceiverGroup",

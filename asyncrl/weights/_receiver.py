@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import enum
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
@@ -15,7 +16,8 @@ from .._protocol import WeightMeta, WeightsApplied
 from ._errors import WeightSyncError
 from ._strategy import WeightStrategy, as_strategy
 
-__all__ = ["WEIGHTS_KIND", "Acker", "WeightAck", "WeightReceiver", "WeightReceiverGroup"]
+__all__ = ["WEIGHTS_KIND", "AckRoute", "Acker", "WeightAck", "WeightReceiver",
+           "WeightReceiverGroup"]
 
 #: ``Message.kind`` of every weight update; route these to a receiver's ``on_message``.
 WEIGHTS_KIND = "weights"
@@ -28,17 +30,29 @@ class Acker(Protocol):
                   error: BaseException | None = None) -> None: ...
 
 
+class AckRoute(enum.Enum):
+    """The way a weight message came, which is the way its ack goes back."""
+
+    #: Over the worker's own link, to the coordinator that sent it.
+    DIRECT = "direct"
+    #: Over the link to this host's relay, which acks upstream for all its members.
+    RELAY = "relay"
+
+
 class WeightAck(NamedTuple):
-    """One acknowledgement to send: ``(message, result, error)``.
+    """One acknowledgement to send: ``(message, result, error, route)``.
 
     ``result`` is the msgpack ack body ``{"model_id": ..., "version": applied}``
-    (None when ``error`` is set). Send it with ``await ack.send(link)`` or
-    ``link.ack(message, result)`` / ``link.ack(message, error=error)``.
+    (None when ``error`` is set). ``route`` is the way the message came (see
+    :class:`~asyncrl.weights.WeightApplier`, which picks the link by it). Send
+    it with ``await ack.send(link)`` or ``link.ack(message, result)`` /
+    ``link.ack(message, error=error)``.
     """
 
     message: Message
     result: dict[str, Any] | None
     error: BaseException | None = None
+    route: AckRoute = AckRoute.DIRECT
 
     @property
     def version(self) -> int | None:
@@ -102,7 +116,7 @@ class WeightReceiver:
         self.instance = ""
         self._version = 0
         self._pending: _Update | None = None
-        self._waiting: list[Message] = []  # acked with the version applied next
+        self._waiting: list[tuple[Message, AckRoute]] = []  # acked with the version applied next
         self._acks: list[WeightAck] = []
         self._lock = threading.Lock()  # guards the three fields above
         self._apply_lock = threading.Lock()  # one apply at a time
@@ -147,26 +161,30 @@ class WeightReceiver:
             self._pending, self._waiting, self._version = None, [], 0
             stale = WeightSyncError(f"the coordinator restarted (instance {known} -> "
                                     f"{instance}) before these weights were applied")
-            for message in waiting:
-                self._queue_ack(message, None, stale)
+            for message, route in waiting:
+                self._queue_ack(message, route, None, stale)
         return True
 
-    def on_message(self, message: Message) -> None:
-        """Take a ``weights`` message; never raises (a bad one is acked with the error)."""
+    def on_message(self, message: Message, route: AckRoute = AckRoute.DIRECT) -> None:
+        """Take a ``weights`` message; never raises (a bad one is acked with the error).
+
+        Its acks carry ``route``, the way it came (see :class:`AckRoute`).
+        """
         try:
             version = self._check_meta(message)
             payload = self._load(message)
         except Exception as exc:
-            self._ack_now(message, None, exc)
+            self._ack_all([(message, route)], None, exc)
             return
         with self._lock:
             if version <= self._version:  # already hold this version or newer
-                self._queue_ack(message, self._version, None)
+                self._queue_ack(message, route, self._version, None)
             elif self._pending is not None and version <= self._pending.version:
-                self._waiting.append(message)  # out of order: the pending one supersedes it
+                # out of order: the pending one supersedes it
+                self._waiting.append((message, route))
             else:
                 self._pending = _Update(version, payload)
-                self._waiting.append(message)
+                self._waiting.append((message, route))
 
     def take_acks(self) -> list[WeightAck]:
         """The acks due (each once); send them with ``WeightAck.send(link)``."""
@@ -180,18 +198,14 @@ class WeightReceiver:
         Returns how many were sent. If cancelled or failing midway, the unsent
         acks stay queued for the next call.
         """
-        link = link or self.link
-        if link is None:
+        over = link or self.link
+        if over is None:
             raise ValueError(f"receiver {self.model_id!r}: no link to send acks over")
-        acks = self.take_acks()
-        for index, ack in enumerate(acks):
-            try:
-                await ack.send(link)
-            except BaseException:
-                with self._lock:
-                    self._acks[:0] = acks[index:]
-                raise
-        return len(acks)
+        return await _send_in_order(self.take_acks(), lambda ack: over, self._requeue)
+
+    def _requeue(self, acks: list[WeightAck]) -> None:
+        with self._lock:
+            self._acks[:0] = acks
 
     # -- rollout side ---------------------------------------------------------------------------
     def apply_pending(self) -> bool:
@@ -255,23 +269,18 @@ class WeightReceiver:
                                 f"receiver of {self.model_id!r}")
         return meta.version
 
-    def _queue_ack(self, message: Message, version: int | None,
+    def _queue_ack(self, message: Message, route: AckRoute, version: int | None,
                    error: BaseException | None) -> None:
         if message.needs_ack:
             result = (WeightsApplied(self.model_id, version).to_body()
                       if error is None and version is not None else None)
-            self._acks.append(WeightAck(message, result, error))
+            self._acks.append(WeightAck(message, result, error, route))
 
-    def _ack_now(self, message: Message, version: int | None,
+    def _ack_all(self, messages: list[tuple[Message, AckRoute]], version: int | None,
                  error: BaseException | None) -> None:
         with self._lock:
-            self._queue_ack(message, version, error)
-
-    def _ack_all(self, messages: list[Message], version: int | None,
-                 error: BaseException | None) -> None:
-        with self._lock:
-            for message in messages:
-                self._queue_ack(message, version, error)
+            for message, route in messages:
+                self._queue_ack(message, route, version, error)
 
 
 class WeightReceiverGroup:
@@ -286,7 +295,8 @@ class WeightReceiverGroup:
     def __init__(self, receivers: Iterable[WeightReceiver] = (), *,
                  on_apply: Callable[[str, int], None] | None = None) -> None:
         self._receivers: dict[str, WeightReceiver] = {}
-        self._errors: list[WeightAck] = []
+        # Acks due here: unknown model ids, and what an interrupted flush left unsent.
+        self._due: list[WeightAck] = []
         self.on_apply = on_apply
         for receiver in receivers:
             self.add(receiver)
@@ -327,17 +337,18 @@ class WeightReceiverGroup:
         changed = [receiver.follow(instance) for receiver in self._receivers.values()]
         return any(changed)
 
-    def on_message(self, message: Message) -> None:
+    def on_message(self, message: Message, route: AckRoute = AckRoute.DIRECT) -> None:
         """Route a ``weights`` message to its model id's receiver (never raises)."""
         model_id = message.meta.get("model_id")
         receiver = self._receivers.get(model_id) if isinstance(model_id, str) else None
         if receiver is None:
             if message.needs_ack:
-                self._errors.append(WeightAck(message, None, LookupError(
+                self._due.append(WeightAck(message, None, LookupError(
                     f"this worker has no weight receiver for model {model_id!r}; it has "
-                    f"{sorted(self._receivers)}: give the worker a scheme for that model id")))
+                    f"{sorted(self._receivers)}: give the worker a scheme for that model id"),
+                    route))
             return
-        receiver.on_message(message)
+        receiver.on_message(message, route)
 
     def apply_pending(self) -> dict[str, int]:
         """Apply what is pending for every model; return ``{model_id: version applied}``."""
@@ -348,26 +359,47 @@ class WeightReceiverGroup:
         return applied
 
     def take_acks(self) -> list[WeightAck]:
-        acks, self._errors = self._errors, []
+        acks, self._due = self._due, []
         for receiver in self._receivers.values():
             acks.extend(receiver.take_acks())
         return acks
 
     async def flush_acks(self, link: Acker) -> int:
         """Send every ack due over ``link``; see :meth:`WeightReceiver.flush_acks`."""
-        sent = 0
-        errors, self._errors = self._errors, []
-        for index, ack in enumerate(errors):
-            try:
-                await ack.send(link)
-            except BaseException:
-                self._errors[:0] = errors[index:]
-                raise
-            sent += 1
-        for receiver in self._receivers.values():
-            sent += await receiver.flush_acks(link)
-        return sent
+        return await self.flush_routed_acks(lambda ack: link)
+
+    async def flush_routed_acks(self, link_for: Callable[[WeightAck], Acker | None]) -> int:
+        """Send every ack due over ``link_for(ack)`` (None drops it); return how many went.
+
+        If cancelled or failing midway, the unsent acks stay queued for the next call.
+        """
+        return await _send_in_order(self.take_acks(), link_for, self._requeue)
+
+    def _requeue(self, acks: list[WeightAck]) -> None:
+        self._due[:0] = acks
 
     async def aclose(self) -> None:
         for receiver in self._receivers.values():
             await receiver.aclose()
+
+
+async def _send_in_order(acks: Sequence[WeightAck],
+                         link_for: Callable[[WeightAck], Acker | None],
+                         requeue: Callable[[list[WeightAck]], None]) -> int:
+    """Send ``acks`` in order, each over ``link_for(ack)`` (None: dropped); return how many went.
+
+    If cancelled or failing midway, the unsent ones go to ``requeue``: a flush
+    either sends an ack or keeps it, never loses it.
+    """
+    sent = 0
+    for index, ack in enumerate(acks):
+        link = link_for(ack)
+        if link is None:
+            continue
+        try:
+            await ack.send(link)
+        except BaseException:
+            requeue(list(acks[index:]))
+            raise
+        sent += 1
+    return sent
