@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any, Protocol
 
 import anyio
 
-from transports import PeerLostError, ProtocolError, RemoteError, Ticket
+from transports import Ticket
 
-from .._protocol import WeightMeta, WeightsApplied
-from ._fanout import parse_relay_ack
+from .._protocol import WeightMeta
+from ._in_flight import Lane, Part, Queued, Sent, first_error, gone_part
 from ._receiver import WEIGHTS_KIND
 from ._staging import Stage
 from ._strategy import WeightStrategy, as_strategy, flat_tensors
@@ -37,132 +37,6 @@ class HubLike(Protocol):
 
     async def send_async(self, peers: Iterable[bytes], body: Any, *, kind: str = ...,
                          meta: dict[str, Any] | None = ...) -> Ticket: ...
-
-
-@dataclass(eq=False)
-class _Part:
-    """One hub message of a send: to workers directly, or to one relay for its members."""
-
-    ticket: Ticket
-    workers: dict[bytes, int]  # peer (direct) or member identity (relayed) -> worker id
-    relay: bytes | None = None
-    gone: set[int] = field(default_factory=set)  # relayed members removed since
-
-    @property
-    def pending(self) -> bool:
-        if self.relay is not None:
-            return bool(self.ticket.pending)
-        # The ticket may cover more workers than this send (a version that superseded
-        # this one went to them too): only this part's own peers count.
-        return not self.ticket.pending.isdisjoint(self.workers)
-
-    def silent(self) -> list[int]:
-        if self.relay is not None:
-            return sorted(self.workers.values()) if self.ticket.pending else []
-        return [self.workers[p] for p in self.ticket.pending if p in self.workers]
-
-
-@dataclass(eq=False)
-class _Sent:
-    """One send (one version to some workers) waiting for its acknowledgements."""
-
-    version: int
-    parts: list[_Part]
-    slot: int | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
-    #: Workers it is queued for: not transmitted yet (their previous version is in transit).
-    waiting: set[int] = field(default_factory=set)
-    _outcome: tuple[dict[int, int], list[BaseException]] | None = None
-
-    @property
-    def tickets(self) -> list[Ticket]:
-        return [part.ticket for part in self.parts]
-
-    @property
-    def pending(self) -> bool:
-        return bool(self.waiting) or any(part.pending for part in self.parts)
-
-    def outcome(self, latest: int) -> tuple[dict[int, int], list[BaseException]]:
-        """``({worker_id: version applied}, [errors])`` of a send that is not pending.
-
-        ``latest`` is the sender's newest version: what a worker may have applied
-        instead of this one.
-        """
-        if self._outcome is None:
-            self._outcome = self._read_outcome(latest)
-        return self._outcome
-
-    def _read_outcome(self, latest: int) -> tuple[dict[int, int], list[BaseException]]:
-        applied: dict[int, int] = {}
-        errors: list[BaseException] = []
-        for part in self.parts:
-            ticket = part.ticket
-            if part.relay is None:
-                own = part.workers
-                for peer, result in ticket.acks.items():
-                    if peer not in own:
-                        continue
-                    try:
-                        version = WeightsApplied.from_body(result).version
-                    except ProtocolError as exc:
-                        errors.append(_malformed_ack(peer, exc))
-                        continue
-                    if self.version <= version <= latest:
-                        applied[own[peer]] = version
-                    else:  # e.g. a worker still counting in a previous trainer's versions
-                        errors.append(_bad_ack(peer, version, self.version, latest))
-                errors.extend(e for p, e in ticket.errors.items() if p in own)
-                lost = sorted(p for p in ticket.lost if p in own)
-                if lost:
-                    errors.append(PeerLostError(lost, f"before acknowledging message {ticket.seq}"))
-                continue
-            via = part.relay.decode(errors="replace")
-            members = sorted(part.workers)
-            for error in ticket.errors.values():  # the relay refused the message itself
-                error.add_note(f"relay {via} failed to deliver to worker(s) "
-                               f"{sorted(part.workers.values())}")
-                errors.append(error)
-            if ticket.lost:
-                errors.append(PeerLostError(members, f"(their relay {via} went silent before "
-                                                     f"acknowledging message {ticket.seq})"))
-            if ticket.acks:
-                live = {m: w for m, w in part.workers.items() if w not in part.gone}
-                done, failed = parse_relay_ack(ticket.acks[part.relay], live, part.relay,
-                                               self.version, latest)
-                applied.update(done)
-                errors.extend(failed.values())
-                gone = [m for m, w in part.workers.items() if w in part.gone]
-                if gone:
-                    errors.append(PeerLostError(gone, "(removed while their relay delivered)"))
-        return applied, errors
-
-
-@dataclass(eq=False)
-class _Queued:
-    """The newest version for one worker, waiting while its previous one is in transit."""
-
-    version: int
-    payload: Any
-    extra: dict[str, Any]
-    direct: bool
-    sends: list[_Sent]  # the sends it answers for: its own, and those it superseded
-
-
-@dataclass(eq=False)
-class _Lane:
-    """What is on its way to one worker: at most one message in transit, one queued.
-
-    A message is in transit from the moment it is handed to the hub until its
-    peer (the worker, or the relay that carries it) acknowledged it, failed, or
-    was lost. A newer version replaces the queued one: never sent, never held.
-    """
-
-    ticket: Ticket | None = None
-    peer: bytes | None = None  # who ``ticket`` waits for: the worker or its relay
-    queued: _Queued | None = None
-
-    def busy(self) -> bool:
-        return self.ticket is not None and self.peer in self.ticket.pending
 
 
 class WeightSender:
@@ -213,13 +87,13 @@ class WeightSender:
         self._workers_fn = workers if callable(workers) else None
         self._since: dict[int, int] = {}  # batches delivered since the last update
         self._acked: dict[int, int] = {}  # highest version each worker acked
-        self._outstanding: list[_Sent] = []
+        self._outstanding: list[Sent] = []
         self._hooks: list[Callable[[], Any]] = []
         self._lock: anyio.Lock | None = None
         self._closed = False
         self._preparing = 0  # the version being written (shared memory: readable already)
         self._routes: RelayRoutes | None = None
-        self._lanes: dict[int, _Lane] = {}  # per worker: in transit and queued
+        self._lanes: dict[int, Lane] = {}  # per worker: in transit and queued
         self._stages: list[Stage] = []  # snapshot buffers, reused once free
         self._latest_stage: Stage | None = None
         self._wake: anyio.Event | None = None  # set when a version is queued (for run())
@@ -292,7 +166,7 @@ class WeightSender:
         if lane is not None and lane.queued is not None:
             for sent in lane.queued.sends:  # never transmitted: lost, like the others
                 sent.waiting.discard(worker_id)
-                sent.parts.append(_gone_part([worker_id]))
+                sent.parts.append(gone_part([worker_id]))
         for sent in self._outstanding:
             for part in sent.parts:
                 if part.relay is not None:
@@ -447,7 +321,7 @@ class WeightSender:
                 applied[worker_id] = max(applied.get(worker_id, 0), version)
                 self._acked[worker_id] = max(self._acked.get(worker_id, 0), version)
             if errors and failure is None:
-                failure = self._annotate(_first_error(errors), sent)
+                failure = self._annotate(first_error(errors), sent)
         if failure is not None:
             raise failure
         if late:
@@ -487,7 +361,7 @@ class WeightSender:
     def _latest_extra(self) -> dict[str, Any]:
         return {"stage": self._latest_stage} if self._latest_stage is not None else {}
 
-    def _on_transmit(self, queued: _Queued, ticket: Ticket) -> None:
+    def _on_transmit(self, queued: Queued, ticket: Ticket) -> None:
         """``queued``'s payload was handed to the hub under ``ticket``."""
         stage = queued.extra.get("stage")
         if stage is not None:
@@ -495,17 +369,17 @@ class WeightSender:
 
     # -- internals ---------------------------------------------------------------------------------
     def _queue(self, payload: Any, version: int, worker_ids: list[int],
-               extra: dict[str, Any], *, direct: bool = False) -> _Sent:
+               extra: dict[str, Any], *, direct: bool = False) -> Sent:
         """Record a send of ``version`` and queue it for each worker (under the lock).
 
         A version already queued for a worker is replaced: it will never be sent, and
         its send is answered by this one's acknowledgement (newest wins).
         """
-        sent = _Sent(version, [], extra.get("slot"), extra, waiting=set(worker_ids))
+        sent = Sent(version, [], extra.get("slot"), extra, waiting=set(worker_ids))
         for worker_id in worker_ids:
-            lane = self._lanes.setdefault(worker_id, _Lane())
+            lane = self._lanes.setdefault(worker_id, Lane())
             older = lane.queued.sends if lane.queued is not None else []
-            lane.queued = _Queued(version, payload, extra, direct, [*older, sent])
+            lane.queued = Queued(version, payload, extra, direct, [*older, sent])
             self._since[worker_id] = 0
         self._prune()
         self._outstanding.append(sent)
@@ -531,7 +405,7 @@ class WeightSender:
                 del self._lanes[worker_id]
                 for sent in queued.sends:
                     sent.waiting.discard(worker_id)
-                    sent.parts.append(_gone_part([worker_id]))
+                    sent.parts.append(gone_part([worker_id]))
                 continue
             groups.setdefault((queued.version, queued.direct), []).append(worker_id)
         for (_, direct), worker_ids in groups.items():
@@ -567,12 +441,12 @@ class WeightSender:
             self._in_flight(ticket, members, relay, queued)
 
     def _in_flight(self, ticket: Ticket, members: dict[bytes, int], relay: bytes | None,
-                   queued: _Queued) -> None:
+                   queued: Queued) -> None:
         """Record that ``ticket`` carries ``queued``'s version to ``members``."""
         self.copies_sent += 1 if relay is not None else len(members)
         self._on_transmit(queued, ticket)
         views: dict[int, dict[bytes, int]] = {}  # id(send) -> its members in this message
-        sends: dict[int, _Sent] = {}
+        sends: dict[int, Sent] = {}
         for member, worker_id in members.items():
             lane = self._lanes[worker_id]
             assert lane.queued is not None
@@ -582,9 +456,9 @@ class WeightSender:
                 sent.waiting.discard(worker_id)
             lane.ticket, lane.peer, lane.queued = ticket, relay or member, None
         for key, view in views.items():
-            sends[key].parts.append(_Part(ticket, view, relay))
+            sends[key].parts.append(Part(ticket, view, relay))
 
-    async def _settle(self, sent: _Sent) -> None:
+    async def _settle(self, sent: Sent) -> None:
         """Wait until ``sent`` is acknowledged, transmitting it where it is queued."""
         waited: set[Ticket] = set()
         while sent.pending:
@@ -601,7 +475,7 @@ class WeightSender:
             waited.add(ticket)
             await ticket.done.wait()
 
-    def _blocking(self, sent: _Sent) -> Ticket | None:
+    def _blocking(self, sent: Sent) -> Ticket | None:
         """A ticket ``sent`` waits for, or None if only queued workers with a free lane."""
         for part in sent.parts:
             if part.pending:
@@ -675,13 +549,13 @@ class WeightSender:
             self._lock = anyio.Lock()
         return self._lock
 
-    def _annotate(self, exc: BaseException, sent: _Sent) -> BaseException:
+    def _annotate(self, exc: BaseException, sent: Sent) -> BaseException:
         ids = sorted(w for part in sent.parts for w in part.workers.values())
         exc.add_note(f"while sending version {sent.version} of model {self.model_id!r} "
                      f"to worker(s) {ids}")
         return exc
 
-    def _timeout_error(self, late: list[_Sent], timeout: float | None) -> TimeoutError:
+    def _timeout_error(self, late: list[Sent], timeout: float | None) -> TimeoutError:
         parts = [part for s in late for part in s.parts]
         silent = sorted({w for part in parts for w in part.silent()})
         peers = sorted({p.decode(errors="replace") for part in parts for p in part.ticket.pending})
@@ -691,36 +565,3 @@ class WeightSender:
             f"{timeout} s from worker(s) {silent} (peers {', '.join(peers)}); they may be busy, "
             "stuck or gone. The sends stay outstanding: call wait_ack() again to keep waiting."
         )
-
-
-def _gone_part(worker_ids: list[int]) -> _Part:
-    """The part of a send for workers that left before it went out: lost, never sent."""
-    names = {f"worker-{w}".encode(): w for w in worker_ids}
-    ticket = Ticket(seq=0, peers=frozenset(names))
-    for name in names:
-        ticket.resolve(name, lost=True)
-    return _Part(ticket, names)
-
-
-def _first_error(errors: list[BaseException]) -> BaseException:
-    """A worker's own failure before a lost peer; the others are named in a note."""
-    first = next((e for e in errors if isinstance(e, RemoteError)), errors[0])
-    if len(errors) > 1:
-        first.add_note(f"{len(errors) - 1} more failure(s) in the same send: "
-                       + "; ".join(str(e).splitlines()[0] for e in errors if e is not first))
-    return first
-
-
-def _malformed_ack(peer: bytes, error: ProtocolError) -> RemoteError:
-    return RemoteError(
-        f"worker acknowledged weights with a malformed answer ({error}); expected "
-        "{'model_id': str, 'version': int}. Update asyncrl on its host",
-        peer=peer, remote_type="asyncrl.weights.WeightSyncError")
-
-
-def _bad_ack(peer: bytes, version: int, sent: int, latest: int) -> RemoteError:
-    return RemoteError(
-        f"worker acknowledged version {version} for a send of version {sent}; expected "
-        f"{sent}..{latest} (newest wins). It may count versions of another trainer "
-        "instance: restart it, or update asyncrl on its host",
-        peer=peer, remote_type="asyncrl.weights.WeightSyncError")

@@ -11,8 +11,9 @@ import torch
 
 from transports import Message, ProtocolError, SharedTensorBlock, Ticket, TornReadError
 
+from ._in_flight import Queued
 from ._receiver import WeightReceiver, _Update
-from ._sender import THREAD_COPY_BYTES, WeightSender, _Queued
+from ._sender import THREAD_COPY_BYTES, WeightSender
 from ._staging import Stage
 from ._strategy import check_compatible, flat_tensors
 
@@ -74,7 +75,7 @@ class SharedMemWeightSender(WeightSender):
     def _latest_extra(self) -> dict[str, Any]:
         return {"slot": self._latest["slot"]} if self._latest else {}
 
-    def _on_transmit(self, queued: _Queued, ticket: Ticket) -> None:
+    def _on_transmit(self, queued: Queued, ticket: Ticket) -> None:
         # The slot is rewritten only once the versions transmitted from it are acked.
         self._slot_tickets[queued.extra["slot"]].append(ticket)
 
