@@ -5,6 +5,12 @@
 * :class:`Hub` (many identified peers) and :class:`Link` (one upstream): async
   ZeroMQ channels over anyio (asyncio and trio) with acks, heartbeats and goodbyes.
 * :class:`SharedTensorBlock`: same-host tensors in shared memory, read whole or not at all.
+* :class:`LocalHub` / :class:`LocalLink`: the same send/ack contract in memory (in-process
+  collectors, tests).
+* Errors: :class:`TransportError` and its family; :class:`ErrorPayload` is the one wire form
+  of an exception. :class:`ClosedResourceError` is also anyio's.
+
+Everything else (``transports._name``) is private: asyncrl itself imports only this face.
 """
 
 from ._channel import ChannelStatistics as ChannelStatistics
@@ -36,3 +42,35 @@ from ._socket import shutdown as shutdown
 from ._types import Message as Message
 from ._types import PeerEvent as PeerEvent
 from ._types import Ticket as Ticket
+
+__all__ = [
+    "DEFAULT_MAX_BYTES",
+    "PROTOCOL_VERSION",
+    "STRANGER_MAX_BYTES",
+    "ChannelStatistics",
+    "ClosedResourceError",
+    "CurveClient",
+    "CurveServer",
+    "ErrorPayload",
+    "Hub",
+    "Link",
+    "LocalHub",
+    "LocalLink",
+    "Message",
+    "PeerEvent",
+    "PeerLostError",
+    "ProtocolError",
+    "RateLimitedLog",
+    "RemoteError",
+    "SharedTensorBlock",
+    "TaskGroupResource",
+    "Ticket",
+    "TornReadError",
+    "TransportError",
+    "copy_into",
+    "decode",
+    "encode",
+    "generate_keys",
+    "random_identity",
+    "shutdown",
+]
