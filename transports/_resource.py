@@ -39,6 +39,16 @@ class TaskGroupResource:
         raise NotImplementedError
 
     async def aclose(self) -> None:
+        """Close the resource: the contract every asyncrl and transports resource keeps.
+
+        * **Idempotent**: a second call (or one racing the first) returns once the
+          resource is closed, and does nothing more.
+        * **Bounded and cancellation-safe**: the teardown runs in a shielded scope
+          with its own deadline, so a caller cancelled mid-close (Ctrl-C, a
+          trainer's cancel scope) still leaves no task, socket or process behind.
+        * **Afterwards**, every operation raises :class:`ClosedResourceError`
+          ("you closed it"), never :class:`PeerLostError` ("the peer broke it").
+        """
         raise NotImplementedError
 
     async def __aenter__(self) -> Self:
