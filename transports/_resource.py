@@ -46,8 +46,9 @@ class TaskGroupResource:
         * **Bounded and cancellation-safe**: the teardown runs in a shielded scope
           with its own deadline, so a caller cancelled mid-close (Ctrl-C, a
           trainer's cancel scope) still leaves no task, socket or process behind.
-        * **Afterwards**, every operation raises :class:`ClosedResourceError`
-          ("you closed it"), never :class:`PeerLostError` ("the peer broke it").
+        * **Afterwards**, a channel's operations raise :class:`ClosedResourceError`
+          ("you closed it"), never :class:`PeerLostError` ("the peer broke it"); a
+          collector's iteration ends and entering it again is refused (single use).
         """
         raise NotImplementedError
 
