@@ -75,33 +75,18 @@ class Coordinator:
         self,
         hub: Hub,
         *,
-        sync: bool,
-        frames_per_worker: list[int],
-        prefetch: int = 1,
-        preemptive_threshold: float | None = None,
-        init_random_frames: int = 0,
-        check_specs: Callable[[dict[str, Any], Hello], list[str]] | None = None,
-        token: str = "",
-        accept_remote: bool = False,
-        on_worker_loss: OnWorkerLoss = "raise",
         on_join: Callable[[WorkerInfo], Awaitable[None]] | None = None,
         on_lost: Callable[[WorkerInfo], None] | None = None,
-        batch_budget: int | None = None,
-        first_remote_index: int | None = None,
-        scheme_configs: dict[str, Any] | None = None,
-        max_remote_workers: int | None = None,
-        specs: dict[str, Any] | None = None,
+        **rules: Any,
     ) -> None:
+        """``rules`` are :class:`CoordinatorState`'s arguments (``sync``,
+        ``frames_per_worker``, ``prefetch``, ``token``, ``on_worker_loss``...); the
+        hub's coordinator instance and peer timeout are added from ``hub``."""
         self.hub = hub
         self.state = CoordinatorState(
-            sync=sync, frames_per_worker=frames_per_worker, prefetch=prefetch,
-            preemptive_threshold=preemptive_threshold, init_random_frames=init_random_frames,
-            check_specs=check_specs, token=token, accept_remote=accept_remote,
-            on_worker_loss=on_worker_loss, batch_budget=batch_budget,
-            first_remote_index=first_remote_index, scheme_configs=scheme_configs,
-            max_remote_workers=max_remote_workers, specs=specs,
-            instance=getattr(hub, "instance", ""), peer_timeout=getattr(hub, "peer_timeout", None))
-        self._token = token  # vouches for a local worker's report before its hello
+            instance=getattr(hub, "instance", ""), peer_timeout=getattr(hub, "peer_timeout", None),
+            **rules)
+        self._token: str = rules.get("token", "")  # vouches for a worker's report before hello
         self._senders: list[WeightSender] = []
         self._on_join = on_join  # awaited after the senders caught a newcomer up
         self._on_lost_hook = on_lost  # e.g. "restart": end a silent local process
