@@ -10,7 +10,8 @@ import shlex
 import sys
 from typing import Any
 
-BENCHMARKS = ("codec", "channels", "weights", "collect", "relay", "scaling", "profile_worker")
+BENCHMARKS = ("codec", "channels", "weights", "collect", "relay", "scaling", "profile_worker",
+              "rollout_loop")
 
 
 def _worker_parser(sub: Any) -> None:

@@ -1,0 +1,68 @@
+"""The rollout hot loop alone, in this process: frames/s of ``Rollout.collect()``.
+
+    python -m benchmarks.rollout_loop CartPole-v1 random
+    python -m benchmarks.rollout_loop Pendulum-v1 mlp256
+
+No worker process, socket or coordinator: one env (``num_envs=1``), 1,024-frame
+batches for 1 s, seven times; prints the median. The MLP is obs-256-256-act with
+Tanh (argmax on CartPole, ``2 * tanh`` on Pendulum), one torch thread. Use it to
+compare two trees' hot loops (run them interleaved: the machine drifts).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+from tensordict.nn import TensorDictModule
+from torch import nn
+
+from asyncrl._envs import make_env_pool
+from asyncrl._rollout import Rollout
+
+
+class _Head(nn.Module):
+    def __init__(self, observations: int, actions: int) -> None:
+        super().__init__()
+        self.discrete = actions > 1
+        self.net = nn.Sequential(nn.Linear(observations, 256), nn.Tanh(),
+                                 nn.Linear(256, 256), nn.Tanh(), nn.Linear(256, actions))
+
+    def forward(self, observation: torch.Tensor) -> torch.Tensor:
+        y = self.net(observation)
+        return y.argmax(-1) if self.discrete else 2 * torch.tanh(y)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.rollout_loop",
+                                description=__doc__.splitlines()[0])
+    p.add_argument("env", choices=("CartPole-v1", "Pendulum-v1"))
+    p.add_argument("policy", choices=("random", "mlp256"))
+    p.add_argument("--windows", type=int, default=7)
+    args = p.parse_args(argv)
+    torch.set_num_threads(1)
+    pool = make_env_pool(args.env, num_envs=1)
+    policy = None
+    if args.policy == "mlp256":
+        cartpole = args.env.startswith("CartPole")
+        policy = TensorDictModule(_Head(4 if cartpole else 3, 2 if cartpole else 1),
+                                  in_keys=["observation"], out_keys=["action"])
+    rollout = Rollout(pool, policy, 1024)
+    rollout.set_seed(0)
+    rollout.collect()  # warm-up
+    rates = []
+    for _ in range(args.windows):
+        start, frames = time.perf_counter(), 0
+        while time.perf_counter() - start < 1.0:
+            rollout.collect()
+            frames += 1024
+        rates.append(frames / (time.perf_counter() - start))
+    rollout.close()
+    print(f"{args.env} {args.policy}: {statistics.median(rates):,.0f} frames/s "
+          f"(median of {args.windows} windows of 1 s)")
+
+
+if __name__ == "__main__":
+    main()
