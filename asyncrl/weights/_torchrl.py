@@ -40,6 +40,12 @@ from ._schemes import (
 
 __all__ = ["as_weight_sync_schemes", "from_torchrl_scheme"]
 
+_TRANSLATED: dict[str, type[WeightSyncScheme]] = {
+    "MultiProcessWeightSyncScheme": ZmqWeightSyncScheme,
+    "SharedMemWeightSyncScheme": SharedMemWeightSyncScheme,
+    "NoWeightSyncScheme": NoWeightSyncScheme,
+}
+
 _ACROSS_HOSTS = ("RPCWeightSyncScheme", "DistributedWeightSyncScheme", "RayWeightSyncScheme",
                  "RayModuleTransformScheme")
 
@@ -75,22 +81,26 @@ def from_torchrl_scheme(model_id: str, scheme: Any) -> WeightSyncScheme:
                         "ZmqWeightSyncScheme(), SharedMemWeightSyncScheme() or "
                         f"NoWeightSyncScheme(), or TorchRL's equivalent); got "
                         f"{type(scheme).__name__}")
-    name = names[0]
-    strategy = _strategy(scheme)
-    if "NoWeightSyncScheme" in names:
-        return NoWeightSyncScheme(strategy)
+    if names[0] != type(scheme).__name__:
+        raise TypeError(f"{where}: {type(scheme).__name__} extends TorchRL's {names[0]}; "
+                        "asyncrl translates TorchRL's own schemes only, not their subclasses' "
+                        "code: subclass asyncrl.weights.ZmqWeightSyncScheme (or "
+                        "SharedMemWeightSyncScheme) instead")
+    # The most derived class TorchRL gave it decides (TorchRL's MultiProcess scheme
+    # derives from its SharedMem one: their meanings differ).
+    name = next((n for n in names if n in _TRANSLATED or n in _ACROSS_HOSTS), names[0])
     if name in _ACROSS_HOSTS:
         raise TypeError(f"{where}: TorchRL's {name} has no asyncrl counterpart; asyncrl's "
                         "ZmqWeightSyncScheme() already reaches workers on other hosts "
                         "(from asyncrl.weights)")
-    if "MultiProcessWeightSyncScheme" in names or "SharedMemWeightSyncScheme" in names:
-        _refuse_options(where, name, scheme)
-        if "SharedMemWeightSyncScheme" in names:
-            return SharedMemWeightSyncScheme(strategy)
-        return ZmqWeightSyncScheme(strategy)
-    raise TypeError(f"{where}: TorchRL's {name} has no asyncrl counterpart; use "
-                    "asyncrl.weights.ZmqWeightSyncScheme() (any host), "
-                    "SharedMemWeightSyncScheme() (one host) or NoWeightSyncScheme()")
+    translated = _TRANSLATED.get(name)
+    if translated is None:
+        raise TypeError(f"{where}: TorchRL's {name} has no asyncrl counterpart; use "
+                        "asyncrl.weights.ZmqWeightSyncScheme() (any host), "
+                        "SharedMemWeightSyncScheme() (one host) or NoWeightSyncScheme()")
+    strategy = _strategy(scheme)
+    _refuse_options(where, name, scheme)
+    return translated(strategy)
 
 
 def _strategy(scheme: Any) -> Any:
