@@ -28,10 +28,8 @@ from torchrl.collectors import MultiAsyncCollector as TorchRLMultiAsync  # noqa:
 from torchrl.collectors import MultiSyncCollector as TorchRLMultiSync  # noqa: E402
 from torchrl.collectors._multi_base import MultiCollector as TorchRLMultiBase  # noqa: E402
 from torchrl.envs.utils import ExplorationType  # noqa: E402
-from torchrl.weight_update import (  # noqa: E402
-    MultiProcessWeightSyncScheme,
-    SharedMemWeightSyncScheme as TorchRLSharedMem,
-)
+from torchrl.weight_update import MultiProcessWeightSyncScheme  # noqa: E402
+from torchrl.weight_update import SharedMemWeightSyncScheme as TorchRLSharedMem  # noqa: E402
 
 #: Implemented by other work on asyncrl (their own tests cover them); left out here.
 IMPLEMENTED_ELSEWHERE = {
@@ -215,11 +213,11 @@ def test_torchrl_defaults_are_accepted_together() -> None:
 
 
 def test_a_misspelt_argument_is_still_a_type_error_with_suggestions() -> None:
-    with pytest.raises(TypeError, match="unexpected keyword argument 'frames_per_bach'.*"
-                                        "frames_per_batch"):
+    with pytest.raises(TypeError, match=r"unexpected keyword argument 'frames_per_bach'.*"
+                                        r"frames_per_batch"):
         make_multi(MultiSyncCollector, frames_per_bach=10)
-    with pytest.raises(TypeError, match="unexpected keyword argument 'compile_polcy'.*"
-                                        "compile_policy"):
+    with pytest.raises(TypeError, match=r"unexpected keyword argument 'compile_polcy'.*"
+                                        r"compile_policy"):
         make_in_process(compile_polcy=True)
 
 
