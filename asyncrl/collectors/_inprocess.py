@@ -38,6 +38,13 @@ class Collector(BaseCollector):
     ...                      total_frames=1000) as collector:
     ...     async for batch in collector:
     ...         print(batch["next", "reward"].sum())
+
+    TorchRL's ``Collector`` arguments: ``return_same_td=True`` yields the rollout's
+    own buffers (rewritten by the next batch) instead of a copy; ``backend="direct"``
+    is this collector; ``backend="process"``, ``num_collectors``, ``sync`` and
+    ``interruptor`` are refused naming MultiSyncCollector / MultiAsyncCollector; the
+    rest as in :class:`MultiCollector` (table in ``_torchrl_args.py``). ``set_seed``
+    seeds this process's torch and numpy RNGs too.
     """
 
     def __init__(

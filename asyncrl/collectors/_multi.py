@@ -94,6 +94,31 @@ class MultiCollector(BaseCollector):
     ...     async for batch in c:
     ...         loss = train(batch)
     ...         await c.update_policy_weights()
+
+    TorchRL 0.14 arguments beyond the above (``**torchrl_options``; the table and
+    messages are in ``asyncrl/collectors/_torchrl_args.py``):
+
+    - ``collector_class``: None or TorchRL's ``Collector`` (what a worker is); others refused.
+    - ``use_buffers``: None / True (asyncrl always preallocates); False refused.
+    - ``track_policy_version``: True / False; frames always carry
+      ``("collector", "policy_version")``.
+    - ``auto_register_policy_transforms``: None / False; True refused (add the transforms in
+      ``create_env_fn``).
+    - ``no_cuda_sync``: False; True refused (no extra synchronisation to skip).
+    - ``weight_sync_schemes``: TorchRL's ``MultiProcessWeightSyncScheme`` becomes
+      ``ZmqWeightSyncScheme``, ``SharedMemWeightSyncScheme`` and ``NoWeightSyncScheme`` their
+      asyncrl namesakes; ``sync=False``, ``per_worker_weights=True``, RPC / distributed / Ray
+      schemes are refused naming the replacement.
+    - Refused, naming the asyncrl way: ``trust_policy``, ``compile_policy`` and
+      ``cudagraph_policy`` (wrap the policy in ``policy_factory``), ``weight_updater`` and
+      ``weight_recv_schemes`` (``weight_sync_schemes``), ``worker_idx``, ``trajs_per_write``,
+      ``init_fn`` (``create_env_fn`` / ``policy_factory``), ``pre_collect_hook`` /
+      ``post_collect_hook`` / ``compact_obs`` (``postproc``).
+    - Methods with TorchRL's names: ``update_policy_weights(policy_or_weights, *, weights,
+      policy, worker_ids, model_id, weights_dict)`` and ``update_policy_weights_`` (awaited),
+      ``shutdown()`` / ``async_shutdown()`` (``aclose``); ``set_seed`` seeds each worker's torch
+      and numpy RNGs too; a plain ``for`` loop raises a TypeError naming ``async for`` and
+      :class:`~asyncrl.BlockingCollector`.
     """
 
     sync: bool = True

@@ -231,3 +231,19 @@ def test_refusal_happens_before_anything_starts() -> None:
 def test_torch_module_for_policy_is_accepted() -> None:
     collector = make_multi(MultiSyncCollector, policy=nn.Sequential(nn.Linear(4, 2)))
     assert isinstance(collector.policy, torch.nn.Module)
+
+
+def test_doctests() -> None:
+    import doctest
+
+    import asyncrl._seeding
+    import asyncrl.collectors._torchrl_args
+    import asyncrl.collectors._torchrl_habits
+    import asyncrl.collectors._updates
+    import asyncrl.weights._torchrl
+
+    for module in (asyncrl._seeding, asyncrl.collectors._torchrl_args,
+                   asyncrl.collectors._torchrl_habits, asyncrl.collectors._updates,
+                   asyncrl.weights._torchrl):
+        result = doctest.testmod(module)
+        assert result.attempted > 0 and result.failed == 0, module.__name__
