@@ -92,9 +92,6 @@ class BaseCollector(TaskGroupResource, TorchRLHabits):
             raise StopAsyncIteration
         if 0 <= self.total_frames <= self.frames_collected:
             raise StopAsyncIteration
-        if self._task_group is None:
-            raise CollectorError(f"this {type(self).__name__} is not open: iterate inside "
-                                 f"'async with {type(self).__name__}(...) as collector:'")
         if self.update_at_each_batch:
             await self.update_policy_weights()
         try:

@@ -11,6 +11,7 @@ import torch
 from tensordict import TensorDictBase
 
 from .._envs import make_env_pool
+from .._errors import CollectorError
 from .._rollout import Rollout
 from .._rollout_options import RolloutOptions
 from .._seeding import seed_global_rngs
@@ -152,7 +153,9 @@ class Collector(BaseCollector):
 
     async def _next_batch(self) -> TensorDictBase:
         rollout = self.rollout
-        assert rollout is not None
+        if rollout is None:
+            raise CollectorError("the collector is not open: iterate inside "
+                                 "'async with Collector(...) as collector:'")
         async with self._locked():
             # The rollout reuses its buffers: hand out a copy the trainer may keep.
             collect = rollout.collect if self.return_same_td else (
