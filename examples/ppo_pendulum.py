@@ -14,8 +14,6 @@ Everything but the collector is TorchRL: asyncrl's batches go straight into
 GAE, ClipPPOLoss and the ReplayBuffer.
 """
 
-from __future__ import annotations
-
 import argparse
 import time
 from collections.abc import Callable
