@@ -125,7 +125,7 @@ def describe_states(policy: Any, keys: tuple[Path, ...]) -> RecurrentSpec:
             continue
         try:
             primers = make().primers
-        except Exception:  # noqa: BLE001 - a primer we cannot build: size from the output
+        except Exception:  # a primer we cannot build: size the state from the output
             continue
         for key in primers.keys(True, True):
             path = _path(key)
@@ -225,7 +225,9 @@ class RecurrentCarry:
         src, dst, _ = rows[0]
         dst[i] = src
         self._is_init_np.fill(False)
-        for (src, now, nxt), key, state in zip(rows[1:], self._next_keys, self._states):
+        for (src, now, nxt), key, state in zip(
+            rows[1:], self._next_keys, self._states, strict=True
+        ):
             now[i] = src
             state.copy_(td.get(key))  # in place: the policy sees it through its entry
             nxt[i] = src
