@@ -200,6 +200,18 @@ class RecurrentCarry:
         self.spec = RecurrentSpec(tuple(specs))
         self.install(td)  # the policy may have replaced our entries (LSTMModule does)
 
+    def explain_missing(self, exc: KeyError) -> None:
+        """The dry call failed on a missing key: name the states we could not size."""
+        unsized = [_td_key(s.key) for s, t in zip(self.spec.states, self.states, strict=True)
+                   if t is None]
+        if unsized:
+            raise ValueError(
+                f"the recurrent policy needs the state {unsized} on its first call, and "
+                "nothing says its shape: give the module that reads it a "
+                "make_tensordict_primer() (as TorchRL's LSTMModule has), or read the state "
+                "with a default (td.get(key, None)) and start from zeros"
+            ) from exc
+
     def allocate(self, data: dict[Any, torch.Tensor], steps: int) -> None:
         """Add ``key``, ``("next", key)``, ``is_init``, ``("next", "is_init")`` buffers."""
         n = self.num_envs

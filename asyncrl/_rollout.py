@@ -187,7 +187,12 @@ class Rollout:
         # Without our "action" entry, a policy that writes none is caught here.
         del td["action"]
         with self._adapter.exploration():
-            self._adapter(td)
+            try:
+                self._adapter(td)
+            except KeyError as exc:
+                if self._carry is not None:
+                    self._carry.explain_missing(exc)
+                raise
         for key, tensor in zip(self._obs_keys, self._obs_t, strict=True):
             if not _same_memory(td.get(key), tensor):
                 raise ValueError(
