@@ -54,9 +54,9 @@ def make_env() -> gym.Env:
     return MaskVelocity(gym.make("CartPole-v1"))
 
 
-def make_modules(hidden: int = 64) -> tuple[TensorDictSequential, nn.Module]:
+def make_modules(hidden: int = 64, obs_dim: int = 2) -> tuple[TensorDictSequential, nn.Module]:
     """The collector's actor (LSTM -> logits -> sampled action) and the value head."""
-    lstm = LSTMModule(input_size=2, hidden_size=hidden, in_key="observation", out_key="embed")
+    lstm = LSTMModule(input_size=obs_dim, hidden_size=hidden, in_key="observation", out_key="embed")
     head = TensorDictModule(nn.Sequential(nn.Linear(hidden, hidden), nn.Tanh(),
                                           nn.Linear(hidden, N_ACTIONS)),
                             in_keys=["embed"], out_keys=["logits"])
@@ -126,12 +126,14 @@ class RecurrentPPO:
         adv = (adv - adv.mean()) / (adv.std() + 1e-8)
         ratio = (dist.log_prob(action) - old_log_prob).exp()
         policy_loss = -torch.min(ratio * adv, ratio.clamp(0.8, 1.2) * adv).mean()
-        value_loss = (self.value(out["embed"]).squeeze(-1) - mb["target"]).pow(2).mean()
+        # The value head reads the LSTM's features but does not train them: its
+        # squared error (returns of tens to hundreds) would swamp the policy's
+        # gradient in a shared clip.
+        value_loss = (self.value(out["embed"].detach()).squeeze(-1) - mb["target"]).pow(2).mean()
         loss = policy_loss + 0.5 * value_loss - 0.01 * dist.entropy().mean()
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        nn.utils.clip_grad_norm_([p for g in self.optimizer.param_groups for p in g["params"]],
-                                 0.5)
+        nn.utils.clip_grad_norm_(self.actor.parameters(), 0.5)
         self.optimizer.step()
 
 

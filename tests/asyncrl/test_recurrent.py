@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import anyio
 import numpy as np
 import pytest
@@ -323,3 +328,16 @@ def make_torchrl_env() -> TransformedEnv:
     """A TorchRL env as a TorchRL user writes it for an RNN: InitTracker and the primer."""
     return TransformedEnv(GymEnv("CartPole-v1", categorical_action_encoding=True),
                           Compose(InitTracker(), gru_actor()[0].make_tensordict_primer()))
+
+
+def test_the_recurrent_example_trains_on_a_tiny_budget() -> None:
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        p for p in (str(root), os.environ.get("PYTHONPATH")) if p)}
+    done = subprocess.run(
+        [sys.executable, "examples/train_recurrent.py", "--frames", "1024",
+         "--frames-per-batch", "512", "--workers", "1", "--envs-per-worker", "2"],
+        cwd=root, env=env, capture_output=True, text=True, timeout=LIMIT, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("frames=")]
+    assert [ln.split()[0] for ln in lines] == ["frames=512", "frames=1024"]
