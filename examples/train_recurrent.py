@@ -186,7 +186,7 @@ async def train(args: argparse.Namespace) -> float:
         async for batch in collector:
             frames += batch.numel()
             returns.add(batch)
-            print(f"frames={frames:>8} mean_return(last {len(returns.last)})={returns.mean:6.1f}"
+            print(f"frames={frames} mean_return(last {len(returns.last)})={returns.mean:6.1f}"
                   f" seconds={time.perf_counter() - start:6.1f}", flush=True)
             ppo.update(batch)
             await collector.update_policy_weights()

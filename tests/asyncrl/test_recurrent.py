@@ -341,3 +341,14 @@ def test_the_recurrent_example_trains_on_a_tiny_budget() -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     lines = [ln for ln in done.stdout.splitlines() if ln.startswith("frames=")]
     assert [ln.split()[0] for ln in lines] == ["frames=512", "frames=1024"]
+
+
+def test_the_docs_example_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    text = (Path(__file__).resolve().parents[2] / "docs" / "recurrent.md").read_text()
+    code = text.split("```python\n", 1)[1].split("```", 1)[0]
+    exec(compile(code, "docs/recurrent.md", "exec"), {"__name__": "docs_recurrent"})
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2, lines  # two batches of [2 envs, 32 steps]
+    for line in lines:
+        shape, resets = line.rsplit(" ", 1)
+        assert shape == "torch.Size([2, 32, 1, 32])" and int(resets) >= 2  # both envs start
