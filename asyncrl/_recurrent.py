@@ -218,7 +218,7 @@ class RecurrentCarry:
         data[IS_INIT] = torch.zeros((n, steps, 1), dtype=torch.bool)
         # TorchRL's ("next", "is_init") is False on every frame (InitTracker's step).
         data[("next", *IS_INIT)] = torch.zeros((n, steps, 1), dtype=torch.bool)
-        rows = [(self._is_init_np, data[IS_INIT].numpy(), None)]
+        rows: list[tuple[Any, Any, Any]] = [(self._is_init_np, data[IS_INIT].numpy(), None)]
         for s, state in zip(self.spec.states, self.states, strict=True):
             assert state is not None
             now = data[s.key] = torch.zeros((n, steps, *s.shape), dtype=s.dtype)

@@ -161,7 +161,12 @@ class Rollout:
         pool.reset()
         self._traj_counter = n
         self._build_step_td()
-        extras = self._discover_extras()
+        try:
+            extras = self._discover_extras()
+        except KeyError as exc:  # a recurrent state nothing could size: say so
+            if self._carry is not None:
+                self._carry.explain_missing(exc)
+            raise
         self._allocate(extras)
 
     # -- construction helpers ------------------------------------------------------------
@@ -187,12 +192,7 @@ class Rollout:
         # Without our "action" entry, a policy that writes none is caught here.
         del td["action"]
         with self._adapter.exploration():
-            try:
-                self._adapter(td)
-            except KeyError as exc:
-                if self._carry is not None:
-                    self._carry.explain_missing(exc)
-                raise
+            self._adapter(td)
         for key, tensor in zip(self._obs_keys, self._obs_t, strict=True):
             if not _same_memory(td.get(key), tensor):
                 raise ValueError(

@@ -160,7 +160,7 @@ class Returns:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--frames", type=int, default=300_000, help="total frames (default 300k)")
+    p.add_argument("--frames", type=int, default=150_000, help="total frames (default 150k)")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--envs-per-worker", type=int, default=4)
     p.add_argument("--frames-per-batch", type=int, default=1024)
