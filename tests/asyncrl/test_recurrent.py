@@ -300,15 +300,19 @@ async def test_worker_processes_carry_lstm_state_per_env(cls: type) -> None:
         assert batch["recurrent_state_h"].shape[-2:] == (1, 8)
         check_carry(batch, STATE_KEYS)
     assert any(b["next", "done"].any() for b in batches)
+    if cls is MultiSyncCollector:  # row i is the same env in every round
+        check_carry(torch.cat(batches, 1), STATE_KEYS)  # carried across updates and batches
 
 
 @pytest.mark.anyio
 async def test_worker_processes_with_a_torchrl_env_and_a_gru() -> None:
     with anyio.fail_after(LIMIT):
         async with MultiSyncCollector(make_torchrl_env, gru_actor(), num_workers=2,
-                                      frames_per_batch=120, total_frames=240) as collector:
+                                      envs_per_worker=2, frames_per_batch=120,
+                                      total_frames=240) as collector:
             batches = [b.clone() async for b in collector]
     for batch in batches:
+        assert batch.shape == (4, 30)
         check_carry(batch, [("recurrent_state",)])
         assert batch["recurrent_state"].shape[-2:] == (2, 6)
 
