@@ -206,6 +206,8 @@ def test_layout_and_semantics_match_torchrl_on_a_gymnasium_env() -> None:
     with Rollout(make_env_pool("CartPole-v1", num_envs=3), actor, frames_per_batch=180) as r:
         r.set_seed(1)
         ours = r.collect().clone()
+    assert set(ours.keys(True, True)) - set(theirs.keys(True, True)) == {
+        ("collector", "policy_version"), ("collector", "worker_id")}
     for key in theirs.keys(True, True):
         assert ours[key].shape[2:] == theirs[key].shape[1:], key
         assert ours[key].dtype == theirs[key].dtype, key
