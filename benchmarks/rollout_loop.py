@@ -60,6 +60,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("env", choices=("CartPole-v1", "Pendulum-v1"))
     p.add_argument("policy", choices=("random", "mlp256", "lstm64"))
     p.add_argument("--windows", type=int, default=7)
+    p.add_argument("--torchrl", action="store_true",
+                   help="also time TorchRL's Collector with the same policy (same windows)")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     pool = make_env_pool(args.env, num_envs=1)
@@ -84,6 +86,33 @@ def main(argv: list[str] | None = None) -> None:
     rollout.close()
     print(f"{args.env} {args.policy}: {statistics.median(rates):,.0f} frames/s "
           f"(median of {args.windows} windows of 1 s)")
+    if args.torchrl:
+        rate = _torchrl_rate(args.env, policy, args.windows)
+        print(f"{args.env} {args.policy} TorchRL Collector: {rate:,.0f} frames/s")
+
+
+def _torchrl_rate(env_name: str, policy: object, windows: int) -> float:
+    """TorchRL's single-process Collector on the same env and policy, same windows."""
+    from torchrl.collectors import Collector
+    from torchrl.envs import Compose, GymEnv, InitTracker, TransformedEnv
+
+    env = GymEnv(env_name, categorical_action_encoding=True)
+    lstm = next((m for m in getattr(policy, "modules", list)() if hasattr(
+        m, "make_tensordict_primer")), None)
+    if lstm is not None:  # TorchRL carries the state in the env: InitTracker + primer
+        env = TransformedEnv(env, Compose(InitTracker(), lstm.make_tensordict_primer()))
+    collector = Collector(env, policy, frames_per_batch=1024, total_frames=-1)
+    batches = iter(collector)
+    next(batches)  # warm-up
+    rates = []
+    for _ in range(windows):
+        start, frames = time.perf_counter(), 0
+        while time.perf_counter() - start < 1.0:
+            next(batches)
+            frames += 1024
+        rates.append(frames / (time.perf_counter() - start))
+    collector.shutdown()
+    return statistics.median(rates)
 
 
 if __name__ == "__main__":
