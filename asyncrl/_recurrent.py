@@ -164,8 +164,10 @@ class RecurrentCarry:
             None if s.shape == (-1,) else torch.zeros((num_envs, *s.shape), dtype=s.dtype)
             for s in spec.states
         ]
-        self._rows: list[Any] = []
-        self._next_keys: list[Path] = []
+        # Filled by `allocate`: (is_init, its buffer) and, per state,
+        # (state, buffer at key, buffer at ("next", key), next key, state tensor).
+        self._init_row: tuple[Any, Any] | None = None
+        self._rows: list[tuple[Any, Any, Any, Path, torch.Tensor]] = []
         self._states: list[torch.Tensor] = []
 
     @property
@@ -218,39 +220,36 @@ class RecurrentCarry:
         data[IS_INIT] = torch.zeros((n, steps, 1), dtype=torch.bool)
         # TorchRL's ("next", "is_init") is False on every frame (InitTracker's step).
         data[("next", *IS_INIT)] = torch.zeros((n, steps, 1), dtype=torch.bool)
-        rows: list[tuple[Any, Any, Any]] = [(self._is_init_np, data[IS_INIT].numpy(), None)]
+        self._init_row = (self._is_init_np, data[IS_INIT].numpy())
+        rows: list[tuple[Any, Any, Any, Path, torch.Tensor]] = []
         for s, state in zip(self.spec.states, self.states, strict=True):
             assert state is not None
             now = data[s.key] = torch.zeros((n, steps, *s.shape), dtype=s.dtype)
             nxt = data[("next", *s.key)] = torch.zeros((n, steps, *s.shape), dtype=s.dtype)
+            next_key = ("next", *s.key)
             if s.dtype in _NUMPY_DTYPES:  # numpy writes are ~2x cheaper than torch indexing
-                rows.append((state.numpy(), now.numpy(), nxt.numpy()))
+                rows.append((state.numpy(), now.numpy(), nxt.numpy(), next_key, state))
             else:
-                rows.append((state, now, nxt))
+                rows.append((state, now, nxt, next_key, state))
         self._rows = rows
-        self._next_keys = [("next", *s.key) for s in self.spec.states]
         self._states = [state for state in self.states if state is not None]
 
     def take(self, i: tuple[slice, int], td: TensorDictBase) -> None:
         """Record frame ``i`` after a policy call; carry the policy's next state."""
-        rows = self._rows
-        src, dst, _ = rows[0]
-        dst[i] = src
-        self._is_init_np.fill(False)
-        for (src, now, nxt), key, state in zip(
-            rows[1:], self._next_keys, self._states, strict=True
-        ):
+        flag, dst = self._init_row  # type: ignore[misc]
+        dst[i] = flag
+        flag.fill(False)
+        for src, now, nxt, key, state in self._rows:
             now[i] = src
             state.copy_(td.get(key))  # in place: the policy sees it through its entry
             nxt[i] = src
 
     def keep(self, i: tuple[slice, int]) -> None:
         """Record frame ``i`` after a random action: the state stays as it is."""
-        rows = self._rows
-        src, dst, _ = rows[0]
-        dst[i] = src
-        self._is_init_np.fill(False)
-        for src, now, nxt in rows[1:]:
+        flag, dst = self._init_row  # type: ignore[misc]
+        dst[i] = flag
+        flag.fill(False)
+        for src, now, nxt, _key, _state in self._rows:
             now[i] = src
             nxt[i] = src
 
