@@ -3,11 +3,13 @@
 The in-process collector is compared field by field with TorchRL's ``Collector``
 on the same deterministic env and policy; the multi-process collectors (whose
 trajectory ids and order differ from TorchRL's by design, see
-docs/batch_shapes.md) are checked against the env's known episodes.
+docs/batch_shapes.md) against the env's known episodes, and MultiSync against
+the trajectories TorchRL's MultiSyncCollector yields (as a set).
 """
 
 from __future__ import annotations
 
+import functools
 import warnings
 
 import anyio
@@ -251,3 +253,60 @@ def test_an_unset_traj_format_warns_as_torchrl() -> None:
         warnings.simplefilter("error")
         rb = ReplayBuffer(storage=LazyTensorStorage(10))
         Collector(make_count_env, frames_per_batch=8, trajs_per_batch=2, replay_buffer=rb)
+
+
+# -- multi-process collectors against TorchRL's: the same trajectories ------------------------
+def trajectory_set(trajs: list[TensorDict]) -> list[tuple]:
+    """Trajectories as comparable values (ids and order differ by design: see the docs)."""
+    return sorted((tuple(t["observation"].flatten().tolist()), tuple(t["action"].tolist()),
+                   tuple(t["next", "reward"].flatten().tolist()),
+                   tuple(t["next", "done"].flatten().tolist())) for t in trajs)
+
+
+def multi_kwargs(into: str) -> dict:
+    return {"trajs_per_batch": 2, "traj_format": "padded"} if into == "padded" \
+        else {"trajs_per_batch": 2}
+
+
+@functools.cache
+def torchrl_multi_sync(into: str) -> tuple[list, list | None]:
+    """TorchRL's run (the same for both backends: made once)."""
+    from torchrl.collectors import MultiSyncCollector as TorchRLMultiSync
+
+    # TorchRL's workers write into a shared buffer: its storage must say so.
+    rb = ReplayBuffer(storage=LazyTensorStorage(1000, shared_init=True)) \
+        if into == "replay_buffer" else None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        collector = TorchRLMultiSync([make_torchrl_count_env] * 2, make_policy(),
+                                     frames_per_batch=32, total_frames=64, replay_buffer=rb,
+                                     **multi_kwargs(into))
+        try:
+            batches = [b if b is None else b.clone() for b in collector]
+        finally:
+            collector.shutdown()
+    stored = split_cat(rb[:len(rb)].clone()) if rb is not None else None
+    return batches, stored
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("into", ["padded", "replay_buffer"])
+async def test_multi_sync_yields_the_trajectories_torchrl_yields(into: str) -> None:
+    their_batches, their_stored = torchrl_multi_sync(into)
+    our_rb = ReplayBuffer(storage=LazyTensorStorage(1000)) if into == "replay_buffer" else None
+    with anyio.fail_after(LIMIT):
+        async with MultiSyncCollector(make_count_env, make_policy(), num_workers=2,
+                                      frames_per_batch=32, total_frames=64,
+                                      replay_buffer=our_rb, **multi_kwargs(into)) as collector:
+            our_batches = [b async for b in collector]
+    assert len(our_batches) == len(their_batches)
+    if into == "padded":
+        ours = [t for b in our_batches for t in unpad(b)]
+        theirs = [t for b in their_batches for t in unpad(b)]
+        assert [b.shape[0] for b in our_batches] == [b.shape[0] for b in their_batches]
+    else:
+        assert our_batches == their_batches == [None, None]
+        assert our_rb is not None and their_stored is not None
+        ours, theirs = split_cat(our_rb[:len(our_rb)]), their_stored
+    assert len(ours) >= 8
+    assert trajectory_set(ours) == trajectory_set(theirs)
