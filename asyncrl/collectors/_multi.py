@@ -576,6 +576,13 @@ class MultiSyncCollector(MultiCollector):
     default as in TorchRL: ``[workers, envs, time]``, ``[workers, time]`` with one
     env per worker) or concatenated along ``cat_results`` (0: ``[workers * envs,
     time]``; -1: ``[envs, workers * time]``; ``[workers * time]`` with one env).
+
+    >>> async with MultiSyncCollector("CartPole-v1", num_workers=2,  # doctest: +SKIP
+    ...                               envs_per_worker=4, frames_per_batch=800,
+    ...                               total_frames=8000) as c:
+    ...     async for batch in c:
+    ...         batch.batch_size   # [workers, envs, time], as TorchRL's "stack"
+    torch.Size([2, 4, 100])
     """
 
     sync = True
@@ -594,7 +601,13 @@ class MultiAsyncCollector(MultiCollector):
 
     Each worker runs at most ``prefetch`` batches ahead of the trainer; frames
     carry the policy version that produced them in ``("collector",
-    "policy_version")``.
+    "policy_version")``. A batch is one worker's: ``[envs, time]``, or ``[time]``
+    with one env per worker (TorchRL's shapes).
+
+    >>> async with MultiAsyncCollector("CartPole-v1", num_workers=2,    # doctest: +SKIP
+    ...                                frames_per_batch=200, total_frames=2000) as c:
+    ...     async for batch in c:
+    ...         print(batch.batch_size, batch["collector", "policy_version"].min())
     """
 
     sync = False
