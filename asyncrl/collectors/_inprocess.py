@@ -10,6 +10,7 @@ import anyio
 import torch
 from tensordict import TensorDictBase
 
+from .._batches import drop_env_dim
 from .._envs import make_env_pool
 from .._errors import CollectorError
 from .._rollout import Rollout
@@ -33,7 +34,8 @@ class Collector(BaseCollector):
     :class:`~asyncrl.weights.WeightSender` (``send_async`` / ``wait_ack``,
     over :class:`~asyncrl.weights.InProcessWeightSyncScheme`): an update is
     applied at the next step boundary of a batch in progress, or at once
-    between batches, and acked with its version.
+    between batches, and acked with its version. ``replay_buffer``,
+    ``trajs_per_batch`` and ``traj_format`` as in :class:`MultiCollector`.
 
     >>> async with Collector("CartPole-v1", frames_per_batch=200,    # doctest: +SKIP
     ...                      total_frames=1000) as collector:
@@ -68,6 +70,9 @@ class Collector(BaseCollector):
         exploration_type: Any = "random",
         update_at_each_batch: bool = False,
         replay_buffer: Any = None,
+        extend_buffer: bool = True,
+        trajs_per_batch: int | None = None,
+        traj_format: str | None = None,
         device: Any = None,
         policy_device: Any = None,
         env_device: Any = None,
@@ -86,7 +91,9 @@ class Collector(BaseCollector):
 
         super().__init__(total_frames=total_frames, batch_frames=frames_per_batch,
                          split_trajs=split_trajs, postproc=postproc,
-                         replay_buffer=replay_buffer, update_at_each_batch=update_at_each_batch)
+                         replay_buffer=replay_buffer, update_at_each_batch=update_at_each_batch,
+                         trajs_per_batch=trajs_per_batch, traj_format=traj_format,
+                         extend_buffer=extend_buffer, discard_partial_trajs=reset_at_each_iter)
         self.frames_per_batch = frames_per_batch
         self.init_random_frames = int(init_random_frames or 0)
         self._spec = WorkerSpec(
@@ -161,6 +168,7 @@ class Collector(BaseCollector):
             collect = rollout.collect if self.return_same_td else (
                 lambda: rollout.collect().clone())
             batch = await anyio.to_thread.run_sync(collect)
+            batch = drop_env_dim(batch)  # one env: [time], as TorchRL's unbatched env
             if self._applier is not None:
                 self._applier.after_batch()
             return batch
@@ -217,6 +225,7 @@ class Collector(BaseCollector):
         assert self.rollout is not None
         async with self._locked():
             self.rollout.reset(reset_idx)
+        self._trajectories_reset(partial=reset_idx is not None)
 
     def get_model(self, model_id: str = "policy") -> Any:
         if model_id != "policy":
