@@ -166,6 +166,11 @@ NOTES = {
     "env_device": "see [devices](devices.md)", "storing_device": "see [devices](devices.md)",
     "num_threads": "the trainer's threads while the collector is open (restored at close)",
     "num_sub_threads": "each worker's torch threads (default 1)",
+    "extend_buffer": "`True`, TorchRL's default; `False` (step-by-step `rb.add`, deprecated "
+                     "in TorchRL) is refused: asyncrl writes whole batches",
+    "trajs_per_batch": "with `traj_format`; see [batch shapes](batch_shapes.md)",
+    "traj_format": "`\"padded\"` (with `(\"collector\", \"mask\")`) or `\"cat\"`; see "
+                   "[batch shapes](batch_shapes.md)",
     "preemptive_threshold": "sync mode: the stragglers' shares are cut short",
 }
 
