@@ -22,6 +22,8 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from torch import nn
 
+from ._device_policy import DevicePolicyCall, check_policy_device
+from ._devices import HOST
 from ._env_pools import EnvPool, check_action_dtype
 from ._envs import make_env_pool
 from ._policies import PolicyAdapter, RandomPolicy, torch_dtype
@@ -118,6 +120,7 @@ class Rollout:
         specs = pool.specs
         self._obs_keys = [_td_key(p) for p in pool.obs_paths]
         _check_obs_keys(pool.obs_paths)
+        check_policy_device(policy, options.policy_device)
         self._adapter = PolicyAdapter(
             policy,
             action_spec=specs.action,
@@ -165,17 +168,27 @@ class Rollout:
         entries: dict[Any, torch.Tensor] = dict(zip(self._obs_keys, self._obs_t, strict=True))
         entries["action"] = self._act_t
         self._step_td = TensorDict(entries, batch_size=[n])
+        # What the policy reads and writes: this td itself (a host policy, no copy), or
+        # device copies of it (policy_device: see DevicePolicyCall).
+        self._call: Callable[[TensorDictBase], Any] = self._adapter
+        self._policy_td, self._policy_obs = self._step_td, self._obs_t
+        self._policy_act = self._act_t
+        if self.options.devices.moves_observations and not self._adapter.is_random:
+            call = DevicePolicyCall(self._adapter, self._obs_keys, self._obs_t,
+                                    self.options.policy_device or HOST, action=self._act_t)
+            self._call, self._policy_td = call, call.td
+            self._policy_obs, self._policy_act = call.inputs, call.action
 
     def _discover_extras(self) -> list[tuple[tuple[str, ...], tuple[int, ...], torch.dtype]]:
         """Dry policy call on the reset observation: which keys does it write?"""
         if self._adapter.is_random:
             return []
-        td = self._step_td
+        td = self._policy_td
         # Without our "action" entry, a policy that writes none is caught here.
         del td["action"]
         with self._adapter.exploration():
-            self._adapter(td)
-        for key, tensor in zip(self._obs_keys, self._obs_t, strict=True):
+            td = self._call(self._step_td)
+        for key, tensor in zip(self._obs_keys, self._policy_obs, strict=True):
             if td.get(key) is not tensor:
                 raise ValueError(
                     f"the policy replaced the observation entry {key!r}: policies must "
@@ -190,7 +203,7 @@ class Rollout:
                 f"(num_envs, *action_spec.shape); it wrote {got}"
             )
         check_action_dtype(act, action.dtype, action.detach())
-        td.set("action", self._act_t)  # in-place writers then fill ours: no copy
+        td.set("action", self._policy_act)  # in-place writers then fill ours: no copy
         obs_paths = set(self.env_pool.obs_paths)
         extras = []
         for key in td.keys(include_nested=True, leaves_only=True):
@@ -218,8 +231,12 @@ class Rollout:
         n, t = self.num_envs, self.steps_per_batch
         specs = self.env_pool.specs
 
+        # Pinned when they feed a CUDA device (the batch's copy to storing_device, the
+        # extras a CUDA policy writes): DMA copies without the driver's staging.
+        pin = self.options.devices.pins_host_buffers
+
         def buf(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-            return torch.zeros((n, t, *shape), dtype=dtype)
+            return torch.zeros((n, t, *shape), dtype=dtype, pin_memory=pin)
 
         data: dict[Any, torch.Tensor] = {}
         obs_bufs, next_bufs = [], []
@@ -271,9 +288,11 @@ class Rollout:
         ]
         # numpy writes are ~2x cheaper than torch indexing; keep torch for dtypes
         # numpy lacks (bfloat16) and for tensors the policy leaves off the CPU.
+        on_host = not self.options.devices.moves_observations
+        as_numpy = [_numpy_ok(dt) and on_host for _, _, dt in extras]
         self._extras = [
-            (_td_key(p), b.numpy() if _numpy_ok(dt) else b, _numpy_ok(dt))
-            for (p, _, dt), b in zip(extras, extra_bufs, strict=True)
+            (_td_key(p), b.numpy() if np_ok else b, np_ok)
+            for (p, _, _), b, np_ok in zip(extras, extra_bufs, as_numpy, strict=True)
         ]
         self._pv = d[("collector", "policy_version")].numpy()
         self._next_done, self._next_trunc = nxt["done"], nxt["truncated"]
@@ -345,7 +364,7 @@ class Rollout:
         """The hot loop; returns the number of steps run. Its names are bound up front."""
         pool, idx, pre, post = self.env_pool, self._idx, self._pre, self._post
         step_env, sample = pool.step_inplace, self._random.sample_into
-        policy, step_td, act_t, act_np = self._adapter, self._step_td, self._act_t, self._act_np
+        policy, step_td, act_t, act_np = self._call, self._step_td, self._act_t, self._act_np
         extras, done, limit = self._extras, self._done, self.options.max_frames_per_traj
         version = self.policy_version
         t = 0
@@ -362,14 +381,14 @@ class Rollout:
                     for _key, dst, _ in extras:
                         dst[i] = 0
                 else:
-                    policy(step_td)
-                    action = step_td.get("action")
+                    td = policy(step_td)  # step_td, or its copy on policy_device
+                    action = td.get("action")
                     if action is not act_t:
                         if action.dtype is not act_t.dtype:  # rare: never cast floats silently
                             check_action_dtype(pool.specs.action, action.dtype, action.detach())
                         act_t.copy_(action)
                     for key, dst, as_numpy in extras:
-                        dst[i] = step_td.get(key).numpy() if as_numpy else step_td.get(key)
+                        dst[i] = td.get(key).numpy() if as_numpy else td.get(key)
                 for dst, src in pre:
                     dst[i] = src
                 step_env(act_np)

@@ -9,6 +9,7 @@ import anyio
 import torch
 from tensordict import TensorDictBase
 
+from .._devices import DeviceLayout, place_policy
 from .._envs import make_env_pool
 from .._rollout import Rollout
 from .._rollout_options import RolloutOptions
@@ -63,10 +64,14 @@ class Collector(BaseCollector):
     ) -> None:
         frames_per_batch, envs_per_worker = check_in_process_frames(frames_per_batch,
                                                                     envs_per_worker)
+        devices = DeviceLayout.resolve(device=device, policy_device=policy_device,
+                                       env_device=env_device, storing_device=storing_device)
         rollout = RolloutOptions(
             max_frames_per_traj=max_frames_per_traj, reset_at_each_iter=reset_at_each_iter,
             reset_when_done=reset_when_done, set_truncated=set_truncated,
-            exploration_type=exploration_type, storing_device=storing_device)
+            exploration_type=exploration_type, **devices.as_options())
+        #: policy / env / storing devices (batches are stored on ``storing_device``).
+        self.devices = devices
 
         super().__init__(total_frames=total_frames, batch_frames=frames_per_batch,
                          split_trajs=split_trajs, postproc=postproc,
@@ -79,6 +84,8 @@ class Collector(BaseCollector):
             rollout=rollout,
         )
         self.policy = policy
+        #: The policy the rollout steps with: ``policy`` itself, or its copy on policy_device.
+        self.rollout_policy: Any = None
         self.rollout: Rollout | None = None
         self._lock: anyio.Lock | None = None  # held while a batch is collected
         self._scheme = InProcessWeightSyncScheme()
@@ -102,8 +109,10 @@ class Collector(BaseCollector):
     async def _open(self) -> None:
         self.rollout = await anyio.to_thread.run_sync(self._build)
         if isinstance(self.policy, torch.nn.Module):
+            # Updates are read from the trainer's module and copied into the rollout's
+            # (nothing to copy when the two are one object).
             self._sender = self._scheme.init_on_sender("policy", model=self.policy)
-            receiver = self._scheme.init_on_worker("policy", model=self.policy,
+            receiver = self._scheme.init_on_worker("policy", model=self.rollout_policy,
                                                    deliver=self._on_weights)
             assert receiver.link is not None
             # Applied at once while no batch runs, else at the batch's next step boundary.
@@ -122,8 +131,11 @@ class Collector(BaseCollector):
         pool = make_env_pool(spec.create_env_fn, create_env_kwargs=spec.create_env_kwargs,
                              num_envs=spec.envs_per_worker)
         if self.policy is None:
-            self.policy = spec.make_policy()
-        return Rollout(pool, self.policy, self.frames_per_batch, worker_index=0,
+            self.policy = spec.make_policy()  # our own: moved to policy_device in place
+        # The trainer's module stays where it is (as in TorchRL): a copy on policy_device.
+        policy = self.rollout_policy = place_policy(self.policy, self.devices.policy_device,
+                                                    copy_module=True)
+        return Rollout(pool, policy, self.frames_per_batch, worker_index=0,
                        init_random_frames=self.init_random_frames, options=spec.rollout)
 
     async def _close(self) -> None:
@@ -136,8 +148,11 @@ class Collector(BaseCollector):
         rollout = self.rollout
         assert rollout is not None
         async with self._locked():
-            # The rollout reuses its buffers: hand out a copy the trainer may keep.
-            batch = await anyio.to_thread.run_sync(lambda: rollout.collect().clone())
+            # The rollout reuses its buffers: hand out a copy the trainer may keep (one
+            # moved to storing_device is already a copy).
+            moved = self.devices.storing_device not in (None, torch.device("cpu"))
+            batch = await anyio.to_thread.run_sync(
+                lambda: rollout.collect() if moved else rollout.collect().clone())
             if self._applier is not None:
                 self._applier.after_batch()
             return batch

@@ -19,6 +19,7 @@ from transports import CurveServer, Hub, PeerLostError
 
 from .._batches import assemble
 from .._coordinator import Coordinator, OnWorkerLoss, WorkerInfo, check_specs
+from .._devices import DeviceLayout
 from .._envs import make_env_pool
 from .._errors import CollectorError, WorkerLostError
 from .._forkserver import worker_context
@@ -155,11 +156,15 @@ class MultiCollector(BaseCollector):
         preemptive_threshold = check_preemptive_threshold(preemptive_threshold)
         frames_per_worker = split_frames(frames_per_batch, layout.total, layout.envs_per_worker,
                                          sync=self.sync)
+        devices = DeviceLayout.resolve(device=device, policy_device=policy_device,
+                                       env_device=env_device, storing_device=storing_device)
         rollout = RolloutOptions(
             max_frames_per_traj=max_frames_per_traj, reset_at_each_iter=reset_at_each_iter,
             reset_when_done=reset_when_done, set_truncated=set_truncated,
-            exploration_type=exploration_type, storing_device=storing_device)
+            exploration_type=exploration_type, **devices.for_worker().as_options())
 
+        #: policy / env / storing devices; batches are moved to ``storing_device`` here.
+        self.devices = devices
         self.num_workers = layout.num_workers
         self.remote_workers = layout.remote_workers
         self.envs_per_worker = layout.envs_per_worker
@@ -523,7 +528,7 @@ class MultiSyncCollector(MultiCollector):
         # worker, on_worker_loss="continue") is made up without overshooting.
         left = self.total_frames - self.frames_collected if self.total_frames >= 0 else None
         round_ = await coordinator.next_round(left)
-        return assemble([frames for _, frames in round_], self.cat_results)
+        return self.devices.store(assemble([frames for _, frames in round_], self.cat_results))
 
 
 class MultiAsyncCollector(MultiCollector):
@@ -539,4 +544,4 @@ class MultiAsyncCollector(MultiCollector):
     async def _next_batch(self) -> TensorDictBase:
         coordinator = await self._ensure_ready()
         _, frames = await coordinator.next_batch()
-        return frames
+        return self.devices.store(frames)
