@@ -47,8 +47,9 @@ class DevicePolicyCall:
         self.inputs = [torch.empty(t.shape, dtype=t.dtype, device=device) for t in observations]
         self.action = torch.zeros(action.shape, dtype=action.dtype, device=device)
         batch = list(observations[0].shape[:1]) if observations else [action.shape[0]]
-        self.td = TensorDict(dict(zip(keys, self.inputs, strict=True)), batch_size=batch,
-                             device=device)
+        entries: dict[Any, torch.Tensor] = dict(zip(keys, self.inputs, strict=True))
+        entries["action"] = self.action
+        self.td = TensorDict(entries, batch_size=batch, device=device)
         self._copies = list(zip(self.inputs, observations, strict=True))
         # A host -> device copy from pageable memory is synchronous anyway; the action's
         # copy back (the rollout's) waits for the forward: nothing to overlap beyond that.

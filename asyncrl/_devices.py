@@ -79,14 +79,14 @@ def _check_available(name: str, value: Any, device: torch.device) -> None:
                 f"built for CUDA {torch.version.cuda}, but no GPU is visible"
             raise ValueError(
                 f"{name}={value!r} but this machine has no CUDA device (torch "
-                f"{torch.__version__}: {build}): pass {name}='cpu' or leave it None, or run "
+                f"{torch.__version__}: {build}): pass {name}='cpu' or leave it unset, or run "
                 "on a machine with a GPU (check nvidia-smi and CUDA_VISIBLE_DEVICES)")
         _check_index(name, value, device, torch.cuda.device_count())
         return
     if kind == "mps":
         if not torch.backends.mps.is_available():
             raise ValueError(f"{name}={value!r} but MPS (Apple GPUs) is not available on this "
-                             f"machine: pass {name}='cpu' or leave it None")
+                             f"machine: pass {name}='cpu' or leave it unset")
         _check_index(name, value, device, 1)
         return
     accelerator = torch.accelerator.current_accelerator() \

@@ -336,8 +336,8 @@ class Rollout:
         if steps < t_total:
             out = out[:, :steps]
         device = options.storing_device
-        if device is not None and device.type != "cpu":
-            out = out.to(device)
+        if device is not None:
+            out = out.to(device)  # off the host a copy; on it only the td's device is set
         return out
 
     def request_stop(self) -> None:

@@ -28,6 +28,10 @@ def _worker_parser(sub: Any) -> None:
                    help="a gymnasium id (CartPole-v1) or 'pkg.mod:factory'")
     p.add_argument("--policy", metavar="pkg.mod:factory", default=None,
                    help="import path of a function returning the policy (default: random)")
+    p.add_argument("--device", default=None, metavar="DEVICE",
+                   help="where each worker's policy runs on this host ('cpu', 'cuda', "
+                        "'cuda:1'; default: where the policy factory put it); checked here "
+                        "at start: a device this host lacks is an error, never a fallback")
     p.add_argument("--envs-per-worker", type=int, default=1, metavar="N")
     p.add_argument("--workers", type=int, default=1, metavar="K",
                    help="worker processes to run on this host")
@@ -131,6 +135,18 @@ def generate_keys_command(directory: str) -> int:
     return 0
 
 
+def host_rollout_options(device: str | None) -> Any:
+    """A remote host's rollout options: the policy on ``--device``, checked on this host.
+
+    The trainer's own devices do not travel: ``storing_device`` is the trainer's
+    business, and this host's envs step on its CPU.
+    """
+    from ._devices import check_device
+    from ._rollout_options import RolloutOptions
+
+    return RolloutOptions(policy_device=check_device("--device", device))
+
+
 def run_workers(args: argparse.Namespace) -> int:
     from ._worker_spec import WorkerSpec, resolve_import_path
 
@@ -158,8 +174,13 @@ def run_workers(args: argparse.Namespace) -> int:
     except Exception as exc:
         print(f"asyncrl worker: {exc}", file=sys.stderr)
         return 2
+    try:
+        rollout = host_rollout_options(args.device)
+    except ValueError as exc:
+        print(f"asyncrl worker: {exc}", file=sys.stderr)
+        return 2
     spec = WorkerSpec(create_env_fn=args.env, envs_per_worker=args.envs_per_worker,
-                      policy_factory=args.policy, torch_threads=args.threads)
+                      policy_factory=args.policy, torch_threads=args.threads, rollout=rollout)
     from ._host import HostWorkers
 
     host = HostWorkers(args.connect, spec, workers=args.workers, relay=not args.no_relay,
