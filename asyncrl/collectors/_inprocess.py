@@ -35,6 +35,10 @@ class Collector(BaseCollector):
     ...                      total_frames=1000) as collector:
     ...     async for batch in collector:
     ...         print(batch["next", "reward"].sum())
+
+    ``device`` / ``policy_device`` / ``env_device`` / ``storing_device`` as in
+    :class:`MultiCollector` (``docs/devices.md``); a trainer's module that is not
+    on ``policy_device`` stays where it is and the rollout steps with a copy there.
     """
 
     def __init__(
@@ -208,3 +212,5 @@ class Collector(BaseCollector):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if isinstance(self.policy, torch.nn.Module) and "policy_state_dict" in state_dict:
             self.policy.load_state_dict(state_dict["policy_state_dict"])
+            if self.rollout_policy is not None and self.rollout_policy is not self.policy:
+                self.rollout_policy.load_state_dict(state_dict["policy_state_dict"])

@@ -91,6 +91,13 @@ class MultiCollector(BaseCollector):
     ...     async for batch in c:
     ...         loss = train(batch)
     ...         await c.update_policy_weights()
+
+    Devices (TorchRL's meaning; checked here, a device this machine lacks is an error;
+    ``docs/devices.md``):
+    ``device``: the default of the three below (``"cuda"`` is ``"cuda:<current>"``).
+    ``policy_device``: where each local worker's policy runs (remote hosts: ``--device``).
+    ``env_device``: where env outputs live: the host, or the policy's device.
+    ``storing_device``: where the trainer stores the batches it receives.
     """
 
     sync: bool = True
