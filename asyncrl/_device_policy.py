@@ -3,8 +3,10 @@
 Env pools write observations into host arrays; a policy on a GPU reads them
 from device tensors allocated once here. Per step: one copy per observation
 key host -> device, the forward on the device, and the rollout copies the
-action back into its host action buffer for the envs (the extras the policy
-writes are copied into the host batch buffers the same way). Nothing is
+action back into its host action buffer for the envs: one synchronisation per
+step. The other keys the policy writes (log-probs, distribution parameters) are
+written into device twins of their batch buffers, with no synchronisation, and
+copied to the host once per batch (:meth:`DevicePolicyCall.flush`). Nothing is
 allocated per step. A policy on the host uses none of this: it reads the pool's
 buffers themselves, with no copy.
 """
@@ -51,9 +53,21 @@ class DevicePolicyCall:
         entries["action"] = self.action
         self.td = TensorDict(entries, batch_size=batch, device=device)
         self._copies = list(zip(self.inputs, observations, strict=True))
+        self._twins: list[tuple[torch.Tensor, torch.Tensor]] = []
         # A host -> device copy from pageable memory is synchronous anyway; the action's
         # copy back (the rollout's) waits for the forward: nothing to overlap beyond that.
         self._non_blocking = device.type == "cuda"
+
+    def twin_buffers(self, host_buffers: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """Device twins of ``host_buffers`` (allocated once), copied into them by :meth:`flush`."""
+        self._twins = [(host, torch.zeros(host.shape, dtype=host.dtype, device=self.device))
+                       for host in host_buffers]
+        return [twin for _, twin in self._twins]
+
+    def flush(self) -> None:
+        """Copy the twins into their host buffers (once per batch)."""
+        for host, twin in self._twins:
+            host.copy_(twin)
 
     def __call__(self, _host_td: Any) -> TensorDictBase:
         non_blocking = self._non_blocking

@@ -288,8 +288,11 @@ class Rollout:
         ]
         # numpy writes are ~2x cheaper than torch indexing; keep torch for dtypes
         # numpy lacks (bfloat16) and for tensors the policy leaves off the CPU.
-        on_host = not self.options.devices.moves_observations
-        as_numpy = [_numpy_ok(dt) and on_host for _, _, dt in extras]
+        call = self._call if isinstance(self._call, DevicePolicyCall) else None
+        self._flush_extras: Callable[[], None] | None = None if call is None else call.flush
+        if call is not None:  # written on the policy's device; to the host once per batch
+            extra_bufs = call.twin_buffers(extra_bufs)
+        as_numpy = [_numpy_ok(dt) and call is None for _, _, dt in extras]
         self._extras = [
             (_td_key(p), b.numpy() if np_ok else b, np_ok)
             for (p, _, _), b, np_ok in zip(extras, extra_bufs, as_numpy, strict=True)
@@ -324,6 +327,8 @@ class Rollout:
                 )
         finally:
             self._disarm_stop()
+        if self._flush_extras is not None:
+            self._flush_extras()
         np.logical_or(self._next_term, self._next_trunc, out=self._next_done)
         self._frames += steps * n
         self._traj_fresh = False

@@ -169,15 +169,18 @@ def collect_probe(monkeypatch: pytest.MonkeyPatch | None) -> tuple[object, list[
         monkeypatch.setattr(DeviceLayout, "moves_observations", property(lambda self: True))
     with Rollout(make_env_pool(counting, num_envs=2), policy, 8,
                  options=RolloutOptions(policy_device="cpu")) as rollout:
-        return rollout.collect().clone(), [rollout.env_pool.obs_arrays[0], *seen]
+        batches = [rollout.collect().clone() for _ in range(3)]  # buffers reused
+        return torch.cat(batches, 1), [rollout.env_pool.obs_arrays[0], *seen]
 
 
 def test_the_device_path_copies_inputs_in_and_actions_out(
         monkeypatch: pytest.MonkeyPatch) -> None:
     direct, (pool_obs, *direct_inputs) = collect_probe(None)
     bridged, (bridge_pool_obs, *bridged_inputs) = collect_probe(monkeypatch)
-    # Same frames, actions and extras either way.
+    # Same frames, actions and extras (the probe's keys, kept on the device side, then
+    # copied once per batch) either way.
     assert (direct == bridged).all()  # type: ignore[union-attr]
+    assert direct["probe", "value"].eq(1.0).all()  # type: ignore[index]
     # A host policy reads the pool's own buffer (no copy) ...
     assert all(t.data_ptr() == torch.from_numpy(pool_obs).data_ptr()  # type: ignore[arg-type]
                for t in direct_inputs)
