@@ -21,6 +21,7 @@ from asyncrl._envs import make_env_pool
 from asyncrl._rollout import Rollout
 from asyncrl._rollout_options import RolloutOptions
 from asyncrl.testing import CountingEnv
+from tests.multihost.processes import wait_exit
 
 from .device_probe import DeviceProbe
 
@@ -292,3 +293,42 @@ def test_cuda_rollout_buffers_are_pinned() -> None:
         batch = rollout.collect()
         assert batch.device == torch.device("cuda", 0) or batch.device.type == "cuda"
         assert rollout._data[("observation",)].is_pinned()
+
+
+# -- remote workers: `asyncrl worker --device` --------------------------------------------------
+async def remote_probe_batch(device: str) -> object:
+    with anyio.fail_after(LIMIT):
+        async with MultiSyncCollector("asyncrl.testing:CountingEnv", num_workers=0,
+                                      remote_workers=1, listen="tcp://127.0.0.1:0",
+                                      frames_per_batch=8, total_frames=8,
+                                      storing_device="cpu") as collector:
+            host = subprocess.Popen(
+                [sys.executable, "-m", "asyncrl.cli", "worker", "--connect",
+                 collector.endpoint, "--env", "asyncrl.testing:CountingEnv",
+                 "--policy", "tests.asyncrl.device_probe:DeviceProbe", "--device", device],
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            try:
+                batches = [b async for b in collector]
+            except BaseException:
+                host.kill()
+                raise
+        code = await wait_exit(host)  # told to close when the collector closed
+    assert code == 0, host.stdout.read()  # type: ignore[union-attr]
+    (batch,) = batches
+    assert batch.device == CPU  # stored by the trainer
+    return batch
+
+
+@pytest.mark.anyio
+async def test_a_remote_worker_runs_its_policy_on_its_device_cpu() -> None:
+    batch = await remote_probe_batch("cpu")
+    assert batch["probe", "input"].eq(0).all()  # type: ignore[index]
+    assert batch["probe", "param"].eq(0).all()  # type: ignore[index]
+
+
+@needs_cuda
+@pytest.mark.anyio
+async def test_a_remote_worker_runs_its_policy_on_its_device_cuda() -> None:
+    batch = await remote_probe_batch("cuda")
+    assert batch["probe", "input"].eq(1).all()  # type: ignore[index]
+    assert batch["probe", "param"].eq(1).all()  # type: ignore[index]
