@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._devices import place_policy
+from ._devices import check_device, place_policy
 from ._rollout_options import RolloutOptions
 
 
@@ -45,6 +45,16 @@ class WorkerSpec:
                 factory = resolve_import_path(factory)
             policy = factory()
         return place_policy(policy, self.rollout.policy_device, copy_module=False)
+
+
+def host_rollout_options(device: Any = None) -> RolloutOptions:
+    """A remote host's rollout options: its policy on ``device``, checked on this host.
+
+    What ``asyncrl worker --device`` and the Ray launchers build where the workers
+    run. The trainer's devices do not travel: ``storing_device`` is the trainer's
+    business, and this host's envs step on its CPU.
+    """
+    return RolloutOptions(policy_device=check_device("--device", device))
 
 
 def resolve_import_path(path: str) -> Any:

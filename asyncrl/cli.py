@@ -135,20 +135,8 @@ def generate_keys_command(directory: str) -> int:
     return 0
 
 
-def host_rollout_options(device: str | None) -> Any:
-    """A remote host's rollout options: the policy on ``--device``, checked on this host.
-
-    The trainer's own devices do not travel: ``storing_device`` is the trainer's
-    business, and this host's envs step on its CPU.
-    """
-    from ._devices import check_device
-    from ._rollout_options import RolloutOptions
-
-    return RolloutOptions(policy_device=check_device("--device", device))
-
-
 def run_workers(args: argparse.Namespace) -> int:
-    from ._worker_spec import WorkerSpec, resolve_import_path
+    from ._worker_spec import WorkerSpec, host_rollout_options, resolve_import_path
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     if args.workers < 1 or args.envs_per_worker < 1 or args.threads < 1:

@@ -332,3 +332,15 @@ async def test_a_remote_worker_runs_its_policy_on_its_device_cuda() -> None:
     batch = await remote_probe_batch("cuda")
     assert batch["probe", "input"].eq(1).all()  # type: ignore[index]
     assert batch["probe", "param"].eq(1).all()  # type: ignore[index]
+
+
+def test_ray_actors_check_their_device_where_they_run() -> None:
+    pytest.importorskip("ray")
+    from asyncrl.launch.ray import _host_spec, _spec_kwargs
+
+    spec = _host_spec(_spec_kwargs("CartPole-v1", None, 2, "cpu"))
+    assert spec.rollout.policy_device == CPU and spec.envs_per_worker == 2
+    assert _host_spec(_spec_kwargs("CartPole-v1", None, 1)).rollout.policy_device is None
+    if not has_cuda:
+        with pytest.raises(ValueError, match=r"^--device='cuda' but this machine has no CUDA"):
+            _host_spec(_spec_kwargs("CartPole-v1", None, 1, "cuda"))
