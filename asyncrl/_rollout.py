@@ -163,7 +163,9 @@ class Rollout:
         act = pool.specs.action
         # Observation tensors are views of the pool's buffers: env writes land there.
         self._obs_t = [torch.from_numpy(a) for a in pool.obs_arrays]
-        self._act_t = torch.zeros((n, *act.shape), dtype=torch_dtype(act.dtype))
+        # Pinned when a CUDA policy writes it: the action's copy back is then a plain DMA.
+        self._act_t = torch.zeros((n, *act.shape), dtype=torch_dtype(act.dtype),
+                                  pin_memory=self.options.devices.pins_host_buffers)
         self._act_np = self._act_t.numpy()
         entries: dict[Any, torch.Tensor] = dict(zip(self._obs_keys, self._obs_t, strict=True))
         entries["action"] = self._act_t
