@@ -20,6 +20,7 @@ from transports import CurveServer, Hub, PeerLostError
 
 from .._batches import assemble, drop_env_dim
 from .._coordinator import Coordinator, OnWorkerLoss, WorkerInfo, check_specs
+from .._devices import DeviceLayout
 from .._envs import make_env_pool
 from .._errors import CollectorError, WorkerLostError
 from .._forkserver import worker_context
@@ -126,6 +127,13 @@ class MultiCollector(BaseCollector):
       ``shutdown()`` / ``async_shutdown()`` (``aclose``); ``set_seed`` seeds each worker's torch
       and numpy RNGs too; a plain ``for`` loop raises a TypeError naming ``async for`` and
       :class:`~asyncrl.BlockingCollector`.
+
+    Devices (TorchRL's meaning; checked here, a device this machine lacks is an error;
+    ``docs/devices.md``):
+    ``device``: the default of the three below (``"cuda"`` is ``"cuda:<current>"``).
+    ``policy_device``: where each local worker's policy runs (remote hosts: ``--device``).
+    ``env_device``: where env outputs live: the host, or the policy's device.
+    ``storing_device``: where the trainer stores the batches it receives.
     """
 
     sync: bool = True
@@ -197,11 +205,15 @@ class MultiCollector(BaseCollector):
         preemptive_threshold = check_preemptive_threshold(preemptive_threshold)
         frames_per_worker = split_frames(frames_per_batch, layout.total, layout.envs_per_worker,
                                          sync=self.sync)
+        devices = DeviceLayout.resolve(device=device, policy_device=policy_device,
+                                       env_device=env_device, storing_device=storing_device)
         rollout = RolloutOptions(
             max_frames_per_traj=max_frames_per_traj, reset_at_each_iter=reset_at_each_iter,
             reset_when_done=reset_when_done, set_truncated=set_truncated,
-            exploration_type=exploration_type, storing_device=storing_device)
+            exploration_type=exploration_type, **devices.for_worker().as_options())
 
+        #: policy / env / storing devices; batches are moved to ``storing_device`` here.
+        self.devices = devices
         self.num_workers = layout.num_workers
         self.remote_workers = layout.remote_workers
         self.envs_per_worker = layout.envs_per_worker
@@ -593,7 +605,7 @@ class MultiSyncCollector(MultiCollector):
         # worker, on_worker_loss="continue") is made up without overshooting.
         left = self.total_frames - self.frames_collected if self.total_frames >= 0 else None
         round_ = await coordinator.next_round(left)
-        return assemble([frames for _, frames in round_], self.cat_results)
+        return self.devices.store(assemble([frames for _, frames in round_], self.cat_results))
 
 
 class MultiAsyncCollector(MultiCollector):
@@ -615,4 +627,5 @@ class MultiAsyncCollector(MultiCollector):
     async def _next_batch(self) -> TensorDictBase:
         coordinator = await self._ensure_ready()
         _, frames = await coordinator.next_batch()
-        return drop_env_dim(frames)  # one env per worker: [time], as TorchRL's
+        # One env per worker: [time], as TorchRL's.
+        return self.devices.store(drop_env_dim(frames))
