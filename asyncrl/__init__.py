@@ -21,6 +21,7 @@ from ._errors import WorkerLostError as WorkerLostError
 from ._events import CollectorEvent as CollectorEvent
 from ._events import EventStream as EventStream
 from ._policies import RandomPolicy as RandomPolicy
+from ._progress import Progress as Progress
 from ._statistics import CollectorStatistics as CollectorStatistics
 from ._statistics import WorkerState as WorkerState
 from ._statistics import WorkerStatistics as WorkerStatistics
@@ -47,6 +48,7 @@ __all__ = [
     "MultiAsyncCollector",
     "MultiCollector",
     "MultiSyncCollector",
+    "Progress",
     "RandomPolicy",
     "WorkerLostError",
     "WorkerState",

@@ -402,10 +402,6 @@ class MultiCollector(BaseCollector):
         return coordinator.registry.statistics(
             heard=coordinator.heard, routes=coordinator.relay_routes(), joining=joining)
 
-    def _on_weights_applied(self, model_id: str, version: int, seconds: float) -> None:
-        self._publish(CollectorEvent("weights_applied", version=version, model_id=model_id,
-                                     seconds=seconds))
-
     async def _wait_ready(self) -> None:
         await self._ensure_ready()
 

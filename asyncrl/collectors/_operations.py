@@ -85,6 +85,12 @@ class CollectorOperations:
             episodes=self._returns.episodes, episode_return_mean=self._returns.mean(),
             workers=tuple(self._worker_statistics()))
 
+    def episode_returns(self, last: int | None = None) -> list[float]:
+        """Returns of the most recent episodes that ended in delivered batches, oldest first
+        (at most ``episode_window``; ``last``: only that many)."""
+        recent = list(self._returns.recent)
+        return recent if last is None else recent[max(0, len(recent) - last):]
+
     def _worker_statistics(self) -> list[WorkerStatistics]:
         return []
 
@@ -102,6 +108,10 @@ class CollectorOperations:
 
     def _publish(self, event: CollectorEvent) -> None:
         self._events.publish(event)
+
+    def _on_weights_applied(self, model_id: str, version: int, seconds: float) -> None:
+        self._publish(CollectorEvent("weights_applied", version=version, model_id=model_id,
+                                     seconds=seconds))
 
     # -- readiness -----------
     async def wait_ready(self, timeout: float | None = None) -> None:
