@@ -85,9 +85,11 @@ class BlockingCollector:
         return self.collector.statistics()
 
     def events(self, maxlen: int = 1024) -> Iterator[Any]:
-        """Iterate over the collector's events (blocks for each; ends when it closes)."""
+        """Subscribe now; iterating blocks for each event and ends when the collector closes."""
         portal = self._require_portal()
-        stream = portal.call(self._subscribe, maxlen)
+        return self._iterate(portal, portal.call(self._subscribe, maxlen))
+
+    def _iterate(self, portal: BlockingPortal, stream: Any) -> Iterator[Any]:
         try:
             while True:
                 try:
@@ -95,7 +97,7 @@ class BlockingCollector:
                 except StopAsyncIteration:
                     return
         finally:
-            if self._portal is not None:
+            if self._portal_cm is not None:  # still open (else the subscription ended)
                 portal.call(stream.aclose)
 
     async def _subscribe(self, maxlen: int) -> Any:
