@@ -81,7 +81,7 @@ class NeedsState(StepCount):
 
 
 def check_carry(batch: TensorDictBase, keys: list[tuple[str, ...]]) -> None:
-    """TorchRL's semantics on a ``[..., T]`` batch: zero + is_init after a reset, carry otherwise."""
+    """TorchRL's semantics on a ``[..., T]`` batch: zero + is_init after a reset, else carry."""
     batch = batch.reshape(-1, batch.shape[-1])  # [W, E, T] (stacked workers) -> [W*E, T]
     is_init = batch["is_init"].squeeze(-1)
     done = batch["next", "done"].squeeze(-1)
