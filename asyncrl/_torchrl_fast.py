@@ -217,7 +217,10 @@ class TorchRLGymFastPool(TorchRLPool):
 
 def torchrl_env_pool(env: Any) -> TorchRLPool:
     """The fastest exact pool for a TorchRL env: the fast path when it applies."""
-    why = fast_path_refusal(env)
+    try:
+        why = fast_path_refusal(env)
+    except Exception as exc:  # an env we cannot inspect is stepped as before, never refused
+        why = f"inspecting the env failed: {type(exc).__name__}: {exc}"
     if why is None:
         return TorchRLGymFastPool(env)
     _log.debug("asyncrl: TorchRL env stepped through TorchRL (no fast path: %s)", why)

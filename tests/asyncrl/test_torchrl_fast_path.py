@@ -201,3 +201,26 @@ async def test_collector_batches_identical_with_and_without_the_fast_path(
     for a, b in zip(fast, slow, strict=True):
         for key in b.keys(True, True):
             assert torch.equal(a[key], b[key]), key
+
+
+def test_an_env_that_cannot_be_inspected_keeps_the_generic_path(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(env: object) -> str:
+        raise AttributeError("no such attribute")
+
+    monkeypatch.setattr(_torchrl_fast, "fast_path_refusal", broken)
+    pool = make_env_pool(pendulum)
+    try:
+        assert type(pool) is TorchRLPool and not pool.fast_path
+    finally:
+        pool.close()
+
+
+def test_doctests() -> None:
+    import doctest
+
+    from asyncrl import _absent_modules
+
+    for module in (_torchrl_fast, _absent_modules):
+        result = doctest.testmod(module)
+        assert result.failed == 0 and result.attempted > 0, module.__name__
