@@ -369,6 +369,9 @@ class TorchRLPool(EnvPool):
     are supported; use the gymnasium env directly when you can.
     """
 
+    #: False: every step goes through TorchRL (see `asyncrl._torchrl_fast`).
+    fast_path = False
+
     def __init__(self, env: Any) -> None:
         import torch
 

@@ -15,7 +15,7 @@ from ._env_pools import (
     EnvPool,
     GymEnvListPool,
     GymVectorPool,
-    TorchRLPool,
+    TorchRLPool,  # noqa: F401  (re-exported for callers of _envs)
     check_action_dtype,
 )
 from ._env_specs import ArraySpec, EnvSpecs
@@ -57,7 +57,9 @@ def _torchrl_pool(env: Any, factory: Callable[[], Any] | None, num_envs: int) ->
 
         env.close()
         env = SerialEnv(num_envs, factory)
-    return TorchRLPool(env)
+    from ._torchrl_fast import torchrl_env_pool  # the fast path when the env allows it
+
+    return torchrl_env_pool(env)
 
 
 def _pool_from_object(

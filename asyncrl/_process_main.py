@@ -25,6 +25,7 @@ import anyio
 from transports import random_identity
 from transports import shutdown as flush_and_close_sockets
 
+from ._absent_modules import remember_absent_modules
 from ._processes import WorkerProcesses, process_alive, remove_orphaned_dir
 from ._worker import EXIT_COORDINATOR_LOST, EXIT_ERROR, EXIT_REFUSED, run_worker
 from ._worker_spec import WorkerSpec
@@ -94,6 +95,7 @@ def process_main(endpoint: str, spec_path: str, slot: int, identity: bytes, toke
     death to its peer.
     """
     logging.basicConfig(level=logging.WARNING, format="worker %(process)d: %(message)s")
+    remember_absent_modules()  # a per-step import probe of tensordict's, answered at once
     with open(spec_path, "rb") as f:
         spec = pickle.load(f)
     code = anyio.run(
@@ -158,6 +160,7 @@ def host_process_main(endpoint: str, spec: WorkerSpec, backend: str,
                       options: dict[str, Any]) -> None:
     """Entry point of a worker host's worker process."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s worker %(process)d: %(message)s")
+    remember_absent_modules()  # a per-step import probe of tensordict's, answered at once
     code = anyio.run(lambda: run_worker(endpoint, spec, **options), backend=backend)
     # A normal exit: multiprocessing joins what this (non-daemonic) worker started.
     sys.exit(code)
