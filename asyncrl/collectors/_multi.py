@@ -15,12 +15,12 @@ import anyio.lowlevel
 import torch
 from tensordict import TensorDictBase
 
-from transports import CurveServer, Hub, PeerLostError
+from transports import CurveServer, Hub, PeerLostError, RemoteError
 
 from .._batches import assemble
 from .._coordinator import Coordinator, OnWorkerLoss, WorkerInfo, check_specs
 from .._envs import make_env_pool
-from .._errors import CollectorError, WorkerLostError
+from .._errors import CollectorError, WorkerLostError, rebuild_remote_exception
 from .._forkserver import worker_context
 from .._process_main import likely_causes, local_worker_processes
 from .._processes import WorkerProcesses, describe_exit
@@ -486,13 +486,26 @@ class MultiCollector(BaseCollector):
                                       **state_dict[f"worker{worker.index}"])
 
     async def getattr_policy(self, attr: str) -> Any:
-        """An attribute of worker 0's policy (msgpack-able values and tensors; else repr)."""
-        coordinator = await self._ensure_ready()
-        return await coordinator.control(coordinator.live_workers[0], "getattr_policy", attr=attr)
+        """An attribute of worker 0's policy, or of its first sub-module that has it.
+
+        ``attr`` may be dotted (``"module.0.out_features"``). Values come back as
+        plain values, tensors, numpy arrays or TensorDicts (see
+        :func:`asyncrl._reach.wire_value`); anything else raises a TypeError
+        naming its type.
+        """
+        return await self._getattr("getattr_policy", attr)
 
     async def getattr_env(self, attr: str) -> Any:
+        """An attribute of worker 0's env: the user's env, through gymnasium wrappers and
+        TorchRL transforms (then asyncrl's pool: ``num_envs``); values as ``getattr_policy``."""
+        return await self._getattr("getattr_env", attr)
+
+    async def _getattr(self, op: str, attr: str) -> Any:
         coordinator = await self._ensure_ready()
-        return await coordinator.control(coordinator.live_workers[0], "getattr_env", attr=attr)
+        try:
+            return await coordinator.control(coordinator.live_workers[0], op, attr=attr)
+        except RemoteError as exc:  # the worker's AttributeError / TypeError, as such
+            raise rebuild_remote_exception(exc) from exc
 
     def get_model(self, model_id: str = "policy") -> Any:
         """The trainer-side model registered for ``model_id``."""
