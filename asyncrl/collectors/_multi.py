@@ -7,7 +7,7 @@ import secrets
 import shutil
 import tempfile
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import anyio
@@ -18,7 +18,7 @@ from tensordict import TensorDictBase
 from transports import CurveServer, Hub, PeerLostError, RemoteError
 
 from .._batches import assemble
-from .._coordinator import Coordinator, OnWorkerLoss, WorkerInfo, check_specs
+from .._coordinator import Coordinator, OnWorkerLoss, WorkerInfo
 from .._envs import make_env_pool
 from .._errors import CollectorError, WorkerLostError, rebuild_remote_exception
 from .._forkserver import worker_context
@@ -40,6 +40,7 @@ from ._config import (
     check_total_frames,
     split_frames,
 )
+from ._env_factories import LocalSpecsCheck, check_picklable, travelling, worker_envs
 from ._limits import listening_hub_limits
 
 log = logging.getLogger("asyncrl.collectors")
@@ -190,12 +191,19 @@ class MultiCollector(BaseCollector):
         if "policy" not in schemes and isinstance(policy, torch.nn.Module):
             schemes["policy"] = ZmqWeightSyncScheme()
         self.weight_sync_schemes = schemes
+        envs = worker_envs(layout.create_env_fn, create_env_kwargs, layout.num_workers)
         self._spec = WorkerSpec(
-            create_env_fn=layout.create_env_fn, create_env_kwargs=create_env_kwargs,
+            create_env_fn=envs[0][0], create_env_kwargs=envs[0][1],
             envs_per_worker=layout.envs_per_worker,
             policy=policy if policy_factory is None else None, policy_factory=policy_factory,
             rollout=rollout, weight_sync_schemes=schemes, torch_threads=threads.num_sub_threads,
         )
+        # One spec per local worker (its own env factory and kwargs; the rest shared).
+        self._worker_specs = [replace(self._spec, create_env_fn=fn, create_env_kwargs=kwargs)
+                              for fn, kwargs in envs[:layout.num_workers]]
+        if layout.num_workers:
+            check_picklable(travelling(self._spec, envs[:layout.num_workers]),
+                            start_method=threads.start_method)
         self._senders: dict[str, WeightSender] = {}
         self._hub: Hub | None = None
         self._workers: WorkerProcesses | None = None
@@ -249,7 +257,7 @@ class MultiCollector(BaseCollector):
                             model_id, model=model, hub=hub, workers=coordinator.worker_peers)
                         coordinator.attach(sender)  # relay routes, catch-up, batch counts
                     workers = self._workers = local_worker_processes(
-                        hub.endpoint, self._spec, self.num_workers, token=token,
+                        hub.endpoint, self._worker_specs, self.num_workers, token=token,
                         backend=backend,
                         options={"heartbeat_interval": interval, "peer_timeout": timeout,
                                  "curve_keys": self.curve_keys},
@@ -295,7 +303,8 @@ class MultiCollector(BaseCollector):
             prefetch=self.prefetch, preemptive_threshold=self.preemptive_threshold,
             init_random_frames=self.init_random_frames
             // max(1, self.num_workers + self.remote_workers),
-            check_specs=check_specs, token=token, accept_remote=self.remote_workers > 0,
+            check_specs=LocalSpecsCheck(lambda: self._coordinator, bool(self.remote_workers)),
+            token=token, accept_remote=self.remote_workers > 0,
             on_worker_loss=self.on_worker_loss, on_lost=self._on_worker_silent,
             batch_budget=self._batch_budget(), first_remote_index=self.num_workers,
             scheme_configs={model_id: scheme.to_config()
