@@ -129,16 +129,21 @@ class _Probe(pickle.Pickler):
 
 
 def _short_repr(obj: Any) -> str:
+    if isinstance(obj, types.FunctionType | type):
+        return f"{obj.__module__}.{obj.__qualname__}"  # no address: the same every run
     text = repr(obj)
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def travelling(spec: Any, envs: Sequence[tuple[Any, Any]]) -> list[tuple[str, Any]]:
-    """What local workers get by pickle, named as the user passed it."""
+def travelling(spec: Any, create_env_fn: Any, create_env_kwargs: Any,
+               envs: Sequence[tuple[Any, Any]]) -> list[tuple[str, Any]]:
+    """What local workers get by pickle, named as the user passed it (a list: indexed)."""
+    fn_list = isinstance(create_env_fn, list | tuple)
+    kwargs_list = isinstance(create_env_kwargs, list | tuple)
     items: list[tuple[str, Any]] = []
     for i, (fn, kwargs) in enumerate(envs):
-        suffix = f"[{i}]" if len(envs) > 1 else ""
-        items += [(f"create_env_fn{suffix}", fn), (f"create_env_kwargs{suffix}", kwargs)]
+        items += [(f"create_env_fn[{i}]" if fn_list else "create_env_fn", fn),
+                  (f"create_env_kwargs[{i}]" if kwargs_list else "create_env_kwargs", kwargs)]
     return [*items, ("policy_factory", spec.policy_factory), ("policy", spec.policy)]
 
 

@@ -202,7 +202,8 @@ class MultiCollector(BaseCollector):
         self._worker_specs = [replace(self._spec, create_env_fn=fn, create_env_kwargs=kwargs)
                               for fn, kwargs in envs[:layout.num_workers]]
         if layout.num_workers:
-            check_picklable(travelling(self._spec, envs[:layout.num_workers]),
+            check_picklable(travelling(self._spec, layout.create_env_fn, create_env_kwargs,
+                                       envs[:layout.num_workers]),
                             start_method=threads.start_method)
         self._senders: dict[str, WeightSender] = {}
         self._hub: Hub | None = None
