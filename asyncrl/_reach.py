@@ -117,17 +117,30 @@ def _plain_attr(obj: Any, name: str) -> Any:
 
 
 def _gym_or_plain(env: Any, name: str) -> Any:
-    """gymnasium's own reach first (wrappers, then the env inside), else ``getattr``."""
-    get_wrapper_attr = getattr(env, "get_wrapper_attr", None)
-    if get_wrapper_attr is not None:
+    """gymnasium's own reach first (wrappers, then the env inside), else ``getattr``.
+
+    Only for gymnasium's types: other envs may answer any name (a TorchRL
+    ParallelEnv forwards unknown attributes to its workers as method calls).
+    """
+    if not _is_gymnasium(env):
+        return _plain_attr(env, name)
+    if hasattr(env, "get_wrapper_attr"):
         try:
-            return get_wrapper_attr(name)
+            return env.get_wrapper_attr(name)
         except AttributeError:
             pass
     value = _plain_attr(env, name)
-    if value is _MISSING and hasattr(env, "unwrapped") and env.unwrapped is not env:
+    if value is _MISSING and env.unwrapped is not env:
         value = _plain_attr(env.unwrapped, name)  # e.g. a vector env's wrappers
     return value
+
+
+def _is_gymnasium(env: Any) -> bool:
+    try:
+        import gymnasium as gym
+    except ImportError:
+        return False
+    return isinstance(env, gym.Env | gym.vector.VectorEnv)
 
 
 def _walk(value: Any, rest: list[str], name: str) -> Any:
@@ -145,9 +158,14 @@ def _walk(value: Any, rest: list[str], name: str) -> Any:
 def _describe_env(env: Any) -> str:
     chain = [type(env).__name__]
     inner = env
-    for _ in range(16):  # wrappers: gymnasium's .env, TorchRL's .base_env
-        inner = getattr(inner, "env", None) or getattr(inner, "base_env", None)
-        if inner is None:
+    for _ in range(16):
+        # Wrappers only, by type: gymnasium's .env, TorchRL's TransformedEnv.base_env
+        # (a plain getattr could reach a ParallelEnv's workers).
+        if _is_gymnasium(inner) and hasattr(inner, "env"):
+            inner = inner.env
+        elif type(inner).__name__ == "TransformedEnv":
+            inner = inner.base_env
+        else:
             break
         chain.append(type(inner).__name__)
     return " -> ".join(chain)

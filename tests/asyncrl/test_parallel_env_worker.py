@@ -1,0 +1,79 @@
+"""A TorchRL ParallelEnv (or SerialEnv) as a worker's env: processes inside a worker."""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+from pathlib import Path
+
+import anyio
+import pytest
+import torch
+
+from asyncrl import MultiSyncCollector
+
+torchrl = pytest.importorskip("torchrl", reason="the torchrl extra is not installed")
+from torchrl.envs import GymEnv, ParallelEnv, SerialEnv  # noqa: E402
+
+pytestmark = pytest.mark.anyio
+LIMIT = 240
+
+
+def recorded_cartpole(directory: str) -> GymEnv:
+    """A CartPole that leaves its process id in ``directory`` (ParallelEnv's workers make it)."""
+    Path(directory, str(os.getpid())).touch()
+    return GymEnv("CartPole-v1", categorical_action_encoding=True)
+
+
+def parallel_cartpoles(directory: str) -> ParallelEnv:
+    return ParallelEnv(2, functools.partial(recorded_cartpole, directory))
+
+
+def serial_cartpoles(directory: str) -> SerialEnv:
+    return SerialEnv(2, functools.partial(recorded_cartpole, directory))
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def recorded_pids(directory: Path) -> set[int]:
+    return {int(p.name) for p in directory.iterdir()}
+
+
+def all_gone(pids: set[int], timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return not any(alive(p) for p in pids)
+
+
+@pytest.mark.parametrize("make", [parallel_cartpoles, serial_cartpoles])
+async def test_a_batched_torchrl_env_in_each_worker(tmp_path: Path, make: object) -> None:
+    with anyio.fail_after(LIMIT):
+        async with MultiSyncCollector(make, num_workers=2, frames_per_batch=40,
+                                      total_frames=80,
+                                      create_env_kwargs={"directory": str(tmp_path)}) as c:
+            batches = [b async for b in c]
+            workers = set(c.worker_pids)
+            assert await c.getattr_env("num_workers") == 2  # the user's ParallelEnv's
+    assert len(batches) == 2
+    for batch in batches:
+        # two workers x two envs each, ten steps: [workers * envs, steps]
+        assert batch.batch_size == torch.Size([4, 10])
+        assert batch["collector", "worker_id"][:, 0].tolist() == [0, 0, 1, 1]
+        assert batch["action"].dtype == torch.int64
+        assert batch["observation"].shape == (4, 10, 4)
+        # each env is a trajectory of its own
+        assert len(set(batch["collector", "traj_ids"][:, 0].tolist())) == 4
+    env_pids = recorded_pids(tmp_path)
+    if make is parallel_cartpoles:
+        assert len(env_pids - workers) >= 4  # the workers' own children stepped the envs
+    else:
+        assert env_pids <= workers  # SerialEnv: in the workers themselves
+    assert all_gone(env_pids | workers), "a worker or one of its env processes outlived aclose()"
