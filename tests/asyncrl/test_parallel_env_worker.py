@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import functools
 import os
-import time
+import signal
 from pathlib import Path
 
 import anyio
 import pytest
 import torch
 
-from asyncrl import MultiSyncCollector
+from asyncrl import MultiSyncCollector, WorkerLostError
 
 torchrl = pytest.importorskip("torchrl", reason="the torchrl extra is not installed")
 from torchrl.envs import GymEnv, ParallelEnv, SerialEnv  # noqa: E402
@@ -46,10 +46,10 @@ def recorded_pids(directory: Path) -> set[int]:
     return {int(p.name) for p in directory.iterdir()}
 
 
-def all_gone(pids: set[int], timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while any(alive(p) for p in pids) and time.monotonic() < deadline:
-        time.sleep(0.1)
+async def all_gone(pids: set[int], timeout: float = 10.0) -> bool:
+    with anyio.move_on_after(timeout):
+        while any(alive(p) for p in pids):
+            await anyio.sleep(0.1)
     return not any(alive(p) for p in pids)
 
 
@@ -76,4 +76,20 @@ async def test_a_batched_torchrl_env_in_each_worker(tmp_path: Path, make: object
         assert len(env_pids - workers) >= 4  # the workers' own children stepped the envs
     else:
         assert env_pids <= workers  # SerialEnv: in the workers themselves
-    assert all_gone(env_pids | workers), "a worker or one of its env processes outlived aclose()"
+    assert await all_gone(env_pids | workers), "a worker or an env process outlived aclose()"
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # processes only: once is enough
+async def test_env_processes_of_a_killed_worker_end_by_themselves(tmp_path: Path) -> None:
+    with anyio.fail_after(LIMIT):
+        async with MultiSyncCollector(parallel_cartpoles, num_workers=1, frames_per_batch=20,
+                                      create_env_kwargs={"directory": str(tmp_path)}) as c:
+            await c.__anext__()
+            [worker] = c.worker_pids
+            os.kill(worker, signal.SIGKILL)  # no chance to close its ParallelEnv
+            with pytest.raises(WorkerLostError, match=r"worker 0 .*SIGKILL"):
+                await c.__anext__()
+    env_pids = recorded_pids(tmp_path) - {worker}
+    assert len(env_pids) >= 2
+    # TorchRL's env workers see their pipe to the dead worker close, and exit.
+    assert await all_gone(env_pids, timeout=30.0), "env processes outlived their killed worker"
