@@ -14,9 +14,10 @@ from transports import TaskGroupResource
 from .._batches import split_trajectories
 from .._errors import CollectorError
 from ._config import normalise_total_frames
+from ._torchrl_habits import TorchRLHabits
 
 
-class BaseCollector(TaskGroupResource):
+class BaseCollector(TaskGroupResource, TorchRLHabits):
     """Async iteration over batches, ``total_frames``, ``postproc``, ``start()``/``pause()``."""
 
     def __init__(
@@ -50,8 +51,10 @@ class BaseCollector(TaskGroupResource):
     async def _next_batch(self) -> TensorDictBase:
         raise NotImplementedError
 
-    async def update_policy_weights(self, weights: Any = None, *, worker_ids: Any = None,
-                                    model_id: str = "policy") -> None:
+    async def update_policy_weights(self, policy_or_weights: Any = None, *, weights: Any = None,
+                                    policy: Any = None, worker_ids: Any = None,
+                                    model_id: str | None = None,
+                                    weights_dict: dict[str, Any] | None = None) -> None:
         raise NotImplementedError
 
     # -- life cycle ---------------------------------------------------------------------

@@ -55,6 +55,23 @@ class BlockingCollector:
             cm2, self._portal_cm = self._portal_cm, None
             cm2.__exit__(None, None, None)
 
+    def shutdown(self, timeout: float | None = None, close_env: bool = True,
+                 raise_on_error: bool = True) -> None:
+        """TorchRL's name for :meth:`close` (same arguments as the collector's ``shutdown``)."""
+        if self._portal is not None and self._collector_cm is not None:
+            self._portal.call(functools.partial(self.collector.shutdown, timeout, close_env,
+                                                raise_on_error))
+        self.close()
+
+    def update_policy_weights_(self, policy_or_weights: Any = None, **kwargs: Any) -> None:
+        """TorchRL's blocking call: send the weights, return once the workers applied them.
+
+        Same arguments as the collector's ``update_policy_weights`` (``weights=``,
+        ``policy=``, ``worker_ids=``, ``model_id=``, ``weights_dict=``).
+        """
+        self._require_portal().call(functools.partial(self.collector.update_policy_weights,
+                                                      policy_or_weights, **kwargs))
+
     def __iter__(self) -> Iterator[TensorDictBase]:
         portal = self._require_portal()
         while True:
