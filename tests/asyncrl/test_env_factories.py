@@ -193,3 +193,13 @@ def test_a_function_of_an_interactive_session_is_refused(monkeypatch: pytest.Mon
     assert str(info.value) == (
         "create_env_fn uses 'make', defined in an interactive session (__main__ has no file): "
         f"local worker processes (start_method='forkserver') cannot import it; {ADVICE}")
+
+
+def test_the_in_process_collector_takes_one_kwargs_dict() -> None:
+    from asyncrl._envs import make_env_pool
+
+    with pytest.raises(TypeError) as info:
+        make_env_pool(cartpole, create_env_kwargs=[{"length": 3}])
+    assert str(info.value) == ("create_env_kwargs must be a dict of keyword arguments, got "
+                               "list; a list of one dict per worker is for MultiSyncCollector "
+                               "/ MultiAsyncCollector")
