@@ -93,3 +93,15 @@ async def test_env_processes_of_a_killed_worker_end_by_themselves(tmp_path: Path
     assert len(env_pids) >= 2
     # TorchRL's env workers see their pipe to the dead worker close, and exit.
     assert await all_gone(env_pids, timeout=30.0), "env processes outlived their killed worker"
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # processes only: once is enough
+async def test_spawned_workers_may_have_children_too(tmp_path: Path) -> None:
+    with anyio.fail_after(LIMIT):
+        async with MultiSyncCollector(parallel_cartpoles, num_workers=1, frames_per_batch=20,
+                                      total_frames=20, start_method="spawn",
+                                      create_env_kwargs={"directory": str(tmp_path)}) as c:
+            [batch] = [b async for b in c]
+            workers = set(c.worker_pids)
+    assert batch.batch_size == torch.Size([2, 10])
+    assert await all_gone(recorded_pids(tmp_path) | workers)
