@@ -16,31 +16,59 @@ from tensordict import TensorDict, TensorDictBase
 
 from ._errors import CollectorError
 
-__all__ = ["MASK_KEY", "assemble", "split_trajectories"]
+__all__ = ["MASK_KEY", "assemble", "drop_env_dim", "split_trajectories"]
 
 #: Where padding is marked: True for a real frame, False for a pad.
 MASK_KEY = ("collector", "mask")
 
 
 def assemble(shares: list[TensorDictBase], cat_results: str | int | None) -> TensorDictBase:
-    """Join the workers' shares; unequal lengths (preemption) are padded and masked.
+    """Join the workers' ``[envs, time]`` shares in TorchRL's layout.
 
     ``cat_results`` is ``"stack"`` or the dim to concatenate along (None: 0).
+    Workers with more than one env keep the env dim (a batched env in TorchRL):
+    ``"stack"`` gives ``[workers, envs, time]``, 0 / -2 ``[workers * envs,
+    time]``, 1 / -1 ``[envs, workers * time]``. Workers with one env have no env
+    dim (an unbatched env in TorchRL): ``"stack"`` gives ``[workers, time]``,
+    any dim ``[workers * time]``. Unequal lengths (preemption) are zero-padded
+    with ``("collector", "mask")`` when stacked or joined along envs; joined
+    along time they are simply concatenated (TorchRL drops the missing frames).
 
     >>> full = TensorDict({"x": torch.ones(2, 3)}, [2, 3])
     >>> cut = TensorDict({"x": torch.ones(2, 1)}, [2, 1])  # a preempted share
     >>> batch = assemble([full, cut], 0)
     >>> batch.batch_size, batch["collector", "mask"].sum().item()
     (torch.Size([4, 3]), 8)
+    >>> one_env = TensorDict({"x": torch.ones(1, 3)}, [1, 3])
+    >>> assemble([one_env, one_env], "stack").batch_size, assemble([one_env] * 2, 0).batch_size
+    (torch.Size([2, 3]), torch.Size([6]))
     """
     if not shares:
         raise CollectorError("no share to assemble")
+    single_env = all(s.shape[0] == 1 for s in shares)
+    dim = 0 if cat_results is None else cat_results
+    along_time = cat_results != "stack" and (single_env or int(dim) in (1, -1))
     lengths = {s.shape[-1] for s in shares}
-    if len(lengths) > 1:
+    if len(lengths) > 1 and not along_time:
         shares = _pad_time(shares, max(lengths))
     if cat_results == "stack":
-        return torch.stack(shares, 0)
-    return torch.cat(shares, 0 if cat_results is None else int(cat_results))
+        batch = torch.stack(shares, 0)
+        return batch.squeeze(1) if single_env else batch
+    if along_time:
+        batch = torch.cat(shares, -1)
+        return batch.squeeze(0) if single_env else batch
+    return torch.cat(shares, 0)
+
+
+def drop_env_dim(batch: TensorDictBase) -> TensorDictBase:
+    """One worker's ``[envs, time]`` batch in TorchRL's layout: ``[time]`` for one env.
+
+    >>> drop_env_dim(TensorDict({"x": torch.ones(1, 3)}, [1, 3])).batch_size
+    torch.Size([3])
+    >>> drop_env_dim(TensorDict({"x": torch.ones(2, 3)}, [2, 3])).batch_size
+    torch.Size([2, 3])
+    """
+    return batch.squeeze(0) if batch.ndim == 2 and batch.shape[0] == 1 else batch
 
 
 def _pad_time(shares: list[TensorDictBase], length: int) -> list[TensorDictBase]:

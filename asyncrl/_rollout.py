@@ -22,9 +22,12 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from torch import nn
 
+from ._device_policy import DevicePolicyCall, check_policy_device
+from ._devices import HOST
 from ._env_pools import EnvPool, check_action_dtype
 from ._envs import make_env_pool
 from ._policies import PolicyAdapter, RandomPolicy, torch_dtype
+from ._recurrent import RecurrentCarry, describe_states, find_state_keys
 from ._rollout_options import RolloutOptions
 
 __all__ = ["Rollout", "RolloutOptions"]
@@ -116,8 +119,26 @@ class Rollout:
         self.before_step: Callable[[], None] | None = None
 
         specs = pool.specs
-        self._obs_keys = [_td_key(p) for p in pool.obs_paths]
-        _check_obs_keys(pool.obs_paths)
+        # A recurrent policy's state and is_init are the rollout's, even where the
+        # env observes them too (a TorchRL env with a primer and InitTracker).
+        state_keys = () if policy is None else find_state_keys(policy)
+        self._carry = (
+            RecurrentCarry(describe_states(policy, state_keys), n) if state_keys else None
+        )
+        owned = self._carry.paths if self._carry is not None else frozenset()
+        keep = [j for j, p in enumerate(pool.obs_paths) if p not in owned]
+        self._obs_paths = tuple(pool.obs_paths[j] for j in keep)
+        self._obs_arrays = [pool.obs_arrays[j] for j in keep]
+        self._obs_keys = [_td_key(p) for p in self._obs_paths]
+        _check_obs_keys(self._obs_paths)
+        check_policy_device(policy, options.policy_device)
+        if self._carry is not None and options.devices.moves_observations:
+            # The carry keeps the state in host buffers the policy reads in place; a copy
+            # of the step on another device would leave it behind.
+            raise ValueError(
+                f"a recurrent policy (state {sorted(map(str, state_keys))}) on "
+                f"policy_device={options.policy_device} is not supported yet: run it on the "
+                "host (policy_device='cpu'), where its state is carried step to step")
         self._adapter = PolicyAdapter(
             policy,
             action_spec=specs.action,
@@ -150,7 +171,12 @@ class Rollout:
         pool.reset()
         self._traj_counter = n
         self._build_step_td()
-        extras = self._discover_extras()
+        try:
+            extras = self._discover_extras()
+        except KeyError as exc:  # a recurrent state nothing could size: say so
+            if self._carry is not None:
+                self._carry.explain_missing(exc)
+            raise
         self._allocate(extras)
 
     # -- construction helpers ------------------------------------------------------------
@@ -159,24 +185,38 @@ class Rollout:
         pool, n = self.env_pool, self.num_envs
         act = pool.specs.action
         # Observation tensors are views of the pool's buffers: env writes land there.
-        self._obs_t = [torch.from_numpy(a) for a in pool.obs_arrays]
-        self._act_t = torch.zeros((n, *act.shape), dtype=torch_dtype(act.dtype))
+        self._obs_t = [torch.from_numpy(a) for a in self._obs_arrays]
+        # Pinned when a CUDA policy writes it: the action's copy back is then a plain DMA.
+        self._act_t = torch.zeros((n, *act.shape), dtype=torch_dtype(act.dtype),
+                                  pin_memory=self.options.devices.pins_host_buffers)
         self._act_np = self._act_t.numpy()
         entries: dict[Any, torch.Tensor] = dict(zip(self._obs_keys, self._obs_t, strict=True))
         entries["action"] = self._act_t
         self._step_td = TensorDict(entries, batch_size=[n])
+        if self._carry is not None:
+            self._carry.install(self._step_td)
+        # What the policy reads and writes: this td itself (a host policy, no copy), or
+        # device copies of it (policy_device: see DevicePolicyCall).
+        self._call: Callable[[TensorDictBase], Any] = self._adapter
+        self._policy_td, self._policy_obs = self._step_td, self._obs_t
+        self._policy_act = self._act_t
+        if self.options.devices.moves_observations and not self._adapter.is_random:
+            call = DevicePolicyCall(self._adapter, self._obs_keys, self._obs_t,
+                                    self.options.policy_device or HOST, action=self._act_t)
+            self._call, self._policy_td = call, call.td
+            self._policy_obs, self._policy_act = call.inputs, call.action
 
     def _discover_extras(self) -> list[tuple[tuple[str, ...], tuple[int, ...], torch.dtype]]:
         """Dry policy call on the reset observation: which keys does it write?"""
         if self._adapter.is_random:
             return []
-        td = self._step_td
+        td = self._policy_td
         # Without our "action" entry, a policy that writes none is caught here.
         del td["action"]
         with self._adapter.exploration():
-            self._adapter(td)
-        for key, tensor in zip(self._obs_keys, self._obs_t, strict=True):
-            if td.get(key) is not tensor:
+            td = self._call(self._step_td)
+        for key, tensor in zip(self._obs_keys, self._policy_obs, strict=True):
+            if not _same_memory(td.get(key), tensor):
                 raise ValueError(
                     f"the policy replaced the observation entry {key!r}: policies must "
                     "not write observation keys (write a new key instead)"
@@ -190,12 +230,16 @@ class Rollout:
                 f"(num_envs, *action_spec.shape); it wrote {got}"
             )
         check_action_dtype(act, action.dtype, action.detach())
-        td.set("action", self._act_t)  # in-place writers then fill ours: no copy
-        obs_paths = set(self.env_pool.obs_paths)
+        td.set("action", self._policy_act)  # in-place writers then fill ours: no copy
+        carried: frozenset[tuple[str, ...]] = frozenset()
+        if self._carry is not None:
+            self._carry.bind(td)
+            carried = self._carry.paths
+        obs_paths = set(self._obs_paths)
         extras = []
         for key in td.keys(include_nested=True, leaves_only=True):
             path = _as_tuple(key)
-            if path in obs_paths or path == ("action",):
+            if path in obs_paths or path == ("action",) or path in carried:
                 continue
             extras.append(self._check_extra(path, td.get(key)))
         return extras
@@ -204,7 +248,10 @@ class Rollout:
         self, path: tuple[str, ...], value: Any
     ) -> tuple[tuple[str, ...], tuple[int, ...], torch.dtype]:
         if path[0] in _RESERVED_ROOT:
-            hint = " (recurrent policies are not supported yet)" if path[0] == "next" else ""
+            hint = (
+                " (a recurrent state K is read at K and written at ('next', *K))"
+                if path[0] == "next" else ""
+            )
             raise ValueError(f"the policy wrote the reserved key {path!r}{hint}")
         if not isinstance(value, torch.Tensor) or value.shape[:1] != (self.num_envs,):
             raise ValueError(
@@ -218,12 +265,18 @@ class Rollout:
         n, t = self.num_envs, self.steps_per_batch
         specs = self.env_pool.specs
 
+        # Pinned when they feed a CUDA device (the batch's copy to storing_device, the
+        # extras a CUDA policy writes): DMA copies without the driver's staging.
+        pin = self.options.devices.pins_host_buffers
+
         def buf(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-            return torch.zeros((n, t, *shape), dtype=dtype)
+            return torch.zeros((n, t, *shape), dtype=dtype, pin_memory=pin)
 
         data: dict[Any, torch.Tensor] = {}
         obs_bufs, next_bufs = [], []
         for path, spec in specs.flat_observation().items():
+            if path not in self._obs_paths:
+                continue  # carried by the recurrent policy's state instead
             dtype = torch_dtype(spec.dtype)
             obs_bufs.append(data.setdefault(path, buf(spec.shape, dtype)))
             next_bufs.append(data.setdefault(("next", *path), buf(spec.shape, dtype)))
@@ -239,6 +292,8 @@ class Rollout:
         for name in ("traj_ids", "worker_id", "policy_version"):
             data[("collector", name)] = buf((), torch.int64)
         data[("collector", "worker_id")].fill_(self.worker_index)
+        if self._carry is not None:
+            self._carry.allocate(data, t)
         self._data = data
         self._template = _nest(data, [n, t])
         self._idx = [(slice(None), i) for i in range(t)]
@@ -261,9 +316,9 @@ class Rollout:
         # traj_ids, policy_version and ("next", "done") are not written per step:
         # they are filled per batch and patched where they change (resets, updates).
         self._traj = d[("collector", "traj_ids")].numpy()
-        self._pre = [(b.numpy(), a) for b, a in zip(obs_bufs, pool.obs_arrays, strict=True)]
+        self._pre = [(b.numpy(), a) for b, a in zip(obs_bufs, self._obs_arrays, strict=True)]
         self._pre.append((action.numpy(), self._act_np))
-        self._post = [(b.numpy(), a) for b, a in zip(next_bufs, pool.obs_arrays, strict=True)]
+        self._post = [(b.numpy(), a) for b, a in zip(next_bufs, self._obs_arrays, strict=True)]
         self._post += [
             (nxt["reward"], pool.reward),
             (nxt["terminated"], pool.terminated),
@@ -271,9 +326,14 @@ class Rollout:
         ]
         # numpy writes are ~2x cheaper than torch indexing; keep torch for dtypes
         # numpy lacks (bfloat16) and for tensors the policy leaves off the CPU.
+        call = self._call if isinstance(self._call, DevicePolicyCall) else None
+        self._flush_extras: Callable[[], None] | None = None if call is None else call.flush
+        if call is not None:  # written on the policy's device; to the host once per batch
+            extra_bufs = call.twin_buffers(extra_bufs)
+        as_numpy = [_numpy_ok(dt) and call is None for _, _, dt in extras]
         self._extras = [
-            (_td_key(p), b.numpy() if _numpy_ok(dt) else b, _numpy_ok(dt))
-            for (p, _, dt), b in zip(extras, extra_bufs, strict=True)
+            (_td_key(p), b.numpy() if np_ok else b, np_ok)
+            for (p, _, _), b, np_ok in zip(extras, extra_bufs, as_numpy, strict=True)
         ]
         self._pv = d[("collector", "policy_version")].numpy()
         self._next_done, self._next_trunc = nxt["done"], nxt["truncated"]
@@ -305,6 +365,8 @@ class Rollout:
                 )
         finally:
             self._disarm_stop()
+        if self._flush_extras is not None:
+            self._flush_extras()
         np.logical_or(self._next_term, self._next_trunc, out=self._next_done)
         self._frames += steps * n
         self._traj_fresh = False
@@ -317,8 +379,8 @@ class Rollout:
         if steps < t_total:
             out = out[:, :steps]
         device = options.storing_device
-        if device is not None and device.type != "cpu":
-            out = out.to(device)
+        if device is not None:
+            out = out.to(device)  # off the host a copy; on it only the td's device is set
         return out
 
     def request_stop(self) -> None:
@@ -345,8 +407,9 @@ class Rollout:
         """The hot loop; returns the number of steps run. Its names are bound up front."""
         pool, idx, pre, post = self.env_pool, self._idx, self._pre, self._post
         step_env, sample = pool.step_inplace, self._random.sample_into
-        policy, step_td, act_t, act_np = self._adapter, self._step_td, self._act_t, self._act_np
+        policy, step_td, act_t, act_np = self._call, self._step_td, self._act_t, self._act_np
         extras, done, limit = self._extras, self._done, self.options.max_frames_per_traj
+        carry = self._carry
         version = self.policy_version
         t = 0
         try:
@@ -361,15 +424,19 @@ class Rollout:
                     sample(act_np)
                     for _key, dst, _ in extras:
                         dst[i] = 0
+                    if carry is not None:
+                        carry.keep(i)
                 else:
-                    policy(step_td)
-                    action = step_td.get("action")
+                    td = policy(step_td)  # step_td, or its copy on policy_device
+                    action = td.get("action")
                     if action is not act_t:
                         if action.dtype is not act_t.dtype:  # rare: never cast floats silently
                             check_action_dtype(pool.specs.action, action.dtype, action.detach())
                         act_t.copy_(action)
                     for key, dst, as_numpy in extras:
-                        dst[i] = step_td.get(key).numpy() if as_numpy else step_td.get(key)
+                        dst[i] = td.get(key).numpy() if as_numpy else td.get(key)
+                    if carry is not None:
+                        carry.take(i, step_td)
                 for dst, src in pre:
                     dst[i] = src
                 step_env(act_np)
@@ -400,6 +467,8 @@ class Rollout:
         self.env_pool.reset_where(mask)
         self._new_trajectories(mask)
         self._traj[mask, t + 1 :] = self._traj_cur[mask, None]
+        if self._carry is not None:
+            self._carry.reset(mask)
 
     def _new_trajectories(self, mask: np.ndarray) -> None:
         k = int(mask.sum())
@@ -421,6 +490,8 @@ class Rollout:
             if not self._traj_fresh:
                 self._new_trajectories(np.ones(n, dtype=bool))
             self._steps.fill(0)
+            if self._carry is not None:
+                self._carry.reset()
             return
         if isinstance(reset_idx, torch.Tensor):
             reset_idx = reset_idx.detach().cpu().numpy()
@@ -431,6 +502,8 @@ class Rollout:
             raise ValueError(f"{type(self.env_pool).__name__} cannot reset single envs")
         self.env_pool.reset_where(mask)
         self._new_trajectories(mask)
+        if self._carry is not None:
+            self._carry.reset(mask)
 
     def set_seed(self, seed: int, static_seed: bool = False) -> int:
         """Seed env i with ``seed + i`` (``seed`` if static) and reset; return the next seed."""
@@ -478,6 +551,17 @@ _NUMPY_DTYPES = frozenset(
 
 def _numpy_ok(dtype: torch.dtype) -> bool:
     return dtype in _NUMPY_DTYPES
+
+
+def _same_memory(a: Any, b: torch.Tensor) -> bool:
+    """``a`` is ``b`` or a view of the same memory (TorchRL's RNN modules re-set views)."""
+    return a is b or (
+        isinstance(a, torch.Tensor)
+        and a.data_ptr() == b.data_ptr()
+        and a.shape == b.shape
+        and a.stride() == b.stride()
+        and a.dtype == b.dtype
+    )
 
 
 def _nest(flat: dict[Any, torch.Tensor], batch_size: list[int]) -> TensorDict:

@@ -1,8 +1,10 @@
-"""The six rollout options of TorchRL's collectors, as one object checked once.
+"""The rollout options of TorchRL's collectors, as one object checked once.
 
 ``max_frames_per_traj``, ``reset_at_each_iter``, ``reset_when_done``,
-``set_truncated``, ``exploration_type`` and ``storing_device`` are collector
-arguments (TorchRL's names) that only the rollout reads. A collector builds one
+``set_truncated``, ``exploration_type`` and the devices (``policy_device``,
+``env_device``, ``storing_device``, resolved by
+:class:`~asyncrl._devices.DeviceLayout`) are collector arguments (TorchRL's
+names) that only the rollout reads. A collector builds one
 :class:`RolloutOptions` from them in its constructor, so a wrong value fails
 there, in the trainer, rather than in every worker; the object then travels as
 it is: ``WorkerSpec.rollout`` -> the worker -> ``Rollout(options=...)``.
@@ -16,6 +18,7 @@ from typing import Any
 
 import torch
 
+from ._devices import DeviceLayout, check_device
 from ._policies import ExplorationType, resolve_exploration_type
 
 __all__ = ["RolloutOptions"]
@@ -28,7 +31,7 @@ class RolloutOptions:
     Values are normalised once, here, so every reader sees one spelling:
     ``max_frames_per_traj`` <= 0 (TorchRL's -1) becomes None (no limit),
     ``exploration_type`` an ``ExplorationType`` (or None: leave the caller's
-    context as it is), ``storing_device`` a ``torch.device`` or None.
+    context as it is), each device a ``torch.device`` this machine has, or None.
 
     >>> options = RolloutOptions(max_frames_per_traj=-1, exploration_type="mode",
     ...                          storing_device="cpu")
@@ -48,6 +51,10 @@ class RolloutOptions:
     exploration_type: ExplorationType | None = ExplorationType.RANDOM
     #: Also given as a device name (``"cpu"``, ``"cuda:0"``): made a ``torch.device``.
     storing_device: torch.device | None = None
+    #: Where the policy runs: observations are moved there, actions back (None: the host).
+    policy_device: torch.device | None = None
+    #: Where env outputs live: the host, or the policy's device (see ``DeviceLayout``).
+    env_device: torch.device | None = None
 
     def __post_init__(self) -> None:
         if not self.reset_when_done:
@@ -59,7 +66,13 @@ class RolloutOptions:
         set_ = object.__setattr__
         set_(self, "max_frames_per_traj", _frames_limit(self.max_frames_per_traj))
         set_(self, "exploration_type", resolve_exploration_type(self.exploration_type))
-        set_(self, "storing_device", _device(self.storing_device))
+        for name in ("storing_device", "policy_device", "env_device"):
+            set_(self, name, check_device(name, getattr(self, name)))
+
+    @property
+    def devices(self) -> DeviceLayout:
+        """The three devices as one :class:`~asyncrl._devices.DeviceLayout`."""
+        return DeviceLayout(self.policy_device, self.env_device, self.storing_device)
 
 
 def _frames_limit(value: Any) -> int | None:
@@ -71,12 +84,3 @@ def _frames_limit(value: Any) -> int | None:
     limit = int(value)
     return limit if limit > 0 else None  # TorchRL spells "no limit" -1
 
-
-def _device(value: Any) -> torch.device | None:
-    if value is None or isinstance(value, torch.device):
-        return value
-    try:
-        return torch.device(value)
-    except (RuntimeError, TypeError) as exc:
-        raise ValueError(f"storing_device must be a torch.device or a device name such as "
-                         f"'cpu' or 'cuda:0', got {value!r} ({exc})") from None

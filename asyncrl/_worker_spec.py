@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ._devices import check_device, place_policy
 from ._rollout_options import RolloutOptions
 
 
@@ -29,19 +30,35 @@ class WorkerSpec:
     envs_per_worker: int = 1
     policy: Any = None
     policy_factory: Callable[[], Any] | str | None = None
-    #: TorchRL's six rollout options, checked when the collector built them.
+    #: TorchRL's rollout options and the worker's devices, checked when the collector
+    #: built them (a remote host: from its command line, checked there).
     rollout: RolloutOptions = field(default_factory=RolloutOptions)
     weight_sync_schemes: dict[str, Any] = field(default_factory=dict)
     torch_threads: int = 1
 
     def make_policy(self) -> Any:
-        """The worker's own policy: from the factory, else the (unpickled) policy, else None."""
+        """The worker's own policy (factory, else the unpickled policy, else None).
+
+        A module is moved once to ``rollout.policy_device`` (it is this worker's own
+        object: moved in place); weights received later are copied into it there.
+        """
+        policy = self.policy
         if self.policy_factory is not None:
             factory = self.policy_factory
             if isinstance(factory, str):
                 factory = resolve_import_path(factory)
-            return factory()
-        return self.policy
+            policy = factory()
+        return place_policy(policy, self.rollout.policy_device, copy_module=False)
+
+
+def host_rollout_options(device: Any = None) -> RolloutOptions:
+    """A remote host's rollout options: its policy on ``device``, checked on this host.
+
+    What ``asyncrl worker --device`` and the Ray launchers build where the workers
+    run. The trainer's devices do not travel: ``storing_device`` is the trainer's
+    business, and this host's envs step on its CPU.
+    """
+    return RolloutOptions(policy_device=check_device("--device", device))
 
 
 def resolve_import_path(path: str) -> Any:

@@ -28,6 +28,10 @@ def _worker_parser(sub: Any) -> None:
                    help="a gymnasium id (CartPole-v1) or 'pkg.mod:factory'")
     p.add_argument("--policy", metavar="pkg.mod:factory", default=None,
                    help="import path of a function returning the policy (default: random)")
+    p.add_argument("--device", default=None, metavar="DEVICE",
+                   help="where each worker's policy runs on this host ('cpu', 'cuda', "
+                        "'cuda:1'; default: where the policy factory put it); checked here "
+                        "at start: a device this host lacks is an error, never a fallback")
     p.add_argument("--envs-per-worker", type=int, default=1, metavar="N")
     p.add_argument("--workers", type=int, default=1, metavar="K",
                    help="worker processes to run on this host")
@@ -132,7 +136,7 @@ def generate_keys_command(directory: str) -> int:
 
 
 def run_workers(args: argparse.Namespace) -> int:
-    from ._worker_spec import WorkerSpec, resolve_import_path
+    from ._worker_spec import WorkerSpec, host_rollout_options, resolve_import_path
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     if args.workers < 1 or args.envs_per_worker < 1 or args.threads < 1:
@@ -158,8 +162,13 @@ def run_workers(args: argparse.Namespace) -> int:
     except Exception as exc:
         print(f"asyncrl worker: {exc}", file=sys.stderr)
         return 2
+    try:
+        rollout = host_rollout_options(args.device)
+    except ValueError as exc:
+        print(f"asyncrl worker: {exc}", file=sys.stderr)
+        return 2
     spec = WorkerSpec(create_env_fn=args.env, envs_per_worker=args.envs_per_worker,
-                      policy_factory=args.policy, torch_threads=args.threads)
+                      policy_factory=args.policy, torch_threads=args.threads, rollout=rollout)
     from ._host import HostWorkers
 
     host = HostWorkers(args.connect, spec, workers=args.workers, relay=not args.no_relay,

@@ -91,9 +91,12 @@ class Case:
         return f"{self.env} {self.policy} {self.mode} {self.layout}"
 
     def expected_shape(self) -> list[int]:
-        """asyncrl's batch shape: ``[workers*envs, T]`` (sync) or ``[envs, T]`` (async)."""
-        envs = self.envs_per_worker * (self.num_workers if self.sync else 1)
-        return [envs, self.frames_per_batch // envs]
+        """asyncrl's batch shape (TorchRL's, docs/batch_shapes.md): sync ``[workers, envs, T]``,
+        async ``[envs, T]``; without the env dim for one env per worker."""
+        envs = [self.envs_per_worker] if self.envs_per_worker > 1 else []
+        workers = [self.num_workers] if self.sync else []
+        per_worker = self.frames_per_batch // (self.num_workers if self.sync else 1)
+        return [*workers, *envs, per_worker // self.envs_per_worker]
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """TorchRL's PPO on Pendulum-v1, ported to asyncrl: the import and ``async with`` / ``async for``.
 
     python examples/ppo_pendulum.py                          # asyncrl, 2 worker processes
-    python examples/ppo_pendulum.py --collector torchrl      # the same script on TorchRL's collector
+    python examples/ppo_pendulum.py --collector torchrl      # the same, TorchRL's collector
 
 This is the script of TorchRL's PPO tutorial (GymEnv with DoubleToFloat +
 StepCounter + RewardSum, a ProbabilisticActor with a TanhNormal, a
@@ -13,8 +13,6 @@ compared line by line (docs/migration.md) and timed (``benchmarks.ppo_port``).
 Everything but the collector is TorchRL: asyncrl's batches go straight into
 GAE, ClipPPOLoss and the ReplayBuffer.
 """
-
-from __future__ import annotations
 
 import argparse
 import time

@@ -109,7 +109,7 @@ def gae(reward: torch.Tensor, value: torch.Tensor, next_value: torch.Tensor,
 
 
 class PPO:
-    """Clipped-surrogate PPO on TorchRL-layout batches of shape ``[envs, T]``."""
+    """Clipped-surrogate PPO on TorchRL-layout batches ``[workers, envs, T]`` (any leading dims)."""
 
     def __init__(self, actor: Actor, critic: nn.Module, config: PPOConfig) -> None:
         self.actor, self.critic, self.config = actor, critic, config

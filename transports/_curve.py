@@ -69,8 +69,8 @@ def _load(path: Path, *, secret: bool) -> tuple[bytes, bytes | None]:
 class CurveServer:
     """The hub's keys and the directory of public keys it accepts.
 
-    >>> keys = CurveServer.from_dir("keys/")    # made by `asyncrl keys generate keys/`  # doctest: +SKIP
-    >>> hub = Hub("tcp://0.0.0.0:5555", curve=keys)                                     # doctest: +SKIP
+    >>> keys = CurveServer.from_dir("keys/")   # `asyncrl keys generate keys/`  # doctest: +SKIP
+    >>> hub = Hub("tcp://0.0.0.0:5555", curve=keys)                            # doctest: +SKIP
     """
 
     public_key: bytes
@@ -100,8 +100,8 @@ class CurveServer:
 class CurveClient:
     """A worker's keys and the public key of the hub it trusts.
 
-    >>> keys = CurveClient.from_dir("keys/")    # made by `asyncrl keys generate keys/`  # doctest: +SKIP
-    >>> link = Link("tcp://trainer:5555", curve=keys)                                   # doctest: +SKIP
+    >>> keys = CurveClient.from_dir("keys/")   # `asyncrl keys generate keys/`  # doctest: +SKIP
+    >>> link = Link("tcp://trainer:5555", curve=keys)                          # doctest: +SKIP
     """
 
     public_key: bytes

@@ -54,9 +54,9 @@ class Ticket:
 
     ``acks`` maps each peer that answered to the result it sent back.
 
-    >>> ticket = await hub.send_async([b"worker-0"], {"w": tensor}, kind="weights")  # doctest: +SKIP
-    >>> await hub.wait_ack(ticket, timeout=5)                            # doctest: +SKIP
-    {b'worker-0': 3}
+    >>> ticket = await hub.send_async([b"w0"], {"w": tensor}, kind="weights")  # doctest: +SKIP
+    >>> await hub.wait_ack(ticket, timeout=5)                                 # doctest: +SKIP
+    {b'w0': 3}
     """
 
     seq: int

@@ -11,8 +11,9 @@ from tensordict import TensorDictBase
 
 from transports import TaskGroupResource
 
-from .._batches import split_trajectories
+from .._batches import MASK_KEY, split_trajectories
 from .._errors import CollectorError
+from .._trajectories import TrajectoryAssembler, check_trajectory_options
 from ._config import normalise_total_frames
 from ._torchrl_habits import TorchRLHabits
 
@@ -29,8 +30,21 @@ class BaseCollector(TaskGroupResource, TorchRLHabits):
         postproc: Callable[[TensorDictBase], TensorDictBase] | None = None,
         replay_buffer: Any = None,
         update_at_each_batch: bool = False,
+        trajs_per_batch: int | None = None,
+        traj_format: str | None = None,
+        extend_buffer: bool = True,
+        discard_partial_trajs: bool = False,
     ) -> None:
         self.total_frames = normalise_total_frames(total_frames, batch_frames)
+        self.traj_format = check_trajectory_options(
+            trajs_per_batch, traj_format, replay_buffer=replay_buffer,
+            split_trajs=split_trajs, extend_buffer=extend_buffer)
+        self.trajs_per_batch = trajs_per_batch
+        self.extend_buffer = extend_buffer
+        # reset_at_each_iter: a batch's unfinished trajectories never finish (TorchRL drops them).
+        self._discard_partial = discard_partial_trajs
+        self._trajs = TrajectoryAssembler(trajs_per_batch, self.traj_format) \
+            if trajs_per_batch is not None else None
         self.split_trajs = split_trajs
         self.postproc = postproc
         self.replay_buffer = replay_buffer
@@ -87,7 +101,49 @@ class BaseCollector(TaskGroupResource, TorchRLHabits):
     def __aiter__(self) -> Self:
         return self
 
-    async def __anext__(self) -> TensorDictBase:
+    async def __anext__(self) -> TensorDictBase | None:
+        """The next batch; None when ``replay_buffer`` was given (TorchRL): it was filled.
+
+        With ``trajs_per_batch``, batches of whole trajectories (see
+        :mod:`asyncrl._trajectories`); into a replay buffer, each batch's complete
+        trajectories, flat.
+        """
+        trajs = self._trajs
+        while True:
+            if trajs is not None and self.replay_buffer is None and trajs.ready:
+                return trajs.pop_batch()
+            batch = await self._next_frames()
+            if trajs is None:
+                if self.replay_buffer is None:
+                    return batch
+                self.replay_buffer.extend(batch.reshape(-1))  # frames, not rows
+                return None
+            trajs.ingest(batch)
+            if self._discard_partial:
+                trajs.drop_partial()
+            if self.replay_buffer is not None:
+                done = trajs.pop_all()
+                if done is not None:
+                    self.replay_buffer.extend(done)
+                return None
+
+    def getattr_rb(self, attr: str) -> Any:
+        """An attribute of ``replay_buffer`` (TorchRL's name)."""
+        if self.replay_buffer is None:
+            raise CollectorError(f"getattr_rb({attr!r}): this collector has no replay_buffer")
+        return getattr(self.replay_buffer, attr)
+
+    def _trajectories_reset(self, *, partial: bool) -> None:
+        """After a reset: a full one forgets every trajectory being assembled (TorchRL).
+
+        A partial one keeps them: the reset envs' unfinished trajectories never
+        finish, and the other envs' go on.
+        """
+        if self._trajs is not None and not partial:
+            self._trajs.flush()
+
+    async def _next_frames(self) -> TensorDictBase:
+        """One batch as collected, counted, split and post-processed."""
         if self._closed:
             raise StopAsyncIteration
         if 0 <= self.total_frames <= self.frames_collected:
@@ -100,7 +156,10 @@ class BaseCollector(TaskGroupResource, TorchRLHabits):
             if self._closed:  # closed from another task while this one waited
                 raise StopAsyncIteration from None
             raise
-        self.frames_collected += batch.numel()
+        keys = batch.keys(include_nested=True)
+        # Padding of a preempted round is not frames (TorchRL counts the mask).
+        self.frames_collected += int(batch.get(MASK_KEY).sum()) if MASK_KEY in keys \
+            else batch.numel()
         if self.split_trajs:
             batch = split_trajectories(batch)
         if self.postproc is not None:
@@ -111,8 +170,10 @@ class BaseCollector(TaskGroupResource, TorchRLHabits):
     def start(self) -> None:
         """Collect in the background into ``replay_buffer`` (anything with ``.extend(td)``).
 
-        Stops at ``total_frames``, at :meth:`aclose`, or on an error, which is
-        raised out of the collector's ``async with`` block.
+        Frames are written as iteration writes them (flat: ``len(rb)`` grows by
+        the frames collected; whole trajectories with ``trajs_per_batch``). Stops
+        at ``total_frames``, at :meth:`aclose`, or on an error, which is raised out
+        of the collector's ``async with`` block.
         """
         if self.replay_buffer is None:
             raise CollectorError("start() needs a replay_buffer (any object with .extend(td))")
@@ -125,8 +186,7 @@ class BaseCollector(TaskGroupResource, TorchRLHabits):
 
     async def _run_free(self) -> None:
         with anyio.CancelScope() as self._free_run:  # aclose() ends it
-            async for batch in self:
-                self.replay_buffer.extend(batch)
+            async for _ in self:  # each step extends replay_buffer
                 assert self._resumed is not None
                 await self._resumed.wait()
 

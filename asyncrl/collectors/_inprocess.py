@@ -10,6 +10,8 @@ import anyio
 import torch
 from tensordict import TensorDictBase
 
+from .._batches import drop_env_dim
+from .._devices import DeviceLayout, place_policy
 from .._envs import make_env_pool
 from .._errors import CollectorError
 from .._reach import env_attr, policy_attr
@@ -34,7 +36,8 @@ class Collector(BaseCollector):
     :class:`~asyncrl.weights.WeightSender` (``send_async`` / ``wait_ack``,
     over :class:`~asyncrl.weights.InProcessWeightSyncScheme`): an update is
     applied at the next step boundary of a batch in progress, or at once
-    between batches, and acked with its version.
+    between batches, and acked with its version. ``replay_buffer``,
+    ``trajs_per_batch`` and ``traj_format`` as in :class:`MultiCollector`.
 
     >>> async with Collector("CartPole-v1", frames_per_batch=200,    # doctest: +SKIP
     ...                      total_frames=1000) as collector:
@@ -47,6 +50,10 @@ class Collector(BaseCollector):
     ``interruptor`` are refused naming MultiSyncCollector / MultiAsyncCollector; the
     rest as in :class:`MultiCollector` (table in ``_torchrl_args.py``). ``set_seed``
     seeds this process's torch and numpy RNGs too.
+
+    ``device`` / ``policy_device`` / ``env_device`` / ``storing_device`` as in
+    :class:`MultiCollector` (``docs/devices.md``); a trainer's module that is not
+    on ``policy_device`` stays where it is and the rollout steps with a copy there.
     """
 
     def __init__(
@@ -69,6 +76,9 @@ class Collector(BaseCollector):
         exploration_type: Any = "random",
         update_at_each_batch: bool = False,
         replay_buffer: Any = None,
+        extend_buffer: bool = True,
+        trajs_per_batch: int | None = None,
+        traj_format: str | None = None,
         device: Any = None,
         policy_device: Any = None,
         env_device: Any = None,
@@ -80,14 +90,20 @@ class Collector(BaseCollector):
                               known=inspect.signature(Collector.__init__).parameters)
         frames_per_batch, envs_per_worker = check_in_process_frames(frames_per_batch,
                                                                     envs_per_worker)
+        devices = DeviceLayout.resolve(device=device, policy_device=policy_device,
+                                       env_device=env_device, storing_device=storing_device)
         rollout = RolloutOptions(
             max_frames_per_traj=max_frames_per_traj, reset_at_each_iter=reset_at_each_iter,
             reset_when_done=reset_when_done, set_truncated=set_truncated,
-            exploration_type=exploration_type, storing_device=storing_device)
+            exploration_type=exploration_type, **devices.as_options())
+        #: policy / env / storing devices (batches are stored on ``storing_device``).
+        self.devices = devices
 
         super().__init__(total_frames=total_frames, batch_frames=frames_per_batch,
                          split_trajs=split_trajs, postproc=postproc,
-                         replay_buffer=replay_buffer, update_at_each_batch=update_at_each_batch)
+                         replay_buffer=replay_buffer, update_at_each_batch=update_at_each_batch,
+                         trajs_per_batch=trajs_per_batch, traj_format=traj_format,
+                         extend_buffer=extend_buffer, discard_partial_trajs=reset_at_each_iter)
         self.frames_per_batch = frames_per_batch
         self.init_random_frames = int(init_random_frames or 0)
         self._spec = WorkerSpec(
@@ -99,6 +115,8 @@ class Collector(BaseCollector):
         # TorchRL's meaning: yield the rollout's own tensordict, rewritten in place by
         # the next batch (no copy); by default each batch is the trainer's to keep.
         self.return_same_td = bool(return_same_td)
+        #: The policy the rollout steps with: ``policy`` itself, or its copy on policy_device.
+        self.rollout_policy: Any = None
         self.rollout: Rollout | None = None
         self._lock: anyio.Lock | None = None  # held while a batch is collected
         self._scheme = InProcessWeightSyncScheme()
@@ -122,8 +140,10 @@ class Collector(BaseCollector):
     async def _open(self) -> None:
         self.rollout = await anyio.to_thread.run_sync(self._build)
         if isinstance(self.policy, torch.nn.Module):
+            # Updates are read from the trainer's module and copied into the rollout's
+            # (nothing to copy when the two are one object).
             self._sender = self._scheme.init_on_sender("policy", model=self.policy)
-            receiver = self._scheme.init_on_worker("policy", model=self.policy,
+            receiver = self._scheme.init_on_worker("policy", model=self.rollout_policy,
                                                    deliver=self._on_weights)
             assert receiver.link is not None
             # Applied at once while no batch runs, else at the batch's next step boundary.
@@ -142,8 +162,11 @@ class Collector(BaseCollector):
         pool = make_env_pool(spec.create_env_fn, create_env_kwargs=spec.create_env_kwargs,
                              num_envs=spec.envs_per_worker)
         if self.policy is None:
-            self.policy = spec.make_policy()
-        return Rollout(pool, self.policy, self.frames_per_batch, worker_index=0,
+            self.policy = spec.make_policy()  # our own: moved to policy_device in place
+        # The trainer's module stays where it is (as in TorchRL): a copy on policy_device.
+        policy = self.rollout_policy = place_policy(self.policy, self.devices.policy_device,
+                                                    copy_module=True)
+        return Rollout(pool, policy, self.frames_per_batch, worker_index=0,
                        init_random_frames=self.init_random_frames, options=spec.rollout)
 
     async def _close(self) -> None:
@@ -158,10 +181,13 @@ class Collector(BaseCollector):
             raise CollectorError("the collector is not open: iterate inside "
                                  "'async with Collector(...) as collector:'")
         async with self._locked():
-            # The rollout reuses its buffers: hand out a copy the trainer may keep.
-            collect = rollout.collect if self.return_same_td else (
+            # The rollout reuses its buffers: hand out a copy the trainer may keep (one
+            # moved to storing_device is already a copy).
+            moved = self.devices.storing_device not in (None, torch.device("cpu"))
+            collect = rollout.collect if self.return_same_td or moved else (
                 lambda: rollout.collect().clone())
             batch = await anyio.to_thread.run_sync(collect)
+            batch = drop_env_dim(batch)  # one env: [time], as TorchRL's unbatched env
             if self._applier is not None:
                 self._applier.after_batch()
             return batch
@@ -218,6 +244,7 @@ class Collector(BaseCollector):
         assert self.rollout is not None
         async with self._locked():
             self.rollout.reset(reset_idx)
+        self._trajectories_reset(partial=reset_idx is not None)
 
     async def getattr_env(self, attr: str) -> Any:
         """An attribute of the user's env, reached as ``MultiCollector.getattr_env`` does.
@@ -251,3 +278,5 @@ class Collector(BaseCollector):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if isinstance(self.policy, torch.nn.Module) and "policy_state_dict" in state_dict:
             self.policy.load_state_dict(state_dict["policy_state_dict"])
+            if self.rollout_policy is not None and self.rollout_policy is not self.policy:
+                self.rollout_policy.load_state_dict(state_dict["policy_state_dict"])

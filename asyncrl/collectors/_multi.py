@@ -18,8 +18,9 @@ from tensordict import TensorDictBase
 
 from transports import CurveServer, Hub, PeerLostError, RemoteError
 
-from .._batches import assemble
+from .._batches import assemble, drop_env_dim
 from .._coordinator import Coordinator, OnWorkerLoss, WorkerInfo
+from .._devices import DeviceLayout
 from .._envs import make_env_pool
 from .._errors import CollectorError, WorkerLostError, rebuild_remote_exception
 from .._forkserver import worker_context
@@ -83,6 +84,13 @@ class MultiCollector(BaseCollector):
     slot (a silent one is killed first), at most ``max_restarts`` times in a row
     without a delivered batch, and waits for a remote one as ``"wait"`` does.
 
+    Batches, with TorchRL's meaning (shapes: ``docs/batch_shapes.md``):
+    ``replay_buffer`` is extended with every batch's frames, flat, and iteration
+    yields None; ``extend_buffer`` must stay True (whole batches are written);
+    ``trajs_per_batch`` yields batches of that many complete trajectories;
+    ``traj_format`` lays them out ``"padded"`` (``[n, max_len]`` with
+    ``("collector", "mask")``) or ``"cat"`` (flat, along time).
+
     Threads, with TorchRL's meaning: each worker runs torch with
     ``num_sub_threads`` intra-op threads (default 1), and the trainer's process
     with ``num_threads`` while the collector is open (default: the machine's
@@ -120,6 +128,13 @@ class MultiCollector(BaseCollector):
       ``shutdown()`` / ``async_shutdown()`` (``aclose``); ``set_seed`` seeds each worker's torch
       and numpy RNGs too; a plain ``for`` loop raises a TypeError naming ``async for`` and
       :class:`~asyncrl.BlockingCollector`.
+
+    Devices (TorchRL's meaning; checked here, a device this machine lacks is an error;
+    ``docs/devices.md``):
+    ``device``: the default of the three below (``"cuda"`` is ``"cuda:<current>"``).
+    ``policy_device``: where each local worker's policy runs (remote hosts: ``--device``).
+    ``env_device``: where env outputs live: the host, or the policy's device.
+    ``storing_device``: where the trainer stores the batches it receives.
     """
 
     sync: bool = True
@@ -152,10 +167,13 @@ class MultiCollector(BaseCollector):
         postproc: Callable[[TensorDictBase], TensorDictBase] | None = None,
         set_truncated: bool = False,
         exploration_type: Any = "random",
-        cat_results: str | int | None = 0,
+        cat_results: str | int | None = None,
         preemptive_threshold: float | None = None,
         update_at_each_batch: bool = False,
         replay_buffer: Any = None,
+        extend_buffer: bool = True,
+        trajs_per_batch: int | None = None,
+        traj_format: str | None = None,
         weight_sync_schemes: dict[str, Any] | None = None,
         prefetch: int = 1,
         device: Any = None,
@@ -188,11 +206,15 @@ class MultiCollector(BaseCollector):
         preemptive_threshold = check_preemptive_threshold(preemptive_threshold)
         frames_per_worker = split_frames(frames_per_batch, layout.total, layout.envs_per_worker,
                                          sync=self.sync)
+        devices = DeviceLayout.resolve(device=device, policy_device=policy_device,
+                                       env_device=env_device, storing_device=storing_device)
         rollout = RolloutOptions(
             max_frames_per_traj=max_frames_per_traj, reset_at_each_iter=reset_at_each_iter,
             reset_when_done=reset_when_done, set_truncated=set_truncated,
-            exploration_type=exploration_type, storing_device=storing_device)
+            exploration_type=exploration_type, **devices.for_worker().as_options())
 
+        #: policy / env / storing devices; batches are moved to ``storing_device`` here.
+        self.devices = devices
         self.num_workers = layout.num_workers
         self.remote_workers = layout.remote_workers
         self.envs_per_worker = layout.envs_per_worker
@@ -215,7 +237,9 @@ class MultiCollector(BaseCollector):
         batch_frames = sum(frames_per_worker) if self.sync else frames_per_worker[0]
         super().__init__(total_frames=total_frames, batch_frames=batch_frames,
                          split_trajs=split_trajs, postproc=postproc,
-                         replay_buffer=replay_buffer, update_at_each_batch=update_at_each_batch)
+                         replay_buffer=replay_buffer, update_at_each_batch=update_at_each_batch,
+                         trajs_per_batch=trajs_per_batch, traj_format=traj_format,
+                         extend_buffer=extend_buffer, discard_partial_trajs=reset_at_each_iter)
         self.frames_per_batch = batch_frames
         self.init_random_frames = int(init_random_frames or 0)
         self.policy = policy
@@ -531,6 +555,7 @@ class MultiCollector(BaseCollector):
         for worker in coordinator.live_workers:
             if reset_idx is None or reset_idx[worker.index]:
                 await coordinator.control(worker, "reset")
+        self._trajectories_reset(partial=reset_idx is not None)
 
     async def state_dict(self) -> dict[str, Any]:
         """``{"worker0": {...}, ...}`` with each worker's policy state dict."""
@@ -582,9 +607,17 @@ class MultiSyncCollector(MultiCollector):
 
     Workers wait for the trainer between batches, so each batch yielded after
     ``await update_policy_weights()`` returned was collected entirely with
-    those weights. Shares are concatenated along ``cat_results`` (default 0:
-    ``[workers * envs, time]``; 1 or -1: along time) or stacked (``"stack"``, or
-    None as in TorchRL: ``[workers, envs, time]``).
+    those weights. Shares are stacked (``cat_results="stack"`` or None, the
+    default as in TorchRL: ``[workers, envs, time]``, ``[workers, time]`` with one
+    env per worker) or concatenated along ``cat_results`` (0: ``[workers * envs,
+    time]``; -1: ``[envs, workers * time]``; ``[workers * time]`` with one env).
+
+    >>> async with MultiSyncCollector("CartPole-v1", num_workers=2,  # doctest: +SKIP
+    ...                               envs_per_worker=4, frames_per_batch=800,
+    ...                               total_frames=8000) as c:
+    ...     async for batch in c:
+    ...         batch.batch_size   # [workers, envs, time], as TorchRL's "stack"
+    torch.Size([2, 4, 100])
     """
 
     sync = True
@@ -595,7 +628,7 @@ class MultiSyncCollector(MultiCollector):
         # worker, on_worker_loss="continue") is made up without overshooting.
         left = self.total_frames - self.frames_collected if self.total_frames >= 0 else None
         round_ = await coordinator.next_round(left)
-        return assemble([frames for _, frames in round_], self.cat_results)
+        return self.devices.store(assemble([frames for _, frames in round_], self.cat_results))
 
 
 class MultiAsyncCollector(MultiCollector):
@@ -603,7 +636,13 @@ class MultiAsyncCollector(MultiCollector):
 
     Each worker runs at most ``prefetch`` batches ahead of the trainer; frames
     carry the policy version that produced them in ``("collector",
-    "policy_version")``.
+    "policy_version")``. A batch is one worker's: ``[envs, time]``, or ``[time]``
+    with one env per worker (TorchRL's shapes).
+
+    >>> async with MultiAsyncCollector("CartPole-v1", num_workers=2,    # doctest: +SKIP
+    ...                                frames_per_batch=200, total_frames=2000) as c:
+    ...     async for batch in c:
+    ...         print(batch.batch_size, batch["collector", "policy_version"].min())
     """
 
     sync = False
@@ -611,4 +650,5 @@ class MultiAsyncCollector(MultiCollector):
     async def _next_batch(self) -> TensorDictBase:
         coordinator = await self._ensure_ready()
         _, frames = await coordinator.next_batch()
-        return frames
+        # One env per worker: [time], as TorchRL's.
+        return self.devices.store(drop_env_dim(frames))

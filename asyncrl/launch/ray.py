@@ -39,9 +39,8 @@ class WorkerActor:
         import anyio
 
         from .._worker import run_worker
-        from .._worker_spec import WorkerSpec
 
-        spec = WorkerSpec(**spec_kwargs)
+        spec = _host_spec(spec_kwargs)  # the device is checked here, on the worker's node
         return anyio.run(lambda: run_worker(endpoint, spec, **options))
 
 
@@ -51,9 +50,8 @@ class HostActor:
 
     def run(self, endpoint: str, spec_kwargs: dict[str, Any], options: dict[str, Any]) -> int:
         from .._host import HostWorkers
-        from .._worker_spec import WorkerSpec
 
-        return HostWorkers(endpoint, WorkerSpec(**spec_kwargs), **options).run()
+        return HostWorkers(endpoint, _host_spec(spec_kwargs), **options).run()
 
 
 @dataclass
@@ -83,6 +81,7 @@ def launch_workers(
     reconnect: bool = False,
     peer_timeout: float = 10.0,
     num_cpus: float = 1,
+    device: str | None = None,
     **actor_options: Any,
 ) -> RayWorkers:
     """Start ``num_workers`` Ray actors that join the collector at ``endpoint``.
@@ -90,10 +89,13 @@ def launch_workers(
     ``env`` is a gymnasium id or ``"pkg.mod:factory"``; ``policy`` an import path
     of a function returning the policy (None: random actions). ``curve_keys`` is
     a directory that exists on the Ray nodes (``asyncrl keys generate``).
+    ``device`` is where each worker's policy runs (``asyncrl worker --device``),
+    checked in the actor on its node: for ``"cuda"`` give the actors a GPU
+    (``num_gpus=1``), else the run fails with the checker's message.
     """
     if num_workers < 1:
         raise ValueError(f"num_workers must be >= 1, got {num_workers}")
-    spec_kwargs = _spec_kwargs(env, policy, envs_per_worker)
+    spec_kwargs = _spec_kwargs(env, policy, envs_per_worker, device)
     options = {"curve_keys": curve_keys, "reconnect": reconnect, "peer_timeout": peer_timeout}
     actors = [WorkerActor.options(  # type: ignore[attr-defined]  # added by @ray.remote
                   num_cpus=num_cpus, **actor_options).remote()
@@ -113,6 +115,7 @@ def launch_hosts(
     curve_keys: str | None = None,
     reconnect: bool = False,
     peer_timeout: float = 10.0,
+    device: str | None = None,
     **actor_options: Any,
 ) -> RayWorkers:
     """Start ``workers_per_host`` workers and one relay on each Ray node (or each of ``nodes``).
@@ -122,6 +125,7 @@ def launch_hosts(
     ``asyncrl worker --workers K`` does on a host: weights reach the node once
     per version. ``nodes`` are Ray node ids (default: every alive node). The
     collector's ``remote_workers`` is ``workers_per_host x`` the number of nodes.
+    ``device``: as for :func:`launch_workers` (one GPU per worker: ``num_gpus=K``).
     """
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -131,7 +135,7 @@ def launch_hosts(
         nodes = [node["NodeID"] for node in ray.nodes() if node.get("Alive")]
     if not nodes:
         raise ValueError("no alive Ray node to start workers on: is ray.init() done?")
-    spec_kwargs = _spec_kwargs(env, policy, envs_per_worker)
+    spec_kwargs = _spec_kwargs(env, policy, envs_per_worker, device)
     options = {"workers": workers_per_host, "curve_keys": curve_keys, "reconnect": reconnect,
                "peer_timeout": peer_timeout}
     actors = [HostActor.options(  # type: ignore[attr-defined]  # added by @ray.remote
@@ -143,6 +147,17 @@ def launch_hosts(
     return RayWorkers(actors, runs)
 
 
-def _spec_kwargs(env: str, policy: str | None, envs_per_worker: int) -> dict[str, Any]:
+def _spec_kwargs(env: str, policy: str | None, envs_per_worker: int,
+                 device: str | None = None) -> dict[str, Any]:
     # Import paths and plain values only: the actor builds its WorkerSpec itself.
-    return {"create_env_fn": env, "policy_factory": policy, "envs_per_worker": envs_per_worker}
+    return {"create_env_fn": env, "policy_factory": policy, "envs_per_worker": envs_per_worker,
+            "device": device}
+
+
+def _host_spec(spec_kwargs: dict[str, Any]) -> Any:
+    """The actor's WorkerSpec, its device checked on the node it runs on."""
+    from .._worker_spec import WorkerSpec, host_rollout_options
+
+    kwargs = dict(spec_kwargs)
+    rollout = host_rollout_options(kwargs.pop("device", None))
+    return WorkerSpec(**kwargs, rollout=rollout)

@@ -35,7 +35,7 @@ class AckRoute(enum.Enum):
 
     >>> AckRoute("relay") is AckRoute.RELAY
     True
-    >>> applier.deliver(message, AckRoute.RELAY)   # forwarded by this host's relay  # doctest: +SKIP
+    >>> applier.deliver(message, AckRoute.RELAY)   # from this host's relay  # doctest: +SKIP
     """
 
     #: Over the worker's own link, to the coordinator that sent it.

@@ -35,7 +35,7 @@ class SharedMemWeightSender(WeightSender):
     >>> scheme = SharedMemWeightSyncScheme(slots=2)                     # doctest: +SKIP
     >>> sender = scheme.init_on_sender("policy", hub=hub, model=policy,
     ...                                workers=lambda: peers)            # doctest: +SKIP
-    >>> version = await sender.send()   # written to a slot; (block, slot, seq) travels  # doctest: +SKIP
+    >>> version = await sender.send()   # (block, slot, seq) travels  # doctest: +SKIP
     """
 
     relayable = False  # the block lives on the trainer's host: nothing for a relay to carry
@@ -116,8 +116,9 @@ class SharedMemWeightReceiver(WeightReceiver):
     Built on the worker by the scheme; ``torn_reads`` counts how often the
     seqlock caught a slot being rewritten while it was copied.
 
-    >>> receiver = SharedMemWeightSyncScheme().init_on_worker("policy", root=worker)  # doctest: +SKIP
-    >>> receiver.torn_reads                                                          # doctest: +SKIP
+    >>> scheme = SharedMemWeightSyncScheme()                      # doctest: +SKIP
+    >>> receiver = scheme.init_on_worker("policy", root=worker)   # doctest: +SKIP
+    >>> receiver.torn_reads                                        # doctest: +SKIP
     0
     """
 

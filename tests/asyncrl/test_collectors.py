@@ -91,9 +91,9 @@ async def test_async_collector_delivers_exact_total_frames() -> None:
     assert len(batches) == 5
     assert sum(b.numel() for b in batches) == 40
     for batch in batches:
-        check_layout(batch, (1, 8))
+        check_layout(batch, (8,))  # one env per worker: [time], as TorchRL's
         check_counting_frames(batch)
-    assert {int(b["collector", "worker_id"][0, 0]) for b in batches} <= {0, 1}
+    assert {int(b["collector", "worker_id"][0]) for b in batches} <= {0, 1}
 
 
 async def test_a_slow_trainer_keeps_workers_at_most_prefetch_ahead() -> None:
@@ -274,12 +274,12 @@ async def test_in_process_collector_matches_a_gymnasium_loop() -> None:
     obs, _ = env.reset(seed=seed)
     for batch in batches:
         for t in range(batch.shape[-1]):
-            assert torch.allclose(batch["observation"][0, t], torch.as_tensor(obs))
-            obs, reward, term, trunc, _ = env.step(int(batch["action"][0, t]))
-            assert torch.allclose(batch["next", "observation"][0, t], torch.as_tensor(obs))
-            assert float(batch["next", "reward"][0, t]) == reward
-            assert bool(batch["next", "terminated"][0, t]) == term
-            assert bool(batch["next", "truncated"][0, t]) == trunc
+            assert torch.allclose(batch["observation"][t], torch.as_tensor(obs))
+            obs, reward, term, trunc, _ = env.step(int(batch["action"][t]))
+            assert torch.allclose(batch["next", "observation"][t], torch.as_tensor(obs))
+            assert float(batch["next", "reward"][t]) == reward
+            assert bool(batch["next", "terminated"][t]) == term
+            assert bool(batch["next", "truncated"][t]) == trunc
             if term or trunc:
                 obs, _ = env.reset()
 

@@ -62,11 +62,13 @@ def test_unknown_exploration_type_names_the_known_ones() -> None:
 
 
 def test_storing_device_becomes_a_torch_device() -> None:
-    assert RolloutOptions(storing_device="meta").storing_device == torch.device("meta")
+    assert RolloutOptions(storing_device="cpu").storing_device == torch.device("cpu")
     with pytest.raises(ValueError) as info:
         RolloutOptions(storing_device="gpu0")
-    assert str(info.value).startswith("storing_device must be a torch.device or a device name "
-                                      "such as 'cpu' or 'cuda:0', got 'gpu0' (")
+    assert str(info.value).startswith("storing_device='gpu0' is not a device: expected a "
+                                      "torch.device or a device name such as 'cpu' or 'cuda:0' (")
+    with pytest.raises(ValueError, match=r"^storing_device='meta': a meta tensor holds no data"):
+        RolloutOptions(storing_device="meta")
 
 
 def test_options_are_frozen_and_travel_by_pickle() -> None:
@@ -85,8 +87,10 @@ def test_a_worker_spec_without_options_gets_the_defaults() -> None:
 def test_multi_collectors_build_the_options_once_from_torchrl_arguments(cls: type) -> None:
     collector = cls("CartPole-v1", num_workers=1, frames_per_batch=10, max_frames_per_traj=-1,
                     set_truncated=True, exploration_type="mean", storing_device="cpu")
+    # A worker's batch leaves it as host bytes: the trainer stores it (docs/devices.md).
     assert collector._spec.rollout == RolloutOptions(
-        set_truncated=True, exploration_type=ExplorationType.MEAN, storing_device="cpu")
+        set_truncated=True, exploration_type=ExplorationType.MEAN)
+    assert collector.devices.storing_device == torch.device("cpu")
 
 
 def test_the_in_process_collector_builds_the_same_options() -> None:

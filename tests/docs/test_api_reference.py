@@ -23,6 +23,22 @@ def test_api_reference_is_current() -> None:
         "'python scripts/gen_api_docs.py' and commit docs/api.md")
 
 
+def test_migration_guide_argument_table_is_current() -> None:
+    current = (ROOT / "docs/migration.md").read_text()
+    assert current == _generator().with_table(current), (
+        "the TorchRL argument table of docs/migration.md is out of date: run "
+        "'python scripts/gen_api_docs.py' and commit docs/migration.md")
+
+
+def test_migration_guide_holds_the_ported_script_in_full() -> None:
+    from .markdown_blocks import code_blocks
+
+    script = (ROOT / "examples/ppo_pendulum.py").read_text()
+    blocks = [b.code for b in code_blocks(ROOT / "docs/migration.md") if b.lang == "python"]
+    assert script in blocks, ("docs/migration.md must show examples/ppo_pendulum.py in full, "
+                              "as one python block: copy the file into it")
+
+
 def test_every_public_class_has_a_docstring_with_an_example() -> None:
     import asyncrl
     import asyncrl.weights

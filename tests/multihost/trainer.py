@@ -47,7 +47,7 @@ async def main(listen: str, total_frames: int, remote_workers: int) -> None:
                     tg.start_soon(keep_updating, collector)
                 versions = batch["collector", "policy_version"]
                 say(event="batch", frames=batch.numel(),
-                    worker=int(batch["collector", "worker_id"][0, 0]),
+                    worker=int(batch["collector", "worker_id"].reshape(-1)[0]),
                     min_version=int(versions.min()), max_version=int(versions.max()),
                     traj_ids=sorted(set(batch["collector", "traj_ids"].flatten().tolist())))
                 await anyio.sleep(0.05)  # a training step: lets several updates happen per run
