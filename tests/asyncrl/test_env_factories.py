@@ -64,10 +64,10 @@ async def test_async_mode_takes_the_list_forms_too() -> None:
                                        total_frames=16,
                                        create_env_kwargs=[{"length": 2}, {"length": 4}]) as c:
             batches = [b async for b in c]
-    by_worker = {int(b["collector", "worker_id"][0, 0]): b for b in batches}
+    by_worker = {int(b["collector", "worker_id"][0]): b for b in batches}  # [T]: one env
     for worker, batch in by_worker.items():
         expected = [1, 3, 5, 7] if worker == 0 else [3, 7]
-        assert batch["next", "truncated"][0].reshape(-1).nonzero().reshape(-1).tolist() == expected
+        assert batch["next", "truncated"].reshape(-1).nonzero().reshape(-1).tolist() == expected
 
 
 async def test_workers_whose_specs_differ_fail_the_run_naming_them() -> None:

@@ -76,8 +76,7 @@ async def test_layout_matches_torchrls_collector() -> None:
     with anyio.fail_after(LIMIT):
         async with Collector(cartpole, frames_per_batch=16, total_frames=16) as c:
             [ours] = [b async for b in c]
-    assert reference["action"].shape == (16, 2)
-    assert ours["action"].shape == (1, 16, 2)  # asyncrl's [envs, time] in front
+    assert ours["action"].shape == reference["action"].shape == (16, 2)
     assert ours["action"].dtype == reference["action"].dtype == torch.int64
     assert_one_hot(ours["action"])
     assert_one_hot(reference["action"])

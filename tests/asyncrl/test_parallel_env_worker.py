@@ -64,13 +64,13 @@ async def test_a_batched_torchrl_env_in_each_worker(tmp_path: Path, make: object
             assert await c.getattr_env("num_workers") == 2  # the user's ParallelEnv's
     assert len(batches) == 2
     for batch in batches:
-        # two workers x two envs each, ten steps: [workers * envs, steps]
-        assert batch.batch_size == torch.Size([4, 10])
-        assert batch["collector", "worker_id"][:, 0].tolist() == [0, 0, 1, 1]
+        # two workers x two envs each, ten steps: [workers, envs, steps] as TorchRL stacks
+        assert batch.batch_size == torch.Size([2, 2, 10])
+        assert batch["collector", "worker_id"][..., 0].tolist() == [[0, 0], [1, 1]]
         assert batch["action"].dtype == torch.int64
-        assert batch["observation"].shape == (4, 10, 4)
+        assert batch["observation"].shape == (2, 2, 10, 4)
         # each env is a trajectory of its own
-        assert len(set(batch["collector", "traj_ids"][:, 0].tolist())) == 4
+        assert len(set(batch["collector", "traj_ids"][..., 0].reshape(-1).tolist())) == 4
     env_pids = recorded_pids(tmp_path)
     if make is parallel_cartpoles:
         assert len(env_pids - workers) >= 4  # the workers' own children stepped the envs
@@ -103,5 +103,5 @@ async def test_spawned_workers_may_have_children_too(tmp_path: Path) -> None:
                                       create_env_kwargs={"directory": str(tmp_path)}) as c:
             [batch] = [b async for b in c]
             workers = set(c.worker_pids)
-    assert batch.batch_size == torch.Size([2, 10])
+    assert batch.batch_size == torch.Size([1, 2, 10])
     assert await all_gone(recorded_pids(tmp_path) | workers)
