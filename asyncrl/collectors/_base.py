@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable
 from typing import Any, Self
 
 import anyio
@@ -15,10 +14,11 @@ from .._batches import MASK_KEY, split_trajectories
 from .._errors import CollectorError
 from .._trajectories import TrajectoryAssembler, check_trajectory_options
 from ._config import normalise_total_frames
+from ._operations import CollectorOperations
 from ._torchrl_habits import TorchRLHabits
 
 
-class BaseCollector(TaskGroupResource, TorchRLHabits):
+class BaseCollector(CollectorOperations, TaskGroupResource, TorchRLHabits):
     """Async iteration over batches, ``total_frames``, ``postproc``, ``start()``/``pause()``."""
 
     def __init__(
@@ -53,7 +53,7 @@ class BaseCollector(TaskGroupResource, TorchRLHabits):
         self._closed = False
         self._running_free = False
         self._free_run: anyio.CancelScope | None = None
-        self._resumed: anyio.Event | None = None  # async primitives need the event loop
+        self._init_operations()  # statistics, events, pause
 
     # -- to implement --------------------------------------------------------------
     async def _open(self) -> None:
@@ -74,8 +74,6 @@ class BaseCollector(TaskGroupResource, TorchRLHabits):
     # -- life cycle ---------------------------------------------------------------------
     def _create_async_state(self) -> None:
         """Create the anyio primitives (they need a running event loop; __init__ may not)."""
-        self._resumed = anyio.Event()
-        self._resumed.set()
 
     async def __aenter__(self) -> Self:
         if self._closed or self._task_group is not None:
@@ -94,8 +92,13 @@ class BaseCollector(TaskGroupResource, TorchRLHabits):
         self._closed = True
         if self._free_run is not None:
             self._free_run.cancel()
-        with anyio.CancelScope(shield=True):
-            await self._close()
+        if self._resumed is not None:
+            self._resumed.set()  # a trainer call waiting for resume() ends
+        try:
+            with anyio.CancelScope(shield=True):
+                await self._close()
+        finally:
+            self._events.close()  # subscriptions end once drained
 
     # -- iteration ---------------------------------------------------------------------
     def __aiter__(self) -> Self:
@@ -148,6 +151,9 @@ class BaseCollector(TaskGroupResource, TorchRLHabits):
             raise StopAsyncIteration
         if 0 <= self.total_frames <= self.frames_collected:
             raise StopAsyncIteration
+        await self._wait_resumed()  # paused: nothing is handed over until resume()
+        if self._closed:
+            raise StopAsyncIteration
         if self.update_at_each_batch:
             await self.update_policy_weights()
         try:
@@ -156,10 +162,14 @@ class BaseCollector(TaskGroupResource, TorchRLHabits):
             if self._closed:  # closed from another task while this one waited
                 raise StopAsyncIteration from None
             raise
-        keys = batch.keys(include_nested=True)
+        await self._wait_resumed()  # paused meanwhile: held until resume()
+        if self._closed:
+            raise StopAsyncIteration
         # Padding of a preempted round is not frames (TorchRL counts the mask).
-        self.frames_collected += int(batch.get(MASK_KEY).sum()) if MASK_KEY in keys \
+        frames = int(batch.get(MASK_KEY).sum()) if MASK_KEY in batch.keys(include_nested=True) \
             else batch.numel()
+        self.frames_collected += frames
+        self._note_batch(batch, frames)  # statistics(): a few reductions per batch
         if self.split_trajs:
             batch = split_trajectories(batch)
         if self.postproc is not None:
@@ -186,20 +196,5 @@ class BaseCollector(TaskGroupResource, TorchRLHabits):
 
     async def _run_free(self) -> None:
         with anyio.CancelScope() as self._free_run:  # aclose() ends it
-            async for _ in self:  # each step extends replay_buffer
-                assert self._resumed is not None
-                await self._resumed.wait()
-
-    @asynccontextmanager
-    async def pause(self) -> AsyncIterator[None]:
-        """``async with c.pause():`` — no new batch is collected inside the block."""
-        resumed = self._resumed = anyio.Event()
-        await self._set_paused(True)
-        try:
-            yield
-        finally:
-            resumed.set()
-            await self._set_paused(False)
-
-    async def _set_paused(self, paused: bool) -> None:
-        pass
+            async for _ in self:  # each step extends replay_buffer; pause() holds it
+                pass

@@ -143,6 +143,7 @@ class Collector(BaseCollector):
             # Updates are read from the trainer's module and copied into the rollout's
             # (nothing to copy when the two are one object).
             self._sender = self._scheme.init_on_sender("policy", model=self.policy)
+            self._sender.on_applied = self._on_weights_applied  # events(), metrics
             receiver = self._scheme.init_on_worker("policy", model=self.rollout_policy,
                                                    deliver=self._on_weights)
             assert receiver.link is not None

@@ -81,7 +81,8 @@ class NeedsState(StepCount):
 
 
 def check_carry(batch: TensorDictBase, keys: list[tuple[str, ...]]) -> None:
-    """TorchRL's semantics on a ``[N, T]`` batch: zero + is_init after a reset, carry otherwise."""
+    """TorchRL's semantics on a ``[..., T]`` batch: zero + is_init after a reset, else carry."""
+    batch = batch.reshape(-1, batch.shape[-1])  # [W, E, T] (stacked workers) -> [W*E, T]
     is_init = batch["is_init"].squeeze(-1)
     done = batch["next", "done"].squeeze(-1)
     assert not batch["next", "is_init"].any()
@@ -303,7 +304,7 @@ async def test_worker_processes_carry_lstm_state_per_env(cls: type) -> None:
         check_carry(batch, STATE_KEYS)
     assert any(b["next", "done"].any() for b in batches)
     if cls is MultiSyncCollector:  # row i is the same env in every round
-        check_carry(torch.cat(batches, 1), STATE_KEYS)  # carried across updates and batches
+        check_carry(torch.cat(batches, -1), STATE_KEYS)  # carried across updates and batches
 
 
 @pytest.mark.anyio
@@ -314,7 +315,7 @@ async def test_worker_processes_with_a_torchrl_env_and_a_gru() -> None:
                                       total_frames=240) as collector:
             batches = [b.clone() async for b in collector]
     for batch in batches:
-        assert batch.shape == (4, 30)
+        assert batch.shape == (2, 2, 30)  # [workers, envs, time], TorchRL's stack
         check_carry(batch, [("recurrent_state",)])
         assert batch["recurrent_state"].shape[-2:] == (2, 6)
 
