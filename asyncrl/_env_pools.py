@@ -175,6 +175,12 @@ class EnvPool(ABC):
         self._pending_seeds = [seed + i for i in range(self.num_envs)]
         return seed + self.num_envs
 
+    @property
+    def user_env(self) -> Any:
+        """The env the user's factory built (the first one of several): what
+        ``getattr_env`` looks in."""
+        return self
+
     def close(self) -> None:
         """Release the envs. Idempotent."""
         if not self._closed:
@@ -229,6 +235,10 @@ class GymEnvListPool(EnvPool):
         self._envs = envs
         self._int_actions = self.specs.action.n is not None
         self._owner = owner  # a SyncVectorEnv we took the envs from, closed with us
+
+    @property
+    def user_env(self) -> Any:
+        return self._envs[0]
 
     def step_inplace(self, actions: np.ndarray) -> None:
         rew, term, trunc = self.reward, self.terminated, self.truncated
@@ -321,6 +331,10 @@ class GymVectorPool(EnvPool):
         self._done = np.zeros(self.num_envs, dtype=bool)
         self._reset_obs = _ObsLayout(self.specs.observation, self.num_envs)
 
+    @property
+    def user_env(self) -> Any:
+        return self._venv
+
     def step_inplace(self, actions: np.ndarray) -> None:
         obs, rew, term, trunc, info = self._venv.step(actions)
         self._layout.write_rows(slice(None), obs)
@@ -365,8 +379,8 @@ class TorchRLPool(EnvPool):
 
     Slower than the gymnasium pools: every step goes through the env's
     TensorDict machinery and is copied into our buffers. Only flat
-    observation keys, a Categorical/Bounded/Unbounded action and one reward
-    are supported; use the gymnasium env directly when you can.
+    observation keys, a Categorical/OneHot/Bounded/Unbounded action and one
+    reward are supported; use the gymnasium env directly when you can.
     """
 
     #: False: every step goes through TorchRL (see `asyncrl._torchrl_fast`).
@@ -391,6 +405,10 @@ class TorchRLPool(EnvPool):
         super().__init__(EnvSpecs(observation=obs_tree, action=action, num_envs=n))
         self._action = torch.zeros((*batch, *action.shape), dtype=_torch_dtype(action.dtype))
         self._td = env.reset()
+
+    @property
+    def user_env(self) -> Any:
+        return self._env
 
     def _write(self, td: Any) -> None:
         for key, arr in zip(self._obs_keys, self._layout.arrays, strict=True):
@@ -482,10 +500,9 @@ def _spec_from_torchrl(spec: Any, batch: tuple[int, ...]) -> ArraySpec:
     if name in ("Categorical", "DiscreteTensorSpec"):
         return ArraySpec(shape, dtype, 0.0, float(spec.space.n - 1), int(spec.space.n))
     if name in ("OneHot", "OneHotDiscreteTensorSpec"):
-        raise ValueError(
-            "torchrl one-hot actions are not supported: build the env with "
-            "categorical_action_encoding=True"
-        )
+        # TorchRL's default for discrete gym envs: the policy writes one-hot
+        # actions and the env gets them as they are, as in TorchRL's collectors.
+        return ArraySpec(shape, dtype, 0.0, 1.0, one_hot=True)
     low = high = None
     if hasattr(spec, "space") and hasattr(spec.space, "low"):
         low_t = spec.space.low.reshape(-1, *shape)[0] if batch else spec.space.low

@@ -70,6 +70,8 @@ class ArraySpec:
     ``low``/``high`` are a float when uniform over the array, a flat tuple of
     ``prod(shape)`` floats when not, or None when unbounded on that side.
     ``n`` is set for a Discrete space (values ``low .. low + n - 1``).
+    ``one_hot`` marks TorchRL's ``OneHot`` actions: the last dim holds one 1 (of
+    ``shape[-1]`` categories), the others 0.
 
     >>> spec = ArraySpec(shape=(), dtype="int64", low=0.0, high=1.0, n=2)
     >>> ArraySpec.from_dict(spec.to_dict()) == spec
@@ -81,6 +83,7 @@ class ArraySpec:
     low: Bound = None
     high: Bound = None
     n: int | None = None
+    one_hot: bool = False
 
     @property
     def numel(self) -> int:
@@ -101,7 +104,7 @@ class ArraySpec:
         def enc(b: Bound) -> float | list[float] | None:
             return list(b) if isinstance(b, tuple) else b
 
-        return {
+        out = {
             "kind": "array",
             "shape": list(self.shape),
             "dtype": self.dtype,
@@ -109,13 +112,16 @@ class ArraySpec:
             "high": enc(self.high),
             "n": self.n,
         }
+        if self.one_hot:  # only then: a peer without one-hot support sees what it knows
+            out["one_hot"] = True
+        return out
 
     @classmethod
     def from_dict(cls, d: object, *, field: str = "spec") -> ArraySpec:
         """Validate and build; ``field`` names the spec in error messages."""
         if not isinstance(d, Mapping):
             raise ValueError(f"{field}: expected a map, got {type(d).__name__}")
-        unknown = set(d) - {"kind", "shape", "dtype", "low", "high", "n"}
+        unknown = set(d) - {"kind", "shape", "dtype", "low", "high", "n", "one_hot"}
         if unknown:
             raise ValueError(f"{field}: unknown fields {sorted(map(str, unknown))}")
         if d.get("kind", "array") != "array":
@@ -132,7 +138,11 @@ class ArraySpec:
         n = d.get("n")
         if n is not None and (not _is_int(n) or n <= 0):
             raise ValueError(f"{field}.n: expected a positive int or None, got {n!r}")
-        return cls(shape=shape, dtype=dtype, low=low, high=high, n=n)
+        one_hot = d.get("one_hot", False)
+        if not isinstance(one_hot, bool) or (one_hot and (not shape or shape[-1] < 1)):
+            raise ValueError(f"{field}.one_hot: expected a bool (True only with a last dim "
+                             f"of categories), got {one_hot!r} for shape {list(shape)}")
+        return cls(shape=shape, dtype=dtype, low=low, high=high, n=n, one_hot=one_hot)
 
 
 def _check_shape(shape: object, field: str) -> tuple[int, ...]:
@@ -229,7 +239,7 @@ class EnvSpecs:
 def _spec_mismatch(a: ArraySpec, b: ArraySpec, name: str) -> list[str]:
     return [
         f"{name}.{f}: {getattr(a, f)!r} != {getattr(b, f)!r}"
-        for f in ("shape", "dtype", "low", "high", "n")
+        for f in ("shape", "dtype", "low", "high", "n", "one_hot")
         if getattr(a, f) != getattr(b, f)
     ]
 

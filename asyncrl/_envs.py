@@ -128,6 +128,11 @@ def make_env_pool(
         return create_env_fn
     if not isinstance(num_envs, int) or num_envs < 1:
         raise ValueError(f"num_envs must be a positive int, got {num_envs!r}")
+    if create_env_kwargs is not None and not isinstance(create_env_kwargs, Mapping):
+        raise TypeError(
+            f"create_env_kwargs must be a dict of keyword arguments, got "
+            f"{type(create_env_kwargs).__name__}; a list of one dict per worker is for "
+            "MultiSyncCollector / MultiAsyncCollector")
     kwargs = dict(create_env_kwargs or {})
     if isinstance(create_env_fn, str):
         if _IMPORT_PATH.match(create_env_fn):

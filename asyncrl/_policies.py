@@ -63,6 +63,7 @@ class RandomPolicy:
     """Uniform random actions: ``td -> td`` writing ``"action"``.
 
     Discrete / MultiDiscrete / MultiBinary: uniform over the valid integers.
+    One-hot (TorchRL's ``OneHot``): a uniform category, one-hot on the last dim.
     Box: uniform over ``low..high``, standard normal on unbounded dims (then
     clipped to a one-sided bound). When ``td`` already holds an ``"action"``
     tensor of the right shape and dtype on CPU it is filled in place, with no
@@ -139,6 +140,12 @@ class RandomPolicy:
 
     def _refill(self, shape: tuple[int, ...]) -> np.ndarray:
         count = max(1, min(_BLOCK_CALLS, _BLOCK_ITEMS // max(1, math.prod(shape))))
+        if self.spec.one_hot:
+            categories = shape[-1]
+            picks = self._rng.integers(0, categories, size=(count, *shape[:-1]))
+            self._block = np.eye(categories, dtype=self._dtype)[picks]
+            self._block_pos = 0
+            return self._block
         scratch = np.empty((count, *shape), dtype=np.float64)
         rng = self._rng
         if self._integer:

@@ -26,19 +26,22 @@ from transports import random_identity
 from transports import shutdown as flush_and_close_sockets
 
 from ._absent_modules import remember_absent_modules
-from ._processes import WorkerProcesses, process_alive, remove_orphaned_dir
+from ._processes import WorkerProcesses, allow_children, process_alive, remove_orphaned_dir
 from ._worker import EXIT_COORDINATOR_LOST, EXIT_ERROR, EXIT_REFUSED, run_worker
 from ._worker_spec import WorkerSpec
 
 
 # -- a collector's local workers ------------------------------------------------------------
-def local_worker_processes(endpoint: str, spec: WorkerSpec, count: int, *, token: str,
+def local_worker_processes(endpoint: str, spec: WorkerSpec | list[WorkerSpec], count: int, *,
+                           token: str,
                            backend: str, options: dict[str, Any], directory: str,
                            start_method: str = "forkserver") -> WorkerProcesses:
     """``count`` local workers of the collector at ``endpoint`` (not started yet).
 
     ``directory`` is the collector's private one (mkdtemp, 0700, removed by the
-    collector); the spec file is written there as the first worker starts.
+    collector); the spec file is written there as the first worker starts. ``spec``
+    may be a list, one per slot (per-worker env factories): one file holds them all,
+    so a policy they share is pickled once.
     """
     spec_file = _SpecFile(os.path.join(directory, "worker-spec.pickle"), spec)
     parent_pid = os.getpid()
@@ -60,7 +63,7 @@ class _SpecFile:
     ``Process.start()`` block until the child had imported torch.
     """
 
-    def __init__(self, path: str, spec: WorkerSpec) -> None:
+    def __init__(self, path: str, spec: WorkerSpec | list[WorkerSpec]) -> None:
         self._path = path
         self._spec = spec
         self._lock = threading.Lock()  # workers start in parallel threads
@@ -98,6 +101,9 @@ def process_main(endpoint: str, spec_path: str, slot: int, identity: bytes, toke
     remember_absent_modules()  # a per-step import probe of tensordict's, answered at once
     with open(spec_path, "rb") as f:
         spec = pickle.load(f)
+    if isinstance(spec, list):  # one per slot (per-worker env factories)
+        spec = spec[slot]
+    allow_children()
     code = anyio.run(
         lambda: run_worker(endpoint, spec, identity=identity, slot=slot, token=token,
                            parent_pid=parent_pid, **options),

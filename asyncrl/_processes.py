@@ -15,6 +15,7 @@ clean up left behind (:func:`remove_orphaned_dir`).
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import os
 import shutil
 import signal
@@ -210,6 +211,24 @@ def describe_exit(exitcode: int | None) -> str:
     return f"exited with code {exitcode}"
 
 
+# -- the child's side ------------------------------------------------------------------------
+def allow_children() -> None:
+    """Let this (daemonic) worker start processes of its own, e.g. a TorchRL ``ParallelEnv``.
+
+    The parent keeps its ``daemon=True`` process object: at the trainer's exit
+    multiprocessing terminates such workers instead of joining them (a worker
+    whose trainer forgot ``aclose()`` would otherwise hold the exit until it
+    gives up on the coordinator). Only this process's view changes, which is
+    what multiprocessing checks before a start ("daemonic processes are not
+    allowed to have children"). Its children do not outlive it for long: the
+    worker closes its envs on every exit path but SIGKILL, and TorchRL's env
+    workers exit when their pipe to it closes.
+    """
+    current = multiprocessing.current_process()
+    if current.daemon:
+        current.daemon = False
+
+
 # -- the child's side: a parent that died ---------------------------------------------------
 def process_alive(pid: int) -> bool:
     """Whether process ``pid`` exists (and is not a zombie waiting to be reaped)."""
@@ -243,5 +262,5 @@ def remove_orphaned_dir(directory: str) -> None:
         shutil.rmtree(directory, ignore_errors=True)
 
 
-__all__ = ["ArgsFor", "OnExit", "WorkerProcesses", "describe_exit", "process_alive",
-           "remove_orphaned_dir", "remove_orphaned_socket_dir"]
+__all__ = ["ArgsFor", "OnExit", "WorkerProcesses", "allow_children", "describe_exit",
+           "process_alive", "remove_orphaned_dir", "remove_orphaned_socket_dir"]

@@ -35,6 +35,7 @@ from ._protocol import (
     Rejoin,
     Welcome,
 )
+from ._reach import env_attr, policy_attr, wire_value
 from ._relay_member import RelayMembership
 from ._rollout import Rollout
 from ._seeding import seed_global_rngs
@@ -345,9 +346,14 @@ class Worker:
             if isinstance(self.policy, torch.nn.Module):
                 self.policy.load_state_dict(args["policy_state_dict"])
             return None
-        if control.op in ("getattr_policy", "getattr_env"):
-            owner = self.policy if control.op == "getattr_policy" else self.env_pool
-            return _plain(getattr(owner, str(args["attr"])))
+        if control.op == "getattr_env":
+            name = str(args["attr"])
+            return wire_value(env_attr(self.env_pool, name), what=f"the env's {name!r}")
+        if control.op == "getattr_policy":
+            name = str(args["attr"])
+            # policy=None: the RandomPolicy the rollout made (inside its adapter)
+            policy = self.policy if self.policy is not None else self.rollout._adapter
+            return wire_value(policy_attr(policy, name), what=f"the policy's {name!r}")
         raise ValueError(f"unknown control operation {control.op!r}")
 
     # -- collecting -------------------------------------------------------------------
@@ -417,16 +423,6 @@ def _state_dict(policy: Any) -> Any:
     if isinstance(policy, torch.nn.Module):
         return {"policy_state_dict": dict(policy.state_dict())}
     return {}
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, str | int | float | bool | type(None) | torch.Tensor):
-        return value
-    if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
-    if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
-    return repr(value)
 
 
 async def run_worker(endpoint: str, spec: WorkerSpec, *, identity: bytes | None = None,

@@ -19,7 +19,11 @@ from ._rollout_options import RolloutOptions
 
 @dataclass
 class WorkerSpec:
-    """How to build one worker: env factory, policy, rollout options, weight schemes."""
+    """How to build one worker: env factory, policy, rollout options, weight schemes.
+
+    A collector makes one per local worker (TorchRL's per-worker ``create_env_fn``
+    and ``create_env_kwargs`` lists); they share everything else, the policy too.
+    """
 
     create_env_fn: Any
     create_env_kwargs: Mapping[str, Any] | None = None

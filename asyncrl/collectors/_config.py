@@ -105,7 +105,11 @@ def split_frames(frames_per_batch: int | Sequence[int], workers: int, envs_per_w
 # -- workers ----------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class WorkerLayout:
-    """Who collects: ``num_workers`` local processes and ``remote_workers`` that connect."""
+    """Who collects: ``num_workers`` local processes and ``remote_workers`` that connect.
+
+    ``create_env_fn`` is one factory for every worker, or a list of one per local
+    worker (TorchRL's list form; remote workers build their own envs).
+    """
 
     create_env_fn: Any
     num_workers: int
@@ -126,10 +130,13 @@ class WorkerLayout:
             if num_workers is not None and num_workers != len(create_env_fn):
                 raise ValueError(f"num_workers={num_workers} but {len(create_env_fn)} env "
                                  "factories were given")
-            if len({id(f) for f in create_env_fn}) > 1:
-                raise ValueError("one env factory shared by all workers is supported; pass "
-                                 "create_env_fn=factory and num_workers=N")
-            num_workers, create_env_fn = len(create_env_fn), create_env_fn[0]
+            if not create_env_fn:
+                raise ValueError("create_env_fn is an empty list: give one env factory per "
+                                 "worker, or one factory and num_workers=N")
+            # One factory each (a list of several: see collectors._env_factories).
+            num_workers = len(create_env_fn)
+            shared = len({id(f) for f in create_env_fn}) == 1
+            create_env_fn = create_env_fn[0] if shared else list(create_env_fn)
         num_workers = 1 if num_workers is None else num_workers
         remote_workers = check_int("remote_workers", remote_workers, minimum=0)
         envs_per_worker = check_int("envs_per_worker", envs_per_worker, minimum=1)

@@ -14,6 +14,7 @@ from .._batches import drop_env_dim
 from .._devices import DeviceLayout, place_policy
 from .._envs import make_env_pool
 from .._errors import CollectorError
+from .._reach import env_attr, policy_attr
 from .._rollout import Rollout
 from .._rollout_options import RolloutOptions
 from .._seeding import seed_global_rngs
@@ -245,6 +246,25 @@ class Collector(BaseCollector):
         async with self._locked():
             self.rollout.reset(reset_idx)
         self._trajectories_reset(partial=reset_idx is not None)
+
+    async def getattr_env(self, attr: str) -> Any:
+        """An attribute of the user's env, reached as ``MultiCollector.getattr_env`` does.
+
+        In process, the object itself comes back (nothing crosses a wire).
+        """
+        rollout = self._open_rollout()
+        async with self._locked():
+            return env_attr(rollout.env_pool, attr)
+
+    async def getattr_policy(self, attr: str) -> Any:
+        """An attribute of the policy (or of its first sub-module that has it)."""
+        rollout = self._open_rollout()
+        return policy_attr(self.policy if self.policy is not None else rollout._adapter, attr)
+
+    def _open_rollout(self) -> Rollout:
+        if self.rollout is None:
+            raise RuntimeError("the collector is not open: use 'async with Collector(...)'")
+        return self.rollout
 
     def get_model(self, model_id: str = "policy") -> Any:
         if model_id != "policy":

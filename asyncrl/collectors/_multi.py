@@ -9,6 +9,7 @@ import shutil
 import socket
 import tempfile
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import anyio
@@ -16,13 +17,13 @@ import anyio.lowlevel
 import torch
 from tensordict import TensorDictBase
 
-from transports import CurveServer, Hub, PeerLostError
+from transports import CurveServer, Hub, PeerLostError, RemoteError
 
 from .._batches import assemble, drop_env_dim
-from .._coordinator import Coordinator, OnWorkerLoss, WorkerInfo, check_specs
+from .._coordinator import Coordinator, OnWorkerLoss, WorkerInfo
 from .._devices import DeviceLayout
 from .._envs import make_env_pool
-from .._errors import CollectorError, WorkerLostError
+from .._errors import CollectorError, WorkerLostError, rebuild_remote_exception
 from .._events import CollectorEvent
 from .._forkserver import worker_context
 from .._process_main import likely_causes, local_worker_processes
@@ -45,6 +46,7 @@ from ._config import (
     check_total_frames,
     split_frames,
 )
+from ._env_factories import LocalSpecsCheck, check_picklable, travelling, worker_envs
 from ._limits import listening_hub_limits
 from ._torchrl_args import MULTI_COLLECTOR, check_torchrl_options
 from ._updates import weight_updates
@@ -235,12 +237,20 @@ class MultiCollector(BaseCollector):
         if "policy" not in schemes and isinstance(policy, torch.nn.Module):
             schemes["policy"] = ZmqWeightSyncScheme()
         self.weight_sync_schemes = schemes
+        envs = worker_envs(layout.create_env_fn, create_env_kwargs, layout.num_workers)
         self._spec = WorkerSpec(
-            create_env_fn=layout.create_env_fn, create_env_kwargs=create_env_kwargs,
+            create_env_fn=envs[0][0], create_env_kwargs=envs[0][1],
             envs_per_worker=layout.envs_per_worker,
             policy=policy if policy_factory is None else None, policy_factory=policy_factory,
             rollout=rollout, weight_sync_schemes=schemes, torch_threads=threads.num_sub_threads,
         )
+        # One spec per local worker (its own env factory and kwargs; the rest shared).
+        self._worker_specs = [replace(self._spec, create_env_fn=fn, create_env_kwargs=kwargs)
+                              for fn, kwargs in envs[:layout.num_workers]]
+        if layout.num_workers:
+            check_picklable(travelling(self._spec, layout.create_env_fn, create_env_kwargs,
+                                       envs[:layout.num_workers]),
+                            start_method=threads.start_method)
         self._senders: dict[str, WeightSender] = {}
         self._hub: Hub | None = None
         self._workers: WorkerProcesses | None = None
@@ -295,7 +305,7 @@ class MultiCollector(BaseCollector):
                         sender.on_applied = self._on_weights_applied  # events, metrics
                         coordinator.attach(sender)  # relay routes, catch-up, batch counts
                     workers = self._workers = local_worker_processes(
-                        hub.endpoint, self._spec, self.num_workers, token=token,
+                        hub.endpoint, self._worker_specs, self.num_workers, token=token,
                         backend=backend,
                         options={"heartbeat_interval": interval, "peer_timeout": timeout,
                                  "curve_keys": self.curve_keys},
@@ -341,7 +351,8 @@ class MultiCollector(BaseCollector):
             prefetch=self.prefetch, preemptive_threshold=self.preemptive_threshold,
             init_random_frames=self.init_random_frames
             // max(1, self.num_workers + self.remote_workers),
-            check_specs=check_specs, token=token, accept_remote=self.remote_workers > 0,
+            check_specs=LocalSpecsCheck(lambda: self._coordinator, bool(self.remote_workers)),
+            token=token, accept_remote=self.remote_workers > 0,
             on_worker_loss=self.on_worker_loss, on_lost=self._on_worker_silent,
             batch_budget=self._batch_budget(), first_remote_index=self.num_workers,
             scheme_configs={model_id: scheme.to_config()
@@ -569,13 +580,26 @@ class MultiCollector(BaseCollector):
                                       **state_dict[f"worker{worker.index}"])
 
     async def getattr_policy(self, attr: str) -> Any:
-        """An attribute of worker 0's policy (msgpack-able values and tensors; else repr)."""
-        coordinator = await self._ensure_ready()
-        return await coordinator.control(coordinator.live_workers[0], "getattr_policy", attr=attr)
+        """An attribute of worker 0's policy, or of its first sub-module that has it.
+
+        ``attr`` may be dotted (``"module.0.out_features"``). Values come back as
+        plain values, tensors, numpy arrays or TensorDicts (see
+        :func:`asyncrl._reach.wire_value`); anything else raises a TypeError
+        naming its type.
+        """
+        return await self._getattr("getattr_policy", attr)
 
     async def getattr_env(self, attr: str) -> Any:
+        """An attribute of worker 0's env: the user's env, through gymnasium wrappers and
+        TorchRL transforms (then asyncrl's pool: ``num_envs``); values as ``getattr_policy``."""
+        return await self._getattr("getattr_env", attr)
+
+    async def _getattr(self, op: str, attr: str) -> Any:
         coordinator = await self._ensure_ready()
-        return await coordinator.control(coordinator.live_workers[0], "getattr_env", attr=attr)
+        try:
+            return await coordinator.control(coordinator.live_workers[0], op, attr=attr)
+        except RemoteError as exc:  # the worker's AttributeError / TypeError, as such
+            raise rebuild_remote_exception(exc) from exc
 
     def get_model(self, model_id: str = "policy") -> Any:
         """The trainer-side model registered for ``model_id``."""

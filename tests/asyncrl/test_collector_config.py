@@ -41,15 +41,20 @@ def test_a_list_must_agree_with_num_workers() -> None:
     assert str(info.value) == "num_workers=3 but 2 env factories were given"
 
 
-def test_different_factories_per_worker_are_refused() -> None:
+def test_different_factories_per_worker_are_kept_in_order() -> None:
     def a() -> None: ...
 
     def b() -> None: ...
 
+    checked = layout([a, b, a])
+    assert (checked.create_env_fn, checked.num_workers) == ([a, b, a], 3)
+
+
+def test_an_empty_list_of_factories_is_refused() -> None:
     with pytest.raises(ValueError) as info:
-        layout([a, b])
-    assert str(info.value) == ("one env factory shared by all workers is supported; pass "
-                               "create_env_fn=factory and num_workers=N")
+        layout([])
+    assert str(info.value) == ("create_env_fn is an empty list: give one env factory per "
+                               "worker, or one factory and num_workers=N")
 
 
 def test_at_least_one_worker() -> None:
