@@ -41,6 +41,7 @@ from ._protocol import (
     Control,
     ErrorReport,
     Hello,
+    Leaving,
     Refuse,
     RelayHello,
     RelayWelcome,
@@ -77,6 +78,7 @@ class Coordinator:
         *,
         on_join: Callable[[WorkerInfo], Awaitable[None]] | None = None,
         on_lost: Callable[[WorkerInfo], None] | None = None,
+        on_leaving: Callable[[WorkerInfo, str], None] | None = None,
         **rules: Any,
     ) -> None:
         """``rules`` are :class:`CoordinatorState`'s arguments (``sync``,
@@ -90,6 +92,7 @@ class Coordinator:
         self._senders: list[WeightSender] = []
         self._on_join = on_join  # awaited after the senders caught a newcomer up
         self._on_lost_hook = on_lost  # e.g. "restart": end a silent local process
+        self._on_leaving_hook = on_leaving  # a worker stops on a signal (SIGTERM)
         # Peers are hostile until admitted: what they make us log is rate-limited.
         self._limited_log = RateLimitedLog(log)
         self._changed = anyio.Event()
@@ -198,20 +201,29 @@ class Coordinator:
                                            kind=Control.KIND)
         return (await self.hub.wait_ack(ticket, timeout=60))[worker.peer]
 
-    async def close(self) -> None:
+    async def close(self, grace: float = 1.0) -> None:
         """The collector closes: every waiting trainer call raises, every live worker stops.
 
         Telling the workers is best effort (2 s in all): one that is gone already is
-        stopped by whoever started its process.
+        stopped by whoever started its process. Then the hub stays open until each
+        told worker said goodbye (``grace`` s at most, milliseconds usually): a worker
+        whose last messages (its ack, its goodbye) reached a live hub has nothing left
+        to deliver, so ZeroMQ's linger does not hold its exit for a second.
         """
         self.fail(CollectorError("the collector was closed"))  # wake waiters
+        told = []
         with anyio.move_on_after(2):
             for worker in self.live_workers:
+                worker.alive = False  # stopping, not lost: its goodbye is no loss
                 try:
                     await self.hub.send(worker.peer, Control("close").to_body(),
                                         kind=Control.KIND)
                 except Exception:
-                    pass  # gone already: its process's owner takes care of it
+                    continue  # gone already: its process's owner takes care of it
+                told.append(worker.peer)
+        with anyio.move_on_after(grace):
+            while any(peer not in self.state.gone for peer in told):
+                await self._wait_change()
 
     async def settle(self, peer: bytes, timeout: float) -> None:
         """Wait (up to ``timeout`` s) until what ``peer`` sent before it went away is handled.
@@ -253,6 +265,8 @@ class Coordinator:
                     await self._on_batch(item)
                 elif item.kind == ErrorReport.KIND:
                     await self._on_error(item)
+                elif item.kind == Leaving.KIND:
+                    await self._on_leaving(item)
                 else:
                     self._limited_log.warning("unknown-kind", "ignored a %r message from %r",
                                               item.kind, item.peer)
@@ -298,6 +312,20 @@ class Coordinator:
             self._limited_log.warning(f"report-{name}", "worker %s reported: %s", name,
                                       report.error.message)
 
+    async def _on_leaving(self, message: Message) -> None:
+        """A worker stops on its own (SIGTERM): the collector decides what that means."""
+        leaving = Leaving.from_body(message.body)
+        worker = self.workers.get(message.peer)
+        if worker is None or not worker.alive:
+            return  # a stranger's, or a worker already gone: no say in the run
+        if self._on_leaving_hook is not None:
+            self._on_leaving_hook(worker, leaving.reason)
+        if worker.alive:  # the hook did not take it as a stop: a loss, by on_worker_loss
+            log.info("worker %d (%s on %s) is leaving (%s)", worker.index, worker.name,
+                     worker.host, leaving.reason or "no reason given")
+            await self._on_lost(message.peer)
+        self._notify()
+
     def _spawned_here(self, report: ErrorReport) -> bool:
         """A local worker's report sent before it was admitted (its env failed to build)."""
         if report.slot < 0 or not self._token or not report.token:
@@ -338,6 +366,9 @@ class Coordinator:
             if not worker.alive:
                 return  # lost while it joined (its process died, or its welcome bounced)
             await sender.on_worker_joined(worker.index)
+        if worker.alive:
+            log.info("worker %d joined (%s, pid %d on %s)", worker.index, worker.name,
+                     worker.pid, worker.host)
         if self._on_join is not None and worker.alive:
             await self._on_join(worker)
 

@@ -299,6 +299,26 @@ class ErrorReport:
 
 
 @dataclass(slots=True)
+class Leaving:
+    """Worker -> coordinator: I am stopping on my own (a signal asked me to), not failing.
+
+    Sent before the worker says goodbye, so that the coordinator hears why
+    before it sees the worker gone: a local worker that got SIGTERM (systemd
+    stops a service's whole process group) ends the run as a normal stop.
+    """
+
+    KIND: ClassVar[str] = "leaving"
+    reason: str = ""
+
+    def to_body(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_body(cls, body: Any) -> Self:
+        return cls(reason=_optional_str(body, "reason", "leaving")[:1000])
+
+
+@dataclass(slots=True)
 class Control:
     """Coordinator -> worker, acknowledged: an operation and its arguments.
 

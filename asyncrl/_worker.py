@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
 from collections import deque
 from contextlib import AsyncExitStack
@@ -30,6 +31,7 @@ from ._protocol import (
     Control,
     ErrorReport,
     Hello,
+    Leaving,
     Preempt,
     Refuse,
     Rejoin,
@@ -71,8 +73,10 @@ class Worker:
     def __init__(self, link: Link, spec: WorkerSpec, *, slot: int = -1, token: str = "",
                  parent_pid: int | None = None, reconnect: bool = False,
                  reconnect_timeout: float = 3600.0, relay_link: Link | None = None,
-                 relay_name: str = "") -> None:
+                 relay_name: str = "", handle_signals: bool = False) -> None:
         self.link = link
+        #: Stop cleanly on SIGTERM/SIGINT (a process's main thread only: signal handlers).
+        self.handle_signals = handle_signals
         self.relay_link = relay_link  # this host's relay, if any: weights may come that way
         self.reconnect = reconnect
         self.reconnect_timeout = reconnect_timeout
@@ -127,10 +131,34 @@ class Worker:
                         remove_orphaned_socket_dir(link.endpoint)
                 tg.cancel_scope.cancel()
 
+        async def watch_signals() -> None:
+            nonlocal code
+            code = await self._watch_signals()
+            tg.cancel_scope.cancel()
+
         async with anyio.create_task_group() as tg:
             tg.start_soon(serve)
             tg.start_soon(watch_parent)
+            if self.handle_signals:
+                tg.start_soon(watch_signals)
         return code
+
+    async def _watch_signals(self) -> int:
+        """SIGTERM (systemd stops a whole process group) or SIGINT: stop, as a normal exit.
+
+        The coordinator is told why before the link says goodbye, so that it takes
+        this as a stop, not as a lost worker; the envs are closed on the way out.
+        """
+        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async for signum in signals:
+                name = signal.Signals(signum).name
+                log.info("worker %d got %s: stopping", self.index, name)
+                if self.rollout is not None:
+                    self.rollout.request_stop()  # the batch in progress ends at its next step
+                with anyio.CancelScope(shield=True), anyio.move_on_after(1.0):
+                    await self.link.send(Leaving(name).to_body(), kind=Leaving.KIND)
+                break
+        return EXIT_OK
 
     async def _serve(self) -> int:
         try:
@@ -431,7 +459,8 @@ async def run_worker(endpoint: str, spec: WorkerSpec, *, identity: bytes | None 
                      heartbeat_interval: float = 1.0, peer_timeout: float = 10.0,
                      reconnect: bool = False, reconnect_timeout: float = 3600.0,
                      curve_keys: str | None = None, relay: str | None = None,
-                     relay_name: bytes | str = b"", **link_options: Any) -> int:
+                     relay_name: bytes | str = b"", handle_signals: bool = False,
+                     **link_options: Any) -> int:
     """Connect to the coordinator at ``endpoint`` and serve until told to close.
 
     With ``reconnect=True`` a worker whose coordinator went silent waits (up to
@@ -441,7 +470,10 @@ async def run_worker(endpoint: str, spec: WorkerSpec, *, identity: bytes | None 
     is the endpoint of this host's :class:`~asyncrl._relay.HostRelay` and
     ``relay_name`` its identity: weight updates may then come through it. Returns an exit
     code: 0 when closed by the coordinator, 1 on an env or policy error (reported to the
-    coordinator first), 3 when the coordinator is gone, 4 when refused.
+    coordinator first), 3 when the coordinator is gone, 4 when refused. With
+    ``handle_signals`` (a worker process's main thread) SIGTERM and SIGINT stop it
+    cleanly: the coordinator is told first (a ``leaving`` message), the envs are
+    closed, and it returns 0.
     """
     if curve_keys is not None:
         link_options["curve"] = CurveClient.from_dir(curve_keys)
@@ -458,5 +490,6 @@ async def run_worker(endpoint: str, spec: WorkerSpec, *, identity: bytes | None 
             relay_name = relay_name.decode(errors="replace")
         worker = Worker(link, spec, slot=slot, token=token, parent_pid=parent_pid,
                         reconnect=reconnect, reconnect_timeout=reconnect_timeout,
-                        relay_link=relay_link, relay_name=relay_name)
+                        relay_link=relay_link, relay_name=relay_name,
+                        handle_signals=handle_signals)
         return await worker.run()

@@ -311,6 +311,10 @@ class Link(Channel):
         self._inbox.put_nowait(PeerEvent(HUB, "lost"), force=True)  # wakes a waiting recv()
 
     def _before_close(self, socket: zmq.Socket) -> None:
+        if self.hub_closed:
+            # It said goodbye: what is still queued for it can never be delivered, and a
+            # linger would only hold this process's exit (ZeroMQ's term) for nothing.
+            self._linger_ms = 0
         self._close_monitor(socket)
 
     def _on_close(self) -> None:

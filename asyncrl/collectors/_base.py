@@ -12,7 +12,7 @@ from tensordict import TensorDictBase
 from transports import TaskGroupResource
 
 from .._batches import split_trajectories
-from .._errors import CollectorError
+from .._errors import CollectorError, CollectorStopped
 from ._config import normalise_total_frames
 
 
@@ -93,6 +93,8 @@ class BaseCollector(TaskGroupResource):
             await self.update_policy_weights()
         try:
             batch = await self._next_batch()
+        except CollectorStopped:  # a stop (SIGTERM), not a failure: the iteration ends
+            raise StopAsyncIteration from None
         except Exception:
             if self._closed:  # closed from another task while this one waited
                 raise StopAsyncIteration from None

@@ -17,16 +17,17 @@ from tensordict import TensorDictBase
 
 from transports import CurveServer, Hub, PeerLostError
 
+from .. import _logs
 from .._batches import assemble
 from .._coordinator import Coordinator, OnWorkerLoss, WorkerInfo, check_specs
 from .._envs import make_env_pool
-from .._errors import CollectorError, WorkerLostError
+from .._errors import CollectorError, CollectorStopped, WorkerLostError
 from .._forkserver import worker_context
 from .._process_main import likely_causes, local_worker_processes
 from .._processes import WorkerProcesses, describe_exit
 from .._rollout_options import RolloutOptions
 from .._threads import TrainerThreads
-from .._worker import EXIT_ERROR
+from .._worker import EXIT_ERROR, EXIT_OK
 from .._worker_spec import WorkerSpec
 from ..weights import WeightSender, ZmqWeightSyncScheme
 from ._base import BaseCollector
@@ -252,13 +253,17 @@ class MultiCollector(BaseCollector):
                         hub.endpoint, self._spec, self.num_workers, token=token,
                         backend=backend,
                         options={"heartbeat_interval": interval, "peer_timeout": timeout,
-                                 "curve_keys": self.curve_keys},
+                                 "curve_keys": self.curve_keys,
+                                 "log_config": _logs.capture()},
                         directory=self._tmpdir or "", start_method=self.start_method)
                     async with anyio.create_task_group() as tg:
                         tg.start_soon(coordinator.run)  # hellos are answered while others spawn
                         for sender in self._senders.values():
                             tg.start_soon(sender.run)  # queued versions go out once acked
                         await tg.start(workers.run, self._on_process_death)
+                        log.info("%s opened at %s: %d local worker(s) starting, %d remote "
+                                 "expected", type(self).__name__, hub.endpoint,
+                                 self.num_workers, self.remote_workers)
                         task_status.started()
         finally:
             self._background_done.set()
@@ -297,6 +302,7 @@ class MultiCollector(BaseCollector):
             // max(1, self.num_workers + self.remote_workers),
             check_specs=check_specs, token=token, accept_remote=self.remote_workers > 0,
             on_worker_loss=self.on_worker_loss, on_lost=self._on_worker_silent,
+            on_leaving=self._on_worker_leaving,
             batch_budget=self._batch_budget(), first_remote_index=self.num_workers,
             scheme_configs={model_id: scheme.to_config()
                             for model_id, scheme in self.weight_sync_schemes.items()},
@@ -316,10 +322,11 @@ class MultiCollector(BaseCollector):
         pid, exitcode = process.pid, process.exitcode
         assert self._workers is not None
         peer = self._workers.identities[process]
-        if exitcode == EXIT_ERROR:
-            # It may have reported its error (type, traceback) just before exiting:
-            # that report must win, and it may still be on its way. A peer the hub
-            # never heard from has nothing on its way (the grace is a safety margin).
+        if exitcode in (EXIT_ERROR, EXIT_OK):
+            # It may have reported its error (type, traceback), or that it stops on
+            # SIGTERM, just before exiting: that report must win, and it may still be
+            # on its way. A peer the hub never heard from has nothing on its way (the
+            # grace is a safety margin).
             hub = self._hub
             connected = hub is not None and (peer in hub.peers or peer in coordinator.workers)
             await coordinator.settle(peer, self._heartbeat[1] + 1.0 if connected else 1.0)
@@ -348,6 +355,18 @@ class MultiCollector(BaseCollector):
         log.warning("restarting worker slot %d", slot)
         return True
 
+    def _on_worker_leaving(self, worker: WorkerInfo, reason: str) -> None:
+        """A worker stops on a signal: a local one stops the run (systemd's group SIGTERM)."""
+        if worker.index >= self.num_workers or self._coordinator is None:
+            return  # a remote host leaving: a loss, as on_worker_loss says
+        worker.alive = False
+        log.info("worker %d (pid %d) got %s: the collector stops", worker.index, worker.pid,
+                 reason or "a signal")
+        self._coordinator.fail(CollectorStopped(
+            f"the collector was stopped: worker {worker.index} (pid {worker.pid}) got "
+            f"{reason or 'a signal'} (systemd and `kill -TERM -PGID` stop a whole process "
+            "group); make a new collector to collect again"))
+
     def _on_worker_silent(self, worker: WorkerInfo) -> None:
         """A worker went silent for ``peer_timeout``: "restart" replaces a local one."""
         if self.on_worker_loss != "restart" or self._workers is None or self._closed:
@@ -368,9 +387,11 @@ class MultiCollector(BaseCollector):
         if not self._ready:
             await coordinator.wait_for_workers(self.num_workers + self.remote_workers)
             self._ready = True
+        coordinator.raise_if_failed()  # e.g. stopped (SIGTERM): every later call says so
         return coordinator
 
     async def _close(self) -> None:
+        log.info("%s closing after %d frames", type(self).__name__, self.frames_collected)
         if self._coordinator is not None:
             await self._coordinator.close()  # wakes waiters, tells the workers to stop
         for sender in self._senders.values():
@@ -386,6 +407,7 @@ class MultiCollector(BaseCollector):
             shutil.rmtree(self._tmpdir, ignore_errors=True)
         if self._threads_cap is not None:
             self._threads_cap.restore()
+        log.info("%s closed", type(self).__name__)
 
     # -- public API ------------------------------------------------------------------------
     @property
