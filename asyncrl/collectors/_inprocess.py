@@ -34,6 +34,50 @@ class Collector(BaseCollector):
     ...                      total_frames=1000) as collector:
     ...     async for batch in collector:
     ...         print(batch["next", "reward"].sum())
+
+    Parameters
+    ----------
+    create_env_fn
+        What to step: a gymnasium id (``"CartPole-v1"``), an import path
+        (``"pkg.mod:make_env"``) or a callable returning a gymnasium or TorchRL env.
+    policy
+        An ``nn.Module``, a ``TensorDictModule``, a callable from observations to
+        actions, or None (random actions). Shared with the trainer, not copied.
+    policy_factory
+        A callable (or ``"pkg.mod:factory"``) that builds the policy instead.
+    frames_per_batch
+        Frames per yielded batch (a multiple of ``envs_per_worker``).
+    total_frames
+        Frames to collect before the iteration ends; -1 or None: no end.
+    create_env_kwargs
+        Keyword arguments for ``create_env_fn``.
+    envs_per_worker
+        Envs stepped together as one vector env.
+    max_frames_per_traj
+        Truncate a trajectory after this many steps (``("next", "truncated")`` set).
+    init_random_frames
+        Frames collected with random actions before the policy is used.
+    reset_at_each_iter
+        Reset every env at the start of each batch.
+    reset_when_done
+        Reset an env when its episode ends (TorchRL's default True).
+    split_trajs
+        Split each batch into padded trajectories (TorchRL's ``split_trajectories``).
+    postproc
+        A callable applied to each batch before it is yielded.
+    set_truncated
+        Mark the last step of each batch's trajectories as truncated.
+    exploration_type
+        TorchRL's exploration type the policy runs under (``"random"``, ``"mode"``,
+        ``"mean"``, ``"deterministic"``, or None: leave it as it is).
+    update_at_each_batch
+        Call ``update_policy_weights()`` before each batch.
+    replay_buffer
+        Anything with ``.extend(td)``: ``start()`` collects into it in the background.
+    device, policy_device, env_device
+        TorchRL's device arguments, with TorchRL's names.
+    storing_device
+        Where the batch's tensors are stored (e.g. ``"cpu"``).
     """
 
     def __init__(

@@ -8,7 +8,7 @@ import shutil
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar, Literal, Self, overload
 
 import anyio
 import anyio.lowlevel
@@ -41,6 +41,7 @@ from ._config import (
     check_total_frames,
     split_frames,
 )
+from ._docs import share_parameters, show_init_signature
 from ._limits import listening_hub_limits
 
 log = logging.getLogger("asyncrl.collectors")
@@ -91,6 +92,107 @@ class MultiCollector(BaseCollector):
     ...     async for batch in c:
     ...         loss = train(batch)
     ...         await c.update_policy_weights()
+
+    Logging: INFO lines when it opens, when each worker joins and when it closes; a
+    lost worker is a WARNING. Workers log with the trainer's level and format (the
+    ``asyncrl`` logger's level, the root handler's format). A local worker that gets
+    SIGTERM stops the run as a normal stop: ``async for`` ends and later calls raise
+    :class:`~asyncrl.CollectorStopped` (systemd stops a service's whole process group).
+
+    Parameters
+    ----------
+    create_env_fn
+        What each worker steps: a gymnasium id (``"CartPole-v1"``), an import path
+        (``"pkg.mod:make_env"``), a callable returning a gymnasium or TorchRL env, or a
+        list with one of those per local worker.
+    policy
+        An ``nn.Module``, a ``TensorDictModule``, a callable from observations to
+        actions, or None (random actions). Each worker gets a copy; a module's weights
+        are then kept in sync (``update_policy_weights``, ``weight_sync_schemes``).
+    num_workers
+        Local worker processes (default: one per entry of a ``create_env_fn`` list,
+        else required unless ``remote_workers`` join instead).
+    sync
+        Only on ``MultiCollector``: True (default) builds a ``MultiSyncCollector``,
+        False a ``MultiAsyncCollector``.
+    policy_factory
+        A callable (or ``"pkg.mod:factory"`` import path) each worker calls to build its
+        own policy, instead of pickling ``policy``.
+    frames_per_batch
+        Frames per yielded batch; in sync mode split over the workers (or one int per
+        worker), in async mode each worker's batch size.
+    total_frames
+        Frames to collect before the iteration ends; -1 or None: no end.
+    create_env_kwargs
+        Keyword arguments for ``create_env_fn``.
+    envs_per_worker
+        Envs each worker steps together, as one vector env (TorchRL's batched envs).
+    max_frames_per_traj
+        Truncate a trajectory after this many steps (``("next", "truncated")`` set).
+    init_random_frames
+        Frames collected with random actions before the policy is used (split over the
+        workers).
+    reset_at_each_iter
+        Reset every env at the start of each batch.
+    reset_when_done
+        Reset an env when its episode ends (TorchRL's default True).
+    split_trajs
+        Split each batch into padded trajectories (TorchRL's ``split_trajectories``).
+    postproc
+        A callable applied to each batch before it is yielded.
+    set_truncated
+        Mark the last step of each batch's trajectories as truncated.
+    exploration_type
+        TorchRL's exploration type the policy runs under (``"random"``, ``"mode"``,
+        ``"mean"``, ``"deterministic"``, or None: leave it as it is).
+    cat_results
+        Sync mode: how shares are joined: 0 (default, along envs), 1 or -1 (along
+        time), ``"stack"`` or None (a new leading workers dimension).
+    preemptive_threshold
+        Sync mode: once this fraction of the workers delivered, the others are cut short
+        (TorchRL's meaning; None: never).
+    update_at_each_batch
+        Call ``update_policy_weights()`` before each batch.
+    replay_buffer
+        Anything with ``.extend(td)``: ``start()`` collects into it in the background.
+    weight_sync_schemes
+        ``{model_id: scheme}`` (:mod:`asyncrl.weights`); by default ``"policy"`` syncs
+        over ZeroMQ when ``policy`` is a module.
+    prefetch
+        Async mode: batches each worker may run ahead of the trainer (back-pressure).
+    device, policy_device, env_device
+        TorchRL's device arguments, with TorchRL's names.
+    storing_device
+        Where the batch's tensors are stored (e.g. ``"cpu"``).
+    on_worker_loss
+        ``"raise"`` (default), ``"continue"``, ``"wait"`` or ``"restart"``: see above.
+    backend
+        The anyio backend of the workers' event loops (default: the trainer's).
+    heartbeat_interval
+        Seconds between heartbeats on every trainer-worker connection.
+    peer_timeout
+        Seconds of silence after which a peer counts as lost (a worker exits, the
+        coordinator applies ``on_worker_loss``).
+    listen
+        Bind the coordinator here (``"tcp://0.0.0.0:5555"``; port 0 picks one, see
+        ``endpoint``) so that ``asyncrl worker`` hosts can join; default: a private
+        ``ipc://`` socket for the local workers only.
+    remote_workers
+        Remote workers to wait for (``asyncrl worker --connect ...``) besides the local
+        ones.
+    curve_keys
+        A directory made by ``asyncrl keys generate``: CURVE encryption and
+        authentication on ``listen``.
+    max_message_bytes
+        Largest message a listening coordinator accepts (default: derived from the batch
+        and the policy's size).
+    num_threads
+        Torch threads of the trainer's process while the collector is open (default:
+        the machine's threads minus the local workers, at least 1).
+    num_sub_threads
+        Torch threads of each worker (TorchRL's name, default 1).
+    start_method
+        ``"forkserver"`` (default: a warm fork server) or ``"spawn"``.
     """
 
     sync: bool = True
@@ -98,9 +200,24 @@ class MultiCollector(BaseCollector):
     #: before it delivered a batch; one more death fails the run (a crash loop).
     max_restarts: int = 3
 
+    #: ``help()`` shows ``__init__``'s parameters, not ``__new__``'s (set below the classes).
+    __signature__: ClassVar[Any]
+
+    # ``MultiCollector(..., sync=False)`` is a MultiAsyncCollector, to type checkers too.
+    @overload
+    def __new__(cls, *args: Any, sync: Literal[False], **kwargs: Any) -> MultiAsyncCollector: ...
+    @overload
+    def __new__(cls, *args: Any, sync: Literal[True], **kwargs: Any) -> MultiSyncCollector: ...
+    @overload
+    def __new__(cls, *args: Any, sync: None = None, **kwargs: Any) -> Self: ...
+
     def __new__(cls, *args: Any, sync: bool | None = None, **kwargs: Any) -> Any:
         if cls is MultiCollector:
             cls = MultiSyncCollector if sync in (None, True) else MultiAsyncCollector
+        elif sync is not None and bool(sync) != cls.sync:
+            other = "MultiSyncCollector" if sync else "MultiAsyncCollector"
+            raise ValueError(f"{cls.__name__}(sync={sync!r}) contradicts its class: use "
+                             f"{other}(...) or MultiCollector(..., sync={sync!r})")
         return super().__new__(cls)
 
     def __init__(
@@ -562,3 +679,9 @@ class MultiAsyncCollector(MultiCollector):
         coordinator = await self._ensure_ready()
         _, frames = await coordinator.next_batch()
         return frames
+
+
+for _cls in (MultiCollector, MultiSyncCollector, MultiAsyncCollector):
+    show_init_signature(_cls)
+for _cls in (MultiSyncCollector, MultiAsyncCollector):
+    share_parameters(_cls, MultiCollector)
