@@ -20,13 +20,18 @@ from ._errors import BadBatchError as BadBatchError
 from ._errors import CollectorError as CollectorError
 from ._errors import CollectorStopped as CollectorStopped
 from ._errors import WorkerLostError as WorkerLostError
+from ._events import CollectorEvent as CollectorEvent
+from ._events import EventStream as EventStream
 from ._policies import RandomPolicy as RandomPolicy
+from ._progress import Progress as Progress
+from ._statistics import CollectorStatistics as CollectorStatistics
+from ._statistics import WorkerState as WorkerState
+from ._statistics import WorkerStatistics as WorkerStatistics
 from .collectors import BlockingCollector as BlockingCollector
 from .collectors import Collector as Collector
 from .collectors import MultiAsyncCollector as MultiAsyncCollector
 from .collectors import MultiCollector as MultiCollector
 from .collectors import MultiSyncCollector as MultiSyncCollector
-from .collectors import WorkerStatistics as WorkerStatistics
 
 # A library never configures logging: the application does (see docs/service.md).
 _logging.getLogger("asyncrl").addHandler(_logging.NullHandler())
@@ -42,12 +47,17 @@ __all__ = [
     "BlockingCollector",
     "Collector",
     "CollectorError",
+    "CollectorEvent",
+    "CollectorStatistics",
     "CollectorStopped",
+    "EventStream",
     "MultiAsyncCollector",
     "MultiCollector",
     "MultiSyncCollector",
+    "Progress",
     "RandomPolicy",
     "WorkerLostError",
+    "WorkerState",
     "WorkerStatistics",
     "__version__",
 ]

@@ -36,6 +36,7 @@ from ._coordinator_state import (
     WorkerInfo,
 )
 from ._errors import CollectorError, WorkerLostError, rebuild_remote_exception
+from ._events import CollectorEvent
 from ._protocol import (
     Batch,
     Control,
@@ -47,6 +48,7 @@ from ._protocol import (
     RelayWelcome,
     Welcome,
 )
+from ._worker_registry import WorkerRegistry
 
 if TYPE_CHECKING:
     from .weights import WeightSender
@@ -79,11 +81,14 @@ class Coordinator:
         on_join: Callable[[WorkerInfo], Awaitable[None]] | None = None,
         on_lost: Callable[[WorkerInfo], None] | None = None,
         on_leaving: Callable[[WorkerInfo, str], None] | None = None,
+        publish: Callable[[CollectorEvent], None] | None = None,
+        paused: bool = False,
         **rules: Any,
     ) -> None:
         """``rules`` are :class:`CoordinatorState`'s arguments (``sync``,
         ``frames_per_worker``, ``prefetch``, ``token``, ``on_worker_loss``...); the
-        hub's coordinator instance and peer timeout are added from ``hub``."""
+        hub's coordinator instance and peer timeout are added from ``hub``;
+        ``publish`` receives the registry's events (joined, lost, refused)."""
         self.hub = hub
         self.state = CoordinatorState(
             instance=getattr(hub, "instance", ""), peer_timeout=getattr(hub, "peer_timeout", None),
@@ -96,6 +101,9 @@ class Coordinator:
         # Peers are hostile until admitted: what they make us log is rate-limited.
         self._limited_log = RateLimitedLog(log)
         self._changed = anyio.Event()
+        # Every admission, live and lost, for statistics() and the event stream.
+        self.registry = WorkerRegistry(publish)
+        self.state.paused = paused  # pause() before the collector opened
 
     # -- views of the state ----------------------------------------------------------------
     @property
@@ -163,37 +171,52 @@ class Coordinator:
         With ``max_frames`` (what ``total_frames`` still allows), only the workers
         needed to reach it are asked (see :meth:`CoordinatorState.start_round`).
         """
-        self._raise_failure()
+        await self._wait_resumed()  # paused: no new round is asked for
         round_, orders = self.state.start_round(max_frames)
         await self._perform(orders)
-        while not round_.complete:
+        while not round_.complete or self.state.paused:  # a round done while paused is held
             self._raise_failure()
             await self._wait_change()
         self._raise_failure()
         shares = self.state.end_round(round_)
-        for worker, _ in shares:
-            self._count_batch(worker)
+        for worker, frames in shares:
+            self._count_batch(worker, frames.numel())
         return shares
 
     async def next_batch(self) -> tuple[WorkerInfo, TensorDictBase]:
         """Async mode: the next batch any worker delivered; grants that worker a credit."""
         while True:
-            self._raise_failure()
+            await self._wait_resumed()  # paused: delivered batches are held, not handed over
             taken = self.state.take()
             if taken is None:
                 await self._wait_change()
                 continue
             worker, frames, orders = taken
             await self._perform(orders)
-            self._count_batch(worker)
+            self._count_batch(worker, frames.numel())
             return worker, frames
 
     async def set_paused(self, paused: bool) -> None:
-        """Async mode: paused, a taken batch earns no new credit; resumed, credits are topped up."""
+        """Paused: no new credit (async) or round (sync) is granted, and no batch is
+        handed to the trainer; what workers were already asked for is collected and
+        held. Resumed: the held batches are handed over and credits are topped up."""
         if paused:
             self.state.paused = True
+            self._notify()
+        elif self.sync:
+            self.state.paused = False
+            self._notify()
         else:
             await self._perform(self.state.resume())
+
+    @property
+    def sync(self) -> bool:
+        return self.state.sync
+
+    def heard(self, peer: bytes) -> float | None:
+        """``time.monotonic()`` when the hub last heard ``peer`` (None: not connected)."""
+        last_heard = getattr(self.hub, "last_heard", None)
+        return last_heard(peer) if last_heard is not None else None
 
     async def control(self, worker: WorkerInfo, op: str, **args: Any) -> Any:
         """Run the control operation ``op`` on ``worker`` and return its answer (60 s at most)."""
@@ -244,7 +267,7 @@ class Coordinator:
         ``replaceable``: something can take its place (it is respawned, or remote
         workers may join); without it ``"wait"`` would wait forever, so it fails.
         """
-        await self._perform(self.state.exited(peer, error, replaceable=replaceable))
+        await self._perform(self.state.exited(peer, error, replaceable=replaceable), str(error))
 
     # -- the hub-reading task ------------------------------------------------------------------
     async def run(self) -> None:
@@ -257,10 +280,15 @@ class Coordinator:
                         await self._perform(self.state.returned(item.peer))
                 elif item.kind == Hello.KIND:
                     hello = Hello.from_body(item.body)
-                    await self._perform(self.state.hello(item.peer, hello))
+                    actions = self.state.hello(item.peer, hello)
+                    self._note_refusals(actions, hello.name, hello.host, hello.pid)
+                    await self._perform(actions, "replaced by its own new hello")
                 elif item.kind == RelayHello.KIND:
                     relay_hello = RelayHello.from_body(item.body)
-                    await self._perform(self.state.relay_hello(item.peer, relay_hello))
+                    actions = self.state.relay_hello(item.peer, relay_hello)
+                    self._note_refusals(actions, relay_hello.name, relay_hello.host,
+                                        relay_hello.pid)
+                    await self._perform(actions)
                 elif item.kind == Batch.KIND:
                     await self._on_batch(item)
                 elif item.kind == ErrorReport.KIND:
@@ -278,12 +306,15 @@ class Coordinator:
         worker = self.state.workers.get(message.peer)
         if worker is None or not worker.alive:
             return  # a stranger's, or a lost worker's late batch: not even read
-        await self._perform(self.state.batch(message.peer, Batch.from_body(message.body)))
+        actions = self.state.batch(message.peer, Batch.from_body(message.body))
+        if actions:
+            self._note_refusals(actions, worker.name, worker.host, worker.pid)
+        await self._perform(actions, "refused for a bad batch")
 
     async def _on_lost(self, peer: bytes) -> None:
         worker = self.state.workers.get(peer)
         was_alive = worker is not None and worker.alive
-        await self._perform(self.state.lost(peer))
+        await self._perform(self.state.lost(peer), "stopped answering (silent or disconnected)")
         if was_alive and self._on_lost_hook is not None:
             assert worker is not None
             self._on_lost_hook(worker)
@@ -307,6 +338,8 @@ class Coordinator:
         if report.fatal:
             if worker is not None:
                 worker.alive = False
+                self.registry.check_lost(f"reported {report.error.type}: "
+                                         f"{report.error.message[:200]}")
             self.fail(error)
         else:
             self._limited_log.warning(f"report-{name}", "worker %s reported: %s", name,
@@ -336,15 +369,21 @@ class Coordinator:
 
 
     # -- doing what the state decided -------------------------------------------------------
-    async def _perform(self, actions: list[Action]) -> None:
-        """Take the actions a state change returned, in order (the state is current already)."""
+    async def _perform(self, actions: list[Action], lost_reason: str = "") -> None:
+        """Take the actions a state change returned, in order (the state is current already).
+
+        ``lost_reason``: why a worker this change dropped (an :class:`Expel`) was lost.
+        """
         self._notify()
         for action in actions:
             if isinstance(action, Expel):
                 self.hub.expel(action.peer)
+                self.registry.check_lost(lost_reason)
             elif isinstance(action, CatchUp):
                 await self._catch_up(action.worker)
             elif action.worker is None or action.worker.alive:
+                if action.worker is not None and isinstance(action.message, Welcome):
+                    self.registry.joined(action.worker)
                 await self._send(action)
             # else: an order to a worker lost since (by another task, during an await)
 
@@ -372,9 +411,21 @@ class Coordinator:
         if self._on_join is not None and worker.alive:
             await self._on_join(worker)
 
-    def _count_batch(self, worker: WorkerInfo) -> None:
+    def _note_refusals(self, actions: list[Action], name: str, host: str, pid: int) -> None:
+        for action in actions:
+            if isinstance(action, Send) and isinstance(action.message, Refuse):
+                self.registry.refused(name, host, action.message.reason, pid)
+
+    def _count_batch(self, worker: WorkerInfo, frames: int) -> None:
+        self.registry.delivered(worker, frames)
         for sender in self._senders:
             sender.note_batch(worker.index)  # max_interval counts delivered batches
+
+    async def _wait_resumed(self) -> None:
+        self._raise_failure()
+        while self.state.paused:
+            await self._wait_change()
+            self._raise_failure()
 
     def _raise_failure(self) -> None:
         if self.state.failure is not None:

@@ -11,7 +11,9 @@ was collected with the new weights (the progress bar's ``lag`` stays 0).
 
 The script exits 0 once the mean return of the last ``--window`` finished
 episodes reaches ``--target`` and 1 if ``--max-frames`` frames did not get there.
-torchrl is not needed; tqdm is (``pip install tqdm``).
+torchrl is not needed; tqdm is (``pip install "asyncrl[progress]"``): the bar is
+:class:`asyncrl.Progress`, whose figures (frames/s, mean return, policy lag,
+workers) all come from ``collector.statistics()``.
 
 Workers on other hosts (or other terminals) join the same run:
 
@@ -25,7 +27,6 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections import deque
 from dataclasses import dataclass
 
 import anyio
@@ -33,7 +34,6 @@ import torch
 from tensordict import TensorDictBase
 from tensordict.nn import TensorDictModule
 from torch import nn
-from tqdm import tqdm
 
 OBS_DIM, N_ACTIONS = 4, 2  # CartPole-v1
 
@@ -160,44 +160,6 @@ class PPO:
                 "entropy": entropy.item()}
 
 
-# -- episode returns from the batches --------------------------------------------------------
-class EpisodeTracker:
-    """Sum rewards per ``("collector", "traj_ids")`` across batches; record them at ``done``."""
-
-    def __init__(self, window: int) -> None:
-        self.partial: dict[int, float] = {}
-        self.returns: deque[float] = deque(maxlen=window)
-        self.episodes = 0
-
-    def add(self, batch: TensorDictBase) -> None:
-        reward = batch["next", "reward"].reshape(-1).double()
-        done = batch["next", "done"].reshape(-1)
-        traj = batch["collector", "traj_ids"].reshape(-1)
-        ids, inverse = torch.unique(traj, return_inverse=True)
-        sums = torch.zeros(len(ids), dtype=torch.float64).index_add_(0, inverse, reward)
-        finished = set(traj[done].tolist())
-        for tid, total in zip(ids.tolist(), sums.tolist(), strict=True):
-            total += self.partial.pop(tid, 0.0)
-            if tid in finished:
-                self.returns.append(total)
-                self.episodes += 1
-            else:
-                self.partial[tid] = total
-
-    @property
-    def mean(self) -> float:
-        return sum(self.returns) / len(self.returns) if self.returns else float("nan")
-
-    def reached(self, target: float) -> bool:
-        return len(self.returns) == self.returns.maxlen and self.mean >= target
-
-
-def policy_lag(collector: object, batch: TensorDictBase) -> int:
-    """Current policy version minus the oldest version that produced a frame of ``batch``."""
-    current = int(getattr(collector, "policy_version", 0))
-    return current - int(batch["collector", "policy_version"].min())
-
-
 # -- the loop ---------------------------------------------------------------------------------
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -213,25 +175,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--target", type=float, default=195.0,
                    help="mean return over the last --window finished episodes")
-    p.add_argument("--window", type=int, default=20)
+    p.add_argument("--window", type=int, default=20,
+                   help="episodes in the mean return (at most 100, the collector's window)")
     p.add_argument("--lr", type=float, default=PPOConfig.lr)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p.parse_args(argv)
 
 
+def mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else float("nan")
+
+
 async def train(args: argparse.Namespace) -> int:
-    from asyncrl import MultiSyncCollector
+    from asyncrl import MultiSyncCollector, Progress
 
     torch.manual_seed(args.seed)
     torch.set_num_threads(1)  # two cores: leave one to the workers
     policy = make_policy()
     ppo = PPO(policy.module, make_critic(), PPOConfig(lr=args.lr))
-    tracker = EpisodeTracker(args.window)
+    window = min(args.window, 100)  # the collector keeps the last 100 episode returns
     batches = -(-args.max_frames // args.frames_per_batch)  # whole batches, rounded up
     start = time.perf_counter()
     frames, first_batch_s = 0, float("nan")
-    bar = tqdm(total=batches * args.frames_per_batch, unit="frame", unit_scale=True,
-               dynamic_ncols=True, disable=args.no_progress)
+    returns: list[float] = []
     async with MultiSyncCollector(
         "CartPole-v1", policy, num_workers=args.workers,
         envs_per_worker=args.envs_per_worker, frames_per_batch=args.frames_per_batch,
@@ -242,26 +208,24 @@ async def train(args: argparse.Namespace) -> int:
             print(f"listening on {collector.endpoint} for {args.remote_workers} remote "
                   "worker(s)", flush=True)
         await collector.set_seed(args.seed)
-        async for batch in collector:
-            if not frames:
-                first_batch_s = time.perf_counter() - start
-            lag = policy_lag(collector, batch)
-            frames += batch.numel()
-            tracker.add(batch)
-            elapsed = time.perf_counter() - start
-            bar.update(batch.numel())
-            bar.set_postfix(fps=f"{frames / elapsed:,.0f}", ret=f"{tracker.mean:.1f}",
-                            episodes=tracker.episodes, lag=lag)
-            if tracker.reached(args.target):
-                break
-            ppo.update(batch)
-            await collector.update_policy_weights()
-    bar.close()
+        with Progress(collector, disable=args.no_progress) as progress:
+            async for batch in collector:
+                if not frames:
+                    first_batch_s = time.perf_counter() - start
+                frames += batch.numel()
+                returns = collector.episode_returns(window)
+                progress.update()  # frames/s, return, lag, workers: collector.statistics()
+                if len(returns) == window and mean(returns) >= args.target:
+                    break
+                ppo.update(batch)
+                await collector.update_policy_weights()
+        episodes = collector.statistics().episodes
     elapsed = time.perf_counter() - start
-    summary = (f"episodes={tracker.episodes} mean_return(last {len(tracker.returns)})="
-               f"{tracker.mean:.1f} frames={frames} seconds={elapsed:.1f} "
+    solved = len(returns) == window and mean(returns) >= args.target
+    summary = (f"episodes={episodes} mean_return(last {len(returns)})="
+               f"{mean(returns):.1f} frames={frames} seconds={elapsed:.1f} "
                f"(first batch after {first_batch_s:.1f} s)")
-    if tracker.reached(args.target):
+    if solved:
         print(f"SOLVED CartPole-v1 (target {args.target:g}): {summary}")
         return 0
     print(f"NOT SOLVED: target {args.target:g} not reached within --max-frames "

@@ -84,6 +84,11 @@ class Hub(Channel):
             return frozenset(p for p in self._last_seen if p in self._admitted)
         return frozenset(self._last_seen)
 
+    def last_heard(self, peer: bytes) -> float | None:
+        """``time.monotonic()`` when ``peer`` was last heard (any message or heartbeat);
+        None if it is not a live peer."""
+        return self._last_seen.get(peer)
+
     def admit(self, peer: bytes) -> None:
         """Make ``peer`` a full peer: any message size, liveness events (``admission``)."""
         self._admitted.add(peer)

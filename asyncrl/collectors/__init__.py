@@ -1,12 +1,13 @@
 """Collectors: in-process, multi-process sync (on-policy) and async (off-policy)."""
 
+from .._statistics import WorkerStatistics as WorkerStatistics
 from ._base import BaseCollector as BaseCollector
 from ._blocking import BlockingCollector as BlockingCollector
 from ._inprocess import Collector as Collector
 from ._multi import MultiAsyncCollector as MultiAsyncCollector
 from ._multi import MultiCollector as MultiCollector
 from ._multi import MultiSyncCollector as MultiSyncCollector
-from ._multi import WorkerStatistics as WorkerStatistics
+from ._operations import Pausing as Pausing
 
 __all__ = [
     "BaseCollector",
@@ -15,5 +16,6 @@ __all__ = [
     "MultiAsyncCollector",
     "MultiCollector",
     "MultiSyncCollector",
+    "Pausing",
     "WorkerStatistics",
 ]

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable
 from typing import Any, Self
 
 import anyio
@@ -14,9 +13,10 @@ from transports import TaskGroupResource
 from .._batches import split_trajectories
 from .._errors import CollectorError, CollectorStopped
 from ._config import normalise_total_frames
+from ._operations import CollectorOperations
 
 
-class BaseCollector(TaskGroupResource):
+class BaseCollector(CollectorOperations, TaskGroupResource):
     """Async iteration over batches, ``total_frames``, ``postproc``, ``start()``/``pause()``."""
 
     def __init__(
@@ -38,7 +38,7 @@ class BaseCollector(TaskGroupResource):
         self._closed = False
         self._running_free = False
         self._free_run: anyio.CancelScope | None = None
-        self._resumed: anyio.Event | None = None  # async primitives need the event loop
+        self._init_operations()  # statistics, events, pause
 
     # -- to implement --------------------------------------------------------------
     async def _open(self) -> None:
@@ -57,8 +57,6 @@ class BaseCollector(TaskGroupResource):
     # -- life cycle ---------------------------------------------------------------------
     def _create_async_state(self) -> None:
         """Create the anyio primitives (they need a running event loop; __init__ may not)."""
-        self._resumed = anyio.Event()
-        self._resumed.set()
 
     async def __aenter__(self) -> Self:
         if self._closed or self._task_group is not None:
@@ -77,8 +75,13 @@ class BaseCollector(TaskGroupResource):
         self._closed = True
         if self._free_run is not None:
             self._free_run.cancel()
-        with anyio.CancelScope(shield=True):
-            await self._close()
+        if self._resumed is not None:
+            self._resumed.set()  # a trainer call waiting for resume() ends
+        try:
+            with anyio.CancelScope(shield=True):
+                await self._close()
+        finally:
+            self._events.close()  # subscriptions end once drained
 
     # -- iteration ---------------------------------------------------------------------
     def __aiter__(self) -> Self:
@@ -88,6 +91,9 @@ class BaseCollector(TaskGroupResource):
         if self._closed:
             raise StopAsyncIteration
         if 0 <= self.total_frames <= self.frames_collected:
+            raise StopAsyncIteration
+        await self._wait_resumed()  # paused: nothing is handed over until resume()
+        if self._closed:
             raise StopAsyncIteration
         if self.update_at_each_batch:
             await self.update_policy_weights()
@@ -99,7 +105,11 @@ class BaseCollector(TaskGroupResource):
             if self._closed:  # closed from another task while this one waited
                 raise StopAsyncIteration from None
             raise
+        await self._wait_resumed()  # paused meanwhile: held until resume()
+        if self._closed:
+            raise StopAsyncIteration
         self.frames_collected += batch.numel()
+        self._note_batch(batch)  # statistics(): a few reductions per batch
         if self.split_trajs:
             batch = split_trajectories(batch)
         if self.postproc is not None:
@@ -126,19 +136,3 @@ class BaseCollector(TaskGroupResource):
         with anyio.CancelScope() as self._free_run:  # aclose() ends it
             async for batch in self:
                 self.replay_buffer.extend(batch)
-                assert self._resumed is not None
-                await self._resumed.wait()
-
-    @asynccontextmanager
-    async def pause(self) -> AsyncIterator[None]:
-        """``async with c.pause():`` — no new batch is collected inside the block."""
-        resumed = self._resumed = anyio.Event()
-        await self._set_paused(True)
-        try:
-            yield
-        finally:
-            resumed.set()
-            await self._set_paused(False)
-
-    async def _set_paused(self, paused: bool) -> None:
-        pass

@@ -70,6 +70,44 @@ class BlockingCollector:
             except StopAsyncIteration:
                 return
 
+    # -- operations (see CollectorOperations): plain calls, run on the collector's loop --------
+    def pause(self) -> _BlockingPause:
+        """Pause now (returns once paused); ``with c.pause():`` resumes after the block."""
+        self._require_portal().call(self.collector._pause)
+        return _BlockingPause(self)
+
+    def resume(self) -> None:
+        """Resume after :meth:`pause` (idempotent)."""
+        self._require_portal().call(self.collector.resume)
+
+    def wait_ready(self, timeout: float | None = None) -> None:
+        """Block until every expected worker joined (``TimeoutError`` after ``timeout``)."""
+        self._require_portal().call(self.collector.wait_ready, timeout)
+
+    def statistics(self) -> Any:
+        """The collector's :class:`~asyncrl.CollectorStatistics`, read on its loop."""
+        return self._require_portal().call(self._statistics)
+
+    async def _statistics(self) -> Any:
+        return self.collector.statistics()
+
+    def events(self, maxlen: int = 1024) -> Iterator[Any]:
+        """Iterate over the collector's events (blocks for each; ends when it closes)."""
+        portal = self._require_portal()
+        stream = portal.call(self._subscribe, maxlen)
+        try:
+            while True:
+                try:
+                    yield portal.call(stream.__anext__)
+                except StopAsyncIteration:
+                    return
+        finally:
+            if self._portal is not None:
+                portal.call(stream.aclose)
+
+    async def _subscribe(self, maxlen: int) -> Any:
+        return self.collector.events(maxlen)
+
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self.collector, name)
         if inspect.iscoroutinefunction(attr):
@@ -87,3 +125,16 @@ class BlockingCollector:
             raise RuntimeError("use BlockingCollector inside a 'with' block")
         return self._portal
 
+
+
+class _BlockingPause:
+    """What ``BlockingCollector.pause()`` returns: already paused; ``with`` resumes at exit."""
+
+    def __init__(self, owner: BlockingCollector) -> None:
+        self._owner = owner
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._owner.resume()

@@ -147,6 +147,7 @@ class Collector(BaseCollector):
         self.rollout = await anyio.to_thread.run_sync(self._build)
         if isinstance(self.policy, torch.nn.Module):
             self._sender = self._scheme.init_on_sender("policy", model=self.policy)
+            self._sender.on_applied = self._on_weights_applied  # events(), metrics
             receiver = self._scheme.init_on_worker("policy", model=self.policy,
                                                    deliver=self._on_weights)
             assert receiver.link is not None

@@ -5,9 +5,9 @@ from __future__ import annotations
 import logging
 import secrets
 import shutil
+import socket
 import tempfile
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, Self, overload
 
 import anyio
@@ -22,10 +22,12 @@ from .._batches import assemble
 from .._coordinator import Coordinator, OnWorkerLoss, WorkerInfo, check_specs
 from .._envs import make_env_pool
 from .._errors import CollectorError, CollectorStopped, WorkerLostError
+from .._events import CollectorEvent
 from .._forkserver import worker_context
 from .._process_main import likely_causes, local_worker_processes
 from .._processes import WorkerProcesses, describe_exit
 from .._rollout_options import RolloutOptions
+from .._statistics import WorkerStatistics
 from .._threads import TrainerThreads
 from .._worker import EXIT_ERROR, EXIT_OK
 from .._worker_spec import WorkerSpec
@@ -45,19 +47,6 @@ from ._docs import share_parameters, show_init_signature
 from ._limits import listening_hub_limits
 
 log = logging.getLogger("asyncrl.collectors")
-
-
-@dataclass(frozen=True)
-class WorkerStatistics:
-    """A live worker as the coordinator sees it (see ``MultiCollector.statistics()``)."""
-
-    index: int
-    name: str
-    host: str
-    delivered: int  # batches received from it
-    ahead: int  # batches asked for or waiting for the trainer (at most ``prefetch``)
-    relay: str = ""  # the relay its weight updates go through ("": sent to it directly)
-    pid: int = 0  # its process id (on ``host``)
 
 
 class MultiCollector(BaseCollector):
@@ -365,6 +354,7 @@ class MultiCollector(BaseCollector):
                         model = self.policy if model_id == "policy" else None
                         sender = self._senders[model_id] = scheme.init_on_sender(
                             model_id, model=model, hub=hub, workers=coordinator.worker_peers)
+                        sender.on_applied = self._on_weights_applied  # events, metrics
                         coordinator.attach(sender)  # relay routes, catch-up, batch counts
                     workers = self._workers = local_worker_processes(
                         hub.endpoint, self._spec, self.num_workers, token=token,
@@ -423,7 +413,8 @@ class MultiCollector(BaseCollector):
             batch_budget=self._batch_budget(), first_remote_index=self.num_workers,
             scheme_configs={model_id: scheme.to_config()
                             for model_id, scheme in self.weight_sync_schemes.items()},
-            max_remote_workers=self.remote_workers, specs=specs,
+            max_remote_workers=self.remote_workers, specs=specs, publish=self._publish,
+            paused=self.paused,
         )
 
     def _batch_budget(self) -> int | None:
@@ -437,6 +428,8 @@ class MultiCollector(BaseCollector):
         if self._closed or coordinator is None or coordinator.failed:
             return False
         pid, exitcode = process.pid, process.exitcode
+        # statistics() and events() show it lost with its exit code, whatever follows.
+        coordinator.registry.exited(pid, exitcode, f"{describe_exit(exitcode)}")
         assert self._workers is not None
         peer = self._workers.identities[process]
         if exitcode in (EXIT_ERROR, EXIT_OK):
@@ -470,6 +463,8 @@ class MultiCollector(BaseCollector):
             return False
         self._restart_streak[slot] = streak + 1
         log.warning("restarting worker slot %d", slot)
+        self._publish(CollectorEvent("restarted", worker=slot, pid=pid, exit_code=exitcode,
+                                     reason=describe_exit(exitcode)))
         return True
 
     def _on_worker_leaving(self, worker: WorkerInfo, reason: str) -> None:
@@ -534,14 +529,28 @@ class MultiCollector(BaseCollector):
             raise CollectorError("the collector is not open yet: use 'async with'")
         return self._hub.endpoint
 
-    def statistics(self) -> list[WorkerStatistics]:
-        """One line per live worker: index, host, batches delivered, batches ahead, relay."""
-        if self._coordinator is None:
+    def _worker_statistics(self) -> list[WorkerStatistics]:
+        """Every admitted worker (lost ones too), then local processes still joining."""
+        coordinator = self._coordinator
+        if coordinator is None:
             return []
-        routes = self._coordinator.relay_routes()
-        return [WorkerStatistics(w.index, w.name, w.host, w.delivered, w.ahead,
-                                 routes.get(w.index, b"").decode(errors="replace"), w.pid)
-                for w in self._coordinator.live_workers]
+        workers = self._workers
+        joining = [] if workers is None else [
+            (slot, process.pid, socket.gethostname()) for slot, process in workers.slots.items()
+            if process.pid is not None and process.is_alive()]
+        return coordinator.registry.statistics(
+            heard=coordinator.heard, routes=coordinator.relay_routes(), joining=joining)
+
+    async def _wait_ready(self) -> None:
+        await self._ensure_ready()
+
+    def _not_ready_message(self, timeout: float | None) -> str:
+        expected = self.num_workers + self.remote_workers
+        coordinator = self._coordinator
+        joined = 0 if coordinator is None else len(coordinator.live_workers)
+        return (f"{joined} of {expected} workers joined within {timeout} s "
+                f"({self.num_workers} local, {self.remote_workers} remote expected); "
+                "statistics() shows who is still joining")
 
     @property
     def refused_peers(self) -> int:
@@ -640,7 +649,7 @@ class MultiCollector(BaseCollector):
         return self.weight_sender(model_id).model
 
     async def _set_paused(self, paused: bool) -> None:
-        if self._coordinator is not None and not self.sync:
+        if self._coordinator is not None:
             await self._coordinator.set_paused(paused)
 
 

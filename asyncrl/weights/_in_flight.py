@@ -52,6 +52,8 @@ class Sent:
     extra: dict[str, Any] = field(default_factory=dict)
     #: Workers it is queued for: not transmitted yet (their previous version is in transit).
     waiting: set[int] = field(default_factory=set)
+    #: ``time.monotonic()`` of a ``send_async`` (None: a catch-up), for the sync latency.
+    started: float | None = None
     _outcome: tuple[dict[int, int], list[BaseException]] | None = None
 
     @property

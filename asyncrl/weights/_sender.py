@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from typing import Any, Protocol
@@ -11,6 +12,7 @@ import anyio
 
 from transports import Ticket
 
+from .._latency import LatencyHistogram
 from .._protocol import WeightMeta
 from ._in_flight import Lane, Part, Queued, Sent, first_error, gone_part
 from ._receiver import WEIGHTS_KIND
@@ -98,6 +100,12 @@ class WeightSender:
         self._latest_stage: Stage | None = None
         self._wake: anyio.Event | None = None  # set when a version is queued (for run())
         self.copies_sent = 0  # weight messages handed to the hub: one per peer (worker or relay)
+        #: Seconds from each ``send_async`` to its last acknowledgement, seen when the
+        #: trainer collects the acks (``send()``, ``wait_ack()``, or the next send).
+        self.sync_latency = LatencyHistogram()
+        #: Called ``(model_id, version, seconds)`` once every worker a send targeted
+        #: applied it (the collectors publish a ``weights_applied`` event).
+        self.on_applied: Callable[[str, int, float], Any] | None = None
         if workers is not None and not callable(workers):
             for worker_id, peer in workers.items():
                 self.add_worker(worker_id, peer)
@@ -219,7 +227,7 @@ class WeightSender:
             self._version, self._latest = version, payload
             self._latest_stage = extra.get("stage")
             if due:
-                self._queue(payload, version, due, extra)
+                self._queue(payload, version, due, extra).started = time.monotonic()
             await self._dispatch()
         for hook in self._hooks:
             hook()
@@ -320,6 +328,8 @@ class WeightSender:
             for worker_id, version in done.items():
                 applied[worker_id] = max(applied.get(worker_id, 0), version)
                 self._acked[worker_id] = max(self._acked.get(worker_id, 0), version)
+            if not errors:
+                self._applied(sent)
             if errors and failure is None:
                 failure = self._annotate(first_error(errors), sent)
         if failure is not None:
@@ -516,7 +526,20 @@ class WeightSender:
                 continue
             for worker_id, version in done.items():
                 self._acked[worker_id] = max(self._acked.get(worker_id, 0), version)
+            self._applied(sent)
         self._outstanding = keep
+
+    def _applied(self, sent: Sent) -> None:
+        """Every worker ``sent`` targeted applied it: observe its latency, once."""
+        if sent.started is None:
+            return  # a catch-up, or observed already
+        seconds, sent.started = time.monotonic() - sent.started, None
+        self.sync_latency.observe(seconds)
+        if self.on_applied is not None:
+            try:
+                self.on_applied(self.model_id, sent.version, seconds)
+            except Exception:  # an observer's bug must not fail a weight send
+                log.exception("on_applied observer of %r failed", self.model_id)
 
     @property
     def _newest(self) -> int:

@@ -78,7 +78,9 @@ async def test_sigkill_under_continue_delivers_exactly_total_frames(collector_cl
             pids = c.worker_pids
             os.kill(pids[1], signal.SIGKILL)
             frames = [first, *await run_to_the_end(c)]
-            assert [s.pid for s in c.statistics()] == [pids[0]]
+            workers = c.statistics().workers
+            assert [s.pid for s in workers if s.state != "lost"] == [pids[0]]
+            assert [(s.pid, s.exit_code) for s in workers if s.state == "lost"] == [(pids[1], -9)]
     assert sum(frames) == 96  # sync: later rounds make up the shrunk ones, no overshoot
     assert pids_gone(pids)
 
@@ -97,7 +99,10 @@ async def test_sigkill_under_restart_respawns_the_slot() -> None:
             stats = c.statistics()
     assert frames == [8] * 5
     assert new[0] == old[0] and new[1] != old[1]
-    assert [(s.index, s.pid) for s in stats] == [(0, new[0]), (1, new[1])]
+    assert [(s.index, s.pid) for s in stats.workers if s.state != "lost"] == [
+        (0, new[0]), (1, new[1])]
+    assert [(s.index, s.pid, s.exit_code) for s in stats.workers if s.state == "lost"] == [
+        (1, old[1], -9)]
     assert pids_gone(old + new)
 
 

@@ -1,0 +1,175 @@
+"""What a collector reports about itself: exported dataclasses, and the meters behind them.
+
+:class:`CollectorStatistics` is one frozen snapshot (``collector.statistics()``);
+its ``workers`` are :class:`WorkerStatistics`, one per worker ever admitted (lost
+ones too, with their exit code), plus local processes still joining. The meters
+(:class:`RateMeter`, :class:`EpisodeReturns`) run in the trainer once per
+delivered batch, on whole tensors: nothing is added to the workers' hot loop.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict, deque
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from tensordict import TensorDictBase
+
+#: A worker's life cycle as the coordinator sees it:
+#:
+#: * ``"joining"``: a local process was started and has not been admitted yet;
+#: * ``"collecting"``: admitted, with work asked of it (async: a credit; sync: a share
+#:   of the current round) that it has not delivered yet;
+#: * ``"idle"``: admitted, nothing asked of it (between rounds, at ``prefetch`` batches
+#:   ahead of the trainer, or while the collector is paused);
+#: * ``"lost"``: its process ended (``exit_code``), it went silent for ``peer_timeout``,
+#:   or it was refused for a bad batch; it never comes back under this entry.
+WorkerState = Literal["joining", "collecting", "idle", "lost"]
+
+
+@dataclass(frozen=True)
+class WorkerStatistics:
+    """One worker as the coordinator sees it (see :meth:`MultiCollector.statistics`).
+
+    >>> s = WorkerStatistics(0, "worker-0", "host", 4242, "collecting")
+    >>> (s.state, s.frames, s.exit_code)
+    ('collecting', 0, None)
+    """
+
+    index: int  #: its worker index (a respawned local slot keeps its index)
+    name: str
+    host: str
+    pid: int  #: its process id, on ``host``
+    state: WorkerState
+    frames: int = 0  #: frames of its batches handed to the trainer
+    batches: int = 0  #: batches (async) or shares (sync) it delivered to the coordinator
+    ahead: int = 0  #: batches asked of it or waiting for the trainer (at most ``prefetch``)
+    last_batch_age: float | None = None  #: seconds since its last batch (None: none yet)
+    heartbeat_age: float | None = None  #: seconds since it was last heard (None: not live)
+    exit_code: int | None = None  #: a local process's exit code (negative: the signal)
+    relay: str = ""  #: the relay its weight updates go through ("": sent to it directly)
+
+    @property
+    def delivered(self) -> int:
+        """Alias of :attr:`batches` (its name before 0.2)."""
+        return self.batches
+
+
+@dataclass(frozen=True)
+class CollectorStatistics:
+    """A snapshot of a collector: what it delivered, how fast, how fresh, and its workers.
+
+    ``policy_lag`` is ``policy_version`` (the newest version sent, at the time the last
+    batch was handed over) minus the *oldest* ``("collector", "policy_version")`` among
+    that batch's frames: 0 when every frame was collected with the newest weights (sync
+    mode after ``await update_policy_weights()``), ``k`` when some frames are ``k``
+    versions behind; 0 before the first batch and for batches without that key.
+
+    ``episode_return_mean`` is the mean undiscounted return (sum of ``("next",
+    "reward")``) of the last ``episode_window`` episodes that ended (``("next",
+    "done")``) in delivered batches, episodes that span several batches included
+    (joined by ``("collector", "traj_ids")``); None until one ended.
+
+    >>> async with MultiSyncCollector("CartPole-v1", num_workers=2,          # doctest: +SKIP
+    ...                               frames_per_batch=200) as c:
+    ...     await c.__anext__()
+    ...     s = c.statistics()
+    ...     print(s.frames, s.frames_per_second, [w.state for w in s.workers])
+    """
+
+    frames: int = 0  #: frames handed to the trainer (``frames_collected``)
+    frames_per_second: float = 0.0  #: over the batches of the last ``RateMeter.window`` s
+    batches: int = 0  #: batches handed to the trainer
+    policy_version: int = 0  #: newest ``"policy"`` weights version sent (0: initial)
+    policy_lag: int = 0  #: see the class docstring
+    paused: bool = False
+    episodes: int = 0  #: episodes that ended in delivered batches
+    episode_return_mean: float | None = None  #: see the class docstring
+    workers: tuple[WorkerStatistics, ...] = ()
+
+
+class RateMeter:
+    """Frames per second over the deliveries of the last ``window`` seconds."""
+
+    def __init__(self, window: float = 10.0, clock: object = time.monotonic) -> None:
+        self.window = window
+        self._clock = clock
+        self._samples: deque[tuple[float, int]] = deque()
+        self._frames = 0  # frames in _samples, oldest excluded (it opens the interval)
+
+    def add(self, frames: int) -> None:
+        now = self._clock()  # type: ignore[operator]
+        self._samples.append((now, frames))
+        self._frames += frames
+        self._trim(now)
+
+    def rate(self) -> float:
+        now = self._clock()  # type: ignore[operator]
+        self._trim(now)
+        if len(self._samples) < 2:
+            return 0.0
+        first = self._samples[0][0]
+        return float((self._frames - self._samples[0][1]) / max(now - first, 1e-9))
+
+    def _trim(self, now: float) -> None:
+        while len(self._samples) > 2 and now - self._samples[0][0] > self.window:
+            _, frames = self._samples.popleft()
+            self._frames -= frames
+        while len(self._samples) > 4096:  # bounded, whatever the batch rate
+            _, frames = self._samples.popleft()
+            self._frames -= frames
+
+
+class EpisodeReturns:
+    """Returns of the episodes that end in delivered batches, a few tensor ops per batch.
+
+    Rewards are summed per ``("collector", "traj_ids")``; an id whose episode did
+    not end in this batch is carried to the next one (at most ``max_open`` ids:
+    a lost worker's unfinished episodes are forgotten, oldest first).
+    """
+
+    def __init__(self, window: int = 100, max_open: int = 65_536) -> None:
+        self.recent: deque[float] = deque(maxlen=window)
+        self.episodes = 0
+        self._open: OrderedDict[int, float] = OrderedDict()
+        self._max_open = max_open
+
+    def add(self, batch: TensorDictBase) -> None:
+        reward = batch.get(("next", "reward"), None)
+        done = batch.get(("next", "done"), None)
+        ids = batch.get(("collector", "traj_ids"), None)
+        if reward is None or done is None or ids is None:
+            return
+        ids = ids.reshape(-1)
+        reward = reward.reshape(ids.shape[0], -1).sum(-1).double()
+        done = done.reshape(ids.shape[0], -1).any(-1)
+        unique, inverse = torch.unique(ids, return_inverse=True)
+        sums = torch.zeros(unique.shape[0], dtype=torch.float64).index_add_(0, inverse, reward)
+        ended = torch.zeros(unique.shape[0], dtype=torch.bool).index_fill_(
+            0, inverse[done], True)
+        for traj, total, end in zip(unique.tolist(), sums.tolist(), ended.tolist(), strict=True):
+            total += self._open.pop(traj, 0.0)
+            if end:
+                self.recent.append(total)
+                self.episodes += 1
+            else:
+                self._open[traj] = total
+        while len(self._open) > self._max_open:
+            self._open.popitem(last=False)
+
+    def mean(self) -> float | None:
+        return sum(self.recent) / len(self.recent) if self.recent else None
+
+
+def policy_lag(batch: TensorDictBase, version: int) -> int:
+    """``version`` minus the oldest policy version among ``batch``'s frames (0 without one)."""
+    versions = batch.get(("collector", "policy_version"), None)
+    if versions is None or versions.numel() == 0:
+        return 0
+    return max(0, version - int(versions.min()))
+
+
+__all__ = ["CollectorStatistics", "EpisodeReturns", "RateMeter", "WorkerState",
+           "WorkerStatistics", "policy_lag"]

@@ -1,0 +1,182 @@
+"""What an operator does with a running collector: state, events, readiness, pause.
+
+:class:`CollectorOperations` is mixed into every collector. It counts what is
+handed to the trainer (frames, batches, rate, episode returns, policy lag: a
+few tensor reductions per batch, nothing per env step), fans events out to
+subscribers, and pauses and resumes collection. Subclasses add their workers
+(:meth:`_worker_statistics`), readiness (:meth:`_wait_ready`) and what pausing
+means to them (:meth:`_set_paused`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from typing import Any
+
+import anyio
+from tensordict import TensorDictBase
+
+from .._events import CollectorEvent, EventFanout, EventStream
+from .._statistics import (
+    CollectorStatistics,
+    EpisodeReturns,
+    RateMeter,
+    WorkerStatistics,
+    policy_lag,
+)
+
+
+class Pausing:
+    """What ``collector.pause()`` returns: await it, or use it as ``async with``.
+
+    ``await collector.pause()`` pauses and returns once paused; ``async with
+    collector.pause():`` pauses for the block and resumes after it.
+    """
+
+    def __init__(self, collector: CollectorOperations) -> None:
+        self._collector = collector
+
+    def __await__(self) -> Generator[Any, None, None]:
+        return self._collector._pause().__await__()
+
+    async def __aenter__(self) -> None:
+        await self._collector._pause()
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self._collector.resume()
+
+
+class CollectorOperations:
+    """``statistics()``, ``events()``, ``wait_ready()``, ``pause()`` / ``resume()``."""
+
+    #: How many recent episodes ``episode_return_mean`` averages.
+    episode_window: int = 100
+
+    def _init_operations(self) -> None:
+        self._events = EventFanout()
+        self._rate = RateMeter()
+        self._returns = EpisodeReturns(self.episode_window)
+        self._batches = 0
+        self._lag = 0
+        self._paused = False
+        self._resumed: anyio.Event | None = None  # set while not paused (made in the loop)
+
+    # -- counting what is handed over -----------
+    def _note_batch(self, batch: TensorDictBase) -> None:
+        self._batches += 1
+        self._rate.add(batch.numel())
+        self._returns.add(batch)
+        self._lag = policy_lag(batch, self.policy_version)
+
+    @property
+    def policy_version(self) -> int:
+        return 0
+
+    def statistics(self) -> CollectorStatistics:
+        """A snapshot: frames, frames/s, batches, policy version and lag, episode
+        returns, and one :class:`WorkerStatistics` per worker (lost ones too).
+
+        See :class:`~asyncrl.CollectorStatistics` for the exact meaning of each field.
+        """
+        return CollectorStatistics(
+            frames=int(getattr(self, "frames_collected", 0)),
+            frames_per_second=self._rate.rate(), batches=self._batches,
+            policy_version=self.policy_version, policy_lag=self._lag, paused=self._paused,
+            episodes=self._returns.episodes, episode_return_mean=self._returns.mean(),
+            workers=tuple(self._worker_statistics()))
+
+    def episode_returns(self, last: int | None = None) -> list[float]:
+        """Returns of the most recent episodes that ended in delivered batches, oldest first
+        (at most ``episode_window``; ``last``: only that many)."""
+        recent = list(self._returns.recent)
+        return recent if last is None else recent[max(0, len(recent) - last):]
+
+    def _worker_statistics(self) -> list[WorkerStatistics]:
+        return []
+
+    # -- events -----------
+    def events(self, maxlen: int = 1024) -> EventStream:
+        """Subscribe to this collector's events: ``async for event in collector.events()``.
+
+        Each call is a new subscription that sees the events from then on (several
+        may run at once) and ends when the collector closes. Publishing never waits
+        for a subscriber: a subscription holds at most ``maxlen`` events and, when
+        it is full, drops the oldest and counts it in ``stream.dropped``.
+        Unsubscribe with ``await stream.aclose()`` (or ``async with``).
+        """
+        return self._events.subscribe(maxlen)
+
+    def _publish(self, event: CollectorEvent) -> None:
+        self._events.publish(event)
+
+    def _on_weights_applied(self, model_id: str, version: int, seconds: float) -> None:
+        self._publish(CollectorEvent("weights_applied", version=version, model_id=model_id,
+                                     seconds=seconds))
+
+    # -- readiness -----------
+    async def wait_ready(self, timeout: float | None = None) -> None:
+        """Return once every expected worker joined (local and ``remote_workers``).
+
+        Raises the run's error if it failed meanwhile, and ``TimeoutError`` naming
+        the workers still missing after ``timeout`` seconds (None: no limit).
+        """
+        try:
+            with anyio.fail_after(timeout):
+                await self._wait_ready()
+        except TimeoutError:
+            raise TimeoutError(self._not_ready_message(timeout)) from None
+
+    async def _wait_ready(self) -> None:
+        pass
+
+    def _not_ready_message(self, timeout: float | None) -> str:
+        return f"the collector was not ready within {timeout} s"
+
+    # -- pause -----------
+    @property
+    def paused(self) -> bool:
+        """True between ``pause()`` and ``resume()``."""
+        return self._paused
+
+    def pause(self) -> Pausing:
+        """Stop handing batches over and asking workers for more; ``await`` it or ``async with``.
+
+        Once ``await collector.pause()`` returned, no batch is handed to the trainer
+        (``__anext__`` waits, ``start()`` stops filling its buffer) until
+        :meth:`resume`: zero frames arrive. Workers get no new credit (async) and
+        no new round (sync); what they were already asked for (async: at most
+        ``prefetch`` batches each; sync: their share of the round in progress) is
+        collected, held in the trainer, and handed over after ``resume()`` —
+        never dropped. A batch already handed over when ``pause()`` was called is
+        still returned. Idempotent.
+        """
+        return Pausing(self)
+
+    async def _pause(self) -> None:
+        if self._paused:
+            return
+        self._paused = True
+        self._resumed = anyio.Event()
+        await self._set_paused(True)
+
+    async def resume(self) -> None:
+        """Resume after :meth:`pause`: held batches are handed over, workers get work again.
+
+        Idempotent (resuming a collector that is not paused does nothing).
+        """
+        if not self._paused:
+            return
+        self._paused = False
+        if self._resumed is not None:
+            self._resumed.set()
+        await self._set_paused(False)
+
+    async def _wait_resumed(self) -> None:
+        while self._paused and self._resumed is not None:
+            await self._resumed.wait()
+
+    async def _set_paused(self, paused: bool) -> None:
+        pass
+
+
+__all__ = ["CollectorOperations", "Pausing"]

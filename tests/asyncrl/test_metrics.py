@@ -1,0 +1,147 @@
+"""``asyncrl.metrics`` (Prometheus, read at scrape time) and ``asyncrl.Progress`` (tqdm).
+
+Exact exposition lines from a known snapshot; a real collector's frame
+counter and weight-sync histogram; and clear errors naming the extra when
+prometheus-client or tqdm is missing.
+"""
+
+from __future__ import annotations
+
+import importlib
+import io
+import sys
+
+import anyio
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+
+from asyncrl import (
+    CollectorStatistics,
+    MultiAsyncCollector,
+    Progress,
+    WorkerStatistics,
+)
+from asyncrl.metrics import CollectorMetrics
+from asyncrl.testing import CountingEnv, ParamPolicy
+
+LIMIT = 120
+
+
+class Snapshot:
+    """A collector stand-in whose statistics() is fixed."""
+
+    total_frames = 1000
+
+    def __init__(self, stats: CollectorStatistics) -> None:
+        self.stats = stats
+
+    def statistics(self) -> CollectorStatistics:
+        return self.stats
+
+
+STATS = CollectorStatistics(
+    frames=640, frames_per_second=123.5, batches=10, policy_version=3, policy_lag=1,
+    episodes=4, episode_return_mean=21.5, workers=(
+        WorkerStatistics(0, "w0", "h", 100, "collecting", frames=512, batches=8, ahead=1,
+                         last_batch_age=0.5, heartbeat_age=0.25),
+        WorkerStatistics(1, "w1", "h", 101, "lost", frames=128, batches=2, exit_code=-9,
+                         last_batch_age=3.0),
+    ))
+
+
+def scrape(collector: object, **labels: str) -> list[str]:
+    registry = CollectorRegistry()
+    CollectorMetrics(collector, registry=registry, labels=labels or None)
+    return generate_latest(registry).decode().splitlines()
+
+
+def test_the_exposition_reads_the_snapshot() -> None:
+    lines = scrape(Snapshot(STATS))
+    for line in [
+        "asyncrl_frames_total 640.0",
+        "asyncrl_batches_total 10.0",
+        "asyncrl_frames_per_second 123.5",
+        "asyncrl_policy_version 3.0",
+        "asyncrl_policy_lag 1.0",
+        "asyncrl_episodes_total 4.0",
+        "asyncrl_episode_return_mean 21.5",
+        "asyncrl_paused 0.0",
+        'asyncrl_workers{state="collecting"} 1.0',
+        'asyncrl_workers{state="lost"} 1.0',
+        'asyncrl_workers{state="joining"} 0.0',
+        'asyncrl_worker_state{host="h",pid="101",state="lost",worker="1"} 1.0',
+        'asyncrl_worker_state{host="h",pid="101",state="idle",worker="1"} 0.0',
+        'asyncrl_worker_frames_total{host="h",pid="100",worker="0"} 512.0',
+        'asyncrl_worker_batches_total{host="h",pid="101",worker="1"} 2.0',
+        'asyncrl_worker_ahead{host="h",pid="100",worker="0"} 1.0',
+        'asyncrl_worker_last_batch_age_seconds{host="h",pid="101",worker="1"} 3.0',
+        'asyncrl_worker_heartbeat_age_seconds{host="h",pid="100",worker="0"} 0.25',
+        'asyncrl_worker_exit_code{host="h",pid="101",worker="1"} -9.0',
+    ]:
+        assert line in lines, line
+    # Only live workers have a heartbeat age, only lost ones an exit code.
+    assert not any(line.startswith("asyncrl_worker_heartbeat_age_seconds{") and 'pid="101"'
+                   in line for line in lines)
+    assert not any(line.startswith("asyncrl_worker_exit_code{") and 'pid="100"' in line
+                   for line in lines)
+
+
+def test_labels_tell_collectors_apart_and_unregister_stops_export() -> None:
+    registry = CollectorRegistry()
+    metrics = CollectorMetrics(Snapshot(STATS), registry=registry, labels={"run": "a"})
+    assert 'asyncrl_frames_total{run="a"} 640.0' in generate_latest(registry).decode()
+    metrics.unregister()
+    metrics.unregister()  # idempotent
+    assert "asyncrl_frames_total" not in generate_latest(registry).decode()
+
+
+@pytest.mark.anyio
+async def test_a_running_collector_exports_frames_and_weight_sync_latency() -> None:
+    registry = CollectorRegistry()
+    with anyio.fail_after(LIMIT):
+        async with MultiAsyncCollector(CountingEnv, ParamPolicy(), num_workers=1,
+                                       frames_per_batch=8, total_frames=-1) as c:
+            CollectorMetrics(c, registry=registry)
+            await c.__anext__()
+            await c.update_policy_weights()
+            await c.update_policy_weights()
+            await c.__anext__()
+            text = generate_latest(registry).decode().splitlines()
+    assert f"asyncrl_frames_total {c.frames_collected:.1f}" in text
+    assert 'asyncrl_weight_sync_seconds_count{model_id="policy"} 2.0' in text
+    assert 'asyncrl_weight_sync_seconds_bucket{le="+Inf",model_id="policy"} 2.0' in text
+    assert 'asyncrl_policy_version 2.0' in text
+
+
+def _without(module: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, module, None)  # import raises ImportError
+
+
+def test_metrics_without_prometheus_client_names_the_extra(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    _without("prometheus_client", monkeypatch)
+    for name in ("prometheus_client.core", "prometheus_client.registry"):
+        _without(name, monkeypatch)
+    monkeypatch.delitem(sys.modules, "asyncrl.metrics")
+    with pytest.raises(ImportError, match=r'pip install "asyncrl\[metrics\]"'):
+        importlib.import_module("asyncrl.metrics")
+    monkeypatch.undo()
+    importlib.import_module("asyncrl.metrics")
+
+
+def test_progress_shows_frames_rate_return_and_lag() -> None:
+    out = io.StringIO()
+    with Progress(Snapshot(STATS), file=out, mininterval=0) as progress:
+        progress.update(loss="0.5")
+        assert progress.bar.n == 640 and progress.bar.total == 1000
+    text = out.getvalue()
+    for part in ("640/1.00k", "fps=124", "ret=21.5", "lag=1", "v=3", "workers=1/2",
+                 "loss=0.5"):
+        assert part in text, (part, text)
+
+
+def test_progress_without_tqdm_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    _without("tqdm", monkeypatch)
+    _without("tqdm.auto", monkeypatch)
+    with pytest.raises(ImportError, match=r'pip install "asyncrl\[progress\]"'):
+        Progress(Snapshot(STATS))
