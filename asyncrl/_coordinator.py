@@ -358,6 +358,11 @@ class Coordinator:
                      worker.host, leaving.reason or "no reason given")
             await self._on_lost(message.peer)
         self._notify()
+        # It waits for this before it says goodbye (see Worker._watch_signals).
+        try:
+            await self.hub.send(message.peer, Control("close").to_body(), kind=Control.KIND)
+        except Exception:
+            pass  # gone already: its process's owner takes care of it
 
     def _spawned_here(self, report: ErrorReport) -> bool:
         """A local worker's report sent before it was admitted (its env failed to build)."""

@@ -77,6 +77,7 @@ class Worker:
         self.link = link
         #: Stop cleanly on SIGTERM/SIGINT (a process's main thread only: signal handlers).
         self.handle_signals = handle_signals
+        self._leaving = False  # a signal asked us to stop: told the coordinator, awaiting close
         self.relay_link = relay_link  # this host's relay, if any: weights may come that way
         self.reconnect = reconnect
         self.reconnect_timeout = reconnect_timeout
@@ -146,17 +147,24 @@ class Worker:
     async def _watch_signals(self) -> int:
         """SIGTERM (systemd stops a whole process group) or SIGINT: stop, as a normal exit.
 
-        The coordinator is told why before the link says goodbye, so that it takes
-        this as a stop, not as a lost worker; the envs are closed on the way out.
+        The coordinator is told why, and answers with a close: the link's goodbye
+        comes only after that, so that the coordinator takes this as a stop, not as
+        a lost worker (and a send of its to a closed pipe cannot make it one). The
+        batch in progress is abandoned; the envs are closed on the way out.
         """
         with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async for signum in signals:
                 name = signal.Signals(signum).name
                 log.info("worker %d got %s: stopping", self.index, name)
+                self._leaving = True
                 if self.rollout is not None:
                     self.rollout.request_stop()  # the batch in progress ends at its next step
                 with anyio.CancelScope(shield=True), anyio.move_on_after(1.0):
                     await self.link.send(Leaving(name).to_body(), kind=Leaving.KIND)
+                if self.index >= 0:
+                    # The coordinator's close ends serve() and with it this task; a
+                    # coordinator that is gone or busy gets a bounded wait.
+                    await anyio.sleep(2 * self.link.heartbeat_interval + 1.0)
                 break
         return EXIT_OK
 
@@ -185,6 +193,9 @@ class Worker:
                 log.warning("%s; waiting for it to come back", self._exit)
                 await self._wait_for_coordinator()
         except WorkerExit as exc:
+            if self._leaving:  # stopping on a signal: a coordinator gone meanwhile is fine
+                log.info("worker exits: %s", exc)
+                return EXIT_OK
             if exc.code != EXIT_OK:
                 log.error("worker exits: %s", exc)
             return exc.code
@@ -392,6 +403,8 @@ class Worker:
                 finally:
                     self._current_request = None
                 self._weights.after_batch()
+            if self._leaving:  # cut short by a signal: not a batch anyone asked for
+                await anyio.sleep_forever()
             await self.link.send(Batch(request, frames).to_body(), kind=Batch.KIND)
 
     def _collect_one(self, request: int) -> Any:
