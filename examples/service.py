@@ -2,6 +2,7 @@
 
     pip install -e ".[service,metrics]"
     uvicorn examples.service:app                  # from the repository root
+    python -m examples.service --port 8000        # the same, exit status 0 on SIGTERM
 
 The app's lifespan opens a :class:`asyncrl.MultiAsyncCollector` (CartPole-v1,
 ``ASYNCRL_WORKERS`` worker processes, 2 by default) and runs a small training
@@ -20,13 +21,21 @@ endpoints:
 
 SIGTERM (``kill``, ``docker stop``, systemd's process-group SIGTERM) and Ctrl-C end
 it cleanly: uvicorn runs the lifespan's exit, the training task is cancelled, the
-collector closes and no worker process is left. See docs/service.md.
+collector closes and no worker process is left. (The ``uvicorn`` command then
+re-raises the SIGTERM it handled, so its exit status says "terminated by SIGTERM",
+which systemd counts as a clean stop; ``python -m examples.service`` exits 0.)
+Logging: if nothing configured the root logger, the lifespan logs at
+``ASYNCRL_LOG_LEVEL`` (INFO) to stderr, and the workers inherit that level and
+format. See docs/service.md.
 """
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
+import signal
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -110,8 +119,9 @@ def train_step(policy: TensorDictModule, optimizer: torch.optim.Optimizer,
 
 async def push_weights(service: Service) -> int:
     """Send the trainer's weights; return their version once every worker applied them."""
-    async with service.lock:
-        return await service.collector.weight_sender().send()
+    async with service.lock:  # the version read after is this push's
+        await service.collector.update_policy_weights()
+        return service.collector.policy_version
 
 
 async def train(service: Service, settings: Settings) -> None:
@@ -124,6 +134,8 @@ async def train(service: Service, settings: Settings) -> None:
             service.updates += 1
             if service.updates % settings.push_every == 0:
                 await push_weights(service)
+    except asyncrl.CollectorStopped as exc:  # its workers got SIGTERM: a stop, not a failure
+        log.info("training stopped: %s", exc)
     except Exception as exc:  # the server stays up and /status says why
         service.error = f"{type(exc).__name__}: {exc}"
         log.exception("the training task failed")
@@ -139,6 +151,9 @@ def make_service(settings: Settings) -> Service:
 
 @asynccontextmanager
 async def lifespan(app: Starlette) -> AsyncIterator[None]:
+    if not logging.getLogger().handlers:  # uvicorn configures only its own loggers
+        logging.basicConfig(level=os.environ.get("ASYNCRL_LOG_LEVEL", "INFO").upper(),
+                            format="%(levelname)-9s %(name)s: %(message)s")
     settings = Settings()
     service = make_service(settings)
     async with service.collector:
@@ -216,3 +231,27 @@ app = Starlette(
     ],
     lifespan=lifespan,
 )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m examples.service``: uvicorn, with exit status 0 after a graceful SIGTERM."""
+    import uvicorn
+
+    parser = argparse.ArgumentParser(description="asyncrl collecting inside a Starlette app")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    args = parser.parse_args(argv)
+
+    def stopped(signum: int, frame: Any) -> None:
+        # uvicorn handles SIGTERM/SIGINT while it serves, shuts down gracefully, then
+        # re-raises the signal to the handler it found: this one, which exits 0.
+        raise SystemExit(0)
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, stopped)
+    uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port)).run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
