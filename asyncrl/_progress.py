@@ -55,10 +55,12 @@ class Progress:
     def update(self, **extra: Any) -> None:
         """Advance to the collector's frame count and refresh the figures (plus ``extra``)."""
         frames = int(self.collector.statistics().frames)
-        self.bar.update(frames - self._shown)
-        self._shown = frames
         self.bar.set_postfix({**self.postfix(), **extra}, refresh=False)
-        self.bar.refresh()
+        if frames > self._shown:
+            self.bar.update(frames - self._shown)  # redraws (tqdm's mininterval allowing)
+        else:
+            self.bar.refresh()
+        self._shown = frames
 
     def close(self) -> None:
         self.bar.close()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict, deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -93,20 +94,21 @@ class CollectorStatistics:
 class RateMeter:
     """Frames per second over the deliveries of the last ``window`` seconds."""
 
-    def __init__(self, window: float = 10.0, clock: object = time.monotonic) -> None:
+    def __init__(self, window: float = 10.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.window = window
         self._clock = clock
         self._samples: deque[tuple[float, int]] = deque()
-        self._frames = 0  # frames in _samples, oldest excluded (it opens the interval)
+        self._frames = 0  # frames in _samples (the oldest only opens the interval)
 
     def add(self, frames: int) -> None:
-        now = self._clock()  # type: ignore[operator]
+        now = self._clock()
         self._samples.append((now, frames))
         self._frames += frames
         self._trim(now)
 
     def rate(self) -> float:
-        now = self._clock()  # type: ignore[operator]
+        now = self._clock()
         self._trim(now)
         if len(self._samples) < 2:
             return 0.0

@@ -39,6 +39,7 @@ from ._protocol import (
 )
 from ._relay_member import RelayMembership
 from ._rollout import Rollout
+from ._seeding import seed_global_rngs
 from ._threads import use_torch_threads
 from ._worker_spec import WorkerSpec
 from .weights import WEIGHTS_KIND, WeightApplier
@@ -371,7 +372,9 @@ class Worker:
         assert self.rollout is not None
         args = control.args
         if control.op == "seed":
-            return self.rollout.set_seed(int(args["seed"]), bool(args.get("static_seed", False)))
+            seed = int(args["seed"])
+            seed_global_rngs(seed)  # the policy's sampling too, as TorchRL's workers do
+            return self.rollout.set_seed(seed, bool(args.get("static_seed", False)))
         if control.op == "reset":
             self.rollout.reset(args.get("reset_idx"))
             return None

@@ -28,7 +28,12 @@ BYE = "bye"
 
 
 class ChannelStatistics(NamedTuple):
-    """Counters of one channel (in the spirit of anyio's ``statistics()``)."""
+    """Counters of one channel (in the spirit of anyio's ``statistics()``).
+
+    >>> stats = hub.statistics()                                 # doctest: +SKIP
+    >>> stats.peers, stats.bad_messages, stats.pending_acks       # doctest: +SKIP
+    (2, 0, 0)
+    """
 
     peers: int
     messages_received: int

@@ -67,7 +67,11 @@ def _load(path: Path, *, secret: bool) -> tuple[bytes, bytes | None]:
 
 @dataclass(frozen=True)
 class CurveServer:
-    """The hub's keys and the directory of public keys it accepts."""
+    """The hub's keys and the directory of public keys it accepts.
+
+    >>> keys = CurveServer.from_dir("keys/")    # made by `asyncrl keys generate keys/`  # doctest: +SKIP
+    >>> hub = Hub("tcp://0.0.0.0:5555", curve=keys)                                     # doctest: +SKIP
+    """
 
     public_key: bytes
     secret_key: bytes
@@ -94,7 +98,11 @@ class CurveServer:
 
 @dataclass(frozen=True)
 class CurveClient:
-    """A worker's keys and the public key of the hub it trusts."""
+    """A worker's keys and the public key of the hub it trusts.
+
+    >>> keys = CurveClient.from_dir("keys/")    # made by `asyncrl keys generate keys/`  # doctest: +SKIP
+    >>> link = Link("tcp://trainer:5555", curve=keys)                                   # doctest: +SKIP
+    """
 
     public_key: bytes
     secret_key: bytes

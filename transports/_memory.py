@@ -123,7 +123,15 @@ class LocalHub:
 
 
 class LocalLink:
-    """The worker's end of a :class:`LocalHub`: ``recv()`` and ``ack()`` like a ``Link``."""
+    """The worker's end of a :class:`LocalHub`: ``recv()`` and ``ack()`` like a ``Link``.
+
+    >>> hub = LocalHub()
+    >>> link = hub.connect(b"worker-0")
+    >>> sorted(hub.peers)
+    [b'worker-0']
+    >>> message = await link.recv()           # doctest: +SKIP
+    >>> await link.ack(message, result=1)     # doctest: +SKIP
+    """
 
     def __init__(self, hub: LocalHub, identity: bytes, deliver: Deliver | None) -> None:
         self.identity = identity

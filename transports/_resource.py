@@ -31,6 +31,12 @@ class TaskGroupResource:
     ``_open`` and stop them in an idempotent ``aclose``. If ``_open`` fails,
     ``aclose`` runs before the error propagates; an error raised by the
     ``async with`` body comes out as itself, not wrapped in an ExceptionGroup.
+
+    >>> class Ticker(TaskGroupResource):
+    ...     async def _open(self):
+    ...         self._task_group.start_soon(anyio.sleep_forever)
+    >>> async with Ticker() as ticker:       # doctest: +SKIP
+    ...     ...                               # leaving: aclose() cancels the task group
     """
 
     _task_group: Any = None

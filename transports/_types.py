@@ -17,6 +17,10 @@ class Message:
     ``peer`` is the sender's identity on a :class:`Hub` (``b""`` on a
     :class:`Link`, whose only peer is the hub); ``needs_ack`` says the sender
     waits for :meth:`Link.ack`.
+
+    >>> message = await hub.recv()                          # doctest: +SKIP
+    >>> message.peer, message.kind, message.needs_ack       # doctest: +SKIP
+    (b'worker-0', 'batch', False)
     """
 
     peer: bytes
@@ -34,6 +38,10 @@ class PeerEvent:
     ``"returned"``: a peer that was admitted, then lost or expelled, speaks again
     (a frozen process resumed, a cut link restored); it is a stranger until the
     owner admits it again.
+
+    >>> item = await hub.recv()          # a Message, or a PeerEvent        # doctest: +SKIP
+    >>> isinstance(item, PeerEvent) and (item.peer, item.event)            # doctest: +SKIP
+    (b'worker-0', 'joined')
     """
 
     peer: bytes
@@ -45,6 +53,10 @@ class Ticket:
     """Tracks the acknowledgements of one :meth:`Hub.send_async`.
 
     ``acks`` maps each peer that answered to the result it sent back.
+
+    >>> ticket = await hub.send_async([b"worker-0"], {"w": tensor}, kind="weights")  # doctest: +SKIP
+    >>> await hub.wait_ack(ticket, timeout=5)                            # doctest: +SKIP
+    {b'worker-0': 3}
     """
 
     seq: int

@@ -14,9 +14,10 @@ from .._batches import split_trajectories
 from .._errors import CollectorError, CollectorStopped
 from ._config import normalise_total_frames
 from ._operations import CollectorOperations
+from ._torchrl_habits import TorchRLHabits
 
 
-class BaseCollector(CollectorOperations, TaskGroupResource):
+class BaseCollector(CollectorOperations, TaskGroupResource, TorchRLHabits):
     """Async iteration over batches, ``total_frames``, ``postproc``, ``start()``/``pause()``."""
 
     def __init__(
@@ -50,8 +51,10 @@ class BaseCollector(CollectorOperations, TaskGroupResource):
     async def _next_batch(self) -> TensorDictBase:
         raise NotImplementedError
 
-    async def update_policy_weights(self, weights: Any = None, *, worker_ids: Any = None,
-                                    model_id: str = "policy") -> None:
+    async def update_policy_weights(self, policy_or_weights: Any = None, *, weights: Any = None,
+                                    policy: Any = None, worker_ids: Any = None,
+                                    model_id: str | None = None,
+                                    weights_dict: dict[str, Any] | None = None) -> None:
         raise NotImplementedError
 
     # -- life cycle ---------------------------------------------------------------------

@@ -62,6 +62,23 @@ class BlockingCollector:
             cm2, self._portal_cm = self._portal_cm, None
             cm2.__exit__(None, None, None)
 
+    def shutdown(self, timeout: float | None = None, close_env: bool = True,
+                 raise_on_error: bool = True) -> None:
+        """TorchRL's name for :meth:`close` (same arguments as the collector's ``shutdown``)."""
+        if self._portal is not None and self._collector_cm is not None:
+            self._portal.call(functools.partial(self.collector.shutdown, timeout, close_env,
+                                                raise_on_error))
+        self.close()
+
+    def update_policy_weights_(self, policy_or_weights: Any = None, **kwargs: Any) -> None:
+        """TorchRL's blocking call: send the weights, return once the workers applied them.
+
+        Same arguments as the collector's ``update_policy_weights`` (``weights=``,
+        ``policy=``, ``worker_ids=``, ``model_id=``, ``weights_dict=``).
+        """
+        self._require_portal().call(functools.partial(self.collector.update_policy_weights,
+                                                      policy_or_weights, **kwargs))
+
     def __iter__(self) -> Iterator[TensorDictBase]:
         portal = self._require_portal()
         while True:
@@ -92,9 +109,11 @@ class BlockingCollector:
         return self.collector.statistics()
 
     def events(self, maxlen: int = 1024) -> Iterator[Any]:
-        """Iterate over the collector's events (blocks for each; ends when it closes)."""
+        """Subscribe now; iterating blocks for each event and ends when the collector closes."""
         portal = self._require_portal()
-        stream = portal.call(self._subscribe, maxlen)
+        return self._iterate(portal, portal.call(self._subscribe, maxlen))
+
+    def _iterate(self, portal: BlockingPortal, stream: Any) -> Iterator[Any]:
         try:
             while True:
                 try:
@@ -102,7 +121,7 @@ class BlockingCollector:
                 except StopAsyncIteration:
                     return
         finally:
-            if self._portal is not None:
+            if self._portal_cm is not None:  # still open (else the subscription ended)
                 portal.call(stream.aclose)
 
     async def _subscribe(self, maxlen: int) -> Any:

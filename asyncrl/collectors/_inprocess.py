@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -10,12 +11,16 @@ import torch
 from tensordict import TensorDictBase
 
 from .._envs import make_env_pool
+from .._errors import CollectorError
 from .._rollout import Rollout
 from .._rollout_options import RolloutOptions
+from .._seeding import seed_global_rngs
 from .._worker_spec import WorkerSpec
 from ..weights import InProcessWeightSyncScheme, WeightApplier, WeightSender
 from ._base import BaseCollector
 from ._config import check_in_process_frames
+from ._torchrl_args import IN_PROCESS_COLLECTOR, check_torchrl_options
+from ._updates import weight_updates
 
 
 class Collector(BaseCollector):
@@ -34,6 +39,13 @@ class Collector(BaseCollector):
     ...                      total_frames=1000) as collector:
     ...     async for batch in collector:
     ...         print(batch["next", "reward"].sum())
+
+    TorchRL's ``Collector`` arguments: ``return_same_td=True`` yields the rollout's
+    own buffers (rewritten by the next batch) instead of a copy; ``backend="direct"``
+    is this collector; ``backend="process"``, ``num_collectors``, ``sync`` and
+    ``interruptor`` are refused naming MultiSyncCollector / MultiAsyncCollector; the
+    rest as in :class:`MultiCollector` (table in ``_torchrl_args.py``). ``set_seed``
+    seeds this process's torch and numpy RNGs too.
 
     Parameters
     ----------
@@ -104,7 +116,11 @@ class Collector(BaseCollector):
         policy_device: Any = None,
         env_device: Any = None,
         storing_device: Any = None,
+        return_same_td: bool = False,
+        **torchrl_options: Any,
     ) -> None:
+        check_torchrl_options(type(self).__name__, torchrl_options, IN_PROCESS_COLLECTOR,
+                              known=inspect.signature(Collector.__init__).parameters)
         frames_per_batch, envs_per_worker = check_in_process_frames(frames_per_batch,
                                                                     envs_per_worker)
         rollout = RolloutOptions(
@@ -123,6 +139,9 @@ class Collector(BaseCollector):
             rollout=rollout,
         )
         self.policy = policy
+        # TorchRL's meaning: yield the rollout's own tensordict, rewritten in place by
+        # the next batch (no copy); by default each batch is the trainer's to keep.
+        self.return_same_td = bool(return_same_td)
         self.rollout: Rollout | None = None
         self._lock: anyio.Lock | None = None  # held while a batch is collected
         self._scheme = InProcessWeightSyncScheme()
@@ -179,10 +198,14 @@ class Collector(BaseCollector):
 
     async def _next_batch(self) -> TensorDictBase:
         rollout = self.rollout
-        assert rollout is not None
+        if rollout is None:
+            raise CollectorError("the collector is not open: iterate inside "
+                                 "'async with Collector(...) as collector:'")
         async with self._locked():
             # The rollout reuses its buffers: hand out a copy the trainer may keep.
-            batch = await anyio.to_thread.run_sync(lambda: rollout.collect().clone())
+            collect = rollout.collect if self.return_same_td else (
+                lambda: rollout.collect().clone())
+            batch = await anyio.to_thread.run_sync(collect)
             if self._applier is not None:
                 self._applier.after_batch()
             return batch
@@ -198,13 +221,22 @@ class Collector(BaseCollector):
                            "update_policy_weights() still bumps the version")
         return self._sender
 
-    async def update_policy_weights(self, weights: Any = None, *, worker_ids: Any = None,
-                                    model_id: str = "policy") -> None:
-        """Apply ``weights`` (or nothing, when the trainer updates this very policy).
+    async def update_policy_weights(self, policy_or_weights: Any = None, *, weights: Any = None,
+                                    policy: Any = None, worker_ids: Any = None,
+                                    model_id: str | None = None,
+                                    weights_dict: dict[str, Any] | None = None) -> None:
+        """Apply the weights (or nothing, when the trainer updates this very policy).
 
         Returns once the collector applied them: at once between batches, at the
-        next step boundary while a batch is being collected.
+        next step boundary while a batch is being collected. TorchRL's spellings
+        (``weights=``, ``policy=``, ``weights_dict=``) are accepted.
         """
+        for update in weight_updates(policy_or_weights, weights=weights, policy=policy,
+                                     worker_ids=worker_ids, model_id=model_id,
+                                     weights_dict=weights_dict):
+            await self._update_policy(update.model_id, update.weights)
+
+    async def _update_policy(self, model_id: str, weights: Any) -> None:
         if model_id != "policy":
             raise KeyError(f"the in-process collector has only the 'policy' model, "
                            f"not {model_id!r}")
@@ -216,8 +248,14 @@ class Collector(BaseCollector):
         self.rollout.policy_version += 1  # a policy without weights: a new version
 
     async def set_seed(self, seed: int, static_seed: bool = False) -> int:
-        assert self.rollout is not None
+        """Seed the envs (env i: ``seed + i``) and this process's torch and numpy RNGs.
+
+        The global RNGs are seeded so that a stochastic policy's sampling repeats
+        (two runs with the same seed give the same batches); returns the next seed.
+        """
         async with self._locked():
+            assert self.rollout is not None
+            seed_global_rngs(seed)
             return self.rollout.set_seed(seed, static_seed)
 
     async def reset(self, reset_idx: Any = None) -> None:

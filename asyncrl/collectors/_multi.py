@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
 import secrets
 import shutil
@@ -32,6 +33,7 @@ from .._threads import TrainerThreads
 from .._worker import EXIT_ERROR, EXIT_OK
 from .._worker_spec import WorkerSpec
 from ..weights import WeightSender, ZmqWeightSyncScheme
+from ..weights._torchrl import as_weight_sync_schemes
 from ._base import BaseCollector
 from ._config import (
     ThreadOptions,
@@ -45,6 +47,8 @@ from ._config import (
 )
 from ._docs import share_parameters, show_init_signature
 from ._limits import listening_hub_limits
+from ._torchrl_args import MULTI_COLLECTOR, check_torchrl_options
+from ._updates import weight_updates
 
 log = logging.getLogger("asyncrl.collectors")
 
@@ -81,6 +85,31 @@ class MultiCollector(BaseCollector):
     ...     async for batch in c:
     ...         loss = train(batch)
     ...         await c.update_policy_weights()
+
+    TorchRL 0.14 arguments beyond the above (``**torchrl_options``; the table and
+    messages are in ``asyncrl/collectors/_torchrl_args.py``):
+
+    - ``collector_class``: None or TorchRL's ``Collector`` (what a worker is); others refused.
+    - ``use_buffers``: None / True (asyncrl always preallocates); False refused.
+    - ``track_policy_version``: True / False; frames always carry
+      ``("collector", "policy_version")``.
+    - ``auto_register_policy_transforms``: None / False; True refused (add the transforms in
+      ``create_env_fn``).
+    - ``no_cuda_sync``: False; True refused (no extra synchronisation to skip).
+    - ``weight_sync_schemes``: TorchRL's ``MultiProcessWeightSyncScheme`` becomes
+      ``ZmqWeightSyncScheme``, ``SharedMemWeightSyncScheme`` and ``NoWeightSyncScheme`` their
+      asyncrl namesakes; ``sync=False``, ``per_worker_weights=True``, RPC / distributed / Ray
+      schemes are refused naming the replacement.
+    - Refused, naming the asyncrl way: ``trust_policy``, ``compile_policy`` and
+      ``cudagraph_policy`` (wrap the policy in ``policy_factory``), ``weight_updater`` and
+      ``weight_recv_schemes`` (``weight_sync_schemes``), ``worker_idx``, ``trajs_per_write``,
+      ``init_fn`` (``create_env_fn`` / ``policy_factory``), ``pre_collect_hook`` /
+      ``post_collect_hook`` / ``compact_obs`` (``postproc``).
+    - Methods with TorchRL's names: ``update_policy_weights(policy_or_weights, *, weights,
+      policy, worker_ids, model_id, weights_dict)`` and ``update_policy_weights_`` (awaited),
+      ``shutdown()`` / ``async_shutdown()`` (``aclose``); ``set_seed`` seeds each worker's torch
+      and numpy RNGs too; a plain ``for`` loop raises a TypeError naming ``async for`` and
+      :class:`~asyncrl.BlockingCollector`.
 
     Logging: INFO lines when it opens, when each worker joins and when it closes; a
     lost worker is a WARNING. Workers log with the trainer's level and format (the
@@ -182,6 +211,9 @@ class MultiCollector(BaseCollector):
         Torch threads of each worker (TorchRL's name, default 1).
     start_method
         ``"forkserver"`` (default: a warm fork server) or ``"spawn"``.
+    **torchrl_options
+        TorchRL 0.14's other collector arguments: accepted with effect or refused, see
+        above.
     """
 
     sync: bool = True
@@ -250,7 +282,10 @@ class MultiCollector(BaseCollector):
         num_threads: int | None = None,
         num_sub_threads: int = 1,
         start_method: str | None = None,
+        **torchrl_options: Any,
     ) -> None:
+        check_torchrl_options(type(self).__name__, torchrl_options, MULTI_COLLECTOR,
+                              known=inspect.signature(MultiCollector.__init__).parameters)
         layout = WorkerLayout.check(create_env_fn, num_workers=num_workers,
                                     remote_workers=remote_workers,
                                     envs_per_worker=envs_per_worker, listen=listen)
@@ -293,7 +328,7 @@ class MultiCollector(BaseCollector):
         self.frames_per_batch = batch_frames
         self.init_random_frames = int(init_random_frames or 0)
         self.policy = policy
-        schemes = dict(weight_sync_schemes or {})
+        schemes = as_weight_sync_schemes(weight_sync_schemes)  # TorchRL's objects too
         if "policy" not in schemes and isinstance(policy, torch.nn.Module):
             schemes["policy"] = ZmqWeightSyncScheme()
         self.weight_sync_schemes = schemes
@@ -577,18 +612,30 @@ class MultiCollector(BaseCollector):
                            f"{sorted(self._senders)}; pass weight_sync_schemes="
                            "{model_id: ZmqWeightSyncScheme()}") from None
 
-    async def update_policy_weights(self, weights: Any = None, *, worker_ids: Any = None,
-                                    model_id: str = "policy") -> None:
+    async def update_policy_weights(self, policy_or_weights: Any = None, *, weights: Any = None,
+                                    policy: Any = None, worker_ids: Any = None,
+                                    model_id: str | None = None,
+                                    weights_dict: dict[str, Any] | None = None) -> None:
         """Send weights to the workers and return once every targeted worker applied them.
+
+        TorchRL's spellings: the weights (an ``nn.Module``, a TensorDict or a state
+        dict; None: the registered model's) positionally or as ``weights=`` /
+        ``policy=``; ``weights_dict={model_id: weights}`` for several models;
+        ``{worker_index: weights}`` for per-worker weights.
 
         A worker lost meanwhile is handled by ``on_worker_loss``: under ``"raise"`` the
         run's error (naming the worker and how it ended) is raised; otherwise the update
         counts for the workers still in the run, and a replacement or a worker that
         rejoins gets the latest weights before its first frame.
         """
+        updates = weight_updates(policy_or_weights, weights=weights, policy=policy,
+                                 worker_ids=worker_ids, model_id=model_id,
+                                 weights_dict=weights_dict)
         await self._ensure_ready()
         try:
-            await self.weight_sender(model_id).send(weights, worker_ids=worker_ids)
+            for update in updates:
+                await self.weight_sender(update.model_id).send(update.weights,
+                                                               worker_ids=update.worker_ids)
         except PeerLostError as exc:
             await self._after_loss_during_update(exc)
 
@@ -608,7 +655,12 @@ class MultiCollector(BaseCollector):
                  ", ".join(p.decode(errors="replace") for p in error.peers))
 
     async def set_seed(self, seed: int, static_seed: bool = False) -> int:
-        """Seed every worker's envs (TorchRL semantics); returns the next free seed."""
+        """Seed every worker (TorchRL semantics); returns the next free seed.
+
+        Worker i gets the seed the previous one returned (its envs get it plus
+        their index), and seeds its torch and numpy RNGs with it, so a policy's
+        sampling repeats too.
+        """
         coordinator = await self._ensure_ready()
         for worker in coordinator.live_workers:
             seed = await coordinator.control(worker, "seed", seed=seed, static_seed=static_seed)

@@ -99,7 +99,8 @@ class CollectorOperations:
         """Subscribe to this collector's events: ``async for event in collector.events()``.
 
         Each call is a new subscription that sees the events from then on (several
-        may run at once) and ends when the collector closes. Publishing never waits
+        may run at once; subscribe before ``async with`` to see every join) and ends
+        when the collector closes. Publishing never waits
         for a subscriber: a subscription holds at most ``maxlen`` events and, when
         it is full, drops the oldest and counts it in ``stream.dropped``.
         Unsubscribe with ``await stream.aclose()`` (or ``async with``).

@@ -31,7 +31,12 @@ class Acker(Protocol):
 
 
 class AckRoute(enum.Enum):
-    """The way a weight message came, which is the way its ack goes back."""
+    """The way a weight message came, which is the way its ack goes back.
+
+    >>> AckRoute("relay") is AckRoute.RELAY
+    True
+    >>> applier.deliver(message, AckRoute.RELAY)   # forwarded by this host's relay  # doctest: +SKIP
+    """
 
     #: Over the worker's own link, to the coordinator that sent it.
     DIRECT = "direct"
@@ -47,6 +52,9 @@ class WeightAck(NamedTuple):
     :class:`~asyncrl.weights.WeightApplier`, which picks the link by it). Send
     it with ``await ack.send(link)`` or ``link.ack(message, result)`` /
     ``link.ack(message, error=error)``.
+
+    >>> for ack in receiver.take_acks():     # doctest: +SKIP
+    ...     await ack.send(link)              # the ack goes back the way its message came
     """
 
     message: Message

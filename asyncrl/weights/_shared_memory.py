@@ -31,6 +31,11 @@ class SharedMemWeightSender(WeightSender):
     to acknowledge the version it held, so a reader is normally never
     disturbed; if one is (a stuck worker), its seqlock check catches the tear
     and it reads the newest slot instead. The block is unlinked by ``aclose()``.
+
+    >>> scheme = SharedMemWeightSyncScheme(slots=2)                     # doctest: +SKIP
+    >>> sender = scheme.init_on_sender("policy", hub=hub, model=policy,
+    ...                                workers=lambda: peers)            # doctest: +SKIP
+    >>> version = await sender.send()   # written to a slot; (block, slot, seq) travels  # doctest: +SKIP
     """
 
     relayable = False  # the block lives on the trainer's host: nothing for a relay to carry
@@ -106,7 +111,15 @@ class SharedMemWeightSender(WeightSender):
 
 
 class SharedMemWeightReceiver(WeightReceiver):
-    """A :class:`WeightReceiver` that copies whole snapshots out of a shared-memory block."""
+    """A :class:`WeightReceiver` that copies whole snapshots out of a shared-memory block.
+
+    Built on the worker by the scheme; ``torn_reads`` counts how often the
+    seqlock caught a slot being rewritten while it was copied.
+
+    >>> receiver = SharedMemWeightSyncScheme().init_on_worker("policy", root=worker)  # doctest: +SKIP
+    >>> receiver.torn_reads                                                          # doctest: +SKIP
+    0
+    """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

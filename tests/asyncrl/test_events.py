@@ -108,10 +108,12 @@ async def test_the_coordinator_publishes_joined_refused_and_lost() -> None:
                          [("asyncio", MultiSyncCollector), ("trio", MultiAsyncCollector),
                           ("trio", MultiSyncCollector), ("asyncio", MultiAsyncCollector)])
 async def test_join_weights_loss_and_restart_events(kind: type) -> None:
+    collector = kind(CountingEnv, ParamPolicy(), num_workers=2, frames_per_batch=16,
+                     total_frames=-1, on_worker_loss="restart", **FAST)
+    # Subscribed before it opens: every join is seen. Two subscribers, the same events.
+    events, other = collector.events(), collector.events()
     with anyio.fail_after(LIMIT):
-        async with kind(CountingEnv, ParamPolicy(), num_workers=2, frames_per_batch=16,
-                        total_frames=-1, on_worker_loss="restart", **FAST) as c:
-            events, other = c.events(), c.events()  # two subscribers, same events
+        async with collector as c:
             await c.wait_ready(timeout=60)
             pids = list(c.worker_pids)
             await c.update_policy_weights()

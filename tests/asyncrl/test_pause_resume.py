@@ -19,7 +19,7 @@ import pytest
 
 from asyncrl import BlockingCollector, Collector, MultiAsyncCollector, MultiSyncCollector
 from asyncrl._coordinator import Coordinator, check_specs
-from asyncrl.testing import CountingEnv, SimRecord, sim_worker
+from asyncrl.testing import CountingEnv, ParamPolicy, SimRecord, sim_worker
 from transports import Hub
 
 pytestmark = pytest.mark.anyio
@@ -179,8 +179,9 @@ async def test_in_process_collector_pauses() -> None:
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 def test_blocking_collector_pause_and_resume(anyio_backend: str) -> None:
     del anyio_backend  # a plain test: the facade runs its own loop
-    with BlockingCollector(MultiSyncCollector(CountingEnv, num_workers=1, frames_per_batch=8,
-                                              total_frames=-1, **FAST)) as c:
+    with BlockingCollector(MultiSyncCollector(CountingEnv, ParamPolicy(), num_workers=1,
+                                              frames_per_batch=8, total_frames=-1,
+                                              **FAST)) as c:
         batches = iter(c)
         next(batches)
         with c.pause():
@@ -193,3 +194,7 @@ def test_blocking_collector_pause_and_resume(anyio_backend: str) -> None:
         c.wait_ready(timeout=60)
         next(batches)
         assert c.statistics().frames == 16
+        events = c.events()  # subscribed now
+        c.update_policy_weights()
+        applied = next(events)
+        assert (applied.kind, applied.version) == ("weights_applied", 1)

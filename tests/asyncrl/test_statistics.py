@@ -27,7 +27,7 @@ from asyncrl._events import CollectorEvent
 from asyncrl._latency import LatencyHistogram
 from asyncrl._statistics import EpisodeReturns, RateMeter, policy_lag
 from asyncrl._worker_registry import WorkerRegistry
-from asyncrl.testing import CountingEnv, ParamPolicy
+from asyncrl.testing import CountingEnv, ParamPolicy, failing_env_at_init
 
 pytestmark = pytest.mark.anyio
 
@@ -174,3 +174,11 @@ async def test_wait_ready_times_out_naming_the_missing_workers() -> None:
             with pytest.raises(TimeoutError, match=r"0 of 1 workers joined within 0.3 s"):
                 await c.wait_ready(timeout=0.3)
             assert c.statistics().workers == ()
+
+
+async def test_wait_ready_raises_the_runs_error() -> None:
+    with anyio.fail_after(LIMIT):
+        async with MultiSyncCollector(failing_env_at_init, num_workers=1,
+                                      frames_per_batch=10) as c:
+            with pytest.raises(ValueError, match="cannot be built"):
+                await c.wait_ready(timeout=60)

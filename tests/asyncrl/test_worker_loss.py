@@ -167,13 +167,16 @@ async def test_frozen_worker_is_readmitted_under_wait() -> None:
             pids = c.worker_pids
             os.kill(pids[1], signal.SIGSTOP)
             try:
-                await wait_until(lambda: len(c.statistics()) == 1, "worker 1 dropped")
+                await wait_until(lambda: [w.state for w in c.statistics().workers].count("lost")
+                                 == 1, "worker 1 dropped")
             finally:
                 os.kill(pids[1], signal.SIGCONT)
             frames = await run_to_the_end(c)  # worker 1 is told to rejoin, and does
             stats = c.statistics()
     assert frames == [8] * 4  # every round whole: it waited for worker 1's share
-    assert [(s.index, s.pid) for s in stats] == [(0, pids[0]), (1, pids[1])]
+    # The dropped admission stays listed as lost; the same process was admitted again.
+    assert [(s.index, s.pid, s.state == "lost") for s in stats.workers] == [
+        (0, pids[0], False), (1, pids[1], True), (1, pids[1], False)]
     assert pids_gone(pids)
 
 

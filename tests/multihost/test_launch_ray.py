@@ -47,7 +47,7 @@ async def test_one_ray_host_actor_per_node_runs_workers_behind_a_relay(local_ray
             hosts = launch_hosts(collector.endpoint, workers_per_host=2, env="CartPole-v1")
             try:
                 batches = [b async for b in collector]
-                relays = {s.relay for s in collector.statistics()}
+                relays = {s.relay for s in collector.statistics().workers}
             except BaseException:
                 hosts.kill()
                 raise

@@ -27,7 +27,7 @@ async def keep_updating(collector: MultiAsyncCollector) -> None:
         except (PeerLostError, TimeoutError):
             pass  # a worker behind a cut link; it gets the latest version when it rejoins
         say(event="weights", version=collector.policy_version,
-            relayed=sum(1 for s in collector.statistics() if s.relay),
+            relayed=sum(1 for s in collector.statistics().workers if s.relay),
             copies=collector.weight_sender().copies_sent)
         await anyio.sleep(0.5)
 

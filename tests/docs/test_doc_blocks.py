@@ -1,0 +1,144 @@
+"""Every code block of README.md and docs/ runs as written (or says why it cannot).
+
+Python blocks run as programs in a fresh interpreter (workers are processes,
+so a block's functions must live in a real ``__main__``), inside the setup the
+page declares for them (see ``tests/docs/markdown_blocks.py``), in an empty
+directory of their own with the repository on the import path. Shell blocks
+are checked without running them: ``asyncrl`` command lines must parse with
+the real CLI, a script's ``--flags`` must appear in its ``--help``, and the
+files they name must exist.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import runpy
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .markdown_blocks import ROOT, CodeBlock, code_blocks, markdown_files, shell_commands
+
+#: A block's whole run, workers included: blocks use small frame counts.
+BLOCK_TIMEOUT = 180
+
+_BLOCKS = [block for path in markdown_files() for block in code_blocks(path)]
+_PYTHON = [b for b in _BLOCKS if b.lang == "python"]
+_SHELL = [b for b in _BLOCKS if b.lang in ("bash", "sh", "shell")]
+#: Commands a shell block may use without a check of their own.
+_UNCHECKED = {"cd", "export", "pip", "git", "kill", "curl", "sudo", "systemctl", "ip"}
+
+
+def _skip_if_asked(block: CodeBlock) -> None:
+    if block.skip is not None:
+        pytest.skip(f"{block.id}: {block.skip}")
+
+
+@pytest.mark.parametrize("block", _PYTHON, ids=[b.id for b in _PYTHON])
+def test_python_block_runs(block: CodeBlock, tmp_path: Path) -> None:
+    _skip_if_asked(block)
+    program = tmp_path / "doc_block.py"
+    program.write_text(block.program())
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get(
+        "PYTHONPATH", "")]), "PYTHONUNBUFFERED": "1"}
+    try:
+        # In a directory of its own: a block may write files (keys/, checkpoints).
+        done = subprocess.run([sys.executable, str(program)], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=BLOCK_TIMEOUT)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"{block.id} did not finish in {BLOCK_TIMEOUT} s; output:\n"
+                    f"{exc.stdout}\n{exc.stderr}")
+    assert done.returncode == 0, (
+        f"{block.id} exited {done.returncode}\n--- program ---\n{block.program()}"
+        f"--- stdout ---\n{done.stdout[-3000:]}\n--- stderr ---\n{done.stderr[-6000:]}")
+
+
+@pytest.mark.parametrize("block", _SHELL, ids=[b.id for b in _SHELL])
+def test_shell_block_commands_are_valid(block: CodeBlock) -> None:
+    _skip_if_asked(block)
+    for line in shell_commands(block.code):
+        for command in _split_command_list(line):
+            _check_command(block, shlex.split(command))
+
+
+def test_every_block_is_checked() -> None:
+    """A block in a language nobody checks must be plain text, output or data."""
+    checked = {"python", "bash", "sh", "shell"}
+    unrunnable = {"text", "console", "json", "toml", "yaml", "ini", "pycon", "markdown",
+                  "prometheus", "http"}
+    odd = [f"{b.id} ({b.lang})" for b in _BLOCKS if b.lang not in checked | unrunnable]
+    assert not odd, f"code blocks in a language the doc tests do not know: {odd}"
+
+
+def _split_command_list(line: str) -> list[str]:
+    parts = [line]
+    for sep in ("&&", "||", ";", "|"):
+        parts = [p for part in parts for p in part.split(sep)]
+    return [p.strip() for p in parts if p.strip()]
+
+
+def _check_command(block: CodeBlock, argv: list[str]) -> None:
+    while argv and "=" in argv[0] and not argv[0].startswith("-"):  # VAR=value cmd
+        argv = argv[1:]
+    program = Path(argv[0]).name
+    args = argv[1:]
+    if program == "asyncrl":
+        _check_cli(block, args)
+    elif program.startswith("python"):
+        _check_python_command(block, args)
+    elif program == "bash":
+        assert (ROOT / args[0]).is_file(), f"{block.id}: {args[0]} does not exist"
+    elif program == "uvicorn":
+        _check_import_path(block, next(a for a in args if ":" in a and not a.startswith("-")))
+    else:
+        assert program in _UNCHECKED, (
+            f"{block.id}: the doc tests cannot check the command {program!r}: add a check to "
+            "tests/docs/test_doc_blocks.py or write the block as text")
+
+
+def _check_cli(block: CodeBlock, args: list[str]) -> None:
+    from asyncrl.cli import build_parser
+
+    try:
+        build_parser().parse_args(args)
+    except SystemExit as exc:
+        pytest.fail(f"{block.id}: 'asyncrl {' '.join(args)}' does not parse (exit {exc.code})")
+
+
+def _check_python_command(block: CodeBlock, args: list[str]) -> None:
+    if args[0] == "-m":
+        target, rest = args[1], args[2:]
+        help_text = _help_of(lambda: runpy.run_module(target, run_name="__main__"), target)
+    else:
+        script = ROOT / args[0]
+        assert script.is_file(), f"{block.id}: {args[0]} does not exist"
+        target, rest = args[0], args[1:]
+        help_text = _help_of(lambda: runpy.run_path(str(script), run_name="__main__"), target)
+    for arg in rest:
+        flag = arg.split("=", 1)[0]
+        if flag.startswith("--"):
+            assert flag in help_text, f"{block.id}: {target} has no option {flag}"
+
+
+def _help_of(run: object, name: str) -> str:
+    out = io.StringIO()
+    argv = sys.argv
+    sys.argv = [name, "--help"]
+    try:
+        with contextlib.redirect_stdout(out), pytest.raises(SystemExit) as exited:
+            run()  # type: ignore[operator]
+    finally:
+        sys.argv = argv
+    assert exited.value.code in (0, None), f"{name} --help exited {exited.value.code}"
+    return out.getvalue()
+
+
+def _check_import_path(block: CodeBlock, path: str) -> None:
+    from asyncrl._worker_spec import resolve_import_path
+
+    resolve_import_path(path)
