@@ -713,6 +713,12 @@ class MultiSyncCollector(MultiCollector):
     those weights. Shares are concatenated along ``cat_results`` (default 0:
     ``[workers * envs, time]``; 1 or -1: along time) or stacked (``"stack"``, or
     None as in TorchRL: ``[workers, envs, time]``).
+
+    >>> async with MultiSyncCollector("CartPole-v1", policy, num_workers=2,   # doctest: +SKIP
+    ...                               frames_per_batch=1000, total_frames=10_000) as c:
+    ...     async for batch in c:          # batch.shape == (2, 500): one share per worker
+    ...         train(batch)
+    ...         await c.update_policy_weights()   # every later frame uses these weights
     """
 
     sync = True
@@ -732,6 +738,12 @@ class MultiAsyncCollector(MultiCollector):
     Each worker runs at most ``prefetch`` batches ahead of the trainer; frames
     carry the policy version that produced them in ``("collector",
     "policy_version")``.
+
+    >>> async with MultiAsyncCollector("CartPole-v1", policy, num_workers=4,  # doctest: +SKIP
+    ...                                frames_per_batch=256, prefetch=2) as c:
+    ...     async for batch in c:          # from whichever worker finished first
+    ...         replay_buffer.extend(batch)
+    ...         await c.weight_sender().send_async()   # no wait: versions stamp the frames
     """
 
     sync = False
