@@ -69,7 +69,7 @@ def test_help_shows_the_constructor_and_documents_every_parameter(cls: type) -> 
     documented = set()
     for line in section.splitlines():
         if line and not line.startswith(" "):
-            documented.update(re.split(r",\s*", line.strip()))
+            documented.update(n.lstrip("*") for n in re.split(r",\s*", line.strip()))
     missing = [name for name in names if name not in documented]
     assert not missing, f"{cls.__name__}: parameters not documented: {missing}"
 

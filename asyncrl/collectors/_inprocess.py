@@ -90,6 +90,12 @@ class Collector(BaseCollector):
         TorchRL's device arguments, with TorchRL's names.
     storing_device
         Where the batch's tensors are stored (e.g. ``"cpu"``).
+    return_same_td
+        True: yield the rollout's own buffers (rewritten by the next batch) instead of a
+        copy (TorchRL's meaning).
+    **torchrl_options
+        TorchRL's other ``Collector`` arguments: accepted with effect or refused, see
+        above.
     """
 
     def __init__(
