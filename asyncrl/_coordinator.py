@@ -101,6 +101,7 @@ class Coordinator:
         # Peers are hostile until admitted: what they make us log is rate-limited.
         self._limited_log = RateLimitedLog(log)
         self._changed = anyio.Event()
+        self._closing = False
         # Every admission, live and lost, for statistics() and the event stream.
         self.registry = WorkerRegistry(publish)
         self.state.paused = paused  # pause() before the collector opened
@@ -234,10 +235,10 @@ class Coordinator:
         to deliver, so ZeroMQ's linger does not hold its exit for a second.
         """
         self.fail(CollectorError("the collector was closed"))  # wake waiters
+        self._closing = True  # goodbyes from now on are workers stopping, not losses
         told = []
         with anyio.move_on_after(2):
             for worker in self.live_workers:
-                worker.alive = False  # stopping, not lost: its goodbye is no loss
                 try:
                     await self.hub.send(worker.peer, Control("close").to_body(),
                                         kind=Control.KIND)
@@ -312,6 +313,10 @@ class Coordinator:
         await self._perform(actions, "refused for a bad batch")
 
     async def _on_lost(self, peer: bytes) -> None:
+        if self._closing:  # told to close: its goodbye is no loss (and no warning)
+            self.state.gone[peer] = None
+            self._notify()
+            return
         worker = self.state.workers.get(peer)
         was_alive = worker is not None and worker.alive
         await self._perform(self.state.lost(peer), "stopped answering (silent or disconnected)")
