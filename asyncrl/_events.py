@@ -54,6 +54,10 @@ class EventStream:
     Bounded: at most ``maxlen`` events wait here; when full, the oldest is dropped
     and :attr:`dropped` counts it. ``aclose()`` (or leaving an ``async with``)
     unsubscribes.
+
+    >>> async with collector.events() as events:                     # doctest: +SKIP
+    ...     async for event in events:
+    ...         print(event.kind, event.worker, events.dropped)
     """
 
     def __init__(self, fanout: EventFanout, maxlen: int) -> None:

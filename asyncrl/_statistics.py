@@ -2,7 +2,7 @@
 
 :class:`CollectorStatistics` is one frozen snapshot (``collector.statistics()``);
 its ``workers`` are :class:`WorkerStatistics`, one per worker ever admitted (lost
-ones too, with their exit code), plus local processes still joining. The meters
+ones too, with their exit code) and per local process still joining, by index. The meters
 (:class:`RateMeter`, :class:`EpisodeReturns`) run in the trainer once per
 delivered batch, on whole tensors: nothing is added to the workers' hot loop.
 """

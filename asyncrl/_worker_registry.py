@@ -89,7 +89,8 @@ class WorkerRegistry:
     def statistics(self, *, heard: Callable[[bytes], float | None] | None = None,
                    routes: Mapping[int, bytes] | None = None,
                    joining: Iterable[tuple[int, int, str]] = ()) -> list[WorkerStatistics]:
-        """One line per admission (lost ones too), then local processes still joining.
+        """One line per admission (lost ones too) and per local process still joining,
+        ordered by worker index (a restarted slot: its admissions in order).
 
         ``heard(peer)``: ``time.monotonic()`` it was last heard (None: not connected);
         ``joining``: ``(slot, pid, host)`` of local processes not admitted yet.
@@ -116,7 +117,7 @@ class WorkerRegistry:
             if pid not in live_pids and not any(r.info.pid == pid for r in self._records.values()):
                 lines.append(WorkerStatistics(index=slot, name=f"worker-{slot}", host=host,
                                               pid=pid, state="joining"))
-        return lines
+        return sorted(lines, key=lambda line: line.index)  # stable: admission order per index
 
     def _mark_lost(self, record: WorkerRecord, reason: str) -> None:
         record.lost = True

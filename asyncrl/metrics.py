@@ -57,20 +57,19 @@ WORKER_LABELS = ["worker", "host", "pid"]
 class CollectorMetrics(_PrometheusCollector):
     """Export ``collector``'s state to Prometheus; registered in ``registry`` at once.
 
-    ``registry`` defaults to prometheus-client's global ``REGISTRY``; ``labels``
+    ``registry`` defaults (None) to prometheus-client's global ``REGISTRY``; ``labels``
     (e.g. ``{"run": "cartpole"}``) are added to every metric, so that several
     collectors can share a registry. :meth:`unregister` removes it.
 
     >>> metrics = CollectorMetrics(collector, labels={"run": "a"})   # doctest: +SKIP
     """
 
-    def __init__(self, collector: Any, *, registry: CollectorRegistry | None = REGISTRY,
+    def __init__(self, collector: Any, *, registry: CollectorRegistry | None = None,
                  labels: dict[str, str] | None = None) -> None:
         self.collector = collector
         self.labels = dict(labels or {})
-        self._registry = registry
-        if registry is not None:
-            registry.register(self)
+        self._registry: CollectorRegistry | None = REGISTRY if registry is None else registry
+        self._registry.register(self)
 
     def unregister(self) -> None:
         """Stop exporting (idempotent)."""

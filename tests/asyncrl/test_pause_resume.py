@@ -11,13 +11,21 @@ assertions: counts and states, every wait bounded.
 
 from __future__ import annotations
 
+import os
+import signal
 import uuid
 from typing import Any
 
 import anyio
 import pytest
 
-from asyncrl import BlockingCollector, Collector, MultiAsyncCollector, MultiSyncCollector
+from asyncrl import (
+    BlockingCollector,
+    Collector,
+    MultiAsyncCollector,
+    MultiSyncCollector,
+    WorkerLostError,
+)
 from asyncrl._coordinator import Coordinator, check_specs
 from asyncrl.testing import CountingEnv, ParamPolicy, SimRecord, sim_worker
 from transports import Hub
@@ -198,3 +206,22 @@ def test_blocking_collector_pause_and_resume(anyio_backend: str) -> None:
         c.update_policy_weights()
         applied = next(events)
         assert (applied.kind, applied.version) == ("weights_applied", 1)
+
+
+@pytest.mark.parametrize("sync", [True, False], ids=["sync", "async"])
+async def test_a_loss_while_paused_is_seen_at_once_and_raised_after_resume(sync: bool) -> None:
+    kind = MultiSyncCollector if sync else MultiAsyncCollector
+    with anyio.fail_after(LIMIT):
+        async with kind(CountingEnv, num_workers=2, frames_per_batch=16, total_frames=-1,
+                        **FAST) as c:
+            await c.__anext__()
+            await c.pause()
+            victim = c.worker_pids[1]
+            os.kill(victim, signal.SIGKILL)
+            await eventually(lambda: any(w.state == "lost" for w in c.statistics().workers),
+                             "the loss is in statistics() while paused")
+            assert [(w.pid, w.exit_code) for w in c.statistics().workers
+                    if w.state == "lost"] == [(victim, -9)]
+            await c.resume()
+            with pytest.raises(WorkerLostError, match=r"SIGKILL"):
+                await c.__anext__()
