@@ -12,11 +12,13 @@ policy. Weight sync lives in :mod:`asyncrl.weights`, test doubles in
 ...             ...
 """
 
+import logging as _logging
 from importlib import metadata as _metadata
 
 from ._errors import AsyncRLError as AsyncRLError
 from ._errors import BadBatchError as BadBatchError
 from ._errors import CollectorError as CollectorError
+from ._errors import CollectorStopped as CollectorStopped
 from ._errors import WorkerLostError as WorkerLostError
 from ._events import CollectorEvent as CollectorEvent
 from ._events import EventStream as EventStream
@@ -31,6 +33,9 @@ from .collectors import MultiAsyncCollector as MultiAsyncCollector
 from .collectors import MultiCollector as MultiCollector
 from .collectors import MultiSyncCollector as MultiSyncCollector
 
+# A library never configures logging: the application does (see docs/service.md).
+_logging.getLogger("asyncrl").addHandler(_logging.NullHandler())
+
 try:
     __version__ = _metadata.version("asyncrl")
 except _metadata.PackageNotFoundError:  # a source tree on sys.path, not installed
@@ -44,6 +49,7 @@ __all__ = [
     "CollectorError",
     "CollectorEvent",
     "CollectorStatistics",
+    "CollectorStopped",
     "EventStream",
     "MultiAsyncCollector",
     "MultiCollector",

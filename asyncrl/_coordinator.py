@@ -42,6 +42,7 @@ from ._protocol import (
     Control,
     ErrorReport,
     Hello,
+    Leaving,
     Refuse,
     RelayHello,
     RelayWelcome,
@@ -79,6 +80,7 @@ class Coordinator:
         *,
         on_join: Callable[[WorkerInfo], Awaitable[None]] | None = None,
         on_lost: Callable[[WorkerInfo], None] | None = None,
+        on_leaving: Callable[[WorkerInfo, str], None] | None = None,
         publish: Callable[[CollectorEvent], None] | None = None,
         paused: bool = False,
         **rules: Any,
@@ -95,9 +97,11 @@ class Coordinator:
         self._senders: list[WeightSender] = []
         self._on_join = on_join  # awaited after the senders caught a newcomer up
         self._on_lost_hook = on_lost  # e.g. "restart": end a silent local process
+        self._on_leaving_hook = on_leaving  # a worker stops on a signal (SIGTERM)
         # Peers are hostile until admitted: what they make us log is rate-limited.
         self._limited_log = RateLimitedLog(log)
         self._changed = anyio.Event()
+        self._closing = False
         # Every admission, live and lost, for statistics() and the event stream.
         self.registry = WorkerRegistry(publish)
         self.state.paused = paused  # pause() before the collector opened
@@ -221,20 +225,29 @@ class Coordinator:
                                            kind=Control.KIND)
         return (await self.hub.wait_ack(ticket, timeout=60))[worker.peer]
 
-    async def close(self) -> None:
+    async def close(self, grace: float = 1.0) -> None:
         """The collector closes: every waiting trainer call raises, every live worker stops.
 
         Telling the workers is best effort (2 s in all): one that is gone already is
-        stopped by whoever started its process.
+        stopped by whoever started its process. Then the hub stays open until each
+        told worker said goodbye (``grace`` s at most, milliseconds usually): a worker
+        whose last messages (its ack, its goodbye) reached a live hub has nothing left
+        to deliver, so ZeroMQ's linger does not hold its exit for a second.
         """
         self.fail(CollectorError("the collector was closed"))  # wake waiters
+        self._closing = True  # goodbyes from now on are workers stopping, not losses
+        told = []
         with anyio.move_on_after(2):
             for worker in self.live_workers:
                 try:
                     await self.hub.send(worker.peer, Control("close").to_body(),
                                         kind=Control.KIND)
                 except Exception:
-                    pass  # gone already: its process's owner takes care of it
+                    continue  # gone already: its process's owner takes care of it
+                told.append(worker.peer)
+        with anyio.move_on_after(grace):
+            while any(peer not in self.state.gone for peer in told):
+                await self._wait_change()
 
     async def settle(self, peer: bytes, timeout: float) -> None:
         """Wait (up to ``timeout`` s) until what ``peer`` sent before it went away is handled.
@@ -281,6 +294,8 @@ class Coordinator:
                     await self._on_batch(item)
                 elif item.kind == ErrorReport.KIND:
                     await self._on_error(item)
+                elif item.kind == Leaving.KIND:
+                    await self._on_leaving(item)
                 else:
                     self._limited_log.warning("unknown-kind", "ignored a %r message from %r",
                                               item.kind, item.peer)
@@ -298,6 +313,10 @@ class Coordinator:
         await self._perform(actions, "refused for a bad batch")
 
     async def _on_lost(self, peer: bytes) -> None:
+        if self._closing:  # told to close: its goodbye is no loss (and no warning)
+            self.state.gone[peer] = None
+            self._notify()
+            return
         worker = self.state.workers.get(peer)
         was_alive = worker is not None and worker.alive
         await self._perform(self.state.lost(peer), "stopped answering (silent or disconnected)")
@@ -330,6 +349,25 @@ class Coordinator:
         else:
             self._limited_log.warning(f"report-{name}", "worker %s reported: %s", name,
                                       report.error.message)
+
+    async def _on_leaving(self, message: Message) -> None:
+        """A worker stops on its own (SIGTERM): the collector decides what that means."""
+        leaving = Leaving.from_body(message.body)
+        worker = self.workers.get(message.peer)
+        if worker is None or not worker.alive:
+            return  # a stranger's, or a worker already gone: no say in the run
+        if self._on_leaving_hook is not None:
+            self._on_leaving_hook(worker, leaving.reason)
+        if worker.alive:  # the hook did not take it as a stop: a loss, by on_worker_loss
+            log.info("worker %d (%s on %s) is leaving (%s)", worker.index, worker.name,
+                     worker.host, leaving.reason or "no reason given")
+            await self._on_lost(message.peer)
+        self._notify()
+        # It waits for this before it says goodbye (see Worker._watch_signals).
+        try:
+            await self.hub.send(message.peer, Control("close").to_body(), kind=Control.KIND)
+        except Exception:
+            pass  # gone already: its process's owner takes care of it
 
     def _spawned_here(self, report: ErrorReport) -> bool:
         """A local worker's report sent before it was admitted (its env failed to build)."""
@@ -377,6 +415,9 @@ class Coordinator:
             if not worker.alive:
                 return  # lost while it joined (its process died, or its welcome bounced)
             await sender.on_worker_joined(worker.index)
+        if worker.alive:
+            log.info("worker %d joined (%s, pid %d on %s)", worker.index, worker.name,
+                     worker.pid, worker.host)
         if self._on_join is not None and worker.alive:
             await self._on_join(worker)
 

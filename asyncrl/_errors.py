@@ -23,6 +23,14 @@ class CollectorError(AsyncRLError):
     """Base class of the errors a collector raises itself."""
 
 
+class CollectorStopped(CollectorError):
+    """The run was stopped from outside (a local worker got SIGTERM), not failed.
+
+    ``async for batch in collector`` ends (as at ``total_frames``) instead of
+    raising it; other calls (``update_policy_weights``...) raise it.
+    """
+
+
 class WorkerLostError(CollectorError):
     """A worker process or host died or went silent."""
 

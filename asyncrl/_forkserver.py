@@ -72,7 +72,7 @@ def _ensure_fork_server(context: BaseContext) -> None:
         # (``"__main__"`` by default, so that the user's functions resolve warm).
         wanted = list(getattr(server, "_preload_modules", ["__main__"]))
         wanted += [m for m in PRELOAD if m not in wanted]
-        context.set_forkserver_preload(wanted)  # type: ignore[attr-defined]
+        context.set_forkserver_preload(wanted)
         with child_thread_environment(1):  # only while one starts: it inherits it
             forkserver.ensure_running()
     else:

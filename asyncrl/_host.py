@@ -45,7 +45,8 @@ class HostWorkers:
 
     def __init__(self, connect: str, spec: WorkerSpec, *, workers: int, relay: bool = True,
                  peer_timeout: float = 10.0, reconnect: bool = False,
-                 curve_keys: str | None = None, backend: str = "asyncio") -> None:
+                 curve_keys: str | None = None, backend: str = "asyncio",
+                 log_config: dict[str, Any] | None = None) -> None:
         if workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers}")
         self.connect = connect
@@ -55,6 +56,7 @@ class HostWorkers:
         self.reconnect = reconnect
         self.curve_keys = curve_keys
         self.backend = backend
+        self.log_config = log_config  # the workers' logging (asyncrl._logs.capture())
         # Unguessable (128 random bits each): an identity is a route on the hub.
         tag = f"{socket.gethostname()}-{os.getpid()}"
         self.identities = [random_identity(f"{tag}-w{i}") for i in range(workers)]
@@ -74,7 +76,8 @@ class HostWorkers:
             options: dict[str, Any] = {
                 "peer_timeout": self.peer_timeout,
                 "heartbeat_interval": heartbeat_interval(self.peer_timeout),
-                "reconnect": self.reconnect, "curve_keys": self.curve_keys}
+                "reconnect": self.reconnect, "curve_keys": self.curve_keys,
+                "log_config": self.log_config}
             if self.relay:
                 from ._relay import HostRelay
 

@@ -25,6 +25,7 @@ import anyio
 from transports import random_identity
 from transports import shutdown as flush_and_close_sockets
 
+from . import _logs
 from ._absent_modules import remember_absent_modules
 from ._processes import WorkerProcesses, allow_children, process_alive, remove_orphaned_dir
 from ._worker import EXIT_COORDINATOR_LOST, EXIT_ERROR, EXIT_REFUSED, run_worker
@@ -95,9 +96,11 @@ def process_main(endpoint: str, spec_path: str, slot: int, identity: bytes, toke
     plain pickle of the :class:`WorkerSpec` made by our own parent process (never
     data from the network). ``identity`` is the link identity the parent chose
     (unguessable, see :func:`transports.random_identity`): it maps this process's
-    death to its peer.
+    death to its peer. ``options["log_config"]`` is the trainer's logging
+    (:func:`asyncrl._logs.capture`): this worker logs with the same level and format.
     """
-    logging.basicConfig(level=logging.WARNING, format="worker %(process)d: %(message)s")
+    options = dict(options)
+    _logs.apply(options.pop("log_config", None))
     remember_absent_modules()  # a per-step import probe of tensordict's, answered at once
     with open(spec_path, "rb") as f:
         spec = pickle.load(f)
@@ -106,7 +109,7 @@ def process_main(endpoint: str, spec_path: str, slot: int, identity: bytes, toke
     allow_children()
     code = anyio.run(
         lambda: run_worker(endpoint, spec, identity=identity, slot=slot, token=token,
-                           parent_pid=parent_pid, **options),
+                           parent_pid=parent_pid, handle_signals=True, **options),
         backend=backend,
     )
     # (The trainer is not our parent when a fork server started us: ask for it by pid.)
@@ -164,10 +167,13 @@ def host_worker_processes(endpoint: str, spec: WorkerSpec, identities: list[byte
 
 def host_process_main(endpoint: str, spec: WorkerSpec, backend: str,
                       options: dict[str, Any]) -> None:
-    """Entry point of a worker host's worker process."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s worker %(process)d: %(message)s")
+    """Entry point of a worker host's worker process (logging as the host's ``--log-level``)."""
+    options = dict(options)
+    _logs.apply(options.pop("log_config", None)
+                or {"level": logging.INFO, "format": "%(asctime)s worker %(process)d: %(message)s"})
     remember_absent_modules()  # a per-step import probe of tensordict's, answered at once
-    code = anyio.run(lambda: run_worker(endpoint, spec, **options), backend=backend)
+    code = anyio.run(lambda: run_worker(endpoint, spec, handle_signals=True, **options),
+                     backend=backend)
     # A normal exit: multiprocessing joins what this (non-daemonic) worker started.
     sys.exit(code)
 

@@ -299,6 +299,26 @@ class ErrorReport:
 
 
 @dataclass(slots=True)
+class Leaving:
+    """Worker -> coordinator: I am stopping on my own (a signal asked me to), not failing.
+
+    Sent before the worker says goodbye, so that the coordinator hears why
+    before it sees the worker gone: a local worker that got SIGTERM (systemd
+    stops a service's whole process group) ends the run as a normal stop.
+    """
+
+    KIND: ClassVar[str] = "leaving"
+    reason: str = ""
+
+    def to_body(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_body(cls, body: Any) -> Self:
+        return cls(reason=_optional_str(body, "reason", "leaving")[:1000])
+
+
+@dataclass(slots=True)
 class Control:
     """Coordinator -> worker, acknowledged: an operation and its arguments.
 
@@ -336,7 +356,7 @@ MAX_INSTANCE = 64
 
 
 def _model_id(body: Any, what: str) -> str:
-    model_id = _field(body, "model_id", str, what)
+    model_id: str = _field(body, "model_id", str, what)
     if not 0 < len(model_id) <= MAX_MODEL_ID:
         raise ProtocolError(f"{what} message field 'model_id' must be 1 to {MAX_MODEL_ID} "
                             f"characters, got {len(model_id)}")
@@ -344,7 +364,7 @@ def _model_id(body: Any, what: str) -> str:
 
 
 def _version(body: Any, what: str) -> int:
-    version = _field(body, "version", int, what)
+    version: int = _field(body, "version", int, what)
     if version < 1:
         raise ProtocolError(f"{what} message field 'version' must be a positive int, "
                             f"got {version}")
@@ -353,7 +373,7 @@ def _version(body: Any, what: str) -> int:
 
 def _peer_map(body: Any, name: str, what: str) -> dict[Any, Any]:
     """``body[name]``: a map keyed by at most MAX_RELAY_MEMBERS peer identities."""
-    value = _field(body, name, dict, what)
+    value: dict[Any, Any] = _field(body, name, dict, what)
     if len(value) > MAX_RELAY_MEMBERS:
         raise ProtocolError(f"{what} message field {name!r} has {len(value)} entries; at most "
                             f"{MAX_RELAY_MEMBERS} are allowed")

@@ -113,7 +113,7 @@ class RateMeter:
         if len(self._samples) < 2:
             return 0.0
         first = self._samples[0][0]
-        return (self._frames - self._samples[0][1]) / max(now - first, 1e-9)
+        return float((self._frames - self._samples[0][1]) / max(now - first, 1e-9))
 
     def _trim(self, now: float) -> None:
         while len(self._samples) > 2 and now - self._samples[0][0] > self.window:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
 from collections import deque
 from contextlib import AsyncExitStack
@@ -30,6 +31,7 @@ from ._protocol import (
     Control,
     ErrorReport,
     Hello,
+    Leaving,
     Preempt,
     Refuse,
     Rejoin,
@@ -73,8 +75,11 @@ class Worker:
     def __init__(self, link: Link, spec: WorkerSpec, *, slot: int = -1, token: str = "",
                  parent_pid: int | None = None, reconnect: bool = False,
                  reconnect_timeout: float = 3600.0, relay_link: Link | None = None,
-                 relay_name: str = "") -> None:
+                 relay_name: str = "", handle_signals: bool = False) -> None:
         self.link = link
+        #: Stop cleanly on SIGTERM/SIGINT (a process's main thread only: signal handlers).
+        self.handle_signals = handle_signals
+        self._leaving = False  # a signal asked us to stop: told the coordinator, awaiting close
         self.relay_link = relay_link  # this host's relay, if any: weights may come that way
         self.reconnect = reconnect
         self.reconnect_timeout = reconnect_timeout
@@ -129,10 +134,41 @@ class Worker:
                         remove_orphaned_socket_dir(link.endpoint)
                 tg.cancel_scope.cancel()
 
+        async def watch_signals() -> None:
+            nonlocal code
+            code = await self._watch_signals()
+            tg.cancel_scope.cancel()
+
         async with anyio.create_task_group() as tg:
             tg.start_soon(serve)
             tg.start_soon(watch_parent)
+            if self.handle_signals:
+                tg.start_soon(watch_signals)
         return code
+
+    async def _watch_signals(self) -> int:
+        """SIGTERM (systemd stops a whole process group) or SIGINT: stop, as a normal exit.
+
+        The coordinator is told why, and answers with a close: the link's goodbye
+        comes only after that, so that the coordinator takes this as a stop, not as
+        a lost worker (and a send of its to a closed pipe cannot make it one). The
+        batch in progress is abandoned; the envs are closed on the way out.
+        """
+        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async for signum in signals:
+                name = signal.Signals(signum).name
+                log.info("worker %d got %s: stopping", self.index, name)
+                self._leaving = True
+                if self.rollout is not None:
+                    self.rollout.request_stop()  # the batch in progress ends at its next step
+                with anyio.CancelScope(shield=True), anyio.move_on_after(1.0):
+                    await self.link.send(Leaving(name).to_body(), kind=Leaving.KIND)
+                if self.index >= 0:
+                    # The coordinator's close ends serve() and with it this task; a
+                    # coordinator that is gone or busy gets a bounded wait.
+                    await anyio.sleep(2 * self.link.heartbeat_interval + 1.0)
+                break
+        return EXIT_OK
 
     async def _serve(self) -> int:
         try:
@@ -159,6 +195,9 @@ class Worker:
                 log.warning("%s; waiting for it to come back", self._exit)
                 await self._wait_for_coordinator()
         except WorkerExit as exc:
+            if self._leaving:  # stopping on a signal: a coordinator gone meanwhile is fine
+                log.info("worker exits: %s", exc)
+                return EXIT_OK
             if exc.code != EXIT_OK:
                 log.error("worker exits: %s", exc)
             return exc.code
@@ -373,6 +412,8 @@ class Worker:
                 finally:
                     self._current_request = None
                 self._weights.after_batch()
+            if self._leaving:  # cut short by a signal: not a batch anyone asked for
+                await anyio.sleep_forever()
             await self.link.send(Batch(request, frames).to_body(), kind=Batch.KIND)
 
     def _collect_one(self, request: int) -> Any:
@@ -430,7 +471,8 @@ async def run_worker(endpoint: str, spec: WorkerSpec, *, identity: bytes | None 
                      heartbeat_interval: float = 1.0, peer_timeout: float = 10.0,
                      reconnect: bool = False, reconnect_timeout: float = 3600.0,
                      curve_keys: str | None = None, relay: str | None = None,
-                     relay_name: bytes | str = b"", **link_options: Any) -> int:
+                     relay_name: bytes | str = b"", handle_signals: bool = False,
+                     **link_options: Any) -> int:
     """Connect to the coordinator at ``endpoint`` and serve until told to close.
 
     With ``reconnect=True`` a worker whose coordinator went silent waits (up to
@@ -440,7 +482,10 @@ async def run_worker(endpoint: str, spec: WorkerSpec, *, identity: bytes | None 
     is the endpoint of this host's :class:`~asyncrl._relay.HostRelay` and
     ``relay_name`` its identity: weight updates may then come through it. Returns an exit
     code: 0 when closed by the coordinator, 1 on an env or policy error (reported to the
-    coordinator first), 3 when the coordinator is gone, 4 when refused.
+    coordinator first), 3 when the coordinator is gone, 4 when refused. With
+    ``handle_signals`` (a worker process's main thread) SIGTERM and SIGINT stop it
+    cleanly: the coordinator is told first (a ``leaving`` message), the envs are
+    closed, and it returns 0.
     """
     if curve_keys is not None:
         link_options["curve"] = CurveClient.from_dir(curve_keys)
@@ -457,5 +502,6 @@ async def run_worker(endpoint: str, spec: WorkerSpec, *, identity: bytes | None 
             relay_name = relay_name.decode(errors="replace")
         worker = Worker(link, spec, slot=slot, token=token, parent_pid=parent_pid,
                         reconnect=reconnect, reconnect_timeout=reconnect_timeout,
-                        relay_link=relay_link, relay_name=relay_name)
+                        relay_link=relay_link, relay_name=relay_name,
+                        handle_signals=handle_signals)
         return await worker.run()

@@ -1,4 +1,4 @@
-"""``asyncrl`` command line: ``asyncrl worker``, ``asyncrl bench``."""
+"""``asyncrl`` command line: ``asyncrl worker``, ``asyncrl keys``, ``asyncrl bench``."""
 
 from __future__ import annotations
 
@@ -10,6 +10,53 @@ import shlex
 import sys
 from typing import Any
 
+from . import _logs
+
+#: What ``asyncrl --help`` says (plain text: argparse prints it as is).
+DESCRIPTION = ("asyncrl: async-first, ZeroMQ-based experience collection for reinforcement "
+               "learning. Run workers that join a trainer's collector over the network, "
+               "make CURVE keys for them, or run a benchmark from a source checkout.")
+
+#: The worker's exit codes (asyncrl._worker's EXIT_* and this module's argument errors).
+WORKER_EXIT_CODES = """exit codes:
+  0  closed by the coordinator, or stopped by SIGTERM / SIGINT (Ctrl-C)
+  1  an env or policy error (reported to the coordinator first)
+  2  bad arguments (an import path that does not resolve, bad keys, a value < 1)
+  3  the coordinator is gone (silent for --peer-timeout), and no --reconnect
+  4  the coordinator refused this worker (see its log: specs, keys, too many workers)"""
+
+EXIT_CODES = """exit codes:
+  0  success
+  2  bad arguments (argparse's usage errors too)
+  asyncrl worker: see 'asyncrl worker --help'"""
+
+KEYS_EXIT_CODES = """exit codes:
+  0  keys written
+  2  bad arguments, or DIR cannot be written (it exists and is not empty, permissions)"""
+
+BENCH_EXIT_CODES = """exit codes:
+  the benchmark's own (0: it ran)
+  2  bad arguments, or no benchmarks/NAME.py in a source checkout here"""
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Each option's default after its help; prose wrapped, the exit-code tables as written."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        if "\n" in text:  # a table: its lines are already laid out
+            return "".join(indent + line for line in text.splitlines(keepends=True))
+        return super()._fill_text(text, width, indent)
+
+
+def _version() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version("asyncrl")
+    except metadata.PackageNotFoundError:  # a source tree on sys.path, not installed
+        return "0.0.0+unknown"
+
+
 BENCHMARKS = ("codec", "channels", "weights", "collect", "relay", "scaling", "profile_worker",
               "rollout_loop")
 
@@ -20,24 +67,30 @@ def _worker_parser(sub: Any) -> None:
         help="run worker processes that join a coordinator over ZeroMQ",
         description="Run K worker processes on this host that join the coordinator at "
                     "--connect. Env and policy are import paths resolved on this host: code "
-                    "never travels over the network.",
+                    "never travels over the network. SIGTERM (docker stop, systemd) and "
+                    "Ctrl-C stop them cleanly.",
+        epilog=WORKER_EXIT_CODES, formatter_class=_HelpFormatter,
     )
     p.add_argument("--connect", required=True, metavar="tcp://HOST:PORT",
-                   help="the coordinator's address (MultiCollector(listen=...))")
+                   default=argparse.SUPPRESS,
+                   help="the coordinator's address (MultiCollector(listen=...)); required")
     p.add_argument("--env", required=True, metavar="ID_OR_IMPORT_PATH",
-                   help="a gymnasium id (CartPole-v1) or 'pkg.mod:factory'")
+                   default=argparse.SUPPRESS,
+                   help="a gymnasium id (CartPole-v1) or 'pkg.mod:factory'; required")
     p.add_argument("--policy", metavar="pkg.mod:factory", default=None,
-                   help="import path of a function returning the policy (default: random)")
+                   help="import path of a function returning the policy; without it, "
+                        "random actions")
     p.add_argument("--device", default=None, metavar="DEVICE",
                    help="where each worker's policy runs on this host ('cpu', 'cuda', "
                         "'cuda:1'; default: where the policy factory put it); checked here "
                         "at start: a device this host lacks is an error, never a fallback")
-    p.add_argument("--envs-per-worker", type=int, default=1, metavar="N")
+    p.add_argument("--envs-per-worker", type=int, default=1, metavar="N",
+                   help="envs each worker steps as one batch (a vector env)")
     p.add_argument("--workers", type=int, default=1, metavar="K",
                    help="worker processes to run on this host")
     p.add_argument("--threads", type=int, default=1, metavar="T",
-                   help="torch (and OpenMP/MKL) threads per worker process (default 1, as "
-                        "TorchRL's num_sub_threads: K workers on K cores do not oversubscribe)")
+                   help="torch (and OpenMP/MKL) threads per worker process (as TorchRL's "
+                        "num_sub_threads: K workers on K cores do not oversubscribe)")
     p.add_argument("--peer-timeout", type=float, default=10.0, metavar="SECONDS",
                    help="exit when the coordinator is silent this long")
     p.add_argument("--keys", metavar="DIR", default=None,
@@ -51,20 +104,28 @@ def _worker_parser(sub: Any) -> None:
                         "weight update instead of one copy per host through a local relay")
     p.add_argument("--app-dir", default=".", metavar="DIR",
                    help="put DIR first on the import path for --env and --policy "
-                        "(default: the current directory, as 'python -m' does)")
-    p.add_argument("--backend", choices=("asyncio", "trio"), default="asyncio")
+                        "('.': the current directory, as 'python -m' does)")
+    p.add_argument("--backend", choices=("asyncio", "trio"), default="asyncio",
+                   help="the anyio backend each worker's event loop runs on")
+    p.add_argument("--log-level", choices=_logs.LEVELS, default="INFO", type=str.upper,
+                   help="log level of this host and its workers (asyncrl and transports "
+                        "loggers; other libraries log warnings and up)")
 
 
 def _keys_parser(sub: Any) -> None:
-    p = sub.add_parser("keys", help="CURVE keys for encrypted, authenticated collection")
+    p = sub.add_parser("keys", help="CURVE keys for encrypted, authenticated collection",
+                       description="Make CURVE keys (ZeroMQ's encryption and "
+                                   "authentication) for a collector and its worker hosts.",
+                       epilog=KEYS_EXIT_CODES, formatter_class=_HelpFormatter)
     keys_sub = p.add_subparsers(dest="keys_command", required=True)
     g = keys_sub.add_parser(
         "generate", help="write coordinator and worker key pairs to DIR",
         description="Write DIR/coordinator.key(_secret), DIR/worker.key(_secret) and "
                     "DIR/authorized/ (public keys the coordinator accepts). Give the "
                     "coordinator the whole DIR (MultiCollector(curve_keys=DIR)); give worker "
-                    "hosts worker.key_secret and coordinator.key (asyncrl worker --keys DIR).")
-    g.add_argument("directory", metavar="DIR")
+                    "hosts worker.key_secret and coordinator.key (asyncrl worker --keys DIR).",
+        epilog=KEYS_EXIT_CODES, formatter_class=_HelpFormatter)
+    g.add_argument("directory", metavar="DIR", help="where to write the keys (made if missing)")
 
 
 def _bench_parser(sub: Any) -> None:
@@ -72,14 +133,18 @@ def _bench_parser(sub: Any) -> None:
         "bench", help="run a benchmark from a source checkout (python -m benchmarks.NAME)",
         description="Run benchmarks/NAME.py of asyncrl's source tree (the benchmarks are not "
                     "installed with the package): from the checkout that holds the running "
-                    "asyncrl, else from the current directory.")
-    p.add_argument("name", choices=BENCHMARKS)
+                    "asyncrl, else from the current directory.",
+        epilog=BENCH_EXIT_CODES, formatter_class=_HelpFormatter)
+    p.add_argument("name", choices=BENCHMARKS, help="the benchmark: %(choices)s")
     p.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the benchmark")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="asyncrl", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = argparse.ArgumentParser(prog="asyncrl", description=DESCRIPTION,
+                                     epilog=EXIT_CODES, formatter_class=_HelpFormatter)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                                title="commands")
     _worker_parser(sub)
     _keys_parser(sub)
     _bench_parser(sub)
@@ -138,7 +203,11 @@ def generate_keys_command(directory: str) -> int:
 def run_workers(args: argparse.Namespace) -> int:
     from ._worker_spec import WorkerSpec, host_rollout_options, resolve_import_path
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    level = _logs.parse_level(args.log_level)
+    log_format = "%(asctime)s %(name)s: %(message)s"
+    logging.basicConfig(level=logging.WARNING, format=log_format)
+    for name in ("asyncrl", "transports"):
+        logging.getLogger(name).setLevel(level)
     if args.workers < 1 or args.envs_per_worker < 1 or args.threads < 1:
         print("asyncrl worker: --workers, --envs-per-worker and --threads must be >= 1, got "
               f"{args.workers}, {args.envs_per_worker} and {args.threads}", file=sys.stderr)
@@ -173,7 +242,8 @@ def run_workers(args: argparse.Namespace) -> int:
 
     host = HostWorkers(args.connect, spec, workers=args.workers, relay=not args.no_relay,
                        peer_timeout=args.peer_timeout, reconnect=args.reconnect,
-                       curve_keys=args.keys, backend=args.backend)
+                       curve_keys=args.keys, backend=args.backend,
+                       log_config=_logs.capture())
     return host.run()
 
 

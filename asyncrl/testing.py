@@ -47,13 +47,14 @@ class CountingEnv(gym.Env):
         self._episode = -1
         self._total_steps = 0
 
-    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple:
+    def reset(self, *, seed: int | None = None,
+              options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
         super().reset(seed=seed)
         self._t = 0
         self._episode += 1
         return self._obs(), {}
 
-    def step(self, action: Any) -> tuple:
+    def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
         self._total_steps += 1
         if self.fail_at_step is not None and self._total_steps >= self.fail_at_step:
             raise RuntimeError(f"CountingEnv failed on purpose at step {self._total_steps}")
@@ -88,13 +89,13 @@ class TinyDictEnv(gym.Env):
         flags = np.array([self.count % 2, 1, 0], dtype=np.int8)
         return {"pos": self.pos.copy(), "count": self.count, "extra": {"flags": flags}}
 
-    def reset(self, *, seed: int | None = None, options: Any = None) -> tuple[Any, dict]:
+    def reset(self, *, seed: int | None = None, options: Any = None) -> tuple[Any, dict[str, Any]]:
         super().reset(seed=seed)
         self.pos = self.np_random.uniform(-1, 1, size=2).astype(np.float32)
         self.count = 0
         return self._obs(), {}
 
-    def step(self, action: Any) -> tuple[Any, float, bool, bool, dict]:
+    def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
         self.pos = (self.pos + np.asarray(action, dtype=np.float32)).astype(np.float32)
         self.count += 1
         return self._obs(), float(self.pos.sum()), self.count >= self.horizon, False, {}
@@ -159,12 +160,13 @@ class IdentityEnv(gym.Env):
         self.steps = 0
         self._t = 0
 
-    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple:
+    def reset(self, *, seed: int | None = None,
+              options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
         super().reset(seed=seed)
         self._t = 0
         return self._obs(), {}
 
-    def step(self, action: Any) -> tuple:
+    def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
         self.steps += 1
         self._t += 1
         return self._obs(), 1.0, self._t >= self.length, False, {}

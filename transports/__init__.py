@@ -13,6 +13,8 @@
 Everything else (``transports._name``) is private: asyncrl itself imports only this face.
 """
 
+import logging as _logging
+
 from ._channel import ChannelStatistics as ChannelStatistics
 from ._codec import DEFAULT_MAX_BYTES as DEFAULT_MAX_BYTES
 from ._codec import PROTOCOL_VERSION as PROTOCOL_VERSION
@@ -42,6 +44,9 @@ from ._socket import shutdown as shutdown
 from ._types import Message as Message
 from ._types import PeerEvent as PeerEvent
 from ._types import Ticket as Ticket
+
+# A library never configures logging: the application does.
+_logging.getLogger("transports").addHandler(_logging.NullHandler())
 
 __all__ = [
     "DEFAULT_MAX_BYTES",

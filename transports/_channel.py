@@ -12,9 +12,9 @@ import anyio.abc
 import anyio.lowlevel
 import zmq
 
-from ._codec import Decoded, ProtocolError, decode_message, encode_message
+from ._codec import Decoded, decode_message, encode_message
 from ._curve import Authenticator, CurveClient, CurveServer
-from ._errors import ClosedResourceError, TransportError
+from ._errors import ClosedResourceError, ProtocolError, TransportError
 from ._ratelimit import RateLimitedLog
 from ._resource import TaskGroupResource
 from ._socket import AsyncSocket, configure, default_context
@@ -136,7 +136,7 @@ class Channel(TaskGroupResource):
         max_bytes: int | None = None,
         queue_size: int = 1024,
         linger: float = 1.0,
-        context: zmq.Context | None = None,
+        context: zmq.Context[Any] | None = None,
         curve: CurveServer | CurveClient | None = None,
     ) -> None:
         if heartbeat_interval <= 0 or peer_timeout <= heartbeat_interval:
@@ -209,7 +209,7 @@ class Channel(TaskGroupResource):
             self._on_close()
             self._inbox.close()
 
-    def _secure(self, socket: zmq.Socket) -> None:
+    def _secure(self, socket: zmq.Socket[Any]) -> None:
         if self.curve is None:
             return
         if isinstance(self.curve, CurveServer):
@@ -262,14 +262,16 @@ class Channel(TaskGroupResource):
     async def _next_item(self) -> Message | PeerEvent:
         self._require_open()
         try:
-            return await self._inbox.get()
+            item: Message | PeerEvent = await self._inbox.get()
+            return item
         except anyio.EndOfStream:
             raise self._closed_error() from None
 
     def _next_item_nowait(self) -> Message | PeerEvent | None:
         self._require_open()
         try:
-            return self._inbox.get_nowait()
+            item: Message | PeerEvent | None = self._inbox.get_nowait()
+            return item
         except anyio.WouldBlock:
             return None
         except anyio.EndOfStream:
@@ -320,7 +322,7 @@ class Channel(TaskGroupResource):
             self._check_liveness(now)
 
     # -- hooks for subclasses ---------------------------------------------------------
-    def _prepare(self, socket: zmq.Socket) -> None:
+    def _prepare(self, socket: zmq.Socket[Any]) -> None:
         raise NotImplementedError
 
     def _handle(self, frames: list[Any]) -> Message | None:
@@ -339,10 +341,10 @@ class Channel(TaskGroupResource):
     def _on_close(self) -> None:
         pass
 
-    def _farewell(self, socket: zmq.Socket) -> None:
+    def _farewell(self, socket: zmq.Socket[Any]) -> None:
         """Best effort, never blocking: tell the other end we are leaving."""
 
-    def _before_close(self, socket: zmq.Socket) -> None:
+    def _before_close(self, socket: zmq.Socket[Any]) -> None:
         """Last call before ``socket`` is closed (in the thread that owns it)."""
 
     def _translate_send_error(self, exc: zmq.ZMQError) -> Exception:

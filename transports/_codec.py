@@ -153,7 +153,9 @@ def _pack(obj: Any, frames: list[Any]) -> bytes:
         )
 
     try:
-        return msgpack.packb(obj, default=default, use_bin_type=True, strict_types=False)
+        packed: bytes = msgpack.packb(obj, default=default, use_bin_type=True,
+                                      strict_types=False)
+        return packed
     except (ValueError, OverflowError) as exc:
         raise TypeError(f"cannot encode message: {exc}") from exc
 
@@ -390,7 +392,8 @@ class _BodyDecoder:
             flat = flat.copy()
         if dtype == np.bool_ and flat.size and int(flat.max()) > 1:
             raise ProtocolError("bool array holds bytes other than 0 and 1")
-        return flat.view(dtype).reshape(shape)
+        array: np.ndarray = flat.view(dtype).reshape(shape)
+        return array
 
     def tensordict(self, data: bytes, depth: int) -> TensorDict:
         try:

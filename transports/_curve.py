@@ -89,7 +89,7 @@ class CurveServer:
             raise TransportError(f"{self.authorized_dir} is missing: no worker could join")
         return set(zmq.auth.load_certificates(self.authorized_dir))
 
-    def apply(self, socket: zmq.Socket) -> None:
+    def apply(self, socket: zmq.Socket[Any]) -> None:
         socket.curve_secretkey = self.secret_key
         socket.curve_publickey = self.public_key
         socket.curve_server = True
@@ -116,7 +116,7 @@ class CurveClient:
         assert secret is not None
         return cls(public, secret, server)
 
-    def apply(self, socket: zmq.Socket) -> None:
+    def apply(self, socket: zmq.Socket[Any]) -> None:
         socket.curve_secretkey = self.secret_key
         socket.curve_publickey = self.public_key
         socket.curve_serverkey = self.server_key
@@ -142,7 +142,7 @@ class _KeyList:
 class Authenticator:
     """Runs ZeroMQ's ZAP handler for one context while a CURVE hub is open."""
 
-    def __init__(self, context: zmq.Context, server: CurveServer, endpoint: str) -> None:
+    def __init__(self, context: zmq.Context[Any], server: CurveServer, endpoint: str) -> None:
         self.provider = _KeyList(server.authorized_keys(), endpoint)
         self._auth: Any = ThreadAuthenticator(context, log=log)
 

@@ -77,7 +77,7 @@ class RemoteError(TransportError):
             text += f"\n--- remote traceback ---\n{remote_traceback.rstrip()}"
         super().__init__(text)
 
-    def __reduce__(self):  # keep it picklable between our own processes
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:  # picklable between our processes
         return (
             _rebuild_remote_error,
             (self.remote_message, self.peer, self.remote_type, self.remote_traceback),

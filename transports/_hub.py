@@ -109,7 +109,7 @@ class Hub(Channel):
         if admitted:
             self._remember_dropped(peer)
 
-    def _prepare(self, socket: zmq.Socket) -> None:
+    def _prepare(self, socket: zmq.Socket[Any]) -> None:
         socket.setsockopt(zmq.ROUTER_MANDATORY, 1)  # unknown peer: an error, not a silent drop
         socket.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a peer that reconnects takes its name back
         socket.bind(self.endpoint)
@@ -304,7 +304,7 @@ class Hub(Channel):
                 else:
                     self._lose(peer)
 
-    def _farewell(self, socket: zmq.Socket) -> None:
+    def _farewell(self, socket: zmq.Socket[Any]) -> None:
         # Links report the hub lost at once instead of after their peer timeout.
         bye = encode_message(None, kind=BYE)
         for peer in self._last_seen:

@@ -84,11 +84,11 @@ class Link(Channel):
         self._goodbye = False  # the last loss was a goodbye (the hub closed)
         self._why_lost = ""
         # Connection state, from ZeroMQ's socket monitor (read by the liveness check).
-        self._monitor: zmq.Socket | None = None
+        self._monitor: zmq.Socket[Any] | None = None
         self._up = False  # a connection to the hub is established (handshake done)
         self._silence_noted = False  # "silent but connected" was logged for this silence
 
-    def _prepare(self, socket: zmq.Socket) -> None:
+    def _prepare(self, socket: zmq.Socket[Any]) -> None:
         socket.setsockopt(zmq.IDENTITY, self.identity)
         # TCP keepalive covers an idle connection, but ours never is: heartbeats are
         # always in flight, and the kernel would retransmit them to a dead host for
@@ -249,7 +249,7 @@ class Link(Channel):
         assert self._io is not None
         self._io.try_send(ping)
 
-    def _farewell(self, socket: zmq.Socket) -> None:
+    def _farewell(self, socket: zmq.Socket[Any]) -> None:
         # Lets the hub report us lost at once instead of after its peer timeout.
         try:
             socket.send_multipart(encode_message(None, kind=BYE), zmq.NOBLOCK)
@@ -310,13 +310,17 @@ class Link(Channel):
                               "(the process or its host is gone, or the network is cut)")
         self._inbox.put_nowait(PeerEvent(HUB, "lost"), force=True)  # wakes a waiting recv()
 
-    def _before_close(self, socket: zmq.Socket) -> None:
+    def _before_close(self, socket: zmq.Socket[Any]) -> None:
+        if self.hub_closed:
+            # It said goodbye: what is still queued for it can never be delivered, and a
+            # linger would only hold this process's exit (ZeroMQ's term) for nothing.
+            self._linger_ms = 0
         self._close_monitor(socket)
 
     def _on_close(self) -> None:
         self._close_monitor(None)  # (already done before the socket closed)
 
-    def _close_monitor(self, socket: zmq.Socket | None) -> None:
+    def _close_monitor(self, socket: zmq.Socket[Any] | None) -> None:
         # Stop ZeroMQ's end first, while ours still reads: ZeroMQ's I/O thread sends
         # each event with a *blocking* send, and an event sent after our end closed
         # (the "disconnected" of the socket being closed) blocked that thread for

@@ -16,7 +16,7 @@ async def exit_task_group(task_group: Any, exc_info: tuple[Any, Any, Any]) -> bo
     """
     body_error = exc_info[1]
     try:
-        return await task_group.__aexit__(*exc_info)
+        return bool(await task_group.__aexit__(*exc_info))
     except BaseExceptionGroup as group:
         if body_error is not None and len(group.exceptions) == 1 \
                 and group.exceptions[0] is body_error:

@@ -32,7 +32,7 @@ from ._errors import ClosedResourceError, TransportError
 
 log = logging.getLogger("transports")
 
-_context: zmq.Context | None = None
+_context: zmq.Context[Any] | None = None
 #: A sender yields to the event loop once per this many sends that did not wait.
 SENDS_PER_YIELD = 32
 #: The pump yields to the event loop after reading this many messages or bytes in a row.
@@ -48,7 +48,7 @@ _POLLIN = int(zmq.POLLIN)
 _POLLOUT = int(zmq.POLLOUT)
 
 
-def default_context() -> zmq.Context:
+def default_context() -> zmq.Context[Any]:
     """The process-wide ZeroMQ context (``inproc://`` needs both ends to share it)."""
     global _context
     if _context is None or _context.closed:
@@ -76,7 +76,7 @@ class AsyncSocket:
     wrap); the frames after them stay zero-copy ``zmq.Frame`` objects.
     """
 
-    def __init__(self, socket: zmq.Socket, handle: Callable[[list[Any]], Any],
+    def __init__(self, socket: zmq.Socket[Any], handle: Callable[[list[Any]], Any],
                  deliver_nowait: Callable[[Any], bool],
                  deliver: Callable[[Any], Awaitable[None]],
                  on_caught_up: Callable[[], None] = lambda: None, *,
@@ -364,7 +364,7 @@ class AsyncSocket:
         self.socket.close(linger=linger_ms)
 
 
-def configure(socket: zmq.Socket, *, max_bytes: int | None, heartbeat_interval: float,
+def configure(socket: zmq.Socket[Any], *, max_bytes: int | None, heartbeat_interval: float,
               peer_timeout: float) -> None:
     """Options both ends share: message size cap, queue limits, TCP keepalive.
 

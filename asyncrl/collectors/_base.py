@@ -11,7 +11,7 @@ from tensordict import TensorDictBase
 from transports import TaskGroupResource
 
 from .._batches import MASK_KEY, split_trajectories
-from .._errors import CollectorError
+from .._errors import CollectorError, CollectorStopped
 from .._trajectories import TrajectoryAssembler, check_trajectory_options
 from ._config import normalise_total_frames
 from ._operations import CollectorOperations
@@ -158,6 +158,8 @@ class BaseCollector(CollectorOperations, TaskGroupResource, TorchRLHabits):
             await self.update_policy_weights()
         try:
             batch = await self._next_batch()
+        except CollectorStopped:  # a stop (SIGTERM), not a failure: the iteration ends
+            raise StopAsyncIteration from None
         except Exception:
             if self._closed:  # closed from another task while this one waited
                 raise StopAsyncIteration from None

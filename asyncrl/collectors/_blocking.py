@@ -23,6 +23,13 @@ class BlockingCollector:
     ...                                           frames_per_batch=200, total_frames=1000)) as c:
     ...     for batch in c:
     ...         c.update_policy_weights()
+
+    Parameters
+    ----------
+    collector
+        Any asyncrl collector, not entered yet (``with`` enters and closes it).
+    backend
+        The anyio backend of the event loop thread: ``"asyncio"`` or ``"trio"``.
     """
 
     def __init__(self, collector: Any, *, backend: str = "asyncio") -> None:

@@ -10,7 +10,7 @@ import socket
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, ClassVar, Literal, Self, overload
 
 import anyio
 import anyio.lowlevel
@@ -19,11 +19,12 @@ from tensordict import TensorDictBase
 
 from transports import CurveServer, Hub, PeerLostError, RemoteError
 
+from .. import _logs
 from .._batches import assemble, drop_env_dim
 from .._coordinator import Coordinator, OnWorkerLoss, WorkerInfo
 from .._devices import DeviceLayout
 from .._envs import make_env_pool
-from .._errors import CollectorError, WorkerLostError, rebuild_remote_exception
+from .._errors import CollectorError, CollectorStopped, WorkerLostError, rebuild_remote_exception
 from .._events import CollectorEvent
 from .._forkserver import worker_context
 from .._process_main import likely_causes, local_worker_processes
@@ -31,7 +32,7 @@ from .._processes import WorkerProcesses, describe_exit
 from .._rollout_options import RolloutOptions
 from .._statistics import WorkerStatistics
 from .._threads import TrainerThreads
-from .._worker import EXIT_ERROR
+from .._worker import EXIT_ERROR, EXIT_OK
 from .._worker_spec import WorkerSpec
 from ..weights import WeightSender, ZmqWeightSyncScheme
 from ..weights._torchrl import as_weight_sync_schemes
@@ -46,6 +47,7 @@ from ._config import (
     check_total_frames,
     split_frames,
 )
+from ._docs import share_parameters, show_init_signature
 from ._env_factories import LocalSpecsCheck, check_picklable, travelling, worker_envs
 from ._limits import listening_hub_limits
 from ._torchrl_args import MULTI_COLLECTOR, check_torchrl_options
@@ -125,6 +127,117 @@ class MultiCollector(BaseCollector):
     ``policy_device``: where each local worker's policy runs (remote hosts: ``--device``).
     ``env_device``: where env outputs live: the host, or the policy's device.
     ``storing_device``: where the trainer stores the batches it receives.
+
+    Logging: INFO lines when it opens, when each worker joins and when it closes; a
+    lost worker is a WARNING. Workers log with the trainer's level and format (the
+    ``asyncrl`` logger's level, the root handler's format). A local worker that gets
+    SIGTERM stops the run as a normal stop: ``async for`` ends and later calls raise
+    :class:`~asyncrl.CollectorStopped` (systemd stops a service's whole process group).
+
+    Parameters
+    ----------
+    create_env_fn
+        What each worker steps: a gymnasium id (``"CartPole-v1"``), an import path
+        (``"pkg.mod:make_env"``), a callable returning a gymnasium or TorchRL env, or a
+        list with one of those per local worker.
+    policy
+        An ``nn.Module``, a ``TensorDictModule``, a callable from observations to
+        actions, or None (random actions). Each worker gets a copy; a module's weights
+        are then kept in sync (``update_policy_weights``, ``weight_sync_schemes``).
+    num_workers
+        Local worker processes (default: one per entry of a ``create_env_fn`` list,
+        else required unless ``remote_workers`` join instead).
+    sync
+        Only on ``MultiCollector``: True (default) builds a ``MultiSyncCollector``,
+        False a ``MultiAsyncCollector``.
+    policy_factory
+        A callable (or ``"pkg.mod:factory"`` import path) each worker calls to build its
+        own policy, instead of pickling ``policy``.
+    frames_per_batch
+        Frames per yielded batch; in sync mode split over the workers (or one int per
+        worker), in async mode each worker's batch size.
+    total_frames
+        Frames to collect before the iteration ends; -1 or None: no end.
+    create_env_kwargs
+        Keyword arguments for ``create_env_fn``: one dict, or a list of one dict per
+        local worker.
+    envs_per_worker
+        Envs each worker steps together, as one vector env (TorchRL's batched envs).
+    max_frames_per_traj
+        Truncate a trajectory after this many steps (``("next", "truncated")`` set).
+    init_random_frames
+        Frames collected with random actions before the policy is used (split over the
+        workers).
+    reset_at_each_iter
+        Reset every env at the start of each batch.
+    reset_when_done
+        Reset an env when its episode ends (TorchRL's default True).
+    split_trajs
+        Split each batch into padded trajectories (TorchRL's ``split_trajectories``).
+    postproc
+        A callable applied to each batch before it is yielded.
+    set_truncated
+        Mark the last step of each batch's trajectories as truncated.
+    exploration_type
+        TorchRL's exploration type the policy runs under (``"random"``, ``"mode"``,
+        ``"mean"``, ``"deterministic"``, or None: leave it as it is).
+    cat_results
+        Sync mode: how shares are joined: ``"stack"`` or None (default, as TorchRL: a
+        new leading workers dimension), 0 (along envs), 1 or -1 (along time); see
+        ``docs/batch_shapes.md``.
+    preemptive_threshold
+        Sync mode: once this fraction of the workers delivered, the others are cut short
+        (TorchRL's meaning; None: never).
+    update_at_each_batch
+        Call ``update_policy_weights()`` before each batch.
+    replay_buffer
+        Anything with ``.extend(td)``: iteration yields None and the collector extends
+        it with each batch's frames (TorchRL's meaning); ``start()`` does the same in
+        the background.
+    weight_sync_schemes
+        ``{model_id: scheme}`` (:mod:`asyncrl.weights`); by default ``"policy"`` syncs
+        over ZeroMQ when ``policy`` is a module.
+    prefetch
+        Async mode: batches each worker may run ahead of the trainer (back-pressure).
+    device, policy_device, env_device, storing_device
+        TorchRL's device arguments with TorchRL's meaning (see Devices above and
+        ``docs/devices.md``).
+    on_worker_loss
+        ``"raise"`` (default), ``"continue"``, ``"wait"`` or ``"restart"``: see above.
+    backend
+        The anyio backend of the workers' event loops (default: the trainer's).
+    heartbeat_interval
+        Seconds between heartbeats on every trainer-worker connection.
+    peer_timeout
+        Seconds of silence after which a peer counts as lost (a worker exits, the
+        coordinator applies ``on_worker_loss``).
+    listen
+        Bind the coordinator here (``"tcp://0.0.0.0:5555"``; port 0 picks one, see
+        ``endpoint``) so that ``asyncrl worker`` hosts can join; default: a private
+        ``ipc://`` socket for the local workers only.
+    remote_workers
+        Remote workers to wait for (``asyncrl worker --connect ...``) besides the local
+        ones.
+    curve_keys
+        A directory made by ``asyncrl keys generate``: CURVE encryption and
+        authentication on ``listen``.
+    max_message_bytes
+        Largest message a listening coordinator accepts (default: derived from the batch
+        and the policy's size).
+    num_threads
+        Torch threads of the trainer's process while the collector is open (default:
+        the machine's threads minus the local workers, at least 1).
+    num_sub_threads
+        Torch threads of each worker (TorchRL's name, default 1).
+    start_method
+        ``"forkserver"`` (default: a warm fork server) or ``"spawn"``.
+    trajs_per_batch, traj_format, extend_buffer
+        Batches of whole trajectories (``"padded"`` with ``("collector", "mask")``, or
+        ``"cat"``) and how a replay buffer is written, with TorchRL 0.14's meaning
+        (``docs/batch_shapes.md``).
+    **torchrl_options
+        TorchRL 0.14's other collector arguments: accepted with effect or refused, see
+        above.
     """
 
     sync: bool = True
@@ -132,9 +245,24 @@ class MultiCollector(BaseCollector):
     #: before it delivered a batch; one more death fails the run (a crash loop).
     max_restarts: int = 3
 
+    #: ``help()`` shows ``__init__``'s parameters, not ``__new__``'s (set below the classes).
+    __signature__: ClassVar[Any]
+
+    # ``MultiCollector(..., sync=False)`` is a MultiAsyncCollector, to type checkers too.
+    @overload
+    def __new__(cls, *args: Any, sync: Literal[False], **kwargs: Any) -> MultiAsyncCollector: ...
+    @overload
+    def __new__(cls, *args: Any, sync: Literal[True], **kwargs: Any) -> MultiSyncCollector: ...
+    @overload
+    def __new__(cls, *args: Any, sync: None = None, **kwargs: Any) -> Self: ...
+
     def __new__(cls, *args: Any, sync: bool | None = None, **kwargs: Any) -> Any:
         if cls is MultiCollector:
             cls = MultiSyncCollector if sync in (None, True) else MultiAsyncCollector
+        elif sync is not None and bool(sync) != cls.sync:
+            other = "MultiSyncCollector" if sync else "MultiAsyncCollector"
+            raise ValueError(f"{cls.__name__}(sync={sync!r}) contradicts its class: use "
+                             f"{other}(...) or MultiCollector(..., sync={sync!r})")
         return super().__new__(cls)
 
     def __init__(
@@ -308,13 +436,17 @@ class MultiCollector(BaseCollector):
                         hub.endpoint, self._worker_specs, self.num_workers, token=token,
                         backend=backend,
                         options={"heartbeat_interval": interval, "peer_timeout": timeout,
-                                 "curve_keys": self.curve_keys},
+                                 "curve_keys": self.curve_keys,
+                                 "log_config": _logs.capture()},
                         directory=self._tmpdir or "", start_method=self.start_method)
                     async with anyio.create_task_group() as tg:
                         tg.start_soon(coordinator.run)  # hellos are answered while others spawn
                         for sender in self._senders.values():
                             tg.start_soon(sender.run)  # queued versions go out once acked
                         await tg.start(workers.run, self._on_process_death)
+                        log.info("%s opened at %s: %d local worker(s) starting, %d remote "
+                                 "expected", type(self).__name__, hub.endpoint,
+                                 self.num_workers, self.remote_workers)
                         task_status.started()
         finally:
             self._background_done.set()
@@ -354,6 +486,7 @@ class MultiCollector(BaseCollector):
             check_specs=LocalSpecsCheck(lambda: self._coordinator, bool(self.remote_workers)),
             token=token, accept_remote=self.remote_workers > 0,
             on_worker_loss=self.on_worker_loss, on_lost=self._on_worker_silent,
+            on_leaving=self._on_worker_leaving,
             batch_budget=self._batch_budget(), first_remote_index=self.num_workers,
             scheme_configs={model_id: scheme.to_config()
                             for model_id, scheme in self.weight_sync_schemes.items()},
@@ -376,10 +509,11 @@ class MultiCollector(BaseCollector):
         coordinator.registry.exited(pid, exitcode, f"{describe_exit(exitcode)}")
         assert self._workers is not None
         peer = self._workers.identities[process]
-        if exitcode == EXIT_ERROR:
-            # It may have reported its error (type, traceback) just before exiting:
-            # that report must win, and it may still be on its way. A peer the hub
-            # never heard from has nothing on its way (the grace is a safety margin).
+        if exitcode in (EXIT_ERROR, EXIT_OK):
+            # It may have reported its error (type, traceback), or that it stops on
+            # SIGTERM, just before exiting: that report must win, and it may still be
+            # on its way. A peer the hub never heard from has nothing on its way (the
+            # grace is a safety margin).
             hub = self._hub
             connected = hub is not None and (peer in hub.peers or peer in coordinator.workers)
             await coordinator.settle(peer, self._heartbeat[1] + 1.0 if connected else 1.0)
@@ -410,6 +544,18 @@ class MultiCollector(BaseCollector):
                                      reason=describe_exit(exitcode)))
         return True
 
+    def _on_worker_leaving(self, worker: WorkerInfo, reason: str) -> None:
+        """A worker stops on a signal: a local one stops the run (systemd's group SIGTERM)."""
+        if worker.index >= self.num_workers or self._coordinator is None:
+            return  # a remote host leaving: a loss, as on_worker_loss says
+        worker.alive = False
+        log.info("worker %d (pid %d) got %s: the collector stops", worker.index, worker.pid,
+                 reason or "a signal")
+        self._coordinator.fail(CollectorStopped(
+            f"the collector was stopped: worker {worker.index} (pid {worker.pid}) got "
+            f"{reason or 'a signal'} (systemd and `kill -TERM -PGID` stop a whole process "
+            "group); make a new collector to collect again"))
+
     def _on_worker_silent(self, worker: WorkerInfo) -> None:
         """A worker went silent for ``peer_timeout``: "restart" replaces a local one."""
         if self.on_worker_loss != "restart" or self._workers is None or self._closed:
@@ -430,9 +576,11 @@ class MultiCollector(BaseCollector):
         if not self._ready:
             await coordinator.wait_for_workers(self.num_workers + self.remote_workers)
             self._ready = True
+        coordinator.raise_if_failed()  # e.g. stopped (SIGTERM): every later call says so
         return coordinator
 
     async def _close(self) -> None:
+        log.info("%s closing after %d frames", type(self).__name__, self.frames_collected)
         if self._coordinator is not None:
             await self._coordinator.close()  # wakes waiters, tells the workers to stop
         for sender in self._senders.values():
@@ -448,6 +596,7 @@ class MultiCollector(BaseCollector):
             shutil.rmtree(self._tmpdir, ignore_errors=True)
         if self._threads_cap is not None:
             self._threads_cap.restore()
+        log.info("%s closed", type(self).__name__)
 
     # -- public API ------------------------------------------------------------------------
     @property
@@ -662,3 +811,9 @@ class MultiAsyncCollector(MultiCollector):
         _, frames = await coordinator.next_batch()
         # One env per worker: [time], as TorchRL's.
         return self.devices.store(drop_env_dim(frames))
+
+
+for _cls in (MultiCollector, MultiSyncCollector, MultiAsyncCollector):
+    show_init_signature(_cls)
+for _cls in (MultiSyncCollector, MultiAsyncCollector):
+    share_parameters(_cls, MultiCollector)

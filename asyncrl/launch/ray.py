@@ -132,7 +132,8 @@ def launch_hosts(
     if workers_per_host < 1:
         raise ValueError(f"workers_per_host must be >= 1, got {workers_per_host}")
     if nodes is None:
-        nodes = [node["NodeID"] for node in ray.nodes() if node.get("Alive")]
+        nodes = [node["NodeID"] for node in ray.nodes()  # type: ignore[no-untyped-call]
+                 if node.get("Alive")]
     if not nodes:
         raise ValueError("no alive Ray node to start workers on: is ray.init() done?")
     spec_kwargs = _spec_kwargs(env, policy, envs_per_worker, device)

@@ -1,0 +1,257 @@
+"""asyncrl inside an async service: a Starlette app that collects, trains and reports.
+
+    pip install -e ".[service,metrics]"
+    uvicorn examples.service:app                  # from the repository root
+    python -m examples.service --port 8000        # the same, exit status 0 on SIGTERM
+
+The app's lifespan opens a :class:`asyncrl.MultiAsyncCollector` (CartPole-v1,
+``ASYNCRL_WORKERS`` worker processes, 2 by default) and runs a small training
+task beside the server: a policy-gradient step per batch, and every
+``ASYNCRL_PUSH_EVERY`` batches the new weights are pushed to the workers. The
+endpoints:
+
+- ``GET /status``: JSON from ``collector.statistics()``: ``frames``, ``fps``,
+  ``batches``, ``policy_version``, ``policy_lag``, ``paused``, ``episode_return_mean``
+  and ``workers`` (each with ``index``, ``state``, ``pid``, ``frames``, ages, ``exit_code``),
+  plus the training task's ``updates`` and ``error``;
+- ``GET /metrics``: Prometheus text (:mod:`asyncrl.metrics`);
+- ``POST /weights``: push the trainer's current weights, answer once every worker
+  applied them: ``{"version": N}``;
+- ``POST /pause`` and ``POST /resume``: ``{"paused": true|false}``.
+
+SIGTERM (``kill``, ``docker stop``, systemd's process-group SIGTERM) and Ctrl-C end
+it cleanly: uvicorn runs the lifespan's exit, the training task is cancelled, the
+collector closes and no worker process is left. (The ``uvicorn`` command then
+re-raises the SIGTERM it handled, so its exit status says "terminated by SIGTERM",
+which systemd counts as a clean stop; ``python -m examples.service`` exits 0.)
+Logging: if nothing configured the root logger, the lifespan logs at
+``ASYNCRL_LOG_LEVEL`` (INFO) to stderr, and the workers inherit that level and
+format. See docs/service.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import torch
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from tensordict import TensorDictBase
+from tensordict.nn import TensorDictModule
+from torch import nn
+
+import asyncrl
+from asyncrl.metrics import CollectorMetrics
+
+log = logging.getLogger("examples.service")
+
+OBS_DIM, N_ACTIONS = 4, 2  # CartPole-v1
+
+
+class Actor(nn.Module):
+    """Observation -> (sampled action, its log-probability)."""
+
+    def __init__(self, hidden: int = 32) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(OBS_DIM, hidden), nn.Tanh(),
+                                 nn.Linear(hidden, N_ACTIONS))
+
+    def forward(self, observation: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        dist = torch.distributions.Categorical(logits=self.net(observation))
+        action = dist.sample()
+        return action, dist.log_prob(action)
+
+
+def make_policy() -> TensorDictModule:
+    return TensorDictModule(Actor(), in_keys=["observation"],
+                            out_keys=["action", "action_log_prob"])
+
+
+@dataclass
+class Settings:
+    """From the environment, so that one ``uvicorn examples.service:app`` is configurable."""
+
+    workers: int = field(default_factory=lambda: int(os.environ.get("ASYNCRL_WORKERS", "2")))
+    frames_per_batch: int = field(
+        default_factory=lambda: int(os.environ.get("ASYNCRL_FRAMES_PER_BATCH", "256")))
+    push_every: int = field(default_factory=lambda: int(os.environ.get("ASYNCRL_PUSH_EVERY",
+                                                                       "4")))
+    lr: float = 1e-3
+
+
+@dataclass
+class Service:
+    """What the endpoints read: the open collector, its metrics, the trainer's progress."""
+
+    collector: asyncrl.MultiAsyncCollector
+    policy: TensorDictModule
+    registry: CollectorRegistry
+    updates: int = 0  # training steps taken
+    error: str | None = None  # the training task's error, if it failed
+    lock: anyio.Lock = field(default_factory=anyio.Lock)  # one weight push at a time
+
+
+def train_step(policy: TensorDictModule, optimizer: torch.optim.Optimizer,
+               batch: TensorDictBase) -> None:
+    """One REINFORCE-style step on a batch (small on purpose: the service is the point)."""
+    actor: Any = policy.module
+    logits = actor.net(batch["observation"])
+    log_prob = torch.distributions.Categorical(logits=logits).log_prob(batch["action"])
+    reward = batch["next", "reward"].reshape(log_prob.shape)
+    advantage = reward - reward.mean()
+    loss = -(log_prob * advantage).mean()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+
+
+async def push_weights(service: Service) -> int:
+    """Send the trainer's weights; return their version once every worker applied them."""
+    async with service.lock:  # the version read after is this push's
+        await service.collector.update_policy_weights()
+        return service.collector.policy_version
+
+
+async def train(service: Service, settings: Settings) -> None:
+    """The training task: learn from each batch, push the weights now and then."""
+    optimizer = torch.optim.Adam(service.policy.parameters(), lr=settings.lr)
+    try:
+        async for batch in service.collector:  # ends on close, or on a SIGTERM'd worker
+            # In a thread: the event loop keeps serving requests during the step.
+            await anyio.to_thread.run_sync(train_step, service.policy, optimizer, batch)
+            service.updates += 1
+            if service.updates % settings.push_every == 0:
+                await push_weights(service)
+    except asyncrl.CollectorStopped as exc:  # its workers got SIGTERM: a stop, not a failure
+        log.info("training stopped: %s", exc)
+    except Exception as exc:  # the server stays up and /status says why
+        service.error = f"{type(exc).__name__}: {exc}"
+        log.exception("the training task failed")
+
+
+def make_service(settings: Settings) -> Service:
+    policy = make_policy()
+    collector = asyncrl.MultiAsyncCollector(
+        "CartPole-v1", policy, num_workers=settings.workers,
+        frames_per_batch=settings.frames_per_batch, total_frames=-1)
+    return Service(collector, policy, CollectorRegistry())
+
+
+@asynccontextmanager
+async def lifespan(app: Starlette) -> AsyncIterator[None]:
+    if not logging.getLogger().handlers:  # uvicorn configures only its own loggers
+        logging.basicConfig(level=os.environ.get("ASYNCRL_LOG_LEVEL", "INFO").upper(),
+                            format="%(levelname)-9s %(name)s: %(message)s")
+    settings = Settings()
+    service = make_service(settings)
+    async with service.collector:
+        CollectorMetrics(service.collector, registry=service.registry)
+        await service.collector.wait_ready(timeout=120)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(train, service, settings)
+            app.state.service = service
+            log.info("service ready: %d workers", settings.workers)
+            try:
+                yield
+            finally:
+                tg.cancel_scope.cancel()  # the training task; the collector closes next
+    log.info("service stopped")
+
+
+def _service(request: Request) -> Service:
+    service: Service = request.app.state.service
+    return service
+
+
+async def status(request: Request) -> JSONResponse:
+    service = _service(request)
+    stats = service.collector.statistics()
+    return JSONResponse({
+        "frames": stats.frames,
+        "fps": stats.frames_per_second,
+        "batches": stats.batches,
+        "policy_version": stats.policy_version,
+        "policy_lag": stats.policy_lag,
+        "paused": stats.paused,
+        "episode_return_mean": stats.episode_return_mean,
+        "updates": service.updates,
+        "error": service.error,
+        "workers": [
+            {"index": w.index, "name": w.name, "host": w.host, "pid": w.pid, "state": w.state,
+             "frames": w.frames, "last_batch_age": w.last_batch_age,
+             "heartbeat_age": w.heartbeat_age, "exit_code": w.exit_code}
+            for w in stats.workers],
+    })
+
+
+async def metrics(request: Request) -> Response:
+    return Response(generate_latest(_service(request).registry),
+                    media_type=CONTENT_TYPE_LATEST)
+
+
+async def weights(request: Request) -> JSONResponse:
+    try:
+        version = await push_weights(_service(request))
+    except asyncrl.CollectorError as exc:  # closed, stopped or failed: say so
+        return JSONResponse({"error": str(exc)}, status_code=503)
+    return JSONResponse({"version": version})
+
+
+async def pause(request: Request) -> JSONResponse:
+    collector = _service(request).collector
+    await collector.pause()
+    return JSONResponse({"paused": collector.paused})
+
+
+async def resume(request: Request) -> JSONResponse:
+    collector = _service(request).collector
+    await collector.resume()
+    return JSONResponse({"paused": collector.paused})
+
+
+app = Starlette(
+    routes=[
+        Route("/status", status),
+        Route("/metrics", metrics),
+        Route("/weights", weights, methods=["POST"]),
+        Route("/pause", pause, methods=["POST"]),
+        Route("/resume", resume, methods=["POST"]),
+    ],
+    lifespan=lifespan,
+)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m examples.service``: uvicorn, with exit status 0 after a graceful SIGTERM."""
+    import uvicorn
+
+    parser = argparse.ArgumentParser(description="asyncrl collecting inside a Starlette app")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    args = parser.parse_args(argv)
+
+    def stopped(signum: int, frame: Any) -> None:
+        # uvicorn handles SIGTERM/SIGINT while it serves, shuts down gracefully, then
+        # re-raises the signal to the handler it found: this one, which exits 0.
+        raise SystemExit(0)
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, stopped)
+    uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port)).run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
