@@ -19,6 +19,7 @@ from ._errors import BadBatchError as BadBatchError
 from ._errors import CollectorError as CollectorError
 from ._errors import WorkerLostError as WorkerLostError
 from ._policies import RandomPolicy as RandomPolicy
+from .collectors import AsyncBatchedCollector as AsyncBatchedCollector
 from .collectors import BlockingCollector as BlockingCollector
 from .collectors import Collector as Collector
 from .collectors import MultiAsyncCollector as MultiAsyncCollector
@@ -32,6 +33,7 @@ except _metadata.PackageNotFoundError:  # a source tree on sys.path, not install
     __version__ = "0.0.0+unknown"
 
 __all__ = [
+    "AsyncBatchedCollector",
     "AsyncRLError",
     "BadBatchError",
     "BlockingCollector",

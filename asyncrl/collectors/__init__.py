@@ -1,6 +1,7 @@
 """Collectors: in-process, multi-process sync (on-policy) and async (off-policy)."""
 
 from ._base import BaseCollector as BaseCollector
+from ._batched import AsyncBatchedCollector as AsyncBatchedCollector
 from ._blocking import BlockingCollector as BlockingCollector
 from ._inprocess import Collector as Collector
 from ._multi import MultiAsyncCollector as MultiAsyncCollector
@@ -9,6 +10,7 @@ from ._multi import MultiSyncCollector as MultiSyncCollector
 from ._multi import WorkerStatistics as WorkerStatistics
 
 __all__ = [
+    "AsyncBatchedCollector",
     "BaseCollector",
     "BlockingCollector",
     "Collector",
