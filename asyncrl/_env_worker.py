@@ -124,17 +124,17 @@ class EnvStepper:
             data[("next", *path)] = nb = buf(src.shape[1:], dtype)
             self._pre.append((b.numpy(), src))
             self._post.append((nb.numpy(), src))
-        self._outputs: list[tuple[np.ndarray | torch.Tensor, torch.Tensor]] = []
+        self._outputs: list[tuple[Any, Any]] = []
         for key, path in [("action", ("action",))] + [
                 (f"x{j}", tuple(p)) for j, p in enumerate(c.extra_paths)]:
             dtype, shape = self.act_block.layout[key]
-            data[path] = b = buf(shape[1:], dtype)
-            src = self.act_dst[key]
+            data[path] = out = buf(shape[1:], dtype)
+            answer = self.act_dst[key]
             # numpy assignment is cheaper; torch for dtypes numpy lacks (bfloat16)
             try:
-                self._outputs.append((b.numpy(), src.numpy()))  # type: ignore[arg-type]
+                self._outputs.append((out.numpy(), answer.numpy()))
             except TypeError:
-                self._outputs.append((b, src))
+                self._outputs.append((out, answer))
         for name in ("done", "terminated", "truncated"):
             data[(name,)] = buf((1,), torch.bool)  # always False: ended episodes are reset
         data[("next", "reward")] = r = buf((1,), torch.float32)
@@ -178,8 +178,8 @@ class EnvStepper:
             i = idx[t]
             for dst, src in self._pre:
                 dst[i] = src
-            for dst, src in self._outputs:
-                dst[i] = src
+            for out, answer in self._outputs:
+                out[i] = answer
             self._version[i] = version
             self._traj[i] = self._traj_cur
             pool.step_inplace(self.act_np)

@@ -172,7 +172,8 @@ class InferenceLoop:
         if self._pending_rows < self.min_batch_size:
             with anyio.move_on_after(self.server_timeout):
                 await self._wait(self.min_batch_size)
-        taken, rows = [], 0
+        taken: list[int] = []
+        rows = 0
         while self._pending:
             slot = self._pending[0]
             n = self.blocks[slot].rows

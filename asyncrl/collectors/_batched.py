@@ -286,14 +286,14 @@ class AsyncBatchedCollector(BaseCollector):
         async for item in hub:
             if isinstance(item, PeerEvent):
                 if item.event == "lost" and item.peer in self._slot_of and not self._closing:
-                    slot = self._slot_of[item.peer]
                     self._fail(WorkerLostError(
-                        f"env worker {slot} went silent for {self._heartbeat[1]} s "
-                        "(peer_timeout): it is stuck or its host is gone"))
+                        f"env worker {self._slot_of[item.peer]} went silent for "
+                        f"{self._heartbeat[1]} s (peer_timeout): it is stuck or its host is gone"))
                 continue
-            slot = self._slot_of.get(item.peer)
-            if slot is None:
+            found = self._slot_of.get(item.peer)
+            if found is None:
                 continue  # not one of ours (the socket is private: should not happen)
+            slot = found
             if item.kind == OBS:
                 loop.submit(slot)
             elif item.kind == CHUNK:
@@ -420,6 +420,11 @@ class AsyncBatchedCollector(BaseCollector):
         return batch
 
     # -- weights and statistics ----------------------------------------------------------------
+    @property
+    def worker_pids(self) -> list[int]:
+        """Process ids of the live env workers, in slot order."""
+        return self._workers.pids if self._workers is not None else []
+
     @property
     def policy_version(self) -> int:
         """The version of the weights the inference loop uses now."""
