@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import collections
 import math
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -118,7 +119,8 @@ class InferenceLoop:
     def __init__(self, adapter: PolicyAdapter, blocks: dict[int, WorkerBlocks], *,
                  obs_paths: Sequence[Path], outputs: OutputLayout,
                  device: torch.device | None, max_batch_size: int, min_batch_size: int,
-                 server_timeout: float, version: int = 0, history: int = 4096) -> None:
+                 server_timeout: float, version: int = 0, history: int = 4096,
+                 inline_below: float = 0.0003) -> None:
         self.adapter = adapter
         self.blocks = blocks
         self.obs_paths = list(obs_paths)
@@ -133,6 +135,13 @@ class InferenceLoop:
         self._pending_rows = 0
         self._arrived: anyio.Event | None = None
         self._lock = anyio.Lock()
+        # Short calls run on the event loop: a hop to a worker thread and back costs two
+        # thread wake-ups per call, more than the policy itself on a small MLP. Long
+        # ones (a big network, a GPU) run in a thread, so the loop keeps reading meanwhile.
+        self.inline_below = inline_below
+        self._inline = False
+        self._thread_seconds = 0.0
+        self._thread_calls = 0
         self._calls = 0
         self._observations = 0
         self._sizes: collections.Counter[int] = collections.Counter()
@@ -194,7 +203,20 @@ class InferenceLoop:
             slots = await self._next_requests()
             async with self._lock:
                 version = self.version
-                rows = await anyio.to_thread.run_sync(self._serve, slots, version)
+                if self._inline:
+                    start = time.perf_counter()
+                    rows = self._serve(slots, version)
+                    # keep an eye on it: a call that grew long goes back to a thread
+                    self._inline = time.perf_counter() - start < 2 * self.inline_below
+                else:
+                    start = time.perf_counter()
+                    rows = await anyio.to_thread.run_sync(self._serve, slots, version)
+                    self._thread_seconds += time.perf_counter() - start
+                    self._thread_calls += 1
+                    if self._thread_calls >= 8:
+                        self._inline = self._thread_seconds / self._thread_calls \
+                            < self.inline_below
+                        self._thread_seconds, self._thread_calls = 0.0, 0
             self._calls += 1
             self._observations += rows
             self._sizes[rows] += 1

@@ -31,6 +31,7 @@ from transports import ErrorPayload, Hub, Message, PeerEvent, ProtocolError, ran
 
 from .._env_worker import CHUNK, CLOSE, ERROR, OBS, EnvWorkerConfig, build_pool, env_worker_main
 from .._errors import BadBatchError, CollectorError, WorkerLostError, rebuild_remote_exception
+from .._forkserver import check_start_method
 from .._inference import (
     InferenceLoop,
     InferenceStatistics,
@@ -41,6 +42,7 @@ from .._inference import (
 )
 from .._policies import ExplorationType, PolicyAdapter, torch_dtype
 from .._processes import WorkerProcesses, describe_exit
+from .._threads import TrainerThreads
 from ._base import BaseCollector
 from ._batched_config import (
     BatchingConfig,
@@ -64,7 +66,9 @@ class AsyncBatchedCollector(BaseCollector):
     factory / gym id with ``num_envs``; ``policy`` or ``policy_factory``;
     ``max_batch_size`` / ``min_batch_size`` (observations per policy call) and
     ``server_timeout`` (seconds to wait for ``min_batch_size``); ``envs_per_worker``
-    envs share a process and a request. Batches are flat ``[frames_per_batch]``
+    envs share a process and a request; ``num_threads`` caps torch's threads in this
+    process while open (default: the cores the env workers leave). Batches are flat
+    ``[frames_per_batch]``
     TensorDicts in TorchRL's layout, every frame stamped with the version of the
     weights that chose its action (``("collector", "policy_version")``).
 
@@ -100,6 +104,7 @@ class AsyncBatchedCollector(BaseCollector):
         split_trajs: bool = False,
         policy_version: int = 0,
         verbose: bool = False,
+        num_threads: int | None = None,
         start_method: str | None = None,
         heartbeat_interval: float = 1.0,
         peer_timeout: float = 10.0,
@@ -124,7 +129,10 @@ class AsyncBatchedCollector(BaseCollector):
         self.exploration_type = exploration_type
         self.yield_completed_trajectories = bool(yield_completed_trajectories)
         self.post_collect_hook = post_collect_hook
-        self.start_method = start_method or "forkserver"
+        self.start_method = check_start_method(start_method)
+        self.num_threads = None if num_threads is None else check_int(
+            "num_threads", num_threads, minimum=1)
+        self._threads_cap: TrainerThreads | None = None
         self.verbose = verbose
         self._heartbeat = (heartbeat_interval, peer_timeout)
         self._initial_version = check_int("policy_version", policy_version, minimum=0)
@@ -168,6 +176,10 @@ class AsyncBatchedCollector(BaseCollector):
         self._background_done = anyio.Event()
 
     async def _open(self) -> None:
+        # As MultiCollector and TorchRL: the trainer (and so the policy) keeps the cores
+        # the env workers do not use; a policy whose OpenMP pool spans cores busy with env
+        # workers waits for descheduled threads at every call (measured: 50x slower).
+        self._threads_cap = TrainerThreads.cap(self.num_threads, self.num_workers)
         await self._task_group.start(self._run_background)
 
     async def _run_background(self, *, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
@@ -277,6 +289,8 @@ class AsyncBatchedCollector(BaseCollector):
         self._blocks = {}
         if self._tmpdir is not None:
             shutil.rmtree(self._tmpdir, ignore_errors=True)
+        if self._threads_cap is not None:
+            self._threads_cap.restore()
         self._wake()
 
     # -- the hub: requests, chunks, errors -----------------------------------------------------
