@@ -11,7 +11,8 @@ small one, ``mlp256`` the big one), the same frames per batch:
 
 - ``torchrl``: ``torchrl.collectors.AsyncBatchedCollector([GymEnv] * N, policy=...,
   env_backend="multiprocessing")`` (env worker processes, the policy served from a
-  thread of the trainer's process, its defaults otherwise);
+  thread of the trainer's process, its defaults otherwise), with the trainer's torch
+  threads set as asyncrl sets its own (cores minus env worker processes);
 - ``batched``: ``asyncrl.AsyncBatchedCollector("Pendulum-v1", num_envs=N, policy=...)``;
 - ``per-worker``: ``asyncrl.MultiAsyncCollector("Pendulum-v1", num_workers=N, policy=...)``,
   a policy copy in each worker.
@@ -66,6 +67,10 @@ def run_torchrl(policy_name: str, envs: int, frames: int, windows: int, batches:
     from torchrl.envs import GymEnv
 
     policy = make_policy(policy_name, ENV)
+    # The trainer's torch threads as asyncrl sets them (the cores the env workers leave):
+    # left at the machine's count, TorchRL's served policy was 5-50x slower on 2 busy cores.
+    threads_before = torch.get_num_threads()
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) - envs // envs_per_worker))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
         collector = AsyncBatchedCollector([functools.partial(GymEnv, ENV)] * envs,
@@ -83,6 +88,7 @@ def run_torchrl(policy_name: str, envs: int, frames: int, windows: int, batches:
         return _window_rates(lambda: next(it), update, windows, batches)
     finally:
         collector.shutdown()
+        torch.set_num_threads(threads_before)
 
 
 async def _asyncrl(kind: str, policy_name: str, envs: int, frames: int, windows: int,

@@ -409,6 +409,11 @@ class AsyncBatchedCollector(BaseCollector):
             raise self._error
         batch = self._chunks.popleft() if self.yield_completed_trajectories else self._take(need)
         self._buffered -= batch.numel()
+        if self.split_trajs:
+            # A trajectory's chunks may lie apart in the batch (other workers' between
+            # them): bring each one's frames together, in order, before splitting.
+            order = torch.argsort(batch["collector", "traj_ids"], stable=True)
+            batch = batch[order]
         if self._room is not None and self._buffered < self._capacity:
             self._room.set()
         return batch

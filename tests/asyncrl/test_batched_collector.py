@@ -188,3 +188,16 @@ async def test_policy_factory_serves_its_own_policy() -> None:
             with pytest.raises(Exception, match="pass weights="):
                 await collector.update_policy_weights()
     check_counting_frames(frames)
+
+
+async def test_split_trajs_pads_whole_trajectories_and_random_policy_works() -> None:
+    with anyio.fail_after(LIMIT):
+        async with AsyncBatchedCollector(counting3, num_envs=3, policy=None, split_trajs=True,
+                                         frames_per_batch=18, total_frames=18) as collector:
+            [batch] = [b async for b in collector]
+    mask = batch["collector", "mask"]
+    assert batch.batch_size[1] == 3 and int(mask.sum()) == 18
+    for row in range(batch.shape[0]):  # each row one trajectory, steps in order
+        steps = batch["observation"][row, :, 0][mask[row]].tolist()
+        assert steps == list(range(int(steps[0]), int(steps[0]) + len(steps)))
+    assert set(batch["action"][mask].tolist()) <= {0, 1}
