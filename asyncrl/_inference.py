@@ -120,7 +120,7 @@ class InferenceLoop:
                  obs_paths: Sequence[Path], outputs: OutputLayout,
                  device: torch.device | None, max_batch_size: int, min_batch_size: int,
                  server_timeout: float, version: int = 0, history: int = 4096,
-                 inline_below: float = 0.0003) -> None:
+                 inline_below: float = 0.002) -> None:
         self.adapter = adapter
         self.blocks = blocks
         self.obs_paths = list(obs_paths)
@@ -140,8 +140,7 @@ class InferenceLoop:
         # ones (a big network, a GPU) run in a thread, so the loop keeps reading meanwhile.
         self.inline_below = inline_below
         self._inline = False
-        self._thread_seconds = 0.0
-        self._thread_calls = 0
+        self._durations: collections.deque[float] = collections.deque([1.0], maxlen=8)
         self._calls = 0
         self._observations = 0
         self._sizes: collections.Counter[int] = collections.Counter()
@@ -204,19 +203,12 @@ class InferenceLoop:
             async with self._lock:
                 version = self.version
                 if self._inline:
-                    start = time.perf_counter()
                     rows = self._serve(slots, version)
-                    # keep an eye on it: a call that grew long goes back to a thread
-                    self._inline = time.perf_counter() - start < 2 * self.inline_below
                 else:
-                    start = time.perf_counter()
                     rows = await anyio.to_thread.run_sync(self._serve, slots, version)
-                    self._thread_seconds += time.perf_counter() - start
-                    self._thread_calls += 1
-                    if self._thread_calls >= 8:
-                        self._inline = self._thread_seconds / self._thread_calls \
-                            < self.inline_below
-                        self._thread_seconds, self._thread_calls = 0.0, 0
+                # The shortest of the last few calls (preemption only ever adds time),
+                # timed inside _serve: a thread hop must not count as policy time.
+                self._inline = min(self._durations) < self.inline_below
             self._calls += 1
             self._observations += rows
             self._sizes[rows] += 1
@@ -225,7 +217,8 @@ class InferenceLoop:
                 await reply(slot, version)
 
     def _serve(self, slots: list[int], version: int) -> int:
-        """In a worker thread: gather, one policy call, scatter. Returns the rows served."""
+        """Gather, one policy call, scatter (in a worker thread, or inline when short)."""
+        start = time.perf_counter()
         row = 0
         for slot in slots:
             blocks = self.blocks[slot]
@@ -248,6 +241,7 @@ class InferenceLoop:
             blocks.act.write({k: o[row:row + n] for k, o in zip(keys, outputs, strict=True)},
                              version=version, slot=0)
             row += n
+        self._durations.append(time.perf_counter() - start)
         return row
 
     # -- weights ---------------------------------------------------------------------------------

@@ -20,9 +20,9 @@ small one, ``mlp256`` the big one), the same frames per batch:
 ``--envs-per-worker E`` puts E envs in each worker process in all three (N / E processes).
 
 Each repeat builds a fresh collector per library (interleaved, so drifts hit all alike);
-the first batch is the warm-up; then ``--windows`` windows of ``--batches`` batches each
-are timed, and the run's frames/s is their median; the table shows the median over
-repeats, and ratios batched / torchrl and batched / per-worker. With
+the first batch is the warm-up; then ``--windows`` windows of at least ``--batches``
+batches and 2 s each are timed, and the run's frames/s is their median; the table shows
+the median over repeats, and ratios batched / torchrl and batched / per-worker. With
 ``--update-weights`` the trainer pushes the weights after every batch (TorchRL:
 ``update_policy_weights_(policy)``; asyncrl: ``await update_policy_weights()``).
 """
@@ -50,12 +50,16 @@ ENV = "Pendulum-v1"
 LIBRARIES = ("torchrl", "batched", "per-worker")
 
 
+#: A timed window lasts at least this long (prefetched batches must not make a window).
+MIN_SECONDS = 2.0
+
+
 def _window_rates(next_batch: Any, update: Any, windows: int, batches: int) -> list[float]:
     rates = []
     for _ in range(windows):
-        frames, t0 = 0, time.perf_counter()
-        for _ in range(batches):
-            frames += next_batch().numel()
+        frames, count, t0 = 0, 0, time.perf_counter()
+        while count < batches or time.perf_counter() - t0 < MIN_SECONDS:
+            frames, count = frames + next_batch().numel(), count + 1
             update()
         rates.append(frames / (time.perf_counter() - t0))
     return rates
@@ -108,12 +112,13 @@ async def _asyncrl(kind: str, policy_name: str, envs: int, frames: int, windows:
     async with collector:
         await collector.__anext__()
         for _ in range(windows):
-            count, t0 = 0, time.perf_counter()
-            for _ in range(batches):
-                count += (await collector.__anext__()).numel()
+            frames, count, t0 = 0, 0, time.perf_counter()
+            while count < batches or time.perf_counter() - t0 < MIN_SECONDS:
+                frames += (await collector.__anext__()).numel()
+                count += 1
                 if update_weights:
                     await collector.update_policy_weights()
-            rates.append(count / (time.perf_counter() - t0))
+            rates.append(frames / (time.perf_counter() - t0))
     return rates
 
 
