@@ -201,3 +201,24 @@ async def test_split_trajs_pads_whole_trajectories_and_random_policy_works() -> 
         steps = batch["observation"][row, :, 0][mask[row]].tolist()
         assert steps == list(range(int(steps[0]), int(steps[0]) + len(steps)))
     assert set(batch["action"][mask].tolist()) <= {0, 1}
+
+
+class ModeReportingPolicy(nn.Module):
+    """Action 0 under a deterministic exploration type, 1 otherwise."""
+
+    def forward(self, observation: torch.Tensor) -> torch.Tensor:
+        from tensordict.nn import InteractionType
+        from tensordict.nn.probabilistic import interaction_type
+
+        value = 0 if interaction_type() == InteractionType.DETERMINISTIC else 1
+        return torch.full(observation.shape[:-1], value, dtype=torch.int64)
+
+
+@pytest.mark.parametrize(("exploration_type", "action"), [("deterministic", 0), ("random", 1)])
+async def test_the_policy_runs_under_the_exploration_type(exploration_type, action) -> None:
+    with anyio.fail_after(LIMIT):
+        async with AsyncBatchedCollector(counting3, num_envs=2, policy=ModeReportingPolicy(),
+                                         exploration_type=exploration_type, device="cpu",
+                                         frames_per_batch=6, total_frames=6) as collector:
+            frames = torch.cat([b async for b in collector], 0)
+    check_counting_frames(frames, action=action)
