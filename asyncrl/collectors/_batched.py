@@ -70,7 +70,9 @@ class AsyncBatchedCollector(BaseCollector):
     process while open (default: the cores the env workers leave). Batches are flat
     ``[frames_per_batch]``
     TensorDicts in TorchRL's layout, every frame stamped with the version of the
-    weights that chose its action (``("collector", "policy_version")``).
+    weights that chose its action (``("collector", "policy_version")``). With
+    ``replay_buffer`` (anything with ``.extend(td)``), as in TorchRL, iteration writes
+    each batch there and yields None; ``start()`` fills it in the background.
 
     >>> async with AsyncBatchedCollector("Pendulum-v1", num_envs=4,          # doctest: +SKIP
     ...                                  policy=policy, frames_per_batch=256,
@@ -416,6 +418,15 @@ class AsyncBatchedCollector(BaseCollector):
             batch = batch[order]
         if self._room is not None and self._buffered < self._capacity:
             self._room.set()
+        return batch
+
+    async def __anext__(self) -> Any:
+        batch = await super().__anext__()
+        if self.replay_buffer is not None and not self._running_free:
+            # TorchRL's meaning: with a replay buffer, iteration writes into it and
+            # yields None (start() writes there itself, in the background).
+            self.replay_buffer.extend(batch)
+            return None
         return batch
 
     def _take(self, frames: int) -> TensorDictBase:

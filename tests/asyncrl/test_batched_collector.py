@@ -222,3 +222,31 @@ async def test_the_policy_runs_under_the_exploration_type(exploration_type, acti
                                          frames_per_batch=6, total_frames=6) as collector:
             frames = torch.cat([b async for b in collector], 0)
     check_counting_frames(frames, action=action)
+
+
+class ListBuffer:
+    def __init__(self) -> None:
+        self.batches: list[TensorDict] = []
+
+    def extend(self, td: TensorDict) -> None:
+        self.batches.append(td)
+
+
+async def test_a_replay_buffer_is_filled_by_iteration_and_by_start() -> None:
+    buffer = ListBuffer()
+    with anyio.fail_after(LIMIT):
+        async with AsyncBatchedCollector(counting3, num_envs=2, policy=ValuePolicy(1.0),
+                                         replay_buffer=buffer, frames_per_batch=6,
+                                         total_frames=12) as collector:
+            assert [b async for b in collector] == [None, None]  # TorchRL's meaning
+    assert [b.numel() for b in buffer.batches] == [6, 6]
+    background = ListBuffer()
+    with anyio.fail_after(LIMIT):
+        async with AsyncBatchedCollector(counting3, num_envs=2, policy=ValuePolicy(1.0),
+                                         replay_buffer=background, frames_per_batch=6,
+                                         total_frames=18) as collector:
+            collector.start()
+            while sum(b.numel() for b in background.batches) < 18:
+                await anyio.sleep(0.05)
+    check_counting_frames(torch.cat(buffer.batches, 0))
+    check_counting_frames(torch.cat(background.batches, 0))
