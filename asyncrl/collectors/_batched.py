@@ -422,7 +422,8 @@ class AsyncBatchedCollector(BaseCollector):
 
     async def __anext__(self) -> Any:
         batch = await super().__anext__()
-        if self.replay_buffer is not None and not self._running_free:
+        # (None: a base collector that fills the buffer itself already did)
+        if batch is not None and self.replay_buffer is not None and not self._running_free:
             # TorchRL's meaning: with a replay buffer, iteration writes into it and
             # yields None (start() writes there itself, in the background).
             self.replay_buffer.extend(batch)
