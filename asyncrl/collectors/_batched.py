@@ -469,21 +469,37 @@ class AsyncBatchedCollector(BaseCollector):
             return InferenceStatistics(0, 0, {})
         return self._loop.statistics()
 
-    async def update_policy_weights(self, weights: Any = None, *, worker_ids: Any = None,
-                                    model_id: str = "policy") -> None:
+    # The signature of main's BaseCollector (TorchRL's names); this branch's base names
+    # its first argument ``weights``, which is also accepted here as a keyword.
+    async def update_policy_weights(  # type: ignore[override]
+                                    self, policy_or_weights: Any = None, *, weights: Any = None,
+                                    policy: Any = None, worker_ids: Any = None,
+                                    model_id: str | None = None,
+                                    weights_dict: dict[str, Any] | None = None) -> None:
         """Load new weights into the served policy between two calls; return once in use.
 
-        ``weights``: None (copy them from the ``policy`` given to the constructor, the
-        one you train), an ``nn.Module``, a state dict, or a TensorDict of parameters
+        The weights (positionally, or as ``weights=`` / ``policy=``, TorchRL's names):
+        None (copy them from the ``policy`` given to the constructor, the one you
+        train), an ``nn.Module``, a state dict, or a TensorDict of parameters
         (``TensorDict.from_module``). Every frame whose action the next calls choose
         is stamped with the new version (see :attr:`policy_version`).
         """
         if worker_ids is not None:
             raise ValueError("worker_ids: central inference serves every env from one policy "
                              "copy; leave worker_ids out")
-        if model_id != "policy":
+        if weights_dict is not None:
+            if set(weights_dict) != {"policy"}:
+                raise ValueError(f"weights_dict for models {sorted(weights_dict)}: central "
+                                 "inference serves one model, 'policy'")
+            weights = weights_dict["policy"] if weights is None else weights
+        if model_id not in (None, "policy"):
             raise ValueError(f"model_id={model_id!r}: central inference serves one model, "
                              "'policy'")
+        given = [w for w in (policy_or_weights, weights, policy) if w is not None]
+        if len(given) > 1:
+            raise TypeError("update_policy_weights: give the weights once (positionally, "
+                            "weights= or policy=), not several of them")
+        weights = given[0] if given else None
         loop = self._loop
         if loop is None:
             raise CollectorError("update_policy_weights needs an open collector: "

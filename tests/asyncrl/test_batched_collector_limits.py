@@ -180,3 +180,8 @@ async def test_update_policy_weights_refuses_worker_ids() -> None:
                                          frames_per_batch=3) as collector:
             with pytest.raises(ValueError, match="one policy"):
                 await collector.update_policy_weights(worker_ids=[0])
+            with pytest.raises(TypeError, match="give the weights once"):
+                await collector.update_policy_weights(ValuePolicy(2.0), weights=ValuePolicy())
+            await collector.update_policy_weights(weights=ValuePolicy(2.0))
+            await collector.update_policy_weights(policy=ValuePolicy(3.0), model_id="policy")
+            assert collector.policy_version == 2
