@@ -27,6 +27,7 @@ from ._progress import Progress as Progress
 from ._statistics import CollectorStatistics as CollectorStatistics
 from ._statistics import WorkerState as WorkerState
 from ._statistics import WorkerStatistics as WorkerStatistics
+from .collectors import AsyncBatchedCollector as AsyncBatchedCollector
 from .collectors import BlockingCollector as BlockingCollector
 from .collectors import Collector as Collector
 from .collectors import MultiAsyncCollector as MultiAsyncCollector
@@ -42,6 +43,7 @@ except _metadata.PackageNotFoundError:  # a source tree on sys.path, not install
     __version__ = "0.0.0+unknown"
 
 __all__ = [
+    "AsyncBatchedCollector",
     "AsyncRLError",
     "BadBatchError",
     "BlockingCollector",

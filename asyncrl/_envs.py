@@ -8,6 +8,7 @@ pool that steps it fastest (the pools are in `asyncrl._env_pools`).
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -44,6 +45,8 @@ def _gym_make(env_id: str, kwargs: Mapping[str, Any]) -> Any:
 
 
 def _is_torchrl_env(obj: object) -> bool:
+    if "torchrl" not in sys.modules:
+        return False  # no object can be a torchrl env before torchrl is imported (2 s saved)
     try:
         from torchrl.envs import EnvBase
     except ImportError:

@@ -28,7 +28,7 @@ log = logging.getLogger("asyncrl.collectors")
 
 #: Imported once by the fork server, so that each worker starts warm.
 PRELOAD = ("torch", "tensordict", "gymnasium", "asyncrl._worker", "asyncrl._envs",
-           "asyncrl._process_main")
+           "asyncrl._process_main", "asyncrl._env_worker")
 
 START_METHODS = ("forkserver", "spawn")
 

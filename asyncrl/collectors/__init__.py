@@ -2,6 +2,7 @@
 
 from .._statistics import WorkerStatistics as WorkerStatistics
 from ._base import BaseCollector as BaseCollector
+from ._batched import AsyncBatchedCollector as AsyncBatchedCollector
 from ._blocking import BlockingCollector as BlockingCollector
 from ._inprocess import Collector as Collector
 from ._multi import MultiAsyncCollector as MultiAsyncCollector
@@ -10,6 +11,7 @@ from ._multi import MultiSyncCollector as MultiSyncCollector
 from ._operations import Pausing as Pausing
 
 __all__ = [
+    "AsyncBatchedCollector",
     "BaseCollector",
     "BlockingCollector",
     "Collector",

@@ -1,0 +1,561 @@
+"""AsyncBatchedCollector: env worker processes, one batched policy in the trainer's process.
+
+SEED RL's layout (Sample Factory's policy workers; TorchRL's
+``AsyncBatchedCollector``): the env workers (:mod:`asyncrl._env_worker`) only
+step envs; the policy lives once, here, in an :class:`~asyncrl._inference.InferenceLoop`
+that batches whatever requests are ready. Observations and actions go through
+shared memory; ZeroMQ (one :class:`transports.Hub`) carries the requests, the
+answers and the chunks of transitions, which are cut here into batches of
+``frames_per_batch``.
+"""
+
+from __future__ import annotations
+
+import collections
+import copy
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Mapping
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+import anyio
+import anyio.lowlevel
+import torch
+from tensordict import TensorDictBase
+from torch import nn
+
+from transports import ErrorPayload, Hub, Message, PeerEvent, ProtocolError, random_identity
+
+from .._env_worker import CHUNK, CLOSE, ERROR, OBS, EnvWorkerConfig, build_pool, env_worker_main
+from .._errors import BadBatchError, CollectorError, WorkerLostError, rebuild_remote_exception
+from .._forkserver import check_start_method
+from .._inference import (
+    InferenceLoop,
+    InferenceStatistics,
+    WorkerBlocks,
+    auto_chunk_steps,
+    discover_outputs,
+    make_blocks,
+)
+from .._policies import ExplorationType, PolicyAdapter, torch_dtype
+from .._processes import WorkerProcesses, describe_exit
+from .._threads import TrainerThreads
+from ._base import BaseCollector
+from ._batched_config import (
+    BatchingConfig,
+    check_device,
+    check_policy,
+    env_factories,
+    refuse_torchrl_only,
+    split_envs,
+)
+from ._config import check_int
+
+log = logging.getLogger("asyncrl.collectors")
+
+
+class AsyncBatchedCollector(BaseCollector):
+    """Env workers in processes, the policy once in this process, batched across workers.
+
+    Choose it when the policy is big (or on a GPU) and envs are cheap: one call on
+    ``max_batch_size`` observations instead of one small call per worker. TorchRL's
+    arguments: ``create_env_fn`` is a list of env factories (one per env), or one
+    factory / gym id with ``num_envs``; ``policy`` or ``policy_factory``;
+    ``max_batch_size`` / ``min_batch_size`` (observations per policy call) and
+    ``server_timeout`` (seconds to wait for ``min_batch_size``); ``envs_per_worker``
+    envs share a process and a request; ``num_threads`` caps torch's threads in this
+    process while open (default: the cores the env workers leave). Batches are flat
+    ``[frames_per_batch]``
+    TensorDicts in TorchRL's layout, every frame stamped with the version of the
+    weights that chose its action (``("collector", "policy_version")``). With
+    ``replay_buffer`` (anything with ``.extend(td)``), as in TorchRL, iteration writes
+    each batch there and yields None; ``start()`` fills it in the background.
+
+    >>> async with AsyncBatchedCollector("Pendulum-v1", num_envs=4,          # doctest: +SKIP
+    ...                                  policy=policy, frames_per_batch=256,
+    ...                                  total_frames=2048) as collector:
+    ...     async for batch in collector:
+    ...         train(batch)
+    ...         await collector.update_policy_weights()   # returns once they are in use
+    """
+
+    def __init__(
+        self,
+        create_env_fn: Any,
+        *,
+        policy: Callable[..., Any] | nn.Module | None = None,
+        policy_factory: Callable[[], Any] | None = None,
+        frames_per_batch: int,
+        total_frames: int | None = -1,
+        num_envs: int | None = None,
+        device: torch.device | str | None = None,
+        max_batch_size: int | None = None,
+        min_batch_size: int | None = None,
+        server_timeout: float | None = None,
+        envs_per_worker: int = 1,
+        transition_chunk_size: int | str = "auto",
+        replay_buffer: Any = None,
+        yield_completed_trajectories: bool = False,
+        exploration_type: ExplorationType | str | None = ExplorationType.RANDOM,
+        create_env_kwargs: Mapping[str, Any] | None = None,
+        postproc: Callable[[TensorDictBase], TensorDictBase] | None = None,
+        post_collect_hook: Callable[[TensorDictBase], None] | None = None,
+        split_trajs: bool = False,
+        policy_version: int = 0,
+        verbose: bool = False,
+        num_threads: int | None = None,
+        start_method: str | None = None,
+        heartbeat_interval: float = 1.0,
+        peer_timeout: float = 10.0,
+        **torchrl_options: Any,
+    ) -> None:
+        refuse_torchrl_only(torchrl_options)
+        check_policy(policy, policy_factory)
+        self.frames_per_batch = check_int("frames_per_batch", frames_per_batch, minimum=1)
+        self.factories = env_factories(create_env_fn, num_envs)
+        self.num_envs = len(self.factories)
+        self.batching = BatchingConfig.check(
+            num_envs=self.num_envs, max_batch_size=max_batch_size,
+            min_batch_size=min_batch_size, server_timeout=server_timeout,
+            envs_per_worker=envs_per_worker, transition_chunk_size=transition_chunk_size)
+        if isinstance(create_env_kwargs, (list, tuple)):
+            raise TypeError("create_env_kwargs: one dict for every env (a list is not "
+                            "supported: put the differences in the factories)")
+        self.create_env_kwargs = dict(create_env_kwargs or {})
+        self.device = check_device(device)
+        self.policy = policy
+        self.policy_factory = policy_factory
+        self.exploration_type = exploration_type
+        self.yield_completed_trajectories = bool(yield_completed_trajectories)
+        self.post_collect_hook = post_collect_hook
+        self.start_method = check_start_method(start_method)
+        self.num_threads = None if num_threads is None else check_int(
+            "num_threads", num_threads, minimum=1)
+        self._threads_cap: TrainerThreads | None = None
+        self.verbose = verbose
+        self._heartbeat = (heartbeat_interval, peer_timeout)
+        self._initial_version = check_int("policy_version", policy_version, minimum=0)
+        super().__init__(total_frames=total_frames, batch_frames=self.frames_per_batch,
+                         split_trajs=split_trajs, postproc=self._postprocess,
+                         replay_buffer=replay_buffer)
+        self._user_postproc = postproc
+        self.groups = split_envs(self.factories, self.batching.envs_per_worker)
+        self.num_workers = len(self.groups)
+        self.chunk_steps = self.batching.chunk_steps or auto_chunk_steps(
+            self.frames_per_batch, self.num_envs)
+        # Set once open:
+        self._server_policy: Any = None
+        self._loop: InferenceLoop | None = None
+        self._blocks: dict[int, WorkerBlocks] = {}
+        self._workers: WorkerProcesses | None = None
+        self._hub: Hub | None = None
+        self._tmpdir: str | None = None
+        self._slot_of: dict[bytes, int] = {}
+        self._peer_of: dict[int, bytes] = {}
+        self._chunks: collections.deque[TensorDictBase] = collections.deque()
+        self._buffered = 0
+        self._expected: dict[int, set[Any]] = {}
+        self._partial: dict[tuple[int, int], list[TensorDictBase]] = {}
+        self._error: BaseException | None = None
+        self._closing = False
+        self._arrived: anyio.Event | None = None
+        self._room: anyio.Event | None = None
+        self._background: anyio.CancelScope | None = None
+        self._background_done: anyio.Event | None = None
+        self._capacity = max(2 * self.frames_per_batch,
+                             2 * self.num_envs * self.chunk_steps)
+
+    # -- life cycle ----------------------------------------------------------------------------
+    def _create_async_state(self) -> None:
+        super()._create_async_state()
+        self._arrived = anyio.Event()
+        self._room = anyio.Event()
+        self._room.set()
+        self._background = anyio.CancelScope()
+        self._background_done = anyio.Event()
+
+    async def _open(self) -> None:
+        # As MultiCollector and TorchRL: the trainer (and so the policy) keeps the cores
+        # the env workers do not use; a policy whose OpenMP pool spans cores busy with env
+        # workers waits for descheduled threads at every call (measured: 50x slower).
+        self._threads_cap = TrainerThreads.cap(self.num_threads, self.num_workers)
+        await self._task_group.start(self._run_background)
+
+    async def _run_background(self, *, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
+        assert self._background is not None and self._background_done is not None
+        backend = anyio.lowlevel.current_token().__class__.__module__
+        backend = "trio" if "trio" in backend else "asyncio"
+        try:
+            with self._background:
+                obs_paths, outputs, loop = await anyio.to_thread.run_sync(self._build_server)
+                self._loop = loop
+                self._tmpdir = tempfile.mkdtemp(prefix="asyncrl-")
+                interval, timeout = self._heartbeat
+                async with Hub(f"ipc://{self._tmpdir}/inference", heartbeat_interval=interval,
+                               peer_timeout=timeout) as hub:
+                    self._hub = hub
+                    self._workers = self._make_workers(hub.endpoint, backend, obs_paths, outputs)
+                    async with anyio.create_task_group() as tg:
+                        tg.start_soon(self._dispatch, hub)
+                        tg.start_soon(loop.run, self._reply, self._wait_for_room)
+                        await tg.start(self._workers.run, self._on_process_exit)
+                        task_status.started()
+        finally:
+            self._background_done.set()
+
+    def _build_server(self) -> tuple[list[tuple[str, ...]], Any, InferenceLoop]:
+        """In a thread: one env for the layouts, the server's policy, its blocks and loop."""
+        probe = build_pool(self.factories[:1], self.create_env_kwargs)
+        try:
+            probe.reset()
+            obs = {tuple(p): torch.from_numpy(a.copy())
+                   for p, a in zip(probe.obs_paths, probe.obs_arrays, strict=True)}
+            spec = probe.specs.action
+        finally:
+            probe.close()
+        policy = self._make_server_policy()
+        adapter = PolicyAdapter(policy, action_spec=spec, exploration_type=self.exploration_type,
+                                observation_keys=[p[0] if len(p) == 1 else p for p in obs])
+        action = (torch_dtype(spec.dtype), tuple(spec.shape))
+        device_obs = {p: v.to(self.device) if self.device is not None else v
+                      for p, v in obs.items()}
+        outputs = discover_outputs(adapter, device_obs, action)
+        self._blocks = make_blocks([len(g) for g in self.groups], obs, outputs)
+        b = self.batching
+        loop = InferenceLoop(adapter, self._blocks, obs_paths=list(obs), outputs=outputs,
+                             device=self.device, max_batch_size=b.max_batch_size,
+                             min_batch_size=b.min_batch_size, server_timeout=b.server_timeout,
+                             version=self._initial_version)
+        return list(obs), outputs, loop
+
+    def _make_server_policy(self) -> Any:
+        # The server runs its own copy: the trainer's optimiser steps never change the
+        # weights under a running call; update_policy_weights copies them in, versioned.
+        if self.policy_factory is not None:
+            policy = self.policy_factory()
+        elif isinstance(self.policy, nn.Module):
+            policy = copy.deepcopy(self.policy)
+        else:
+            policy = self.policy
+        if isinstance(policy, nn.Module) and self.device is not None:
+            policy = policy.to(self.device)
+        return policy
+
+    def _make_workers(self, endpoint: str, backend: str, obs_paths: list[tuple[str, ...]],
+                      outputs: Any) -> WorkerProcesses:
+        interval, timeout = self._heartbeat
+        extra_paths = [p for p, _, _ in outputs.extras]
+        parent = os.getpid()
+
+        def args(slot: int, identity: bytes) -> tuple[Any, ...]:
+            blocks = self._blocks[slot]
+            config = EnvWorkerConfig(
+                slot=slot, factories=self.groups[slot], create_env_kwargs=self.create_env_kwargs,
+                obs_block=blocks.obs.name, act_block=blocks.act.name, obs_paths=obs_paths,
+                extra_paths=extra_paths, chunk_steps=self.chunk_steps,
+                heartbeat_interval=interval, peer_timeout=timeout)
+            return (endpoint, identity, config, backend, parent)
+
+        def identity(slot: int) -> bytes:
+            ident = random_identity(f"env-{slot}")
+            self._slot_of[ident] = slot
+            self._peer_of[slot] = ident
+            self._expected[slot] = set()
+            return ident
+
+        return WorkerProcesses(self.num_workers, env_worker_main, args, identity=identity,
+                               start_method=self.start_method, name="asyncrl-env-worker")
+
+    async def _close(self) -> None:
+        self._closing = True
+        hub = self._hub
+        if hub is not None and self._loop is not None:
+            with anyio.move_on_after(1):
+                for peer in list(self._peer_of.values()):
+                    try:
+                        await hub.send(peer, None, kind=CLOSE)
+                    except Exception:  # gone already
+                        pass
+        if self._workers is not None:
+            await self._workers.stop(grace=2.0)
+        if self._background is not None:
+            self._background.cancel()
+        if self._background_done is not None and self._hub is not None:
+            with anyio.move_on_after(10):
+                await self._background_done.wait()
+        for blocks in self._blocks.values():
+            blocks.close()
+        self._blocks = {}
+        if self._tmpdir is not None:
+            shutil.rmtree(self._tmpdir, ignore_errors=True)
+        if self._threads_cap is not None:
+            self._threads_cap.restore()
+        self._wake()
+
+    # -- the hub: requests, chunks, errors -----------------------------------------------------
+    async def _dispatch(self, hub: Hub) -> None:
+        loop = self._loop
+        assert loop is not None
+        async for item in hub:
+            if isinstance(item, PeerEvent):
+                if item.event == "lost" and item.peer in self._slot_of and not self._closing:
+                    self._fail(WorkerLostError(
+                        f"env worker {self._slot_of[item.peer]} went silent for "
+                        f"{self._heartbeat[1]} s (peer_timeout): it is stuck or its host is gone"))
+                continue
+            found = self._slot_of.get(item.peer)
+            if found is None:
+                continue  # not one of ours (the socket is private: should not happen)
+            slot = found
+            if item.kind == OBS:
+                loop.submit(slot)
+            elif item.kind == CHUNK:
+                self._on_chunk(slot, item)
+            elif item.kind == ERROR:
+                self._on_error(slot, item)
+
+    async def _reply(self, slot: int, version: int) -> None:
+        assert self._hub is not None
+        try:
+            await self._hub.send(self._peer_of[slot], version, kind="act")
+        except Exception as exc:  # the worker is gone: its exit is reported by the watcher
+            log.debug("could not answer env worker %d: %r", slot, exc)
+
+    def _on_error(self, slot: int, message: Message) -> None:
+        try:
+            payload = ErrorPayload.from_body(message.body, "env worker error")
+        except ProtocolError as exc:
+            self._fail(BadBatchError(f"env worker {slot} sent a malformed error report: {exc}"))
+            return
+        self._fail(rebuild_remote_exception(payload, peer=f"env worker {slot}"))
+
+    def _on_chunk(self, slot: int, message: Message) -> None:
+        chunk = message.body
+        rows = len(self.groups[slot])
+        if (not isinstance(chunk, TensorDictBase)
+                or tuple(chunk.batch_size) != (rows, self.chunk_steps)):
+            got = tuple(chunk.batch_size) if isinstance(chunk, TensorDictBase) else type(chunk)
+            self._fail(BadBatchError(f"env worker {slot} sent a chunk of {got}, expected a "
+                                     f"TensorDict of batch size {(rows, self.chunk_steps)}"))
+            return
+        keys = set(chunk.keys(include_nested=True, leaves_only=True))
+        expected = self._expected[slot]
+        if not expected:
+            expected.update(keys)
+        elif keys != expected:
+            self._fail(BadBatchError(f"env worker {slot} sent a chunk with keys "
+                                     f"{sorted(map(str, keys ^ expected))} changed"))
+            return
+        if self.yield_completed_trajectories:
+            self._collect_trajectories(slot, chunk)
+        else:
+            flat = chunk.reshape(-1)
+            self._chunks.append(flat)
+            self._buffered += flat.numel()
+        self._wake()
+
+    def _collect_trajectories(self, slot: int, chunk: TensorDictBase) -> None:
+        done = chunk["next", "done"][..., 0]
+        for env in range(chunk.shape[0]):
+            row, ends = chunk[env], done[env].nonzero().flatten().tolist()
+            start = 0
+            for end in ends:
+                pieces = self._partial.pop((slot, env), [])
+                pieces.append(row[start:end + 1])
+                trajectory = torch.cat(pieces, 0) if len(pieces) > 1 else pieces[0]
+                self._chunks.append(trajectory)
+                self._buffered += trajectory.numel()
+                start = end + 1
+            if start < row.shape[0]:
+                self._partial.setdefault((slot, env), []).append(row[start:])
+
+    # -- failures and wake-ups -----------------------------------------------------------------
+    def _fail(self, error: BaseException) -> None:
+        if self._error is None and not self._closing:
+            self._error = error
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._arrived is not None:
+            self._arrived.set()
+
+    async def _on_process_exit(self, slot: int, process: BaseProcess) -> bool:
+        if not self._closing:
+            self._fail(WorkerLostError(
+                f"env worker {slot} (pid {process.pid}) {describe_exit(process.exitcode)} "
+                "while collecting; its envs are gone, so this collector stops. If it failed "
+                "before reporting an error, look at its stderr."))
+        return False
+
+    async def _wait_for_room(self) -> None:
+        while self._buffered >= self._capacity and not self._closing:
+            self._room = anyio.Event()
+            await self._room.wait()
+
+    # -- batches --------------------------------------------------------------------------------
+    async def _next_batch(self) -> TensorDictBase:
+        if self._task_group is None:
+            raise CollectorError("the collector is not open: use 'async with'")
+        need = 1 if self.yield_completed_trajectories else self.frames_per_batch
+        while self._buffered < need or not self._chunks:
+            if self._error is not None:
+                raise self._error
+            if self._closing:
+                raise CollectorError("the collector is closed")
+            self._arrived = anyio.Event()
+            await self._arrived.wait()
+        if self._error is not None:
+            raise self._error
+        batch = self._chunks.popleft() if self.yield_completed_trajectories else self._take(need)
+        self._buffered -= batch.numel()
+        if self.split_trajs:
+            # A trajectory's chunks may lie apart in the batch (other workers' between
+            # them): bring each one's frames together, in order, before splitting.
+            order = torch.argsort(batch["collector", "traj_ids"], stable=True)
+            batch = batch[order]
+        if self._room is not None and self._buffered < self._capacity:
+            self._room.set()
+        return batch
+
+    async def __anext__(self) -> Any:
+        batch = await super().__anext__()
+        # (None: a base collector that fills the buffer itself already did)
+        if batch is not None and self.replay_buffer is not None and not self._running_free:
+            # TorchRL's meaning: with a replay buffer, iteration writes into it and
+            # yields None (start() writes there itself, in the background).
+            self.replay_buffer.extend(batch)
+            return None
+        return batch
+
+    def _take(self, frames: int) -> TensorDictBase:
+        pieces, left = [], frames
+        while left:
+            head = self._chunks[0]
+            if head.numel() <= left:
+                pieces.append(self._chunks.popleft())
+                left -= head.numel()
+            else:
+                pieces.append(head[:left])
+                self._chunks[0] = head[left:]
+                left = 0
+        return torch.cat(pieces, 0) if len(pieces) > 1 else pieces[0]
+
+    def _postprocess(self, batch: TensorDictBase) -> TensorDictBase:
+        if self._user_postproc is not None:
+            batch = self._user_postproc(batch)
+        if self.post_collect_hook is not None:
+            self.post_collect_hook(batch)
+        return batch
+
+    # -- weights and statistics ----------------------------------------------------------------
+    @property
+    def worker_pids(self) -> list[int]:
+        """Process ids of the live env workers, in slot order."""
+        return self._workers.pids if self._workers is not None else []
+
+    @property
+    def policy_version(self) -> int:
+        """The version of the weights the inference loop uses now."""
+        if self._loop is None:
+            return self._initial_version
+        return self._loop.version
+
+    def inference_statistics(self) -> InferenceStatistics:
+        """Policy calls so far, observations served, and how many calls had each batch size."""
+        if self._loop is None:
+            return InferenceStatistics(0, 0, {})
+        return self._loop.statistics()
+
+    # The signature of main's BaseCollector (TorchRL's names); this branch's base names
+    # its first argument ``weights``, which is also accepted here as a keyword.
+    async def update_policy_weights(  # type: ignore[override]
+                                    self, policy_or_weights: Any = None, *, weights: Any = None,
+                                    policy: Any = None, worker_ids: Any = None,
+                                    model_id: str | None = None,
+                                    weights_dict: dict[str, Any] | None = None) -> None:
+        """Load new weights into the served policy between two calls; return once in use.
+
+        The weights (positionally, or as ``weights=`` / ``policy=``, TorchRL's names):
+        None (copy them from the ``policy`` given to the constructor, the one you
+        train), an ``nn.Module``, a state dict, or a TensorDict of parameters
+        (``TensorDict.from_module``). Every frame whose action the next calls choose
+        is stamped with the new version (see :attr:`policy_version`).
+        """
+        if worker_ids is not None:
+            raise ValueError("worker_ids: central inference serves every env from one policy "
+                             "copy; leave worker_ids out")
+        if weights_dict is not None:
+            if set(weights_dict) != {"policy"}:
+                raise ValueError(f"weights_dict for models {sorted(weights_dict)}: central "
+                                 "inference serves one model, 'policy'")
+            weights = weights_dict["policy"] if weights is None else weights
+        if model_id not in (None, "policy"):
+            raise ValueError(f"model_id={model_id!r}: central inference serves one model, "
+                             "'policy'")
+        given = [w for w in (policy_or_weights, weights, policy) if w is not None]
+        if len(given) > 1:
+            raise TypeError("update_policy_weights: give the weights once (positionally, "
+                            "weights= or policy=), not several of them")
+        weights = given[0] if given else None
+        loop = self._loop
+        if loop is None:
+            raise CollectorError("update_policy_weights needs an open collector: "
+                                 "use 'async with' first")
+        if self._error is not None:
+            raise self._error
+        target = self._server_policy_module()
+        if weights is None:
+            if not isinstance(self.policy, nn.Module):
+                raise CollectorError(
+                    "update_policy_weights() without weights copies them from the policy= "
+                    "module given to the constructor; there is none (policy_factory or a "
+                    "plain callable): pass weights= (a state dict, module or TensorDict)")
+            weights = self.policy
+        apply = _weight_loader(target, weights)
+        version = await loop.update(apply)
+        if self.verbose:
+            log.info("policy version %d in use", version)
+
+    def _server_policy_module(self) -> nn.Module:
+        assert self._loop is not None
+        policy = self._loop.adapter.policy
+        if not isinstance(policy, nn.Module):
+            raise CollectorError(f"the served policy is a {type(policy).__name__}, which has "
+                                 "no weights to update (give an nn.Module)")
+        return policy
+
+
+def _weight_loader(target: nn.Module, weights: Any) -> Callable[[], None]:
+    """A function copying ``weights`` into ``target`` in place (run between two calls)."""
+    if isinstance(weights, nn.Module):
+        source = weights
+
+        def load_module() -> None:
+            with torch.no_grad():
+                target.load_state_dict(source.state_dict())
+
+        return load_module
+    if isinstance(weights, TensorDictBase):
+        params = weights
+
+        def load_td() -> None:
+            from tensordict import TensorDict
+
+            with torch.no_grad():  # copied in place: the served module never shares memory
+                TensorDict.from_module(target).update_(params)
+        return load_td
+    if isinstance(weights, Mapping):
+        state = weights
+
+        def load_state() -> None:
+            with torch.no_grad():
+                target.load_state_dict(state)  # type: ignore[arg-type]
+        return load_state
+    raise TypeError(f"weights must be None, an nn.Module, a state dict or a TensorDict, got "
+                    f"{type(weights).__name__}")
+
+
+__all__ = ["AsyncBatchedCollector"]
