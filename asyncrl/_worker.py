@@ -37,7 +37,7 @@ from ._protocol import (
     Rejoin,
     Welcome,
 )
-from ._reach import env_attr, policy_attr, wire_value
+from ._reach import env_attr, policy_attr, user_env, wire_value
 from ._relay_member import RelayMembership
 from ._rollout import Rollout
 from ._seeding import seed_global_rngs
@@ -105,8 +105,12 @@ class Worker:
 
     @property
     def env(self) -> Any:
-        """The env pool: model ids such as ``"env.transform[0]"`` resolve from here."""
-        return self.env_pool
+        """The user's env: model ids such as ``"env.transform[0]"`` resolve from here.
+
+        A TorchRL env as the user built it (its transforms included), else
+        asyncrl's pool of gymnasium envs.
+        """
+        return user_env(self.env_pool)
 
     # -- life cycle --------------------------------------------------------------
     async def run(self) -> int:
