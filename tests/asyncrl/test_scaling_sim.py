@@ -62,7 +62,7 @@ async def test_sync_rounds_hold_one_share_per_worker() -> None:
                         ids = frames["collector", "worker_id"]
                         assert bool((ids == worker.index).all())
                         assert bool((frames["collector", "traj_ids"] == r).all())
-                    batch = assemble([f for _, f in shares], 0)
+                    batch = assemble([f for _, f in shares], "stack")  # TorchRL's default
                     assert batch.shape == (WORKERS, FRAMES)
                     assert batch.numel() == WORKERS * FRAMES
                 tg.cancel_scope.cancel()
