@@ -464,7 +464,9 @@ class CoordinatorState:
             w.index == hello.slot and w.alive for w in self.workers.values())
         problems = hello_problems(hello, token=self._token, accept_remote=self._accept_remote,
                                   slot_taken=taken)
-        if self._check_specs is not None and self.specs is not None:
+        # Specs are judged for peers that may join, never for an impostor: a local
+        # worker's bad specs fail the run, and a stranger must not be able to do that.
+        if self._check_specs is not None and self.specs is not None and not problems:
             problems += self._check_specs(self.specs, hello)
         if hello.slot < 0 and not problems:
             problems += self._remote_capacity_problems()
