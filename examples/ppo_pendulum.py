@@ -120,7 +120,8 @@ def run_torchrl(args: argparse.Namespace, learner: Learner,
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(description="TorchRL's PPO tutorial on Pendulum-v1, collected by "
+                                            "asyncrl's (or TorchRL's) MultiSyncCollector")
     p.add_argument("--collector", choices=("asyncrl", "torchrl"), default="asyncrl",
                    help="whose MultiSyncCollector collects (default: asyncrl)")
     p.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
