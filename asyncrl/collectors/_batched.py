@@ -52,7 +52,9 @@ from ._batched_config import (
     refuse_torchrl_only,
     split_envs,
 )
+from ._batched_remote import RemoteEnvWorkers, check_listen
 from ._config import check_int
+from ._limits import listening_hub_limits
 
 log = logging.getLogger("asyncrl.collectors")
 
@@ -110,6 +112,8 @@ class AsyncBatchedCollector(BaseCollector):
         start_method: str | None = None,
         heartbeat_interval: float = 1.0,
         peer_timeout: float = 10.0,
+        listen: str | None = None,
+        remote_workers: int = 0,
         **torchrl_options: Any,
     ) -> None:
         refuse_torchrl_only(torchrl_options)
@@ -138,6 +142,11 @@ class AsyncBatchedCollector(BaseCollector):
         self.verbose = verbose
         self._heartbeat = (heartbeat_interval, peer_timeout)
         self._initial_version = check_int("policy_version", policy_version, minimum=0)
+        self.remote_workers = check_int("remote_workers", remote_workers, minimum=0)
+        check_listen(listen, self.remote_workers)
+        self.listen = listen
+        self._remote: RemoteEnvWorkers | None = None
+        self._admitted: set[bytes] = set()
         super().__init__(total_frames=total_frames, batch_frames=self.frames_per_batch,
                          split_trajs=split_trajs, postproc=self._postprocess,
                          replay_buffer=replay_buffer)
@@ -194,8 +203,13 @@ class AsyncBatchedCollector(BaseCollector):
                 self._loop = loop
                 self._tmpdir = tempfile.mkdtemp(prefix="asyncrl-")
                 interval, timeout = self._heartbeat
-                async with Hub(f"ipc://{self._tmpdir}/inference", heartbeat_interval=interval,
-                               peer_timeout=timeout) as hub:
+                endpoint, limits = f"ipc://{self._tmpdir}/inference", {}
+                if self.listen is not None:  # remote env hosts join: admission, bounded sizes
+                    endpoint, limits = self.listen, listening_hub_limits(
+                        None, frames=self.batching.max_batch_size * self.chunk_steps,
+                        policy=None)
+                async with Hub(endpoint, heartbeat_interval=interval,
+                               peer_timeout=timeout, **limits) as hub:
                     self._hub = hub
                     self._workers = self._make_workers(hub.endpoint, backend, obs_paths, outputs)
                     async with anyio.create_task_group() as tg:
@@ -224,6 +238,12 @@ class AsyncBatchedCollector(BaseCollector):
                       for p, v in obs.items()}
         outputs = discover_outputs(adapter, device_obs, action)
         self._blocks = make_blocks([len(g) for g in self.groups], obs, outputs)
+        if self.remote_workers:
+            self._remote = RemoteEnvWorkers(
+                self.remote_workers, first_slot=self.num_workers, obs=obs, outputs=outputs,
+                chunk_steps=self.chunk_steps, max_envs=self.batching.max_batch_size,
+                blocks=self._blocks, submit=lambda slot: self._loop.submit(slot),  # type: ignore[union-attr]
+                on_chunk=self._on_chunk, register=self._register_remote)
         b = self.batching
         loop = InferenceLoop(adapter, self._blocks, obs_paths=list(obs), outputs=outputs,
                              device=self.device, max_batch_size=b.max_batch_size,
@@ -308,8 +328,13 @@ class AsyncBatchedCollector(BaseCollector):
                 continue
             found = self._slot_of.get(item.peer)
             if found is None:
-                continue  # not one of ours (the socket is private: should not happen)
+                if self._remote is not None and not self._closing:
+                    await self._remote.handle(hub, item)  # a remote env worker, or a stranger
+                continue  # without listen the socket is private: not one of ours
             slot = found
+            if hub.admission and item.peer not in self._admitted:
+                self._admitted.add(item.peer)  # our own child: full message sizes
+                hub.admit(item.peer)
             if item.kind == OBS:
                 loop.submit(slot)
             elif item.kind == CHUNK:
@@ -319,8 +344,14 @@ class AsyncBatchedCollector(BaseCollector):
 
     async def _reply(self, slot: int, version: int) -> None:
         assert self._hub is not None
+        peer = self._peer_of.get(slot)
+        if peer is None:
+            return  # a remote env worker dropped meanwhile
         try:
-            await self._hub.send(self._peer_of[slot], version, kind="act")
+            if slot >= self.num_workers and self._remote is not None:
+                await self._remote.reply(self._hub, peer, slot, version)
+                return
+            await self._hub.send(peer, version, kind="act")
         except Exception as exc:  # the worker is gone: its exit is reported by the watcher
             log.debug("could not answer env worker %d: %r", slot, exc)
 
@@ -334,7 +365,7 @@ class AsyncBatchedCollector(BaseCollector):
 
     def _on_chunk(self, slot: int, message: Message) -> None:
         chunk = message.body
-        rows = len(self.groups[slot])
+        rows = self._blocks[slot].rows
         if (not isinstance(chunk, TensorDictBase)
                 or tuple(chunk.batch_size) != (rows, self.chunk_steps)):
             got = tuple(chunk.batch_size) if isinstance(chunk, TensorDictBase) else type(chunk)
@@ -371,6 +402,15 @@ class AsyncBatchedCollector(BaseCollector):
                 start = end + 1
             if start < row.shape[0]:
                 self._partial.setdefault((slot, env), []).append(row[start:])
+
+    def _register_remote(self, slot: int, peer: bytes | None) -> None:
+        if peer is not None:
+            self._peer_of[slot] = peer
+            self._expected[slot] = set()
+            return
+        self._peer_of.pop(slot, None)  # dropped: its unfinished trajectories are lost
+        for key in [k for k in self._partial if k[0] == slot]:
+            del self._partial[key]
 
     # -- failures and wake-ups -----------------------------------------------------------------
     def _fail(self, error: BaseException) -> None:
@@ -455,6 +495,18 @@ class AsyncBatchedCollector(BaseCollector):
     def worker_pids(self) -> list[int]:
         """Process ids of the live env workers, in slot order."""
         return self._workers.pids if self._workers is not None else []
+
+    @property
+    def endpoint(self) -> str:
+        """The address remote env workers connect to (``listen``, its real port once open)."""
+        if self._hub is None:
+            raise CollectorError("the collector is not open yet: use 'async with'")
+        return self._hub.endpoint
+
+    @property
+    def remote_refusals(self) -> list[str]:
+        """Why each refused or dropped remote env worker was (the run went on without it)."""
+        return list(self._remote.refusals) if self._remote is not None else []
 
     @property
     def policy_version(self) -> int:

@@ -1,0 +1,130 @@
+"""AsyncBatchedCollector with remote env hosts: `asyncrl env-worker` over tcp, checked input."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from typing import Any
+
+import anyio
+import pytest
+import torch
+from tensordict import TensorDict
+
+from asyncrl import AsyncBatchedCollector
+from asyncrl.testing import CountingEnv, ValuePolicy, version_problems
+from transports import Link
+
+pytestmark = pytest.mark.anyio
+LIMIT = 120
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def start_env_host(endpoint: str, envs: int, backend: str) -> subprocess.Popen[str]:
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return subprocess.Popen(
+        [sys.executable, "-m", "asyncrl.cli", "env-worker", "--connect", endpoint,
+         "--env", "asyncrl.testing:CountingEnv", "--envs", str(envs), "--backend", backend],
+        env=env, stderr=subprocess.PIPE, text=True)
+
+
+async def wait_exit(process: subprocess.Popen[str], timeout: float = 30) -> tuple[int, str]:
+    with anyio.fail_after(timeout):
+        code = await anyio.to_thread.run_sync(process.wait)
+    assert process.stderr is not None
+    return code, process.stderr.read()
+
+
+def check_counting_frames(frames: TensorDict, length: int = 5) -> None:
+    """Every frame of CountingEnv(length) episodes, trajectory by trajectory, in order."""
+    traj = frames["collector", "traj_ids"]
+    for tid in traj.unique().tolist():
+        t = frames[traj == tid]
+        steps = t["observation"][:, 0].tolist()
+        assert steps == list(range(int(steps[0]), int(steps[0]) + len(steps))), steps
+        assert (t["next", "observation"][:, 0] == t["observation"][:, 0] + 1).all()
+        assert (t["observation"][:, 1] == t["observation"][0, 1]).all()
+        ends = (t["next", "observation"][:, 0] == length).unsqueeze(-1)
+        assert torch.equal(t["next", "terminated"], ends)
+        assert (t["next", "reward"] == 1).all()
+        assert (t["collector", "worker_id"] == tid >> 32).all()
+
+
+async def test_a_remote_env_host_joins_local_env_workers(anyio_backend: str) -> None:
+    policy = ValuePolicy(1.0)
+    batches: list[TensorDict] = []
+    with anyio.fail_after(LIMIT):
+        async with AsyncBatchedCollector(
+                CountingEnv, num_envs=2, policy=policy, frames_per_batch=16,
+                listen="tcp://127.0.0.1:0", remote_workers=1) as collector:
+            assert collector.endpoint.startswith("tcp://127.0.0.1:")
+            host = start_env_host(collector.endpoint, 2, anyio_backend)
+            try:
+                seen_remote = False
+                async for batch in collector:
+                    batches.append(batch)
+                    remote = batch["collector", "worker_id"] == 2  # slot after the 2 local
+                    if remote.any() and not seen_remote:
+                        seen_remote = True
+                        policy.value.data.fill_(0.0)
+                        await collector.update_policy_weights()
+                    elif seen_remote and (batch["collector", "policy_version"][remote] == 1).any():
+                        break
+            finally:
+                await collector.aclose()
+                code, err = await wait_exit(host)
+    assert code == 0, err
+    assert collector.remote_refusals == []
+    frames = torch.cat(batches, 0)
+    assert set(frames["collector", "worker_id"].unique().tolist()) == {0, 1, 2}
+    remote = frames[frames["collector", "worker_id"] == 2]
+    # two envs on the host: trajectories (2 << 32) + 0 and + 1, each starting from a reset
+    assert {(2 << 32) + 0, (2 << 32) + 1} <= set(remote["collector", "traj_ids"].tolist())
+    check_counting_frames(frames)
+    assert version_problems(batches, {0: 1.0, 1: 0.0}) == []
+    assert (remote["collector", "policy_version"] == 1).any()
+
+
+def hello(obs_shape: list[int], envs: int = 1, dtype: str = "float32") -> dict[str, Any]:
+    return {"protocol": 1, "envs": envs, "obs": [[dtype, obs_shape]], "action": ["int64", []]}
+
+
+async def test_hostile_remote_env_workers_are_refused_and_the_run_goes_on() -> None:
+    with anyio.fail_after(LIMIT):
+        async with AsyncBatchedCollector(
+                CountingEnv, num_envs=1, policy=ValuePolicy(1.0), frames_per_batch=8,
+                listen="tcp://127.0.0.1:0", remote_workers=2) as collector:
+            async with Link(collector.endpoint, identity=b"wrong-spec",
+                            heartbeat_interval=0.5) as wrong:
+                await wrong.send(hello([3]), kind="env-hello")
+                answer = await wrong.recv()
+            assert answer.kind == "refused"
+            assert "expected {'protocol': 1, 'envs': 1, 'obs': [['float32', [2]]]" in answer.body
+            assert "'obs': [['float32', [3]]]" in answer.body
+
+            async with Link(collector.endpoint, identity=b"no-hello",
+                            heartbeat_interval=0.5) as rude:
+                await rude.send({"o0": torch.zeros(1, 2)}, kind="obs")
+                answer = await rude.recv()
+            assert answer.kind == "refused" and "must first send 'env-hello'" in answer.body
+
+            async with Link(collector.endpoint, identity=b"bad-obs",
+                            heartbeat_interval=0.5) as bad:
+                await bad.send(hello([2]), kind="env-hello")
+                welcome = await bad.recv()
+                assert welcome.kind == "env-welcome" and welcome.body["slot"] == 1
+                await bad.send({"o0": torch.zeros(1, 2)}, kind="obs")  # a good one
+                answer = await bad.recv()
+                assert answer.kind == "act" and answer.body["v"] == 0
+                assert answer.body["a"]["action"].tolist() == [1]
+                await bad.send({"o0": torch.zeros(1, 3, dtype=torch.float64)}, kind="obs")
+                answer = await bad.recv()
+            assert answer.kind == "refused"
+            assert ("observations: expected {'o0': 'float32[1, 2]'}, got {o0: float64[1, 3]}"
+                    in answer.body)
+            # the local worker's frames keep coming, the policy never saw the bad request
+            batches = [await collector.__anext__() for _ in range(3)]
+            assert all((b["collector", "worker_id"] == 0).all() for b in batches)
+            assert len(collector.remote_refusals) == 3
+            assert "float64[1, 3]" in collector.remote_refusals[-1]
