@@ -115,13 +115,13 @@ class RemoteStepper(EnvStepper):
     """An :class:`EnvStepper` whose observations and actions travel in the messages."""
 
     def request_body(self) -> Any:
-        return self.obs_block.tensors
+        return self.obs_block.tensors  # type: ignore[attr-defined]
 
     def read_answer(self, body: Any, read: Callable[[Any, int], int]) -> int:
         version = body.get("v") if isinstance(body, Mapping) else None
         if not isinstance(version, int) or isinstance(version, bool) or version < 0:
             raise ProtocolError(f"an 'act' answer needs a policy version 'v', got {describe(body)}")
-        self.act_block.fill(body.get("a"), "the collector's answer", version)
+        self.act_block.fill(body.get("a"), "the collector's answer", version)  # type: ignore[attr-defined]
         return read(self.act_dst, 0)
 
 

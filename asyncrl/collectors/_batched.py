@@ -53,6 +53,7 @@ from ._batched_config import (
     split_envs,
 )
 from ._batched_remote import RemoteEnvWorkers, check_listen
+from ._batched_weights import weight_loader
 from ._config import check_int
 from ._limits import listening_hub_limits
 
@@ -320,17 +321,17 @@ class AsyncBatchedCollector(BaseCollector):
         loop = self._loop
         assert loop is not None
         async for item in hub:
-            if isinstance(item, PeerEvent):
-                if item.event == "lost" and item.peer in self._slot_of and not self._closing:
-                    self._fail(WorkerLostError(
-                        f"env worker {self._slot_of[item.peer]} went silent for "
-                        f"{self._heartbeat[1]} s (peer_timeout): it is stuck or its host is gone"))
-                continue
             found = self._slot_of.get(item.peer)
             if found is None:
                 if self._remote is not None and not self._closing:
                     await self._remote.handle(hub, item)  # a remote env worker, or a stranger
                 continue  # without listen the socket is private: not one of ours
+            if isinstance(item, PeerEvent):
+                if item.event == "lost" and not self._closing:
+                    self._fail(WorkerLostError(
+                        f"env worker {found} went silent for "
+                        f"{self._heartbeat[1]} s (peer_timeout): it is stuck or its host is gone"))
+                continue
             slot = found
             if hub.admission and item.peer not in self._admitted:
                 self._admitted.add(item.peer)  # our own child: full message sizes
@@ -566,7 +567,7 @@ class AsyncBatchedCollector(BaseCollector):
                     "module given to the constructor; there is none (policy_factory or a "
                     "plain callable): pass weights= (a state dict, module or TensorDict)")
             weights = self.policy
-        apply = _weight_loader(target, weights)
+        apply = weight_loader(target, weights)
         version = await loop.update(apply)
         if self.verbose:
             log.info("policy version %d in use", version)
@@ -578,36 +579,6 @@ class AsyncBatchedCollector(BaseCollector):
             raise CollectorError(f"the served policy is a {type(policy).__name__}, which has "
                                  "no weights to update (give an nn.Module)")
         return policy
-
-
-def _weight_loader(target: nn.Module, weights: Any) -> Callable[[], None]:
-    """A function copying ``weights`` into ``target`` in place (run between two calls)."""
-    if isinstance(weights, nn.Module):
-        source = weights
-
-        def load_module() -> None:
-            with torch.no_grad():
-                target.load_state_dict(source.state_dict())
-
-        return load_module
-    if isinstance(weights, TensorDictBase):
-        params = weights
-
-        def load_td() -> None:
-            from tensordict import TensorDict
-
-            with torch.no_grad():  # copied in place: the served module never shares memory
-                TensorDict.from_module(target).update_(params)
-        return load_td
-    if isinstance(weights, Mapping):
-        state = weights
-
-        def load_state() -> None:
-            with torch.no_grad():
-                target.load_state_dict(state)  # type: ignore[arg-type]
-        return load_state
-    raise TypeError(f"weights must be None, an nn.Module, a state dict or a TensorDict, got "
-                    f"{type(weights).__name__}")
 
 
 __all__ = ["AsyncBatchedCollector"]

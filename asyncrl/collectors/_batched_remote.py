@@ -67,7 +67,17 @@ class RemoteEnvWorkers:
                 "action": [dtype_name(dtype), list(shape)]}
 
     async def handle(self, hub: Hub, item: Message | PeerEvent) -> None:
-        """A message (or event) from a peer that is not a local env worker."""
+        """A message (or event) from a peer that is not a local env worker; never raises."""
+        try:
+            await self._handle(hub, item)
+        except Exception as exc:  # whatever a peer sends must not stop the dispatcher
+            log.warning("remote env worker %r: %r", item.peer, exc)
+            try:
+                self._drop(hub, item.peer, f"failed: {exc!r}")
+            except Exception:  # pragma: no cover - expel of a forgotten peer
+                pass
+
+    async def _handle(self, hub: Hub, item: Message | PeerEvent) -> None:
         if isinstance(item, PeerEvent):
             if item.event == "lost" and item.peer in self.slot_of:
                 self._drop(hub, item.peer, "went silent (peer_timeout): its host is gone")

@@ -128,3 +128,44 @@ async def test_hostile_remote_env_workers_are_refused_and_the_run_goes_on() -> N
             assert all((b["collector", "worker_id"] == 0).all() for b in batches)
             assert len(collector.remote_refusals) == 3
             assert "float64[1, 3]" in collector.remote_refusals[-1]
+
+
+async def test_a_malformed_chunk_is_refused_before_it_reaches_a_batch() -> None:
+    with anyio.fail_after(LIMIT):
+        async with AsyncBatchedCollector(
+                CountingEnv, num_envs=1, policy=ValuePolicy(1.0), frames_per_batch=8,
+                listen="tcp://127.0.0.1:0", remote_workers=1) as collector:
+            async with Link(collector.endpoint, identity=b"bad-chunk",
+                            heartbeat_interval=0.5) as bad:
+                await bad.send(hello([2]), kind="env-hello")
+                welcome = await bad.recv()
+                steps = welcome.body["chunk_steps"]
+                chunk = TensorDict({"observation": torch.zeros(1, steps, 2)},
+                                   batch_size=[1, steps])
+                await bad.send(chunk, kind="chunk")
+                answer = await bad.recv()
+            assert answer.kind == "refused"
+            assert "chunk: wrong entries" in answer.body and "('action',)" in answer.body
+            batches = [await collector.__anext__() for _ in range(2)]
+            assert all((b["collector", "worker_id"] == 0).all() for b in batches)
+
+
+async def test_a_remote_env_host_that_dies_is_dropped_and_the_run_goes_on(
+        anyio_backend: str) -> None:
+    with anyio.fail_after(LIMIT):
+        async with AsyncBatchedCollector(
+                CountingEnv, num_envs=1, policy=ValuePolicy(1.0), frames_per_batch=8,
+                listen="tcp://127.0.0.1:0", remote_workers=1, heartbeat_interval=0.25,
+                peer_timeout=1.5) as collector:
+            host = start_env_host(collector.endpoint, 1, anyio_backend)
+            try:
+                async for batch in collector:
+                    if (batch["collector", "worker_id"] == 1).any():
+                        break
+            finally:
+                host.kill()
+                await wait_exit(host)
+            while not collector.remote_refusals:
+                await collector.__anext__()  # local frames keep coming meanwhile
+            assert "went silent" in collector.remote_refusals[0]
+            await collector.__anext__()
