@@ -31,6 +31,8 @@ def add_parser(sub: Any) -> None:
                    help="seconds of silence after which the collector counts as gone")
     p.add_argument("--join-timeout", type=float, default=60.0, metavar="SECONDS",
                    help="how long to wait for the collector's welcome")
+    p.add_argument("--keys", metavar="DIR", default=None,
+                   help="CURVE keys (asyncrl keys generate): the collector's curve_keys=DIR")
     p.add_argument("--app-dir", default=".", metavar="DIR",
                    help="put DIR on sys.path to resolve --env (default: the current directory)")
     p.add_argument("--backend", choices=("asyncio", "trio"), default="asyncio")
@@ -55,7 +57,7 @@ def run_env_worker_command(args: argparse.Namespace) -> int:
             tg.start_soon(_stop_on_signal, tg.cancel_scope)
             code = await run_remote_env_worker(
                 args.connect, args.env, envs=args.envs, peer_timeout=args.peer_timeout,
-                join_timeout=args.join_timeout)
+                join_timeout=args.join_timeout, curve_keys=args.keys)
             tg.cancel_scope.cancel()
         return code
 

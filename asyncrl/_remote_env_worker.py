@@ -22,7 +22,14 @@ from typing import Any
 import anyio
 import torch
 
-from transports import ErrorPayload, Link, PeerLostError, ProtocolError, random_identity
+from transports import (
+    CurveClient,
+    ErrorPayload,
+    Link,
+    PeerLostError,
+    ProtocolError,
+    random_identity,
+)
 
 from ._env_pools import EnvPool
 from ._env_worker import ERROR, REFUSED, EnvStepper, EnvWorkerConfig, RefusedError, build_pool
@@ -150,19 +157,21 @@ def welcome_config(body: Any, pool: EnvPool, *, heartbeat_interval: float,
 async def run_remote_env_worker(connect: str, env: Any, *, envs: int = 1,
                                 create_env_kwargs: Mapping[str, Any] | None = None,
                                 peer_timeout: float = 10.0,
-                                join_timeout: float = 60.0) -> int:
+                                join_timeout: float = 60.0,
+                                curve_keys: str | None = None) -> int:
     """Join the collector at ``connect``, step ``envs`` envs until it says close.
 
     0 when the collector closed (or went away), 1 on an error (reported to the
     collector when it can still hear us); a refusal raises :class:`RefusedError`.
     """
     interval = min(1.0, peer_timeout / 4)
+    curve = CurveClient.from_dir(curve_keys) if curve_keys is not None else None
     pool = await anyio.to_thread.run_sync(build_pool, [env] * envs, dict(create_env_kwargs or {}))
     stepper: EnvStepper | None = None
     identity = random_identity(f"{socket.gethostname()}-{os.getpid()}-env")
     try:
         async with Link(connect, identity=identity, heartbeat_interval=interval,
-                        peer_timeout=peer_timeout) as link:
+                        peer_timeout=peer_timeout, curve=curve) as link:
             await link.send(pool_layout(pool), kind=HELLO)
             with anyio.fail_after(join_timeout):
                 message = await link.recv()

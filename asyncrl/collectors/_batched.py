@@ -27,7 +27,15 @@ import torch
 from tensordict import TensorDictBase
 from torch import nn
 
-from transports import ErrorPayload, Hub, Message, PeerEvent, ProtocolError, random_identity
+from transports import (
+    CurveServer,
+    ErrorPayload,
+    Hub,
+    Message,
+    PeerEvent,
+    ProtocolError,
+    random_identity,
+)
 
 from .._env_worker import CHUNK, CLOSE, ERROR, OBS, EnvWorkerConfig, build_pool, env_worker_main
 from .._errors import BadBatchError, CollectorError, WorkerLostError, rebuild_remote_exception
@@ -69,13 +77,16 @@ class AsyncBatchedCollector(BaseCollector):
     factory / gym id with ``num_envs``; ``policy`` or ``policy_factory``;
     ``max_batch_size`` / ``min_batch_size`` (observations per policy call) and
     ``server_timeout`` (seconds to wait for ``min_batch_size``); ``envs_per_worker``
-    envs share a process and a request; ``num_threads`` caps torch's threads in this
-    process while open (default: the cores the env workers leave). Batches are flat
-    ``[frames_per_batch]``
-    TensorDicts in TorchRL's layout, every frame stamped with the version of the
-    weights that chose its action (``("collector", "policy_version")``). With
-    ``replay_buffer`` (anything with ``.extend(td)``), as in TorchRL, iteration writes
-    each batch there and yields None; ``start()`` fills it in the background.
+    envs share a process and a request; with ``listen="tcp://HOST:PORT"`` and
+    ``remote_workers=K``, K ``asyncrl env-worker`` processes on other hosts join
+    (their observations travel inline, checked; ``curve_keys``: a directory made by
+    ``asyncrl keys generate`` encrypts and authenticates them); ``num_threads`` caps
+    torch's threads in this process while open (default: the cores the env workers
+    leave). Batches are flat ``[frames_per_batch]`` TensorDicts in TorchRL's layout,
+    every frame stamped with the version of the weights that chose its action
+    (``("collector", "policy_version")``). With ``replay_buffer`` (anything with
+    ``.extend(td)``), as in TorchRL, iteration writes each batch there and yields
+    None; ``start()`` fills it in the background.
 
     >>> async with AsyncBatchedCollector("Pendulum-v1", num_envs=4,          # doctest: +SKIP
     ...                                  policy=policy, frames_per_batch=256,
@@ -115,6 +126,7 @@ class AsyncBatchedCollector(BaseCollector):
         peer_timeout: float = 10.0,
         listen: str | None = None,
         remote_workers: int = 0,
+        curve_keys: str | None = None,
         **torchrl_options: Any,
     ) -> None:
         refuse_torchrl_only(torchrl_options)
@@ -146,6 +158,9 @@ class AsyncBatchedCollector(BaseCollector):
         self.remote_workers = check_int("remote_workers", remote_workers, minimum=0)
         check_listen(listen, self.remote_workers)
         self.listen = listen
+        if curve_keys is not None and listen is None:
+            raise ValueError("curve_keys encrypts the listen= endpoint: give listen too")
+        self.curve_keys = curve_keys
         self._remote: RemoteEnvWorkers | None = None
         self._admitted: set[bytes] = set()
         super().__init__(total_frames=total_frames, batch_frames=self.frames_per_batch,
@@ -209,6 +224,8 @@ class AsyncBatchedCollector(BaseCollector):
                     endpoint, limits = self.listen, listening_hub_limits(
                         None, frames=self.batching.max_batch_size * self.chunk_steps,
                         policy=None)
+                    if self.curve_keys is not None:
+                        limits["curve"] = CurveServer.from_dir(self.curve_keys)
                 async with Hub(endpoint, heartbeat_interval=interval,
                                peer_timeout=timeout, **limits) as hub:
                     self._hub = hub

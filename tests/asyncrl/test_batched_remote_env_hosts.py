@@ -14,19 +14,20 @@ from tensordict import TensorDict
 
 from asyncrl import AsyncBatchedCollector
 from asyncrl.testing import CountingEnv, ValuePolicy, version_problems
-from transports import Link
+from transports import Link, generate_keys
 
 pytestmark = pytest.mark.anyio
 LIMIT = 120
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def start_env_host(endpoint: str, envs: int, backend: str) -> subprocess.Popen[str]:
+def start_env_host(endpoint: str, envs: int, backend: str,
+                   *extra: str) -> subprocess.Popen[str]:
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     return subprocess.Popen(
         [sys.executable, "-m", "asyncrl.cli", "env-worker", "--connect", endpoint,
-         "--env", "asyncrl.testing:CountingEnv", "--envs", str(envs), "--backend", backend],
-        env=env, stderr=subprocess.PIPE, text=True)
+         "--env", "asyncrl.testing:CountingEnv", "--envs", str(envs), "--backend", backend,
+         *extra], env=env, stderr=subprocess.PIPE, text=True)
 
 
 async def wait_exit(process: subprocess.Popen[str], timeout: float = 30) -> tuple[int, str]:
@@ -169,3 +170,43 @@ async def test_a_remote_env_host_that_dies_is_dropped_and_the_run_goes_on(
                 await collector.__anext__()  # local frames keep coming meanwhile
             assert "went silent" in collector.remote_refusals[0]
             await collector.__anext__()
+
+
+def test_a_dedicated_inference_process_is_refused_naming_what_asyncrl_offers() -> None:
+    with pytest.raises(ValueError, match="policy_backend='multiprocessing' is not supported"
+                       ) as info:
+        AsyncBatchedCollector(CountingEnv, num_envs=1, policy=ValuePolicy(1.0),
+                              frames_per_batch=8, policy_backend="multiprocessing")
+    assert "dedicated inference process is not offered" in str(info.value)
+    assert "MultiCollector" in str(info.value)
+
+
+@pytest.mark.parametrize(("listen", "remote", "message"), [
+    (None, 1, "remote_workers=1 needs listen='tcp://HOST:PORT'"),
+    ("ipc:///tmp/x", 1, "listen='ipc:///tmp/x': give a tcp endpoint"),
+])
+def test_remote_workers_need_a_tcp_listen_endpoint(listen: str | None, remote: int,
+                                                   message: str) -> None:
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        AsyncBatchedCollector(CountingEnv, num_envs=1, policy=ValuePolicy(1.0),
+                              frames_per_batch=8, listen=listen, remote_workers=remote)
+
+
+async def test_a_remote_env_host_joins_over_curve(anyio_backend: str, tmp_path: Any) -> None:
+    keys = str(generate_keys(tmp_path / "keys"))
+    with anyio.fail_after(LIMIT):
+        async with AsyncBatchedCollector(
+                CountingEnv, num_envs=1, policy=ValuePolicy(1.0), frames_per_batch=8,
+                listen="tcp://127.0.0.1:0", remote_workers=1, curve_keys=keys) as collector:
+            host = start_env_host(collector.endpoint, 1, anyio_backend, "--keys", keys)
+            try:
+                async for batch in collector:
+                    if (batch["collector", "worker_id"] == 1).any():
+                        break
+            finally:
+                await collector.aclose()
+                code, err = await wait_exit(host)
+    assert code == 0, err
+    remote = batch[batch["collector", "worker_id"] == 1]
+    assert (remote["action"] == 1).all()
+    check_counting_frames(batch)
