@@ -261,7 +261,8 @@ class AsyncBatchedCollector(BaseCollector):
                 self.remote_workers, first_slot=self.num_workers, obs=obs, outputs=outputs,
                 chunk_steps=self.chunk_steps, max_envs=self.batching.max_batch_size,
                 blocks=self._blocks, submit=lambda slot: self._loop.submit(slot),  # type: ignore[union-attr]
-                on_chunk=self._on_chunk, register=self._register_remote)
+                on_chunk=self._on_chunk, register=self._register_remote,
+                version=lambda: self.policy_version)
         b = self.batching
         loop = InferenceLoop(adapter, self._blocks, obs_paths=list(obs), outputs=outputs,
                              device=self.device, max_batch_size=b.max_batch_size,

@@ -44,7 +44,8 @@ class RemoteEnvWorkers:
                  outputs: OutputLayout, chunk_steps: int, max_envs: int,
                  blocks: dict[int, WorkerBlocks], submit: Callable[[int], None],
                  on_chunk: Callable[[int, Message], None],
-                 register: Callable[[int, bytes | None], None]) -> None:
+                 register: Callable[[int, bytes | None], None],
+                 version: Callable[[], int]) -> None:
         self.count = count
         self.first_slot = first_slot
         self.obs_paths = list(obs)
@@ -54,6 +55,7 @@ class RemoteEnvWorkers:
         self.max_envs = max_envs
         self.blocks = blocks
         self._submit, self._on_chunk, self._register = submit, on_chunk, register
+        self._version = version
         self.slot_of: dict[bytes, int] = {}
         self._waiting: dict[int, bool] = {}  # slot -> a request is being served
         self._next = first_slot
@@ -171,6 +173,11 @@ class RemoteEnvWorkers:
         traj = got_schema.get(("collector", "traj_ids"))
         if not bad and isinstance(traj, torch.Tensor) and bool(((traj >> 32) != slot).any()):
             bad = [f"('collector', 'traj_ids') must carry slot {slot} in their high 32 bits"]
+        versions = got_schema.get(("collector", "policy_version"))
+        if not bad and isinstance(versions, torch.Tensor) and bool(
+                ((versions < 0) | (versions > self._version())).any()):
+            bad = [f"('collector', 'policy_version') must be versions it was answered with "
+                   f"(0..{self._version()}), got up to {int(versions.max())}"]
         if bad:
             await self.refuse(hub, message.peer, f"chunk: wrong entries {bad[:8]}")
             return

@@ -135,7 +135,7 @@ async def test_a_malformed_chunk_is_refused_before_it_reaches_a_batch() -> None:
     with anyio.fail_after(LIMIT):
         async with AsyncBatchedCollector(
                 CountingEnv, num_envs=1, policy=ValuePolicy(1.0), frames_per_batch=8,
-                listen="tcp://127.0.0.1:0", remote_workers=1) as collector:
+                listen="tcp://127.0.0.1:0", remote_workers=2) as collector:
             async with Link(collector.endpoint, identity=b"bad-chunk",
                             heartbeat_interval=0.5) as bad:
                 await bad.send(hello([2]), kind="env-hello")
@@ -149,6 +149,29 @@ async def test_a_malformed_chunk_is_refused_before_it_reaches_a_batch() -> None:
             assert "chunk: wrong entries" in answer.body and "('action',)" in answer.body
             batches = [await collector.__anext__() for _ in range(2)]
             assert all((b["collector", "worker_id"] == 0).all() for b in batches)
+            # a well-formed chunk that claims a version no answer carried
+            async with Link(collector.endpoint, identity=b"forged-version",
+                            heartbeat_interval=0.5) as forger:
+                await forger.send(hello([2]), kind="env-hello")
+                welcome = await forger.recv()
+                slot = welcome.body["slot"]
+                chunk = TensorDict({}, batch_size=[1, steps])
+                for path, (dtype, shape) in collector._remote._schema(1).items():
+                    chunk.set(path, torch.zeros(shape, dtype=dtype))
+                chunk["collector", "traj_ids"].fill_(slot << 32)
+                chunk["collector", "policy_version"].fill_(99)
+                await forger.send(chunk, kind="chunk")
+                answer = await forger.recv()
+            assert answer.kind == "refused"
+            assert "policy_version') must be versions it was answered with (0..0), got up to 99" \
+                in answer.body
+            # both remote slots were given (refused workers' slots are not reused)
+            async with Link(collector.endpoint, identity=b"late",
+                            heartbeat_interval=0.5) as late:
+                await late.send(hello([2]), kind="env-hello")
+                answer = await late.recv()
+            assert answer.kind == "refused"
+            assert "all 2 remote_workers slots are taken" in answer.body
 
 
 async def test_a_remote_env_host_that_dies_is_dropped_and_the_run_goes_on(
