@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from tensordict import TensorDictBase
 
-from transports import Hub, Message, PeerEvent
+from transports import Hub, Message, PeerEvent, RateLimitedLog
 
 from .._env_worker import CHUNK, ERROR, OBS, REFUSED
 from .._inference import OutputLayout, WorkerBlocks
@@ -61,6 +61,8 @@ class RemoteEnvWorkers:
         self._next = first_slot
         #: Why each refused or dropped remote worker was (most recent last).
         self.refusals: list[str] = []
+        # A stranger may try again and again: one warning line per reason and 5 s.
+        self._limited = RateLimitedLog(log)
 
     def expected_hello(self, envs: int) -> dict[str, Any]:
         dtype, shape = self.outputs.action
@@ -212,7 +214,8 @@ class RemoteEnvWorkers:
     def _drop(self, hub: Hub, peer: bytes, reason: str) -> None:
         slot = self.slot_of.pop(peer, None)
         where = f"remote env worker {peer!r}" + ("" if slot is None else f" (slot {slot})")
-        log.warning("%s %s", where, reason)
+        self._limited.warning("admitted" if slot is not None else "stranger", "%s %s",
+                              where, reason)
         self.refusals.append(f"{where} {reason}")
         del self.refusals[:-100]  # bounded: a stranger may try again and again
         hub.expel(peer)
