@@ -40,9 +40,15 @@ log = logging.getLogger("asyncrl.env_worker")
 
 #: Message kinds between an env worker and the collector (the hub).
 OBS, ACT, CHUNK, ERROR, CLOSE = "obs", "act", "chunk", "error", "close"
+#: The collector refused a remote env worker (the body says why).
+REFUSED = "refused"
 _TRAJ_ID_BITS = 32
 
 Path = tuple[str, ...]
+
+
+class RefusedError(RuntimeError):
+    """The collector refused this env worker (the message says why)."""
 
 
 @dataclass(frozen=True)
@@ -79,12 +85,20 @@ def build_pool(factories: Sequence[Any], kwargs: Mapping[str, Any]) -> EnvPool:
 class EnvStepper:
     """One worker's envs, its two shared-memory blocks and its chunk buffers."""
 
-    def __init__(self, config: EnvWorkerConfig) -> None:
+    def __init__(self, config: EnvWorkerConfig, *, pool: EnvPool | None = None,
+                 blocks: tuple[Any, Any] | None = None) -> None:
+        # A remote env worker (asyncrl._remote_env_worker) passes its pool, built before
+        # it joins, and inline blocks whose contents travel in the messages instead.
         self.config = config
-        self.pool = pool = build_pool(config.factories, config.create_env_kwargs)
+        if pool is None:
+            pool = build_pool(config.factories, config.create_env_kwargs)
+        self.pool = pool
         try:
-            self.obs_block = SharedTensorBlock.attach(config.obs_block)
-            self.act_block = SharedTensorBlock.attach(config.act_block)
+            if blocks is None:
+                self.obs_block = SharedTensorBlock.attach(config.obs_block)
+                self.act_block = SharedTensorBlock.attach(config.act_block)
+            else:
+                self.obs_block, self.act_block = blocks
             self._check_layout()
             self._allocate()
         except BaseException:
@@ -167,14 +181,17 @@ class EnvStepper:
         step = 0
         while True:
             obs_write(self.obs_src, version=step, slot=0)
-            await link.send(None, kind=OBS)
+            await link.send(self.request_body(), kind=OBS)
             message = await link.recv()
             if message.kind == CLOSE:
                 return
+            if message.kind == REFUSED:
+                raise RefusedError(f"the collector refused this env worker: "
+                                   f"{str(message.body)[:2000]}")
             if message.kind != ACT:
                 raise ProtocolError(f"an env worker expects {ACT!r} or {CLOSE!r} messages, "
                                     f"got {message.kind!r}")
-            version = act_read(self.act_dst, 0)
+            version = self.read_answer(message.body, act_read)
             i = idx[t]
             for dst, src in self._pre:
                 dst[i] = src
@@ -197,6 +214,14 @@ class EnvStepper:
                               out=self._next_done)
                 await link.send(self._chunk.clone(), kind=CHUNK)
                 t = 0
+
+    def request_body(self) -> Any:
+        """What an ``obs`` message carries: nothing, the observations are in shared memory."""
+        return None
+
+    def read_answer(self, body: Any, read: Callable[[Any, int], int]) -> int:
+        """Copy the policy's outputs into ``act_dst``; return their policy version."""
+        return read(self.act_dst, 0)
 
     def _new_trajectories(self, mask: np.ndarray) -> None:
         k = int(mask.sum())
@@ -266,5 +291,17 @@ def env_worker_main(endpoint: str, identity: bytes, config: EnvWorkerConfig, bac
     os._exit(code)
 
 
-__all__ = ["ACT", "CHUNK", "CLOSE", "ERROR", "OBS", "EnvStepper", "EnvWorkerConfig",
-           "build_pool", "env_worker_main", "run_env_worker"]
+__all__ = [
+    "ACT",
+    "CHUNK",
+    "CLOSE",
+    "ERROR",
+    "OBS",
+    "REFUSED",
+    "EnvStepper",
+    "EnvWorkerConfig",
+    "RefusedError",
+    "build_pool",
+    "env_worker_main",
+    "run_env_worker",
+]

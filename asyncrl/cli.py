@@ -11,6 +11,8 @@ import sys
 from typing import Any
 
 from . import _logs
+from ._env_host_cli import add_parser as add_env_worker_parser
+from ._env_host_cli import run_env_worker_command
 
 #: What ``asyncrl --help`` says (plain text: argparse prints it as is).
 DESCRIPTION = ("asyncrl: async-first, ZeroMQ-based experience collection for reinforcement "
@@ -146,6 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
                                 title="commands")
     _worker_parser(sub)
+    add_env_worker_parser(sub)
     _keys_parser(sub)
     _bench_parser(sub)
     return parser
@@ -157,6 +160,8 @@ def main(argv: list[str] | None = None) -> int:
         return run_benchmark(args.name, args.args)
     if args.command == "keys":
         return generate_keys_command(args.directory)
+    if args.command == "env-worker":
+        return run_env_worker_command(args)
     return run_workers(args)
 
 

@@ -27,7 +27,15 @@ import torch
 from tensordict import TensorDictBase
 from torch import nn
 
-from transports import ErrorPayload, Hub, Message, PeerEvent, ProtocolError, random_identity
+from transports import (
+    CurveServer,
+    ErrorPayload,
+    Hub,
+    Message,
+    PeerEvent,
+    ProtocolError,
+    random_identity,
+)
 
 from .._env_worker import CHUNK, CLOSE, ERROR, OBS, EnvWorkerConfig, build_pool, env_worker_main
 from .._errors import BadBatchError, CollectorError, WorkerLostError, rebuild_remote_exception
@@ -52,7 +60,10 @@ from ._batched_config import (
     refuse_torchrl_only,
     split_envs,
 )
+from ._batched_remote import RemoteEnvWorkers, check_listen
+from ._batched_weights import weight_loader
 from ._config import check_int
+from ._limits import listening_hub_limits
 
 log = logging.getLogger("asyncrl.collectors")
 
@@ -66,13 +77,16 @@ class AsyncBatchedCollector(BaseCollector):
     factory / gym id with ``num_envs``; ``policy`` or ``policy_factory``;
     ``max_batch_size`` / ``min_batch_size`` (observations per policy call) and
     ``server_timeout`` (seconds to wait for ``min_batch_size``); ``envs_per_worker``
-    envs share a process and a request; ``num_threads`` caps torch's threads in this
-    process while open (default: the cores the env workers leave). Batches are flat
-    ``[frames_per_batch]``
-    TensorDicts in TorchRL's layout, every frame stamped with the version of the
-    weights that chose its action (``("collector", "policy_version")``). With
-    ``replay_buffer`` (anything with ``.extend(td)``), as in TorchRL, iteration writes
-    each batch there and yields None; ``start()`` fills it in the background.
+    envs share a process and a request; with ``listen="tcp://HOST:PORT"`` and
+    ``remote_workers=K``, K ``asyncrl env-worker`` processes on other hosts join
+    (their observations travel inline, checked; ``curve_keys``: a directory made by
+    ``asyncrl keys generate`` encrypts and authenticates them); ``num_threads`` caps
+    torch's threads in this process while open (default: the cores the env workers
+    leave). Batches are flat ``[frames_per_batch]`` TensorDicts in TorchRL's layout,
+    every frame stamped with the version of the weights that chose its action
+    (``("collector", "policy_version")``). With ``replay_buffer`` (anything with
+    ``.extend(td)``), as in TorchRL, iteration writes each batch there and yields
+    None; ``start()`` fills it in the background.
 
     >>> async with AsyncBatchedCollector("Pendulum-v1", num_envs=4,          # doctest: +SKIP
     ...                                  policy=policy, frames_per_batch=256,
@@ -110,6 +124,9 @@ class AsyncBatchedCollector(BaseCollector):
         start_method: str | None = None,
         heartbeat_interval: float = 1.0,
         peer_timeout: float = 10.0,
+        listen: str | None = None,
+        remote_workers: int = 0,
+        curve_keys: str | None = None,
         **torchrl_options: Any,
     ) -> None:
         refuse_torchrl_only(torchrl_options)
@@ -138,6 +155,14 @@ class AsyncBatchedCollector(BaseCollector):
         self.verbose = verbose
         self._heartbeat = (heartbeat_interval, peer_timeout)
         self._initial_version = check_int("policy_version", policy_version, minimum=0)
+        self.remote_workers = check_int("remote_workers", remote_workers, minimum=0)
+        check_listen(listen, self.remote_workers)
+        self.listen = listen
+        if curve_keys is not None and listen is None:
+            raise ValueError("curve_keys encrypts the listen= endpoint: give listen too")
+        self.curve_keys = curve_keys
+        self._remote: RemoteEnvWorkers | None = None
+        self._admitted: set[bytes] = set()
         super().__init__(total_frames=total_frames, batch_frames=self.frames_per_batch,
                          split_trajs=split_trajs, postproc=self._postprocess,
                          replay_buffer=replay_buffer)
@@ -194,8 +219,15 @@ class AsyncBatchedCollector(BaseCollector):
                 self._loop = loop
                 self._tmpdir = tempfile.mkdtemp(prefix="asyncrl-")
                 interval, timeout = self._heartbeat
-                async with Hub(f"ipc://{self._tmpdir}/inference", heartbeat_interval=interval,
-                               peer_timeout=timeout) as hub:
+                endpoint, limits = f"ipc://{self._tmpdir}/inference", {}
+                if self.listen is not None:  # remote env hosts join: admission, bounded sizes
+                    endpoint, limits = self.listen, listening_hub_limits(
+                        None, frames=self.batching.max_batch_size * self.chunk_steps,
+                        policy=None)
+                    if self.curve_keys is not None:
+                        limits["curve"] = CurveServer.from_dir(self.curve_keys)
+                async with Hub(endpoint, heartbeat_interval=interval,
+                               peer_timeout=timeout, **limits) as hub:
                     self._hub = hub
                     self._workers = self._make_workers(hub.endpoint, backend, obs_paths, outputs)
                     async with anyio.create_task_group() as tg:
@@ -224,6 +256,13 @@ class AsyncBatchedCollector(BaseCollector):
                       for p, v in obs.items()}
         outputs = discover_outputs(adapter, device_obs, action)
         self._blocks = make_blocks([len(g) for g in self.groups], obs, outputs)
+        if self.remote_workers:
+            self._remote = RemoteEnvWorkers(
+                self.remote_workers, first_slot=self.num_workers, obs=obs, outputs=outputs,
+                chunk_steps=self.chunk_steps, max_envs=self.batching.max_batch_size,
+                blocks=self._blocks, submit=lambda slot: self._loop.submit(slot),  # type: ignore[union-attr]
+                on_chunk=self._on_chunk, register=self._register_remote,
+                version=lambda: self.policy_version)
         b = self.batching
         loop = InferenceLoop(adapter, self._blocks, obs_paths=list(obs), outputs=outputs,
                              device=self.device, max_batch_size=b.max_batch_size,
@@ -300,16 +339,21 @@ class AsyncBatchedCollector(BaseCollector):
         loop = self._loop
         assert loop is not None
         async for item in hub:
-            if isinstance(item, PeerEvent):
-                if item.event == "lost" and item.peer in self._slot_of and not self._closing:
-                    self._fail(WorkerLostError(
-                        f"env worker {self._slot_of[item.peer]} went silent for "
-                        f"{self._heartbeat[1]} s (peer_timeout): it is stuck or its host is gone"))
-                continue
             found = self._slot_of.get(item.peer)
             if found is None:
-                continue  # not one of ours (the socket is private: should not happen)
+                if self._remote is not None and not self._closing:
+                    await self._remote.handle(hub, item)  # a remote env worker, or a stranger
+                continue  # without listen the socket is private: not one of ours
+            if isinstance(item, PeerEvent):
+                if item.event == "lost" and not self._closing:
+                    self._fail(WorkerLostError(
+                        f"env worker {found} went silent for "
+                        f"{self._heartbeat[1]} s (peer_timeout): it is stuck or its host is gone"))
+                continue
             slot = found
+            if hub.admission and item.peer not in self._admitted:
+                self._admitted.add(item.peer)  # our own child: full message sizes
+                hub.admit(item.peer)
             if item.kind == OBS:
                 loop.submit(slot)
             elif item.kind == CHUNK:
@@ -319,8 +363,14 @@ class AsyncBatchedCollector(BaseCollector):
 
     async def _reply(self, slot: int, version: int) -> None:
         assert self._hub is not None
+        peer = self._peer_of.get(slot)
+        if peer is None:
+            return  # a remote env worker dropped meanwhile
         try:
-            await self._hub.send(self._peer_of[slot], version, kind="act")
+            if slot >= self.num_workers and self._remote is not None:
+                await self._remote.reply(self._hub, peer, slot, version)
+                return
+            await self._hub.send(peer, version, kind="act")
         except Exception as exc:  # the worker is gone: its exit is reported by the watcher
             log.debug("could not answer env worker %d: %r", slot, exc)
 
@@ -334,7 +384,7 @@ class AsyncBatchedCollector(BaseCollector):
 
     def _on_chunk(self, slot: int, message: Message) -> None:
         chunk = message.body
-        rows = len(self.groups[slot])
+        rows = self._blocks[slot].rows
         if (not isinstance(chunk, TensorDictBase)
                 or tuple(chunk.batch_size) != (rows, self.chunk_steps)):
             got = tuple(chunk.batch_size) if isinstance(chunk, TensorDictBase) else type(chunk)
@@ -371,6 +421,15 @@ class AsyncBatchedCollector(BaseCollector):
                 start = end + 1
             if start < row.shape[0]:
                 self._partial.setdefault((slot, env), []).append(row[start:])
+
+    def _register_remote(self, slot: int, peer: bytes | None) -> None:
+        if peer is not None:
+            self._peer_of[slot] = peer
+            self._expected[slot] = set()
+            return
+        self._peer_of.pop(slot, None)  # dropped: its unfinished trajectories are lost
+        for key in [k for k in self._partial if k[0] == slot]:
+            del self._partial[key]
 
     # -- failures and wake-ups -----------------------------------------------------------------
     def _fail(self, error: BaseException) -> None:
@@ -457,6 +516,18 @@ class AsyncBatchedCollector(BaseCollector):
         return self._workers.pids if self._workers is not None else []
 
     @property
+    def endpoint(self) -> str:
+        """The address remote env workers connect to (``listen``, its real port once open)."""
+        if self._hub is None:
+            raise CollectorError("the collector is not open yet: use 'async with'")
+        return self._hub.endpoint
+
+    @property
+    def remote_refusals(self) -> list[str]:
+        """Why each refused or dropped remote env worker was (the run went on without it)."""
+        return list(self._remote.refusals) if self._remote is not None else []
+
+    @property
     def policy_version(self) -> int:
         """The version of the weights the inference loop uses now."""
         if self._loop is None:
@@ -514,7 +585,7 @@ class AsyncBatchedCollector(BaseCollector):
                     "module given to the constructor; there is none (policy_factory or a "
                     "plain callable): pass weights= (a state dict, module or TensorDict)")
             weights = self.policy
-        apply = _weight_loader(target, weights)
+        apply = weight_loader(target, weights)
         version = await loop.update(apply)
         if self.verbose:
             log.info("policy version %d in use", version)
@@ -526,36 +597,6 @@ class AsyncBatchedCollector(BaseCollector):
             raise CollectorError(f"the served policy is a {type(policy).__name__}, which has "
                                  "no weights to update (give an nn.Module)")
         return policy
-
-
-def _weight_loader(target: nn.Module, weights: Any) -> Callable[[], None]:
-    """A function copying ``weights`` into ``target`` in place (run between two calls)."""
-    if isinstance(weights, nn.Module):
-        source = weights
-
-        def load_module() -> None:
-            with torch.no_grad():
-                target.load_state_dict(source.state_dict())
-
-        return load_module
-    if isinstance(weights, TensorDictBase):
-        params = weights
-
-        def load_td() -> None:
-            from tensordict import TensorDict
-
-            with torch.no_grad():  # copied in place: the served module never shares memory
-                TensorDict.from_module(target).update_(params)
-        return load_td
-    if isinstance(weights, Mapping):
-        state = weights
-
-        def load_state() -> None:
-            with torch.no_grad():
-                target.load_state_dict(state)  # type: ignore[arg-type]
-        return load_state
-    raise TypeError(f"weights must be None, an nn.Module, a state dict or a TensorDict, got "
-                    f"{type(weights).__name__}")
 
 
 __all__ = ["AsyncBatchedCollector"]

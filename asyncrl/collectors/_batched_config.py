@@ -32,8 +32,13 @@ _ONLY: dict[str, tuple[tuple[Any, ...], str]] = {
                 "trainer's process; use MultiCollector for other layouts"),
     "env_backend": ((None, "multiprocessing"), "env workers are always processes"),
     "policy_backend": ((None, "threading"),
-                       "the policy is served from the trainer's process (a worker thread)"),
-    "env_exchange": (("auto", "shm"), "observations always travel in shared memory"),
+                       "a dedicated inference process is not offered: the policy is served "
+                       "from the trainer's process (long calls in a worker thread, so the "
+                       "loop keeps receiving; device= puts it on a GPU); for one policy copy "
+                       "per env worker use MultiCollector"),
+    "env_exchange": (("auto", "shm"), "local observations always travel in shared memory "
+                     "(remote env workers, with listen= and remote_workers=, send them "
+                     "inline)"),
     "weight_sync_model_id": (("policy",), "central inference serves one model, 'policy'"),
 }
 
