@@ -540,10 +540,8 @@ class AsyncBatchedCollector(BaseCollector):
             return InferenceStatistics(0, 0, {})
         return self._loop.statistics()
 
-    # The signature of main's BaseCollector (TorchRL's names); this branch's base names
-    # its first argument ``weights``, which is also accepted here as a keyword.
-    async def update_policy_weights(  # type: ignore[override]
-                                    self, policy_or_weights: Any = None, *, weights: Any = None,
+    # The signature of the multi-process collectors (TorchRL's names, asyncrl's weights=).
+    async def update_policy_weights(self, policy_or_weights: Any = None, *, weights: Any = None,
                                     policy: Any = None, worker_ids: Any = None,
                                     model_id: str | None = None,
                                     weights_dict: dict[str, Any] | None = None) -> None:

@@ -34,7 +34,7 @@ def weight_loader(target: nn.Module, weights: Any) -> Callable[[], None]:
 
         def load_state() -> None:
             with torch.no_grad():
-                target.load_state_dict(state)  # type: ignore[arg-type]
+                target.load_state_dict(state)
         return load_state
     raise TypeError(f"weights must be None, an nn.Module, a state dict or a TensorDict, got "
                     f"{type(weights).__name__}")

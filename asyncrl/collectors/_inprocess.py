@@ -102,6 +102,10 @@ class Collector(BaseCollector):
     return_same_td
         True: yield the rollout's own buffers (rewritten by the next batch) instead of a
         copy (TorchRL's meaning).
+    trajs_per_batch, traj_format, extend_buffer
+        Batches of whole trajectories (``"padded"`` with ``("collector", "mask")``, or
+        ``"cat"``) and how a replay buffer is written, with TorchRL 0.14's meaning
+        (``docs/batch_shapes.md``).
     **torchrl_options
         TorchRL's other ``Collector`` arguments: accepted with effect or refused, see
         above.
