@@ -16,8 +16,10 @@ import io
 import os
 import runpy
 import shlex
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -34,6 +36,42 @@ _SHELL = [b for b in _BLOCKS if b.lang in ("bash", "sh", "shell")]
 _UNCHECKED = {"cd", "export", "pip", "git", "kill", "curl", "sudo", "systemctl", "ip"}
 
 
+def _group_members(group: int) -> dict[int, str]:
+    """Live (not zombie) processes of process group ``group``: pid -> command line."""
+    members = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if fields[0] not in ("Z", "X") and int(fields[2]) == group:
+                pid = int(stat.parent.name)
+                members[pid] = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ")\
+                    .decode(errors="replace").strip()
+        except (OSError, IndexError, ValueError):
+            continue
+    return members
+
+
+def _group_survivors(group: int, grace: float = 10.0) -> dict[int, str]:
+    """What is still running in ``group`` once its leader exited and ``grace`` passed.
+
+    multiprocessing's helpers (fork server, resource tracker) exit when their
+    parent's pipes close, a moment after it: they get the grace to do so.
+    """
+    deadline = time.monotonic() + grace
+    members = _group_members(group)
+    while members and time.monotonic() < deadline:
+        time.sleep(0.1)
+        members = _group_members(group)
+    return members
+
+
+def _kill_group(group: int) -> None:
+    try:
+        os.killpg(group, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
 def _skip_if_asked(block: CodeBlock) -> None:
     if block.skip is not None:
         pytest.skip(f"{block.id}: {block.skip}")
@@ -46,13 +84,23 @@ def test_python_block_runs(block: CodeBlock, tmp_path: Path) -> None:
     program.write_text(block.program())
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get(
         "PYTHONPATH", "")]), "PYTHONUNBUFFERED": "1"}
+    # In a directory of its own (a block may write files: keys/, checkpoints), and in a
+    # process group of its own: whatever it started is found, and killed, afterwards.
+    proc = subprocess.Popen([sys.executable, str(program)], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
     try:
-        # In a directory of its own: a block may write files (keys/, checkpoints).
-        done = subprocess.run([sys.executable, str(program)], cwd=tmp_path, env=env,
-                              capture_output=True, text=True, timeout=BLOCK_TIMEOUT)
-    except subprocess.TimeoutExpired as exc:
+        stdout, stderr = proc.communicate(timeout=BLOCK_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc.pid)
+        stdout, stderr = proc.communicate()
         pytest.fail(f"{block.id} did not finish in {BLOCK_TIMEOUT} s; output:\n"
-                    f"{exc.stdout}\n{exc.stderr}")
+                    f"{stdout[-3000:]}\n{stderr[-6000:]}")
+    finally:
+        left = _group_survivors(proc.pid)
+        _kill_group(proc.pid)
+    done = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+    assert not left, f"{block.id} left processes running after it exited: {left}"
     assert done.returncode == 0, (
         f"{block.id} exited {done.returncode}\n--- program ---\n{block.program()}"
         f"--- stdout ---\n{done.stdout[-3000:]}\n--- stderr ---\n{done.stderr[-6000:]}")
