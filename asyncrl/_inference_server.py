@@ -113,13 +113,20 @@ class InferenceServer:
         async with Hub(c.endpoint, heartbeat_interval=c.heartbeat_interval,
                        peer_timeout=c.peer_timeout) as hub:
             await trainer.send({"version": self.loop.version}, kind=READY)
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(self._requests, hub)
-                tg.start_soon(self.loop.run, lambda slot, version: self._reply(hub, slot, version),
-                              self._gate)
-                tg.start_soon(self._report, trainer)
-                await self._orders(trainer)
-                tg.cancel_scope.cancel()
+            try:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(self._requests, hub)
+                    tg.start_soon(self.loop.run,
+                                  lambda slot, version: self._reply(hub, slot, version),
+                                  self._gate)
+                    tg.start_soon(self._report, trainer)
+                    await self._orders(trainer)
+                    tg.cancel_scope.cancel()
+            except Exception as exc:
+                # Told before the hub closes: its goodbye ends the env workers, and the
+                # trainer must hear the cause before it hears of them.
+                await report_error(trainer, exc)
+                raise
 
     async def _requests(self, hub: Hub) -> None:
         async for item in hub:
@@ -209,17 +216,36 @@ async def _serve(trainer: Link, config: ServerConfig) -> int:
         await server.serve(trainer)
         return 0
     except Exception as exc:
-        while isinstance(exc, ExceptionGroup):  # a task group's: the error that ended it
-            exc = exc.exceptions[0]
-        if isinstance(exc, PeerLostError):
+        if isinstance(_cause(exc), PeerLostError):
             return 0  # the trainer is gone: nothing to report to
-        log.debug("the inference process failed", exc_info=True)
-        with anyio.move_on_after(2):
-            await trainer.send(ErrorPayload.from_exception(exc).to_body(), kind=ERROR)
+        await report_error(trainer, exc)
         return 1
     finally:
         if server is not None:
             server.close()
+
+
+def _cause(exc: BaseException) -> BaseException:
+    while isinstance(exc, BaseExceptionGroup):  # a task group's: the error that ended it
+        exc = exc.exceptions[0]
+    return exc
+
+
+async def report_error(trainer: Link, exc: BaseException) -> None:
+    """Send the trainer the error that ends this process (once; never raises)."""
+    exc = _cause(exc)
+    if isinstance(exc, PeerLostError) or getattr(exc, "_asyncrl_reported", False):
+        return
+    log.debug("the inference process failed", exc_info=exc)
+    try:
+        exc._asyncrl_reported = True  # type: ignore[attr-defined]
+    except AttributeError:
+        pass
+    with anyio.move_on_after(2):
+        try:
+            await trainer.send(ErrorPayload.from_exception(exc).to_body(), kind=ERROR)
+        except Exception:  # the trainer is gone
+            pass
 
 
 def inference_server_main(trainer_endpoint: str, identity: bytes, config: ServerConfig,

@@ -406,7 +406,7 @@ class AsyncBatchedCollector(BaseCollector):
                     await self._remote.handle(hub, item)  # a remote env worker, or a stranger
                 continue  # without listen the socket is private: not one of ours
             if isinstance(item, PeerEvent):
-                if item.event == "lost" and not self._closing:
+                if item.event == "lost" and not self._closing and not self._server_gone():
                     self._fail(WorkerLostError(
                         f"env worker {found} went silent for "
                         f"{self._heartbeat[1]} s (peer_timeout): it is stuck or its host is gone"))
@@ -533,8 +533,13 @@ class AsyncBatchedCollector(BaseCollector):
         if self._arrived is not None:
             self._arrived.set()
 
+    def _server_gone(self) -> bool:
+        # An env worker ends when the inference process does: the process's own
+        # report (its error, or its exit) is the cause the user must see.
+        return self._server is not None and self._server.pid is None
+
     async def _on_process_exit(self, slot: int, process: BaseProcess) -> bool:
-        if not self._closing:
+        if not self._closing and not self._server_gone():
             self._fail(WorkerLostError(
                 f"env worker {slot} (pid {process.pid}) {describe_exit(process.exitcode)} "
                 "while collecting; its envs are gone, so this collector stops. If it failed "

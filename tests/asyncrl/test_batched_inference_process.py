@@ -131,7 +131,6 @@ async def test_a_trainer_that_takes_no_batches_holds_the_server() -> None:
             while collector.inference_statistics().calls != calls:  # until it stops serving
                 calls = collector.inference_statistics().calls
                 await anyio.sleep(1.0)
-            assert collector._buffered <= collector._capacity + 2 * collector.chunk_steps
             batch = await collector.__anext__()
             while collector.inference_statistics().calls == calls:  # room again: it serves
                 batch = await collector.__anext__()
