@@ -41,6 +41,8 @@ log = logging.getLogger("asyncrl.env_worker")
 
 #: Message kinds between an env worker and the collector (the hub).
 OBS, ACT, CHUNK, ERROR, CLOSE = "obs", "act", "chunk", "error", "close"
+#: The trainer read ``body`` more chunks (a dedicated inference process only).
+CREDIT = "credit"
 #: The collector refused a remote env worker (the body says why).
 REFUSED = "refused"
 _TRAJ_ID_BITS = 32
@@ -69,6 +71,30 @@ class EnvWorkerConfig:
     #: The dedicated inference process's hub (``server_backend="process"``): requests
     #: and answers go there, chunks and errors to the trainer. None: all to the trainer.
     server_endpoint: str | None = None
+    #: Chunks sent but not yet read by the trainer, at most (None: no limit). With a
+    #: dedicated inference process the env workers keep stepping while a training step
+    #: holds the trainer's loop: this bounds what waits in the queues meanwhile.
+    chunk_credits: int | None = None
+
+
+class ChunkCredits:
+    """How many more chunks may be sent before the trainer has read the earlier ones."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.in_flight = 0
+        self._freed: anyio.Event | None = None
+
+    async def acquire(self) -> None:
+        while self.in_flight >= self.limit:
+            self._freed = anyio.Event()
+            await self._freed.wait()
+        self.in_flight += 1
+
+    def release(self, count: int) -> None:
+        self.in_flight = max(0, self.in_flight - count)
+        if self._freed is not None:
+            self._freed.set()
 
 
 def build_pool(factories: Sequence[Any], kwargs: Mapping[str, Any]) -> EnvPool:
@@ -177,11 +203,12 @@ class EnvStepper:
         self._traj_counter = n
         self._done = np.zeros(n, dtype=bool)
 
-    async def run(self, link: Link, chunks: Link | None = None) -> None:
+    async def run(self, link: Link, chunks: Link | None = None,
+                  credits: ChunkCredits | None = None) -> None:
         """Step until the collector says close (or goes away: PeerLostError).
 
         ``link`` carries the requests and answers, ``chunks`` (default: ``link``)
-        the chunks of transitions.
+        the chunks of transitions, each one after a credit (when ``credits``).
         """
         chunks = link if chunks is None else chunks
         obs_write, act_read = self.obs_block.write, self.act_block.read_into
@@ -221,6 +248,8 @@ class EnvStepper:
                 np.logical_or(self._chunk["next", "terminated"].numpy()[..., 0],
                               self._chunk["next", "truncated"].numpy()[..., 0],
                               out=self._next_done)
+                if credits is not None:
+                    await credits.acquire()
                 await chunks.send(self._chunk.clone(), kind=CHUNK)
                 t = 0
 
@@ -258,34 +287,42 @@ async def run_env_worker(endpoint: str, identity: bytes, config: EnvWorkerConfig
             server = await stack.enter_async_context(
                 Link(config.server_endpoint, identity=identity, **options))
         code = 0
+        credits = None if config.chunk_credits is None else ChunkCredits(config.chunk_credits)
         async with anyio.create_task_group() as tg:
             tg.start_soon(_watch_parent, parent_pid, tg.cancel_scope)
-            if server is not None:  # the trainer's close comes on the other link
-                tg.start_soon(_watch_close, link, tg.cancel_scope)
-            code = await _serve(link, config, server)
+            if server is not None:  # the trainer's orders come on the other link
+                tg.start_soon(_read_trainer, link, tg.cancel_scope, credits)
+            code = await _serve(link, config, server, credits)
             tg.cancel_scope.cancel()
         return code
 
 
-async def _watch_close(link: Link, scope: anyio.CancelScope) -> None:
+async def _read_trainer(link: Link, scope: anyio.CancelScope,
+                        credits: ChunkCredits | None) -> None:
     # With a dedicated inference process the stepper waits on the server's link:
-    # the trainer's "close" (or its loss) must stop it from here.
+    # the trainer's credits arrive, and its "close" (or its loss) stops it, from here.
     try:
-        while (await link.recv()).kind != CLOSE:
-            pass
+        while True:
+            message = await link.recv()
+            if message.kind == CLOSE:
+                break
+            if (message.kind == CREDIT and credits is not None
+                    and type(message.body) is int and message.body > 0):
+                credits.release(message.body)
     except PeerLostError:
         pass
     scope.cancel()
 
 
-async def _serve(link: Link, config: EnvWorkerConfig, server: Link | None = None) -> int:
+async def _serve(link: Link, config: EnvWorkerConfig, server: Link | None = None,
+                 credits: ChunkCredits | None = None) -> int:
     stepper: EnvStepper | None = None
     try:
         stepper = await anyio.to_thread.run_sync(EnvStepper, config)
         if server is None:
             await stepper.run(link)
         else:
-            await stepper.run(server, chunks=link)
+            await stepper.run(server, chunks=link, credits=credits)
         return 0
     except PeerLostError:
         return 0  # the collector is gone: nothing to report to
@@ -326,9 +363,11 @@ __all__ = [
     "ACT",
     "CHUNK",
     "CLOSE",
+    "CREDIT",
     "ERROR",
     "OBS",
     "REFUSED",
+    "ChunkCredits",
     "EnvStepper",
     "EnvWorkerConfig",
     "RefusedError",

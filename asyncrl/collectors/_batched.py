@@ -14,6 +14,7 @@ from __future__ import annotations
 import collections
 import copy
 import logging
+import math
 import os
 import shutil
 import tempfile
@@ -37,7 +38,16 @@ from transports import (
     random_identity,
 )
 
-from .._env_worker import CHUNK, CLOSE, ERROR, OBS, EnvWorkerConfig, build_pool, env_worker_main
+from .._env_worker import (
+    CHUNK,
+    CLOSE,
+    CREDIT,
+    ERROR,
+    OBS,
+    EnvWorkerConfig,
+    build_pool,
+    env_worker_main,
+)
 from .._errors import BadBatchError, CollectorError, WorkerLostError, rebuild_remote_exception
 from .._forkserver import check_start_method
 from .._inference import (
@@ -357,8 +367,15 @@ class AsyncBatchedCollector(BaseCollector):
                 obs_block=blocks.obs.name, act_block=blocks.act.name, obs_paths=obs_paths,
                 extra_paths=extra_paths, chunk_steps=self.chunk_steps,
                 heartbeat_interval=interval, peer_timeout=timeout,
-                server_endpoint=None if server is None else server.config.endpoint)
+                server_endpoint=None if server is None else server.config.endpoint,
+                chunk_credits=None if server is None else credits(blocks.rows))
             return (endpoint, identity, config, backend, parent)
+
+        def credits(rows: int) -> int:
+            # Each worker's share of the trainer's buffer, in chunks (at least two: one
+            # in the trainer's hands, one on its way).
+            share = self._capacity / self.num_workers
+            return max(2, math.ceil(share / (rows * self.chunk_steps)))
 
         server = self._server
         return WorkerProcesses(self.num_workers, env_worker_main, args,
@@ -419,8 +436,8 @@ class AsyncBatchedCollector(BaseCollector):
                 loop.submit(slot)
             elif item.kind == CHUNK:
                 self._on_chunk(slot, item)
-                if self._server is not None and self._buffered >= self._capacity:
-                    await self._server.set_room(hub, False)
+                if self._server is not None:
+                    await self._credit(hub, item.peer)
             elif item.kind == ERROR:
                 self._on_error(slot, item)
 
@@ -436,6 +453,15 @@ class AsyncBatchedCollector(BaseCollector):
             await self._hub.send(peer, version, kind="act")
         except Exception as exc:  # the worker is gone: its exit is reported by the watcher
             log.debug("could not answer env worker %d: %r", slot, exc)
+
+    async def _credit(self, hub: Hub, peer: bytes) -> None:
+        assert self._server is not None
+        try:
+            await hub.send(peer, 1, kind=CREDIT)  # read: that worker may send one more
+        except Exception as exc:  # gone: its exit is reported by the watcher
+            log.debug("could not credit env worker %r: %r", peer, exc)
+        if self._buffered >= self._capacity:
+            await self._server.set_room(hub, False)
 
     def _on_server_message(self, item: Message | PeerEvent) -> None:
         assert self._server is not None
