@@ -198,7 +198,8 @@ class RemoteEnvWorkers:
         traj, tag = got_schema.get(("collector", "traj_ids")), self.slots.tags[slot]
         if not bad and isinstance(traj, torch.Tensor) and bool(((traj >> 32) != tag).any()):
             bad = [f"('collector', 'traj_ids') must carry its traj_tag {tag} in their high "
-                   "32 bits"]
+                   "32 bits (an env host older than this collector ignores it: update asyncrl "
+                   "there)"]
         versions = got_schema.get(("collector", "policy_version"))
         if not bad and isinstance(versions, torch.Tensor) and bool(
                 ((versions < 0) | (versions > self._version())).any()):
