@@ -212,6 +212,36 @@ async def test_a_hello_waiting_for_a_slot_must_not_speak_first(anyio_backend: st
                         "remote env worker b'eager' refused: sent 'obs' before its welcome"]
 
 
+async def test_the_old_occupants_unfinished_trajectory_is_not_continued_by_the_new_one(
+        anyio_backend: str) -> None:
+    with anyio.fail_after(LIMIT):
+        async with AsyncBatchedCollector(
+                CountingEnv, num_envs=1, policy=EchoPolicy(), frames_per_batch=8,
+                listen="tcp://127.0.0.1:0", remote_workers=1,
+                yield_completed_trajectories=True) as collector:
+            async with Link(collector.endpoint, identity=b"old", heartbeat_interval=0.5) as old:
+                await old.send(hello([2]), kind="env-hello")
+                steps = (await old.recv()).body["chunk_steps"]
+                await old.send(chunk_of(collector, steps, value=700, tag=1), kind="chunk")
+                await old.send(None, kind="hello?")  # breaks the agreement: dropped
+                answer = await old.recv()
+                assert answer.kind == "refused" and "unexpected message kind" in answer.body
+            async with Link(collector.endpoint, identity=b"new", heartbeat_interval=0.5) as new:
+                await new.send(hello([2]), kind="env-hello")
+                welcome = await new.recv()
+                assert (welcome.body["slot"], welcome.body["traj_tag"]) == (1, 3)
+                chunk = chunk_of(collector, steps, value=800, tag=3)
+                chunk["next", "done"][0, -1] = chunk["next", "terminated"][0, -1] = True
+                await new.send(chunk, kind="chunk")
+                trajectory = await collector.__anext__()
+                while not (trajectory["collector", "worker_id"] == 1).all():
+                    assert (trajectory["collector", "worker_id"] == 0).all()
+                    trajectory = await collector.__anext__()
+    # only the new occupant's frames: the old one's unfinished 700s were discarded
+    assert trajectory["observation"][:, 0].tolist() == [800.0] * steps
+    assert trajectory["collector", "traj_ids"].tolist() == [3 << 32] * steps
+
+
 def test_traj_tags_never_repeat_and_name_the_slot_modulo_the_slots() -> None:
     slots = RemoteSlots(first=2, count=2)  # slots 2 and 3 after 2 local workers: 4 in all
     tags = []
