@@ -16,6 +16,7 @@ for the server (which is every step).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
@@ -65,6 +66,9 @@ class EnvWorkerConfig:
     chunk_steps: int
     heartbeat_interval: float = 1.0
     peer_timeout: float = 10.0
+    #: The dedicated inference process's hub (``server_backend="process"``): requests
+    #: and answers go there, chunks and errors to the trainer. None: all to the trainer.
+    server_endpoint: str | None = None
     # The high 32 bits of its traj_ids: the slot, unless the collector gave a remote
     # worker another (a slot's later occupants must not repeat an earlier one's ids).
     traj_tag: int | None = None
@@ -176,8 +180,13 @@ class EnvStepper:
         self._traj_counter = n
         self._done = np.zeros(n, dtype=bool)
 
-    async def run(self, link: Link) -> None:
-        """Step until the collector says close (or goes away: PeerLostError)."""
+    async def run(self, link: Link, chunks: Link | None = None) -> None:
+        """Step until the collector says close (or goes away: PeerLostError).
+
+        ``link`` carries the requests and answers, ``chunks`` (default: ``link``)
+        the chunks of transitions.
+        """
+        chunks = link if chunks is None else chunks
         obs_write, act_read = self.obs_block.write, self.act_block.read_into
         pool, idx, steps = self.pool, self._idx, self.config.chunk_steps
         t = 0
@@ -215,7 +224,7 @@ class EnvStepper:
                 np.logical_or(self._chunk["next", "terminated"].numpy()[..., 0],
                               self._chunk["next", "truncated"].numpy()[..., 0],
                               out=self._next_done)
-                await link.send(self._chunk.clone(), kind=CHUNK)
+                await chunks.send(self._chunk.clone(), kind=CHUNK)
                 t = 0
 
     def request_body(self) -> Any:
@@ -243,21 +252,43 @@ class EnvStepper:
 async def run_env_worker(endpoint: str, identity: bytes, config: EnvWorkerConfig,
                          parent_pid: int | None = None) -> int:
     """The worker's life: connect, build, step; 0 on a requested close, 1 on an error."""
-    async with Link(endpoint, identity=identity, heartbeat_interval=config.heartbeat_interval,
-                    peer_timeout=config.peer_timeout) as link:
+    options = {"heartbeat_interval": config.heartbeat_interval,
+               "peer_timeout": config.peer_timeout}
+    async with contextlib.AsyncExitStack() as stack:
+        link = await stack.enter_async_context(Link(endpoint, identity=identity, **options))
+        server = None
+        if config.server_endpoint is not None:
+            server = await stack.enter_async_context(
+                Link(config.server_endpoint, identity=identity, **options))
         code = 0
         async with anyio.create_task_group() as tg:
             tg.start_soon(_watch_parent, parent_pid, tg.cancel_scope)
-            code = await _serve(link, config)
+            if server is not None:  # the trainer's close comes on the other link
+                tg.start_soon(_watch_close, link, tg.cancel_scope)
+            code = await _serve(link, config, server)
             tg.cancel_scope.cancel()
         return code
 
 
-async def _serve(link: Link, config: EnvWorkerConfig) -> int:
+async def _watch_close(link: Link, scope: anyio.CancelScope) -> None:
+    # With a dedicated inference process the stepper waits on the server's link:
+    # the trainer's "close" (or its loss) must stop it from here.
+    try:
+        while (await link.recv()).kind != CLOSE:
+            pass
+    except PeerLostError:
+        pass
+    scope.cancel()
+
+
+async def _serve(link: Link, config: EnvWorkerConfig, server: Link | None = None) -> int:
     stepper: EnvStepper | None = None
     try:
         stepper = await anyio.to_thread.run_sync(EnvStepper, config)
-        await stepper.run(link)
+        if server is None:
+            await stepper.run(link)
+        else:
+            await stepper.run(server, chunks=link)
         return 0
     except PeerLostError:
         return 0  # the collector is gone: nothing to report to

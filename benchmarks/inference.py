@@ -14,6 +14,8 @@ small one, ``mlp256`` the big one), the same frames per batch:
   thread of the trainer's process, its defaults otherwise), with the trainer's torch
   threads set as asyncrl sets its own (cores minus env worker processes);
 - ``batched``: ``asyncrl.AsyncBatchedCollector("Pendulum-v1", num_envs=N, policy=...)``;
+- ``batched-process``: the same with ``server_backend="process"`` (a dedicated
+  inference process);
 - ``per-worker``: ``asyncrl.MultiAsyncCollector("Pendulum-v1", num_workers=N, policy=...)``,
   a policy copy in each worker.
 
@@ -24,7 +26,9 @@ the first batch is the warm-up; then ``--windows`` windows of at least ``--batch
 batches and 2 s each are timed, and the run's frames/s is their median; the table shows
 the median over repeats, and ratios batched / torchrl and batched / per-worker. With
 ``--update-weights`` the trainer pushes the weights after every batch (TorchRL:
-``update_policy_weights_(policy)``; asyncrl: ``await update_policy_weights()``).
+``update_policy_weights_(policy)``; asyncrl: ``await update_policy_weights()``). With
+``--train-ms T`` the trainer holds its thread for T ms after every batch, as a
+synchronous training step does (a Python loop: it holds the GIL and the event loop).
 """
 
 from __future__ import annotations
@@ -47,11 +51,18 @@ import torch
 from benchmarks.collect import make_policy
 
 ENV = "Pendulum-v1"
-LIBRARIES = ("torchrl", "batched", "per-worker")
+LIBRARIES = ("torchrl", "batched", "batched-process", "per-worker")
 
 
 #: A timed window lasts at least this long (prefetched batches must not make a window).
 MIN_SECONDS = 2.0
+
+
+def train_step(ms: float) -> None:
+    """Hold this thread (the GIL, the event loop) for ``ms`` milliseconds."""
+    end = time.perf_counter() + ms / 1000
+    while time.perf_counter() < end:
+        pass
 
 
 def _window_rates(next_batch: Any, update: Any, windows: int, batches: int) -> list[float]:
@@ -66,7 +77,8 @@ def _window_rates(next_batch: Any, update: Any, windows: int, batches: int) -> l
 
 
 def run_torchrl(policy_name: str, envs: int, frames: int, windows: int, batches: int,
-                update_weights: bool, envs_per_worker: int = 1) -> list[float]:
+                update_weights: bool, envs_per_worker: int = 1,
+                train_ms: float = 0.0) -> list[float]:
     from torchrl.collectors import AsyncBatchedCollector
     from torchrl.envs import GymEnv
 
@@ -86,6 +98,7 @@ def run_torchrl(policy_name: str, envs: int, frames: int, windows: int, batches:
         next(it)
 
         def update() -> None:
+            train_step(train_ms)
             if update_weights:
                 collector.update_policy_weights_(policy)
 
@@ -96,15 +109,17 @@ def run_torchrl(policy_name: str, envs: int, frames: int, windows: int, batches:
 
 
 async def _asyncrl(kind: str, policy_name: str, envs: int, frames: int, windows: int,
-                   batches: int, update_weights: bool, envs_per_worker: int = 1) -> list[float]:
+                   batches: int, update_weights: bool, envs_per_worker: int = 1,
+                   train_ms: float = 0.0) -> list[float]:
     from asyncrl import AsyncBatchedCollector, MultiAsyncCollector
 
     policy = make_policy(policy_name, ENV)
     collector: Any
-    if kind == "batched":
-        collector = AsyncBatchedCollector(ENV, num_envs=envs, policy=policy,
-                                          frames_per_batch=frames, max_batch_size=max(64, envs),
-                                          envs_per_worker=envs_per_worker)
+    if kind.startswith("batched"):
+        collector = AsyncBatchedCollector(
+            ENV, num_envs=envs, policy=policy, frames_per_batch=frames,
+            max_batch_size=max(64, envs), envs_per_worker=envs_per_worker,
+            server_backend="process" if kind == "batched-process" else "thread")
     else:
         collector = MultiAsyncCollector(ENV, num_workers=envs // envs_per_worker, policy=policy,
                                         frames_per_batch=frames, envs_per_worker=envs_per_worker)
@@ -116,6 +131,7 @@ async def _asyncrl(kind: str, policy_name: str, envs: int, frames: int, windows:
             while count < batches or time.perf_counter() - t0 < MIN_SECONDS:
                 frames += (await collector.__anext__()).numel()
                 count += 1
+                train_step(train_ms)
                 if update_weights:
                     await collector.update_policy_weights()
             rates.append(frames / (time.perf_counter() - t0))
@@ -127,11 +143,11 @@ def run_one(library: str, policy: str, envs: int, args: argparse.Namespace) -> d
     try:
         if library == "torchrl":
             rates = run_torchrl(policy, envs, args.frames_per_batch, args.windows, args.batches,
-                                args.update_weights, args.envs_per_worker)
+                                args.update_weights, args.envs_per_worker, args.train_ms)
         else:
             rates = anyio.run(_asyncrl, library, policy, envs, args.frames_per_batch,
                               args.windows, args.batches, args.update_weights,
-                              args.envs_per_worker)
+                              args.envs_per_worker, args.train_ms)
         error = None
     except Exception as exc:  # one library failing must not lose the others' numbers
         rates, error = [], f"{type(exc).__name__}: {exc}"
@@ -148,7 +164,8 @@ def _median(runs: list[dict[str, Any]]) -> float:
 def table(results: list[dict[str, Any]], policies: list[str], envs: list[int],
           libraries: list[str]) -> str:
     head = ["policy", "envs", *[f"{lib} fps" for lib in libraries]]
-    ratios = [("batched", "torchrl"), ("batched", "per-worker")]
+    ratios = [("batched", "torchrl"), ("batched-process", "torchrl"), ("batched", "per-worker"),
+              ("batched-process", "batched")]
     ratios = [(a, b) for a, b in ratios if a in libraries and b in libraries]
     head += [f"{a} / {b}" for a, b in ratios]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -176,6 +193,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--envs-per-worker", type=int, default=1,
                    help="envs per env worker process (every library alike)")
     p.add_argument("--update-weights", action="store_true")
+    p.add_argument("--train-ms", type=float, default=0.0,
+                   help="hold the trainer's thread this long after each batch (a training step)")
     p.add_argument("--json", help="also write the results here")
     args = p.parse_args(argv)
     if args.quick:

@@ -48,6 +48,7 @@ from .._inference import (
     discover_outputs,
     make_blocks,
 )
+from .._inference_server import ServerConfig
 from .._policies import ExplorationType, PolicyAdapter, torch_dtype
 from .._processes import WorkerProcesses, describe_exit
 from .._threads import TrainerThreads
@@ -56,13 +57,17 @@ from ._batched_config import (
     BatchingConfig,
     check_device,
     check_policy,
+    check_server_backend,
     env_factories,
+    from_server_config,
     refuse_torchrl_only,
     split_envs,
 )
 from ._batched_remote import RemoteEnvWorkers, check_listen
-from ._batched_weights import weight_loader
+from ._batched_server import InferenceProcess
+from ._batched_weights import given_weights, weight_loader
 from ._config import check_int
+from ._env_factories import check_picklable
 from ._limits import listening_hub_limits
 
 log = logging.getLogger("asyncrl.collectors")
@@ -82,7 +87,10 @@ class AsyncBatchedCollector(BaseCollector):
     (their observations travel inline, checked; ``curve_keys``: a directory made by
     ``asyncrl keys generate`` encrypts and authenticates them); ``num_threads`` caps
     torch's threads in this process while open (default: the cores the env workers
-    leave). Batches are flat ``[frames_per_batch]`` TensorDicts in TorchRL's layout,
+    leave). ``server_backend="process"`` serves the policy from a dedicated process
+    (TorchRL's ``InferenceServerConfig(service_backend="process")``, accepted as
+    ``server_config``): collection goes on while a training step holds this
+    process's event loop. Batches are flat ``[frames_per_batch]`` TensorDicts in TorchRL's layout,
     every frame stamped with the version of the weights that chose its action
     (``("collector", "policy_version")``). With ``replay_buffer`` (anything with
     ``.extend(td)``), as in TorchRL, iteration writes each batch there and yields
@@ -127,8 +135,14 @@ class AsyncBatchedCollector(BaseCollector):
         listen: str | None = None,
         remote_workers: int = 0,
         curve_keys: str | None = None,
+        server_backend: str = "thread",
         **torchrl_options: Any,
     ) -> None:
+        if "server_config" in torchrl_options:
+            server_backend, max_batch_size, min_batch_size, server_timeout = from_server_config(
+                torchrl_options.pop("server_config"), server_backend=server_backend,
+                max_batch_size=max_batch_size, min_batch_size=min_batch_size,
+                server_timeout=server_timeout)
         refuse_torchrl_only(torchrl_options)
         check_policy(policy, policy_factory)
         self.frames_per_batch = check_int("frames_per_batch", frames_per_batch, minimum=1)
@@ -161,6 +175,11 @@ class AsyncBatchedCollector(BaseCollector):
         if curve_keys is not None and listen is None:
             raise ValueError("curve_keys encrypts the listen= endpoint: give listen too")
         self.curve_keys = curve_keys
+        self.server_backend = check_server_backend(server_backend, listen=listen)
+        if self.server_backend == "process":
+            check_picklable([("policy_factory", policy_factory), ("policy", policy)],
+                            start_method=self.start_method)
+        self._server: InferenceProcess | None = None
         self._remote: RemoteEnvWorkers | None = None
         self._admitted: set[bytes] = set()
         super().__init__(total_frames=total_frames, batch_frames=self.frames_per_batch,
@@ -215,9 +234,9 @@ class AsyncBatchedCollector(BaseCollector):
         backend = "trio" if "trio" in backend else "asyncio"
         try:
             with self._background:
+                self._tmpdir = tempfile.mkdtemp(prefix="asyncrl-")
                 obs_paths, outputs, loop = await anyio.to_thread.run_sync(self._build_server)
                 self._loop = loop
-                self._tmpdir = tempfile.mkdtemp(prefix="asyncrl-")
                 interval, timeout = self._heartbeat
                 endpoint, limits = f"ipc://{self._tmpdir}/inference", {}
                 if self.listen is not None:  # remote env hosts join: admission, bounded sizes
@@ -232,14 +251,23 @@ class AsyncBatchedCollector(BaseCollector):
                     self._workers = self._make_workers(hub.endpoint, backend, obs_paths, outputs)
                     async with anyio.create_task_group() as tg:
                         tg.start_soon(self._dispatch, hub)
-                        tg.start_soon(loop.run, self._reply, self._wait_for_room)
+                        if self._server is not None:  # the policy in its own process
+                            await self._server.start(tg, hub.endpoint, backend,
+                                                     self._on_server_exit)
+                        else:
+                            assert loop is not None
+                            tg.start_soon(loop.run, self._reply, self._wait_for_room)
                         await tg.start(self._workers.run, self._on_process_exit)
                         task_status.started()
         finally:
             self._background_done.set()
 
-    def _build_server(self) -> tuple[list[tuple[str, ...]], Any, InferenceLoop]:
-        """In a thread: one env for the layouts, the server's policy, its blocks and loop."""
+    def _build_server(self) -> tuple[list[tuple[str, ...]], Any, InferenceLoop | None]:
+        """In a thread: one env for the layouts, the server's policy, its blocks and loop.
+
+        With ``server_backend="process"`` the policy built here (on the CPU) only finds
+        the outputs' layout and checks weights; the loop runs in the inference process.
+        """
         probe = build_pool(self.factories[:1], self.create_env_kwargs)
         try:
             probe.reset()
@@ -248,14 +276,20 @@ class AsyncBatchedCollector(BaseCollector):
             spec = probe.specs.action
         finally:
             probe.close()
-        policy = self._make_server_policy()
+        in_process = self.server_backend == "thread"
+        device = self.device if in_process else None
+        policy = self._make_server_policy(device)
         adapter = PolicyAdapter(policy, action_spec=spec, exploration_type=self.exploration_type,
                                 observation_keys=[p[0] if len(p) == 1 else p for p in obs])
         action = (torch_dtype(spec.dtype), tuple(spec.shape))
-        device_obs = {p: v.to(self.device) if self.device is not None else v
-                      for p, v in obs.items()}
+        device_obs = {p: v.to(device) if device is not None else v for p, v in obs.items()}
         outputs = discover_outputs(adapter, device_obs, action)
         self._blocks = make_blocks([len(g) for g in self.groups], obs, outputs)
+        for slot in range(self.num_workers):  # named here: the inference process knows them
+            ident = random_identity(f"env-{slot}")
+            self._slot_of[ident] = slot
+            self._peer_of[slot] = ident
+            self._expected[slot] = set()
         if self.remote_workers:
             self._remote = RemoteEnvWorkers(
                 self.remote_workers, first_slot=self.num_workers, obs=obs, outputs=outputs,
@@ -264,13 +298,16 @@ class AsyncBatchedCollector(BaseCollector):
                 on_chunk=self._on_chunk, register=self._register_remote,
                 version=lambda: self.policy_version)
         b = self.batching
+        if not in_process:
+            self._server = self._make_server_process(policy, spec, list(obs), outputs)
+            return list(obs), outputs, None
         loop = InferenceLoop(adapter, self._blocks, obs_paths=list(obs), outputs=outputs,
                              device=self.device, max_batch_size=b.max_batch_size,
                              min_batch_size=b.min_batch_size, server_timeout=b.server_timeout,
                              version=self._initial_version)
         return list(obs), outputs, loop
 
-    def _make_server_policy(self) -> Any:
+    def _make_server_policy(self, device: torch.device | None) -> Any:
         # The server runs its own copy: the trainer's optimiser steps never change the
         # weights under a running call; update_policy_weights copies them in, versioned.
         if self.policy_factory is not None:
@@ -279,9 +316,33 @@ class AsyncBatchedCollector(BaseCollector):
             policy = copy.deepcopy(self.policy)
         else:
             policy = self.policy
-        if isinstance(policy, nn.Module) and self.device is not None:
-            policy = policy.to(self.device)
+        if isinstance(policy, nn.Module):
+            policy = policy.to(device if device is not None else "cpu")
         return policy
+
+    def _make_server_process(self, policy: Any, spec: Any, obs_paths: list[tuple[str, ...]],
+                             outputs: Any) -> InferenceProcess:
+        assert self._tmpdir is not None and self._threads_cap is not None
+        b = self.batching
+        interval, timeout = self._heartbeat
+        config = ServerConfig(
+            endpoint=f"ipc://{self._tmpdir}/policy",
+            workers={ident: slot for slot, ident in self._peer_of.items()},
+            blocks={slot: (blk.rows, blk.obs.name, blk.act.name)
+                    for slot, blk in self._blocks.items()},
+            # The factory when given (the process builds its own, as TorchRL's), else a
+            # CPU copy (the trainer's module may live on a GPU) of its own: torch sends a
+            # tensor to a child as shared memory, and the shadow below changes with every
+            # update, outside the server's lock.
+            policy=None if self.policy_factory is not None else copy.deepcopy(policy),
+            policy_factory=self.policy_factory, action_spec=spec,
+            exploration_type=self.exploration_type, obs_paths=obs_paths, outputs=outputs,
+            device=self.device, max_batch_size=b.max_batch_size,
+            min_batch_size=b.min_batch_size, server_timeout=b.server_timeout,
+            version=self._initial_version, threads=self._threads_cap.now,
+            heartbeat_interval=interval, peer_timeout=timeout)
+        shadow = policy if isinstance(policy, nn.Module) else None
+        return InferenceProcess(config, start_method=self.start_method, shadow=shadow)
 
     def _make_workers(self, endpoint: str, backend: str, obs_paths: list[tuple[str, ...]],
                       outputs: Any) -> WorkerProcesses:
@@ -295,23 +356,19 @@ class AsyncBatchedCollector(BaseCollector):
                 slot=slot, factories=self.groups[slot], create_env_kwargs=self.create_env_kwargs,
                 obs_block=blocks.obs.name, act_block=blocks.act.name, obs_paths=obs_paths,
                 extra_paths=extra_paths, chunk_steps=self.chunk_steps,
-                heartbeat_interval=interval, peer_timeout=timeout)
+                heartbeat_interval=interval, peer_timeout=timeout,
+                server_endpoint=None if server is None else server.config.endpoint)
             return (endpoint, identity, config, backend, parent)
 
-        def identity(slot: int) -> bytes:
-            ident = random_identity(f"env-{slot}")
-            self._slot_of[ident] = slot
-            self._peer_of[slot] = ident
-            self._expected[slot] = set()
-            return ident
-
-        return WorkerProcesses(self.num_workers, env_worker_main, args, identity=identity,
+        server = self._server
+        return WorkerProcesses(self.num_workers, env_worker_main, args,
+                               identity=lambda slot: self._peer_of[slot],
                                start_method=self.start_method, name="asyncrl-env-worker")
 
     async def _close(self) -> None:
         self._closing = True
         hub = self._hub
-        if hub is not None and self._loop is not None:
+        if hub is not None and (self._loop is not None or self._server is not None):
             with anyio.move_on_after(1):
                 for peer in list(self._peer_of.values()):
                     try:
@@ -320,6 +377,8 @@ class AsyncBatchedCollector(BaseCollector):
                         pass
         if self._workers is not None:
             await self._workers.stop(grace=2.0)
+        if self._server is not None:
+            await self._server.close(hub)
         if self._background is not None:
             self._background.cancel()
         if self._background_done is not None and self._hub is not None:
@@ -337,15 +396,17 @@ class AsyncBatchedCollector(BaseCollector):
     # -- the hub: requests, chunks, errors -----------------------------------------------------
     async def _dispatch(self, hub: Hub) -> None:
         loop = self._loop
-        assert loop is not None
         async for item in hub:
             found = self._slot_of.get(item.peer)
+            if found is None and self._server is not None and item.peer == self._server.identity:
+                self._on_server_message(item)
+                continue
             if found is None:
                 if self._remote is not None and not self._closing:
                     await self._remote.handle(hub, item)  # a remote env worker, or a stranger
                 continue  # without listen the socket is private: not one of ours
             if isinstance(item, PeerEvent):
-                if item.event == "lost" and not self._closing:
+                if item.event == "lost" and not self._closing and not self._server_gone():
                     self._fail(WorkerLostError(
                         f"env worker {found} went silent for "
                         f"{self._heartbeat[1]} s (peer_timeout): it is stuck or its host is gone"))
@@ -354,10 +415,12 @@ class AsyncBatchedCollector(BaseCollector):
             if hub.admission and item.peer not in self._admitted:
                 self._admitted.add(item.peer)  # our own child: full message sizes
                 hub.admit(item.peer)
-            if item.kind == OBS:
+            if item.kind == OBS and loop is not None:
                 loop.submit(slot)
             elif item.kind == CHUNK:
                 self._on_chunk(slot, item)
+                if self._server is not None and self._buffered >= self._capacity:
+                    await self._server.set_room(hub, False)
             elif item.kind == ERROR:
                 self._on_error(slot, item)
 
@@ -373,6 +436,33 @@ class AsyncBatchedCollector(BaseCollector):
             await self._hub.send(peer, version, kind="act")
         except Exception as exc:  # the worker is gone: its exit is reported by the watcher
             log.debug("could not answer env worker %d: %r", slot, exc)
+
+    def _on_server_message(self, item: Message | PeerEvent) -> None:
+        assert self._server is not None
+        if isinstance(item, PeerEvent):
+            if item.event == "lost" and not self._closing:
+                self._fail(WorkerLostError(
+                    f"the inference process went silent for {self._heartbeat[1]} s "
+                    "(peer_timeout): it is stuck"))
+        elif item.kind == ERROR:
+            try:
+                payload = ErrorPayload.from_body(item.body, "inference process error")
+            except ProtocolError as exc:
+                self._fail(BadBatchError(f"the inference process sent a malformed error "
+                                         f"report: {exc}"))
+                return
+            self._fail(rebuild_remote_exception(payload, peer="the inference process"))
+        else:
+            self._server.handle(item)
+
+    async def _on_server_exit(self, slot: int, process: BaseProcess) -> bool:
+        if not self._closing:
+            self._fail(WorkerLostError(
+                f"the inference process (pid {process.pid}) "
+                f"{describe_exit(process.exitcode)} while serving; the env workers have no "
+                "policy, so this collector stops. If it failed before reporting an error, "
+                "look at its stderr."))
+        return False
 
     def _on_error(self, slot: int, message: Message) -> None:
         try:
@@ -435,14 +525,21 @@ class AsyncBatchedCollector(BaseCollector):
     def _fail(self, error: BaseException) -> None:
         if self._error is None and not self._closing:
             self._error = error
+        if self._server is not None:
+            self._server.abort(self._error or error)
         self._wake()
 
     def _wake(self) -> None:
         if self._arrived is not None:
             self._arrived.set()
 
+    def _server_gone(self) -> bool:
+        # An env worker ends when the inference process does: the process's own
+        # report (its error, or its exit) is the cause the user must see.
+        return self._server is not None and self._server.pid is None
+
     async def _on_process_exit(self, slot: int, process: BaseProcess) -> bool:
-        if not self._closing:
+        if not self._closing and not self._server_gone():
             self._fail(WorkerLostError(
                 f"env worker {slot} (pid {process.pid}) {describe_exit(process.exitcode)} "
                 "while collecting; its envs are gone, so this collector stops. If it failed "
@@ -477,6 +574,8 @@ class AsyncBatchedCollector(BaseCollector):
             batch = batch[order]
         if self._room is not None and self._buffered < self._capacity:
             self._room.set()
+        if self._server is not None and self._hub is not None:
+            await self._server.set_room(self._hub, self._buffered < self._capacity)
         return batch
 
     async def __anext__(self) -> Any:
@@ -516,6 +615,11 @@ class AsyncBatchedCollector(BaseCollector):
         return self._workers.pids if self._workers is not None else []
 
     @property
+    def inference_pid(self) -> int | None:
+        """The dedicated inference process's id (None: served from a thread of this one)."""
+        return self._server.pid if self._server is not None else None
+
+    @property
     def endpoint(self) -> str:
         """The address remote env workers connect to (``listen``, its real port once open)."""
         if self._hub is None:
@@ -530,12 +634,19 @@ class AsyncBatchedCollector(BaseCollector):
     @property
     def policy_version(self) -> int:
         """The version of the weights the inference loop uses now."""
+        if self._server is not None:
+            return self._server.version
         if self._loop is None:
             return self._initial_version
         return self._loop.version
 
     def inference_statistics(self) -> InferenceStatistics:
-        """Policy calls so far, observations served, and how many calls had each batch size."""
+        """Policy calls so far, observations served, and how many calls had each batch size.
+
+        With ``server_backend="process"``: the process's latest report (at most 0.2 s old).
+        """
+        if self._server is not None:
+            return self._server.statistics()
         if self._loop is None:
             return InferenceStatistics(0, 0, {})
         return self._loop.statistics()
@@ -553,29 +664,14 @@ class AsyncBatchedCollector(BaseCollector):
         (``TensorDict.from_module``). Every frame whose action the next calls choose
         is stamped with the new version (see :attr:`policy_version`).
         """
-        if worker_ids is not None:
-            raise ValueError("worker_ids: central inference serves every env from one policy "
-                             "copy; leave worker_ids out")
-        if weights_dict is not None:
-            if set(weights_dict) != {"policy"}:
-                raise ValueError(f"weights_dict for models {sorted(weights_dict)}: central "
-                                 "inference serves one model, 'policy'")
-            weights = weights_dict["policy"] if weights is None else weights
-        if model_id not in (None, "policy"):
-            raise ValueError(f"model_id={model_id!r}: central inference serves one model, "
-                             "'policy'")
-        given = [w for w in (policy_or_weights, weights, policy) if w is not None]
-        if len(given) > 1:
-            raise TypeError("update_policy_weights: give the weights once (positionally, "
-                            "weights= or policy=), not several of them")
-        weights = given[0] if given else None
-        loop = self._loop
-        if loop is None:
+        weights = given_weights(policy_or_weights, weights=weights, policy=policy,
+                                worker_ids=worker_ids, model_id=model_id,
+                                weights_dict=weights_dict)
+        if self._loop is None and self._server is None:
             raise CollectorError("update_policy_weights needs an open collector: "
                                  "use 'async with' first")
         if self._error is not None:
             raise self._error
-        target = self._server_policy_module()
         if weights is None:
             if not isinstance(self.policy, nn.Module):
                 raise CollectorError(
@@ -583,8 +679,12 @@ class AsyncBatchedCollector(BaseCollector):
                     "module given to the constructor; there is none (policy_factory or a "
                     "plain callable): pass weights= (a state dict, module or TensorDict)")
             weights = self.policy
-        apply = weight_loader(target, weights)
-        version = await loop.update(apply)
+        if self._server is not None:
+            assert self._hub is not None
+            version = await self._server.update(self._hub, weights)
+        else:
+            assert self._loop is not None
+            version = await self._loop.update(weight_loader(self._server_policy_module(), weights))
         if self.verbose:
             log.info("policy version %d in use", version)
 

@@ -15,7 +15,6 @@ from ._config import check_int
 _REFUSED: dict[str, str] = {
     "transport": "asyncrl's transport is fixed: shared-memory slots for observations and "
                  "actions, ZeroMQ for signalling; leave it out",
-    "server_config": "pass max_batch_size=, min_batch_size= and server_timeout= directly",
     "device_config": "pass device= (where the policy runs); batches are stored on the CPU",
     "weight_sync": "call 'await collector.update_policy_weights(weights)': it returns once "
                    "the inference loop uses them",
@@ -29,13 +28,14 @@ _REFUSED: dict[str, str] = {
 _ONLY: dict[str, tuple[tuple[Any, ...], str]] = {
     "backend": ((None, "multiprocessing"),
                 "env workers are processes and the policy is served from a thread of the "
-                "trainer's process; use MultiCollector for other layouts"),
+                "trainer's process (server_backend='process': a dedicated process); use "
+                "MultiCollector for other layouts"),
     "env_backend": ((None, "multiprocessing"), "env workers are always processes"),
     "policy_backend": ((None, "threading"),
-                       "a dedicated inference process is not offered: the policy is served "
-                       "from the trainer's process (long calls in a worker thread, so the "
-                       "loop keeps receiving; device= puts it on a GPU); for one policy copy "
-                       "per env worker use MultiCollector"),
+                       "it picks TorchRL's transport to the inference server; asyncrl's is "
+                       "always shared memory plus ZeroMQ. For a dedicated inference process "
+                       "pass server_backend='process'; for one policy copy per env worker "
+                       "use MultiCollector"),
     "env_exchange": (("auto", "shm"), "local observations always travel in shared memory "
                      "(remote env workers, with listen= and remote_workers=, send them "
                      "inline)"),
@@ -56,6 +56,55 @@ def refuse_torchrl_only(options: dict[str, Any]) -> None:
                                  f"(accepted: {allowed}): {why}")
             continue
         raise TypeError(f"AsyncBatchedCollector() got an unexpected keyword argument {name!r}")
+
+
+#: Where the policy is served: a thread of the trainer's process, or a dedicated process.
+SERVER_BACKENDS = ("thread", "process")
+#: TorchRL's ``InferenceServerConfig`` fields and their defaults (those asyncrl has no use for).
+_SERVER_CONFIG_DEFAULTS = {"static_batch_size": None, "collect_stats": True,
+                           "stats_window_size": 1024, "max_inflight_per_env": None}
+
+
+def check_server_backend(server_backend: Any, *, listen: str | None) -> str:
+    """``"thread"`` or ``"process"``; remote env hosts need the thread server."""
+    if server_backend not in SERVER_BACKENDS:
+        raise ValueError(f"server_backend must be one of {SERVER_BACKENDS}, got "
+                         f"{server_backend!r}")
+    if server_backend == "process" and listen is not None:
+        raise ValueError("server_backend='process' with listen=: remote env hosts are served "
+                         "from the trainer's process; use server_backend='thread' (the "
+                         "default) with them")
+    return str(server_backend)
+
+
+def from_server_config(config: Any, *, server_backend: str, max_batch_size: Any,
+                       min_batch_size: Any, server_timeout: Any) -> tuple[str, Any, Any, Any]:
+    """TorchRL's ``server_config=InferenceServerConfig(...)`` as asyncrl's arguments.
+
+    Returns ``(server_backend, max_batch_size, min_batch_size, server_timeout)``.
+    As in TorchRL it excludes the three batching keywords; fields asyncrl has no
+    equivalent for are refused unless left at their defaults.
+    """
+    fields = ("service_backend", "max_batch_size", "min_batch_size", "timeout")
+    if not all(hasattr(config, f) for f in fields):
+        raise TypeError(f"server_config must be TorchRL's InferenceServerConfig, got "
+                        f"{type(config).__name__}; or pass max_batch_size=, min_batch_size=, "
+                        "server_timeout= and server_backend= directly")
+    if any(v is not None for v in (max_batch_size, min_batch_size, server_timeout)):
+        raise ValueError("server_config is mutually exclusive with the max_batch_size, "
+                         "min_batch_size and server_timeout keyword arguments (as in TorchRL)")
+    if server_backend != "thread":
+        raise ValueError("give the server backend once: server_config's service_backend or "
+                         "server_backend=, not both")
+    for name, default in _SERVER_CONFIG_DEFAULTS.items():
+        value = getattr(config, name, default)
+        if value != default:
+            raise ValueError(f"server_config.{name}={value!r} is not supported: asyncrl "
+                             "batches whatever is ready, up to max_batch_size, and counts "
+                             "every call (inference_statistics()); leave it at "
+                             f"{default!r}")
+    return (config.service_backend, config.max_batch_size, config.min_batch_size,
+            config.timeout)
 
 
 def env_factories(create_env_fn: Any, num_envs: Any) -> list[Any]:
@@ -151,5 +200,6 @@ def check_policy(policy: Any, policy_factory: Callable[[], Any] | None) -> None:
         raise TypeError(f"policy must be callable, got {type(policy).__name__}")
 
 
-__all__ = ["BatchingConfig", "check_device", "check_policy", "env_factories",
+__all__ = ["SERVER_BACKENDS", "BatchingConfig", "check_device", "check_policy",
+           "check_server_backend", "env_factories", "from_server_config",
            "refuse_torchrl_only", "split_envs"]

@@ -205,12 +205,12 @@ async def test_a_remote_env_host_that_dies_is_dropped_and_the_run_goes_on(
             await collector.__anext__()
 
 
-def test_a_dedicated_inference_process_is_refused_naming_what_asyncrl_offers() -> None:
+def test_torchrls_multiprocessing_transport_is_refused_naming_what_asyncrl_offers() -> None:
     with pytest.raises(ValueError, match="policy_backend='multiprocessing' is not supported"
                        ) as info:
         AsyncBatchedCollector(CountingEnv, num_envs=1, policy=ValuePolicy(1.0),
                               frames_per_batch=8, policy_backend="multiprocessing")
-    assert "dedicated inference process is not offered" in str(info.value)
+    assert "server_backend='process'" in str(info.value)
     assert "MultiCollector" in str(info.value)
 
 

@@ -12,13 +12,13 @@ from benchmarks import inference
 @pytest.mark.slow
 def test_inference_bench_quick_mode_writes_parsable_results(tmp_path) -> None:
     out = tmp_path / "inference.json"
-    code = inference.main(["--quick", "--libraries", "batched,per-worker", "--policies",
+    code = inference.main(["--quick", "--libraries", "batched,batched-process,per-worker", "--policies",
                            "mlp64", "--frames-per-batch", "64", "--json", str(out)])
     assert code == 0
     report = json.loads(out.read_text())
     assert report["command"].startswith("python -m benchmarks.inference --quick")
     runs = {r["library"]: r for r in report["results"]}
-    assert set(runs) == {"batched", "per-worker"}
+    assert set(runs) == {"batched", "batched-process", "per-worker"}
     for run in runs.values():
         assert run["error"] is None and run["fps"] > 0 and run["envs"] == 2
 

@@ -1,0 +1,203 @@
+"""AsyncBatchedCollector(server_backend="process"): the policy served by a dedicated process."""
+
+from __future__ import annotations
+
+import functools
+import os
+import signal
+import time
+from typing import Any
+
+import anyio
+import pytest
+import torch
+from tensordict import TensorDict
+from tensordict.nn import TensorDictModule
+from torch import nn
+
+from asyncrl import AsyncBatchedCollector, WorkerLostError
+from asyncrl.testing import CountingEnv, ValuePolicy, fill_parameters, version_problems
+from tests.asyncrl.test_batched_collector import check_counting_frames
+
+pytestmark = pytest.mark.anyio
+LIMIT = 90
+counting3 = functools.partial(CountingEnv, length=3)
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
+class WhereAndWhen(nn.Module):
+    """Action 1; also writes the process that chose it and when (CLOCK_MONOTONIC)."""
+
+    def forward(self, observation: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        n = observation.shape[:-1]
+        return (torch.ones(n, dtype=torch.int64), torch.full(n, os.getpid(), dtype=torch.int64),
+                torch.full(n, time.monotonic(), dtype=torch.float64))
+
+
+def where_and_when() -> TensorDictModule:
+    return TensorDictModule(WhereAndWhen(), in_keys=["observation"],
+                            out_keys=["action", "pid", "t"])
+
+
+class FailsAtStep2(nn.Module):
+    def forward(self, observation: torch.Tensor) -> torch.Tensor:
+        if (observation[..., 0] == 2).any():
+            raise RuntimeError("policy blew up at step 2")
+        return torch.ones(observation.shape[:-1], dtype=torch.int64)
+
+
+async def test_versions_and_frames_are_exact_across_every_kind_of_update() -> None:
+    policy = ValuePolicy(0.0)
+    values: dict[int, float | None] = {0: 0.0}
+    batches = []
+    kinds = ["module_given", "state_dict", "tensordict", "module"]
+    with anyio.fail_after(LIMIT):
+        async with AsyncBatchedCollector(counting3, num_envs=4, envs_per_worker=2,
+                                         policy=policy, frames_per_batch=8, total_frames=96,
+                                         server_backend="process") as collector:
+            assert collector.server_backend == "process"
+            async for batch in collector:
+                batches.append(batch)
+                version = collector.policy_version + 1
+                kind = kinds[version % 4]
+                weights: Any = None
+                if kind == "module_given":
+                    fill_parameters(policy, float(version))
+                elif kind == "state_dict":
+                    weights = {"value": torch.tensor([float(version)])}
+                elif kind == "tensordict":
+                    weights = TensorDict({"value": torch.tensor([float(version)])}, [])
+                else:
+                    weights = ValuePolicy(float(version))
+                await collector.update_policy_weights(weights)
+                values[version] = float(version)
+                assert collector.policy_version == version  # acked: in use from now on
+    assert [b.numel() for b in batches] == [8] * 12
+    assert version_problems(batches, values) == []
+    frames = torch.cat(batches, 0)
+    assert len(set(frames["collector", "policy_version"].tolist())) >= 3
+    # (actions were checked against their versions above; the rest, frame by frame:)
+    check_counting_frames(frames.set("action", torch.ones_like(frames["action"])))
+
+
+async def test_the_policy_runs_in_its_own_process_and_it_ends_with_the_collector() -> None:
+    with anyio.fail_after(LIMIT):
+        async with AsyncBatchedCollector(counting3, num_envs=2, policy_factory=where_and_when,
+                                         frames_per_batch=6, total_frames=12,
+                                         server_backend="process") as collector:
+            server = collector.inference_pid
+            workers = collector.worker_pids
+            frames = torch.cat([b async for b in collector], 0)
+            await anyio.sleep(0.6)  # two statistics reports
+            stats = collector.inference_statistics()
+    assert server is not None and server not in (os.getpid(), *workers)
+    assert set(frames["pid"].tolist()) == {server}
+    assert stats.observations >= 12 and stats.calls >= 6
+    check_counting_frames(frames)
+    for pid in (server, *workers):
+        assert not pid_alive(pid)
+
+
+async def test_collection_goes_on_while_a_training_step_holds_the_trainers_loop() -> None:
+    with anyio.fail_after(LIMIT):
+        async with AsyncBatchedCollector(counting3, num_envs=2, policy_factory=where_and_when,
+                                         frames_per_batch=4, total_frames=-1,
+                                         server_backend="process") as collector:
+            await collector.__anext__()
+            start = time.monotonic()
+            time.sleep(2.0)  # a blocking training step: this event loop does nothing
+            end = time.monotonic()
+            frames = []
+            while not frames or frames[-1]["t"].max() < end:
+                frames.append(await collector.__anext__())
+    chosen = torch.cat(frames, 0)["t"]
+    assert ((chosen > start) & (chosen < end)).any(), "no action was chosen during the step"
+
+
+async def test_a_trainer_that_takes_no_batches_holds_the_server() -> None:
+    with anyio.fail_after(LIMIT):
+        async with AsyncBatchedCollector(counting3, num_envs=2, policy=ValuePolicy(1.0),
+                                         frames_per_batch=4, total_frames=-1,
+                                         server_backend="process") as collector:
+            await collector.__anext__()
+            calls = -1
+            while collector.inference_statistics().calls != calls:  # until it stops serving
+                calls = collector.inference_statistics().calls
+                await anyio.sleep(1.0)
+            batch = await collector.__anext__()
+            while collector.inference_statistics().calls == calls:  # room again: it serves
+                batch = await collector.__anext__()
+                await anyio.sleep(0.1)
+    check_counting_frames(batch)
+
+
+async def test_a_policy_error_in_the_process_stops_the_run_with_that_error() -> None:
+    with anyio.fail_after(LIMIT):
+        async with AsyncBatchedCollector(counting3, num_envs=2, policy=FailsAtStep2(),
+                                         frames_per_batch=4, total_frames=-1,
+                                         server_backend="process") as collector:
+            with pytest.raises(RuntimeError, match="policy blew up at step 2") as info:
+                async for _ in collector:
+                    pass
+            assert "raised in worker the inference process" in info.value.__notes__[0]
+            assert "in forward" in info.value.__notes__[0]  # its traceback
+
+
+async def test_a_killed_inference_process_stops_the_run_and_leaves_nothing() -> None:
+    with anyio.fail_after(LIMIT):
+        async with AsyncBatchedCollector(counting3, num_envs=2, policy=ValuePolicy(1.0),
+                                         frames_per_batch=4, total_frames=-1,
+                                         server_backend="process") as collector:
+            await collector.__anext__()
+            server, workers = collector.inference_pid, collector.worker_pids
+            assert server is not None
+            os.kill(server, signal.SIGKILL)
+            with pytest.raises(WorkerLostError, match=r"inference process .*SIGKILL"):
+                async for _ in collector:
+                    pass
+    for pid in (server, *workers):
+        assert not pid_alive(pid)
+
+
+def test_torchrls_server_config_selects_the_process_and_the_batching() -> None:
+    from torchrl.modules.inference_server import InferenceServerConfig
+
+    c = AsyncBatchedCollector(counting3, num_envs=4, policy=ValuePolicy(), frames_per_batch=4,
+                              server_config=InferenceServerConfig(
+                                  service_backend="process", max_batch_size=2,
+                                  min_batch_size=2, timeout=0.5))
+    assert c.server_backend == "process"
+    assert (c.batching.max_batch_size, c.batching.min_batch_size,
+            c.batching.server_timeout) == (2, 2, 0.5)
+    thread = AsyncBatchedCollector(counting3, num_envs=2, policy=ValuePolicy(),
+                                   frames_per_batch=4, server_config=InferenceServerConfig())
+    assert thread.server_backend == "thread" and thread.batching.max_batch_size == 64
+
+
+@pytest.mark.parametrize(("kwargs", "error", "match"), [
+    ({"server_config": "InferenceServerConfig(static_batch_size=64)"}, ValueError,
+     "static_batch_size=64 is not supported"),
+    ({"server_config": "InferenceServerConfig()", "max_batch_size": 4}, ValueError,
+     "mutually exclusive"),
+    ({"server_backend": "ray"}, ValueError, r"server_backend must be one of \('thread', "
+     r"'process'\), got 'ray'"),
+    ({"server_backend": "process", "listen": "tcp://127.0.0.1:0", "remote_workers": 1},
+     ValueError, "remote env hosts are served from the trainer's process"),
+    ({"server_backend": "process", "policy": None, "policy_factory": lambda: ValuePolicy()},
+     TypeError, "policy_factory .* cannot be sent"),
+])
+def test_arguments_of_the_process_server_are_checked(kwargs, error, match) -> None:
+    from torchrl.modules.inference_server import InferenceServerConfig  # noqa: F401 (eval)
+
+    if "server_config" in kwargs:
+        kwargs = {**kwargs, "server_config": eval(kwargs["server_config"])}
+    options: dict[str, Any] = {"policy": ValuePolicy(), **kwargs}
+    with pytest.raises(error, match=match):
+        AsyncBatchedCollector(counting3, num_envs=2, frames_per_batch=4, **options)
