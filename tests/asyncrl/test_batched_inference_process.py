@@ -201,3 +201,29 @@ def test_arguments_of_the_process_server_are_checked(kwargs, error, match) -> No
     options: dict[str, Any] = {"policy": ValuePolicy(), **kwargs}
     with pytest.raises(error, match=match):
         AsyncBatchedCollector(counting3, num_envs=2, frames_per_batch=4, **options)
+
+
+class WhereItRan(nn.Module):
+    """Action 1; ``on_cuda``: 1 where the forward saw its input on a CUDA device."""
+
+    def forward(self, observation: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        n = observation.shape[:-1]
+        return (torch.ones(n, dtype=torch.int64, device=observation.device),
+                torch.full(n, int(observation.is_cuda), dtype=torch.int64,
+                           device=observation.device))
+
+
+def where_it_ran() -> TensorDictModule:
+    return TensorDictModule(WhereItRan(), in_keys=["observation"], out_keys=["action", "on_cuda"])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+async def test_the_process_serves_the_policy_on_the_device_asked() -> None:
+    with anyio.fail_after(LIMIT):
+        async with AsyncBatchedCollector(counting3, num_envs=2, policy_factory=where_it_ran,
+                                         device="cuda", frames_per_batch=6, total_frames=12,
+                                         server_backend="process") as collector:
+            frames = torch.cat([b async for b in collector], 0)
+    assert frames.device == torch.device("cpu") or frames.device is None
+    assert (frames["on_cuda"] == 1).all()
+    check_counting_frames(frames)
