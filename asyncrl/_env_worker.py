@@ -75,6 +75,9 @@ class EnvWorkerConfig:
     #: dedicated inference process the env workers keep stepping while a training step
     #: holds the trainer's loop: this bounds what waits in the queues meanwhile.
     chunk_credits: int | None = None
+    # The high 32 bits of its traj_ids: the slot, unless the collector gave a remote
+    # worker another (a slot's later occupants must not repeat an earlier one's ids).
+    traj_tag: int | None = None
 
 
 class ChunkCredits:
@@ -198,7 +201,7 @@ class EnvStepper:
         for path, tensor in data.items():
             self._chunk.set(path[0] if len(path) == 1 else path, tensor)
         self._idx = [(slice(None), i) for i in range(t)]
-        self._traj_base = c.slot << _TRAJ_ID_BITS
+        self._traj_base = (c.slot if c.traj_tag is None else c.traj_tag) << _TRAJ_ID_BITS
         self._traj_cur = np.arange(n, dtype=np.int64) + self._traj_base
         self._traj_counter = n
         self._done = np.zeros(n, dtype=bool)

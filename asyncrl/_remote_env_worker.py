@@ -137,20 +137,22 @@ def welcome_config(body: Any, pool: EnvPool, *, heartbeat_interval: float,
     """The stepper's config and its two inline blocks, from the collector's welcome."""
     try:
         slot, steps = int(body["slot"]), int(body["chunk_steps"])
+        tag = int(body.get("traj_tag", slot))  # (a collector before slot reuse sent none)
         obs_paths = [tuple(str(k) for k in p) for p in body["obs_paths"]]
         extra_paths = [tuple(str(k) for k in p) for p in body["extra_paths"]]
         act = {str(k): (parse_dtype(d), tuple(int(x) for x in s)) for k, (d, s) in
                body["act"].items()}
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise ProtocolError(f"malformed welcome from the collector: {exc!r}") from None
-    if not 0 < steps <= 1 << 16 or not 0 <= slot < 1 << 20:
-        raise ProtocolError(f"welcome: slot {slot} / chunk_steps {steps} out of range")
+    if not 0 < steps <= 1 << 16 or not 0 <= slot < 1 << 20 or not 0 <= tag < 1 << 31:
+        raise ProtocolError(f"welcome: slot {slot} / traj_tag {tag} / chunk_steps {steps} "
+                            "out of range")
     obs = {f"o{i}": (torch_dtype(a.dtype.name), tuple(a.shape))
            for i, a in enumerate(pool.obs_arrays)}
     config = EnvWorkerConfig(slot=slot, factories=[], create_env_kwargs={}, obs_block="",
                              act_block="", obs_paths=obs_paths, extra_paths=extra_paths,
                              chunk_steps=steps, heartbeat_interval=heartbeat_interval,
-                             peer_timeout=peer_timeout)
+                             peer_timeout=peer_timeout, traj_tag=tag)
     return config, InlineBlock(obs), InlineBlock(act)
 
 

@@ -443,13 +443,13 @@ class AsyncBatchedCollector(BaseCollector):
 
     async def _reply(self, slot: int, version: int) -> None:
         assert self._hub is not None
+        if slot >= self.num_workers and self._remote is not None:
+            await self._remote.reply(self._hub, slot, version)  # its occupant, or nobody
+            return
         peer = self._peer_of.get(slot)
         if peer is None:
-            return  # a remote env worker dropped meanwhile
+            return
         try:
-            if slot >= self.num_workers and self._remote is not None:
-                await self._remote.reply(self._hub, peer, slot, version)
-                return
             await self._hub.send(peer, version, kind="act")
         except Exception as exc:  # the worker is gone: its exit is reported by the watcher
             log.debug("could not answer env worker %d: %r", slot, exc)

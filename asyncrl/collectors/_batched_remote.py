@@ -14,6 +14,9 @@ observation, a malformed chunk, a second request before its answer) or goes
 silent: it is told why (``refused``), dropped, logged, and listed in
 :attr:`RemoteEnvWorkers.refusals`; collection goes on with the other workers.
 A remote host never stops the run, and never reaches the policy with bad data.
+Its slot is free again for the next hello (:mod:`._remote_slots`: nothing of the
+old occupant, its request in the loop or its traj_ids, reaches the new one); the
+old identity is a stranger again, whatever it sends is refused.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from transports import Hub, Message, PeerEvent, RateLimitedLog
 from .._env_worker import CHUNK, ERROR, OBS, REFUSED
 from .._inference import OutputLayout, WorkerBlocks
 from .._remote_env_worker import HELLO, JOIN_PROTOCOL, WELCOME, InlineBlock, describe, dtype_name
+from ._remote_slots import RemoteSlots
 
 log = logging.getLogger("asyncrl.collectors")
 
@@ -56,9 +60,8 @@ class RemoteEnvWorkers:
         self.blocks = blocks
         self._submit, self._on_chunk, self._register = submit, on_chunk, register
         self._version = version
-        self.slot_of: dict[bytes, int] = {}
-        self._waiting: dict[int, bool] = {}  # slot -> a request is being served
-        self._next = first_slot
+        self.slots = RemoteSlots(first_slot, count)
+        self.slot_of = self.slots.slot_of  # peer -> slot, admitted peers only
         #: Why each refused or dropped remote worker was (most recent last).
         self.refusals: list[str] = []
         # A stranger may try again and again: one warning line per reason and 5 s.
@@ -87,7 +90,9 @@ class RemoteEnvWorkers:
                 self._drop(hub, item.peer, "went silent (peer_timeout): its host is gone")
             return
         slot = self.slot_of.get(item.peer)
-        if slot is None:
+        if item.peer in self.slots.queued:
+            await self.refuse(hub, item.peer, f"sent {str(item.kind)[:64]!r} before its welcome")
+        elif slot is None:
             await self._join(hub, item)
         elif item.kind == OBS:
             await self._on_obs(hub, item, slot)
@@ -115,29 +120,40 @@ class RemoteEnvWorkers:
             await self.refuse(hub, message.peer, f"its envs do not match this collector's: "
                               f"expected {expected}, got {str(body)[:1000]}")
             return
-        if self._next >= self.first_slot + self.count:
+        placed = self.slots.place(message.peer, envs)
+        if placed is None:
             await self.refuse(hub, message.peer, f"all {self.count} remote_workers slots are "
                               "taken; raise remote_workers to admit more")
+        elif placed[1]:
+            await self._admit(hub, message.peer, placed[0], envs)
+        else:  # welcomed once the loop has answered the slot's last occupant (to nobody)
+            log.info("remote env worker %r waits for slot %d: its last request is still being "
+                     "served", message.peer, placed[0])
+
+    async def _admit(self, hub: Hub, peer: bytes, slot: int, envs: int) -> None:
+        """Give ``peer`` the free ``slot``: fresh blocks, a fresh traj tag, its welcome."""
+        try:
+            self.slots.next_tag(slot)
+        except OverflowError as exc:
+            await self.refuse(hub, peer, str(exc))
             return
-        slot = self._next
-        self._next += 1
         obs = {f"o{i}": (d, (envs, *s)) for i, (d, s) in enumerate(self.obs_spec)}
         act = {k: (t.dtype, tuple(t.shape))
                for k, t in self.outputs.block_tensors(envs).items()}
         self.blocks[slot] = WorkerBlocks(envs, InlineBlock(obs), InlineBlock(act))  # type: ignore[arg-type]
-        hub.admit(message.peer)
-        self.slot_of[message.peer] = slot
-        self._waiting[slot] = False
-        self._register(slot, message.peer)
-        await hub.send(message.peer, {
-            "slot": slot, "chunk_steps": self.chunk_steps,
+        hub.admit(peer)
+        tag = self.slots.occupy(peer, slot)
+        self._register(slot, peer)
+        await hub.send(peer, {
+            "slot": slot, "traj_tag": tag, "chunk_steps": self.chunk_steps,
             "obs_paths": [list(p) for p in self.obs_paths],
             "extra_paths": [list(p) for p, _, _ in self.outputs.extras],
             "act": {k: [dtype_name(d), list(s)] for k, (d, s) in act.items()}}, kind=WELCOME)
-        log.info("remote env worker %r joined as slot %d with %d env(s)", message.peer, slot, envs)
+        log.info("remote env worker %r joined as slot %d (traj tag %d) with %d env(s)", peer,
+                 slot, tag, envs)
 
     async def _on_obs(self, hub: Hub, message: Message, slot: int) -> None:
-        if self._waiting[slot]:
+        if slot in self.slots.waiting:
             await self.refuse(hub, message.peer, "sent a second request before its answer")
             return
         block = self.blocks[slot].obs
@@ -146,14 +162,21 @@ class RemoteEnvWorkers:
         except ValueError as exc:
             await self.refuse(hub, message.peer, str(exc))
             return
-        self._waiting[slot] = True
+        self.slots.waiting.add(slot)
         self._submit(slot)
 
-    async def reply(self, hub: Hub, peer: bytes, slot: int, version: int) -> None:
-        """Send a remote worker its outputs (inline), written by the loop into its block."""
-        self._waiting[slot] = False
-        block = self.blocks[slot].act
-        await hub.send(peer, {"v": version, "a": block.tensors}, kind="act")  # type: ignore[attr-defined]
+    async def reply(self, hub: Hub, slot: int, version: int) -> None:
+        """Send a remote slot's occupant its outputs (inline), written by the loop into its
+        block; the answer to a dropped occupant goes to nobody, and frees the slot. Never raises."""
+        peer = self.slots.answered(slot)
+        try:
+            if peer is not None:
+                block = self.blocks[slot].act
+                await hub.send(peer, {"v": version, "a": block.tensors}, kind="act")  # type: ignore[attr-defined]
+            elif slot not in self.slots.peer_at and (queued := self.slots.take_queued(slot)):
+                await self._admit(hub, queued[0], slot, queued[1])
+        except Exception as exc:  # gone meanwhile: its loss (or a refusal) says the rest
+            log.debug("could not answer remote env worker slot %d: %r", slot, exc)
 
     async def _check_chunk(self, hub: Hub, message: Message, slot: int) -> None:
         chunk = message.body
@@ -172,9 +195,11 @@ class RemoteEnvWorkers:
             for p, (d, s) in schema.items()
             if not isinstance(got_schema[p], torch.Tensor) or got_schema[p].dtype != d
             or tuple(got_schema[p].shape) != s)
-        traj = got_schema.get(("collector", "traj_ids"))
-        if not bad and isinstance(traj, torch.Tensor) and bool(((traj >> 32) != slot).any()):
-            bad = [f"('collector', 'traj_ids') must carry slot {slot} in their high 32 bits"]
+        traj, tag = got_schema.get(("collector", "traj_ids")), self.slots.tags[slot]
+        if not bad and isinstance(traj, torch.Tensor) and bool(((traj >> 32) != tag).any()):
+            bad = [f"('collector', 'traj_ids') must carry its traj_tag {tag} in their high "
+                   "32 bits (an env host older than this collector ignores it: update asyncrl "
+                   "there)"]
         versions = got_schema.get(("collector", "policy_version"))
         if not bad and isinstance(versions, torch.Tensor) and bool(
                 ((versions < 0) | (versions > self._version())).any()):
@@ -212,7 +237,7 @@ class RemoteEnvWorkers:
         self._drop(hub, peer, f"refused: {reason}")
 
     def _drop(self, hub: Hub, peer: bytes, reason: str) -> None:
-        slot = self.slot_of.pop(peer, None)
+        slot = self.slots.release(peer)  # free again (once its request is answered)
         where = f"remote env worker {peer!r}" + ("" if slot is None else f" (slot {slot})")
         self._limited.warning("admitted" if slot is not None else "stranger", "%s %s",
                               where, reason)

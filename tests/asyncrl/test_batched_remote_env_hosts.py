@@ -154,20 +154,30 @@ async def test_a_malformed_chunk_is_refused_before_it_reaches_a_batch() -> None:
                             heartbeat_interval=0.5) as forger:
                 await forger.send(hello([2]), kind="env-hello")
                 welcome = await forger.recv()
-                slot = welcome.body["slot"]
+                # the slot the refused worker left, with a new traj tag (1 + 3 slots)
+                assert (welcome.body["slot"], welcome.body["traj_tag"]) == (1, 4)
                 chunk = TensorDict({}, batch_size=[1, steps])
                 for path, (dtype, shape) in collector._remote._schema(1).items():
                     chunk.set(path, torch.zeros(shape, dtype=dtype))
-                chunk["collector", "traj_ids"].fill_(slot << 32)
+                chunk["collector", "traj_ids"].fill_(4 << 32)
                 chunk["collector", "policy_version"].fill_(99)
                 await forger.send(chunk, kind="chunk")
                 answer = await forger.recv()
             assert answer.kind == "refused"
             assert "policy_version') must be versions it was answered with (0..0), got up to 99" \
                 in answer.body
-            # both remote slots were given (refused workers' slots are not reused)
-            async with Link(collector.endpoint, identity=b"late",
-                            heartbeat_interval=0.5) as late:
+            # refused workers' slots are free again; remote_workers is how many at a time
+            async with (Link(collector.endpoint, identity=b"one", heartbeat_interval=0.5) as one,
+                        Link(collector.endpoint, identity=b"two", heartbeat_interval=0.5) as two,
+                        Link(collector.endpoint, identity=b"late",
+                             heartbeat_interval=0.5) as late):
+                slots = []
+                for link in (one, two):
+                    await link.send(hello([2]), kind="env-hello")
+                    welcome = await link.recv()
+                    assert welcome.kind == "env-welcome"
+                    slots.append(welcome.body["slot"])
+                assert slots == [1, 2]
                 await late.send(hello([2]), kind="env-hello")
                 answer = await late.recv()
             assert answer.kind == "refused"

@@ -12,8 +12,8 @@ from benchmarks import inference
 @pytest.mark.slow
 def test_inference_bench_quick_mode_writes_parsable_results(tmp_path) -> None:
     out = tmp_path / "inference.json"
-    code = inference.main(["--quick", "--libraries", "batched,batched-process,per-worker", "--policies",
-                           "mlp64", "--frames-per-batch", "64", "--json", str(out)])
+    code = inference.main(["--quick", "--libraries", "batched,batched-process,per-worker",
+                           "--policies", "mlp64", "--frames-per-batch", "64", "--json", str(out)])
     assert code == 0
     report = json.loads(out.read_text())
     assert report["command"].startswith("python -m benchmarks.inference --quick")
