@@ -11,7 +11,6 @@ answers and the chunks of transitions, which are cut here into batches of
 
 from __future__ import annotations
 
-import collections
 import copy
 import logging
 import math
@@ -58,11 +57,11 @@ from .._inference import (
     discover_outputs,
     make_blocks,
 )
-from .._inference_server import ServerConfig
 from .._policies import ExplorationType, PolicyAdapter, torch_dtype
 from .._processes import WorkerProcesses, describe_exit
 from .._threads import TrainerThreads
 from ._base import BaseCollector
+from ._batched_chunks import ChunkBuffer
 from ._batched_config import (
     BatchingConfig,
     check_device,
@@ -93,8 +92,9 @@ class AsyncBatchedCollector(BaseCollector):
     ``max_batch_size`` / ``min_batch_size`` (observations per policy call) and
     ``server_timeout`` (seconds to wait for ``min_batch_size``); ``envs_per_worker``
     envs share a process and a request; with ``listen="tcp://HOST:PORT"`` and
-    ``remote_workers=K``, K ``asyncrl env-worker`` processes on other hosts join
-    (their observations travel inline, checked; ``curve_keys``: a directory made by
+    ``remote_workers=K``, up to K ``asyncrl env-worker`` processes on other hosts
+    join at a time (a dropped one's slot goes to the next to join; their
+    observations travel inline, checked; ``curve_keys``: a directory made by
     ``asyncrl keys generate`` encrypts and authenticates them); ``num_threads`` caps
     torch's threads in this process while open (default: the cores the env workers
     leave). ``server_backend="process"`` serves the policy from a dedicated process
@@ -209,18 +209,15 @@ class AsyncBatchedCollector(BaseCollector):
         self._tmpdir: str | None = None
         self._slot_of: dict[bytes, int] = {}
         self._peer_of: dict[int, bytes] = {}
-        self._chunks: collections.deque[TensorDictBase] = collections.deque()
-        self._buffered = 0
-        self._expected: dict[int, set[Any]] = {}
-        self._partial: dict[tuple[int, int], list[TensorDictBase]] = {}
         self._error: BaseException | None = None
         self._closing = False
         self._arrived: anyio.Event | None = None
         self._room: anyio.Event | None = None
         self._background: anyio.CancelScope | None = None
         self._background_done: anyio.Event | None = None
-        self._capacity = max(2 * self.frames_per_batch,
-                             2 * self.num_envs * self.chunk_steps)
+        self._frames = ChunkBuffer(
+            chunk_steps=self.chunk_steps, trajectories=self.yield_completed_trajectories,
+            capacity=max(2 * self.frames_per_batch, 2 * self.num_envs * self.chunk_steps))
 
     # -- life cycle ----------------------------------------------------------------------------
     def _create_async_state(self) -> None:
@@ -299,7 +296,6 @@ class AsyncBatchedCollector(BaseCollector):
             ident = random_identity(f"env-{slot}")
             self._slot_of[ident] = slot
             self._peer_of[slot] = ident
-            self._expected[slot] = set()
         if self.remote_workers:
             self._remote = RemoteEnvWorkers(
                 self.remote_workers, first_slot=self.num_workers, obs=obs, outputs=outputs,
@@ -333,26 +329,14 @@ class AsyncBatchedCollector(BaseCollector):
     def _make_server_process(self, policy: Any, spec: Any, obs_paths: list[tuple[str, ...]],
                              outputs: Any) -> InferenceProcess:
         assert self._tmpdir is not None and self._threads_cap is not None
-        b = self.batching
         interval, timeout = self._heartbeat
-        config = ServerConfig(
-            endpoint=f"ipc://{self._tmpdir}/policy",
-            workers={ident: slot for slot, ident in self._peer_of.items()},
-            blocks={slot: (blk.rows, blk.obs.name, blk.act.name)
-                    for slot, blk in self._blocks.items()},
-            # The factory when given (the process builds its own, as TorchRL's), else a
-            # CPU copy (the trainer's module may live on a GPU) of its own: torch sends a
-            # tensor to a child as shared memory, and the shadow below changes with every
-            # update, outside the server's lock.
-            policy=None if self.policy_factory is not None else copy.deepcopy(policy),
-            policy_factory=self.policy_factory, action_spec=spec,
-            exploration_type=self.exploration_type, obs_paths=obs_paths, outputs=outputs,
-            device=self.device, max_batch_size=b.max_batch_size,
-            min_batch_size=b.min_batch_size, server_timeout=b.server_timeout,
+        return InferenceProcess.for_collector(
+            endpoint=f"ipc://{self._tmpdir}/policy", workers=self._peer_of,
+            blocks=self._blocks, policy=policy, policy_factory=self.policy_factory,
+            action_spec=spec, exploration_type=self.exploration_type, obs_paths=obs_paths,
+            outputs=outputs, device=self.device, batching=self.batching,
             version=self._initial_version, threads=self._threads_cap.now,
-            heartbeat_interval=interval, peer_timeout=timeout)
-        shadow = policy if isinstance(policy, nn.Module) else None
-        return InferenceProcess(config, start_method=self.start_method, shadow=shadow)
+            heartbeat=(interval, timeout), start_method=self.start_method)
 
     def _make_workers(self, endpoint: str, backend: str, obs_paths: list[tuple[str, ...]],
                       outputs: Any) -> WorkerProcesses:
@@ -374,7 +358,7 @@ class AsyncBatchedCollector(BaseCollector):
         def credits(rows: int) -> int:
             # Each worker's share of the trainer's buffer, in chunks (at least two: one
             # in the trainer's hands, one on its way).
-            share = self._capacity / self.num_workers
+            share = self._frames.capacity / self.num_workers
             return max(2, math.ceil(share / (rows * self.chunk_steps)))
 
         server = self._server
@@ -460,34 +444,18 @@ class AsyncBatchedCollector(BaseCollector):
             await hub.send(peer, 1, kind=CREDIT)  # read: that worker may send one more
         except Exception as exc:  # gone: its exit is reported by the watcher
             log.debug("could not credit env worker %r: %r", peer, exc)
-        if self._buffered >= self._capacity:
+        if self._frames.full:
             await self._server.set_room(hub, False)
 
     def _on_server_message(self, item: Message | PeerEvent) -> None:
         assert self._server is not None
-        if isinstance(item, PeerEvent):
-            if item.event == "lost" and not self._closing:
-                self._fail(WorkerLostError(
-                    f"the inference process went silent for {self._heartbeat[1]} s "
-                    "(peer_timeout): it is stuck"))
-        elif item.kind == ERROR:
-            try:
-                payload = ErrorPayload.from_body(item.body, "inference process error")
-            except ProtocolError as exc:
-                self._fail(BadBatchError(f"the inference process sent a malformed error "
-                                         f"report: {exc}"))
-                return
-            self._fail(rebuild_remote_exception(payload, peer="the inference process"))
-        else:
-            self._server.handle(item)
+        error = self._server.receive(item, peer_timeout=self._heartbeat[1])
+        if error is not None:
+            self._fail(error)
 
     async def _on_server_exit(self, slot: int, process: BaseProcess) -> bool:
         if not self._closing:
-            self._fail(WorkerLostError(
-                f"the inference process (pid {process.pid}) "
-                f"{describe_exit(process.exitcode)} while serving; the env workers have no "
-                "policy, so this collector stops. If it failed before reporting an error, "
-                "look at its stderr."))
+            self._fail(InferenceProcess.exit_error(process))
         return False
 
     def _on_error(self, slot: int, message: Message) -> None:
@@ -499,53 +467,18 @@ class AsyncBatchedCollector(BaseCollector):
         self._fail(rebuild_remote_exception(payload, peer=f"env worker {slot}"))
 
     def _on_chunk(self, slot: int, message: Message) -> None:
-        chunk = message.body
-        rows = self._blocks[slot].rows
-        if (not isinstance(chunk, TensorDictBase)
-                or tuple(chunk.batch_size) != (rows, self.chunk_steps)):
-            got = tuple(chunk.batch_size) if isinstance(chunk, TensorDictBase) else type(chunk)
-            self._fail(BadBatchError(f"env worker {slot} sent a chunk of {got}, expected a "
-                                     f"TensorDict of batch size {(rows, self.chunk_steps)}"))
+        problem = self._frames.add(slot, message.body, self._blocks[slot].rows)
+        if problem is not None:
+            self._fail(BadBatchError(problem))
             return
-        keys = set(chunk.keys(include_nested=True, leaves_only=True))
-        expected = self._expected[slot]
-        if not expected:
-            expected.update(keys)
-        elif keys != expected:
-            self._fail(BadBatchError(f"env worker {slot} sent a chunk with keys "
-                                     f"{sorted(map(str, keys ^ expected))} changed"))
-            return
-        if self.yield_completed_trajectories:
-            self._collect_trajectories(slot, chunk)
-        else:
-            flat = chunk.reshape(-1)
-            self._chunks.append(flat)
-            self._buffered += flat.numel()
         self._wake()
 
-    def _collect_trajectories(self, slot: int, chunk: TensorDictBase) -> None:
-        done = chunk["next", "done"][..., 0]
-        for env in range(chunk.shape[0]):
-            row, ends = chunk[env], done[env].nonzero().flatten().tolist()
-            start = 0
-            for end in ends:
-                pieces = self._partial.pop((slot, env), [])
-                pieces.append(row[start:end + 1])
-                trajectory = torch.cat(pieces, 0) if len(pieces) > 1 else pieces[0]
-                self._chunks.append(trajectory)
-                self._buffered += trajectory.numel()
-                start = end + 1
-            if start < row.shape[0]:
-                self._partial.setdefault((slot, env), []).append(row[start:])
-
     def _register_remote(self, slot: int, peer: bytes | None) -> None:
+        self._frames.forget(slot)  # a new occupant, or none: the old one's pieces are lost
         if peer is not None:
             self._peer_of[slot] = peer
-            self._expected[slot] = set()
-            return
-        self._peer_of.pop(slot, None)  # dropped: its unfinished trajectories are lost
-        for key in [k for k in self._partial if k[0] == slot]:
-            del self._partial[key]
+        else:
+            self._peer_of.pop(slot, None)
 
     # -- failures and wake-ups -----------------------------------------------------------------
     def _fail(self, error: BaseException) -> None:
@@ -573,7 +506,7 @@ class AsyncBatchedCollector(BaseCollector):
         return False
 
     async def _wait_for_room(self) -> None:
-        while self._buffered >= self._capacity and not self._closing:
+        while self._frames.full and not self._closing:
             self._room = anyio.Event()
             await self._room.wait()
 
@@ -581,8 +514,7 @@ class AsyncBatchedCollector(BaseCollector):
     async def _next_batch(self) -> TensorDictBase:
         if self._task_group is None:
             raise CollectorError("the collector is not open: use 'async with'")
-        need = 1 if self.yield_completed_trajectories else self.frames_per_batch
-        while self._buffered < need or not self._chunks:
+        while not self._frames.ready(self.frames_per_batch):
             if self._error is not None:
                 raise self._error
             if self._closing:
@@ -591,17 +523,16 @@ class AsyncBatchedCollector(BaseCollector):
             await self._arrived.wait()
         if self._error is not None:
             raise self._error
-        batch = self._chunks.popleft() if self.yield_completed_trajectories else self._take(need)
-        self._buffered -= batch.numel()
+        batch = self._frames.take(self.frames_per_batch)
         if self.split_trajs:
             # A trajectory's chunks may lie apart in the batch (other workers' between
             # them): bring each one's frames together, in order, before splitting.
             order = torch.argsort(batch["collector", "traj_ids"], stable=True)
             batch = batch[order]
-        if self._room is not None and self._buffered < self._capacity:
+        if self._room is not None and not self._frames.full:
             self._room.set()
         if self._server is not None and self._hub is not None:
-            await self._server.set_room(self._hub, self._buffered < self._capacity)
+            await self._server.set_room(self._hub, not self._frames.full)
         return batch
 
     async def __anext__(self) -> Any:
@@ -613,19 +544,6 @@ class AsyncBatchedCollector(BaseCollector):
             self.replay_buffer.extend(batch)
             return None
         return batch
-
-    def _take(self, frames: int) -> TensorDictBase:
-        pieces, left = [], frames
-        while left:
-            head = self._chunks[0]
-            if head.numel() <= left:
-                pieces.append(self._chunks.popleft())
-                left -= head.numel()
-            else:
-                pieces.append(head[:left])
-                self._chunks[0] = head[left:]
-                left = 0
-        return torch.cat(pieces, 0) if len(pieces) > 1 else pieces[0]
 
     def _postprocess(self, batch: TensorDictBase) -> TensorDictBase:
         if self._user_postproc is not None:

@@ -9,8 +9,10 @@ failure or an exit through :meth:`InferenceProcess.abort`.
 
 from __future__ import annotations
 
+import copy
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
+from multiprocessing.process import BaseProcess
 from typing import Any
 
 import anyio
@@ -19,11 +21,11 @@ import torch
 from tensordict import TensorDictBase
 from torch import nn
 
-from transports import Hub, Message, random_identity
+from transports import ErrorPayload, Hub, Message, PeerEvent, ProtocolError, random_identity
 
-from .._env_worker import CLOSE
-from .._errors import CollectorError
-from .._inference import InferenceStatistics
+from .._env_worker import CLOSE, ERROR
+from .._errors import BadBatchError, CollectorError, WorkerLostError, rebuild_remote_exception
+from .._inference import InferenceStatistics, OutputLayout, WorkerBlocks
 from .._inference_server import (
     APPLIED,
     GO,
@@ -34,7 +36,9 @@ from .._inference_server import (
     ServerConfig,
     inference_server_main,
 )
-from .._processes import OnExit, WorkerProcesses
+from .._policies import ExplorationType
+from .._processes import OnExit, WorkerProcesses, describe_exit
+from ._batched_config import BatchingConfig
 from ._batched_weights import weight_loader
 
 #: Seconds the process may take to build its policy and map the blocks.
@@ -69,6 +73,32 @@ class InferenceProcess:
         self.start_method = start_method
         self.processes: WorkerProcesses | None = None
 
+    @classmethod
+    def for_collector(cls, *, endpoint: str, workers: Mapping[int, bytes],
+                      blocks: Mapping[int, WorkerBlocks], policy: Any,
+                      policy_factory: Callable[[], Any] | None, action_spec: Any,
+                      exploration_type: ExplorationType | str | None,
+                      obs_paths: Sequence[tuple[str, ...]], outputs: OutputLayout,
+                      device: torch.device | None, batching: BatchingConfig, version: int,
+                      threads: int, heartbeat: tuple[float, float],
+                      start_method: str) -> InferenceProcess:
+        """The process serving ``policy`` (a CPU module, the trainer's copy) to ``workers``."""
+        config = ServerConfig(
+            endpoint=endpoint, workers={ident: slot for slot, ident in workers.items()},
+            blocks={slot: (b.rows, b.obs.name, b.act.name) for slot, b in blocks.items()},
+            # The factory when given (the process builds its own, as TorchRL's), else a
+            # CPU copy of its own: torch sends a tensor to a child as shared memory, and
+            # the shadow below changes with every update, outside the server's lock.
+            policy=None if policy_factory is not None else copy.deepcopy(policy),
+            policy_factory=policy_factory, action_spec=action_spec,
+            exploration_type=exploration_type, obs_paths=obs_paths, outputs=outputs,
+            device=device, max_batch_size=batching.max_batch_size,
+            min_batch_size=batching.min_batch_size, server_timeout=batching.server_timeout,
+            version=version, threads=threads, heartbeat_interval=heartbeat[0],
+            peer_timeout=heartbeat[1])
+        shadow = policy if isinstance(policy, nn.Module) else None
+        return cls(config, start_method=start_method, shadow=shadow)
+
     @property
     def pid(self) -> int | None:
         pids = self.processes.pids if self.processes is not None else []
@@ -93,8 +123,33 @@ class InferenceProcess:
                                  f"{START_TIMEOUT:.0f} s (building its policy, mapping the "
                                  "env workers' blocks)")
 
+    def receive(self, item: Message | PeerEvent, *, peer_timeout: float) -> BaseException | None:
+        """A message (or event) from the process; the error that must stop the run, if any."""
+        if isinstance(item, PeerEvent):
+            if item.event != "lost":
+                return None
+            return WorkerLostError(f"the inference process went silent for {peer_timeout} s "
+                                   "(peer_timeout): it is stuck")
+        if item.kind == ERROR:
+            try:
+                payload = ErrorPayload.from_body(item.body, "inference process error")
+            except ProtocolError as exc:
+                return BadBatchError(f"the inference process sent a malformed error report: "
+                                     f"{exc}")
+            return rebuild_remote_exception(payload, peer="the inference process")
+        self.handle(item)
+        return None
+
+    @staticmethod
+    def exit_error(process: BaseProcess) -> WorkerLostError:
+        """What the run fails with when the process ends while serving."""
+        return WorkerLostError(
+            f"the inference process (pid {process.pid}) {describe_exit(process.exitcode)} "
+            "while serving; the env workers have no policy, so this collector stops. If it "
+            "failed before reporting an error, look at its stderr.")
+
     def handle(self, message: Message) -> None:
-        """A message from the process (errors are the collector's: it calls :meth:`abort`)."""
+        """A message from the process other than an error (ready, applied, statistics)."""
         body = message.body
         if message.kind == READY:
             self._ready.set()

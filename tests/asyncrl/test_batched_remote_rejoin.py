@@ -102,7 +102,7 @@ class EchoPolicy(nn.Module):
 
 async def held_back(collector: AsyncBatchedCollector) -> None:
     """Until the trainer's buffer is full and the loop waits for room (no call for 0.5 s)."""
-    while collector._buffered < collector._capacity:
+    while not collector._frames.full:
         await anyio.sleep(0.05)
     calls = -1
     while calls != collector.inference_statistics().calls:

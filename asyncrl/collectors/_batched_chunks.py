@@ -1,0 +1,107 @@
+"""AsyncBatchedCollector's frames between the env workers' chunks and the trainer's batches.
+
+Env workers send ``[E, C]`` chunks; :class:`ChunkBuffer` checks each against what
+its worker agreed to send, keeps them in arrival order, and cuts batches of
+``frames_per_batch`` (or, with ``yield_completed_trajectories``, whole
+trajectories, joined across chunks) out of them. ``buffered`` and ``full`` are
+what back-pressure reads.
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Any
+
+import torch
+from tensordict import TensorDictBase
+
+
+class ChunkBuffer:
+    """Checked chunks in arrival order, cut into batches or trajectories.
+
+    >>> buffer = ChunkBuffer(chunk_steps=2, capacity=8, trajectories=False)
+    >>> buffer.buffered, buffer.full
+    (0, False)
+    """
+
+    def __init__(self, *, chunk_steps: int, capacity: int, trajectories: bool) -> None:
+        self.chunk_steps = chunk_steps
+        #: Frames held before back-pressure stops the env workers.
+        self.capacity = capacity
+        self.trajectories = trajectories
+        #: Frames held, not yet taken.
+        self.buffered = 0
+        self._items: collections.deque[TensorDictBase] = collections.deque()
+        self._keys: dict[int, set[Any]] = {}  # slot -> its chunks' keys (set by the first)
+        self._partial: dict[tuple[int, int], list[TensorDictBase]] = {}  # (slot, env) -> pieces
+
+    @property
+    def full(self) -> bool:
+        return self.buffered >= self.capacity
+
+    def ready(self, frames: int) -> bool:
+        """Whether :meth:`take` (or :meth:`take_trajectory`) can answer now."""
+        return bool(self._items) and self.buffered >= (1 if self.trajectories else frames)
+
+    def forget(self, slot: int) -> None:
+        """A new occupant of ``slot`` (or none): its keys are learnt again, its pieces lost."""
+        self._keys.pop(slot, None)
+        for key in [k for k in self._partial if k[0] == slot]:
+            del self._partial[key]
+
+    def add(self, slot: int, chunk: Any, rows: int) -> str | None:
+        """Keep ``chunk`` from worker ``slot`` (``rows`` envs); or say what is wrong with it."""
+        if (not isinstance(chunk, TensorDictBase)
+                or tuple(chunk.batch_size) != (rows, self.chunk_steps)):
+            got = tuple(chunk.batch_size) if isinstance(chunk, TensorDictBase) else type(chunk)
+            return (f"env worker {slot} sent a chunk of {got}, expected a TensorDict of batch "
+                    f"size {(rows, self.chunk_steps)}")
+        keys = set(chunk.keys(include_nested=True, leaves_only=True))
+        expected = self._keys.setdefault(slot, keys)
+        if keys != expected:
+            return (f"env worker {slot} sent a chunk with keys "
+                    f"{sorted(map(str, keys ^ expected))} changed")
+        if self.trajectories:
+            self._add_trajectories(slot, chunk)
+        else:
+            self._append(chunk.reshape(-1))
+        return None
+
+    def _append(self, frames: TensorDictBase) -> None:
+        self._items.append(frames)
+        self.buffered += frames.numel()
+
+    def _add_trajectories(self, slot: int, chunk: TensorDictBase) -> None:
+        done = chunk["next", "done"][..., 0]
+        for env in range(chunk.shape[0]):
+            row, ends = chunk[env], done[env].nonzero().flatten().tolist()
+            start = 0
+            for end in ends:
+                pieces = self._partial.pop((slot, env), [])
+                pieces.append(row[start:end + 1])
+                self._append(torch.cat(pieces, 0) if len(pieces) > 1 else pieces[0])
+                start = end + 1
+            if start < row.shape[0]:
+                self._partial.setdefault((slot, env), []).append(row[start:])
+
+    def take(self, frames: int) -> TensorDictBase:
+        """The next ``frames`` frames, in arrival order (``ready(frames)`` must be true)."""
+        if self.trajectories:
+            batch = self._items.popleft()
+            self.buffered -= batch.numel()
+            return batch
+        pieces, left = [], frames
+        while left:
+            head = self._items[0]
+            if head.numel() <= left:
+                pieces.append(self._items.popleft())
+                left -= head.numel()
+            else:
+                pieces.append(head[:left])
+                self._items[0] = head[left:]
+                left = 0
+        self.buffered -= frames
+        return torch.cat(pieces, 0) if len(pieces) > 1 else pieces[0]
+
+
+__all__ = ["ChunkBuffer"]
