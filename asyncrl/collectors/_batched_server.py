@@ -10,6 +10,7 @@ failure or an exit through :meth:`InferenceProcess.abort`.
 from __future__ import annotations
 
 import copy
+import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
 from multiprocessing.process import BaseProcess
@@ -40,6 +41,8 @@ from .._policies import ExplorationType
 from .._processes import OnExit, WorkerProcesses, describe_exit
 from ._batched_config import BatchingConfig
 from ._batched_weights import weight_loader
+
+log = logging.getLogger("asyncrl.collectors")
 
 #: Seconds the process may take to build its policy and map the blocks.
 START_TIMEOUT = 120.0
@@ -158,9 +161,12 @@ class InferenceProcess:
             if self._applied is not None:
                 self._applied.set()
         elif message.kind == STATS and isinstance(body, dict):
-            self._stats = InferenceStatistics(
-                int(body["calls"]), int(body["observations"]),
-                {int(size): int(count) for size, count in body["sizes"]})
+            try:
+                self._stats = InferenceStatistics(
+                    int(body["calls"]), int(body["observations"]),
+                    {int(size): int(count) for size, count in body["sizes"]})
+            except (KeyError, TypeError, ValueError):  # our own child: a bug, not an attack
+                log.warning("the inference process sent malformed statistics: %.200r", body)
 
     def abort(self, error: BaseException) -> None:
         """The run failed (or the process ended): wake whoever waits on the process."""
