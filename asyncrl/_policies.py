@@ -23,6 +23,7 @@ from tensordict.nn import set_interaction_type as set_exploration_type
 from torch import nn
 
 from ._env_specs import ArraySpec, array_spec_from_space
+from ._td_module_direct import direct_call
 
 __all__ = [
     "ExplorationType",
@@ -252,6 +253,9 @@ class PolicyAdapter:
             policy, TensorDictModuleBase
         )
         self.is_random = isinstance(policy, RandomPolicy)
+        # A plain TensorDictModule is called without tensordict's per-call machinery
+        # (several times the cost of a small network; see _td_module_direct).
+        self._direct = direct_call(policy)
 
     @contextlib.contextmanager
     def exploration(self) -> Iterator[None]:
@@ -271,6 +275,8 @@ class PolicyAdapter:
                 action = self.policy(*[td.get(k) for k in keys])
             td.set(self.action_key, action)
             return td
+        if self._direct is not None:
+            return self._direct(td)
         out = self.policy(td)
         if out is not td and out is not None:
             # A policy that returns a new TensorDict: bring its entries back.

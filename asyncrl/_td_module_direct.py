@@ -1,0 +1,89 @@
+"""Call a plain ``TensorDictModule`` without tensordict's per-call machinery.
+
+A ``TensorDictModule(net, in_keys, out_keys)`` reads its inputs, calls ``net``
+and writes the outputs. Around that, tensordict 0.14 runs a dispatch wrapper, a
+``skip_existing`` wrapper, an out-keys filter, error wrapping, and
+``TensorDict.from_any`` on every output, which probes ``find_spec("pandas")``
+each time. For a small network that costs more than the network: measured on
+the central inference loop (MLP-64, Pendulum), 0.28 ms per call of which the
+network was 0.09 ms (``docs/benchmarks.md``).
+
+:func:`direct_call` returns a function doing only what such a module does, for
+the modules where that is all it does: exactly ``TensorDictModule`` (no
+subclass: a ``ProbabilisticActor`` or ``SafeModule`` keeps its own path), in
+place, no ``method`` / ``method_kwargs`` / keyword inputs, the out keys it
+writes being its out keys. Each call still checks what can change after
+construction (hooks on the module, global module hooks, ``set_skip_existing``),
+and takes tensordict's own path when any is set.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tensordict import TensorDictBase
+from tensordict.nn import TensorDictModule, skip_existing
+from torch import nn
+from torch.nn.modules import module as _torch_module
+
+__all__ = ["DirectCall", "direct_call"]
+
+#: torch's process-wide module hooks: any of them set, the module's own path runs.
+_GLOBAL_HOOKS = ("_global_forward_hooks", "_global_forward_pre_hooks",
+                 "_global_backward_hooks", "_global_backward_pre_hooks")
+
+
+def _hooked(module: nn.Module) -> bool:
+    return bool(module._forward_hooks or module._forward_pre_hooks
+                or module._backward_hooks or module._backward_pre_hooks
+                or any(getattr(_torch_module, name, None) for name in _GLOBAL_HOOKS))
+
+
+class DirectCall:
+    """What ``policy(td)`` does for a plain ``TensorDictModule``, minus its overhead."""
+
+    def __init__(self, policy: TensorDictModule) -> None:
+        self.policy = policy
+        self.net: nn.Module = policy.module
+        self.in_keys = list(policy.in_keys)
+        self.out_keys = list(policy.out_keys)
+
+    def __call__(self, td: TensorDictBase) -> TensorDictBase:
+        if _hooked(self.policy) or skip_existing():
+            return self.policy(td)
+        out = self.net(*[td.get(key, None) for key in self.in_keys])
+        out_keys = self.out_keys
+        if isinstance(out, (dict, TensorDictBase)) and all(k in out for k in out_keys):
+            out = tuple(out[k] for k in out_keys)
+        elif not isinstance(out, tuple):
+            out = (out,)
+        if len(out) != len(out_keys):
+            raise RuntimeError(f"{type(self.net).__name__} returned {len(out)} tensors for "
+                               f"the out_keys {out_keys} of its TensorDictModule")
+        for key, value in zip(out_keys, out, strict=True):
+            if key != "_":
+                td.set(key, value)
+        return td
+
+
+def direct_call(policy: Any) -> DirectCall | None:
+    """A :class:`DirectCall` for ``policy`` when that is all it does; else None.
+
+    >>> import torch
+    >>> from tensordict import TensorDict
+    >>> from tensordict.nn import TensorDictModule
+    >>> module = TensorDictModule(torch.nn.Linear(3, 1), in_keys=["observation"],
+    ...                           out_keys=["action"])
+    >>> call = direct_call(module)
+    >>> call(TensorDict({"observation": torch.ones(2, 3)}, [2]))["action"].shape
+    torch.Size([2, 1])
+    """
+    if type(policy) is not TensorDictModule:
+        return None
+    if (policy.inplace is not True or policy.method is not None or policy.method_kwargs
+            or policy._get_kwargs or policy._kwargs is not None
+            or list(policy.out_keys_source) != list(policy.out_keys)):
+        return None
+    if not isinstance(policy.module, nn.Module) or not policy.in_keys or not policy.out_keys:
+        return None
+    return DirectCall(policy)
