@@ -39,9 +39,9 @@ __all__ = ["MultiConfig", "default_schemes"]
 class MultiConfig:
     """A MultiCollector's checked arguments: who collects, how much, how, and where.
 
-    >>> config = MultiConfig.check(   # doctest: +SKIP
-    ...     sync=True, create_env_fn="CartPole-v1", num_workers=2, frames_per_batch=100)
-    >>> config.frames_per_worker, config.batch_frames   # doctest: +SKIP
+    >>> config = MultiConfig.check(sync=True, create_env_fn="CartPole-v1", num_workers=2,
+    ...                            frames_per_batch=100, ...)   # doctest: +SKIP
+    >>> config.frames_per_worker, config.batch_frames          # doctest: +SKIP
     ([50, 50], 100)
     """
 
@@ -64,17 +64,17 @@ class MultiConfig:
         return sum(self.frames_per_worker) if self.sync else self.frames_per_worker[0]
 
     @classmethod
-    def check(cls, *, sync: bool, create_env_fn: Any, num_workers: Any = None,
-              remote_workers: Any = 0, envs_per_worker: Any = 1, listen: str | None = None,
-              frames_per_batch: Any, total_frames: Any = -1, prefetch: Any = 1,
-              on_worker_loss: Any = "raise", cat_results: Any = None,
-              preemptive_threshold: float | None = None,
-              threads: tuple[Any, Any, str | None] = (None, 1, None),
-              devices: Mapping[str, Any] | None = None,
-              rollout: Mapping[str, Any] | None = None) -> MultiConfig:
-        """Check the constructor's arguments; ``threads`` is ``(num_threads,
-        num_sub_threads, start_method)``, ``devices`` and ``rollout`` the keyword
-        arguments of :meth:`DeviceLayout.resolve` and :class:`RolloutOptions`."""
+    def check(cls, *, sync: bool, create_env_fn: Any, num_workers: Any, remote_workers: Any,
+              envs_per_worker: Any, listen: str | None, frames_per_batch: Any,
+              total_frames: Any, prefetch: Any, on_worker_loss: Any, cat_results: Any,
+              preemptive_threshold: float | None, threads: tuple[Any, Any, str | None],
+              devices: Mapping[str, Any], rollout: Mapping[str, Any]) -> MultiConfig:
+        """The constructor's arguments as it got them (no defaults here: its own apply).
+
+        ``threads`` is ``(num_threads, num_sub_threads, start_method)``; ``devices``
+        and ``rollout`` the keyword arguments of :meth:`DeviceLayout.resolve` and
+        :class:`RolloutOptions` (which gets the worker's devices added).
+        """
         layout = WorkerLayout.check(create_env_fn, num_workers=num_workers,
                                     remote_workers=remote_workers,
                                     envs_per_worker=envs_per_worker, listen=listen)
@@ -86,8 +86,8 @@ class MultiConfig:
         preemptive_threshold = check_preemptive_threshold(preemptive_threshold)
         frames_per_worker = split_frames(frames_per_batch, layout.total, layout.envs_per_worker,
                                          sync=sync)
-        device_layout = DeviceLayout.resolve(**(devices or {}))
-        options: dict[str, Any] = {**(rollout or {}), **device_layout.for_worker().as_options()}
+        device_layout = DeviceLayout.resolve(**devices)
+        options: dict[str, Any] = {**rollout, **device_layout.for_worker().as_options()}
         rollout_options = RolloutOptions(**options)
         return cls(sync=sync, layout=layout, threads=thread_options,
                    frames_per_worker=frames_per_worker, prefetch=prefetch,
