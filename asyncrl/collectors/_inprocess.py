@@ -58,6 +58,8 @@ class Collector(BaseCollector):
     on ``policy_device`` stays where it is and the rollout steps with a copy there.
     """
 
+    # The Parameters section of help(): IN_PROCESS_PARAMETERS (_parameters.py), added below.
+
     def __init__(
         self,
         create_env_fn: Any,

@@ -113,6 +113,8 @@ class MultiCollector(BaseCollector):
     :class:`~asyncrl.CollectorStopped` (systemd stops a service's whole process group).
     """
 
+    # The Parameters section of help(): MULTI_PARAMETERS (_parameters.py), added below.
+
     sync: bool = True
     #: ``on_worker_loss="restart"``: how many times in a row a local slot may die
     #: before it delivered a batch; one more death fails the run (a crash loop).
