@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, Self
 
 import anyio
@@ -12,6 +12,7 @@ from transports import TaskGroupResource
 
 from .._batches import MASK_KEY, split_trajectories
 from .._errors import CollectorError, CollectorStopped
+from .._threads import TrainerThreads
 from .._trajectories import TrajectoryAssembler, check_trajectory_options
 from ._config import normalise_total_frames
 from ._operations import CollectorOperations
@@ -72,8 +73,24 @@ class BaseCollector(CollectorOperations, TaskGroupResource, TorchRLHabits):
         raise NotImplementedError
 
     # -- life cycle ---------------------------------------------------------------------
+    _threads_cap: TrainerThreads | None = None  # set by _open_with_workers, undone by aclose
+
     def _create_async_state(self) -> None:
         """Create the anyio primitives (they need a running event loop; __init__ may not)."""
+
+    async def _open_with_workers(self, run: Callable[..., Awaitable[Any]], *,
+                                 num_threads: int | None, local_workers: int) -> None:
+        """Open a collector whose workers are processes: cap the trainer's threads, start ``run``.
+
+        As TorchRL: the trainer (and a policy that runs in it) keeps the cores its
+        local workers do not use (``num_threads``; None: the machine's minus
+        ``local_workers``); a policy whose OpenMP pool spans cores busy with workers
+        waits for descheduled threads at every call (measured: 50x slower).
+        :meth:`aclose` restores the count. ``run`` is started in the task group
+        (``task_status.started()`` once it serves).
+        """
+        self._threads_cap = TrainerThreads.cap(num_threads, local_workers)
+        await self._task_group.start(run)
 
     async def __aenter__(self) -> Self:
         if self._closed or self._task_group is not None:
@@ -98,6 +115,8 @@ class BaseCollector(CollectorOperations, TaskGroupResource, TorchRLHabits):
             with anyio.CancelScope(shield=True):
                 await self._close()
         finally:
+            if self._threads_cap is not None:
+                self._threads_cap.restore()  # idempotent
             self._events.close()  # subscriptions end once drained
 
     # -- iteration ---------------------------------------------------------------------

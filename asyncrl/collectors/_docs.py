@@ -3,14 +3,19 @@
 ``MultiCollector.__new__`` takes ``(*args, sync=None, **kwargs)`` (it picks the
 subclass), and ``help()`` would show that instead of the constructor's real
 parameters: :func:`show_init_signature` sets the class's ``__signature__`` from
-``__init__``. The subclasses share one ``Parameters`` section, written once in
-the base class's docstring: :func:`share_parameters` appends it to theirs.
+``__init__``. A class's ``Parameters`` section is made from the table of
+argument descriptions (:mod:`asyncrl.collectors._parameters`) by
+:func:`add_parameters`; subclasses share their base class's:
+:func:`share_parameters` appends it to theirs.
 """
 
 from __future__ import annotations
 
 import inspect
+import textwrap
 from typing import Any
+
+from ._parameters import parameters_section
 
 
 def init_signature(cls: type) -> inspect.Signature:
@@ -29,6 +34,12 @@ def show_init_signature(cls: type) -> None:
     cls.__signature__ = init_signature(cls)  # type: ignore[attr-defined]
 
 
+def add_parameters(cls: type, entries: str) -> None:
+    """Append the ``Parameters`` section of ``entries`` (see ``_parameters``) to the docstring."""
+    section = textwrap.indent(parameters_section(entries), "    ")
+    cls.__doc__ = (cls.__doc__ or "").rstrip() + "\n\n" + section + "\n    "
+
+
 def share_parameters(cls: type, base: type) -> None:
     """Append ``base``'s docstring ``Parameters`` section (and what follows) to ``cls``'s."""
     doc = base.__doc__ or ""
@@ -38,4 +49,4 @@ def share_parameters(cls: type, base: type) -> None:
     cls.__doc__ = (cls.__doc__ or "").rstrip() + "\n\n" + doc[start:].rstrip() + "\n    "
 
 
-__all__ = ["init_signature", "share_parameters", "show_init_signature"]
+__all__ = ["add_parameters", "init_signature", "share_parameters", "show_init_signature"]

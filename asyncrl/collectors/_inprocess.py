@@ -22,6 +22,8 @@ from .._worker_spec import WorkerSpec
 from ..weights import InProcessWeightSyncScheme, WeightApplier, WeightSender
 from ._base import BaseCollector
 from ._config import check_in_process_frames
+from ._docs import add_parameters
+from ._parameters import IN_PROCESS_PARAMETERS
 from ._torchrl_args import IN_PROCESS_COLLECTOR, check_torchrl_options
 from ._updates import weight_updates
 
@@ -54,62 +56,9 @@ class Collector(BaseCollector):
     ``device`` / ``policy_device`` / ``env_device`` / ``storing_device`` as in
     :class:`MultiCollector` (``docs/devices.md``); a trainer's module that is not
     on ``policy_device`` stays where it is and the rollout steps with a copy there.
-
-    Parameters
-    ----------
-    create_env_fn
-        What to step: a gymnasium id (``"CartPole-v1"``), an import path
-        (``"pkg.mod:make_env"``) or a callable returning a gymnasium or TorchRL env.
-    policy
-        An ``nn.Module``, a ``TensorDictModule``, a callable from observations to
-        actions, or None (random actions). Shared with the trainer, not copied.
-    policy_factory
-        A callable (or ``"pkg.mod:factory"``) that builds the policy instead.
-    frames_per_batch
-        Frames per yielded batch (a multiple of ``envs_per_worker``).
-    total_frames
-        Frames to collect before the iteration ends; -1 or None: no end.
-    create_env_kwargs
-        Keyword arguments for ``create_env_fn``.
-    envs_per_worker
-        Envs stepped together as one vector env.
-    max_frames_per_traj
-        Truncate a trajectory after this many steps (``("next", "truncated")`` set).
-    init_random_frames
-        Frames collected with random actions before the policy is used.
-    reset_at_each_iter
-        Reset every env at the start of each batch.
-    reset_when_done
-        Reset an env when its episode ends (TorchRL's default True).
-    split_trajs
-        Split each batch into padded trajectories (TorchRL's ``split_trajectories``).
-    postproc
-        A callable applied to each batch before it is yielded.
-    set_truncated
-        Mark the last step of each batch's trajectories as truncated.
-    exploration_type
-        TorchRL's exploration type the policy runs under (``"random"``, ``"mode"``,
-        ``"mean"``, ``"deterministic"``, or None: leave it as it is).
-    update_at_each_batch
-        Call ``update_policy_weights()`` before each batch.
-    replay_buffer
-        Anything with ``.extend(td)``: ``start()`` collects into it in the background.
-    device, policy_device, env_device, storing_device
-        TorchRL's device arguments with TorchRL's meaning (``docs/devices.md``):
-        ``device`` is the default of the others, the policy runs on
-        ``policy_device``, batches are stored on ``storing_device``; a device this
-        machine lacks is an error here.
-    return_same_td
-        True: yield the rollout's own buffers (rewritten by the next batch) instead of a
-        copy (TorchRL's meaning).
-    trajs_per_batch, traj_format, extend_buffer
-        Batches of whole trajectories (``"padded"`` with ``("collector", "mask")``, or
-        ``"cat"``) and how a replay buffer is written, with TorchRL 0.14's meaning
-        (``docs/batch_shapes.md``).
-    **torchrl_options
-        TorchRL's other ``Collector`` arguments: accepted with effect or refused, see
-        above.
     """
+
+    # The Parameters section of help(): IN_PROCESS_PARAMETERS (_parameters.py), added below.
 
     def __init__(
         self,
@@ -336,3 +285,6 @@ class Collector(BaseCollector):
             self.policy.load_state_dict(state_dict["policy_state_dict"])
             if self.rollout_policy is not None and self.rollout_policy is not self.policy:
                 self.rollout_policy.load_state_dict(state_dict["policy_state_dict"])
+
+
+add_parameters(Collector, IN_PROCESS_PARAMETERS)

@@ -16,27 +16,11 @@ from torch import nn
 from asyncrl import AsyncBatchedCollector, BlockingCollector
 from asyncrl.testing import CountingEnv, ValuePolicy, fill_parameters, version_problems
 
+from .counting_frames import check_counting_frames
+
 pytestmark = pytest.mark.anyio
 LIMIT = 90
 counting3 = functools.partial(CountingEnv, length=3)
-
-
-def check_counting_frames(frames: TensorDict, *, action: int = 1) -> None:
-    """Every frame of CountingEnv(length=3) episodes, trajectory by trajectory, in order."""
-    traj = frames["collector", "traj_ids"]
-    for tid in traj.unique().tolist():
-        t = frames[traj == tid]
-        steps = t["observation"][:, 0].tolist()
-        assert steps == list(range(int(steps[0]), int(steps[0]) + len(steps))), steps
-        assert (t["next", "observation"][:, 0] == t["observation"][:, 0] + 1).all()
-        assert (t["observation"][:, 1] == t["observation"][0, 1]).all()  # one episode
-        ends = (t["next", "observation"][:, 0] == 3).unsqueeze(-1)
-        assert torch.equal(t["next", "terminated"], ends)
-        assert torch.equal(t["next", "done"], ends)
-        assert not t["next", "truncated"].any() and not t["done"].any()
-        assert (t["next", "reward"] == 1).all()
-        assert (t["action"] == action).all()
-        assert (t["collector", "worker_id"] == tid >> 32).all()
 
 
 async def test_batches_hold_exactly_the_frames_the_envs_made() -> None:
@@ -54,7 +38,7 @@ async def test_batches_hold_exactly_the_frames_the_envs_made() -> None:
                     ("collector", "traj_ids"), ("collector", "policy_version"),
                     ("collector", "worker_id")}
     assert (frames["collector", "policy_version"] == 0).all()
-    check_counting_frames(frames)
+    check_counting_frames(frames, length=3, action=1)
     # chunks arrive in order: every worker present gave its envs' first steps (a reset)
     for worker in frames["collector", "worker_id"].unique().tolist():
         for env in range(2):
@@ -77,7 +61,7 @@ async def test_every_policy_output_lands_in_the_batch() -> None:
             frames = torch.cat([b async for b in collector], 0)
     assert frames.numel() == 18
     assert torch.equal(frames["score"], frames["observation"].sum(-1, keepdim=True) * 10)
-    check_counting_frames(frames)
+    check_counting_frames(frames, length=3, action=1)
 
 
 async def test_each_frame_carries_the_version_that_chose_its_action() -> None:
@@ -187,7 +171,7 @@ async def test_policy_factory_serves_its_own_policy() -> None:
             assert collector.policy_version == 1
             with pytest.raises(Exception, match="pass weights="):
                 await collector.update_policy_weights()
-    check_counting_frames(frames)
+    check_counting_frames(frames, length=3, action=1)
 
 
 async def test_split_trajs_pads_whole_trajectories_and_random_policy_works() -> None:
@@ -221,7 +205,7 @@ async def test_the_policy_runs_under_the_exploration_type(exploration_type, acti
                                          exploration_type=exploration_type, device="cpu",
                                          frames_per_batch=6, total_frames=6) as collector:
             frames = torch.cat([b async for b in collector], 0)
-    check_counting_frames(frames, action=action)
+    check_counting_frames(frames, length=3, action=action)
 
 
 class ListBuffer:
@@ -248,5 +232,5 @@ async def test_a_replay_buffer_is_filled_by_iteration_and_by_start() -> None:
             collector.start()
             while sum(b.numel() for b in background.batches) < 18:
                 await anyio.sleep(0.05)
-    check_counting_frames(torch.cat(buffer.batches, 0))
-    check_counting_frames(torch.cat(background.batches, 0))
+    check_counting_frames(torch.cat(buffer.batches, 0), length=3, action=1)
+    check_counting_frames(torch.cat(background.batches, 0), length=3, action=1)

@@ -17,7 +17,7 @@ from torch import nn
 
 from asyncrl import AsyncBatchedCollector, WorkerLostError
 from asyncrl.testing import CountingEnv, ValuePolicy, fill_parameters, version_problems
-from tests.asyncrl.test_batched_collector import check_counting_frames
+from tests.asyncrl.counting_frames import check_counting_frames
 
 pytestmark = pytest.mark.anyio
 LIMIT = 90
@@ -84,7 +84,7 @@ async def test_versions_and_frames_are_exact_across_every_kind_of_update() -> No
     frames = torch.cat(batches, 0)
     assert len(set(frames["collector", "policy_version"].tolist())) >= 3
     # (actions were checked against their versions above; the rest, frame by frame:)
-    check_counting_frames(frames.set("action", torch.ones_like(frames["action"])))
+    check_counting_frames(frames, length=3)
 
 
 async def test_the_policy_runs_in_its_own_process_and_it_ends_with_the_collector() -> None:
@@ -100,7 +100,7 @@ async def test_the_policy_runs_in_its_own_process_and_it_ends_with_the_collector
     assert server is not None and server not in (os.getpid(), *workers)
     assert set(frames["pid"].tolist()) == {server}
     assert stats.observations >= 12 and stats.calls >= 6
-    check_counting_frames(frames)
+    check_counting_frames(frames, length=3, action=1)
     for pid in (server, *workers):
         assert not pid_alive(pid)
 
@@ -135,7 +135,7 @@ async def test_a_trainer_that_takes_no_batches_holds_the_server() -> None:
             while collector.inference_statistics().calls == calls:  # room again: it serves
                 batch = await collector.__anext__()
                 await anyio.sleep(0.1)
-    check_counting_frames(batch)
+    check_counting_frames(batch, length=3, action=1)
 
 
 async def test_a_policy_error_in_the_process_stops_the_run_with_that_error() -> None:
@@ -226,7 +226,7 @@ async def test_the_process_serves_the_policy_on_the_device_asked() -> None:
             frames = torch.cat([b async for b in collector], 0)
     assert frames.device == torch.device("cpu") or frames.device is None
     assert (frames["on_cuda"] == 1).all()
-    check_counting_frames(frames)
+    check_counting_frames(frames, length=3, action=1)
 
 
 async def test_what_waits_while_the_trainers_loop_is_held_is_bounded() -> None:

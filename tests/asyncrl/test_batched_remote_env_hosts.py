@@ -16,6 +16,8 @@ from asyncrl import AsyncBatchedCollector
 from asyncrl.testing import CountingEnv, ValuePolicy, version_problems
 from transports import Link, generate_keys
 
+from .counting_frames import check_counting_frames
+
 pytestmark = pytest.mark.anyio
 LIMIT = 120
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -35,21 +37,6 @@ async def wait_exit(process: subprocess.Popen[str], timeout: float = 30) -> tupl
         code = await anyio.to_thread.run_sync(process.wait)
     assert process.stderr is not None
     return code, process.stderr.read()
-
-
-def check_counting_frames(frames: TensorDict, length: int = 5) -> None:
-    """Every frame of CountingEnv(length) episodes, trajectory by trajectory, in order."""
-    traj = frames["collector", "traj_ids"]
-    for tid in traj.unique().tolist():
-        t = frames[traj == tid]
-        steps = t["observation"][:, 0].tolist()
-        assert steps == list(range(int(steps[0]), int(steps[0]) + len(steps))), steps
-        assert (t["next", "observation"][:, 0] == t["observation"][:, 0] + 1).all()
-        assert (t["observation"][:, 1] == t["observation"][0, 1]).all()
-        ends = (t["next", "observation"][:, 0] == length).unsqueeze(-1)
-        assert torch.equal(t["next", "terminated"], ends)
-        assert (t["next", "reward"] == 1).all()
-        assert (t["collector", "worker_id"] == tid >> 32).all()
 
 
 async def test_a_remote_env_host_joins_local_env_workers(anyio_backend: str) -> None:
@@ -82,7 +69,7 @@ async def test_a_remote_env_host_joins_local_env_workers(anyio_backend: str) -> 
     remote = frames[frames["collector", "worker_id"] == 2]
     # two envs on the host: trajectories (2 << 32) + 0 and + 1, each starting from a reset
     assert {(2 << 32) + 0, (2 << 32) + 1} <= set(remote["collector", "traj_ids"].tolist())
-    check_counting_frames(frames)
+    check_counting_frames(frames, length=5)
     assert version_problems(batches, {0: 1.0, 1: 0.0}) == []
     assert (remote["collector", "policy_version"] == 1).any()
 
@@ -242,4 +229,4 @@ async def test_a_remote_env_host_joins_over_curve(anyio_backend: str, tmp_path: 
     assert code == 0, err
     remote = batch[batch["collector", "worker_id"] == 1]
     assert (remote["action"] == 1).all()
-    check_counting_frames(batch)
+    check_counting_frames(batch, length=5, action=1)

@@ -1,0 +1,216 @@
+'''The collectors' ``Parameters`` sections, from one table of argument descriptions.
+
+:class:`~asyncrl.Collector` and :class:`~asyncrl.MultiCollector` take many of
+TorchRL's arguments with the same meaning: each description is written once,
+in :data:`SHARED`. Each collector's section lists its arguments in the order
+``help()`` shows them, numpy-style (a heading line, its text indented); a
+heading without text takes the shared description, so a change to one reaches
+both collectors' ``help()`` and ``docs/api.md``.
+
+>>> print(parameters_section("total_frames\\nprefetch\\n    Batches ahead.\\n"))
+Parameters
+----------
+total_frames
+    Frames to collect before the iteration ends; -1 or None: no end.
+prefetch
+    Batches ahead.
+'''
+
+from __future__ import annotations
+
+import textwrap
+
+
+def _entries(text: str) -> dict[str, str]:
+    """``{heading: description}`` of numpy-style entries (the description may be empty)."""
+    entries: dict[str, str] = {}
+    heading = None
+    for line in textwrap.dedent(text).strip("\n").splitlines():
+        if line and not line[0].isspace():
+            heading = line
+            entries[heading] = ""
+        elif heading is None:
+            raise ValueError(f"a description before any heading: {line!r}")
+        else:
+            entries[heading] += line + "\n"
+    return {heading: textwrap.dedent(body).rstrip() for heading, body in entries.items()}
+
+
+#: The arguments both collectors take with the same meaning, described once.
+SHARED = _entries("""
+    total_frames
+        Frames to collect before the iteration ends; -1 or None: no end.
+    max_frames_per_traj
+        Truncate a trajectory after this many steps (``("next", "truncated")`` set).
+    reset_at_each_iter
+        Reset every env at the start of each batch.
+    reset_when_done
+        Reset an env when its episode ends (TorchRL's default True).
+    split_trajs
+        Split each batch into padded trajectories (TorchRL's ``split_trajectories``).
+    postproc
+        A callable applied to each batch before it is yielded.
+    set_truncated
+        Mark the last step of each batch's trajectories as truncated.
+    exploration_type
+        TorchRL's exploration type the policy runs under (``"random"``, ``"mode"``,
+        ``"mean"``, ``"deterministic"``, or None: leave it as it is).
+    update_at_each_batch
+        Call ``update_policy_weights()`` before each batch.
+    trajs_per_batch, traj_format, extend_buffer
+        Batches of whole trajectories (``"padded"`` with ``("collector", "mask")``, or
+        ``"cat"``) and how a replay buffer is written, with TorchRL 0.14's meaning
+        (``docs/batch_shapes.md``).
+    """)
+
+#: :class:`~asyncrl.MultiCollector` (and its two subclasses).
+MULTI_PARAMETERS = """
+    create_env_fn
+        What each worker steps: a gymnasium id (``"CartPole-v1"``), an import path
+        (``"pkg.mod:make_env"``), a callable returning a gymnasium or TorchRL env, or a
+        list with one of those per local worker.
+    policy
+        An ``nn.Module``, a ``TensorDictModule``, a callable from observations to
+        actions, or None (random actions). Each worker gets a copy; a module's weights
+        are then kept in sync (``update_policy_weights``, ``weight_sync_schemes``).
+    num_workers
+        Local worker processes (default: one per entry of a ``create_env_fn`` list,
+        else required unless ``remote_workers`` join instead).
+    sync
+        Only on ``MultiCollector``: True (default) builds a ``MultiSyncCollector``,
+        False a ``MultiAsyncCollector``.
+    policy_factory
+        A callable (or ``"pkg.mod:factory"`` import path) each worker calls to build its
+        own policy, instead of pickling ``policy``.
+    frames_per_batch
+        Frames per yielded batch; in sync mode split over the workers (or one int per
+        worker), in async mode each worker's batch size.
+    total_frames
+    create_env_kwargs
+        Keyword arguments for ``create_env_fn``: one dict, or a list of one dict per
+        local worker.
+    envs_per_worker
+        Envs each worker steps together, as one vector env (TorchRL's batched envs).
+    max_frames_per_traj
+    init_random_frames
+        Frames collected with random actions before the policy is used (split over the
+        workers).
+    reset_at_each_iter
+    reset_when_done
+    split_trajs
+    postproc
+    set_truncated
+    exploration_type
+    cat_results
+        Sync mode: how shares are joined: ``"stack"`` or None (default, as TorchRL: a
+        new leading workers dimension), 0 (along envs), 1 or -1 (along time); see
+        ``docs/batch_shapes.md``.
+    preemptive_threshold
+        Sync mode: once this fraction of the workers delivered, the others are cut short
+        (TorchRL's meaning; None: never).
+    update_at_each_batch
+    replay_buffer
+        Anything with ``.extend(td)``: iteration yields None and the collector extends
+        it with each batch's frames (TorchRL's meaning); ``start()`` does the same in
+        the background.
+    weight_sync_schemes
+        ``{model_id: scheme}`` (:mod:`asyncrl.weights`); by default ``"policy"`` syncs
+        over ZeroMQ when ``policy`` is a module.
+    prefetch
+        Async mode: batches each worker may run ahead of the trainer (back-pressure).
+    device, policy_device, env_device, storing_device
+        TorchRL's device arguments with TorchRL's meaning (see Devices above and
+        ``docs/devices.md``).
+    on_worker_loss
+        ``"raise"`` (default), ``"continue"``, ``"wait"`` or ``"restart"``: see above.
+    backend
+        The anyio backend of the workers' event loops (default: the trainer's).
+    heartbeat_interval
+        Seconds between heartbeats on every trainer-worker connection.
+    peer_timeout
+        Seconds of silence after which a peer counts as lost (a worker exits, the
+        coordinator applies ``on_worker_loss``).
+    listen
+        Bind the coordinator here (``"tcp://0.0.0.0:5555"``; port 0 picks one, see
+        ``endpoint``) so that ``asyncrl worker`` hosts can join; default: a private
+        ``ipc://`` socket for the local workers only.
+    remote_workers
+        Remote workers to wait for (``asyncrl worker --connect ...``) besides the local
+        ones.
+    curve_keys
+        A directory made by ``asyncrl keys generate``: CURVE encryption and
+        authentication on ``listen``.
+    max_message_bytes
+        Largest message a listening coordinator accepts (default: derived from the batch
+        and the policy's size).
+    num_threads
+        Torch threads of the trainer's process while the collector is open (default:
+        the machine's threads minus the local workers, at least 1).
+    num_sub_threads
+        Torch threads of each worker (TorchRL's name, default 1).
+    start_method
+        ``"forkserver"`` (default: a warm fork server) or ``"spawn"``.
+    trajs_per_batch, traj_format, extend_buffer
+    **torchrl_options
+        TorchRL 0.14's other collector arguments: accepted with effect or refused, see
+        above.
+    """
+
+#: The in-process :class:`~asyncrl.Collector`.
+IN_PROCESS_PARAMETERS = """
+    create_env_fn
+        What to step: a gymnasium id (``"CartPole-v1"``), an import path
+        (``"pkg.mod:make_env"``) or a callable returning a gymnasium or TorchRL env.
+    policy
+        An ``nn.Module``, a ``TensorDictModule``, a callable from observations to
+        actions, or None (random actions). Shared with the trainer, not copied.
+    policy_factory
+        A callable (or ``"pkg.mod:factory"``) that builds the policy instead.
+    frames_per_batch
+        Frames per yielded batch (a multiple of ``envs_per_worker``).
+    total_frames
+    create_env_kwargs
+        Keyword arguments for ``create_env_fn``.
+    envs_per_worker
+        Envs stepped together as one vector env.
+    max_frames_per_traj
+    init_random_frames
+        Frames collected with random actions before the policy is used.
+    reset_at_each_iter
+    reset_when_done
+    split_trajs
+    postproc
+    set_truncated
+    exploration_type
+    update_at_each_batch
+    replay_buffer
+        Anything with ``.extend(td)``: ``start()`` collects into it in the background.
+    device, policy_device, env_device, storing_device
+        TorchRL's device arguments with TorchRL's meaning (``docs/devices.md``):
+        ``device`` is the default of the others, the policy runs on
+        ``policy_device``, batches are stored on ``storing_device``; a device this
+        machine lacks is an error here.
+    return_same_td
+        True: yield the rollout's own buffers (rewritten by the next batch) instead of a
+        copy (TorchRL's meaning).
+    trajs_per_batch, traj_format, extend_buffer
+    **torchrl_options
+        TorchRL's other ``Collector`` arguments: accepted with effect or refused, see
+        above.
+    """
+
+
+def parameters_section(entries: str) -> str:
+    """A ``Parameters`` section of ``entries``: a heading without text takes :data:`SHARED`'s."""
+    lines = ["Parameters", "----------"]
+    for heading, description in _entries(entries).items():
+        if not description:
+            try:
+                description = SHARED[heading]
+            except KeyError:
+                raise ValueError(f"{heading!r} has no description here nor in SHARED") from None
+        lines += [heading, textwrap.indent(description, "    ")]
+    return "\n".join(lines)
+
+
+__all__ = ["IN_PROCESS_PARAMETERS", "MULTI_PARAMETERS", "SHARED", "parameters_section"]
