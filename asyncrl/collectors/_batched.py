@@ -59,7 +59,6 @@ from .._inference import (
 )
 from .._policies import ExplorationType, PolicyAdapter, torch_dtype
 from .._processes import WorkerProcesses, describe_exit
-from .._threads import TrainerThreads
 from ._base import BaseCollector
 from ._batched_chunks import ChunkBuffer
 from ._batched_config import (
@@ -175,7 +174,6 @@ class AsyncBatchedCollector(BaseCollector):
         self.start_method = check_start_method(start_method)
         self.num_threads = None if num_threads is None else check_int(
             "num_threads", num_threads, minimum=1)
-        self._threads_cap: TrainerThreads | None = None
         self.verbose = verbose
         self._heartbeat = (heartbeat_interval, peer_timeout)
         self._initial_version = check_int("policy_version", policy_version, minimum=0)
@@ -229,11 +227,8 @@ class AsyncBatchedCollector(BaseCollector):
         self._background_done = anyio.Event()
 
     async def _open(self) -> None:
-        # As MultiCollector and TorchRL: the trainer (and so the policy) keeps the cores
-        # the env workers do not use; a policy whose OpenMP pool spans cores busy with env
-        # workers waits for descheduled threads at every call (measured: 50x slower).
-        self._threads_cap = TrainerThreads.cap(self.num_threads, self.num_workers)
-        await self._task_group.start(self._run_background)
+        await self._open_with_workers(self._run_background, num_threads=self.num_threads,
+                                      local_workers=self.num_workers)
 
     async def _run_background(self, *, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
         assert self._background is not None and self._background_done is not None
@@ -390,8 +385,6 @@ class AsyncBatchedCollector(BaseCollector):
         self._blocks = {}
         if self._tmpdir is not None:
             shutil.rmtree(self._tmpdir, ignore_errors=True)
-        if self._threads_cap is not None:
-            self._threads_cap.restore()
         self._wake()
 
     # -- the hub: requests, chunks, errors -----------------------------------------------------
