@@ -354,7 +354,11 @@ def env_worker_main(endpoint: str, identity: bytes, config: EnvWorkerConfig, bac
     logging.basicConfig(level=logging.WARNING, format="env worker %(process)d: %(message)s")
     torch.set_num_threads(1)
     run: Callable[[], Any] = lambda: run_env_worker(endpoint, identity, config, parent_pid)  # noqa: E731
-    code = anyio.run(run, backend=backend)
+    exit_process(anyio.run(run, backend=backend))
+
+
+def exit_process(code: int) -> None:
+    """End a child process: flush its sockets, logs and output, then exit with ``code``."""
     flush_and_close_sockets()
     logging.shutdown()
     sys.stdout.flush()
@@ -376,5 +380,6 @@ __all__ = [
     "RefusedError",
     "build_pool",
     "env_worker_main",
+    "exit_process",
     "run_env_worker",
 ]

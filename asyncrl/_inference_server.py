@@ -27,8 +27,6 @@ here -> trainer       ``ready`` (the version served), ``applied``, ``stats``
 from __future__ import annotations
 
 import logging
-import os
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -38,9 +36,9 @@ import torch
 from torch import nn
 
 from transports import ErrorPayload, Hub, Link, Message, PeerEvent, PeerLostError, SharedTensorBlock
-from transports import shutdown as flush_and_close_sockets
 
-from ._env_worker import ACT, CLOSE, ERROR, OBS, _watch_parent
+from ._absent_modules import remember_absent_modules
+from ._env_worker import ACT, CLOSE, ERROR, OBS, _watch_parent, exit_process
 from ._inference import InferenceLoop, OutputLayout, WorkerBlocks
 from ._policies import ExplorationType, PolicyAdapter
 
@@ -253,14 +251,10 @@ def inference_server_main(trainer_endpoint: str, identity: bytes, config: Server
     """Entry point of the inference process (started by ``WorkerProcesses``)."""
     logging.basicConfig(level=logging.WARNING, format="inference %(process)d: %(message)s")
     torch.set_num_threads(config.threads)
+    remember_absent_modules()  # our own process: tensordict's per-call probe answered at once
     run: Callable[[], Any] = lambda: run_inference_server(  # noqa: E731
         trainer_endpoint, identity, config, parent_pid)
-    code = anyio.run(run, backend=backend)
-    flush_and_close_sockets()
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    exit_process(anyio.run(run, backend=backend))
 
 
 __all__ = ["APPLIED", "GO", "HOLD", "READY", "STATS", "WEIGHTS", "InferenceServer",

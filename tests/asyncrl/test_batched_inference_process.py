@@ -18,18 +18,11 @@ from torch import nn
 from asyncrl import AsyncBatchedCollector, WorkerLostError
 from asyncrl.testing import CountingEnv, ValuePolicy, fill_parameters, version_problems
 from tests.asyncrl.counting_frames import check_counting_frames
+from tests.asyncrl.process_checks import pid_alive
 
 pytestmark = pytest.mark.anyio
 LIMIT = 90
 counting3 = functools.partial(CountingEnv, length=3)
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except OSError:
-        return False
 
 
 class WhereAndWhen(nn.Module):
