@@ -16,9 +16,10 @@ hub, as a peer (:class:`transports.Link`):
 ====================  =====================================================
 trainer -> here       ``weights`` (a state dict: answered ``applied`` with the
                       new version once the next call uses it), ``hold`` /
-                      ``go`` (back-pressure: no answers while the trainer's
-                      buffer of frames is full), ``close``
-here -> trainer       ``ready`` (the version served), ``applied``, ``stats``
+                      ``go`` (back-pressure, and pause: no answers while the
+                      trainer's buffer of frames is full), ``close``
+here -> trainer       ``ready`` (the version served), ``applied``, ``held``,
+                      ``stats``
                       (every :data:`STATS_INTERVAL` s while calls are made),
                       ``error`` (the run stops)
 ====================  =====================================================
@@ -46,6 +47,8 @@ log = logging.getLogger("asyncrl.inference")
 
 #: Message kinds between the trainer and the inference process.
 READY, WEIGHTS, APPLIED, HOLD, GO, STATS = "ready", "weights", "applied", "hold", "go", "stats"
+#: The answer to ``hold``: from now on, at most the call under way answers env workers.
+HELD = "held"
 #: Seconds between two statistics reports while the loop serves.
 STATS_INTERVAL = 0.2
 
@@ -154,6 +157,8 @@ class InferenceServer:
                 self._room = message.kind == GO
                 if self._room and self._room_event is not None:
                     self._room_event.set()
+                if not self._room:
+                    await trainer.send(None, kind=HELD)
             elif message.kind == WEIGHTS:
                 await trainer.send(await self._load(message), kind=APPLIED)
 
@@ -257,5 +262,5 @@ def inference_server_main(trainer_endpoint: str, identity: bytes, config: Server
     exit_process(anyio.run(run, backend=backend))
 
 
-__all__ = ["APPLIED", "GO", "HOLD", "READY", "STATS", "WEIGHTS", "InferenceServer",
+__all__ = ["APPLIED", "GO", "HELD", "HOLD", "READY", "STATS", "WEIGHTS", "InferenceServer",
            "ServerConfig", "inference_server_main", "run_inference_server"]

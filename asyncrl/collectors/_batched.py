@@ -437,7 +437,7 @@ class AsyncBatchedCollector(BaseCollector):
             await hub.send(peer, 1, kind=CREDIT)  # read: that worker may send one more
         except Exception as exc:  # gone: its exit is reported by the watcher
             log.debug("could not credit env worker %r: %r", peer, exc)
-        if self._frames.full:
+        if not self._room_for_more():
             await self._server.set_room(hub, False)
 
     def _on_server_message(self, item: Message | PeerEvent) -> None:
@@ -498,10 +498,25 @@ class AsyncBatchedCollector(BaseCollector):
                 "before reporting an error, look at its stderr."))
         return False
 
+    def _room_for_more(self) -> bool:
+        """Whether the env workers may be answered: room for frames, and not paused."""
+        return not self._frames.full and not self.paused
+
     async def _wait_for_room(self) -> None:
-        while self._frames.full and not self._closing:
+        while not self._room_for_more() and not self._closing:
             self._room = anyio.Event()
             await self._room.wait()
+
+    async def _set_paused(self, paused: bool) -> None:
+        # Paused, the server answers no more requests (past the call under way): the
+        # env workers wait at their next step; what was answered is collected and held.
+        await self._update_room(wait=paused)
+
+    async def _update_room(self, *, wait: bool = False) -> None:
+        if self._room is not None and self._room_for_more():
+            self._room.set()
+        if self._server is not None and self._hub is not None:
+            await self._server.set_room(self._hub, self._room_for_more(), wait=wait)
 
     # -- batches --------------------------------------------------------------------------------
     async def _next_batch(self) -> TensorDictBase:
@@ -522,10 +537,7 @@ class AsyncBatchedCollector(BaseCollector):
             # them): bring each one's frames together, in order, before splitting.
             order = torch.argsort(batch["collector", "traj_ids"], stable=True)
             batch = batch[order]
-        if self._room is not None and not self._frames.full:
-            self._room.set()
-        if self._server is not None and self._hub is not None:
-            await self._server.set_room(self._hub, not self._frames.full)
+        await self._update_room()
         return batch
 
     async def __anext__(self) -> Any:

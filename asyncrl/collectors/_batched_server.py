@@ -30,6 +30,7 @@ from .._inference import InferenceStatistics, OutputLayout, WorkerBlocks
 from .._inference_server import (
     APPLIED,
     GO,
+    HELD,
     HOLD,
     READY,
     STATS,
@@ -68,6 +69,7 @@ class InferenceProcess:
         self._shadow = shadow
         self._stats = InferenceStatistics(0, 0, {})
         self._ready = anyio.Event()
+        self._held = anyio.Event()  # the process answered the last "hold"
         self._applied: anyio.Event | None = None
         self._answer: dict[str, Any] = {}
         self._error: BaseException | None = None
@@ -156,6 +158,8 @@ class InferenceProcess:
         body = message.body
         if message.kind == READY:
             self._ready.set()
+        elif message.kind == HELD:
+            self._held.set()
         elif message.kind == APPLIED and isinstance(body, dict):
             self._answer = body
             if self._applied is not None:
@@ -173,6 +177,7 @@ class InferenceProcess:
         if self._error is None:
             self._error = error
         self._ready.set()
+        self._held.set()
         if self._applied is not None:
             self._applied.set()
 
@@ -210,15 +215,22 @@ class InferenceProcess:
         weight_loader(shadow, weights)()  # raises here on a mismatch, naming the keys
         return {k: v.detach().cpu() for k, v in shadow.state_dict().items()}
 
-    async def set_room(self, hub: Hub, room: bool) -> None:
-        """Back-pressure: no answers to the env workers while the trainer's buffer is full."""
-        if room == self._room or self._error is not None:
+    async def set_room(self, hub: Hub, room: bool, *, wait: bool = False) -> None:
+        """Back-pressure: no answers to the env workers while the trainer's buffer is full.
+
+        ``wait``: return once the process holds (a pause), not as soon as it is told.
+        """
+        if self._error is not None or (room == self._room and not wait):
             return
         self._room = room
+        if not room:
+            self._held = anyio.Event()
         try:
             await hub.send(self.identity, None, kind=GO if room else HOLD)
         except Exception:  # the process is gone: its exit fails the run
-            pass
+            return
+        if wait and not room:
+            await self._held.wait()
 
     async def close(self, hub: Hub | None) -> None:
         """Ask the process to stop, then make sure it did (idempotent)."""
