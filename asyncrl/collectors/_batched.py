@@ -59,6 +59,7 @@ from .._inference import (
 )
 from .._policies import ExplorationType, PolicyAdapter, torch_dtype
 from .._processes import WorkerProcesses, describe_exit
+from .._statistics import WorkerStatistics
 from ._base import BaseCollector
 from ._batched_chunks import ChunkBuffer
 from ._batched_config import (
@@ -73,6 +74,7 @@ from ._batched_config import (
 )
 from ._batched_remote import RemoteEnvWorkers, check_listen
 from ._batched_server import InferenceProcess
+from ._batched_stats import env_worker_statistics
 from ._batched_weights import given_weights, weight_loader
 from ._config import check_int
 from ._env_factories import check_picklable
@@ -497,6 +499,13 @@ class AsyncBatchedCollector(BaseCollector):
                 "while collecting; its envs are gone, so this collector stops. If it failed "
                 "before reporting an error, look at its stderr."))
         return False
+
+    def _worker_statistics(self) -> list[WorkerStatistics]:
+        """The local env workers: pid, state, what each sent (chunks, frames), when heard."""
+        if self._workers is None:
+            return []
+        return env_worker_statistics(self._workers, self._peer_of, self._frames.counts,
+                                     self._hub)
 
     def _room_for_more(self) -> bool:
         """Whether the env workers may be answered: room for frames, and not paused."""

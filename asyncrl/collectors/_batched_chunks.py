@@ -10,10 +10,19 @@ what back-pressure reads.
 from __future__ import annotations
 
 import collections
-from typing import Any
+import time
+from typing import Any, NamedTuple
 
 import torch
 from tensordict import TensorDictBase
+
+
+class SlotCounts(NamedTuple):
+    """What one env worker slot sent: chunks, their frames, and when the last came."""
+
+    chunks: int = 0
+    frames: int = 0
+    last: float | None = None  # time.monotonic() of its last chunk
 
 
 class ChunkBuffer:
@@ -34,6 +43,8 @@ class ChunkBuffer:
         self._items: collections.deque[TensorDictBase] = collections.deque()
         self._keys: dict[int, set[Any]] = {}  # slot -> its chunks' keys (set by the first)
         self._partial: dict[tuple[int, int], list[TensorDictBase]] = {}  # (slot, env) -> pieces
+        #: Per slot, what its worker sent (accepted chunks only).
+        self.counts: dict[int, SlotCounts] = {}
 
     @property
     def full(self) -> bool:
@@ -46,6 +57,7 @@ class ChunkBuffer:
     def forget(self, slot: int) -> None:
         """A new occupant of ``slot`` (or none): its keys are learnt again, its pieces lost."""
         self._keys.pop(slot, None)
+        self.counts.pop(slot, None)
         for key in [k for k in self._partial if k[0] == slot]:
             del self._partial[key]
 
@@ -65,6 +77,9 @@ class ChunkBuffer:
             self._add_trajectories(slot, chunk)
         else:
             self._append(chunk.reshape(-1))
+        before = self.counts.get(slot, SlotCounts())
+        self.counts[slot] = SlotCounts(before.chunks + 1, before.frames + chunk.numel(),
+                                       time.monotonic())
         return None
 
     def _append(self, frames: TensorDictBase) -> None:
@@ -104,4 +119,4 @@ class ChunkBuffer:
         return torch.cat(pieces, 0) if len(pieces) > 1 else pieces[0]
 
 
-__all__ = ["ChunkBuffer"]
+__all__ = ["ChunkBuffer", "SlotCounts"]
