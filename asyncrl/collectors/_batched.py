@@ -51,7 +51,6 @@ from .._errors import BadBatchError, CollectorError, WorkerLostError, rebuild_re
 from .._forkserver import check_start_method
 from .._inference import (
     InferenceLoop,
-    InferenceStatistics,
     WorkerBlocks,
     auto_chunk_steps,
     discover_outputs,
@@ -75,7 +74,7 @@ from ._batched_config import (
 from ._batched_remote import RemoteEnvWorkers, check_listen
 from ._batched_server import InferenceProcess
 from ._batched_stats import env_worker_statistics
-from ._batched_weights import given_weights, weight_loader
+from ._batched_weights import ServedPolicy
 from ._config import check_int
 from ._env_factories import check_picklable
 from ._limits import listening_hub_limits
@@ -83,7 +82,7 @@ from ._limits import listening_hub_limits
 log = logging.getLogger("asyncrl.collectors")
 
 
-class AsyncBatchedCollector(BaseCollector):
+class AsyncBatchedCollector(ServedPolicy, BaseCollector):
     """Env workers in processes, the policy once in this process, batched across workers.
 
     Choose it when the policy is big (or on a GPU) and envs are cheap: one call on
@@ -588,71 +587,6 @@ class AsyncBatchedCollector(BaseCollector):
     def remote_refusals(self) -> list[str]:
         """Why each refused or dropped remote env worker was (the run went on without it)."""
         return list(self._remote.refusals) if self._remote is not None else []
-
-    @property
-    def policy_version(self) -> int:
-        """The version of the weights the inference loop uses now."""
-        if self._server is not None:
-            return self._server.version
-        if self._loop is None:
-            return self._initial_version
-        return self._loop.version
-
-    def inference_statistics(self) -> InferenceStatistics:
-        """Policy calls so far, observations served, and how many calls had each batch size.
-
-        With ``server_backend="process"``: the process's latest report (at most 0.2 s old).
-        """
-        if self._server is not None:
-            return self._server.statistics()
-        if self._loop is None:
-            return InferenceStatistics(0, 0, {})
-        return self._loop.statistics()
-
-    # The signature of the multi-process collectors (TorchRL's names, asyncrl's weights=).
-    async def update_policy_weights(self, policy_or_weights: Any = None, *, weights: Any = None,
-                                    policy: Any = None, worker_ids: Any = None,
-                                    model_id: str | None = None,
-                                    weights_dict: dict[str, Any] | None = None) -> None:
-        """Load new weights into the served policy between two calls; return once in use.
-
-        The weights (positionally, or as ``weights=`` / ``policy=``, TorchRL's names):
-        None (copy them from the ``policy`` given to the constructor, the one you
-        train), an ``nn.Module``, a state dict, or a TensorDict of parameters
-        (``TensorDict.from_module``). Every frame whose action the next calls choose
-        is stamped with the new version (see :attr:`policy_version`).
-        """
-        weights = given_weights(policy_or_weights, weights=weights, policy=policy,
-                                worker_ids=worker_ids, model_id=model_id,
-                                weights_dict=weights_dict)
-        if self._loop is None and self._server is None:
-            raise CollectorError("update_policy_weights needs an open collector: "
-                                 "use 'async with' first")
-        if self._error is not None:
-            raise self._error
-        if weights is None:
-            if not isinstance(self.policy, nn.Module):
-                raise CollectorError(
-                    "update_policy_weights() without weights copies them from the policy= "
-                    "module given to the constructor; there is none (policy_factory or a "
-                    "plain callable): pass weights= (a state dict, module or TensorDict)")
-            weights = self.policy
-        if self._server is not None:
-            assert self._hub is not None
-            version = await self._server.update(self._hub, weights)
-        else:
-            assert self._loop is not None
-            version = await self._loop.update(weight_loader(self._server_policy_module(), weights))
-        if self.verbose:
-            log.info("policy version %d in use", version)
-
-    def _server_policy_module(self) -> nn.Module:
-        assert self._loop is not None
-        policy = self._loop.adapter.policy
-        if not isinstance(policy, nn.Module):
-            raise CollectorError(f"the served policy is a {type(policy).__name__}, which has "
-                                 "no weights to update (give an nn.Module)")
-        return policy
 
 
 __all__ = ["AsyncBatchedCollector"]
