@@ -108,8 +108,8 @@ class InferenceServer:
         self._room = True
         self._room_event: anyio.Event | None = None
 
-    async def serve(self, trainer: Link) -> None:
-        """Serve until the trainer says close (return) or goes away (``PeerLostError``)."""
+    async def serve(self, trainer: Link) -> int:
+        """Serve until the trainer says close (0), goes away (0) or this fails (1, reported)."""
         c = self.config
         async with Hub(c.endpoint, heartbeat_interval=c.heartbeat_interval,
                        peer_timeout=c.peer_timeout) as hub:
@@ -126,8 +126,8 @@ class InferenceServer:
             except Exception as exc:
                 # Told before the hub closes: its goodbye ends the env workers, and the
                 # trainer must hear the cause before it hears of them.
-                await report_error(trainer, exc)
-                raise
+                return await report_error(trainer, exc)
+        return 0
 
     async def _requests(self, hub: Hub) -> None:
         async for item in hub:
@@ -216,13 +216,9 @@ async def _serve(trainer: Link, config: ServerConfig) -> int:
     server: InferenceServer | None = None
     try:
         server = await anyio.to_thread.run_sync(InferenceServer, config)
-        await server.serve(trainer)
-        return 0
-    except Exception as exc:
-        if isinstance(_cause(exc), PeerLostError):
-            return 0  # the trainer is gone: nothing to report to
-        await report_error(trainer, exc)
-        return 1
+        return await server.serve(trainer)
+    except Exception as exc:  # building the server, or binding its hub
+        return await report_error(trainer, exc)
     finally:
         if server is not None:
             server.close()
@@ -234,21 +230,21 @@ def _cause(exc: BaseException) -> BaseException:
     return exc
 
 
-async def report_error(trainer: Link, exc: BaseException) -> None:
-    """Send the trainer the error that ends this process (once; never raises)."""
+async def report_error(trainer: Link, exc: BaseException) -> int:
+    """Send the trainer the error that ends this process; the exit code (never raises).
+
+    0 when the error is the trainer's loss: there is nobody to report to.
+    """
     exc = _cause(exc)
-    if isinstance(exc, PeerLostError) or getattr(exc, "_asyncrl_reported", False):
-        return
+    if isinstance(exc, PeerLostError):
+        return 0
     log.debug("the inference process failed", exc_info=exc)
-    try:
-        exc._asyncrl_reported = True  # type: ignore[attr-defined]
-    except AttributeError:
-        pass
     with anyio.move_on_after(2):
         try:
             await trainer.send(ErrorPayload.from_exception(exc).to_body(), kind=ERROR)
         except Exception:  # the trainer is gone
             pass
+    return 1
 
 
 def inference_server_main(trainer_endpoint: str, identity: bytes, config: ServerConfig,

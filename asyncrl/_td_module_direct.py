@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from tensordict import TensorDictBase
 from tensordict.nn import TensorDictModule, skip_existing
 from torch import nn
@@ -28,15 +29,20 @@ from torch.nn.modules import module as _torch_module
 
 __all__ = ["DirectCall", "direct_call"]
 
-#: torch's process-wide module hooks: any of them set, the module's own path runs.
-_GLOBAL_HOOKS = ("_global_forward_hooks", "_global_forward_pre_hooks",
-                 "_global_backward_hooks", "_global_backward_pre_hooks")
+#: torch's process-wide module hooks (dicts torch fills in place): any of them set, the
+#: module's own path runs.
+_GLOBAL_HOOKS = tuple(getattr(_torch_module, name, {}) for name in (
+    "_global_forward_hooks", "_global_forward_pre_hooks",
+    "_global_backward_hooks", "_global_backward_pre_hooks"))
 
 
 def _hooked(module: nn.Module) -> bool:
-    return bool(module._forward_hooks or module._forward_pre_hooks
-                or module._backward_hooks or module._backward_pre_hooks
-                or any(getattr(_torch_module, name, None) for name in _GLOBAL_HOOKS))
+    # Checked at every call (hooks may be added later); no allocation on the way.
+    if (module._forward_hooks or module._forward_pre_hooks
+            or module._backward_hooks or module._backward_pre_hooks):
+        return True
+    forward, forward_pre, backward, backward_pre = _GLOBAL_HOOKS
+    return bool(forward or forward_pre or backward or backward_pre)
 
 
 class DirectCall:
@@ -47,11 +53,22 @@ class DirectCall:
         self.net: nn.Module = policy.module
         self.in_keys = list(policy.in_keys)
         self.out_keys = list(policy.out_keys)
+        # The common case, one input and one output: no list or tuple per call.
+        self._single = (self.in_keys[0], self.out_keys[0]) if (
+            len(self.in_keys) == 1 and len(self.out_keys) == 1
+            and self.out_keys[0] != "_") else None
 
     def __call__(self, td: TensorDictBase) -> TensorDictBase:
         if _hooked(self.policy) or skip_existing():
             return self.policy(td)
-        out = self.net(*[td.get(key, None) for key in self.in_keys])
+        single = self._single
+        if single is not None:
+            out = self.net(td.get(single[0], None))
+            if isinstance(out, torch.Tensor):
+                td.set(single[1], out)
+                return td
+        else:
+            out = self.net(*[td.get(key, None) for key in self.in_keys])
         out_keys = self.out_keys
         if isinstance(out, (dict, TensorDictBase)) and all(k in out for k in out_keys):
             out = tuple(out[k] for k in out_keys)
