@@ -10,16 +10,16 @@ import shlex
 import sys
 from typing import Any
 
-from . import _logs
-from ._env_host_cli import add_parser as add_env_worker_parser
-from ._env_host_cli import run_env_worker_command
+from ._inference.cli import add_parser as add_env_worker_parser
+from ._inference.cli import run_env_worker_command
+from ._spawn import logs as _logs
 
 #: What ``asyncrl --help`` says (plain text: argparse prints it as is).
 DESCRIPTION = ("asyncrl: async-first, ZeroMQ-based experience collection for reinforcement "
                "learning. Run workers that join a trainer's collector over the network, "
                "make CURVE keys for them, or run a benchmark from a source checkout.")
 
-#: The worker's exit codes (asyncrl._worker's EXIT_* and this module's argument errors).
+#: The worker's exit codes (asyncrl._worker.worker's EXIT_* and this module's argument errors).
 WORKER_EXIT_CODES = """exit codes:
   0  closed by the coordinator, or stopped by SIGTERM / SIGINT (Ctrl-C)
   1  an env or policy error (reported to the coordinator first)
@@ -206,7 +206,7 @@ def generate_keys_command(directory: str) -> int:
 
 
 def run_workers(args: argparse.Namespace) -> int:
-    from ._worker_spec import WorkerSpec, host_rollout_options, resolve_import_path
+    from ._worker.spec import WorkerSpec, host_rollout_options, resolve_import_path
 
     level = _logs.parse_level(args.log_level)
     log_format = "%(asctime)s %(name)s: %(message)s"
@@ -243,7 +243,7 @@ def run_workers(args: argparse.Namespace) -> int:
         return 2
     spec = WorkerSpec(create_env_fn=args.env, envs_per_worker=args.envs_per_worker,
                       policy_factory=args.policy, torch_threads=args.threads, rollout=rollout)
-    from ._host import HostWorkers
+    from ._worker.host import HostWorkers
 
     host = HostWorkers(args.connect, spec, workers=args.workers, relay=not args.no_relay,
                        peer_timeout=args.peer_timeout, reconnect=args.reconnect,

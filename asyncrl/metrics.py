@@ -47,8 +47,8 @@ except ImportError as exc:  # pragma: no cover - exercised with the extra missin
         'pip install "asyncrl[metrics]" (or pip install "prometheus-client>=0.17")'
     ) from exc
 
-from ._latency import LatencyHistogram
-from ._statistics import WorkerState
+from ._observe.latency import LatencyHistogram
+from ._observe.statistics import WorkerState
 
 STATES: tuple[WorkerState, ...] = ("joining", "collecting", "idle", "lost")
 WORKER_LABELS = ["worker", "host", "pid"]

@@ -297,7 +297,7 @@ def make_specs(obs_dim: int) -> dict[str, Any]:
     >>> make_specs(4)["observation"]["observation"]["shape"]
     [4]
     """
-    from ._env_specs import ArraySpec, EnvSpecs
+    from ._rollout.env_specs import ArraySpec, EnvSpecs
 
     specs = EnvSpecs(observation={"observation": ArraySpec(shape=(obs_dim,), dtype="float32")},
                      action=ArraySpec(shape=(), dtype="int64", low=0.0, high=1.0, n=2),
@@ -421,8 +421,8 @@ class RolloutProbe:
 
     def __init__(self, env: Any, policy: Any = None, *, frames_per_batch: int,
                  envs_per_worker: int = 1, seed: int = 0) -> None:
-        from ._envs import make_env_pool
-        from ._rollout import Rollout
+        from ._rollout.envs import make_env_pool
+        from ._rollout.loop import Rollout
 
         self._rollout = Rollout(make_env_pool(env, num_envs=envs_per_worker), policy,
                                 frames_per_batch)

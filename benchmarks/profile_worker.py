@@ -52,7 +52,8 @@ T = TypeVar("T")
 #: cProfile self time is charged to a category by the first rule that matches the
 #: function's file (or, for built-ins, its name). Order matters: specific first.
 CATEGORIES: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("env (gymnasium + EnvPool)", ("gymnasium/", "asyncrl/_envs.py", "asyncrl/_env_specs.py")),
+    ("env (gymnasium + EnvPool)",
+     ("gymnasium/", "asyncrl/_rollout/envs.py", "asyncrl/_rollout/env_specs.py")),
     # tensordict 0.14's TensorDictModule writes each output through TensorDict.from_any,
     # which looks for pandas on disk (importlib.util.find_spec) at every call.
     ("TensorDictModule output: find_spec('pandas')", ("importlib", "posix.stat",
@@ -60,13 +61,13 @@ CATEGORIES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("policy: torch ops", ("torch._C._nn", "torch.tanh", "argmax", "method mul",
                            "built-in method torch.")),
     ("policy: nn.Module / TensorDictModule Python", (
-        "torch/nn/", "tensordict/nn/", "asyncrl/_policies.py", "benchmarks/collect.py",
+        "torch/nn/", "tensordict/nn/", "asyncrl/_rollout/policies.py", "benchmarks/collect.py",
         "torch/utils/_contextlib", "torch/autograd/grad_mode", "torch/compiler",
         "torch/_dynamo")),
     ("encode (transports codec)", ("transports/", "msgpack")),
     ("tensordict (clone, get/set, batch view)", ("tensordict/", "method clone",
                                                  "method copy_", "method set_")),
-    ("rollout loop (asyncrl/_rollout.py)", ("asyncrl/_rollout.py",)),
+    ("rollout loop (asyncrl/_rollout/loop.py)", ("asyncrl/_rollout/loop.py",)),
     ("numpy (buffer writes, env maths)", ("numpy/", "numpy.", "method 'any'", "copyto",
                                           "logical_or", "built-in method numpy")),
 )
@@ -170,7 +171,7 @@ def profile_table(stats: pstats.Stats, steps: int, top: int) -> list[str]:
 
 
 def _short(filename: str) -> str:
-    if filename.startswith(ROOT + "/"):  # asyncrl/_rollout.py, benchmarks/collect.py
+    if filename.startswith(ROOT + "/"):  # asyncrl/_rollout/loop.py, benchmarks/collect.py
         return filename[len(ROOT) + 1:]
     if "site-packages/" in filename:
         return filename.split("site-packages/", 1)[1]

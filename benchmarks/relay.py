@@ -1,7 +1,7 @@
 """Per-host relay benchmark: weights once per host vs once per worker; batches with one hop more.
 
 A. Weights. One simulated worker host: K=4 worker processes and a
-:class:`~asyncrl._relay.HostRelay` in a process of its own; the trainer (this
+:class:`~asyncrl._worker.relay.HostRelay` in a process of its own; the trainer (this
 process) sends with ``ZmqWeightSyncScheme`` over tcp. Each size alternates
 updates sent *direct* (one copy per worker) with updates sent *through the
 relay* (one copy per host, which the relay forwards over ipc), on the same
@@ -52,7 +52,7 @@ from tensordict import TensorDict
 # The relay is timed on its own: a HostRelay in a process, and this trainer answers its
 # hello as the coordinator would (internal, like scaling's coordinator).
 from asyncrl._protocol import RelayHello, RelayWelcome
-from asyncrl._relay import ATTACHED_KIND, HostRelay
+from asyncrl._worker.relay import ATTACHED_KIND, HostRelay
 from asyncrl.weights import (
     WEIGHTS_KIND,
     WeightReceiverGroup,

@@ -22,8 +22,8 @@ import torch
 from tensordict.nn import TensorDictModule, TensorDictSequential
 from torch import nn
 
-from asyncrl._envs import make_env_pool
-from asyncrl._rollout import Rollout
+from asyncrl._rollout.envs import make_env_pool
+from asyncrl._rollout.loop import Rollout
 
 
 class _Head(nn.Module):

@@ -2,10 +2,10 @@
 
 What is real: the coordinator side, exactly as :class:`~asyncrl.MultiCollector`
 runs it -- a :class:`transports.Hub` (ROUTER, pump, codec decode of every batch,
-heartbeats, liveness), the :class:`~asyncrl._coordinator.Coordinator` (handshake
+heartbeats, liveness), the :class:`~asyncrl._coordinator.coordinator.Coordinator` (handshake
 with ``check_specs``, credits, sync rounds with ``next_round``, async
 first-come with ``next_batch``) and, in sync mode, the assembly of the shares
-with ``asyncrl._batches.assemble``. Batches have TorchRL's layout
+with ``asyncrl.collectors._assemble.assemble``. Batches have TorchRL's layout
 (``observation``, ``action``, ``("next", ...)``, ``("collector", ...)``) of
 ``[1, frames]`` per message.
 
@@ -60,10 +60,9 @@ import anyio.abc
 import torch
 from tensordict import TensorDictBase
 
-from asyncrl._batches import assemble
-
 # The coordinator is timed on its own, without MultiCollector around it: internal.
-from asyncrl._coordinator import Coordinator, check_specs
+from asyncrl._coordinator.coordinator import Coordinator, check_specs
+from asyncrl.collectors._assemble import assemble
 from asyncrl.testing import SimRecord, sim_worker
 from benchmarks.scaling_host import HostProcess
 from transports import Hub

@@ -10,7 +10,7 @@ its TanhNormal ``ProbabilisticActor`` and one torch thread. Each case runs in a
 fresh interpreter, cases interleaved per round; the median is printed.
 
 - ``torchrl``: TorchRL's single-process ``Collector`` (what each TorchRL worker runs);
-- ``torchrl+probe``: the same, with pandas marked absent (``asyncrl._absent_modules``):
+- ``torchrl+probe``: the same, with pandas marked absent (``asyncrl._spawn.absent_modules``):
   what that change alone would give TorchRL;
 - ``asyncrl-generic``: asyncrl's ``Rollout`` on the generic ``TorchRLPool`` (every
   step through ``TransformedEnv.step``: the path before the fast path);
@@ -36,7 +36,7 @@ def _measure(case: str, batches: int, frames: int) -> list[float]:
 
     torch.set_num_threads(1)
     if case in ("torchrl+probe", "asyncrl-worker"):
-        from asyncrl._absent_modules import remember_absent_modules
+        from asyncrl._spawn.absent_modules import remember_absent_modules
 
         remember_absent_modules()
     from examples.ppo_pendulum import make_actor, make_env
@@ -55,9 +55,9 @@ def _measure(case: str, batches: int, frames: int) -> list[float]:
         def collect() -> None:
             next(it)
     else:
-        from asyncrl._env_pools import TorchRLPool
-        from asyncrl._envs import make_env_pool
-        from asyncrl._rollout import Rollout
+        from asyncrl._rollout.env_pools import TorchRLPool
+        from asyncrl._rollout.envs import make_env_pool
+        from asyncrl._rollout.loop import Rollout
 
         pool = TorchRLPool(make_env()) if case == "asyncrl-generic" else make_env_pool(make_env)
         assert pool.fast_path == (case != "asyncrl-generic"), type(pool)

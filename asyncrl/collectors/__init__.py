@@ -1,14 +1,14 @@
 """Collectors: in-process, multi-process sync (on-policy) and async (off-policy)."""
 
-from .._statistics import WorkerStatistics as WorkerStatistics
+from .._observe.statistics import WorkerStatistics as WorkerStatistics
 from ._base import BaseCollector as BaseCollector
-from ._batched import AsyncBatchedCollector as AsyncBatchedCollector
 from ._blocking import BlockingCollector as BlockingCollector
 from ._inprocess import Collector as Collector
-from ._multi import MultiAsyncCollector as MultiAsyncCollector
-from ._multi import MultiCollector as MultiCollector
-from ._multi import MultiSyncCollector as MultiSyncCollector
 from ._operations import Pausing as Pausing
+from .batched.collector import AsyncBatchedCollector as AsyncBatchedCollector
+from .multi.collector import MultiAsyncCollector as MultiAsyncCollector
+from .multi.collector import MultiCollector as MultiCollector
+from .multi.collector import MultiSyncCollector as MultiSyncCollector
 
 __all__ = [
     "AsyncBatchedCollector",

@@ -10,13 +10,13 @@ from tensordict import TensorDictBase
 
 from transports import TaskGroupResource
 
-from .._batches import MASK_KEY, split_trajectories
 from .._errors import CollectorError, CollectorStopped
-from .._threads import TrainerThreads
-from .._trajectories import TrajectoryAssembler, check_trajectory_options
+from .._spawn.threads import TrainerThreads
+from ._assemble import MASK_KEY, split_trajectories
 from ._config import normalise_total_frames
 from ._operations import CollectorOperations
 from ._torchrl_habits import TorchRLHabits
+from ._trajectories import TrajectoryAssembler, check_trajectory_options
 
 
 class BaseCollector(CollectorOperations, TaskGroupResource, TorchRLHabits):
@@ -127,7 +127,7 @@ class BaseCollector(CollectorOperations, TaskGroupResource, TorchRLHabits):
         """The next batch; None when ``replay_buffer`` was given (TorchRL): it was filled.
 
         With ``trajs_per_batch``, batches of whole trajectories (see
-        :mod:`asyncrl._trajectories`); into a replay buffer, each batch's complete
+        :mod:`asyncrl.collectors._trajectories`); into a replay buffer, each batch's complete
         trajectories, flat.
         """
         trajs = self._trajs

@@ -6,7 +6,7 @@ came and what is expected: a wrong argument fails in the constructor, in the
 trainer, not deep inside the first batch or in every worker. The collectors'
 ``__init__`` only call these, build their config objects and store them.
 The rollout's own six options are checked by
-:class:`~asyncrl._rollout_options.RolloutOptions`.
+:class:`~asyncrl._rollout.options.RolloutOptions`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .._forkserver import check_start_method
+from .._spawn.forkserver import check_start_method
 
 #: What a collector may do when a worker is lost ("restart": local workers are respawned).
 ON_WORKER_LOSS = ("raise", "continue", "wait", "restart")

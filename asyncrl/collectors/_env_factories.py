@@ -20,7 +20,7 @@ import types
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from .._checks import check_specs
+from .._coordinator.checks import check_specs
 from .._errors import CollectorError
 from .._protocol import Hello
 

@@ -10,16 +10,16 @@ import anyio
 import torch
 from tensordict import TensorDictBase
 
-from .._batches import drop_env_dim
-from .._devices import DeviceLayout, place_policy
-from .._envs import make_env_pool
 from .._errors import CollectorError
-from .._reach import env_attr, policy_attr
-from .._rollout import Rollout
-from .._rollout_options import RolloutOptions
-from .._seeding import seed_global_rngs
-from .._worker_spec import WorkerSpec
+from .._rollout.devices import DeviceLayout, place_policy
+from .._rollout.envs import make_env_pool
+from .._rollout.loop import Rollout
+from .._rollout.options import RolloutOptions
+from .._rollout.reach import env_attr, policy_attr
+from .._rollout.seeding import seed_global_rngs
+from .._worker.spec import WorkerSpec
 from ..weights import InProcessWeightSyncScheme, WeightApplier, WeightSender
+from ._assemble import drop_env_dim
 from ._base import BaseCollector
 from ._config import check_in_process_frames
 from ._docs import add_parameters

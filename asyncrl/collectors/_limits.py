@@ -10,7 +10,7 @@ import torch
 
 from transports import STRANGER_MAX_BYTES
 
-from .._env_specs import EnvSpecs
+from .._rollout.env_specs import EnvSpecs
 
 #: The smallest default cap on one message from a peer (batches, acks, state dicts).
 MIN_MESSAGE_BYTES = 64 << 20

@@ -16,8 +16,8 @@ from typing import Any
 import anyio
 from tensordict import TensorDictBase
 
-from .._events import CollectorEvent, EventFanout, EventStream
-from .._statistics import (
+from .._observe.events import CollectorEvent, EventFanout, EventStream
+from .._observe.statistics import (
     CollectorStatistics,
     EpisodeReturns,
     RateMeter,

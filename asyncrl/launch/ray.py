@@ -1,6 +1,6 @@
 """Start asyncrl workers as Ray actors (optional extra: ``pip install asyncrl[ray]``).
 
-Ray only places the processes: each actor runs :func:`asyncrl._worker.run_worker`
+Ray only places the processes: each actor runs :func:`asyncrl._worker.worker.run_worker`
 and connects back to the collector's ``listen`` address over ZeroMQ, exactly as
 ``asyncrl worker --connect`` does. Env and policy are import paths (or a
 gymnasium id) resolved inside the actor.
@@ -38,7 +38,7 @@ class WorkerActor:
     def run(self, endpoint: str, spec_kwargs: dict[str, Any], options: dict[str, Any]) -> int:
         import anyio
 
-        from .._worker import run_worker
+        from .._worker.worker import run_worker
 
         spec = _host_spec(spec_kwargs)  # the device is checked here, on the worker's node
         return anyio.run(lambda: run_worker(endpoint, spec, **options))
@@ -49,7 +49,7 @@ class HostActor:
     """One node's asyncrl workers and relay (``asyncrl worker --workers K``) in a Ray actor."""
 
     def run(self, endpoint: str, spec_kwargs: dict[str, Any], options: dict[str, Any]) -> int:
-        from .._host import HostWorkers
+        from .._worker.host import HostWorkers
 
         return HostWorkers(endpoint, _host_spec(spec_kwargs), **options).run()
 
@@ -157,7 +157,7 @@ def _spec_kwargs(env: str, policy: str | None, envs_per_worker: int,
 
 def _host_spec(spec_kwargs: dict[str, Any]) -> Any:
     """The actor's WorkerSpec, its device checked on the node it runs on."""
-    from .._worker_spec import WorkerSpec, host_rollout_options
+    from .._worker.spec import WorkerSpec, host_rollout_options
 
     kwargs = dict(spec_kwargs)
     rollout = host_rollout_options(kwargs.pop("device", None))

@@ -12,7 +12,7 @@ import anyio
 
 from transports import Ticket
 
-from .._latency import LatencyHistogram
+from .._observe.latency import LatencyHistogram
 from .._protocol import WeightMeta
 from ._in_flight import Lane, Part, Queued, Sent, first_error, gone_part
 from ._receiver import WEIGHTS_KIND

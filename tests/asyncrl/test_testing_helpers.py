@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 import transports
-from asyncrl._env_specs import EnvSpecs
+from asyncrl._rollout.env_specs import EnvSpecs
 from asyncrl.testing import CountingEnv, RolloutProbe, make_share, make_specs
 
 

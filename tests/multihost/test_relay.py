@@ -16,9 +16,9 @@ import pytest
 import torch
 
 from asyncrl import MultiAsyncCollector, MultiSyncCollector
-from asyncrl._relay import HostRelay
-from asyncrl._worker import run_worker
-from asyncrl._worker_spec import WorkerSpec
+from asyncrl._worker.relay import HostRelay
+from asyncrl._worker.spec import WorkerSpec
+from asyncrl._worker.worker import run_worker
 from asyncrl.testing import ParamPolicy
 from asyncrl.weights import WEIGHTS_KIND, WeightSender, ZmqWeightSyncScheme
 from asyncrl.weights._fanout import RELAY_TO

@@ -187,8 +187,8 @@ def test_a_reconnecting_worker_joins_a_restarted_coordinator(peer_timeout: str) 
 async def test_a_hello_left_unanswered_is_said_again_and_only_its_welcome_counts() -> None:
     """As when a coordinator died between receiving a hello and answering it."""
     from asyncrl._protocol import Batch, Collect, Control, Hello, Welcome
-    from asyncrl._worker import run_worker
-    from asyncrl._worker_spec import WorkerSpec
+    from asyncrl._worker.spec import WorkerSpec
+    from asyncrl._worker.worker import run_worker
     from transports import Hub, Message
 
     codes: list[int] = []

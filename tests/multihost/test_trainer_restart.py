@@ -192,7 +192,7 @@ async def test_a_relay_never_acks_a_dead_trainers_forward_to_its_successor() -> 
     B's messages (here B's version 1, sent with the same sequence number).
     """
     from asyncrl._protocol import RelayWelcome
-    from asyncrl._relay import ATTACHED_KIND, HostRelay
+    from asyncrl._worker.relay import ATTACHED_KIND, HostRelay
     from asyncrl.weights import WEIGHTS_KIND
     from asyncrl.weights._fanout import RELAY_TO
 

@@ -1,0 +1,167 @@
+"""What the coordinator checks of what a worker sends: its handshake and its batches.
+
+Nothing a worker sends is taken on trust: a remote host may run other code, an
+older asyncrl, or be hostile. These checks are pure functions of the data, so
+the coordinator's state stays about state and the checks are tested on their own.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from tensordict import TensorDictBase
+
+from .._protocol import PROTOCOL, Hello, RelayHello
+
+#: Keys of TorchRL's batch layout every share must hold (observations come from the specs).
+REQUIRED_KEYS: tuple[tuple[str, ...], ...] = (
+    ("action",), ("next", "reward"), ("next", "done"), ("next", "terminated"),
+    ("next", "truncated"), ("collector", "traj_ids"), ("collector", "worker_id"),
+    ("collector", "policy_version"),
+)
+_FLAGS = (("next", "done"), ("next", "terminated"), ("next", "truncated"))
+
+
+class BatchChecker:
+    """Checks a worker's batch against what it was asked for, before it is counted.
+
+    A batch from the network decides how many frames the trainer thinks it
+    has, so nothing in it is taken on trust: its batch size must be
+    ``[num_envs, frames // num_envs]`` (fewer steps only for a share the
+    coordinator cut short), every leaf must share those leading dimensions,
+    TorchRL's keys must be there, observations and actions must have the
+    shapes and dtypes of the handshake's specs, and ``("collector",
+    "worker_id")`` must be the sender's index.
+    """
+
+    def __init__(self) -> None:
+        self._specs_source: dict[str, Any] | None = None
+        self._specs: Any = None  # EnvSpecs parsed from _specs_source (None: unusable)
+
+    def problems(self, td: TensorDictBase, *, specs: dict[str, Any] | None, frames: int,
+                 worker_index: int, shorter_ok: bool) -> list[str]:
+        parsed = self._parse(specs)
+        envs = parsed.num_envs if parsed is not None else None
+        shape = tuple(td.batch_size)
+        if len(shape) != 2:
+            return [f"batch size {list(shape)}: expected [num_envs, steps]"]
+        if envs is not None:
+            steps = frames // envs
+            if shape[0] != envs or not (shape[1] == steps or (shorter_ok and shape[1] < steps)):
+                return [f"batch size {list(shape)}: expected [{envs}, {steps}] "
+                        f"({frames} frames over {envs} envs)"]
+        elif shape[0] * shape[1] != frames and not (shorter_ok and shape[0] * shape[1] < frames):
+            # Specs unusable (no check_specs): at least the frame count must hold.
+            return [f"batch size {list(shape)}: expected {frames} frames"]
+        problems = self._leaf_problems(td, shape)
+        if problems:
+            return problems
+        if parsed is not None:
+            problems += self._spec_problems(td, parsed, shape)
+        ids = td.get(("collector", "worker_id"))
+        if not bool((ids == worker_index).all()):
+            problems.append(f"('collector', 'worker_id'): expected {worker_index} everywhere")
+        return problems
+
+    def _parse(self, specs: dict[str, Any] | None) -> Any:
+        if specs is not self._specs_source:
+            from .._rollout.envs import EnvSpecs
+
+            self._specs_source = specs
+            try:
+                self._specs = EnvSpecs.from_dict(specs) if specs is not None else None
+            except ValueError:
+                self._specs = None  # checked at the handshake when check_specs is on
+        return self._specs
+
+    @staticmethod
+    def _leaf_problems(td: TensorDictBase, shape: tuple[int, ...]) -> list[str]:
+        problems = []
+        keys = {k if isinstance(k, tuple) else (k,)
+                for k in td.keys(include_nested=True, leaves_only=True)}
+        for key in REQUIRED_KEYS:
+            if key not in keys:
+                problems.append(f"{key}: missing")
+        for key in keys:
+            value = td.get(key)
+            if not isinstance(value, torch.Tensor) or tuple(value.shape[:2]) != shape:
+                got = list(getattr(value, "shape", ()))
+                problems.append(f"{key}: shape {got}, expected leading dims {list(shape)}")
+        for key in _FLAGS:
+            if key in keys and td.get(key).dtype != torch.bool:
+                problems.append(f"{key}: dtype {td.get(key).dtype}, expected torch.bool")
+        ids = td.get(("collector", "worker_id"), None)
+        if isinstance(ids, torch.Tensor) and ids.dtype != torch.int64:
+            problems.append(f"('collector', 'worker_id'): dtype {ids.dtype}, expected torch.int64")
+        return problems[:20]
+
+    @staticmethod
+    def _spec_problems(td: TensorDictBase, specs: Any, shape: tuple[int, ...]) -> list[str]:
+        from .._rollout.policies import torch_dtype
+
+        problems = []
+        expected = [(("action",), specs.action)]
+        for path, spec in specs.flat_observation().items():
+            expected += [(path, spec), (("next", *path), spec)]
+        for key, spec in expected:
+            value = td.get(key, None)
+            want_shape, want_dtype = [*shape, *spec.shape], torch_dtype(spec.dtype)
+            if value is None:
+                problems.append(f"{key}: missing")
+            elif list(value.shape) != want_shape or value.dtype != want_dtype:
+                problems.append(f"{key}: {value.dtype} {list(value.shape)}, expected "
+                                f"{want_dtype} {want_shape} (from the env specs)")
+        return problems[:20]
+
+
+def hello_problems(hello: Hello, *, token: str, accept_remote: bool,
+                   slot_taken: bool) -> list[str]:
+    """What forbids admitting the worker of ``hello`` ([] if nothing), specs and room aside.
+
+    ``slot_taken``: a live worker holds the index this (local) worker was spawned for.
+    """
+    problems = []
+    if hello.protocol != PROTOCOL:
+        problems.append(f"protocol: coordinator speaks {PROTOCOL}, worker {hello.protocol}")
+    local = hello.slot >= 0
+    if local and hello.token != token:
+        problems.append("token: this worker was not spawned by this coordinator")
+    if not local and not accept_remote:
+        problems.append("remote workers are not accepted by this collector")
+    if local and slot_taken:
+        problems.append(f"slot: worker index {hello.slot} is taken")
+    return problems
+
+
+def relay_hello_problems(hello: RelayHello, *, accept_remote: bool, max_remote: int | None,
+                         others: int) -> list[str]:
+    """What forbids registering the relay of ``hello`` ([] if nothing).
+
+    ``others``: relays registered already, this one aside (a relay may say hello again).
+    """
+    problems = []
+    if hello.protocol != PROTOCOL:
+        problems.append(f"protocol: coordinator speaks {PROTOCOL}, relay {hello.protocol}")
+    if not accept_remote:
+        problems.append("remote workers (and their relays) are not accepted by this "
+                        "collector; pass listen= and remote_workers=")
+    elif max_remote is not None and others >= max_remote:
+        problems.append(f"remote_workers: this collector takes at most {max_remote} "
+                        "remote worker(s), and as many relays are registered")
+    return problems
+
+
+def check_specs(reference: dict[str, Any], hello: Hello) -> list[str]:
+    """Handshake check: the worker's env specs must equal the first worker's."""
+    from .._rollout.envs import EnvSpecs
+
+    try:
+        theirs = EnvSpecs.from_dict(hello.specs)
+    except ValueError as exc:
+        return [f"specs: {exc}"]
+    ours = EnvSpecs.from_dict(reference)
+    return [f"specs: {line}" for line in ours.describe_mismatch(theirs)]
+
+
+__all__ = ["REQUIRED_KEYS", "BatchChecker", "check_specs", "hello_problems", "relay_hello_problems"]

@@ -1,0 +1,453 @@
+"""The coordinator: reads the hub, applies each event to its state, makes the sends.
+
+The decisions (admission, credits, rounds, loss) are :class:`CoordinatorState`'s
+plain methods, which return the sends to make; this module is the I/O around
+them, and owns every protocol message the trainer sends a worker except the
+weights (the :class:`~asyncrl.weights.WeightSender` sends those): welcomes and
+refusals, orders, control operations and the close broadcast.
+
+One task reads the hub and updates state; the trainer's calls wait on events
+that state changes set. There is no polling and no timeout used as a
+scheduling tool: a batch is handed over the moment its last share arrives.
+See :mod:`asyncrl._coordinator.state` for the sync and async modes.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+import anyio
+from tensordict import TensorDictBase
+
+from transports import Hub, Message, PeerEvent, PeerLostError, ProtocolError, RateLimitedLog
+
+from .._errors import CollectorError, WorkerLostError, rebuild_remote_exception
+from .._observe.events import CollectorEvent
+from .._protocol import (
+    Batch,
+    Control,
+    ErrorReport,
+    Hello,
+    Leaving,
+    Refuse,
+    RelayHello,
+    RelayWelcome,
+    Welcome,
+)
+from .checks import check_specs
+from .registry import WorkerRegistry
+from .state import (
+    Action,
+    CatchUp,
+    CoordinatorState,
+    Expel,
+    OnWorkerLoss,
+    RelayInfo,
+    Send,
+    WorkerInfo,
+)
+
+if TYPE_CHECKING:
+    from ..weights import WeightSender
+
+log = logging.getLogger("asyncrl.coordinator")
+
+
+class Coordinator:
+    """The coordinator's task and the trainer's calls (run :meth:`run` in a task group).
+
+    Peers are hostile until admitted. Only a welcomed, live worker's reports
+    count (and a local worker's report before its hello, vouched for by its
+    spawn token); the hub is told whom the coordinator admitted (``Hub.admit``
+    when welcomed, ``Hub.expel`` when refused or lost), so strangers cannot
+    stream bulk data; ``max_remote_workers`` bounds the remote workers (and
+    relays) alive at once; every batch is checked before a frame of it is
+    counted. Plain ``tcp://`` is unauthenticated by design: anyone who can reach
+    the port can say hello as a remote worker; use CURVE keys on a network you
+    do not trust.
+
+    Weight senders are :meth:`attach`-ed: the coordinator tells them who the
+    workers are and which go through a relay, catches each newcomer up before
+    its first order, and counts delivered batches for ``max_interval``.
+    """
+
+    def __init__(
+        self,
+        hub: Hub,
+        *,
+        on_join: Callable[[WorkerInfo], Awaitable[None]] | None = None,
+        on_lost: Callable[[WorkerInfo], None] | None = None,
+        on_leaving: Callable[[WorkerInfo, str], None] | None = None,
+        publish: Callable[[CollectorEvent], None] | None = None,
+        paused: bool = False,
+        **rules: Any,
+    ) -> None:
+        """``rules`` are :class:`CoordinatorState`'s arguments (``sync``,
+        ``frames_per_worker``, ``prefetch``, ``token``, ``on_worker_loss``...); the
+        hub's coordinator instance and peer timeout are added from ``hub``;
+        ``publish`` receives the registry's events (joined, lost, refused)."""
+        self.hub = hub
+        self.state = CoordinatorState(
+            instance=getattr(hub, "instance", ""), peer_timeout=getattr(hub, "peer_timeout", None),
+            **rules)
+        self._token: str = rules.get("token", "")  # vouches for a worker's report before hello
+        self._senders: list[WeightSender] = []
+        self._on_join = on_join  # awaited after the senders caught a newcomer up
+        self._on_lost_hook = on_lost  # e.g. "restart": end a silent local process
+        self._on_leaving_hook = on_leaving  # a worker stops on a signal (SIGTERM)
+        # Peers are hostile until admitted: what they make us log is rate-limited.
+        self._limited_log = RateLimitedLog(log)
+        self._changed = anyio.Event()
+        self._closing = False
+        # Every admission, live and lost, for statistics() and the event stream.
+        self.registry = WorkerRegistry(publish)
+        self.state.paused = paused  # pause() before the collector opened
+
+    # -- views of the state ----------------------------------------------------------------
+    @property
+    def workers(self) -> dict[bytes, WorkerInfo]:
+        return self.state.workers
+
+    @property
+    def live_workers(self) -> list[WorkerInfo]:
+        return self.state.live_workers
+
+    @property
+    def relays(self) -> dict[bytes, RelayInfo]:
+        return self.state.relays
+
+    @property
+    def specs(self) -> dict[str, Any] | None:
+        """The env specs every worker must match (the first worker's, unless given)."""
+        return self.state.specs
+
+    def worker_peers(self) -> dict[int, bytes]:
+        """``{worker index: peer}`` of the live workers: a weight sender's ``workers``."""
+        return self.state.worker_peers()
+
+    def relay_routes(self) -> dict[int, bytes]:
+        """``{worker index: relay peer}``: live workers whose weights go through a relay."""
+        return self.state.relay_routes()
+
+    @property
+    def failed(self) -> bool:
+        return self.state.failure is not None
+
+    def raise_if_failed(self) -> None:
+        """Raise the run's failure, if it has one."""
+        self._raise_failure()
+
+    def fail(self, error: BaseException) -> None:
+        """Make every waiting and future trainer call raise ``error``."""
+        self.state.fail(error)
+        self._notify()
+
+    def attach(self, sender: WeightSender) -> None:
+        """Serve ``sender``: relay routes, newcomers' catch-up, delivered-batch counts.
+
+        Its ``workers`` should be :meth:`worker_peers` (the live workers).
+        """
+        if sender.relayable:
+            sender.set_relay_routes(self.state.relay_routes)
+        self._senders.append(sender)
+
+    # -- trainer-facing ----------------------------------------------------------------------
+    async def wait_for_workers(self, count: int) -> None:
+        """Return once ``count`` workers (less those lost before joining) were admitted."""
+        self.state.expected = count
+        while self.state.missing_workers() > 0:
+            self._raise_failure()
+            await self._wait_change()
+        self._raise_failure()
+        if not self.live_workers:
+            raise WorkerLostError("every worker was lost before it joined")
+
+    async def next_round(self, max_frames: int | None = None
+                         ) -> list[tuple[WorkerInfo, TensorDictBase]]:
+        """Sync mode: one share from every live worker, ordered by worker index.
+
+        With ``max_frames`` (what ``total_frames`` still allows), only the workers
+        needed to reach it are asked (see :meth:`CoordinatorState.start_round`).
+        """
+        await self._wait_resumed()  # paused: no new round is asked for
+        round_, orders = self.state.start_round(max_frames)
+        await self._perform(orders)
+        while not round_.complete or self.state.paused:  # a round done while paused is held
+            self._raise_failure()
+            await self._wait_change()
+        self._raise_failure()
+        shares = self.state.end_round(round_)
+        for worker, frames in shares:
+            self._count_batch(worker, frames.numel())
+        return shares
+
+    async def next_batch(self) -> tuple[WorkerInfo, TensorDictBase]:
+        """Async mode: the next batch any worker delivered; grants that worker a credit."""
+        while True:
+            await self._wait_resumed()  # paused: delivered batches are held, not handed over
+            taken = self.state.take()
+            if taken is None:
+                await self._wait_change()
+                continue
+            worker, frames, orders = taken
+            await self._perform(orders)
+            self._count_batch(worker, frames.numel())
+            return worker, frames
+
+    async def set_paused(self, paused: bool) -> None:
+        """Paused: no new credit (async) or round (sync) is granted, and no batch is
+        handed to the trainer; what workers were already asked for is collected and
+        held. Resumed: the held batches are handed over and credits are topped up."""
+        if paused:
+            self.state.paused = True
+            self._notify()
+        elif self.sync:
+            self.state.paused = False
+            self._notify()
+        else:
+            await self._perform(self.state.resume())
+
+    @property
+    def sync(self) -> bool:
+        return self.state.sync
+
+    def heard(self, peer: bytes) -> float | None:
+        """``time.monotonic()`` when the hub last heard ``peer`` (None: not connected)."""
+        last_heard = getattr(self.hub, "last_heard", None)
+        return last_heard(peer) if last_heard is not None else None
+
+    async def control(self, worker: WorkerInfo, op: str, **args: Any) -> Any:
+        """Run the control operation ``op`` on ``worker`` and return its answer (60 s at most)."""
+        ticket = await self.hub.send_async([worker.peer], Control(op, args).to_body(),
+                                           kind=Control.KIND)
+        return (await self.hub.wait_ack(ticket, timeout=60))[worker.peer]
+
+    async def close(self, grace: float = 1.0) -> None:
+        """The collector closes: every waiting trainer call raises, every live worker stops.
+
+        Telling the workers is best effort (2 s in all): one that is gone already is
+        stopped by whoever started its process. Then the hub stays open until each
+        told worker said goodbye (``grace`` s at most, milliseconds usually): a worker
+        whose last messages (its ack, its goodbye) reached a live hub has nothing left
+        to deliver, so ZeroMQ's linger does not hold its exit for a second.
+        """
+        self.fail(CollectorError("the collector was closed"))  # wake waiters
+        self._closing = True  # goodbyes from now on are workers stopping, not losses
+        told = []
+        with anyio.move_on_after(2):
+            for worker in self.live_workers:
+                try:
+                    await self.hub.send(worker.peer, Control("close").to_body(),
+                                        kind=Control.KIND)
+                except Exception:
+                    continue  # gone already: its process's owner takes care of it
+                told.append(worker.peer)
+        with anyio.move_on_after(grace):
+            while any(peer not in self.state.gone for peer in told):
+                await self._wait_change()
+
+    async def settle(self, peer: bytes, timeout: float) -> None:
+        """Wait (up to ``timeout`` s) until what ``peer`` sent before it went away is handled.
+
+        A worker that reports an error sends the report, says goodbye and exits;
+        its process may be seen dead before the hub delivered the report. The
+        goodbye comes after the report on the same pipe, so once the peer's loss
+        was handled (or the run failed) the report, if any, was too.
+        """
+        with anyio.move_on_after(timeout):
+            while peer not in self.state.gone and self.state.failure is None:
+                await self._wait_change()
+
+    async def worker_exited(self, peer: bytes, error: WorkerLostError, *,
+                            replaceable: bool) -> None:
+        """A local worker's process ended without being told to: apply ``on_worker_loss``.
+
+        ``replaceable``: something can take its place (it is respawned, or remote
+        workers may join); without it ``"wait"`` would wait forever, so it fails.
+        """
+        await self._perform(self.state.exited(peer, error, replaceable=replaceable), str(error))
+
+    # -- the hub-reading task ------------------------------------------------------------------
+    async def run(self) -> None:
+        async for item in self.hub:
+            try:
+                if isinstance(item, PeerEvent):
+                    if item.event == "lost":
+                        await self._on_lost(item.peer)
+                    elif item.event in ("joined", "returned"):
+                        await self._perform(self.state.returned(item.peer))
+                elif item.kind == Hello.KIND:
+                    hello = Hello.from_body(item.body)
+                    actions = self.state.hello(item.peer, hello)
+                    self._note_refusals(actions, hello.name, hello.host, hello.pid)
+                    await self._perform(actions, "replaced by its own new hello")
+                elif item.kind == RelayHello.KIND:
+                    relay_hello = RelayHello.from_body(item.body)
+                    actions = self.state.relay_hello(item.peer, relay_hello)
+                    self._note_refusals(actions, relay_hello.name, relay_hello.host,
+                                        relay_hello.pid)
+                    await self._perform(actions)
+                elif item.kind == Batch.KIND:
+                    await self._on_batch(item)
+                elif item.kind == ErrorReport.KIND:
+                    await self._on_error(item)
+                elif item.kind == Leaving.KIND:
+                    await self._on_leaving(item)
+                else:
+                    self._limited_log.warning("unknown-kind", "ignored a %r message from %r",
+                                              item.kind, item.peer)
+            except ProtocolError as exc:
+                self._limited_log.warning("bad-message", "dropped a bad %r message from %r: %s",
+                                          getattr(item, "kind", "?"), item.peer, exc)
+
+    async def _on_batch(self, message: Message) -> None:
+        worker = self.state.workers.get(message.peer)
+        if worker is None or not worker.alive:
+            return  # a stranger's, or a lost worker's late batch: not even read
+        actions = self.state.batch(message.peer, Batch.from_body(message.body))
+        if actions:
+            self._note_refusals(actions, worker.name, worker.host, worker.pid)
+        await self._perform(actions, "refused for a bad batch")
+
+    async def _on_lost(self, peer: bytes) -> None:
+        if self._closing:  # told to close: its goodbye is no loss (and no warning)
+            self.state.gone[peer] = None
+            self._notify()
+            return
+        worker = self.state.workers.get(peer)
+        was_alive = worker is not None and worker.alive
+        await self._perform(self.state.lost(peer), "stopped answering (silent or disconnected)")
+        if was_alive and self._on_lost_hook is not None:
+            assert worker is not None
+            self._on_lost_hook(worker)
+
+    async def _on_error(self, message: Message) -> None:
+        report = ErrorReport.from_body(message.body)
+        worker = self.workers.get(message.peer)
+        if worker is not None and worker.alive:
+            name = f"{worker.index} ({worker.name})"
+        elif self._spawned_here(report):
+            worker, name = None, f"{report.slot} (failed before joining)"
+        else:
+            # Only a peer that was admitted (or proves it was spawned here) may stop the
+            # run: anyone can connect to a listening port and send an "error" message.
+            self._limited_log.warning(
+                "stranger-error", "ignored an error report from %r, which is not an admitted "
+                "worker (a stranger, or a worker already lost): %s: %s", message.peer,
+                report.error.type, report.error.message[:200])
+            return
+        error = rebuild_remote_exception(report.error, peer=name)
+        if report.fatal:
+            if worker is not None:
+                worker.alive = False
+                self.registry.check_lost(f"reported {report.error.type}: "
+                                         f"{report.error.message[:200]}")
+            self.fail(error)
+        else:
+            self._limited_log.warning(f"report-{name}", "worker %s reported: %s", name,
+                                      report.error.message)
+
+    async def _on_leaving(self, message: Message) -> None:
+        """A worker stops on its own (SIGTERM): the collector decides what that means."""
+        leaving = Leaving.from_body(message.body)
+        worker = self.workers.get(message.peer)
+        if worker is None or not worker.alive:
+            return  # a stranger's, or a worker already gone: no say in the run
+        if self._on_leaving_hook is not None:
+            self._on_leaving_hook(worker, leaving.reason)
+        if worker.alive:  # the hook did not take it as a stop: a loss, by on_worker_loss
+            log.info("worker %d (%s on %s) is leaving (%s)", worker.index, worker.name,
+                     worker.host, leaving.reason or "no reason given")
+            await self._on_lost(message.peer)
+        self._notify()
+        # It waits for this before it says goodbye (see Worker._watch_signals).
+        try:
+            await self.hub.send(message.peer, Control("close").to_body(), kind=Control.KIND)
+        except Exception:
+            pass  # gone already: its process's owner takes care of it
+
+    def _spawned_here(self, report: ErrorReport) -> bool:
+        """A local worker's report sent before it was admitted (its env failed to build)."""
+        if report.slot < 0 or not self._token or not report.token:
+            return False
+        if any(w.index == report.slot and w.alive for w in self.workers.values()):
+            return False  # that slot's worker is live and speaks for itself
+        return secrets.compare_digest(report.token.encode(), self._token.encode())
+
+
+    # -- doing what the state decided -------------------------------------------------------
+    async def _perform(self, actions: list[Action], lost_reason: str = "") -> None:
+        """Take the actions a state change returned, in order (the state is current already).
+
+        ``lost_reason``: why a worker this change dropped (an :class:`Expel`) was lost.
+        """
+        self._notify()
+        for action in actions:
+            if isinstance(action, Expel):
+                self.hub.expel(action.peer)
+                self.registry.check_lost(lost_reason)
+            elif isinstance(action, CatchUp):
+                await self._catch_up(action.worker)
+            elif action.worker is None or action.worker.alive:
+                if action.worker is not None and isinstance(action.message, Welcome):
+                    self.registry.joined(action.worker)
+                await self._send(action)
+            # else: an order to a worker lost since (by another task, during an await)
+
+    async def _send(self, send: Send) -> None:
+        kind = send.message.KIND
+        if kind in (Welcome.KIND, RelayWelcome.KIND):
+            # Admitted before it is told so: its first batch may be large (see Hub.admit).
+            self.hub.admit(send.peer)
+        try:
+            await self.hub.send(send.peer, send.message.to_body(), kind=kind)
+        except PeerLostError:
+            await self._on_lost(send.peer)
+        if kind == Refuse.KIND:
+            self.hub.expel(send.peer)  # a stranger again: small messages only, no say in the run
+
+    async def _catch_up(self, worker: WorkerInfo) -> None:
+        """The latest weights before its first frame; each await may see it lost."""
+        for sender in self._senders:
+            if not worker.alive:
+                return  # lost while it joined (its process died, or its welcome bounced)
+            await sender.on_worker_joined(worker.index)
+        if worker.alive:
+            log.info("worker %d joined (%s, pid %d on %s)", worker.index, worker.name,
+                     worker.pid, worker.host)
+        if self._on_join is not None and worker.alive:
+            await self._on_join(worker)
+
+    def _note_refusals(self, actions: list[Action], name: str, host: str, pid: int) -> None:
+        for action in actions:
+            if isinstance(action, Send) and isinstance(action.message, Refuse):
+                self.registry.refused(name, host, action.message.reason, pid)
+
+    def _count_batch(self, worker: WorkerInfo, frames: int) -> None:
+        self.registry.delivered(worker, frames)
+        for sender in self._senders:
+            sender.note_batch(worker.index)  # max_interval counts delivered batches
+
+    async def _wait_resumed(self) -> None:
+        self._raise_failure()
+        while self.state.paused:
+            await self._wait_change()
+            self._raise_failure()
+
+    def _raise_failure(self) -> None:
+        if self.state.failure is not None:
+            raise self.state.failure
+
+    def _notify(self) -> None:
+        self._changed.set()
+
+    async def _wait_change(self) -> None:
+        if self._changed.is_set():
+            self._changed = anyio.Event()
+        await self._changed.wait()
+
+
+__all__ = ["Coordinator", "OnWorkerLoss", "RelayInfo", "WorkerInfo", "check_specs"]

@@ -1,0 +1,600 @@
+"""The coordinator's state and rules, without I/O: each event returns the sends it takes.
+
+As httpcore's connection pool (``_assign_requests_to_connections``) does, every
+state change is a plain synchronous method: it updates the state at once and
+returns the actions to take afterwards, in order: :class:`Send` a typed message,
+:class:`Expel` a peer from the hub, :class:`CatchUp` a newcomer with the latest
+weights. The async :class:`~asyncrl._coordinator.coordinator.Coordinator` reads the hub, calls
+these methods and performs what they return; so admission, credits, rounds and
+loss are decided in one place, and are tested without a hub or a socket.
+
+The state is current before a send goes out, so a send may find its worker lost
+meanwhile (another task handled an event while an earlier send awaited): an order
+carries the admission it is for (``Send.worker``) and is dropped if that worker is
+no longer alive; whatever it owed was released by the loss itself.
+
+* **sync** (on-policy): :meth:`CoordinatorState.start_round` asks every live
+  worker for one share; with ``preemptive_threshold`` the stragglers are told to
+  stop once that fraction of the workers has delivered.
+* **async** (off-policy): each worker holds up to ``prefetch`` credits; a batch
+  is queued first come, first served, and its worker gets a new credit only once
+  the trainer takes it (:meth:`CoordinatorState.take`): a slow trainer bounds
+  memory at ``workers x prefetch`` batches.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from tensordict import TensorDictBase
+
+from transports import RateLimitedLog
+
+from .._errors import BadBatchError, WorkerLostError
+from .._protocol import (
+    Batch,
+    Collect,
+    Hello,
+    Preempt,
+    Refuse,
+    Rejoin,
+    RelayHello,
+    RelayWelcome,
+    Welcome,
+)
+from .checks import BatchChecker, hello_problems, relay_hello_problems
+
+log = logging.getLogger("asyncrl.coordinator")
+
+#: What a lost worker (dead process, or silent for ``peer_timeout``) does to the run:
+#:
+#: * ``"raise"``: the run fails with :class:`WorkerLostError` naming the worker (and, for a
+#:   local one, its exit code or signal).
+#: * ``"continue"``: the others carry on. Async mode: the lost worker's credits go to
+#:   the others, so ``total_frames`` stays exact. Sync mode: rounds shrink, and later
+#:   rounds ask only the workers still needed to reach ``total_frames`` (exact when the
+#:   shortfall is a multiple of the shares, as with equal shares and no preemption; else
+#:   the last batch exceeds it by less than one share).
+#: * ``"wait"``: sync mode: the round waits for a replacement to deliver the lost
+#:   share (a remote newcomer, or the same worker coming back: a worker dropped for
+#:   silence that speaks again is told to rejoin). A dead local process cannot come
+#:   back: without ``remote_workers`` nothing can replace it, and the run fails with a
+#:   clear error instead of waiting forever (use ``"restart"``).
+#: * ``"restart"``: local workers: the slot is respawned (RLlib's
+#:   ``restart_failed_env_runners``); the new process gets the latest weights before
+#:   its first frame; a slot that dies again before delivering a batch more than
+#:   ``max_restarts`` times in a row fails the run. Rounds wait for the replacement as
+#:   with ``"wait"``. A remote worker cannot be respawned from here: it is waited for
+#:   as with ``"wait"`` (its host's ``--reconnect`` brings it back).
+#:
+#: In every mode an error a worker *reports* (its env or policy raised) fails the run
+#: with the worker's exception, type and traceback: restarting would repeat it.
+OnWorkerLoss = Literal["raise", "continue", "wait", "restart"]
+
+
+@dataclass(eq=False)
+class WorkerInfo:
+    """What the coordinator knows of one admitted worker."""
+
+    index: int
+    peer: bytes
+    name: str
+    host: str
+    pid: int
+    alive: bool = True
+    credits: int = 0  # batches asked for and not delivered yet
+    queued: int = 0  # async: delivered, not yet taken by the trainer
+    delivered: int = 0
+    relay: bytes | None = None  # the relay its hello named (weights go through it if it agrees)
+    rejoin_asked: bool = False  # dropped, then told to rejoin (or refused: never to be)
+
+    @property
+    def ahead(self) -> int:
+        """Batches this worker is ahead of the trainer (bounded by ``prefetch``)."""
+        return self.credits + self.queued
+
+
+@dataclass(frozen=True)
+class RelayInfo:
+    """A host's relay: it receives each weight version once for ``members``."""
+
+    peer: bytes
+    host: str
+    pid: int
+    members: frozenset[bytes]
+
+
+@dataclass(eq=False)
+class Round:
+    """One sync round: the workers asked for a share, and the shares delivered so far."""
+
+    request: int
+    targets: dict[bytes, WorkerInfo]
+    shares: dict[bytes, TensorDictBase] = field(default_factory=dict)
+    preempted: bool = False
+    replacements: int = 0  # shares of lost workers a newcomer must deliver ("wait")
+    complete: bool = False
+
+    def missing(self) -> list[WorkerInfo]:
+        return [w for peer, w in self.targets.items() if peer not in self.shares]
+
+
+#: What the coordinator sends a worker or a relay (everything else it sends is weights).
+Outbound = Welcome | Refuse | Rejoin | RelayWelcome | Collect | Preempt
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    """Send ``message`` to ``peer`` with ``kind=message.KIND``.
+
+    ``worker`` is the admission an order (welcome, collect, preempt) is for: the
+    order is dropped if that worker was lost before it went out. It is left out
+    of comparisons, so that a test says which message goes to which peer. The
+    hub admits ``peer`` before a welcome (its first batch may be large) and
+    expels it after a refusal (a stranger again: small messages only).
+    """
+
+    peer: bytes
+    message: Outbound
+    worker: WorkerInfo | None = field(default=None, compare=False, repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Expel:
+    """``peer`` (a lost or replaced worker) is a stranger to the hub again: the acks it
+    owes are abandoned at once (a weight send does not wait for a dead process's
+    heartbeats to stop), and if it speaks again the hub says so (``"returned"``)."""
+
+    peer: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class CatchUp:
+    """Send ``worker`` the latest weights, ahead of its first order (skipped if lost)."""
+
+    worker: WorkerInfo
+
+
+Action = Send | Expel | CatchUp
+
+
+class CoordinatorState:
+    """Who is admitted, what each worker owes, and what each event changes.
+
+    Peers are hostile until admitted (protocol, spawn token or ``accept_remote``,
+    free slot, ``check_specs``, ``max_remote_workers``); only a live admitted
+    worker's batch counts, once :class:`BatchChecker` found it to be what was asked.
+    """
+
+    def __init__(
+        self,
+        *,
+        sync: bool,
+        frames_per_worker: list[int],
+        prefetch: int = 1,
+        preemptive_threshold: float | None = None,
+        init_random_frames: int = 0,
+        check_specs: Callable[[dict[str, Any], Hello], list[str]] | None = None,
+        token: str = "",
+        accept_remote: bool = False,
+        on_worker_loss: OnWorkerLoss = "raise",
+        batch_budget: int | None = None,
+        first_remote_index: int | None = None,
+        scheme_configs: dict[str, Any] | None = None,
+        max_remote_workers: int | None = None,
+        specs: dict[str, Any] | None = None,
+        instance: str = "",
+        peer_timeout: float | None = None,
+    ) -> None:
+        self.sync = sync
+        self.frames_per_worker = frames_per_worker
+        self.prefetch = prefetch
+        self.preemptive_threshold = preemptive_threshold
+        self.init_random_frames = init_random_frames
+        self.on_worker_loss = on_worker_loss
+        self._check_specs = check_specs
+        self._token = token
+        self._accept_remote = accept_remote
+        self._scheme_configs = dict(scheme_configs or {})
+        self._instance = instance  # the hub's: weight versions are numbered per instance
+        self._peer_timeout = peer_timeout
+        self.workers: dict[bytes, WorkerInfo] = {}
+        self.relays: dict[bytes, RelayInfo] = {}
+        self.specs = specs  # the reference every hello must match (None: the first one's)
+        self.budget = batch_budget  # async: credits still allowed to be granted
+        # Remote workers (and rejoining ones) get fresh indices after the local slots.
+        self._next_index = len(frames_per_worker) if first_remote_index is None \
+            else first_remote_index
+        self._first_remote_index = self._next_index
+        self._max_remote = max_remote_workers  # None: any number
+        self._checker = BatchChecker()
+        # Peers are hostile until admitted: what they make us log is rate-limited.
+        self._limited_log = RateLimitedLog(log)
+        self.failure: BaseException | None = None
+        self.round: Round | None = None
+        self._request = 0
+        self.paused = False
+        # Async: delivered batches the trainer has not taken, oldest first. Credits
+        # bound it (live workers x prefetch, plus what a lost worker had delivered).
+        self.ready: deque[tuple[WorkerInfo, TensorDictBase]] = deque()
+        # Peers whose loss was handled, newest last (bounded: peers may be hostile).
+        self.gone: OrderedDict[bytes, None] = OrderedDict()
+        self.written_off = 0  # workers lost under "continue": nobody waits for them
+        self.expected = 0  # workers the run was started with (see missing_workers)
+
+    # -- what the trainer asks -------------------------------------------------------------
+    @property
+    def live_workers(self) -> list[WorkerInfo]:
+        return sorted((w for w in self.workers.values() if w.alive), key=lambda w: w.index)
+
+    def missing_workers(self) -> int:
+        """Workers still to join of the ``expected`` ones (less those lost before joining)."""
+        return self.expected - self.written_off - len(self.live_workers)
+
+    def worker_peers(self) -> dict[int, bytes]:
+        """``{worker index: peer}`` of the live workers (whom a weight sender serves)."""
+        return {w.index: w.peer for w in self.live_workers}
+
+    def relay_routes(self) -> dict[int, bytes]:
+        """``{worker index: relay peer}``: live workers whose weights go through a relay.
+
+        A worker is routed through a relay only when both agree: its hello names
+        the relay and the relay's hello lists it. Anyone else gets weights directly.
+        """
+        routes = {}
+        for worker in self.workers.values():
+            relay = self.relays.get(worker.relay) if worker.relay is not None else None
+            if worker.alive and relay is not None and worker.peer in relay.members:
+                routes[worker.index] = relay.peer
+        return routes
+
+    def fail(self, error: BaseException) -> None:
+        """The run's failure (the first one stays)."""
+        if self.failure is None:
+            self.failure = error
+
+    def start_round(self, max_frames: int | None = None) -> tuple[Round, list[Action]]:
+        """Sync mode: a new round asking one share of each live worker, in index order.
+
+        With ``max_frames`` (what ``total_frames`` still allows), only the workers
+        needed to reach it are asked: after a round shrank
+        (``on_worker_loss="continue"``) the run still ends on ``total_frames``.
+        """
+        self._request += 1
+        targets = {}
+        frames = 0
+        for worker in self.live_workers:
+            if max_frames is not None and frames >= max_frames:
+                break
+            targets[worker.peer] = worker
+            frames += self._share(worker.index)
+        replacements = 0
+        if self.on_worker_loss in ("wait", "restart"):
+            # Lost before this round began: the round waits for their replacements too.
+            for _ in range(self.missing_workers()):
+                if max_frames is not None and frames >= max_frames:
+                    break
+                replacements += 1
+                frames += self.frames_per_worker[0]
+        if not targets and not replacements:
+            raise WorkerLostError("no live worker to collect from")
+        round_ = self.round = Round(self._request, targets, replacements=replacements)
+        return round_, [self._grant_share(w, round_) for w in targets.values()]
+
+    def end_round(self, round_: Round) -> list[tuple[WorkerInfo, TensorDictBase]]:
+        """The shares of a complete round, ordered by worker index."""
+        self.round = None
+        return [(w, round_.shares[w.peer]) for w in sorted(
+            (w for w in round_.targets.values() if w.peer in round_.shares),
+            key=lambda w: w.index)]
+
+    def take(self) -> tuple[WorkerInfo, TensorDictBase, list[Action]] | None:
+        """Async mode: the oldest delivered batch (None: none yet), and its worker's new credit."""
+        if not self.ready:
+            return None
+        worker, frames = self.ready.popleft()
+        worker.queued -= 1
+        actions: list[Action] = []
+        if worker.alive and not self.paused and worker.ahead < self.prefetch:
+            self._grant(worker, actions)
+        return worker, frames, actions
+
+    def resume(self) -> list[Action]:
+        """Async mode: hand the credits withheld while ``paused`` back to every worker."""
+        self.paused = False
+        return self._top_up()
+
+    # -- what peers say ------------------------------------------------------------------------
+    def hello(self, peer: bytes, hello: Hello) -> list[Action]:
+        """A worker's hello: welcome it (with its orders) or refuse it, naming why."""
+        previous = self.workers.get(peer)
+        if previous is not None and previous.alive and (previous.pid, previous.host) == (
+                hello.pid, hello.host):
+            return self._welcome_again(previous, hello)  # its welcome was late: same admission
+        problems = self._admission_problems(hello)
+        if problems:
+            reason = "; ".join(problems)
+            log.warning("refused worker %s from %s: %s", hello.name, hello.host, reason)
+            return [Send(peer, Refuse(reason))]
+        if self.specs is None:
+            self.specs = hello.specs
+        actions: list[Action] = []
+        if previous is not None and previous.alive:
+            actions += self._forget(previous)  # it restarted before its silence was noticed
+        index = hello.slot if hello.slot >= 0 else self._take_index()
+        worker = WorkerInfo(index, peer, hello.name, hello.host, hello.pid,
+                            relay=hello.relay.encode() if hello.relay else None)
+        self.workers[peer] = worker
+        actions += [self._welcome(worker, hello.attempt), CatchUp(worker)]
+        round_ = self.round
+        if self.sync and round_ is not None and round_.replacements > 0:
+            # on_worker_loss="wait": the newcomer delivers the lost worker's share.
+            round_.replacements -= 1
+            round_.targets[peer] = worker
+            actions.append(self._grant_share(worker, round_))
+        return actions + self._top_up()
+
+    def relay_hello(self, peer: bytes, hello: RelayHello) -> list[Action]:
+        """A host's relay: register it for the members that name it, or refuse it."""
+        problems = relay_hello_problems(
+            hello, accept_remote=self._accept_remote, max_remote=self._max_remote,
+            others=len(self.relays) - (peer in self.relays))
+        if problems:
+            reason = "; ".join(problems)
+            log.warning("refused relay %s from %s: %s", hello.name, hello.host, reason)
+            return [Send(peer, Refuse(reason))]
+        self.relays[peer] = RelayInfo(peer, hello.host, hello.pid, frozenset(hello.members))
+        log.info("relay %s on %s carries the weights of up to %d workers",
+                 peer.decode(errors="replace"), hello.host, len(hello.members))
+        return [Send(peer, RelayWelcome(len(hello.members), instance=self._instance))]
+
+    def batch(self, peer: bytes, batch: Batch) -> list[Action]:
+        """A batch: counted if it is what its live worker was asked for, else refused."""
+        worker = self.workers.get(peer)
+        if worker is None or not worker.alive:
+            return []  # a stranger's, or a lost worker's late batch: never half-delivered
+        if not self.sync and batch.request != worker.index:
+            return []  # collected before this worker was (re)admitted: never half-delivered
+        problems = self._batch_problems(worker, batch)
+        if problems:
+            return self._reject_batch(worker, batch, problems)  # never counted
+        worker.credits = max(0, worker.credits - 1)
+        worker.delivered += 1
+        if self.sync:
+            return self._on_share(worker, batch)  # completes the round once it is whole
+        worker.queued += 1
+        self.ready.append((worker, batch.frames))
+        return []
+
+    def returned(self, peer: bytes) -> list[Action]:
+        """A peer the hub had lost speaks again: if it was our worker, tell it to rejoin."""
+        worker = self.workers.get(peer)
+        if worker is None or worker.alive or worker.rejoin_asked:
+            return []
+        worker.rejoin_asked = True
+        self.gone.pop(peer, None)
+        log.warning("worker %d (%s) speaks again after it was dropped: asking it to rejoin",
+                    worker.index, worker.name)
+        return [Send(peer, Rejoin(f"silent for more than {self._peer_timeout} s"))]
+
+    def lost(self, peer: bytes) -> list[Action]:
+        """The hub lost ``peer`` (silent too long, or gone): apply ``on_worker_loss``."""
+        self._mark_gone(peer)
+        if self.relays.pop(peer, None) is not None:
+            # Its workers get their weights directly from the next send on.
+            log.warning("relay %s was lost", peer.decode(errors="replace"))
+            return []
+        worker = self.workers.get(peer)
+        if worker is None or not worker.alive:
+            return []
+        log.warning("worker %d (%s on %s) was lost", worker.index, worker.name, worker.host)
+        if self.on_worker_loss == "raise":
+            self.fail(WorkerLostError(
+                f"worker {worker.index} ({worker.name}, pid {worker.pid} on {worker.host}) "
+                "stopped answering; pass on_worker_loss='continue', 'wait' or 'restart' to "
+                "carry on"))
+        elif self.on_worker_loss == "continue":
+            self.written_off += 1
+        return self._forget(worker)
+
+    def exited(self, peer: bytes, error: WorkerLostError, *, replaceable: bool) -> list[Action]:
+        """A local worker's process ended without being told to: apply ``on_worker_loss``.
+
+        ``replaceable``: something can take its place (it is respawned, or remote
+        workers may join); without it ``"wait"`` would wait forever, so it fails.
+        """
+        self._mark_gone(peer)
+        worker = self.workers.get(peer)
+        if self.on_worker_loss == "raise":
+            self.fail(error)
+        elif self.on_worker_loss in ("wait", "restart") and not replaceable:
+            self.fail(WorkerLostError(
+                f"{error}. on_worker_loss={self.on_worker_loss!r} waits for a replacement, "
+                "but nothing can replace a dead local worker here (no respawn, no remote "
+                "workers accepted): pass on_worker_loss='restart' to respawn it, or "
+                "'continue' to go on without it"))
+        elif self.on_worker_loss == "continue" and (worker is None or worker.alive):
+            self.written_off += 1  # also if it died before it joined: stop waiting for it
+        if worker is not None and worker.alive:
+            return self._forget(worker)
+        return []
+
+    # -- admission -------------------------------------------------------------------------
+    def _welcome(self, worker: WorkerInfo, attempt: int) -> Send:
+        return Send(worker.peer, Welcome(
+            index=worker.index, frames_per_batch=self._share(worker.index),
+            init_random_frames=self.init_random_frames, schemes=self._scheme_configs,
+            attempt=attempt, instance=self._instance), worker)
+
+    def _welcome_again(self, worker: WorkerInfo, hello: Hello) -> list[Action]:
+        """Answer a hello from a worker this coordinator has admitted already.
+
+        A worker says hello again when no welcome came within twice its peer
+        timeout, as when this trainer's loop was held by a long training step;
+        it then takes only the welcome of its latest hello and drops the orders
+        that came before it (weights excepted). So the same admission is welcomed
+        again, echoing the latest attempt, followed by the latest weights (a worker
+        that joins again after a broken connection may have missed some; newest
+        wins, so a copy it has costs one ack) and what it is owed: its credits, or
+        its share of the current round. Idempotent: repeating it leaves the
+        worker, and this state, where one answer would have.
+        """
+        log.warning("worker %d (%s) said hello again (attempt %d) while admitted: welcoming "
+                    "it again", worker.index, worker.name, hello.attempt)
+        worker.relay = hello.relay.encode() if hello.relay else None
+        actions: list[Action] = [self._welcome(worker, hello.attempt), CatchUp(worker)]
+        round_ = self.round
+        if not self.sync:
+            if worker.credits:
+                actions.append(Send(worker.peer, Collect(worker.index, worker.credits), worker))
+        elif round_ is not None and worker.peer in round_.targets \
+                and worker.peer not in round_.shares:
+            actions.append(Send(worker.peer, Collect(round_.request, 1), worker))
+            if round_.preempted:
+                actions.append(Send(worker.peer, Preempt(round_.request), worker))
+        return actions
+
+    def _admission_problems(self, hello: Hello) -> list[str]:
+        taken = hello.slot >= 0 and any(
+            w.index == hello.slot and w.alive for w in self.workers.values())
+        problems = hello_problems(hello, token=self._token, accept_remote=self._accept_remote,
+                                  slot_taken=taken)
+        # Specs are judged for peers that may join, never for an impostor: a local
+        # worker's bad specs fail the run, and a stranger must not be able to do that.
+        if self._check_specs is not None and self.specs is not None and not problems:
+            problems += self._check_specs(self.specs, hello)
+        if hello.slot < 0 and not problems:
+            problems += self._remote_capacity_problems()
+        return problems
+
+    def _remote_capacity_problems(self) -> list[str]:
+        """``remote_workers`` is a limit: who gets the weights is the trainer's choice."""
+        if self._max_remote is None:
+            return []
+        remote = sum(1 for w in self.workers.values()
+                     if w.alive and w.index >= self._first_remote_index)
+        if remote < self._max_remote:
+            return []
+        return [f"remote_workers: this collector takes at most {self._max_remote} remote "
+                f"worker(s) and {remote} already joined; stop one or start the trainer with "
+                "a larger remote_workers"]
+
+    def _take_index(self) -> int:
+        # Never reuse an index: traj ids and batch tags of a lost worker stay unique.
+        taken = {w.index for w in self.workers.values()}
+        index = self._next_index
+        while index in taken:
+            index += 1
+        self._next_index = index + 1
+        return index
+
+    # -- batches and rounds -------------------------------------------------------------------
+    def _batch_problems(self, worker: WorkerInfo, batch: Batch) -> list[str]:
+        """What is wrong with ``batch`` given what ``worker`` was asked for ([] if nothing)."""
+        frames = self._share(worker.index)
+        round_ = self.round
+        # Only a share the coordinator cut short (preemptive_threshold) may hold fewer steps.
+        shorter = (self.sync and round_ is not None and round_.preempted
+                   and batch.request == round_.request)
+        return self._checker.problems(batch.frames, specs=self.specs, frames=frames,
+                                      worker_index=worker.index, shorter_ok=shorter)
+
+    def _reject_batch(self, worker: WorkerInfo, batch: Batch,
+                      problems: list[str]) -> list[Action]:
+        """A batch that is not what was asked: tell the worker, drop it, apply on_worker_loss."""
+        what = "; ".join(problems)
+        log.error("worker %d (%s on %s) sent a bad batch for request %d, dropped it: %s",
+                  worker.index, worker.name, worker.host, batch.request, what)
+        reason = f"your batch for request {batch.request} was rejected: {what}"
+        worker.rejoin_asked = True  # refused for cause: never invited back
+        if self.on_worker_loss == "raise":
+            self.fail(BadBatchError(
+                f"worker {worker.index} ({worker.name}, pid {worker.pid} on {worker.host}) "
+                f"sent a batch that is not what was asked: {what}; it was dropped and none "
+                "of its frames were counted. Check that every worker runs the same asyncrl "
+                "and env version, or pass on_worker_loss='continue' to carry on without it"))
+        return [Send(worker.peer, Refuse(reason)), *self._forget(worker)]
+
+    def _on_share(self, worker: WorkerInfo, batch: Batch) -> list[Action]:
+        round_ = self.round
+        if round_ is None or batch.request != round_.request or worker.peer not in round_.targets:
+            self._limited_log.warning(
+                "stale-share", "discarded a batch of worker %d for request %d",
+                worker.index, batch.request)
+            return []
+        round_.shares[worker.peer] = batch.frames
+        return self._check_round(round_)
+
+    def _check_round(self, round_: Round) -> list[Action]:
+        # O(1) per share: targets hold live workers only, and every share is a target's.
+        if len(round_.shares) == len(round_.targets) and round_.replacements == 0:
+            round_.complete = True
+            return []
+        threshold = self.preemptive_threshold
+        if (threshold is not None and not round_.preempted
+                and len(round_.shares) >= math.ceil(threshold * len(round_.targets))):
+            round_.preempted = True
+            return [Send(w.peer, Preempt(round_.request), w) for w in round_.missing()]
+        return []
+
+    # -- loss and credits ----------------------------------------------------------------------
+    def _mark_gone(self, peer: bytes) -> None:
+        self.gone[peer] = None
+        self.gone.move_to_end(peer)
+        while len(self.gone) > 1024:
+            self.gone.popitem(last=False)
+
+    def _forget(self, worker: WorkerInfo) -> list[Action]:
+        """Drop a worker (lost, or replaced by its own new hello) and release what it owed."""
+        worker.alive = False
+        self._mark_gone(worker.peer)
+        actions: list[Action] = [Expel(worker.peer)]
+        round_ = self.round
+        if round_ is not None and worker.peer in round_.targets \
+                and worker.peer not in round_.shares:
+            round_.targets.pop(worker.peer)  # its unfinished share is dropped
+            if self.on_worker_loss in ("wait", "restart"):
+                round_.replacements += 1
+            actions += self._check_round(round_)
+        if not self.sync:
+            # Its unfinished batches will never come: give their credits to the others,
+            # so total_frames is still met exactly.
+            if self.budget is not None:
+                self.budget += worker.credits
+            worker.credits = 0
+            actions += self._top_up()
+        return actions
+
+    def _top_up(self) -> list[Action]:
+        """Async mode: bring every live worker back to ``prefetch`` credits (budget allowing)."""
+        actions: list[Action] = []
+        if self.sync or self.paused:
+            return actions
+        for worker in self.live_workers:
+            while worker.ahead < self.prefetch and self._grant(worker, actions):
+                pass
+        return actions
+
+    def _grant(self, worker: WorkerInfo, actions: list[Action]) -> bool:
+        """Async mode: one credit to ``worker`` (its batches are tagged with its admission)."""
+        if self.budget is not None:
+            if self.budget <= 0:
+                return False
+            self.budget -= 1
+        worker.credits += 1
+        actions.append(Send(worker.peer, Collect(worker.index, 1), worker))
+        return True
+
+    def _grant_share(self, worker: WorkerInfo, round_: Round) -> Send:
+        """Sync mode: ask ``worker`` for its share of ``round_``."""
+        worker.credits += 1
+        return Send(worker.peer, Collect(round_.request, 1), worker)
+
+    def _share(self, index: int) -> int:
+        """Frames per batch of the worker admitted with ``index``."""
+        return self.frames_per_worker[index % len(self.frames_per_worker)]

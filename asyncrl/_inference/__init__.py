@@ -1,0 +1,1 @@
+"""Central inference: the batched policy loop, its dedicated process, the env steppers."""

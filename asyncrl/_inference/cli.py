@@ -1,0 +1,83 @@
+"""``asyncrl env-worker``: a remote env host of an AsyncBatchedCollector (central inference)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+from typing import Any
+
+import anyio
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "env-worker",
+        help="step envs for an AsyncBatchedCollector (central inference) over the network",
+        description="Join the AsyncBatchedCollector listening at --connect (its listen= and "
+                    "remote_workers=) and step --envs envs for it: observations go to its "
+                    "inference loop, actions come back, transitions go to its batches. The env "
+                    "is a gym id or an import path resolved on this host: code never travels. "
+                    "Exits 0 when the collector closes, 1 on an error or a refusal.")
+    p.add_argument("--connect", required=True, metavar="tcp://HOST:PORT",
+                   help="the collector's endpoint (collector.endpoint)")
+    p.add_argument("--env", required=True, metavar="ID_OR_IMPORT_PATH",
+                   help="a gymnasium id (Pendulum-v1) or pkg.mod:factory")
+    p.add_argument("--envs", type=int, default=1, metavar="N",
+                   help="envs stepped by this process, sent as one request (default 1)")
+    p.add_argument("--peer-timeout", type=float, default=10.0, metavar="SECONDS",
+                   help="seconds of silence after which the collector counts as gone")
+    p.add_argument("--join-timeout", type=float, default=60.0, metavar="SECONDS",
+                   help="how long to wait for the collector's welcome")
+    p.add_argument("--keys", metavar="DIR", default=None,
+                   help="CURVE keys (asyncrl keys generate): the collector's curve_keys=DIR")
+    p.add_argument("--app-dir", default=".", metavar="DIR",
+                   help="put DIR on sys.path to resolve --env (default: the current directory)")
+    p.add_argument("--backend", choices=("asyncio", "trio"), default="asyncio")
+
+
+def run_env_worker_command(args: argparse.Namespace) -> int:
+    from .env_stepper import RefusedError
+    from .remote_env_stepper import run_remote_env_worker
+
+    logging.basicConfig(level=logging.WARNING, format="asyncrl env-worker: %(message)s")
+    if args.envs < 1 or not args.peer_timeout > 0 or not args.join_timeout > 0:
+        print(f"asyncrl env-worker: --envs must be >= 1 and the timeouts > 0, got {args.envs}, "
+              f"{args.peer_timeout} and {args.join_timeout}", file=sys.stderr)
+        return 2
+    app_dir = os.path.abspath(args.app_dir)
+    if app_dir not in sys.path:
+        sys.path.insert(0, app_dir)
+
+    async def main() -> int:
+        code = 0  # stopped by a signal
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(_stop_on_signal, tg.cancel_scope)
+            code = await run_remote_env_worker(
+                args.connect, args.env, envs=args.envs, peer_timeout=args.peer_timeout,
+                join_timeout=args.join_timeout, curve_keys=args.keys)
+            tg.cancel_scope.cancel()
+        return code
+
+    try:
+        code = anyio.run(main, backend=args.backend)
+    except RefusedError as exc:
+        print(f"asyncrl env-worker: {exc}", file=sys.stderr)
+        return 1
+    except Exception as exc:
+        print(f"asyncrl env-worker: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    from transports import shutdown
+
+    shutdown()
+    return code if isinstance(code, int) else 0
+
+
+async def _stop_on_signal(scope: anyio.CancelScope) -> None:
+    # SIGTERM and Ctrl-C stop stepping; the link says goodbye on its way out.
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async for _ in signals:
+            scope.cancel()
+            return

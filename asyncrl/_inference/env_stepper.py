@@ -1,0 +1,385 @@
+"""The env-stepping process of central inference: step envs, ask the server, write chunks.
+
+An env worker of :class:`~asyncrl.AsyncBatchedCollector` holds no policy. Per
+step it writes its envs' observations into its shared-memory request block,
+sends a tiny ``obs`` message over its :class:`transports.Link`, waits for the
+``act`` answer, reads the actions (and every other policy output, and the
+policy version that made them) from its response block, steps its envs and
+writes the transition into preallocated chunk buffers ``[E, C]``. Every ``C``
+steps the chunk goes to the trainer as one message (a clone: the buffers are
+reused at once). Observations and actions never cross a socket.
+
+The loop runs on the process's event loop, not in a thread: the process does
+nothing else, and the Link's pump answers heartbeats whenever the loop waits
+for the server (which is every step).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import numpy as np
+import torch
+from tensordict import TensorDict
+
+from transports import ErrorPayload, Link, PeerLostError, ProtocolError, SharedTensorBlock
+from transports import shutdown as flush_and_close_sockets
+
+from .._rollout.env_pools import EnvPool, GymEnvListPool
+from .._rollout.envs import make_env_pool
+from .._rollout.policies import torch_dtype
+from .._spawn.processes import process_alive
+
+log = logging.getLogger("asyncrl.env_worker")
+
+#: Message kinds between an env worker and the collector (the hub).
+OBS, ACT, CHUNK, ERROR, CLOSE = "obs", "act", "chunk", "error", "close"
+#: The trainer read ``body`` more chunks (a dedicated inference process only).
+CREDIT = "credit"
+#: The collector refused a remote env worker (the body says why).
+REFUSED = "refused"
+_TRAJ_ID_BITS = 32
+
+Path = tuple[str, ...]
+
+
+class RefusedError(RuntimeError):
+    """The collector refused this env worker (the message says why)."""
+
+
+@dataclass(frozen=True)
+class EnvWorkerConfig:
+    """What one env worker is given (pickled by the trainer for its own child)."""
+
+    slot: int
+    factories: Sequence[Any]  # one per env: a gymnasium id, import path or callable
+    create_env_kwargs: Mapping[str, Any]
+    obs_block: str  # shared-memory block names, created (and unlinked) by the trainer
+    act_block: str
+    obs_paths: Sequence[Path]  # block key "o{i}" holds observation obs_paths[i]
+    extra_paths: Sequence[Path]  # block key "x{j}" holds policy output extra_paths[j]
+    chunk_steps: int
+    heartbeat_interval: float = 1.0
+    peer_timeout: float = 10.0
+    #: The dedicated inference process's hub (``server_backend="process"``): requests
+    #: and answers go there, chunks and errors to the trainer. None: all to the trainer.
+    server_endpoint: str | None = None
+    #: Chunks sent but not yet read by the trainer, at most (None: no limit). With a
+    #: dedicated inference process the env workers keep stepping while a training step
+    #: holds the trainer's loop: this bounds what waits in the queues meanwhile.
+    chunk_credits: int | None = None
+    # The high 32 bits of its traj_ids: the slot, unless the collector gave a remote
+    # worker another (a slot's later occupants must not repeat an earlier one's ids).
+    traj_tag: int | None = None
+
+
+class ChunkCredits:
+    """How many more chunks may be sent before the trainer has read the earlier ones."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.in_flight = 0
+        self._freed: anyio.Event | None = None
+
+    async def acquire(self) -> None:
+        while self.in_flight >= self.limit:
+            self._freed = anyio.Event()
+            await self._freed.wait()
+        self.in_flight += 1
+
+    def release(self, count: int) -> None:
+        self.in_flight = max(0, self.in_flight - count)
+        if self._freed is not None:
+            self._freed.set()
+
+
+def build_pool(factories: Sequence[Any], kwargs: Mapping[str, Any]) -> EnvPool:
+    """One pool for a worker's envs: ``make_env_pool`` when they share one factory."""
+    first = factories[0]
+    if all(f is first or f == first for f in factories):
+        return make_env_pool(first, create_env_kwargs=kwargs, num_envs=len(factories))
+    pools = [make_env_pool(f, create_env_kwargs=kwargs, num_envs=1) for f in factories]
+    envs = [getattr(p, "_envs", [None])[0] for p in pools]
+    if not all(isinstance(p, GymEnvListPool) for p in pools) or None in envs:
+        for p in pools:
+            p.close()
+        raise ValueError("different env factories in one env worker must all build gymnasium "
+                         "envs; give torchrl envs one per worker (envs_per_worker=1)")
+    return GymEnvListPool(envs)
+
+
+class EnvStepper:
+    """One worker's envs, its two shared-memory blocks and its chunk buffers."""
+
+    def __init__(self, config: EnvWorkerConfig, *, pool: EnvPool | None = None,
+                 blocks: tuple[Any, Any] | None = None) -> None:
+        # A remote env worker (asyncrl._inference.remote_env_stepper) passes its pool, built before
+        # it joins, and inline blocks whose contents travel in the messages instead.
+        self.config = config
+        if pool is None:
+            pool = build_pool(config.factories, config.create_env_kwargs)
+        self.pool = pool
+        try:
+            if blocks is None:
+                self.obs_block = SharedTensorBlock.attach(config.obs_block)
+                self.act_block = SharedTensorBlock.attach(config.act_block)
+            else:
+                self.obs_block, self.act_block = blocks
+            self._check_layout()
+            self._allocate()
+        except BaseException:
+            pool.close()
+            raise
+        pool.reset()
+
+    def _check_layout(self) -> None:
+        pool, layout = self.pool, self.obs_block.layout
+        got = {f"o{i}": (torch_dtype(a.dtype.name), tuple(a.shape))
+               for i, a in enumerate(pool.obs_arrays)}
+        if got != layout or len(self.config.obs_paths) != len(pool.obs_arrays):
+            raise ValueError(f"this worker's envs give observations {got}, the server expects "
+                             f"{layout}: every env must have the same observation space")
+        act = self.act_block.layout["action"]
+        spec = pool.specs.action
+        if act != (torch_dtype(spec.dtype), (pool.num_envs, *spec.shape)):
+            raise ValueError(f"this worker's envs take actions {spec}, the server sends {act}")
+
+    def _allocate(self) -> None:
+        pool, c = self.pool, self.config
+        n, t = pool.num_envs, c.chunk_steps
+        self.obs_src = {f"o{i}": torch.from_numpy(a) for i, a in enumerate(pool.obs_arrays)}
+        self.act_dst = {k: torch.empty(shape, dtype=dtype)
+                        for k, (dtype, shape) in self.act_block.layout.items()}
+        self.act_np = self.act_dst["action"].numpy()
+
+        def buf(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+            return torch.zeros((n, t, *shape), dtype=dtype)
+
+        data: dict[Path, torch.Tensor] = {}
+        self._pre: list[tuple[np.ndarray, np.ndarray]] = []
+        self._post: list[tuple[np.ndarray, np.ndarray]] = []
+        for path, src in zip(c.obs_paths, pool.obs_arrays, strict=True):
+            dtype = torch_dtype(src.dtype.name)
+            data[tuple(path)] = b = buf(src.shape[1:], dtype)
+            data[("next", *path)] = nb = buf(src.shape[1:], dtype)
+            self._pre.append((b.numpy(), src))
+            self._post.append((nb.numpy(), src))
+        self._outputs: list[tuple[Any, Any]] = []
+        for key, path in [("action", ("action",))] + [
+                (f"x{j}", tuple(p)) for j, p in enumerate(c.extra_paths)]:
+            dtype, shape = self.act_block.layout[key]
+            data[path] = out = buf(shape[1:], dtype)
+            answer = self.act_dst[key]
+            # numpy assignment is cheaper; torch for dtypes numpy lacks (bfloat16)
+            try:
+                self._outputs.append((out.numpy(), answer.numpy()))
+            except TypeError:
+                self._outputs.append((out, answer))
+        for name in ("done", "terminated", "truncated"):
+            data[(name,)] = buf((1,), torch.bool)  # always False: ended episodes are reset
+        data[("next", "reward")] = r = buf((1,), torch.float32)
+        flags = {k: buf((1,), torch.bool) for k in ("done", "terminated", "truncated")}
+        for k, v in flags.items():
+            data[("next", k)] = v
+        self._post += [(r.numpy()[..., 0], pool.reward),
+                       (flags["terminated"].numpy()[..., 0], pool.terminated),
+                       (flags["truncated"].numpy()[..., 0], pool.truncated)]
+        self._next_done = flags["done"].numpy()[..., 0]
+        for name in ("traj_ids", "policy_version", "worker_id"):
+            data[("collector", name)] = buf((), torch.int64)
+        data[("collector", "worker_id")].fill_(c.slot)
+        self._traj = data[("collector", "traj_ids")].numpy()
+        self._version = data[("collector", "policy_version")].numpy()
+        self._chunk = TensorDict({}, batch_size=[n, t])
+        for path, tensor in data.items():
+            self._chunk.set(path[0] if len(path) == 1 else path, tensor)
+        self._idx = [(slice(None), i) for i in range(t)]
+        self._traj_base = (c.slot if c.traj_tag is None else c.traj_tag) << _TRAJ_ID_BITS
+        self._traj_cur = np.arange(n, dtype=np.int64) + self._traj_base
+        self._traj_counter = n
+        self._done = np.zeros(n, dtype=bool)
+
+    async def run(self, link: Link, chunks: Link | None = None,
+                  credits: ChunkCredits | None = None) -> None:
+        """Step until the collector says close (or goes away: PeerLostError).
+
+        ``link`` carries the requests and answers, ``chunks`` (default: ``link``)
+        the chunks of transitions, each one after a credit (when ``credits``).
+        """
+        chunks = link if chunks is None else chunks
+        obs_write, act_read = self.obs_block.write, self.act_block.read_into
+        pool, idx, steps = self.pool, self._idx, self.config.chunk_steps
+        t = 0
+        step = 0
+        while True:
+            obs_write(self.obs_src, version=step, slot=0)
+            await link.send(self.request_body(), kind=OBS)
+            message = await link.recv()
+            if message.kind == CLOSE:
+                return
+            if message.kind == REFUSED:
+                raise RefusedError(f"the collector refused this env worker: "
+                                   f"{str(message.body)[:2000]}")
+            if message.kind != ACT:
+                raise ProtocolError(f"an env worker expects {ACT!r} or {CLOSE!r} messages, "
+                                    f"got {message.kind!r}")
+            version = self.read_answer(message.body, act_read)
+            i = idx[t]
+            for dst, src in self._pre:
+                dst[i] = src
+            for out, answer in self._outputs:
+                out[i] = answer
+            self._version[i] = version
+            self._traj[i] = self._traj_cur
+            pool.step_inplace(self.act_np)
+            for dst, src in self._post:
+                dst[i] = src
+            if pool.any_done:
+                np.logical_or(pool.terminated, pool.truncated, out=self._done)
+                pool.reset_where(self._done)
+                self._new_trajectories(self._done)
+            step += 1
+            t += 1
+            if t == steps:
+                np.logical_or(self._chunk["next", "terminated"].numpy()[..., 0],
+                              self._chunk["next", "truncated"].numpy()[..., 0],
+                              out=self._next_done)
+                if credits is not None:
+                    await credits.acquire()
+                await chunks.send(self._chunk.clone(), kind=CHUNK)
+                t = 0
+
+    def request_body(self) -> Any:
+        """What an ``obs`` message carries: nothing, the observations are in shared memory."""
+        return None
+
+    def read_answer(self, body: Any, read: Callable[[Any, int], int]) -> int:
+        """Copy the policy's outputs into ``act_dst``; return their policy version."""
+        return read(self.act_dst, 0)
+
+    def _new_trajectories(self, mask: np.ndarray) -> None:
+        k = int(mask.sum())
+        self._traj_cur[mask] = self._traj_base + np.arange(
+            self._traj_counter, self._traj_counter + k, dtype=np.int64)
+        self._traj_counter += k
+        if self._traj_counter >= 1 << _TRAJ_ID_BITS:
+            raise OverflowError("more than 2**32 trajectories on one worker: traj_ids would clash")
+
+    def close(self) -> None:
+        self.pool.close()
+        self.obs_block.close()
+        self.act_block.close()
+
+
+async def run_env_worker(endpoint: str, identity: bytes, config: EnvWorkerConfig,
+                         parent_pid: int | None = None) -> int:
+    """The worker's life: connect, build, step; 0 on a requested close, 1 on an error."""
+    options = {"heartbeat_interval": config.heartbeat_interval,
+               "peer_timeout": config.peer_timeout}
+    async with contextlib.AsyncExitStack() as stack:
+        link = await stack.enter_async_context(Link(endpoint, identity=identity, **options))
+        server = None
+        if config.server_endpoint is not None:
+            server = await stack.enter_async_context(
+                Link(config.server_endpoint, identity=identity, **options))
+        code = 0
+        credits = None if config.chunk_credits is None else ChunkCredits(config.chunk_credits)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(_watch_parent, parent_pid, tg.cancel_scope)
+            if server is not None:  # the trainer's orders come on the other link
+                tg.start_soon(_read_trainer, link, tg.cancel_scope, credits)
+            code = await _serve(link, config, server, credits)
+            tg.cancel_scope.cancel()
+        return code
+
+
+async def _read_trainer(link: Link, scope: anyio.CancelScope,
+                        credits: ChunkCredits | None) -> None:
+    # With a dedicated inference process the stepper waits on the server's link:
+    # the trainer's credits arrive, and its "close" (or its loss) stops it, from here.
+    try:
+        while True:
+            message = await link.recv()
+            if message.kind == CLOSE:
+                break
+            if (message.kind == CREDIT and credits is not None
+                    and type(message.body) is int and message.body > 0):
+                credits.release(message.body)
+    except PeerLostError:
+        pass
+    scope.cancel()
+
+
+async def _serve(link: Link, config: EnvWorkerConfig, server: Link | None = None,
+                 credits: ChunkCredits | None = None) -> int:
+    stepper: EnvStepper | None = None
+    try:
+        stepper = await anyio.to_thread.run_sync(EnvStepper, config)
+        if server is None:
+            await stepper.run(link)
+        else:
+            await stepper.run(server, chunks=link, credits=credits)
+        return 0
+    except PeerLostError:
+        return 0  # the collector is gone: nothing to report to
+    except Exception as exc:
+        log.debug("env worker %d failed", config.slot, exc_info=True)
+        with anyio.move_on_after(2):
+            await link.send(ErrorPayload.from_exception(exc).to_body(), kind=ERROR)
+        return 1
+    finally:
+        if stepper is not None:
+            stepper.close()
+
+
+async def _watch_parent(parent_pid: int | None, scope: anyio.CancelScope) -> None:
+    # A worker must not outlive its trainer, even one killed without a goodbye.
+    if parent_pid is None:
+        return
+    while process_alive(parent_pid):  # noqa: ASYNC110
+        await anyio.sleep(0.5)
+    scope.cancel()
+
+
+def env_worker_main(endpoint: str, identity: bytes, config: EnvWorkerConfig, backend: str,
+                    parent_pid: int) -> None:
+    """Entry point of an env worker process (started by ``WorkerProcesses``)."""
+    logging.basicConfig(level=logging.WARNING, format="env worker %(process)d: %(message)s")
+    torch.set_num_threads(1)
+    run: Callable[[], Any] = lambda: run_env_worker(endpoint, identity, config, parent_pid)  # noqa: E731
+    exit_process(anyio.run(run, backend=backend))
+
+
+def exit_process(code: int) -> None:
+    """End a child process: flush its sockets, logs and output, then exit with ``code``."""
+    flush_and_close_sockets()
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+__all__ = [
+    "ACT",
+    "CHUNK",
+    "CLOSE",
+    "CREDIT",
+    "ERROR",
+    "OBS",
+    "REFUSED",
+    "ChunkCredits",
+    "EnvStepper",
+    "EnvWorkerConfig",
+    "RefusedError",
+    "build_pool",
+    "env_worker_main",
+    "exit_process",
+    "run_env_worker",
+]

@@ -1,0 +1,262 @@
+"""The dedicated inference process of central inference (``server_backend="process"``).
+
+With ``AsyncBatchedCollector(..., server_backend="process")`` the policy is
+served by this process instead of a thread of the trainer's. It maps every env
+worker's two shared-memory blocks (created and unlinked by the trainer), binds
+its own private hub, which the env workers' requests (``obs``) and answers
+(``act``) go through, and runs the same :class:`~asyncrl._inference.loop.InferenceLoop`
+as the thread server. Chunks of transitions still go from the env workers to
+the trainer.
+
+So collection goes on while the trainer's event loop is held by a training
+step, and the policy's Python (its forward, a sampling distribution) never
+waits for the trainer's GIL. The trainer talks to this process over its own
+hub, as a peer (:class:`transports.Link`):
+
+====================  =====================================================
+trainer -> here       ``weights`` (a state dict: answered ``applied`` with the
+                      new version once the next call uses it), ``hold`` /
+                      ``go`` (back-pressure, and pause: no answers while the
+                      trainer's buffer of frames is full), ``close``
+here -> trainer       ``ready`` (the version served), ``applied``, ``held``,
+                      ``stats``
+                      (every :data:`STATS_INTERVAL` s while calls are made),
+                      ``error`` (the run stops)
+====================  =====================================================
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import torch
+from torch import nn
+
+from transports import ErrorPayload, Hub, Link, Message, PeerEvent, PeerLostError, SharedTensorBlock
+
+from .._rollout.policies import ExplorationType, PolicyAdapter
+from .._spawn.absent_modules import remember_absent_modules
+from .env_stepper import ACT, CLOSE, ERROR, OBS, _watch_parent, exit_process
+from .loop import InferenceLoop, OutputLayout, WorkerBlocks
+
+log = logging.getLogger("asyncrl.inference")
+
+#: Message kinds between the trainer and the inference process.
+READY, WEIGHTS, APPLIED, HOLD, GO, STATS = "ready", "weights", "applied", "hold", "go", "stats"
+#: The answer to ``hold``: from now on, at most the call under way answers env workers.
+HELD = "held"
+#: Seconds between two statistics reports while the loop serves.
+STATS_INTERVAL = 0.2
+
+Path = tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """What the inference process is given (pickled by the trainer for its own child)."""
+
+    endpoint: str  # the private hub the env workers connect to
+    workers: dict[bytes, int]  # env worker identity -> its slot
+    blocks: dict[int, tuple[int, str, str]]  # slot -> (rows, obs block, act block)
+    policy: Any  # the policy (an nn.Module, on the CPU) or None
+    policy_factory: Callable[[], Any] | None
+    action_spec: Any
+    exploration_type: ExplorationType | str | None
+    obs_paths: Sequence[Path]
+    outputs: OutputLayout
+    device: torch.device | None
+    max_batch_size: int
+    min_batch_size: int
+    server_timeout: float
+    version: int
+    threads: int
+    heartbeat_interval: float = 1.0
+    peer_timeout: float = 10.0
+
+
+class InferenceServer:
+    """The loop, its blocks and the trainer's orders, in the inference process."""
+
+    def __init__(self, config: ServerConfig) -> None:
+        self.config = config
+        policy = config.policy_factory() if config.policy_factory is not None else config.policy
+        if isinstance(policy, nn.Module) and config.device is not None:
+            policy = policy.to(config.device)
+        self.policy = policy
+        adapter = PolicyAdapter(policy, action_spec=config.action_spec,
+                                exploration_type=config.exploration_type,
+                                observation_keys=[p[0] if len(p) == 1 else p
+                                                  for p in config.obs_paths])
+        self.blocks: dict[int, WorkerBlocks] = {}
+        try:
+            for slot, (rows, obs, act) in config.blocks.items():
+                self.blocks[slot] = WorkerBlocks(rows, SharedTensorBlock.attach(obs),
+                                                 SharedTensorBlock.attach(act))
+        except BaseException:
+            self.close()
+            raise
+        self.loop = InferenceLoop(adapter, self.blocks, obs_paths=config.obs_paths,
+                                  outputs=config.outputs, device=config.device,
+                                  max_batch_size=config.max_batch_size,
+                                  min_batch_size=config.min_batch_size,
+                                  server_timeout=config.server_timeout, version=config.version)
+        self.peer_of = {slot: peer for peer, slot in config.workers.items()}
+        self._room = True
+        self._room_event: anyio.Event | None = None
+
+    async def serve(self, trainer: Link) -> int:
+        """Serve until the trainer says close (0), goes away (0) or this fails (1, reported)."""
+        c = self.config
+        async with Hub(c.endpoint, heartbeat_interval=c.heartbeat_interval,
+                       peer_timeout=c.peer_timeout) as hub:
+            await trainer.send({"version": self.loop.version}, kind=READY)
+            try:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(self._requests, hub)
+                    tg.start_soon(self.loop.run,
+                                  lambda slot, version: self._reply(hub, slot, version),
+                                  self._gate)
+                    tg.start_soon(self._report, trainer)
+                    await self._orders(trainer)
+                    tg.cancel_scope.cancel()
+            except Exception as exc:
+                # Told before the hub closes: its goodbye ends the env workers, and the
+                # trainer must hear the cause before it hears of them.
+                return await report_error(trainer, exc)
+        return 0
+
+    async def _requests(self, hub: Hub) -> None:
+        async for item in hub:
+            slot = self.config.workers.get(item.peer)
+            if slot is None or isinstance(item, PeerEvent):
+                continue  # a private socket: only our env workers; their loss is the trainer's
+            if item.kind == OBS:
+                self.loop.submit(slot)
+
+    async def _reply(self, hub: Hub, slot: int, version: int) -> None:
+        try:
+            await hub.send(self.peer_of[slot], version, kind=ACT)
+        except Exception as exc:  # that env worker is gone: the trainer sees its exit
+            log.debug("could not answer env worker %d: %r", slot, exc)
+
+    async def _gate(self) -> None:
+        while not self._room:
+            self._room_event = anyio.Event()
+            await self._room_event.wait()
+
+    async def _orders(self, trainer: Link) -> None:
+        while True:
+            message = await trainer.recv()
+            if message.kind == CLOSE:
+                return
+            if message.kind in (HOLD, GO):
+                self._room = message.kind == GO
+                if self._room and self._room_event is not None:
+                    self._room_event.set()
+                if not self._room:
+                    await trainer.send(None, kind=HELD)
+            elif message.kind == WEIGHTS:
+                await trainer.send(await self._load(message), kind=APPLIED)
+
+    async def _load(self, message: Message) -> dict[str, Any]:
+        state = message.body
+        policy = self.policy
+        if not isinstance(policy, nn.Module):
+            return {"error": f"the served policy is a {type(policy).__name__}, which has no "
+                             "weights to update"}
+        if not isinstance(state, dict) or not all(
+                isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items()):
+            return {"error": "weights must be a state dict of tensors"}
+
+        def apply() -> None:
+            with torch.no_grad():
+                policy.load_state_dict(state)
+
+        try:
+            version = await self.loop.update(apply)
+        except Exception as exc:  # a mismatch is the caller's error, not the run's
+            return {"error": f"{type(exc).__name__}: {exc}"}
+        return {"version": version}
+
+    async def _report(self, trainer: Link) -> None:
+        sent = -1
+        while True:
+            await anyio.sleep(STATS_INTERVAL)
+            stats = self.loop.statistics()
+            if stats.calls != sent:
+                sent = stats.calls
+                await trainer.send({"calls": stats.calls, "observations": stats.observations,
+                                    "sizes": sorted(stats.batch_sizes.items())}, kind=STATS)
+
+    def close(self) -> None:
+        for blocks in self.blocks.values():
+            for block in (blocks.obs, blocks.act):
+                block.close()  # the trainer unlinks them
+
+
+async def run_inference_server(trainer_endpoint: str, identity: bytes, config: ServerConfig,
+                               parent_pid: int | None = None) -> int:
+    """The process's life: connect, build, serve; 0 on a requested close, 1 on an error."""
+    async with Link(trainer_endpoint, identity=identity,
+                    heartbeat_interval=config.heartbeat_interval,
+                    peer_timeout=config.peer_timeout) as trainer:
+        code = 0
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(_watch_parent, parent_pid, tg.cancel_scope)
+            code = await _serve(trainer, config)
+            tg.cancel_scope.cancel()
+        return code
+
+
+async def _serve(trainer: Link, config: ServerConfig) -> int:
+    server: InferenceServer | None = None
+    try:
+        server = await anyio.to_thread.run_sync(InferenceServer, config)
+        return await server.serve(trainer)
+    except Exception as exc:  # building the server, or binding its hub
+        return await report_error(trainer, exc)
+    finally:
+        if server is not None:
+            server.close()
+
+
+def _cause(exc: BaseException) -> BaseException:
+    while isinstance(exc, BaseExceptionGroup):  # a task group's: the error that ended it
+        exc = exc.exceptions[0]
+    return exc
+
+
+async def report_error(trainer: Link, exc: BaseException) -> int:
+    """Send the trainer the error that ends this process; the exit code (never raises).
+
+    0 when the error is the trainer's loss: there is nobody to report to.
+    """
+    exc = _cause(exc)
+    if isinstance(exc, PeerLostError):
+        return 0
+    log.debug("the inference process failed", exc_info=exc)
+    with anyio.move_on_after(2):
+        try:
+            await trainer.send(ErrorPayload.from_exception(exc).to_body(), kind=ERROR)
+        except Exception:  # the trainer is gone
+            pass
+    return 1
+
+
+def inference_server_main(trainer_endpoint: str, identity: bytes, config: ServerConfig,
+                          backend: str, parent_pid: int) -> None:
+    """Entry point of the inference process (started by ``WorkerProcesses``)."""
+    logging.basicConfig(level=logging.WARNING, format="inference %(process)d: %(message)s")
+    torch.set_num_threads(config.threads)
+    remember_absent_modules()  # our own process: tensordict's per-call probe answered at once
+    run: Callable[[], Any] = lambda: run_inference_server(  # noqa: E731
+        trainer_endpoint, identity, config, parent_pid)
+    exit_process(anyio.run(run, backend=backend))
+
+
+__all__ = ["APPLIED", "GO", "HELD", "HOLD", "READY", "STATS", "WEIGHTS", "InferenceServer",
+           "ServerConfig", "inference_server_main", "run_inference_server"]

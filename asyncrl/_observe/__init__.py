@@ -1,0 +1,1 @@
+"""Observation: events, statistics, latency histograms and the progress bar."""

@@ -1,0 +1,594 @@
+"""The rollout hot loop: step an `EnvPool` with a policy into preallocated buffers.
+
+Layout: every buffer is a torch tensor of shape ``[N, T, ...]`` (env first,
+time last: TorchRL's layout for a batched env, contiguous for the codec),
+written through numpy views with a precomputed ``(slice(None), t)`` index per
+step, so a step creates no TensorDict, tensor, dict or list of ours. The step
+TensorDict given to the policy is built once; its observation entries *share
+memory with the env pool's buffers*, so a step result is visible to the policy
+without a copy. ``traj_ids``, ``policy_version`` and ``("next", "done")`` are
+filled once per batch and patched only where they change.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+from tensordict import TensorDict, TensorDictBase
+from torch import nn
+
+from .device_policy import DevicePolicyCall, check_policy_device
+from .devices import HOST
+from .env_pools import EnvPool, check_action_dtype
+from .envs import make_env_pool
+from .options import RolloutOptions
+from .policies import PolicyAdapter, RandomPolicy, torch_dtype
+from .recurrent import RecurrentCarry, describe_states, find_state_keys
+
+__all__ = ["Rollout", "RolloutOptions"]
+
+_RESERVED_ROOT = frozenset({"action", "done", "terminated", "truncated", "next", "collector"})
+_TRAJ_ID_BITS = 32
+_DEFAULT_OPTIONS = RolloutOptions()
+
+
+def _td_key(path: tuple[str, ...]) -> str | tuple[str, ...]:
+    return path[0] if len(path) == 1 else path
+
+
+def _as_tuple(key: str | tuple[str, ...]) -> tuple[str, ...]:
+    return (key,) if isinstance(key, str) else tuple(key)
+
+
+class Rollout:
+    """Collects ``frames_per_batch`` frames from an env pool into a reused TensorDict.
+
+    ``collect()`` returns a TensorDict of batch size ``[N, T]`` (``N`` envs,
+    ``T = frames_per_batch // N`` steps) in TorchRL's layout, with
+    ``("collector", "traj_ids" | "worker_id" | "policy_version")``. It is a view
+    of this rollout's buffers: **valid until the next** ``collect()``; copy or
+    encode it before collecting again.
+
+    Episodes that end inside a batch are reset at once (``("next", obs)`` is
+    the terminal observation, the following frame's ``obs`` the reset one).
+    ``options`` (:class:`RolloutOptions`) carries TorchRL's six rollout options,
+    checked where they were built. ``before_step``, if set, is called at every step
+    boundary before the policy runs; a change of ``policy_version`` made there
+    is stamped from that frame on.
+
+    >>> from asyncrl._rollout.envs import make_env_pool
+    >>> rollout = Rollout(make_env_pool("CartPole-v1", num_envs=2), None, frames_per_batch=8)
+    >>> _ = rollout.set_seed(0)
+    >>> batch = rollout.collect()
+    >>> batch.batch_size, batch["next", "reward"].shape
+    (torch.Size([2, 4]), torch.Size([2, 4, 1]))
+    >>> rollout.close()
+    """
+
+    def __init__(
+        self,
+        env_pool: EnvPool | Any,
+        policy: Callable[..., Any] | nn.Module | None,
+        frames_per_batch: int,
+        *,
+        worker_index: int = 0,
+        init_random_frames: int | None = 0,
+        options: RolloutOptions = _DEFAULT_OPTIONS,
+    ) -> None:
+        pool = env_pool if isinstance(env_pool, EnvPool) else make_env_pool(env_pool)
+        try:
+            self._init(pool, policy, frames_per_batch, worker_index, init_random_frames, options)
+        except BaseException:
+            if pool is not env_pool:  # we built it: don't leak its envs
+                pool.close()
+            raise
+
+    def _init(
+        self,
+        pool: EnvPool,
+        policy: Callable[..., Any] | nn.Module | None,
+        frames_per_batch: int,
+        worker_index: int,
+        init_random_frames: int | None,
+        options: RolloutOptions,
+    ) -> None:
+        n = pool.num_envs
+        _check_args(frames_per_batch, n, worker_index, init_random_frames)
+        if not isinstance(options, RolloutOptions):
+            raise TypeError(f"options must be a RolloutOptions, got {type(options).__name__}")
+        if options.max_frames_per_traj is not None and not pool.supports_partial_reset:
+            raise ValueError(
+                "max_frames_per_traj needs an env pool that can reset single envs; "
+                f"{type(pool).__name__} cannot"
+            )
+        self.env_pool = pool
+        self.num_envs = n
+        self.frames_per_batch = frames_per_batch
+        self.steps_per_batch = frames_per_batch // n
+        self.worker_index = worker_index
+        self.options = options
+        self.init_random_frames = init_random_frames or 0
+        #: Stamped into every frame; bump it (e.g. in ``before_step``) when weights change.
+        self.policy_version: int = 0
+        #: Called at each step boundary before the policy runs (weight receivers use it).
+        self.before_step: Callable[[], None] | None = None
+
+        specs = pool.specs
+        # A recurrent policy's state and is_init are the rollout's, even where the
+        # env observes them too (a TorchRL env with a primer and InitTracker).
+        state_keys = () if policy is None else find_state_keys(policy)
+        self._carry = (
+            RecurrentCarry(describe_states(policy, state_keys), n) if state_keys else None
+        )
+        owned = self._carry.paths if self._carry is not None else frozenset()
+        keep = [j for j, p in enumerate(pool.obs_paths) if p not in owned]
+        self._obs_paths = tuple(pool.obs_paths[j] for j in keep)
+        self._obs_arrays = [pool.obs_arrays[j] for j in keep]
+        self._obs_keys = [_td_key(p) for p in self._obs_paths]
+        _check_obs_keys(self._obs_paths)
+        check_policy_device(policy, options.policy_device)
+        if self._carry is not None and options.devices.moves_observations:
+            # The carry keeps the state in host buffers the policy reads in place; a copy
+            # of the step on another device would leave it behind.
+            raise ValueError(
+                f"a recurrent policy (state {sorted(map(str, state_keys))}) on "
+                f"policy_device={options.policy_device} is not supported yet: run it on the "
+                "host (policy_device='cpu'), where its state is carried step to step")
+        self._adapter = PolicyAdapter(
+            policy,
+            action_spec=specs.action,
+            exploration_type=options.exploration_type,
+            observation_keys=self._obs_keys,
+        )
+        # A random policy samples straight into the action buffer, skipping the td;
+        # another policy gets a private RandomPolicy for init_random_frames.
+        # set_seed seeds the random policies we made, never a user's own.
+        self._owns_random = not isinstance(policy, RandomPolicy)
+        adapted = self._adapter.policy
+        self._random = adapted if isinstance(adapted, RandomPolicy) else RandomPolicy(specs.action)
+        self._closed = False
+        self._frames = 0  # frames collected so far (init_random_frames counts these)
+        self._traj_base = worker_index << _TRAJ_ID_BITS
+        self._traj_counter = 0
+        self._traj_cur = np.arange(n, dtype=np.int64) + self._traj_base
+        self._traj_fresh = True  # ids not used by any frame yet: a full reset keeps them
+        self._steps = np.zeros(n, dtype=np.int64)
+        self._done = np.zeros(n, dtype=bool)
+        self._trunc = np.zeros(n, dtype=bool)
+        self._hit = np.zeros(n, dtype=bool)
+
+        # request_stop() comes from another thread; it swaps before_step for a hook
+        # that raises, so stopping costs the hot loop nothing beyond its None check.
+        self._stop_lock = threading.Lock()
+        self._stop_armed = False
+        self._saved_before_step: Callable[[], None] | None = None
+
+        pool.reset()
+        self._traj_counter = n
+        self._build_step_td()
+        try:
+            extras = self._discover_extras()
+        except KeyError as exc:  # a recurrent state nothing could size: say so
+            if self._carry is not None:
+                self._carry.explain_missing(exc)
+            raise
+        self._allocate(extras)
+
+    # -- construction helpers ------------------------------------------------------------
+
+    def _build_step_td(self) -> None:
+        pool, n = self.env_pool, self.num_envs
+        act = pool.specs.action
+        # Observation tensors are views of the pool's buffers: env writes land there.
+        self._obs_t = [torch.from_numpy(a) for a in self._obs_arrays]
+        # Pinned when a CUDA policy writes it: the action's copy back is then a plain DMA.
+        self._act_t = torch.zeros((n, *act.shape), dtype=torch_dtype(act.dtype),
+                                  pin_memory=self.options.devices.pins_host_buffers)
+        self._act_np = self._act_t.numpy()
+        entries: dict[Any, torch.Tensor] = dict(zip(self._obs_keys, self._obs_t, strict=True))
+        entries["action"] = self._act_t
+        self._step_td = TensorDict(entries, batch_size=[n])
+        if self._carry is not None:
+            self._carry.install(self._step_td)
+        # What the policy reads and writes: this td itself (a host policy, no copy), or
+        # device copies of it (policy_device: see DevicePolicyCall).
+        self._call: Callable[[TensorDictBase], Any] = self._adapter
+        self._policy_td, self._policy_obs = self._step_td, self._obs_t
+        self._policy_act = self._act_t
+        if self.options.devices.moves_observations and not self._adapter.is_random:
+            call = DevicePolicyCall(self._adapter, self._obs_keys, self._obs_t,
+                                    self.options.policy_device or HOST, action=self._act_t)
+            self._call, self._policy_td = call, call.td
+            self._policy_obs, self._policy_act = call.inputs, call.action
+
+    def _discover_extras(self) -> list[tuple[tuple[str, ...], tuple[int, ...], torch.dtype]]:
+        """Dry policy call on the reset observation: which keys does it write?"""
+        if self._adapter.is_random:
+            return []
+        td = self._policy_td
+        # Without our "action" entry, a policy that writes none is caught here.
+        del td["action"]
+        with self._adapter.exploration():
+            td = self._call(self._step_td)
+        for key, tensor in zip(self._obs_keys, self._policy_obs, strict=True):
+            if not _same_memory(td.get(key), tensor):
+                raise ValueError(
+                    f"the policy replaced the observation entry {key!r}: policies must "
+                    "not write observation keys (write a new key instead)"
+                )
+        n, act = self.num_envs, self.env_pool.specs.action
+        action = td.get("action", None)
+        if not isinstance(action, torch.Tensor) or tuple(action.shape) != (n, *act.shape):
+            got = None if action is None else tuple(getattr(action, "shape", ()))
+            raise ValueError(
+                f"the policy must write 'action' of shape {(n, *act.shape)} "
+                f"(num_envs, *action_spec.shape); it wrote {got}"
+            )
+        check_action_dtype(act, action.dtype, action.detach())
+        td.set("action", self._policy_act)  # in-place writers then fill ours: no copy
+        carried: frozenset[tuple[str, ...]] = frozenset()
+        if self._carry is not None:
+            self._carry.bind(td)
+            carried = self._carry.paths
+        obs_paths = set(self._obs_paths)
+        extras = []
+        for key in td.keys(include_nested=True, leaves_only=True):
+            path = _as_tuple(key)
+            if path in obs_paths or path == ("action",) or path in carried:
+                continue
+            extras.append(self._check_extra(path, td.get(key)))
+        return extras
+
+    def _check_extra(
+        self, path: tuple[str, ...], value: Any
+    ) -> tuple[tuple[str, ...], tuple[int, ...], torch.dtype]:
+        if path[0] in _RESERVED_ROOT:
+            hint = (
+                " (a recurrent state K is read at K and written at ('next', *K))"
+                if path[0] == "next" else ""
+            )
+            raise ValueError(f"the policy wrote the reserved key {path!r}{hint}")
+        if not isinstance(value, torch.Tensor) or value.shape[:1] != (self.num_envs,):
+            raise ValueError(
+                f"the policy wrote {path!r} as {type(value).__name__} of shape "
+                f"{tuple(getattr(value, 'shape', ()))}: expected a tensor with leading dim "
+                f"{self.num_envs}"
+            )
+        return path, tuple(value.shape[1:]), value.dtype
+
+    def _allocate(self, extras: list[tuple[tuple[str, ...], tuple[int, ...], torch.dtype]]) -> None:
+        n, t = self.num_envs, self.steps_per_batch
+        specs = self.env_pool.specs
+
+        # Pinned when they feed a CUDA device (the batch's copy to storing_device, the
+        # extras a CUDA policy writes): DMA copies without the driver's staging.
+        pin = self.options.devices.pins_host_buffers
+
+        def buf(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+            return torch.zeros((n, t, *shape), dtype=dtype, pin_memory=pin)
+
+        data: dict[Any, torch.Tensor] = {}
+        obs_bufs, next_bufs = [], []
+        for path, spec in specs.flat_observation().items():
+            if path not in self._obs_paths:
+                continue  # carried by the recurrent policy's state instead
+            dtype = torch_dtype(spec.dtype)
+            obs_bufs.append(data.setdefault(path, buf(spec.shape, dtype)))
+            next_bufs.append(data.setdefault(("next", *path), buf(spec.shape, dtype)))
+        act = specs.action
+        data[("action",)] = action = buf(act.shape, torch_dtype(act.dtype))
+        extra_bufs = [data.setdefault(p, buf(s, d)) for p, s, d in extras]
+        for name in ("done", "terminated", "truncated"):
+            # Root done state of the current obs: always False, as every finished
+            # episode is reset before its next frame.
+            data[(name,)] = buf((1,), torch.bool)
+        for name in ("reward", "done", "terminated", "truncated"):
+            data[("next", name)] = buf((1,), torch.float32 if name == "reward" else torch.bool)
+        for name in ("traj_ids", "worker_id", "policy_version"):
+            data[("collector", name)] = buf((), torch.int64)
+        data[("collector", "worker_id")].fill_(self.worker_index)
+        if self._carry is not None:
+            self._carry.allocate(data, t)
+        self._data = data
+        self._template = _nest(data, [n, t])
+        self._idx = [(slice(None), i) for i in range(t)]
+        self._plan(obs_bufs, next_bufs, action, extras, extra_bufs)
+
+    def _plan(
+        self,
+        obs_bufs: list[torch.Tensor],
+        next_bufs: list[torch.Tensor],
+        action: torch.Tensor,
+        extras: list[tuple[tuple[str, ...], tuple[int, ...], torch.dtype]],
+        extra_bufs: list[torch.Tensor],
+    ) -> None:
+        """Fixed (destination, source) pairs written at every step."""
+        pool, d = self.env_pool, self._data
+        nxt = {
+            k: d[("next", k)].numpy()[..., 0] for k in ("reward", "done", "terminated", "truncated")
+        }
+        trunc_src = self._trunc if self.options.max_frames_per_traj else pool.truncated
+        # traj_ids, policy_version and ("next", "done") are not written per step:
+        # they are filled per batch and patched where they change (resets, updates).
+        self._traj = d[("collector", "traj_ids")].numpy()
+        self._pre = [(b.numpy(), a) for b, a in zip(obs_bufs, self._obs_arrays, strict=True)]
+        self._pre.append((action.numpy(), self._act_np))
+        self._post = [(b.numpy(), a) for b, a in zip(next_bufs, self._obs_arrays, strict=True)]
+        self._post += [
+            (nxt["reward"], pool.reward),
+            (nxt["terminated"], pool.terminated),
+            (nxt["truncated"], trunc_src),
+        ]
+        # numpy writes are ~2x cheaper than torch indexing; keep torch for dtypes
+        # numpy lacks (bfloat16) and for tensors the policy leaves off the CPU.
+        call = self._call if isinstance(self._call, DevicePolicyCall) else None
+        self._flush_extras: Callable[[], None] | None = None if call is None else call.flush
+        if call is not None:  # written on the policy's device; to the host once per batch
+            extra_bufs = call.twin_buffers(extra_bufs)
+        as_numpy = [_numpy_ok(dt) and call is None for _, _, dt in extras]
+        self._extras = [
+            (_td_key(p), b.numpy() if np_ok else b, np_ok)
+            for (p, _, _), b, np_ok in zip(extras, extra_bufs, as_numpy, strict=True)
+        ]
+        self._pv = d[("collector", "policy_version")].numpy()
+        self._next_done, self._next_trunc = nxt["done"], nxt["truncated"]
+        self._next_term = nxt["terminated"]
+
+    # -- collection ------------------------------------------------------------------------
+
+    def collect(self, max_steps: int | None = None) -> TensorDictBase:
+        """Run one batch; return ``[N, T]`` frames viewing our buffers (valid until next call).
+
+        After `request_stop`, or past ``max_steps`` steps, the batch ends early:
+        ``[N, t]`` with ``t < T`` (``max_steps=0``: an empty batch, envs untouched).
+        """
+        if self._closed:
+            raise RuntimeError("Rollout.collect() after close()")
+        options = self.options
+        if options.reset_at_each_iter:
+            self.reset()
+        t_total, n = self.steps_per_batch, self.num_envs
+        n_random = t_total
+        if not self._adapter.is_random:
+            n_random = min(t_total, max(0, math.ceil((self.init_random_frames - self._frames) / n)))
+        self._pv.fill(self.policy_version)
+        self._traj[...] = self._traj_cur[:, None]
+        try:
+            with self._adapter.exploration():
+                steps = self._run(
+                    n_random, t_total if max_steps is None else max(0, min(t_total, max_steps))
+                )
+        finally:
+            self._disarm_stop()
+        if self._flush_extras is not None:
+            self._flush_extras()
+        np.logical_or(self._next_term, self._next_trunc, out=self._next_done)
+        self._frames += steps * n
+        self._traj_fresh = False
+        if options.set_truncated and steps:
+            # Mark the batch end as a truncation for value bootstrapping; the env
+            # itself goes on (TorchRL's set_truncated).
+            self._next_trunc[:, steps - 1] = True
+            self._next_done[:, steps - 1] = True
+        out = self._template.copy()  # fresh structure: keys a consumer adds don't stick
+        if steps < t_total:
+            out = out[:, :steps]
+        device = options.storing_device
+        if device is not None:
+            out = out.to(device)  # off the host a copy; on it only the td's device is set
+        return out
+
+    def request_stop(self) -> None:
+        """End the running (or the next) `collect` at a step boundary; thread-safe.
+
+        The batch returned is then shorter (``[N, t]``, maybe ``t == 0``); used
+        for preemption. A request made before `collect` starts applies to it, so
+        a stop that races with the start of a batch is never lost.
+        """
+        with self._stop_lock:
+            if not self._stop_armed:
+                self._stop_armed = True
+                self._saved_before_step = self.before_step
+                self.before_step = _raise_stop
+
+    def _disarm_stop(self) -> None:
+        with self._stop_lock:
+            if self._stop_armed:
+                self._stop_armed = False
+                self.before_step = self._saved_before_step
+                self._saved_before_step = None
+
+    def _run(self, n_random: int, n_steps: int) -> int:
+        """The hot loop; returns the number of steps run. Its names are bound up front."""
+        pool, idx, pre, post = self.env_pool, self._idx, self._pre, self._post
+        step_env, sample = pool.step_inplace, self._random.sample_into
+        policy, step_td, act_t, act_np = self._call, self._step_td, self._act_t, self._act_np
+        extras, done, limit = self._extras, self._done, self.options.max_frames_per_traj
+        carry = self._carry
+        version = self.policy_version
+        t = 0
+        try:
+            for t in range(n_steps):
+                if self.before_step is not None:
+                    self.before_step()
+                    if self.policy_version != version:
+                        version = self.policy_version
+                        self._pv[:, t:] = version
+                i = idx[t]
+                if t < n_random:
+                    sample(act_np)
+                    for _key, dst, _ in extras:
+                        dst[i] = 0
+                    if carry is not None:
+                        carry.keep(i)
+                else:
+                    td = policy(step_td)  # step_td, or its copy on policy_device
+                    action = td.get("action")
+                    if action is not act_t:
+                        if action.dtype is not act_t.dtype:  # rare: never cast floats silently
+                            check_action_dtype(pool.specs.action, action.dtype, action.detach())
+                        act_t.copy_(action)
+                    for key, dst, as_numpy in extras:
+                        dst[i] = td.get(key).numpy() if as_numpy else td.get(key)
+                    if carry is not None:
+                        carry.take(i, step_td)
+                for dst, src in pre:
+                    dst[i] = src
+                step_env(act_np)
+                if limit:
+                    self._apply_limit(limit)  # before `post`: it edits truncated
+                    for dst, src in post:
+                        dst[i] = src
+                    if done.any():
+                        self._reset_done(done, t)
+                else:
+                    for dst, src in post:
+                        dst[i] = src
+                    if pool.any_done:
+                        np.logical_or(pool.terminated, pool.truncated, out=done)
+                        self._reset_done(done, t)
+        except _StopCollect:
+            return t
+        return n_steps
+
+    def _apply_limit(self, limit: int) -> None:
+        np.add(self._steps, 1, out=self._steps)
+        np.greater_equal(self._steps, limit, out=self._hit)
+        np.logical_or(self.env_pool.truncated, self._hit, out=self._trunc)
+        np.logical_or(self.env_pool.terminated, self._trunc, out=self._done)
+
+    def _reset_done(self, mask: np.ndarray, t: int) -> None:
+        # Episode ends are rare next to steps: allocations here are fine.
+        self.env_pool.reset_where(mask)
+        self._new_trajectories(mask)
+        self._traj[mask, t + 1 :] = self._traj_cur[mask, None]
+        if self._carry is not None:
+            self._carry.reset(mask)
+
+    def _new_trajectories(self, mask: np.ndarray) -> None:
+        k = int(mask.sum())
+        self._traj_cur[mask] = self._traj_base + np.arange(
+            self._traj_counter, self._traj_counter + k, dtype=np.int64
+        )
+        self._traj_counter += k
+        if self._traj_counter >= 1 << _TRAJ_ID_BITS:
+            raise OverflowError("more than 2**32 trajectories on one worker: traj_ids would clash")
+        self._steps[mask] = 0
+
+    # -- control ---------------------------------------------------------------------------
+
+    def reset(self, reset_idx: np.ndarray | torch.Tensor | None = None) -> None:
+        """Reset every env, or those where ``reset_idx`` (bool ``[N]``) is True."""
+        n = self.num_envs
+        if reset_idx is None:
+            self.env_pool.reset()
+            if not self._traj_fresh:
+                self._new_trajectories(np.ones(n, dtype=bool))
+            self._steps.fill(0)
+            if self._carry is not None:
+                self._carry.reset()
+            return
+        if isinstance(reset_idx, torch.Tensor):
+            reset_idx = reset_idx.detach().cpu().numpy()
+        mask = np.asarray(reset_idx, dtype=bool).reshape(-1)
+        if mask.shape != (n,):
+            raise ValueError(f"reset_idx must be a bool mask of shape ({n},), got {mask.shape}")
+        if not self.env_pool.supports_partial_reset:
+            raise ValueError(f"{type(self.env_pool).__name__} cannot reset single envs")
+        self.env_pool.reset_where(mask)
+        self._new_trajectories(mask)
+        if self._carry is not None:
+            self._carry.reset(mask)
+
+    def set_seed(self, seed: int, static_seed: bool = False) -> int:
+        """Seed env i with ``seed + i`` (``seed`` if static) and reset; return the next seed."""
+        next_seed = self.env_pool.set_seed(seed, static_seed=static_seed)
+        if self._owns_random:
+            self._random.set_seed(seed)
+        self.reset()
+        return next_seed
+
+    def close(self) -> None:
+        """Close the env pool. Idempotent."""
+        if not self._closed:
+            self._closed = True
+            self.env_pool.close()
+
+    def __enter__(self) -> Rollout:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class _StopCollect(Exception):
+    """Raised at a step boundary by the hook `Rollout.request_stop` installs."""
+
+
+def _raise_stop() -> None:
+    raise _StopCollect
+
+
+_NUMPY_DTYPES = frozenset(
+    {
+        torch.bool,
+        torch.uint8,
+        torch.int8,
+        torch.int16,
+        torch.int32,
+        torch.int64,
+        torch.float16,
+        torch.float32,
+        torch.float64,
+    }
+)
+
+
+def _numpy_ok(dtype: torch.dtype) -> bool:
+    return dtype in _NUMPY_DTYPES
+
+
+def _same_memory(a: Any, b: torch.Tensor) -> bool:
+    """``a`` is ``b`` or a view of the same memory (TorchRL's RNN modules re-set views)."""
+    return a is b or (
+        isinstance(a, torch.Tensor)
+        and a.data_ptr() == b.data_ptr()
+        and a.shape == b.shape
+        and a.stride() == b.stride()
+        and a.dtype == b.dtype
+    )
+
+
+def _nest(flat: dict[Any, torch.Tensor], batch_size: list[int]) -> TensorDict:
+    out = TensorDict({}, batch_size=batch_size)
+    for path, tensor in flat.items():
+        out.set(_td_key(path), tensor)
+    return out
+
+
+def _check_args(frames_per_batch: int, n: int, worker_index: int, init_random: int | None) -> None:
+    if not isinstance(frames_per_batch, int) or frames_per_batch <= 0:
+        raise ValueError(f"frames_per_batch must be a positive int, got {frames_per_batch!r}")
+    if frames_per_batch % n:
+        lo = max(n, frames_per_batch - frames_per_batch % n)
+        raise ValueError(
+            f"frames_per_batch={frames_per_batch} is not a multiple of num_envs={n}: "
+            f"use {lo} or {lo + n}"
+        )
+    if not isinstance(worker_index, int) or not 0 <= worker_index < 2**31:
+        raise ValueError(f"worker_index must be an int in [0, 2**31), got {worker_index!r}")
+    if init_random is not None and init_random < 0:
+        raise ValueError(f"init_random_frames must be >= 0, got {init_random}")
+
+
+def _check_obs_keys(paths: tuple[tuple[str, ...], ...]) -> None:
+    for path in paths:
+        if path[0] in _RESERVED_ROOT or path == ("reward",):
+            raise ValueError(
+                f"observation key {path!r} clashes with a batch key; rename the Dict sub-space"
+            )

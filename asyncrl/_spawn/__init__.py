@@ -1,0 +1,1 @@
+"""Process plumbing: starting, watching and stopping child processes, their threads and logs."""

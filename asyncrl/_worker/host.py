@@ -1,0 +1,108 @@
+"""One worker host: K worker processes and, for K > 1, the relay that feeds them weights.
+
+What ``asyncrl worker --workers K`` runs, and what a Ray host actor runs
+(:func:`asyncrl.launch.ray.launch_hosts`). The processes are started, watched
+and stopped by :class:`~asyncrl._spawn.processes.WorkerProcesses`, as a collector's
+local workers are.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+from contextlib import AsyncExitStack
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+import anyio
+
+from transports import random_identity
+
+from .._spawn.processes import WorkerProcesses
+from .entry import host_worker_processes
+from .spec import WorkerSpec
+
+log = logging.getLogger("asyncrl.host")
+
+#: How long stopped workers get to exit after SIGTERM before SIGKILL.
+STOP_TIMEOUT = 10.0
+
+
+def heartbeat_interval(peer_timeout: float) -> float:
+    """1 s, or less for short timeouts: several heartbeats must fit in one timeout."""
+    return min(1.0, peer_timeout / 4)
+
+
+class HostWorkers:
+    """Spawns this host's K workers (and their relay) and waits for them; see :meth:`run`.
+
+    >>> host = HostWorkers("tcp://trainer:5555", WorkerSpec("CartPole-v1"),  # doctest: +SKIP
+    ...                    workers=4, reconnect=True)
+    >>> exit_code = host.run()   # blocks until the workers exit
+    """
+
+    def __init__(self, connect: str, spec: WorkerSpec, *, workers: int, relay: bool = True,
+                 peer_timeout: float = 10.0, reconnect: bool = False,
+                 curve_keys: str | None = None, backend: str = "asyncio",
+                 log_config: dict[str, Any] | None = None) -> None:
+        if workers < 1:
+            raise ValueError(f"workers must be >= 1, got {workers}")
+        self.connect = connect
+        self.spec = spec
+        self.relay = relay and workers > 1
+        self.peer_timeout = peer_timeout
+        self.reconnect = reconnect
+        self.curve_keys = curve_keys
+        self.backend = backend
+        self.log_config = log_config  # the workers' logging (asyncrl._spawn.logs.capture())
+        # Unguessable (128 random bits each): an identity is a route on the hub.
+        tag = f"{socket.gethostname()}-{os.getpid()}"
+        self.identities = [random_identity(f"{tag}-w{i}") for i in range(workers)]
+        self.processes: list[BaseProcess] = []
+
+    def run(self) -> int:
+        """Start the workers, wait until they all exit; return the exit code that matters."""
+        try:
+            anyio.run(self._run, backend=self.backend)
+        except KeyboardInterrupt:
+            pass  # before the signal handler was in place; the workers are stopped by then
+        codes = [p.exitcode or 0 for p in self.processes]
+        return max(codes, key=abs) if any(codes) else 0
+
+    async def _run(self) -> None:
+        async with AsyncExitStack() as stack:
+            options: dict[str, Any] = {
+                "peer_timeout": self.peer_timeout,
+                "heartbeat_interval": heartbeat_interval(self.peer_timeout),
+                "reconnect": self.reconnect, "curve_keys": self.curve_keys,
+                "log_config": self.log_config}
+            if self.relay:
+                from .relay import HostRelay
+
+                relay = await stack.enter_async_context(HostRelay(
+                    self.connect, self.identities, peer_timeout=self.peer_timeout,
+                    heartbeat_interval=heartbeat_interval(self.peer_timeout),
+                    curve_keys=self.curve_keys))
+                options.update(relay=relay.endpoint, relay_name=relay.name)
+            workers = host_worker_processes(self.connect, self.spec, self.identities,
+                                            backend=self.backend, options=options)
+            self.processes = workers.processes
+            try:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(self._stop_on_signal, workers)
+                    await workers.run()  # until every worker exited
+                    tg.cancel_scope.cancel()
+            finally:
+                # The workers exit when told or when we die; stop what is left (an
+                # error, Ctrl-C), then the relay closes and removes its socket directory.
+                await workers.stop(grace=STOP_TIMEOUT, kill_after=STOP_TIMEOUT)
+
+    async def _stop_on_signal(self, workers: WorkerProcesses) -> None:
+        # SIGTERM (docker stop, systemd, kill) and Ctrl-C stop the workers.
+        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async for signum in signals:
+                log.info("%s: stopping this host's workers", signal.Signals(signum).name)
+                await workers.stop(grace=0, kill_after=STOP_TIMEOUT)
+                return

@@ -1,0 +1,78 @@
+"""What a worker needs to build its envs, its policy and its rollout.
+
+A :class:`WorkerSpec` travels to spawned local workers through multiprocessing
+(pickle between our own processes). A remote host builds the same object from
+import paths given on its command line, with the default rollout options: code
+never travels over the network.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .._rollout.devices import check_device, place_policy
+from .._rollout.options import RolloutOptions
+
+
+@dataclass
+class WorkerSpec:
+    """How to build one worker: env factory, policy, rollout options, weight schemes.
+
+    A collector makes one per local worker (TorchRL's per-worker ``create_env_fn``
+    and ``create_env_kwargs`` lists); they share everything else, the policy too.
+    """
+
+    create_env_fn: Any
+    create_env_kwargs: Mapping[str, Any] | None = None
+    envs_per_worker: int = 1
+    policy: Any = None
+    policy_factory: Callable[[], Any] | str | None = None
+    #: TorchRL's rollout options and the worker's devices, checked when the collector
+    #: built them (a remote host: from its command line, checked there).
+    rollout: RolloutOptions = field(default_factory=RolloutOptions)
+    weight_sync_schemes: dict[str, Any] = field(default_factory=dict)
+    torch_threads: int = 1
+
+    def make_policy(self) -> Any:
+        """The worker's own policy (factory, else the unpickled policy, else None).
+
+        A module is moved once to ``rollout.policy_device`` (it is this worker's own
+        object: moved in place); weights received later are copied into it there.
+        """
+        policy = self.policy
+        if self.policy_factory is not None:
+            factory = self.policy_factory
+            if isinstance(factory, str):
+                factory = resolve_import_path(factory)
+            policy = factory()
+        return place_policy(policy, self.rollout.policy_device, copy_module=False)
+
+
+def host_rollout_options(device: Any = None) -> RolloutOptions:
+    """A remote host's rollout options: its policy on ``device``, checked on this host.
+
+    What ``asyncrl worker --device`` and the Ray launchers build where the workers
+    run. The trainer's devices do not travel: ``storing_device`` is the trainer's
+    business, and this host's envs step on its CPU.
+    """
+    return RolloutOptions(policy_device=check_device("--device", device))
+
+
+def resolve_import_path(path: str) -> Any:
+    """``"pkg.mod:attr.sub"`` -> the object; a clear ``ValueError`` when it does not resolve."""
+    module_name, sep, attr_path = path.partition(":")
+    if not sep or not module_name or not attr_path:
+        raise ValueError(f"expected an import path 'package.module:name', got {path!r}")
+    try:
+        target: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(f"cannot import module {module_name!r} of {path!r}: {exc}") from exc
+    for part in attr_path.split("."):
+        try:
+            target = getattr(target, part)
+        except AttributeError:
+            raise ValueError(f"module {module_name!r} has no attribute {attr_path!r}") from None
+    return target

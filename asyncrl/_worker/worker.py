@@ -1,0 +1,511 @@
+"""A worker: envs + policy + rollout, driven by a coordinator over one :class:`Link`.
+
+The same code runs in a locally spawned process and on a remote host. The
+rollout runs in a thread (``anyio.to_thread``) so that the event loop keeps
+answering heartbeats, control messages and weight updates while envs step.
+Weights are applied at step boundaries by the rollout's ``before_step`` hook,
+never while the policy runs.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+from collections import deque
+from contextlib import AsyncExitStack
+from typing import Any
+
+import anyio
+import torch
+
+from transports import CurveClient, ErrorPayload, Link, Message, PeerLostError, ProtocolError
+
+from .._protocol import (
+    PROTOCOL,
+    Batch,
+    Collect,
+    Control,
+    ErrorReport,
+    Hello,
+    Leaving,
+    Preempt,
+    Refuse,
+    Rejoin,
+    Welcome,
+)
+from .._rollout.envs import make_env_pool
+from .._rollout.loop import Rollout
+from .._rollout.reach import env_attr, policy_attr, user_env, wire_value
+from .._rollout.seeding import seed_global_rngs
+from .._spawn.processes import process_alive, remove_orphaned_socket_dir
+from .._spawn.threads import use_torch_threads
+from ..weights import WEIGHTS_KIND, WeightApplier
+from .relay_member import RelayMembership
+from .spec import WorkerSpec
+
+log = logging.getLogger("asyncrl.worker")
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_COORDINATOR_LOST = 3
+EXIT_REFUSED = 4
+#: Not a process exit code: ends one admission when the coordinator says "rejoin".
+EXIT_REJOIN = -1000
+
+
+class WorkerExit(Exception):
+    """Ends :func:`run_worker` with an exit code and a one-line reason."""
+
+    def __init__(self, code: int, reason: str, *, final: bool = False) -> None:
+        super().__init__(reason)
+        self.code = code
+        self.final = final  # no waiting for the coordinator to come back (--reconnect)
+
+
+def error_report(error: BaseException, *, fatal: bool = True, slot: int = -1,
+                 token: str = "") -> ErrorReport:
+    return ErrorReport(ErrorPayload.from_exception(error), fatal=fatal, slot=slot, token=token)
+
+
+class Worker:
+    """One worker's state machine. Build with a connected link, then ``await run()``."""
+
+    def __init__(self, link: Link, spec: WorkerSpec, *, slot: int = -1, token: str = "",
+                 parent_pid: int | None = None, reconnect: bool = False,
+                 reconnect_timeout: float = 3600.0, relay_link: Link | None = None,
+                 relay_name: str = "", handle_signals: bool = False) -> None:
+        self.link = link
+        #: Stop cleanly on SIGTERM/SIGINT (a process's main thread only: signal handlers).
+        self.handle_signals = handle_signals
+        self._leaving = False  # a signal asked us to stop: told the coordinator, awaiting close
+        self.relay_link = relay_link  # this host's relay, if any: weights may come that way
+        self.reconnect = reconnect
+        self.reconnect_timeout = reconnect_timeout
+        self.spec = spec
+        self.slot = slot
+        self.token = token
+        self.parent_pid = parent_pid
+        self.env_pool: Any = None
+        self.policy: Any = None
+        self.rollout: Rollout | None = None
+        self.index = -1
+        self.instance = ""  # the coordinator instance that welcomed us last
+        self._requests: deque[int] = deque()
+        self._request_ready = anyio.Event()
+        self._busy = anyio.Lock()  # held while the rollout or a control op uses the envs
+        self._current_request: int | None = None
+        self._preempted: int | None = None  # the latest request the coordinator cut short
+        # Weights come from the coordinator or the relay, and are acked the way they came.
+        self._weights = WeightApplier(link, relay=relay_link, busy=self._busy.locked)
+        self._relay = RelayMembership(relay_link, relay_name, self._weights)
+        self._pending_early: list[Message] = []  # weights that came before the welcome
+        self._exit: WorkerExit | None = None
+
+    @property
+    def env(self) -> Any:
+        """The user's env: model ids such as ``"env.transform[0]"`` resolve from here.
+
+        A TorchRL env as the user built it (its transforms included), else
+        asyncrl's pool of gymnasium envs.
+        """
+        return user_env(self.env_pool)
+
+    # -- life cycle --------------------------------------------------------------
+    async def run(self) -> int:
+        """Serve until closed, refused or orphaned; return the exit code."""
+        code = EXIT_OK
+
+        async def serve() -> None:
+            nonlocal code
+            code = await self._serve()
+            tg.cancel_scope.cancel()
+
+        async def watch_parent() -> None:
+            # For the whole life of the worker, also while it joins or waits for a
+            # coordinator: a spawned worker must never outlive the process that made it.
+            nonlocal code
+            try:
+                await self._watch_parent()
+            except WorkerExit as exc:
+                log.error("worker exits: %s", exc)
+                code = exc.code
+                if self.rollout is not None:
+                    self.rollout.request_stop()  # the batch in progress ends at its next step
+                for link in (self.link, self.relay_link):
+                    if link is not None:
+                        remove_orphaned_socket_dir(link.endpoint)
+                tg.cancel_scope.cancel()
+
+        async def watch_signals() -> None:
+            nonlocal code
+            code = await self._watch_signals()
+            tg.cancel_scope.cancel()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(serve)
+            tg.start_soon(watch_parent)
+            if self.handle_signals:
+                tg.start_soon(watch_signals)
+        return code
+
+    async def _watch_signals(self) -> int:
+        """SIGTERM (systemd stops a whole process group) or SIGINT: stop, as a normal exit.
+
+        The coordinator is told why, and answers with a close: the link's goodbye
+        comes only after that, so that the coordinator takes this as a stop, not as
+        a lost worker (and a send of its to a closed pipe cannot make it one). The
+        batch in progress is abandoned; the envs are closed on the way out.
+        """
+        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async for signum in signals:
+                name = signal.Signals(signum).name
+                log.info("worker %d got %s: stopping", self.index, name)
+                self._leaving = True
+                if self.rollout is not None:
+                    self.rollout.request_stop()  # the batch in progress ends at its next step
+                with anyio.CancelScope(shield=True), anyio.move_on_after(1.0):
+                    await self.link.send(Leaving(name).to_body(), kind=Leaving.KIND)
+                if self.index >= 0:
+                    # The coordinator's close ends serve() and with it this task; a
+                    # coordinator that is gone or busy gets a bounded wait.
+                    await anyio.sleep(2 * self.link.heartbeat_interval + 1.0)
+                break
+        return EXIT_OK
+
+    async def _serve(self) -> int:
+        try:
+            await self._build()
+            while True:
+                try:
+                    await self._join()
+                except WorkerExit as exc:
+                    self._exit = exc  # no coordinator yet: with `reconnect`, wait for one
+                else:
+                    self._exit = None
+                    async with anyio.create_task_group() as tg:
+                        for task in (self._collect_loop, self._weights.send_acks,
+                                     self._dispatch_loop, self._relay.receive_weights):
+                            tg.start_soon(self._until_exit, task, tg.cancel_scope)
+                if self._exit is None:
+                    return EXIT_OK
+                if self._exit.code == EXIT_REJOIN:
+                    log.warning("%s: joining again", self._exit)
+                    continue
+                if self._exit.code != EXIT_COORDINATOR_LOST or not self.reconnect \
+                        or self._exit.final:
+                    raise self._exit
+                log.warning("%s; waiting for it to come back", self._exit)
+                await self._wait_for_coordinator()
+        except WorkerExit as exc:
+            if self._leaving:  # stopping on a signal: a coordinator gone meanwhile is fine
+                log.info("worker exits: %s", exc)
+                return EXIT_OK
+            if exc.code != EXIT_OK:
+                log.error("worker exits: %s", exc)
+            return exc.code
+        finally:
+            self._close_envs()
+
+    async def _until_exit(self, task: Any, scope: anyio.CancelScope) -> None:
+        """Run one of the worker's loops; the first to finish or exit stops them all."""
+        try:
+            await task()
+        except WorkerExit as exc:
+            self._exit = self._exit or exc
+        if self.rollout is not None:
+            self.rollout.request_stop()  # a batch in progress is abandoned, not delivered
+        scope.cancel()
+
+    async def _wait_for_coordinator(self) -> None:
+        # Our heartbeats go on; the hub answers with its own once it (or its
+        # successor) is back. The wait is bounded by `reconnect_timeout`.
+        with anyio.move_on_after(self.reconnect_timeout):
+            await self.link.wait_connected()
+            return
+        raise WorkerExit(EXIT_COORDINATOR_LOST,
+                         f"the coordinator at {self.link.endpoint} did not come back within "
+                         f"{self.reconnect_timeout} s")
+
+    async def _build(self) -> None:
+        use_torch_threads(self.spec.torch_threads)
+        try:
+            self.env_pool = make_env_pool(self.spec.create_env_fn,
+                                          create_env_kwargs=self.spec.create_env_kwargs,
+                                          num_envs=self.spec.envs_per_worker)
+            self.policy = self.spec.make_policy()
+            self._weights.add_schemes(self.spec.weight_sync_schemes or {}, root=self)
+        except Exception as exc:
+            await self._report_and_exit(exc)
+
+    async def _join(self) -> None:
+        """Hello, welcome, and a rollout for the index we were given."""
+        self._requests.clear()  # credits of an earlier admission are void
+        await self._relay.attach()
+        hello = Hello(protocol=PROTOCOL, name=self.link.identity.decode(errors="replace"),
+                      host=socket.gethostname(), pid=os.getpid(),
+                      specs=self.env_pool.specs.to_dict(), slot=self.slot, token=self.token,
+                      relay=self._relay.hello_name)
+        welcome = None
+        while welcome is None:
+            sent = False
+            with anyio.move_on_after(self.link.peer_timeout):
+                # A send blocks while no connection is up (e.g. a failing CURVE handshake).
+                await self.link.send(hello.to_body(), kind=Hello.KIND)
+                sent = True
+            if not sent:
+                raise WorkerExit(EXIT_COORDINATOR_LOST, self._unreachable())
+            # A coordinator answers at once; one that stays alive (its heartbeats
+            # come) but silent got our hello just before it died and a successor
+            # took its place: say hello again (a gone one ends the wait first).
+            with anyio.move_on_after(2 * self.link.peer_timeout):
+                welcome = await self._await_welcome(hello.attempt)
+            if welcome is None:
+                log.warning("no welcome from %s within %s s; saying hello again",
+                            self.link.endpoint, 2 * self.link.peer_timeout)
+                hello.attempt += 1
+        self.index = welcome.index
+        if welcome.instance and welcome.instance != self.instance:
+            if self.instance:
+                log.warning("joined a restarted coordinator (instance %s, was %s): weight "
+                            "versions count afresh", welcome.instance, self.instance)
+            self.instance = welcome.instance
+        try:
+            # Receivers for the models the coordinator syncs that our spec did not name.
+            self._weights.add_configs(welcome.schemes, root=self)
+            # A restarted trainer numbers its versions from 1 again: before its
+            # catch-up weights are read, forget what the old one's numbers meant.
+            self._weights.follow(self.instance)
+            self.rollout = Rollout(
+                self.env_pool, self.policy, welcome.frames_per_batch,
+                worker_index=welcome.index, init_random_frames=welcome.init_random_frames,
+                options=self.spec.rollout,
+            )
+        except Exception as exc:
+            await self._report_and_exit(exc)
+        assert self.rollout is not None
+        self._weights.attach(self.rollout)
+        for message in self._pending_early:
+            self._weights.deliver(message)  # idle: applied now
+        self._pending_early.clear()
+        await self._weights.flush_acks()
+
+    async def _await_welcome(self, attempt: int) -> Welcome:
+        while True:
+            message = await self._recv()
+            if message.kind == Welcome.KIND:
+                welcome = Welcome.from_body(message.body)
+                if welcome.attempt == attempt:
+                    return welcome
+                log.info("ignored the welcome of an earlier hello (attempt %d)", welcome.attempt)
+                continue
+            if message.kind == Refuse.KIND:
+                reason = Refuse.from_body(message.body).reason
+                raise WorkerExit(EXIT_REFUSED, f"the coordinator refused this worker: {reason}")
+            if message.kind == WEIGHTS_KIND:
+                # Weights may precede the welcome for a late joiner: keep them.
+                self._pending_early.append(message)
+                continue
+            log.warning("ignored %r message before the welcome", message.kind)
+
+    # -- messages ------------------------------------------------------------------
+    async def _recv(self) -> Message:
+        try:
+            return await self.link.recv()
+        except PeerLostError as exc:
+            if self.index < 0:  # never welcomed: maybe never reached
+                raise WorkerExit(EXIT_COORDINATOR_LOST, self._unreachable()) from None
+            raise WorkerExit(EXIT_COORDINATOR_LOST,
+                             f"the coordinator at {self.link.endpoint} is gone ({exc})") from None
+
+    def _unreachable(self) -> str:
+        return (f"no coordinator answered at {self.link.endpoint} within "
+                f"{self.link.peer_timeout} s: check the address and port, that the trainer is "
+                "running with MultiCollector(listen=...) there, that no firewall is in the way, "
+                "and (with --keys) that this host's key is authorized")
+
+    async def _dispatch_loop(self) -> None:
+        while True:
+            message = await self._recv()
+            try:
+                if message.kind == Collect.KIND:
+                    collect = Collect.from_body(message.body)
+                    self._requests.extend([collect.request] * collect.credits)
+                    self._request_ready.set()
+                elif message.kind == Rejoin.KIND:
+                    reason = Rejoin.from_body(message.body).reason
+                    raise WorkerExit(EXIT_REJOIN, "the coordinator dropped this worker"
+                                     + (f" ({reason})" if reason else ""))
+                elif message.kind == Preempt.KIND:
+                    request = Preempt.from_body(message.body).request
+                    self._preempted = request  # also cuts a batch not started yet
+                    if self._current_request == request and self.rollout is not None:
+                        self.rollout.request_stop()
+                elif message.kind == WEIGHTS_KIND:
+                    self._weights.deliver(message)
+                elif message.kind == Control.KIND:
+                    control = Control.from_body(message.body)
+                    if control.op == "close":
+                        if self.rollout is not None:
+                            self.rollout.request_stop()  # end a running batch at its next step
+                        await self.link.ack(message, result=None)
+                        return
+                    await self._control(message, control)
+                elif message.kind == Refuse.KIND:
+                    # Dropped after joining (e.g. a batch that was not what was asked).
+                    reason = Refuse.from_body(message.body).reason
+                    raise WorkerExit(EXIT_REFUSED, f"the coordinator dropped this worker: "
+                                     f"{reason}", final=True)
+                else:
+                    log.warning("ignored a %r message", message.kind)
+            except ProtocolError as exc:
+                log.warning("dropped a malformed %r message: %s", message.kind, exc)
+                if message.needs_ack:
+                    await self.link.ack(message, error=exc)
+
+    async def _control(self, message: Message, control: Control) -> None:
+        async with self._busy:
+            try:
+                result = self._run_control(control)
+            except Exception as exc:
+                await self.link.ack(message, error=exc)
+                return
+        await self.link.ack(message, result=result)
+
+    def _run_control(self, control: Control) -> Any:
+        assert self.rollout is not None
+        args = control.args
+        if control.op == "seed":
+            seed = int(args["seed"])
+            seed_global_rngs(seed)  # the policy's sampling too, as TorchRL's workers do
+            return self.rollout.set_seed(seed, bool(args.get("static_seed", False)))
+        if control.op == "reset":
+            self.rollout.reset(args.get("reset_idx"))
+            return None
+        if control.op == "state_dict":
+            return _state_dict(self.policy)
+        if control.op == "load_state_dict":
+            if isinstance(self.policy, torch.nn.Module):
+                self.policy.load_state_dict(args["policy_state_dict"])
+            return None
+        if control.op == "getattr_env":
+            name = str(args["attr"])
+            return wire_value(env_attr(self.env_pool, name), what=f"the env's {name!r}")
+        if control.op == "getattr_policy":
+            name = str(args["attr"])
+            # policy=None: the RandomPolicy the rollout made (inside its adapter)
+            policy = self.policy if self.policy is not None else self.rollout._adapter
+            return wire_value(policy_attr(policy, name), what=f"the policy's {name!r}")
+        raise ValueError(f"unknown control operation {control.op!r}")
+
+    # -- collecting -------------------------------------------------------------------
+    async def _collect_loop(self) -> None:
+        assert self.rollout is not None
+        while True:
+            while not self._requests:
+                await self._request_ready.wait()
+                self._request_ready = anyio.Event()
+            request = self._requests.popleft()
+            async with self._busy:
+                self._current_request = request
+                try:
+                    frames = await anyio.to_thread.run_sync(self._collect_one, request)
+                except Exception as exc:
+                    await self._report_and_exit(exc)
+                finally:
+                    self._current_request = None
+                self._weights.after_batch()
+            if self._leaving:  # cut short by a signal: not a batch anyone asked for
+                await anyio.sleep_forever()
+            await self.link.send(Batch(request, frames).to_body(), kind=Batch.KIND)
+
+    def _collect_one(self, request: int) -> Any:
+        assert self.rollout is not None
+        use_torch_threads(self.spec.torch_threads)  # this is a pool thread, not the main one
+        # A share preempted before it started is sent empty: the round is waiting.
+        max_steps = 0 if request == self._preempted else None
+        # The rollout reuses its buffers: the message gets its own copy.
+        return self.rollout.collect(max_steps).clone()
+
+    async def _report_and_exit(self, error: BaseException) -> None:
+        log.error("worker error: %s", error)
+        with anyio.CancelScope(shield=True):
+            # slot and token: a report sent before our hello was answered still counts.
+            report = error_report(error, slot=self.slot, token=self.token)
+            await self.link.send(report.to_body(), kind=ErrorReport.KIND)
+        raise WorkerExit(EXIT_ERROR, f"{type(error).__name__}: {error}") from error
+
+    async def _watch_parent(self) -> None:
+        # A spawned worker must not outlive its trainer, even if it never says goodbye.
+        parent = self.parent_pid
+        if parent is None:
+            await anyio.sleep_forever()
+            return
+        try:
+            fd = os.pidfd_open(parent)  # readable when the parent exits
+        except (AttributeError, OSError):
+            fd = None
+        if fd is not None:
+            try:
+                await anyio.wait_readable(fd)
+            finally:
+                os.close(fd)
+        else:  # no pidfd (old kernel): look at the trainer now and then
+            while process_alive(parent):  # noqa: ASYNC110
+                await anyio.sleep(0.5)
+        raise WorkerExit(EXIT_COORDINATOR_LOST, "the parent process is gone", final=True)
+
+    def _close_envs(self) -> None:
+        if self.env_pool is not None:
+            try:
+                self.env_pool.close()
+            except Exception:
+                log.exception("closing the envs failed")
+
+
+def _state_dict(policy: Any) -> Any:
+    if isinstance(policy, torch.nn.Module):
+        return {"policy_state_dict": dict(policy.state_dict())}
+    return {}
+
+
+async def run_worker(endpoint: str, spec: WorkerSpec, *, identity: bytes | None = None,
+                     slot: int = -1, token: str = "", parent_pid: int | None = None,
+                     heartbeat_interval: float = 1.0, peer_timeout: float = 10.0,
+                     reconnect: bool = False, reconnect_timeout: float = 3600.0,
+                     curve_keys: str | None = None, relay: str | None = None,
+                     relay_name: bytes | str = b"", handle_signals: bool = False,
+                     **link_options: Any) -> int:
+    """Connect to the coordinator at ``endpoint`` and serve until told to close.
+
+    With ``reconnect=True`` a worker whose coordinator went silent waits (up to
+    ``reconnect_timeout`` s) for it, or a restarted one, and joins again with
+    the latest weights; otherwise it exits. ``curve_keys`` is a directory made
+    by ``asyncrl keys generate`` (CURVE encryption and authentication). ``relay``
+    is the endpoint of this host's :class:`~asyncrl._worker.relay.HostRelay` and
+    ``relay_name`` its identity: weight updates may then come through it. Returns an exit
+    code: 0 when closed by the coordinator, 1 on an env or policy error (reported to the
+    coordinator first), 3 when the coordinator is gone, 4 when refused. With
+    ``handle_signals`` (a worker process's main thread) SIGTERM and SIGINT stop it
+    cleanly: the coordinator is told first (a ``leaving`` message), the envs are
+    closed, and it returns 0.
+    """
+    if curve_keys is not None:
+        link_options["curve"] = CurveClient.from_dir(curve_keys)
+    async with AsyncExitStack() as stack:
+        link = await stack.enter_async_context(
+            Link(endpoint, identity=identity, heartbeat_interval=heartbeat_interval,
+                 peer_timeout=peer_timeout, **link_options))
+        relay_link = None
+        if relay is not None:  # same identity: the relay knows its members by it
+            relay_link = await stack.enter_async_context(
+                Link(relay, identity=link.identity, heartbeat_interval=heartbeat_interval,
+                     peer_timeout=peer_timeout))
+        if isinstance(relay_name, bytes):
+            relay_name = relay_name.decode(errors="replace")
+        worker = Worker(link, spec, slot=slot, token=token, parent_pid=parent_pid,
+                        reconnect=reconnect, reconnect_timeout=reconnect_timeout,
+                        relay_link=relay_link, relay_name=relay_name,
+                        handle_signals=handle_signals)
+        return await worker.run()

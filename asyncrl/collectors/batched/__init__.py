@@ -1,0 +1,1 @@
+"""AsyncBatchedCollector: env worker processes, one batched policy (central inference)."""

@@ -1,0 +1,592 @@
+"""AsyncBatchedCollector: env worker processes, one batched policy in the trainer's process.
+
+SEED RL's layout (Sample Factory's policy workers; TorchRL's
+``AsyncBatchedCollector``): the env workers (:mod:`asyncrl._inference.env_stepper`) only
+step envs; the policy lives once, here, in an :class:`~asyncrl._inference.loop.InferenceLoop`
+that batches whatever requests are ready. Observations and actions go through
+shared memory; ZeroMQ (one :class:`transports.Hub`) carries the requests, the
+answers and the chunks of transitions, which are cut here into batches of
+``frames_per_batch``.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Mapping
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+import anyio
+import anyio.lowlevel
+import torch
+from tensordict import TensorDictBase
+from torch import nn
+
+from transports import (
+    CurveServer,
+    ErrorPayload,
+    Hub,
+    Message,
+    PeerEvent,
+    ProtocolError,
+    random_identity,
+)
+
+from ..._errors import BadBatchError, CollectorError, WorkerLostError, rebuild_remote_exception
+from ..._inference.env_stepper import (
+    CHUNK,
+    CLOSE,
+    CREDIT,
+    ERROR,
+    OBS,
+    EnvWorkerConfig,
+    build_pool,
+    env_worker_main,
+)
+from ..._inference.loop import (
+    InferenceLoop,
+    WorkerBlocks,
+    auto_chunk_steps,
+    discover_outputs,
+    make_blocks,
+)
+from ..._observe.statistics import WorkerStatistics
+from ..._rollout.policies import ExplorationType, PolicyAdapter, torch_dtype
+from ..._spawn.forkserver import check_start_method
+from ..._spawn.processes import WorkerProcesses, describe_exit
+from .._base import BaseCollector
+from .._config import check_int
+from .._env_factories import check_picklable
+from .._limits import listening_hub_limits
+from .chunks import ChunkBuffer
+from .config import (
+    BatchingConfig,
+    check_device,
+    check_policy,
+    check_server_backend,
+    env_factories,
+    from_server_config,
+    refuse_torchrl_only,
+    split_envs,
+)
+from .remote import RemoteEnvWorkers, check_listen
+from .server import InferenceProcess
+from .stats import env_worker_statistics
+from .weights import ServedPolicy
+
+log = logging.getLogger("asyncrl.collectors")
+
+
+class AsyncBatchedCollector(ServedPolicy, BaseCollector):
+    """Env workers in processes, the policy once in this process, batched across workers.
+
+    Choose it when the policy is big (or on a GPU) and envs are cheap: one call on
+    ``max_batch_size`` observations instead of one small call per worker. TorchRL's
+    arguments: ``create_env_fn`` is a list of env factories (one per env), or one
+    factory / gym id with ``num_envs``; ``policy`` or ``policy_factory``;
+    ``max_batch_size`` / ``min_batch_size`` (observations per policy call) and
+    ``server_timeout`` (seconds to wait for ``min_batch_size``); ``envs_per_worker``
+    envs share a process and a request; with ``listen="tcp://HOST:PORT"`` and
+    ``remote_workers=K``, up to K ``asyncrl env-worker`` processes on other hosts
+    join at a time (a dropped one's slot goes to the next to join; their
+    observations travel inline, checked; ``curve_keys``: a directory made by
+    ``asyncrl keys generate`` encrypts and authenticates them); ``num_threads`` caps
+    torch's threads in this process while open (default: the cores the env workers
+    leave). ``server_backend="process"`` serves the policy from a dedicated process
+    (TorchRL's ``InferenceServerConfig(service_backend="process")``, accepted as
+    ``server_config``): collection goes on while a training step holds this
+    process's event loop. Batches are flat ``[frames_per_batch]`` TensorDicts in TorchRL's layout,
+    every frame stamped with the version of the weights that chose its action
+    (``("collector", "policy_version")``). With ``replay_buffer`` (anything with
+    ``.extend(td)``), as in TorchRL, iteration writes each batch there and yields
+    None; ``start()`` fills it in the background.
+
+    >>> async with AsyncBatchedCollector("Pendulum-v1", num_envs=4,          # doctest: +SKIP
+    ...                                  policy=policy, frames_per_batch=256,
+    ...                                  total_frames=2048) as collector:
+    ...     async for batch in collector:
+    ...         train(batch)
+    ...         await collector.update_policy_weights()   # returns once they are in use
+    """
+
+    def __init__(
+        self,
+        create_env_fn: Any,
+        *,
+        policy: Callable[..., Any] | nn.Module | None = None,
+        policy_factory: Callable[[], Any] | None = None,
+        frames_per_batch: int,
+        total_frames: int | None = -1,
+        num_envs: int | None = None,
+        device: torch.device | str | None = None,
+        max_batch_size: int | None = None,
+        min_batch_size: int | None = None,
+        server_timeout: float | None = None,
+        envs_per_worker: int = 1,
+        transition_chunk_size: int | str = "auto",
+        replay_buffer: Any = None,
+        yield_completed_trajectories: bool = False,
+        exploration_type: ExplorationType | str | None = ExplorationType.RANDOM,
+        create_env_kwargs: Mapping[str, Any] | None = None,
+        postproc: Callable[[TensorDictBase], TensorDictBase] | None = None,
+        post_collect_hook: Callable[[TensorDictBase], None] | None = None,
+        split_trajs: bool = False,
+        policy_version: int = 0,
+        verbose: bool = False,
+        num_threads: int | None = None,
+        start_method: str | None = None,
+        heartbeat_interval: float = 1.0,
+        peer_timeout: float = 10.0,
+        listen: str | None = None,
+        remote_workers: int = 0,
+        curve_keys: str | None = None,
+        server_backend: str = "thread",
+        **torchrl_options: Any,
+    ) -> None:
+        if "server_config" in torchrl_options:
+            server_backend, max_batch_size, min_batch_size, server_timeout = from_server_config(
+                torchrl_options.pop("server_config"), server_backend=server_backend,
+                max_batch_size=max_batch_size, min_batch_size=min_batch_size,
+                server_timeout=server_timeout)
+        refuse_torchrl_only(torchrl_options)
+        check_policy(policy, policy_factory)
+        self.frames_per_batch = check_int("frames_per_batch", frames_per_batch, minimum=1)
+        self.factories = env_factories(create_env_fn, num_envs)
+        self.num_envs = len(self.factories)
+        self.batching = BatchingConfig.check(
+            num_envs=self.num_envs, max_batch_size=max_batch_size,
+            min_batch_size=min_batch_size, server_timeout=server_timeout,
+            envs_per_worker=envs_per_worker, transition_chunk_size=transition_chunk_size)
+        if isinstance(create_env_kwargs, (list, tuple)):
+            raise TypeError("create_env_kwargs: one dict for every env (a list is not "
+                            "supported: put the differences in the factories)")
+        self.create_env_kwargs = dict(create_env_kwargs or {})
+        self.device = check_device(device)
+        self.policy = policy
+        self.policy_factory = policy_factory
+        self.exploration_type = exploration_type
+        self.yield_completed_trajectories = bool(yield_completed_trajectories)
+        self.post_collect_hook = post_collect_hook
+        self.start_method = check_start_method(start_method)
+        self.num_threads = None if num_threads is None else check_int(
+            "num_threads", num_threads, minimum=1)
+        self.verbose = verbose
+        self._heartbeat = (heartbeat_interval, peer_timeout)
+        self._initial_version = check_int("policy_version", policy_version, minimum=0)
+        self.remote_workers = check_int("remote_workers", remote_workers, minimum=0)
+        check_listen(listen, self.remote_workers)
+        self.listen = listen
+        if curve_keys is not None and listen is None:
+            raise ValueError("curve_keys encrypts the listen= endpoint: give listen too")
+        self.curve_keys = curve_keys
+        self.server_backend = check_server_backend(server_backend, listen=listen)
+        if self.server_backend == "process":
+            check_picklable([("policy_factory", policy_factory), ("policy", policy)],
+                            start_method=self.start_method)
+        self._server: InferenceProcess | None = None
+        self._remote: RemoteEnvWorkers | None = None
+        self._admitted: set[bytes] = set()
+        super().__init__(total_frames=total_frames, batch_frames=self.frames_per_batch,
+                         split_trajs=split_trajs, postproc=self._postprocess,
+                         replay_buffer=replay_buffer)
+        self._user_postproc = postproc
+        self.groups = split_envs(self.factories, self.batching.envs_per_worker)
+        self.num_workers = len(self.groups)
+        self.chunk_steps = self.batching.chunk_steps or auto_chunk_steps(
+            self.frames_per_batch, self.num_envs)
+        # Set once open:
+        self._server_policy: Any = None
+        self._loop: InferenceLoop | None = None
+        self._blocks: dict[int, WorkerBlocks] = {}
+        self._workers: WorkerProcesses | None = None
+        self._hub: Hub | None = None
+        self._tmpdir: str | None = None
+        self._slot_of: dict[bytes, int] = {}
+        self._peer_of: dict[int, bytes] = {}
+        self._error: BaseException | None = None
+        self._closing = False
+        self._arrived: anyio.Event | None = None
+        self._room: anyio.Event | None = None
+        self._background: anyio.CancelScope | None = None
+        self._background_done: anyio.Event | None = None
+        self._frames = ChunkBuffer(
+            chunk_steps=self.chunk_steps, trajectories=self.yield_completed_trajectories,
+            capacity=max(2 * self.frames_per_batch, 2 * self.num_envs * self.chunk_steps))
+
+    # -- life cycle ----------------------------------------------------------------------------
+    def _create_async_state(self) -> None:
+        super()._create_async_state()
+        self._arrived = anyio.Event()
+        self._room = anyio.Event()
+        self._room.set()
+        self._background = anyio.CancelScope()
+        self._background_done = anyio.Event()
+
+    async def _open(self) -> None:
+        await self._open_with_workers(self._run_background, num_threads=self.num_threads,
+                                      local_workers=self.num_workers)
+
+    async def _run_background(self, *, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
+        assert self._background is not None and self._background_done is not None
+        backend = anyio.lowlevel.current_token().__class__.__module__
+        backend = "trio" if "trio" in backend else "asyncio"
+        try:
+            with self._background:
+                self._tmpdir = tempfile.mkdtemp(prefix="asyncrl-")
+                obs_paths, outputs, loop = await anyio.to_thread.run_sync(self._build_server)
+                self._loop = loop
+                interval, timeout = self._heartbeat
+                endpoint, limits = f"ipc://{self._tmpdir}/inference", {}
+                if self.listen is not None:  # remote env hosts join: admission, bounded sizes
+                    endpoint, limits = self.listen, listening_hub_limits(
+                        None, frames=self.batching.max_batch_size * self.chunk_steps,
+                        policy=None)
+                    if self.curve_keys is not None:
+                        limits["curve"] = CurveServer.from_dir(self.curve_keys)
+                async with Hub(endpoint, heartbeat_interval=interval,
+                               peer_timeout=timeout, **limits) as hub:
+                    self._hub = hub
+                    self._workers = self._make_workers(hub.endpoint, backend, obs_paths, outputs)
+                    async with anyio.create_task_group() as tg:
+                        tg.start_soon(self._dispatch, hub)
+                        if self._server is not None:  # the policy in its own process
+                            await self._server.start(tg, hub.endpoint, backend,
+                                                     self._on_server_exit)
+                        else:
+                            assert loop is not None
+                            tg.start_soon(loop.run, self._reply, self._wait_for_room)
+                        await tg.start(self._workers.run, self._on_process_exit)
+                        task_status.started()
+        finally:
+            self._background_done.set()
+
+    def _build_server(self) -> tuple[list[tuple[str, ...]], Any, InferenceLoop | None]:
+        """In a thread: one env for the layouts, the server's policy, its blocks and loop.
+
+        With ``server_backend="process"`` the policy built here (on the CPU) only finds
+        the outputs' layout and checks weights; the loop runs in the inference process.
+        """
+        probe = build_pool(self.factories[:1], self.create_env_kwargs)
+        try:
+            probe.reset()
+            obs = {tuple(p): torch.from_numpy(a.copy())
+                   for p, a in zip(probe.obs_paths, probe.obs_arrays, strict=True)}
+            spec = probe.specs.action
+        finally:
+            probe.close()
+        in_process = self.server_backend == "thread"
+        device = self.device if in_process else None
+        policy = self._make_server_policy(device)
+        adapter = PolicyAdapter(policy, action_spec=spec, exploration_type=self.exploration_type,
+                                observation_keys=[p[0] if len(p) == 1 else p for p in obs])
+        action = (torch_dtype(spec.dtype), tuple(spec.shape))
+        device_obs = {p: v.to(device) if device is not None else v for p, v in obs.items()}
+        outputs = discover_outputs(adapter, device_obs, action)
+        self._blocks = make_blocks([len(g) for g in self.groups], obs, outputs)
+        for slot in range(self.num_workers):  # named here: the inference process knows them
+            ident = random_identity(f"env-{slot}")
+            self._slot_of[ident] = slot
+            self._peer_of[slot] = ident
+        if self.remote_workers:
+            self._remote = RemoteEnvWorkers(
+                self.remote_workers, first_slot=self.num_workers, obs=obs, outputs=outputs,
+                chunk_steps=self.chunk_steps, max_envs=self.batching.max_batch_size,
+                blocks=self._blocks, submit=lambda slot: self._loop.submit(slot),  # type: ignore[union-attr]
+                on_chunk=self._on_chunk, register=self._register_remote,
+                version=lambda: self.policy_version)
+        b = self.batching
+        if not in_process:
+            self._server = self._make_server_process(policy, spec, list(obs), outputs)
+            return list(obs), outputs, None
+        loop = InferenceLoop(adapter, self._blocks, obs_paths=list(obs), outputs=outputs,
+                             device=self.device, max_batch_size=b.max_batch_size,
+                             min_batch_size=b.min_batch_size, server_timeout=b.server_timeout,
+                             version=self._initial_version)
+        return list(obs), outputs, loop
+
+    def _make_server_policy(self, device: torch.device | None) -> Any:
+        # The server runs its own copy: the trainer's optimiser steps never change the
+        # weights under a running call; update_policy_weights copies them in, versioned.
+        if self.policy_factory is not None:
+            policy = self.policy_factory()
+        elif isinstance(self.policy, nn.Module):
+            policy = copy.deepcopy(self.policy)
+        else:
+            policy = self.policy
+        if isinstance(policy, nn.Module):
+            policy = policy.to(device if device is not None else "cpu")
+        return policy
+
+    def _make_server_process(self, policy: Any, spec: Any, obs_paths: list[tuple[str, ...]],
+                             outputs: Any) -> InferenceProcess:
+        assert self._tmpdir is not None and self._threads_cap is not None
+        interval, timeout = self._heartbeat
+        return InferenceProcess.for_collector(
+            endpoint=f"ipc://{self._tmpdir}/policy", workers=self._peer_of,
+            blocks=self._blocks, policy=policy, policy_factory=self.policy_factory,
+            action_spec=spec, exploration_type=self.exploration_type, obs_paths=obs_paths,
+            outputs=outputs, device=self.device, batching=self.batching,
+            version=self._initial_version, threads=self._threads_cap.now,
+            heartbeat=(interval, timeout), start_method=self.start_method)
+
+    def _make_workers(self, endpoint: str, backend: str, obs_paths: list[tuple[str, ...]],
+                      outputs: Any) -> WorkerProcesses:
+        interval, timeout = self._heartbeat
+        extra_paths = [p for p, _, _ in outputs.extras]
+        parent = os.getpid()
+
+        def args(slot: int, identity: bytes) -> tuple[Any, ...]:
+            blocks = self._blocks[slot]
+            config = EnvWorkerConfig(
+                slot=slot, factories=self.groups[slot], create_env_kwargs=self.create_env_kwargs,
+                obs_block=blocks.obs.name, act_block=blocks.act.name, obs_paths=obs_paths,
+                extra_paths=extra_paths, chunk_steps=self.chunk_steps,
+                heartbeat_interval=interval, peer_timeout=timeout,
+                server_endpoint=None if server is None else server.config.endpoint,
+                chunk_credits=None if server is None else credits(blocks.rows))
+            return (endpoint, identity, config, backend, parent)
+
+        def credits(rows: int) -> int:
+            # Each worker's share of the trainer's buffer, in chunks (at least two: one
+            # in the trainer's hands, one on its way).
+            share = self._frames.capacity / self.num_workers
+            return max(2, math.ceil(share / (rows * self.chunk_steps)))
+
+        server = self._server
+        return WorkerProcesses(self.num_workers, env_worker_main, args,
+                               identity=lambda slot: self._peer_of[slot],
+                               start_method=self.start_method, name="asyncrl-env-worker")
+
+    async def _close(self) -> None:
+        self._closing = True
+        hub = self._hub
+        if hub is not None and (self._loop is not None or self._server is not None):
+            with anyio.move_on_after(1):
+                for peer in list(self._peer_of.values()):
+                    try:
+                        await hub.send(peer, None, kind=CLOSE)
+                    except Exception:  # gone already
+                        pass
+        if self._workers is not None:
+            await self._workers.stop(grace=2.0)
+        if self._server is not None:
+            await self._server.close(hub)
+        if self._background is not None:
+            self._background.cancel()
+        if self._background_done is not None and self._hub is not None:
+            with anyio.move_on_after(10):
+                await self._background_done.wait()
+        for blocks in self._blocks.values():
+            blocks.close()
+        self._blocks = {}
+        if self._tmpdir is not None:
+            shutil.rmtree(self._tmpdir, ignore_errors=True)
+        self._wake()
+
+    # -- the hub: requests, chunks, errors -----------------------------------------------------
+    async def _dispatch(self, hub: Hub) -> None:
+        loop = self._loop
+        async for item in hub:
+            found = self._slot_of.get(item.peer)
+            if found is None and self._server is not None and item.peer == self._server.identity:
+                self._on_server_message(item)
+                continue
+            if found is None:
+                if self._remote is not None and not self._closing:
+                    await self._remote.handle(hub, item)  # a remote env worker, or a stranger
+                continue  # without listen the socket is private: not one of ours
+            if isinstance(item, PeerEvent):
+                if item.event == "lost" and not self._closing and not self._server_gone():
+                    self._fail(WorkerLostError(
+                        f"env worker {found} went silent for "
+                        f"{self._heartbeat[1]} s (peer_timeout): it is stuck or its host is gone"))
+                continue
+            slot = found
+            if hub.admission and item.peer not in self._admitted:
+                self._admitted.add(item.peer)  # our own child: full message sizes
+                hub.admit(item.peer)
+            if item.kind == OBS and loop is not None:
+                loop.submit(slot)
+            elif item.kind == CHUNK:
+                self._on_chunk(slot, item)
+                if self._server is not None:
+                    await self._credit(hub, item.peer)
+            elif item.kind == ERROR:
+                self._on_error(slot, item)
+
+    async def _reply(self, slot: int, version: int) -> None:
+        assert self._hub is not None
+        if slot >= self.num_workers and self._remote is not None:
+            await self._remote.reply(self._hub, slot, version)  # its occupant, or nobody
+            return
+        peer = self._peer_of.get(slot)
+        if peer is None:
+            return
+        try:
+            await self._hub.send(peer, version, kind="act")
+        except Exception as exc:  # the worker is gone: its exit is reported by the watcher
+            log.debug("could not answer env worker %d: %r", slot, exc)
+
+    async def _credit(self, hub: Hub, peer: bytes) -> None:
+        assert self._server is not None
+        try:
+            await hub.send(peer, 1, kind=CREDIT)  # read: that worker may send one more
+        except Exception as exc:  # gone: its exit is reported by the watcher
+            log.debug("could not credit env worker %r: %r", peer, exc)
+        if not self._room_for_more():
+            await self._server.set_room(hub, False)
+
+    def _on_server_message(self, item: Message | PeerEvent) -> None:
+        assert self._server is not None
+        error = self._server.receive(item, peer_timeout=self._heartbeat[1])
+        if error is not None:
+            self._fail(error)
+
+    async def _on_server_exit(self, slot: int, process: BaseProcess) -> bool:
+        if not self._closing:
+            self._fail(InferenceProcess.exit_error(process))
+        return False
+
+    def _on_error(self, slot: int, message: Message) -> None:
+        try:
+            payload = ErrorPayload.from_body(message.body, "env worker error")
+        except ProtocolError as exc:
+            self._fail(BadBatchError(f"env worker {slot} sent a malformed error report: {exc}"))
+            return
+        self._fail(rebuild_remote_exception(payload, peer=f"env worker {slot}"))
+
+    def _on_chunk(self, slot: int, message: Message) -> None:
+        problem = self._frames.add(slot, message.body, self._blocks[slot].rows)
+        if problem is not None:
+            self._fail(BadBatchError(problem))
+            return
+        self._wake()
+
+    def _register_remote(self, slot: int, peer: bytes | None) -> None:
+        self._frames.forget(slot)  # a new occupant, or none: the old one's pieces are lost
+        if peer is not None:
+            self._peer_of[slot] = peer
+        else:
+            self._peer_of.pop(slot, None)
+
+    # -- failures and wake-ups -----------------------------------------------------------------
+    def _fail(self, error: BaseException) -> None:
+        if self._error is None and not self._closing:
+            self._error = error
+        if self._server is not None:
+            self._server.abort(self._error or error)
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._arrived is not None:
+            self._arrived.set()
+
+    def _server_gone(self) -> bool:
+        # An env worker ends when the inference process does: the process's own
+        # report (its error, or its exit) is the cause the user must see.
+        return self._server is not None and self._server.pid is None
+
+    async def _on_process_exit(self, slot: int, process: BaseProcess) -> bool:
+        if not self._closing and not self._server_gone():
+            self._fail(WorkerLostError(
+                f"env worker {slot} (pid {process.pid}) {describe_exit(process.exitcode)} "
+                "while collecting; its envs are gone, so this collector stops. If it failed "
+                "before reporting an error, look at its stderr."))
+        return False
+
+    def _worker_statistics(self) -> list[WorkerStatistics]:
+        """The local env workers: pid, state, what each sent (chunks, frames), when heard."""
+        if self._workers is None:
+            return []
+        return env_worker_statistics(self._workers, self._peer_of, self._frames.counts,
+                                     self._hub)
+
+    def _room_for_more(self) -> bool:
+        """Whether the env workers may be answered: room for frames, and not paused."""
+        return not self._frames.full and not self.paused
+
+    async def _wait_for_room(self) -> None:
+        while not self._room_for_more() and not self._closing:
+            self._room = anyio.Event()
+            await self._room.wait()
+
+    async def _set_paused(self, paused: bool) -> None:
+        # Paused, the server answers no more requests (past the call under way): the
+        # env workers wait at their next step; what was answered is collected and held.
+        await self._update_room(wait=paused)
+
+    async def _update_room(self, *, wait: bool = False) -> None:
+        if self._room is not None and self._room_for_more():
+            self._room.set()
+        if self._server is not None and self._hub is not None:
+            await self._server.set_room(self._hub, self._room_for_more(), wait=wait)
+
+    # -- batches --------------------------------------------------------------------------------
+    async def _next_batch(self) -> TensorDictBase:
+        if self._task_group is None:
+            raise CollectorError("the collector is not open: use 'async with'")
+        while not self._frames.ready(self.frames_per_batch):
+            if self._error is not None:
+                raise self._error
+            if self._closing:
+                raise CollectorError("the collector is closed")
+            self._arrived = anyio.Event()
+            await self._arrived.wait()
+        if self._error is not None:
+            raise self._error
+        batch = self._frames.take(self.frames_per_batch)
+        if self.split_trajs:
+            # A trajectory's chunks may lie apart in the batch (other workers' between
+            # them): bring each one's frames together, in order, before splitting.
+            order = torch.argsort(batch["collector", "traj_ids"], stable=True)
+            batch = batch[order]
+        await self._update_room()
+        return batch
+
+    async def __anext__(self) -> Any:
+        batch = await super().__anext__()
+        # (None: a base collector that fills the buffer itself already did)
+        if batch is not None and self.replay_buffer is not None and not self._running_free:
+            # TorchRL's meaning: with a replay buffer, iteration writes into it and
+            # yields None (start() writes there itself, in the background).
+            self.replay_buffer.extend(batch)
+            return None
+        return batch
+
+    def _postprocess(self, batch: TensorDictBase) -> TensorDictBase:
+        if self._user_postproc is not None:
+            batch = self._user_postproc(batch)
+        if self.post_collect_hook is not None:
+            self.post_collect_hook(batch)
+        return batch
+
+    # -- weights and statistics ----------------------------------------------------------------
+    @property
+    def worker_pids(self) -> list[int]:
+        """Process ids of the live env workers, in slot order."""
+        return self._workers.pids if self._workers is not None else []
+
+    @property
+    def inference_pid(self) -> int | None:
+        """The dedicated inference process's id (None: served from a thread of this one)."""
+        return self._server.pid if self._server is not None else None
+
+    @property
+    def endpoint(self) -> str:
+        """The address remote env workers connect to (``listen``, its real port once open)."""
+        if self._hub is None:
+            raise CollectorError("the collector is not open yet: use 'async with'")
+        return self._hub.endpoint
+
+    @property
+    def remote_refusals(self) -> list[str]:
+        """Why each refused or dropped remote env worker was (the run went on without it)."""
+        return list(self._remote.refusals) if self._remote is not None else []
+
+
+__all__ = ["AsyncBatchedCollector"]

@@ -1,0 +1,205 @@
+"""AsyncBatchedCollector's TorchRL-style arguments, checked once; TorchRL-only ones refused."""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .._config import check_int
+
+#: TorchRL arguments of ``AsyncBatchedCollector`` that asyncrl does not take, and what to use.
+_REFUSED: dict[str, str] = {
+    "transport": "asyncrl's transport is fixed: shared-memory slots for observations and "
+                 "actions, ZeroMQ for signalling; leave it out",
+    "device_config": "pass device= (where the policy runs); batches are stored on the CPU",
+    "weight_sync": "call 'await collector.update_policy_weights(weights)': it returns once "
+                   "the inference loop uses them",
+    "worker_affinity": "pin the env workers with taskset/numactl on the trainer's command line",
+    "driver_affinity": "pin the trainer with taskset/numactl",
+    "reset_at_each_iter": "central inference has no per-batch boundary in the env workers; "
+                          "use MultiSyncCollector(reset_at_each_iter=True)",
+    "policy_version_key": "versions are always stamped at ('collector', 'policy_version')",
+}
+#: TorchRL arguments accepted only with the value that says what asyncrl does anyway.
+_ONLY: dict[str, tuple[tuple[Any, ...], str]] = {
+    "backend": ((None, "multiprocessing"),
+                "env workers are processes and the policy is served from a thread of the "
+                "trainer's process (server_backend='process': a dedicated process); use "
+                "MultiCollector for other layouts"),
+    "env_backend": ((None, "multiprocessing"), "env workers are always processes"),
+    "policy_backend": ((None, "threading"),
+                       "it picks TorchRL's transport to the inference server; asyncrl's is "
+                       "always shared memory plus ZeroMQ. For a dedicated inference process "
+                       "pass server_backend='process'; for one policy copy per env worker "
+                       "use MultiCollector"),
+    "env_exchange": (("auto", "shm"), "local observations always travel in shared memory "
+                     "(remote env workers, with listen= and remote_workers=, send them "
+                     "inline)"),
+    "weight_sync_model_id": (("policy",), "central inference serves one model, 'policy'"),
+}
+
+
+def refuse_torchrl_only(options: dict[str, Any]) -> None:
+    """Raise for any TorchRL argument asyncrl does not support, naming the asyncrl way."""
+    for name, value in options.items():
+        if name in _REFUSED:
+            raise TypeError(f"AsyncBatchedCollector: {name}= is TorchRL's and not supported "
+                            f"here: {_REFUSED[name]}")
+        if name in _ONLY:
+            allowed, why = _ONLY[name]
+            if value not in allowed:
+                raise ValueError(f"AsyncBatchedCollector: {name}={value!r} is not supported "
+                                 f"(accepted: {allowed}): {why}")
+            continue
+        raise TypeError(f"AsyncBatchedCollector() got an unexpected keyword argument {name!r}")
+
+
+#: Where the policy is served: a thread of the trainer's process, or a dedicated process.
+SERVER_BACKENDS = ("thread", "process")
+#: TorchRL's ``InferenceServerConfig`` fields and their defaults (those asyncrl has no use for).
+_SERVER_CONFIG_DEFAULTS = {"static_batch_size": None, "collect_stats": True,
+                           "stats_window_size": 1024, "max_inflight_per_env": None}
+
+
+def check_server_backend(server_backend: Any, *, listen: str | None) -> str:
+    """``"thread"`` or ``"process"``; remote env hosts need the thread server."""
+    if server_backend not in SERVER_BACKENDS:
+        raise ValueError(f"server_backend must be one of {SERVER_BACKENDS}, got "
+                         f"{server_backend!r}")
+    if server_backend == "process" and listen is not None:
+        raise ValueError("server_backend='process' with listen=: remote env hosts are served "
+                         "from the trainer's process; use server_backend='thread' (the "
+                         "default) with them")
+    return str(server_backend)
+
+
+def from_server_config(config: Any, *, server_backend: str, max_batch_size: Any,
+                       min_batch_size: Any, server_timeout: Any) -> tuple[str, Any, Any, Any]:
+    """TorchRL's ``server_config=InferenceServerConfig(...)`` as asyncrl's arguments.
+
+    Returns ``(server_backend, max_batch_size, min_batch_size, server_timeout)``.
+    As in TorchRL it excludes the three batching keywords; fields asyncrl has no
+    equivalent for are refused unless left at their defaults.
+    """
+    fields = ("service_backend", "max_batch_size", "min_batch_size", "timeout")
+    if not all(hasattr(config, f) for f in fields):
+        raise TypeError(f"server_config must be TorchRL's InferenceServerConfig, got "
+                        f"{type(config).__name__}; or pass max_batch_size=, min_batch_size=, "
+                        "server_timeout= and server_backend= directly")
+    if any(v is not None for v in (max_batch_size, min_batch_size, server_timeout)):
+        raise ValueError("server_config is mutually exclusive with the max_batch_size, "
+                         "min_batch_size and server_timeout keyword arguments (as in TorchRL)")
+    if server_backend != "thread":
+        raise ValueError("give the server backend once: server_config's service_backend or "
+                         "server_backend=, not both")
+    for name, default in _SERVER_CONFIG_DEFAULTS.items():
+        value = getattr(config, name, default)
+        if value != default:
+            raise ValueError(f"server_config.{name}={value!r} is not supported: asyncrl "
+                             "batches whatever is ready, up to max_batch_size, and counts "
+                             "every call (inference_statistics()); leave it at "
+                             f"{default!r}")
+    return (config.service_backend, config.max_batch_size, config.min_batch_size,
+            config.timeout)
+
+
+def env_factories(create_env_fn: Any, num_envs: Any) -> list[Any]:
+    """One factory per env: a list as given, or one factory / gym id times ``num_envs``."""
+    if isinstance(create_env_fn, (list, tuple)):
+        if not create_env_fn:
+            raise ValueError("create_env_fn is an empty list: give one env factory per env")
+        if num_envs is not None and num_envs != len(create_env_fn):
+            raise ValueError(f"num_envs={num_envs} but create_env_fn lists "
+                             f"{len(create_env_fn)} factories: leave num_envs out")
+        factories = list(create_env_fn)
+    else:
+        if num_envs is None:
+            raise ValueError("one env factory (or gym id) needs num_envs=N, the number of envs "
+                             "to run; or pass a list of factories, one per env (TorchRL's way)")
+        factories = [create_env_fn] * check_int("num_envs", num_envs, minimum=1)
+    for f in factories:
+        if not (isinstance(f, str) or callable(f)):
+            raise TypeError(f"create_env_fn entries must be gym ids, import paths or "
+                            f"callables; got {type(f).__name__}")
+    return factories
+
+
+def check_device(device: Any) -> torch.device | None:
+    """A device this machine has, or a clear error (never a silent fallback to the CPU)."""
+    if device is None:
+        return None
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"device={device!r} is not a torch device: {exc}") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device={device!r}: this machine has no CUDA device; use 'cpu'")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise ValueError(f"device={device!r}: this machine has {torch.cuda.device_count()} "
+                         "CUDA device(s)")
+    if dev.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(f"device={device!r}: MPS is not available here; use 'cpu'")
+    return dev
+
+
+@dataclass(frozen=True)
+class BatchingConfig:
+    """The inference server's batching: in observations (env rows) per policy call."""
+
+    max_batch_size: int
+    min_batch_size: int
+    server_timeout: float
+    envs_per_worker: int
+    chunk_steps: int | None  # None: automatic
+
+    @classmethod
+    def check(cls, *, num_envs: int, max_batch_size: Any, min_batch_size: Any,
+              server_timeout: Any, envs_per_worker: Any,
+              transition_chunk_size: Any) -> BatchingConfig:
+        epw = check_int("envs_per_worker", envs_per_worker, minimum=1)
+        epw = min(epw, num_envs)
+        max_bs = 64 if max_batch_size is None else check_int("max_batch_size", max_batch_size,
+                                                             minimum=1)
+        if max_bs < epw:
+            raise ValueError(f"max_batch_size={max_bs} is smaller than envs_per_worker={epw}: "
+                             "one worker's request (all its envs) is served in one call; raise "
+                             "max_batch_size or lower envs_per_worker")
+        min_bs = 1 if min_batch_size is None else check_int("min_batch_size", min_batch_size,
+                                                            minimum=1)
+        if min_bs > max_bs:
+            raise ValueError(f"min_batch_size={min_bs} > max_batch_size={max_bs}")
+        if min_bs > num_envs:
+            raise ValueError(f"min_batch_size={min_bs} can never be met by {num_envs} envs: "
+                             "use at most the number of envs")
+        timeout = 0.01 if server_timeout is None else server_timeout
+        if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or timeout < 0:
+            raise ValueError(f"server_timeout must be a number of seconds >= 0, got {timeout!r}")
+        chunk: int | None = None
+        if transition_chunk_size != "auto":
+            chunk = check_int("transition_chunk_size", transition_chunk_size, minimum=1)
+        return cls(max_bs, min_bs, float(timeout), epw, chunk)
+
+
+def split_envs(factories: Sequence[Any], envs_per_worker: int) -> list[list[Any]]:
+    """Consecutive groups of ``envs_per_worker`` factories (the last one may be smaller)."""
+    return [list(factories[i:i + envs_per_worker])
+            for i in range(0, len(factories), envs_per_worker)]
+
+
+def check_policy(policy: Any, policy_factory: Callable[[], Any] | None) -> None:
+    if policy is not None and policy_factory is not None:
+        raise TypeError("policy and policy_factory are mutually exclusive: give one")
+    if policy_factory is not None and not callable(policy_factory):
+        raise TypeError(f"policy_factory must be a callable returning the policy, got "
+                        f"{type(policy_factory).__name__}")
+    if policy is not None and not callable(policy):
+        raise TypeError(f"policy must be callable, got {type(policy).__name__}")
+
+
+__all__ = ["SERVER_BACKENDS", "BatchingConfig", "check_device", "check_policy",
+           "check_server_backend", "env_factories", "from_server_config",
+           "refuse_torchrl_only", "split_envs"]

@@ -1,0 +1,1 @@
+"""MultiCollector: a coordinator in the trainer, workers in other processes."""

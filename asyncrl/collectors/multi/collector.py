@@ -1,0 +1,494 @@
+"""Multi-process collectors: a coordinator in the trainer, workers in other processes."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+import shutil
+import socket
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar, Literal, Self, overload
+
+import anyio
+from tensordict import TensorDictBase
+
+from transports import Hub, PeerLostError, RemoteError
+
+from ..._coordinator.coordinator import Coordinator, OnWorkerLoss
+from ..._errors import CollectorError, rebuild_remote_exception
+from ..._observe.statistics import WorkerStatistics
+from ..._spawn.forkserver import worker_context
+from ..._spawn.processes import WorkerProcesses
+from ...weights import WeightSender
+from .._assemble import assemble, drop_env_dim
+from .._base import BaseCollector
+from .._docs import add_parameters, share_parameters, show_init_signature
+from .._parameters import MULTI_PARAMETERS
+from .._torchrl_args import MULTI_COLLECTOR, check_torchrl_options
+from .._updates import weight_updates
+from .config import MultiConfig, default_schemes
+from .losses import WorkerLosses
+from .run import run_background
+
+log = logging.getLogger("asyncrl.collectors")
+
+
+class MultiCollector(BaseCollector):
+    """Collect with ``num_workers`` processes; ``sync=True`` on-policy, ``False`` off-policy.
+
+    ``MultiCollector(..., sync=True)`` builds a :class:`MultiSyncCollector`
+    (every worker contributes one share to every batch) and ``sync=False`` a
+    :class:`MultiAsyncCollector` (each batch comes from one worker, first come
+    first served, each worker at most ``prefetch`` batches ahead).
+
+    ``on_worker_loss`` says what a lost worker does to the run, the same for
+    local and remote workers (a local worker is lost when its process ends, with
+    its exit code or signal, or when it is silent for ``peer_timeout``):
+    ``"raise"`` (default) fails the run naming the worker; ``"continue"`` goes
+    on with the others (``total_frames`` stays exact in async mode; in sync mode
+    later rounds ask only the workers needed to reach it); ``"wait"`` makes sync
+    rounds wait for a replacement share (a remote newcomer, or the dropped worker
+    itself: one that speaks again is told to rejoin), and fails at once when a
+    dead local worker cannot be replaced; ``"restart"`` respawns a local worker's
+    slot (a silent one is killed first), at most ``max_restarts`` times in a row
+    without a delivered batch, and waits for a remote one as ``"wait"`` does.
+
+    Batches, with TorchRL's meaning (shapes: ``docs/batch_shapes.md``):
+    ``replay_buffer`` is extended with every batch's frames, flat, and iteration
+    yields None; ``extend_buffer`` must stay True (whole batches are written);
+    ``trajs_per_batch`` yields batches of that many complete trajectories;
+    ``traj_format`` lays them out ``"padded"`` (``[n, max_len]`` with
+    ``("collector", "mask")``) or ``"cat"`` (flat, along time).
+
+    Threads, with TorchRL's meaning: each worker runs torch with
+    ``num_sub_threads`` intra-op threads (default 1), and the trainer's process
+    with ``num_threads`` while the collector is open (default: the machine's
+    threads minus the local workers, at least 1; restored at close). Local
+    workers are forked from a warm fork server (``start_method="forkserver"``,
+    the default) or spawned (``"spawn"``).
+
+    >>> async with MultiCollector("CartPole-v1", policy=None, num_workers=2,   # doctest: +SKIP
+    ...                           frames_per_batch=1000, total_frames=10_000, sync=True) as c:
+    ...     async for batch in c:
+    ...         loss = train(batch)
+    ...         await c.update_policy_weights()
+
+    TorchRL 0.14 arguments beyond the above (``**torchrl_options``; the table and
+    messages are in ``asyncrl/collectors/_torchrl_args.py``):
+
+    - ``collector_class``: None or TorchRL's ``Collector`` (what a worker is); others refused.
+    - ``use_buffers``: None / True (asyncrl always preallocates); False refused.
+    - ``track_policy_version``: True / False; frames always carry
+      ``("collector", "policy_version")``.
+    - ``auto_register_policy_transforms``: None / False; True refused (add the transforms in
+      ``create_env_fn``).
+    - ``no_cuda_sync``: False; True refused (no extra synchronisation to skip).
+    - ``weight_sync_schemes``: TorchRL's ``MultiProcessWeightSyncScheme`` becomes
+      ``ZmqWeightSyncScheme``, ``SharedMemWeightSyncScheme`` and ``NoWeightSyncScheme`` their
+      asyncrl namesakes; ``sync=False``, ``per_worker_weights=True``, RPC / distributed / Ray
+      schemes are refused naming the replacement.
+    - Refused, naming the asyncrl way: ``trust_policy``, ``compile_policy`` and
+      ``cudagraph_policy`` (wrap the policy in ``policy_factory``), ``weight_updater`` and
+      ``weight_recv_schemes`` (``weight_sync_schemes``), ``worker_idx``, ``trajs_per_write``,
+      ``init_fn`` (``create_env_fn`` / ``policy_factory``), ``pre_collect_hook`` /
+      ``post_collect_hook`` / ``compact_obs`` (``postproc``).
+    - Methods with TorchRL's names: ``update_policy_weights(policy_or_weights, *, weights,
+      policy, worker_ids, model_id, weights_dict)`` and ``update_policy_weights_`` (awaited),
+      ``shutdown()`` / ``async_shutdown()`` (``aclose``); ``set_seed`` seeds each worker's torch
+      and numpy RNGs too; a plain ``for`` loop raises a TypeError naming ``async for`` and
+      :class:`~asyncrl.BlockingCollector`.
+
+    Devices (TorchRL's meaning; checked here, a device this machine lacks is an error;
+    ``docs/devices.md``):
+    ``device``: the default of the three below (``"cuda"`` is ``"cuda:<current>"``).
+    ``policy_device``: where each local worker's policy runs (remote hosts: ``--device``).
+    ``env_device``: where env outputs live: the host, or the policy's device.
+    ``storing_device``: where the trainer stores the batches it receives.
+
+    Logging: INFO lines when it opens, when each worker joins and when it closes; a
+    lost worker is a WARNING. Workers log with the trainer's level and format (the
+    ``asyncrl`` logger's level, the root handler's format). A local worker that gets
+    SIGTERM stops the run as a normal stop: ``async for`` ends and later calls raise
+    :class:`~asyncrl.CollectorStopped` (systemd stops a service's whole process group).
+    """
+
+    # The Parameters section of help(): MULTI_PARAMETERS (_parameters.py), added below.
+
+    sync: bool = True
+    #: ``on_worker_loss="restart"``: how many times in a row a local slot may die
+    #: before it delivered a batch; one more death fails the run (a crash loop).
+    max_restarts: int = 3
+
+    #: ``help()`` shows ``__init__``'s parameters, not ``__new__``'s (set below the classes).
+    __signature__: ClassVar[Any]
+
+    # ``MultiCollector(..., sync=False)`` is a MultiAsyncCollector, to type checkers too.
+    @overload
+    def __new__(cls, *args: Any, sync: Literal[False], **kwargs: Any) -> MultiAsyncCollector: ...
+    @overload
+    def __new__(cls, *args: Any, sync: Literal[True], **kwargs: Any) -> MultiSyncCollector: ...
+    @overload
+    def __new__(cls, *args: Any, sync: None = None, **kwargs: Any) -> Self: ...
+
+    def __new__(cls, *args: Any, sync: bool | None = None, **kwargs: Any) -> Any:
+        if cls is MultiCollector:
+            cls = MultiSyncCollector if sync in (None, True) else MultiAsyncCollector
+        elif sync is not None and bool(sync) != cls.sync:
+            other = "MultiSyncCollector" if sync else "MultiAsyncCollector"
+            raise ValueError(f"{cls.__name__}(sync={sync!r}) contradicts its class: use "
+                             f"{other}(...) or MultiCollector(..., sync={sync!r})")
+        return super().__new__(cls)
+
+    def __init__(
+        self,
+        create_env_fn: Any,
+        policy: Any = None,
+        *,
+        num_workers: int | None = None,
+        sync: bool | None = None,
+        policy_factory: Callable[[], Any] | str | None = None,
+        frames_per_batch: int | Sequence[int],
+        total_frames: int | None = -1,
+        create_env_kwargs: dict[str, Any] | None = None,
+        envs_per_worker: int = 1,
+        max_frames_per_traj: int | None = None,
+        init_random_frames: int | None = None,
+        reset_at_each_iter: bool = False,
+        reset_when_done: bool = True,
+        split_trajs: bool = False,
+        postproc: Callable[[TensorDictBase], TensorDictBase] | None = None,
+        set_truncated: bool = False,
+        exploration_type: Any = "random",
+        cat_results: str | int | None = None,
+        preemptive_threshold: float | None = None,
+        update_at_each_batch: bool = False,
+        replay_buffer: Any = None,
+        extend_buffer: bool = True,
+        trajs_per_batch: int | None = None,
+        traj_format: str | None = None,
+        weight_sync_schemes: dict[str, Any] | None = None,
+        prefetch: int = 1,
+        device: Any = None,
+        policy_device: Any = None,
+        env_device: Any = None,
+        storing_device: Any = None,
+        on_worker_loss: OnWorkerLoss = "raise",
+        backend: str | None = None,
+        heartbeat_interval: float = 1.0,
+        peer_timeout: float = 10.0,
+        listen: str | None = None,
+        remote_workers: int = 0,
+        curve_keys: str | None = None,
+        max_message_bytes: int | None = None,
+        num_threads: int | None = None,
+        num_sub_threads: int = 1,
+        start_method: str | None = None,
+        **torchrl_options: Any,
+    ) -> None:
+        check_torchrl_options(type(self).__name__, torchrl_options, MULTI_COLLECTOR,
+                              known=inspect.signature(MultiCollector.__init__).parameters)
+        config = MultiConfig.check(
+            sync=self.sync, create_env_fn=create_env_fn, num_workers=num_workers,
+            remote_workers=remote_workers, envs_per_worker=envs_per_worker, listen=listen,
+            frames_per_batch=frames_per_batch, total_frames=total_frames, prefetch=prefetch,
+            on_worker_loss=on_worker_loss, cat_results=cat_results,
+            preemptive_threshold=preemptive_threshold,
+            threads=(num_threads, num_sub_threads, start_method),
+            devices={"device": device, "policy_device": policy_device,
+                     "env_device": env_device, "storing_device": storing_device},
+            rollout={"max_frames_per_traj": max_frames_per_traj,
+                     "reset_at_each_iter": reset_at_each_iter,
+                     "reset_when_done": reset_when_done, "set_truncated": set_truncated,
+                     "exploration_type": exploration_type})
+        #: policy / env / storing devices; batches are moved to ``storing_device`` here.
+        self.devices = config.devices
+        self.num_workers = config.layout.num_workers
+        self.remote_workers = config.layout.remote_workers
+        self.envs_per_worker = config.layout.envs_per_worker
+        self.prefetch = config.prefetch
+        self.cat_results = config.cat_results
+        self.preemptive_threshold = config.preemptive_threshold
+        self.on_worker_loss = config.on_worker_loss
+        self.listen = listen
+        self.curve_keys = curve_keys  # a directory made by `asyncrl keys generate`
+        # Largest message a listening hub takes (None: derived from what is asked, see
+        # _multi_runtime); ZeroMQ holds a whole message before anyone sees its sender.
+        self.max_message_bytes = max_message_bytes
+        self.backend = backend
+        self.num_threads = config.threads.num_threads
+        self.num_sub_threads = config.threads.num_sub_threads
+        self.start_method = config.threads.start_method
+        self._heartbeat = (heartbeat_interval, peer_timeout)
+        self.frames_per_worker = config.frames_per_worker
+        super().__init__(total_frames=total_frames, batch_frames=config.batch_frames,
+                         split_trajs=split_trajs, postproc=postproc,
+                         replay_buffer=replay_buffer, update_at_each_batch=update_at_each_batch,
+                         trajs_per_batch=trajs_per_batch, traj_format=traj_format,
+                         extend_buffer=extend_buffer, discard_partial_trajs=reset_at_each_iter)
+        self.frames_per_batch = config.batch_frames
+        self.init_random_frames = int(init_random_frames or 0)
+        self.policy = policy
+        self.weight_sync_schemes = default_schemes(weight_sync_schemes, policy)
+        # The spec every worker shares, and one per local worker (its own env factory).
+        self._spec, self._worker_specs = config.worker_specs(
+            policy=policy, policy_factory=policy_factory, create_env_kwargs=create_env_kwargs,
+            schemes=self.weight_sync_schemes)
+        self._losses = WorkerLosses(self)  # on_worker_loss, applied
+        self._senders: dict[str, WeightSender] = {}
+        self._hub: Hub | None = None
+        self._workers: WorkerProcesses | None = None
+        self._coordinator: Coordinator | None = None
+        self._tmpdir: str | None = None
+        self._ready = False
+        self._background: anyio.CancelScope | None = None
+        self._background_done: anyio.Event | None = None
+        if config.layout.num_workers and config.threads.start_method == "forkserver":
+            # Started now (a few ms: it imports in its own process), it is warm by the
+            # time the collector is opened, if the trainer has anything else to set up.
+            worker_context(config.threads.start_method)
+
+    def _create_async_state(self) -> None:
+        super()._create_async_state()
+        self._background = anyio.CancelScope()
+        self._background_done = anyio.Event()
+
+    # -- life cycle ----------------------------------------------------------------------
+    async def _open(self) -> None:
+        await self._open_with_workers(functools.partial(run_background, self),
+                                      num_threads=self.num_threads,
+                                      local_workers=self.num_workers)
+
+    async def _ensure_ready(self) -> Coordinator:
+        """The coordinator, once the run's workers have joined."""
+        coordinator = self._coordinator
+        if coordinator is None:
+            raise CollectorError("the collector is not open: use 'async with'")
+        if not self._ready:
+            await coordinator.wait_for_workers(self.num_workers + self.remote_workers)
+            self._ready = True
+        coordinator.raise_if_failed()  # e.g. stopped (SIGTERM): every later call says so
+        return coordinator
+
+    async def _close(self) -> None:
+        log.info("%s closing after %d frames", type(self).__name__, self.frames_collected)
+        if self._coordinator is not None:
+            await self._coordinator.close()  # wakes waiters, tells the workers to stop
+        for sender in self._senders.values():
+            await sender.aclose()
+        if self._background is not None:
+            self._background.cancel()
+        if self._hub is not None and self._background_done is not None:
+            with anyio.move_on_after(10):
+                await self._background_done.wait()
+        if self._workers is not None:
+            await self._workers.stop()
+        if self._tmpdir is not None:
+            shutil.rmtree(self._tmpdir, ignore_errors=True)
+        log.info("%s closed", type(self).__name__)
+
+    # -- public API ------------------------------------------------------------------------
+    @property
+    def endpoint(self) -> str:
+        """The address workers connect to (``listen``, with the real port once bound)."""
+        if self._hub is None:
+            raise CollectorError("the collector is not open yet: use 'async with'")
+        return self._hub.endpoint
+
+    def _worker_statistics(self) -> list[WorkerStatistics]:
+        """Every admitted worker (lost ones too), then local processes still joining."""
+        coordinator = self._coordinator
+        if coordinator is None:
+            return []
+        workers = self._workers
+        joining = [] if workers is None else [
+            (slot, process.pid, socket.gethostname()) for slot, process in workers.slots.items()
+            if process.pid is not None and process.is_alive()]
+        return coordinator.registry.statistics(
+            heard=coordinator.heard, routes=coordinator.relay_routes(), joining=joining)
+
+    async def _wait_ready(self) -> None:
+        await self._ensure_ready()
+
+    def _not_ready_message(self, timeout: float | None) -> str:
+        expected = self.num_workers + self.remote_workers
+        coordinator = self._coordinator
+        joined = 0 if coordinator is None else len(coordinator.live_workers)
+        return (f"{joined} of {expected} workers joined within {timeout} s "
+                f"({self.num_workers} local, {self.remote_workers} remote expected); "
+                "statistics() shows who is still joining")
+
+    @property
+    def refused_peers(self) -> int:
+        """Connections refused for an unauthorized CURVE key (see ``curve_keys``)."""
+        return self._hub.refused_peers if self._hub is not None else 0
+
+    @property
+    def worker_pids(self) -> list[int]:
+        """Process ids of the local workers (for monitoring and tests)."""
+        return self._workers.pids if self._workers is not None else []
+
+    @property
+    def policy_version(self) -> int:
+        """Latest version of the ``"policy"`` weights sent to the workers (0: initial)."""
+        sender = self._senders.get("policy")
+        return sender.version if sender is not None else 0
+
+    def weight_sender(self, model_id: str = "policy") -> WeightSender:
+        """The :class:`~asyncrl.weights.WeightSender` of ``model_id``."""
+        try:
+            return self._senders[model_id]
+        except KeyError:
+            raise KeyError(f"no weight sync scheme for model {model_id!r}; known: "
+                           f"{sorted(self._senders)}; pass weight_sync_schemes="
+                           "{model_id: ZmqWeightSyncScheme()}") from None
+
+    async def update_policy_weights(self, policy_or_weights: Any = None, *, weights: Any = None,
+                                    policy: Any = None, worker_ids: Any = None,
+                                    model_id: str | None = None,
+                                    weights_dict: dict[str, Any] | None = None) -> None:
+        """Send weights to the workers and return once every targeted worker applied them.
+
+        TorchRL's spellings: the weights (an ``nn.Module``, a TensorDict or a state
+        dict; None: the registered model's) positionally or as ``weights=`` /
+        ``policy=``; ``weights_dict={model_id: weights}`` for several models;
+        ``{worker_index: weights}`` for per-worker weights.
+
+        A worker lost meanwhile is handled by ``on_worker_loss``: under ``"raise"`` the
+        run's error (naming the worker and how it ended) is raised; otherwise the update
+        counts for the workers still in the run, and a replacement or a worker that
+        rejoins gets the latest weights before its first frame.
+        """
+        updates = weight_updates(policy_or_weights, weights=weights, policy=policy,
+                                 worker_ids=worker_ids, model_id=model_id,
+                                 weights_dict=weights_dict)
+        await self._ensure_ready()
+        try:
+            for update in updates:
+                await self.weight_sender(update.model_id).send(update.weights,
+                                                               worker_ids=update.worker_ids)
+        except PeerLostError as exc:
+            await self._losses.during_update(exc)
+
+    async def set_seed(self, seed: int, static_seed: bool = False) -> int:
+        """Seed every worker (TorchRL semantics); returns the next free seed.
+
+        Worker i gets the seed the previous one returned (its envs get it plus
+        their index), and seeds its torch and numpy RNGs with it, so a policy's
+        sampling repeats too.
+        """
+        coordinator = await self._ensure_ready()
+        for worker in coordinator.live_workers:
+            seed = await coordinator.control(worker, "seed", seed=seed, static_seed=static_seed)
+        return seed
+
+    async def reset(self, reset_idx: Sequence[bool] | None = None) -> None:
+        """Reset the envs of every worker (or of the workers flagged in ``reset_idx``)."""
+        coordinator = await self._ensure_ready()
+        for worker in coordinator.live_workers:
+            if reset_idx is None or reset_idx[worker.index]:
+                await coordinator.control(worker, "reset")
+        self._trajectories_reset(partial=reset_idx is not None)
+
+    async def state_dict(self) -> dict[str, Any]:
+        """``{"worker0": {...}, ...}`` with each worker's policy state dict."""
+        coordinator = await self._ensure_ready()
+        return {f"worker{w.index}": await coordinator.control(w, "state_dict")
+                for w in coordinator.live_workers}
+
+    async def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        coordinator = await self._ensure_ready()
+        for worker in coordinator.live_workers:
+            await coordinator.control(worker, "load_state_dict",
+                                      **state_dict[f"worker{worker.index}"])
+
+    async def getattr_policy(self, attr: str) -> Any:
+        """An attribute of worker 0's policy, or of its first sub-module that has it.
+
+        ``attr`` may be dotted (``"module.0.out_features"``). Values come back as
+        plain values, tensors, numpy arrays or TensorDicts (see
+        :func:`asyncrl._rollout.reach.wire_value`); anything else raises a TypeError
+        naming its type.
+        """
+        return await self._getattr("getattr_policy", attr)
+
+    async def getattr_env(self, attr: str) -> Any:
+        """An attribute of worker 0's env: the user's env, through gymnasium wrappers and
+        TorchRL transforms (then asyncrl's pool: ``num_envs``); values as ``getattr_policy``."""
+        return await self._getattr("getattr_env", attr)
+
+    async def _getattr(self, op: str, attr: str) -> Any:
+        coordinator = await self._ensure_ready()
+        try:
+            return await coordinator.control(coordinator.live_workers[0], op, attr=attr)
+        except RemoteError as exc:  # the worker's AttributeError / TypeError, as such
+            raise rebuild_remote_exception(exc) from exc
+
+    def get_model(self, model_id: str = "policy") -> Any:
+        """The trainer-side model registered for ``model_id``."""
+        if model_id == "policy" and self.policy is not None:
+            return self.policy
+        return self.weight_sender(model_id).model
+
+    async def _set_paused(self, paused: bool) -> None:
+        if self._coordinator is not None:
+            await self._coordinator.set_paused(paused)
+
+
+class MultiSyncCollector(MultiCollector):
+    """On-policy: every batch holds one share from every worker, all with the same weights.
+
+    Workers wait for the trainer between batches, so each batch yielded after
+    ``await update_policy_weights()`` returned was collected entirely with
+    those weights. Shares are stacked (``cat_results="stack"`` or None, the
+    default as in TorchRL: ``[workers, envs, time]``, ``[workers, time]`` with one
+    env per worker) or concatenated along ``cat_results`` (0: ``[workers * envs,
+    time]``; -1: ``[envs, workers * time]``; ``[workers * time]`` with one env).
+
+    >>> async with MultiSyncCollector("CartPole-v1", num_workers=2,  # doctest: +SKIP
+    ...                               envs_per_worker=4, frames_per_batch=800,
+    ...                               total_frames=8000) as c:
+    ...     async for batch in c:
+    ...         batch.batch_size   # [workers, envs, time], as TorchRL's "stack"
+    torch.Size([2, 4, 100])
+    """
+
+    sync = True
+
+    async def _next_batch(self) -> TensorDictBase:
+        coordinator = await self._ensure_ready()
+        # Ask only for what total_frames still allows: a round that shrank (a lost
+        # worker, on_worker_loss="continue") is made up without overshooting.
+        left = self.total_frames - self.frames_collected if self.total_frames >= 0 else None
+        round_ = await coordinator.next_round(left)
+        return self.devices.store(assemble([frames for _, frames in round_], self.cat_results))
+
+
+class MultiAsyncCollector(MultiCollector):
+    """Off-policy: each batch comes from one worker, first come first served.
+
+    Each worker runs at most ``prefetch`` batches ahead of the trainer; frames
+    carry the policy version that produced them in ``("collector",
+    "policy_version")``. A batch is one worker's: ``[envs, time]``, or ``[time]``
+    with one env per worker (TorchRL's shapes).
+
+    >>> async with MultiAsyncCollector("CartPole-v1", num_workers=2,    # doctest: +SKIP
+    ...                                frames_per_batch=200, total_frames=2000) as c:
+    ...     async for batch in c:
+    ...         print(batch.batch_size, batch["collector", "policy_version"].min())
+    """
+
+    sync = False
+
+    async def _next_batch(self) -> TensorDictBase:
+        coordinator = await self._ensure_ready()
+        _, frames = await coordinator.next_batch()
+        # One env per worker: [time], as TorchRL's.
+        return self.devices.store(drop_env_dim(frames))
+
+
+add_parameters(MultiCollector, MULTI_PARAMETERS)
+for _cls in (MultiCollector, MultiSyncCollector, MultiAsyncCollector):
+    show_init_signature(_cls)
+for _cls in (MultiSyncCollector, MultiAsyncCollector):
+    share_parameters(_cls, MultiCollector)

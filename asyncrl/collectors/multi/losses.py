@@ -1,0 +1,137 @@
+"""What a lost worker does to a MultiCollector's run (``on_worker_loss``), trainer side.
+
+A worker is lost three ways: its local process ends (the process watcher
+reaps it), it goes silent for ``peer_timeout`` (the hub), or it says it stops
+on a signal. The coordinator keeps the run's books (rounds, registry,
+replacements); this module decides, for the collector, what each loss means:
+fail the run naming the worker and how it ended, go on, or respawn the slot
+(``"restart"``, bounded by ``MultiCollector.max_restarts`` deaths in a row
+without a delivered batch).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from transports import PeerLostError
+
+from ..._coordinator.coordinator import WorkerInfo
+from ..._errors import CollectorStopped, WorkerLostError
+from ..._observe.events import CollectorEvent
+from ..._spawn.processes import describe_exit
+from ..._worker.entry import likely_causes
+from ..._worker.worker import EXIT_ERROR, EXIT_OK
+
+if TYPE_CHECKING:
+    from .collector import MultiCollector
+
+__all__ = ["WorkerLosses"]
+
+log = logging.getLogger("asyncrl.collectors")
+
+
+class WorkerLosses:
+    """A MultiCollector's answers to its workers' losses (one per collector).
+
+    >>> losses = WorkerLosses(collector)           # doctest: +SKIP
+    >>> respawn = await losses.process_died(0, process)   # doctest: +SKIP
+    """
+
+    def __init__(self, collector: MultiCollector) -> None:
+        self._collector = collector
+        self._restart_streak: dict[int, int] = {}  # slot -> deaths since its last batch
+
+    async def process_died(self, slot: int, process: Any) -> bool:
+        """A local worker's process ended (reaped); returns True to respawn its slot."""
+        collector = self._collector
+        coordinator = collector._coordinator
+        if collector._closed or coordinator is None or coordinator.failed:
+            return False
+        pid, exitcode = process.pid, process.exitcode
+        # statistics() and events() show it lost with its exit code, whatever follows.
+        coordinator.registry.exited(pid, exitcode, f"{describe_exit(exitcode)}")
+        assert collector._workers is not None
+        peer = collector._workers.identities[process]
+        if exitcode in (EXIT_ERROR, EXIT_OK):
+            # It may have reported its error (type, traceback), or that it stops on
+            # SIGTERM, just before exiting: that report must win, and it may still be
+            # on its way. A peer the hub never heard from has nothing on its way (the
+            # grace is a safety margin).
+            hub = collector._hub
+            connected = hub is not None and (peer in hub.peers or peer in coordinator.workers)
+            await coordinator.settle(peer, collector._heartbeat[1] + 1.0 if connected else 1.0)
+        if collector._closed or coordinator.failed:
+            return False
+        worker = coordinator.workers.get(peer)
+        if worker is not None and worker.delivered:
+            self._restart_streak[slot] = 0
+        restart = collector.on_worker_loss == "restart"
+        error = WorkerLostError(
+            f"worker {slot} (pid {pid}) {describe_exit(exitcode)} before the collector was "
+            f"closed: {likely_causes(exitcode)}")
+        streak = self._restart_streak.get(slot, 0)
+        max_restarts = collector.max_restarts
+        if restart and streak >= max_restarts:
+            coordinator.fail(WorkerLostError(
+                f"worker slot {slot} died {streak + 1} times in a row without delivering a "
+                f"batch (on_worker_loss='restart', max_restarts={max_restarts}); its "
+                f"last process: {error}"))
+            return False
+        log.warning("%s", error)
+        await coordinator.worker_exited(peer, error,
+                                        replaceable=restart or collector.remote_workers > 0)
+        if not restart or coordinator.failed:
+            return False
+        self._restart_streak[slot] = streak + 1
+        log.warning("restarting worker slot %d", slot)
+        collector._publish(CollectorEvent("restarted", worker=slot, pid=pid, exit_code=exitcode,
+                                          reason=describe_exit(exitcode)))
+        return True
+
+    def leaving(self, worker: WorkerInfo, reason: str) -> None:
+        """A worker stops on a signal: a local one stops the run (systemd's group SIGTERM)."""
+        coordinator = self._collector._coordinator
+        if worker.index >= self._collector.num_workers or coordinator is None:
+            return  # a remote host leaving: a loss, as on_worker_loss says
+        worker.alive = False
+        log.info("worker %d (pid %d) got %s: the collector stops", worker.index, worker.pid,
+                 reason or "a signal")
+        coordinator.fail(CollectorStopped(
+            f"the collector was stopped: worker {worker.index} (pid {worker.pid}) got "
+            f"{reason or 'a signal'} (systemd and `kill -TERM -PGID` stop a whole process "
+            "group); make a new collector to collect again"))
+
+    def silent(self, worker: WorkerInfo) -> None:
+        """A worker went silent for ``peer_timeout``: "restart" replaces a local one."""
+        collector = self._collector
+        workers = collector._workers
+        if collector.on_worker_loss != "restart" or workers is None or collector._closed:
+            return
+        process = workers.slots.get(worker.index)
+        if process is not None and process.pid == worker.pid and process.is_alive():
+            # Hung or frozen: kill it; its slot's watcher respawns it (RLlib restarts
+            # unhealthy env runners the same way).
+            log.warning("worker %d (pid %d) is silent: killing it to restart its slot",
+                        worker.index, worker.pid)
+            process.kill()
+
+    async def during_update(self, error: PeerLostError) -> None:
+        """A worker was lost while weights were sent: the run's error, or go on without it."""
+        collector = self._collector
+        coordinator = collector._coordinator
+        assert coordinator is not None
+        # The coordinator hears of the loss on its own path (the process's exit status,
+        # the hub's silence): let it apply on_worker_loss first, so that the error the
+        # user sees names the cause, and "continue" really continues.
+        timeout = collector._heartbeat[1] + 1.0
+        with anyio.move_on_after(timeout):
+            for peer in error.peers:
+                await coordinator.settle(peer, timeout)
+        coordinator.raise_if_failed()
+        if collector.on_worker_loss == "raise":
+            raise error
+        log.info("weights applied by every worker still in the run; lost: %s",
+                 ", ".join(p.decode(errors="replace") for p in error.peers))

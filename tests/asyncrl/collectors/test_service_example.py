@@ -1,0 +1,147 @@
+"""examples/service.py: the Starlette app every endpoint of it, and its clean shutdown.
+
+Two ways in: the ASGI app driven by httpx with its lifespan run in the test
+(both anyio backends), and a real ``uvicorn examples.service:app`` process on a
+loopback port, stopped by SIGTERM to its process group as systemd does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+pytest.importorskip("starlette")
+pytest.importorskip("httpx")
+pytest.importorskip("prometheus_client")
+
+import httpx
+
+from tests.multihost.processes import alive
+
+ROOT = Path(__file__).resolve().parents[3]
+LIMIT = 120  # generous: 2 shared cores, worker processes to start
+SMALL = {"ASYNCRL_WORKERS": "2", "ASYNCRL_FRAMES_PER_BATCH": "64", "ASYNCRL_PUSH_EVERY": "2"}
+
+
+async def wait_for(client: httpx.AsyncClient, what: str, ok: Any) -> dict[str, Any]:
+    with anyio.fail_after(LIMIT):  # polling a status endpoint is what an operator does
+        while True:
+            status: dict[str, Any] = (await client.get("/status")).json()
+            if ok(status):
+                return status
+            await anyio.sleep(0.1)
+
+
+@pytest.mark.anyio
+async def test_every_endpoint_and_a_clean_lifespan_exit(
+        anyio_backend: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    for key, value in SMALL.items():
+        monkeypatch.setenv(key, value)
+    from examples.service import app
+
+    with anyio.fail_after(LIMIT):
+        async with app.router.lifespan_context(app):
+            service = app.state.service
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://service") as client:
+                status = await wait_for(client, "frames and a pushed version",
+                                        lambda s: s["frames"] > 0 and s["policy_version"] >= 1)
+                assert {"frames", "fps", "policy_version", "workers"} <= set(status)
+                assert status["error"] is None
+                assert len(status["workers"]) == 2
+                pids = [w["pid"] for w in status["workers"]]
+                assert sorted(pids) == sorted(service.collector.worker_pids)
+                assert all(w["state"] in ("collecting", "idle") for w in status["workers"])
+
+                metrics = await client.get("/metrics")
+                assert metrics.status_code == 200
+                assert metrics.headers["content-type"].startswith("text/plain")
+                assert "asyncrl_frames_total " in metrics.text
+                assert 'asyncrl_worker_state{host=' in metrics.text
+
+                before = service.collector.statistics().policy_version
+                pushed = (await client.post("/weights")).json()
+                assert pushed["version"] > before  # acked: every worker applied it
+
+                assert (await client.post("/pause")).json() == {"paused": True}
+                assert (await client.get("/status")).json()["paused"] is True
+                frames = (await client.get("/status")).json()["frames"]
+                await anyio.sleep(0.5)
+                assert (await client.get("/status")).json()["frames"] == frames  # none while paused
+                assert (await client.post("/resume")).json() == {"paused": False}
+                await wait_for(client, "frames after resume", lambda s: s["frames"] > frames)
+    assert not any(alive(pid) for pid in pids)
+    assert service.collector.worker_pids == []
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _get(url: str) -> dict[str, Any]:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        result: dict[str, Any] = json.loads(response.read())
+        return result
+
+
+@pytest.mark.parametrize(("command", "group"), [
+    ("uvicorn", True), ("module", True), ("module", False)],
+    ids=["uvicorn-process-group", "module-process-group", "module-pid"])
+def test_sigterm_stops_the_service_cleanly_with_no_worker_left(command: str, group: bool) -> None:
+    port = _free_port()
+    env = {**os.environ, **SMALL, "PYTHONPATH": str(ROOT)}
+    argv = (["-m", "uvicorn", "examples.service:app"] if command == "uvicorn"
+            else ["-m", "examples.service"])
+    process = subprocess.Popen(
+        [sys.executable, *argv, "--host", "127.0.0.1", "--port", str(port)],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True)  # its own process group, as a systemd unit's
+    pids: list[int] = []
+    try:
+        deadline = time.monotonic() + LIMIT
+        while time.monotonic() < deadline:
+            assert process.poll() is None, process.communicate()[0]
+            try:
+                status = _get(f"http://127.0.0.1:{port}/status")
+            except OSError:
+                status = {}
+            if status.get("frames", 0) > 0 and len(status["workers"]) == 2:
+                pids = [w["pid"] for w in status["workers"]]
+                break
+            time.sleep(0.2)
+        assert pids, "the service never reported frames from 2 workers"
+        if group:
+            os.killpg(process.pid, signal.SIGTERM)  # systemd's KillMode=control-group
+        else:
+            process.send_signal(signal.SIGTERM)
+        output, _ = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.communicate()
+    # The uvicorn command re-raises the SIGTERM it handled after its graceful shutdown
+    # (systemd counts "terminated by SIGTERM" as a clean stop); the module exits 0.
+    expected = (0, -signal.SIGTERM) if command == "uvicorn" else (0,)
+    assert process.returncode in expected, output
+    assert "Application shutdown complete" in output, output
+    assert "examples.service: service stopped" in output, output
+    assert "asyncrl.collectors: MultiAsyncCollector closed" in output, output
+    assert "Traceback" not in output and "ERROR" not in output, output
+    deadline = time.monotonic() + 10
+    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)  # reaped as the service exits; the kernel may lag a little
+    assert not any(alive(pid) for pid in pids)
