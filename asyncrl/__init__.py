@@ -1,8 +1,10 @@
 """asyncrl: async-first, ZeroMQ-based experience collection for reinforcement learning.
 
-This module is the public face: the collectors, their errors and the random
-policy. Weight sync lives in :mod:`asyncrl.weights`, test doubles in
-:mod:`asyncrl.testing`; every other module is private (``asyncrl._name``).
+This module is the public face: the collectors, their errors (and the wire
+errors a user catches, ``RemoteError``, ``PeerLostError``: the same classes as
+:mod:`transports`'), and the random policy. Weight sync lives in
+:mod:`asyncrl.weights`, test doubles in :mod:`asyncrl.testing`; every other
+module is private (``asyncrl._name``).
 
 >>> import asyncrl
 >>> async def main():                                              # doctest: +SKIP
@@ -15,10 +17,19 @@ policy. Weight sync lives in :mod:`asyncrl.weights`, test doubles in
 import logging as _logging
 from importlib import metadata as _metadata
 
+# The wire layer's errors a user catches, in asyncrl's tree too (the same classes).
+from transports import PeerLostError as PeerLostError
+from transports import ProtocolError as ProtocolError
+from transports import RemoteError as RemoteError
+from transports import TransportError as TransportError
+
 from ._errors import AsyncRLError as AsyncRLError
 from ._errors import BadBatchError as BadBatchError
 from ._errors import CollectorError as CollectorError
 from ._errors import CollectorStopped as CollectorStopped
+from ._errors import RefusedError as RefusedError
+from ._errors import SpecMismatchError as SpecMismatchError
+from ._errors import WorkerExit as WorkerExit
 from ._errors import WorkerLostError as WorkerLostError
 from ._observe.events import CollectorEvent as CollectorEvent
 from ._observe.events import EventStream as EventStream
@@ -56,8 +67,15 @@ __all__ = [
     "MultiAsyncCollector",
     "MultiCollector",
     "MultiSyncCollector",
+    "PeerLostError",
     "Progress",
+    "ProtocolError",
     "RandomPolicy",
+    "RefusedError",
+    "RemoteError",
+    "SpecMismatchError",
+    "TransportError",
+    "WorkerExit",
     "WorkerLostError",
     "WorkerState",
     "WorkerStatistics",

@@ -8,9 +8,26 @@ from transports import ErrorPayload, RemoteError
 
 
 class AsyncRLError(Exception):
-    """Root of every error asyncrl raises itself (collectors and weight sync).
+    """Root of every error asyncrl raises itself (collectors, workers and weight sync).
 
-    Errors from the wire layer stay :class:`transports.TransportError`; a
+    What a user catches, in one tree under ``asyncrl``::
+
+        AsyncRLError
+          CollectorError
+            CollectorStopped          the run was stopped from outside (SIGTERM)
+            WorkerLostError           a worker died, went silent or was expelled
+              BadBatchError           ... for sending a batch it was not asked for
+            SpecMismatchError         local workers' envs cannot be batched together
+          RefusedError                a worker or env worker the collector refused
+          WorkerExit                  ends a worker (an exit code and a reason)
+          WeightSyncError, ...        see :mod:`asyncrl.weights`
+        TransportError                the wire (re-exported as ``asyncrl.TransportError``)
+          ProtocolError               a malformed or hostile message
+          PeerLostError               a peer went away while owing an answer (``.peers``)
+          RemoteError                 a peer's error that has no local type
+
+    Errors from the wire layer stay :class:`transports.TransportError` (the same
+    classes are exported here, so ``except asyncrl.RemoteError`` works); a
     worker's own exception comes back with its own type (see
     :func:`rebuild_remote_exception`).
 
@@ -37,6 +54,30 @@ class WorkerLostError(CollectorError):
 
 class BadBatchError(WorkerLostError):
     """A worker sent a batch that is not what it was asked for; it was dropped, not counted."""
+
+
+class SpecMismatchError(CollectorError):
+    """Two local workers' envs have specs that cannot be batched together."""
+
+
+class RefusedError(AsyncRLError):
+    """The collector refused this worker or env worker (the message says why).
+
+    ``asyncrl env-worker`` exits with code 4 on it; a refusal for a full run
+    may be retried, one for a wrong key or spec may not.
+    """
+
+
+class WorkerExit(AsyncRLError):
+    """Ends a worker's run with an exit code and a one-line reason (``asyncrl worker``'s code).
+
+    ``final``: the coordinator is not waited for again (``--reconnect`` does not apply).
+    """
+
+    def __init__(self, code: int, reason: str, *, final: bool = False) -> None:
+        super().__init__(reason)
+        self.code = code
+        self.final = final
 
 
 def rebuild_remote_exception(error: ErrorPayload | RemoteError, *,

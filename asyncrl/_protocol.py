@@ -18,7 +18,7 @@ from tensordict import TensorDictBase
 
 from transports import ErrorPayload, ProtocolError
 
-PROTOCOL = 1
+PROTOCOL = 2  # 2: the welcome says share_frames (was frames_per_batch)
 
 
 def _field(body: Any, name: str, kind: type | tuple[type, ...], what: str) -> Any:
@@ -150,7 +150,8 @@ class Welcome:
 
     KIND: ClassVar[str] = "welcome"
     index: int
-    frames_per_batch: int
+    #: This worker's share of a batch: the frames it collects per batch it sends.
+    share_frames: int
     init_random_frames: int = 0
     #: ``{model_id: scheme.to_config()}``: how weights reach this worker (remote hosts
     #: build their receivers from it; code never travels).
@@ -165,15 +166,15 @@ class Welcome:
 
     @classmethod
     def from_body(cls, body: Any) -> Self:
-        frames = _field(body, "frames_per_batch", int, "welcome")
+        frames = _field(body, "share_frames", int, "welcome")
         if not 0 < frames <= 1 << 31:
-            raise ProtocolError(f"welcome frames_per_batch must be in 1..2**31, got {frames}")
+            raise ProtocolError(f"welcome share_frames must be in 1..2**31, got {frames}")
         schemes = _field(body, "schemes", dict, "welcome")
         if not all(isinstance(k, str) and isinstance(v, dict) for k, v in schemes.items()):
             raise ProtocolError("welcome schemes must map model ids to scheme configs")
         return cls(
             index=_field(body, "index", int, "welcome"),
-            frames_per_batch=frames,
+            share_frames=frames,
             init_random_frames=_field(body, "init_random_frames", int, "welcome"),
             schemes=schemes,
             attempt=_optional_int(body, "attempt", "welcome"),

@@ -143,7 +143,7 @@ async def measure(case: Case, hosts: list[HostProcess], *, workdir: str, frames:
     endpoint = f"inproc://scaling-{tag}" if inproc else f"ipc://{workdir}/hub-{tag}"
     async with Hub(endpoint) as hub:
         scheduler = Coordinator(hub, sync=case.mode == "sync",
-                              frames_per_worker=[frames] * case.workers,
+                              share_frames=[frames] * case.workers,
                               prefetch=case.prefetch, check_specs=check_specs,
                               accept_remote=True)
         async with anyio.create_task_group() as tg:

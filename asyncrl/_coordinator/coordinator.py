@@ -86,7 +86,7 @@ class Coordinator:
         **rules: Any,
     ) -> None:
         """``rules`` are :class:`CoordinatorState`'s arguments (``sync``,
-        ``frames_per_worker``, ``prefetch``, ``token``, ``on_worker_loss``...); the
+        ``share_frames``, ``prefetch``, ``token``, ``on_worker_loss``...); the
         hub's coordinator instance and peer timeout are added from ``hub``;
         ``publish`` receives the registry's events (joined, lost, refused)."""
         self.hub = hub

@@ -175,7 +175,7 @@ class CoordinatorState:
         self,
         *,
         sync: bool,
-        frames_per_worker: list[int],
+        share_frames: list[int],
         prefetch: int = 1,
         preemptive_threshold: float | None = None,
         init_random_frames: int = 0,
@@ -192,7 +192,7 @@ class CoordinatorState:
         peer_timeout: float | None = None,
     ) -> None:
         self.sync = sync
-        self.frames_per_worker = frames_per_worker
+        self.share_frames = share_frames
         self.prefetch = prefetch
         self.preemptive_threshold = preemptive_threshold
         self.init_random_frames = init_random_frames
@@ -208,7 +208,7 @@ class CoordinatorState:
         self.specs = specs  # the reference every hello must match (None: the first one's)
         self.budget = batch_budget  # async: credits still allowed to be granted
         # Remote workers (and rejoining ones) get fresh indices after the local slots.
-        self._next_index = len(frames_per_worker) if first_remote_index is None \
+        self._next_index = len(share_frames) if first_remote_index is None \
             else first_remote_index
         self._first_remote_index = self._next_index
         self._max_remote = max_remote_workers  # None: any number
@@ -272,7 +272,7 @@ class CoordinatorState:
             if max_frames is not None and frames >= max_frames:
                 break
             targets[worker.peer] = worker
-            frames += self._share(worker.index)
+            frames += self._share_of(worker.index)
         replacements = 0
         if self.on_worker_loss in ("wait", "restart"):
             # Lost before this round began: the round waits for their replacements too.
@@ -280,7 +280,7 @@ class CoordinatorState:
                 if max_frames is not None and frames >= max_frames:
                     break
                 replacements += 1
-                frames += self.frames_per_worker[0]
+                frames += self.share_frames[0]
         if not targets and not replacements:
             raise WorkerLostError("no live worker to collect from")
         round_ = self.round = Round(self._request, targets, replacements=replacements)
@@ -427,7 +427,7 @@ class CoordinatorState:
     # -- admission -------------------------------------------------------------------------
     def _welcome(self, worker: WorkerInfo, attempt: int) -> Send:
         return Send(worker.peer, Welcome(
-            index=worker.index, frames_per_batch=self._share(worker.index),
+            index=worker.index, share_frames=self._share_of(worker.index),
             init_random_frames=self.init_random_frames, schemes=self._scheme_configs,
             attempt=attempt, instance=self._instance), worker)
 
@@ -496,7 +496,7 @@ class CoordinatorState:
     # -- batches and rounds -------------------------------------------------------------------
     def _batch_problems(self, worker: WorkerInfo, batch: Batch) -> list[str]:
         """What is wrong with ``batch`` given what ``worker`` was asked for ([] if nothing)."""
-        frames = self._share(worker.index)
+        frames = self._share_of(worker.index)
         round_ = self.round
         # Only a share the coordinator cut short (preemptive_threshold) may hold fewer steps.
         shorter = (self.sync and round_ is not None and round_.preempted
@@ -595,6 +595,6 @@ class CoordinatorState:
         worker.credits += 1
         return Send(worker.peer, Collect(round_.request, 1), worker)
 
-    def _share(self, index: int) -> int:
-        """Frames per batch of the worker admitted with ``index``."""
-        return self.frames_per_worker[index % len(self.frames_per_worker)]
+    def _share_of(self, index: int) -> int:
+        """The share (frames per batch it sends) of the worker admitted with ``index``."""
+        return self.share_frames[index % len(self.share_frames)]

@@ -39,7 +39,7 @@ def add_parser(sub: Any) -> None:
 
 
 def run_env_worker_command(args: argparse.Namespace) -> int:
-    from .env_stepper import RefusedError
+    from .._errors import RefusedError
     from .remote_env_stepper import run_remote_env_worker
 
     logging.basicConfig(level=logging.WARNING, format="asyncrl env-worker: %(message)s")

@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
-import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -30,12 +28,13 @@ import torch
 from tensordict import TensorDict
 
 from transports import ErrorPayload, Link, PeerLostError, ProtocolError, SharedTensorBlock
-from transports import shutdown as flush_and_close_sockets
 
+from .._errors import RefusedError
 from .._rollout.env_pools import EnvPool, GymEnvListPool
 from .._rollout.envs import make_env_pool
 from .._rollout.policies import torch_dtype
-from .._spawn.processes import process_alive
+from .._rollout.traj_ids import TrajectoryIds
+from .._spawn.child import exit_process, wait_parent_gone
 
 log = logging.getLogger("asyncrl.env_worker")
 
@@ -45,13 +44,8 @@ OBS, ACT, CHUNK, ERROR, CLOSE = "obs", "act", "chunk", "error", "close"
 CREDIT = "credit"
 #: The collector refused a remote env worker (the body says why).
 REFUSED = "refused"
-_TRAJ_ID_BITS = 32
 
 Path = tuple[str, ...]
-
-
-class RefusedError(RuntimeError):
-    """The collector refused this env worker (the message says why)."""
 
 
 @dataclass(frozen=True)
@@ -201,9 +195,7 @@ class EnvStepper:
         for path, tensor in data.items():
             self._chunk.set(path[0] if len(path) == 1 else path, tensor)
         self._idx = [(slice(None), i) for i in range(t)]
-        self._traj_base = (c.slot if c.traj_tag is None else c.traj_tag) << _TRAJ_ID_BITS
-        self._traj_cur = np.arange(n, dtype=np.int64) + self._traj_base
-        self._traj_counter = n
+        self._traj_ids = TrajectoryIds(n, tag=c.slot if c.traj_tag is None else c.traj_tag)
         self._done = np.zeros(n, dtype=bool)
 
     async def run(self, link: Link, chunks: Link | None = None,
@@ -237,14 +229,14 @@ class EnvStepper:
             for out, answer in self._outputs:
                 out[i] = answer
             self._version[i] = version
-            self._traj[i] = self._traj_cur
+            self._traj[i] = self._traj_ids.current
             pool.step_inplace(self.act_np)
             for dst, src in self._post:
                 dst[i] = src
             if pool.any_done:
                 np.logical_or(pool.terminated, pool.truncated, out=self._done)
                 pool.reset_where(self._done)
-                self._new_trajectories(self._done)
+                self._traj_ids.renew(self._done)
             step += 1
             t += 1
             if t == steps:
@@ -263,14 +255,6 @@ class EnvStepper:
     def read_answer(self, body: Any, read: Callable[[Any, int], int]) -> int:
         """Copy the policy's outputs into ``act_dst``; return their policy version."""
         return read(self.act_dst, 0)
-
-    def _new_trajectories(self, mask: np.ndarray) -> None:
-        k = int(mask.sum())
-        self._traj_cur[mask] = self._traj_base + np.arange(
-            self._traj_counter, self._traj_counter + k, dtype=np.int64)
-        self._traj_counter += k
-        if self._traj_counter >= 1 << _TRAJ_ID_BITS:
-            raise OverflowError("more than 2**32 trajectories on one worker: traj_ids would clash")
 
     def close(self) -> None:
         self.pool.close()
@@ -292,7 +276,7 @@ async def run_env_worker(endpoint: str, identity: bytes, config: EnvWorkerConfig
         code = 0
         credits = None if config.chunk_credits is None else ChunkCredits(config.chunk_credits)
         async with anyio.create_task_group() as tg:
-            tg.start_soon(_watch_parent, parent_pid, tg.cancel_scope)
+            tg.start_soon(watch_parent, parent_pid, tg.cancel_scope)
             if server is not None:  # the trainer's orders come on the other link
                 tg.start_soon(_read_trainer, link, tg.cancel_scope, credits)
             code = await _serve(link, config, server, credits)
@@ -339,12 +323,12 @@ async def _serve(link: Link, config: EnvWorkerConfig, server: Link | None = None
             stepper.close()
 
 
-async def _watch_parent(parent_pid: int | None, scope: anyio.CancelScope) -> None:
+async def watch_parent(parent_pid: int | None, scope: anyio.CancelScope) -> None:
+    """Cancel ``scope`` once the trainer is gone (none: never)."""
     # A worker must not outlive its trainer, even one killed without a goodbye.
     if parent_pid is None:
         return
-    while process_alive(parent_pid):  # noqa: ASYNC110
-        await anyio.sleep(0.5)
+    await wait_parent_gone(parent_pid)
     scope.cancel()
 
 
@@ -355,15 +339,6 @@ def env_worker_main(endpoint: str, identity: bytes, config: EnvWorkerConfig, bac
     torch.set_num_threads(1)
     run: Callable[[], Any] = lambda: run_env_worker(endpoint, identity, config, parent_pid)  # noqa: E731
     exit_process(anyio.run(run, backend=backend))
-
-
-def exit_process(code: int) -> None:
-    """End a child process: flush its sockets, logs and output, then exit with ``code``."""
-    flush_and_close_sockets()
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
 
 
 __all__ = [
@@ -377,9 +352,8 @@ __all__ = [
     "ChunkCredits",
     "EnvStepper",
     "EnvWorkerConfig",
-    "RefusedError",
     "build_pool",
     "env_worker_main",
-    "exit_process",
     "run_env_worker",
+    "watch_parent",
 ]

@@ -119,7 +119,7 @@ class InferenceLoop:
     def __init__(self, adapter: PolicyAdapter, blocks: dict[int, WorkerBlocks], *,
                  obs_paths: Sequence[Path], outputs: OutputLayout,
                  device: torch.device | None, max_batch_size: int, min_batch_size: int,
-                 server_timeout: float, version: int = 0, history: int = 4096,
+                 server_timeout: float, version: int = 0,
                  inline_below: float = 0.002) -> None:
         self.adapter = adapter
         self.blocks = blocks
@@ -144,7 +144,6 @@ class InferenceLoop:
         self._calls = 0
         self._observations = 0
         self._sizes: collections.Counter[int] = collections.Counter()
-        self._recent: collections.deque[int] = collections.deque(maxlen=history)
         capacity = max_batch_size
         layout = next(iter(blocks.values())).obs.layout if blocks else {}
         self._obs = {f"o{i}": torch.zeros((capacity, *layout[f"o{i}"][1][1:]),
@@ -164,11 +163,6 @@ class InferenceLoop:
 
     def statistics(self) -> InferenceStatistics:
         return InferenceStatistics(self._calls, self._observations, dict(self._sizes))
-
-    @property
-    def recent_batch_sizes(self) -> list[int]:
-        """Observations per call, for the last few thousand calls (oldest first)."""
-        return list(self._recent)
 
     async def _wait(self, rows: int) -> None:
         while self._pending_rows < rows:
@@ -212,7 +206,6 @@ class InferenceLoop:
             self._calls += 1
             self._observations += rows
             self._sizes[rows] += 1
-            self._recent.append(rows)
             for slot in slots:
                 await reply(slot, version)
 

@@ -31,9 +31,10 @@ from transports import (
     random_identity,
 )
 
+from .._errors import RefusedError
 from .._rollout.env_pools import EnvPool
 from .._rollout.policies import torch_dtype
-from .env_stepper import ERROR, REFUSED, EnvStepper, EnvWorkerConfig, RefusedError, build_pool
+from .env_stepper import ERROR, REFUSED, EnvStepper, EnvWorkerConfig, build_pool
 
 log = logging.getLogger("asyncrl.env_worker")
 
@@ -203,5 +204,5 @@ async def run_remote_env_worker(connect: str, env: Any, *, envs: int = 1,
             pool.close()
 
 
-__all__ = ["HELLO", "JOIN_PROTOCOL", "REFUSED", "WELCOME", "InlineBlock", "RefusedError",
+__all__ = ["HELLO", "JOIN_PROTOCOL", "REFUSED", "WELCOME", "InlineBlock",
            "RemoteStepper", "parse_dtype", "pool_layout", "run_remote_env_worker"]

@@ -40,7 +40,8 @@ from transports import ErrorPayload, Hub, Link, Message, PeerEvent, PeerLostErro
 
 from .._rollout.policies import ExplorationType, PolicyAdapter
 from .._spawn.absent_modules import remember_absent_modules
-from .env_stepper import ACT, CLOSE, ERROR, OBS, _watch_parent, exit_process
+from .._spawn.child import exit_process
+from .env_stepper import ACT, CLOSE, ERROR, OBS, watch_parent
 from .loop import InferenceLoop, OutputLayout, WorkerBlocks
 
 log = logging.getLogger("asyncrl.inference")
@@ -206,7 +207,7 @@ async def run_inference_server(trainer_endpoint: str, identity: bytes, config: S
                     peer_timeout=config.peer_timeout) as trainer:
         code = 0
         async with anyio.create_task_group() as tg:
-            tg.start_soon(_watch_parent, parent_pid, tg.cancel_scope)
+            tg.start_soon(watch_parent, parent_pid, tg.cancel_scope)
             code = await _serve(trainer, config)
             tg.cancel_scope.cancel()
         return code

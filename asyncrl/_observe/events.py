@@ -113,7 +113,6 @@ class EventFanout:
     def __init__(self) -> None:
         self._streams: list[EventStream] = []
         self._closed = False
-        self.published = 0
 
     def subscribe(self, maxlen: int = 1024) -> EventStream:
         if maxlen < 1:
@@ -126,7 +125,6 @@ class EventFanout:
         return stream
 
     def publish(self, event: CollectorEvent) -> None:
-        self.published += 1
         for stream in self._streams:
             stream._put(event)
 

@@ -29,11 +29,11 @@ from .envs import make_env_pool
 from .options import RolloutOptions
 from .policies import PolicyAdapter, RandomPolicy, torch_dtype
 from .recurrent import RecurrentCarry, describe_states, find_state_keys
+from .traj_ids import TrajectoryIds
 
 __all__ = ["Rollout", "RolloutOptions"]
 
 _RESERVED_ROOT = frozenset({"action", "done", "terminated", "truncated", "next", "collector"})
-_TRAJ_ID_BITS = 32
 _DEFAULT_OPTIONS = RolloutOptions()
 
 
@@ -153,9 +153,7 @@ class Rollout:
         self._random = adapted if isinstance(adapted, RandomPolicy) else RandomPolicy(specs.action)
         self._closed = False
         self._frames = 0  # frames collected so far (init_random_frames counts these)
-        self._traj_base = worker_index << _TRAJ_ID_BITS
-        self._traj_counter = 0
-        self._traj_cur = np.arange(n, dtype=np.int64) + self._traj_base
+        self._traj_ids = TrajectoryIds(n, tag=worker_index)
         self._traj_fresh = True  # ids not used by any frame yet: a full reset keeps them
         self._steps = np.zeros(n, dtype=np.int64)
         self._done = np.zeros(n, dtype=bool)
@@ -169,7 +167,6 @@ class Rollout:
         self._saved_before_step: Callable[[], None] | None = None
 
         pool.reset()
-        self._traj_counter = n
         self._build_step_td()
         try:
             extras = self._discover_extras()
@@ -357,7 +354,7 @@ class Rollout:
         if not self._adapter.is_random:
             n_random = min(t_total, max(0, math.ceil((self.init_random_frames - self._frames) / n)))
         self._pv.fill(self.policy_version)
-        self._traj[...] = self._traj_cur[:, None]
+        self._traj[...] = self._traj_ids.current[:, None]
         try:
             with self._adapter.exploration():
                 steps = self._run(
@@ -466,18 +463,12 @@ class Rollout:
         # Episode ends are rare next to steps: allocations here are fine.
         self.env_pool.reset_where(mask)
         self._new_trajectories(mask)
-        self._traj[mask, t + 1 :] = self._traj_cur[mask, None]
+        self._traj[mask, t + 1 :] = self._traj_ids.current[mask, None]
         if self._carry is not None:
             self._carry.reset(mask)
 
     def _new_trajectories(self, mask: np.ndarray) -> None:
-        k = int(mask.sum())
-        self._traj_cur[mask] = self._traj_base + np.arange(
-            self._traj_counter, self._traj_counter + k, dtype=np.int64
-        )
-        self._traj_counter += k
-        if self._traj_counter >= 1 << _TRAJ_ID_BITS:
-            raise OverflowError("more than 2**32 trajectories on one worker: traj_ids would clash")
+        self._traj_ids.renew(mask)
         self._steps[mask] = 0
 
     # -- control ---------------------------------------------------------------------------

@@ -4,22 +4,15 @@ One launcher for both places that run workers in child processes: a
 ``MultiCollector``'s local workers (forked from the warm fork server, respawned
 with ``on_worker_loss="restart"``) and a worker host's (``asyncrl worker
 --workers K``: spawned, their native thread pools sized as they start). What
-each kind of child is given and runs is in :mod:`._process_main`; how a process
-is started (fork server or spawn) in :mod:`._forkserver`.
-
-The child's side of a parent's death is here too: a worker watches its parent
-(:func:`process_alive`) and removes what a parent killed without a chance to
-clean up left behind (:func:`remove_orphaned_dir`).
+each kind of child is given and runs is in :mod:`asyncrl._worker.entry`; how a
+process is started (fork server or spawn) in :mod:`.forkserver`; the child's side
+(its parent's death, its own exit) in :mod:`.child`.
 """
 
 from __future__ import annotations
 
 import logging
-import multiprocessing
-import os
-import shutil
 import signal
-import tempfile
 import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -212,55 +205,4 @@ def describe_exit(exitcode: int | None) -> str:
 
 
 # -- the child's side ------------------------------------------------------------------------
-def allow_children() -> None:
-    """Let this (daemonic) worker start processes of its own, e.g. a TorchRL ``ParallelEnv``.
-
-    The parent keeps its ``daemon=True`` process object: at the trainer's exit
-    multiprocessing terminates such workers instead of joining them (a worker
-    whose trainer forgot ``aclose()`` would otherwise hold the exit until it
-    gives up on the coordinator). Only this process's view changes, which is
-    what multiprocessing checks before a start ("daemonic processes are not
-    allowed to have children"). Its children do not outlive it for long: the
-    worker closes its envs on every exit path but SIGKILL, and TorchRL's env
-    workers exit when their pipe to it closes.
-    """
-    current = multiprocessing.current_process()
-    if current.daemon:
-        current.daemon = False
-
-
-# -- the child's side: a parent that died ---------------------------------------------------
-def process_alive(pid: int) -> bool:
-    """Whether process ``pid`` exists (and is not a zombie waiting to be reaped)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return True  # no /proc: kill(0) is all we can know
-
-
-def remove_orphaned_socket_dir(endpoint: str) -> None:
-    """Remove the private ``ipc://`` directory of a parent that died without cleaning up.
-
-    Collectors and relays bind in ``<tmp>/asyncrl-*`` and remove it when they close;
-    a SIGKILLed one cannot, so its children do once they see it gone.
-    """
-    if endpoint.startswith("ipc://"):
-        remove_orphaned_dir(os.path.dirname(endpoint[len("ipc://"):]))
-
-
-def remove_orphaned_dir(directory: str) -> None:
-    """Remove ``directory`` if it is one of ours (``<tmp>/asyncrl-*``), else nothing."""
-    if os.path.dirname(directory) == tempfile.gettempdir() \
-            and os.path.basename(directory).startswith("asyncrl-"):
-        shutil.rmtree(directory, ignore_errors=True)
-
-
-__all__ = ["ArgsFor", "OnExit", "WorkerProcesses", "allow_children", "describe_exit",
-           "process_alive", "remove_orphaned_dir", "remove_orphaned_socket_dir"]
+__all__ = ["ArgsFor", "OnExit", "WorkerProcesses", "describe_exit"]

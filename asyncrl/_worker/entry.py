@@ -23,11 +23,11 @@ from typing import Any
 import anyio
 
 from transports import random_identity
-from transports import shutdown as flush_and_close_sockets
 
 from .._spawn import logs as _logs
 from .._spawn.absent_modules import remember_absent_modules
-from .._spawn.processes import WorkerProcesses, allow_children, process_alive, remove_orphaned_dir
+from .._spawn.child import allow_children, exit_process, process_alive, remove_orphaned_dir
+from .._spawn.processes import WorkerProcesses
 from .spec import WorkerSpec
 from .worker import EXIT_COORDINATOR_LOST, EXIT_ERROR, EXIT_REFUSED, run_worker
 
@@ -115,13 +115,7 @@ def process_main(endpoint: str, spec_path: str, slot: int, identity: bytes, toke
     # (The trainer is not our parent when a fork server started us: ask for it by pid.)
     if not process_alive(parent_pid):  # the trainer died without cleaning up its directory
         remove_orphaned_dir(os.path.dirname(spec_path))
-    # Everything is closed by now; skipping the interpreter's teardown (torch, atexit
-    # hooks) makes shutdown take milliseconds instead of seconds on a busy machine.
-    flush_and_close_sockets()
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    exit_process(code)
 
 
 def likely_causes(exitcode: int | None) -> str:

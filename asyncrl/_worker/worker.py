@@ -22,6 +22,7 @@ import torch
 
 from transports import CurveClient, ErrorPayload, Link, Message, PeerLostError, ProtocolError
 
+from .._errors import WorkerExit
 from .._protocol import (
     PROTOCOL,
     Batch,
@@ -39,7 +40,7 @@ from .._rollout.envs import make_env_pool
 from .._rollout.loop import Rollout
 from .._rollout.reach import env_attr, policy_attr, user_env, wire_value
 from .._rollout.seeding import seed_global_rngs
-from .._spawn.processes import process_alive, remove_orphaned_socket_dir
+from .._spawn.child import remove_orphaned_socket_dir, wait_parent_gone
 from .._spawn.threads import use_torch_threads
 from ..weights import WEIGHTS_KIND, WeightApplier
 from .relay_member import RelayMembership
@@ -53,15 +54,6 @@ EXIT_COORDINATOR_LOST = 3
 EXIT_REFUSED = 4
 #: Not a process exit code: ends one admission when the coordinator says "rejoin".
 EXIT_REJOIN = -1000
-
-
-class WorkerExit(Exception):
-    """Ends :func:`run_worker` with an exit code and a one-line reason."""
-
-    def __init__(self, code: int, reason: str, *, final: bool = False) -> None:
-        super().__init__(reason)
-        self.code = code
-        self.final = final  # no waiting for the coordinator to come back (--reconnect)
 
 
 def error_report(error: BaseException, *, fatal: bool = True, slot: int = -1,
@@ -278,7 +270,7 @@ class Worker:
             # catch-up weights are read, forget what the old one's numbers meant.
             self._weights.follow(self.instance)
             self.rollout = Rollout(
-                self.env_pool, self.policy, welcome.frames_per_batch,
+                self.env_pool, self.policy, welcome.share_frames,
                 worker_index=welcome.index, init_random_frames=welcome.init_random_frames,
                 options=self.spec.rollout,
             )
@@ -442,18 +434,7 @@ class Worker:
         if parent is None:
             await anyio.sleep_forever()
             return
-        try:
-            fd = os.pidfd_open(parent)  # readable when the parent exits
-        except (AttributeError, OSError):
-            fd = None
-        if fd is not None:
-            try:
-                await anyio.wait_readable(fd)
-            finally:
-                os.close(fd)
-        else:  # no pidfd (old kernel): look at the trainer now and then
-            while process_alive(parent):  # noqa: ASYNC110
-                await anyio.sleep(0.5)
+        await wait_parent_gone(parent)
         raise WorkerExit(EXIT_COORDINATOR_LOST, "the parent process is gone", final=True)
 
     def _close_envs(self) -> None:

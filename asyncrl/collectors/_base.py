@@ -26,7 +26,7 @@ class BaseCollector(CollectorOperations, TaskGroupResource, TorchRLHabits):
         self,
         *,
         total_frames: int | None,
-        batch_frames: int,
+        frames_per_batch: int,
         split_trajs: bool = False,
         postproc: Callable[[TensorDictBase], TensorDictBase] | None = None,
         replay_buffer: Any = None,
@@ -36,7 +36,7 @@ class BaseCollector(CollectorOperations, TaskGroupResource, TorchRLHabits):
         extend_buffer: bool = True,
         discard_partial_trajs: bool = False,
     ) -> None:
-        self.total_frames = normalise_total_frames(total_frames, batch_frames)
+        self.total_frames = normalise_total_frames(total_frames, frames_per_batch)
         self.traj_format = check_trajectory_options(
             trajs_per_batch, traj_format, replay_buffer=replay_buffer,
             split_trajs=split_trajs, extend_buffer=extend_buffer)

@@ -45,18 +45,18 @@ def check_total_frames(value: Any) -> int | None:
     return check_int("total_frames", value, minimum=-(1 << 62))
 
 
-def normalise_total_frames(total_frames: int | None, batch_frames: int) -> int:
+def normalise_total_frames(total_frames: int | None, frames_per_batch: int) -> int:
     """TorchRL's rule: -1 (or None) is endless; otherwise round up to whole batches."""
     total_frames = check_total_frames(total_frames)
     if total_frames is None or total_frames < 0:
         return -1
     if total_frames == 0:
         raise ValueError("total_frames must be positive, or -1 for an endless collector")
-    if total_frames % batch_frames:
-        rounded = math.ceil(total_frames / batch_frames) * batch_frames
+    if total_frames % frames_per_batch:
+        rounded = math.ceil(total_frames / frames_per_batch) * frames_per_batch
         warnings.warn(
             f"total_frames ({total_frames}) is not a multiple of frames_per_batch "
-            f"({batch_frames}); the collector will deliver {rounded} frames",
+            f"({frames_per_batch}); the collector will deliver {rounded} frames",
             UserWarning, stacklevel=3)
         return rounded
     return total_frames

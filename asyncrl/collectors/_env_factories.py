@@ -21,15 +21,11 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from .._coordinator.checks import check_specs
-from .._errors import CollectorError
+from .._errors import SpecMismatchError
 from .._protocol import Hello
 
-__all__ = ["LocalSpecsCheck", "SpecMismatchError", "check_picklable", "local_specs_error",
+__all__ = ["LocalSpecsCheck", "check_picklable", "local_specs_error",
            "travelling", "worker_envs"]
-
-
-class SpecMismatchError(CollectorError):
-    """Two local workers' envs have specs that cannot be batched together."""
 
 
 def worker_envs(create_env_fn: Any, create_env_kwargs: Any,

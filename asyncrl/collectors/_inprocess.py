@@ -103,7 +103,7 @@ class Collector(BaseCollector):
         #: policy / env / storing devices (batches are stored on ``storing_device``).
         self.devices = devices
 
-        super().__init__(total_frames=total_frames, batch_frames=frames_per_batch,
+        super().__init__(total_frames=total_frames, frames_per_batch=frames_per_batch,
                          split_trajs=split_trajs, postproc=postproc,
                          replay_buffer=replay_buffer, update_at_each_batch=update_at_each_batch,
                          trajs_per_batch=trajs_per_batch, traj_format=traj_format,

@@ -40,7 +40,7 @@ def cli_host(endpoint: str, *args: str, tmpdir: str | None = None) -> subprocess
 
 async def wait_for_routes(collector: MultiSyncCollector | MultiAsyncCollector,
                           count: int) -> dict[int, bytes]:
-    scheduler = collector._coordinator
+    scheduler = collector._run.coordinator
     assert scheduler is not None
     while len(scheduler.relay_routes()) < count:
         await anyio.sleep(0.02)
@@ -137,7 +137,7 @@ async def test_a_lost_relay_sends_its_workers_back_to_direct_weights() -> None:
             await sender.send(timeout=30)
             assert sender.copies_sent == 1
             await relay.aclose()  # says goodbye: the coordinator forgets it at once
-            scheduler = c._coordinator
+            scheduler = c._run.coordinator
             assert scheduler is not None
             while scheduler.relays:
                 await anyio.sleep(0.02)
@@ -288,7 +288,7 @@ async def test_killing_the_host_process_takes_its_workers_and_relay_down(
                     await anyio.sleep(0.05)
                 while host.poll() is None:
                     await anyio.sleep(0.05)
-                scheduler = collector._coordinator
+                scheduler = collector._run.coordinator
                 assert scheduler is not None
                 while scheduler.live_workers or scheduler.relays:
                     await anyio.sleep(0.05)

@@ -210,8 +210,8 @@ async def test_a_hello_left_unanswered_is_said_again_and_only_its_welcome_counts
                 first = Hello.from_body((await next_message("hello")).body)  # left unanswered
                 second = Hello.from_body((await next_message("hello")).body)
                 assert (first.attempt, second.attempt) == (0, 1)
-                for welcome in (Welcome(index=3, frames_per_batch=4, attempt=0),  # stale
-                                Welcome(index=7, frames_per_batch=4, attempt=1)):
+                for welcome in (Welcome(index=3, share_frames=4, attempt=0),  # stale
+                                Welcome(index=7, share_frames=4, attempt=1)):
                     await hub.send(b"w", welcome.to_body(), kind=Welcome.KIND)
                 await hub.send(b"w", Collect(7, 1).to_body(), kind=Collect.KIND)
                 batch = Batch.from_body((await next_message("batch")).body)

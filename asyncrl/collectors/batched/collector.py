@@ -191,7 +191,7 @@ class AsyncBatchedCollector(ServedPolicy, BaseCollector):
         self._server: InferenceProcess | None = None
         self._remote: RemoteEnvWorkers | None = None
         self._admitted: set[bytes] = set()
-        super().__init__(total_frames=total_frames, batch_frames=self.frames_per_batch,
+        super().__init__(total_frames=total_frames, frames_per_batch=self.frames_per_batch,
                          split_trajs=split_trajs, postproc=self._postprocess,
                          replay_buffer=replay_buffer)
         self._user_postproc = postproc
@@ -200,7 +200,6 @@ class AsyncBatchedCollector(ServedPolicy, BaseCollector):
         self.chunk_steps = self.batching.chunk_steps or auto_chunk_steps(
             self.frames_per_batch, self.num_envs)
         # Set once open:
-        self._server_policy: Any = None
         self._loop: InferenceLoop | None = None
         self._blocks: dict[int, WorkerBlocks] = {}
         self._workers: WorkerProcesses | None = None

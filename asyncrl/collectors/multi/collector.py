@@ -13,13 +13,13 @@ from typing import Any, ClassVar, Literal, Self, overload
 import anyio
 from tensordict import TensorDictBase
 
-from transports import Hub, PeerLostError, RemoteError
+from transports import PeerLostError, RemoteError
 
 from ..._coordinator.coordinator import Coordinator, OnWorkerLoss
 from ..._errors import CollectorError, rebuild_remote_exception
 from ..._observe.statistics import WorkerStatistics
 from ..._spawn.forkserver import worker_context
-from ..._spawn.processes import WorkerProcesses
+from ..._worker.spec import WorkerSpec
 from ...weights import WeightSender
 from .._assemble import assemble, drop_env_dim
 from .._base import BaseCollector
@@ -29,7 +29,7 @@ from .._torchrl_args import MULTI_COLLECTOR, check_torchrl_options
 from .._updates import weight_updates
 from .config import MultiConfig, default_schemes
 from .losses import WorkerLosses
-from .run import run_background
+from .run import MultiRun, run_background
 
 log = logging.getLogger("asyncrl.collectors")
 
@@ -219,30 +219,28 @@ class MultiCollector(BaseCollector):
         self.num_threads = config.threads.num_threads
         self.num_sub_threads = config.threads.num_sub_threads
         self.start_method = config.threads.start_method
-        self._heartbeat = (heartbeat_interval, peer_timeout)
-        self.frames_per_worker = config.frames_per_worker
-        super().__init__(total_frames=total_frames, batch_frames=config.batch_frames,
+        self.share_frames = config.share_frames
+        super().__init__(total_frames=total_frames, frames_per_batch=config.frames_per_batch,
                          split_trajs=split_trajs, postproc=postproc,
                          replay_buffer=replay_buffer, update_at_each_batch=update_at_each_batch,
                          trajs_per_batch=trajs_per_batch, traj_format=traj_format,
                          extend_buffer=extend_buffer, discard_partial_trajs=reset_at_each_iter)
-        self.frames_per_batch = config.batch_frames
+        self.frames_per_batch = config.frames_per_batch
         self.init_random_frames = int(init_random_frames or 0)
         self.policy = policy
         self.weight_sync_schemes = default_schemes(weight_sync_schemes, policy)
-        # The spec every worker shares, and one per local worker (its own env factory).
-        self._spec, self._worker_specs = config.worker_specs(
+        spec, worker_specs = config.worker_specs(
             policy=policy, policy_factory=policy_factory, create_env_kwargs=create_env_kwargs,
             schemes=self.weight_sync_schemes)
-        self._losses = WorkerLosses(self)  # on_worker_loss, applied
-        self._senders: dict[str, WeightSender] = {}
-        self._hub: Hub | None = None
-        self._workers: WorkerProcesses | None = None
-        self._coordinator: Coordinator | None = None
-        self._tmpdir: str | None = None
+        self._run = MultiRun(
+            config, spec=spec, worker_specs=worker_specs, schemes=self.weight_sync_schemes,
+            policy=policy, listen=listen, curve_keys=curve_keys,
+            max_message_bytes=max_message_bytes, backend=backend,
+            heartbeat=(heartbeat_interval, peer_timeout),
+            init_random_frames=self.init_random_frames, total_frames=self.total_frames,
+            publish=self._publish, on_weights_applied=self._on_weights_applied)
+        self._losses = WorkerLosses(self._run)  # on_worker_loss, applied
         self._ready = False
-        self._background: anyio.CancelScope | None = None
-        self._background_done: anyio.Event | None = None
         if config.layout.num_workers and config.threads.start_method == "forkserver":
             # Started now (a few ms: it imports in its own process), it is warm by the
             # time the collector is opened, if the trainer has anything else to set up.
@@ -250,18 +248,25 @@ class MultiCollector(BaseCollector):
 
     def _create_async_state(self) -> None:
         super()._create_async_state()
-        self._background = anyio.CancelScope()
-        self._background_done = anyio.Event()
+        self._run.background = anyio.CancelScope()
+        self._run.background_done = anyio.Event()
+
+    @property
+    def _spec(self) -> WorkerSpec:
+        """The spec every worker shares (as :class:`~asyncrl.Collector`'s own)."""
+        return self._run.spec
 
     # -- life cycle ----------------------------------------------------------------------
     async def _open(self) -> None:
-        await self._open_with_workers(functools.partial(run_background, self),
-                                      num_threads=self.num_threads,
+        self._run.max_restarts = self.max_restarts  # a user may have set it on the instance
+        run = functools.partial(run_background, self._run, self._losses, type(self).__name__,
+                                self.paused)
+        await self._open_with_workers(run, num_threads=self.num_threads,
                                       local_workers=self.num_workers)
 
     async def _ensure_ready(self) -> Coordinator:
         """The coordinator, once the run's workers have joined."""
-        coordinator = self._coordinator
+        coordinator = self._run.coordinator
         if coordinator is None:
             raise CollectorError("the collector is not open: use 'async with'")
         if not self._ready:
@@ -272,35 +277,37 @@ class MultiCollector(BaseCollector):
 
     async def _close(self) -> None:
         log.info("%s closing after %d frames", type(self).__name__, self.frames_collected)
-        if self._coordinator is not None:
-            await self._coordinator.close()  # wakes waiters, tells the workers to stop
-        for sender in self._senders.values():
+        run = self._run
+        run.closing = True
+        if run.coordinator is not None:
+            await run.coordinator.close()  # wakes waiters, tells the workers to stop
+        for sender in run.senders.values():
             await sender.aclose()
-        if self._background is not None:
-            self._background.cancel()
-        if self._hub is not None and self._background_done is not None:
+        if run.background is not None:
+            run.background.cancel()
+        if run.hub is not None and run.background_done is not None:
             with anyio.move_on_after(10):
-                await self._background_done.wait()
-        if self._workers is not None:
-            await self._workers.stop()
-        if self._tmpdir is not None:
-            shutil.rmtree(self._tmpdir, ignore_errors=True)
+                await run.background_done.wait()
+        if run.workers is not None:
+            await run.workers.stop()
+        if run.tmpdir is not None:
+            shutil.rmtree(run.tmpdir, ignore_errors=True)
         log.info("%s closed", type(self).__name__)
 
     # -- public API ------------------------------------------------------------------------
     @property
     def endpoint(self) -> str:
         """The address workers connect to (``listen``, with the real port once bound)."""
-        if self._hub is None:
+        if self._run.hub is None:
             raise CollectorError("the collector is not open yet: use 'async with'")
-        return self._hub.endpoint
+        return self._run.hub.endpoint
 
     def _worker_statistics(self) -> list[WorkerStatistics]:
         """Every admitted worker (lost ones too), then local processes still joining."""
-        coordinator = self._coordinator
+        coordinator = self._run.coordinator
         if coordinator is None:
             return []
-        workers = self._workers
+        workers = self._run.workers
         joining = [] if workers is None else [
             (slot, process.pid, socket.gethostname()) for slot, process in workers.slots.items()
             if process.pid is not None and process.is_alive()]
@@ -312,7 +319,7 @@ class MultiCollector(BaseCollector):
 
     def _not_ready_message(self, timeout: float | None) -> str:
         expected = self.num_workers + self.remote_workers
-        coordinator = self._coordinator
+        coordinator = self._run.coordinator
         joined = 0 if coordinator is None else len(coordinator.live_workers)
         return (f"{joined} of {expected} workers joined within {timeout} s "
                 f"({self.num_workers} local, {self.remote_workers} remote expected); "
@@ -321,26 +328,28 @@ class MultiCollector(BaseCollector):
     @property
     def refused_peers(self) -> int:
         """Connections refused for an unauthorized CURVE key (see ``curve_keys``)."""
-        return self._hub.refused_peers if self._hub is not None else 0
+        hub = self._run.hub
+        return hub.refused_peers if hub is not None else 0
 
     @property
     def worker_pids(self) -> list[int]:
         """Process ids of the local workers (for monitoring and tests)."""
-        return self._workers.pids if self._workers is not None else []
+        workers = self._run.workers
+        return workers.pids if workers is not None else []
 
     @property
     def policy_version(self) -> int:
         """Latest version of the ``"policy"`` weights sent to the workers (0: initial)."""
-        sender = self._senders.get("policy")
+        sender = self._run.senders.get("policy")
         return sender.version if sender is not None else 0
 
     def weight_sender(self, model_id: str = "policy") -> WeightSender:
         """The :class:`~asyncrl.weights.WeightSender` of ``model_id``."""
         try:
-            return self._senders[model_id]
+            return self._run.senders[model_id]
         except KeyError:
             raise KeyError(f"no weight sync scheme for model {model_id!r}; known: "
-                           f"{sorted(self._senders)}; pass weight_sync_schemes="
+                           f"{sorted(self._run.senders)}; pass weight_sync_schemes="
                            "{model_id: ZmqWeightSyncScheme()}") from None
 
     async def update_policy_weights(self, policy_or_weights: Any = None, *, weights: Any = None,
@@ -431,8 +440,8 @@ class MultiCollector(BaseCollector):
         return self.weight_sender(model_id).model
 
     async def _set_paused(self, paused: bool) -> None:
-        if self._coordinator is not None:
-            await self._coordinator.set_paused(paused)
+        if self._run.coordinator is not None:
+            await self._run.coordinator.set_paused(paused)
 
 
 class MultiSyncCollector(MultiCollector):

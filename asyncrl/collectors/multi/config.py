@@ -41,7 +41,7 @@ class MultiConfig:
 
     >>> config = MultiConfig.check(sync=True, create_env_fn="CartPole-v1", num_workers=2,
     ...                            frames_per_batch=100, ...)   # doctest: +SKIP
-    >>> config.frames_per_worker, config.batch_frames          # doctest: +SKIP
+    >>> config.share_frames, config.frames_per_batch          # doctest: +SKIP
     ([50, 50], 100)
     """
 
@@ -49,7 +49,7 @@ class MultiConfig:
     layout: WorkerLayout
     threads: ThreadOptions
     #: Each worker's frames per batch (a share of a sync batch, or an async batch).
-    frames_per_worker: list[int]
+    share_frames: list[int]
     prefetch: int
     cat_results: str | int
     preemptive_threshold: float | None
@@ -59,9 +59,9 @@ class MultiConfig:
     rollout: RolloutOptions
 
     @property
-    def batch_frames(self) -> int:
+    def frames_per_batch(self) -> int:
         """Frames per yielded batch: every share of a sync round, or one worker's batch."""
-        return sum(self.frames_per_worker) if self.sync else self.frames_per_worker[0]
+        return sum(self.share_frames) if self.sync else self.share_frames[0]
 
     @classmethod
     def check(cls, *, sync: bool, create_env_fn: Any, num_workers: Any, remote_workers: Any,
@@ -84,13 +84,13 @@ class MultiConfig:
         thread_options = ThreadOptions.check(*threads)
         cat_results = check_cat_results(cat_results)
         preemptive_threshold = check_preemptive_threshold(preemptive_threshold)
-        frames_per_worker = split_frames(frames_per_batch, layout.total, layout.envs_per_worker,
+        share_frames = split_frames(frames_per_batch, layout.total, layout.envs_per_worker,
                                          sync=sync)
         device_layout = DeviceLayout.resolve(**devices)
         options: dict[str, Any] = {**rollout, **device_layout.for_worker().as_options()}
         rollout_options = RolloutOptions(**options)
         return cls(sync=sync, layout=layout, threads=thread_options,
-                   frames_per_worker=frames_per_worker, prefetch=prefetch,
+                   share_frames=share_frames, prefetch=prefetch,
                    cat_results=cat_results, preemptive_threshold=preemptive_threshold,
                    on_worker_loss=on_worker_loss, devices=device_layout, rollout=rollout_options)
 

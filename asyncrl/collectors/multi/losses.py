@@ -26,7 +26,7 @@ from ..._worker.entry import likely_causes
 from ..._worker.worker import EXIT_ERROR, EXIT_OK
 
 if TYPE_CHECKING:
-    from .collector import MultiCollector
+    from .run import MultiRun
 
 __all__ = ["WorkerLosses"]
 
@@ -36,44 +36,46 @@ log = logging.getLogger("asyncrl.collectors")
 class WorkerLosses:
     """A MultiCollector's answers to its workers' losses (one per collector).
 
-    >>> losses = WorkerLosses(collector)           # doctest: +SKIP
+    It reads the run's state (:class:`~.run.MultiRun`), never the collector's.
+
+    >>> losses = WorkerLosses(run)                         # doctest: +SKIP
     >>> respawn = await losses.process_died(0, process)   # doctest: +SKIP
     """
 
-    def __init__(self, collector: MultiCollector) -> None:
-        self._collector = collector
+    def __init__(self, run: MultiRun) -> None:
+        self._run = run
         self._restart_streak: dict[int, int] = {}  # slot -> deaths since its last batch
 
     async def process_died(self, slot: int, process: Any) -> bool:
         """A local worker's process ended (reaped); returns True to respawn its slot."""
-        collector = self._collector
-        coordinator = collector._coordinator
-        if collector._closed or coordinator is None or coordinator.failed:
+        run = self._run
+        coordinator = run.coordinator
+        if run.closing or coordinator is None or coordinator.failed:
             return False
         pid, exitcode = process.pid, process.exitcode
         # statistics() and events() show it lost with its exit code, whatever follows.
         coordinator.registry.exited(pid, exitcode, f"{describe_exit(exitcode)}")
-        assert collector._workers is not None
-        peer = collector._workers.identities[process]
+        assert run.workers is not None
+        peer = run.workers.identities[process]
         if exitcode in (EXIT_ERROR, EXIT_OK):
             # It may have reported its error (type, traceback), or that it stops on
             # SIGTERM, just before exiting: that report must win, and it may still be
             # on its way. A peer the hub never heard from has nothing on its way (the
             # grace is a safety margin).
-            hub = collector._hub
+            hub = run.hub
             connected = hub is not None and (peer in hub.peers or peer in coordinator.workers)
-            await coordinator.settle(peer, collector._heartbeat[1] + 1.0 if connected else 1.0)
-        if collector._closed or coordinator.failed:
+            await coordinator.settle(peer, run.peer_timeout + 1.0 if connected else 1.0)
+        if run.closing or coordinator.failed:
             return False
         worker = coordinator.workers.get(peer)
         if worker is not None and worker.delivered:
             self._restart_streak[slot] = 0
-        restart = collector.on_worker_loss == "restart"
+        restart = run.config.on_worker_loss == "restart"
         error = WorkerLostError(
             f"worker {slot} (pid {pid}) {describe_exit(exitcode)} before the collector was "
             f"closed: {likely_causes(exitcode)}")
         streak = self._restart_streak.get(slot, 0)
-        max_restarts = collector.max_restarts
+        max_restarts = run.max_restarts
         if restart and streak >= max_restarts:
             coordinator.fail(WorkerLostError(
                 f"worker slot {slot} died {streak + 1} times in a row without delivering a "
@@ -82,19 +84,19 @@ class WorkerLosses:
             return False
         log.warning("%s", error)
         await coordinator.worker_exited(peer, error,
-                                        replaceable=restart or collector.remote_workers > 0)
+                                        replaceable=restart or run.remote_workers > 0)
         if not restart or coordinator.failed:
             return False
         self._restart_streak[slot] = streak + 1
         log.warning("restarting worker slot %d", slot)
-        collector._publish(CollectorEvent("restarted", worker=slot, pid=pid, exit_code=exitcode,
+        run.publish(CollectorEvent("restarted", worker=slot, pid=pid, exit_code=exitcode,
                                           reason=describe_exit(exitcode)))
         return True
 
     def leaving(self, worker: WorkerInfo, reason: str) -> None:
         """A worker stops on a signal: a local one stops the run (systemd's group SIGTERM)."""
-        coordinator = self._collector._coordinator
-        if worker.index >= self._collector.num_workers or coordinator is None:
+        coordinator = self._run.coordinator
+        if worker.index >= self._run.num_workers or coordinator is None:
             return  # a remote host leaving: a loss, as on_worker_loss says
         worker.alive = False
         log.info("worker %d (pid %d) got %s: the collector stops", worker.index, worker.pid,
@@ -106,9 +108,9 @@ class WorkerLosses:
 
     def silent(self, worker: WorkerInfo) -> None:
         """A worker went silent for ``peer_timeout``: "restart" replaces a local one."""
-        collector = self._collector
-        workers = collector._workers
-        if collector.on_worker_loss != "restart" or workers is None or collector._closed:
+        run = self._run
+        workers = run.workers
+        if run.config.on_worker_loss != "restart" or workers is None or run.closing:
             return
         process = workers.slots.get(worker.index)
         if process is not None and process.pid == worker.pid and process.is_alive():
@@ -120,18 +122,18 @@ class WorkerLosses:
 
     async def during_update(self, error: PeerLostError) -> None:
         """A worker was lost while weights were sent: the run's error, or go on without it."""
-        collector = self._collector
-        coordinator = collector._coordinator
+        run = self._run
+        coordinator = run.coordinator
         assert coordinator is not None
         # The coordinator hears of the loss on its own path (the process's exit status,
         # the hub's silence): let it apply on_worker_loss first, so that the error the
         # user sees names the cause, and "continue" really continues.
-        timeout = collector._heartbeat[1] + 1.0
+        timeout = run.peer_timeout + 1.0
         with anyio.move_on_after(timeout):
             for peer in error.peers:
                 await coordinator.settle(peer, timeout)
         coordinator.raise_if_failed()
-        if collector.on_worker_loss == "raise":
+        if run.config.on_worker_loss == "raise":
             raise error
         log.info("weights applied by every worker still in the run; lost: %s",
                  ", ".join(p.decode(errors="replace") for p in error.peers))

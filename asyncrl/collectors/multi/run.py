@@ -1,10 +1,12 @@
-"""What a MultiCollector runs while open, in one background task.
+"""One MultiCollector's run: its state (:class:`MultiRun`) and the task that owns it.
 
 The hub (the coordinator's socket), the coordinator, one weight sender per
 scheme and the local worker processes are started together and stopped
 together: :func:`run_background` owns them in one task of the collector's task
 group, and reports "started" once the hub is bound and the local workers are
-being spawned.
+being spawned. What they are, once started, lives in the :class:`MultiRun`
+that the collector, its loss handling (:mod:`.losses`) and this module share:
+none of them reaches into another's private fields.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from __future__ import annotations
 import logging
 import secrets
 import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -21,69 +25,132 @@ import torch
 from transports import CurveServer, Hub
 
 from ..._coordinator.coordinator import Coordinator
+from ..._observe.events import CollectorEvent
 from ..._rollout.envs import make_env_pool
 from ..._spawn import logs as _logs
+from ..._spawn.processes import WorkerProcesses
 from ..._worker.entry import local_worker_processes
 from ..._worker.spec import WorkerSpec
+from ...weights import WeightSender, WeightSyncScheme
 from .._env_factories import LocalSpecsCheck
 from .._limits import listening_hub_limits
+from .config import MultiConfig
 
 if TYPE_CHECKING:
-    from .collector import MultiCollector
+    from .losses import WorkerLosses
 
-__all__ = ["reference_specs", "run_background"]
+__all__ = ["MultiRun", "reference_specs", "run_background"]
 
 log = logging.getLogger("asyncrl.collectors")
 
 
-async def run_background(collector: MultiCollector, *,
+@dataclass(eq=False)
+class MultiRun:
+    """A MultiCollector's run: what it was asked (fixed) and what it holds while open.
+
+    The collector makes one in its constructor; :func:`run_background` fills in
+    the hub, the coordinator, the senders and the worker processes; the loss
+    handling reads them. ``closing`` is set once the collector starts closing.
+
+    >>> run = MultiRun(config, spec=spec, worker_specs=[spec], ...)   # doctest: +SKIP
+    >>> run.coordinator is None                                      # doctest: +SKIP
+    True
+    """
+
+    config: MultiConfig
+    #: The spec every worker shares, and one per local worker (its own env factory).
+    spec: WorkerSpec
+    worker_specs: list[WorkerSpec]
+    schemes: dict[str, WeightSyncScheme]
+    policy: Any
+    listen: str | None
+    curve_keys: str | None
+    max_message_bytes: int | None
+    backend: str | None
+    #: ``(heartbeat_interval, peer_timeout)``.
+    heartbeat: tuple[float, float]
+    init_random_frames: int
+    total_frames: int
+    #: The collector's event stream and weights-applied hook (events, metrics).
+    publish: Callable[[CollectorEvent], None]
+    on_weights_applied: Callable[[str, int, float], None]
+    #: ``on_worker_loss="restart"``'s bound, read from the collector when it opens.
+    max_restarts: int = 3
+    # -- while open ------------------------------------------------------------------
+    hub: Hub | None = None
+    coordinator: Coordinator | None = None
+    workers: WorkerProcesses | None = None
+    senders: dict[str, WeightSender] = field(default_factory=dict)
+    tmpdir: str | None = None
+    background: anyio.CancelScope | None = None
+    background_done: anyio.Event | None = None
+    closing: bool = False
+
+    @property
+    def num_workers(self) -> int:
+        return self.config.layout.num_workers
+
+    @property
+    def remote_workers(self) -> int:
+        return self.config.layout.remote_workers
+
+    @property
+    def peer_timeout(self) -> float:
+        return self.heartbeat[1]
+
+
+async def run_background(run: MultiRun, losses: WorkerLosses, name: str, paused: bool, *,
                          task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
-    """Owns the hub, the coordinator and the process watchers, in one task."""
-    c = collector
-    backend = c.backend or anyio.lowlevel.current_token().__class__.__module__
+    """Owns the hub, the coordinator and the process watchers, in one task.
+
+    ``name`` is the collector's class name (for the log line); ``paused``: whether it
+    was paused before it opened.
+    """
+    backend = run.backend or anyio.lowlevel.current_token().__class__.__module__
     backend = "trio" if "trio" in backend else "asyncio"
-    endpoint = c.listen
-    if endpoint is None or c.num_workers:
+    endpoint = run.listen
+    if endpoint is None or run.num_workers:
         # Private (0700): the coordinator's socket (unless `listen`) and the local
         # workers' spec; removed at close, or by the workers if the trainer dies.
-        c._tmpdir = tempfile.mkdtemp(prefix="asyncrl-")
+        run.tmpdir = tempfile.mkdtemp(prefix="asyncrl-")
     if endpoint is None:
-        endpoint = f"ipc://{c._tmpdir}/coordinator"
-    interval, timeout = c._heartbeat
+        endpoint = f"ipc://{run.tmpdir}/coordinator"
+    interval, timeout = run.heartbeat
     token = secrets.token_hex(16)
-    assert c._background is not None and c._background_done is not None
+    assert run.background is not None and run.background_done is not None
     try:
-        with c._background:
-            curve = CurveServer.from_dir(c.curve_keys) if c.curve_keys else None
-            specs = await reference_specs(c._spec) if c.remote_workers else None
+        with run.background:
+            curve = CurveServer.from_dir(run.curve_keys) if run.curve_keys else None
+            specs = await reference_specs(run.spec) if run.remote_workers else None
             async with Hub(endpoint, heartbeat_interval=interval, peer_timeout=timeout,
-                           curve=curve, **_hub_limits(c, specs)) as hub:
-                c._hub = hub
-                coordinator = c._coordinator = _make_coordinator(c, hub, token, specs)
-                for model_id, scheme in c.weight_sync_schemes.items():
-                    model = c.policy if model_id == "policy" else None
-                    sender = c._senders[model_id] = scheme.init_on_sender(
+                           curve=curve, **_hub_limits(run, specs)) as hub:
+                run.hub = hub
+                coordinator = run.coordinator = _make_coordinator(run, losses, hub, token, specs,
+                                                                 paused)
+                for model_id, scheme in run.schemes.items():
+                    model = run.policy if model_id == "policy" else None
+                    sender = run.senders[model_id] = scheme.init_on_sender(
                         model_id, model=model, hub=hub, workers=coordinator.worker_peers)
-                    sender.on_applied = c._on_weights_applied  # events, metrics
+                    sender.on_applied = run.on_weights_applied  # events, metrics
                     coordinator.attach(sender)  # relay routes, catch-up, batch counts
-                workers = c._workers = local_worker_processes(
-                    hub.endpoint, c._worker_specs, c.num_workers, token=token,
+                workers = run.workers = local_worker_processes(
+                    hub.endpoint, run.worker_specs, run.num_workers, token=token,
                     backend=backend,
                     options={"heartbeat_interval": interval, "peer_timeout": timeout,
-                             "curve_keys": c.curve_keys,
+                             "curve_keys": run.curve_keys,
                              "log_config": _logs.capture()},
-                    directory=c._tmpdir or "", start_method=c.start_method)
+                    directory=run.tmpdir or "", start_method=run.config.threads.start_method)
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(coordinator.run)  # hellos are answered while others spawn
-                    for sender in c._senders.values():
+                    for sender in run.senders.values():
                         tg.start_soon(sender.run)  # queued versions go out once acked
-                    await tg.start(workers.run, c._losses.process_died)
+                    await tg.start(workers.run, losses.process_died)
                     log.info("%s opened at %s: %d local worker(s) starting, %d remote "
-                             "expected", type(c).__name__, hub.endpoint,
-                             c.num_workers, c.remote_workers)
+                             "expected", name, hub.endpoint,
+                             run.num_workers, run.remote_workers)
                     task_status.started()
     finally:
-        c._background_done.set()
+        run.background_done.set()
 
 
 async def reference_specs(spec: WorkerSpec) -> dict[str, Any] | None:
@@ -104,33 +171,34 @@ async def reference_specs(spec: WorkerSpec) -> dict[str, Any] | None:
         return None
 
 
-def _hub_limits(c: MultiCollector, specs: dict[str, Any] | None) -> dict[str, Any]:
-    if c.listen is None:
+def _hub_limits(run: MultiRun, specs: dict[str, Any] | None) -> dict[str, Any]:
+    if run.listen is None:
         return {}  # a private ipc socket: only our own workers can reach it
-    policy = c.policy if isinstance(c.policy, torch.nn.Module) else None
-    return listening_hub_limits(specs, frames=max(c.frames_per_worker), policy=policy,
-                                max_message_bytes=c.max_message_bytes)
+    policy = run.policy if isinstance(run.policy, torch.nn.Module) else None
+    return listening_hub_limits(specs, frames=max(run.config.share_frames), policy=policy,
+                                max_message_bytes=run.max_message_bytes)
 
 
-def _make_coordinator(c: MultiCollector, hub: Hub, token: str,
-                      specs: dict[str, Any] | None) -> Coordinator:
+def _make_coordinator(run: MultiRun, losses: WorkerLosses, hub: Hub, token: str,
+                      specs: dict[str, Any] | None, paused: bool) -> Coordinator:
+    config = run.config
     return Coordinator(
-        hub, sync=c.sync, frames_per_worker=c.frames_per_worker,
-        prefetch=c.prefetch, preemptive_threshold=c.preemptive_threshold,
-        init_random_frames=c.init_random_frames // max(1, c.num_workers + c.remote_workers),
-        check_specs=LocalSpecsCheck(lambda: c._coordinator, bool(c.remote_workers)),
-        token=token, accept_remote=c.remote_workers > 0,
-        on_worker_loss=c.on_worker_loss, on_lost=c._losses.silent,
-        on_leaving=c._losses.leaving,
-        batch_budget=_batch_budget(c), first_remote_index=c.num_workers,
+        hub, sync=config.sync, share_frames=config.share_frames,
+        prefetch=config.prefetch, preemptive_threshold=config.preemptive_threshold,
+        init_random_frames=run.init_random_frames // max(1, config.layout.total),
+        check_specs=LocalSpecsCheck(lambda: run.coordinator, bool(run.remote_workers)),
+        token=token, accept_remote=run.remote_workers > 0,
+        on_worker_loss=config.on_worker_loss, on_lost=losses.silent,
+        on_leaving=losses.leaving,
+        batch_budget=_batch_budget(run), first_remote_index=run.num_workers,
         scheme_configs={model_id: scheme.to_config()
-                        for model_id, scheme in c.weight_sync_schemes.items()},
-        max_remote_workers=c.remote_workers, specs=specs, publish=c._publish,
-        paused=c.paused,
+                        for model_id, scheme in run.schemes.items()},
+        max_remote_workers=run.remote_workers, specs=specs, publish=run.publish,
+        paused=paused,
     )
 
 
-def _batch_budget(c: MultiCollector) -> int | None:
-    if c.sync or c.total_frames < 0:
+def _batch_budget(run: MultiRun) -> int | None:
+    if run.config.sync or run.total_frames < 0:
         return None
-    return c.total_frames // c.frames_per_batch
+    return run.total_frames // run.config.frames_per_batch

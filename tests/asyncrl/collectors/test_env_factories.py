@@ -10,8 +10,8 @@ import gymnasium as gym
 import pytest
 import torch
 
-from asyncrl import MultiAsyncCollector, MultiSyncCollector
-from asyncrl.collectors._env_factories import SpecMismatchError, check_picklable, worker_envs
+from asyncrl import MultiAsyncCollector, MultiSyncCollector, SpecMismatchError
+from asyncrl.collectors._env_factories import check_picklable, worker_envs
 
 pytestmark = pytest.mark.anyio
 LIMIT = 120

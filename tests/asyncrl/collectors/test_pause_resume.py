@@ -61,7 +61,7 @@ async def test_async_pause_grants_nothing_and_holds_what_was_in_flight() -> None
     prefetch, workers = 2, 2
     with anyio.fail_after(LIMIT):
         async with Hub(f"inproc://pause-{uuid.uuid4().hex}") as hub:
-            coordinator = Coordinator(hub, sync=False, frames_per_worker=[FRAMES] * workers,
+            coordinator = Coordinator(hub, sync=False, share_frames=[FRAMES] * workers,
                                       prefetch=prefetch, check_specs=check_specs,
                                       accept_remote=True)
             async with anyio.create_task_group() as tg:
@@ -98,7 +98,7 @@ async def test_sync_pause_starts_no_round() -> None:
     workers = 2
     with anyio.fail_after(LIMIT):
         async with Hub(f"inproc://pause-{uuid.uuid4().hex}") as hub:
-            coordinator = Coordinator(hub, sync=True, frames_per_worker=[FRAMES] * workers,
+            coordinator = Coordinator(hub, sync=True, share_frames=[FRAMES] * workers,
                                       check_specs=check_specs, accept_remote=True)
             async with anyio.create_task_group() as tg:
                 tg.start_soon(coordinator.run)

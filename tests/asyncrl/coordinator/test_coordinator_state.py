@@ -36,7 +36,7 @@ INSTANCE = "hub-instance"
 
 def state(**options: Any) -> CoordinatorState:
     defaults: dict[str, Any] = {
-        "sync": False, "frames_per_worker": [FRAMES], "accept_remote": True,
+        "sync": False, "share_frames": [FRAMES], "accept_remote": True,
         "token": TOKEN, "instance": INSTANCE, "peer_timeout": 5.0}
     return CoordinatorState(**{**defaults, **options})
 
@@ -49,7 +49,7 @@ def hello(*, slot: int = -1, token: str = "", protocol: int = PROTOCOL, pid: int
 
 
 def welcome(index: int, attempt: int = 0) -> Welcome:
-    return Welcome(index=index, frames_per_batch=FRAMES, attempt=attempt, instance=INSTANCE)
+    return Welcome(index=index, share_frames=FRAMES, attempt=attempt, instance=INSTANCE)
 
 
 def share(worker_id: int, steps: int = FRAMES) -> TensorDict:
@@ -89,7 +89,7 @@ def test_an_accepted_hello_is_welcomed_with_the_next_index_caught_up_then_given_
 
 
 def test_a_local_worker_is_welcomed_with_the_slot_it_was_spawned_for() -> None:
-    s = state(frames_per_worker=[FRAMES, FRAMES])
+    s = state(share_frames=[FRAMES, FRAMES])
     assert s.hello(b"w", hello(slot=1, token=TOKEN))[0] == Send(b"w", welcome(1))
 
 
@@ -112,7 +112,7 @@ def test_a_bad_hello_is_refused_naming_the_problem(options: dict[str, Any],
 
 
 def test_a_taken_slot_and_a_full_house_are_refused() -> None:
-    s = state(frames_per_worker=[FRAMES], max_remote_workers=1)
+    s = state(share_frames=[FRAMES], max_remote_workers=1)
     admit(s, b"local", slot=0, token=TOKEN)
     assert s.hello(b"twin", hello(slot=0, token=TOKEN, pid=1)) == [
         Send(b"twin", Refuse("slot: worker index 0 is taken"))]
@@ -201,7 +201,7 @@ def test_a_bad_batch_is_refused_never_counted_and_fails_the_run_under_raise() ->
 
 # -- sync rounds ------------------------------------------------------------------------------
 def sync_state(workers: int, **options: Any) -> tuple[CoordinatorState, list[WorkerInfo]]:
-    s = state(sync=True, frames_per_worker=[FRAMES] * workers, **options)
+    s = state(sync=True, share_frames=[FRAMES] * workers, **options)
     admitted = [admit(s, f"w{i}".encode(), slot=i, token=TOKEN) for i in range(workers)]
     return s, admitted
 

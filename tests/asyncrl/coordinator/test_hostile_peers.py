@@ -56,7 +56,7 @@ async def join(link: Link) -> int:
 
 
 def scheduler(hub: Hub, *, sync: bool = False, **options: Any) -> Coordinator:
-    return Coordinator(hub, sync=sync, frames_per_worker=[FRAMES], check_specs=check_specs,
+    return Coordinator(hub, sync=sync, share_frames=[FRAMES], check_specs=check_specs,
                      accept_remote=True, **options)
 
 
@@ -190,7 +190,7 @@ async def test_under_continue_a_rogue_is_dropped_and_the_others_go_on() -> None:
     with anyio.fail_after(LIMIT):
         async with Hub(inproc()) as hub, Link(hub.endpoint, identity=b"rogue") as rogue, \
                 Link(hub.endpoint, identity=b"good") as good:
-            sched = Coordinator(hub, sync=False, frames_per_worker=[FRAMES, FRAMES],
+            sched = Coordinator(hub, sync=False, share_frames=[FRAMES, FRAMES],
                               check_specs=check_specs, accept_remote=True,
                               on_worker_loss="continue", batch_budget=3)
             async with anyio.create_task_group() as tg:
@@ -229,8 +229,8 @@ async def test_a_rogue_remote_worker_does_not_complete_the_run_with_bogus_frames
                                        listen="tcp://127.0.0.1:0", frames_per_batch=FRAMES,
                                        total_frames=100, on_worker_loss=on_worker_loss) as c, \
                 Link(c.endpoint, identity=random_identity("rogue")) as rogue:
-            assert c._coordinator is not None
-            specs = c._coordinator.specs
+            assert c._run.coordinator is not None
+            specs = c._run.coordinator.specs
             await rogue.send(Hello(protocol=PROTOCOL, name="rogue", host="test", pid=1,
                                    specs=specs).to_body(), kind=Hello.KIND)
             welcome = await recv_kind(rogue, Welcome.KIND, Refuse.KIND)
@@ -310,7 +310,7 @@ async def test_strangers_streaming_large_messages_hold_little_memory() -> None:
     try:
         with anyio.fail_after(LIMIT):
             async with cartpole(total_frames=100) as collector:
-                hub = collector._hub
+                hub = collector._run.hub
                 assert hub is not None
                 bad_before = hub.statistics().bad_messages
                 peak_rss_reset()

@@ -37,7 +37,7 @@ async def _worker(endpoint: str, record: SimRecord, *,
 
 
 def _scheduler(hub: Hub, *, sync: bool, prefetch: int = 1) -> Coordinator:
-    return Coordinator(hub, sync=sync, frames_per_worker=[FRAMES] * WORKERS, prefetch=prefetch,
+    return Coordinator(hub, sync=sync, share_frames=[FRAMES] * WORKERS, prefetch=prefetch,
                      check_specs=check_specs, accept_remote=True)
 
 

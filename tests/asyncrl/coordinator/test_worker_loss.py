@@ -115,7 +115,7 @@ async def test_restart_of_a_crash_looping_slot_is_bounded() -> None:
             c.max_restarts = 1
             with pytest.raises(WorkerLostError, match=r"slot 0 died 2 times .*exited with code 1"):
                 await c.__anext__()
-            pids = [p.pid for p in c._workers.processes]  # type: ignore[union-attr]
+            pids = [p.pid for p in c._run.workers.processes]  # type: ignore[union-attr]
     assert len(pids) == 2 and pids_gone(pids)
 
 

@@ -80,7 +80,7 @@ async def test_the_coordinator_publishes_joined_refused_and_lost() -> None:
     events: list[CollectorEvent] = []
     with anyio.fail_after(LIMIT):
         async with Hub(f"inproc://events-{uuid.uuid4().hex}") as hub:
-            coordinator = Coordinator(hub, sync=False, frames_per_worker=[8, 8],
+            coordinator = Coordinator(hub, sync=False, share_frames=[8, 8],
                                       check_specs=check_specs, accept_remote=True,
                                       max_remote_workers=2, on_worker_loss="continue",
                                       publish=events.append)

@@ -40,9 +40,9 @@ async def test_close_mid_collection_workers_exit_cleanly(anyio_backend: str) -> 
                     break
             pids = collector.worker_pids
             assert len(pids) == 2
-        assert collector._workers is not None
+        assert collector._run.workers is not None
         # Exited on their own after the close order (0), not SIGTERMed (-15) by stop().
-        assert collector._workers.exitcodes == [0, 0]
+        assert collector._run.workers.exitcodes == [0, 0]
         assert not any(alive(pid) for pid in pids)
 
 
@@ -64,8 +64,8 @@ async def test_sigterm_to_the_workers_is_a_normal_stop(
             assert batches >= 2
             with pytest.raises(CollectorStopped, match="got SIGTERM"):
                 await collector.set_seed(0)
-        assert collector._workers is not None
-        assert collector._workers.exitcodes == [0, 0]
+        assert collector._run.workers is not None
+        assert collector._run.workers.exitcodes == [0, 0]
         assert not any(alive(pid) for pid in pids)
     errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
     assert errors == []

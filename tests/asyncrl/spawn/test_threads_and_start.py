@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from asyncrl import MultiAsyncCollector, MultiSyncCollector
-from asyncrl._spawn.processes import process_alive
+from asyncrl._spawn.child import process_alive
 from asyncrl._spawn.threads import THREAD_VARIABLES, thread_environment
 
 pytestmark = pytest.mark.anyio
