@@ -206,7 +206,8 @@ def generate_keys_command(directory: str) -> int:
 
 
 def run_workers(args: argparse.Namespace) -> int:
-    from ._worker.spec import WorkerSpec, host_rollout_options, resolve_import_path
+    from ._rollout.envs import resolve_import_path
+    from ._worker.spec import WorkerSpec, host_rollout_options
 
     level = _logs.parse_level(args.log_level)
     log_format = "%(asctime)s %(name)s: %(message)s"

@@ -7,12 +7,12 @@ pool that steps it fastest (the pools are in `asyncrl._rollout.env_pools`).
 
 from __future__ import annotations
 
+import importlib
 import re
 import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .._worker.spec import resolve_import_path
 from .env_pools import (
     EnvPool,
     GymEnvListPool,
@@ -22,10 +22,28 @@ from .env_pools import (
 )
 from .env_specs import ArraySpec, EnvSpecs
 
-__all__ = ["ArraySpec", "EnvPool", "EnvSpecs", "check_action_dtype", "make_env_pool"]
+__all__ = ["ArraySpec", "EnvPool", "EnvSpecs", "check_action_dtype", "make_env_pool",
+           "resolve_import_path"]
 
 
 _IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+
+
+def resolve_import_path(path: str) -> Any:
+    """``"pkg.mod:attr.sub"`` -> the object; a clear ``ValueError`` when it does not resolve."""
+    module_name, sep, attr_path = path.partition(":")
+    if not sep or not module_name or not attr_path:
+        raise ValueError(f"expected an import path 'package.module:name', got {path!r}")
+    try:
+        target: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(f"cannot import module {module_name!r} of {path!r}: {exc}") from exc
+    for part in attr_path.split("."):
+        try:
+            target = getattr(target, part)
+        except AttributeError:
+            raise ValueError(f"module {module_name!r} has no attribute {attr_path!r}") from None
+    return target
 
 
 def _resolve_import_path(path: str) -> Callable[..., Any]:

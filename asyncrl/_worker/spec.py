@@ -8,12 +8,12 @@ never travels over the network.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from .._rollout.devices import check_device, place_policy
+from .._rollout.envs import resolve_import_path
 from .._rollout.options import RolloutOptions
 
 
@@ -59,20 +59,3 @@ def host_rollout_options(device: Any = None) -> RolloutOptions:
     business, and this host's envs step on its CPU.
     """
     return RolloutOptions(policy_device=check_device("--device", device))
-
-
-def resolve_import_path(path: str) -> Any:
-    """``"pkg.mod:attr.sub"`` -> the object; a clear ``ValueError`` when it does not resolve."""
-    module_name, sep, attr_path = path.partition(":")
-    if not sep or not module_name or not attr_path:
-        raise ValueError(f"expected an import path 'package.module:name', got {path!r}")
-    try:
-        target: Any = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ValueError(f"cannot import module {module_name!r} of {path!r}: {exc}") from exc
-    for part in attr_path.split("."):
-        try:
-            target = getattr(target, part)
-        except AttributeError:
-            raise ValueError(f"module {module_name!r} has no attribute {attr_path!r}") from None
-    return target

@@ -187,6 +187,6 @@ def _help_of(run: object, name: str) -> str:
 
 
 def _check_import_path(block: CodeBlock, path: str) -> None:
-    from asyncrl._worker.spec import resolve_import_path
+    from asyncrl._rollout.envs import resolve_import_path
 
     resolve_import_path(path)
