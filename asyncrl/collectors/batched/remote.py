@@ -14,7 +14,7 @@ observation, a malformed chunk, a second request before its answer) or goes
 silent: it is told why (``refused``), dropped, logged, and listed in
 :attr:`RemoteEnvWorkers.refusals`; collection goes on with the other workers.
 A remote host never stops the run, and never reaches the policy with bad data.
-Its slot is free again for the next hello (:mod:`._remote_slots`: nothing of the
+Its slot is free again for the next hello (:mod:`.slots`: nothing of the
 old occupant, its request in the loop or its traj_ids, reaches the new one); the
 old identity is a stranger again, whatever it sends is refused.
 """

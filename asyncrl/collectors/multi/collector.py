@@ -213,7 +213,7 @@ class MultiCollector(BaseCollector):
         self.listen = listen
         self.curve_keys = curve_keys  # a directory made by `asyncrl keys generate`
         # Largest message a listening hub takes (None: derived from what is asked, see
-        # _multi_runtime); ZeroMQ holds a whole message before anyone sees its sender.
+        # multi/run.py); ZeroMQ holds a whole message before anyone sees its sender.
         self.max_message_bytes = max_message_bytes
         self.backend = backend
         self.num_threads = config.threads.num_threads
