@@ -158,10 +158,7 @@ class CollectorMetrics(_PrometheusCollector):
 
 def weight_sync_histograms(collector: Any) -> dict[str, LatencyHistogram]:
     """``{model_id: histogram}`` of ``collector``'s weight senders (none before it opened)."""
-    senders = getattr(collector, "_senders", None) or {}
-    single = getattr(collector, "_sender", None)
-    if single is not None:
-        senders = {**senders, single.model_id: single}
+    senders = collector._weight_senders() if hasattr(collector, "_weight_senders") else {}
     return {model_id: sender.sync_latency for model_id, sender in senders.items()
             if hasattr(sender, "sync_latency")}
 

@@ -197,6 +197,9 @@ class Collector(BaseCollector):
                 self._applier.after_batch()
             return batch
 
+    def _weight_senders(self) -> dict[str, Any]:
+        return {} if self._sender is None else {self._sender.model_id: self._sender}
+
     def weight_sender(self, model_id: str = "policy") -> WeightSender:
         """The :class:`~asyncrl.weights.WeightSender` of the policy (an ``nn.Module``)."""
         if model_id != "policy":

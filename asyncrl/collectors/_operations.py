@@ -110,6 +110,10 @@ class CollectorOperations:
     def _publish(self, event: CollectorEvent) -> None:
         self._events.publish(event)
 
+    def _weight_senders(self) -> dict[str, Any]:
+        """The collector's weight senders by model id (metrics read their latency)."""
+        return {}
+
     def _on_weights_applied(self, model_id: str, version: int, seconds: float) -> None:
         self._publish(CollectorEvent("weights_applied", version=version, model_id=model_id,
                                      seconds=seconds))

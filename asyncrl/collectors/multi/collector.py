@@ -238,7 +238,8 @@ class MultiCollector(BaseCollector):
             max_message_bytes=max_message_bytes, backend=backend,
             heartbeat=(heartbeat_interval, peer_timeout),
             init_random_frames=self.init_random_frames, total_frames=self.total_frames,
-            publish=self._publish, on_weights_applied=self._on_weights_applied)
+            publish=self._publish, on_weights_applied=self._on_weights_applied,
+            max_restarts=lambda: self.max_restarts)
         self._losses = WorkerLosses(self._run)  # on_worker_loss, applied
         self._ready = False
         if config.layout.num_workers and config.threads.start_method == "forkserver":
@@ -258,7 +259,6 @@ class MultiCollector(BaseCollector):
 
     # -- life cycle ----------------------------------------------------------------------
     async def _open(self) -> None:
-        self._run.max_restarts = self.max_restarts  # a user may have set it on the instance
         run = functools.partial(run_background, self._run, self._losses, type(self).__name__,
                                 self.paused)
         await self._open_with_workers(run, num_threads=self.num_threads,
@@ -342,6 +342,9 @@ class MultiCollector(BaseCollector):
         """Latest version of the ``"policy"`` weights sent to the workers (0: initial)."""
         sender = self._run.senders.get("policy")
         return sender.version if sender is not None else 0
+
+    def _weight_senders(self) -> dict[str, Any]:
+        return dict(self._run.senders)
 
     def weight_sender(self, model_id: str = "policy") -> WeightSender:
         """The :class:`~asyncrl.weights.WeightSender` of ``model_id``."""

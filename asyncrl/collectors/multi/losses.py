@@ -75,7 +75,7 @@ class WorkerLosses:
             f"worker {slot} (pid {pid}) {describe_exit(exitcode)} before the collector was "
             f"closed: {likely_causes(exitcode)}")
         streak = self._restart_streak.get(slot, 0)
-        max_restarts = run.max_restarts
+        max_restarts = run.max_restarts()
         if restart and streak >= max_restarts:
             coordinator.fail(WorkerLostError(
                 f"worker slot {slot} died {streak + 1} times in a row without delivering a "

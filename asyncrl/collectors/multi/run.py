@@ -74,8 +74,9 @@ class MultiRun:
     #: The collector's event stream and weights-applied hook (events, metrics).
     publish: Callable[[CollectorEvent], None]
     on_weights_applied: Callable[[str, int, float], None]
-    #: ``on_worker_loss="restart"``'s bound, read from the collector when it opens.
-    max_restarts: int = 3
+    #: ``on_worker_loss="restart"``'s bound: the collector's ``max_restarts`` at the time
+    #: of a loss (a user may change it while the run goes on).
+    max_restarts: Callable[[], int] = lambda: 3
     # -- while open ------------------------------------------------------------------
     hub: Hub | None = None
     coordinator: Coordinator | None = None
