@@ -24,6 +24,7 @@ from ._base import BaseCollector
 from ._config import check_in_process_frames
 from ._docs import add_parameters
 from ._parameters import IN_PROCESS_PARAMETERS
+from ._started import started_at_call
 from ._torchrl_args import IN_PROCESS_COLLECTOR, check_torchrl_options
 from ._updates import weight_updates
 
@@ -208,6 +209,7 @@ class Collector(BaseCollector):
                            "update_policy_weights() still bumps the version")
         return self._sender
 
+    @started_at_call("update")
     async def update_policy_weights(self, policy_or_weights: Any = None, *, weights: Any = None,
                                     policy: Any = None, worker_ids: Any = None,
                                     model_id: str | None = None,
@@ -234,6 +236,7 @@ class Collector(BaseCollector):
             raise RuntimeError("the collector is not open: use 'async with Collector(...)'")
         self.rollout.policy_version += 1  # a policy without weights: a new version
 
+    @started_at_call("barrier")
     async def set_seed(self, seed: int, static_seed: bool = False) -> int:
         """Seed the envs (env i: ``seed + i``) and this process's torch and numpy RNGs.
 
@@ -245,12 +248,14 @@ class Collector(BaseCollector):
             seed_global_rngs(seed)
             return self.rollout.set_seed(seed, static_seed)
 
+    @started_at_call("barrier")
     async def reset(self, reset_idx: Any = None) -> None:
         assert self.rollout is not None
         async with self._locked():
             self.rollout.reset(reset_idx)
         self._trajectories_reset(partial=reset_idx is not None)
 
+    @started_at_call("query")
     async def getattr_env(self, attr: str) -> Any:
         """An attribute of the user's env, reached as ``MultiCollector.getattr_env`` does.
 
@@ -260,6 +265,7 @@ class Collector(BaseCollector):
         async with self._locked():
             return env_attr(rollout.env_pool, attr)
 
+    @started_at_call("query")
     async def getattr_policy(self, attr: str) -> Any:
         """An attribute of the policy (or of its first sub-module that has it)."""
         rollout = self._open_rollout()

@@ -27,6 +27,7 @@ from ._docs import add_parameters, share_parameters, show_init_signature
 from ._multi_config import MultiConfig, default_schemes
 from ._multi_runtime import run_background
 from ._parameters import MULTI_PARAMETERS
+from ._started import started_at_call
 from ._torchrl_args import MULTI_COLLECTOR, check_torchrl_options
 from ._updates import weight_updates
 from ._worker_losses import WorkerLosses
@@ -343,6 +344,7 @@ class MultiCollector(BaseCollector):
                            f"{sorted(self._senders)}; pass weight_sync_schemes="
                            "{model_id: ZmqWeightSyncScheme()}") from None
 
+    @started_at_call("update")
     async def update_policy_weights(self, policy_or_weights: Any = None, *, weights: Any = None,
                                     policy: Any = None, worker_ids: Any = None,
                                     model_id: str | None = None,
@@ -370,6 +372,7 @@ class MultiCollector(BaseCollector):
         except PeerLostError as exc:
             await self._losses.during_update(exc)
 
+    @started_at_call("barrier")
     async def set_seed(self, seed: int, static_seed: bool = False) -> int:
         """Seed every worker (TorchRL semantics); returns the next free seed.
 
@@ -382,6 +385,7 @@ class MultiCollector(BaseCollector):
             seed = await coordinator.control(worker, "seed", seed=seed, static_seed=static_seed)
         return seed
 
+    @started_at_call("barrier")
     async def reset(self, reset_idx: Sequence[bool] | None = None) -> None:
         """Reset the envs of every worker (or of the workers flagged in ``reset_idx``)."""
         coordinator = await self._ensure_ready()
@@ -390,18 +394,21 @@ class MultiCollector(BaseCollector):
                 await coordinator.control(worker, "reset")
         self._trajectories_reset(partial=reset_idx is not None)
 
+    @started_at_call("query")
     async def state_dict(self) -> dict[str, Any]:
         """``{"worker0": {...}, ...}`` with each worker's policy state dict."""
         coordinator = await self._ensure_ready()
         return {f"worker{w.index}": await coordinator.control(w, "state_dict")
                 for w in coordinator.live_workers}
 
+    @started_at_call("barrier")
     async def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         coordinator = await self._ensure_ready()
         for worker in coordinator.live_workers:
             await coordinator.control(worker, "load_state_dict",
                                       **state_dict[f"worker{worker.index}"])
 
+    @started_at_call("query")
     async def getattr_policy(self, attr: str) -> Any:
         """An attribute of worker 0's policy, or of its first sub-module that has it.
 
@@ -412,6 +419,7 @@ class MultiCollector(BaseCollector):
         """
         return await self._getattr("getattr_policy", attr)
 
+    @started_at_call("query")
     async def getattr_env(self, attr: str) -> Any:
         """An attribute of worker 0's env: the user's env, through gymnasium wrappers and
         TorchRL transforms (then asyncrl's pool: ``num_envs``); values as ``getattr_policy``."""
@@ -479,6 +487,7 @@ class MultiAsyncCollector(MultiCollector):
     """
 
     sync = False
+    sync_updates = False
 
     async def _next_batch(self) -> TensorDictBase:
         coordinator = await self._ensure_ready()
