@@ -28,6 +28,7 @@ from ._statistics import CollectorStatistics as CollectorStatistics
 from ._statistics import WorkerState as WorkerState
 from ._statistics import WorkerStatistics as WorkerStatistics
 from .collectors import AsyncBatchedCollector as AsyncBatchedCollector
+from .collectors import AsyncCollector as AsyncCollector
 from .collectors import BlockingCollector as BlockingCollector
 from .collectors import Collector as Collector
 from .collectors import MultiAsyncCollector as MultiAsyncCollector
@@ -44,6 +45,7 @@ except _metadata.PackageNotFoundError:  # a source tree on sys.path, not install
 
 __all__ = [
     "AsyncBatchedCollector",
+    "AsyncCollector",
     "AsyncRLError",
     "BadBatchError",
     "BlockingCollector",

@@ -9,15 +9,21 @@ from ._multi import MultiAsyncCollector as MultiAsyncCollector
 from ._multi import MultiCollector as MultiCollector
 from ._multi import MultiSyncCollector as MultiSyncCollector
 from ._operations import Pausing as Pausing
+from ._single_async import AsyncCollector as AsyncCollector
+from ._started import Started as Started
+from ._torchrl_habits import NoLengthError as NoLengthError
 
 __all__ = [
     "AsyncBatchedCollector",
+    "AsyncCollector",
     "BaseCollector",
     "BlockingCollector",
     "Collector",
     "MultiAsyncCollector",
     "MultiCollector",
     "MultiSyncCollector",
+    "NoLengthError",
     "Pausing",
+    "Started",
     "WorkerStatistics",
 ]

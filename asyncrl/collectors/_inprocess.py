@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar, Literal, Self, overload
 
 import anyio
 import torch
@@ -22,10 +22,11 @@ from .._worker_spec import WorkerSpec
 from ..weights import InProcessWeightSyncScheme, WeightApplier, WeightSender
 from ._base import BaseCollector
 from ._config import check_in_process_frames
-from ._docs import add_parameters
+from ._docs import add_parameters, show_init_signature
 from ._parameters import IN_PROCESS_PARAMETERS
 from ._started import started_at_call
 from ._torchrl_args import IN_PROCESS_COLLECTOR, check_torchrl_options
+from ._torchrl_dispatch import dispatch
 from ._updates import weight_updates
 
 
@@ -49,10 +50,13 @@ class Collector(BaseCollector):
 
     TorchRL's ``Collector`` arguments: ``return_same_td=True`` yields the rollout's
     own buffers (rewritten by the next batch) instead of a copy; ``backend="direct"``
-    is this collector; ``backend="process"``, ``num_collectors``, ``sync`` and
-    ``interruptor`` are refused naming MultiSyncCollector / MultiAsyncCollector; the
-    rest as in :class:`MultiCollector` (table in ``_torchrl_args.py``). ``set_seed``
-    seeds this process's torch and numpy RNGs too.
+    is this collector; as in TorchRL 0.14, ``backend="process"`` or
+    ``num_collectors=N`` builds a worker-process collector instead:
+    ``Collector(..., num_collectors=N, sync=True)`` is a :class:`MultiSyncCollector`
+    with N workers, ``sync=False`` (TorchRL's default) a :class:`MultiAsyncCollector`
+    (``_torchrl_dispatch.py``); ``interruptor`` is refused naming
+    ``preemptive_threshold``; the rest as in :class:`MultiCollector` (table in
+    ``_torchrl_args.py``). ``set_seed`` seeds this process's torch and numpy RNGs too.
 
     ``device`` / ``policy_device`` / ``env_device`` / ``storing_device`` as in
     :class:`MultiCollector` (``docs/devices.md``); a trainer's module that is not
@@ -60,6 +64,29 @@ class Collector(BaseCollector):
     """
 
     # The Parameters section of help(): IN_PROCESS_PARAMETERS (_parameters.py), added below.
+
+    #: ``help()`` shows ``__init__``'s parameters, not ``__new__``'s (set below the class).
+    __signature__: ClassVar[Any]
+
+    # TorchRL 0.14's front door: backend="process" / num_collectors=N give a MultiCollector.
+    @overload
+    def __new__(cls, *args: Any, backend: Literal["direct"] | None = None,
+                num_collectors: Literal[1] | None = None, sync: None = None,
+                backend_options: None = None, **kwargs: Any) -> Self: ...
+    @overload
+    def __new__(cls, *args: Any, backend: str | None = None, num_collectors: int | None = None,
+                sync: bool | None = None, backend_options: dict[str, Any] | None = None,
+                **kwargs: Any) -> Any: ...
+
+    def __new__(cls, *args: Any, backend: str | None = None, num_collectors: int | None = None,
+                sync: bool | None = None, backend_options: dict[str, Any] | None = None,
+                **kwargs: Any) -> Any:
+        if cls is Collector:
+            built = dispatch(args, kwargs, backend=backend, num_collectors=num_collectors,
+                             sync=sync, backend_options=backend_options)
+            if built is not None:
+                return built  # not a Collector: Python does not call __init__ again
+        return super().__new__(cls)
 
     def __init__(
         self,
@@ -294,3 +321,4 @@ class Collector(BaseCollector):
 
 
 add_parameters(Collector, IN_PROCESS_PARAMETERS)
+show_init_signature(Collector)

@@ -95,8 +95,9 @@ class MultiCollector(BaseCollector):
       ``init_fn`` (``create_env_fn`` / ``policy_factory``), ``pre_collect_hook`` /
       ``post_collect_hook`` / ``compact_obs`` (``postproc``).
     - Methods with TorchRL's names: ``update_policy_weights(policy_or_weights, *, weights,
-      policy, worker_ids, model_id, weights_dict)`` and ``update_policy_weights_`` (awaited),
-      ``shutdown()`` / ``async_shutdown()`` (``aclose``); ``set_seed`` seeds each worker's torch
+      policy, worker_ids, model_id, weights_dict)`` and ``update_policy_weights_``,
+      ``shutdown()`` / ``async_shutdown()`` (``aclose``), ``set_seed``, ``reset``: each starts
+      when called, awaited or not (``_started.py``); ``set_seed`` seeds each worker's torch
       and numpy RNGs too; a plain ``for`` loop raises a TypeError naming ``async for`` and
       :class:`~asyncrl.BlockingCollector`.
 
