@@ -44,9 +44,7 @@ class AsyncCollector(MultiAsyncCollector):
             raise TypeError("AsyncCollector(create_env_fn=[...]): AsyncCollector takes one env "
                             "factory (TorchRL's meaning); for one worker per factory use "
                             "MultiAsyncCollector([make_env, ...])")
-        env_kwargs = kwargs.pop("create_env_kwargs", None)
-        super().__init__([create_env_fn], policy,
-                         create_env_kwargs=[env_kwargs] if env_kwargs else None, **kwargs)
+        super().__init__([create_env_fn], policy, **kwargs)  # create_env_kwargs: a dict
 
 
 # help(): MultiCollector's parameters, less the two AsyncCollector fixes (one worker, async).
