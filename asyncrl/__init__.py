@@ -27,6 +27,7 @@ from ._progress import Progress as Progress
 from ._statistics import CollectorStatistics as CollectorStatistics
 from ._statistics import WorkerState as WorkerState
 from ._statistics import WorkerStatistics as WorkerStatistics
+from ._utd import UpdateRatio as UpdateRatio
 from .collectors import AsyncBatchedCollector as AsyncBatchedCollector
 from .collectors import AsyncCollector as AsyncCollector
 from .collectors import BlockingCollector as BlockingCollector
@@ -60,6 +61,7 @@ __all__ = [
     "MultiSyncCollector",
     "Progress",
     "RandomPolicy",
+    "UpdateRatio",
     "WorkerLostError",
     "WorkerState",
     "WorkerStatistics",
