@@ -144,12 +144,16 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
                       batch_size=args.batch_size)
     # Updates start once the random frames are in: the ratio counts from there.
     utd = asyncrl.UpdateRatio(args.utd, start_after=args.init_random_frames)
-    totals = {"frames": 0.0, "updates": 0.0, "seconds": 0.0, "last_return": float("nan")}
+    totals = {"frames": 0.0, "updates": 0.0, "seconds": 0.0, "steady_s": 0.0,
+              "last_return": float("nan")}
     started = time.perf_counter()
+    first: list[float] = []  # when the first batch was in (worker start-up excluded after it)
 
     def report(frames: int, updates: int, ret: float) -> None:
         totals["frames"] += frames
         totals["updates"] = updates
+        if not first:
+            first.append(time.perf_counter())
         if ret == ret:  # not NaN: an episode ended in this batch
             totals["last_return"] = ret
         if not args.quiet:
@@ -161,6 +165,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     else:
         run_torchrl(args, learner, utd, report)
     totals["seconds"] = time.perf_counter() - started
+    totals["steady_s"] = time.perf_counter() - first[0] if first else 0.0
     print(f"{args.collector}: {int(totals['frames'])} frames, {int(totals['updates'])} updates "
           f"in {totals['seconds']:.1f} s; last return {totals['last_return']:.1f}", flush=True)
     return totals

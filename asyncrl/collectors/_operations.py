@@ -57,7 +57,8 @@ class Pausing:
         await self._collector.resume()
 
     def __enter__(self) -> None:
-        self._collector._undo_pause()
+        if self._started is not None:  # this call paused: undo it (an earlier pause stays)
+            self._collector._undo_pause()
         raise TypeError("on an async collector, pause() is entered with 'async with "
                         "collector.pause():' (or 'await collector.pause()' ... 'await "
                         "collector.resume()'); BlockingCollector's pause() takes a plain "
