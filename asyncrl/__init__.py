@@ -39,11 +39,13 @@ from ._observe.statistics import WorkerState as WorkerState
 from ._observe.statistics import WorkerStatistics as WorkerStatistics
 from ._rollout.policies import RandomPolicy as RandomPolicy
 from .collectors import AsyncBatchedCollector as AsyncBatchedCollector
+from .collectors import AsyncCollector as AsyncCollector
 from .collectors import BlockingCollector as BlockingCollector
 from .collectors import Collector as Collector
 from .collectors import MultiAsyncCollector as MultiAsyncCollector
 from .collectors import MultiCollector as MultiCollector
 from .collectors import MultiSyncCollector as MultiSyncCollector
+from .collectors._update_ratio import UpdateRatio as UpdateRatio
 
 # A library never configures logging: the application does (see docs/service.md).
 _logging.getLogger("asyncrl").addHandler(_logging.NullHandler())
@@ -55,6 +57,7 @@ except _metadata.PackageNotFoundError:  # a source tree on sys.path, not install
 
 __all__ = [
     "AsyncBatchedCollector",
+    "AsyncCollector",
     "AsyncRLError",
     "BadBatchError",
     "BlockingCollector",
@@ -75,6 +78,7 @@ __all__ = [
     "RemoteError",
     "SpecMismatchError",
     "TransportError",
+    "UpdateRatio",
     "WorkerExit",
     "WorkerLostError",
     "WorkerState",

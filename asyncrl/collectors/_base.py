@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any, Self
+from typing import Any, Self, TypeVar
 
 import anyio
 from tensordict import TensorDictBase
@@ -15,12 +15,19 @@ from .._spawn.threads import TrainerThreads
 from ._assemble import MASK_KEY, split_trajectories
 from ._config import normalise_total_frames
 from ._operations import CollectorOperations
+from ._started import Kind, Started, StartedCalls, not_open, started_at_call
 from ._torchrl_habits import TorchRLHabits
 from ._trajectories import TrajectoryAssembler, check_trajectory_options
+
+T = TypeVar("T")
 
 
 class BaseCollector(CollectorOperations, TaskGroupResource, TorchRLHabits):
     """Async iteration over batches, ``total_frames``, ``postproc``, ``start()``/``pause()``."""
+
+    #: A weight update started without ``await`` is applied before the next batch is
+    #: asked for (False in async mode: batches carry the version that made them).
+    sync_updates: bool = True
 
     def __init__(
         self,
@@ -54,6 +61,7 @@ class BaseCollector(CollectorOperations, TaskGroupResource, TorchRLHabits):
         self._closed = False
         self._running_free = False
         self._free_run: anyio.CancelScope | None = None
+        self._calls = StartedCalls()  # TorchRL-named calls, started when made
         self._init_operations()  # statistics, events, pause
 
     # -- to implement --------------------------------------------------------------
@@ -66,14 +74,37 @@ class BaseCollector(CollectorOperations, TaskGroupResource, TorchRLHabits):
     async def _next_batch(self) -> TensorDictBase:
         raise NotImplementedError
 
+    @started_at_call("update")
     async def update_policy_weights(self, policy_or_weights: Any = None, *, weights: Any = None,
                                     policy: Any = None, worker_ids: Any = None,
                                     model_id: str | None = None,
                                     weights_dict: dict[str, Any] | None = None) -> None:
         raise NotImplementedError
 
+    def _start_call(self, name: str, work: Callable[[], Awaitable[T]], *,
+                    before_next_batch: bool, kind: Kind = "barrier",
+                    in_order: bool = True) -> Started[T]:
+        """Start a TorchRL-named call now, on the collector's task group (``_started.py``)."""
+        if self._task_group is None or self._closed:
+            raise not_open(self, name)
+        return self._calls.start(self._task_group, name, work, before_next_batch=before_next_batch,
+                                 kind=kind, in_order=in_order)
+
+    def _pause_at_call(self) -> Started[None] | None:
+        if self._task_group is None or self._closed or self._paused:
+            return None  # not open (paused when awaited), or already paused
+        self._mark_paused()  # from now on, nothing is handed over
+
+        async def tell_workers() -> None:
+            # The state now, not at the call: a resume() in between must win.
+            await self._set_paused(self._paused)
+
+        return self._start_call("pause", tell_workers, before_next_batch=False)
+
     # -- life cycle ---------------------------------------------------------------------
     _threads_cap: TrainerThreads | None = None  # set by _open_with_workers, undone by aclose
+    #: ``(num_threads, local_workers)`` of the trainer's thread cap (None: no cap).
+    threads_cap_args: tuple[int | None, int] | None = None
 
     def _create_async_state(self) -> None:
         """Create the anyio primitives (they need a running event loop; __init__ may not)."""
@@ -90,6 +121,7 @@ class BaseCollector(CollectorOperations, TaskGroupResource, TorchRLHabits):
         (``task_status.started()`` once it serves).
         """
         self._threads_cap = TrainerThreads.cap(num_threads, local_workers)
+        self.threads_cap_args = (num_threads, local_workers)  # BlockingCollector's thread too
         await self._task_group.start(run)
 
     async def __aenter__(self) -> Self:
@@ -111,6 +143,7 @@ class BaseCollector(CollectorOperations, TaskGroupResource, TorchRLHabits):
             self._free_run.cancel()
         if self._resumed is not None:
             self._resumed.set()  # a trainer call waiting for resume() ends
+        self._calls.close()  # started calls still running end (shutdown() itself goes on)
         try:
             with anyio.CancelScope(shield=True):
                 await self._close()
@@ -166,6 +199,9 @@ class BaseCollector(CollectorOperations, TaskGroupResource, TorchRLHabits):
 
     async def _next_frames(self) -> TensorDictBase:
         """One batch as collected, counted, split and post-processed."""
+        # Calls started without await: weights (sync mode), seeds, resets come first,
+        # and one that failed with nobody awaiting it raises here.
+        await self._calls.settle()
         if self._closed:
             raise StopAsyncIteration
         if 0 <= self.total_frames <= self.frames_collected:

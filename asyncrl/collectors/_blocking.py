@@ -4,19 +4,25 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import AbstractContextManager
 from typing import Any
 
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 from tensordict import TensorDictBase
 
+from .._threads import TrainerThreads
+from ._started import starts_at_call
+
 
 class BlockingCollector:
     """Use an async collector from plain code, through an anyio blocking portal.
 
     The collector runs on an event loop in a background thread; iteration and
-    every coroutine method become blocking calls.
+    every coroutine method become blocking calls. The torch threads cap the
+    collector puts on its trainer (``num_threads``: the cores its local workers
+    do not use) is applied to the thread that enters ``with``, the one that
+    trains, and undone when it leaves.
 
     >>> from asyncrl import BlockingCollector, MultiSyncCollector     # doctest: +SKIP
     >>> with BlockingCollector(MultiSyncCollector("CartPole-v1", num_workers=2,
@@ -38,6 +44,7 @@ class BlockingCollector:
         self._portal_cm: AbstractContextManager[BlockingPortal] | None = None
         self._portal: BlockingPortal | None = None
         self._collector_cm: AbstractContextManager[Any] | None = None
+        self._threads: TrainerThreads | None = None  # the entering thread's cap
 
     def __enter__(self) -> BlockingCollector:
         self._portal_cm = start_blocking_portal(self.backend)
@@ -48,6 +55,11 @@ class BlockingCollector:
         except BaseException:
             self._portal_cm.__exit__(None, None, None)
             raise
+        # The collector capped torch's threads on the event loop's thread; torch keeps
+        # the count per thread, so the trainer's (this one) needs its own cap.
+        cap_args = getattr(self.collector, "threads_cap_args", None)
+        if cap_args is not None:
+            self._threads = TrainerThreads.cap(*cap_args)
         return self
 
     def __exit__(self, *exc_info: Any) -> None:
@@ -61,13 +73,16 @@ class BlockingCollector:
         if self._portal_cm is not None:
             cm2, self._portal_cm = self._portal_cm, None
             cm2.__exit__(None, None, None)
+        if self._threads is not None:
+            threads, self._threads = self._threads, None
+            threads.restore()
 
     def shutdown(self, timeout: float | None = None, close_env: bool = True,
                  raise_on_error: bool = True) -> None:
         """TorchRL's name for :meth:`close` (same arguments as the collector's ``shutdown``)."""
         if self._portal is not None and self._collector_cm is not None:
-            self._portal.call(functools.partial(self.collector.shutdown, timeout, close_env,
-                                                raise_on_error))
+            self._portal.call(_outcome, functools.partial(self.collector.shutdown, timeout,
+                                                          close_env, raise_on_error))
         self.close()
 
     def update_policy_weights_(self, policy_or_weights: Any = None, **kwargs: Any) -> None:
@@ -76,8 +91,8 @@ class BlockingCollector:
         Same arguments as the collector's ``update_policy_weights`` (``weights=``,
         ``policy=``, ``worker_ids=``, ``model_id=``, ``weights_dict=``).
         """
-        self._require_portal().call(functools.partial(self.collector.update_policy_weights,
-                                                      policy_or_weights, **kwargs))
+        self._require_portal().call(_outcome, functools.partial(
+            self.collector.update_policy_weights, policy_or_weights, **kwargs))
 
     def __iter__(self) -> Iterator[TensorDictBase]:
         portal = self._require_portal()
@@ -129,12 +144,13 @@ class BlockingCollector:
 
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self.collector, name)
-        if inspect.iscoroutinefunction(attr):
+        if inspect.iscoroutinefunction(attr) or starts_at_call(attr):
             portal = self._require_portal()
 
             @functools.wraps(attr)
             def call(*args: Any, **kwargs: Any) -> Any:
-                return portal.call(functools.partial(attr, *args, **kwargs))
+                # Called on the loop (a started call needs its task group), then awaited.
+                return portal.call(_outcome, functools.partial(attr, *args, **kwargs))
 
             return call
         return attr
@@ -157,3 +173,8 @@ class _BlockingPause:
 
     def __exit__(self, *exc_info: object) -> None:
         self._owner.resume()
+
+
+async def _outcome(call: Callable[[], Awaitable[Any]]) -> Any:
+    """Make the call on the event loop and wait for its result."""
+    return await call()

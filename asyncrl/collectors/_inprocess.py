@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar, Literal, Self, overload
 
 import anyio
 import torch
@@ -22,9 +22,11 @@ from ..weights import InProcessWeightSyncScheme, WeightApplier, WeightSender
 from ._assemble import drop_env_dim
 from ._base import BaseCollector
 from ._config import check_in_process_frames
-from ._docs import add_parameters
+from ._docs import add_parameters, show_init_signature
 from ._parameters import IN_PROCESS_PARAMETERS
+from ._started import started_at_call
 from ._torchrl_args import IN_PROCESS_COLLECTOR, check_torchrl_options
+from ._torchrl_dispatch import dispatch
 from ._updates import weight_updates
 
 
@@ -48,10 +50,13 @@ class Collector(BaseCollector):
 
     TorchRL's ``Collector`` arguments: ``return_same_td=True`` yields the rollout's
     own buffers (rewritten by the next batch) instead of a copy; ``backend="direct"``
-    is this collector; ``backend="process"``, ``num_collectors``, ``sync`` and
-    ``interruptor`` are refused naming MultiSyncCollector / MultiAsyncCollector; the
-    rest as in :class:`MultiCollector` (table in ``_torchrl_args.py``). ``set_seed``
-    seeds this process's torch and numpy RNGs too.
+    is this collector; as in TorchRL 0.14, ``backend="process"`` or
+    ``num_collectors=N`` builds a worker-process collector instead:
+    ``Collector(..., num_collectors=N, sync=True)`` is a :class:`MultiSyncCollector`
+    with N workers, ``sync=False`` (TorchRL's default) a :class:`MultiAsyncCollector`
+    (``_torchrl_dispatch.py``); ``interruptor`` is refused naming
+    ``preemptive_threshold``; the rest as in :class:`MultiCollector` (table in
+    ``_torchrl_args.py``). ``set_seed`` seeds this process's torch and numpy RNGs too.
 
     ``device`` / ``policy_device`` / ``env_device`` / ``storing_device`` as in
     :class:`MultiCollector` (``docs/devices.md``); a trainer's module that is not
@@ -59,6 +64,29 @@ class Collector(BaseCollector):
     """
 
     # The Parameters section of help(): IN_PROCESS_PARAMETERS (_parameters.py), added below.
+
+    #: ``help()`` shows ``__init__``'s parameters, not ``__new__``'s (set below the class).
+    __signature__: ClassVar[Any]
+
+    # TorchRL 0.14's front door: backend="process" / num_collectors=N give a MultiCollector.
+    @overload
+    def __new__(cls, *args: Any, backend: Literal["direct"] | None = None,
+                num_collectors: Literal[1] | None = None, sync: None = None,
+                backend_options: None = None, **kwargs: Any) -> Self: ...
+    @overload
+    def __new__(cls, *args: Any, backend: str | None = None, num_collectors: int | None = None,
+                sync: bool | None = None, backend_options: dict[str, Any] | None = None,
+                **kwargs: Any) -> Any: ...
+
+    def __new__(cls, *args: Any, backend: str | None = None, num_collectors: int | None = None,
+                sync: bool | None = None, backend_options: dict[str, Any] | None = None,
+                **kwargs: Any) -> Any:
+        if cls is Collector:
+            built = dispatch(args, kwargs, backend=backend, num_collectors=num_collectors,
+                             sync=sync, backend_options=backend_options)
+            if built is not None:
+                return built  # not a Collector: Python does not call __init__ again
+        return super().__new__(cls)
 
     def __init__(
         self,
@@ -211,6 +239,7 @@ class Collector(BaseCollector):
                            "update_policy_weights() still bumps the version")
         return self._sender
 
+    @started_at_call("update")
     async def update_policy_weights(self, policy_or_weights: Any = None, *, weights: Any = None,
                                     policy: Any = None, worker_ids: Any = None,
                                     model_id: str | None = None,
@@ -237,6 +266,7 @@ class Collector(BaseCollector):
             raise RuntimeError("the collector is not open: use 'async with Collector(...)'")
         self.rollout.policy_version += 1  # a policy without weights: a new version
 
+    @started_at_call("barrier")
     async def set_seed(self, seed: int, static_seed: bool = False) -> int:
         """Seed the envs (env i: ``seed + i``) and this process's torch and numpy RNGs.
 
@@ -248,12 +278,14 @@ class Collector(BaseCollector):
             seed_global_rngs(seed)
             return self.rollout.set_seed(seed, static_seed)
 
+    @started_at_call("barrier")
     async def reset(self, reset_idx: Any = None) -> None:
         assert self.rollout is not None
         async with self._locked():
             self.rollout.reset(reset_idx)
         self._trajectories_reset(partial=reset_idx is not None)
 
+    @started_at_call("query")
     async def getattr_env(self, attr: str) -> Any:
         """An attribute of the user's env, reached as ``MultiCollector.getattr_env`` does.
 
@@ -263,6 +295,7 @@ class Collector(BaseCollector):
         async with self._locked():
             return env_attr(rollout.env_pool, attr)
 
+    @started_at_call("query")
     async def getattr_policy(self, attr: str) -> Any:
         """An attribute of the policy (or of its first sub-module that has it)."""
         rollout = self._open_rollout()
@@ -291,3 +324,4 @@ class Collector(BaseCollector):
 
 
 add_parameters(Collector, IN_PROCESS_PARAMETERS)
+show_init_signature(Collector)

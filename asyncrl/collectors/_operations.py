@@ -10,7 +10,7 @@ means to them (:meth:`_set_paused`).
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Awaitable, Generator
 from typing import Any
 
 import anyio
@@ -30,20 +30,42 @@ class Pausing:
     """What ``collector.pause()`` returns: await it, or use it as ``async with``.
 
     ``await collector.pause()`` pauses and returns once paused; ``async with
-    collector.pause():`` pauses for the block and resumes after it.
+    collector.pause():`` pauses for the block and resumes after it. On an open
+    collector the pause starts at the call (no batch is handed over from then
+    on), awaited or not; TorchRL's plain ``with collector.pause():`` raises a
+    ``TypeError`` naming ``async with``.
     """
 
-    def __init__(self, collector: CollectorOperations) -> None:
+    def __init__(self, collector: CollectorOperations,
+                 started: Awaitable[None] | None = None) -> None:
         self._collector = collector
+        self._started = started
 
     def __await__(self) -> Generator[Any, None, None]:
-        return self._collector._pause().__await__()
+        return self._wait().__await__()
+
+    async def _wait(self) -> None:
+        if self._started is not None:
+            await self._started
+        else:
+            await self._collector._pause()
 
     async def __aenter__(self) -> None:
-        await self._collector._pause()
+        await self._wait()
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self._collector.resume()
+
+    def __enter__(self) -> None:
+        if self._started is not None:  # this call paused: undo it (an earlier pause stays)
+            self._collector._undo_pause()
+        raise TypeError("on an async collector, pause() is entered with 'async with "
+                        "collector.pause():' (or 'await collector.pause()' ... 'await "
+                        "collector.resume()'); BlockingCollector's pause() takes a plain "
+                        "'with'")
+
+    def __exit__(self, *exc_info: object) -> None:
+        return None
 
 
 class CollectorOperations:
@@ -155,14 +177,28 @@ class CollectorOperations:
         never dropped. A batch already handed over when ``pause()`` was called is
         still returned. Idempotent.
         """
-        return Pausing(self)
+        return Pausing(self, self._pause_at_call())
+
+    def _pause_at_call(self) -> Awaitable[None] | None:
+        """Pause now, on an open collector (None: ``_pause`` runs when awaited)."""
+        return None
+
+    def _undo_pause(self) -> None:
+        """A pause started by a call that turned out wrong (plain ``with``): hand over again."""
+        if self._paused:
+            self._paused = False
+            if self._resumed is not None:
+                self._resumed.set()
 
     async def _pause(self) -> None:
         if self._paused:
             return
+        self._mark_paused()
+        await self._set_paused(True)
+
+    def _mark_paused(self) -> None:
         self._paused = True
         self._resumed = anyio.Event()
-        await self._set_paused(True)
 
     async def resume(self) -> None:
         """Resume after :meth:`pause`: held batches are handed over, workers get work again.

@@ -168,9 +168,12 @@ IN_PROCESS_COLLECTOR: Mapping[str, TorchRLArgument] = {
     "backend_options": TorchRLArgument(
         _falsy, "the in-process Collector has no backend to configure; for worker processes "
                 "use MultiSyncCollector / MultiAsyncCollector(num_workers=N, ...)"),
+    # Collector(num_collectors=N) / backend="process" build a MultiCollector before this
+    # check (_torchrl_dispatch.py); what reaches the in-process collector is "direct".
     "num_collectors": TorchRLArgument(
-        _is_none, "for several collecting processes use MultiSyncCollector / "
-                  "MultiAsyncCollector(num_workers=N)"),
+        lambda v: v is None or v == 1,
+        "for several collecting processes use MultiSyncCollector / "
+        "MultiAsyncCollector(num_workers=N)", only_default=False),
     "sync": TorchRLArgument(
         _is_none, "sync= chooses between worker-process collectors: use "
                   "MultiCollector(num_workers=N, sync=True / False)"),

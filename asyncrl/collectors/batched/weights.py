@@ -17,6 +17,7 @@ from torch import nn
 
 from ..._errors import CollectorError
 from ..._inference.loop import InferenceLoop, InferenceStatistics
+from .._started import Kind, Started, started_at_call
 
 if TYPE_CHECKING:
     from transports import Hub
@@ -98,6 +99,13 @@ class ServedPolicy:
     _error: BaseException | None
     _initial_version: int
     policy: Any
+    #: An update started without ``await`` does not hold the next batch: its frames
+    #: carry the version that chose their actions.
+    sync_updates = False
+
+    if TYPE_CHECKING:
+        def _start_call(self, name: str, work: Callable[[], Any], *, before_next_batch: bool,
+                        kind: Kind = "barrier", in_order: bool = True) -> Started[Any]: ...
     verbose: bool
 
     @property
@@ -121,6 +129,7 @@ class ServedPolicy:
         return self._loop.statistics()
 
     # The signature of the multi-process collectors (TorchRL's names, asyncrl's weights=).
+    @started_at_call("update")
     async def update_policy_weights(self, policy_or_weights: Any = None, *, weights: Any = None,
                                     policy: Any = None, worker_ids: Any = None,
                                     model_id: str | None = None,

@@ -25,6 +25,7 @@ from .._assemble import assemble, drop_env_dim
 from .._base import BaseCollector
 from .._docs import add_parameters, share_parameters, show_init_signature
 from .._parameters import MULTI_PARAMETERS
+from .._started import started_at_call
 from .._torchrl_args import MULTI_COLLECTOR, check_torchrl_options
 from .._updates import weight_updates
 from .config import MultiConfig, default_schemes
@@ -94,8 +95,9 @@ class MultiCollector(BaseCollector):
       ``init_fn`` (``create_env_fn`` / ``policy_factory``), ``pre_collect_hook`` /
       ``post_collect_hook`` / ``compact_obs`` (``postproc``).
     - Methods with TorchRL's names: ``update_policy_weights(policy_or_weights, *, weights,
-      policy, worker_ids, model_id, weights_dict)`` and ``update_policy_weights_`` (awaited),
-      ``shutdown()`` / ``async_shutdown()`` (``aclose``); ``set_seed`` seeds each worker's torch
+      policy, worker_ids, model_id, weights_dict)`` and ``update_policy_weights_``,
+      ``shutdown()`` / ``async_shutdown()`` (``aclose``), ``set_seed``, ``reset``: each starts
+      when called, awaited or not (``_started.py``); ``set_seed`` seeds each worker's torch
       and numpy RNGs too; a plain ``for`` loop raises a TypeError naming ``async for`` and
       :class:`~asyncrl.BlockingCollector`.
 
@@ -355,6 +357,7 @@ class MultiCollector(BaseCollector):
                            f"{sorted(self._run.senders)}; pass weight_sync_schemes="
                            "{model_id: ZmqWeightSyncScheme()}") from None
 
+    @started_at_call("update")
     async def update_policy_weights(self, policy_or_weights: Any = None, *, weights: Any = None,
                                     policy: Any = None, worker_ids: Any = None,
                                     model_id: str | None = None,
@@ -382,6 +385,7 @@ class MultiCollector(BaseCollector):
         except PeerLostError as exc:
             await self._losses.during_update(exc)
 
+    @started_at_call("barrier")
     async def set_seed(self, seed: int, static_seed: bool = False) -> int:
         """Seed every worker (TorchRL semantics); returns the next free seed.
 
@@ -394,6 +398,7 @@ class MultiCollector(BaseCollector):
             seed = await coordinator.control(worker, "seed", seed=seed, static_seed=static_seed)
         return seed
 
+    @started_at_call("barrier")
     async def reset(self, reset_idx: Sequence[bool] | None = None) -> None:
         """Reset the envs of every worker (or of the workers flagged in ``reset_idx``)."""
         coordinator = await self._ensure_ready()
@@ -402,18 +407,21 @@ class MultiCollector(BaseCollector):
                 await coordinator.control(worker, "reset")
         self._trajectories_reset(partial=reset_idx is not None)
 
+    @started_at_call("query")
     async def state_dict(self) -> dict[str, Any]:
         """``{"worker0": {...}, ...}`` with each worker's policy state dict."""
         coordinator = await self._ensure_ready()
         return {f"worker{w.index}": await coordinator.control(w, "state_dict")
                 for w in coordinator.live_workers}
 
+    @started_at_call("barrier")
     async def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         coordinator = await self._ensure_ready()
         for worker in coordinator.live_workers:
             await coordinator.control(worker, "load_state_dict",
                                       **state_dict[f"worker{worker.index}"])
 
+    @started_at_call("query")
     async def getattr_policy(self, attr: str) -> Any:
         """An attribute of worker 0's policy, or of its first sub-module that has it.
 
@@ -424,6 +432,7 @@ class MultiCollector(BaseCollector):
         """
         return await self._getattr("getattr_policy", attr)
 
+    @started_at_call("query")
     async def getattr_env(self, attr: str) -> Any:
         """An attribute of worker 0's env: the user's env, through gymnasium wrappers and
         TorchRL transforms (then asyncrl's pool: ``num_envs``); values as ``getattr_policy``."""
@@ -491,6 +500,7 @@ class MultiAsyncCollector(MultiCollector):
     """
 
     sync = False
+    sync_updates = False
 
     async def _next_batch(self) -> TensorDictBase:
         coordinator = await self._ensure_ready()

@@ -103,6 +103,8 @@ MULTI_ACCEPTED: dict[str, tuple[Any, Check]] = {
 IN_PROCESS_ACCEPTED: dict[str, tuple[Any, Check]] = {
     **SHARED_ACCEPTED,
     "backend": ("direct", lambda c: True),  # asyncrl.Collector is TorchRL's "direct"
+    # TorchRL 0.14's dispatcher: num_collectors=N means backend="process", sync=False
+    "num_collectors": (2, lambda c: type(c) is MultiAsyncCollector and c.num_workers == 2),
     "track_traj_ids": (True, lambda c: True),
     "return_same_td": (True, lambda c: c.return_same_td is True),
 }
@@ -132,9 +134,8 @@ MULTI_REFUSED: dict[str, tuple[Any, str]] = {
 }
 IN_PROCESS_REFUSED: dict[str, tuple[Any, str]] = {
     **SHARED_REFUSED,
-    "backend": ("process", "MultiSyncCollector / MultiAsyncCollector(num_workers=N)"),
-    "backend_options": ({"x": 1}, "num_workers=N"),
-    "num_collectors": (2, "num_workers=N"),
+    "backend": ("ray", "remote_workers="),
+    "backend_options": ({"x": 1}, "num_collectors=N"),
     "sync": (True, "MultiCollector(num_workers=N, sync=True / False)"),
     "track_traj_ids": (False, "('collector', 'traj_ids')"),
     "interruptor": (object(), "preemptive_threshold="),

@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch import nn
 
-from asyncrl import MultiAsyncCollector, MultiSyncCollector
+from asyncrl import BlockingCollector, Collector, MultiAsyncCollector, MultiSyncCollector
 from asyncrl._spawn.child import process_alive
 from asyncrl._spawn.threads import THREAD_VARIABLES, thread_environment
 
@@ -180,3 +180,25 @@ async def test_a_fork_server_whose_socket_was_removed_is_replaced(anyio_backend:
         assert await parents_of_workers() == {server._forkserver_pid}  # forked, by a new one
     assert server._forkserver_pid != old_server
     assert not process_alive(old_server)
+
+
+@pytest.mark.parametrize("num_threads", [None, 2])
+def test_blocking_collector_caps_the_thread_that_enters_it(num_threads: int | None,
+                                                           trainer_threads: int) -> None:
+    # torch keeps its thread count per thread: the cap must be on the training thread,
+    # not only on the collector's event-loop thread (issue #27: 2 threads kept, run killed).
+    expected = 2 if num_threads else trainer_threads - 1
+    with BlockingCollector(MultiSyncCollector("Pendulum-v1", None, num_workers=1,
+                                              frames_per_batch=4, total_frames=8,
+                                              num_threads=num_threads)) as c:
+        assert torch.get_num_threads() == expected
+        assert sum(1 for _ in c) == 2
+        assert torch.get_num_threads() == expected
+    assert torch.get_num_threads() == trainer_threads  # restored on leaving
+
+
+def test_blocking_in_process_collector_leaves_threads_alone(trainer_threads: int) -> None:
+    with BlockingCollector(Collector("Pendulum-v1", frames_per_batch=4, total_frames=4)) as c:
+        assert torch.get_num_threads() == trainer_threads  # no worker processes: no cap
+        next(iter(c))
+    assert torch.get_num_threads() == trainer_threads
