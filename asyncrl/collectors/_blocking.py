@@ -11,7 +11,7 @@ from typing import Any
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 from tensordict import TensorDictBase
 
-from .._threads import TrainerThreads
+from .._spawn.threads import TrainerThreads
 from ._started import starts_at_call
 
 
