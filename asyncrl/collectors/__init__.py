@@ -5,13 +5,13 @@ from ._base import BaseCollector as BaseCollector
 from ._blocking import BlockingCollector as BlockingCollector
 from ._inprocess import Collector as Collector
 from ._operations import Pausing as Pausing
-from ._single_async import AsyncCollector as AsyncCollector
 from ._started import Started as Started
 from ._torchrl_habits import NoLengthError as NoLengthError
 from .batched.collector import AsyncBatchedCollector as AsyncBatchedCollector
 from .multi.collector import MultiAsyncCollector as MultiAsyncCollector
 from .multi.collector import MultiCollector as MultiCollector
 from .multi.collector import MultiSyncCollector as MultiSyncCollector
+from .multi.single import AsyncCollector as AsyncCollector
 
 __all__ = [
     "AsyncBatchedCollector",

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._docs import init_signature, share_parameters
-from .multi.collector import MultiAsyncCollector, MultiCollector
+from .._docs import init_signature, share_parameters
+from .collector import MultiAsyncCollector, MultiCollector
 
 __all__ = ["AsyncCollector"]
 
