@@ -2,8 +2,14 @@
 
 ``asyncrl worker`` (configured by ``ASYNCRL_*`` variables only, as in a
 container) answers ``/readyz`` 503 until a collector admitted all its workers,
-200 while it is admitted, 503 again once that collector is gone; ``/livez`` 200
-throughout. ``asyncrl env-worker`` the same for an AsyncBatchedCollector.
+200 while it is admitted, 503 again once that collector is gone, 200 once a
+restarted one admitted it again; ``/livez`` 200 throughout. ``asyncrl
+env-worker`` the same for an AsyncBatchedCollector.
+
+(The host is stopped while admitted: a ``--reconnect`` host stopped by SIGTERM
+while its coordinator is gone has its workers hang in interpreter shutdown until
+the host's SIGKILL, exit status 247/250; that is older than the probes, see the
+report on issue #26.)
 """
 
 from __future__ import annotations
@@ -136,6 +142,12 @@ async def test_worker_host_ready_only_while_admitted() -> None:
         body = await wait_status(probe, READINESS_PATH, 503)
         assert body["admitted"] < 2 and body["alive"] == 2
         assert (await anyio.to_thread.run_sync(get, probe, LIVENESS_PATH))[0] == 200
+        # A restarted trainer: the host rejoins and is ready again.
+        trainer = subprocess.Popen([sys.executable, str(TRAINER), endpoint, "100000", "2"],
+                                   cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                   text=True, env=container_env())
+        body = await wait_status(probe, READINESS_PATH, 200)
+        assert body == {"ready": True, "workers": 2, "alive": 2, "admitted": 2}
         os.killpg(host.pid, signal.SIGTERM)  # as `docker stop` / the kubelet do
         output, _ = await anyio.to_thread.run_sync(lambda: host.communicate(timeout=LIMIT))
         assert host.returncode == 0, output
