@@ -8,16 +8,22 @@ import logging
 import os
 import shlex
 import sys
+from collections.abc import Mapping
 from typing import Any
 
+from ._cli_env import apply_environment, check_environment
 from ._inference.cli import add_parser as add_env_worker_parser
 from ._inference.cli import run_env_worker_command
+from ._observe.probes import add_probe_options
 from ._spawn import logs as _logs
 
 #: What ``asyncrl --help`` says (plain text: argparse prints it as is).
 DESCRIPTION = ("asyncrl: async-first, ZeroMQ-based experience collection for reinforcement "
                "learning. Run workers that join a trainer's collector over the network, "
-               "make CURVE keys for them, or run a benchmark from a source checkout.")
+               "make CURVE keys for them, or run a benchmark from a source checkout. Every "
+               "option can also come from the environment: --peer-timeout from "
+               "ASYNCRL_PEER_TIMEOUT (each option's help names its variable; the command "
+               "line wins; flags take 1/0, true/false, yes/no, on/off).")
 
 #: The worker's exit codes (asyncrl._worker.worker's EXIT_* and this module's argument errors).
 WORKER_EXIT_CODES = """exit codes:
@@ -112,6 +118,7 @@ def _worker_parser(sub: Any) -> None:
     p.add_argument("--log-level", choices=_logs.LEVELS, default="INFO", type=str.upper,
                    help="log level of this host and its workers (asyncrl and transports "
                         "loggers; other libraries log warnings and up)")
+    add_probe_options(p)
 
 
 def _keys_parser(sub: Any) -> None:
@@ -141,7 +148,8 @@ def _bench_parser(sub: Any) -> None:
     p.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the benchmark")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
+    """The ``asyncrl`` parser; with ``environ``, its ``ASYNCRL_*`` variables are the defaults."""
     parser = argparse.ArgumentParser(prog="asyncrl", description=DESCRIPTION,
                                      epilog=EXIT_CODES, formatter_class=_HelpFormatter)
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
@@ -151,11 +159,14 @@ def build_parser() -> argparse.ArgumentParser:
     add_env_worker_parser(sub)
     _keys_parser(sub)
     _bench_parser(sub)
+    apply_environment(parser, environ)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser(os.environ)
+    args = parser.parse_args(argv)
+    check_environment(parser, args)
     if args.command == "bench":
         return run_benchmark(args.name, args.args)
     if args.command == "keys":
@@ -249,8 +260,13 @@ def run_workers(args: argparse.Namespace) -> int:
     host = HostWorkers(args.connect, spec, workers=args.workers, relay=not args.no_relay,
                        peer_timeout=args.peer_timeout, reconnect=args.reconnect,
                        curve_keys=args.keys, backend=args.backend,
-                       log_config=_logs.capture())
-    return host.run()
+                       log_config=_logs.capture(), probe_port=args.probe_port,
+                       probe_host=args.probe_host)
+    try:
+        return host.run()
+    except OSError as exc:  # the probe port is taken or cannot be bound
+        print(f"asyncrl worker: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -5,15 +5,21 @@
     python -m examples.service --port 8000        # the same, exit status 0 on SIGTERM
 
 The app's lifespan opens a :class:`asyncrl.MultiAsyncCollector` (CartPole-v1,
-``ASYNCRL_WORKERS`` worker processes, 2 by default) and runs a small training
-task beside the server: a policy-gradient step per batch, and every
-``ASYNCRL_PUSH_EVERY`` batches the new weights are pushed to the workers. The
-endpoints:
+``ASYNCRL_WORKERS`` worker processes, 2 by default, plus ``ASYNCRL_REMOTE_WORKERS``
+worker hosts joining at ``ASYNCRL_LISTEN``) and runs a small training task beside
+the server: once every worker joined it logs "service ready", then takes a
+policy-gradient step per batch, and every ``ASYNCRL_PUSH_EVERY`` batches pushes the
+new weights to the workers. The endpoints:
+
+- ``GET /livez``: 200 while the app runs and its training task has not failed
+  (503 with the error then: a liveness probe restarts it);
+- ``GET /readyz``: 200 once every expected worker joined and while training goes
+  on; 503 before, and after the training task failed or stopped;
 
 - ``GET /status``: JSON from ``collector.statistics()``: ``frames``, ``fps``,
   ``batches``, ``policy_version``, ``policy_lag``, ``paused``, ``episode_return_mean``
   and ``workers`` (each with ``index``, ``state``, ``pid``, ``frames``, ages, ``exit_code``),
-  plus the training task's ``updates`` and ``error``;
+  plus the training task's ``updates``, ``ready`` and ``error``;
 - ``GET /metrics``: Prometheus text (:mod:`asyncrl.metrics`);
 - ``POST /weights``: push the trainer's current weights, answer once every worker
   applied them: ``{"version": N}``;
@@ -26,7 +32,11 @@ re-raises the SIGTERM it handled, so its exit status says "terminated by SIGTERM
 which systemd counts as a clean stop; ``python -m examples.service`` exits 0.)
 Logging: if nothing configured the root logger, the lifespan logs at
 ``ASYNCRL_LOG_LEVEL`` (INFO) to stderr, and the workers inherit that level and
-format. See docs/service.md.
+format. The other settings (:class:`Settings`): ``ASYNCRL_FRAMES_PER_BATCH``,
+``ASYNCRL_ON_WORKER_LOSS`` (the collector's ``on_worker_loss``: raise, continue,
+wait, restart), ``ASYNCRL_CURVE_KEYS`` (a directory of ``asyncrl keys generate``),
+``ASYNCRL_READY_TIMEOUT`` (seconds to wait for the workers). See docs/service.md
+and docs/deploy.md (the same app as a Kubernetes Deployment).
 """
 
 from __future__ import annotations
@@ -79,16 +89,36 @@ def make_policy() -> TensorDictModule:
                             out_keys=["action", "action_log_prob"])
 
 
+def _env(name: str, default: str) -> Any:
+    return field(default_factory=lambda: os.environ.get(f"ASYNCRL_{name}", default))
+
+
+def _env_int(name: str, default: int) -> Any:
+    return field(default_factory=lambda: int(os.environ.get(f"ASYNCRL_{name}", default)))
+
+
 @dataclass
 class Settings:
-    """From the environment, so that one ``uvicorn examples.service:app`` is configurable."""
+    """From the environment, so that one ``uvicorn examples.service:app`` is configurable.
 
-    workers: int = field(default_factory=lambda: int(os.environ.get("ASYNCRL_WORKERS", "2")))
-    frames_per_batch: int = field(
-        default_factory=lambda: int(os.environ.get("ASYNCRL_FRAMES_PER_BATCH", "256")))
-    push_every: int = field(default_factory=lambda: int(os.environ.get("ASYNCRL_PUSH_EVERY",
-                                                                       "4")))
+    ``ASYNCRL_`` + the upper-case field name: ``ASYNCRL_REMOTE_WORKERS=4``.
+    """
+
+    workers: int = _env_int("WORKERS", 2)  # local worker processes
+    remote_workers: int = _env_int("REMOTE_WORKERS", 0)  # worker processes of other hosts
+    listen: str | None = _env("LISTEN", "")  # tcp://0.0.0.0:5555 for remote workers
+    curve_keys: str | None = _env("CURVE_KEYS", "")  # asyncrl keys generate DIR
+    on_worker_loss: str = _env("ON_WORKER_LOSS", "raise")
+    frames_per_batch: int = _env_int("FRAMES_PER_BATCH", 256)
+    push_every: int = _env_int("PUSH_EVERY", 4)
+    ready_timeout: float = field(
+        default_factory=lambda: float(os.environ.get("ASYNCRL_READY_TIMEOUT", "600")))
     lr: float = 1e-3
+
+    def __post_init__(self) -> None:
+        # A field's default_factory gives "" for an unset LISTEN / CURVE_KEYS: None.
+        self.listen = self.listen or None
+        self.curve_keys = self.curve_keys or None
 
 
 @dataclass
@@ -99,6 +129,7 @@ class Service:
     policy: TensorDictModule
     registry: CollectorRegistry
     updates: int = 0  # training steps taken
+    ready: bool = False  # every expected worker joined, training runs
     error: str | None = None  # the training task's error, if it failed
     lock: anyio.Lock = field(default_factory=anyio.Lock)  # one weight push at a time
 
@@ -125,9 +156,14 @@ async def push_weights(service: Service) -> int:
 
 
 async def train(service: Service, settings: Settings) -> None:
-    """The training task: learn from each batch, push the weights now and then."""
+    """The training task: wait for the workers, learn from each batch, push weights."""
     optimizer = torch.optim.Adam(service.policy.parameters(), lr=settings.lr)
     try:
+        await service.collector.wait_ready(timeout=settings.ready_timeout)
+        service.ready = True
+        stats = service.collector.statistics()
+        log.info("service ready: %d workers joined (%d local, %d remote)", len(stats.workers),
+                 settings.workers, settings.remote_workers)
         async for batch in service.collector:  # ends on close, or on a SIGTERM'd worker
             # In a thread: the event loop keeps serving requests during the step.
             await anyio.to_thread.run_sync(train_step, service.policy, optimizer, batch)
@@ -136,15 +172,19 @@ async def train(service: Service, settings: Settings) -> None:
                 await push_weights(service)
     except asyncrl.CollectorStopped as exc:  # its workers got SIGTERM: a stop, not a failure
         log.info("training stopped: %s", exc)
-    except Exception as exc:  # the server stays up and /status says why
+    except Exception as exc:  # the server stays up and /status (and /livez) say why
         service.error = f"{type(exc).__name__}: {exc}"
         log.exception("the training task failed")
+    finally:
+        service.ready = False
 
 
 def make_service(settings: Settings) -> Service:
     policy = make_policy()
     collector = asyncrl.MultiAsyncCollector(
         "CartPole-v1", policy, num_workers=settings.workers,
+        remote_workers=settings.remote_workers, listen=settings.listen,
+        curve_keys=settings.curve_keys, on_worker_loss=settings.on_worker_loss,
         frames_per_batch=settings.frames_per_batch, total_frames=-1)
     return Service(collector, policy, CollectorRegistry())
 
@@ -158,11 +198,15 @@ async def lifespan(app: Starlette) -> AsyncIterator[None]:
     service = make_service(settings)
     async with service.collector:
         CollectorMetrics(service.collector, registry=service.registry)
-        await service.collector.wait_ready(timeout=120)
         async with anyio.create_task_group() as tg:
+            # Serving starts now; the task logs "service ready" once the workers joined
+            # (remote hosts may take minutes to be scheduled: /livez answers meanwhile).
             tg.start_soon(train, service, settings)
             app.state.service = service
-            log.info("service ready: %d workers", settings.workers)
+            log.info("service started: waiting for %d workers (%d local, %d remote)%s",
+                     settings.workers + settings.remote_workers, settings.workers,
+                     settings.remote_workers,
+                     f" at {service.collector.endpoint}" if settings.listen else "")
             try:
                 yield
             finally:
@@ -187,6 +231,7 @@ async def status(request: Request) -> JSONResponse:
         "paused": stats.paused,
         "episode_return_mean": stats.episode_return_mean,
         "updates": service.updates,
+        "ready": service.ready,
         "error": service.error,
         "workers": [
             {"index": w.index, "name": w.name, "host": w.host, "pid": w.pid, "state": w.state,
@@ -194,6 +239,22 @@ async def status(request: Request) -> JSONResponse:
              "heartbeat_age": w.heartbeat_age, "exit_code": w.exit_code}
             for w in stats.workers],
     })
+
+
+async def livez(request: Request) -> JSONResponse:
+    """Liveness: the app answers, and its training task has not failed."""
+    error = _service(request).error
+    return JSONResponse({"alive": error is None, "error": error},
+                        status_code=200 if error is None else 503)
+
+
+async def readyz(request: Request) -> JSONResponse:
+    """Readiness: every expected worker joined and training runs."""
+    service = _service(request)
+    workers = service.collector.statistics().workers
+    joined = sum(1 for w in workers if w.state in ("collecting", "idle"))
+    return JSONResponse({"ready": service.ready, "workers": joined, "error": service.error},
+                        status_code=200 if service.ready else 503)
 
 
 async def metrics(request: Request) -> Response:
@@ -223,6 +284,8 @@ async def resume(request: Request) -> JSONResponse:
 
 app = Starlette(
     routes=[
+        Route("/livez", livez),
+        Route("/readyz", readyz),
         Route("/status", status),
         Route("/metrics", metrics),
         Route("/weights", weights, methods=["POST"]),

@@ -31,7 +31,8 @@ FLOORS: list[set[str]] = [
     {"asyncrl._worker", "asyncrl._coordinator", "asyncrl._inference"},
     {"asyncrl.collectors", "asyncrl.launch", "asyncrl.testing"},
     {"asyncrl.collectors.multi", "asyncrl.collectors.batched"},
-    {"asyncrl", "asyncrl.cli", "asyncrl.metrics", "asyncrl.collectors.__init__"},
+    {"asyncrl", "asyncrl.cli", "asyncrl._cli_env", "asyncrl.__main__", "asyncrl.metrics",
+     "asyncrl.collectors.__init__"},
 ]
 #: Imports that point up on purpose, with the reason.
 UPWARD_ALLOWED = {
@@ -41,8 +42,8 @@ UPWARD_ALLOWED = {
 }
 #: The flat modules asyncrl/ keeps: its face, the error tree, the messages, the CLI,
 #: metrics and the test doubles.
-FLAT = {"__init__.py", "_errors.py", "_protocol.py", "cli.py", "metrics.py", "testing.py",
-        "__main__.py"}
+FLAT = {"__init__.py", "__main__.py", "_errors.py", "_protocol.py", "cli.py", "_cli_env.py",
+        "metrics.py", "testing.py"}
 
 
 def _modules() -> list[str]:

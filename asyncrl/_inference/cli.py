@@ -11,6 +11,8 @@ from typing import Any
 
 import anyio
 
+from .._observe.probes import ProbeServer, add_probe_options
+
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser(
@@ -36,6 +38,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--app-dir", default=".", metavar="DIR",
                    help="put DIR on sys.path to resolve --env (default: the current directory)")
     p.add_argument("--backend", choices=("asyncio", "trio"), default="asyncio")
+    add_probe_options(p)
 
 
 def run_env_worker_command(args: argparse.Namespace) -> int:
@@ -51,13 +54,26 @@ def run_env_worker_command(args: argparse.Namespace) -> int:
     if app_dir not in sys.path:
         sys.path.insert(0, app_dir)
 
+    admitted = False
+
+    def admission(value: bool) -> None:
+        nonlocal admitted
+        admitted = value
+
     async def main() -> int:
         code = 0  # stopped by a signal
+        server = None
+        if args.probe_port is not None:  # liveness, and readiness: welcomed by the collector
+            server = ProbeServer(lambda: {"ready": admitted}, host=args.probe_host,
+                                 port=args.probe_port)
+            await server.bind()
         async with anyio.create_task_group() as tg:
             tg.start_soon(_stop_on_signal, tg.cancel_scope)
+            if server is not None:
+                await tg.start(server.serve)
             code = await run_remote_env_worker(
                 args.connect, args.env, envs=args.envs, peer_timeout=args.peer_timeout,
-                join_timeout=args.join_timeout, curve_keys=args.keys)
+                join_timeout=args.join_timeout, curve_keys=args.keys, on_admission=admission)
             tg.cancel_scope.cancel()
         return code
 

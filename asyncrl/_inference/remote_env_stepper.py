@@ -161,11 +161,14 @@ async def run_remote_env_worker(connect: str, env: Any, *, envs: int = 1,
                                 create_env_kwargs: Mapping[str, Any] | None = None,
                                 peer_timeout: float = 10.0,
                                 join_timeout: float = 60.0,
-                                curve_keys: str | None = None) -> int:
+                                curve_keys: str | None = None,
+                                on_admission: Callable[[bool], None] | None = None) -> int:
     """Join the collector at ``connect``, step ``envs`` envs until it says close.
 
     0 when the collector closed (or went away), 1 on an error (reported to the
     collector when it can still hear us); a refusal raises :class:`RefusedError`.
+    ``on_admission`` is told True once welcomed and False when that ends (the
+    readiness probe of ``asyncrl env-worker --probe-port``).
     """
     interval = min(1.0, peer_timeout / 4)
     curve = CurveClient.from_dir(curve_keys) if curve_keys is not None else None
@@ -186,6 +189,8 @@ async def run_remote_env_worker(connect: str, env: Any, *, envs: int = 1,
             config, obs, act = welcome_config(message.body, pool, heartbeat_interval=interval,
                                               peer_timeout=peer_timeout)
             stepper = RemoteStepper(config, pool=pool, blocks=(obs, act))
+            if on_admission is not None:
+                on_admission(True)
             try:
                 await stepper.run(link)
                 return 0
@@ -198,6 +203,8 @@ async def run_remote_env_worker(connect: str, env: Any, *, envs: int = 1,
                     await link.send(ErrorPayload.from_exception(exc).to_body(), kind=ERROR)
                 raise
     finally:
+        if on_admission is not None:
+            on_admission(False)
         if stepper is not None:
             stepper.close()
         else:

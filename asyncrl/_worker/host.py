@@ -20,6 +20,8 @@ import anyio
 
 from transports import random_identity
 
+from .._observe.probes import DEFAULT_HOST as DEFAULT_PROBE_HOST
+from .._observe.probes import AdmissionBoard, ProbeServer
 from .._spawn.processes import WorkerProcesses
 from .entry import host_worker_processes
 from .spec import WorkerSpec
@@ -46,7 +48,8 @@ class HostWorkers:
     def __init__(self, connect: str, spec: WorkerSpec, *, workers: int, relay: bool = True,
                  peer_timeout: float = 10.0, reconnect: bool = False,
                  curve_keys: str | None = None, backend: str = "asyncio",
-                 log_config: dict[str, Any] | None = None) -> None:
+                 log_config: dict[str, Any] | None = None, probe_port: int | None = None,
+                 probe_host: str = DEFAULT_PROBE_HOST) -> None:
         if workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers}")
         self.connect = connect
@@ -61,6 +64,10 @@ class HostWorkers:
         tag = f"{socket.gethostname()}-{os.getpid()}"
         self.identities = [random_identity(f"{tag}-w{i}") for i in range(workers)]
         self.processes: list[BaseProcess] = []
+        #: Liveness and readiness over HTTP (asyncrl._observe.probes) on this port, if any.
+        self.probe_port = probe_port
+        self.probe_host = probe_host
+        self.admission: AdmissionBoard | None = None
 
     def run(self) -> int:
         """Start the workers, wait until they all exit; return the exit code that matters."""
@@ -71,13 +78,38 @@ class HostWorkers:
         codes = [p.exitcode or 0 for p in self.processes]
         return max(codes, key=abs) if any(codes) else 0
 
+    def probe_state(self) -> dict[str, Any]:
+        """Ready when every worker process runs and a collector admitted each of them."""
+        admitted = self.admission.admitted() if self.admission is not None else []
+        alive = [p.is_alive() for p in self.processes]
+        ready = (len(alive) == len(self.identities) and all(alive) and all(admitted)
+                 and len(admitted) == len(alive))
+        return {"ready": ready, "workers": len(self.identities), "alive": sum(alive),
+                "admitted": sum(admitted)}
+
     async def _run(self) -> None:
+        server = None
+        if self.probe_port is not None:
+            self.admission = AdmissionBoard(self.identities)
+            server = ProbeServer(self.probe_state, host=self.probe_host, port=self.probe_port)
+            await server.bind()  # a port in use is a plain OSError, before any worker starts
+        async with anyio.create_task_group() as probes:
+            if server is not None:
+                await probes.start(server.serve)
+            try:
+                await self._run_workers()
+            finally:
+                probes.cancel_scope.cancel()
+
+    async def _run_workers(self) -> None:
         async with AsyncExitStack() as stack:
             options: dict[str, Any] = {
                 "peer_timeout": self.peer_timeout,
                 "heartbeat_interval": heartbeat_interval(self.peer_timeout),
                 "reconnect": self.reconnect, "curve_keys": self.curve_keys,
                 "log_config": self.log_config}
+            if self.admission is not None:
+                options["admission"] = self.admission
             if self.relay:
                 from .relay import HostRelay
 

@@ -14,7 +14,9 @@ import os
 import signal
 import socket
 from collections import deque
+from collections.abc import Callable
 from contextlib import AsyncExitStack
+from functools import partial
 from typing import Any
 
 import anyio
@@ -67,8 +69,12 @@ class Worker:
     def __init__(self, link: Link, spec: WorkerSpec, *, slot: int = -1, token: str = "",
                  parent_pid: int | None = None, reconnect: bool = False,
                  reconnect_timeout: float = 3600.0, relay_link: Link | None = None,
-                 relay_name: str = "", handle_signals: bool = False) -> None:
+                 relay_name: str = "", handle_signals: bool = False,
+                 on_admission: Callable[[bool], None] | None = None) -> None:
         self.link = link
+        #: Told True when a coordinator welcomed us, False when that admission ended
+        #: (what a worker host's readiness probe reports; see asyncrl._observe.probes).
+        self.on_admission = on_admission
         #: Stop cleanly on SIGTERM/SIGINT (a process's main thread only: signal handlers).
         self.handle_signals = handle_signals
         self._leaving = False  # a signal asked us to stop: told the coordinator, awaiting close
@@ -176,10 +182,14 @@ class Worker:
                     self._exit = exc  # no coordinator yet: with `reconnect`, wait for one
                 else:
                     self._exit = None
-                    async with anyio.create_task_group() as tg:
-                        for task in (self._collect_loop, self._weights.send_acks,
-                                     self._dispatch_loop, self._relay.receive_weights):
-                            tg.start_soon(self._until_exit, task, tg.cancel_scope)
+                    self._admitted(True)
+                    try:
+                        async with anyio.create_task_group() as tg:
+                            for task in (self._collect_loop, self._weights.send_acks,
+                                         self._dispatch_loop, self._relay.receive_weights):
+                                tg.start_soon(self._until_exit, task, tg.cancel_scope)
+                    finally:
+                        self._admitted(False)
                 if self._exit is None:
                     return EXIT_OK
                 if self._exit.code == EXIT_REJOIN:
@@ -199,6 +209,10 @@ class Worker:
             return exc.code
         finally:
             self._close_envs()
+
+    def _admitted(self, admitted: bool) -> None:
+        if self.on_admission is not None:
+            self.on_admission(admitted)
 
     async def _until_exit(self, task: Any, scope: anyio.CancelScope) -> None:
         """Run one of the worker's loops; the first to finish or exit stops them all."""
@@ -457,7 +471,7 @@ async def run_worker(endpoint: str, spec: WorkerSpec, *, identity: bytes | None 
                      reconnect: bool = False, reconnect_timeout: float = 3600.0,
                      curve_keys: str | None = None, relay: str | None = None,
                      relay_name: bytes | str = b"", handle_signals: bool = False,
-                     **link_options: Any) -> int:
+                     admission: Any = None, **link_options: Any) -> int:
     """Connect to the coordinator at ``endpoint`` and serve until told to close.
 
     With ``reconnect=True`` a worker whose coordinator went silent waits (up to
@@ -485,8 +499,9 @@ async def run_worker(endpoint: str, spec: WorkerSpec, *, identity: bytes | None 
                      peer_timeout=peer_timeout))
         if isinstance(relay_name, bytes):
             relay_name = relay_name.decode(errors="replace")
+        on_admission = None if admission is None else partial(admission.set, link.identity)
         worker = Worker(link, spec, slot=slot, token=token, parent_pid=parent_pid,
                         reconnect=reconnect, reconnect_timeout=reconnect_timeout,
                         relay_link=relay_link, relay_name=relay_name,
-                        handle_signals=handle_signals)
+                        handle_signals=handle_signals, on_admission=on_admission)
         return await worker.run()

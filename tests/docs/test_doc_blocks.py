@@ -131,12 +131,19 @@ def _split_command_list(line: str) -> list[str]:
 
 
 def _check_command(block: CodeBlock, argv: list[str]) -> None:
+    environ = {}
     while argv and "=" in argv[0] and not argv[0].startswith("-"):  # VAR=value cmd
+        name, _, value = argv[0].partition("=")
+        environ[name] = value
         argv = argv[1:]
     program = Path(argv[0]).name
     args = argv[1:]
     if program == "asyncrl":
-        _check_cli(block, args)
+        _check_cli(block, args, environ)
+    elif program == "docker":
+        _check_docker(block, args)
+    elif program == "kubectl":
+        _check_kubectl(block, args)
     elif program.startswith("python"):
         _check_python_command(block, args)
     elif program == "bash":
@@ -149,13 +156,60 @@ def _check_command(block: CodeBlock, argv: list[str]) -> None:
             "tests/docs/test_doc_blocks.py or write the block as text")
 
 
-def _check_cli(block: CodeBlock, args: list[str]) -> None:
+def _check_cli(block: CodeBlock, args: list[str], environ: dict[str, str] | None = None) -> None:
+    from asyncrl._cli_env import check_environment
     from asyncrl.cli import build_parser
 
     try:
-        build_parser().parse_args(args)
+        parser = build_parser(environ or {})  # ASYNCRL_* given on the line count
+        check_environment(parser, parser.parse_args(args))
     except SystemExit as exc:
-        pytest.fail(f"{block.id}: 'asyncrl {' '.join(args)}' does not parse (exit {exc.code})")
+        if exc.code not in (0, None):  # --help and --version exit 0
+            pytest.fail(f"{block.id}: 'asyncrl {' '.join(args)}' does not parse "
+                        f"(exit {exc.code})")
+
+
+#: What `asyncrl keys generate DIR` writes (a Secret made from them names these).
+_KEY_FILES = {"coordinator.key", "coordinator.key_secret", "worker.key", "worker.key_secret"}
+
+
+def _check_docker(block: CodeBlock, args: list[str]) -> None:
+    """`docker build`: the Dockerfile and its build arguments exist; `docker run IMAGE
+    ARGS`: ARGS are an `asyncrl` command line (the image's entrypoint)."""
+    if args[0] == "build":
+        dockerfile = (ROOT / "Dockerfile").read_text()
+        for i, arg in enumerate(args):
+            if arg == "--build-arg":
+                name = args[i + 1].split("=", 1)[0]
+                assert f"ARG {name}" in dockerfile, f"{block.id}: the Dockerfile has no {name}"
+        assert args[-1] == ".", f"{block.id}: build from the repository root"
+    elif args[0] == "run":
+        rest = args[1:]
+        while rest and rest[0].startswith("-"):
+            rest = rest[1:]
+        _check_cli(block, rest[1:])
+    else:
+        pytest.fail(f"{block.id}: the doc tests cannot check 'docker {args[0]}'")
+
+
+def _check_kubectl(block: CodeBlock, args: list[str]) -> None:
+    """Files and directories it applies exist; Secrets are made of `asyncrl keys` files;
+    the deployments and services it names are in deploy/."""
+    import yaml
+
+    names = {f"{d['kind'].lower()}/{d['metadata']['name']}"
+             for p in (ROOT / "deploy").rglob("*.yaml") for d in yaml.safe_load_all(p.read_text())
+             if d and "metadata" in d}
+    for i, arg in enumerate(args):
+        if arg in ("-f", "-k"):
+            assert (ROOT / args[i + 1]).exists(), f"{block.id}: {args[i + 1]} does not exist"
+        elif arg.startswith("--from-file="):
+            path = arg.split("=")[-1]
+            assert Path(path).name in _KEY_FILES, f"{block.id}: {path} is no key file"
+        elif "/" in arg and arg.split("/", 1)[0] in ("deployment", "service"):
+            assert arg in names, f"{block.id}: no {arg} in deploy/"
+    if args[:2] == ["get", "rayjob"]:
+        assert f"rayjob/{args[2]}" in names, f"{block.id}: no RayJob {args[2]} in deploy/"
 
 
 def _check_python_command(block: CodeBlock, args: list[str]) -> None:

@@ -58,7 +58,10 @@ async def test_every_endpoint_and_a_clean_lifespan_exit(
                 status = await wait_for(client, "frames and a pushed version",
                                         lambda s: s["frames"] > 0 and s["policy_version"] >= 1)
                 assert {"frames", "fps", "policy_version", "workers"} <= set(status)
-                assert status["error"] is None
+                assert status["error"] is None and status["ready"] is True
+                assert (await client.get("/livez")).status_code == 200
+                ready = await client.get("/readyz")
+                assert (ready.status_code, ready.json()["workers"]) == (200, 2)
                 assert len(status["workers"]) == 2
                 pids = [w["pid"] for w in status["workers"]]
                 assert sorted(pids) == sorted(service.collector.worker_pids)
@@ -83,6 +86,57 @@ async def test_every_endpoint_and_a_clean_lifespan_exit(
                 await wait_for(client, "frames after resume", lambda s: s["frames"] > frames)
     assert not any(alive(pid) for pid in pids)
     assert service.collector.worker_pids == []
+
+
+@pytest.mark.anyio
+async def test_ready_once_a_remote_worker_host_joined(
+        anyio_backend: str, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The multi-node shape of docs/deploy.md: one local worker, one `asyncrl worker` host."""
+    settings = {"ASYNCRL_WORKERS": "1", "ASYNCRL_REMOTE_WORKERS": "1",
+                "ASYNCRL_LISTEN": "tcp://127.0.0.1:0", "ASYNCRL_ON_WORKER_LOSS": "continue",
+                "ASYNCRL_FRAMES_PER_BATCH": "64"}
+    for key, value in settings.items():
+        monkeypatch.setenv(key, value)
+    from examples.service import app
+
+    caplog.set_level("INFO", logger="examples.service")
+    host = None
+    with anyio.fail_after(LIMIT):
+        async with app.router.lifespan_context(app):
+            service = app.state.service
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://service") as client:
+                assert (await client.get("/livez")).status_code == 200
+                assert (await client.get("/readyz")).status_code == 503  # no remote host yet
+                assert "service ready" not in caplog.text
+                env = {k: v for k, v in os.environ.items() if not k.startswith("ASYNCRL_")}
+                host = subprocess.Popen(
+                    [sys.executable, "-m", "asyncrl", "worker", "--env", "CartPole-v1",
+                     "--policy", "examples.service:make_policy"], cwd=ROOT,
+                    env={**env, "PYTHONPATH": str(ROOT),
+                         "ASYNCRL_CONNECT": service.collector.endpoint},
+                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                    start_new_session=True)
+                try:
+                    while (await client.get("/readyz")).status_code != 200:
+                        await anyio.sleep(0.1)
+                    assert "service ready: 2 workers joined (1 local, 1 remote)" in caplog.text
+                    status = await wait_for(client, "frames from both workers", lambda s: all(
+                        w["frames"] > 0 for w in s["workers"]) and len(s["workers"]) == 2)
+                    assert {w["host"] for w in status["workers"]}  # named
+                    os.killpg(host.pid, signal.SIGKILL)  # the remote host dies: "continue"
+                    host.wait(LIMIT)
+                    await wait_for(client, "the lost host", lambda s: "lost" in [
+                        w["state"] for w in s["workers"]])
+                    frames = (await client.get("/status")).json()["frames"]
+                    await wait_for(client, "frames after the loss", lambda s: s["frames"] > frames)
+                    assert (await client.get("/livez")).status_code == 200
+                    assert (await client.get("/status")).json()["error"] is None
+                finally:
+                    if host.poll() is None:
+                        os.killpg(host.pid, signal.SIGKILL)
+                        host.wait(LIMIT)
 
 
 def _free_port() -> int:
@@ -138,6 +192,7 @@ def test_sigterm_stops_the_service_cleanly_with_no_worker_left(command: str, gro
     expected = (0, -signal.SIGTERM) if command == "uvicorn" else (0,)
     assert process.returncode in expected, output
     assert "Application shutdown complete" in output, output
+    assert "examples.service: service ready: 2 workers joined" in output, output
     assert "examples.service: service stopped" in output, output
     assert "asyncrl.collectors: MultiAsyncCollector closed" in output, output
     assert "Traceback" not in output and "ERROR" not in output, output
