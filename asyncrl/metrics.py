@@ -11,8 +11,11 @@ Totals: ``asyncrl_frames_total``, ``asyncrl_batches_total``, ``asyncrl_episodes_
 ``asyncrl_policy_lag``, ``asyncrl_episode_return_mean`` (once an episode ended),
 ``asyncrl_paused`` and ``asyncrl_workers{state}`` (gauges).
 
-Per worker (labels ``worker``, ``host``, ``pid``; lost workers included):
-``asyncrl_worker_state{state}`` (1 for its state, 0 for the others),
+Per worker slot (labels ``worker``, the slot's index, and ``host``): one series per
+slot however often its process was restarted, for the newest worker in the slot
+(a lost one stays until a replacement takes the slot); ``asyncrl_worker_pid``
+(gauge) names its current process. ``asyncrl_worker_state{state}`` (1 for its
+state, 0 for the others),
 ``asyncrl_worker_frames_total``, ``asyncrl_worker_batches_total``,
 ``asyncrl_worker_ahead``, ``asyncrl_worker_last_batch_age_seconds``,
 ``asyncrl_worker_heartbeat_age_seconds`` (live workers) and
@@ -29,7 +32,7 @@ from each ``send_async`` to its last acknowledgement.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 try:
@@ -48,10 +51,10 @@ except ImportError as exc:  # pragma: no cover - exercised with the extra missin
     ) from exc
 
 from ._observe.latency import LatencyHistogram
-from ._observe.statistics import WorkerState
+from ._observe.statistics import WorkerState, WorkerStatistics
 
 STATES: tuple[WorkerState, ...] = ("joining", "collecting", "idle", "lost")
-WORKER_LABELS = ["worker", "host", "pid"]
+WORKER_LABELS = ["worker", "host"]
 
 
 class CollectorMetrics(_PrometheusCollector):
@@ -132,8 +135,11 @@ class CollectorMetrics(_PrometheusCollector):
         exit_code = GaugeMetricFamily("asyncrl_worker_exit_code",
                                       "A lost local worker's exit code (negative: signal).",
                                       labels=wl)
-        for w in stats.workers:
-            lv = [*values, str(w.index), w.host, str(w.pid)]
+        pid = GaugeMetricFamily("asyncrl_worker_pid", "The process id of the slot's worker.",
+                                labels=wl)
+        for w in newest_per_slot(stats.workers):
+            lv = [*values, str(w.index), w.host]
+            pid.add_metric(lv, w.pid)
             for s in STATES:
                 state.add_metric([*lv, s], int(w.state == s))
             frames.add_metric(lv, w.frames)
@@ -145,7 +151,7 @@ class CollectorMetrics(_PrometheusCollector):
                 heard.add_metric(lv, w.heartbeat_age)
             if w.exit_code is not None:
                 exit_code.add_metric(lv, w.exit_code)
-        yield from (state, frames, batches, ahead, batch_age, heard, exit_code)
+        yield from (state, frames, batches, ahead, batch_age, heard, exit_code, pid)
 
         latency = HistogramMetricFamily("asyncrl_weight_sync_seconds",
                                         "Weight sends: seconds from the send to the last "
@@ -154,6 +160,20 @@ class CollectorMetrics(_PrometheusCollector):
             latency.add_metric([*values, model_id], _buckets(histogram),
                                sum_value=histogram.sum)
         yield latency
+
+
+def newest_per_slot(workers: Iterable[WorkerStatistics]) -> list[WorkerStatistics]:
+    """One row per worker slot: its live worker, else the last one it had (lost).
+
+    A restarted slot keeps its index, so its series go on instead of a new one
+    per process id; rows come in admission order, so the later one wins.
+    """
+    slots: dict[int, WorkerStatistics] = {}
+    for worker in workers:
+        held = slots.get(worker.index)
+        if held is None or held.state == "lost" or worker.state != "lost":
+            slots[worker.index] = worker
+    return list(slots.values())
 
 
 def weight_sync_histograms(collector: Any) -> dict[str, LatencyHistogram]:
@@ -168,4 +188,4 @@ def _buckets(histogram: LatencyHistogram) -> list[tuple[str, float]]:
             for bound, count in histogram.cumulative()]
 
 
-__all__ = ["CollectorMetrics", "weight_sync_histograms"]
+__all__ = ["CollectorMetrics", "newest_per_slot", "weight_sync_histograms"]

@@ -92,17 +92,34 @@ class CollectorStatistics:
 
 
 class RateMeter:
-    """Frames per second over the deliveries of the last ``window`` seconds."""
+    """Frames per second delivered over the last ``window`` seconds; 0 once frames stop.
+
+    The rate is the frames delivered in ``(now - window, now]`` over ``window``;
+    during the first window after the first delivery, the frames after it over
+    the time since (the first delivery only opens the interval). When deliveries
+    stop, the rate falls to 0 within ``window`` seconds (a gauge that kept the
+    last rate would say a stalled run is collecting).
+
+    >>> now = [0.0]
+    >>> meter = RateMeter(window=10.0, clock=lambda: now[0])
+    >>> meter.add(100); now[0] = 1.0; meter.add(100); meter.rate()
+    100.0
+    >>> now[0] = 12.0; meter.rate()
+    0.0
+    """
 
     def __init__(self, window: float = 10.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.window = window
         self._clock = clock
         self._samples: deque[tuple[float, int]] = deque()
-        self._frames = 0  # frames in _samples (the oldest only opens the interval)
+        self._frames = 0  # frames in _samples
+        self._first: float | None = None  # when the first delivery came
 
     def add(self, frames: int) -> None:
         now = self._clock()
+        if self._first is None:
+            self._first = now
         self._samples.append((now, frames))
         self._frames += frames
         self._trim(now)
@@ -110,17 +127,18 @@ class RateMeter:
     def rate(self) -> float:
         now = self._clock()
         self._trim(now)
-        if len(self._samples) < 2:
+        if self._first is None or not self._samples:
             return 0.0
-        first = self._samples[0][0]
-        return float((self._frames - self._samples[0][1]) / max(now - first, 1e-9))
+        if now - self._first < self.window:  # still in the first window
+            opened = self._samples[0][1] if self._samples[0][0] == self._first else 0
+            elapsed = now - self._first
+            return float((self._frames - opened) / elapsed) if elapsed > 0 else 0.0
+        return float(self._frames / self.window)
 
     def _trim(self, now: float) -> None:
-        while len(self._samples) > 2 and now - self._samples[0][0] > self.window:
-            _, frames = self._samples.popleft()
-            self._frames -= frames
-        while len(self._samples) > 4096:  # bounded, whatever the batch rate
-            _, frames = self._samples.popleft()
+        samples = self._samples
+        while samples and (now - samples[0][0] >= self.window or len(samples) > 4096):
+            _, frames = samples.popleft()  # bounded, whatever the batch rate
             self._frames -= frames
 
 

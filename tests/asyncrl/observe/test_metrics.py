@@ -69,21 +69,37 @@ def test_the_exposition_reads_the_snapshot() -> None:
         'asyncrl_workers{state="collecting"} 1.0',
         'asyncrl_workers{state="lost"} 1.0',
         'asyncrl_workers{state="joining"} 0.0',
-        'asyncrl_worker_state{host="h",pid="101",state="lost",worker="1"} 1.0',
-        'asyncrl_worker_state{host="h",pid="101",state="idle",worker="1"} 0.0',
-        'asyncrl_worker_frames_total{host="h",pid="100",worker="0"} 512.0',
-        'asyncrl_worker_batches_total{host="h",pid="101",worker="1"} 2.0',
-        'asyncrl_worker_ahead{host="h",pid="100",worker="0"} 1.0',
-        'asyncrl_worker_last_batch_age_seconds{host="h",pid="101",worker="1"} 3.0',
-        'asyncrl_worker_heartbeat_age_seconds{host="h",pid="100",worker="0"} 0.25',
-        'asyncrl_worker_exit_code{host="h",pid="101",worker="1"} -9.0',
+        'asyncrl_worker_state{host="h",state="lost",worker="1"} 1.0',
+        'asyncrl_worker_state{host="h",state="idle",worker="1"} 0.0',
+        'asyncrl_worker_frames_total{host="h",worker="0"} 512.0',
+        'asyncrl_worker_batches_total{host="h",worker="1"} 2.0',
+        'asyncrl_worker_ahead{host="h",worker="0"} 1.0',
+        'asyncrl_worker_last_batch_age_seconds{host="h",worker="1"} 3.0',
+        'asyncrl_worker_heartbeat_age_seconds{host="h",worker="0"} 0.25',
+        'asyncrl_worker_exit_code{host="h",worker="1"} -9.0',
     ]:
         assert line in lines, line
+    assert 'asyncrl_worker_pid{host="h",worker="0"} 100.0' in lines
     # Only live workers have a heartbeat age, only lost ones an exit code.
-    assert not any(line.startswith("asyncrl_worker_heartbeat_age_seconds{") and 'pid="101"'
+    assert not any(line.startswith("asyncrl_worker_heartbeat_age_seconds{") and 'worker="1"'
                    in line for line in lines)
-    assert not any(line.startswith("asyncrl_worker_exit_code{") and 'pid="100"' in line
+    assert not any(line.startswith("asyncrl_worker_exit_code{") and 'worker="0"' in line
                    for line in lines)
+
+
+def test_a_restarted_slot_keeps_one_series_for_its_newest_process() -> None:
+    restarted = CollectorStatistics(workers=(
+        WorkerStatistics(0, "w0", "h", 100, "lost", frames=64, exit_code=-9),
+        WorkerStatistics(1, "w1", "h", 101, "collecting", frames=32),
+        WorkerStatistics(0, "w0", "h", 102, "collecting", frames=16),
+        WorkerStatistics(1, "w1", "h", 103, "joining"),  # admission order: the later one wins
+    ))
+    lines = scrape(Snapshot(restarted))
+    pids = sorted(line for line in lines if line.startswith("asyncrl_worker_pid{"))
+    assert pids == ['asyncrl_worker_pid{host="h",worker="0"} 102.0',
+                    'asyncrl_worker_pid{host="h",worker="1"} 103.0']
+    assert 'asyncrl_worker_frames_total{host="h",worker="0"} 16.0' in lines
+    assert not any(line.startswith("asyncrl_worker_exit_code{") for line in lines)
 
 
 def test_labels_tell_collectors_apart_and_unregister_stops_export() -> None:

@@ -81,8 +81,14 @@ def test_rate_meter_counts_frames_over_its_window() -> None:
     now[0] -= 1.0
     assert meter.rate() == pytest.approx(400 / 4.0)  # the first sample opens the interval
     now[0] += 100.0
+    assert meter.rate() == 0.0  # frames stopped: the gauge says so within a window
     meter.add(100)
-    assert meter.rate() == pytest.approx(100 / 100.0)  # old samples trimmed to two
+    assert meter.rate() == pytest.approx(100 / 10.0)  # frames of the last window, over it
+    now[0] += 5.0
+    meter.add(50)
+    assert meter.rate() == pytest.approx(150 / 10.0)
+    now[0] += 9.0
+    assert meter.rate() == pytest.approx(50 / 10.0)  # the first of the two left the window
 
 
 def test_latency_histogram_is_cumulative() -> None:
