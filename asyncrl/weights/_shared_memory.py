@@ -205,7 +205,7 @@ class SharedMemWeightSender(WeightSender):
                 # step, or not due under max_interval): grow rather than wait or tear.
                 return self._new_buffer(flat)
             with anyio.move_on_after(remaining):
-                await pending[0].done.wait()
+                await _first_done(pending)
 
     def _new_buffer(self, flat: Mapping[str, torch.Tensor]) -> _Buffer:
         buffer = _Buffer(SharedTensorBlock.create(flat, slots=1))
@@ -232,6 +232,17 @@ class SharedMemWeightSender(WeightSender):
         for buffer in buffers:
             buffer.close()
         self._pinned = None
+
+
+async def _first_done(tickets: list[Ticket]) -> None:
+    """Return once any of ``tickets`` is done (an ack that may free a buffer)."""
+    async with anyio.create_task_group() as tg:
+        async def one(ticket: Ticket) -> None:
+            await ticket.done.wait()
+            tg.cancel_scope.cancel()
+
+        for ticket in tickets:
+            tg.start_soon(one, ticket)
 
 
 def _applied_version(result: Any) -> int:
