@@ -214,6 +214,8 @@ class SharedMemWeightSender(WeightSender):
 
     def _release(self, keep: _Buffer) -> None:
         """Unlink stale buffers and those beyond ``slots`` that nobody reads any more."""
+        if len(self._buffers) <= self.slots and not any(b.stale for b in self._buffers):
+            return  # the common case: nothing to give back
         used = self.versions_in_use()
         live = sum(1 for b in self._buffers if not b.stale)
         kept = []
