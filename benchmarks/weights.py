@@ -47,12 +47,13 @@ import zmq
 from torch import nn
 
 from asyncrl.weights import (
+    LiveSharedMemWeightSyncScheme,
     SharedMemWeightSyncScheme,
     WeightReceiverGroup,
     WeightSyncScheme,
     ZmqWeightSyncScheme,
 )
-from transports import Hub, Link, Message
+from transports import Hub, Link, Message, copy_into
 
 #: name -> (layer widths, repetitions in the full run)
 SIZES: dict[str, tuple[tuple[int, ...], int]] = {
@@ -71,6 +72,8 @@ QUICK_SIZES: dict[str, tuple[tuple[int, ...], int]] = {
     "1M": ((512, 1024, 512, 4), 5),
 }
 WORKERS = 2
+#: Prefix of the result keys holding the ``send_async`` (push) times.
+PUSH = "push:"
 LIVENESS: dict[str, Any] = {"heartbeat_interval": 1.0, "peer_timeout": 60.0}
 
 
@@ -158,15 +161,19 @@ async def bench_asyncrl(scheme: WeightSyncScheme, sizes: dict[str, tuple[tuple[i
                 model = mlp(widths)
                 sender = WeightSyncScheme.from_config(scheme.to_config()).init_on_sender(
                     name, hub=hub, model=model, workers=peers)
-                times = []
+                times, pushes = [], []
                 for rep in range(reps + 2):  # two warm-up rounds
                     fill_(model, float(rep))
                     start = time.perf_counter()
-                    await sender.send(timeout=120)
+                    await sender.send_async()
+                    pushed = time.perf_counter()
+                    await sender.wait_ack(timeout=120)
                     if rep >= 2:
                         times.append(time.perf_counter() - start)
+                        pushes.append(pushed - start)
                 await sender.aclose()
                 results[name] = times
+                results[PUSH + name] = pushes
             await _stop(hub, peers)
         finally:
             await _reap(procs)
@@ -385,6 +392,41 @@ def p50_ms(times: list[float]) -> float:
     return statistics.median(times) * 1e3
 
 
+def bench_memcpy(sizes: dict[str, tuple[tuple[int, ...], int]]) -> dict[str, list[float]]:
+    """The limit of a safe push: one copy of the parameters into warm, preallocated memory.
+
+    The same per-tensor ``copy_into`` (one plain memcpy each) that a shared-memory
+    send makes into its buffer.
+    """
+    results: dict[str, list[float]] = {}
+    for name, (widths, reps) in sizes.items():
+        source = [p.detach() for p in mlp(widths).parameters()]
+        destination = [torch.empty_like(t) for t in source]
+        times = []
+        for rep in range(reps + 2):
+            start = time.perf_counter()
+            for dst, src in zip(destination, source, strict=True):
+                copy_into(dst, src)
+            if rep >= 2:
+                times.append(time.perf_counter() - start)
+        results[name] = times
+    return results
+
+
+#: The latency rows: label -> what runs them (an asyncrl scheme, or a TorchRL kind).
+def latency_rows(torchrl: bool) -> list[tuple[str, WeightSyncScheme | str]]:
+    rows: list[tuple[str, WeightSyncScheme | str]] = [
+        ("asyncrl ZmqWeightSyncScheme (ipc)", ZmqWeightSyncScheme()),
+        ("asyncrl SharedMemWeightSyncScheme (safe, zero-copy)", SharedMemWeightSyncScheme()),
+        ("asyncrl LiveSharedMemWeightSyncScheme (live, opt-in)",
+         LiveSharedMemWeightSyncScheme()),
+    ]
+    if torchrl:
+        rows += [("TorchRL MultiProcessWeightSyncScheme", "mp"),
+                 ("TorchRL SharedMemWeightSyncScheme", "shm")]
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.weights",
                                      description=__doc__.splitlines()[0])
@@ -393,6 +435,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", help="comma-separated size names, e.g. 4k,2M,50M "
                         f"(known: {', '.join(dict.fromkeys([*SIZES, *EXTRA_SIZES]))})")
     parser.add_argument("--reps", type=int, help="repetitions per size (default: per size)")
+    parser.add_argument("--rounds", type=int, default=2,
+                        help="interleaved rounds over all rows (medians pool them; default 2)")
     parser.add_argument("--no-bandwidth", action="store_true", help="skip the tcp bandwidth rows")
     parser.add_argument("--rapid", action="store_true",
                         help="only the memory of 50 rapid sends to 2 slow workers")
@@ -412,44 +456,86 @@ def main(argv: list[str] | None = None) -> int:
         sizes = {n: known[n] for n in args.sizes.split(",")}
     if args.reps:
         sizes = {n: (widths, args.reps) for n, (widths, _) in sizes.items()}
+    rounds = 1 if args.quick else max(1, args.rounds)
     started = time.monotonic()
+    torchrl = not args.no_torchrl and _has_torchrl()
+    biggest = list(sizes)[-1]
+    widths = sizes[biggest][0]
+    nbytes = n_params(mlp(widths)) * 4
 
     rows: dict[str, dict[str, list[float]] | None] = {}
-    with tempfile.TemporaryDirectory(prefix="asyncrl-bench-") as tmp:
-        for label, scheme in [("asyncrl ZmqWeightSyncScheme (ipc)", ZmqWeightSyncScheme()),
-                              ("asyncrl SharedMemWeightSyncScheme", SharedMemWeightSyncScheme())]:
-            progress(label)
-            rows[label] = anyio.run(bench_asyncrl, scheme, sizes, f"ipc://{tmp}/{len(rows)}")
-    if not args.no_torchrl:
-        for label, kind in [("TorchRL MultiProcessWeightSyncScheme", "mp"),
-                            ("TorchRL SharedMemWeightSyncScheme", "shm")]:
-            progress(label)
-            rows[label] = bench_torchrl(kind, sizes)
-
-    biggest = list(sizes)[-1]
-    widths, reps = sizes[biggest]
-    nbytes = n_params(mlp(widths)) * 4
+    memcpy: dict[str, list[float]] = {}
     ours: list[float] = []
     bare: list[float] = []
-    if not args.no_bandwidth:
-        progress("bandwidth over tcp")
-        ours = anyio.run(bench_asyncrl, ZmqWeightSyncScheme(), {biggest: (widths, reps)},
-                         "tcp://127.0.0.1:0", 1)[biggest]
-        bare = bench_bare_zmq(nbytes, reps)
+    with tempfile.TemporaryDirectory(prefix="asyncrl-bench-") as tmp:
+        for round_ in range(rounds):
+            order = latency_rows(torchrl)
+            if round_ % 2:
+                order.reverse()  # interleaved: drift hits every row alike
+            for label, runner in order:
+                progress(f"round {round_ + 1}/{rounds}: {label}")
+                if isinstance(runner, str):
+                    result = bench_torchrl(runner, sizes)
+                else:
+                    result = anyio.run(bench_asyncrl, runner, sizes,
+                                       f"ipc://{tmp}/{round_}-{len(rows)}-{label[8:11]}")
+                rows[label] = _pool(rows.get(label), result)
+            progress(f"round {round_ + 1}/{rounds}: memcpy")
+            memcpy = _pool(memcpy, bench_memcpy(sizes)) or {}
+            if not args.no_bandwidth:
+                progress(f"round {round_ + 1}/{rounds}: bandwidth over tcp")
+                got_bare, got_ours = bench_bandwidth(biggest, sizes[biggest], nbytes,
+                                                     ours_first=bool(round_ % 2))
+                bare += got_bare
+                ours += got_ours
 
-    print(report(rows, sizes, biggest, nbytes, ours, bare, command,
-                 time.monotonic() - started))
+    print(report(rows, memcpy, sizes, biggest, nbytes, ours, bare, command,
+                 time.monotonic() - started, rounds))
     return 0
 
 
-def report(rows: dict[str, dict[str, list[float]] | None],
+def bench_bandwidth(name: str, size: tuple[tuple[int, ...], int], nbytes: int, *,
+                    ours_first: bool) -> tuple[list[float], list[float]]:
+    """(bare pyzmq, asyncrl ZeroMQ scheme) round trips of ``nbytes`` over tcp, in that order."""
+    def ours() -> list[float]:
+        return anyio.run(bench_asyncrl, ZmqWeightSyncScheme(), {name: size},
+                         "tcp://127.0.0.1:0", 1)[name]
+
+    if ours_first:
+        mine = ours()
+        return bench_bare_zmq(nbytes, size[1]), mine
+    bare = bench_bare_zmq(nbytes, size[1])
+    return bare, ours()
+
+
+def _has_torchrl() -> bool:
+    try:
+        import torchrl.weight_update  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _pool(into: dict[str, list[float]] | None,
+          more: dict[str, list[float]] | None) -> dict[str, list[float]] | None:
+    if more is None:
+        return into
+    pooled = {k: list(v) for k, v in (into or {}).items()}
+    for key, times in more.items():
+        pooled.setdefault(key, []).extend(times)
+    return pooled
+
+
+def report(rows: dict[str, dict[str, list[float]] | None], memcpy: dict[str, list[float]],
            sizes: dict[str, tuple[tuple[int, ...], int]], biggest: str, nbytes: int,
-           ours: list[float], bare: list[float], command: str, elapsed: float) -> str:
+           ours: list[float], bare: list[float], command: str, elapsed: float,
+           rounds: int = 1) -> str:
     params = {name: n_params(mlp(widths)) for name, (widths, _) in sizes.items()}
-    header = "| scheme | " + " | ".join(
-        f"{name} ({params[name]:,} params) p50 ms" for name in sizes) + " |"
-    lines = [f"Weight sync: update + ack to {WORKERS} worker processes (p50, lower is better)",
-             "", header, "|" + "---|" * (len(sizes) + 1)]
+    columns = " | ".join(f"{name} ({params[name]:,} params)" for name in sizes)
+    rule = "|" + "---|" * (len(sizes) + 1)
+    lines = [f"Weight sync: p50 of send -> every ack, {WORKERS} worker processes, ms "
+             f"(lower is better; {rounds} interleaved round(s) pooled)",
+             "", f"| scheme | {columns} |", rule]
     reference = rows.get("TorchRL SharedMemWeightSyncScheme")
     for label, result in rows.items():
         if result is None:
@@ -463,28 +549,39 @@ def report(rows: dict[str, dict[str, list[float]] | None],
             cells.append(cell)
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     if reference is not None:
-        lines.append("")
-        lines.append("(N.NNx) = p50 / TorchRL SharedMemWeightSyncScheme's p50 at that size.")
+        lines += ["", "(N.NNx) = p50 / TorchRL SharedMemWeightSyncScheme's p50 at that size."]
+    safe = rows.get("asyncrl SharedMemWeightSyncScheme (safe, zero-copy)")
+    if safe is not None and memcpy:
+        lines += ["", "Push: p50 of `send_async()` (the trainer's cost) against one memcpy of "
+                  "the parameters, ms", "", f"| | {columns} |", rule,
+                  "| one memcpy of the parameters (limit) | "
+                  + " | ".join(f"{p50_ms(memcpy[n]):.3f}" for n in sizes) + " |"]
+        for label, result in rows.items():
+            if result is None or PUSH + next(iter(sizes)) not in result:
+                continue
+            cells = [(p50_ms(result[PUSH + n]), p50_ms(memcpy[n])) for n in sizes]
+            lines.append(f"| {label} push | " + " | ".join(
+                f"{push:.3f} ({push / limit:.2f}x)" for push, limit in cells) + " |")
+        lines += ["", "(N.NNx) = push p50 / memcpy p50 at that size."]
+    lines += ["", "CUDA learner -> CPU workers, CUDA IPC: "
+              + ("not measured by this benchmark yet" if torch.cuda.is_available()
+                 else "no CUDA device in this run")]
     mb = nbytes / 1e6
-    if not ours or not bare:
-        return "\n".join([*lines, "", _machine(elapsed), f"command: {command}"])
-    ours_bw, bare_bw = mb / statistics.median(ours), mb / statistics.median(bare)
-    lines += [
-        "",
-        f"Bandwidth over tcp loopback, {biggest} model = {mb:.0f} MB, 1 worker process "
-        "(median of the round trip):",
-        "",
-        "| path | p50 ms | MB/s | ratio |",
-        "|---|---|---|---|",
-        f"| bare pyzmq ROUTER/DEALER send + 3-byte answer | {p50_ms(bare):.1f} | "
-        f"{bare_bw:.0f} | 1.00 |",
-        f"| asyncrl ZmqWeightSyncScheme send + apply + ack | {p50_ms(ours):.1f} | "
-        f"{ours_bw:.0f} | {ours_bw / bare_bw:.2f} |",
-        "",
-        _machine(elapsed),
-        f"command: {command}",
-    ]
-    return "\n".join(lines)
+    if ours and bare:
+        ours_bw, bare_bw = mb / statistics.median(ours), mb / statistics.median(bare)
+        lines += [
+            "",
+            f"Bandwidth over tcp loopback, {biggest} model = {mb:.0f} MB, 1 worker process "
+            "(median of the round trip):",
+            "",
+            "| path | p50 ms | MB/s | ratio |",
+            "|---|---|---|---|",
+            f"| bare pyzmq ROUTER/DEALER send + 3-byte answer | {p50_ms(bare):.1f} | "
+            f"{bare_bw:.0f} | 1.00 |",
+            f"| asyncrl ZmqWeightSyncScheme send + apply + ack | {p50_ms(ours):.1f} | "
+            f"{ours_bw:.0f} | {ours_bw / bare_bw:.2f} |",
+        ]
+    return "\n".join([*lines, "", _machine(elapsed), f"command: {command}"])
 
 
 def _machine(elapsed: float) -> str:

@@ -237,6 +237,16 @@ class SharedTensorBlock:
                                 f"(seq {before} -> {after}); read the latest slot instead")
         return version
 
+    def slot_views(self, slot: int) -> dict[str, torch.Tensor]:
+        """``{key: tensor}`` viewing ``slot``'s memory itself (no copy).
+
+        A zero-copy reader points its own tensors at these; it must not use them
+        past the point where the writer may rewrite the slot (the caller's
+        protocol decides when that is: the seqlock does not protect a view).
+        """
+        self._require_open()
+        return self._views[self._check_slot(slot)]
+
     def read(self, slot: int, seq: int | None = None) -> tuple[int, dict[str, torch.Tensor]]:
         """``(version, {key: private copy})`` of ``slot``; see :meth:`read_into`."""
         out = {k: torch.empty(shape, dtype=dtype) for k, (dtype, shape) in self.layout.items()}

@@ -6,7 +6,8 @@ worker a :class:`WeightReceiver` applies them at a step boundary and acks with
 the version applied; a :class:`WeightApplier` drives a worker's receivers (apply
 between steps, ack each update the way it came). A :class:`WeightSyncScheme`
 decides how the bytes travel: :class:`ZmqWeightSyncScheme` (any host),
-:class:`SharedMemWeightSyncScheme` (same host), :class:`InProcessWeightSyncScheme`
+:class:`SharedMemWeightSyncScheme` (same host, zero-copy),
+:class:`LiveSharedMemWeightSyncScheme` (same host, live: weaker), :class:`InProcessWeightSyncScheme`
 (collectors in the trainer's process) or :class:`NoWeightSyncScheme`. See ``docs/weights.md``.
 """
 
@@ -26,6 +27,7 @@ from ._receiver import WeightAck as WeightAck
 from ._receiver import WeightReceiver as WeightReceiver
 from ._receiver import WeightReceiverGroup as WeightReceiverGroup
 from ._schemes import InProcessWeightSyncScheme as InProcessWeightSyncScheme
+from ._schemes import LiveSharedMemWeightSyncScheme as LiveSharedMemWeightSyncScheme
 from ._schemes import NoWeightSyncScheme as NoWeightSyncScheme
 from ._schemes import SharedMemWeightSyncScheme as SharedMemWeightSyncScheme
 from ._schemes import WeightSyncScheme as WeightSyncScheme
@@ -39,6 +41,7 @@ __all__ = [
     "WEIGHTS_KIND",
     "AckRoute",
     "InProcessWeightSyncScheme",
+    "LiveSharedMemWeightSyncScheme",
     "LocalHub",
     "LocalLink",
     "ModelPathError",

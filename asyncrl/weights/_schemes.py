@@ -11,11 +11,17 @@ from ._errors import NotInitializedError, WeightSyncError
 from ._paths import resolve_model_path
 from ._receiver import WeightReceiver
 from ._sender import HubLike, WeightSender, WorkerIds, Workers
-from ._shared_memory import SharedMemWeightReceiver, SharedMemWeightSender
+from ._shared_memory import (
+    LiveSharedMemWeightReceiver,
+    LiveSharedMemWeightSender,
+    SharedMemWeightReceiver,
+    SharedMemWeightSender,
+)
 from ._strategy import WeightFormat, WeightStrategy, as_strategy
 
 __all__ = [
     "InProcessWeightSyncScheme",
+    "LiveSharedMemWeightSyncScheme",
     "NoWeightSyncScheme",
     "SharedMemWeightSyncScheme",
     "WeightSyncScheme",
@@ -99,7 +105,7 @@ class WeightSyncScheme:
         self.model_id = model_id
         target = self._resolve(model_id, model, root)
         self._receiver = self._receiver_class(model_id, target, strategy=self.strategy,
-                                              on_apply=on_apply)
+                                              on_apply=on_apply, **self._receiver_options())
         return self._receiver
 
     init_on_receiver = init_on_worker  # TorchRL's name
@@ -149,6 +155,9 @@ class WeightSyncScheme:
     def _sender_options(self) -> dict[str, Any]:
         return {}
 
+    def _receiver_options(self) -> dict[str, Any]:
+        return {}
+
     def _resolve(self, model_id: str, model: Any, root: Any) -> Any:
         if model is not None:
             return model
@@ -170,41 +179,89 @@ class ZmqWeightSyncScheme(WeightSyncScheme):
 
 
 class SharedMemWeightSyncScheme(WeightSyncScheme):
-    """Same host: weights live in a shared-memory block, only the version travels.
+    """Same host, safe and zero-copy: one memcpy per send, none on the workers.
 
-    Workers copy whole snapshots out of the block (``slots`` buffers, each under
-    a seqlock), so a worker gets all of version *k* or all of *k + 1*, never a
-    mix. Before reusing a slot, a send waits until the workers acknowledged the
-    version it held, at most ``slot_timeout`` seconds (a worker busy in a long
-    step should not stall the trainer); a reader caught mid-copy by the rewrite
-    notices and copies the newest slot instead.
+    A send writes the weights into a free shared-memory buffer (one copy) and
+    only ``(block, slot, seq)`` travels; each worker points its parameters at
+    that buffer at a step boundary (``param.data = view``, no copy) and acks.
+    A buffer is rewritten only once no worker can be stepping with it (the
+    acks say which version each worker holds), so the weights that produce a
+    frame are exactly those of its stamped version, whole. The pool holds
+    ``slots`` buffers; while a worker holds on to an old version longer than
+    ``slot_timeout`` seconds a send adds a buffer instead of waiting (memory,
+    never a torn read). ``zero_copy=False`` copies into the workers' own
+    tensors instead (for modules that cache tensors derived from their
+    parameters); buffers (running statistics) are always copied.
 
-    >>> SharedMemWeightSyncScheme(slots=3)
-    SharedMemWeightSyncScheme(slots=3)
+    >>> SharedMemWeightSyncScheme(slots=4)
+    SharedMemWeightSyncScheme(slots=4)
     """
 
     name = "shared_mem"
     _sender_class = SharedMemWeightSender
     _receiver_class = SharedMemWeightReceiver
+    _default_slots = 3
 
     def __init__(self, strategy: WeightFormat | WeightStrategy = "tensordict", *,
-                 max_interval: int = 0, slots: int = 2, slot_timeout: float = 1.0) -> None:
+                 max_interval: int = 0, slots: int | None = None, slot_timeout: float = 1.0,
+                 zero_copy: bool = True) -> None:
         super().__init__(strategy, max_interval=max_interval)
+        slots = self._default_slots if slots is None else slots
         if not 1 <= slots <= 8:
             raise ValueError(f"slots must be between 1 and 8, got {slots}")
         self.slots = slots
         self.slot_timeout = slot_timeout
+        self.zero_copy = zero_copy
 
     def _options(self) -> dict[str, Any]:
         options = super()._options()
-        if self.slots != 2:
+        if self.slots != self._default_slots:
             options["slots"] = self.slots
         if self.slot_timeout != 1.0:
             options["slot_timeout"] = self.slot_timeout
+        if not self.zero_copy:
+            options["zero_copy"] = False
         return options
 
     def _sender_options(self) -> dict[str, Any]:
         return {"slots": self.slots, "slot_timeout": self.slot_timeout}
+
+    def _receiver_options(self) -> dict[str, Any]:
+        return {"zero_copy": self.zero_copy}
+
+
+class LiveSharedMemWeightSyncScheme(SharedMemWeightSyncScheme):
+    """Same host, opt-in **live** weights, as TorchRL's ``SharedMemWeightSyncScheme``.
+
+    The trainer's model is moved into shared memory when the sender is created
+    (its parameters and buffers; the ``Parameter`` objects, hence the
+    optimiser, stay the same) and trained in place; workers point their
+    parameters at it. A send copies nothing: it publishes a version and waits
+    for the acks. It is the fastest scheme and the weakest:
+
+    * every optimiser step reaches the workers **immediately, mid-rollout**,
+      and a worker may read parameters while the optimiser is writing them
+      (**torn reads**: part of step *n*, part of step *n + 1*);
+    * a frame's ``policy_version`` is a **lower bound**: the weights that
+      acted are those of that version *or newer*, possibly a mix;
+    * an ack only says the worker now reads the live weights.
+
+    Use it when, like TorchRL's users, you accept that; use
+    :class:`SharedMemWeightSyncScheme` for exact versions at the cost of one
+    memcpy per send. CPU models only; ``send()`` takes no ``weights``.
+    Buffers (running statistics) are copied to the workers at each send.
+
+    >>> LiveSharedMemWeightSyncScheme()
+    LiveSharedMemWeightSyncScheme()
+    """
+
+    name = "shared_mem_live"
+    _sender_class = LiveSharedMemWeightSender
+    _receiver_class = LiveSharedMemWeightReceiver
+    _default_slots = 1
+
+    def _sender_options(self) -> dict[str, Any]:
+        return {}
 
 
 class _RefusingSender(WeightSender):

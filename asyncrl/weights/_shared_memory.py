@@ -1,4 +1,35 @@
-"""Same-host weights through shared memory: only (block, slot, seq) travel over ZeroMQ."""
+"""Same-host weights through shared memory: only (block, slot, seq) travel over ZeroMQ.
+
+**Safe, zero-copy** (:class:`SharedMemWeightSender` / :class:`SharedMemWeightReceiver`).
+The trainer keeps a small pool of shared-memory buffers, each holding one
+whole copy of the weights. A send writes the weights into a *free* buffer (one
+memcpy) and publishes its name; a worker applies it by pointing its
+parameters at the buffer's memory (``param.data = view``: nothing is copied)
+at a step boundary, and acks. A buffer is free once no worker can be using
+it: for each live worker the sender knows the newest version it acknowledged
+as applied and the one message it has in transit (newest wins keeps it to one),
+so the versions a worker may step with are at most those two; the latest
+version (what a late joiner receives) and versions queued for a worker are
+kept too. Nothing ever rewrites weights a worker steps with, so the weights
+that acted are exactly those of the stamped version.
+
+When every buffer is in use the send waits up to ``slot_timeout`` seconds for
+an acknowledgement that frees one, then grows the pool with a new buffer
+instead of disturbing a reader (a worker stuck in a long step costs memory,
+never correctness); buffers beyond ``slots`` are unlinked once free.
+
+Buffers (``register_buffer`` tensors, e.g. running statistics) are copied, not
+shared: a worker may update them in place. Parameters whose dtype or device
+differ from the trainer's are copied too. ``zero_copy=False`` copies
+everything (for modules that cache tensors derived from their parameters).
+
+**Live** (:class:`LiveSharedMemWeightSender` / :class:`LiveSharedMemWeightReceiver`).
+The trainer's own parameters are moved into one shared-memory buffer and
+trained in place; workers point their parameters at it once; a send only
+publishes a version. As in TorchRL: the workers see every optimiser step as
+it happens, mid-rollout, possibly half-written. A frame's version is then a
+lower bound on the weights that acted.
+"""
 
 from __future__ import annotations
 
@@ -8,113 +39,229 @@ from typing import Any
 
 import anyio
 import torch
+from torch import nn
 
-from transports import Message, ProtocolError, SharedTensorBlock, Ticket, TornReadError
+from transports import (
+    Message,
+    ProtocolError,
+    SharedTensorBlock,
+    Ticket,
+    TornReadError,
+    copy_into,
+)
 
+from .._protocol import WeightsApplied
 from ._in_flight import Queued
 from ._receiver import WeightReceiver, _Update
 from ._sender import THREAD_COPY_BYTES, WeightSender
 from ._staging import Stage
 from ._strategy import check_compatible, flat_tensors
 
-__all__ = ["SharedMemWeightReceiver", "SharedMemWeightSender"]
+__all__ = [
+    "LiveSharedMemWeightReceiver",
+    "LiveSharedMemWeightSender",
+    "SharedMemWeightReceiver",
+    "SharedMemWeightSender",
+]
 
-#: Torn reads tolerated before an apply fails (each retry reads the newest slot).
+#: Torn reads tolerated before a copying apply fails (each retry reads the newest slot).
 MAX_READ_ATTEMPTS = 16
+#: Blocks a worker keeps mapped for reuse (the trainer's pool rotates through a few).
+MAX_ATTACHED = 6
+
+
+class _Buffer:
+    """One shared-memory copy of the weights and the transmissions that point at it."""
+
+    __slots__ = ("block", "stale", "tickets", "version")
+
+    def __init__(self, block: SharedTensorBlock) -> None:
+        self.block = block
+        self.version = 0  # the version it holds (0: none yet)
+        self.tickets: list[Ticket] = []  # transmissions of ``version``
+        self.stale = False  # of an older layout: unlinked once nobody reads it
+
+    def close(self) -> None:
+        self.block.close()
+        self.block.unlink()
 
 
 class SharedMemWeightSender(WeightSender):
-    """A :class:`WeightSender` that writes weights into a shared-memory block.
+    """A :class:`WeightSender` that writes each version into a free shared-memory buffer.
 
-    Each version goes to the slot after the latest one. Before a slot is
-    rewritten the sender waits (up to ``slot_timeout`` seconds) for the workers
-    to acknowledge the version it held, so a reader is normally never
-    disturbed; if one is (a stuck worker), its seqlock check catches the tear
-    and it reads the newest slot instead. The block is unlinked by ``aclose()``.
+    A buffer is rewritten only once no worker can be stepping with the version
+    it holds (see the module docstring); the pool holds ``slots`` buffers and
+    grows when a worker holds on to old versions for more than ``slot_timeout``
+    seconds. The buffers are unlinked by ``aclose()``.
 
-    >>> scheme = SharedMemWeightSyncScheme(slots=2)                     # doctest: +SKIP
+    >>> scheme = SharedMemWeightSyncScheme()                            # doctest: +SKIP
     >>> sender = scheme.init_on_sender("policy", hub=hub, model=policy,
     ...                                workers=lambda: peers)            # doctest: +SKIP
-    >>> version = await sender.send()   # (block, slot, seq) travels  # doctest: +SKIP
+    >>> version = await sender.send()   # one memcpy; (block, slot, seq) travels  # doctest: +SKIP
     """
 
     relayable = False  # the block lives on the trainer's host: nothing for a relay to carry
 
-    def __init__(self, model_id: str, hub: Any, *, slots: int = 2,
+    def __init__(self, model_id: str, hub: Any, *, slots: int = 3,
                  slot_timeout: float = 1.0, **kwargs: Any) -> None:
         super().__init__(model_id, hub, **kwargs)
         self.slots = slots
         self.slot_timeout = slot_timeout
-        self.block: SharedTensorBlock | None = None
-        self._slot_tickets: list[list[Ticket]] = [[] for _ in range(slots)]
+        self._buffers: list[_Buffer] = []
         self._pinned: Stage | None = None  # CUDA weights: staged here, then one memcpy
+
+    @property
+    def block(self) -> SharedTensorBlock | None:
+        """The block of the latest version (None before the first send)."""
+        for buffer in self._buffers:
+            if buffer.version == self._version and not buffer.stale:
+                return buffer.block
+        return None
+
+    @property
+    def pool_size(self) -> int:
+        """Shared-memory buffers held now (``slots``, more while a worker lags)."""
+        return len(self._buffers)
 
     async def _prepare(self, source: Any, version: int) -> tuple[Any, dict[str, Any]]:
         flat = flat_tensors(source)
-        if self.block is None or not self.block.matches(flat):
-            await self._replace_block(flat)
-        block = self.block
-        assert block is not None
-        latest = block.latest()
-        slot = 0 if latest is None else (latest[0] + 1) % self.slots
-        await self._wait_slot(slot)
-        if block.nbytes > THREAD_COPY_BYTES:
-            seq = await anyio.to_thread.run_sync(self._write, block, flat, version, slot)
+        buffer = await self._free_buffer(flat)
+        buffer.version, buffer.tickets = 0, []  # nobody reads it: see _free_buffer
+        if buffer.block.nbytes > THREAD_COPY_BYTES:
+            seq = await anyio.to_thread.run_sync(self._write, buffer.block, flat, version)
         else:
-            seq = self._write(block, flat, version, slot)
-        return {"block": block.name, "slot": slot, "seq": seq}, {"slot": slot}
+            seq = self._write(buffer.block, flat, version)
+        buffer.version = version
+        self._release(keep=buffer)
+        return {"block": buffer.block.name, "slot": 0, "seq": seq}, {"buffer": buffer}
 
-    def _write(self, block: SharedTensorBlock, flat: Mapping[str, torch.Tensor], version: int,
-               slot: int) -> int:
-        """One copy of the weights into ``slot`` (CPU), or device -> pinned -> slot (CUDA)."""
+    def _write(self, block: SharedTensorBlock, flat: Mapping[str, torch.Tensor],
+               version: int) -> int:
+        """One copy of the weights into ``block`` (CPU), or device -> pinned -> block (CUDA)."""
         if any(t.device.type == "cuda" for t in flat.values()):
             # Shared memory is pageable: a direct device copy would be synchronous and
             # staged by the driver per tensor. One asynchronous DMA copy into a pinned
-            # buffer, one wait, then one memcpy into the slot.
+            # buffer, one wait, then one memcpy into the block.
             if self._pinned is None or not self._pinned.matches(flat):
                 self._pinned = Stage(flat)
             self._pinned.fill(flat)
             flat = self._pinned.views
-        return block.write(flat, version, slot=slot)[1]
+        return block.write(flat, version, slot=0)[1]
 
     def _latest_extra(self) -> dict[str, Any]:
-        return {"slot": self._latest["slot"]} if self._latest else {}
+        for buffer in self._buffers:
+            if buffer.version == self._version and not buffer.stale:
+                return {"buffer": buffer}
+        return {}
 
     def _on_transmit(self, queued: Queued, ticket: Ticket) -> None:
-        # The slot is rewritten only once the versions transmitted from it are acked.
-        self._slot_tickets[queued.extra["slot"]].append(ticket)
+        buffer = queued.extra.get("buffer")
+        if buffer is not None:
+            buffer.tickets.append(ticket)
 
-    async def _wait_slot(self, slot: int) -> None:
-        tickets = [t for t in self._slot_tickets[slot] if t.pending]
-        with anyio.move_on_after(self.slot_timeout):
-            for ticket in tickets:
-                await ticket.done.wait()
-        self._slot_tickets[slot] = [t for t in tickets if t.pending]
+    # -- which buffers are free ------------------------------------------------------------
+    def versions_in_use(self) -> set[int]:
+        """Versions a live worker may be stepping with, or that must stay readable.
 
-    async def _replace_block(self, flat: Mapping[str, torch.Tensor]) -> None:
-        for slot in range(self.slots):
-            await self._wait_slot(slot)
-        self._close_block()
-        self.block = SharedTensorBlock.create(flat, slots=self.slots)
-        self._slot_tickets = [[] for _ in range(self.slots)]
+        Per worker: the newest version it acknowledged as applied and the version
+        of its message in transit; plus the latest version (late joiners) and
+        the versions queued for a worker.
+        """
+        peers = set(self.workers.values())
+        used = {self._version}
+        used.update(lane.queued.version for lane in self._lanes.values()
+                    if lane.queued is not None)
+        newest: dict[bytes, int] = {}
+        for buffer in self._buffers:
+            for ticket in buffer.tickets:
+                if not ticket.pending.isdisjoint(peers):
+                    used.add(buffer.version)
+                for peer, result in ticket.acks.items():
+                    if peer in peers:
+                        applied = _applied_version(result)
+                        if applied > newest.get(peer, 0):
+                            newest[peer] = applied
+        used.update(newest.values())
+        used.discard(0)
+        return used
 
-    def _close_block(self) -> None:
-        if self.block is not None:
-            block, self.block = self.block, None
-            block.close()
-            block.unlink()
+    async def _free_buffer(self, flat: Mapping[str, torch.Tensor]) -> _Buffer:
+        for buffer in self._buffers:
+            if not buffer.stale and not buffer.block.matches(flat):
+                buffer.stale = True  # new layout: a new pool; old buffers go once unread
+        deadline = anyio.current_time() + self.slot_timeout
+        while True:
+            used = self.versions_in_use()
+            live = [b for b in self._buffers if not b.stale]
+            free = [b for b in live if b.version not in used]
+            if free:
+                return free[0]
+            if len(live) < self.slots:
+                return self._new_buffer(flat)
+            pending = [t for b in self._buffers for t in b.tickets if t.pending]
+            remaining = deadline - anyio.current_time()
+            if not pending or remaining <= 0:
+                # Every buffer is read by a worker that does not answer (in a long
+                # step, or not due under max_interval): grow rather than wait or tear.
+                return self._new_buffer(flat)
+            with anyio.move_on_after(remaining):
+                await _first_done(pending)
+
+    def _new_buffer(self, flat: Mapping[str, torch.Tensor]) -> _Buffer:
+        buffer = _Buffer(SharedTensorBlock.create(flat, slots=1))
+        self._buffers.append(buffer)
+        return buffer
+
+    def _release(self, keep: _Buffer) -> None:
+        """Unlink stale buffers and those beyond ``slots`` that nobody reads any more."""
+        if len(self._buffers) <= self.slots and not any(b.stale for b in self._buffers):
+            return  # the common case: nothing to give back
+        used = self.versions_in_use()
+        live = sum(1 for b in self._buffers if not b.stale)
+        kept = []
+        for buffer in self._buffers:
+            unread = buffer is not keep and buffer.version not in used
+            if unread and (buffer.stale or live > self.slots):
+                live -= 0 if buffer.stale else 1
+                buffer.close()
+            else:
+                kept.append(buffer)
+        self._buffers = kept
 
     async def aclose(self) -> None:
         await super().aclose()
-        self._close_block()
+        buffers, self._buffers = self._buffers, []
+        for buffer in buffers:
+            buffer.close()
         self._pinned = None
 
 
-class SharedMemWeightReceiver(WeightReceiver):
-    """A :class:`WeightReceiver` that copies whole snapshots out of a shared-memory block.
+async def _first_done(tickets: list[Ticket]) -> None:
+    """Return once any of ``tickets`` is done (an ack that may free a buffer)."""
+    async with anyio.create_task_group() as tg:
+        async def one(ticket: Ticket) -> None:
+            await ticket.done.wait()
+            tg.cancel_scope.cancel()
 
-    Built on the worker by the scheme; ``torn_reads`` counts how often the
-    seqlock caught a slot being rewritten while it was copied.
+        for ticket in tickets:
+            tg.start_soon(one, ticket)
+
+
+def _applied_version(result: Any) -> int:
+    try:
+        return WeightsApplied.from_body(result).version
+    except ProtocolError:
+        return 0
+
+
+class SharedMemWeightReceiver(WeightReceiver):
+    """A :class:`WeightReceiver` that points its model's parameters at the trainer's buffers.
+
+    Built on the worker by the scheme. With ``zero_copy`` (the default) an
+    update sets each parameter's ``.data`` to a view of the shared buffer;
+    buffers and parameters of another dtype or device are copied. Without it
+    (or for a model that is not an ``nn.Module``) everything is copied, under
+    the slot's seqlock; ``torn_reads`` counts the retries that caught.
 
     >>> scheme = SharedMemWeightSyncScheme()                      # doctest: +SKIP
     >>> receiver = scheme.init_on_worker("policy", root=worker)   # doctest: +SKIP
@@ -122,10 +269,17 @@ class SharedMemWeightReceiver(WeightReceiver):
     0
     """
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, zero_copy: bool = True, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.block: SharedTensorBlock | None = None
+        self.zero_copy = zero_copy
         self.torn_reads = 0  # observability: how often the seqlock caught a rewrite
+        self._blocks: dict[str, SharedTensorBlock] = {}  # attached, by name (the pool rotates)
+        self._current: str | None = None  # the block the parameters view
+
+    @property
+    def block(self) -> SharedTensorBlock | None:
+        """The block last applied from."""
+        return self._blocks.get(self._current) if self._current else None
 
     def _load(self, message: Message) -> Any:
         body = message.body
@@ -142,6 +296,33 @@ class SharedMemWeightReceiver(WeightReceiver):
         layout = block.layout
         check_compatible(targets, {k: SimpleNamespace(shape=s) for k, (_, s) in layout.items()},
                          what=f"shared-memory weights of {self.model_id!r}")
+        if self.zero_copy and isinstance(self.model, nn.Module):
+            version = self._share(block, targets, slot, seq)
+        else:
+            version = self._copy(block, targets, slot, seq)
+        self._current = block.name
+        self._evict()
+        return version
+
+    def _share(self, block: SharedTensorBlock, targets: Mapping[str, torch.Tensor],
+               slot: int, seq: int) -> int:
+        """Parameters view the slot; the rest is copied. Checks the slot is the one published."""
+        before, version = block.slot_state(slot)
+        if before != seq:
+            # The sender never rewrites a buffer it published to a worker that has not
+            # moved on: this is a protocol violation, not a race to retry.
+            raise TornReadError(f"{self.model_id!r}: buffer {block.name} holds seq {before}, "
+                                f"the message published seq {seq}")
+        for key, view in block.slot_views(slot).items():
+            target = targets[key]
+            if _shareable(target, view):
+                target.data = view
+            else:
+                copy_into(target, view)
+        return version
+
+    def _copy(self, block: SharedTensorBlock, targets: Mapping[str, torch.Tensor],
+              slot: int, seq: int) -> int:
         for _ in range(MAX_READ_ATTEMPTS):
             try:
                 return block.read_into(targets, slot, seq)
@@ -151,21 +332,126 @@ class SharedMemWeightReceiver(WeightReceiver):
                 if latest is None:
                     raise
                 slot, seq, _ = latest
-        raise TornReadError(f"{self.model_id!r}: block {name} was rewritten during "
+        raise TornReadError(f"{self.model_id!r}: block {block.name} was rewritten during "
                             f"{MAX_READ_ATTEMPTS} reads in a row; the trainer writes faster "
                             "than this worker can copy")
 
     def _attach(self, name: str) -> SharedTensorBlock:
-        if self.block is None or self.block.name != name:
-            self._detach()
-            self.block = SharedTensorBlock.attach(name)
-        return self.block
+        block = self._blocks.get(name)
+        if block is None:
+            block = self._blocks[name] = SharedTensorBlock.attach(name)
+        return block
 
-    def _detach(self) -> None:
-        if self.block is not None:
-            block, self.block = self.block, None
-            block.close()
+    def _evict(self) -> None:
+        # Views keep a mapping alive on their own: dropping a block only forgets it.
+        while len(self._blocks) > MAX_ATTACHED:
+            name = next(n for n in self._blocks if n != self._current)
+            self._blocks.pop(name).close()
 
     def close(self) -> None:
         super().close()
-        self._detach()
+        blocks, self._blocks = self._blocks, {}
+        for block in blocks.values():
+            block.close()
+
+
+def _shareable(target: torch.Tensor, view: torch.Tensor) -> bool:
+    # Parameters only: a worker never writes them, while buffers (running statistics)
+    # may be updated in place, which would write into every worker's weights.
+    return (isinstance(target, nn.Parameter) and target.dtype == view.dtype
+            and target.device.type == "cpu")
+
+
+# ---------------------------------------------------------------------------- live
+
+
+class LiveSharedMemWeightSender(SharedMemWeightSender):
+    """The trainer's parameters live in shared memory; a send only publishes a version.
+
+    At construction (or at the first send) the model's parameters and buffers
+    are moved into one shared-memory block (``param.data`` is swapped: the
+    model and its optimiser keep working on the same ``Parameter`` objects).
+    Workers point their parameters at it; the trainer's optimiser steps are
+    visible to them at once. Weaker guarantee: see
+    :class:`~asyncrl.weights.LiveSharedMemWeightSyncScheme`.
+    """
+
+    def __init__(self, model_id: str, hub: Any, **kwargs: Any) -> None:
+        super().__init__(model_id, hub, **kwargs)
+        self._live: _Buffer | None = None
+        if self.model is not None:
+            self.share(self.model)
+
+    def share(self, model: Any) -> SharedTensorBlock:
+        """Move ``model``'s tensors into shared memory (idempotent); return the block."""
+        if self._live is not None:
+            return self._live.block
+        if not isinstance(model, nn.Module):
+            raise TypeError("LiveSharedMemWeightSyncScheme trains the model in place: give "
+                            f"init_on_sender an nn.Module, not a {type(model).__name__}")
+        tensors = flat_tensors(model, live=True)
+        devices = sorted({t.device.type for t in tensors.values()} - {"cpu"})
+        if devices:
+            raise ValueError(f"live shared memory needs the trainer's model on the CPU; it has "
+                             f"tensors on {devices}: use SharedMemWeightSyncScheme (one copy "
+                             "per send) for a GPU learner")
+        block = SharedTensorBlock.create(tensors, slots=1)
+        block.write(tensors, 0, slot=0)
+        with torch.no_grad():
+            for key, view in block.slot_views(0).items():
+                tensors[key].data = view
+        self._live = _Buffer(block)
+        self._buffers = [self._live]
+        return block
+
+    async def _prepare(self, source: Any, version: int) -> tuple[Any, dict[str, Any]]:
+        if source is not self.model:
+            raise ValueError("LiveSharedMemWeightSyncScheme publishes the trainer's own "
+                             "parameters: call send() without weights (use "
+                             "SharedMemWeightSyncScheme to send other weights)")
+        block = self.share(source)
+        live = self._live
+        assert live is not None
+        live.version = version
+        seq = block.slot_state(0)[0]
+        return {"block": block.name, "slot": 0, "seq": seq}, {"buffer": live}
+
+    def _on_transmit(self, queued: Queued, ticket: Ticket) -> None:
+        pass  # nothing to free: the one buffer is the trainer's model
+
+    async def aclose(self) -> None:
+        live, self._live = self._live, None
+        if live is not None and self.model is not None:
+            # The trainer's model keeps its values: back into private memory.
+            with torch.no_grad():
+                for tensor in flat_tensors(self.model, live=True).values():
+                    tensor.data = tensor.data.clone()
+        await super().aclose()
+
+
+class LiveSharedMemWeightReceiver(SharedMemWeightReceiver):
+    """Points the worker's parameters at the trainer's live ones; an update only sets the version.
+
+    Buffers (and parameters of another dtype) are copied at each update.
+    """
+
+    def _share(self, block: SharedTensorBlock, targets: Mapping[str, torch.Tensor],
+               slot: int, seq: int) -> int:
+        for key, view in block.slot_views(slot).items():
+            target = targets[key]
+            if _shareable(target, view):
+                if target.data_ptr() != view.data_ptr():
+                    target.data = view
+            else:
+                copy_into(target, view)
+        return -1  # the message's version: see _apply
+
+    def _copy(self, block: SharedTensorBlock, targets: Mapping[str, torch.Tensor],
+              slot: int, seq: int) -> int:
+        for key, view in block.slot_views(slot).items():
+            copy_into(targets[key], view)  # may be torn: the trainer trains in place
+        return -1
+
+    def _apply(self, update: _Update) -> int:
+        super()._apply(update)
+        return update.version

@@ -2,8 +2,9 @@
 
 The process test is the shared-memory torn-read test at the scheme level: the
 trainer hammers versions (every parameter filled with the version number)
-without waiting for the slot's readers (``slot_timeout=0``) while the worker
-applies each as it arrives and checks that the model holds exactly one version.
+without waiting for a buffer to free up (``slot_timeout=0``: the pool grows
+instead) while the worker applies each as it arrives (zero-copy: its
+parameters view the buffer) and checks that the model holds exactly one version.
 """
 
 from __future__ import annotations
@@ -135,7 +136,7 @@ async def test_send_reaches_every_worker_over_sockets(scheme_cls: type[WeightSyn
 
 @pytest.mark.parametrize("scheme_cls", SCHEMES)
 async def test_newest_wins_over_sockets(scheme_cls: type[WeightSyncScheme]) -> None:
-    # shared memory: the third send reuses the unacked first slot after slot_timeout
+    # shared memory: the third send goes to a third buffer (none is rewritten under a reader)
     shm = scheme_cls is SharedMemWeightSyncScheme
     scheme = scheme_cls(slot_timeout=0.2) if shm else scheme_cls()  # type: ignore[call-arg]
     with anyio.fail_after(WAIT):
@@ -235,7 +236,7 @@ async def _worker_main(endpoint: str, scheme: WeightSyncScheme) -> None:
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])  # one backend: a process is slow to start
 async def test_shared_memory_snapshots_are_whole_under_a_hammering_trainer() -> None:
-    scheme = SharedMemWeightSyncScheme(slot_timeout=0)  # never wait for readers: force overlaps
+    scheme = SharedMemWeightSyncScheme(slot_timeout=0)  # never wait for a free buffer: grow
     ctx = mp.get_context("spawn")
     trainer = net(0.0, width=256)
     versions = 150
