@@ -384,9 +384,13 @@ def _peer_map(body: Any, name: str, what: str) -> dict[Any, Any]:
     return value
 
 
+#: The kind of a weights message: the sender writes it, workers and relays route on it.
+WEIGHTS_KIND = "weights"
+
+
 @dataclass(frozen=True, slots=True)
 class WeightMeta:
-    """The meta of a ``weights`` message (:data:`asyncrl.weights.WEIGHTS_KIND`).
+    """The meta of a ``weights`` message (kind :data:`WEIGHTS_KIND`).
 
     The body is the weights; the meta says whose they are: ``version`` of
     ``model_id``, numbered by coordinator ``instance`` (``""``: not said). A

@@ -50,6 +50,7 @@ from .._protocol import (
     MAX_RELAY_MEMBERS,
     PROTOCOL,
     RELAY_TO,
+    WEIGHTS_KIND,
     Refuse,
     RelayAck,
     RelayAttached,
@@ -58,7 +59,6 @@ from .._protocol import (
     WeightMeta,
     WeightsApplied,
 )
-from ..weights import WEIGHTS_KIND
 
 log = logging.getLogger("asyncrl.relay")
 

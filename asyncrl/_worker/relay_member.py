@@ -13,7 +13,8 @@ import anyio
 
 from transports import Link, PeerLostError
 
-from ..weights import WEIGHTS_KIND, AckRoute, WeightApplier
+from .._protocol import WEIGHTS_KIND
+from ..weights import AckRoute, WeightApplier
 from .relay import ATTACHED_KIND
 
 log = logging.getLogger("asyncrl.worker")

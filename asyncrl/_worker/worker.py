@@ -27,6 +27,7 @@ from transports import CurveClient, ErrorPayload, Link, Message, PeerLostError, 
 from .._errors import WorkerExit
 from .._protocol import (
     PROTOCOL,
+    WEIGHTS_KIND,
     Batch,
     Collect,
     Control,
@@ -44,7 +45,7 @@ from .._rollout.reach import env_attr, policy_attr, user_env, wire_value
 from .._rollout.seeding import seed_global_rngs
 from .._spawn.child import remove_orphaned_socket_dir, wait_parent_gone
 from .._spawn.threads import use_torch_threads
-from ..weights import WEIGHTS_KIND, WeightApplier
+from ..weights import WeightApplier
 from .relay_member import RelayMembership
 from .spec import WorkerSpec
 

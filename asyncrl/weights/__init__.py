@@ -14,6 +14,7 @@ decides how the bytes travel: :class:`ZmqWeightSyncScheme` (any host),
 from transports import LocalHub as LocalHub
 from transports import LocalLink as LocalLink
 
+from .._protocol import WEIGHTS_KIND as WEIGHTS_KIND
 from ._applier import WeightApplier as WeightApplier
 from ._errors import ModelPathError as ModelPathError
 from ._errors import NotInitializedError as NotInitializedError
@@ -21,7 +22,6 @@ from ._errors import WeightMismatchError as WeightMismatchError
 from ._errors import WeightSyncError as WeightSyncError
 from ._paths import resolve_model_path as resolve_model
 from ._paths import resolve_model_path as resolve_model_path
-from ._receiver import WEIGHTS_KIND as WEIGHTS_KIND
 from ._receiver import AckRoute as AckRoute
 from ._receiver import WeightAck as WeightAck
 from ._receiver import WeightReceiver as WeightReceiver

@@ -12,15 +12,14 @@ from tensordict import TensorDictBase
 
 from transports import Message, ProtocolError
 
-from .._protocol import WeightMeta, WeightsApplied
+from .._protocol import WEIGHTS_KIND, WeightMeta, WeightsApplied
 from ._errors import WeightSyncError
 from ._strategy import WeightStrategy, as_strategy
 
-__all__ = ["WEIGHTS_KIND", "AckRoute", "Acker", "WeightAck", "WeightReceiver",
+__all__ = ["AckRoute", "Acker", "WeightAck", "WeightReceiver",
            "WeightReceiverGroup"]
 
 #: ``Message.kind`` of every weight update; route these to a receiver's ``on_message``.
-WEIGHTS_KIND = "weights"
 
 
 class Acker(Protocol):

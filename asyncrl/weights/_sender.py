@@ -13,9 +13,8 @@ import anyio
 from transports import Ticket
 
 from .._observe.latency import LatencyHistogram
-from .._protocol import WeightMeta
+from .._protocol import WEIGHTS_KIND, WeightMeta
 from ._in_flight import Lane, Part, Queued, Sent, first_error, gone_part
-from ._receiver import WEIGHTS_KIND
 from ._staging import Stage
 from ._strategy import WeightStrategy, as_strategy, flat_tensors
 
