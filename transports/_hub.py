@@ -224,11 +224,12 @@ class Hub(Channel):
         if len(frames) < 2:
             return None
         if self._trust is not None:  # CURVE: the identity must come with its own key
-            frames[0] = self._trust.screen(frames[0])
-            if frames[0] is None:
+            peer = self._trust.screen(frames[0])
+            if peer is None:
                 self._bad += 1
                 return None
-        peer = frames[0]
+        else:
+            peer = frames[0]
         stranger = self.admission and peer not in self._admitted
         if stranger and not self._small(frames):
             return None  # before any decoding: an unknown peer's bulk is never looked at
