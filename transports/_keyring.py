@@ -106,7 +106,11 @@ def revoke_host(directory: str | Path, name: str) -> Path:
 
 @dataclass(frozen=True)
 class KeyEntry:
-    """One public key of a key directory (``asyncrl keys list``)."""
+    """One public key of a key directory (``asyncrl keys list``).
+
+    >>> [(e.name, e.state) for e in list_keys("keys/")]     # doctest: +SKIP
+    [('gpu1', 'authorized'), ('worker', 'authorized'), ('gpu2', 'revoked')]
+    """
 
     name: str
     state: str  # "authorized" or "revoked"
