@@ -108,6 +108,8 @@ class ZapHandler:
                 if self._zap in ready:
                     self._answer(self._zap.recv_multipart())
                 self._reload_all()
+        except zmq.ZMQError as exc:  # the context ended under us (process exit)
+            log.debug("ZAP handler stopped: %s", exc)
         finally:
             self._zap.close(linger=0)
             self._stop.close(linger=0)

@@ -139,3 +139,9 @@ def test_cli_keys_add_host_revoke_and_list(tmp_path, capsys) -> None:
     assert main(["keys", "list", str(keys)]) == 0
     lines = [line.split("\t")[:2] for line in capsys.readouterr().out.splitlines()]
     assert lines == [["worker", "authorized"], ["gpu1", "revoked"]]
+
+
+def test_cli_worker_reads_its_keys_from_the_environment(monkeypatch, capsys) -> None:
+    monkeypatch.setenv("ASYNCRL_CURVE_SERVER_KEY", "x" * 39)  # one short: not a key
+    assert main(["worker", "--connect", "tcp://127.0.0.1:1", "--env", "CartPole-v1"]) == 2
+    assert "$ASYNCRL_CURVE_SERVER_KEY: expected a 40-character" in capsys.readouterr().err
