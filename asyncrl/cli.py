@@ -39,8 +39,9 @@ EXIT_CODES = """exit codes:
   asyncrl worker: see 'asyncrl worker --help'"""
 
 KEYS_EXIT_CODES = """exit codes:
-  0  keys written
-  2  bad arguments, or DIR cannot be written (it exists and is not empty, permissions)"""
+  0  done (keys written, revoked or listed)
+  2  bad arguments, or DIR cannot be written or read (keys exist, a name is taken, an
+     unknown name, permissions)"""
 
 BENCH_EXIT_CODES = """exit codes:
   the benchmark's own (0: it ran)
@@ -102,8 +103,10 @@ def _worker_parser(sub: Any) -> None:
     p.add_argument("--peer-timeout", type=float, default=10.0, metavar="SECONDS",
                    help="exit when the coordinator is silent this long")
     p.add_argument("--keys", metavar="DIR", default=None,
-                   help="CURVE keys made by 'asyncrl keys generate DIR' (needs worker.key_secret "
-                        "and coordinator.key)")
+                   help="CURVE keys: a folder made by 'asyncrl keys add-host DIR NAME' "
+                        "(DIR/hosts/NAME) or 'asyncrl keys generate DIR' (needs worker.key_secret "
+                        "and coordinator.key); without it, ASYNCRL_CURVE_SECRET_KEY(_FILE) and "
+                        "ASYNCRL_CURVE_SERVER_KEY(_FILE) if set (see docs/security.md)")
     p.add_argument("--reconnect", action="store_true",
                    help="when the coordinator goes silent, wait for it (or a restarted one) "
                         "and join again, instead of exiting")
@@ -135,6 +138,31 @@ def _keys_parser(sub: Any) -> None:
                     "hosts worker.key_secret and coordinator.key (asyncrl worker --keys DIR).",
         epilog=KEYS_EXIT_CODES, formatter_class=_HelpFormatter)
     g.add_argument("directory", metavar="DIR", help="where to write the keys (made if missing)")
+    a = keys_sub.add_parser(
+        "add-host", help="make a key pair of its own for one worker host, and authorize it",
+        description="Write DIR/hosts/NAME/ (the host's worker.key(_secret) and coordinator.key: "
+                    "copy that folder to host NAME and run 'asyncrl worker --keys FOLDER') and "
+                    "authorize its public key (DIR/authorized/NAME.key). A running collector "
+                    "accepts it within a second or two, without a restart.",
+        epilog=KEYS_EXIT_CODES, formatter_class=_HelpFormatter)
+    a.add_argument("directory", metavar="DIR", help="a directory made by 'asyncrl keys generate'")
+    a.add_argument("name", metavar="NAME", help="the host's name (letters, digits, . _ -)")
+    r = keys_sub.add_parser(
+        "revoke", help="revoke a host's key: its workers are disconnected and refused",
+        description="Move DIR/authorized/NAME.key to DIR/revoked/ and delete the host's secret "
+                    "key in DIR/hosts/NAME. A running collector disconnects the host's workers "
+                    "within a second or two and refuses the key from then on. 'worker' revokes "
+                    "the pair shared by hosts without a key of their own.",
+        epilog=KEYS_EXIT_CODES, formatter_class=_HelpFormatter)
+    r.add_argument("directory", metavar="DIR", help="a directory made by 'asyncrl keys generate'")
+    r.add_argument("name", metavar="NAME", help="the host to revoke (see 'asyncrl keys list')")
+    lst = keys_sub.add_parser(
+        "list", help="list the public keys of DIR: name, state, fingerprint",
+        description="One line per public key in DIR/authorized/ and DIR/revoked/: its name, "
+                    "whether it is authorized or revoked, and the first 8 characters of the key "
+                    "(as the collector's log lines show them).",
+        epilog=KEYS_EXIT_CODES, formatter_class=_HelpFormatter)
+    lst.add_argument("directory", metavar="DIR", help="a directory made by 'asyncrl keys generate'")
 
 
 def _bench_parser(sub: Any) -> None:
@@ -170,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "bench":
         return run_benchmark(args.name, args.args)
     if args.command == "keys":
-        return generate_keys_command(args.directory)
+        return keys_command(args)
     if args.command == "env-worker":
         return run_env_worker_command(args)
     return run_workers(args)
@@ -203,16 +231,30 @@ def _has_benchmark(root: str, name: str) -> bool:
             and os.path.isdir(os.path.join(root, "asyncrl")))
 
 
-def generate_keys_command(directory: str) -> int:
-    from transports import generate_keys
+def keys_command(args: argparse.Namespace) -> int:
+    """``asyncrl keys generate | add-host | revoke | list``."""
+    import transports
 
     try:
-        root = generate_keys(directory)
-    except (OSError, ValueError) as exc:
+        if args.keys_command == "generate":
+            root = transports.generate_keys(args.directory)
+            print(f"wrote CURVE keys to {root}: coordinator.key(_secret), worker.key(_secret), "
+                  "authorized/")
+        elif args.keys_command == "add-host":
+            host = transports.add_host(args.directory, args.name)
+            print(f"wrote {host}: copy this folder to host {args.name} and run 'asyncrl worker "
+                  "--keys FOLDER' there (or point ASYNCRL_CURVE_SECRET_KEY_FILE and "
+                  f"ASYNCRL_CURVE_SERVER_KEY_FILE at its files); {args.name} is authorized")
+        elif args.keys_command == "revoke":
+            revoked = transports.revoke_host(args.directory, args.name)
+            print(f"revoked {args.name} ({revoked}): running collectors disconnect its "
+                  "workers and refuse its key")
+        else:
+            for entry in transports.list_keys(args.directory):
+                print(f"{entry.name}\t{entry.state}\t{entry.fingerprint}")
+    except (OSError, ValueError, transports.TransportError) as exc:
         print(f"asyncrl keys: {exc}", file=sys.stderr)
         return 2
-    print(f"wrote CURVE keys to {root}: coordinator.key(_secret), worker.key(_secret), "
-          "authorized/")
     return 0
 
 
@@ -241,10 +283,9 @@ def run_workers(args: argparse.Namespace) -> int:
             resolve_import_path(args.env)
         if args.policy:
             resolve_import_path(args.policy)
-        if args.keys:
-            from transports import CurveClient
+        from transports import CurveClient
 
-            CurveClient.from_dir(args.keys)
+        CurveClient.load(args.keys)  # --keys DIR, else ASYNCRL_CURVE_* variables if set
     except Exception as exc:
         print(f"asyncrl worker: {exc}", file=sys.stderr)
         return 2

@@ -7,6 +7,9 @@
 * :class:`SharedTensorBlock`: same-host tensors in shared memory, read whole or not at all.
 * :class:`LocalHub` / :class:`LocalLink`: the same send/ack contract in memory (in-process
   collectors, tests).
+* CURVE: :class:`CurveServer` / :class:`CurveClient` (keys from a directory, key files or
+  ``ASYNCRL_CURVE_*`` variables); :func:`generate_keys`, :func:`add_host`, :func:`revoke_host`,
+  :func:`list_keys` manage a key directory that a running hub watches.
 * Errors: :class:`TransportError` and its family; :class:`ErrorPayload` is the one wire form
   of an exception. :class:`ClosedResourceError` is also anyio's.
 
@@ -22,7 +25,6 @@ from ._codec import decode as decode
 from ._codec import encode as encode
 from ._curve import CurveClient as CurveClient
 from ._curve import CurveServer as CurveServer
-from ._curve import generate_keys as generate_keys
 from ._errors import ClosedResourceError as ClosedResourceError
 from ._errors import ErrorPayload as ErrorPayload
 from ._errors import PeerLostError as PeerLostError
@@ -31,6 +33,12 @@ from ._errors import RemoteError as RemoteError
 from ._errors import TransportError as TransportError
 from ._hub import STRANGER_MAX_BYTES as STRANGER_MAX_BYTES
 from ._hub import Hub as Hub
+from ._keyring import AuthorizedKeys as AuthorizedKeys
+from ._keyring import KeyEntry as KeyEntry
+from ._keyring import add_host as add_host
+from ._keyring import generate_keys as generate_keys
+from ._keyring import list_keys as list_keys
+from ._keyring import revoke_host as revoke_host
 from ._link import Link as Link
 from ._link import random_identity as random_identity
 from ._memory import LocalHub as LocalHub
@@ -52,12 +60,14 @@ __all__ = [
     "DEFAULT_MAX_BYTES",
     "PROTOCOL_VERSION",
     "STRANGER_MAX_BYTES",
+    "AuthorizedKeys",
     "ChannelStatistics",
     "ClosedResourceError",
     "CurveClient",
     "CurveServer",
     "ErrorPayload",
     "Hub",
+    "KeyEntry",
     "Link",
     "LocalHub",
     "LocalLink",
@@ -72,10 +82,13 @@ __all__ = [
     "Ticket",
     "TornReadError",
     "TransportError",
+    "add_host",
     "copy_into",
     "decode",
     "encode",
     "generate_keys",
+    "list_keys",
     "random_identity",
+    "revoke_host",
     "shutdown",
 ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import secrets
 import time
 from collections import deque
 from typing import Any, NamedTuple
@@ -13,11 +14,12 @@ import anyio.lowlevel
 import zmq
 
 from ._codec import Decoded, decode_message, encode_message
-from ._curve import Authenticator, CurveClient, CurveServer
+from ._curve import CurveClient, CurveServer
 from ._errors import ClosedResourceError, ProtocolError, TransportError
 from ._ratelimit import RateLimitedLog
 from ._resource import TaskGroupResource
 from ._socket import AsyncSocket, configure, default_context
+from ._trust import PeerKeys
 from ._types import Message, PeerEvent
 
 log = logging.getLogger("transports")
@@ -151,7 +153,7 @@ class Channel(TaskGroupResource):
         self._linger_ms = int(linger * 1000)
         self._context = context or default_context()
         self.curve = curve
-        self._authenticator: Authenticator | None = None
+        self._trust: PeerKeys | None = None  # a CURVE hub's ZAP domain and key bindings
         self._io: AsyncSocket | None = None
         self._ping: list[Any] = []  # encoded once the socket is open
         self._inbox = Inbox(queue_size)
@@ -179,8 +181,11 @@ class Channel(TaskGroupResource):
             socket.close(linger=0)
             self._stop_authenticator()
             raise
+        if self._trust is not None:
+            self._trust.bound(self.endpoint)  # its refusals name the real address
         self._io = AsyncSocket(socket, self._handle, self._deliver_nowait, self._deliver,
-                               self._caught_up, leading_bytes=self._leading_bytes)
+                               self._caught_up, leading_bytes=self._leading_bytes,
+                               keep_metadata=self._trust is not None)
         self._io.translate = self._translate_send_error  # type: ignore[method-assign]
         self._ping = encode_message(None, kind=PING, meta=self._ping_meta())
         # The pump must be running before anyone can call aclose(), which waits for it.
@@ -214,19 +219,19 @@ class Channel(TaskGroupResource):
             return
         if isinstance(self.curve, CurveServer):
             # The ZAP handler must run before the first peer connects.
-            self._authenticator = Authenticator(self._context, self.curve, self.endpoint)
-            self._authenticator.start()
-        self.curve.apply(socket)
+            self._trust = PeerKeys(self._context, self.curve, secrets.token_hex(8))
+            self._trust.apply(socket)
+        else:
+            self.curve.apply(socket)
 
     def _stop_authenticator(self) -> None:
-        if self._authenticator is not None:
-            self._authenticator.stop()
-            self._authenticator = None
+        if self._trust is not None:
+            self._trust.close()
 
     @property
     def refused_peers(self) -> int:
-        """Connections refused because their CURVE key is not authorized."""
-        return self._authenticator.provider.refused if self._authenticator else 0
+        """Connections refused because their CURVE key is not authorized (or revoked)."""
+        return self._trust.refused if self._trust else 0
 
     def _closed_error(self) -> ClosedResourceError:
         return ClosedResourceError(f"{type(self).__name__} on {self.endpoint} is closed")

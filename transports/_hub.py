@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import logging
 import secrets
 import time
 from collections import OrderedDict
@@ -15,7 +16,10 @@ import zmq
 from ._channel import ACK, BYE, PING, Channel, ChannelStatistics
 from ._codec import encode_message
 from ._errors import ErrorPayload, PeerLostError, ProtocolError, RemoteError
+from ._trust import tighten_for_curve, warn_if_exposed
 from ._types import Message, PeerEvent, Ticket
+
+log = logging.getLogger("transports")
 
 MAX_PENDING_TICKETS = 4096
 #: With ``admission=True``: the largest message a peer that was not admitted may send
@@ -42,12 +46,15 @@ class Hub(Channel):
     Bound ``max_bytes`` too: ZeroMQ assembles a whole message (up to that size)
     before anyone can look at who sent it.
 
-    Identities are routing addresses, not credentials: ``ROUTER_HANDOVER`` lets
-    a reconnecting peer take its route back, so whoever presents an identity gets
-    that peer's messages. Peers therefore use unguessable identities (128 random
-    bits, see ``transports.random_identity``); on plain ``tcp://`` they travel in
-    clear text, so on a network you do not trust use CURVE (``curve=``), which
-    authenticates every connection and encrypts the identity with everything else.
+    Identities are routing addresses, not credentials. Without CURVE,
+    ``ROUTER_HANDOVER`` lets a reconnecting peer take its route back, so whoever
+    presents an identity gets that peer's messages; peers therefore use
+    unguessable identities (128 random bits, see ``transports.random_identity``),
+    but on plain ``tcp://`` they travel in clear text. With CURVE (``curve=``)
+    every connection is authenticated and encrypted, a live peer's route is
+    never handed over, and each identity is bound to the key it came with: a
+    copied identity presented with another key takes nothing over. Keys revoked
+    while the hub runs are disconnected (see ``docs/security.md``).
 
     >>> async with Hub("tcp://127.0.0.1:0") as hub:          # doctest: +SKIP
     ...     item = await hub.recv()                         # PeerEvent(b"w0", "joined")
@@ -111,9 +118,14 @@ class Hub(Channel):
 
     def _prepare(self, socket: zmq.Socket[Any]) -> None:
         socket.setsockopt(zmq.ROUTER_MANDATORY, 1)  # unknown peer: an error, not a silent drop
-        socket.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a peer that reconnects takes its name back
+        # Without CURVE a peer that reconnects takes its name back (handover). With
+        # CURVE a live route is never handed over: see transports._trust.
+        socket.setsockopt(zmq.ROUTER_HANDOVER, 0 if self.curve else 1)
+        if self.curve:
+            tighten_for_curve(socket, self.peer_timeout)
         socket.bind(self.endpoint)
         self.endpoint = socket.getsockopt_string(zmq.LAST_ENDPOINT)
+        warn_if_exposed(self.endpoint, curve=self.curve is not None)
 
     # -- API -------------------------------------------------------------------------
     async def recv(self) -> Message | PeerEvent:
@@ -211,7 +223,13 @@ class Hub(Channel):
     def _handle(self, frames: list[Any]) -> Message | None:
         if len(frames) < 2:
             return None
-        peer = frames[0]
+        if self._trust is not None:  # CURVE: the identity must come with its own key
+            peer = self._trust.screen(frames[0])
+            if peer is None:
+                self._bad += 1
+                return None
+        else:
+            peer = frames[0]
         stranger = self.admission and peer not in self._admitted
         if stranger and not self._small(frames):
             return None  # before any decoding: an unknown peer's bulk is never looked at
@@ -296,6 +314,8 @@ class Hub(Channel):
             self._io.try_send([peer, *ping])
 
     def _check_liveness(self, now: float) -> None:
+        if self._trust is not None:
+            self._expel_revoked()
         for peer, seen in list(self._last_seen.items()):
             if self._silence(seen, now) > self.peer_timeout:
                 del self._last_seen[peer]
@@ -303,6 +323,22 @@ class Hub(Channel):
                     del self._strangers[peer]  # a stranger leaves no trace
                 else:
                     self._lose(peer)
+
+    def _expel_revoked(self) -> None:
+        """Peers whose CURVE key was revoked since they joined: told goodbye, lost."""
+        assert self._trust is not None and self._io is not None
+        for peer in self._trust.revoked(self._last_seen):
+            del self._last_seen[peer]
+            stranger = peer in self._strangers
+            self._strangers.pop(peer, None)
+            self._io.try_send([peer, *encode_message(None, kind=BYE)])  # a polite one leaves
+            key = self._trust.key_of(peer) or b""
+            log.warning("disconnected %r: its CURVE key (%s) was revoked", peer,
+                        self._trust.keys.name_of(key))
+            if not stranger:
+                self._lose(peer)
+        self._trust.forget_unless(
+            lambda p: p in self._last_seen or p in self._admitted or p in self._dropped)
 
     def _farewell(self, socket: zmq.Socket[Any]) -> None:
         # Links report the hub lost at once instead of after their peer timeout.

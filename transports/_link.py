@@ -87,6 +87,8 @@ class Link(Channel):
         self._monitor: zmq.Socket[Any] | None = None
         self._up = False  # a connection to the hub is established (handshake done)
         self._silence_noted = False  # "silent but connected" was logged for this silence
+        self._was_down = False  # a connection closed once: the next ones are reconnections
+        self._unanswered_since: float | None = None  # CURVE: a reconnection not answered yet
 
     def _prepare(self, socket: zmq.Socket[Any]) -> None:
         socket.setsockopt(zmq.IDENTITY, self.identity)
@@ -212,6 +214,7 @@ class Link(Channel):
 
     def _handle(self, frames: list[Any]) -> Message | None:
         now = time.monotonic()
+        self._unanswered_since = None
         if self._silence_noted:
             self._silence_noted = False
             log.warning("the hub at %s answers again after %.1f s of silence",
@@ -263,6 +266,8 @@ class Link(Channel):
         # inproc:// has no connections to watch: silence alone decides there, as the
         # hub shares this process and its event loop.
         self._read_connection_events()
+        if self._unanswered_since is not None and now - self._unanswered_since > self.peer_timeout:
+            self._redial(now)
         silence = self._silence(self._last_seen, now)
         if self._lost or silence <= self.peer_timeout:
             return
@@ -294,8 +299,28 @@ class Link(Channel):
                 continue  # not ours to crash on
             if event == _UP:
                 self._up = True
+                if self._was_down and self.curve is not None:
+                    self._unanswered_since = time.monotonic()
             elif event == _DOWN:
                 self._up = False
+                self._was_down = True
+
+    def _redial(self, now: float) -> None:
+        """A CURVE hub never hands a live identity over (see ``transports._trust``): a
+        reconnection that reached it while it still held our old connection (its event
+        loop was held, or the old one was not closed yet on its side) is never routed.
+        Connecting again once the old one is gone is how the route comes back."""
+        log.warning("the hub at %s has not answered on a new connection for %.1f s: it may "
+                    "still hold our previous one; connecting again", self.endpoint,
+                    now - (self._unanswered_since or now))
+        self._unanswered_since = None
+        self._awake_since = now  # the new connection gets a full peer_timeout to be heard
+        assert self._io is not None
+        try:
+            self._io.socket.disconnect(self.endpoint)
+            self._io.socket.connect(self.endpoint)
+        except zmq.ZMQError as exc:  # not ours to crash on: liveness decides as before
+            log.warning("could not connect again to %s: %s", self.endpoint, exc)
 
     def _lose_hub(self, *, goodbye: bool = False) -> None:
         self._lost = True

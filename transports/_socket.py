@@ -73,14 +73,15 @@ class AsyncSocket:
 
     ``leading_bytes`` says how many leading frames of each message are received
     as ``bytes`` (routing identity, header: small, and cheaper to copy than to
-    wrap); the frames after them stay zero-copy ``zmq.Frame`` objects.
+    wrap); the frames after them stay zero-copy ``zmq.Frame`` objects. With
+    ``keep_metadata`` the first frame is a ``zmq.Frame`` too (``frame.get("User-Id")``).
     """
 
     def __init__(self, socket: zmq.Socket[Any], handle: Callable[[list[Any]], Any],
                  deliver_nowait: Callable[[Any], bool],
                  deliver: Callable[[Any], Awaitable[None]],
                  on_caught_up: Callable[[], None] = lambda: None, *,
-                 leading_bytes: int = 1) -> None:
+                 leading_bytes: int = 1, keep_metadata: bool = False) -> None:
         self.socket = socket
         self._handle = handle  # one message's frames -> an item for the consumers, or None
         self._deliver_nowait = deliver_nowait  # queue an item now, or say False
@@ -89,6 +90,8 @@ class AsyncSocket:
         self._stash: Any = None  # an item the reader callback could not queue
         self._error: BaseException | None = None  # raised in the reader callback
         self._leading_bytes = leading_bytes
+        # The first frame stays a zmq.Frame: its metadata (CURVE's User-Id) is readable.
+        self._copy_first = not keep_metadata
         self._fd = cast(int, socket.getsockopt(zmq.FD))
         self._wait_scope: anyio.CancelScope | None = None
         self._poked = False
@@ -258,7 +261,7 @@ class AsyncSocket:
 
     def _recv(self) -> list[Any]:
         socket = self.socket
-        frames: list[Any] = [socket.recv(_NOBLOCK)]
+        frames: list[Any] = [socket.recv(_NOBLOCK, copy=self._copy_first)]
         # A multipart message arrives whole: once its first frame is here, all are.
         while socket.get(_RCVMORE):
             frames.append(socket.recv(_NOBLOCK, copy=len(frames) < self._leading_bytes))

@@ -171,7 +171,7 @@ async def run_remote_env_worker(connect: str, env: Any, *, envs: int = 1,
     readiness probe of ``asyncrl env-worker --probe-port``).
     """
     interval = min(1.0, peer_timeout / 4)
-    curve = CurveClient.from_dir(curve_keys) if curve_keys is not None else None
+    curve = CurveClient.load(curve_keys)  # None: ASYNCRL_CURVE_* variables, if set
     pool = await anyio.to_thread.run_sync(build_pool, [env] * envs, dict(create_env_kwargs or {}))
     stepper: EnvStepper | None = None
     identity = random_identity(f"{socket.gethostname()}-{os.getpid()}-env")

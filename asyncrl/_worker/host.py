@@ -18,7 +18,7 @@ from typing import Any
 
 import anyio
 
-from transports import random_identity
+from transports import CurveClient, random_identity
 
 from .._observe.probes import DEFAULT_HOST as DEFAULT_PROBE_HOST
 from .._observe.probes import AdmissionBoard, ProbeServer
@@ -47,7 +47,7 @@ class HostWorkers:
 
     def __init__(self, connect: str, spec: WorkerSpec, *, workers: int, relay: bool = True,
                  peer_timeout: float = 10.0, reconnect: bool = False,
-                 curve_keys: str | None = None, backend: str = "asyncio",
+                 curve_keys: str | CurveClient | None = None, backend: str = "asyncio",
                  log_config: dict[str, Any] | None = None, probe_port: int | None = None,
                  probe_host: str = DEFAULT_PROBE_HOST) -> None:
         if workers < 1:
@@ -57,7 +57,9 @@ class HostWorkers:
         self.relay = relay and workers > 1
         self.peer_timeout = peer_timeout
         self.reconnect = reconnect
-        self.curve_keys = curve_keys
+        # Resolved once here (a directory, or ASYNCRL_CURVE_* variables when None):
+        # the relay and the worker processes get the keys themselves.
+        self.curve_keys = CurveClient.load(curve_keys)
         self.backend = backend
         self.log_config = log_config  # the workers' logging (asyncrl._spawn.logs.capture())
         # Unguessable (128 random bits each): an identity is a route on the hub.

@@ -99,7 +99,7 @@ class HostRelay(TaskGroupResource):
     def __init__(self, connect: str, members: Iterable[bytes], *,
                  name: bytes | None = None, endpoint: str | None = None,
                  heartbeat_interval: float = 1.0, peer_timeout: float = 10.0,
-                 curve_keys: str | None = None, max_in_flight: int = 64) -> None:
+                 curve_keys: str | CurveClient | None = None, max_in_flight: int = 64) -> None:
         self.connect = connect
         self.members = frozenset(members)
         if not 0 < len(self.members) <= MAX_RELAY_MEMBERS:
@@ -152,7 +152,7 @@ class HostRelay(TaskGroupResource):
                 if endpoint is None:
                     self._tmpdir = tempfile.mkdtemp(prefix="asyncrl-relay-")  # 0700: ours only
                     endpoint = f"ipc://{self._tmpdir}/relay"
-                curve = CurveClient.from_dir(self._curve_keys) if self._curve_keys else None
+                curve = CurveClient.load(self._curve_keys) if self._curve_keys else None
                 async with Hub(endpoint, **self._channel_options) as hub, \
                         Link(self.connect, identity=self.name, curve=curve,
                              **self._channel_options) as link:

@@ -470,7 +470,7 @@ async def run_worker(endpoint: str, spec: WorkerSpec, *, identity: bytes | None 
                      slot: int = -1, token: str = "", parent_pid: int | None = None,
                      heartbeat_interval: float = 1.0, peer_timeout: float = 10.0,
                      reconnect: bool = False, reconnect_timeout: float = 3600.0,
-                     curve_keys: str | None = None, relay: str | None = None,
+                     curve_keys: str | CurveClient | None = None, relay: str | None = None,
                      relay_name: bytes | str = b"", handle_signals: bool = False,
                      admission: Any = None, **link_options: Any) -> int:
     """Connect to the coordinator at ``endpoint`` and serve until told to close.
@@ -478,7 +478,8 @@ async def run_worker(endpoint: str, spec: WorkerSpec, *, identity: bytes | None 
     With ``reconnect=True`` a worker whose coordinator went silent waits (up to
     ``reconnect_timeout`` s) for it, or a restarted one, and joins again with
     the latest weights; otherwise it exits. ``curve_keys`` is a directory made
-    by ``asyncrl keys generate`` (CURVE encryption and authentication). ``relay``
+    by ``asyncrl keys`` (CURVE encryption and authentication), or the keys
+    themselves (:class:`~transports.CurveClient`); None: no CURVE. ``relay``
     is the endpoint of this host's :class:`~asyncrl._worker.relay.HostRelay` and
     ``relay_name`` its identity: weight updates may then come through it. Returns an exit
     code: 0 when closed by the coordinator, 1 on an env or policy error (reported to the
@@ -488,7 +489,7 @@ async def run_worker(endpoint: str, spec: WorkerSpec, *, identity: bytes | None 
     closed, and it returns 0.
     """
     if curve_keys is not None:
-        link_options["curve"] = CurveClient.from_dir(curve_keys)
+        link_options["curve"] = CurveClient.load(curve_keys)
     async with AsyncExitStack() as stack:
         link = await stack.enter_async_context(
             Link(endpoint, identity=identity, heartbeat_interval=heartbeat_interval,

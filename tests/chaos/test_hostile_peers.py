@@ -21,7 +21,7 @@ import zmq
 from asyncrl import MultiAsyncCollector, MultiSyncCollector
 from asyncrl._protocol import PROTOCOL, ErrorReport, Hello
 from asyncrl.testing import ValuePolicy, identity_env
-from transports import ErrorPayload, Link
+from transports import CurveClient, ErrorPayload, Link, add_host, generate_keys
 from transports._codec import encode_message
 
 from .helpers import LIMIT, LIVENESS, RSS_GROWTH_MB, assert_frames, pids_in, rss_mb, train
@@ -55,6 +55,37 @@ async def test_a_socket_reusing_a_workers_identity_takes_nothing_over(sandbox) -
                 hello = Hello(protocol=PROTOCOL, name=f"local-1-{victim}", host="evil",
                               pid=victim, specs={}, slot=1, token="guessed")
                 await link.send(hello.to_body(), kind=Hello.KIND)
+
+            pids = list(c.worker_pids)
+            batches, values = await train(c, after_batch=impersonate)
+            assert c.worker_pids == pids
+        await sandbox.assert_clean()
+    assert_frames(batches, values, total_frames=TOTAL)
+    assert set(pids) <= pids_in(batches[-2:]), "a worker stopped delivering"
+
+
+@pytest.mark.parametrize("anyio_backend", ["trio"])
+async def test_a_copied_identity_with_another_curve_key_takes_nothing_over(sandbox,
+                                                                          tmp_path) -> None:
+    """The identity is public (the INFO "joined" line, ``statistics().workers[].name``):
+    an authorized host that copies it, with its own key, gets no route and no slot."""
+    keys = generate_keys(tmp_path / "keys")
+    evil = CurveClient.from_dir(add_host(keys, "evil"))
+    with anyio.fail_after(LIMIT):
+        async with listening(curve_keys=str(keys)) as c, \
+                contextlib.AsyncExitStack() as impostors:
+
+            async def impersonate(c, index: int) -> None:
+                if index != 1:
+                    return
+                victim = next(w for w in c.statistics().workers if w.index == 1)
+                link = await impostors.enter_async_context(
+                    Link(c.endpoint, identity=victim.name, curve=evil, **LIVENESS))
+                hello = Hello(protocol=PROTOCOL, name=victim.name, host="evil",
+                              pid=victim.pid, specs={}, slot=1, token="guessed")
+                await link.send(hello.to_body(), kind=Hello.KIND)
+                await link.send(ErrorReport(ErrorPayload("builtins:RuntimeError", "forged"),
+                                            fatal=True).to_body(), kind=ErrorReport.KIND)
 
             pids = list(c.worker_pids)
             batches, values = await train(c, after_batch=impersonate)

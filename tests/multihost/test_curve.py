@@ -3,14 +3,25 @@
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import subprocess
 import sys
 
 import anyio
 import pytest
 
-from asyncrl import MultiSyncCollector
-from transports import CurveClient, CurveServer, Hub, Link, PeerEvent, generate_keys
+from asyncrl import MultiAsyncCollector, MultiSyncCollector
+from transports import (
+    CurveClient,
+    CurveServer,
+    Hub,
+    Link,
+    PeerEvent,
+    add_host,
+    generate_keys,
+    revoke_host,
+)
 
 pytestmark = pytest.mark.anyio
 LIMIT = 60
@@ -96,3 +107,38 @@ async def test_collector_with_keys_serves_keyed_workers_and_refuses_others(tmp_p
                 intruder.kill()
                 friend.kill()
     assert len(batches) == 2
+
+
+async def test_a_host_keyed_from_its_environment_joins_and_is_cut_off_when_revoked(
+        tmp_path) -> None:
+    keys = generate_keys(tmp_path / "keys")
+    host = add_host(keys, "gpu1")
+    mount = tmp_path / "mount"  # a secret mount of another layout: one bare key per file
+    mount.mkdir()
+    (mount / "tls.key").write_text(CurveClient.from_dir(host).secret_key.decode())
+    (mount / "server.pub").write_text(CurveServer.from_dir(keys).public_key.decode())
+    env = {**os.environ, "ASYNCRL_CURVE_SECRET_KEY_FILE": str(mount / "tls.key"),
+           "ASYNCRL_CURVE_SERVER_KEY_FILE": str(mount / "server.pub")}
+    with anyio.fail_after(2 * LIMIT):
+        async with MultiAsyncCollector("CartPole-v1", num_workers=1, remote_workers=1,
+                                       listen="tcp://127.0.0.1:0", curve_keys=str(keys),
+                                       frames_per_batch=20, total_frames=10**9,
+                                       on_worker_loss="continue") as collector:
+            worker = subprocess.Popen(
+                [sys.executable, "-m", "asyncrl.cli", "worker", "--connect", collector.endpoint,
+                 "--env", "CartPole-v1"], env=env)  # no --keys: the environment's
+            prefix = f"{socket.gethostname()}-{worker.pid}-w0"
+            try:
+                revoked = False
+                async for _ in collector:
+                    remote = [w for w in collector.statistics().workers
+                              if w.name.startswith(prefix)]
+                    if remote and remote[0].batches and not revoked:
+                        revoke_host(keys, "gpu1")  # while it collects: no restart
+                        revoked = True
+                    elif revoked and remote[0].state == "lost":
+                        break
+                code = await anyio.to_thread.run_sync(lambda: worker.wait(timeout=30))
+            finally:
+                worker.kill()
+    assert code == 3  # told goodbye: "the coordinator is gone" (see docs/security.md)

@@ -245,8 +245,8 @@ class AsyncBatchedCollector(ServedPolicy, BaseCollector):
                     endpoint, limits = self.listen, listening_hub_limits(
                         None, frames=self.batching.max_batch_size * self.chunk_steps,
                         policy=None)
-                    if self.curve_keys is not None:
-                        limits["curve"] = CurveServer.from_dir(self.curve_keys)
+                    # A directory, or (None) ASYNCRL_CURVE_* variables if they are set.
+                    limits["curve"] = CurveServer.load(self.curve_keys)
                 async with Hub(endpoint, heartbeat_interval=interval,
                                peer_timeout=timeout, **limits) as hub:
                     self._hub = hub

@@ -121,7 +121,11 @@ async def run_background(run: MultiRun, losses: WorkerLosses, name: str, paused:
     assert run.background is not None and run.background_done is not None
     try:
         with run.background:
-            curve = CurveServer.from_dir(run.curve_keys) if run.curve_keys else None
+            # A directory, or when listening without one, ASYNCRL_CURVE_* variables.
+            curve = CurveServer.load(run.curve_keys) if run.curve_keys or run.listen else None
+            local_keys = None
+            if curve is not None:  # local workers get a key of their own, for this hub only
+                curve, local_keys = curve.with_local_client()
             specs = await reference_specs(run.spec) if run.remote_workers else None
             async with Hub(endpoint, heartbeat_interval=interval, peer_timeout=timeout,
                            curve=curve, **_hub_limits(run, specs)) as hub:
@@ -138,7 +142,7 @@ async def run_background(run: MultiRun, losses: WorkerLosses, name: str, paused:
                     hub.endpoint, run.worker_specs, run.num_workers, token=token,
                     backend=backend,
                     options={"heartbeat_interval": interval, "peer_timeout": timeout,
-                             "curve_keys": run.curve_keys,
+                             "curve_keys": local_keys,
                              "log_config": _logs.capture()},
                     directory=run.tmpdir or "", start_method=run.config.threads.start_method)
                 async with anyio.create_task_group() as tg:

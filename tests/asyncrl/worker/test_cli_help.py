@@ -45,7 +45,8 @@ def test_worker_help_shows_defaults_and_exit_codes(capsys: pytest.CaptureFixture
 
 
 def test_subcommand_help_has_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
-    assert "0  keys written" in run_help(capsys, "keys", "generate", "--help")
+    for command in ("generate", "add-host", "revoke", "list"):
+        assert "0  done (keys written" in run_help(capsys, "keys", command, "--help")
     assert "no benchmarks/NAME.py" in run_help(capsys, "bench", "--help")
 
 
