@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -92,6 +93,9 @@ class WorkerInfo:
     delivered: int = 0
     relay: bytes | None = None  # the relay its hello named (weights go through it if it agrees)
     rejoin_asked: bool = False  # dropped, then told to rejoin (or refused: never to be)
+    #: ``time.monotonic()`` since which it owes work (a credit, a share) and delivered
+    #: nothing (None: it owes nothing); the stall watchdog reads it.
+    owed_since: float | None = None
 
     @property
     def ahead(self) -> int:
@@ -226,6 +230,7 @@ class CoordinatorState:
         self.gone: OrderedDict[bytes, None] = OrderedDict()
         self.written_off = 0  # workers lost under "continue": nobody waits for them
         self.expected = 0  # workers the run was started with (see missing_workers)
+        self.clock: Callable[[], float] = time.monotonic  # owed_since's clock (tests set it)
 
     # -- what the trainer asks -------------------------------------------------------------
     @property
@@ -364,6 +369,7 @@ class CoordinatorState:
         if problems:
             return self._reject_batch(worker, batch, problems)  # never counted
         worker.credits = max(0, worker.credits - 1)
+        worker.owed_since = self.clock() if worker.credits else None
         worker.delivered += 1
         if self.sync:
             return self._on_share(worker, batch)  # completes the round once it is whole
@@ -393,14 +399,38 @@ class CoordinatorState:
         if worker is None or not worker.alive:
             return []
         log.warning("worker %d (%s on %s) was lost", worker.index, worker.name, worker.host)
+        return self._apply_loss(worker, "stopped answering")
+
+    def stalled(self, peer: bytes, seconds: float) -> list[Action]:
+        """``peer`` owed work and delivered nothing for ``seconds`` (the stall watchdog):
+        a loss, by ``on_worker_loss``, although its process is alive and its heartbeats
+        come (its env's ``step()`` or its policy hangs)."""
+        worker = self.workers.get(peer)
+        if worker is None or not worker.alive:
+            return []
+        what = (f"owed a batch and delivered nothing for {seconds:.1f} s: the env step or "
+                "the policy did not return (sample_timeout)")
+        log.warning("worker %d (%s, pid %d on %s) %s", worker.index, worker.name, worker.pid,
+                    worker.host, what)
+        return self._apply_loss(worker, what)
+
+    def _apply_loss(self, worker: WorkerInfo, what: str) -> list[Action]:
         if self.on_worker_loss == "raise":
             self.fail(WorkerLostError(
                 f"worker {worker.index} ({worker.name}, pid {worker.pid} on {worker.host}) "
-                "stopped answering; pass on_worker_loss='continue', 'wait' or 'restart' to "
-                "carry on"))
+                f"{what}; pass on_worker_loss='continue', 'wait' or 'restart' to carry on"))
         elif self.on_worker_loss == "continue":
             self.written_off += 1
         return self._forget(worker)
+
+    def stalled_workers(self, now: float, timeout: float,
+                        awake_since: float = 0.0) -> list[tuple[WorkerInfo, float]]:
+        """Live workers that owe work and delivered nothing for more than ``timeout`` s
+        while the trainer's loop ran (counted from ``awake_since`` at the earliest), with
+        how long they have owed it."""
+        return [(w, now - w.owed_since) for w in self.live_workers
+                if w.owed_since is not None and w.credits > 0
+                and now - max(w.owed_since, awake_since) > timeout]
 
     def exited(self, peer: bytes, error: WorkerLostError, *, replaceable: bool) -> list[Action]:
         """A local worker's process ended without being told to: apply ``on_worker_loss``.
@@ -552,6 +582,7 @@ class CoordinatorState:
     def _forget(self, worker: WorkerInfo) -> list[Action]:
         """Drop a worker (lost, or replaced by its own new hello) and release what it owed."""
         worker.alive = False
+        worker.owed_since = None
         self._mark_gone(worker.peer)
         actions: list[Action] = [Expel(worker.peer)]
         round_ = self.round
@@ -586,14 +617,20 @@ class CoordinatorState:
             if self.budget <= 0:
                 return False
             self.budget -= 1
-        worker.credits += 1
+        self._owe(worker)
         actions.append(Send(worker.peer, Collect(worker.index, 1), worker))
         return True
 
     def _grant_share(self, worker: WorkerInfo, round_: Round) -> Send:
         """Sync mode: ask ``worker`` for its share of ``round_``."""
-        worker.credits += 1
+        self._owe(worker)
         return Send(worker.peer, Collect(round_.request, 1), worker)
+
+    def _owe(self, worker: WorkerInfo) -> None:
+        """One more batch asked of ``worker``; the stall clock starts if it owed nothing."""
+        if not worker.credits:
+            worker.owed_since = self.clock()
+        worker.credits += 1
 
     def _share_of(self, index: int) -> int:
         """The share (frames per batch it sends) of the worker admitted with ``index``."""

@@ -23,6 +23,7 @@ from ..._worker.spec import WorkerSpec
 from ...weights import WeightSender
 from .._assemble import assemble, drop_env_dim
 from .._base import BaseCollector
+from .._config import check_timeout
 from .._docs import add_parameters, share_parameters, show_init_signature
 from .._parameters import MULTI_PARAMETERS
 from .._torchrl_args import MULTI_COLLECTOR, check_torchrl_options
@@ -53,6 +54,9 @@ class MultiCollector(BaseCollector):
     dead local worker cannot be replaced; ``"restart"`` respawns a local worker's
     slot (a silent one is killed first), at most ``max_restarts`` times in a row
     without a delivered batch, and waits for a remote one as ``"wait"`` does.
+    A worker that owes a batch and delivers nothing for ``sample_timeout`` seconds
+    (its env's ``step()`` or its policy hangs, while its heartbeats go on) is lost
+    the same way.
 
     Batches, with TorchRL's meaning (shapes: ``docs/batch_shapes.md``):
     ``replay_buffer`` is extended with every batch's frames, flat, and iteration
@@ -177,6 +181,7 @@ class MultiCollector(BaseCollector):
         backend: str | None = None,
         heartbeat_interval: float = 1.0,
         peer_timeout: float = 10.0,
+        sample_timeout: float | None = 60.0,
         listen: str | None = None,
         remote_workers: int = 0,
         curve_keys: str | None = None,
@@ -237,6 +242,7 @@ class MultiCollector(BaseCollector):
             policy=policy, listen=listen, curve_keys=curve_keys,
             max_message_bytes=max_message_bytes, backend=backend,
             heartbeat=(heartbeat_interval, peer_timeout),
+            sample_timeout=check_timeout("sample_timeout", sample_timeout),
             init_random_frames=self.init_random_frames, total_frames=self.total_frames,
             publish=self._publish, on_weights_applied=self._on_weights_applied)
         self._losses = WorkerLosses(self._run)  # on_worker_loss, applied

@@ -25,6 +25,7 @@ import torch
 from transports import CurveServer, Hub
 
 from ..._coordinator.coordinator import Coordinator
+from ..._coordinator.watchdog import StallWatchdog
 from ..._observe.events import CollectorEvent
 from ..._rollout.envs import make_env_pool
 from ..._spawn import logs as _logs
@@ -76,6 +77,8 @@ class MultiRun:
     on_weights_applied: Callable[[str, int, float], None]
     #: ``on_worker_loss="restart"``'s bound, read from the collector when it opens.
     max_restarts: int = 3
+    #: Seconds a worker may owe work and deliver nothing before it is lost (None: never).
+    sample_timeout: float | None = 60.0
     # -- while open ------------------------------------------------------------------
     hub: Hub | None = None
     coordinator: Coordinator | None = None
@@ -142,6 +145,8 @@ async def run_background(run: MultiRun, losses: WorkerLosses, name: str, paused:
                     directory=run.tmpdir or "", start_method=run.config.threads.start_method)
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(coordinator.run)  # hellos are answered while others spawn
+                    if run.sample_timeout is not None:  # a hung env or policy is a loss
+                        tg.start_soon(StallWatchdog(coordinator, run.sample_timeout).run)
                     for sender in run.senders.values():
                         tg.start_soon(sender.run)  # queued versions go out once acked
                     await tg.start(workers.run, losses.process_died)
