@@ -231,6 +231,9 @@ class CoordinatorState:
         self.written_off = 0  # workers lost under "continue": nobody waits for them
         self.expected = 0  # workers the run was started with (see missing_workers)
         self.clock: Callable[[], float] = time.monotonic  # owed_since's clock (tests set it)
+        # "wait" / "restart": lost workers whose place a replacement is to take, oldest
+        # first (bounded: peers may be hostile).
+        self.vacant: OrderedDict[int, WorkerInfo] = OrderedDict()
 
     # -- what the trainer asks -------------------------------------------------------------
     @property
@@ -335,6 +338,10 @@ class CoordinatorState:
         worker = WorkerInfo(index, peer, hello.name, hello.host, hello.pid,
                             relay=hello.relay.encode() if hello.relay else None)
         self.workers[peer] = worker
+        if index in self.vacant:  # a respawned slot takes its own place back
+            del self.vacant[index]
+        elif self.vacant:  # a newcomer takes the oldest vacancy
+            self.vacant.popitem(last=False)
         actions += [self._welcome(worker, hello.attempt), CatchUp(worker)]
         round_ = self.round
         if self.sync and round_ is not None and round_.replacements > 0:
@@ -421,7 +428,28 @@ class CoordinatorState:
                 f"{what}; pass on_worker_loss='continue', 'wait' or 'restart' to carry on"))
         elif self.on_worker_loss == "continue":
             self.written_off += 1
+        else:
+            self._vacate(worker)
         return self._forget(worker)
+
+    def _vacate(self, worker: WorkerInfo) -> None:
+        """``"wait"`` / ``"restart"``: the run expects a replacement for ``worker``."""
+        self.vacant[worker.index] = worker
+        while len(self.vacant) > 1024:
+            self.vacant.popitem(last=False)
+
+    def waiting_for(self) -> list[WorkerInfo]:
+        """The lost workers the trainer is blocked on, waiting for their replacements
+        (``"wait"`` / ``"restart"``): a sync round that lacks their shares, or an async
+        run with no live worker left; [] while the run can progress."""
+        if not self.vacant or self.paused or self.failure is not None:
+            return []
+        if self.sync:
+            round_ = self.round
+            blocked = round_ is not None and round_.replacements > 0 and not round_.complete
+        else:
+            blocked = not self.live_workers and not self.ready
+        return list(self.vacant.values()) if blocked else []
 
     def stalled_workers(self, now: float, timeout: float,
                         awake_since: float = 0.0) -> list[tuple[WorkerInfo, float]]:
@@ -451,6 +479,8 @@ class CoordinatorState:
         elif self.on_worker_loss == "continue" and (worker is None or worker.alive):
             self.written_off += 1  # also if it died before it joined: stop waiting for it
         if worker is not None and worker.alive:
+            if self.on_worker_loss in ("wait", "restart") and self.failure is None:
+                self._vacate(worker)
             return self._forget(worker)
         return []
 

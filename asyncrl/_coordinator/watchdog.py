@@ -31,7 +31,7 @@ import anyio
 if TYPE_CHECKING:
     from .coordinator import Coordinator
 
-__all__ = ["StallWatchdog"]
+__all__ = ["ReplacementWatch", "StallWatchdog"]
 
 log = logging.getLogger("asyncrl.coordinator")
 
@@ -73,3 +73,69 @@ class StallWatchdog:
         state = self.coordinator.state
         for worker, seconds in state.stalled_workers(now, self.timeout, self._awake_since):
             await self.coordinator.worker_stalled(worker, seconds)
+
+
+class ReplacementWatch:
+    """``on_worker_loss="wait"`` / ``"restart"``: a wait for a replacement says so, and ends.
+
+    While the trainer is blocked on lost workers' replacements
+    (:meth:`CoordinatorState.waiting_for`), it publishes a ``"waiting"`` event once,
+    logs a WARNING every ``warn_every`` seconds, and after ``timeout`` seconds fails the
+    run with :class:`~asyncrl.WorkerLostError` naming the slots it waited for.
+
+    >>> watch = ReplacementWatch(coordinator, timeout=300.0)   # doctest: +SKIP
+    >>> tg.start_soon(watch.run)                                # doctest: +SKIP
+    """
+
+    def __init__(self, coordinator: Coordinator, timeout: float | None, *,
+                 warn_every: float | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.coordinator = coordinator
+        self.timeout = timeout
+        self.warn_every = warn_every if warn_every is not None else \
+            30.0 if timeout is None else min(30.0, timeout / 3)
+        self.interval = min(1.0, self.warn_every / 2)
+        self._clock = clock
+        self.since: float | None = None  # when the current wait began
+        self._warned = 0.0
+
+    async def run(self) -> None:
+        while True:
+            await anyio.sleep(self.interval)
+            self.check(self._clock())
+
+    def check(self, now: float) -> None:
+        """Note, warn about or end the wait the trainer is in (if any) at ``now``."""
+        from .._errors import WorkerLostError
+        from .._observe.events import CollectorEvent
+
+        waiting = self.coordinator.state.waiting_for()
+        if not waiting:
+            if self.since is not None:
+                log.info("a replacement joined after %.1f s: the run goes on", now - self.since)
+            self.since = None
+            return
+        slots = ", ".join(f"worker {w.index} ({w.name}, pid {w.pid} on {w.host})"
+                          for w in waiting)
+        bound = "" if self.timeout is None else f"; the run fails after {self.timeout} s"
+        if self.since is None:
+            self.since = self._warned = now
+            log.warning("waiting for a replacement of %s (on_worker_loss=%r)%s", slots,
+                        self.coordinator.state.on_worker_loss, bound)
+            self.coordinator.registry.publish(CollectorEvent(
+                "waiting", worker=waiting[0].index, name=waiting[0].name,
+                host=waiting[0].host, pid=waiting[0].pid,
+                reason=f"waiting for a replacement of {slots}{bound}"))
+            return
+        waited = now - self.since
+        if self.timeout is not None and waited > self.timeout:
+            self.coordinator.fail(WorkerLostError(
+                f"{slots} was lost and no replacement joined within replacement_timeout="
+                f"{self.timeout} s (on_worker_loss={self.coordinator.state.on_worker_loss!r}, "
+                f"waited {waited:.1f} s): start a worker host (`asyncrl worker --connect "
+                "...`), or pass on_worker_loss='continue' to go on without it"))
+            return
+        if now - self._warned >= self.warn_every:
+            self._warned = now
+            log.warning("still waiting for a replacement of %s: %.0f s so far%s", slots,
+                        waited, bound)

@@ -28,6 +28,8 @@ log = logging.getLogger("asyncrl.host")
 
 #: How long stopped workers get to exit after SIGTERM before SIGKILL.
 STOP_TIMEOUT = 10.0
+#: Without ``--reconnect``: how long an admitted worker rides out a cut link (seconds).
+GIVE_UP_AFTER = 120.0
 
 
 def heartbeat_interval(peer_timeout: float) -> float:
@@ -45,7 +47,8 @@ class HostWorkers:
 
     def __init__(self, connect: str, spec: WorkerSpec, *, workers: int, relay: bool = True,
                  peer_timeout: float = 10.0, reconnect: bool = False,
-                 curve_keys: str | None = None, backend: str = "asyncio",
+                 give_up_after: float = GIVE_UP_AFTER, curve_keys: str | None = None,
+                 backend: str = "asyncio",
                  log_config: dict[str, Any] | None = None) -> None:
         if workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers}")
@@ -54,6 +57,7 @@ class HostWorkers:
         self.relay = relay and workers > 1
         self.peer_timeout = peer_timeout
         self.reconnect = reconnect
+        self.give_up_after = give_up_after  # a cut link: wait this long for the coordinator
         self.curve_keys = curve_keys
         self.backend = backend
         self.log_config = log_config  # the workers' logging (asyncrl._spawn.logs.capture())
@@ -76,7 +80,8 @@ class HostWorkers:
             options: dict[str, Any] = {
                 "peer_timeout": self.peer_timeout,
                 "heartbeat_interval": heartbeat_interval(self.peer_timeout),
-                "reconnect": self.reconnect, "curve_keys": self.curve_keys,
+                "reconnect": self.reconnect, "give_up_after": self.give_up_after,
+                "curve_keys": self.curve_keys,
                 "log_config": self.log_config}
             if self.relay:
                 from .relay import HostRelay

@@ -51,7 +51,8 @@ class MultiCollector(BaseCollector):
     later rounds ask only the workers needed to reach it); ``"wait"`` makes sync
     rounds wait for a replacement share (a remote newcomer, or the dropped worker
     itself: one that speaks again is told to rejoin), and fails at once when a
-    dead local worker cannot be replaced; ``"restart"`` respawns a local worker's
+    dead local worker cannot be replaced (a wait is bounded by ``replacement_timeout``,
+    and says so while it lasts); ``"restart"`` respawns a local worker's
     slot (a silent one is killed first), at most ``max_restarts`` times in a row
     without a delivered batch, and waits for a remote one as ``"wait"`` does.
     A worker that owes a batch and delivers nothing for ``sample_timeout`` seconds
@@ -182,6 +183,7 @@ class MultiCollector(BaseCollector):
         heartbeat_interval: float = 1.0,
         peer_timeout: float = 10.0,
         sample_timeout: float | None = 60.0,
+        replacement_timeout: float | None = 300.0,
         listen: str | None = None,
         remote_workers: int = 0,
         curve_keys: str | None = None,
@@ -243,6 +245,7 @@ class MultiCollector(BaseCollector):
             max_message_bytes=max_message_bytes, backend=backend,
             heartbeat=(heartbeat_interval, peer_timeout),
             sample_timeout=check_timeout("sample_timeout", sample_timeout),
+            replacement_timeout=check_timeout("replacement_timeout", replacement_timeout),
             init_random_frames=self.init_random_frames, total_frames=self.total_frames,
             publish=self._publish, on_weights_applied=self._on_weights_applied)
         self._losses = WorkerLosses(self._run)  # on_worker_loss, applied
@@ -318,7 +321,8 @@ class MultiCollector(BaseCollector):
             (slot, process.pid, socket.gethostname()) for slot, process in workers.slots.items()
             if process.pid is not None and process.is_alive()]
         return coordinator.registry.statistics(
-            heard=coordinator.heard, routes=coordinator.relay_routes(), joining=joining)
+            heard=coordinator.heard, routes=coordinator.relay_routes(), joining=joining,
+            waiting=coordinator.state.waiting_for())
 
     async def _wait_ready(self) -> None:
         await self._ensure_ready()

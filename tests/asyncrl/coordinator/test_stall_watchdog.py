@@ -13,11 +13,11 @@ import anyio
 import pytest
 
 from asyncrl._coordinator.state import CoordinatorState, Expel, Send, WorkerInfo
-from asyncrl._coordinator.watchdog import StallWatchdog
+from asyncrl._coordinator.watchdog import ReplacementWatch, StallWatchdog
 from asyncrl._errors import WorkerLostError
 from asyncrl._protocol import Batch, Collect
 
-from .test_coordinator_state import admit, share, state, sync_state
+from .test_coordinator_state import admit, hello, share, state, sync_state
 
 
 class Clock:
@@ -139,3 +139,76 @@ async def test_the_watchdog_forgives_the_time_its_own_loop_was_held() -> None:
     finally:
         anyio.sleep = original  # type: ignore[assignment]
     assert coordinator.stalled == [], "the held loop's 30 s were counted against the worker"
+
+
+# -- waiting for a replacement ("wait" / "restart"), bounded ---------------------------------
+class Published:
+    def __init__(self) -> None:
+        self.events: list[Any] = []
+
+    def publish(self, event: Any) -> None:
+        self.events.append(event)
+
+
+class WaitingCoordinator:
+    def __init__(self, s: CoordinatorState) -> None:
+        self.state = s
+        self.registry = Published()
+
+    def fail(self, error: BaseException) -> None:
+        self.state.fail(error)
+
+
+def test_a_waiting_round_names_the_lost_worker_until_a_newcomer_takes_its_place() -> None:
+    s, (_, w1) = sync_state(2, on_worker_loss="wait")
+    s.start_round()
+    assert s.waiting_for() == []
+    s.lost(b"w1")
+    assert s.waiting_for() == [w1]
+    s.hello(b"new", hello())
+    assert s.waiting_for() == [] and not s.vacant
+
+
+def test_an_async_run_waits_only_once_no_worker_is_left() -> None:
+    s, _ = clocked(on_worker_loss="wait")
+    a, b = admit(s, b"a"), admit(s, b"b")
+    s.lost(b"a")
+    assert s.waiting_for() == []  # b still collects
+    s.lost(b"b")
+    assert s.waiting_for() == [a, b]
+
+
+def test_the_wait_is_announced_once_warned_about_and_fails_after_the_timeout(
+        caplog: pytest.LogCaptureFixture) -> None:
+    s, (_, w1) = sync_state(2, on_worker_loss="wait")
+    s.start_round()
+    s.lost(b"w1")
+    coordinator = WaitingCoordinator(s)
+    watch = ReplacementWatch(coordinator, 9.0, clock=Clock())  # type: ignore[arg-type]
+    assert watch.warn_every == 3.0
+    with caplog.at_level("WARNING", logger="asyncrl.coordinator"):
+        for now in (0.0, 1.0, 3.5, 5.0, 7.0):
+            watch.check(now)
+    [event] = coordinator.registry.events
+    assert (event.kind, event.worker, event.pid) == ("waiting", 1, w1.pid)
+    assert "the run fails after 9.0 s" in event.reason
+    warnings = [r.getMessage() for r in caplog.records if "waiting" in r.getMessage()]
+    assert len(warnings) == 3, warnings  # at 0, 3.5 and 7 s
+    assert s.failure is None
+    watch.check(9.5)
+    assert isinstance(s.failure, WorkerLostError)
+    message = str(s.failure)
+    assert f"worker 1 (w, pid {w1.pid} on test-host) was lost" in message, message
+    assert "replacement_timeout=9.0 s" in message, message
+
+
+def test_a_replacement_that_joins_ends_the_wait() -> None:
+    s, _ = sync_state(2, on_worker_loss="wait")
+    s.start_round()
+    s.lost(b"w1")
+    watch = ReplacementWatch(WaitingCoordinator(s), 9.0)  # type: ignore[arg-type]
+    watch.check(0.0)
+    assert watch.since == 0.0
+    s.hello(b"new", hello())
+    watch.check(20.0)
+    assert watch.since is None and s.failure is None
