@@ -335,8 +335,8 @@ def test_a_lossless_observation_dtype_and_a_discrete_int_are_accepted() -> None:
     check_observation(0, ("observation",), [1.0, 2.0, 3.0], buffer)
     check_observation(0, ("observation",), 3, np.zeros(2, dtype=np.int64))
     batch = np.zeros((2, 3), dtype=np.float64)  # a vector env's batch: every env at once
-    with pytest.raises(SpecMismatchError, match="^every env: observation 'observation': the "
-                       "spec says float32 of shape"):
+    with pytest.raises(SpecMismatchError, match=r"^every env: observation 'observation': the "
+                       r"spec says float32 of shape"):
         check_observation("every env", ("observation",), batch,
                           np.zeros((2, 3), dtype=np.float32))
 
