@@ -17,7 +17,8 @@ class AsyncRLError(Exception):
             CollectorStopped          the run was stopped from outside (SIGTERM)
             WorkerLostError           a worker died, went silent or was expelled
               BadBatchError           ... for sending a batch it was not asked for
-            SpecMismatchError         local workers' envs cannot be batched together
+            SpecMismatchError         envs cannot be batched together, or an env returned
+                                      an observation its spec does not describe
           RefusedError                a worker or env worker the collector refused
           WorkerExit                  ends a worker (an exit code and a reason)
           WeightSyncError, ...        see :mod:`asyncrl.weights`
@@ -57,7 +58,8 @@ class BadBatchError(WorkerLostError):
 
 
 class SpecMismatchError(CollectorError):
-    """Two local workers' envs have specs that cannot be batched together."""
+    """Two local workers' envs have specs that cannot be batched together, or an env
+    returned an observation its spec does not describe (the worker, env and key named)."""
 
 
 class RefusedError(AsyncRLError):

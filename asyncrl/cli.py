@@ -30,7 +30,9 @@ WORKER_EXIT_CODES = """exit codes:
   0  closed by the coordinator, or stopped by SIGTERM / SIGINT (Ctrl-C)
   1  an env or policy error (reported to the coordinator first)
   2  bad arguments (an import path that does not resolve, bad keys, a value < 1)
-  3  the coordinator is gone (silent for --peer-timeout), and no --reconnect
+  3  the coordinator is gone: it closed without telling this worker, it never answered
+     (--peer-timeout), its connection stayed down longer than --give-up-after, or it was
+     restarted (a new instance) and no --reconnect
   4  the coordinator refused this worker (see its log: specs, keys, too many workers)"""
 
 EXIT_CODES = """exit codes:
@@ -109,7 +111,12 @@ def _worker_parser(sub: Any) -> None:
                         "ASYNCRL_CURVE_SERVER_KEY(_FILE) if set (see docs/security.md)")
     p.add_argument("--reconnect", action="store_true",
                    help="when the coordinator goes silent, wait for it (or a restarted one) "
-                        "and join again, instead of exiting")
+                        "for up to an hour and join again, instead of exiting")
+    p.add_argument("--give-up-after", type=float, default=120.0, metavar="SECONDS",
+                   help="without --reconnect: a worker that was admitted and lost its "
+                        "coordinator's connection (a cut link) waits this long for that same "
+                        "coordinator to answer again and joins again; then it exits (code 3); "
+                        "0: exit at once")
     p.add_argument("--no-relay", action="store_true",
                    help="with --workers > 1, let each worker receive its own copy of every "
                         "weight update instead of one copy per host through a local relay")
@@ -271,6 +278,10 @@ def run_workers(args: argparse.Namespace) -> int:
         print("asyncrl worker: --workers, --envs-per-worker and --threads must be >= 1, got "
               f"{args.workers}, {args.envs_per_worker} and {args.threads}", file=sys.stderr)
         return 2
+    if not args.give_up_after >= 0:
+        print(f"asyncrl worker: --give-up-after must be >= 0, got {args.give_up_after}",
+              file=sys.stderr)
+        return 2
     if not args.peer_timeout > 0:
         print(f"asyncrl worker: --peer-timeout must be > 0, got {args.peer_timeout}",
               file=sys.stderr)
@@ -300,6 +311,7 @@ def run_workers(args: argparse.Namespace) -> int:
 
     host = HostWorkers(args.connect, spec, workers=args.workers, relay=not args.no_relay,
                        peer_timeout=args.peer_timeout, reconnect=args.reconnect,
+                       give_up_after=args.give_up_after,
                        curve_keys=args.keys, backend=args.backend,
                        log_config=_logs.capture(), probe_port=args.probe_port,
                        probe_host=args.probe_host)

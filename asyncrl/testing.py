@@ -147,11 +147,17 @@ class IdentityEnv(gym.Env):
 
     metadata: dict[str, Any] = {"render_modes": []}
 
-    def __init__(self, length: int = 50) -> None:
+    def __init__(self, length: int = 50, *, hang_at_step: int | None = None,
+                 hang_once: str | None = None) -> None:
         import os
         import secrets
 
         self.length = length
+        #: Fault injection: ``step()`` number ``hang_at_step`` never returns (the process
+        #: and its heartbeats stay alive). With ``hang_once`` (a file path) only the first
+        #: process to create that file hangs: a respawned worker steps on.
+        self.hang_at_step = hang_at_step
+        self.hang_once = hang_once
         self.pid = os.getpid()
         self.instance = 1 + secrets.randbelow(_ID_LIMIT - 1)
         self.observation_space = gym.spaces.Box(0.0, float(1 << 31), shape=(3,),
@@ -167,17 +173,68 @@ class IdentityEnv(gym.Env):
         return self._obs(), {}
 
     def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
+        if self.hang_at_step is not None and self.steps + 1 == self.hang_at_step:
+            self._maybe_hang()
         self.steps += 1
         self._t += 1
         return self._obs(), 1.0, self._t >= self.length, False, {}
+
+    def _maybe_hang(self) -> None:
+        import os
+        import time
+
+        if self.hang_once is not None:
+            try:
+                os.close(os.open(self.hang_once, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            except FileExistsError:
+                return  # another process hung already
+        while True:  # as a simulator that deadlocked: only killing the process ends it
+            time.sleep(3600)
 
     def _obs(self) -> np.ndarray:
         return np.array([self.pid, self.instance, self.steps], dtype=np.float64)
 
 
-def identity_env() -> IdentityEnv:
+class DriftingEnv(gym.Env):
+    """A float32 ``Box(3)`` env whose observations change from step ``at_step`` on.
+
+    ``drift``: ``"float64"`` or ``"int64"`` (the dtype changes), ``"shape"`` (4 values
+    instead of 3) or ``"list"`` (a Python list of 4). Fault injection for the rollout's
+    observation checks.
+
+    >>> env = DriftingEnv(at_step=2, drift="float64")
+    >>> env.reset()[0].dtype, env.step(0)[0].dtype, env.step(0)[0].dtype
+    (dtype('float32'), dtype('float32'), dtype('float64'))
+    """
+
+    metadata: dict[str, Any] = {"render_modes": []}
+
+    def __init__(self, at_step: int = 10, drift: str = "float64") -> None:
+        self.observation_space = gym.spaces.Box(-1e6, 1e6, shape=(3,), dtype=np.float32)
+        self.action_space = gym.spaces.Discrete(2)
+        self.at_step, self.drift, self.steps = at_step, drift, 0
+
+    def reset(self, *, seed: int | None = None,
+              options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
+        super().reset(seed=seed)
+        return np.zeros(3, dtype=np.float32), {}
+
+    def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
+        self.steps += 1
+        obs: Any = np.full(3, self.steps, dtype=np.float32)
+        if self.steps >= self.at_step:
+            if self.drift in ("float64", "int64"):
+                obs = obs.astype(self.drift)
+            elif self.drift == "shape":
+                obs = np.full(4, self.steps, dtype=np.float32)
+            elif self.drift == "list":
+                obs = [float(self.steps)] * 4
+        return obs, 1.0, False, False, {}
+
+
+def identity_env(**kwargs: Any) -> IdentityEnv:
     """A top-level factory for :class:`IdentityEnv` (picklable, importable by path)."""
-    return IdentityEnv()
+    return IdentityEnv(**kwargs)
 
 
 def frame_identity_problems(batches: Any, *, from_start: bool = False) -> list[str]:

@@ -33,6 +33,9 @@ FAULTS = {
     "block": "the trainer loop blocked 15 s (time.sleep) between batches",
     "env_error": "an exception in a worker's env (RuntimeError at its 600th step)",
     "trainer_kill": "the trainer process SIGKILLed",
+    "hang": "worker 1's env step never returns (at its 600th step; process alive)",
+    "dtype": "worker 1's env returns float64 observations from its 600th step (spec: float32)",
+    "shape": "worker 1's env returns observations of shape (5,) from its 600th step (spec: (4,))",
 }
 
 
@@ -55,18 +58,76 @@ def make_failing_env():
     return GymWrapper(CountingEnv(length=100, fail_at_step=600))
 
 
+class _Shifting:
+    """CartPole whose observations hang, change dtype or change shape at step 600."""
+
+    def __init__(self, fault: str) -> None:
+        import gymnasium as gym
+
+        self.env = gym.make("CartPole-v1")
+        self.observation_space = self.env.observation_space
+        self.action_space = self.env.action_space
+        self.fault = fault
+        self.steps = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.env, name)
+
+    def reset(self, **kwargs: Any) -> Any:
+        return self.env.reset(**kwargs)
+
+    def step(self, action: Any) -> Any:
+        import numpy as np
+
+        self.steps += 1
+        obs, *rest = self.env.step(action)
+        if self.steps >= 600:
+            if self.fault == "hang":
+                time.sleep(3600)
+            elif self.fault == "dtype":
+                obs = obs.astype(np.float64)
+            elif self.fault == "shape":
+                obs = np.concatenate([obs, obs[:1]])
+        return (obs, *rest)
+
+
+def make_shifting_env(fault: str) -> Any:
+    import gymnasium as gym
+    from torchrl.envs import GymWrapper
+
+    class Env(gym.Env):  # a real gym.Env around _Shifting, as GymWrapper wants
+        def __init__(self) -> None:
+            self.inner = _Shifting(fault)
+            self.observation_space = self.inner.observation_space
+            self.action_space = self.inner.action_space
+
+        def reset(self, *, seed: Any = None, options: Any = None) -> Any:
+            return self.inner.reset(seed=seed, options=options)
+
+        def step(self, action: Any) -> Any:
+            return self.inner.step(action)
+
+    return GymWrapper(Env())
+
+
 def child(mode: str, fault: str) -> None:
     from torchrl.collectors import MultiAsyncCollector, MultiSyncCollector
 
     cls = MultiSyncCollector if mode == "sync" else MultiAsyncCollector
+    import functools
+
     factory = make_failing_env if fault == "env_error" else make_env
-    collector = cls([factory, factory], policy=None, frames_per_batch=200, total_frames=-1)
+    factories = [factory, factory]
+    if fault in ("hang", "dtype", "shape"):  # in worker 1 only
+        factories[1] = functools.partial(make_shifting_env, fault)
+    collector = cls(factories, policy=None, frames_per_batch=200, total_frames=-1)
     pids = [p.pid for p in collector.procs]
     say(event="ready", pids=pids)
     start = time.monotonic()
     try:
-        for i, _ in enumerate(collector):
-            say(event="batch", i=i, t=time.monotonic() - start)
+        for i, batch in enumerate(collector):
+            say(event="batch", i=i, t=time.monotonic() - start,
+                dtype=str(batch["next", "observation"].dtype))
             if i == FAULT_AT:
                 say(event="fault", t=time.monotonic() - start)
                 if fault == "kill":
@@ -175,8 +236,10 @@ def describe(events: list[dict], other: list[str], fault_t: float | None,
         return (f"raised {last['type']} {last['t'] - at:.1f} s after the fault, "
                 f"after {len(after)} more batches: {last['message'][:200]!r}")
     if last["event"] == "done":
+        dtypes = sorted({e.get("dtype", "?") for e in after})
+        seen = f"; observation dtypes: {', '.join(dtypes)}" if fault == "dtype" else ""
         return (f"carried on: {len(after)} more batches (longest wait for a batch "
-                f"{gap:.1f} s)")
+                f"{gap:.1f} s){seen}")
     return (f"hung: {len(after)} more batches, then nothing for {timeout:.0f} s "
             f"(no error; stopped by this script)")
 

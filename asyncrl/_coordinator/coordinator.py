@@ -270,6 +270,18 @@ class Coordinator:
         """
         await self._perform(self.state.exited(peer, error, replaceable=replaceable), str(error))
 
+    async def worker_stalled(self, worker: WorkerInfo, seconds: float) -> None:
+        """``worker`` owed work and delivered nothing for ``seconds`` (see
+        :class:`~asyncrl._coordinator.watchdog.StallWatchdog`): a loss, by
+        ``on_worker_loss`` (``"restart"``: the ``on_lost`` hook ends its process)."""
+        if self._closing or not worker.alive:
+            return
+        await self._perform(self.state.stalled(worker.peer, seconds),
+                            f"owed work and delivered nothing for {seconds:.1f} s (the env "
+                            "step or the policy did not return)")
+        if self._on_lost_hook is not None:
+            self._on_lost_hook(worker)
+
     # -- the hub-reading task ------------------------------------------------------------------
     async def run(self) -> None:
         async for item in self.hub:

@@ -60,6 +60,10 @@ class WorkerRegistry:
         self._publish(CollectorEvent("joined", worker=info.index, name=info.name,
                                      host=info.host, pid=info.pid))
 
+    def publish(self, event: CollectorEvent) -> None:
+        """Publish ``event`` on the collector's stream (e.g. ``"waiting"``)."""
+        self._publish(event)
+
     def refused(self, name: str, host: str, reason: str, pid: int | None = None) -> None:
         self._publish(CollectorEvent("refused", name=name, host=host, pid=pid, reason=reason))
 
@@ -88,12 +92,15 @@ class WorkerRegistry:
     # -- what an operator reads -----------
     def statistics(self, *, heard: Callable[[bytes], float | None] | None = None,
                    routes: Mapping[int, bytes] | None = None,
-                   joining: Iterable[tuple[int, int, str]] = ()) -> list[WorkerStatistics]:
+                   joining: Iterable[tuple[int, int, str]] = (),
+                   waiting: Iterable[WorkerInfo] = ()) -> list[WorkerStatistics]:
         """One line per admission (lost ones too) and per local process still joining,
         ordered by worker index (a restarted slot: its admissions in order).
 
         ``heard(peer)``: ``time.monotonic()`` it was last heard (None: not connected);
-        ``joining``: ``(slot, pid, host)`` of local processes not admitted yet.
+        ``joining``: ``(slot, pid, host)`` of local processes not admitted yet;
+        ``waiting``: lost workers whose replacement the trainer is blocked on (a
+        ``"waiting"`` line each, beside their ``"lost"`` one).
         """
         now = time.monotonic()
         routes = routes or {}
@@ -117,6 +124,9 @@ class WorkerRegistry:
             if pid not in live_pids and not any(r.info.pid == pid for r in self._records.values()):
                 lines.append(WorkerStatistics(index=slot, name=f"worker-{slot}", host=host,
                                               pid=pid, state="joining"))
+        for info in waiting:
+            lines.append(WorkerStatistics(index=info.index, name=info.name, host=info.host,
+                                          pid=info.pid, state="waiting"))
         return sorted(lines, key=lambda line: line.index)  # stable: admission order per index
 
     def _mark_lost(self, record: WorkerRecord, reason: str) -> None:

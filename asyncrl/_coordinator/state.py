@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -92,6 +93,9 @@ class WorkerInfo:
     delivered: int = 0
     relay: bytes | None = None  # the relay its hello named (weights go through it if it agrees)
     rejoin_asked: bool = False  # dropped, then told to rejoin (or refused: never to be)
+    #: ``time.monotonic()`` since which it owes work (a credit, a share) and delivered
+    #: nothing (None: it owes nothing); the stall watchdog reads it.
+    owed_since: float | None = None
 
     @property
     def ahead(self) -> int:
@@ -226,6 +230,10 @@ class CoordinatorState:
         self.gone: OrderedDict[bytes, None] = OrderedDict()
         self.written_off = 0  # workers lost under "continue": nobody waits for them
         self.expected = 0  # workers the run was started with (see missing_workers)
+        self.clock: Callable[[], float] = time.monotonic  # owed_since's clock (tests set it)
+        # "wait" / "restart": lost workers whose place a replacement is to take, oldest
+        # first (bounded: peers may be hostile).
+        self.vacant: OrderedDict[int, WorkerInfo] = OrderedDict()
 
     # -- what the trainer asks -------------------------------------------------------------
     @property
@@ -330,6 +338,10 @@ class CoordinatorState:
         worker = WorkerInfo(index, peer, hello.name, hello.host, hello.pid,
                             relay=hello.relay.encode() if hello.relay else None)
         self.workers[peer] = worker
+        if index in self.vacant:  # a respawned slot takes its own place back
+            del self.vacant[index]
+        elif self.vacant:  # a newcomer takes the oldest vacancy
+            self.vacant.popitem(last=False)
         actions += [self._welcome(worker, hello.attempt), CatchUp(worker)]
         round_ = self.round
         if self.sync and round_ is not None and round_.replacements > 0:
@@ -364,6 +376,7 @@ class CoordinatorState:
         if problems:
             return self._reject_batch(worker, batch, problems)  # never counted
         worker.credits = max(0, worker.credits - 1)
+        worker.owed_since = self.clock() if worker.credits else None
         worker.delivered += 1
         if self.sync:
             return self._on_share(worker, batch)  # completes the round once it is whole
@@ -393,14 +406,59 @@ class CoordinatorState:
         if worker is None or not worker.alive:
             return []
         log.warning("worker %d (%s on %s) was lost", worker.index, worker.name, worker.host)
+        return self._apply_loss(worker, "stopped answering")
+
+    def stalled(self, peer: bytes, seconds: float) -> list[Action]:
+        """``peer`` owed work and delivered nothing for ``seconds`` (the stall watchdog):
+        a loss, by ``on_worker_loss``, although its process is alive and its heartbeats
+        come (its env's ``step()`` or its policy hangs)."""
+        worker = self.workers.get(peer)
+        if worker is None or not worker.alive:
+            return []
+        what = (f"owed a batch and delivered nothing for {seconds:.1f} s: the env step or "
+                "the policy did not return (sample_timeout)")
+        log.warning("worker %d (%s, pid %d on %s) %s", worker.index, worker.name, worker.pid,
+                    worker.host, what)
+        return self._apply_loss(worker, what)
+
+    def _apply_loss(self, worker: WorkerInfo, what: str) -> list[Action]:
         if self.on_worker_loss == "raise":
             self.fail(WorkerLostError(
                 f"worker {worker.index} ({worker.name}, pid {worker.pid} on {worker.host}) "
-                "stopped answering; pass on_worker_loss='continue', 'wait' or 'restart' to "
-                "carry on"))
+                f"{what}; pass on_worker_loss='continue', 'wait' or 'restart' to carry on"))
         elif self.on_worker_loss == "continue":
             self.written_off += 1
+        else:
+            self._vacate(worker)
         return self._forget(worker)
+
+    def _vacate(self, worker: WorkerInfo) -> None:
+        """``"wait"`` / ``"restart"``: the run expects a replacement for ``worker``."""
+        self.vacant[worker.index] = worker
+        while len(self.vacant) > 1024:
+            self.vacant.popitem(last=False)
+
+    def waiting_for(self) -> list[WorkerInfo]:
+        """The lost workers the trainer is blocked on, waiting for their replacements
+        (``"wait"`` / ``"restart"``): a sync round that lacks their shares, or an async
+        run with no live worker left; [] while the run can progress."""
+        if not self.vacant or self.paused or self.failure is not None:
+            return []
+        if self.sync:
+            round_ = self.round
+            blocked = round_ is not None and round_.replacements > 0 and not round_.complete
+        else:
+            blocked = not self.live_workers and not self.ready
+        return list(self.vacant.values()) if blocked else []
+
+    def stalled_workers(self, now: float, timeout: float,
+                        awake_since: float = 0.0) -> list[tuple[WorkerInfo, float]]:
+        """Live workers that owe work and delivered nothing for more than ``timeout`` s
+        while the trainer's loop ran (counted from ``awake_since`` at the earliest), with
+        how long they have owed it."""
+        return [(w, now - w.owed_since) for w in self.live_workers
+                if w.owed_since is not None and w.credits > 0
+                and now - max(w.owed_since, awake_since) > timeout]
 
     def exited(self, peer: bytes, error: WorkerLostError, *, replaceable: bool) -> list[Action]:
         """A local worker's process ended without being told to: apply ``on_worker_loss``.
@@ -421,6 +479,8 @@ class CoordinatorState:
         elif self.on_worker_loss == "continue" and (worker is None or worker.alive):
             self.written_off += 1  # also if it died before it joined: stop waiting for it
         if worker is not None and worker.alive:
+            if self.on_worker_loss in ("wait", "restart") and self.failure is None:
+                self._vacate(worker)
             return self._forget(worker)
         return []
 
@@ -552,6 +612,7 @@ class CoordinatorState:
     def _forget(self, worker: WorkerInfo) -> list[Action]:
         """Drop a worker (lost, or replaced by its own new hello) and release what it owed."""
         worker.alive = False
+        worker.owed_since = None
         self._mark_gone(worker.peer)
         actions: list[Action] = [Expel(worker.peer)]
         round_ = self.round
@@ -586,14 +647,20 @@ class CoordinatorState:
             if self.budget <= 0:
                 return False
             self.budget -= 1
-        worker.credits += 1
+        self._owe(worker)
         actions.append(Send(worker.peer, Collect(worker.index, 1), worker))
         return True
 
     def _grant_share(self, worker: WorkerInfo, round_: Round) -> Send:
         """Sync mode: ask ``worker`` for its share of ``round_``."""
-        worker.credits += 1
+        self._owe(worker)
         return Send(worker.peer, Collect(round_.request, 1), worker)
+
+    def _owe(self, worker: WorkerInfo) -> None:
+        """One more batch asked of ``worker``; the stall clock starts if it owed nothing."""
+        if not worker.credits:
+            worker.owed_since = self.clock()
+        worker.credits += 1
 
     def _share_of(self, index: int) -> int:
         """The share (frames per batch it sends) of the worker admitted with ``index``."""

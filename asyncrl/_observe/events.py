@@ -22,8 +22,11 @@ import anyio
 #:   ``pid``: the dead process); a ``"joined"`` follows when the new one is admitted;
 #: * ``"refused"``: a peer's hello (or batch) was refused (``name``, ``host``, ``reason``);
 #: * ``"weights_applied"``: every targeted worker acknowledged ``version`` of
-#:   ``model_id`` (``seconds``: send to last acknowledgement).
-EventKind = Literal["joined", "lost", "restarted", "refused", "weights_applied"]
+#:   ``model_id`` (``seconds``: send to last acknowledgement);
+#: * ``"waiting"``: the trainer is blocked waiting for the replacement of lost worker
+#:   ``worker`` (``on_worker_loss="wait"`` / ``"restart"``; ``reason`` names every slot
+#:   and the bound, ``replacement_timeout``); once per wait.
+EventKind = Literal["joined", "lost", "restarted", "refused", "weights_applied", "waiting"]
 
 
 @dataclass(frozen=True)

@@ -26,8 +26,12 @@ from tensordict import TensorDictBase
 #: * ``"idle"``: admitted, nothing asked of it (between rounds, at ``prefetch`` batches
 #:   ahead of the trainer, or while the collector is paused);
 #: * ``"lost"``: its process ended (``exit_code``), it went silent for ``peer_timeout``,
-#:   or it was refused for a bad batch; it never comes back under this entry.
-WorkerState = Literal["joining", "collecting", "idle", "lost"]
+#:   it delivered nothing for ``sample_timeout``, or it was refused for a bad batch; it
+#:   never comes back under this entry;
+#: * ``"waiting"``: a line of its own, beside a lost worker's, while the trainer is
+#:   blocked waiting for that worker's replacement (``on_worker_loss="wait"`` or
+#:   ``"restart"``; bounded by ``replacement_timeout``).
+WorkerState = Literal["joining", "collecting", "idle", "lost", "waiting"]
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from .._errors import SpecMismatchError
 from .env_specs import (
     ArraySpec,
     EnvSpecs,
@@ -33,6 +34,43 @@ from .env_specs import (
 __all__ = ["EnvPool", "GymEnvListPool", "GymVectorPool", "TorchRLPool", "check_action_dtype"]
 
 ObsDict = dict[str, Any]  # key -> np.ndarray (or nested ObsDict for Dict spaces)
+
+_ndarray = np.ndarray
+
+
+def check_observation(env: int | str, path: tuple[str, ...], value: Any,
+                      buffer: np.ndarray) -> None:
+    """Raise :class:`SpecMismatchError` if ``value`` cannot go into a row of ``buffer`` as is.
+
+    The hot loop calls it only when the cheap test failed (``value`` is not an
+    ndarray, or its dtype object or shape tuple is not the buffer's row's). A
+    numpy value must have the spec's shape and a dtype the spec's holds without
+    loss (float32 into float64 is fine, float64 or int64 into float32 is not: a
+    silent cast would hide an env that changed what it returns); a Python scalar
+    or a list must have the spec's shape. ``env`` names the env (its index in the
+    worker, or ``"every env"`` for a vector env's batch).
+    """
+    want_shape, want = buffer.shape[1:], buffer.dtype
+    if isinstance(value, _ndarray | np.generic):
+        if type(env) is str:  # a vector env's batch: [num_envs, *shape]
+            shape, got = value.shape[1:], value.dtype
+        else:
+            shape, got = value.shape, value.dtype
+        if shape == want_shape and (got == want or np.can_cast(got, want, casting="safe")):
+            return
+    elif value.__class__ in (int, float, bool) and not want_shape:
+        return  # a Discrete space's int: nothing to check
+    else:
+        shape, got = np.shape(value), np.asarray(value).dtype
+        if shape == want_shape:
+            return
+    key = ".".join(path)
+    what = f"{got} of shape {tuple(shape)}"
+    where = f"env {env}" if type(env) is not str else env
+    raise SpecMismatchError(
+        f"{where}: observation {key!r}: the spec says {want} of shape {tuple(want_shape)}, the "
+        f"env returned {what}; make the env return what its observation space declares "
+        "(e.g. obs.astype(np.float32)), or declare the space it returns")
 
 
 class _ObsLayout:
@@ -54,13 +92,21 @@ class _ObsLayout:
         self.is_dict = self.paths != [("observation",)]
 
     def write_row(self, i: int, obs: Any) -> None:
+        """Copy env ``i``'s observation into row ``i``, checked against the spec."""
         if not self.is_dict:
-            self.arrays[0][i] = obs
+            arr = self.arrays[0]
+            if obs.__class__ is not _ndarray or obs.dtype is not arr.dtype \
+                    or obs.shape != arr.shape[1:]:
+                check_observation(i, self.paths[0], obs, arr)
+            arr[i] = obs
             return
         for path, arr in zip(self.paths, self.arrays, strict=True):
             value = obs
             for p in path:
                 value = value[p]
+            if value.__class__ is not _ndarray or value.dtype is not arr.dtype \
+                    or value.shape != arr.shape[1:]:
+                check_observation(i, path, value, arr)
             arr[i] = value
 
     def write_rows(self, rows: np.ndarray | slice, batch: Any) -> None:
@@ -70,6 +116,9 @@ class _ObsLayout:
             if self.is_dict:
                 for p in path:
                     value = value[p]
+            if value.__class__ is not _ndarray or value.dtype is not arr.dtype \
+                    or value.shape != arr.shape:
+                check_observation("every env", path, value, arr)
             arr[rows] = np.asarray(value)[rows]
 
     def copy_row_from(self, i: int, other: _ObsLayout) -> None:
@@ -247,10 +296,16 @@ class GymEnvListPool(EnvPool):
         item = self._int_actions
         write = None if not self._layout.is_dict else self._layout.write_row
         buf = self._layout.arrays[0]
+        # What a step's observation must be: compared by identity and one tuple
+        # compare before the copy; anything else takes check_observation's slow path.
+        dtype, shape, path = buf.dtype, buf.shape[1:], self._layout.paths[0]
         any_done = False
         for i, env in enumerate(self._envs):
             obs, r, te, tr, _ = env.step(actions.item(i) if item else actions[i])
             if write is None:
+                if obs.__class__ is not _ndarray or obs.dtype is not dtype \
+                        or obs.shape != shape:
+                    check_observation(i, path, obs, buf)
                 buf[i] = obs
             else:
                 write(i, obs)

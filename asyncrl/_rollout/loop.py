@@ -22,6 +22,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from torch import nn
 
+from .._errors import SpecMismatchError
 from .device_policy import DevicePolicyCall, check_policy_device
 from .devices import HOST
 from .env_pools import EnvPool, check_action_dtype
@@ -451,6 +452,8 @@ class Rollout:
                         self._reset_done(done, t)
         except _StopCollect:
             return t
+        except SpecMismatchError as exc:  # an env returned what its spec does not say
+            raise SpecMismatchError(f"worker {self.worker_index}, {exc}") from None
         return n_steps
 
     def _apply_limit(self, limit: int) -> None:

@@ -30,6 +30,8 @@ log = logging.getLogger("asyncrl.host")
 
 #: How long stopped workers get to exit after SIGTERM before SIGKILL.
 STOP_TIMEOUT = 10.0
+#: Without ``--reconnect``: how long an admitted worker rides out a cut link (seconds).
+GIVE_UP_AFTER = 120.0
 
 
 def heartbeat_interval(peer_timeout: float) -> float:
@@ -47,6 +49,7 @@ class HostWorkers:
 
     def __init__(self, connect: str, spec: WorkerSpec, *, workers: int, relay: bool = True,
                  peer_timeout: float = 10.0, reconnect: bool = False,
+                 give_up_after: float = GIVE_UP_AFTER,
                  curve_keys: str | CurveClient | None = None, backend: str = "asyncio",
                  log_config: dict[str, Any] | None = None, probe_port: int | None = None,
                  probe_host: str = DEFAULT_PROBE_HOST) -> None:
@@ -57,6 +60,7 @@ class HostWorkers:
         self.relay = relay and workers > 1
         self.peer_timeout = peer_timeout
         self.reconnect = reconnect
+        self.give_up_after = give_up_after  # a cut link: wait this long for the coordinator
         # Resolved once here (a directory, or ASYNCRL_CURVE_* variables when None):
         # the relay and the worker processes get the keys themselves.
         self.curve_keys = CurveClient.load(curve_keys)
@@ -108,7 +112,8 @@ class HostWorkers:
             options: dict[str, Any] = {
                 "peer_timeout": self.peer_timeout,
                 "heartbeat_interval": heartbeat_interval(self.peer_timeout),
-                "reconnect": self.reconnect, "curve_keys": self.curve_keys,
+                "reconnect": self.reconnect, "give_up_after": self.give_up_after,
+                "curve_keys": self.curve_keys,
                 "log_config": self.log_config}
             if self.admission is not None:
                 options["admission"] = self.admission

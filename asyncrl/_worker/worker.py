@@ -69,13 +69,18 @@ class Worker:
 
     def __init__(self, link: Link, spec: WorkerSpec, *, slot: int = -1, token: str = "",
                  parent_pid: int | None = None, reconnect: bool = False,
-                 reconnect_timeout: float = 3600.0, relay_link: Link | None = None,
+                 reconnect_timeout: float = 3600.0, give_up_after: float = 0.0,
+                 relay_link: Link | None = None,
                  relay_name: str = "", handle_signals: bool = False,
                  on_admission: Callable[[bool], None] | None = None) -> None:
         self.link = link
         #: Told True when a coordinator welcomed us, False when that admission ended
         #: (what a worker host's readiness probe reports; see asyncrl._observe.probes).
         self.on_admission = on_admission
+        #: Without ``reconnect``: how long an admitted worker whose coordinator's
+        #: connection went down (a cut link) waits for that same coordinator to come
+        #: back before it exits (0: it exits at once).
+        self.give_up_after = give_up_after
         #: Stop cleanly on SIGTERM/SIGINT (a process's main thread only: signal handlers).
         self.handle_signals = handle_signals
         self._leaving = False  # a signal asked us to stop: told the coordinator, awaiting close
@@ -196,11 +201,13 @@ class Worker:
                 if self._exit.code == EXIT_REJOIN:
                     log.warning("%s: joining again", self._exit)
                     continue
-                if self._exit.code != EXIT_COORDINATOR_LOST or not self.reconnect \
-                        or self._exit.final:
+                if self._exit.code != EXIT_COORDINATOR_LOST or self._exit.final:
                     raise self._exit
-                log.warning("%s; waiting for it to come back", self._exit)
-                await self._wait_for_coordinator()
+                if self.reconnect:
+                    log.warning("%s; waiting for it to come back", self._exit)
+                    await self._wait_for_coordinator()
+                else:
+                    await self._ride_out(self._exit)
         except WorkerExit as exc:
             if self._leaving:  # stopping on a signal: a coordinator gone meanwhile is fine
                 log.info("worker exits: %s", exc)
@@ -234,6 +241,33 @@ class Worker:
         raise WorkerExit(EXIT_COORDINATOR_LOST,
                          f"the coordinator at {self.link.endpoint} did not come back within "
                          f"{self.reconnect_timeout} s")
+
+    async def _ride_out(self, lost: WorkerExit) -> None:
+        """Without ``reconnect``: wait ``give_up_after`` s for the same coordinator.
+
+        A cut link (a switch reboots, a VPN renegotiates) ends a connection the
+        coordinator did not close; once it is up again this worker joins again (the
+        coordinator welcomes it back, or admits it anew if it had dropped it). A
+        coordinator that said goodbye, one that never admitted us, or a restarted one
+        (a new instance: that takes ``--reconnect``) ends the worker as before.
+        """
+        instance = self.link.hub_instance
+        if self.index < 0 or self.give_up_after <= 0 or self.link.hub_closed:
+            raise lost
+        log.warning("%s; waiting up to %s s for it to come back (the link may be cut)",
+                    lost, self.give_up_after)
+        with anyio.move_on_after(self.give_up_after):
+            await self.link.wait_connected()
+            if self.link.hub_instance not in (None, instance):
+                raise WorkerExit(EXIT_COORDINATOR_LOST, f"the coordinator at "
+                                 f"{self.link.endpoint} was restarted (a new instance); "
+                                 "pass --reconnect to join a restarted trainer", final=True)
+            log.warning("the coordinator at %s answers again: joining again",
+                        self.link.endpoint)
+            return
+        raise WorkerExit(EXIT_COORDINATOR_LOST,
+                         f"the coordinator at {self.link.endpoint} did not come back within "
+                         f"{self.give_up_after} s ({lost})", final=True)
 
     async def _build(self) -> None:
         use_torch_threads(self.spec.torch_threads)
@@ -470,6 +504,7 @@ async def run_worker(endpoint: str, spec: WorkerSpec, *, identity: bytes | None 
                      slot: int = -1, token: str = "", parent_pid: int | None = None,
                      heartbeat_interval: float = 1.0, peer_timeout: float = 10.0,
                      reconnect: bool = False, reconnect_timeout: float = 3600.0,
+                     give_up_after: float = 0.0,
                      curve_keys: str | CurveClient | None = None, relay: str | None = None,
                      relay_name: bytes | str = b"", handle_signals: bool = False,
                      admission: Any = None, **link_options: Any) -> int:
@@ -477,9 +512,11 @@ async def run_worker(endpoint: str, spec: WorkerSpec, *, identity: bytes | None 
 
     With ``reconnect=True`` a worker whose coordinator went silent waits (up to
     ``reconnect_timeout`` s) for it, or a restarted one, and joins again with
-    the latest weights; otherwise it exits. ``curve_keys`` is a directory made
-    by ``asyncrl keys`` (CURVE encryption and authentication), or the keys
-    themselves (:class:`~transports.CurveClient`); None: no CURVE. ``relay``
+    the latest weights; otherwise an admitted worker whose coordinator's connection
+    went down waits ``give_up_after`` s for that same coordinator (a cut link), then
+    exits. ``curve_keys`` is a directory made by ``asyncrl keys`` (CURVE encryption
+    and authentication), or the keys themselves (:class:`~transports.CurveClient`);
+    None: no CURVE. ``relay``
     is the endpoint of this host's :class:`~asyncrl._worker.relay.HostRelay` and
     ``relay_name`` its identity: weight updates may then come through it. Returns an exit
     code: 0 when closed by the coordinator, 1 on an env or policy error (reported to the
@@ -504,6 +541,7 @@ async def run_worker(endpoint: str, spec: WorkerSpec, *, identity: bytes | None 
         on_admission = None if admission is None else partial(admission.set, link.identity)
         worker = Worker(link, spec, slot=slot, token=token, parent_pid=parent_pid,
                         reconnect=reconnect, reconnect_timeout=reconnect_timeout,
-                        relay_link=relay_link, relay_name=relay_name,
-                        handle_signals=handle_signals, on_admission=on_admission)
+                        give_up_after=give_up_after, relay_link=relay_link,
+                        relay_name=relay_name, handle_signals=handle_signals,
+                        on_admission=on_admission)
         return await worker.run()

@@ -38,6 +38,19 @@ def check_int(name: str, value: Any, *, minimum: int) -> int:
     return int(value)
 
 
+def check_timeout(name: str, value: Any) -> float | None:
+    """``value`` as a number of seconds > 0, or None (no bound); else an error naming ``name``."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a number of seconds > 0 or None, got "
+                        f"{type(value).__name__} {value!r}")
+    seconds = float(value)
+    if not seconds > 0:  # also refuses nan
+        raise ValueError(f"{name} must be a number of seconds > 0 or None, got {value}")
+    return seconds
+
+
 # -- frames -----------------------------------------------------------------------------------
 def check_total_frames(value: Any) -> int | None:
     if value is None:

@@ -130,6 +130,19 @@ MULTI_PARAMETERS = """
     peer_timeout
         Seconds of silence after which a peer counts as lost (a worker exits, the
         coordinator applies ``on_worker_loss``).
+    sample_timeout
+        Seconds a worker may owe a batch (a credit, or its share of a sync round) and
+        deliver nothing before it counts as lost, by ``on_worker_loss`` (default 60, as
+        RLlib's ``sample_timeout_s``; None: never). Heartbeats show that a process is
+        alive, not that its env's ``step()`` or its policy returns. Set it above the
+        time one batch (share) takes, first env reset included.
+    replacement_timeout
+        ``on_worker_loss="wait"`` or ``"restart"``: seconds the trainer may be blocked
+        waiting for a lost worker's replacement (a sync round that lacks its share, an
+        async run with no worker left) before the run fails with ``WorkerLostError``
+        naming the slot (default 300; None: no bound). While it waits it says so: a
+        ``"waiting"`` event, a ``"waiting"`` line in ``statistics().workers`` and a
+        WARNING every 30 s.
     listen
         Bind the coordinator here (``"tcp://0.0.0.0:5555"``; port 0 picks one, see
         ``endpoint``) so that ``asyncrl worker`` hosts can join; default: a private

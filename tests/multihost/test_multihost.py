@@ -119,3 +119,47 @@ def test_worker_host_survives_a_cut_link_and_rejoins(two_hosts, workers: int) ->
 
 def relayed(workers: int) -> int:
     return workers if workers > 1 else 0
+
+
+@pytest.mark.parametrize(("give_up_after", "cut"), [(None, 8), (3, 12)],
+                         ids=["rides-out-the-cut", "gives-up-after-its-bound"])
+def test_a_host_without_reconnect_rides_out_a_cut_link(two_hosts, give_up_after: int | None,
+                                                       cut: int) -> None:
+    """Issue #22: a cut of several peer timeouts ends no host (without --reconnect);
+    ``--give-up-after`` bounds how long it waits, then it exits with code 3."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    trainer = subprocess.Popen(
+        ["ip", "netns", "exec", two_hosts["coord"], sys.executable, str(TRAINER),
+         f"tcp://{two_hosts['addr']}:5555", str(TOTAL_FRAMES), "1"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    host = None
+    extra = [] if give_up_after is None else ["--give-up-after", str(give_up_after)]
+    try:
+        lines = Lines(trainer)
+        lines.until(lambda e: e["event"] == "listening", 60)
+        host = subprocess.Popen(
+            ["ip", "netns", "exec", two_hosts["worker"], sys.executable, "-m", "asyncrl.cli",
+             "worker", "--connect", f"tcp://{two_hosts['addr']}:5555", "--env", "CartPole-v1",
+             "--policy", "asyncrl.testing:ParamPolicy", "--peer-timeout", "2", *extra],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        lines.until(lambda e: e["event"] == "batch" and e["max_version"] >= 1, 90)
+        run("ip", "netns", "exec", two_hosts["worker"], "ip", "link", "set",
+            two_hosts["veth_w"], "down")
+        cut_at = len(lines.events)
+        time.sleep(cut)
+        run("ip", "netns", "exec", two_hosts["worker"], "ip", "link", "set",
+            two_hosts["veth_w"], "up")
+        if give_up_after is not None:
+            assert host.wait(timeout=60) == 3
+            output = host.stdout.read() if host.stdout else ""
+            assert f"did not come back within {float(give_up_after)} s" in output, output
+            return
+        done = lines.until(lambda e: e["event"] == "done", 120)
+        assert host.wait(timeout=60) == 0
+    finally:
+        trainer.kill()
+        if host is not None:
+            host.kill()
+    assert done["frames"] == TOTAL_FRAMES
+    after = [e for e in lines.events[cut_at:] if e["event"] == "batch"]
+    assert after and all(b["worker"] > 0 for b in after), "the host never rejoined"

@@ -135,12 +135,16 @@ def test_coordinator_death_ends_a_worker_without_reconnect() -> None:
     host = None
     try:
         events.until(lambda e: e["event"] == "listening", LIMIT)
+        # A dead trainer and a cut link look alike from here: without --reconnect an
+        # admitted worker waits --give-up-after seconds for it (default 120), then exits.
         host = cli_worker(endpoint, "--env", "CartPole-v1", "--policy",
-                          "asyncrl.testing:ParamPolicy", "--peer-timeout", "2")
+                          "asyncrl.testing:ParamPolicy", "--peer-timeout", "2",
+                          "--give-up-after", "3")
         events.until(lambda e: e["event"] == "batch", LIMIT)
         first.kill()  # the coordinator dies without a goodbye
         assert host.wait(timeout=LIMIT) == 3
-        assert "is gone" in host.stdout.read()
+        output = host.stdout.read()
+        assert "is gone" in output and "did not come back within 3.0 s" in output, output
     finally:
         for process in (first, host):
             if process is not None and process.poll() is None:

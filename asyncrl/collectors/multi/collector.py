@@ -23,6 +23,7 @@ from ..._worker.spec import WorkerSpec
 from ...weights import WeightSender
 from .._assemble import assemble, drop_env_dim
 from .._base import BaseCollector
+from .._config import check_timeout
 from .._docs import add_parameters, share_parameters, show_init_signature
 from .._parameters import MULTI_PARAMETERS
 from .._started import started_at_call
@@ -51,9 +52,13 @@ class MultiCollector(BaseCollector):
     later rounds ask only the workers needed to reach it); ``"wait"`` makes sync
     rounds wait for a replacement share (a remote newcomer, or the dropped worker
     itself: one that speaks again is told to rejoin), and fails at once when a
-    dead local worker cannot be replaced; ``"restart"`` respawns a local worker's
+    dead local worker cannot be replaced (a wait is bounded by ``replacement_timeout``,
+    and says so while it lasts); ``"restart"`` respawns a local worker's
     slot (a silent one is killed first), at most ``max_restarts`` times in a row
     without a delivered batch, and waits for a remote one as ``"wait"`` does.
+    A worker that owes a batch and delivers nothing for ``sample_timeout`` seconds
+    (its env's ``step()`` or its policy hangs, while its heartbeats go on) is lost
+    the same way.
 
     Batches, with TorchRL's meaning (shapes: ``docs/batch_shapes.md``):
     ``replay_buffer`` is extended with every batch's frames, flat, and iteration
@@ -179,6 +184,8 @@ class MultiCollector(BaseCollector):
         backend: str | None = None,
         heartbeat_interval: float = 1.0,
         peer_timeout: float = 10.0,
+        sample_timeout: float | None = 60.0,
+        replacement_timeout: float | None = 300.0,
         listen: str | None = None,
         remote_workers: int = 0,
         curve_keys: str | None = None,
@@ -239,6 +246,8 @@ class MultiCollector(BaseCollector):
             policy=policy, listen=listen, curve_keys=curve_keys,
             max_message_bytes=max_message_bytes, backend=backend,
             heartbeat=(heartbeat_interval, peer_timeout),
+            sample_timeout=check_timeout("sample_timeout", sample_timeout),
+            replacement_timeout=check_timeout("replacement_timeout", replacement_timeout),
             init_random_frames=self.init_random_frames, total_frames=self.total_frames,
             publish=self._publish, on_weights_applied=self._on_weights_applied,
             max_restarts=lambda: self.max_restarts)
@@ -314,7 +323,8 @@ class MultiCollector(BaseCollector):
             (slot, process.pid, socket.gethostname()) for slot, process in workers.slots.items()
             if process.pid is not None and process.is_alive()]
         return coordinator.registry.statistics(
-            heard=coordinator.heard, routes=coordinator.relay_routes(), joining=joining)
+            heard=coordinator.heard, routes=coordinator.relay_routes(), joining=joining,
+            waiting=coordinator.state.waiting_for())
 
     async def _wait_ready(self) -> None:
         await self._ensure_ready()

@@ -25,6 +25,7 @@ import torch
 from transports import CurveServer, Hub
 
 from ..._coordinator.coordinator import Coordinator
+from ..._coordinator.watchdog import ReplacementWatch, StallWatchdog
 from ..._observe.events import CollectorEvent
 from ..._rollout.envs import make_env_pool
 from ..._spawn import logs as _logs
@@ -77,6 +78,11 @@ class MultiRun:
     #: ``on_worker_loss="restart"``'s bound: the collector's ``max_restarts`` at the time
     #: of a loss (a user may change it while the run goes on).
     max_restarts: Callable[[], int] = lambda: 3
+    #: Seconds a worker may owe work and deliver nothing before it is lost (None: never).
+    sample_timeout: float | None = 60.0
+    #: ``"wait"`` / ``"restart"``: seconds the trainer waits for a lost worker's
+    #: replacement before the run fails (None: no bound).
+    replacement_timeout: float | None = 300.0
     # -- while open ------------------------------------------------------------------
     hub: Hub | None = None
     coordinator: Coordinator | None = None
@@ -147,6 +153,10 @@ async def run_background(run: MultiRun, losses: WorkerLosses, name: str, paused:
                     directory=run.tmpdir or "", start_method=run.config.threads.start_method)
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(coordinator.run)  # hellos are answered while others spawn
+                    if run.sample_timeout is not None:  # a hung env or policy is a loss
+                        tg.start_soon(StallWatchdog(coordinator, run.sample_timeout).run)
+                    if run.config.on_worker_loss in ("wait", "restart"):  # says it, and ends
+                        tg.start_soon(ReplacementWatch(coordinator, run.replacement_timeout).run)
                     for sender in run.senders.values():
                         tg.start_soon(sender.run)  # queued versions go out once acked
                     await tg.start(workers.run, losses.process_died)

@@ -301,3 +301,55 @@ def test_doctests() -> None:
         result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
         assert result.failed == 0, module.__name__
         assert result.attempted > 0, module.__name__
+
+
+# -- observations that are not what the spec says (issue #22, item 7) ------------------------
+@pytest.mark.parametrize(("drift", "got"), [("float64", "float64 of shape (3,)"),
+                                            ("int64", "int64 of shape (3,)"),
+                                            ("shape", "float32 of shape (4,)"),
+                                            ("list", "float64 of shape (4,)")])
+@pytest.mark.parametrize("num_envs", [1, 2])
+def test_an_observation_that_changes_dtype_or_shape_is_an_error_naming_it(
+        drift: str, got: str, num_envs: int) -> None:
+    from asyncrl import SpecMismatchError
+    from asyncrl._rollout.loop import Rollout
+    from asyncrl.testing import DriftingEnv
+
+    pool = make_env_pool(lambda: DriftingEnv(at_step=5, drift=drift), num_envs=num_envs)
+    rollout = Rollout(pool, None, frames_per_batch=4 * num_envs, worker_index=3)
+    rollout.collect()  # steps 1-4: as the spec says
+    with pytest.raises(SpecMismatchError) as caught:
+        rollout.collect()
+    assert str(caught.value).startswith(
+        f"worker 3, env 0: observation 'observation': the spec says float32 of shape (3,), "
+        f"the env returned {got}"), caught.value
+    rollout.close()
+
+
+def test_a_lossless_observation_dtype_and_a_discrete_int_are_accepted() -> None:
+    from asyncrl import SpecMismatchError
+    from asyncrl._rollout.env_pools import check_observation
+
+    buffer = np.zeros((2, 3), dtype=np.float64)
+    check_observation(0, ("observation",), np.zeros(3, dtype=np.float32), buffer)
+    check_observation(0, ("observation",), [1.0, 2.0, 3.0], buffer)
+    check_observation(0, ("observation",), 3, np.zeros(2, dtype=np.int64))
+    batch = np.zeros((2, 3), dtype=np.float64)  # a vector env's batch: every env at once
+    with pytest.raises(SpecMismatchError, match=r"^every env: observation 'observation': the "
+                       r"spec says float32 of shape"):
+        check_observation("every env", ("observation",), batch,
+                          np.zeros((2, 3), dtype=np.float32))
+
+
+def test_a_sync_vector_envs_observations_are_checked_env_by_env() -> None:
+    from asyncrl import SpecMismatchError
+    from asyncrl.testing import DriftingEnv
+
+    venv = SyncVectorEnv([lambda: DriftingEnv(at_step=2, drift="float64")] * 2,
+                         autoreset_mode=AutoresetMode.SAME_STEP)
+    pool = make_env_pool(venv)
+    pool.reset()
+    pool.step(np.zeros(2, dtype=np.int64))
+    with pytest.raises(SpecMismatchError, match="env 0: observation 'observation': the "
+                       "spec says float32 of shape \\(3,\\), the env returned float64"):
+        pool.step(np.zeros(2, dtype=np.int64))
