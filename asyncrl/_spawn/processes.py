@@ -24,6 +24,7 @@ from typing import Any
 import anyio
 
 from .forkserver import worker_context
+from .main_module import without_unavailable_main
 from .threads import child_thread_environment
 
 log = logging.getLogger("asyncrl.collectors")
@@ -116,7 +117,7 @@ class WorkerProcesses:
                 target=self._target, args=args, name=f"{self._name}-{slot}",
                 daemon=self._daemon)
             try:
-                with self._environment():
+                with self._environment(), without_unavailable_main():
                     process.start()
                 break
             except (OSError, EOFError) as exc:
