@@ -15,6 +15,7 @@ import zmq
 
 from ._channel import ACK, BYE, PING, Channel, ChannelStatistics
 from ._codec import encode_message
+from ._descriptors import raise_open_files_limit
 from ._errors import ErrorPayload, PeerLostError, ProtocolError, RemoteError
 from ._trust import tighten_for_curve, warn_if_exposed
 from ._types import Message, PeerEvent, Ticket
@@ -26,6 +27,12 @@ MAX_PENDING_TICKETS = 4096
 #: (a hello with env specs fits), and how many such strangers are tracked at once.
 STRANGER_MAX_BYTES = 1 << 20
 MAX_STRANGERS = 256
+#: Seconds a connection may take to finish its ZeroMQ handshake (greeting, and CURVE's
+#: keys) before the hub drops it (libzmq's default: 30 s). A real peer does it in a
+#: few round trips, in ZeroMQ's I/O thread (a busy event loop does not slow it); one
+#: that drips its greeting only holds a descriptor, and a flood of them would hold
+#: them all.
+HANDSHAKE_TIMEOUT = 5.0
 
 
 class Hub(Channel):
@@ -45,6 +52,12 @@ class Hub(Channel):
     first). An admitted peer is lost as usual and is then a stranger again.
     Bound ``max_bytes`` too: ZeroMQ assembles a whole message (up to that size)
     before anyone can look at who sent it.
+
+    Each connection holds a descriptor from the moment it is accepted: one that
+    has not finished its handshake within ``handshake_timeout`` seconds is
+    dropped, and binding raises the process's open-files soft limit to its hard
+    limit (once), so that a flood of half-open connections leaves room for the
+    real peers.
 
     Identities are routing addresses, not credentials. Without CURVE,
     ``ROUTER_HANDOVER`` lets a reconnecting peer take its route back, so whoever
@@ -67,8 +80,10 @@ class Hub(Channel):
 
     def __init__(self, endpoint: str = "tcp://127.0.0.1:0", *, admission: bool = False,
                  stranger_max_bytes: int = STRANGER_MAX_BYTES,
-                 max_strangers: int = MAX_STRANGERS, **options: Any) -> None:
+                 max_strangers: int = MAX_STRANGERS,
+                 handshake_timeout: float = HANDSHAKE_TIMEOUT, **options: Any) -> None:
         super().__init__(endpoint, **options)
+        self.handshake_timeout = handshake_timeout
         self.instance = secrets.token_hex(8)  # told to every peer in the pings
         self.admission = admission
         self.stranger_max_bytes = stranger_max_bytes
@@ -123,6 +138,8 @@ class Hub(Channel):
         socket.setsockopt(zmq.ROUTER_HANDOVER, 0 if self.curve else 1)
         if self.curve:
             tighten_for_curve(socket, self.peer_timeout)
+        socket.setsockopt(zmq.HANDSHAKE_IVL, max(1, int(self.handshake_timeout * 1000)))
+        raise_open_files_limit()  # once per process: one descriptor per connection
         socket.bind(self.endpoint)
         self.endpoint = socket.getsockopt_string(zmq.LAST_ENDPOINT)
         warn_if_exposed(self.endpoint, curve=self.curve is not None)

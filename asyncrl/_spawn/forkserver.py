@@ -22,6 +22,7 @@ from contextlib import suppress
 from multiprocessing import forkserver
 from multiprocessing.context import BaseContext
 
+from .main_module import without_unavailable_main
 from .threads import child_thread_environment
 
 log = logging.getLogger("asyncrl.collectors")
@@ -53,7 +54,8 @@ def worker_context(start_method: str) -> BaseContext:
     """
     context = mp.get_context(start_method)
     if start_method == "forkserver":
-        _ensure_fork_server(context)
+        with without_unavailable_main():  # a script read from stdin: not preloaded
+            _ensure_fork_server(context)
     return context
 
 

@@ -24,6 +24,7 @@ from typing import Any
 import anyio
 
 from .forkserver import worker_context
+from .main_module import without_unavailable_main
 from .threads import child_thread_environment
 
 log = logging.getLogger("asyncrl.collectors")
@@ -116,7 +117,7 @@ class WorkerProcesses:
                 target=self._target, args=args, name=f"{self._name}-{slot}",
                 daemon=self._daemon)
             try:
-                with self._environment():
+                with self._environment(), without_unavailable_main():
                     process.start()
                 break
             except (OSError, EOFError) as exc:
@@ -152,6 +153,9 @@ class WorkerProcesses:
             await anyio.to_thread.run_sync(process.join)
             if on_exit is None or not await on_exit(slot, process):
                 return
+            with self._lock:  # stop() releases it if it began (it may be waiting on it)
+                if not self._stopping:
+                    release(process)
             if not await self.spawn(slot):
                 return
 
@@ -179,6 +183,26 @@ class WorkerProcesses:
             p.join(0.1)  # reaps them (each has ended by now, unless stuck in the kernel)
             if p.exitcode:
                 log.debug("worker %s exited with %s", p.pid, p.exitcode)
+            release(p)
+
+
+def release(process: BaseProcess) -> None:
+    """Close the pipes the parent holds for a reaped process; a live one is left as is.
+
+    A started process holds two descriptors in its parent (its sentinel and, for the
+    fork server, the pipe whose closing tells the child its parent died) until its
+    ``Popen`` is finalized: by ``Process.close()``, or by the garbage collector,
+    late or (``gc.disable()``, ``gc.freeze()``) never. ``Process.close()`` also
+    makes ``pid``, ``exitcode`` and ``is_alive()`` raise, and ``statistics()``,
+    ``worker_pids`` and a host's exit status read them after the workers stopped:
+    this closes only what ``close()`` would, the ``Popen``'s finalizer (idempotent),
+    and keeps the exit status it already read. Safe to call twice.
+    """
+    if process.exitcode is None:  # not started, or not reaped yet: its pipes are in use
+        return
+    popen = getattr(process, "_popen", None)
+    if popen is not None:
+        popen.close()
 
 
 def _wait_ended(processes: Sequence[BaseProcess], timeout: float) -> None:
@@ -205,4 +229,4 @@ def describe_exit(exitcode: int | None) -> str:
 
 
 # -- the child's side ------------------------------------------------------------------------
-__all__ = ["ArgsFor", "OnExit", "WorkerProcesses", "describe_exit"]
+__all__ = ["ArgsFor", "OnExit", "WorkerProcesses", "describe_exit", "release"]

@@ -66,24 +66,42 @@ class BlockingCollector:
         self.close(*exc_info)
 
     def close(self, *exc_info: Any) -> None:
-        """Close the collector and stop the event loop thread. Idempotent."""
-        if self._collector_cm is not None:
-            cm, self._collector_cm = self._collector_cm, None
-            cm.__exit__(*(exc_info or (None, None, None)))
-        if self._portal_cm is not None:
-            cm2, self._portal_cm = self._portal_cm, None
-            cm2.__exit__(None, None, None)
-        if self._threads is not None:
-            threads, self._threads = self._threads, None
-            threads.restore()
+        """Close the collector and stop the event loop thread. Idempotent.
+
+        The event loop thread stops whatever closing the collector raised: a
+        surviving loop thread would keep the process alive after the error.
+        """
+        exc_info = exc_info or (None, None, None)
+        try:
+            if self._collector_cm is not None:
+                cm, self._collector_cm = self._collector_cm, None
+                try:
+                    cm.__exit__(*exc_info)
+                except BaseException as error:
+                    if error is not exc_info[1]:
+                        raise
+                    # The body's own error, re-raised by the collector's exit: the
+                    # ``with`` statement raises it again, with the body's traceback
+                    # (not the frames the portal added on its way back).
+                    error.__traceback__ = exc_info[2]
+        finally:
+            self._portal = None
+            if self._portal_cm is not None:
+                cm2, self._portal_cm = self._portal_cm, None
+                cm2.__exit__(None, None, None)
+            if self._threads is not None:
+                threads, self._threads = self._threads, None
+                threads.restore()
 
     def shutdown(self, timeout: float | None = None, close_env: bool = True,
                  raise_on_error: bool = True) -> None:
         """TorchRL's name for :meth:`close` (same arguments as the collector's ``shutdown``)."""
-        if self._portal is not None and self._collector_cm is not None:
-            self._portal.call(_outcome, functools.partial(self.collector.shutdown, timeout,
-                                                          close_env, raise_on_error))
-        self.close()
+        try:
+            if self._portal is not None and self._collector_cm is not None:
+                self._portal.call(_outcome, functools.partial(self.collector.shutdown, timeout,
+                                                              close_env, raise_on_error))
+        finally:
+            self.close()
 
     def update_policy_weights_(self, policy_or_weights: Any = None, **kwargs: Any) -> None:
         """TorchRL's blocking call: send the weights, return once the workers applied them.

@@ -15,7 +15,6 @@ what to do instead, not as a raw ``Can't pickle local object`` in a worker.
 from __future__ import annotations
 
 import pickle
-import sys
 import types
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -23,6 +22,7 @@ from typing import Any
 from .._coordinator.checks import check_specs
 from .._errors import SpecMismatchError
 from .._protocol import Hello
+from .._spawn.main_module import main_unavailable
 
 __all__ = ["LocalSpecsCheck", "check_picklable", "local_specs_error",
            "travelling", "worker_envs"]
@@ -75,10 +75,11 @@ def check_picklable(items: Sequence[tuple[str, Any]], *, start_method: str) -> N
     """Pickle each ``(name, obj)`` as local workers will get it; a TypeError says what to do.
 
     Strings (gym ids, import paths) and None need no check. Objects defined in
-    an interactive ``__main__`` (no script file) pickle by name but cannot be
-    found by a worker process: they are refused too.
+    a ``__main__`` that workers cannot run again (an interactive session, a
+    script read from stdin) pickle by name but cannot be found by a worker
+    process: they are refused too.
     """
-    interactive = not hasattr(sys.modules.get("__main__"), "__file__")
+    origin = main_unavailable()
     seen: set[int] = set()
     for name, obj in items:
         if obj is None or isinstance(obj, str) or id(obj) in seen:
@@ -86,12 +87,11 @@ def check_picklable(items: Sequence[tuple[str, Any]], *, start_method: str) -> N
         seen.add(id(obj))
         advice = _POLICY_ADVICE if name.startswith("policy") else _ENV_ADVICE
         try:
-            _Probe(interactive).dump(obj)
+            _Probe(origin is not None).dump(obj)
         except _InteractiveObject as exc:
             raise TypeError(
-                f"{name} uses {exc.args[0]}, defined in an interactive session (__main__ "
-                f"has no file): local worker processes (start_method={start_method!r}) "
-                f"cannot import it; {advice}") from None
+                f"{name} uses {exc.args[0]}, defined in {origin}: local worker processes "
+                f"(start_method={start_method!r}) cannot import it; {advice}") from None
         except Exception as exc:
             raise TypeError(
                 f"{name} ({_short_repr(obj)}) cannot be sent to the local worker "
