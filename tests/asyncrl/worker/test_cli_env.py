@@ -14,7 +14,7 @@ import pytest
 from asyncrl import cli
 from asyncrl._cli_env import apply_environment, check_environment, option_variables, subparsers
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture

@@ -33,7 +33,7 @@ from asyncrl.testing import CountingEnv, ValuePolicy
 from tests.multihost.lines import Lines
 from tests.multihost.processes import free_port, kill_group
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 LIMIT = 120  # generous: 2 shared cores, worker processes to spawn
 TRAINER = ROOT / "tests" / "multihost" / "trainer.py"
 
