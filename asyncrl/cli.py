@@ -25,7 +25,10 @@ WORKER_EXIT_CODES = """exit codes:
   1  an env or policy error (reported to the coordinator first)
   2  bad arguments (an import path that does not resolve, bad keys, a value < 1)
   3  the coordinator is gone (silent for --peer-timeout), and no --reconnect
-  4  the coordinator refused this worker (see its log: specs, keys, too many workers)"""
+  4  the coordinator refused this worker (see its log: specs, keys), or the run
+     stayed full (remote_workers) for --join-timeout
+  5  no welcome within --join-timeout: something accepts connections there but
+     does not answer as an asyncrl collector"""
 
 EXIT_CODES = """exit codes:
   0  success
@@ -95,6 +98,10 @@ def _worker_parser(sub: Any) -> None:
                         "num_sub_threads: K workers on K cores do not oversubscribe)")
     p.add_argument("--peer-timeout", type=float, default=10.0, metavar="SECONDS",
                    help="exit when the coordinator is silent this long")
+    p.add_argument("--join-timeout", type=float, default=60.0, metavar="SECONDS",
+                   help="how long each worker waits to be welcomed: a run that is full "
+                        "(remote_workers) is asked again with a backoff until a place frees, "
+                        "a silent listener is given up on (exit code 5)")
     p.add_argument("--keys", metavar="DIR", default=None,
                    help="CURVE keys made by 'asyncrl keys generate DIR' (needs worker.key_secret "
                         "and coordinator.key)")
@@ -218,9 +225,9 @@ def run_workers(args: argparse.Namespace) -> int:
         print("asyncrl worker: --workers, --envs-per-worker and --threads must be >= 1, got "
               f"{args.workers}, {args.envs_per_worker} and {args.threads}", file=sys.stderr)
         return 2
-    if not args.peer_timeout > 0:
-        print(f"asyncrl worker: --peer-timeout must be > 0, got {args.peer_timeout}",
-              file=sys.stderr)
+    if not args.peer_timeout > 0 or not args.join_timeout > 0:
+        print(f"asyncrl worker: --peer-timeout and --join-timeout must be > 0, got "
+              f"{args.peer_timeout} and {args.join_timeout}", file=sys.stderr)
         return 2
     app_dir = os.path.abspath(args.app_dir)
     if app_dir not in sys.path:
@@ -249,7 +256,7 @@ def run_workers(args: argparse.Namespace) -> int:
     host = HostWorkers(args.connect, spec, workers=args.workers, relay=not args.no_relay,
                        peer_timeout=args.peer_timeout, reconnect=args.reconnect,
                        curve_keys=args.keys, backend=args.backend,
-                       log_config=_logs.capture())
+                       log_config=_logs.capture(), join_timeout=args.join_timeout)
     return host.run()
 
 

@@ -50,7 +50,7 @@ except ImportError as exc:  # pragma: no cover - exercised with the extra missin
 from ._observe.latency import LatencyHistogram
 from ._observe.statistics import WorkerState
 
-STATES: tuple[WorkerState, ...] = ("joining", "collecting", "idle", "lost")
+STATES: tuple[WorkerState, ...] = ("joining", "collecting", "idle", "lost", "left")
 WORKER_LABELS = ["worker", "host", "pid"]
 
 

@@ -18,12 +18,14 @@ import anyio
 
 #: * ``"joined"``: a worker was admitted (``worker``, ``name``, ``host``, ``pid``);
 #: * ``"lost"``: an admitted worker is gone (``reason``; ``exit_code`` for a local process);
+#: * ``"left"``: an admitted remote worker left cleanly (it said so: SIGTERM to its host);
+#:   its unfinished work went to the others;
 #: * ``"restarted"``: a local slot's process is being respawned (``worker``: the slot,
 #:   ``pid``: the dead process); a ``"joined"`` follows when the new one is admitted;
 #: * ``"refused"``: a peer's hello (or batch) was refused (``name``, ``host``, ``reason``);
 #: * ``"weights_applied"``: every targeted worker acknowledged ``version`` of
 #:   ``model_id`` (``seconds``: send to last acknowledgement).
-EventKind = Literal["joined", "lost", "restarted", "refused", "weights_applied"]
+EventKind = Literal["joined", "lost", "left", "restarted", "refused", "weights_applied"]
 
 
 @dataclass(frozen=True)

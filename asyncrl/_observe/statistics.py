@@ -26,8 +26,10 @@ from tensordict import TensorDictBase
 #: * ``"idle"``: admitted, nothing asked of it (between rounds, at ``prefetch`` batches
 #:   ahead of the trainer, or while the collector is paused);
 #: * ``"lost"``: its process ended (``exit_code``), it went silent for ``peer_timeout``,
-#:   or it was refused for a bad batch; it never comes back under this entry.
-WorkerState = Literal["joining", "collecting", "idle", "lost"]
+#:   or it was refused for a bad batch; it never comes back under this entry;
+#: * ``"left"``: a remote worker that left cleanly (its host stopped on SIGTERM); its
+#:   unfinished work went to the others.
+WorkerState = Literal["joining", "collecting", "idle", "lost", "left"]
 
 
 @dataclass(frozen=True)

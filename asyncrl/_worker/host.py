@@ -46,7 +46,8 @@ class HostWorkers:
     def __init__(self, connect: str, spec: WorkerSpec, *, workers: int, relay: bool = True,
                  peer_timeout: float = 10.0, reconnect: bool = False,
                  curve_keys: str | None = None, backend: str = "asyncio",
-                 log_config: dict[str, Any] | None = None) -> None:
+                 log_config: dict[str, Any] | None = None,
+                 join_timeout: float | None = None) -> None:
         if workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers}")
         self.connect = connect
@@ -55,6 +56,7 @@ class HostWorkers:
         self.peer_timeout = peer_timeout
         self.reconnect = reconnect
         self.curve_keys = curve_keys
+        self.join_timeout = join_timeout  # each worker's (see run_worker)
         self.backend = backend
         self.log_config = log_config  # the workers' logging (asyncrl._spawn.logs.capture())
         # Unguessable (128 random bits each): an identity is a route on the hub.
@@ -77,7 +79,7 @@ class HostWorkers:
                 "peer_timeout": self.peer_timeout,
                 "heartbeat_interval": heartbeat_interval(self.peer_timeout),
                 "reconnect": self.reconnect, "curve_keys": self.curve_keys,
-                "log_config": self.log_config}
+                "log_config": self.log_config, "join_timeout": self.join_timeout}
             if self.relay:
                 from .relay import HostRelay
 
