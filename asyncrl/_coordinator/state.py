@@ -242,6 +242,7 @@ class CoordinatorState:
         self.gone: OrderedDict[bytes, None] = OrderedDict()
         self.written_off = 0  # workers lost under "continue": nobody waits for them
         self.departures = 0  # workers that left cleanly (a goodbye): nobody waits for them
+        self.left: OrderedDict[bytes, None] = OrderedDict()  # their peers (bounded as gone)
         self.expected = 0  # workers the run was started with (see missing_workers)
 
     # -- what the trainer asks -------------------------------------------------------------
@@ -435,6 +436,9 @@ class CoordinatorState:
             return []
         log.info("worker %d (%s on %s) left the run", worker.index, worker.name, worker.host)
         self.departures += 1
+        self.left[peer] = None
+        while len(self.left) > 1024:
+            self.left.popitem(last=False)
         return self._forget(worker, replan=True)
 
     def exited(self, peer: bytes, error: WorkerLostError, *, replaceable: bool) -> list[Action]:
