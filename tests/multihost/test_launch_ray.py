@@ -115,3 +115,52 @@ async def test_one_ray_host_actor_per_selected_node_runs_workers_behind_a_relay(
     assert [o.exit_code for o in outcomes] == [0]  # the one node selected: one host actor
     assert len(relays) == 1 and "" not in relays  # both workers behind the node's relay
     assert [tuple(b.shape) for b in batches] == [(2, 50), (2, 50)]
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_killed_actor_is_restarted_by_ray_and_rejoins_with_the_latest_weights(
+        local_ray) -> None:
+    """SIGKILL one actor's process: the collector loses it on its closed connection,
+    Ray restarts it, its worker joins the free place and acts with the weights of the
+    latest version from its first frame; the run's frames and total stay exact."""
+    import os
+    import signal
+
+    from asyncrl.testing import (
+        ValuePolicy,
+        frame_identity_problems,
+        identity_env,
+        version_problems,
+    )
+
+    total = 600
+    policy = ValuePolicy(0.0)
+    values: dict[int, float | None] = {0: 0.0}
+    batches = []
+    with anyio.fail_after(240):
+        async with MultiSyncCollector(
+                identity_env, policy, num_workers=0, remote_workers=2,
+                listen="tcp://127.0.0.1:0", frames_per_batch=20, total_frames=total,
+                on_worker_loss="wait", heartbeat_interval=0.5, peer_timeout=60) as collector:
+            async with launch_workers(collector.endpoint, num_workers=2,
+                                      env="asyncrl.testing:IdentityEnv",
+                                      policy="asyncrl.testing:ValuePolicy",
+                                      peer_timeout=60, join_timeout=60) as workers:
+                killed = None
+                async for batch in collector:
+                    batches.append(batch)
+                    if len(batches) == 3:
+                        killed = actor_info(workers.actors[0])["Pid"]
+                        os.kill(killed, signal.SIGKILL)
+                    policy.value.data.fill_(collector.policy_version + 1)
+                    await collector.update_policy_weights()
+                    values[collector.policy_version] = policy.value.item()
+                restarts = actor_info(workers.actors[0]).get("NumRestarts")
+                new_pid = actor_info(workers.actors[0]).get("Pid")
+    problems = frame_identity_problems(batches, from_start=True) + version_problems(batches,
+                                                                                    values)
+    assert not problems, problems[:10]
+    assert sum(b.numel() for b in batches) == total
+    assert restarts == 1 and new_pid != killed
+    pids = {int(p) for b in batches[3:] for p in b["next", "observation"][..., 0].flatten()}
+    assert new_pid in pids, "the restarted actor delivered no frame"
