@@ -184,17 +184,27 @@ class Welcome:
 
 @dataclass(slots=True)
 class Refuse:
-    """Coordinator -> worker: you may not join, and why."""
+    """Coordinator -> worker: you may not join, and why.
+
+    ``full``: the only reason is that the run has no free place (``remote_workers``
+    reached): a worker may ask again later (a place frees as soon as a worker leaves
+    or is lost); any other refusal (keys, specs, protocol) is final.
+    """
 
     KIND: ClassVar[str] = "refuse"
     reason: str
+    full: bool = False
 
     def to_body(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_body(cls, body: Any) -> Self:
-        return cls(reason=_field(body, "reason", str, "refuse"))
+        full = body.get("full", False) if isinstance(body, dict) else False
+        if not isinstance(full, bool):
+            raise ProtocolError(f"refuse message field 'full' must be bool, "
+                                f"got {type(full).__name__}")
+        return cls(reason=_field(body, "reason", str, "refuse"), full=full)
 
 
 @dataclass(slots=True)

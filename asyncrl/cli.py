@@ -33,7 +33,10 @@ WORKER_EXIT_CODES = """exit codes:
   3  the coordinator is gone: it closed without telling this worker, it never answered
      (--peer-timeout), its connection stayed down longer than --give-up-after, or it was
      restarted (a new instance) and no --reconnect
-  4  the coordinator refused this worker (see its log: specs, keys, too many workers)"""
+  4  the coordinator refused this worker (see its log: specs, keys), or the run
+     stayed full (remote_workers) for --join-timeout
+  5  no welcome within --join-timeout: something accepts connections there but
+     does not answer as an asyncrl collector"""
 
 EXIT_CODES = """exit codes:
   0  success
@@ -104,6 +107,10 @@ def _worker_parser(sub: Any) -> None:
                         "num_sub_threads: K workers on K cores do not oversubscribe)")
     p.add_argument("--peer-timeout", type=float, default=10.0, metavar="SECONDS",
                    help="exit when the coordinator is silent this long")
+    p.add_argument("--join-timeout", type=float, default=60.0, metavar="SECONDS",
+                   help="how long each worker waits to be welcomed: a run that is full "
+                        "(remote_workers) is asked again with a backoff until a place frees, "
+                        "a silent listener is given up on (exit code 5)")
     p.add_argument("--keys", metavar="DIR", default=None,
                    help="CURVE keys: a folder made by 'asyncrl keys add-host DIR NAME' "
                         "(DIR/hosts/NAME) or 'asyncrl keys generate DIR' (needs worker.key_secret "
@@ -282,9 +289,9 @@ def run_workers(args: argparse.Namespace) -> int:
         print(f"asyncrl worker: --give-up-after must be >= 0, got {args.give_up_after}",
               file=sys.stderr)
         return 2
-    if not args.peer_timeout > 0:
-        print(f"asyncrl worker: --peer-timeout must be > 0, got {args.peer_timeout}",
-              file=sys.stderr)
+    if not args.peer_timeout > 0 or not args.join_timeout > 0:
+        print(f"asyncrl worker: --peer-timeout and --join-timeout must be > 0, got "
+              f"{args.peer_timeout} and {args.join_timeout}", file=sys.stderr)
         return 2
     app_dir = os.path.abspath(args.app_dir)
     if app_dir not in sys.path:
@@ -314,7 +321,7 @@ def run_workers(args: argparse.Namespace) -> int:
                        give_up_after=args.give_up_after,
                        curve_keys=args.keys, backend=args.backend,
                        log_config=_logs.capture(), probe_port=args.probe_port,
-                       probe_host=args.probe_host)
+                       probe_host=args.probe_host, join_timeout=args.join_timeout)
     try:
         return host.run()
     except OSError as exc:  # the probe port is taken or cannot be bound

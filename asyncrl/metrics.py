@@ -53,7 +53,7 @@ except ImportError as exc:  # pragma: no cover - exercised with the extra missin
 from ._observe.latency import LatencyHistogram
 from ._observe.statistics import WorkerState, WorkerStatistics
 
-STATES: tuple[WorkerState, ...] = ("joining", "collecting", "idle", "lost", "waiting")
+STATES: tuple[WorkerState, ...] = ("joining", "collecting", "idle", "lost", "waiting", "left")
 WORKER_LABELS = ["worker", "host"]
 
 

@@ -158,6 +158,7 @@ class Channel(TaskGroupResource):
         self._ping: list[Any] = []  # encoded once the socket is open
         self._inbox = Inbox(queue_size)
         self._background = anyio.CancelScope()
+        self._background_done: anyio.Event | None = None  # made in _open (async context)
         self._closing = False
         self._next_liveness_check = 0.0
         self._beat_due = 0.0  # when the heartbeat loop should run next (0: not started)
@@ -189,15 +190,21 @@ class Channel(TaskGroupResource):
         self._io.translate = self._translate_send_error  # type: ignore[method-assign]
         self._ping = encode_message(None, kind=PING, meta=self._ping_meta())
         # The pump must be running before anyone can call aclose(), which waits for it.
+        self._background_done = anyio.Event()
         await self._task_group.start(self._run_background)
 
     async def _run_background(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
         assert self._io is not None
-        with self._background:
-            async with anyio.create_task_group() as tg:
-                await tg.start(self._io.pump)
-                tg.start_soon(self._heartbeat_loop)
-                task_status.started()
+        try:
+            with self._background:
+                async with anyio.create_task_group() as tg:
+                    await tg.start(self._io.pump)
+                    tg.start_soon(self._heartbeat_loop)
+                    self._start_watchers(tg)
+                    task_status.started()
+        finally:
+            assert self._background_done is not None
+            self._background_done.set()
 
     async def aclose(self) -> None:
         """Stop the background tasks and close the socket. Idempotent, safe when cancelled."""
@@ -207,6 +214,9 @@ class Channel(TaskGroupResource):
         self._background.cancel()
         with anyio.CancelScope(shield=True):
             await self._io.wait_stopped()  # never close an fd a task still waits on
+            if self._background_done is not None:
+                with anyio.move_on_after(5):  # nor a watcher's (see _start_watchers)
+                    await self._background_done.wait()
             self._farewell(self._io.socket)
             self._before_close(self._io.socket)
             self._io.close(self._linger_ms)
@@ -345,6 +355,9 @@ class Channel(TaskGroupResource):
 
     def _on_close(self) -> None:
         pass
+
+    def _start_watchers(self, tg: anyio.abc.TaskGroup) -> None:
+        """Start more background tasks (cancelled, and waited for, before the socket closes)."""
 
     def _farewell(self, socket: zmq.Socket[Any]) -> None:
         """Best effort, never blocking: tell the other end we are leaving."""

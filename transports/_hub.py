@@ -11,11 +11,13 @@ from collections.abc import Iterable
 from typing import Any
 
 import anyio
+import anyio.abc
 import zmq
 
 from ._channel import ACK, BYE, PING, Channel, ChannelStatistics
 from ._codec import encode_message
 from ._descriptors import raise_open_files_limit
+from ._disconnects import DisconnectWatch
 from ._errors import ErrorPayload, PeerLostError, ProtocolError, RemoteError
 from ._trust import tighten_for_curve, warn_if_exposed
 from ._types import Message, PeerEvent, Ticket
@@ -34,6 +36,10 @@ MAX_STRANGERS = 256
 #: them all.
 HANDSHAKE_TIMEOUT = 5.0
 
+#: How long after a connection closed the hub looks which peer lost its route
+#: (see :mod:`transports._disconnects`): a live DEALER reconnects well within it.
+DISCONNECT_GRACE = 0.5
+
 
 class Hub(Channel):
     """Many peers, each known by its identity; sends that peers acknowledge.
@@ -41,7 +47,11 @@ class Hub(Channel):
     Bind with ``async with``; ``endpoint`` then holds the real address (the
     port chosen for ``tcp://HOST:0``). ``recv()`` yields :class:`Message` and
     :class:`PeerEvent` items in arrival order. A peer is *joined* from its first
-    message or heartbeat and *lost* after ``peer_timeout`` seconds of silence.
+    message or heartbeat and *lost* when it says goodbye (its link closed), when
+    its connection closes and it has not reconnected ``disconnect_grace`` s later
+    (its process died: see :mod:`transports._disconnects`; None: silence only), or
+    after ``peer_timeout`` seconds of silence (a frozen process, a dead host, a cut
+    network). The lost event's ``reason`` says which.
 
     With ``admission=True`` (a hub that listens on a network) the owner decides
     who is a peer: :meth:`admit` after it authenticated a hello, :meth:`expel`
@@ -81,9 +91,14 @@ class Hub(Channel):
     def __init__(self, endpoint: str = "tcp://127.0.0.1:0", *, admission: bool = False,
                  stranger_max_bytes: int = STRANGER_MAX_BYTES,
                  max_strangers: int = MAX_STRANGERS,
-                 handshake_timeout: float = HANDSHAKE_TIMEOUT, **options: Any) -> None:
+                 handshake_timeout: float = HANDSHAKE_TIMEOUT,
+                 disconnect_grace: float | None = DISCONNECT_GRACE, **options: Any) -> None:
         super().__init__(endpoint, **options)
         self.handshake_timeout = handshake_timeout
+        if disconnect_grace is not None and disconnect_grace < 0:
+            raise ValueError(f"disconnect_grace must be >= 0 or None, got {disconnect_grace}")
+        self.disconnect_grace = disconnect_grace
+        self._disconnects: DisconnectWatch | None = None
         self.instance = secrets.token_hex(8)  # told to every peer in the pings
         self.admission = admission
         self.stranger_max_bytes = stranger_max_bytes
@@ -140,9 +155,32 @@ class Hub(Channel):
             tighten_for_curve(socket, self.peer_timeout)
         socket.setsockopt(zmq.HANDSHAKE_IVL, max(1, int(self.handshake_timeout * 1000)))
         raise_open_files_limit()  # once per process: one descriptor per connection
-        socket.bind(self.endpoint)
+        if self.disconnect_grace is not None:
+            self._disconnects = DisconnectWatch(self._context, socket, self.disconnect_grace,
+                                                self._probe_routes)
+        socket.bind(self.endpoint)  # (on failure, _before_close stops the monitor)
         self.endpoint = socket.getsockopt_string(zmq.LAST_ENDPOINT)
         warn_if_exposed(self.endpoint, curve=self.curve is not None)
+
+    def _start_watchers(self, tg: anyio.abc.TaskGroup) -> None:
+        if self._disconnects is not None:
+            tg.start_soon(self._disconnects.run)
+
+    def _before_close(self, socket: zmq.Socket[Any]) -> None:
+        if self._disconnects is not None:
+            self._disconnects.close(socket)
+
+    def _probe_routes(self) -> None:
+        """After connections closed: a peer with no route left is gone (its process died)."""
+        assert self._io is not None
+        for peer in list(self._last_seen):
+            if self._io.routable([peer, *self._ping]):
+                continue
+            del self._last_seen[peer]
+            if peer in self._strangers:
+                del self._strangers[peer]  # a stranger leaves no trace
+            else:
+                self._lose(peer, "disconnected")
 
     # -- API -------------------------------------------------------------------------
     async def recv(self) -> Message | PeerEvent:
@@ -257,7 +295,7 @@ class Hub(Channel):
             if self._last_seen.pop(peer, None) is not None:
                 self._strangers.pop(peer, None)
                 if not stranger:
-                    self._lose(peer)
+                    self._lose(peer, "goodbye")
             return None
         if peer in self._last_seen:
             self._last_seen[peer] = time.monotonic()
@@ -339,7 +377,7 @@ class Hub(Channel):
                 if peer in self._strangers:
                     del self._strangers[peer]  # a stranger leaves no trace
                 else:
-                    self._lose(peer)
+                    self._lose(peer, "silent")
 
     def _expel_revoked(self) -> None:
         """Peers whose CURVE key was revoked since they joined: told goodbye, lost."""
@@ -353,7 +391,7 @@ class Hub(Channel):
             log.warning("disconnected %r: its CURVE key (%s) was revoked", peer,
                         self._trust.keys.name_of(key))
             if not stranger:
-                self._lose(peer)
+                self._lose(peer, "revoked")
         self._trust.forget_unless(
             lambda p: p in self._last_seen or p in self._admitted or p in self._dropped)
 
@@ -372,13 +410,13 @@ class Hub(Channel):
             ticket.done.set()
         self._tickets.clear()
 
-    def _lose(self, peer: bytes) -> None:
+    def _lose(self, peer: bytes, reason: str) -> None:
         if peer in self._admitted:
             self._remember_dropped(peer)
         self._admitted.discard(peer)  # it must be admitted again (a new hello)
         self._abandon_tickets(peer)
         # Not held back by a full queue: events are few (one per peer) and must not wait.
-        self._inbox.put_nowait(PeerEvent(peer, "lost"), force=True)
+        self._inbox.put_nowait(PeerEvent(peer, "lost", reason), force=True)
 
 
     def _remember_dropped(self, peer: bytes) -> None:

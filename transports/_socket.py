@@ -18,6 +18,7 @@ read the peer's heartbeats yet).
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, cast
@@ -334,6 +335,20 @@ class AsyncSocket:
             return False
         if not from_handle:
             self._after_send()
+        return True
+
+    def routable(self, frames: Sequence[Any]) -> bool:
+        """Send now if possible (a ROUTER's probe): False only if the peer has no route.
+
+        A full queue or a closed socket says nothing about the route: True.
+        """
+        if self.closed:
+            return True
+        try:
+            self._send(frames)
+        except zmq.ZMQError as exc:
+            return exc.errno != errno.EHOSTUNREACH
+        self._after_send()
         return True
 
     def _send(self, frames: Sequence[Any]) -> None:

@@ -46,6 +46,11 @@ class PeerEvent:
 
     peer: bytes
     event: Literal["joined", "lost", "restarted", "returned"]
+    #: Why a peer was lost: ``"goodbye"`` (it closed its link), ``"disconnected"``
+    #: (its connection closed and it did not reconnect: its process died) or
+    #: ``"silent"`` (nothing heard for ``peer_timeout``) or ``"revoked"`` (its CURVE key
+    #: was revoked while it ran). Not compared.
+    reason: str = field(default="", compare=False)
 
 
 @dataclass(eq=False)

@@ -40,6 +40,7 @@ from .._protocol import (
 from .checks import check_specs
 from .registry import WorkerRegistry
 from .state import (
+    LOSS_WORDS,
     Action,
     CatchUp,
     CoordinatorState,
@@ -288,7 +289,7 @@ class Coordinator:
             try:
                 if isinstance(item, PeerEvent):
                     if item.event == "lost":
-                        await self._on_lost(item.peer)
+                        await self._on_lost(item.peer, item.reason)
                     elif item.event in ("joined", "returned"):
                         await self._perform(self.state.returned(item.peer))
                 elif item.kind == Hello.KIND:
@@ -324,14 +325,15 @@ class Coordinator:
             self._note_refusals(actions, worker.name, worker.host, worker.pid)
         await self._perform(actions, "refused for a bad batch")
 
-    async def _on_lost(self, peer: bytes) -> None:
+    async def _on_lost(self, peer: bytes, reason: str = "") -> None:
         if self._closing:  # told to close: its goodbye is no loss (and no warning)
             self.state.gone[peer] = None
             self._notify()
             return
         worker = self.state.workers.get(peer)
         was_alive = worker is not None and worker.alive
-        await self._perform(self.state.lost(peer), "stopped answering (silent or disconnected)")
+        await self._perform(self.state.lost(peer, reason), LOSS_WORDS.get(
+            reason, "stopped answering (silent or disconnected)"))
         if was_alive and self._on_lost_hook is not None:
             assert worker is not None
             self._on_lost_hook(worker)
@@ -363,17 +365,24 @@ class Coordinator:
                                       report.error.message)
 
     async def _on_leaving(self, message: Message) -> None:
-        """A worker stops on its own (SIGTERM): the collector decides what that means."""
+        """A worker stops on its own (SIGTERM): the collector decides what that means.
+
+        Unless its hook stops the run (a local worker: systemd stops a whole process
+        group), it is a departure, whatever ``on_worker_loss``: no failure, and what
+        it owed goes to the others (see :meth:`CoordinatorState.departed`).
+        """
         leaving = Leaving.from_body(message.body)
         worker = self.workers.get(message.peer)
         if worker is None or not worker.alive:
             return  # a stranger's, or a worker already gone: no say in the run
         if self._on_leaving_hook is not None:
             self._on_leaving_hook(worker, leaving.reason)
-        if worker.alive:  # the hook did not take it as a stop: a loss, by on_worker_loss
-            log.info("worker %d (%s on %s) is leaving (%s)", worker.index, worker.name,
-                     worker.host, leaving.reason or "no reason given")
-            await self._on_lost(message.peer)
+        if worker.alive:  # the hook did not take it as a stop: a departure
+            reason = leaving.reason or "no reason given"
+            log.info("worker %d (%s on %s) is leaving (%s): its unfinished work goes to the "
+                     "others", worker.index, worker.name, worker.host, reason)
+            await self._perform(self.state.departed(message.peer), f"it left ({reason})",
+                                left=True)
         self._notify()
         # It waits for this before it says goodbye (see Worker._watch_signals).
         try:
@@ -391,16 +400,18 @@ class Coordinator:
 
 
     # -- doing what the state decided -------------------------------------------------------
-    async def _perform(self, actions: list[Action], lost_reason: str = "") -> None:
+    async def _perform(self, actions: list[Action], lost_reason: str = "", *,
+                       left: bool = False) -> None:
         """Take the actions a state change returned, in order (the state is current already).
 
-        ``lost_reason``: why a worker this change dropped (an :class:`Expel`) was lost.
+        ``lost_reason``: why a worker this change dropped (an :class:`Expel`) was lost;
+        ``left``: it left cleanly (a departure, not a loss).
         """
         self._notify()
         for action in actions:
             if isinstance(action, Expel):
                 self.hub.expel(action.peer)
-                self.registry.check_lost(lost_reason)
+                self.registry.check_lost(lost_reason, left=left)
             elif isinstance(action, CatchUp):
                 await self._catch_up(action.worker)
             elif action.worker is None or action.worker.alive:

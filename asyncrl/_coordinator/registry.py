@@ -28,8 +28,11 @@ class WorkerRecord:
     last_batch: float | None = None  # time.monotonic() of its last delivered batch
     exit_code: int | None = None
     lost: bool = False
+    left: bool = False  # it left cleanly (a goodbye), rather than being lost
 
     def state(self) -> WorkerState:
+        if self.left:
+            return "left"
         if self.lost or not self.info.alive:
             return "lost"
         return "collecting" if self.info.credits > 0 else "idle"
@@ -67,10 +70,12 @@ class WorkerRegistry:
     def refused(self, name: str, host: str, reason: str, pid: int | None = None) -> None:
         self._publish(CollectorEvent("refused", name=name, host=host, pid=pid, reason=reason))
 
-    def check_lost(self, reason: str = "") -> None:
-        """Mark the admissions the coordinator dropped since the last call as lost."""
+    def check_lost(self, reason: str = "", *, left: bool = False) -> None:
+        """Mark the admissions the coordinator dropped since the last call as lost
+        (``left``: as having left cleanly: a ``"left"`` event and state)."""
         for record in self._records.values():
             if not record.lost and not record.info.alive:
+                record.left = left
                 self._mark_lost(record, reason or "dropped by the coordinator")
 
     def exited(self, pid: int, exit_code: int | None, reason: str = "") -> None:
@@ -108,18 +113,19 @@ class WorkerRegistry:
         live_pids = set()
         for record in self._records.values():
             info, state = record.info, record.state()
-            seen = heard(info.peer) if heard is not None and state != "lost" else None
-            if state != "lost":
+            gone = state in ("lost", "left")
+            seen = heard(info.peer) if heard is not None and not gone else None
+            if not gone:
                 live_pids.add(info.pid)
             lines.append(WorkerStatistics(
                 index=info.index, name=info.name, host=info.host, pid=info.pid, state=state,
                 frames=record.frames, batches=info.delivered,
-                ahead=info.ahead if state != "lost" else 0,
+                ahead=info.ahead if not gone else 0,
                 last_batch_age=None if record.last_batch is None else now - record.last_batch,
                 heartbeat_age=None if seen is None else max(0.0, now - seen),
                 exit_code=record.exit_code,
                 relay=routes.get(info.index, b"").decode(errors="replace")
-                if state != "lost" else ""))
+                if not gone else ""))
         for slot, pid, host in joining:
             if pid not in live_pids and not any(r.info.pid == pid for r in self._records.values()):
                 lines.append(WorkerStatistics(index=slot, name=f"worker-{slot}", host=host,
@@ -132,8 +138,9 @@ class WorkerRegistry:
     def _mark_lost(self, record: WorkerRecord, reason: str) -> None:
         record.lost = True
         info = record.info
-        self._publish(CollectorEvent("lost", worker=info.index, name=info.name, host=info.host,
-                                     pid=info.pid, reason=reason, exit_code=record.exit_code))
+        self._publish(CollectorEvent("left" if record.left else "lost", worker=info.index,
+                                     name=info.name, host=info.host, pid=info.pid,
+                                     reason=reason, exit_code=record.exit_code))
         self._lost += 1
         if self._lost > self._max_lost:  # bounded: forget the oldest lost admission
             for key, old in self._records.items():

@@ -77,6 +77,15 @@ log = logging.getLogger("asyncrl.coordinator")
 #: with the worker's exception, type and traceback: restarting would repeat it.
 OnWorkerLoss = Literal["raise", "continue", "wait", "restart"]
 
+#: How a worker the hub lost went, by :class:`transports.PeerEvent` reason.
+LOSS_WORDS = {
+    "silent": "stopped answering (silent for peer_timeout)",
+    "disconnected": "closed its connection without a word (its process died, or its host "
+                    "did)",
+    "goodbye": "closed its connection without being told to",
+    "revoked": "was disconnected: its CURVE key was revoked (asyncrl keys revoke)",
+}
+
 
 @dataclass(eq=False)
 class WorkerInfo:
@@ -123,9 +132,17 @@ class Round:
     preempted: bool = False
     replacements: int = 0  # shares of lost workers a newcomer must deliver ("wait")
     complete: bool = False
+    #: Shares of departed workers re-planned onto these targets (one more each).
+    owed: dict[bytes, int] = field(default_factory=dict)
+    extras: list[tuple[WorkerInfo, TensorDictBase]] = field(default_factory=list)
 
     def missing(self) -> list[WorkerInfo]:
-        return [w for peer, w in self.targets.items() if peer not in self.shares]
+        return [w for peer, w in self.targets.items()
+                if peer not in self.shares or self.owed.get(peer)]
+
+    def unfinished(self, peer: bytes) -> int:
+        """The shares ``peer`` was asked for in this round and has not delivered."""
+        return int(peer in self.targets and peer not in self.shares) + self.owed.get(peer, 0)
 
 
 #: What the coordinator sends a worker or a relay (everything else it sends is weights).
@@ -229,6 +246,8 @@ class CoordinatorState:
         # Peers whose loss was handled, newest last (bounded: peers may be hostile).
         self.gone: OrderedDict[bytes, None] = OrderedDict()
         self.written_off = 0  # workers lost under "continue": nobody waits for them
+        self.departures = 0  # workers that left cleanly (a goodbye): nobody waits for them
+        self.left: OrderedDict[bytes, None] = OrderedDict()  # their peers (bounded as gone)
         self.expected = 0  # workers the run was started with (see missing_workers)
         self.clock: Callable[[], float] = time.monotonic  # owed_since's clock (tests set it)
         # "wait" / "restart": lost workers whose place a replacement is to take, oldest
@@ -242,7 +261,7 @@ class CoordinatorState:
 
     def missing_workers(self) -> int:
         """Workers still to join of the ``expected`` ones (less those lost before joining)."""
-        return self.expected - self.written_off - len(self.live_workers)
+        return self.expected - self.written_off - self.departures - len(self.live_workers)
 
     def worker_peers(self) -> dict[int, bytes]:
         """``{worker index: peer}`` of the live workers (whom a weight sender serves)."""
@@ -299,7 +318,7 @@ class CoordinatorState:
         self.round = None
         return [(w, round_.shares[w.peer]) for w in sorted(
             (w for w in round_.targets.values() if w.peer in round_.shares),
-            key=lambda w: w.index)]
+            key=lambda w: w.index)] + sorted(round_.extras, key=lambda extra: extra[0].index)
 
     def take(self) -> tuple[WorkerInfo, TensorDictBase, list[Action]] | None:
         """Async mode: the oldest delivered batch (None: none yet), and its worker's new credit."""
@@ -328,7 +347,9 @@ class CoordinatorState:
         if problems:
             reason = "; ".join(problems)
             log.warning("refused worker %s from %s: %s", hello.name, hello.host, reason)
-            return [Send(peer, Refuse(reason))]
+            # Full, and nothing else: it may ask again once a place is free.
+            full = hello.slot < 0 and problems == self._remote_capacity_problems()
+            return [Send(peer, Refuse(reason, full=full))]
         if self.specs is None:
             self.specs = hello.specs
         actions: list[Action] = []
@@ -395,8 +416,9 @@ class CoordinatorState:
                     worker.index, worker.name)
         return [Send(peer, Rejoin(f"silent for more than {self._peer_timeout} s"))]
 
-    def lost(self, peer: bytes) -> list[Action]:
-        """The hub lost ``peer`` (silent too long, or gone): apply ``on_worker_loss``."""
+    def lost(self, peer: bytes, reason: str = "") -> list[Action]:
+        """The hub lost ``peer`` (``reason``: ``"silent"`` too long, ``"disconnected"``,
+        ``"goodbye"``; see :class:`transports.PeerEvent`): apply ``on_worker_loss``."""
         self._mark_gone(peer)
         if self.relays.pop(peer, None) is not None:
             # Its workers get their weights directly from the next send on.
@@ -406,7 +428,7 @@ class CoordinatorState:
         if worker is None or not worker.alive:
             return []
         log.warning("worker %d (%s on %s) was lost", worker.index, worker.name, worker.host)
-        return self._apply_loss(worker, "stopped answering")
+        return self._apply_loss(worker, LOSS_WORDS.get(reason, "stopped answering"))
 
     def stalled(self, peer: bytes, seconds: float) -> list[Action]:
         """``peer`` owed work and delivered nothing for ``seconds`` (the stall watchdog):
@@ -460,6 +482,24 @@ class CoordinatorState:
                 if w.owed_since is not None and w.credits > 0
                 and now - max(w.owed_since, awake_since) > timeout]
 
+    def departed(self, peer: bytes) -> list[Action]:
+        """A worker leaves cleanly (it said so: SIGTERM, a host stopping): whatever
+        ``on_worker_loss``, no failure and no wait for a replacement. What it owed goes
+        to the others: async credits are granted again, and its unfinished share of
+        the current round is asked of a live worker (one that already delivered
+        first), so that the round and ``total_frames`` stay exact. With no live
+        worker left, the round waits for a newcomer."""
+        self._mark_gone(peer)
+        worker = self.workers.get(peer)
+        if worker is None or not worker.alive:
+            return []
+        log.info("worker %d (%s on %s) left the run", worker.index, worker.name, worker.host)
+        self.departures += 1
+        self.left[peer] = None
+        while len(self.left) > 1024:
+            self.left.popitem(last=False)
+        return self._forget(worker, replan=True)
+
     def exited(self, peer: bytes, error: WorkerLostError, *, replaceable: bool) -> list[Action]:
         """A local worker's process ended without being told to: apply ``on_worker_loss``.
 
@@ -512,9 +552,9 @@ class CoordinatorState:
         if not self.sync:
             if worker.credits:
                 actions.append(Send(worker.peer, Collect(worker.index, worker.credits), worker))
-        elif round_ is not None and worker.peer in round_.targets \
-                and worker.peer not in round_.shares:
-            actions.append(Send(worker.peer, Collect(round_.request, 1), worker))
+        elif round_ is not None and round_.unfinished(worker.peer):
+            actions.append(Send(worker.peer, Collect(round_.request,
+                                                     round_.unfinished(worker.peer)), worker))
             if round_.preempted:
                 actions.append(Send(worker.peer, Preempt(round_.request), worker))
         return actions
@@ -587,12 +627,23 @@ class CoordinatorState:
                 "stale-share", "discarded a batch of worker %d for request %d",
                 worker.index, batch.request)
             return []
-        round_.shares[worker.peer] = batch.frames
+        if worker.peer not in round_.shares:
+            round_.shares[worker.peer] = batch.frames
+        elif round_.owed.get(worker.peer):  # a departed worker's share, re-planned
+            round_.owed[worker.peer] -= 1
+            round_.extras.append((worker, batch.frames))
+        else:
+            self._limited_log.warning(
+                "extra-share", "discarded a second batch of worker %d for request %d",
+                worker.index, batch.request)
+            return []
         return self._check_round(round_)
 
     def _check_round(self, round_: Round) -> list[Action]:
-        # O(1) per share: targets hold live workers only, and every share is a target's.
-        if len(round_.shares) == len(round_.targets) and round_.replacements == 0:
+        # O(1) per share (but for re-planned ones): targets hold live workers only, and
+        # every share is a target's.
+        if len(round_.shares) == len(round_.targets) and round_.replacements == 0 \
+                and not any(round_.owed.values()):
             round_.complete = True
             return []
         threshold = self.preemptive_threshold
@@ -609,18 +660,24 @@ class CoordinatorState:
         while len(self.gone) > 1024:
             self.gone.popitem(last=False)
 
-    def _forget(self, worker: WorkerInfo) -> list[Action]:
-        """Drop a worker (lost, or replaced by its own new hello) and release what it owed."""
+    def _forget(self, worker: WorkerInfo, *, replan: bool = False) -> list[Action]:
+        """Drop a worker (lost, left, or replaced by its own new hello) and release what
+        it owed; ``replan`` (it left cleanly): its unfinished shares go to the others."""
         worker.alive = False
         worker.owed_since = None
         self._mark_gone(worker.peer)
         actions: list[Action] = [Expel(worker.peer)]
         round_ = self.round
-        if round_ is not None and worker.peer in round_.targets \
-                and worker.peer not in round_.shares:
-            round_.targets.pop(worker.peer)  # its unfinished share is dropped
-            if self.on_worker_loss in ("wait", "restart"):
-                round_.replacements += 1
+        unfinished = round_.unfinished(worker.peer) if round_ is not None else 0
+        if round_ is not None and unfinished:
+            if worker.peer not in round_.shares:
+                round_.targets.pop(worker.peer)  # its unfinished share is dropped
+            round_.owed.pop(worker.peer, None)
+            for _ in range(unfinished):
+                if replan:
+                    actions += self._replan_share(round_)
+                elif self.on_worker_loss in ("wait", "restart"):
+                    round_.replacements += 1
             actions += self._check_round(round_)
         if not self.sync:
             # Its unfinished batches will never come: give their credits to the others,
@@ -629,6 +686,22 @@ class CoordinatorState:
                 self.budget += worker.credits
             worker.credits = 0
             actions += self._top_up()
+        return actions
+
+    def _replan_share(self, round_: Round) -> list[Action]:
+        """Ask one more share of ``round_`` of a live target (the first that delivered,
+        the least loaded); none: a newcomer delivers it (the round waits)."""
+        candidates = [w for w in round_.targets.values() if w.alive]
+        if not candidates:
+            round_.replacements += 1
+            return []
+        worker = min(candidates, key=lambda w: (round_.unfinished(w.peer), w.index))
+        round_.owed[worker.peer] = round_.owed.get(worker.peer, 0) + 1
+        log.info("worker %d collects the share of a departed worker in round %d",
+                 worker.index, round_.request)
+        actions: list[Action] = [self._grant_share(worker, round_)]
+        if round_.preempted:
+            actions.append(Send(worker.peer, Preempt(round_.request), worker))
         return actions
 
     def _top_up(self) -> list[Action]:

@@ -22,7 +22,8 @@ def add_parser(sub: Any) -> None:
                     "remote_workers=) and step --envs envs for it: observations go to its "
                     "inference loop, actions come back, transitions go to its batches. The env "
                     "is a gym id or an import path resolved on this host: code never travels. "
-                    "Exits 0 when the collector closes, 1 on an error or a refusal.")
+                    "Exits 0 when the collector closes, 1 on an error or a refusal, 5 when no "
+                    "welcome came within --join-timeout (as 'asyncrl worker').")
     p.add_argument("--connect", required=True, metavar="tcp://HOST:PORT",
                    help="the collector's endpoint (collector.endpoint)")
     p.add_argument("--env", required=True, metavar="ID_OR_IMPORT_PATH",
@@ -43,7 +44,8 @@ def add_parser(sub: Any) -> None:
 
 def run_env_worker_command(args: argparse.Namespace) -> int:
     from .._errors import RefusedError
-    from .remote_env_stepper import run_remote_env_worker
+    from .._worker.worker import EXIT_JOIN_TIMEOUT
+    from .remote_env_stepper import JoinTimeout, run_remote_env_worker
 
     logging.basicConfig(level=logging.WARNING, format="asyncrl env-worker: %(message)s")
     if args.envs < 1 or not args.peer_timeout > 0 or not args.join_timeout > 0:
@@ -79,6 +81,9 @@ def run_env_worker_command(args: argparse.Namespace) -> int:
 
     try:
         code = anyio.run(main, backend=args.backend)
+    except JoinTimeout as exc:
+        print(f"asyncrl env-worker: {exc}", file=sys.stderr)
+        return EXIT_JOIN_TIMEOUT
     except RefusedError as exc:
         print(f"asyncrl env-worker: {exc}", file=sys.stderr)
         return 1

@@ -157,6 +157,10 @@ def welcome_config(body: Any, pool: EnvPool, *, heartbeat_interval: float,
     return config, InlineBlock(obs), InlineBlock(act)
 
 
+class JoinTimeout(TimeoutError):
+    """No welcome within ``join_timeout`` (``asyncrl env-worker`` exits 5)."""
+
+
 async def run_remote_env_worker(connect: str, env: Any, *, envs: int = 1,
                                 create_env_kwargs: Mapping[str, Any] | None = None,
                                 peer_timeout: float = 10.0,
@@ -179,8 +183,15 @@ async def run_remote_env_worker(connect: str, env: Any, *, envs: int = 1,
         async with Link(connect, identity=identity, heartbeat_interval=interval,
                         peer_timeout=peer_timeout, curve=curve) as link:
             await link.send(pool_layout(pool), kind=HELLO)
-            with anyio.fail_after(join_timeout):
+            message = None
+            with anyio.move_on_after(join_timeout):
                 message = await link.recv()
+            if message is None:
+                raise JoinTimeout(
+                    f"no welcome from {connect} within --join-timeout {join_timeout} s: "
+                    "something accepts connections there but does not answer as an "
+                    "AsyncBatchedCollector (a different service on that port, or a trainer "
+                    "whose event loop is blocked)")
             if message.kind == REFUSED:
                 raise RefusedError(f"the collector at {connect} refused this env worker: "
                                    f"{str(message.body)[:2000]}")
@@ -211,5 +222,5 @@ async def run_remote_env_worker(connect: str, env: Any, *, envs: int = 1,
             pool.close()
 
 
-__all__ = ["HELLO", "JOIN_PROTOCOL", "REFUSED", "WELCOME", "InlineBlock",
+__all__ = ["HELLO", "JOIN_PROTOCOL", "REFUSED", "WELCOME", "InlineBlock", "JoinTimeout",
            "RemoteStepper", "parse_dtype", "pool_layout", "run_remote_env_worker"]

@@ -18,6 +18,8 @@ import anyio
 
 #: * ``"joined"``: a worker was admitted (``worker``, ``name``, ``host``, ``pid``);
 #: * ``"lost"``: an admitted worker is gone (``reason``; ``exit_code`` for a local process);
+#: * ``"left"``: an admitted remote worker left cleanly (it said so: SIGTERM to its host);
+#:   its unfinished work went to the others;
 #: * ``"restarted"``: a local slot's process is being respawned (``worker``: the slot,
 #:   ``pid``: the dead process); a ``"joined"`` follows when the new one is admitted;
 #: * ``"refused"``: a peer's hello (or batch) was refused (``name``, ``host``, ``reason``);
@@ -26,7 +28,10 @@ import anyio
 #: * ``"waiting"``: the trainer is blocked waiting for the replacement of lost worker
 #:   ``worker`` (``on_worker_loss="wait"`` / ``"restart"``; ``reason`` names every slot
 #:   and the bound, ``replacement_timeout``); once per wait.
-EventKind = Literal["joined", "lost", "restarted", "refused", "weights_applied", "waiting"]
+#: * ``"left"``: a remote worker left cleanly (its host stopped on SIGTERM); its
+#:   unfinished work went to the others.
+EventKind = Literal["joined", "lost", "left", "restarted", "refused", "weights_applied",
+                   "waiting"]
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,9 @@ from tensordict import TensorDictBase
 #: * ``"waiting"``: a line of its own, beside a lost worker's, while the trainer is
 #:   blocked waiting for that worker's replacement (``on_worker_loss="wait"`` or
 #:   ``"restart"``; bounded by ``replacement_timeout``).
-WorkerState = Literal["joining", "collecting", "idle", "lost", "waiting"]
+#: * ``"left"``: a remote worker that left cleanly (its host stopped on SIGTERM); its
+#:   unfinished work went to the others.
+WorkerState = Literal["joining", "collecting", "idle", "lost", "waiting", "left"]
 
 
 @dataclass(frozen=True)

@@ -52,7 +52,8 @@ class HostWorkers:
                  give_up_after: float = GIVE_UP_AFTER,
                  curve_keys: str | CurveClient | None = None, backend: str = "asyncio",
                  log_config: dict[str, Any] | None = None, probe_port: int | None = None,
-                 probe_host: str = DEFAULT_PROBE_HOST) -> None:
+                 probe_host: str = DEFAULT_PROBE_HOST,
+                 join_timeout: float | None = None) -> None:
         if workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers}")
         self.connect = connect
@@ -64,6 +65,7 @@ class HostWorkers:
         # Resolved once here (a directory, or ASYNCRL_CURVE_* variables when None):
         # the relay and the worker processes get the keys themselves.
         self.curve_keys = CurveClient.load(curve_keys)
+        self.join_timeout = join_timeout  # each worker's (see run_worker)
         self.backend = backend
         self.log_config = log_config  # the workers' logging (asyncrl._spawn.logs.capture())
         # Unguessable (128 random bits each): an identity is a route on the hub.
@@ -114,7 +116,7 @@ class HostWorkers:
                 "heartbeat_interval": heartbeat_interval(self.peer_timeout),
                 "reconnect": self.reconnect, "give_up_after": self.give_up_after,
                 "curve_keys": self.curve_keys,
-                "log_config": self.log_config}
+                "log_config": self.log_config, "join_timeout": self.join_timeout}
             if self.admission is not None:
                 options["admission"] = self.admission
             if self.relay:

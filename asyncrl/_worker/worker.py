@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import signal
 import socket
 from collections import deque
@@ -55,8 +56,17 @@ EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_COORDINATOR_LOST = 3
 EXIT_REFUSED = 4
+#: No welcome within ``join_timeout``: the coordinator never answered, or stayed full.
+EXIT_JOIN_TIMEOUT = 5
 #: Not a process exit code: ends one admission when the coordinator says "rejoin".
 EXIT_REJOIN = -1000
+#: A worker refused because the run is full asks again after this, doubling up to the max.
+JOIN_BACKOFF = 0.5
+JOIN_BACKOFF_MAX = 8.0
+
+
+class _RunFull(Exception):
+    """The coordinator refused us only because it has no free place: ask again later."""
 
 
 def error_report(error: BaseException, *, fatal: bool = True, slot: int = -1,
@@ -72,7 +82,8 @@ class Worker:
                  reconnect_timeout: float = 3600.0, give_up_after: float = 0.0,
                  relay_link: Link | None = None,
                  relay_name: str = "", handle_signals: bool = False,
-                 on_admission: Callable[[bool], None] | None = None) -> None:
+                 on_admission: Callable[[bool], None] | None = None,
+                 join_timeout: float | None = None) -> None:
         self.link = link
         #: Told True when a coordinator welcomed us, False when that admission ended
         #: (what a worker host's readiness probe reports; see asyncrl._observe.probes).
@@ -81,6 +92,8 @@ class Worker:
         #: connection went down (a cut link) waits for that same coordinator to come
         #: back before it exits (0: it exits at once).
         self.give_up_after = give_up_after
+        #: Bound on one join, hello to welcome (None: none); see :meth:`_join`.
+        self.join_timeout = join_timeout
         #: Stop cleanly on SIGTERM/SIGINT (a process's main thread only: signal handlers).
         self.handle_signals = handle_signals
         self._leaving = False  # a signal asked us to stop: told the coordinator, awaiting close
@@ -288,24 +301,7 @@ class Worker:
                       host=socket.gethostname(), pid=os.getpid(),
                       specs=self.env_pool.specs.to_dict(), slot=self.slot, token=self.token,
                       relay=self._relay.hello_name)
-        welcome = None
-        while welcome is None:
-            sent = False
-            with anyio.move_on_after(self.link.peer_timeout):
-                # A send blocks while no connection is up (e.g. a failing CURVE handshake).
-                await self.link.send(hello.to_body(), kind=Hello.KIND)
-                sent = True
-            if not sent:
-                raise WorkerExit(EXIT_COORDINATOR_LOST, self._unreachable())
-            # A coordinator answers at once; one that stays alive (its heartbeats
-            # come) but silent got our hello just before it died and a successor
-            # took its place: say hello again (a gone one ends the wait first).
-            with anyio.move_on_after(2 * self.link.peer_timeout):
-                welcome = await self._await_welcome(hello.attempt)
-            if welcome is None:
-                log.warning("no welcome from %s within %s s; saying hello again",
-                            self.link.endpoint, 2 * self.link.peer_timeout)
-                hello.attempt += 1
+        welcome = await self._hello_until_welcome(hello)
         self.index = welcome.index
         if welcome.instance and welcome.instance != self.instance:
             if self.instance:
@@ -332,6 +328,54 @@ class Worker:
         self._pending_early.clear()
         await self._weights.flush_acks()
 
+    async def _hello_until_welcome(self, hello: Hello) -> Welcome:
+        """Say hello until welcomed: again when no answer came, or (with a backoff) when
+        refused only because the run was full; within ``join_timeout`` s if given."""
+        deadline = None if self.join_timeout is None else anyio.current_time() + self.join_timeout
+        backoff = JOIN_BACKOFF
+        while True:
+            sent = False
+            with anyio.move_on_after(self.link.peer_timeout):
+                # A send blocks while no connection is up (e.g. a failing CURVE handshake).
+                await self.link.send(hello.to_body(), kind=Hello.KIND)
+                sent = True
+            if not sent:
+                raise WorkerExit(EXIT_COORDINATOR_LOST, self._unreachable())
+            # A coordinator answers at once; one that stays alive (its heartbeats
+            # come) but silent got our hello just before it died and a successor
+            # took its place: say hello again (a gone one ends the wait first).
+            wait = 2 * self.link.peer_timeout
+            if deadline is not None:
+                wait = min(wait, max(0.0, deadline - anyio.current_time()))
+            welcome = None
+            try:
+                with anyio.move_on_after(wait):
+                    welcome = await self._await_welcome(hello.attempt)
+            except _RunFull as full:
+                pause = backoff * (1 + random.random() / 4)  # jitter: not all at once
+                if deadline is not None and anyio.current_time() + pause > deadline:
+                    raise WorkerExit(EXIT_REFUSED, f"the coordinator refused this worker: "
+                                     f"{full} (still full after --join-timeout "
+                                     f"{self.join_timeout} s)") from None
+                log.warning("the run is full (%s); asking again in %.1f s", full, pause)
+                await anyio.sleep(pause)
+                backoff = min(2 * backoff, JOIN_BACKOFF_MAX)
+                hello.attempt += 1
+                continue
+            if welcome is not None:
+                return welcome
+            if deadline is not None and anyio.current_time() >= deadline:
+                raise WorkerExit(EXIT_JOIN_TIMEOUT, self._no_welcome())
+            log.warning("no welcome from %s within %s s; saying hello again",
+                        self.link.endpoint, 2 * self.link.peer_timeout)
+            hello.attempt += 1
+
+    def _no_welcome(self) -> str:
+        return (f"no welcome from {self.link.endpoint} within --join-timeout "
+                f"{self.join_timeout} s: something there accepts connections but does not "
+                "answer as an asyncrl collector (a different service on that port, or a "
+                "trainer whose event loop is blocked)")
+
     async def _await_welcome(self, attempt: int) -> Welcome:
         while True:
             message = await self._recv()
@@ -342,8 +386,11 @@ class Worker:
                 log.info("ignored the welcome of an earlier hello (attempt %d)", welcome.attempt)
                 continue
             if message.kind == Refuse.KIND:
-                reason = Refuse.from_body(message.body).reason
-                raise WorkerExit(EXIT_REFUSED, f"the coordinator refused this worker: {reason}")
+                refuse = Refuse.from_body(message.body)
+                if refuse.full and self.join_timeout is not None:
+                    raise _RunFull(refuse.reason)
+                raise WorkerExit(EXIT_REFUSED,
+                                 f"the coordinator refused this worker: {refuse.reason}")
             if message.kind == WEIGHTS_KIND:
                 # Weights may precede the welcome for a late joiner: keep them.
                 self._pending_early.append(message)
@@ -507,7 +554,8 @@ async def run_worker(endpoint: str, spec: WorkerSpec, *, identity: bytes | None 
                      give_up_after: float = 0.0,
                      curve_keys: str | CurveClient | None = None, relay: str | None = None,
                      relay_name: bytes | str = b"", handle_signals: bool = False,
-                     admission: Any = None, **link_options: Any) -> int:
+                     admission: Any = None, join_timeout: float | None = None,
+                     **link_options: Any) -> int:
     """Connect to the coordinator at ``endpoint`` and serve until told to close.
 
     With ``reconnect=True`` a worker whose coordinator went silent waits (up to
@@ -520,7 +568,10 @@ async def run_worker(endpoint: str, spec: WorkerSpec, *, identity: bytes | None 
     is the endpoint of this host's :class:`~asyncrl._worker.relay.HostRelay` and
     ``relay_name`` its identity: weight updates may then come through it. Returns an exit
     code: 0 when closed by the coordinator, 1 on an env or policy error (reported to the
-    coordinator first), 3 when the coordinator is gone, 4 when refused. With
+    coordinator first), 3 when the coordinator is gone, 4 when refused, 5 when no welcome
+    came within ``join_timeout`` s (None: no bound). With ``join_timeout``, a worker
+    refused only because the run is full asks again (backing off from 0.5 s to 8 s)
+    until a place frees or the timeout passes; any other refusal is final. With
     ``handle_signals`` (a worker process's main thread) SIGTERM and SIGINT stop it
     cleanly: the coordinator is told first (a ``leaving`` message), the envs are
     closed, and it returns 0.
@@ -543,5 +594,5 @@ async def run_worker(endpoint: str, spec: WorkerSpec, *, identity: bytes | None 
                         reconnect=reconnect, reconnect_timeout=reconnect_timeout,
                         give_up_after=give_up_after, relay_link=relay_link,
                         relay_name=relay_name, handle_signals=handle_signals,
-                        on_admission=on_admission)
+                        on_admission=on_admission, join_timeout=join_timeout)
         return await worker.run()

@@ -7,13 +7,18 @@ gymnasium id) resolved inside the actor.
 
 >>> import ray                                                      # doctest: +SKIP
 >>> ray.init()
->>> async with MultiSyncCollector("CartPole-v1", policy, num_workers=0, remote_workers=8,
-...                               listen="tcp://0.0.0.0:5555", frames_per_batch=8000) as c:
-...     workers = launch_workers(f"tcp://{head_ip}:5555", num_workers=8, env="CartPole-v1",
-...                              policy="mypkg.policies:make_policy")
-...     async for batch in c:
-...         ...
->>> workers.wait(timeout=30)   # exit codes, once the collector closed them
+>>> with launch_workers(f"tcp://{head_ip}:5555", num_workers=8, env="CartPole-v1",
+...                     policy="mypkg.policies:make_policy") as workers:
+...     async with MultiSyncCollector("CartPole-v1", policy, num_workers=0, remote_workers=8,
+...                                   listen="tcp://0.0.0.0:5555", frames_per_batch=8000) as c:
+...         async for batch in c:
+...             ...
+...     outcomes = workers.wait(timeout=30)  # one ActorOutcome per actor, once closed
+>>> # every actor ended and its process gone: nothing holds the cluster's CPUs
+
+Ray restarts an actor whose process dies (``max_restarts``); its worker joins
+the run again as a new remote worker, with the latest weights before its first
+frame. See docs/multihost.md for how membership changes affect a run.
 
 :func:`launch_hosts` starts one actor per Ray node instead, which runs K worker
 processes and their relay, as ``asyncrl worker --workers K`` does: each weight
@@ -22,13 +27,14 @@ version then crosses the network once per node.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 try:
     import ray
 except ImportError as exc:  # pragma: no cover - depends on the optional extra
     raise ImportError("asyncrl.launch.ray needs Ray: pip install 'asyncrl[ray]'") from exc
+
+from ._ray_handle import ActorOutcome, RayWorkers
 
 
 @ray.remote
@@ -54,22 +60,6 @@ class HostActor:
         return HostWorkers(endpoint, _host_spec(spec_kwargs), **options).run()
 
 
-@dataclass
-class RayWorkers:
-    """Handles of launched workers: ``wait()`` for their exit codes, ``kill()`` to stop them."""
-
-    actors: list[Any]
-    runs: list[Any] = field(default_factory=list)
-
-    def wait(self, timeout: float | None = None) -> list[int]:
-        """Exit codes (0: closed by the collector), once every worker finished."""
-        return list(ray.get(self.runs, timeout=timeout))
-
-    def kill(self) -> None:
-        for actor in self.actors:
-            ray.kill(actor)
-
-
 def launch_workers(
     endpoint: str,
     *,
@@ -80,8 +70,10 @@ def launch_workers(
     curve_keys: str | None = None,
     reconnect: bool = False,
     peer_timeout: float = 10.0,
+    join_timeout: float | None = None,
     num_cpus: float = 1,
     device: str | None = None,
+    max_restarts: int = -1,
     **actor_options: Any,
 ) -> RayWorkers:
     """Start ``num_workers`` Ray actors that join the collector at ``endpoint``.
@@ -92,16 +84,28 @@ def launch_workers(
     ``device`` is where each worker's policy runs (``asyncrl worker --device``),
     checked in the actor on its node: for ``"cuda"`` give the actors a GPU
     (``num_gpus=1``), else the run fails with the checker's message.
+
+    ``max_restarts``: how many times Ray restarts an actor whose process died
+    (-1: always, 0: never, as RLlib restarts failed env runners); the restarted
+    worker joins as a new remote worker and gets the latest weights before its
+    first frame. ``join_timeout``: how long a worker refused because the run is
+    full keeps asking (``asyncrl worker --join-timeout``). Close the returned
+    :class:`RayWorkers` (``with``, ``close()``) to end every actor.
     """
     if num_workers < 1:
         raise ValueError(f"num_workers must be >= 1, got {num_workers}")
     spec_kwargs = _spec_kwargs(env, policy, envs_per_worker, device)
-    options = {"curve_keys": curve_keys, "reconnect": reconnect, "peer_timeout": peer_timeout}
-    actors = [WorkerActor.options(  # type: ignore[attr-defined]  # added by @ray.remote
-                  num_cpus=num_cpus, **actor_options).remote()
-              for _ in range(num_workers)]
-    runs = [actor.run.remote(endpoint, spec_kwargs, options) for actor in actors]
-    return RayWorkers(actors, runs)
+    options = {"curve_keys": curve_keys, "reconnect": reconnect, "peer_timeout": peer_timeout,
+               **_join_option(join_timeout)}
+    actor_options = {**_restart_options(max_restarts), "num_cpus": num_cpus, **actor_options}
+
+    def start(count: int | None) -> tuple[list[Any], list[Any]]:
+        actors = [WorkerActor.options(**actor_options).remote()  # type: ignore[attr-defined]
+                  for _ in range(count or 0)]
+        return actors, [actor.run.remote(endpoint, spec_kwargs, options) for actor in actors]
+
+    actors, runs = start(num_workers)
+    return RayWorkers(actors, runs, _more=start)
 
 
 def launch_hosts(
@@ -112,40 +116,91 @@ def launch_hosts(
     policy: str | None = None,
     envs_per_worker: int = 1,
     nodes: list[str] | None = None,
+    resources: dict[str, float] | None = None,
+    exclude_trainer_node: bool = False,
     curve_keys: str | None = None,
     reconnect: bool = False,
     peer_timeout: float = 10.0,
+    join_timeout: float | None = None,
     device: str | None = None,
+    max_restarts: int = -1,
     **actor_options: Any,
 ) -> RayWorkers:
-    """Start ``workers_per_host`` workers and one relay on each Ray node (or each of ``nodes``).
+    """Start ``workers_per_host`` workers and one relay on each selected Ray node.
 
     Each node gets one actor pinned to it (``NodeAffinitySchedulingStrategy``)
     that reserves ``workers_per_host`` CPUs and spawns the workers, as
     ``asyncrl worker --workers K`` does on a host: weights reach the node once
-    per version. ``nodes`` are Ray node ids (default: every alive node). The
-    collector's ``remote_workers`` is ``workers_per_host x`` the number of nodes.
+    per version. The collector's ``remote_workers`` is ``workers_per_host x`` the
+    number of nodes.
+
+    Which nodes: ``nodes`` (Ray node ids; default every alive node), less those
+    that lack ``resources`` (e.g. ``{"env_host": 1}``, a custom resource given to
+    ``ray start --resources``; each host also reserves them), less the trainer's
+    own node with ``exclude_trainer_node=True`` (the node of this driver, which
+    holds the GPU). ``RayWorkers.scale()`` later starts a host on each node that
+    joined the cluster since and matches the same selection.
     ``device``: as for :func:`launch_workers` (one GPU per worker: ``num_gpus=K``).
+    ``max_restarts``, ``join_timeout``: as for :func:`launch_workers`; a restarted
+    host starts its K workers again.
     """
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     if workers_per_host < 1:
         raise ValueError(f"workers_per_host must be >= 1, got {workers_per_host}")
-    if nodes is None:
-        nodes = [node["NodeID"] for node in ray.nodes()  # type: ignore[no-untyped-call]
-                 if node.get("Alive")]
-    if not nodes:
-        raise ValueError("no alive Ray node to start workers on: is ray.init() done?")
     spec_kwargs = _spec_kwargs(env, policy, envs_per_worker, device)
     options = {"workers": workers_per_host, "curve_keys": curve_keys, "reconnect": reconnect,
-               "peer_timeout": peer_timeout}
-    actors = [HostActor.options(  # type: ignore[attr-defined]  # added by @ray.remote
-                  num_cpus=workers_per_host,
-                  scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
-                  **actor_options).remote()
-              for node in nodes]
-    runs = [actor.run.remote(endpoint, spec_kwargs, options) for actor in actors]
-    return RayWorkers(actors, runs)
+               "peer_timeout": peer_timeout, **_join_option(join_timeout)}
+    actor_options = {**_restart_options(max_restarts), "num_cpus": workers_per_host,
+                     **({"resources": dict(resources)} if resources else {}), **actor_options}
+    started: set[str] = set()
+
+    def start(count: int | None) -> tuple[list[Any], list[Any]]:
+        del count  # one host per node
+        chosen = [node for node in select_nodes(nodes, resources, exclude_trainer_node)
+                  if node not in started]
+        started.update(chosen)
+        actors = [HostActor.options(  # type: ignore[attr-defined]  # added by @ray.remote
+                      scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
+                      **actor_options).remote()
+                  for node in chosen]
+        return actors, [actor.run.remote(endpoint, spec_kwargs, options) for actor in actors]
+
+    actors, runs = start(None)
+    if not actors:
+        raise ValueError("no Ray node to start workers on: is ray.init() done, and does a "
+                         f"node match nodes={nodes}, resources={resources}, "
+                         f"exclude_trainer_node={exclude_trainer_node}?")
+    return RayWorkers(actors, runs, _more=start)
+
+
+def select_nodes(nodes: list[str] | None = None, resources: dict[str, float] | None = None,
+                 exclude_trainer_node: bool = False) -> list[str]:
+    """The alive Ray node ids among ``nodes`` (default all) that have ``resources``,
+    less this driver's node with ``exclude_trainer_node``."""
+    alive = {node["NodeID"]: node.get("Resources", {})
+             for node in ray.nodes() if node.get("Alive")}  # type: ignore[no-untyped-call]
+    chosen = [node for node in (nodes if nodes is not None else list(alive)) if node in alive]
+    if resources:
+        chosen = [node for node in chosen
+                  if all(alive[node].get(key, 0) >= amount for key, amount in resources.items())]
+    if exclude_trainer_node:
+        trainer = ray.get_runtime_context().get_node_id()
+        chosen = [node for node in chosen if node != trainer]
+    return chosen
+
+
+def _join_option(join_timeout: float | None) -> dict[str, Any]:
+    return {} if join_timeout is None else {"join_timeout": join_timeout}
+
+
+def _restart_options(max_restarts: int) -> dict[str, Any]:
+    # The run() under way when the process died is retried on the restarted actor:
+    # that is what starts its worker again.
+    if max_restarts < -1:
+        raise ValueError(f"max_restarts must be -1 (always), 0 (never) or more, "
+                         f"got {max_restarts}")
+    return {"max_restarts": max_restarts, "max_task_retries": -1 if max_restarts else 0}
 
 
 def _spec_kwargs(env: str, policy: str | None, envs_per_worker: int,
@@ -162,3 +217,7 @@ def _host_spec(spec_kwargs: dict[str, Any]) -> Any:
     kwargs = dict(spec_kwargs)
     rollout = host_rollout_options(kwargs.pop("device", None))
     return WorkerSpec(**kwargs, rollout=rollout)
+
+
+__all__ = ["ActorOutcome", "HostActor", "RayWorkers", "WorkerActor", "launch_hosts",
+           "launch_workers", "select_nodes"]

@@ -133,6 +133,10 @@ class WorkerLosses:
             for peer in error.peers:
                 await coordinator.settle(peer, timeout)
         coordinator.raise_if_failed()
+        if all(peer in coordinator.state.left for peer in error.peers):
+            log.info("weights applied by every worker still in the run; left meanwhile: %s",
+                     ", ".join(p.decode(errors="replace") for p in error.peers))
+            return  # departures (a clean goodbye) are no failure, whatever on_worker_loss
         if run.config.on_worker_loss == "raise":
             raise error
         log.info("weights applied by every worker still in the run; lost: %s",

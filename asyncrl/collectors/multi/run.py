@@ -188,7 +188,9 @@ async def reference_specs(spec: WorkerSpec) -> dict[str, Any] | None:
 
 def _hub_limits(run: MultiRun, specs: dict[str, Any] | None) -> dict[str, Any]:
     if run.listen is None:
-        return {}  # a private ipc socket: only our own workers can reach it
+        # A private ipc socket: only our own workers can reach it, and their process
+        # watcher sees each death at once, with its exit code (no route probes).
+        return {"disconnect_grace": None}
     policy = run.policy if isinstance(run.policy, torch.nn.Module) else None
     return listening_hub_limits(specs, frames=max(run.config.share_frames), policy=policy,
                                 max_message_bytes=run.max_message_bytes)

@@ -119,7 +119,7 @@ def test_a_taken_slot_and_a_full_house_are_refused() -> None:
     admit(s, b"remote")
     assert s.hello(b"more", hello(pid=1)) == [Send(b"more", Refuse(
         "remote_workers: this collector takes at most 1 remote worker(s) and 1 already "
-        "joined; stop one or start the trainer with a larger remote_workers"))]
+        "joined; stop one or start the trainer with a larger remote_workers", full=True))]
 
 
 def test_a_repeated_hello_is_welcomed_again_with_what_the_worker_is_owed() -> None:
