@@ -52,7 +52,7 @@ def worker_nodes(ray: Any, cpus: int) -> list[str]:
 
 async def collect(args: argparse.Namespace, ray: Any) -> int:
     from asyncrl import MultiSyncCollector
-    from asyncrl._worker.spec import resolve_import_path
+    from asyncrl._rollout.envs import resolve_import_path
     from asyncrl.launch.ray import launch_hosts
 
     nodes = worker_nodes(ray, args.workers_per_host)
@@ -81,7 +81,10 @@ async def collect(args: argparse.Namespace, ray: Any) -> int:
         except BaseException:
             hosts.kill()
             raise
-    codes = await anyio.to_thread.run_sync(lambda: hosts.wait(timeout=60))
+    outcomes = await anyio.to_thread.run_sync(lambda: hosts.wait(timeout=60))
+    await anyio.to_thread.run_sync(hosts.close)  # every actor ended, its CPUs given back
+    # A host with no exit code (still running, or lost) counts as a failure.
+    codes = [1 if o.exit_code is None else o.exit_code for o in outcomes]
     log.info("done: host exit codes %s", codes)
     return max(codes, key=abs) if any(codes) else 0
 

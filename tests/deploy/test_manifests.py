@@ -25,7 +25,7 @@ yaml = pytest.importorskip("yaml", reason="pyyaml (the dev extra) reads the mani
 from asyncrl import cli  # noqa: E402
 from asyncrl._cli_env import option_variables, subparsers  # noqa: E402
 from asyncrl._observe.probes import LIVENESS_PATH, READINESS_PATH  # noqa: E402
-from asyncrl._worker.spec import resolve_import_path  # noqa: E402
+from asyncrl._rollout.envs import resolve_import_path  # noqa: E402
 from transports import CurveClient, CurveServer, generate_keys  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
