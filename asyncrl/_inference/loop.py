@@ -245,14 +245,20 @@ class InferenceLoop:
         task's event loop); without it there must be no remote slots.
         """
         self._stopped = False
+        error: Exception | None = None
         try:
             async with anyio.create_task_group() as tg:
                 if remote_reply is not None:
                     tg.start_soon(self.relay_remote_answers, remote_reply)
-                await anyio.to_thread.run_sync(self.serve, abandon_on_cancel=True)
+                try:
+                    await anyio.to_thread.run_sync(self.serve, abandon_on_cancel=True)
+                except Exception as exc:  # the policy's: raised as itself, not in a group
+                    error = exc
                 tg.cancel_scope.cancel()
         finally:
             self.stop()
+        if error is not None:
+            raise error
 
     def serve(self) -> None:
         """The loop itself, in a thread: returns once :meth:`stop` is called."""
