@@ -39,6 +39,7 @@ from .._rollout.envs import make_env_pool
 from .._rollout.policies import torch_dtype
 from .._rollout.traj_ids import TrajectoryIds
 from .._spawn.child import exit_process, wait_parent_gone
+from .._spawn.threads import use_torch_threads
 from .doorbell import DEFAULT_SPIN, EventFd, spin_then_block
 
 log = logging.getLogger("asyncrl.env_worker")
@@ -249,6 +250,7 @@ class EnvStepper:
         answered, stopped, spin = self._answered, self._is_stopping, c.spin
         self._answer_word = word
         self._expected = int(word[0])
+        use_torch_threads(1)  # as the process's main thread (OpenMP counts are per thread)
         step = 0
         try:
             while not self._stopping:

@@ -44,6 +44,7 @@ from tensordict import TensorDict
 from transports import SharedTensorBlock
 
 from .._rollout.policies import PolicyAdapter
+from .._spawn.threads import use_torch_threads
 from .doorbell import DEFAULT_SPIN, EventFd, spin_then_block
 
 Path = tuple[str, ...]
@@ -137,7 +138,7 @@ class InferenceLoop:
                  server_timeout: float, version: int = 0,
                  request_bell: EventFd | None = None,
                  answer_bells: dict[int, EventFd] | None = None,
-                 spin: float = DEFAULT_SPIN) -> None:
+                 spin: float = DEFAULT_SPIN, threads: int | None = None) -> None:
         self.adapter = adapter
         self.blocks = blocks
         self.obs_paths = list(obs_paths)
@@ -147,6 +148,8 @@ class InferenceLoop:
         self.min_batch_size = min_batch_size
         self.server_timeout = server_timeout
         self.spin = spin
+        #: torch intra-op threads for the policy's calls (None: leave the thread's count)
+        self.threads = threads
         #: The version of the weights the next call uses.
         self.version = version
         self.request_bell = request_bell if request_bell is not None else EventFd()
@@ -264,6 +267,11 @@ class InferenceLoop:
         """The loop itself, in a thread: returns once :meth:`stop` is called."""
         self._done.clear()
         try:
+            if self.threads is not None:
+                # OpenMP keeps its thread count per thread: a pool thread that ran torch
+                # before the trainer's cap keeps every core, and each small call then
+                # waits for descheduled OpenMP threads (measured: 3-10x slower, at random).
+                use_torch_threads(self.threads)
             self._serve_until_stopped()
         finally:
             self._done.set()

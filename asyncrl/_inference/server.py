@@ -109,7 +109,8 @@ class InferenceServer:
                                   min_batch_size=config.min_batch_size,
                                   server_timeout=config.server_timeout, version=config.version,
                                   request_bell=config.request_bell,
-                                  answer_bells=config.answer_bells, spin=config.spin)
+                                  answer_bells=config.answer_bells, spin=config.spin,
+                                  threads=config.threads)
 
     async def serve(self, trainer: Link) -> int:
         """Serve until the trainer says close (0), goes away (0) or this fails (1, reported)."""

@@ -310,7 +310,8 @@ class AsyncBatchedCollector(ServedPolicy, BaseCollector):
                              device=self.device, max_batch_size=b.max_batch_size,
                              min_batch_size=b.min_batch_size, server_timeout=b.server_timeout,
                              version=self._initial_version, request_bell=self._request_bell,
-                             answer_bells=self._answer_bells)
+                             answer_bells=self._answer_bells,
+                             threads=None if self._threads_cap is None else self._threads_cap.now)
         return list(obs), outputs, loop
 
     def _make_server_policy(self, device: torch.device | None) -> Any:
