@@ -185,6 +185,18 @@ class SharedTensorBlock:
         seq = int(ctrl[base])
         return seq, int(ctrl[base + 1])
 
+    def control(self, slot: int) -> memoryview:
+        """``slot``'s control line as int64 words ``[seq, version]``, read live.
+
+        For a waiter that polls a slot's sequence number (a request or an answer
+        written by another process): one index per poll, no call, no allocation.
+        """
+        mapped = self._mm
+        if mapped is None:
+            raise TransportError(f"shared-memory block {self.name} is closed")
+        start = (_CTRL_INTS + _SLOT_STRIDE * self._check_slot(slot)) * 8
+        return memoryview(mapped)[start:start + 16].cast("q")
+
     # -- writer -------------------------------------------------------------------------------
     def write(self, tensors: Mapping[str, torch.Tensor], version: int, *,
               slot: int | None = None) -> tuple[int, int]:

@@ -2,22 +2,26 @@
 
 An env worker of :class:`~asyncrl.AsyncBatchedCollector` holds no policy. Per
 step it writes its envs' observations into its shared-memory request block,
-sends a tiny ``obs`` message over its :class:`transports.Link`, waits for the
-``act`` answer, reads the actions (and every other policy output, and the
-policy version that made them) from its response block, steps its envs and
-writes the transition into preallocated chunk buffers ``[E, C]``. Every ``C``
-steps the chunk goes to the trainer as one message (a clone: the buffers are
-reused at once). Observations and actions never cross a socket.
+rings the inference loop's request bell, waits for its answer (its output
+block's sequence number moves: :mod:`.doorbell`, spin then sleep on its own
+eventfd), reads the actions (and every other policy output, and the policy
+version that made them) from its response block, steps its envs and writes the
+transition into preallocated chunk buffers ``[E, C]``. Every ``C`` steps the
+chunk goes to the trainer as one message (a clone: the buffers are reused at
+once). Observations and actions never cross a socket, and a step sends no message.
 
-The loop runs on the process's event loop, not in a thread: the process does
-nothing else, and the Link's pump answers heartbeats whenever the loop waits
-for the server (which is every step).
+The stepping runs in a thread of its own (:meth:`EnvStepper.run_local`): it
+sleeps in a system call, GIL released, while it waits for an answer, so the
+process's event loop stays free for the trainer's link (heartbeats, credits,
+``close``) and the chunks the thread hands it. A remote env worker
+(:mod:`.remote_env_stepper`) steps on its event loop instead, with ``obs`` and
+``act`` messages (:meth:`EnvStepper.run`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -35,6 +39,8 @@ from .._rollout.envs import make_env_pool
 from .._rollout.policies import torch_dtype
 from .._rollout.traj_ids import TrajectoryIds
 from .._spawn.child import exit_process, wait_parent_gone
+from .._spawn.threads import use_torch_threads
+from .doorbell import DEFAULT_SPIN, EventFd, spin_then_block
 
 log = logging.getLogger("asyncrl.env_worker")
 
@@ -62,9 +68,12 @@ class EnvWorkerConfig:
     chunk_steps: int
     heartbeat_interval: float = 1.0
     peer_timeout: float = 10.0
-    #: The dedicated inference process's hub (``server_backend="process"``): requests
-    #: and answers go there, chunks and errors to the trainer. None: all to the trainer.
-    server_endpoint: str | None = None
+    #: A local worker's doorbells (:mod:`.doorbell`): the inference loop's request
+    #: bell, rung after each request, and this worker's answer bell.
+    request_bell: EventFd | None = None
+    answer_bell: EventFd | None = None
+    #: Seconds spent spinning on the answer before sleeping on the answer bell.
+    spin: float = DEFAULT_SPIN
     #: Chunks sent but not yet read by the trainer, at most (None: no limit). With a
     #: dedicated inference process the env workers keep stepping while a training step
     #: holds the trainer's loop: this bounds what waits in the queues meanwhile.
@@ -197,18 +206,18 @@ class EnvStepper:
         self._idx = [(slice(None), i) for i in range(t)]
         self._traj_ids = TrajectoryIds(n, tag=c.slot if c.traj_tag is None else c.traj_tag)
         self._done = np.zeros(n, dtype=bool)
+        self._t = 0  # the step's column in the chunk
+        self._stopping = False
+        self._finished = threading.Event()
+        self._answer_word: Any = None
+        self._expected = 0
 
-    async def run(self, link: Link, chunks: Link | None = None,
-                  credits: ChunkCredits | None = None) -> None:
-        """Step until the collector says close (or goes away: PeerLostError).
+    async def run(self, link: Link) -> None:
+        """Step over ``link`` (a remote worker: ``obs`` / ``act`` messages) until close.
 
-        ``link`` carries the requests and answers, ``chunks`` (default: ``link``)
-        the chunks of transitions, each one after a credit (when ``credits``).
+        Ends when the collector says close (or goes away: PeerLostError).
         """
-        chunks = link if chunks is None else chunks
         obs_write, act_read = self.obs_block.write, self.act_block.read_into
-        pool, idx, steps = self.pool, self._idx, self.config.chunk_steps
-        t = 0
         step = 0
         while True:
             obs_write(self.obs_src, version=step, slot=0)
@@ -222,31 +231,80 @@ class EnvStepper:
             if message.kind != ACT:
                 raise ProtocolError(f"an env worker expects {ACT!r} or {CLOSE!r} messages, "
                                     f"got {message.kind!r}")
-            version = self.read_answer(message.body, act_read)
-            i = idx[t]
-            for dst, src in self._pre:
-                dst[i] = src
-            for out, answer in self._outputs:
-                out[i] = answer
-            self._version[i] = version
-            self._traj[i] = self._traj_ids.current
-            pool.step_inplace(self.act_np)
-            for dst, src in self._post:
-                dst[i] = src
-            if pool.any_done:
-                np.logical_or(pool.terminated, pool.truncated, out=self._done)
-                pool.reset_where(self._done)
-                self._traj_ids.renew(self._done)
+            if self._step(self.read_answer(message.body, act_read)):
+                await link.send(self._chunk.clone(), kind=CHUNK)
             step += 1
-            t += 1
-            if t == steps:
-                np.logical_or(self._chunk["next", "terminated"].numpy()[..., 0],
-                              self._chunk["next", "truncated"].numpy()[..., 0],
-                              out=self._next_done)
-                if credits is not None:
-                    await credits.acquire()
-                await chunks.send(self._chunk.clone(), kind=CHUNK)
-                t = 0
+
+    def run_local(self, send_chunk: Callable[[TensorDict], None]) -> None:
+        """Step a local worker, in a thread, until :meth:`stop` (doorbells, no messages).
+
+        ``send_chunk(chunk)`` hands a finished chunk (a clone) to the event loop and
+        returns once it is sent (it may wait for a credit).
+        """
+        c = self.config
+        request, answer = c.request_bell, c.answer_bell
+        if request is None or answer is None:
+            raise ValueError("a local env worker needs its doorbells (request_bell, answer_bell)")
+        obs_write, act_read, ring = self.obs_block.write, self.act_block.read_into, request.ring
+        word = self.act_block.control(0)
+        answered, stopped, spin = self._answered, self._is_stopping, c.spin
+        self._answer_word = word
+        self._expected = int(word[0])
+        use_torch_threads(1)  # as the process's main thread (OpenMP counts are per thread)
+        step = 0
+        try:
+            while not self._stopping:
+                obs_write(self.obs_src, version=step, slot=0)
+                ring()
+                self._expected += 2
+                if not spin_then_block(answered, answer, spin=spin, stopped=stopped):
+                    return
+                if self._step(act_read(self.act_dst, 0, self._expected)):
+                    send_chunk(self._chunk.clone())
+                step += 1
+        finally:
+            self._finished.set()
+
+    def _answered(self) -> bool:
+        return bool(self._answer_word[0] >= self._expected)
+
+    def _is_stopping(self) -> bool:
+        return self._stopping
+
+    def stop(self) -> None:
+        """End :meth:`run_local` at its next wait (from any thread; idempotent)."""
+        self._stopping = True
+        if self.config.answer_bell is not None:
+            self.config.answer_bell.ring()
+
+    def wait_stopped(self, timeout: float) -> bool:
+        """After :meth:`stop`: whether :meth:`run_local` has returned within ``timeout`` s."""
+        return self._finished.wait(timeout)
+
+    def _step(self, version: int) -> bool:
+        """Record the answer (outputs in ``act_dst``), step the envs; True: the chunk is full."""
+        i = self._idx[self._t]
+        for dst, src in self._pre:
+            dst[i] = src
+        for out, answer in self._outputs:
+            out[i] = answer
+        self._version[i] = version
+        self._traj[i] = self._traj_ids.current
+        pool = self.pool
+        pool.step_inplace(self.act_np)
+        for dst, src in self._post:
+            dst[i] = src
+        if pool.any_done:
+            np.logical_or(pool.terminated, pool.truncated, out=self._done)
+            pool.reset_where(self._done)
+            self._traj_ids.renew(self._done)
+        self._t += 1
+        if self._t < self.config.chunk_steps:
+            return False
+        self._t = 0
+        np.logical_or(self._chunk["next", "terminated"].numpy()[..., 0],
+                      self._chunk["next", "truncated"].numpy()[..., 0], out=self._next_done)
+        return True
 
     def request_body(self) -> Any:
         """What an ``obs`` message carries: nothing, the observations are in shared memory."""
@@ -265,51 +323,21 @@ class EnvStepper:
 async def run_env_worker(endpoint: str, identity: bytes, config: EnvWorkerConfig,
                          parent_pid: int | None = None) -> int:
     """The worker's life: connect, build, step; 0 on a requested close, 1 on an error."""
-    options = {"heartbeat_interval": config.heartbeat_interval,
-               "peer_timeout": config.peer_timeout}
-    async with contextlib.AsyncExitStack() as stack:
-        link = await stack.enter_async_context(Link(endpoint, identity=identity, **options))
-        server = None
-        if config.server_endpoint is not None:
-            server = await stack.enter_async_context(
-                Link(config.server_endpoint, identity=identity, **options))
+    async with Link(endpoint, identity=identity, heartbeat_interval=config.heartbeat_interval,
+                    peer_timeout=config.peer_timeout) as link:
         code = 0
-        credits = None if config.chunk_credits is None else ChunkCredits(config.chunk_credits)
         async with anyio.create_task_group() as tg:
             tg.start_soon(watch_parent, parent_pid, tg.cancel_scope)
-            if server is not None:  # the trainer's orders come on the other link
-                tg.start_soon(_read_trainer, link, tg.cancel_scope, credits)
-            code = await _serve(link, config, server, credits)
+            code = await _serve(link, config)
             tg.cancel_scope.cancel()
         return code
 
 
-async def _read_trainer(link: Link, scope: anyio.CancelScope,
-                        credits: ChunkCredits | None) -> None:
-    # With a dedicated inference process the stepper waits on the server's link:
-    # the trainer's credits arrive, and its "close" (or its loss) stops it, from here.
-    try:
-        while True:
-            message = await link.recv()
-            if message.kind == CLOSE:
-                break
-            if (message.kind == CREDIT and credits is not None
-                    and type(message.body) is int and message.body > 0):
-                credits.release(message.body)
-    except PeerLostError:
-        pass
-    scope.cancel()
-
-
-async def _serve(link: Link, config: EnvWorkerConfig, server: Link | None = None,
-                 credits: ChunkCredits | None = None) -> int:
+async def _serve(link: Link, config: EnvWorkerConfig) -> int:
     stepper: EnvStepper | None = None
     try:
         stepper = await anyio.to_thread.run_sync(EnvStepper, config)
-        if server is None:
-            await stepper.run(link)
-        else:
-            await stepper.run(server, chunks=link, credits=credits)
+        await _step_locally(stepper, link, config)
         return 0
     except PeerLostError:
         return 0  # the collector is gone: nothing to report to
@@ -320,7 +348,55 @@ async def _serve(link: Link, config: EnvWorkerConfig, server: Link | None = None
         return 1
     finally:
         if stepper is not None:
+            stepper.stop()
+            # The thread may be mid-step (a cancel abandons it): the envs stay open until it
+            # has returned, which the next wait makes it do.
+            stepper.wait_stopped(5.0)
             stepper.close()
+
+
+async def _step_locally(stepper: EnvStepper, link: Link, config: EnvWorkerConfig) -> None:
+    """Step in a thread; here, the trainer's link: chunks out, credits and close in."""
+    credits = None if config.chunk_credits is None else ChunkCredits(config.chunk_credits)
+
+    async def send(chunk: TensorDict) -> None:
+        if credits is not None:
+            await credits.acquire()
+        await link.send(chunk, kind=CHUNK)
+
+    def send_chunk(chunk: TensorDict) -> None:
+        anyio.from_thread.run(send, chunk)
+
+    error: Exception | None = None
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(_read_trainer, link, tg.cancel_scope, credits, stepper)
+        try:
+            await anyio.to_thread.run_sync(stepper.run_local, send_chunk,
+                                           abandon_on_cancel=True)
+        except Exception as exc:  # the envs' (raised below, out of the task group)
+            error = exc
+        finally:
+            stepper.stop()
+        tg.cancel_scope.cancel()
+    if error is not None:
+        raise error
+
+
+async def _read_trainer(link: Link, scope: anyio.CancelScope, credits: ChunkCredits | None,
+                        stepper: EnvStepper) -> None:
+    # The trainer's credits arrive here, and its "close" (or its loss) stops the stepping.
+    try:
+        while True:
+            message = await link.recv()
+            if message.kind == CLOSE:
+                break
+            if (message.kind == CREDIT and credits is not None
+                    and type(message.body) is int and message.body > 0):
+                credits.release(message.body)
+    except PeerLostError:
+        pass
+    stepper.stop()
+    scope.cancel()
 
 
 async def watch_parent(parent_pid: int | None, scope: anyio.CancelScope) -> None:

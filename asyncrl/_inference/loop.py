@@ -2,24 +2,36 @@
 
 Each env worker owns two shared-memory blocks (:class:`transports.SharedTensorBlock`):
 its observations (written by the worker) and its policy outputs (written here,
-stamped with the policy version). A request is the worker's slot number; the
-observations are already in its block. :meth:`InferenceLoop.run` waits until
-``min_batch_size`` observations are pending (or ``server_timeout`` passed since
-the first one), takes whole requests up to ``max_batch_size`` observations,
-and in one worker thread copies their observations into a preallocated batch,
-runs the policy once on its device and copies each worker's rows back into its
-response block. Then it answers each worker.
+stamped with the policy version). A local request costs no message: the worker
+writes its observations (the block's sequence number moves by two) and rings
+the request bell (:mod:`.doorbell`); the answer is the output block's sequence
+number moving, and a ring of that worker's answer bell.
 
-Versions: the loop holds a lock from reading the version to the last response
+:meth:`InferenceLoop.serve` runs in a thread of its own (the trainer's, or the
+dedicated inference process's): it waits on the request bell (spinning a few
+microseconds first), gathers every request that is ready (dynamic batching),
+waits until ``min_batch_size`` observations are pending (or ``server_timeout``
+passed since the first one), takes whole requests up to ``max_batch_size``
+observations, copies their observations into a preallocated batch, runs the
+policy once on its device, writes each worker's rows into its output block and
+rings each worker. Requests of remote env workers (:meth:`submit`, from the
+event loop) join the same batches; their answers go back through the event
+loop (:meth:`relay_remote_answers`), which sends them over ZeroMQ.
+
+Versions: the loop holds a lock from reading the version to the last answer
 written; :meth:`InferenceLoop.update` takes the same lock to change the weights
 and the version. So an update lands between two calls, never inside one, and
 every row of a call carries the version of the weights that computed it.
+Back-pressure and pause (:meth:`set_room`, :meth:`held`) are checked under the
+same lock before each call.
 """
 
 from __future__ import annotations
 
 import collections
 import math
+import os
+import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -32,6 +44,8 @@ from tensordict import TensorDict
 from transports import SharedTensorBlock
 
 from .._rollout.policies import PolicyAdapter
+from .._spawn.threads import use_torch_threads
+from .doorbell import DEFAULT_SPIN, EventFd, spin_then_block
 
 Path = tuple[str, ...]
 _RESERVED_ROOT = frozenset({"action", "done", "terminated", "truncated", "next", "collector"})
@@ -110,17 +124,21 @@ class WorkerBlocks:
 class InferenceLoop:
     """Serve the requests of many env workers with one policy call per batch.
 
-    ``blocks[slot]`` are the shared-memory blocks of worker ``slot``; ``reply(slot,
-    version)`` tells that worker its outputs are ready. ``gate()`` is awaited before
-    each call: the collector uses it for back-pressure (no answers while its
-    buffer of collected frames is full, so the env workers wait).
+    ``blocks[slot]`` are the shared-memory blocks of worker ``slot``. A local worker
+    (a slot in ``answer_bells``) asks by writing its observation block and ringing
+    ``request_bell``, and is answered through its output block and its bell; any
+    other slot (a remote env worker) asks through :meth:`submit` and is answered
+    by :meth:`relay_remote_answers`. Run :meth:`run` in a task group (it serves
+    from a thread of its own; cancel it to stop).
     """
 
     def __init__(self, adapter: PolicyAdapter, blocks: dict[int, WorkerBlocks], *,
                  obs_paths: Sequence[Path], outputs: OutputLayout,
                  device: torch.device | None, max_batch_size: int, min_batch_size: int,
                  server_timeout: float, version: int = 0,
-                 inline_below: float = 0.002) -> None:
+                 request_bell: EventFd | None = None,
+                 answer_bells: dict[int, EventFd] | None = None,
+                 spin: float = DEFAULT_SPIN, threads: int | None = None) -> None:
         self.adapter = adapter
         self.blocks = blocks
         self.obs_paths = list(obs_paths)
@@ -129,18 +147,30 @@ class InferenceLoop:
         self.max_batch_size = max_batch_size
         self.min_batch_size = min_batch_size
         self.server_timeout = server_timeout
+        self.spin = spin
+        #: torch intra-op threads for the policy's calls (None: leave the thread's count)
+        self.threads = threads
         #: The version of the weights the next call uses.
         self.version = version
+        self.request_bell = request_bell if request_bell is not None else EventFd()
+        self._own_bell = request_bell is None
+        self.answer_bells = dict(answer_bells or {})
+        # Local slots: (slot, its observation block's live [seq, version], its rows).
+        self._local = [(slot, blocks[slot].obs.control(0), blocks[slot].rows)
+                       for slot in sorted(self.answer_bells)]
+        # Fresh blocks (sequence 0): a worker may have asked before this loop started.
+        self._taken = {slot: 0 for slot, _, _ in self._local}
         self._pending: collections.deque[int] = collections.deque()
         self._pending_rows = 0
-        self._arrived: anyio.Event | None = None
-        self._lock = anyio.Lock()
-        # Short calls run on the event loop: a hop to a worker thread and back costs two
-        # thread wake-ups per call, more than the policy itself on a small MLP. Long
-        # ones (a big network, a GPU) run in a thread, so the loop keeps reading meanwhile.
-        self.inline_below = inline_below
-        self._inline = False
-        self._durations: collections.deque[float] = collections.deque([1.0], maxlen=8)
+        self._submitted: collections.deque[int] = collections.deque()  # remote requests
+        self._remote_answers: collections.deque[tuple[int, int]] = collections.deque()
+        self._remote_bell = EventFd()
+        self._lock = threading.Lock()  # the version lock: held for a whole call
+        self._room = threading.Event()
+        self._room.set()
+        self._stopped = False
+        self._done = threading.Event()  # no thread in serve()
+        self._done.set()
         self._calls = 0
         self._observations = 0
         self._sizes: collections.Counter[int] = collections.Counter()
@@ -152,28 +182,47 @@ class InferenceLoop:
         self._batch = TensorDict({_key(p): self._obs[f"o{i}"]
                                   for i, p in enumerate(self.obs_paths)},
                                  batch_size=[capacity])
+        self._keys = ["action"] + [f"x{j}" for j in range(len(self.outputs.extras))]
 
     # -- requests ---------------------------------------------------------------------------
     def submit(self, slot: int) -> None:
-        """Worker ``slot`` wrote its observations: serve it in a coming call."""
-        self._pending.append(slot)
-        self._pending_rows += self.blocks[slot].rows
-        if self._arrived is not None:
-            self._arrived.set()
+        """Remote worker ``slot``'s observations are in its block: serve it in a coming call."""
+        self._submitted.append(slot)
+        self.request_bell.ring()
 
     def statistics(self) -> InferenceStatistics:
         return InferenceStatistics(self._calls, self._observations, dict(self._sizes))
 
-    async def _wait(self, rows: int) -> None:
-        while self._pending_rows < rows:
-            self._arrived = anyio.Event()
-            await self._arrived.wait()
+    def _scan(self) -> bool:
+        """Queue every request made since the last scan; whether any request is pending."""
+        taken, pending = self._taken, self._pending
+        for slot, word, rows in self._local:
+            seq = word[0]
+            if seq != taken[slot] and not seq & 1:  # odd: the worker is still writing
+                taken[slot] = seq
+                pending.append(slot)
+                self._pending_rows += rows
+        while self._submitted:
+            slot = self._submitted.popleft()
+            pending.append(slot)
+            self._pending_rows += self.blocks[slot].rows
+        return self._pending_rows > 0
 
-    async def _next_requests(self) -> list[int]:
-        await self._wait(1)
+    def _enough(self) -> bool:
+        self._scan()
+        return self._pending_rows >= self.min_batch_size
+
+    def _is_stopped(self) -> bool:
+        return self._stopped
+
+    def _next_requests(self) -> list[int] | None:
+        """Block until requests wait; take whole ones up to ``max_batch_size`` (None: stopped)."""
+        bell = self.request_bell
+        if not spin_then_block(self._scan, bell, spin=self.spin, stopped=self._is_stopped):
+            return None
         if self._pending_rows < self.min_batch_size:
-            with anyio.move_on_after(self.server_timeout):
-                await self._wait(self.min_batch_size)
+            spin_then_block(self._enough, bell, spin=0.0, stopped=self._is_stopped,
+                            deadline=time.monotonic() + self.server_timeout)
         taken: list[int] = []
         rows = 0
         while self._pending:
@@ -186,32 +235,105 @@ class InferenceLoop:
         self._pending_rows -= rows
         return taken
 
+    def _put_back(self, slots: list[int]) -> None:
+        self._pending.extendleft(reversed(slots))
+        self._pending_rows += sum(self.blocks[s].rows for s in slots)
+
     # -- the loop ------------------------------------------------------------------------------
-    async def run(self, reply: Callable[[int, int], Awaitable[None]],
-                  gate: Callable[[], Awaitable[None]] | None = None) -> None:
-        """Serve forever (cancel to stop)."""
-        while True:
-            if gate is not None:
-                await gate()
-            slots = await self._next_requests()
-            async with self._lock:
+    async def run(self, remote_reply: Callable[[int, int], Awaitable[None]] | None = None
+                  ) -> None:
+        """Serve until cancelled (or the policy raises: that error, here).
+
+        ``remote_reply(slot, version)`` sends a remote worker its answer (from this
+        task's event loop); without it there must be no remote slots.
+        """
+        self._stopped = False
+        error: Exception | None = None
+        try:
+            async with anyio.create_task_group() as tg:
+                if remote_reply is not None:
+                    tg.start_soon(self.relay_remote_answers, remote_reply)
+                try:
+                    await anyio.to_thread.run_sync(self.serve, abandon_on_cancel=True)
+                except Exception as exc:  # the policy's: raised as itself, not in a group
+                    error = exc
+                tg.cancel_scope.cancel()
+        finally:
+            self.stop()
+        if error is not None:
+            raise error
+
+    def serve(self) -> None:
+        """The loop itself, in a thread: returns once :meth:`stop` is called."""
+        self._done.clear()
+        try:
+            if self.threads is not None:
+                # OpenMP keeps its thread count per thread: a pool thread that ran torch
+                # before the trainer's cap keeps every core, and each small call then
+                # waits for descheduled OpenMP threads (measured: 3-10x slower, at random).
+                use_torch_threads(self.threads)
+            self._serve_until_stopped()
+        finally:
+            self._done.set()
+
+    def _serve_until_stopped(self) -> None:
+        room, lock = self._room, self._lock
+        while not self._stopped:
+            if not room.is_set():
+                room.wait()
+                continue
+            slots = self._next_requests()
+            if slots is None:
+                return
+            with lock:
+                if not room.is_set() or self._stopped:  # held meanwhile: not this call
+                    self._put_back(slots)
+                    continue
                 version = self.version
-                if self._inline:
-                    rows = self._serve(slots, version)
-                else:
-                    rows = await anyio.to_thread.run_sync(self._serve, slots, version)
-                # The shortest of the last few calls (preemption only ever adds time),
-                # timed inside _serve: a thread hop must not count as policy time.
-                self._inline = min(self._durations) < self.inline_below
+                rows = self._serve(slots, version)
             self._calls += 1
             self._observations += rows
             self._sizes[rows] += 1
-            for slot in slots:
-                await reply(slot, version)
+            self._answer(slots, version)
+
+    def _answer(self, slots: list[int], version: int) -> None:
+        bells, remote = self.answer_bells, False
+        for slot in slots:
+            bell = bells.get(slot)
+            if bell is not None:
+                bell.ring()
+            else:
+                self._remote_answers.append((slot, version))
+                remote = True
+        if remote:
+            self._remote_bell.ring()
+
+    async def relay_remote_answers(self, reply: Callable[[int, int], Awaitable[None]]) -> None:
+        """Send remote workers their answers, from the event loop (forever: cancel to stop)."""
+        fd = self._remote_bell.fd
+        while True:
+            await anyio.wait_readable(fd)
+            os.eventfd_read(fd)
+            while self._remote_answers:
+                await reply(*self._remote_answers.popleft())
+
+    def stop(self) -> None:
+        """End :meth:`serve` (from any thread; idempotent)."""
+        self._stopped = True
+        self._room.set()
+        self.request_bell.ring()
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop, wait (up to ``timeout`` s) for the thread to leave, close the bells it made."""
+        self.stop()
+        if not self._done.wait(timeout):  # a call that long: leave the bells to the exit
+            return
+        self._remote_bell.close()
+        if self._own_bell:
+            self.request_bell.close()
 
     def _serve(self, slots: list[int], version: int) -> int:
-        """Gather, one policy call, scatter (in a worker thread, or inline when short)."""
-        start = time.perf_counter()
+        """Gather, one policy call, scatter (under the version lock)."""
         row = 0
         for slot in slots:
             blocks = self.blocks[slot]
@@ -226,7 +348,7 @@ class InferenceLoop:
         outputs = [td.get("action")] + [td.get(_key(p)) for p, _, _ in self.outputs.extras]
         if self.device is not None and self.device.type != "cpu":
             outputs = [o.to("cpu") for o in outputs]
-        keys = ["action"] + [f"x{j}" for j in range(len(self.outputs.extras))]
+        keys = self._keys
         row = 0
         for slot in slots:
             blocks = self.blocks[slot]
@@ -234,19 +356,37 @@ class InferenceLoop:
             blocks.act.write({k: o[row:row + n] for k, o in zip(keys, outputs, strict=True)},
                              version=version, slot=0)
             row += n
-        self._durations.append(time.perf_counter() - start)
         return row
 
-    # -- weights ---------------------------------------------------------------------------------
+    # -- weights, back-pressure, pause ------------------------------------------------------
     async def update(self, apply: Callable[[], None]) -> int:
         """Run ``apply`` (which changes the weights) between two calls; return the new version.
 
         Returns once the change is made: the next call uses the new weights.
         """
-        async with self._lock:
-            await anyio.to_thread.run_sync(apply)
-            self.version += 1
-            return self.version
+        def locked() -> int:
+            with self._lock:
+                apply()
+                self.version += 1
+                return self.version
+
+        return await anyio.to_thread.run_sync(locked)
+
+    def set_room(self, room: bool) -> None:
+        """Answer requests (True) or hold them (False) from the next call on. Never blocks."""
+        if room:
+            self._room.set()
+        else:
+            self._room.clear()
+
+    async def held(self) -> None:
+        """Return once no call is under way and none starts until ``set_room(True)``."""
+        def wait_for_the_call() -> None:
+            with self._lock:
+                pass
+
+        if not self._room.is_set():
+            await anyio.to_thread.run_sync(wait_for_the_call)
 
 
 def make_blocks(rows_per_worker: Sequence[int], obs: dict[Path, torch.Tensor],

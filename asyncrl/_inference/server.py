@@ -2,11 +2,12 @@
 
 With ``AsyncBatchedCollector(..., server_backend="process")`` the policy is
 served by this process instead of a thread of the trainer's. It maps every env
-worker's two shared-memory blocks (created and unlinked by the trainer), binds
-its own private hub, which the env workers' requests (``obs``) and answers
-(``act``) go through, and runs the same :class:`~asyncrl._inference.loop.InferenceLoop`
-as the thread server. Chunks of transitions still go from the env workers to
-the trainer.
+worker's two shared-memory blocks (created and unlinked by the trainer), holds
+the doorbells the trainer made (the request bell and each env worker's answer
+bell, :mod:`.doorbell`, handed over when the process starts) and runs the same
+:class:`~asyncrl._inference.loop.InferenceLoop` as the thread server, in a
+thread of its own: requests and answers never touch ZeroMQ. Chunks of
+transitions go from the env workers to the trainer.
 
 So collection goes on while the trainer's event loop is held by a training
 step, and the policy's Python (its forward, a sampling distribution) never
@@ -36,12 +37,13 @@ import anyio
 import torch
 from torch import nn
 
-from transports import ErrorPayload, Hub, Link, Message, PeerEvent, PeerLostError, SharedTensorBlock
+from transports import ErrorPayload, Link, Message, PeerLostError, SharedTensorBlock
 
 from .._rollout.policies import ExplorationType, PolicyAdapter
 from .._spawn.absent_modules import remember_absent_modules
 from .._spawn.child import exit_process
-from .env_stepper import ACT, CLOSE, ERROR, OBS, watch_parent
+from .doorbell import DEFAULT_SPIN, EventFd
+from .env_stepper import CLOSE, ERROR, watch_parent
 from .loop import InferenceLoop, OutputLayout, WorkerBlocks
 
 log = logging.getLogger("asyncrl.inference")
@@ -60,9 +62,9 @@ Path = tuple[str, ...]
 class ServerConfig:
     """What the inference process is given (pickled by the trainer for its own child)."""
 
-    endpoint: str  # the private hub the env workers connect to
-    workers: dict[bytes, int]  # env worker identity -> its slot
     blocks: dict[int, tuple[int, str, str]]  # slot -> (rows, obs block, act block)
+    request_bell: EventFd  # rung by every env worker after its request
+    answer_bells: dict[int, EventFd]  # slot -> rung here after its answer
     policy: Any  # the policy (an nn.Module, on the CPU) or None
     policy_factory: Callable[[], Any] | None
     action_spec: Any
@@ -77,6 +79,7 @@ class ServerConfig:
     threads: int
     heartbeat_interval: float = 1.0
     peer_timeout: float = 10.0
+    spin: float = DEFAULT_SPIN
 
 
 class InferenceServer:
@@ -104,50 +107,23 @@ class InferenceServer:
                                   outputs=config.outputs, device=config.device,
                                   max_batch_size=config.max_batch_size,
                                   min_batch_size=config.min_batch_size,
-                                  server_timeout=config.server_timeout, version=config.version)
-        self.peer_of = {slot: peer for peer, slot in config.workers.items()}
-        self._room = True
-        self._room_event: anyio.Event | None = None
+                                  server_timeout=config.server_timeout, version=config.version,
+                                  request_bell=config.request_bell,
+                                  answer_bells=config.answer_bells, spin=config.spin,
+                                  threads=config.threads)
 
     async def serve(self, trainer: Link) -> int:
         """Serve until the trainer says close (0), goes away (0) or this fails (1, reported)."""
-        c = self.config
-        async with Hub(c.endpoint, heartbeat_interval=c.heartbeat_interval,
-                       peer_timeout=c.peer_timeout) as hub:
-            await trainer.send({"version": self.loop.version}, kind=READY)
-            try:
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(self._requests, hub)
-                    tg.start_soon(self.loop.run,
-                                  lambda slot, version: self._reply(hub, slot, version),
-                                  self._gate)
-                    tg.start_soon(self._report, trainer)
-                    await self._orders(trainer)
-                    tg.cancel_scope.cancel()
-            except Exception as exc:
-                # Told before the hub closes: its goodbye ends the env workers, and the
-                # trainer must hear the cause before it hears of them.
-                return await report_error(trainer, exc)
-        return 0
-
-    async def _requests(self, hub: Hub) -> None:
-        async for item in hub:
-            slot = self.config.workers.get(item.peer)
-            if slot is None or isinstance(item, PeerEvent):
-                continue  # a private socket: only our env workers; their loss is the trainer's
-            if item.kind == OBS:
-                self.loop.submit(slot)
-
-    async def _reply(self, hub: Hub, slot: int, version: int) -> None:
+        await trainer.send({"version": self.loop.version}, kind=READY)
         try:
-            await hub.send(self.peer_of[slot], version, kind=ACT)
-        except Exception as exc:  # that env worker is gone: the trainer sees its exit
-            log.debug("could not answer env worker %d: %r", slot, exc)
-
-    async def _gate(self) -> None:
-        while not self._room:
-            self._room_event = anyio.Event()
-            await self._room_event.wait()
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self.loop.run)
+                tg.start_soon(self._report, trainer)
+                await self._orders(trainer)
+                tg.cancel_scope.cancel()
+        except Exception as exc:
+            return await report_error(trainer, exc)
+        return 0
 
     async def _orders(self, trainer: Link) -> None:
         while True:
@@ -155,10 +131,9 @@ class InferenceServer:
             if message.kind == CLOSE:
                 return
             if message.kind in (HOLD, GO):
-                self._room = message.kind == GO
-                if self._room and self._room_event is not None:
-                    self._room_event.set()
-                if not self._room:
+                self.loop.set_room(message.kind == GO)
+                if message.kind == HOLD:
+                    await self.loop.held()  # the call under way (if any) has answered
                     await trainer.send(None, kind=HELD)
             elif message.kind == WEIGHTS:
                 await trainer.send(await self._load(message), kind=APPLIED)
@@ -194,9 +169,15 @@ class InferenceServer:
                                     "sizes": sorted(stats.batch_sizes.items())}, kind=STATS)
 
     def close(self) -> None:
+        loop: InferenceLoop | None = getattr(self, "loop", None)  # None: failed to build
+        if loop is not None:
+            loop.stop()
+            loop.close()
         for blocks in self.blocks.values():
             for block in (blocks.obs, blocks.act):
                 block.close()  # the trainer unlinks them
+        for bell in (self.config.request_bell, *self.config.answer_bells.values()):
+            bell.close()  # this process's copies
 
 
 async def run_inference_server(trainer_endpoint: str, identity: bytes, config: ServerConfig,

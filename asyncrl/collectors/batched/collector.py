@@ -3,10 +3,12 @@
 SEED RL's layout (Sample Factory's policy workers; TorchRL's
 ``AsyncBatchedCollector``): the env workers (:mod:`asyncrl._inference.env_stepper`) only
 step envs; the policy lives once, here, in an :class:`~asyncrl._inference.loop.InferenceLoop`
-that batches whatever requests are ready. Observations and actions go through
-shared memory; ZeroMQ (one :class:`transports.Hub`) carries the requests, the
-answers and the chunks of transitions, which are cut here into batches of
-``frames_per_batch``.
+that batches whatever requests are ready, from a thread of its own (or, with
+``server_backend="process"``, a dedicated process). Observations and actions go
+through shared memory, requests and answers through eventfd doorbells
+(:mod:`asyncrl._inference.doorbell`); ZeroMQ (one :class:`transports.Hub`)
+carries the chunks of transitions, which are cut here into batches of
+``frames_per_batch``, errors and close, and a remote env host's requests.
 """
 
 from __future__ import annotations
@@ -38,12 +40,12 @@ from transports import (
 )
 
 from ..._errors import BadBatchError, CollectorError, WorkerLostError, rebuild_remote_exception
+from ..._inference.doorbell import EventFd
 from ..._inference.env_stepper import (
     CHUNK,
     CLOSE,
     CREDIT,
     ERROR,
-    OBS,
     EnvWorkerConfig,
     build_pool,
     env_worker_main,
@@ -210,7 +212,9 @@ class AsyncBatchedCollector(ServedPolicy, BaseCollector):
         self._error: BaseException | None = None
         self._closing = False
         self._arrived: anyio.Event | None = None
-        self._room: anyio.Event | None = None
+        # The doorbells of the local env workers (made when the blocks are)
+        self._request_bell: EventFd | None = None
+        self._answer_bells: dict[int, EventFd] = {}
         self._background: anyio.CancelScope | None = None
         self._background_done: anyio.Event | None = None
         self._frames = ChunkBuffer(
@@ -221,8 +225,6 @@ class AsyncBatchedCollector(ServedPolicy, BaseCollector):
     def _create_async_state(self) -> None:
         super()._create_async_state()
         self._arrived = anyio.Event()
-        self._room = anyio.Event()
-        self._room.set()
         self._background = anyio.CancelScope()
         self._background_done = anyio.Event()
 
@@ -258,7 +260,7 @@ class AsyncBatchedCollector(ServedPolicy, BaseCollector):
                                                      self._on_server_exit)
                         else:
                             assert loop is not None
-                            tg.start_soon(loop.run, self._reply, self._wait_for_room)
+                            tg.start_soon(self._serve_policy, loop)
                         await tg.start(self._workers.run, self._on_process_exit)
                         task_status.started()
         finally:
@@ -287,6 +289,8 @@ class AsyncBatchedCollector(ServedPolicy, BaseCollector):
         device_obs = {p: v.to(device) if device is not None else v for p, v in obs.items()}
         outputs = discover_outputs(adapter, device_obs, action)
         self._blocks = make_blocks([len(g) for g in self.groups], obs, outputs)
+        self._request_bell = EventFd()
+        self._answer_bells = {slot: EventFd() for slot in range(self.num_workers)}
         for slot in range(self.num_workers):  # named here: the inference process knows them
             ident = random_identity(f"env-{slot}")
             self._slot_of[ident] = slot
@@ -305,7 +309,9 @@ class AsyncBatchedCollector(ServedPolicy, BaseCollector):
         loop = InferenceLoop(adapter, self._blocks, obs_paths=list(obs), outputs=outputs,
                              device=self.device, max_batch_size=b.max_batch_size,
                              min_batch_size=b.min_batch_size, server_timeout=b.server_timeout,
-                             version=self._initial_version)
+                             version=self._initial_version, request_bell=self._request_bell,
+                             answer_bells=self._answer_bells,
+                             threads=None if self._threads_cap is None else self._threads_cap.now)
         return list(obs), outputs, loop
 
     def _make_server_policy(self, device: torch.device | None) -> Any:
@@ -325,9 +331,10 @@ class AsyncBatchedCollector(ServedPolicy, BaseCollector):
                              outputs: Any) -> InferenceProcess:
         assert self._tmpdir is not None and self._threads_cap is not None
         interval, timeout = self._heartbeat
+        assert self._request_bell is not None
         return InferenceProcess.for_collector(
-            endpoint=f"ipc://{self._tmpdir}/policy", workers=self._peer_of,
-            blocks=self._blocks, policy=policy, policy_factory=self.policy_factory,
+            bells=(self._request_bell, self._answer_bells), blocks=self._blocks, policy=policy,
+            policy_factory=self.policy_factory,
             action_spec=spec, exploration_type=self.exploration_type, obs_paths=obs_paths,
             outputs=outputs, device=self.device, batching=self.batching,
             version=self._initial_version, threads=self._threads_cap.now,
@@ -346,7 +353,7 @@ class AsyncBatchedCollector(ServedPolicy, BaseCollector):
                 obs_block=blocks.obs.name, act_block=blocks.act.name, obs_paths=obs_paths,
                 extra_paths=extra_paths, chunk_steps=self.chunk_steps,
                 heartbeat_interval=interval, peer_timeout=timeout,
-                server_endpoint=None if server is None else server.config.endpoint,
+                request_bell=self._request_bell, answer_bell=self._answer_bells[slot],
                 chunk_credits=None if server is None else credits(blocks.rows))
             return (endpoint, identity, config, backend, parent)
 
@@ -380,16 +387,21 @@ class AsyncBatchedCollector(ServedPolicy, BaseCollector):
         if self._background_done is not None and self._hub is not None:
             with anyio.move_on_after(10):
                 await self._background_done.wait()
+        if self._loop is not None:  # its thread has left once close() returns (or 5 s)
+            await anyio.to_thread.run_sync(self._loop.close)
         for blocks in self._blocks.values():
             blocks.close()
         self._blocks = {}
+        for bell in [self._request_bell, *self._answer_bells.values()]:
+            if bell is not None:
+                bell.close()
+        self._request_bell, self._answer_bells = None, {}
         if self._tmpdir is not None:
             shutil.rmtree(self._tmpdir, ignore_errors=True)
         self._wake()
 
     # -- the hub: requests, chunks, errors -----------------------------------------------------
     async def _dispatch(self, hub: Hub) -> None:
-        loop = self._loop
         async for item in hub:
             found = self._slot_of.get(item.peer)
             if found is None and self._server is not None and item.peer == self._server.identity:
@@ -409,27 +421,25 @@ class AsyncBatchedCollector(ServedPolicy, BaseCollector):
             if hub.admission and item.peer not in self._admitted:
                 self._admitted.add(item.peer)  # our own child: full message sizes
                 hub.admit(item.peer)
-            if item.kind == OBS and loop is not None:
-                loop.submit(slot)
-            elif item.kind == CHUNK:
+            if item.kind == CHUNK:
                 self._on_chunk(slot, item)
                 if self._server is not None:
                     await self._credit(hub, item.peer)
             elif item.kind == ERROR:
                 self._on_error(slot, item)
 
-    async def _reply(self, slot: int, version: int) -> None:
-        assert self._hub is not None
-        if slot >= self.num_workers and self._remote is not None:
-            await self._remote.reply(self._hub, slot, version)  # its occupant, or nobody
-            return
-        peer = self._peer_of.get(slot)
-        if peer is None:
-            return
+    async def _serve_policy(self, loop: InferenceLoop) -> None:
+        """The thread server: serve until cancelled; a policy error fails the run."""
         try:
-            await self._hub.send(peer, version, kind="act")
-        except Exception as exc:  # the worker is gone: its exit is reported by the watcher
-            log.debug("could not answer env worker %d: %r", slot, exc)
+            await loop.run(self._reply_remote if self._remote is not None else None)
+        except Exception as exc:
+            exc.add_note("(raised by the policy in AsyncBatchedCollector's inference thread)")
+            self._fail(exc)
+
+    async def _reply_remote(self, slot: int, version: int) -> None:
+        """A remote env worker's answer (local ones are rung by the loop itself)."""
+        assert self._hub is not None and self._remote is not None
+        await self._remote.reply(self._hub, slot, version)  # its occupant, or nobody
 
     async def _credit(self, hub: Hub, peer: bytes) -> None:
         assert self._server is not None
@@ -464,6 +474,8 @@ class AsyncBatchedCollector(ServedPolicy, BaseCollector):
         if problem is not None:
             self._fail(BadBatchError(problem))
             return
+        if self._loop is not None and not self._room_for_more():
+            self._loop.set_room(False)  # back-pressure: no more answers until a batch is taken
         self._wake()
 
     def _register_remote(self, slot: int, peer: bytes | None) -> None:
@@ -509,19 +521,17 @@ class AsyncBatchedCollector(ServedPolicy, BaseCollector):
         """Whether the env workers may be answered: room for frames, and not paused."""
         return not self._frames.full and not self.paused
 
-    async def _wait_for_room(self) -> None:
-        while not self._room_for_more() and not self._closing:
-            self._room = anyio.Event()
-            await self._room.wait()
-
     async def _set_paused(self, paused: bool) -> None:
         # Paused, the server answers no more requests (past the call under way): the
         # env workers wait at their next step; what was answered is collected and held.
         await self._update_room(wait=paused)
 
     async def _update_room(self, *, wait: bool = False) -> None:
-        if self._room is not None and self._room_for_more():
-            self._room.set()
+        room = self._room_for_more()
+        if self._loop is not None:
+            self._loop.set_room(room)
+            if wait and not room:
+                await self._loop.held()
         if self._server is not None and self._hub is not None:
             await self._server.set_room(self._hub, self._room_for_more(), wait=wait)
 

@@ -14,7 +14,8 @@ from .._config import check_int
 #: TorchRL arguments of ``AsyncBatchedCollector`` that asyncrl does not take, and what to use.
 _REFUSED: dict[str, str] = {
     "transport": "asyncrl's transport is fixed: shared-memory slots for observations and "
-                 "actions, ZeroMQ for signalling; leave it out",
+                 "actions, eventfd doorbells for signalling (ZeroMQ for remote env "
+                 "hosts); leave it out",
     "device_config": "pass device= (where the policy runs); batches are stored on the CPU",
     "weight_sync": "call 'await collector.update_policy_weights(weights)': it returns once "
                    "the inference loop uses them",
@@ -33,9 +34,9 @@ _ONLY: dict[str, tuple[tuple[Any, ...], str]] = {
     "env_backend": ((None, "multiprocessing"), "env workers are always processes"),
     "policy_backend": ((None, "threading"),
                        "it picks TorchRL's transport to the inference server; asyncrl's is "
-                       "always shared memory plus ZeroMQ. For a dedicated inference process "
-                       "pass server_backend='process'; for one policy copy per env worker "
-                       "use MultiCollector"),
+                       "always shared memory plus eventfd doorbells. For a dedicated "
+                       "inference process pass server_backend='process'; for one policy "
+                       "copy per env worker use MultiCollector"),
     "env_exchange": (("auto", "shm"), "local observations always travel in shared memory "
                      "(remote env workers, with listen= and remote_workers=, send them "
                      "inline)"),

@@ -25,6 +25,7 @@ from torch import nn
 from transports import ErrorPayload, Hub, Message, PeerEvent, ProtocolError, random_identity
 
 from ..._errors import BadBatchError, CollectorError, WorkerLostError, rebuild_remote_exception
+from ..._inference.doorbell import EventFd
 from ..._inference.env_stepper import CLOSE, ERROR
 from ..._inference.loop import InferenceStatistics, OutputLayout, WorkerBlocks
 from ..._inference.server import (
@@ -79,7 +80,7 @@ class InferenceProcess:
         self.processes: WorkerProcesses | None = None
 
     @classmethod
-    def for_collector(cls, *, endpoint: str, workers: Mapping[int, bytes],
+    def for_collector(cls, *, bells: tuple[EventFd, Mapping[int, EventFd]],
                       blocks: Mapping[int, WorkerBlocks], policy: Any,
                       policy_factory: Callable[[], Any] | None, action_spec: Any,
                       exploration_type: ExplorationType | str | None,
@@ -87,10 +88,11 @@ class InferenceProcess:
                       device: torch.device | None, batching: BatchingConfig, version: int,
                       threads: int, heartbeat: tuple[float, float],
                       start_method: str) -> InferenceProcess:
-        """The process serving ``policy`` (a CPU module, the trainer's copy) to ``workers``."""
+        """The process serving ``policy`` (a CPU module, the trainer's copy) to the env
+        workers whose ``blocks`` and doorbells (``bells``: request, answers) it is given."""
         config = ServerConfig(
-            endpoint=endpoint, workers={ident: slot for slot, ident in workers.items()},
             blocks={slot: (b.rows, b.obs.name, b.act.name) for slot, b in blocks.items()},
+            request_bell=bells[0], answer_bells=dict(bells[1]),
             # The factory when given (the process builds its own, as TorchRL's), else a
             # CPU copy of its own: torch sends a tensor to a child as shared memory, and
             # the shadow below changes with every update, outside the server's lock.

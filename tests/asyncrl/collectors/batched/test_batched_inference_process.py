@@ -229,6 +229,10 @@ async def test_what_waits_while_the_trainers_loop_is_held_is_bounded() -> None:
                                          server_backend="process") as collector:
             for _ in range(20):  # take batches: the server has room and serves
                 await collector.__anext__()
+            # ... unless two batches wait already (back-pressure holds the server, as it
+            # must; with fast round trips that happens): take until there is room
+            while collector._frames.full:
+                await collector.__anext__()
             start = time.monotonic()
             time.sleep(3.0)  # a training step: the workers may only use up their credits
             end = time.monotonic()

@@ -1,0 +1,168 @@
+"""AsyncBatchedCollector's local path (issue #25): doorbells, not a ZeroMQ message per step.
+
+Local env workers ask through shared-memory sequence numbers and eventfds
+(``asyncrl._inference.doorbell``); the loop serves from a thread in both server
+backends. What must not change: versions stamped per frame, weight updates
+between two calls, pause, failures as documented.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import signal
+import threading
+import time
+
+import anyio
+import pytest
+import torch
+from tensordict.nn import TensorDictModule
+from torch import nn
+
+from asyncrl import AsyncBatchedCollector, WorkerLostError
+from asyncrl._inference.doorbell import EventFd, spin_then_block
+from asyncrl._spawn.forkserver import worker_context
+from asyncrl.testing import CountingEnv, ValuePolicy, fill_parameters, version_problems
+from tests.asyncrl.collectors.batched.test_batched_inference_process import FailsAtStep2
+from tests.asyncrl.counting_frames import check_counting_frames
+
+pytestmark = pytest.mark.anyio
+LIMIT = 90
+counting3 = functools.partial(CountingEnv, length=3)
+BACKENDS = ["thread", "process"]
+
+
+def _echo(request: EventFd, answer: EventFd) -> None:
+    for _ in range(3):
+        request.wait()
+        answer.ring()
+
+
+@pytest.mark.parametrize("start_method", ["forkserver", "spawn"])
+def test_an_eventfd_reaches_a_child_by_either_start_method(start_method) -> None:
+    request, answer = EventFd(), EventFd()
+    process = worker_context(start_method).Process(target=_echo, args=(request, answer))
+    process.start()
+    try:
+        for _ in range(3):
+            request.ring()
+            assert answer.wait(timeout=60), "the child never rang back"
+        process.join(30)
+        assert process.exitcode == 0
+    finally:
+        if process.is_alive():
+            process.kill()
+        request.close()
+        answer.close()
+
+
+def test_a_wait_ends_when_ready_when_stopped_or_at_its_deadline() -> None:
+    bell = EventFd()
+    word = [0]
+    stop = threading.Event()
+
+    def later() -> None:
+        time.sleep(0.05)
+        word[0] = 1
+        bell.ring()
+
+    threading.Thread(target=later).start()
+    assert spin_then_block(lambda: word[0] == 1, bell, spin=1e-5, stopped=stop.is_set)
+    threading.Timer(0.05, lambda: (stop.set(), bell.ring())).start()
+    assert not spin_then_block(lambda: False, bell, spin=0.0, stopped=stop.is_set)
+    start = time.monotonic()
+    assert not spin_then_block(lambda: False, bell, spin=0.0, stopped=lambda: False,
+                               deadline=time.monotonic() + 0.05)
+    assert time.monotonic() - start < 5
+    bell.close()
+
+
+async def test_a_policy_error_in_the_inference_thread_stops_the_run_with_that_error() -> None:
+    with anyio.fail_after(LIMIT):
+        async with AsyncBatchedCollector(counting3, num_envs=2, policy=FailsAtStep2(),
+                                         frames_per_batch=4, total_frames=-1) as collector:
+            with pytest.raises(RuntimeError, match="policy blew up at step 2") as info:
+                async for _ in collector:
+                    pass
+    assert "inference thread" in "\n".join(getattr(info.value, "__notes__", []))
+
+
+@pytest.mark.parametrize("server_backend", BACKENDS)
+async def test_an_env_worker_killed_while_it_waits_for_its_answer_is_reported(
+        server_backend) -> None:
+    with anyio.fail_after(LIMIT):
+        async with AsyncBatchedCollector(counting3, num_envs=2, policy=ValuePolicy(1.0),
+                                         frames_per_batch=4, total_frames=-1,
+                                         server_backend=server_backend) as collector:
+            await collector.__anext__()
+            await collector.pause()  # every env worker now sleeps on its answer bell
+            await anyio.sleep(0.2)
+            os.kill(collector.worker_pids[0], signal.SIGKILL)
+            await collector.resume()
+            with pytest.raises(WorkerLostError, match=r"env worker 0 .*SIGKILL"):
+                for _ in range(10_000):
+                    await collector.__anext__()
+
+
+@pytest.mark.parametrize("server_backend", BACKENDS)
+async def test_versions_are_exact_per_frame_with_requests_of_several_envs(
+        server_backend) -> None:
+    policy = ValuePolicy(0.0)
+    values: dict[int, float | None] = {0: 0.0}
+    batches = []
+    with anyio.fail_after(LIMIT):
+        async with AsyncBatchedCollector(counting3, num_envs=6, envs_per_worker=2,
+                                         policy=policy, frames_per_batch=12, total_frames=144,
+                                         server_backend=server_backend) as collector:
+            async for batch in collector:
+                batches.append(batch)
+                version = collector.policy_version + 1
+                fill_parameters(policy, float(version))
+                values[version] = float(version)
+                await collector.update_policy_weights()
+                assert collector.policy_version == version
+    assert version_problems(batches, values) == []
+    frames = torch.cat(batches, 0)
+    assert len(set(frames["collector", "policy_version"].tolist())) >= 3
+    check_counting_frames(frames, length=3, action=None)
+
+
+class Slow(nn.Module):
+    """Action 1, after 50 ms: the other workers' requests wait while a call runs."""
+
+    def forward(self, observation: torch.Tensor) -> torch.Tensor:
+        time.sleep(0.05)
+        return torch.ones(observation.shape[:-1], dtype=torch.int64)
+
+
+def slow_policy() -> TensorDictModule:
+    return TensorDictModule(Slow(), in_keys=["observation"], out_keys=["action"])
+
+
+@pytest.mark.parametrize("server_backend", BACKENDS)
+async def test_one_call_gathers_every_request_that_is_ready(server_backend) -> None:
+    with anyio.fail_after(LIMIT):
+        async with AsyncBatchedCollector(counting3, num_envs=4, policy_factory=slow_policy,
+                                         frames_per_batch=8, total_frames=96,
+                                         server_backend=server_backend) as collector:
+            frames = torch.cat([b async for b in collector], 0)
+            await anyio.sleep(0.5)  # the process reports every 0.2 s
+            sizes = collector.inference_statistics().batch_sizes
+    check_counting_frames(frames, length=3, action=1)
+    # one env per worker: calls served several workers' requests at once, up to all four
+    # (how often depends on the machine's load: not asserted)
+    assert max(sizes) == 4, sizes
+
+
+async def test_a_step_sends_no_message_only_chunks_do() -> None:
+    with anyio.fail_after(LIMIT):
+        async with AsyncBatchedCollector(counting3, num_envs=2, policy=ValuePolicy(1.0),
+                                         frames_per_batch=64, total_frames=640,
+                                         transition_chunk_size=16) as collector:
+            frames = sum([b.numel() async for b in collector])
+            assert collector._hub is not None
+            received = collector._hub.statistics().messages_received
+    # 640+ frames in chunks of 16 steps: about 40 chunk messages (and a few heartbeats);
+    # one message per step would be 640 or more
+    assert frames == 640 and received < 200, received
