@@ -80,13 +80,24 @@ class DisconnectWatch:
         return count
 
     def close(self, socket: zmq.Socket[Any] | None) -> None:
-        """Stop ZeroMQ's end first, while ours still reads (see ``Link._close_monitor``)."""
-        if self._monitor is None:
-            return
-        if socket is not None and not socket.closed:
-            try:
-                socket.disable_monitor()
-            except zmq.ZMQError:
-                pass
-        self._monitor.close(linger=0)
+        """Stop the monitor (see :func:`stop_monitor`); idempotent."""
+        stop_monitor(self._monitor, socket)
         self._monitor = None
+
+
+def stop_monitor(monitor: zmq.Socket[Any] | None, socket: zmq.Socket[Any] | None) -> None:
+    """Close a socket monitor's reading end, ZeroMQ's end first (None: nothing to do).
+
+    ZeroMQ's I/O thread sends each monitor event with a *blocking* send: an event
+    sent after our end closed (the "disconnected" of the socket being closed) would
+    block that thread for good, and with it every tcp:// and ipc:// socket of the
+    process. So the socket stops monitoring while our end still reads.
+    """
+    if monitor is None:
+        return
+    if socket is not None and not socket.closed:
+        try:
+            socket.disable_monitor()
+        except zmq.ZMQError:
+            pass
+    monitor.close(linger=0)

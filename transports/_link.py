@@ -15,6 +15,7 @@ from zmq.utils.monitor import parse_monitor_message
 
 from ._channel import ACK, BYE, PING, Channel, ChannelStatistics
 from ._codec import encode_message
+from ._disconnects import stop_monitor
 from ._errors import ErrorPayload, PeerLostError
 from ._types import Message, PeerEvent
 
@@ -346,17 +347,6 @@ class Link(Channel):
         self._close_monitor(None)  # (already done before the socket closed)
 
     def _close_monitor(self, socket: zmq.Socket[Any] | None) -> None:
-        # Stop ZeroMQ's end first, while ours still reads: ZeroMQ's I/O thread sends
-        # each event with a *blocking* send, and an event sent after our end closed
-        # (the "disconnected" of the socket being closed) blocked that thread for
-        # good, and with it every tcp:// and ipc:// socket of the process.
-        if self._monitor is None:
-            return
-        if socket is not None and not socket.closed:
-            try:
-                socket.disable_monitor()
-            except zmq.ZMQError:
-                pass
-        self._monitor.close(linger=0)
+        stop_monitor(self._monitor, socket)  # ZeroMQ's end first: see stop_monitor
         self._monitor = None
 

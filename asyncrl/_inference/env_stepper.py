@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -323,12 +323,21 @@ class EnvStepper:
 async def run_env_worker(endpoint: str, identity: bytes, config: EnvWorkerConfig,
                          parent_pid: int | None = None) -> int:
     """The worker's life: connect, build, step; 0 on a requested close, 1 on an error."""
+    return await serve_linked(endpoint, identity, config, parent_pid,
+                              lambda link: _serve(link, config))
+
+
+async def serve_linked(endpoint: str, identity: bytes, config: Any, parent_pid: int | None,
+                       serve: Callable[[Link], Awaitable[int]]) -> int:
+    """A child of the trainer's life: one Link to it, ``serve`` over it, until it returns
+    (its exit code) or the trainer is gone. ``config`` gives the link's
+    ``heartbeat_interval`` and ``peer_timeout``."""
     async with Link(endpoint, identity=identity, heartbeat_interval=config.heartbeat_interval,
                     peer_timeout=config.peer_timeout) as link:
         code = 0
         async with anyio.create_task_group() as tg:
             tg.start_soon(watch_parent, parent_pid, tg.cancel_scope)
-            code = await _serve(link, config)
+            code = await serve(link)
             tg.cancel_scope.cancel()
         return code
 
@@ -431,5 +440,6 @@ __all__ = [
     "build_pool",
     "env_worker_main",
     "run_env_worker",
+    "serve_linked",
     "watch_parent",
 ]

@@ -43,7 +43,7 @@ from .._rollout.policies import ExplorationType, PolicyAdapter
 from .._spawn.absent_modules import remember_absent_modules
 from .._spawn.child import exit_process
 from .doorbell import DEFAULT_SPIN, EventFd
-from .env_stepper import CLOSE, ERROR, watch_parent
+from .env_stepper import CLOSE, ERROR, serve_linked
 from .loop import InferenceLoop, OutputLayout, WorkerBlocks
 
 log = logging.getLogger("asyncrl.inference")
@@ -183,15 +183,8 @@ class InferenceServer:
 async def run_inference_server(trainer_endpoint: str, identity: bytes, config: ServerConfig,
                                parent_pid: int | None = None) -> int:
     """The process's life: connect, build, serve; 0 on a requested close, 1 on an error."""
-    async with Link(trainer_endpoint, identity=identity,
-                    heartbeat_interval=config.heartbeat_interval,
-                    peer_timeout=config.peer_timeout) as trainer:
-        code = 0
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(watch_parent, parent_pid, tg.cancel_scope)
-            code = await _serve(trainer, config)
-            tg.cancel_scope.cancel()
-        return code
+    return await serve_linked(trainer_endpoint, identity, config, parent_pid,
+                              lambda trainer: _serve(trainer, config))
 
 
 async def _serve(trainer: Link, config: ServerConfig) -> int:
