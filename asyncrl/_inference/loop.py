@@ -328,6 +328,11 @@ class InferenceLoop:
         self.stop()
         if not self._done.wait(timeout):  # a call that long: leave the bells to the exit
             return
+        # The sequence words view the blocks' mappings: released here, a closed block is
+        # unmapped (and its descriptor closed) at once, not whenever gc finds this loop.
+        for _, word, _ in self._local:
+            word.release()
+        self._local = []
         self._remote_bell.close()
         if self._own_bell:
             self.request_bell.close()
