@@ -49,6 +49,6 @@ class AsyncCollector(MultiAsyncCollector):
 
 # help(): MultiCollector's parameters, less the two AsyncCollector fixes (one worker, async).
 _BASE = init_signature(MultiCollector)
-AsyncCollector.__signature__ = _BASE.replace(  # type: ignore[attr-defined]
+AsyncCollector.__signature__ = _BASE.replace(
     parameters=[p for p in _BASE.parameters.values() if p.name not in ("num_workers", "sync")])
 share_parameters(AsyncCollector, MultiAsyncCollector)
