@@ -32,8 +32,8 @@ async def one_close(workers: int) -> tuple[float, list[int | None]]:
         start = time.perf_counter()
         await collector.aclose()
         seconds = time.perf_counter() - start
-    assert collector._workers is not None
-    return seconds, collector._workers.exitcodes
+    assert collector._run.workers is not None
+    return seconds, collector._run.workers.exitcodes
 
 
 async def run(runs: int, workers: int) -> None:
