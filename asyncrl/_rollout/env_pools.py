@@ -90,22 +90,24 @@ class _ObsLayout:
             node[path[-1]] = arr
         # A Box/Discrete space yields bare arrays, a Dict space yields dicts.
         self.is_dict = self.paths != [("observation",)]
+        #: One env's observation shape per array, made once (the step compares, never slices).
+        self.row_shapes = [arr.shape[1:] for arr in self.arrays]
 
     def write_row(self, i: int, obs: Any) -> None:
         """Copy env ``i``'s observation into row ``i``, checked against the spec."""
         if not self.is_dict:
             arr = self.arrays[0]
             if obs.__class__ is not _ndarray or obs.dtype is not arr.dtype \
-                    or obs.shape != arr.shape[1:]:
+                    or obs.shape != self.row_shapes[0]:
                 check_observation(i, self.paths[0], obs, arr)
             arr[i] = obs
             return
-        for path, arr in zip(self.paths, self.arrays, strict=True):
+        for path, arr, shape in zip(self.paths, self.arrays, self.row_shapes, strict=True):
             value = obs
             for p in path:
                 value = value[p]
             if value.__class__ is not _ndarray or value.dtype is not arr.dtype \
-                    or value.shape != arr.shape[1:]:
+                    or value.shape != shape:
                 check_observation(i, path, value, arr)
             arr[i] = value
 
@@ -298,7 +300,7 @@ class GymEnvListPool(EnvPool):
         buf = self._layout.arrays[0]
         # What a step's observation must be: compared by identity and one tuple
         # compare before the copy; anything else takes check_observation's slow path.
-        dtype, shape, path = buf.dtype, buf.shape[1:], self._layout.paths[0]
+        dtype, shape, path = buf.dtype, self._layout.row_shapes[0], self._layout.paths[0]
         any_done = False
         for i, env in enumerate(self._envs):
             obs, r, te, tr, _ = env.step(actions.item(i) if item else actions[i])
