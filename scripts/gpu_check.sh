@@ -35,7 +35,7 @@ EOF
 status=0
 for what in "${@:-tests}"; do
 if [ "$what" = tests ]; then
-    timeout 300 python3 -m pytest -q -p no:cacheprovider -rs --timeout 120 \
+    timeout 200 python3 -m pytest -q -p no:cacheprovider -rs --timeout 120 \
         tests/asyncrl/weights/test_weights_cuda_ipc.py \
         tests/asyncrl/collectors/test_devices.py \
         tests/asyncrl/weights/test_weights_shared_memory.py \
@@ -48,7 +48,7 @@ if [ "$what" = tests ]; then
     status=$((status | $?))
 fi
 if [ "$what" = weights ]; then
-    timeout 240 python3 -m benchmarks.weights_cuda 2>"$OUT/weights_cuda.err" \
+    timeout 180 python3 -m benchmarks.weights_cuda 2>"$OUT/weights_cuda.err" \
         | tee "$OUT/weights_cuda.md"
     status=$((status | $?))
     tail -20 "$OUT/weights_cuda.err"
