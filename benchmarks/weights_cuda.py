@@ -218,6 +218,9 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("benchmarks.weights_cuda needs a CUDA device; this machine has none")
         return 2
+    # TorchRL's schemes make their locks and queues in the default context: spawn, since a
+    # forked child of a process that initialised CUDA cannot use it.
+    mp.set_start_method("spawn", force=True)
     sizes = {name: ALL_SIZES[name] for name in args.sizes.split(",")}
     groups: list[tuple[str, str, list[tuple[str, Any]]]] = [
         ("CPU workers", "cpu", [

@@ -6,7 +6,7 @@
 #
 #   bash scripts/gpu_check.sh tests        # the CUDA tests only
 #   bash scripts/gpu_check.sh weights      # benchmarks.weights_cuda
-#   bash scripts/gpu_check.sh inference    # benchmarks.inference, GPU policy
+#   bash scripts/gpu_check.sh inference_gpu   # benchmarks.inference_gpu (central on the GPU)
 #   bash scripts/gpu_check.sh tests weights   # several, in order
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -24,8 +24,7 @@ python3 - <<'EOF' 2>&1 | tee "$OUT/machine.txt"
 import os, torch, zmq, tensordict, anyio
 print("torch", torch.__version__, "cuda", torch.cuda.is_available(),
       torch.cuda.get_device_name(0) if torch.cuda.is_available() else "-")
-print("pyzmq", zmq.__version__, "tensordict", tensordict.__version__, "anyio", anyio.__version__,
-      "cpus", os.cpu_count())
+print("pyzmq", zmq.__version__, "tensordict", tensordict.__version__, "cpus", os.cpu_count())
 try:
     import torchrl
     print("torchrl", torchrl.__version__)
@@ -35,8 +34,10 @@ EOF
 status=0
 for what in "${@:-tests}"; do
 if [ "$what" = tests ]; then
-    timeout 200 python3 -m pytest -q -p no:cacheprovider -rs --timeout 120 \
+    xdist=$(python3 -c "import xdist" 2>/dev/null && echo "-n 8")
+    timeout 150 python3 -m pytest -q -p no:cacheprovider -rs --timeout 120 $xdist \
         tests/asyncrl/weights/test_weights_cuda_ipc.py \
+        tests/asyncrl/observe/test_statistics.py \
         tests/asyncrl/collectors/test_devices.py \
         tests/asyncrl/weights/test_weights_shared_memory.py \
         tests/asyncrl/weights/test_weights_newest_wins.py \
@@ -48,13 +49,13 @@ if [ "$what" = tests ]; then
     status=$((status | $?))
 fi
 if [ "$what" = weights ]; then
-    timeout 180 python3 -m benchmarks.weights_cuda 2>"$OUT/weights_cuda.err" \
+    timeout 120 python3 -m benchmarks.weights_cuda 2>"$OUT/weights_cuda.err" \
         | tee "$OUT/weights_cuda.md"
     status=$((status | $?))
     tail -20 "$OUT/weights_cuda.err"
 fi
-if [ "$what" = inference ]; then
-    timeout 300 python3 -m benchmarks.inference ${INFERENCE_ARGS:-} 2>"$OUT/inference.err" \
+if [ "$what" = inference_gpu ]; then
+    timeout 150 python3 -m benchmarks.inference_gpu ${INFERENCE_ARGS:-} 2>"$OUT/inference.err" \
         | tee "$OUT/inference.md"
     status=$((status | $?))
     tail -20 "$OUT/inference.err"
