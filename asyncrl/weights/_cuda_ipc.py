@@ -144,6 +144,9 @@ class CudaIpcBlock:
         """Open the block a validated body (see :func:`parse_body`) names, in this process."""
         handle = body["ipc"]
         try:
+            # A process that has not touched CUDA yet must initialise it first: opening
+            # a handle without a context crashes the process (seen on an H200).
+            torch.cuda.init()
             untyped = torch.UntypedStorage._new_shared_cuda(*handle)
         except Exception as exc:  # CUDA's own error: not an allocation of this host
             raise WeightSyncError(
