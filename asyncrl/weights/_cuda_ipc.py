@@ -146,7 +146,7 @@ class CudaIpcBlock:
         try:
             # A process that has not touched CUDA yet must initialise it first: opening
             # a handle without a context crashes the process (seen on an H200).
-            torch.cuda.init()
+            torch.cuda.init()  # type: ignore[no-untyped-call]
             untyped = torch.UntypedStorage._new_shared_cuda(*handle)
         except Exception as exc:  # CUDA's own error: not an allocation of this host
             raise WeightSyncError(
