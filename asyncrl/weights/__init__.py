@@ -7,7 +7,9 @@ the version applied; a :class:`WeightApplier` drives a worker's receivers (apply
 between steps, ack each update the way it came). A :class:`WeightSyncScheme`
 decides how the bytes travel: :class:`ZmqWeightSyncScheme` (any host),
 :class:`SharedMemWeightSyncScheme` (same host, zero-copy),
-:class:`LiveSharedMemWeightSyncScheme` (same host, live: weaker), :class:`InProcessWeightSyncScheme`
+:class:`LiveSharedMemWeightSyncScheme` (same host, live: weaker),
+:class:`DistributedWeightSyncScheme` (torch.distributed broadcast: GPU workers, many hosts),
+:class:`InProcessWeightSyncScheme`
 (collectors in the trainer's process) or :class:`NoWeightSyncScheme`. See ``docs/weights.md``.
 """
 
@@ -26,6 +28,9 @@ from ._receiver import AckRoute as AckRoute
 from ._receiver import WeightAck as WeightAck
 from ._receiver import WeightReceiver as WeightReceiver
 from ._receiver import WeightReceiverGroup as WeightReceiverGroup
+from ._distributed import DistributedWeightReceiver as DistributedWeightReceiver
+from ._distributed import DistributedWeightSender as DistributedWeightSender
+from ._schemes import DistributedWeightSyncScheme as DistributedWeightSyncScheme
 from ._schemes import InProcessWeightSyncScheme as InProcessWeightSyncScheme
 from ._schemes import LiveSharedMemWeightSyncScheme as LiveSharedMemWeightSyncScheme
 from ._schemes import NoWeightSyncScheme as NoWeightSyncScheme
@@ -40,6 +45,9 @@ from ._strategy import WeightStrategy as WeightStrategy
 __all__ = [
     "WEIGHTS_KIND",
     "AckRoute",
+    "DistributedWeightReceiver",
+    "DistributedWeightSender",
+    "DistributedWeightSyncScheme",
     "InProcessWeightSyncScheme",
     "LiveSharedMemWeightSyncScheme",
     "LocalHub",

@@ -238,6 +238,9 @@ class MultiCollector(BaseCollector):
         self.init_random_frames = int(init_random_frames or 0)
         self.policy = policy
         self.weight_sync_schemes = default_schemes(weight_sync_schemes, policy)
+        for scheme in self.weight_sync_schemes.values():  # before the specs are pickled
+            scheme.plan(workers=config.layout.total, remote_workers=config.layout.remote_workers,
+                        on_worker_loss=config.on_worker_loss)
         spec, worker_specs = config.worker_specs(
             policy=policy, policy_factory=policy_factory, create_env_kwargs=create_env_kwargs,
             schemes=self.weight_sync_schemes)
