@@ -18,6 +18,8 @@ from transports import LocalLink as LocalLink
 
 from .._protocol import WEIGHTS_KIND as WEIGHTS_KIND
 from ._applier import WeightApplier as WeightApplier
+from ._distributed import DistributedWeightReceiver as DistributedWeightReceiver
+from ._distributed import DistributedWeightSender as DistributedWeightSender
 from ._errors import ModelPathError as ModelPathError
 from ._errors import NotInitializedError as NotInitializedError
 from ._errors import WeightMismatchError as WeightMismatchError
@@ -28,8 +30,6 @@ from ._receiver import AckRoute as AckRoute
 from ._receiver import WeightAck as WeightAck
 from ._receiver import WeightReceiver as WeightReceiver
 from ._receiver import WeightReceiverGroup as WeightReceiverGroup
-from ._distributed import DistributedWeightReceiver as DistributedWeightReceiver
-from ._distributed import DistributedWeightSender as DistributedWeightSender
 from ._schemes import DistributedWeightSyncScheme as DistributedWeightSyncScheme
 from ._schemes import InProcessWeightSyncScheme as InProcessWeightSyncScheme
 from ._schemes import LiveSharedMemWeightSyncScheme as LiveSharedMemWeightSyncScheme

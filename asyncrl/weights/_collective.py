@@ -13,9 +13,9 @@ scheme's ``init_method``:
 3. once every rank answered, the trainer says ``go`` (or ``abort: why``) and
    every rank builds the process group (gloo's full mesh, or NCCL's communicator).
 
-Every wait polls in short slices so that a closing trainer or worker stops it,
-and is bounded by ``timeout``; so is every broadcast (the process group's own
-timeout). A rank that dies breaks the group for good: gloo reports
+Every wait of the formation polls in short slices so that a closing trainer or
+worker stops it, and is bounded by ``join_timeout``; every broadcast by
+``timeout`` (the process group's own). A rank that dies breaks the group for good: gloo reports
 "Connection closed by peer" at the next collective, and nothing can rejoin.
 """
 
@@ -32,9 +32,12 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import torch
-import torch.distributed as dist
+import torch.distributed as _dist
 
 from ._errors import WeightSyncError
+
+# torch.distributed's stores and process-group classes are untyped re-exports.
+dist: Any = _dist
 
 __all__ = ["FlatLayout", "Group", "parse_init_method"]
 
@@ -170,20 +173,21 @@ class Group:
     # -- formation ------------------------------------------------------------------------
     @classmethod
     def form(cls, init_method: str, *, world_size: int, backend: str, timeout: float,
-             layout: FlatLayout, prefix: str, stop: threading.Event) -> Group:
+             join_timeout: float, layout: FlatLayout, prefix: str,
+             stop: threading.Event) -> Group:
         """Rank 0 (the trainer): serve the store, check every worker's answer, build the group."""
         host, port = parse_init_method(init_method)
-        span = datetime.timedelta(seconds=timeout)
+        span = datetime.timedelta(seconds=join_timeout)
         server = dist.TCPStore(host, port, None, True, span, wait_for_workers=False)
         store = dist.PrefixStore(prefix, server)
         store.set("layout", layout.describe())
         keys = [f"joined/{rank}" for rank in range(1, world_size)]
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + join_timeout
         while not store.check(keys):
             _tick(stop, deadline, lambda: (
                 f"worker rank(s) {[k.split('/')[1] for k in keys if not store.check([k])]} of "
                 f"{world_size - 1} did not join the process group at {init_method} within "
-                f"{timeout} s (each joins right after its welcome)"))
+                f"{join_timeout} s (join_timeout; each joins right after its welcome)"))
         refusals = [f"rank {k.split('/')[1]}: {v}" for k in keys
                     if (v := store.get(k).decode(errors="replace")) != "ok"]
         if refusals:
@@ -198,7 +202,8 @@ class Group:
 
     @classmethod
     def join(cls, init_method: str, *, rank: int, world_size: int, backend: str,
-             timeout: float, layout: FlatLayout, prefix: str, stop: threading.Event) -> Group:
+             timeout: float, join_timeout: float, layout: FlatLayout, prefix: str,
+             stop: threading.Event) -> Group:
         """Rank ``rank`` (a worker): check the trainer's layout, answer, build the group."""
         if not 1 <= rank < world_size:
             raise WeightSyncError(
@@ -207,12 +212,12 @@ class Group:
                 "made): it has no place in it. DistributedWeightSyncScheme cannot admit "
                 "extra or replacement workers; use ZmqWeightSyncScheme for that")
         host, port = parse_init_method(init_method)
-        span = datetime.timedelta(seconds=timeout)
+        span = datetime.timedelta(seconds=join_timeout)
         store = dist.PrefixStore(prefix, dist.TCPStore(host, port, None, False, span))
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + join_timeout
         while not store.check(["layout"]):
             _tick(stop, deadline, lambda: f"the trainer's store at {init_method} published no "
-                                          f"weight layout within {timeout} s")
+                                          f"weight layout within {join_timeout} s")
         difference = layout.difference(store.get("layout").decode(errors="replace"))
         store.set(f"joined/{rank}", difference or "ok")
         if difference:
@@ -221,7 +226,7 @@ class Group:
                                   "that trainer and workers build the same architecture")
         while not store.check(["go"]):
             _tick(stop, deadline, lambda: f"the trainer did not start the process group "
-                                          f"within {timeout} s (another worker missing?)")
+                                          f"within {join_timeout} s (another worker missing?)")
         go = store.get("go").decode(errors="replace")
         if go != "ok":
             raise WeightSyncError(f"the trainer aborted the process group: {go}")

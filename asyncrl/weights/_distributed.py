@@ -1,4 +1,4 @@
-"""Weights by torch.distributed broadcast: the bytes go over a process group, the version over ZeroMQ.
+"""Weights by torch.distributed broadcast: bytes over a process group, the version over ZeroMQ.
 
 **Trainer** (:class:`DistributedWeightSender`, rank 0). The model's tensors
 are copied into one preallocated contiguous buffer (one memcpy), a small
@@ -77,7 +77,7 @@ class DistributedWeightSender(WeightSender):
     relayable = False  # every member receives the collective itself
 
     def __init__(self, model_id: str, hub: Any, *, backend: str, init_method: str,
-                 world_size: int, timeout: float, **kwargs: Any) -> None:
+                 world_size: int, timeout: float, join_timeout: float, **kwargs: Any) -> None:
         super().__init__(model_id, hub, **kwargs)
         if self.model is None:
             raise ValueError(f"DistributedWeightSyncScheme needs the model of {model_id!r} at "
@@ -87,6 +87,7 @@ class DistributedWeightSender(WeightSender):
         self.init_method = init_method
         self.world_size = world_size
         self.timeout = timeout
+        self.join_timeout = join_timeout
         flat = _sorted_flat(self.strategy.extract_weights(self.model))
         self.layout = FlatLayout.of(flat)
         self._buffer = self.layout.empty(self._device(flat),
@@ -139,7 +140,8 @@ class DistributedWeightSender(WeightSender):
 
     def _form(self) -> Group:
         return Group.form(self.init_method, world_size=self.world_size, backend=self.backend,
-                          timeout=self.timeout, layout=self.layout,
+                          timeout=self.timeout, join_timeout=self.join_timeout,
+                          layout=self.layout,
                           prefix=_prefix(self.model_id), stop=self._stop)
 
     async def run(self) -> None:
@@ -245,12 +247,13 @@ class DistributedWeightReceiver(WeightReceiver):
     """
 
     def __init__(self, model_id: str, model: Any, *, backend: str, init_method: str,
-                 world_size: int, timeout: float, **kwargs: Any) -> None:
+                 world_size: int, timeout: float, join_timeout: float, **kwargs: Any) -> None:
         super().__init__(model_id, model, **kwargs)
         self.backend = backend
         self.init_method = init_method
         self.world_size = world_size
         self.timeout = timeout
+        self.join_timeout = join_timeout
         self._targets = _sorted_flat(model, live=True) if model is not None else {}
         self.layout = FlatLayout.of(self._targets)
         self._buffers: list[torch.Tensor] = []
@@ -295,7 +298,8 @@ class DistributedWeightReceiver(WeightReceiver):
     def _serve(self) -> None:
         try:
             group = Group.join(self.init_method, rank=self._rank, world_size=self.world_size,
-                               backend=self.backend, timeout=self.timeout, layout=self.layout,
+                               backend=self.backend, timeout=self.timeout,
+                               join_timeout=self.join_timeout, layout=self.layout,
                                prefix=_prefix(self.model_id), stop=self._stop)
         except Exception as exc:
             self._fail(exc, "could not join the process group")

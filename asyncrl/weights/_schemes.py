@@ -297,7 +297,8 @@ class DistributedWeightSyncScheme(WeightSyncScheme):
     rejoin, so a collector with ``on_worker_loss`` other than ``"raise"`` is
     refused; use :class:`ZmqWeightSyncScheme` (or
     :class:`SharedMemWeightSyncScheme` on one host) for runs that lose or
-    replace workers. Every wait (formation, each broadcast) is bounded by
+    replace workers. Every wait is bounded: the formation by ``join_timeout``
+    (seconds for every worker to start and join), each broadcast by
     ``timeout``. torch.distributed has no authentication: use it on a trusted
     network only.
 
@@ -316,7 +317,7 @@ class DistributedWeightSyncScheme(WeightSyncScheme):
     def __init__(self, strategy: WeightFormat | WeightStrategy = "tensordict", *,
                  backend: str = "gloo", init_method: str | None = None,
                  world_size: int | None = None, timeout: float = 60.0,
-                 max_interval: int = 0) -> None:
+                 join_timeout: float = 300.0, max_interval: int = 0) -> None:
         if max_interval:
             raise ValueError("DistributedWeightSyncScheme cannot skip workers (max_interval): "
                              "a broadcast reaches every member of its group")
@@ -328,12 +329,14 @@ class DistributedWeightSyncScheme(WeightSyncScheme):
         if world_size is not None and (type(world_size) is not int or world_size < 2):
             raise ValueError(f"world_size must be an int >= 2 (the trainer and at least one "
                              f"worker), got {world_size!r}")
-        if not isinstance(timeout, int | float) or not 0 < timeout <= 86400:
-            raise ValueError(f"timeout must be seconds in (0, 86400], got {timeout!r}")
+        for name, value in (("timeout", timeout), ("join_timeout", join_timeout)):
+            if not isinstance(value, int | float) or not 0 < value <= 86400:
+                raise ValueError(f"{name} must be seconds in (0, 86400], got {value!r}")
         self.backend = backend
         self.init_method = init_method
         self.world_size = world_size
         self.timeout = float(timeout)
+        self.join_timeout = float(join_timeout)
 
     def plan(self, *, workers: int, remote_workers: int = 0,
              on_worker_loss: str = "raise") -> None:
@@ -385,11 +388,14 @@ class DistributedWeightSyncScheme(WeightSyncScheme):
             options["world_size"] = self.world_size
         if self.timeout != 60.0:
             options["timeout"] = self.timeout
+        if self.join_timeout != 300.0:
+            options["join_timeout"] = self.join_timeout
         return options
 
     def _group_options(self) -> dict[str, Any]:
         return {"backend": self.backend, "init_method": self.init_method,
-                "world_size": self.world_size, "timeout": self.timeout}
+                "world_size": self.world_size, "timeout": self.timeout,
+                "join_timeout": self.join_timeout}
 
     _sender_options = _group_options
     _receiver_options = _group_options
