@@ -217,3 +217,16 @@ async def test_cuda_workers_get_exact_weights() -> None:
                 fill_parameters(policy, float(version))
                 await collector.update_policy_weights()
     assert version_problems(batches, values) == []
+
+
+def test_torchrl_distributed_scheme_translates_with_its_backend() -> None:
+    from asyncrl.weights._torchrl import from_torchrl_scheme
+
+    class DistributedWeightSyncScheme:  # stands in for TorchRL's class
+        __module__ = "torchrl.weight_update._distributed"
+        strategy_str, sync, backend, _timeout = "state_dict", True, "nccl", 3600.0
+
+    translated = from_torchrl_scheme("policy", DistributedWeightSyncScheme())
+    assert type(translated).__name__ == "DistributedWeightSyncScheme"
+    assert (translated.backend, translated.strategy.extract_as, translated.timeout) == (
+        "nccl", "state_dict", 60.0)
