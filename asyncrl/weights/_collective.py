@@ -246,6 +246,9 @@ def _make_pg(store: Any, rank: int, world_size: int, backend: str, timeout: floa
              address: str) -> Any:
     span = datetime.timedelta(seconds=timeout)
     if backend == "nccl":
+        if not dist.is_nccl_available():
+            raise WeightSyncError("backend='nccl' but this torch build has no NCCL (a CPU "
+                                  "wheel?): use backend='gloo'")
         options = dist.ProcessGroupNCCL.Options()
         options._timeout = span
         return dist.ProcessGroupNCCL(store, rank, world_size, options)

@@ -25,6 +25,7 @@ group's ``timeout``). Nothing can rejoin: see
 
 from __future__ import annotations
 
+import atexit
 import logging
 import threading
 from typing import Any
@@ -48,6 +49,9 @@ log = logging.getLogger("asyncrl.weights")
 
 #: Receive buffers per worker: one being received into while the other is applied.
 RECEIVE_BUFFERS = 2
+#: Seconds ``close()`` waits for the group's thread (idle, it wakes every WAKE_EVERY s).
+JOIN_ON_CLOSE = 2.0
+WAKE_EVERY = 0.1
 
 
 def _sorted_flat(obj: Any, *, live: bool = False) -> dict[str, torch.Tensor]:
@@ -293,6 +297,7 @@ class DistributedWeightReceiver(WeightReceiver):
         self._thread = threading.Thread(target=self._serve, name=f"asyncrl-broadcast-{rank}",
                                         daemon=True)
         self._thread.start()
+        atexit.register(self.close)  # end the group before the interpreter's finalisation
 
     # -- the group's thread ---------------------------------------------------------------
     def _serve(self) -> None:
@@ -317,13 +322,13 @@ class DistributedWeightReceiver(WeightReceiver):
     def _receive_next(self, group: Group) -> bool:
         with self._state:
             while self._wanted <= self._posted and not self._stop.is_set():
-                self._state.wait(0.5)
+                self._state.wait(WAKE_EVERY)
             if self._stop.is_set():
                 return False
             seq = self._posted + 1
             index = seq % RECEIVE_BUFFERS
             while self._reading == index and not self._stop.is_set():
-                self._state.wait(0.5)  # an apply still copies the older broadcast out
+                self._state.wait(WAKE_EVERY)  # an apply still copies the older broadcast out
             self._posted = seq
         group.broadcast(self._buffers[index])
         with self._state:
@@ -429,5 +434,11 @@ class DistributedWeightReceiver(WeightReceiver):
         self._stop.set()
         with self._state:
             self._state.notify_all()
+        thread = self._thread
+        atexit.unregister(self.close)
+        if thread is not None and thread is not threading.current_thread():
+            # The group is torn down in its own thread, before the process exits (a
+            # process group destroyed by the interpreter's exit aborts the process).
+            thread.join(JOIN_ON_CLOSE)
         super().close()
 
