@@ -41,6 +41,8 @@ async def test_frames_keep_exact_versions_under_broadcast(sync: bool) -> None:
                                   total_frames=16 * 12,
                                   weight_sync_schemes={"policy": scheme}) as collector:
             sender = collector.weight_sender()
+            with pytest.raises(ValueError, match="broadcasts to every worker"):
+                await sender.send_async(worker_ids=[0])  # a collective reaches them all
             async for batch in collector:
                 batches.append(batch)
                 version = sender.version + 1
