@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 
 import anyio
 import pytest
@@ -133,6 +135,44 @@ async def test_a_lost_worker_fails_the_update_within_a_bound(how: str) -> None:
         assert "the broadcast of version" in text and "died or hung" in text
     else:
         assert "worker 1" in text and "SIGKILL" in text
+
+
+async def test_a_remote_worker_joins_from_its_welcome_config() -> None:
+    """A remote host (``asyncrl worker --connect``) learns the scheme from its welcome,
+    joins as rank ``index + 1`` and gets exact weights, beside a local worker."""
+    from asyncrl.weights._collective import free_port
+
+    policy = ValuePolicy(0.0)
+    values: dict[int, float | None] = {0: 0.0}
+    batches = []
+    init_method = f"tcp://127.0.0.1:{free_port()}"
+    scheme = DistributedWeightSyncScheme(init_method=init_method, timeout=60)
+    with anyio.fail_after(WAIT):
+        async with MultiCollector("asyncrl.testing:CountingEnv", policy, sync=True,
+                                  num_workers=1, remote_workers=1, listen="tcp://127.0.0.1:0",
+                                  frames_per_batch=16, total_frames=16 * 5,
+                                  weight_sync_schemes={"policy": scheme}) as collector:
+            host = subprocess.Popen(
+                [sys.executable, "-m", "asyncrl.cli", "worker", "--connect",
+                 collector.endpoint, "--env", "asyncrl.testing:CountingEnv",
+                 "--policy", "asyncrl.testing:ValuePolicy"],
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            try:
+                async for batch in collector:
+                    batches.append(batch)
+                    version = collector.weight_sender().version + 1
+                    values[version] = float(version)
+                    fill_parameters(policy, float(version))
+                    await collector.update_policy_weights()
+            except BaseException:
+                host.kill()
+                raise
+        code = await anyio.to_thread.run_sync(host.wait, 60)
+    assert code == 0, host.stdout.read() if host.stdout else ""
+    assert scheme.world_size == 3
+    assert version_problems(batches, values) == []
+    workers = {int(w) for b in batches for w in b["collector", "worker_id"].reshape(-1)}
+    assert workers == {0, 1}
 
 
 def test_restart_policies_are_refused_with_the_alternatives_named() -> None:
