@@ -91,9 +91,9 @@ class MultiCollector(BaseCollector):
       ``create_env_fn``).
     - ``no_cuda_sync``: False; True refused (no extra synchronisation to skip).
     - ``weight_sync_schemes``: TorchRL's ``MultiProcessWeightSyncScheme`` becomes
-      ``ZmqWeightSyncScheme``, ``SharedMemWeightSyncScheme`` and ``NoWeightSyncScheme`` their
-      asyncrl namesakes; ``sync=False``, ``per_worker_weights=True``, RPC / distributed / Ray
-      schemes are refused naming the replacement.
+      ``ZmqWeightSyncScheme``, ``SharedMemWeightSyncScheme``, ``DistributedWeightSyncScheme``
+      and ``NoWeightSyncScheme`` their asyncrl namesakes; ``sync=False``,
+      ``per_worker_weights=True``, RPC / Ray schemes are refused naming the replacement.
     - Refused, naming the asyncrl way: ``trust_policy``, ``compile_policy`` and
       ``cudagraph_policy`` (wrap the policy in ``policy_factory``), ``weight_updater`` and
       ``weight_recv_schemes`` (``weight_sync_schemes``), ``worker_idx``, ``trajs_per_write``,
