@@ -69,8 +69,9 @@ class DistributedWeightSender(WeightSender):
     Made by :meth:`DistributedWeightSyncScheme.init_on_sender
     <asyncrl.weights.WeightSyncScheme.init_on_sender>`. :meth:`connect` forms
     the group (the collectors run it at once, in :meth:`run`); a send waits for
-    it, bounded by ``timeout``. Every send goes to every member; a send after a
-    member was lost, or after a failed collective, raises ``WeightSyncError``.
+    it, bounded by ``join_timeout``; each broadcast is bounded by ``timeout``.
+    Every send goes to every member; a send after a member was lost, or after
+    a failed collective, raises ``WeightSyncError``.
 
     >>> scheme = DistributedWeightSyncScheme(world_size=3)                 # doctest: +SKIP
     >>> sender = scheme.init_on_sender("policy", hub=hub, model=policy,
@@ -104,7 +105,7 @@ class DistributedWeightSender(WeightSender):
         self._form_lock = anyio.Lock()
         self._seq = 0  # broadcasts made
         self._due = False  # a prepared buffer waits for its broadcast
-        self.broadcasts = 0
+        self.broadcasts = 0  #: collectives completed (one per send; catch-ups make none)
 
     def _device(self, flat: dict[str, torch.Tensor]) -> torch.device:
         if self.backend != "nccl":
@@ -153,7 +154,8 @@ class DistributedWeightSender(WeightSender):
         try:
             await self.connect()
         except WeightSyncError as exc:
-            log.error("%s", exc)  # kept: every send raises it
+            if not self._stop.is_set():  # (closed while forming: nothing to report)
+                log.error("%s", exc)  # kept: every send raises it
         await super().run()
 
     async def send_async(self, weights: Any = None, worker_ids: WorkerIds = None) -> int:
