@@ -7,6 +7,8 @@ million float32 parameters, with
 
 * asyncrl ``ZmqWeightSyncScheme`` (ipc socket, the local-worker default),
 * asyncrl ``SharedMemWeightSyncScheme`` (double-buffered seqlock block),
+* asyncrl ``DistributedWeightSyncScheme`` (one gloo broadcast over 127.0.0.1 per
+  update, the version over the ipc socket; a process group per model size),
 * TorchRL ``MultiProcessWeightSyncScheme`` (mp queues, torch shared storage),
 * TorchRL ``SharedMemWeightSyncScheme`` (in-place writes into shared params),
 
@@ -47,6 +49,7 @@ import zmq
 from torch import nn
 
 from asyncrl.weights import (
+    DistributedWeightSyncScheme,
     LiveSharedMemWeightSyncScheme,
     SharedMemWeightSyncScheme,
     WeightReceiverGroup,
@@ -99,25 +102,47 @@ def fill_(module: nn.Module, value: float) -> None:
 # ------------------------------------------------------------------ asyncrl workers
 
 
-def _asyncrl_worker(endpoint: str, index: int, config: dict[str, Any],
+def _asyncrl_worker(endpoint: str, index: int, configs: dict[str, dict[str, Any]],
                     sizes: dict[str, tuple[tuple[int, ...], int]]) -> None:
     torch.set_num_threads(1)
-    anyio.run(_asyncrl_worker_main, endpoint, index, config, sizes)
+    anyio.run(_asyncrl_worker_main, endpoint, index, configs, sizes)
 
 
-async def _asyncrl_worker_main(endpoint: str, index: int, config: dict[str, Any],
+async def _asyncrl_worker_main(endpoint: str, index: int, configs: dict[str, dict[str, Any]],
                                sizes: dict[str, tuple[tuple[int, ...], int]]) -> None:
-    receivers = [WeightSyncScheme.from_config(config).init_on_worker(name, model=mlp(widths))
+    receivers = [WeightSyncScheme.from_config(configs[name]).init_on_worker(name,
+                                                                           model=mlp(widths))
                  for name, (widths, _) in sizes.items()]
     await _serve_weights(endpoint, index, receivers, delay=0.0)  # idle: applies at once
+
+
+def _configs(scheme: WeightSyncScheme, sizes: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """One config per model size: a broadcast scheme gets a process group (a port) each."""
+    configs = {}
+    for name in sizes:
+        config = scheme.to_config()
+        if isinstance(scheme, DistributedWeightSyncScheme):
+            planned = WeightSyncScheme.from_config(config)
+            planned.plan(workers=WORKERS)
+            config = planned.to_config()
+        configs[name] = config
+    return configs
 
 
 async def _serve_weights(endpoint: str, index: int, receivers: list[Any], *,
                          delay: float) -> None:
     """A bench worker: apply each weight message ``delay`` s after it came, ack it."""
     group = WeightReceiverGroup(receivers)
+    ready = anyio.Event()
+
+    def wake() -> None:
+        ready.set()
+
+    for receiver in receivers:
+        receiver.on_ready = wake  # a broadcast arrived after its message
     async with Link(endpoint, identity=f"bench-{index}".encode(), **LIVENESS) as link:
         await link.send({}, kind="hello")
+        group.admitted(index)  # broadcast receivers join their process groups
         while True:
             message = await link.recv()
             if message.kind == "stop":
@@ -126,6 +151,10 @@ async def _serve_weights(endpoint: str, index: int, receivers: list[Any], *,
             if delay:
                 await anyio.sleep(delay)  # a worker busy stepping its envs
             group.apply_pending()
+            while group.has_pending:  # its bytes are still coming (broadcast)
+                await ready.wait()
+                ready = anyio.Event()
+                group.apply_pending()
             await group.flush_acks(link)
         await group.aclose()
 
@@ -148,8 +177,9 @@ async def bench_asyncrl(scheme: WeightSyncScheme, sizes: dict[str, tuple[tuple[i
     async with Hub(endpoint, **LIVENESS) as hub, anyio.create_task_group() as tg:
         joined = anyio.Event()
         tg.start_soon(_drain, hub, joined, workers)
+        configs = _configs(scheme, sizes)
         procs = [ctx.Process(target=_asyncrl_worker,
-                             args=(hub.endpoint, i, scheme.to_config(), sizes), daemon=True)
+                             args=(hub.endpoint, i, configs, sizes), daemon=True)
                  for i in range(workers)]
         for proc in procs:
             proc.start()
@@ -159,7 +189,7 @@ async def bench_asyncrl(scheme: WeightSyncScheme, sizes: dict[str, tuple[tuple[i
             peers = {i: f"bench-{i}".encode() for i in range(workers)}
             for name, (widths, reps) in sizes.items():
                 model = mlp(widths)
-                sender = WeightSyncScheme.from_config(scheme.to_config()).init_on_sender(
+                sender = WeightSyncScheme.from_config(configs[name]).init_on_sender(
                     name, hub=hub, model=model, workers=peers)
                 times, pushes = [], []
                 for rep in range(reps + 2):  # two warm-up rounds
@@ -420,6 +450,7 @@ def latency_rows(torchrl: bool) -> list[tuple[str, WeightSyncScheme | str]]:
         ("asyncrl SharedMemWeightSyncScheme (safe, zero-copy)", SharedMemWeightSyncScheme()),
         ("asyncrl LiveSharedMemWeightSyncScheme (live, opt-in)",
          LiveSharedMemWeightSyncScheme()),
+        ("asyncrl DistributedWeightSyncScheme (gloo broadcast)", DistributedWeightSyncScheme()),
     ]
     if torchrl:
         rows += [("TorchRL MultiProcessWeightSyncScheme", "mp"),

@@ -314,6 +314,8 @@ class Worker:
             # A restarted trainer numbers its versions from 1 again: before its
             # catch-up weights are read, forget what the old one's numbers meant.
             self._weights.follow(self.instance)
+            # Receivers that join a process group (broadcast scheme) need the index.
+            self._weights.admitted(welcome.index)
             self.rollout = Rollout(
                 self.env_pool, self.policy, welcome.share_frames,
                 worker_index=welcome.index, init_random_frames=welcome.init_random_frames,

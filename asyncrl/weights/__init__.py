@@ -9,6 +9,7 @@ decides how the bytes travel: :class:`ZmqWeightSyncScheme` (any host),
 :class:`SharedMemWeightSyncScheme` (same host, zero-copy),
 :class:`LiveSharedMemWeightSyncScheme` (same host, live: weaker),
 :class:`CudaIpcWeightSyncScheme` (same host, GPU workers, zero-copy),
+:class:`DistributedWeightSyncScheme` (torch.distributed broadcast: GPU workers, many hosts),
 :class:`InProcessWeightSyncScheme` (collectors in the trainer's process) or
 :class:`NoWeightSyncScheme`. See ``docs/weights.md``.
 """
@@ -19,6 +20,8 @@ from transports import LocalLink as LocalLink
 from .._protocol import WEIGHTS_KIND as WEIGHTS_KIND
 from ._applier import WeightApplier as WeightApplier
 from ._cuda_ipc import CudaIpcWeightSyncScheme as CudaIpcWeightSyncScheme
+from ._distributed import DistributedWeightReceiver as DistributedWeightReceiver
+from ._distributed import DistributedWeightSender as DistributedWeightSender
 from ._errors import ModelPathError as ModelPathError
 from ._errors import NotInitializedError as NotInitializedError
 from ._errors import WeightMismatchError as WeightMismatchError
@@ -29,6 +32,7 @@ from ._receiver import AckRoute as AckRoute
 from ._receiver import WeightAck as WeightAck
 from ._receiver import WeightReceiver as WeightReceiver
 from ._receiver import WeightReceiverGroup as WeightReceiverGroup
+from ._schemes import DistributedWeightSyncScheme as DistributedWeightSyncScheme
 from ._schemes import InProcessWeightSyncScheme as InProcessWeightSyncScheme
 from ._schemes import LiveSharedMemWeightSyncScheme as LiveSharedMemWeightSyncScheme
 from ._schemes import NoWeightSyncScheme as NoWeightSyncScheme
@@ -44,6 +48,9 @@ __all__ = [
     "WEIGHTS_KIND",
     "AckRoute",
     "CudaIpcWeightSyncScheme",
+    "DistributedWeightReceiver",
+    "DistributedWeightSender",
+    "DistributedWeightSyncScheme",
     "InProcessWeightSyncScheme",
     "LiveSharedMemWeightSyncScheme",
     "LocalHub",

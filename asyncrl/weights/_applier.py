@@ -92,6 +92,7 @@ class WeightApplier:
     def add(self, receiver: WeightReceiver) -> None:
         """Apply ``receiver``'s model id here (it must not have its own ``on_apply``)."""
         self.receivers.add(receiver)
+        receiver.on_ready = self._ready
 
     def add_schemes(self, schemes: Mapping[str, WeightSyncScheme], *, root: Any) -> None:
         """A receiver for each model id of ``schemes``, its model resolved on ``root``."""
@@ -123,6 +124,11 @@ class WeightApplier:
         if instance:
             self.instance = instance
         self.receivers.follow(instance)
+
+    def admitted(self, index: int) -> None:
+        """The coordinator welcomed this worker as worker ``index`` (receivers that join a
+        process group, such as the broadcast scheme's, start joining it now)."""
+        self.receivers.admitted(index)
 
     def attach(self, rollout: Stampable) -> None:
         """Apply at ``rollout``'s step boundaries and stamp its frames with the policy version."""
@@ -187,6 +193,13 @@ class WeightApplier:
     # -- internals --------------------------------------------------------------------------
     def _wake(self) -> None:
         self._acks_due.set()  # (the event of now: send_acks swaps it after each wake-up)
+
+    def _ready(self) -> None:
+        # An update whose bytes came after its message (a broadcast) is in: apply it now
+        # if the model is idle (else the next step boundary or after_batch does), and ack.
+        if not self._busy():
+            self.receivers.apply_pending()
+        self._wake()
 
     def _on_apply(self, model_id: str, version: int) -> None:
         # Runs where the update was applied (the rollout thread at a step boundary):

@@ -118,6 +118,9 @@ class WeightReceiver:
         self.strategy = as_strategy(strategy)
         self.on_apply = on_apply
         self.link = link
+        #: Called on the event loop when an update that could not be applied on arrival
+        #: (its bytes were still coming, e.g. by broadcast) can be (the applier sets it).
+        self.on_ready: Callable[[], None] | None = None
         self.last_error: BaseException | None = None
         #: The coordinator instance whose versions :attr:`version` counts ("": not told).
         self.instance = ""
@@ -240,6 +243,9 @@ class WeightReceiver:
             self._ack_all(waiting, applied, None)
             return True
 
+    def admitted(self, index: int) -> None:
+        """The worker was welcomed as worker ``index`` (event loop); most receivers ignore it."""
+
     def close(self) -> None:
         """Release what the receiver holds (idempotent)."""
         with self._lock:
@@ -343,6 +349,11 @@ class WeightReceiverGroup:
         """Tell every receiver the coordinator instance (see :meth:`WeightReceiver.follow`)."""
         changed = [receiver.follow(instance) for receiver in self._receivers.values()]
         return any(changed)
+
+    def admitted(self, index: int) -> None:
+        """Tell every receiver the worker's index (see :meth:`WeightReceiver.admitted`)."""
+        for receiver in self._receivers.values():
+            receiver.admitted(index)
 
     def on_message(self, message: Message, route: AckRoute = AckRoute.DIRECT) -> None:
         """Route a ``weights`` message to its model id's receiver (never raises)."""

@@ -7,6 +7,8 @@ from typing import Any, ClassVar
 
 from transports import LocalHub, Message
 
+from ._collective import BACKENDS, free_port, parse_init_method
+from ._distributed import DistributedWeightReceiver, DistributedWeightSender
 from ._errors import NotInitializedError, WeightSyncError
 from ._paths import resolve_model_path
 from ._receiver import WeightReceiver
@@ -20,6 +22,7 @@ from ._shared_memory import (
 from ._strategy import WeightFormat, WeightStrategy, as_strategy
 
 __all__ = [
+    "DistributedWeightSyncScheme",
     "InProcessWeightSyncScheme",
     "LiveSharedMemWeightSyncScheme",
     "NoWeightSyncScheme",
@@ -149,6 +152,15 @@ class WeightSyncScheme:
                              f"{sorted(WeightSyncScheme._registry)}")
         return cls(**config)
 
+    def plan(self, *, workers: int, remote_workers: int = 0,
+             on_worker_loss: str = "raise") -> None:
+        """Told by a collector how it will run, before any worker starts.
+
+        ``workers`` in all (``remote_workers`` of them on other hosts), and what a
+        lost worker does to the run. A scheme that cannot serve such a run raises
+        ``ValueError`` saying which scheme can; most schemes serve any run.
+        """
+
     def _options(self) -> dict[str, Any]:
         return {"max_interval": self.max_interval} if self.max_interval else {}
 
@@ -262,6 +274,131 @@ class LiveSharedMemWeightSyncScheme(SharedMemWeightSyncScheme):
 
     def _sender_options(self) -> dict[str, Any]:
         return {}
+
+
+class DistributedWeightSyncScheme(WeightSyncScheme):
+    """Weights by ``torch.distributed`` broadcast (TorchRL's scheme of the same name).
+
+    The trainer is rank 0 of a private process group (``backend="gloo"`` on
+    CPU, ``"nccl"`` for CUDA workers), served at ``init_method``
+    (``"tcp://HOST:PORT"``; default: a free port on 127.0.0.1, which only local
+    workers reach: give the trainer's address when ``remote_workers`` join).
+    Each worker joins as rank ``index + 1`` right after its welcome. A send
+    copies the weights into one preallocated contiguous buffer and makes one
+    broadcast of it; the version travels over the worker link and is acked
+    like every other scheme's, and the worker copies its receive buffer into
+    its model at a step boundary, so frames carry exact versions.
+
+    **Fixed membership.** The group has ``world_size`` ranks (the collector's
+    workers + 1) and forms once all of them joined; every send reaches every
+    member. A worker that dies breaks the group: the next broadcast fails at
+    once (gloo sees the closed connection) or after ``timeout`` seconds (a hung
+    member), and every later send raises ``WeightSyncError``. Nothing can
+    rejoin, so a collector with ``on_worker_loss`` other than ``"raise"`` is
+    refused; use :class:`ZmqWeightSyncScheme` (or
+    :class:`SharedMemWeightSyncScheme` on one host) for runs that lose or
+    replace workers. Every wait is bounded: the formation by ``join_timeout``
+    (seconds for every worker to start and join), each broadcast by
+    ``timeout``. torch.distributed has no authentication: use it on a trusted
+    network only.
+
+    >>> scheme = DistributedWeightSyncScheme(init_method="tcp://127.0.0.1:29500")
+    >>> scheme.plan(workers=4)
+    >>> scheme.world_size
+    5
+    >>> DistributedWeightSyncScheme.from_config(scheme.to_config())
+    DistributedWeightSyncScheme(init_method='tcp://127.0.0.1:29500', world_size=5)
+    """
+
+    name = "distributed"
+    _sender_class = DistributedWeightSender
+    _receiver_class = DistributedWeightReceiver
+
+    def __init__(self, strategy: WeightFormat | WeightStrategy = "tensordict", *,
+                 backend: str = "gloo", init_method: str | None = None,
+                 world_size: int | None = None, timeout: float = 60.0,
+                 join_timeout: float = 300.0, max_interval: int = 0) -> None:
+        if max_interval:
+            raise ValueError("DistributedWeightSyncScheme cannot skip workers (max_interval): "
+                             "a broadcast reaches every member of its group")
+        super().__init__(strategy)
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        if init_method is not None:
+            parse_init_method(init_method)
+        if world_size is not None and (type(world_size) is not int or world_size < 2):
+            raise ValueError(f"world_size must be an int >= 2 (the trainer and at least one "
+                             f"worker), got {world_size!r}")
+        for name, value in (("timeout", timeout), ("join_timeout", join_timeout)):
+            if not isinstance(value, int | float) or not 0 < value <= 86400:
+                raise ValueError(f"{name} must be seconds in (0, 86400], got {value!r}")
+        self.backend = backend
+        self.init_method = init_method
+        self.world_size = world_size
+        self.timeout = float(timeout)
+        self.join_timeout = float(join_timeout)
+
+    def plan(self, *, workers: int, remote_workers: int = 0,
+             on_worker_loss: str = "raise") -> None:
+        if on_worker_loss != "raise":
+            raise ValueError(
+                f"DistributedWeightSyncScheme cannot serve on_worker_loss={on_worker_loss!r}: "
+                "its process group has a fixed membership, a lost worker breaks every later "
+                "broadcast and no replacement can join. Use on_worker_loss='raise', or "
+                "ZmqWeightSyncScheme (any host) / SharedMemWeightSyncScheme (one host), whose "
+                "workers may come and go")
+        if self.world_size is not None and self.world_size != workers + 1:
+            raise ValueError(f"DistributedWeightSyncScheme(world_size={self.world_size}) but "
+                             f"the collector has {workers} workers: world_size is workers + 1 "
+                             "(leave it out: the collector sets it)")
+        self.world_size = workers + 1
+        if self.init_method is None:
+            if remote_workers:
+                raise ValueError(
+                    "DistributedWeightSyncScheme with remote workers needs init_method="
+                    "'tcp://HOST:PORT', an address of the trainer that those hosts reach "
+                    "(the default, a port on 127.0.0.1, serves local workers only)")
+            self.init_method = f"tcp://127.0.0.1:{free_port()}"
+
+    def init_on_sender(self, model_id: str = "policy", *, hub: HubLike, model: Any = None,
+                       workers: Workers | None = None) -> WeightSender:
+        self._require_planned()
+        return super().init_on_sender(model_id, hub=hub, model=model, workers=workers)
+
+    def init_on_worker(self, model_id: str = "policy", *, model: Any = None, root: Any = None,
+                       on_apply: Any = None) -> WeightReceiver:
+        self._require_planned()
+        return super().init_on_worker(model_id, model=model, root=root, on_apply=on_apply)
+
+    init_on_receiver = init_on_worker
+
+    def _require_planned(self) -> None:
+        if self.world_size is None or self.init_method is None:
+            raise ValueError("DistributedWeightSyncScheme needs world_size= and init_method= "
+                             "(a collector sets them: MultiCollector(..., weight_sync_schemes="
+                             "{'policy': DistributedWeightSyncScheme()}))")
+
+    def _options(self) -> dict[str, Any]:
+        options: dict[str, Any] = {}
+        if self.backend != "gloo":
+            options["backend"] = self.backend
+        if self.init_method is not None:
+            options["init_method"] = self.init_method
+        if self.world_size is not None:
+            options["world_size"] = self.world_size
+        if self.timeout != 60.0:
+            options["timeout"] = self.timeout
+        if self.join_timeout != 300.0:
+            options["join_timeout"] = self.join_timeout
+        return options
+
+    def _group_options(self) -> dict[str, Any]:
+        return {"backend": self.backend, "init_method": self.init_method,
+                "world_size": self.world_size, "timeout": self.timeout,
+                "join_timeout": self.join_timeout}
+
+    _sender_options = _group_options
+    _receiver_options = _group_options
 
 
 class _RefusingSender(WeightSender):

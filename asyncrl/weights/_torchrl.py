@@ -11,7 +11,8 @@ TorchRL 0.14                        asyncrl
 ``MultiProcessWeightSyncScheme``    :class:`ZmqWeightSyncScheme` (same strategy)
 ``SharedMemWeightSyncScheme``       :class:`SharedMemWeightSyncScheme` (same strategy)
 ``NoWeightSyncScheme``              :class:`NoWeightSyncScheme`
-``RPC`` / ``Distributed`` / ``Ray`` refused: :class:`ZmqWeightSyncScheme` crosses hosts
+``DistributedWeightSyncScheme``     :class:`DistributedWeightSyncScheme` (same backend)
+``RPC`` / ``Ray``                   refused: :class:`ZmqWeightSyncScheme` crosses hosts
 ==================================  =============================================
 
 ``sync=False`` (TorchRL: do not wait for the workers) is refused: asyncrl's
@@ -32,6 +33,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ._schemes import (
+    DistributedWeightSyncScheme,
     NoWeightSyncScheme,
     SharedMemWeightSyncScheme,
     WeightSyncScheme,
@@ -44,10 +46,10 @@ _TRANSLATED: dict[str, type[WeightSyncScheme]] = {
     "MultiProcessWeightSyncScheme": ZmqWeightSyncScheme,
     "SharedMemWeightSyncScheme": SharedMemWeightSyncScheme,
     "NoWeightSyncScheme": NoWeightSyncScheme,
+    "DistributedWeightSyncScheme": DistributedWeightSyncScheme,
 }
 
-_ACROSS_HOSTS = ("RPCWeightSyncScheme", "DistributedWeightSyncScheme", "RayWeightSyncScheme",
-                 "RayModuleTransformScheme")
+_ACROSS_HOSTS = ("RPCWeightSyncScheme", "RayWeightSyncScheme", "RayModuleTransformScheme")
 
 
 def as_weight_sync_schemes(schemes: Mapping[str, Any] | None) -> dict[str, WeightSyncScheme]:
@@ -100,6 +102,11 @@ def from_torchrl_scheme(model_id: str, scheme: Any) -> WeightSyncScheme:
                         "SharedMemWeightSyncScheme() (one host) or NoWeightSyncScheme()")
     strategy = _strategy(scheme)
     _refuse_options(where, name, scheme)
+    if translated is DistributedWeightSyncScheme:
+        # TorchRL's `timeout` bounds its store (an hour by default); ours bounds each
+        # broadcast, so it keeps its own default: a hung worker is named within a minute.
+        backend = getattr(scheme, "backend", "gloo")
+        return DistributedWeightSyncScheme(strategy, backend=backend)
     return translated(strategy)
 
 

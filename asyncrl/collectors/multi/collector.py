@@ -91,9 +91,9 @@ class MultiCollector(BaseCollector):
       ``create_env_fn``).
     - ``no_cuda_sync``: False; True refused (no extra synchronisation to skip).
     - ``weight_sync_schemes``: TorchRL's ``MultiProcessWeightSyncScheme`` becomes
-      ``ZmqWeightSyncScheme``, ``SharedMemWeightSyncScheme`` and ``NoWeightSyncScheme`` their
-      asyncrl namesakes; ``sync=False``, ``per_worker_weights=True``, RPC / distributed / Ray
-      schemes are refused naming the replacement.
+      ``ZmqWeightSyncScheme``, ``SharedMemWeightSyncScheme``, ``DistributedWeightSyncScheme``
+      and ``NoWeightSyncScheme`` their asyncrl namesakes; ``sync=False``,
+      ``per_worker_weights=True``, RPC / Ray schemes are refused naming the replacement.
     - Refused, naming the asyncrl way: ``trust_policy``, ``compile_policy`` and
       ``cudagraph_policy`` (wrap the policy in ``policy_factory``), ``weight_updater`` and
       ``weight_recv_schemes`` (``weight_sync_schemes``), ``worker_idx``, ``trajs_per_write``,
@@ -238,6 +238,9 @@ class MultiCollector(BaseCollector):
         self.init_random_frames = int(init_random_frames or 0)
         self.policy = policy
         self.weight_sync_schemes = default_schemes(weight_sync_schemes, policy)
+        for scheme in self.weight_sync_schemes.values():  # before the specs are pickled
+            scheme.plan(workers=config.layout.total, remote_workers=config.layout.remote_workers,
+                        on_worker_loss=config.on_worker_loss)
         spec, worker_specs = config.worker_specs(
             policy=policy, policy_factory=policy_factory, create_env_kwargs=create_env_kwargs,
             schemes=self.weight_sync_schemes)

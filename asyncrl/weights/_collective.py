@@ -1,0 +1,270 @@
+"""A private torch.distributed process group for one model's weights: form it, broadcast on it.
+
+The trainer is rank 0; worker ``i`` (its index in the run) is rank ``i + 1``.
+The group is made without touching torch.distributed's global state (no
+``init_process_group``): a trainer that trains with DDP keeps its own default
+group. Formation goes through a ``TCPStore`` that the trainer serves at the
+scheme's ``init_method``:
+
+1. the trainer publishes its flat layout (keys, dtypes, shapes);
+2. each worker compares it with its own model and answers ``joined/<rank>``
+   (``ok``, or why not: a worker with another architecture is named before any
+   collective runs);
+3. once every rank answered, the trainer says ``go`` (or ``abort: why``) and
+   every rank builds the process group (gloo's full mesh, or NCCL's communicator).
+
+Every wait of the formation polls in short slices so that a closing trainer or
+worker stops it, and is bounded by ``join_timeout``; every broadcast by
+``timeout`` (the process group's own). A rank that dies breaks the group for good: gloo reports
+"Connection closed by peer" at the next collective, and nothing can rejoin.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import socket
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+import torch
+import torch.distributed as _dist
+
+from ._errors import WeightSyncError
+
+# torch.distributed's stores and process-group classes are untyped re-exports.
+dist: Any = _dist
+
+__all__ = ["FlatLayout", "Group", "parse_init_method"]
+
+#: Each tensor starts on a multiple of this many bytes (any dtype's alignment).
+ALIGN = 64
+#: Polling slice of the formation's waits (seconds): how fast a close stops them.
+POLL = 0.05
+BACKENDS = ("gloo", "nccl")
+
+
+def parse_init_method(init_method: str) -> tuple[str, int]:
+    """``"tcp://HOST:PORT"`` -> ``(host, port)``; anything else raises ``ValueError``."""
+    parts = urlsplit(init_method) if isinstance(init_method, str) else None
+    try:
+        port = parts.port if parts is not None else None
+    except ValueError:
+        port = None
+    if parts is None or parts.scheme != "tcp" or not parts.hostname or port is None \
+            or parts.path not in ("", "/"):
+        raise ValueError(f"init_method must be 'tcp://HOST:PORT' (the trainer's address, which "
+                         f"the workers reach), got {init_method!r}")
+    return parts.hostname, port
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on ``host`` now (the trainer's store binds it a moment later)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind((host, 0))
+        return int(probe.getsockname()[1])
+
+
+@dataclass(frozen=True)
+class FlatLayout:
+    """Where each tensor of a model lives in one contiguous byte buffer.
+
+    >>> from torch import nn
+    >>> layout = FlatLayout.of(dict(nn.Linear(2, 1).state_dict()))
+    >>> [(key, offset) for key, _, _, offset in layout.entries], layout.nbytes
+    ([('bias', 0), ('weight', 64)], 72)
+    """
+
+    #: ``(key, dtype name, shape, byte offset)``, sorted by key.
+    entries: tuple[tuple[str, str, tuple[int, ...], int], ...]
+    nbytes: int
+
+    @classmethod
+    def of(cls, flat: Mapping[str, torch.Tensor]) -> FlatLayout:
+        entries = []
+        offset = 0
+        for key in sorted(flat):
+            tensor = flat[key]
+            entries.append((key, str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape),
+                            offset))
+            size = tensor.numel() * tensor.element_size()
+            offset += -(-size // ALIGN) * ALIGN if size else 0
+        last = flat[entries[-1][0]] if entries else None
+        nbytes = entries[-1][3] + last.numel() * last.element_size() if last is not None else 0
+        return cls(tuple(entries), nbytes)
+
+    def describe(self) -> str:
+        return json.dumps([[k, d, list(s)] for k, d, s, _ in self.entries])
+
+    def difference(self, other_description: str) -> str:
+        """Empty if the other side described the same layout, else what differs."""
+        try:
+            theirs = {k: (d, tuple(s)) for k, d, s in json.loads(other_description)}
+        except (ValueError, TypeError):
+            return "the trainer's layout description is malformed"
+        ours = {k: (d, s) for k, d, s, _ in self.entries}
+        missing = sorted(set(theirs) - set(ours))
+        unexpected = sorted(set(ours) - set(theirs))
+        wrong = [f"{k}: trainer {theirs[k]}, worker {ours[k]}"
+                 for k in sorted(set(ours) & set(theirs)) if ours[k] != theirs[k]]
+        parts = []
+        if missing:
+            parts.append(f"missing here {missing[:10]}")
+        if unexpected:
+            parts.append(f"not on the trainer {unexpected[:10]}")
+        if wrong:
+            parts.append("dtype or shape differ: " + "; ".join(wrong[:10]))
+        return ", ".join(parts)
+
+    def empty(self, device: torch.device, *, pin: bool = False) -> torch.Tensor:
+        return torch.empty(max(self.nbytes, 1), dtype=torch.uint8, device=device,
+                           pin_memory=pin)
+
+    def views(self, buffer: torch.Tensor) -> dict[str, torch.Tensor]:
+        """``{key: tensor}`` sharing ``buffer``'s memory."""
+        out = {}
+        for key, dtype_name, shape, offset in self.entries:
+            dtype = getattr(torch, dtype_name)
+            count = 1
+            for dim in shape:
+                count *= dim
+            size = count * torch.empty((), dtype=dtype).element_size()
+            out[key] = buffer[offset:offset + size].view(dtype).view(shape)
+        return out
+
+
+class Group:
+    """One rank's handle on the process group: ``broadcast(buffer)`` from rank 0, bounded."""
+
+    def __init__(self, pg: Any, rank: int, world_size: int, backend: str, timeout: float,
+                 store: Any) -> None:
+        self.pg = pg
+        self.rank = rank
+        self.world_size = world_size
+        self.backend = backend
+        self.timeout = timeout
+        self._store = store  # rank 0 serves it: kept alive with the group
+
+    def broadcast(self, buffer: torch.Tensor) -> None:
+        """Rank 0 sends ``buffer``, the others receive into it; blocks (a thread), bounded."""
+        options = dist.BroadcastOptions()
+        options.rootRank = 0
+        options.timeout = datetime.timedelta(seconds=self.timeout)
+        work = self.pg.broadcast([buffer], options)
+        if self.backend == "nccl":
+            work.wait(datetime.timedelta(seconds=self.timeout))
+            torch.cuda.current_stream(buffer.device).synchronize()
+        else:
+            work.wait()  # gloo: bounded by the group's timeout
+
+    def close(self) -> None:
+        pg, self.pg = self.pg, None
+        self._store = None
+        if pg is not None and self.backend == "nccl":
+            try:
+                pg.abort()  # frees the communicator; no collective may be in flight
+            except Exception:  # pragma: no cover - best effort at shutdown
+                pass
+
+    # -- formation ------------------------------------------------------------------------
+    @classmethod
+    def form(cls, init_method: str, *, world_size: int, backend: str, timeout: float,
+             join_timeout: float, layout: FlatLayout, prefix: str,
+             stop: threading.Event) -> Group:
+        """Rank 0 (the trainer): serve the store, check every worker's answer, build the group."""
+        host, port = parse_init_method(init_method)
+        span = datetime.timedelta(seconds=join_timeout)
+        server = dist.TCPStore(host, port, None, True, span, wait_for_workers=False)
+        store = dist.PrefixStore(prefix, server)
+        store.set("layout", layout.describe())
+        keys = [f"joined/{rank}" for rank in range(1, world_size)]
+        deadline = time.monotonic() + join_timeout
+        while not store.check(keys):
+            _tick(stop, deadline, lambda: (
+                f"worker rank(s) {[k.split('/')[1] for k in keys if not store.check([k])]} of "
+                f"{world_size - 1} did not join the process group at {init_method} within "
+                f"{join_timeout} s (join_timeout; each joins right after its welcome)"))
+        refusals = [f"rank {k.split('/')[1]}: {v}" for k in keys
+                    if (v := store.get(k).decode(errors="replace")) != "ok"]
+        if refusals:
+            store.set("go", "abort: " + "; ".join(refusals))
+            raise WeightSyncError(
+                "worker(s) refused the process group, their model differs from the trainer's: "
+                + "; ".join(refusals) + ". Check that trainer and workers build the same "
+                "architecture")
+        store.set("go", "ok")
+        return cls(_make_pg(store, 0, world_size, backend, timeout, host), 0, world_size,
+                   backend, timeout, server)
+
+    @classmethod
+    def join(cls, init_method: str, *, rank: int, world_size: int, backend: str,
+             timeout: float, join_timeout: float, layout: FlatLayout, prefix: str,
+             stop: threading.Event) -> Group:
+        """Rank ``rank`` (a worker): check the trainer's layout, answer, build the group."""
+        if not 1 <= rank < world_size:
+            raise WeightSyncError(
+                f"this worker would be rank {rank} of a process group of {world_size} "
+                f"(the trainer and {world_size - 1} workers, fixed when the collector was "
+                "made): it has no place in it. DistributedWeightSyncScheme cannot admit "
+                "extra or replacement workers; use ZmqWeightSyncScheme for that")
+        host, port = parse_init_method(init_method)
+        span = datetime.timedelta(seconds=join_timeout)
+        store = dist.PrefixStore(prefix, dist.TCPStore(host, port, None, False, span))
+        deadline = time.monotonic() + join_timeout
+        while not store.check(["layout"]):
+            _tick(stop, deadline, lambda: f"the trainer's store at {init_method} published no "
+                                          f"weight layout within {join_timeout} s")
+        difference = layout.difference(store.get("layout").decode(errors="replace"))
+        store.set(f"joined/{rank}", difference or "ok")
+        if difference:
+            raise WeightSyncError(f"this worker's model differs from the trainer's "
+                                  f"({difference}): it cannot join the process group. Check "
+                                  "that trainer and workers build the same architecture")
+        while not store.check(["go"]):
+            _tick(stop, deadline, lambda: f"the trainer did not start the process group "
+                                          f"within {join_timeout} s (another worker missing?)")
+        go = store.get("go").decode(errors="replace")
+        if go != "ok":
+            raise WeightSyncError(f"the trainer aborted the process group: {go}")
+        return cls(_make_pg(store, rank, world_size, backend, timeout, _address_towards(host)),
+                   rank, world_size, backend, timeout, None)
+
+
+def _tick(stop: threading.Event, deadline: float, why: Any) -> None:
+    if stop.is_set():
+        raise WeightSyncError("closed while forming the process group")
+    if time.monotonic() > deadline:
+        raise TimeoutError(why())
+    stop.wait(POLL)
+
+
+def _make_pg(store: Any, rank: int, world_size: int, backend: str, timeout: float,
+             address: str) -> Any:
+    span = datetime.timedelta(seconds=timeout)
+    if backend == "nccl":
+        if not dist.is_nccl_available():
+            raise WeightSyncError("backend='nccl' but this torch build has no NCCL (a CPU "
+                                  "wheel?): use backend='gloo'")
+        options = dist.ProcessGroupNCCL.Options()
+        options._timeout = span
+        return dist.ProcessGroupNCCL(store, rank, world_size, options)
+    options = dist.ProcessGroupGloo._Options()
+    options._timeout = span
+    # The address this rank listens on for its peers: the one that reaches the trainer
+    # (gloo's default resolves the host name, which may not be reachable).
+    options._devices = [dist.ProcessGroupGloo.create_device(hostname=address)]
+    return dist.ProcessGroupGloo(store, rank, world_size, options)
+
+
+def _address_towards(host: str) -> str:
+    """This host's address on the route to ``host`` (no packet is sent)."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect((host, 9))
+            return str(probe.getsockname()[0])
+    except OSError:
+        return "127.0.0.1" if host in ("127.0.0.1", "localhost") else socket.gethostname()

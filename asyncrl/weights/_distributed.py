@@ -1,0 +1,446 @@
+"""Weights by torch.distributed broadcast: bytes over a process group, the version over ZeroMQ.
+
+**Trainer** (:class:`DistributedWeightSender`, rank 0). The model's tensors
+are copied into one preallocated contiguous buffer (one memcpy), a small
+``weights`` message ``{"seq": n, "nbytes": ...}`` goes to *every* member over
+its worker link (versioned and acknowledged like every other scheme), then
+one ``broadcast`` of the buffer sends the bytes: one collective per update,
+not one per tensor.
+
+**Worker** (:class:`DistributedWeightReceiver`, rank ``index + 1``). Right
+after its welcome a worker joins the group in a thread of its own. Each
+``weights`` message tells that thread how many broadcasts the trainer has made
+(``seq``); it receives them, in order, into one of two receive buffers. The
+update is applied at a step boundary once its broadcast is in (a copy from
+the receive buffer into the model) and acked with its version; an update
+whose broadcast is still arriving waits for the next boundary, or is applied
+at once when the worker is idle (``on_ready``).
+
+A broadcast needs every member: the group is fixed when it is formed, every
+send goes to all of them, and a member that dies breaks it (gloo says
+"Connection closed by peer" at once; a member that hangs is cut off by the
+group's ``timeout``). Nothing can rejoin: see
+:class:`~asyncrl.weights.DistributedWeightSyncScheme`.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import threading
+from typing import Any
+
+import anyio
+import anyio.from_thread
+import anyio.lowlevel
+import torch
+
+from transports import Message, ProtocolError, copy_into
+
+from ._collective import FlatLayout, Group
+from ._errors import WeightSyncError
+from ._receiver import WeightReceiver
+from ._sender import THREAD_COPY_BYTES, WeightSender, WorkerIds
+from ._strategy import flat_tensors
+
+__all__ = ["DistributedWeightReceiver", "DistributedWeightSender"]
+
+log = logging.getLogger("asyncrl.weights")
+
+#: Receive buffers per worker: one being received into while the other is applied.
+RECEIVE_BUFFERS = 2
+#: Seconds ``close()`` waits for the group's thread (idle, it wakes every WAKE_EVERY s).
+JOIN_ON_CLOSE = 2.0
+WAKE_EVERY = 0.1
+
+
+def _sorted_flat(obj: Any, *, live: bool = False) -> dict[str, torch.Tensor]:
+    flat = flat_tensors(obj, live=live)
+    return {key: flat[key] for key in sorted(flat)}
+
+
+def _prefix(model_id: str) -> str:
+    return f"asyncrl/weights/{model_id}/"
+
+
+class DistributedWeightSender(WeightSender):
+    """Rank 0 of the weights' process group: one memcpy and one broadcast per send.
+
+    Made by :meth:`DistributedWeightSyncScheme.init_on_sender
+    <asyncrl.weights.WeightSyncScheme.init_on_sender>`. :meth:`connect` forms
+    the group (the collectors run it at once, in :meth:`run`); a send waits for
+    it, bounded by ``join_timeout``; each broadcast is bounded by ``timeout``.
+    Every send goes to every member; a send after a member was lost, or after
+    a failed collective, raises ``WeightSyncError``.
+
+    >>> scheme = DistributedWeightSyncScheme(world_size=3)                 # doctest: +SKIP
+    >>> sender = scheme.init_on_sender("policy", hub=hub, model=policy,
+    ...                                workers=coordinator.worker_peers)   # doctest: +SKIP
+    >>> await sender.send(timeout=30)   # version over ZeroMQ, bytes by broadcast  # doctest: +SKIP
+    """
+
+    relayable = False  # every member receives the collective itself
+
+    def __init__(self, model_id: str, hub: Any, *, backend: str, init_method: str,
+                 world_size: int, timeout: float, join_timeout: float, **kwargs: Any) -> None:
+        super().__init__(model_id, hub, **kwargs)
+        if self.model is None:
+            raise ValueError(f"DistributedWeightSyncScheme needs the model of {model_id!r} at "
+                             "init_on_sender: its broadcast buffer is allocated once, in its "
+                             "layout")
+        self.backend = backend
+        self.init_method = init_method
+        self.world_size = world_size
+        self.timeout = timeout
+        self.join_timeout = join_timeout
+        flat = _sorted_flat(self.strategy.extract_weights(self.model))
+        self.layout = FlatLayout.of(flat)
+        self._buffer = self.layout.empty(self._device(flat),
+                                         pin=any(t.is_cuda for t in flat.values())
+                                         and backend == "gloo")
+        self._views = self.layout.views(self._buffer)
+        self._group: Group | None = None
+        self._failure: BaseException | None = None
+        self._stop = threading.Event()
+        self._form_lock = anyio.Lock()
+        self._seq = 0  # broadcasts made
+        self._due = False  # a prepared buffer waits for its broadcast
+        self.broadcasts = 0  #: collectives completed (one per send; catch-ups make none)
+
+    def _device(self, flat: dict[str, torch.Tensor]) -> torch.device:
+        if self.backend != "nccl":
+            return torch.device("cpu")
+        cuda = [t.device for t in flat.values() if t.is_cuda]
+        if cuda:
+            return cuda[0]
+        if not torch.cuda.is_available():
+            raise ValueError("backend='nccl' needs CUDA on the trainer; use backend='gloo' "
+                             "(CPU, or CUDA tensors staged through host memory)")
+        return torch.device("cuda", torch.cuda.current_device())
+
+    @property
+    def members(self) -> list[int]:
+        """The worker ids of the group's ranks ``1..world_size - 1``."""
+        return list(range(self.world_size - 1))
+
+    @property
+    def connected(self) -> bool:
+        return self._group is not None
+
+    async def connect(self) -> None:
+        """Form the process group (once); bounded by ``timeout``. Raises why it could not."""
+        async with self._form_lock:
+            if self._failure is not None:
+                raise self._failure
+            if self._group is not None:
+                return
+            try:
+                self._group = await anyio.to_thread.run_sync(self._form, abandon_on_cancel=True)
+            except Exception as exc:
+                self._failure = WeightSyncError(
+                    f"model {self.model_id!r}: the process group at {self.init_method} "
+                    f"({self.backend}, {self.world_size} ranks) could not be formed: {exc}")
+                self._failure.__cause__ = exc
+                raise self._failure from exc
+
+    def _form(self) -> Group:
+        return Group.form(self.init_method, world_size=self.world_size, backend=self.backend,
+                          timeout=self.timeout, join_timeout=self.join_timeout,
+                          layout=self.layout,
+                          prefix=_prefix(self.model_id), stop=self._stop)
+
+    async def run(self) -> None:
+        """Form the group, then transmit queued versions (see :meth:`WeightSender.run`)."""
+        try:
+            await self.connect()
+        except WeightSyncError as exc:
+            if not self._stop.is_set():  # (closed while forming: nothing to report)
+                log.error("%s", exc)  # kept: every send raises it
+        await super().run()
+
+    async def send_async(self, weights: Any = None, worker_ids: WorkerIds = None) -> int:
+        """Copy the weights into the buffer, tell every member, broadcast; return the version.
+
+        ``worker_ids`` may only name every member (a collective reaches them all).
+        The broadcast is over when this returns; the acks come with ``wait_ack``.
+        """
+        if worker_ids is not None:
+            ids = {worker_ids} if isinstance(worker_ids, int) else set(worker_ids)
+            if ids != set(self.members):
+                raise ValueError(f"DistributedWeightSyncScheme broadcasts to every worker of "
+                                 f"its process group ({self.members}); got worker_ids="
+                                 f"{sorted(ids)}. Use ZmqWeightSyncScheme to update some")
+        await self.connect()
+        return await super().send_async(weights, None)
+
+    async def _prepare(self, source: Any, version: int) -> tuple[Any, dict[str, Any]]:
+        self._check_members()
+        flat = _sorted_flat(self.strategy.extract_weights(source))
+        if FlatLayout.of(flat) != self.layout:
+            raise WeightSyncError(
+                f"model {self.model_id!r}: these weights' keys, dtypes or shapes differ from "
+                "the model the process group was formed for; its buffer has a fixed layout")
+        if self.layout.nbytes > THREAD_COPY_BYTES:
+            await anyio.to_thread.run_sync(self._fill, flat)
+        else:
+            self._fill(flat)
+        self._seq += 1
+        self._due = True
+        return {"seq": self._seq, "nbytes": self.layout.nbytes}, {}
+
+    def _fill(self, flat: dict[str, torch.Tensor]) -> None:
+        for key, view in self._views.items():
+            copy_into(view, flat[key])
+
+    async def _dispatch(self) -> None:
+        # Every notice goes out now, whatever is in transit: the broadcast that follows
+        # waits for each member to read its notice (newest wins stays on the worker).
+        for lane in self._lanes.values():
+            lane.ticket = None
+        await super()._dispatch()
+        if self._due:
+            self._due = False
+            await self._broadcast()
+
+    async def _broadcast(self) -> None:
+        group = self._group
+        assert group is not None
+        try:
+            # Not abandoned on cancel: the collective ends within the group's timeout.
+            await anyio.to_thread.run_sync(group.broadcast, self._buffer)
+        except Exception as exc:
+            self._failure = WeightSyncError(
+                f"model {self.model_id!r}: the broadcast of version {self._version} "
+                f"failed ({str(exc).splitlines()[0][:300]}). A worker of the process group "
+                "died or hung; the group is broken for good (its membership is fixed), so no "
+                "later send can succeed")
+            raise self._failure from exc
+        self.broadcasts += 1
+
+    def _check_members(self) -> None:
+        if self._failure is not None:
+            raise self._failure
+        live = self.workers
+        gone = [w for w in self.members if w not in live]
+        if gone:
+            self._failure = WeightSyncError(
+                f"model {self.model_id!r}: worker(s) {gone} of the process group are gone; a "
+                "broadcast needs every member and nothing can rejoin a formed group. "
+                "DistributedWeightSyncScheme serves runs whose workers stay (on_worker_loss="
+                "'raise'); use ZmqWeightSyncScheme or SharedMemWeightSyncScheme (one host) "
+                "for runs that lose or replace workers")
+            raise self._failure
+
+    async def aclose(self) -> None:
+        self._stop.set()
+        group, self._group = self._group, None
+        await super().aclose()
+        if group is not None:
+            group.close()
+
+
+class DistributedWeightReceiver(WeightReceiver):
+    """Rank ``index + 1`` of the weights' process group: receives broadcasts, applies by copy.
+
+    Made by the scheme's ``init_on_worker``; :meth:`admitted` (the worker's
+    welcome) starts the thread that joins the group and receives the
+    broadcasts each message announces. ``on_ready`` (set by the
+    :class:`~asyncrl.weights.WeightApplier`) runs on the event loop when an
+    update whose broadcast was still arriving is in.
+
+    >>> receiver = scheme.init_on_worker("policy", root=worker)   # doctest: +SKIP
+    >>> receiver.admitted(0)          # rank 1: joins in a thread  # doctest: +SKIP
+    """
+
+    def __init__(self, model_id: str, model: Any, *, backend: str, init_method: str,
+                 world_size: int, timeout: float, join_timeout: float, **kwargs: Any) -> None:
+        super().__init__(model_id, model, **kwargs)
+        self.backend = backend
+        self.init_method = init_method
+        self.world_size = world_size
+        self.timeout = timeout
+        self.join_timeout = join_timeout
+        self._targets = _sorted_flat(model, live=True) if model is not None else {}
+        self.layout = FlatLayout.of(self._targets)
+        self._buffers: list[torch.Tensor] = []
+        self._state = threading.Condition(self._lock)  # guards the fields below too
+        self._wanted = 0  # broadcasts announced
+        self._posted = 0  # broadcasts entered
+        self._completed = 0  # broadcasts received
+        self._reading: int | None = None  # the buffer an apply copies from
+        self._failure: BaseException | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._rank = 0
+        self._token: Any = None
+
+    @property
+    def rank(self) -> int:
+        """This worker's rank in the group (0 until admitted)."""
+        return self._rank
+
+    @property
+    def received(self) -> int:
+        """Broadcasts received so far."""
+        return self._completed
+
+    def admitted(self, index: int) -> None:
+        """Join the group as rank ``index + 1`` (event loop, after the welcome; returns at once)."""
+        rank = index + 1
+        if self._thread is not None:
+            if rank != self._rank:
+                raise WeightSyncError(
+                    f"this worker was admitted again as worker {index}, but it is rank "
+                    f"{self._rank} of the process group: a formed group cannot change. "
+                    "Restart the run, or use ZmqWeightSyncScheme")
+            return
+        self._rank = rank
+        self._token = anyio.lowlevel.current_token()
+        self._thread = threading.Thread(target=self._serve, name=f"asyncrl-broadcast-{rank}",
+                                        daemon=True)
+        self._thread.start()
+        atexit.register(self.close)  # end the group before the interpreter's finalisation
+
+    # -- the group's thread ---------------------------------------------------------------
+    def _serve(self) -> None:
+        try:
+            group = Group.join(self.init_method, rank=self._rank, world_size=self.world_size,
+                               backend=self.backend, timeout=self.timeout,
+                               join_timeout=self.join_timeout, layout=self.layout,
+                               prefix=_prefix(self.model_id), stop=self._stop)
+        except Exception as exc:
+            self._fail(exc, "could not join the process group")
+            return
+        try:
+            device = self._device()
+            self._buffers = [self.layout.empty(device) for _ in range(RECEIVE_BUFFERS)]
+            while self._receive_next(group):
+                pass
+        except Exception as exc:
+            self._fail(exc, "a broadcast failed")
+        finally:
+            group.close()
+
+    def _receive_next(self, group: Group) -> bool:
+        with self._state:
+            while self._wanted <= self._posted and not self._stop.is_set():
+                self._state.wait(WAKE_EVERY)
+            if self._stop.is_set():
+                return False
+            seq = self._posted + 1
+            index = seq % RECEIVE_BUFFERS
+            while self._reading == index and not self._stop.is_set():
+                self._state.wait(WAKE_EVERY)  # an apply still copies the older broadcast out
+            self._posted = seq
+        group.broadcast(self._buffers[index])
+        with self._state:
+            self._completed = seq
+        self._notify_ready()
+        return True
+
+    def _device(self) -> torch.device:
+        if self.backend != "nccl":
+            return torch.device("cpu")
+        cuda = [t.device for t in self._targets.values() if t.is_cuda]
+        if not cuda:
+            raise WeightSyncError("backend='nccl' needs the worker's model on a CUDA device "
+                                  "(policy_device='cuda'); use backend='gloo' for CPU workers")
+        return cuda[0]
+
+    def _fail(self, exc: BaseException, what: str) -> None:
+        if self._stop.is_set():
+            return  # closing: nothing waits for it
+        failure = WeightSyncError(f"worker rank {self._rank}: {what}: "
+                                  f"{str(exc).splitlines()[0][:300] if str(exc) else exc!r}")
+        failure.__cause__ = exc
+        log.error("%s", failure)
+        with self._state:
+            self._failure = failure
+        self._notify_ready()
+
+    def _notify_ready(self) -> None:
+        callback = self.on_ready
+        if callback is None or self._token is None:
+            return
+        try:
+            anyio.from_thread.run_sync(callback, token=self._token)
+        except Exception:  # the worker's event loop is gone: nobody to tell
+            log.debug("could not reach the event loop to apply a received broadcast")
+
+    # -- the receiver's three calls ---------------------------------------------------------
+    def _load(self, message: Message) -> Any:
+        body = message.body
+        if not (isinstance(body, dict) and type(body.get("seq")) is int and body["seq"] >= 1
+                and type(body.get("nbytes")) is int):
+            raise ProtocolError("broadcast weights must be {'seq': int >= 1, 'nbytes': int}, "
+                                f"got {body!r:.200}")
+        if body["nbytes"] != self.layout.nbytes:
+            raise WeightSyncError(f"the trainer broadcasts {body['nbytes']} bytes of "
+                                  f"{self.model_id!r}, this worker's model has "
+                                  f"{self.layout.nbytes}: not the same architecture")
+        with self._state:
+            if self._failure is not None:
+                raise self._failure
+            if body["seq"] > self._wanted:
+                self._wanted = body["seq"]
+                self._state.notify_all()
+        return body["seq"]
+
+    def apply_pending(self) -> bool:
+        """Apply the newest update once its broadcast is in; True if the model changed."""
+        if self._pending is None:  # hot-loop fast path
+            return False
+        with self._apply_lock:
+            with self._state:
+                update = self._pending
+                if update is None:
+                    return False
+                failure = self._failure
+                if failure is None and update.payload > self._completed:
+                    return False  # still arriving: the next boundary (or on_ready) applies it
+                waiting, self._pending, self._waiting = self._waiting, None, []
+                if failure is None:
+                    self._reading = update.payload % RECEIVE_BUFFERS
+            if failure is not None:
+                self.last_error = failure
+                self._ack_all(waiting, None, failure)
+                return False
+            try:
+                if update.version <= self._version:
+                    self._ack_all(waiting, self._version, None)
+                    return False
+                self._copy(self._buffers[update.payload % RECEIVE_BUFFERS])
+            except Exception as exc:
+                self.last_error = exc
+                self._ack_all(waiting, None, exc)
+                return False
+            finally:
+                with self._state:
+                    self._reading = None
+                    self._state.notify_all()
+            self._version = update.version
+            if self.on_apply is not None:
+                self.on_apply(update.version)
+            self._ack_all(waiting, update.version, None)
+            return True
+
+    def _copy(self, buffer: torch.Tensor) -> None:
+        views = self.layout.views(buffer)
+        with torch.no_grad():
+            for key, target in self._targets.items():
+                copy_into(target, views[key])
+        if buffer.is_cuda:
+            torch.cuda.current_stream(buffer.device).synchronize()
+
+    def close(self) -> None:
+        self._stop.set()
+        with self._state:
+            self._state.notify_all()
+        thread = self._thread
+        atexit.unregister(self.close)
+        if thread is not None and thread is not threading.current_thread():
+            # The group is torn down in its own thread, before the process exits (a
+            # process group destroyed by the interpreter's exit aborts the process).
+            thread.join(JOIN_ON_CLOSE)
+        super().close()
+
