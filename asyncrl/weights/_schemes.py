@@ -18,8 +18,8 @@ from ._shared_memory import (
     SharedMemWeightReceiver,
     SharedMemWeightSender,
 )
-from ._streamed import StreamedWeightReceiver, StreamingWeightSender
 from ._strategy import WeightFormat, WeightStrategy, as_strategy
+from ._streamed import StreamedWeightReceiver, StreamingWeightSender
 
 __all__ = [
     "InProcessWeightSyncScheme",

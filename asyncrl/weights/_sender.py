@@ -230,7 +230,10 @@ class WeightSender:
             self._latest_stage = extra.get("stage")
             if due:
                 self._queue(payload, version, due, extra).started = time.monotonic()
-            await self._dispatch()
+            try:
+                await self._dispatch()
+            finally:
+                await self._prepared(extra)
         for hook in self._hooks:
             hook()
         return version
@@ -369,6 +372,9 @@ class WeightSender:
         else:
             stage.fill(flat)
         return stage.payload, {"stage": stage}
+
+    async def _prepared(self, extra: dict[str, Any]) -> None:
+        """The send's snapshot must be complete now (a subclass may fill it while sending)."""
 
     def _latest_extra(self) -> dict[str, Any]:
         return {"stage": self._latest_stage} if self._latest_stage is not None else {}

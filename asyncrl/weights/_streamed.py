@@ -22,6 +22,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+import anyio
+import numpy as np
 import torch
 from torch import nn
 
@@ -57,13 +59,39 @@ class StreamingWeightSender(WeightSender):
         #: Chunk messages handed to the hub (each counts once per peer).
         self.chunks_sent = 0
 
+    async def _prepare(self, source: Any, version: int) -> tuple[Any, dict[str, Any]]:
+        """A snapshot buffer that the chunks fill as they go out (see :class:`_Filling`).
+
+        The first transmission copies chunk *i* into the buffer just before
+        handing it to ZeroMQ, so the copy of the next chunk overlaps the wire;
+        :meth:`_prepared` completes the copy before ``send_async`` returns.
+        """
+        weights = self.strategy.extract_weights(source)
+        flat = flat_tensors(weights)
+        if not (self.snapshot and self.chunk_bytes and streamable(flat)
+                and _nbytes(flat) > self.chunk_bytes):
+            return await super()._prepare(source, version)
+        stage = self._free_stage(weights, flat)
+        filling = _Filling(stage.payload, flat, flat_tensors(stage.payload),
+                           plan_chunks(flat, self.chunk_bytes))
+        return stage.payload, {"stage": stage, "filling": filling}
+
+    async def _prepared(self, extra: dict[str, Any]) -> None:
+        filling = extra.pop("filling", None)
+        if filling is not None:
+            with anyio.CancelScope(shield=True):  # never leave a half-written snapshot
+                await filling.upto(len(filling.chunks) - 1)
+
     async def _send_payload(self, peers: list[bytes], payload: Any, meta: WeightMeta) -> Ticket:
         chunks = self._plan(payload)
         if chunks is None:
             return await super()._send_payload(peers, payload, meta)
+        filling = self._filling_of(payload)
         views = flat_tensors(payload)
         live = list(peers)
         for chunk in chunks[:-1]:
+            if filling is not None:
+                await filling.upto(chunk.index)
             body, chunk_meta = chunk_bodies(views, chunk), replace(meta, chunk=chunk).to_meta()
             for peer in list(live):
                 try:
@@ -73,9 +101,21 @@ class StreamingWeightSender(WeightSender):
                 else:
                     self.chunks_sent += 1
         last = chunks[-1]
+        if filling is not None:
+            await filling.upto(last.index)
         self.chunks_sent += len(peers)
         return await self.hub.send_async(peers, chunk_bodies(views, last), kind=WEIGHTS_KIND,
                                          meta=replace(meta, chunk=last).to_meta())
+
+    def _filling_of(self, payload: Any) -> _Filling | None:
+        """The snapshot being filled for ``payload``, if it is not complete yet."""
+        for lane in self._lanes.values():
+            queued = lane.queued
+            if queued is not None and queued.payload is payload:
+                filling = queued.extra.get("filling")
+                if isinstance(filling, _Filling) and not filling.done:
+                    return filling
+        return None
 
     def _plan(self, payload: Any) -> list[WeightChunk] | None:
         """The chunks of ``payload``, or None to send it whole (small, or not byte-addressable)."""
@@ -84,9 +124,46 @@ class StreamingWeightSender(WeightSender):
         views = flat_tensors(payload)
         if not streamable(views):
             return None
-        if sum(t.numel() * t.element_size() for t in views.values()) <= self.chunk_bytes:
+        if _nbytes(views) <= self.chunk_bytes:
             return None
         return plan_chunks(views, self.chunk_bytes)
+
+
+class _Filling:
+    """A snapshot filled chunk by chunk, in the order the chunks go out."""
+
+    def __init__(self, payload: Any, source: Mapping[str, torch.Tensor],
+                 views: Mapping[str, torch.Tensor], chunks: list[WeightChunk]) -> None:
+        self.payload = payload
+        self.chunks = chunks
+        self._pairs = [(_bytes_of(views[key]), _bytes_of(source[key])) for key in views]
+        self._index = {key: i for i, key in enumerate(views)}
+        self.filled = -1  # chunks copied so far: 0..filled
+
+    @property
+    def done(self) -> bool:
+        return self.filled == len(self.chunks) - 1
+
+    async def upto(self, index: int) -> None:
+        """Copy the chunks up to ``index`` from the model into the snapshot (once each)."""
+        while self.filled < index:
+            chunk = self.chunks[self.filled + 1]
+            # A thread keeps the event loop (heartbeats, acks) running during the copy.
+            await anyio.to_thread.run_sync(self._copy, chunk)
+            self.filled = chunk.index
+
+    def _copy(self, chunk: WeightChunk) -> None:
+        for key, offset, size in chunk.parts:
+            into, source = self._pairs[self._index[key]]
+            np.copyto(into[offset:offset + size].numpy(), source[offset:offset + size].numpy())
+
+
+def _bytes_of(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.detach().reshape(-1).view(torch.uint8)
+
+
+def _nbytes(flat: Mapping[str, torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in flat.values())
 
 
 @dataclass(eq=False)
