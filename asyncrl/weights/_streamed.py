@@ -253,7 +253,7 @@ class StreamedWeightReceiver(WeightReceiver):
             error = stream.error
         except Exception as exc:
             error = exc
-            if stream is not None and stream.version == version:
+            if stream is not None:  # a connection keeps order: its stream is broken
                 self._fail(stream, exc)
         if chunk.last:
             if stream is not None and self._streams.get(route) is stream \
@@ -300,7 +300,8 @@ class StreamedWeightReceiver(WeightReceiver):
     def _fail(self, stream: _Stream, error: BaseException) -> None:
         owned = stream.assembly is not None
         self._release(stream)
-        stream.error = error
+        if stream.error is None:
+            stream.error = error  # the first error says what went wrong
         if owned:
             with self._lock:
                 if self._pending is None and self._waiting:
