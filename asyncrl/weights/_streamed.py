@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import numpy as np
 import torch
 from torch import nn
@@ -42,7 +43,7 @@ from ._chunks import (
 )
 from ._errors import WeightSyncError
 from ._receiver import AckRoute, WeightReceiver, _Update
-from ._sender import WeightSender
+from ._sender import THREAD_COPY_BYTES, WeightSender
 from ._strategy import flat_tensors
 
 __all__ = ["StreamedWeightReceiver", "StreamingWeightSender"]
@@ -148,8 +149,12 @@ class _Filling:
         """Copy the chunks up to ``index`` from the model into the snapshot (once each)."""
         while self.filled < index:
             chunk = self.chunks[self.filled + 1]
-            # A thread keeps the event loop (heartbeats, acks) running during the copy.
-            await anyio.to_thread.run_sync(self._copy, chunk)
+            if sum(size for _, _, size in chunk.parts) > THREAD_COPY_BYTES:
+                # A thread keeps the event loop (heartbeats, acks) running during the copy.
+                await anyio.to_thread.run_sync(self._copy, chunk)
+            else:  # a few ms: cheaper inline than a thread hop
+                self._copy(chunk)
+                await anyio.lowlevel.checkpoint()
             self.filled = chunk.index
 
     def _copy(self, chunk: WeightChunk) -> None:
