@@ -50,7 +50,17 @@ __all__ = ["StreamedWeightReceiver", "StreamingWeightSender"]
 
 
 class StreamingWeightSender(WeightSender):
-    """A :class:`WeightSender` that streams versions above ``chunk_bytes`` in chunks (0: never)."""
+    """A :class:`WeightSender` that streams versions above ``chunk_bytes`` in chunks (0: never).
+
+    ``ZmqWeightSyncScheme(chunk_bytes=...).init_on_sender(...)`` builds it.
+
+    >>> from torch import nn
+    >>> from asyncrl.weights import LocalHub, ZmqWeightSyncScheme
+    >>> sender = ZmqWeightSyncScheme(chunk_bytes=1 << 20).init_on_sender(
+    ...     "policy", hub=LocalHub(), model=nn.Linear(1024, 1024), workers={})
+    >>> len(sender._plan(sender.model.state_dict()))   # 4.2 MB in chunks of 1 MiB
+    5
+    """
 
     def __init__(self, *args: Any, chunk_bytes: int = DEFAULT_CHUNK_BYTES, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
