@@ -6,6 +6,8 @@ which workers it speaks for; the workers connect to it over ``ipc://`` as well
 as to the coordinator. The coordinator then sends each weight version once
 to the relay, which forwards the same frames (no copy in the relay) to the
 members it names and acks for all of them with the version each applied.
+A version streamed in chunks (``ZmqWeightSyncScheme(chunk_bytes=...)``) is
+forwarded chunk by chunk as each arrives; only the last chunk is acked.
 
 Only weights go through the relay. Batches, control messages and heartbeats
 go straight between each worker and the coordinator: a relay hop would add
