@@ -411,6 +411,8 @@ class WeightMeta:
     version: int
     instance: str = ""
     relay_to: tuple[bytes, ...] = ()
+    #: Set when the version travels as a stream of chunk messages (see :class:`WeightChunk`).
+    chunk: WeightChunk | None = None
 
     def to_meta(self) -> dict[str, Any]:
         meta: dict[str, Any] = {"model_id": self.model_id, "version": self.version}
@@ -418,6 +420,8 @@ class WeightMeta:
             meta["instance"] = self.instance
         if self.relay_to:
             meta[RELAY_TO] = list(self.relay_to)
+        if self.chunk is not None:
+            meta[CHUNK] = self.chunk.to_meta()
         return meta
 
     @classmethod
@@ -429,7 +433,99 @@ class WeightMeta:
         if len(instance) > MAX_INSTANCE:
             raise ProtocolError(f"weights message field 'instance' must be at most "
                                 f"{MAX_INSTANCE} characters, got {len(instance)}")
-        return cls(model_id, version, instance, _relay_to(meta.get(RELAY_TO, [])))
+        chunk = WeightChunk.from_meta(meta[CHUNK]) if CHUNK in meta else None
+        return cls(model_id, version, instance, _relay_to(meta.get(RELAY_TO, [])), chunk)
+
+
+#: Meta key of a chunk of a streamed weight version.
+CHUNK = "chunk"
+#: Most chunks one version may be cut into.
+MAX_CHUNKS = 1 << 20
+#: Most tensor pieces one chunk may carry.
+MAX_CHUNK_PARTS = 4096
+#: Most tensors a streamed model may have.
+MAX_LAYOUT_KEYS = 1 << 16
+#: Longest tensor key (a dotted state-dict path) a chunk may name.
+MAX_KEY = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class WeightChunk:
+    """Chunk ``index`` of ``count`` of one weight version streamed in pieces.
+
+    The version's tensors, in the order of ``layout`` (sent with chunk 0 only:
+    ``(key, dtype name, shape)`` each), are cut into byte ranges; a chunk
+    carries the next ``parts``, each ``(key, byte offset in that tensor,
+    bytes)``, whose bytes are the body's frames (one uint8 tensor per part).
+    Only the last chunk needs an acknowledgement: ZeroMQ keeps the order of
+    messages on a connection, so its ack (the version applied) covers the
+    stream. Validated here for shape; the receiver checks it against its model.
+    """
+
+    index: int
+    count: int
+    parts: tuple[tuple[str, int, int], ...]
+    layout: tuple[tuple[str, str, tuple[int, ...]], ...] = ()
+
+    @property
+    def last(self) -> bool:
+        return self.index == self.count - 1
+
+    def to_meta(self) -> dict[str, Any]:
+        meta: dict[str, Any] = {"index": self.index, "count": self.count,
+                                "parts": [list(p) for p in self.parts]}
+        if self.layout:
+            meta["layout"] = [[key, dtype, list(shape)] for key, dtype, shape in self.layout]
+        return meta
+
+    @classmethod
+    def from_meta(cls, raw: Any) -> Self:
+        what = "weights chunk"
+        if not isinstance(raw, dict):
+            raise ProtocolError(f"{what} field {CHUNK!r} must be a map, got {type(raw).__name__}")
+        count = _int(raw, "count", 1, MAX_CHUNKS, what)
+        index = _int(raw, "index", 0, count - 1, what)
+        parts = _list(raw, "parts", MAX_CHUNK_PARTS, what)
+        if not all(isinstance(p, list) and len(p) == 3 and _is_key(p[0])
+                   and _is_int(p[1], 0) and _is_int(p[2], 1) for p in parts):
+            raise ProtocolError(f"{what} field 'parts' must list [key, byte offset >= 0, "
+                                f"bytes >= 1] triples (keys of 1 to {MAX_KEY} characters)")
+        layout = _list(raw, "layout", MAX_LAYOUT_KEYS, what) if "layout" in raw else []
+        if (index == 0) != bool(layout):
+            raise ProtocolError(f"{what}: the layout comes with chunk 0 and only with it "
+                                f"(chunk {index}, {'a' if layout else 'no'} layout)")
+        if not all(isinstance(e, list) and len(e) == 3 and _is_key(e[0])
+                   and isinstance(e[1], str) and len(e[1]) <= 16 and isinstance(e[2], list)
+                   and len(e[2]) <= 32 and all(_is_int(d, 0) for d in e[2]) for e in layout):
+            raise ProtocolError(f"{what} field 'layout' must list [key, dtype name, shape] "
+                                "triples")
+        return cls(index, count, tuple((k, o, n) for k, o, n in parts),
+                   tuple((k, d, tuple(s)) for k, d, s in layout))
+
+
+def _is_int(value: Any, low: int) -> bool:
+    return type(value) is int and low <= value < 1 << 62
+
+
+def _is_key(value: Any) -> bool:
+    return isinstance(value, str) and 0 < len(value) <= MAX_KEY
+
+
+def _int(body: dict[str, Any], name: str, low: int, high: int, what: str) -> int:
+    value = body.get(name)
+    if type(value) is not int or not low <= value <= high:
+        raise ProtocolError(f"{what} field {name!r} must be an int in {low}..{high}, "
+                            f"got {value!r:.40}")
+    return value
+
+
+def _list(body: dict[str, Any], name: str, most: int, what: str) -> list[Any]:
+    value = body.get(name)
+    if not isinstance(value, list) or len(value) > most:
+        raise ProtocolError(f"{what} field {name!r} must be a list of at most {most} entries, "
+                            f"got {type(value).__name__}"
+                            + (f" of {len(value)}" if isinstance(value, list) else ""))
+    return value
 
 
 def _relay_to(members: Any) -> tuple[bytes, ...]:

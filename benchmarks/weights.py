@@ -14,13 +14,16 @@ million float32 parameters, with
 
 TorchRL rows are skipped when torchrl is not installed. Bandwidth: the 67M
 model (268 MB) sent to one worker over tcp loopback with the ZeroMQ scheme
-against a bare pyzmq ROUTER/DEALER round trip of the same bytes (send, the
-peer receives them all, answers a few bytes).
+(streamed in chunks, and in one message as before) against bare pyzmq
+ROUTER/DEALER round trips of the same bytes (send, the peer receives them
+all, answers a few bytes), in one message and in messages of the same chunk
+size; rows interleaved, the order reversed every other round.
 
     python -m benchmarks.weights            # full run, a few minutes
     python -m benchmarks.weights --quick    # smoke run (small sizes)
     python -m benchmarks.weights --sizes 4k,2M,50M --no-bandwidth   # issue #11's sizes
     python -m benchmarks.weights --rapid    # memory of 50 rapid sends (newest wins)
+    python -m benchmarks.weights --sizes 67M --bandwidth-only --rounds 4 --reps 4   # tcp only
 
 ``--rapid``: 50 ``send_async()`` in a row of a 16 MB model to 2 live worker
 processes that take 100 ms per update, then one ``wait_ack()``: the trainer's
@@ -379,26 +382,33 @@ def _bare_peer(endpoint: str) -> None:
     sock.send(b"hello")
     while True:
         frames = sock.recv_multipart(copy=False)
-        if frames[0].bytes == b"stop":
+        head = frames[0].bytes
+        if head == b"stop":
             break
-        sock.send(b"ack")
+        if head != b"more":  # the last (or only) message of a payload
+            sock.send(b"ack")
     sock.close(linger=0)
 
 
-def bench_bare_zmq(nbytes: int, reps: int) -> list[float]:
+def bench_bare_zmq(nbytes: int, reps: int, chunk_bytes: int = 0) -> list[float]:
+    """Round trips of ``nbytes``: one message, or messages of ``chunk_bytes`` (the wire limit)."""
     ctx = mp.get_context("spawn")
     sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.ROUTER)
     sock.bind("tcp://127.0.0.1:0")
     endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
     proc = ctx.Process(target=_bare_peer, args=(endpoint,), daemon=True)
     proc.start()
-    payload = torch.ones(nbytes // 4).numpy()  # the same bytes as the weights
+    payload = torch.ones(nbytes // 4).numpy().view("uint8")  # the same bytes as the weights
+    step = chunk_bytes or len(payload)
+    pieces = [payload[i:i + step] for i in range(0, len(payload), step)]
     times = []
     try:
         peer, _ = sock.recv_multipart()
         for rep in range(reps + 2):
             start = time.perf_counter()
-            sock.send_multipart([peer, b"header", payload], copy=False)  # type: ignore[list-item]
+            for i, piece in enumerate(pieces):
+                head = b"last" if i == len(pieces) - 1 else b"more"
+                sock.send_multipart([peer, head, piece], copy=False)  # type: ignore[list-item]
             sock.recv_multipart()
             if rep >= 2:
                 times.append(time.perf_counter() - start)
@@ -409,6 +419,19 @@ def bench_bare_zmq(nbytes: int, reps: int) -> list[float]:
             proc.kill()
         sock.close(linger=0)
     return times
+
+
+#: Rows of the bandwidth table: label -> how to measure it (bare chunk bytes, or a scheme).
+def bandwidth_rows(chunk_bytes: int) -> dict[str, int | WeightSyncScheme]:
+    mib = f"{chunk_bytes / (1 << 20):g} MiB"
+    return {
+        "bare pyzmq ROUTER/DEALER, one message + 3-byte answer": 0,
+        f"bare pyzmq ROUTER/DEALER, {mib} messages + 3-byte answer": chunk_bytes,
+        f"asyncrl ZmqWeightSyncScheme(chunk_bytes={mib}) send + apply + ack":
+            ZmqWeightSyncScheme(chunk_bytes=chunk_bytes),
+        "asyncrl ZmqWeightSyncScheme(chunk_bytes=0) (one message, as before) send + apply + ack":
+            ZmqWeightSyncScheme(chunk_bytes=0),
+    }
 
 
 # ------------------------------------------------------------------ report
@@ -469,6 +492,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=2,
                         help="interleaved rounds over all rows (medians pool them; default 2)")
     parser.add_argument("--no-bandwidth", action="store_true", help="skip the tcp bandwidth rows")
+    parser.add_argument("--bandwidth-only", action="store_true",
+                        help="only the tcp bandwidth rows (of the last size given)")
+    parser.add_argument("--chunk-bytes", type=int, default=ZmqWeightSyncScheme().chunk_bytes,
+                        help="chunk size of the chunked bandwidth rows (default: the scheme's)")
     parser.add_argument("--rapid", action="store_true",
                         help="only the memory of 50 rapid sends to 2 slow workers")
     args = parser.parse_args(argv)
@@ -496,11 +523,10 @@ def main(argv: list[str] | None = None) -> int:
 
     rows: dict[str, dict[str, list[float]] | None] = {}
     memcpy: dict[str, list[float]] = {}
-    ours: list[float] = []
-    bare: list[float] = []
+    bandwidth: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory(prefix="asyncrl-bench-") as tmp:
         for round_ in range(rounds):
-            order = latency_rows(torchrl)
+            order = [] if args.bandwidth_only else latency_rows(torchrl)
             if round_ % 2:
                 order.reverse()  # interleaved: drift hits every row alike
             for label, runner in order:
@@ -511,32 +537,32 @@ def main(argv: list[str] | None = None) -> int:
                     result = anyio.run(bench_asyncrl, runner, sizes,
                                        f"ipc://{tmp}/{round_}-{len(rows)}-{label[8:11]}")
                 rows[label] = _pool(rows.get(label), result)
-            progress(f"round {round_ + 1}/{rounds}: memcpy")
-            memcpy = _pool(memcpy, bench_memcpy(sizes)) or {}
+            if not args.bandwidth_only:
+                progress(f"round {round_ + 1}/{rounds}: memcpy")
+                memcpy = _pool(memcpy, bench_memcpy(sizes)) or {}
             if not args.no_bandwidth:
                 progress(f"round {round_ + 1}/{rounds}: bandwidth over tcp")
-                got_bare, got_ours = bench_bandwidth(biggest, sizes[biggest], nbytes,
-                                                     ours_first=bool(round_ % 2))
-                bare += got_bare
-                ours += got_ours
+                bandwidth = _pool(bandwidth, bench_bandwidth(
+                    biggest, sizes[biggest], nbytes, args.chunk_bytes,
+                    reverse=bool(round_ % 2))) or {}
 
-    print(report(rows, memcpy, sizes, biggest, nbytes, ours, bare, command,
+    print(report(rows, memcpy, sizes, biggest, nbytes, bandwidth, command,
                  time.monotonic() - started, rounds))
     return 0
 
 
-def bench_bandwidth(name: str, size: tuple[tuple[int, ...], int], nbytes: int, *,
-                    ours_first: bool) -> tuple[list[float], list[float]]:
-    """(bare pyzmq, asyncrl ZeroMQ scheme) round trips of ``nbytes`` over tcp, in that order."""
-    def ours() -> list[float]:
-        return anyio.run(bench_asyncrl, ZmqWeightSyncScheme(), {name: size},
-                         "tcp://127.0.0.1:0", 1)[name]
-
-    if ours_first:
-        mine = ours()
-        return bench_bare_zmq(nbytes, size[1]), mine
-    bare = bench_bare_zmq(nbytes, size[1])
-    return bare, ours()
+def bench_bandwidth(name: str, size: tuple[tuple[int, ...], int], nbytes: int, chunk_bytes: int,
+                    *, reverse: bool) -> dict[str, list[float]]:
+    """Round trips of ``nbytes`` over tcp for each of :func:`bandwidth_rows` (in reverse order)."""
+    rows = list(bandwidth_rows(chunk_bytes).items())
+    results: dict[str, list[float]] = {}
+    for label, how in reversed(rows) if reverse else rows:
+        if isinstance(how, int):
+            results[label] = bench_bare_zmq(nbytes, size[1], how)
+        else:
+            results[label] = anyio.run(bench_asyncrl, how, {name: size},
+                                       "tcp://127.0.0.1:0", 1)[name]
+    return results
 
 
 def _has_torchrl() -> bool:
@@ -559,7 +585,7 @@ def _pool(into: dict[str, list[float]] | None,
 
 def report(rows: dict[str, dict[str, list[float]] | None], memcpy: dict[str, list[float]],
            sizes: dict[str, tuple[tuple[int, ...], int]], biggest: str, nbytes: int,
-           ours: list[float], bare: list[float], command: str, elapsed: float,
+           bandwidth: dict[str, list[float]], command: str, elapsed: float,
            rounds: int = 1) -> str:
     params = {name: n_params(mlp(widths)) for name, (widths, _) in sizes.items()}
     columns = " | ".join(f"{name} ({params[name]:,} params)" for name in sizes)
@@ -598,20 +624,20 @@ def report(rows: dict[str, dict[str, list[float]] | None], memcpy: dict[str, lis
               + ("not measured by this benchmark yet" if torch.cuda.is_available()
                  else "no CUDA device in this run")]
     mb = nbytes / 1e6
-    if ours and bare:
-        ours_bw, bare_bw = mb / statistics.median(ours), mb / statistics.median(bare)
+    if bandwidth:
+        one, chunked = list(bandwidth.values())[:2]
         lines += [
             "",
             f"Bandwidth over tcp loopback, {biggest} model = {mb:.0f} MB, 1 worker process "
-            "(median of the round trip):",
+            "(median of the round trip; ratios against each bare pyzmq row):",
             "",
-            "| path | p50 ms | MB/s | ratio |",
-            "|---|---|---|---|",
-            f"| bare pyzmq ROUTER/DEALER send + 3-byte answer | {p50_ms(bare):.1f} | "
-            f"{bare_bw:.0f} | 1.00 |",
-            f"| asyncrl ZmqWeightSyncScheme send + apply + ack | {p50_ms(ours):.1f} | "
-            f"{ours_bw:.0f} | {ours_bw / bare_bw:.2f} |",
+            "| path | p50 ms | MB/s | / bare, one message | / bare, same chunks |",
+            "|---|---:|---:|---:|---:|",
         ]
+        for label, times in bandwidth.items():
+            lines.append(f"| {label} | {p50_ms(times):.1f} | {mb / statistics.median(times):.0f} "
+                         f"| {statistics.median(one) / statistics.median(times):.2f} "
+                         f"| {statistics.median(chunked) / statistics.median(times):.2f} |")
     return "\n".join([*lines, "", _machine(elapsed), f"command: {command}"])
 
 

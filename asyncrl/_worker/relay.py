@@ -6,6 +6,8 @@ which workers it speaks for; the workers connect to it over ``ipc://`` as well
 as to the coordinator. The coordinator then sends each weight version once
 to the relay, which forwards the same frames (no copy in the relay) to the
 members it names and acks for all of them with the version each applied.
+A version streamed in chunks (``ZmqWeightSyncScheme(chunk_bytes=...)``) is
+forwarded chunk by chunk as each arrives; only the last chunk is acked.
 
 Only weights go through the relay. Batches, control messages and heartbeats
 go straight between each worker and the coordinator: a relay hop would add
@@ -241,9 +243,15 @@ class HostRelay(TaskGroupResource):
             return
         hub = self.hub
         assert hub is not None
+        if not message.needs_ack:
+            # A chunk of a streamed version (only its last one is acked): forwarded at
+            # once, in order, so members copy it while the next is on its way here.
+            await self._forward_chunk(targets, message, meta)
+            return
         await self._in_flight.acquire()  # bounds the forwards awaiting their members' acks
         try:
-            self._received += 1
+            if meta.chunk is None or meta.chunk.count == 1:
+                self._received += 1  # (a stream counts once, at its first chunk)
             attached = [m for m in targets if m in hub.peers]
             # The same frames go to every member: the relay never copies the weights.
             ticket = await hub.send_async(attached, message.body, kind=WEIGHTS_KIND,
@@ -257,6 +265,25 @@ class HostRelay(TaskGroupResource):
         receipt = Message(message.peer, message.kind, message.seq, None,
                           {"instance": self.instance}, message.needs_ack)
         self._tasks.start_soon(self._ack_when_delivered, link, receipt, meta, ticket, missing)
+
+    async def _forward_chunk(self, targets: list[bytes], message: Message,
+                             meta: WeightMeta) -> None:
+        """Hand a chunk to each attached member; one that is not misses the stream.
+
+        Its member then refuses the stream's last chunk (it lacks the ones before),
+        and the relay's ack says so for that member.
+        """
+        assert self.hub is not None
+        if meta.chunk is not None and meta.chunk.index == 0:
+            self._received += 1
+        for member in targets:
+            if member not in self.hub.peers:
+                continue
+            try:
+                await self.hub.send(member, message.body, kind=WEIGHTS_KIND,
+                                    meta=meta.to_meta())
+            except PeerLostError:
+                pass  # gone: the last chunk's ticket reports it
 
     def _targets(self, message: Message) -> tuple[list[bytes], WeightMeta]:
         """The members to deliver ``message`` to, and the meta they get with it."""
@@ -273,7 +300,7 @@ class HostRelay(TaskGroupResource):
             raise ProtocolError(f"relayed weights from coordinator instance {instance!r}, "
                                 f"but this relay registered with {self.instance!r}")
         # Stamped with the instance: members drop what another instance than theirs sent.
-        forward = WeightMeta(meta.model_id, meta.version, instance)
+        forward = WeightMeta(meta.model_id, meta.version, instance, chunk=meta.chunk)
         return list(dict.fromkeys(meta.relay_to)), forward
 
     async def _ack_when_delivered(self, link: Link, message: Message, meta: WeightMeta,

@@ -43,6 +43,8 @@ from ._sender import WeightSender as WeightSender
 from ._shared_memory import SharedMemWeightReceiver as SharedMemWeightReceiver
 from ._shared_memory import SharedMemWeightSender as SharedMemWeightSender
 from ._strategy import WeightStrategy as WeightStrategy
+from ._streamed import StreamedWeightReceiver as StreamedWeightReceiver
+from ._streamed import StreamingWeightSender as StreamingWeightSender
 
 __all__ = [
     "WEIGHTS_KIND",
@@ -61,6 +63,8 @@ __all__ = [
     "SharedMemWeightReceiver",
     "SharedMemWeightSender",
     "SharedMemWeightSyncScheme",
+    "StreamedWeightReceiver",
+    "StreamingWeightSender",
     "WeightAck",
     "WeightApplier",
     "WeightMismatchError",

@@ -109,6 +109,9 @@ class WeightReceiver:
     [(7, {'model_id': 'policy', 'version': 3})]
     """
 
+    #: True for receivers that assemble versions streamed in chunks (``WeightChunk``).
+    takes_chunks: bool = False
+
     def __init__(self, model_id: str, model: Any, *,
                  strategy: WeightStrategy | str = "tensordict",
                  on_apply: Callable[[int], None] | None = None,
@@ -186,15 +189,26 @@ class WeightReceiver:
         except Exception as exc:
             self._ack_all([(message, route)], None, exc)
             return
+        self._offer(version, payload, message, route)
+
+    def _offer(self, version: int, payload: Any, message: Message, route: AckRoute) -> None:
+        """Keep ``payload`` as the pending update unless a newer version is held or pending."""
         with self._lock:
+            dropped = None
             if version <= self._version:  # already hold this version or newer
                 self._queue_ack(message, route, self._version, None)
+                dropped = payload
             elif self._pending is not None and version <= self._pending.version:
                 # out of order: the pending one supersedes it
                 self._waiting.append((message, route))
+                dropped = payload
             else:
+                if self._pending is not None:
+                    dropped = self._pending.payload
                 self._pending = _Update(version, payload)
                 self._waiting.append((message, route))
+            if dropped is not None:
+                self._discard(dropped)
 
     def take_acks(self) -> list[WeightAck]:
         """The acks due (each once); send them with ``WeightAck.send(link)``."""
@@ -251,6 +265,9 @@ class WeightReceiver:
         with self._lock:
             self._pending = None
 
+    def _discard(self, payload: Any) -> None:
+        """``payload`` will never be applied (superseded); under the lock. For subclasses."""
+
     async def aclose(self) -> None:
         self.close()
 
@@ -270,6 +287,10 @@ class WeightReceiver:
     # -- internals ------------------------------------------------------------------------------
     def _check_meta(self, message: Message) -> int:
         """The version ``message`` carries, once its meta is read and meant for us."""
+        return self._read_meta(message).version
+
+    def _read_meta(self, message: Message) -> WeightMeta:
+        """``message``'s meta, checked: meant for this receiver, from the instance followed."""
         meta = WeightMeta.from_meta(message.meta)
         # Weights stamped by another coordinator instance than the one we follow (a
         # relay forwarding what the dead trainer sent): their version means nothing here.
@@ -280,7 +301,12 @@ class WeightReceiver:
         if meta.model_id != self.model_id:
             raise ProtocolError(f"weights for model {meta.model_id[:100]!r} reached the "
                                 f"receiver of {self.model_id!r}")
-        return meta.version
+        if meta.chunk is not None and not self.takes_chunks:
+            raise WeightSyncError(
+                f"weights for {self.model_id!r} came in chunks, but this worker's scheme for "
+                f"it ({type(self).__name__}) takes whole messages only: give the worker the "
+                "trainer's scheme (ZmqWeightSyncScheme), or chunk_bytes=0 on the trainer")
+        return meta
 
     def _queue_ack(self, message: Message, route: AckRoute, version: int | None,
                    error: BaseException | None) -> None:

@@ -7,6 +7,7 @@ from typing import Any, ClassVar
 
 from transports import LocalHub, Message
 
+from ._chunks import DEFAULT_CHUNK_BYTES
 from ._collective import BACKENDS, free_port, parse_init_method
 from ._distributed import DistributedWeightReceiver, DistributedWeightSender
 from ._errors import NotInitializedError, WeightSyncError
@@ -20,6 +21,7 @@ from ._shared_memory import (
     SharedMemWeightSender,
 )
 from ._strategy import WeightFormat, WeightStrategy, as_strategy
+from ._streamed import StreamedWeightReceiver, StreamingWeightSender
 
 __all__ = [
     "DistributedWeightSyncScheme",
@@ -180,14 +182,54 @@ class WeightSyncScheme:
 
 
 class ZmqWeightSyncScheme(WeightSyncScheme):
-    """The default: weights travel in the ZeroMQ message itself; works across hosts.
+    """The default: weights travel in ZeroMQ messages; works across hosts.
+
+    A version of more than ``chunk_bytes`` (default 16 MiB; 0: never) is
+    streamed as a sequence of chunk messages: the trainer hands ZeroMQ views
+    of its snapshot, and each worker checks every chunk against its model's
+    layout and copies it into a receive buffer while the next one is on the
+    wire. The model changes only at a step boundary once every chunk arrived:
+    its parameters then point at that buffer (``zero_copy=True``, the
+    default: no copy; their previous storage receives the next version) or
+    the buffer is copied into them (``zero_copy=False``, for modules that
+    cache tensors derived from their parameters). A worker holds its model,
+    one receive buffer and a chunk, never a whole message besides. Smaller
+    versions travel in one message and are copied into the model.
 
     >>> scheme = ZmqWeightSyncScheme()
     >>> ZmqWeightSyncScheme.from_config(scheme.to_config())
     ZmqWeightSyncScheme()
+    >>> ZmqWeightSyncScheme(chunk_bytes=4 << 20).to_config()["chunk_bytes"]
+    4194304
     """
 
     name = "zmq"
+    _sender_class = StreamingWeightSender
+    _receiver_class = StreamedWeightReceiver
+
+    def __init__(self, strategy: WeightFormat | WeightStrategy = "tensordict", *,
+                 max_interval: int = 0, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+                 zero_copy: bool = True) -> None:
+        super().__init__(strategy, max_interval=max_interval)
+        if type(chunk_bytes) is not int or chunk_bytes < 0:
+            raise ValueError(f"chunk_bytes must be an int >= 0 (0: never chunk), "
+                             f"got {chunk_bytes!r}")
+        self.chunk_bytes = chunk_bytes
+        self.zero_copy = zero_copy
+
+    def _options(self) -> dict[str, Any]:
+        options = super()._options()
+        if self.chunk_bytes != DEFAULT_CHUNK_BYTES:
+            options["chunk_bytes"] = self.chunk_bytes
+        if not self.zero_copy:
+            options["zero_copy"] = False
+        return options
+
+    def _sender_options(self) -> dict[str, Any]:
+        return {"chunk_bytes": self.chunk_bytes}
+
+    def _receiver_options(self) -> dict[str, Any]:
+        return {"zero_copy": self.zero_copy}
 
 
 class SharedMemWeightSyncScheme(WeightSyncScheme):

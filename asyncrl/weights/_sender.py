@@ -39,6 +39,9 @@ class HubLike(Protocol):
     async def send_async(self, peers: Iterable[bytes], body: Any, *, kind: str = ...,
                          meta: dict[str, Any] | None = ...) -> Ticket: ...
 
+    async def send(self, peer: bytes, body: Any, *, kind: str = ...,
+                   meta: dict[str, Any] | None = ...) -> None: ...
+
 
 class WeightSender:
     """Sends the weights of one model id to workers; each send gets a new version.
@@ -227,7 +230,10 @@ class WeightSender:
             self._latest_stage = extra.get("stage")
             if due:
                 self._queue(payload, version, due, extra).started = time.monotonic()
-            await self._dispatch()
+            try:
+                await self._dispatch()
+            finally:
+                await self._prepared(extra)
         for hook in self._hooks:
             hook()
         return version
@@ -367,6 +373,9 @@ class WeightSender:
             stage.fill(flat)
         return stage.payload, {"stage": stage}
 
+    async def _prepared(self, extra: dict[str, Any]) -> None:
+        """The send's snapshot must be complete now (a subclass may fill it while sending)."""
+
     def _latest_extra(self) -> dict[str, Any]:
         return {"stage": self._latest_stage} if self._latest_stage is not None else {}
 
@@ -439,15 +448,17 @@ class WeightSender:
         meta = WeightMeta(self.model_id, queued.version,
                           instance if isinstance(instance, str) else "")
         if peers:
-            ticket = await self.hub.send_async(list(peers), queued.payload, kind=WEIGHTS_KIND,
-                                               meta=meta.to_meta())
+            ticket = await self._send_payload(list(peers), queued.payload, meta)
             self._in_flight(ticket, peers, None, queued)
         for relay, members in relayed.items():
             # One copy per host: the relay delivers it to each member and acks for all.
             relayed_meta = replace(meta, relay_to=tuple(members))
-            ticket = await self.hub.send_async([relay], queued.payload, kind=WEIGHTS_KIND,
-                                               meta=relayed_meta.to_meta())
+            ticket = await self._send_payload([relay], queued.payload, relayed_meta)
             self._in_flight(ticket, members, relay, queued)
+
+    async def _send_payload(self, peers: list[bytes], payload: Any, meta: WeightMeta) -> Ticket:
+        """Hand ``payload`` to the hub for ``peers``; the ticket's acks say it was applied."""
+        return await self.hub.send_async(peers, payload, kind=WEIGHTS_KIND, meta=meta.to_meta())
 
     def _in_flight(self, ticket: Ticket, members: dict[bytes, int], relay: bytes | None,
                    queued: Queued) -> None:

@@ -16,3 +16,14 @@ def test_weights_bench_quick_prints_every_row(capsys: pytest.CaptureFixture[str]
                 "one memcpy of the parameters (limit)",
                 "bare pyzmq ROUTER/DEALER", "command: python -m benchmarks.weights --quick"):
         assert row in out, out
+
+
+def test_weights_bench_bandwidth_only_streams_in_chunks(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--quick", "--reps", "1", "--bandwidth-only", "--chunk-bytes", "1000000"]) == 0
+    out = capsys.readouterr().out
+    for row in ("bare pyzmq ROUTER/DEALER, one message",
+                "bare pyzmq ROUTER/DEALER, 0.953674 MiB messages",
+                "asyncrl ZmqWeightSyncScheme(chunk_bytes=0.953674 MiB)",
+                "asyncrl ZmqWeightSyncScheme(chunk_bytes=0) (one message, as before)"):
+        assert row in out, out
+    assert "asyncrl ZmqWeightSyncScheme (ipc)" not in out  # no latency rows

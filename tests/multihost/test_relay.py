@@ -344,3 +344,52 @@ async def test_a_worker_without_the_synced_policy_stops_the_run_with_a_clear_err
                 code = await wait_exit(host)
                 kill_group(host)
     assert code == 1, host.stdout.read() if host.stdout else ""
+
+
+async def test_chunks_of_a_streamed_version_go_through_the_relay_in_order() -> None:
+    """The relay forwards each chunk as it comes; the member assembles and acks the last one."""
+    from asyncrl._protocol import RelayWelcome
+    from asyncrl.weights import WeightReceiverGroup
+
+    trainer = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 2))
+    worker = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 2))
+    scheme = ZmqWeightSyncScheme(chunk_bytes=40)  # 232 bytes: 6 chunks
+    group = WeightReceiverGroup([scheme.init_on_worker("policy", model=worker)])
+    order: list[tuple[int, int, bool]] = []
+    with anyio.fail_after(LIMIT):
+        async with Hub("tcp://127.0.0.1:0", heartbeat_interval=0.2, peer_timeout=2.0) as hub, \
+                HostRelay(hub.endpoint, [b"m0"], heartbeat_interval=0.2,
+                          peer_timeout=2.0) as relay, \
+                Link(relay.endpoint, identity=b"m0", heartbeat_interval=0.2,
+                     peer_timeout=2.0) as member, anyio.create_task_group() as tg:
+            joined = await hub.recv()
+            assert (await hub.recv()).kind == "relay_hello"
+            await hub.send(joined.peer, RelayWelcome(1, hub.instance).to_body(),
+                           kind=RelayWelcome.KIND)
+            assert (await member.recv()).kind == "relay_attached"
+            while not relay.statistics().registered:
+                await anyio.sleep(0.01)
+
+            async def serve() -> None:
+                while True:
+                    message = await member.recv()
+                    chunk = message.meta["chunk"]
+                    order.append((message.meta["version"], chunk["index"], message.needs_ack))
+                    group.on_message(message)
+                    group.apply_pending()
+                    await group.flush_acks(member)
+
+            tg.start_soon(serve)
+            sender = scheme.init_on_sender("policy", hub=hub, model=trainer, workers={0: b"m0"})
+            sender.set_relay_routes(lambda: {0: joined.peer})
+            for version in (1, 2):
+                with torch.no_grad():
+                    for p in trainer.parameters():
+                        p.fill_(float(version))
+                assert await sender.send(timeout=30) == version
+                assert all(torch.equal(a, b)
+                           for a, b in zip(trainer.parameters(), worker.parameters(), strict=True))
+            tg.cancel_scope.cancel()
+    assert order == [(v, i, i == 5) for v in (1, 2) for i in range(6)]
+    assert sender.copies_sent == 2  # one message stream per version to the host
+    assert relay.statistics().received == 2 and relay.statistics().delivered == 2

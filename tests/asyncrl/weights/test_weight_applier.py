@@ -22,6 +22,7 @@ from asyncrl.weights import (
     LocalHub,
     LocalLink,
     NoWeightSyncScheme,
+    StreamedWeightReceiver,
     WeightApplier,
     WeightMismatchError,
     WeightReceiver,
@@ -271,7 +272,7 @@ async def test_receivers_come_from_the_spec_and_the_coordinator_without_duplicat
     applier.add_configs({"policy": NoWeightSyncScheme().to_config(),  # ours is kept
                          "critic": ZmqWeightSyncScheme().to_config()}, root=worker)
     assert applier.receivers.versions == {"policy": 0, "critic": 0}
-    assert type(applier.receivers["policy"]) is WeightReceiver
+    assert type(applier.receivers["policy"]) is StreamedWeightReceiver  # the Zmq scheme's
 
 
 async def test_a_model_this_worker_lacks_is_refused_unless_its_weights_never_come() -> None:

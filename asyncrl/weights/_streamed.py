@@ -1,0 +1,432 @@
+"""The ZeroMQ scheme's two ends: big versions streamed in chunks, applied by a buffer swap.
+
+Trainer: a version bigger than ``chunk_bytes`` goes out as a sequence of chunk
+messages, views of the snapshot (see :mod:`._chunks`); only the last one asks
+for an acknowledgement, which covers the stream since ZeroMQ keeps a
+connection's order.
+
+Worker: each chunk is checked and copied into a receive buffer as it arrives
+(while the next one is on the wire), never into the model: the policy may be
+stepping with it, and a stream cut off or refused halfway must leave the model
+whole. Once the last chunk is in, the version is pending like any other; at
+the next step boundary the model's parameters are pointed at the buffer
+(``param.data = buffer``, no copy) and their previous storage becomes the
+receive buffer of the next version. So a worker holds its model, one receive
+buffer and one chunk in flight, never a whole message besides: frames keep
+exact versions, as with whole messages.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+import anyio
+import anyio.lowlevel
+import numpy as np
+import torch
+from torch import nn
+
+from transports import Message, PeerLostError, ProtocolError, Ticket, copy_into
+
+from .._protocol import WEIGHTS_KIND, WeightChunk, WeightMeta
+from ._chunks import (
+    DEFAULT_CHUNK_BYTES,
+    ChunkAssembly,
+    Layout,
+    check_layout,
+    chunk_bodies,
+    empty_buffers,
+    plan_chunks,
+    streamable,
+)
+from ._errors import WeightSyncError
+from ._receiver import AckRoute, WeightReceiver, _Update
+from ._sender import THREAD_COPY_BYTES, WeightSender
+from ._strategy import flat_tensors
+
+__all__ = ["StreamedWeightReceiver", "StreamingWeightSender"]
+
+
+class StreamingWeightSender(WeightSender):
+    """A :class:`WeightSender` that streams versions above ``chunk_bytes`` in chunks (0: never).
+
+    ``ZmqWeightSyncScheme(chunk_bytes=...).init_on_sender(...)`` builds it.
+
+    >>> from torch import nn
+    >>> from asyncrl.weights import LocalHub, ZmqWeightSyncScheme
+    >>> sender = ZmqWeightSyncScheme(chunk_bytes=1 << 20).init_on_sender(
+    ...     "policy", hub=LocalHub(), model=nn.Linear(1024, 1024), workers={})
+    >>> len(sender._plan(sender.model.state_dict()))   # 4.2 MB in chunks of 1 MiB
+    5
+    """
+
+    def __init__(self, *args: Any, chunk_bytes: int = DEFAULT_CHUNK_BYTES, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if chunk_bytes < 0:
+            raise ValueError(f"chunk_bytes must be >= 0 (0: never chunk), got {chunk_bytes}")
+        self.chunk_bytes = chunk_bytes
+        #: Chunk messages handed to the hub (each counts once per peer).
+        self.chunks_sent = 0
+
+    async def _prepare(self, source: Any, version: int) -> tuple[Any, dict[str, Any]]:
+        """A snapshot buffer that the chunks fill as they go out (see :class:`_Filling`).
+
+        The first transmission copies chunk *i* into the buffer just before
+        handing it to ZeroMQ, so the copy of the next chunk overlaps the wire;
+        :meth:`_prepared` completes the copy before ``send_async`` returns.
+        """
+        weights = self.strategy.extract_weights(source)
+        flat = flat_tensors(weights)
+        if not (self.snapshot and self.chunk_bytes and streamable(flat)
+                and _nbytes(flat) > self.chunk_bytes):
+            return await super()._prepare(source, version)
+        stage = self._free_stage(weights, flat)
+        filling = _Filling(stage.payload, flat, flat_tensors(stage.payload),
+                           plan_chunks(flat, self.chunk_bytes))
+        return stage.payload, {"stage": stage, "filling": filling}
+
+    async def _prepared(self, extra: dict[str, Any]) -> None:
+        filling = extra.pop("filling", None)
+        if filling is not None:
+            with anyio.CancelScope(shield=True):  # never leave a half-written snapshot
+                await filling.upto(len(filling.chunks) - 1)
+
+    async def _send_payload(self, peers: list[bytes], payload: Any, meta: WeightMeta) -> Ticket:
+        chunks = self._plan(payload)
+        if chunks is None:
+            return await super()._send_payload(peers, payload, meta)
+        filling = self._filling_of(payload)
+        views = flat_tensors(payload)
+        live = list(peers)
+        for chunk in chunks[:-1]:
+            if filling is not None:
+                await filling.upto(chunk.index)
+            body, chunk_meta = chunk_bodies(views, chunk), replace(meta, chunk=chunk).to_meta()
+            for peer in list(live):
+                try:
+                    await self.hub.send(peer, body, kind=WEIGHTS_KIND, meta=chunk_meta)
+                except PeerLostError:
+                    live.remove(peer)  # the last chunk's ticket reports it lost
+                else:
+                    self.chunks_sent += 1
+        last = chunks[-1]
+        if filling is not None:
+            await filling.upto(last.index)
+        self.chunks_sent += len(peers)
+        return await self.hub.send_async(peers, chunk_bodies(views, last), kind=WEIGHTS_KIND,
+                                         meta=replace(meta, chunk=last).to_meta())
+
+    def _filling_of(self, payload: Any) -> _Filling | None:
+        """The snapshot being filled for ``payload``, if it is not complete yet."""
+        for lane in self._lanes.values():
+            queued = lane.queued
+            if queued is not None and queued.payload is payload:
+                filling = queued.extra.get("filling")
+                if isinstance(filling, _Filling) and not filling.done:
+                    return filling
+        return None
+
+    def _plan(self, payload: Any) -> list[WeightChunk] | None:
+        """The chunks of ``payload``, or None to send it whole (small, or not byte-addressable)."""
+        if not self.chunk_bytes:
+            return None
+        views = flat_tensors(payload)
+        if not streamable(views):
+            return None
+        if _nbytes(views) <= self.chunk_bytes:
+            return None
+        return plan_chunks(views, self.chunk_bytes)
+
+
+class _Filling:
+    """A snapshot filled chunk by chunk, in the order the chunks go out."""
+
+    def __init__(self, payload: Any, source: Mapping[str, torch.Tensor],
+                 views: Mapping[str, torch.Tensor], chunks: list[WeightChunk]) -> None:
+        self.payload = payload
+        self.chunks = chunks
+        self._pairs = [(_bytes_of(views[key]), _bytes_of(source[key])) for key in views]
+        self._index = {key: i for i, key in enumerate(views)}
+        self.filled = -1  # chunks copied so far: 0..filled
+
+    @property
+    def done(self) -> bool:
+        return self.filled == len(self.chunks) - 1
+
+    async def upto(self, index: int) -> None:
+        """Copy the chunks up to ``index`` from the model into the snapshot (once each)."""
+        while self.filled < index:
+            chunk = self.chunks[self.filled + 1]
+            if sum(size for _, _, size in chunk.parts) > THREAD_COPY_BYTES:
+                # A thread keeps the event loop (heartbeats, acks) running during the copy.
+                await anyio.to_thread.run_sync(self._copy, chunk)
+            else:  # a few ms: cheaper inline than a thread hop
+                self._copy(chunk)
+                await anyio.lowlevel.checkpoint()
+            self.filled = chunk.index
+
+    def _copy(self, chunk: WeightChunk) -> None:
+        for key, offset, size in chunk.parts:
+            into, source = self._pairs[self._index[key]]
+            np.copyto(into[offset:offset + size].numpy(), source[offset:offset + size].numpy())
+
+
+def _bytes_of(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.detach().reshape(-1).view(torch.uint8)
+
+
+def _nbytes(flat: Mapping[str, torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in flat.values())
+
+
+@dataclass(eq=False)
+class _Staged:
+    """A complete version in a receive buffer, waiting for a step boundary."""
+
+    layout: Layout
+    buffers: dict[str, torch.Tensor]
+
+
+@dataclass(eq=False)
+class _Stream:
+    """The chunks of one version coming by one route."""
+
+    version: int
+    count: int
+    assembly: ChunkAssembly | None  # None: not written (stale, superseded or failed)
+    error: BaseException | None = None
+    next_index: int = 0
+
+
+class StreamedWeightReceiver(WeightReceiver):
+    """A :class:`WeightReceiver` that also assembles versions streamed in chunks.
+
+    Chunks are checked against the model's own layout and written into a
+    receive buffer as they come; the model changes only when the complete
+    version is applied at a step boundary: its parameters then point at the
+    buffer (``zero_copy``, the default) or the buffer is copied into them
+    (``zero_copy=False``, for modules that cache tensors derived from their
+    parameters; buffers such as running statistics are always copied). A
+    refused chunk (wrong version, index, key, offset or size) fails its
+    stream with a ``ProtocolError`` sent back with the last chunk's ack; the
+    model keeps the version it had.
+
+    >>> receiver = ZmqWeightSyncScheme().init_on_worker("policy", model=policy)  # doctest: +SKIP
+    >>> receiver.chunks_received                                               # doctest: +SKIP
+    17
+    """
+
+    takes_chunks = True
+
+    def __init__(self, *args: Any, zero_copy: bool = True, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.zero_copy = zero_copy
+        #: Chunk messages taken (observability).
+        self.chunks_received = 0
+        self._streams: dict[AckRoute, _Stream] = {}  # event loop only
+        self._spare: _Staged | None = None  # the receive buffer when no stream holds it (_lock)
+
+    # -- event loop ------------------------------------------------------------------------
+    def on_message(self, message: Message, route: AckRoute = AckRoute.DIRECT) -> None:
+        try:
+            meta = self._read_meta(message)
+            payload = None if meta.chunk is not None else self._load(message)
+        except Exception as exc:
+            self._ack_all([(message, route)], None, exc)
+            return
+        if meta.chunk is None:
+            self._offer(meta.version, payload, message, route)
+        else:
+            self.chunks_received += 1
+            self._on_chunk(message, route, meta.version, meta.chunk)
+
+    def follow(self, instance: str) -> bool:
+        changed = super().follow(instance)
+        if changed:
+            for stream in self._streams.values():
+                self._release(stream)
+            self._streams.clear()  # their versions meant something to the old instance only
+        return changed
+
+    def _on_chunk(self, message: Message, route: AckRoute, version: int,
+                  chunk: WeightChunk) -> None:
+        stream = self._streams.get(route)
+        error: BaseException | None
+        try:
+            if chunk.index == 0:
+                stream = self._start(route, version, chunk)
+            elif stream is None or stream.version != version:
+                raise ProtocolError(
+                    f"weights chunk {chunk.index} of {chunk.count} of version {version} "
+                    f"arrived with no stream of that version under way (expected "
+                    + (f"chunk {stream.next_index} of version {stream.version}" if stream
+                       else "a chunk 0") + "): chunks were lost, reordered or forged")
+            if stream.error is None:
+                self._take(stream, chunk, message.body)
+            error = stream.error
+        except Exception as exc:
+            error = exc
+            if stream is not None:  # a connection keeps order: its stream is broken
+                self._fail(stream, exc)
+        if chunk.last:
+            if stream is not None and self._streams.get(route) is stream \
+                    and stream.version == version:
+                del self._streams[route]
+            self._finish(stream if stream is not None and stream.version == version else None,
+                         error, message, route, version)
+        elif error is not None and message.needs_ack:
+            self._ack_all([(message, route)], None, error)
+
+    def _start(self, route: AckRoute, version: int, chunk: WeightChunk) -> _Stream:
+        """A new stream on ``route`` (dropping an unfinished one): written, or skipped if stale."""
+        abandoned = self._streams.pop(route, None)
+        if abandoned is not None:
+            self._release(abandoned)  # its last chunk never came: no ack is owed
+        stream = _Stream(version, chunk.count, None)
+        self._streams[route] = stream
+        if version <= self._newest_known():
+            return stream  # a newer version is applied, pending or on its way: skip this one
+        for other in self._streams.values():
+            if other is not stream and other.assembly is not None:
+                self._release(other)  # an older version on another route: superseded
+        try:
+            check_layout(chunk.layout, flat_tensors(self.model, live=True),
+                         f"streamed weights of {self.model_id!r}")
+        except Exception as exc:
+            stream.error = exc
+            return stream
+        stream.assembly = ChunkAssembly(version, chunk.count, chunk.layout,
+                                        self._claim(chunk.layout, version))
+        return stream
+
+    def _take(self, stream: _Stream, chunk: WeightChunk, body: Any) -> None:
+        if stream.assembly is not None:
+            stream.assembly.write(chunk, body)
+            stream.next_index = stream.assembly.next_index
+            return
+        if chunk.index != stream.next_index or chunk.count != stream.count:
+            raise ProtocolError(f"weights chunk {chunk.index} of {chunk.count} of version "
+                                f"{stream.version}: expected chunk {stream.next_index} of "
+                                f"{stream.count}")
+        stream.next_index += 1
+
+    def _fail(self, stream: _Stream, error: BaseException) -> None:
+        owned = stream.assembly is not None
+        self._release(stream)
+        if stream.error is None:
+            stream.error = error  # the first error says what went wrong
+        if owned:
+            with self._lock:
+                if self._pending is None and self._waiting:
+                    # They waited for this version (it superseded theirs), which now fails.
+                    waiting, self._waiting = self._waiting, []
+                    for message, route in waiting:
+                        self._queue_ack(message, route, None, WeightSyncError(
+                            f"version {stream.version} of {self.model_id!r} superseded this "
+                            f"one but its stream failed: {error}"))
+
+    def _finish(self, stream: _Stream | None, error: BaseException | None, message: Message,
+                route: AckRoute, version: int) -> None:
+        """The last chunk of ``version`` came: offer the version, or ack the failure."""
+        if error is not None:
+            self._ack_all([(message, route)], None, error)
+            return
+        assert stream is not None
+        assembly = stream.assembly
+        if assembly is not None and assembly.complete:
+            stream.assembly = None
+            self._offer(version, _Staged(assembly.layout, assembly.buffers), message, route)
+            return
+        newer = self._newest_known()
+        with self._lock:  # skipped: answered by what is held, pending or on its way
+            if version <= self._version:
+                self._queue_ack(message, route, self._version, None)
+                return
+            if version <= newer:  # acked with the version applied next (or its failure)
+                self._waiting.append((message, route))
+                return
+        self._ack_all([(message, route)], None, WeightSyncError(
+            f"version {version} of {self.model_id!r} was skipped for a newer stream that did "
+            "not complete; send again"))
+
+    def _newest_known(self) -> int:
+        """The newest version applied, pending, or being assembled."""
+        newest = max(self._version, self.pending_version or 0)
+        for stream in self._streams.values():
+            if stream.assembly is not None:
+                newest = max(newest, stream.version)
+        return newest
+
+    def _claim(self, layout: Layout, version: int) -> dict[str, torch.Tensor]:
+        """The receive buffer for ``layout``: the spare, a pending older version's, or a new one."""
+        with self._lock:
+            spare, self._spare = self._spare, None
+            if spare is None and self._pending is not None \
+                    and isinstance(self._pending.payload, _Staged) \
+                    and self._pending.version < version:
+                spare, self._pending = self._pending.payload, None  # its acks wait for ours
+        if spare is not None and spare.layout == layout:
+            return spare.buffers
+        return empty_buffers(layout)  # first stream, or the layout changed
+
+    def _release(self, stream: _Stream) -> None:
+        """``stream`` stops writing; its buffer becomes the spare."""
+        assembly, stream.assembly = stream.assembly, None
+        if assembly is not None:
+            with self._lock:
+                self._keep_spare(_Staged(assembly.layout, assembly.buffers))
+
+    def _keep_spare(self, staged: _Staged) -> None:
+        if self._spare is None:
+            self._spare = staged  # (one spare at most: a second one is freed)
+
+    def _discard(self, payload: Any) -> None:
+        if isinstance(payload, _Staged):
+            self._keep_spare(payload)
+
+    # -- any thread, at a step boundary ---------------------------------------------------
+    def _apply(self, update: _Update) -> int:
+        staged = update.payload
+        if not isinstance(staged, _Staged):
+            return super()._apply(update)
+        targets = flat_tensors(self.model, live=True)
+        check_layout(staged.layout, targets, f"streamed weights of {self.model_id!r}")
+        share = self.zero_copy and isinstance(self.model, nn.Module)
+        freed: dict[str, torch.Tensor] = {}
+        for key, buffer in staged.buffers.items():
+            target = targets[key]
+            if share and _swappable(target, buffer):
+                freed[key], target.data = target.data, buffer
+            else:
+                copy_into(target, buffer)
+                freed[key] = buffer
+        with self._lock:
+            self._keep_spare(_Staged(staged.layout, _reusable(freed, staged.buffers)))
+        return update.version
+
+    def close(self) -> None:
+        super().close()
+        self._streams.clear()
+        with self._lock:
+            self._spare = None
+
+
+def _swappable(target: torch.Tensor, buffer: torch.Tensor) -> bool:
+    # Parameters only (a worker never writes them); buffers such as running
+    # statistics may be updated in place and are copied.
+    return (isinstance(target, nn.Parameter) and target.dtype == buffer.dtype
+            and target.device.type == "cpu" and tuple(target.shape) == tuple(buffer.shape))
+
+
+def _reusable(freed: Mapping[str, torch.Tensor], like: Mapping[str, torch.Tensor]
+              ) -> dict[str, torch.Tensor]:
+    """The next receive buffer: the storage the parameters left, where it has the right form."""
+    out = {}
+    for key, tensor in freed.items():
+        want = like[key]
+        out[key] = tensor if (tensor.is_contiguous() and tensor.dtype == want.dtype
+                              and tuple(tensor.shape) == tuple(want.shape)
+                              and tensor.device.type == "cpu") else torch.empty_like(want)
+    return out
