@@ -36,6 +36,7 @@ from .._protocol import (
     RelayHello,
     RelayWelcome,
     Welcome,
+    WorkerLog,
 )
 from .checks import check_specs
 from .registry import WorkerRegistry
@@ -50,6 +51,7 @@ from .state import (
     Send,
     WorkerInfo,
 )
+from .worker_logs import WorkerLogs
 
 if TYPE_CHECKING:
     from ..weights import WeightSender
@@ -105,6 +107,8 @@ class Coordinator:
         self._closing = False
         # Every admission, live and lost, for statistics() and the event stream.
         self.registry = WorkerRegistry(publish)
+        #: Admitted workers' log records, re-emitted into the ``asyncrl.worker`` logger.
+        self.worker_logs = WorkerLogs()
         self.state.paused = paused  # pause() before the collector opened
 
     # -- views of the state ----------------------------------------------------------------
@@ -309,6 +313,8 @@ class Coordinator:
                     await self._on_error(item)
                 elif item.kind == Leaving.KIND:
                     await self._on_leaving(item)
+                elif item.kind == WorkerLog.KIND:
+                    self._on_log(item)
                 else:
                     self._limited_log.warning("unknown-kind", "ignored a %r message from %r",
                                               item.kind, item.peer)
@@ -325,7 +331,14 @@ class Coordinator:
             self._note_refusals(actions, worker.name, worker.host, worker.pid)
         await self._perform(actions, "refused for a bad batch")
 
+    def _on_log(self, message: Message) -> None:
+        worker = self.state.workers.get(message.peer)
+        if worker is None or not worker.alive:
+            return  # a stranger's (or a lost worker's) log: not even read
+        self.worker_logs.emit(worker, WorkerLog.from_body(message.body))
+
     async def _on_lost(self, peer: bytes, reason: str = "") -> None:
+        self.worker_logs.forget(peer)
         if self._closing:  # told to close: its goodbye is no loss (and no warning)
             self.state.gone[peer] = None
             self._notify()
@@ -411,6 +424,7 @@ class Coordinator:
         for action in actions:
             if isinstance(action, Expel):
                 self.hub.expel(action.peer)
+                self.worker_logs.forget(action.peer)
                 self.registry.check_lost(lost_reason, left=left)
             elif isinstance(action, CatchUp):
                 await self._catch_up(action.worker)
