@@ -26,6 +26,7 @@ from transports import Hub, Message, PeerEvent, PeerLostError, ProtocolError, Ra
 
 from .._errors import CollectorError, WorkerLostError, rebuild_remote_exception
 from .._observe.events import CollectorEvent
+from .._observe.tracing import span
 from .._protocol import (
     Batch,
     Control,
@@ -297,10 +298,7 @@ class Coordinator:
                     elif item.event in ("joined", "returned"):
                         await self._perform(self.state.returned(item.peer))
                 elif item.kind == Hello.KIND:
-                    hello = Hello.from_body(item.body)
-                    actions = self.state.hello(item.peer, hello)
-                    self._note_refusals(actions, hello.name, hello.host, hello.pid)
-                    await self._perform(actions, "replaced by its own new hello")
+                    await self._on_hello(item.peer, Hello.from_body(item.body))
                 elif item.kind == RelayHello.KIND:
                     relay_hello = RelayHello.from_body(item.body)
                     actions = self.state.relay_hello(item.peer, relay_hello)
@@ -321,6 +319,17 @@ class Coordinator:
             except ProtocolError as exc:
                 self._limited_log.warning("bad-message", "dropped a bad %r message from %r: %s",
                                           getattr(item, "kind", "?"), item.peer, exc)
+
+    async def _on_hello(self, peer: bytes, hello: Hello) -> None:
+        with span("asyncrl.admission") as current:  # a shared no-op without the otel extra
+            actions = self.state.hello(peer, hello)
+            self._note_refusals(actions, hello.name, hello.host, hello.pid)
+            await self._perform(actions, "replaced by its own new hello")
+            if current is not None and current.is_recording():
+                trace_admission(current, hello, actions)
+                # The version it was caught up to (0: its initial weights).
+                current.set_attribute("asyncrl.version", next(
+                    (s.version for s in self._senders if s.model_id == "policy"), 0))
 
     async def _on_batch(self, message: Message) -> None:
         worker = self.state.workers.get(message.peer)
@@ -485,6 +494,19 @@ class Coordinator:
         if self._changed.is_set():
             self._changed = anyio.Event()
         await self._changed.wait()
+
+
+def trace_admission(current: Any, hello: Hello, actions: list[Action]) -> None:
+    """A recording ``asyncrl.admission`` span's attributes: who, and what was decided."""
+    attributes: dict[str, Any] = {"asyncrl.host": hello.host, "asyncrl.pid": hello.pid,
+                                  "asyncrl.name": hello.name, "asyncrl.admitted": False}
+    for action in actions:
+        if isinstance(action, Send) and isinstance(action.message, Welcome):
+            attributes.update({"asyncrl.admitted": action.worker is not None
+                               and action.worker.alive, "asyncrl.worker": action.message.index})
+        elif isinstance(action, Send) and isinstance(action.message, Refuse):
+            attributes["asyncrl.reason"] = action.message.reason[:500]
+    current.set_attributes(attributes)
 
 
 __all__ = ["Coordinator", "OnWorkerLoss", "RelayInfo", "WorkerInfo", "check_specs"]

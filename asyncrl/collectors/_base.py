@@ -11,6 +11,7 @@ from tensordict import TensorDictBase
 from transports import TaskGroupResource
 
 from .._errors import CollectorError, CollectorStopped
+from .._observe.tracing import span, trace_batch
 from .._spawn.threads import TrainerThreads
 from ._assemble import MASK_KEY, split_trajectories
 from ._config import normalise_total_frames
@@ -211,27 +212,30 @@ class BaseCollector(CollectorOperations, TaskGroupResource, TorchRLHabits):
             raise StopAsyncIteration
         if self.update_at_each_batch:
             await self.update_policy_weights()
-        try:
-            batch = await self._next_batch()
-        except CollectorStopped:  # a stop (SIGTERM), not a failure: the iteration ends
-            raise StopAsyncIteration from None
-        except Exception:
-            if self._closed:  # closed from another task while this one waited
+        with span("asyncrl.batch") as current:  # a shared no-op without the otel extra
+            try:
+                batch = await self._next_batch()
+            except CollectorStopped:  # a stop (SIGTERM), not a failure: the iteration ends
                 raise StopAsyncIteration from None
-            raise
-        await self._wait_resumed()  # paused meanwhile: held until resume()
-        if self._closed:
-            raise StopAsyncIteration
-        # Padding of a preempted round is not frames (TorchRL counts the mask).
-        frames = int(batch.get(MASK_KEY).sum()) if MASK_KEY in batch.keys(include_nested=True) \
-            else batch.numel()
-        self.frames_collected += frames
-        self._note_batch(batch, frames)  # statistics(): a few reductions per batch
-        if self.split_trajs:
-            batch = split_trajectories(batch)
-        if self.postproc is not None:
-            batch = self.postproc(batch)
-        return batch
+            except Exception:
+                if self._closed:  # closed from another task while this one waited
+                    raise StopAsyncIteration from None
+                raise
+            await self._wait_resumed()  # paused meanwhile: held until resume()
+            if self._closed:
+                raise StopAsyncIteration
+            # Padding of a preempted round is not frames (TorchRL counts the mask).
+            frames = int(batch.get(MASK_KEY).sum()) \
+                if MASK_KEY in batch.keys(include_nested=True) else batch.numel()
+            self.frames_collected += frames
+            self._note_batch(batch, frames)  # statistics(): a few reductions per batch
+            if current is not None and current.is_recording():
+                trace_batch(current, batch, frames, self.policy_version, self._lag)
+            if self.split_trajs:
+                batch = split_trajectories(batch)
+            if self.postproc is not None:
+                batch = self.postproc(batch)
+            return batch
 
     # -- free run into a sink ---------------------------------------------------------------
     def start(self) -> None:
