@@ -24,7 +24,12 @@ from tensordict import TensorDictBase
 
 from transports import Hub, Message, PeerEvent, PeerLostError, ProtocolError, RateLimitedLog
 
-from .._errors import CollectorError, WorkerLostError, rebuild_remote_exception
+from .._errors import (
+    CollectorError,
+    CollectorStopped,
+    WorkerLostError,
+    rebuild_remote_exception,
+)
 from .._observe.events import CollectorEvent
 from .._observe.tracing import span
 from .._protocol import (
@@ -106,6 +111,7 @@ class Coordinator:
         self._limited_log = RateLimitedLog(log)
         self._changed = anyio.Event()
         self._closing = False
+        self._close_error: BaseException | None = None  # close()'s "failure": no failure
         # Every admission, live and lost, for statistics() and the event stream.
         self.registry = WorkerRegistry(publish)
         #: Admitted workers' log records, re-emitted into the ``asyncrl.worker`` logger.
@@ -141,6 +147,14 @@ class Coordinator:
     @property
     def failed(self) -> bool:
         return self.state.failure is not None
+
+    @property
+    def run_failed(self) -> bool:
+        """The run failed: not closed, not stopped on a signal (a worker's fatal error,
+        a loss under ``on_worker_loss="raise"``, a replacement that never came...)."""
+        failure = self.state.failure
+        return failure is not None and failure is not self._close_error \
+            and not isinstance(failure, CollectorStopped)
 
     def raise_if_failed(self) -> None:
         """Raise the run's failure, if it has one."""
@@ -240,7 +254,8 @@ class Coordinator:
         whose last messages (its ack, its goodbye) reached a live hub has nothing left
         to deliver, so ZeroMQ's linger does not hold its exit for a second.
         """
-        self.fail(CollectorError("the collector was closed"))  # wake waiters
+        self._close_error = CollectorError("the collector was closed")
+        self.fail(self._close_error)  # wake waiters
         self._closing = True  # goodbyes from now on are workers stopping, not losses
         told = []
         with anyio.move_on_after(2):

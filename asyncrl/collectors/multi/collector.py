@@ -326,6 +326,17 @@ class MultiCollector(BaseCollector):
             heard=coordinator.heard, routes=coordinator.relay_routes(), joining=joining,
             waiting=coordinator.state.waiting_for())
 
+    def _run_failed(self) -> bool:
+        coordinator = self._run.coordinator
+        return coordinator is not None and coordinator.run_failed
+
+    def _waiting_for_workers(self) -> bool:
+        coordinator = self._run.coordinator
+        if coordinator is None:
+            return False
+        state = coordinator.state
+        return (state.expected > 0 and state.missing_workers() > 0) or bool(state.waiting_for())
+
     async def _wait_ready(self) -> None:
         await self._ensure_ready()
 
