@@ -33,8 +33,9 @@ WORKER_EXIT_CODES = """exit codes:
   3  the coordinator is gone: it closed without telling this worker, it never answered
      (--peer-timeout), its connection stayed down longer than --give-up-after, or it was
      restarted (a new instance) and no --reconnect
-  4  the coordinator refused this worker (see its log: specs, keys), or the run
-     stayed full (remote_workers) for --join-timeout
+  4  the coordinator refused this worker (see its log: specs, keys), revoked this
+     host's CURVE key while it ran, or the run stayed full (remote_workers) for
+     --join-timeout
   5  no welcome within --join-timeout: something accepts connections there but
      does not answer as an asyncrl collector"""
 

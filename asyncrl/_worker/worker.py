@@ -413,6 +413,10 @@ class Worker:
         try:
             return await self.link.recv()
         except PeerLostError as exc:
+            if self.link.key_revoked:  # told so by the hub: a refusal, and final
+                raise WorkerExit(EXIT_REFUSED, f"the coordinator at {self.link.endpoint} "
+                                 "revoked this host's CURVE key (asyncrl keys revoke): it is "
+                                 "refused from now on", final=True) from None
             if self.index < 0:  # never welcomed: maybe never reached
                 raise WorkerExit(EXIT_COORDINATOR_LOST, self._unreachable()) from None
             raise WorkerExit(EXIT_COORDINATOR_LOST,
