@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any, Self, TypeVar
+from typing import Any, Generic, Self, overload
 
 import anyio
 from tensordict import TensorDictBase
+from typing_extensions import TypeVar
 
 from transports import TaskGroupResource
 
@@ -21,9 +22,13 @@ from ._torchrl_habits import TorchRLHabits
 from ._trajectories import TrajectoryAssembler, check_trajectory_options
 
 T = TypeVar("T")
+#: The type of a collector's ``replay_buffer`` (None: it has none). Only for type
+#: checkers: ``async for batch in collector`` gives a ``TensorDictBase`` when it is
+#: None (the default), and None when a replay buffer is given (it was filled).
+RB = TypeVar("RB", default=None)
 
 
-class BaseCollector(CollectorOperations, TaskGroupResource, TorchRLHabits):
+class BaseCollector(CollectorOperations, TaskGroupResource, TorchRLHabits, Generic[RB]):
     """Async iteration over batches, ``total_frames``, ``postproc``, ``start()``/``pause()``."""
 
     #: A weight update started without ``await`` is applied before the next batch is
@@ -37,7 +42,7 @@ class BaseCollector(CollectorOperations, TaskGroupResource, TorchRLHabits):
         frames_per_batch: int,
         split_trajs: bool = False,
         postproc: Callable[[TensorDictBase], TensorDictBase] | None = None,
-        replay_buffer: Any = None,
+        replay_buffer: RB | None = None,
         update_at_each_batch: bool = False,
         trajs_per_batch: int | None = None,
         traj_format: str | None = None,
@@ -56,7 +61,7 @@ class BaseCollector(CollectorOperations, TaskGroupResource, TorchRLHabits):
             if trajs_per_batch is not None else None
         self.split_trajs = split_trajs
         self.postproc = postproc
-        self.replay_buffer = replay_buffer
+        self.replay_buffer: Any = replay_buffer
         self.update_at_each_batch = update_at_each_batch
         self.frames_collected = 0
         self._closed = False
@@ -157,6 +162,11 @@ class BaseCollector(CollectorOperations, TaskGroupResource, TorchRLHabits):
     def __aiter__(self) -> Self:
         return self
 
+    @overload
+    async def __anext__(self: BaseCollector[None]) -> TensorDictBase: ...
+    @overload
+    async def __anext__(self) -> None: ...
+
     async def __anext__(self) -> TensorDictBase | None:
         """The next batch; None when ``replay_buffer`` was given (TorchRL): it was filled.
 
@@ -164,6 +174,9 @@ class BaseCollector(CollectorOperations, TaskGroupResource, TorchRLHabits):
         :mod:`asyncrl.collectors._trajectories`); into a replay buffer, each batch's complete
         trajectories, flat.
         """
+        return await self._anext()
+
+    async def _anext(self) -> TensorDictBase | None:
         trajs = self._trajs
         while True:
             if trajs is not None and self.replay_buffer is None and trajs.ready:
