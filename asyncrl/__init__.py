@@ -34,6 +34,7 @@ from ._errors import WorkerLostError as WorkerLostError
 from ._observe.events import CollectorEvent as CollectorEvent
 from ._observe.events import EventStream as EventStream
 from ._observe.progress import Progress as Progress
+from ._observe.statistics import CollectorState as CollectorState
 from ._observe.statistics import CollectorStatistics as CollectorStatistics
 from ._observe.statistics import WorkerState as WorkerState
 from ._observe.statistics import WorkerStatistics as WorkerStatistics
@@ -64,6 +65,7 @@ __all__ = [
     "Collector",
     "CollectorError",
     "CollectorEvent",
+    "CollectorState",
     "CollectorStatistics",
     "CollectorStopped",
     "EventStream",

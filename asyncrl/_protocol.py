@@ -329,6 +329,73 @@ class Leaving:
         return cls(reason=_optional_str(body, "reason", "leaving")[:1000])
 
 
+#: Most records one ``log`` message may carry; the worker sends more as more messages.
+MAX_LOG_RECORDS = 64
+#: Longest message (and logger name, traceback) text a forwarded record keeps.
+MAX_LOG_MESSAGE = 4096
+MAX_LOG_LOGGER = 200
+MAX_LOG_TRACEBACK = 16384
+#: C0 control characters but tab and newline: a record cannot rewrite a terminal.
+_LOG_CONTROLS = {c: None for c in range(32) if c not in (9, 10)} | {127: None}
+
+
+@dataclass(frozen=True, slots=True)
+class LogEntry:
+    """One worker log record, as it travels: level, logger name, message, traceback."""
+
+    level: int
+    logger: str
+    message: str
+    traceback: str = ""
+
+    @classmethod
+    def from_wire(cls, item: Any) -> Self:
+        if not isinstance(item, list) or len(item) != 4:
+            raise ProtocolError("log message records must be [level, logger, message, "
+                                f"traceback] lists, got {type(item).__name__}")
+        level, logger, message, traceback = item
+        if type(level) is not int or not 0 <= level <= 100:
+            raise ProtocolError(f"log record level must be an int in 0..100, got {level!r}"[:200])
+        if not all(isinstance(v, str) for v in (logger, message, traceback)):
+            raise ProtocolError("log record logger, message and traceback must be strings")
+        return cls(level, _clean(logger, MAX_LOG_LOGGER), _clean(message, MAX_LOG_MESSAGE),
+                   _clean(traceback, MAX_LOG_TRACEBACK))
+
+    def to_wire(self) -> list[Any]:
+        return [self.level, self.logger, self.message, self.traceback]
+
+
+def _clean(text: str, limit: int) -> str:
+    """``text`` cut to ``limit`` characters (said so), without control characters."""
+    if len(text) > limit:
+        text = text[:limit] + f" [... {len(text) - limit} characters cut]"
+    return text.translate(_LOG_CONTROLS)
+
+
+@dataclass(slots=True)
+class WorkerLog:
+    """Worker -> coordinator: log records of the worker's process (see
+    :mod:`asyncrl._worker.log_forward`), and how many it dropped (rate, queue)."""
+
+    KIND: ClassVar[str] = "log"
+    records: list[LogEntry]
+    dropped: int = 0
+
+    def to_body(self) -> dict[str, Any]:
+        return {"records": [r.to_wire() for r in self.records], "dropped": self.dropped}
+
+    @classmethod
+    def from_body(cls, body: Any) -> Self:
+        records = _field(body, "records", list, "log")
+        if len(records) > MAX_LOG_RECORDS:
+            raise ProtocolError(f"log message carries {len(records)} records; at most "
+                                f"{MAX_LOG_RECORDS} are allowed")
+        dropped = _optional_int(body, "dropped", "log")
+        if dropped < 0:
+            raise ProtocolError(f"log message field 'dropped' must be >= 0, got {dropped}")
+        return cls([LogEntry.from_wire(r) for r in records], dropped)
+
+
 @dataclass(slots=True)
 class Control:
     """Coordinator -> worker, acknowledged: an operation and its arguments.

@@ -33,8 +33,9 @@ WORKER_EXIT_CODES = """exit codes:
   3  the coordinator is gone: it closed without telling this worker, it never answered
      (--peer-timeout), its connection stayed down longer than --give-up-after, or it was
      restarted (a new instance) and no --reconnect
-  4  the coordinator refused this worker (see its log: specs, keys), or the run
-     stayed full (remote_workers) for --join-timeout
+  4  the coordinator refused this worker (see its log: specs, keys), revoked this
+     host's CURVE key while it ran, or the run stayed full (remote_workers) for
+     --join-timeout
   5  no welcome within --join-timeout: something accepts connections there but
      does not answer as an asyncrl collector"""
 
@@ -135,6 +136,13 @@ def _worker_parser(sub: Any) -> None:
     p.add_argument("--log-level", choices=_logs.LEVELS, default="INFO", type=str.upper,
                    help="log level of this host and its workers (asyncrl and transports "
                         "loggers; other libraries log warnings and up)")
+    p.add_argument("--log-file", metavar="PATH", default=None,
+                   help="also append this host's and its workers' log lines to PATH "
+                        "(besides stderr)")
+    p.add_argument("--no-forward-logs", action="store_true",
+                   help="do not send the workers' log records to the trainer (by default "
+                        "they reach its 'asyncrl.worker' logger with the worker, host and pid "
+                        "as fields; see docs/operations.md)")
     add_probe_options(p)
 
 
@@ -281,6 +289,12 @@ def run_workers(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.WARNING, format=log_format)
     for name in ("asyncrl", "transports"):
         logging.getLogger(name).setLevel(level)
+    if args.log_file is not None:
+        try:
+            _logs.add_file(args.log_file)
+        except OSError as exc:
+            print(f"asyncrl worker: --log-file {args.log_file}: {exc}", file=sys.stderr)
+            return 2
     if args.workers < 1 or args.envs_per_worker < 1 or args.threads < 1:
         print("asyncrl worker: --workers, --envs-per-worker and --threads must be >= 1, got "
               f"{args.workers}, {args.envs_per_worker} and {args.threads}", file=sys.stderr)
@@ -321,7 +335,8 @@ def run_workers(args: argparse.Namespace) -> int:
                        give_up_after=args.give_up_after,
                        curve_keys=args.keys, backend=args.backend,
                        log_config=_logs.capture(), probe_port=args.probe_port,
-                       probe_host=args.probe_host, join_timeout=args.join_timeout)
+                       probe_host=args.probe_host, join_timeout=args.join_timeout,
+                       log_file=args.log_file, forward_logs=not args.no_forward_logs)
     try:
         return host.run()
     except OSError as exc:  # the probe port is taken or cannot be bound

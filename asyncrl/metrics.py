@@ -9,7 +9,9 @@ senders' latency histograms.
 Totals: ``asyncrl_frames_total``, ``asyncrl_batches_total``, ``asyncrl_episodes_total``
 (counters); ``asyncrl_frames_per_second``, ``asyncrl_policy_version``,
 ``asyncrl_policy_lag``, ``asyncrl_episode_return_mean`` (once an episode ended),
-``asyncrl_paused`` and ``asyncrl_workers{state}`` (gauges).
+``asyncrl_paused``, ``asyncrl_collector_state{state}`` (1 for the collector's
+state: starting, running, waiting, paused, failed, closed; 0 for the others) and
+``asyncrl_workers{state}`` (gauges).
 
 Per worker slot (labels ``worker``, the slot's index, and ``host``): one series per
 slot however often its process was restarted, for the newest worker in the slot
@@ -33,7 +35,7 @@ from each ``send_async`` to its last acknowledgement.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import Any, get_args
 
 try:
     from prometheus_client import REGISTRY, CollectorRegistry
@@ -51,9 +53,10 @@ except ImportError as exc:  # pragma: no cover - exercised with the extra missin
     ) from exc
 
 from ._observe.latency import LatencyHistogram
-from ._observe.statistics import WorkerState, WorkerStatistics
+from ._observe.statistics import CollectorState, WorkerState, WorkerStatistics
 
 STATES: tuple[WorkerState, ...] = ("joining", "collecting", "idle", "lost", "waiting", "left")
+COLLECTOR_STATES: tuple[CollectorState, ...] = get_args(CollectorState)
 WORKER_LABELS = ["worker", "host"]
 
 
@@ -111,6 +114,12 @@ class CollectorMetrics(_PrometheusCollector):
             yield gauge("asyncrl_episode_return_mean", "Mean return of the recent episodes.",
                         stats.episode_return_mean)
         yield gauge("asyncrl_paused", "1 while the collector is paused.", int(stats.paused))
+        run_state = GaugeMetricFamily("asyncrl_collector_state", "1 for the collector's state "
+                                      "(waiting: for workers to join or be replaced; failed: "
+                                      "the run failed).", labels=[*names, "state"])
+        for run_name in COLLECTOR_STATES:
+            run_state.add_metric([*values, run_name], int(stats.state == run_name))
+        yield run_state
 
         by_state = GaugeMetricFamily("asyncrl_workers", "Workers per state.",
                                      labels=[*names, "state"])

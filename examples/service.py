@@ -11,13 +11,17 @@ the server: once every worker joined it logs "service ready", then takes a
 policy-gradient step per batch, and every ``ASYNCRL_PUSH_EVERY`` batches pushes the
 new weights to the workers. The endpoints:
 
+- ``GET /``: a live status page (plain HTML and JavaScript, no CDN: it works
+  offline) that polls ``/status`` every second and charts frames/s, the mean
+  episode return, the policy lag and the workers by state over the last 5 minutes;
 - ``GET /livez``: 200 while the app runs and its training task has not failed
   (503 with the error then: a liveness probe restarts it);
 - ``GET /readyz``: 200 once every expected worker joined and while training goes
   on; 503 before, and after the training task failed or stopped;
 
 - ``GET /status``: JSON from ``collector.statistics()``: ``frames``, ``fps``,
-  ``batches``, ``policy_version``, ``policy_lag``, ``paused``, ``episode_return_mean``
+  ``batches``, ``policy_version``, ``policy_lag``, ``paused``, ``state`` (the collector's:
+  running, waiting, paused, failed...), ``episode_return_mean``
   and ``workers`` (each with ``index``, ``state``, ``pid``, ``frames``, ages, ``exit_code``),
   plus the training task's ``updates``, ``ready`` and ``error``;
 - ``GET /metrics``: Prometheus text (:mod:`asyncrl.metrics`);
@@ -49,6 +53,7 @@ import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -56,7 +61,7 @@ import torch
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 from tensordict import TensorDictBase
 from tensordict.nn import TensorDictModule
@@ -229,6 +234,7 @@ async def status(request: Request) -> JSONResponse:
         "policy_version": stats.policy_version,
         "policy_lag": stats.policy_lag,
         "paused": stats.paused,
+        "state": stats.state,
         "episode_return_mean": stats.episode_return_mean,
         "updates": service.updates,
         "ready": service.ready,
@@ -239,6 +245,14 @@ async def status(request: Request) -> JSONResponse:
              "heartbeat_age": w.heartbeat_age, "exit_code": w.exit_code}
             for w in stats.workers],
     })
+
+
+#: GET /: the status page (examples/status_page.html), read once at import.
+STATUS_PAGE = (Path(__file__).parent / "status_page.html").read_text(encoding="utf-8")
+
+
+async def page(request: Request) -> HTMLResponse:
+    return HTMLResponse(STATUS_PAGE)
 
 
 async def livez(request: Request) -> JSONResponse:
@@ -284,6 +298,7 @@ async def resume(request: Request) -> JSONResponse:
 
 app = Starlette(
     routes=[
+        Route("/", page),
         Route("/livez", livez),
         Route("/readyz", readyz),
         Route("/status", status),

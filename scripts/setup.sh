@@ -8,4 +8,6 @@ PY=${PYTHON:-python3}
 . .venv/bin/activate
 pip install -q --upgrade pip >/dev/null
 pip install -q "torch==2.13.0"
-pip install -q -e ".[dev,torchrl,examples,ray]"
+# editable_mode=compat: a plain path entry (.pth) instead of setuptools' import hook,
+# so that mypy (and other static tools) see the installed package's types.
+pip install -q -e ".[dev,torchrl,examples,ray]" --config-settings editable_mode=compat

@@ -27,6 +27,9 @@ log = logging.getLogger("transports")
 PING = "ping"
 ACK = "ack"
 BYE = "bye"
+#: The body of the goodbye a hub sends a peer whose CURVE key it revoked (an older or
+#: plain goodbye has none): the link then says it was refused, not that the hub closed.
+BYE_REVOKED = {"reason": "revoked"}
 
 
 class ChannelStatistics(NamedTuple):

@@ -14,7 +14,7 @@ import anyio
 import anyio.abc
 import zmq
 
-from ._channel import ACK, BYE, PING, Channel, ChannelStatistics
+from ._channel import ACK, BYE, BYE_REVOKED, PING, Channel, ChannelStatistics
 from ._codec import encode_message
 from ._descriptors import raise_open_files_limit
 from ._disconnects import DisconnectWatch
@@ -386,7 +386,8 @@ class Hub(Channel):
             del self._last_seen[peer]
             stranger = peer in self._strangers
             self._strangers.pop(peer, None)
-            self._io.try_send([peer, *encode_message(None, kind=BYE)])  # a polite one leaves
+            # A polite one leaves; it is told why: a refusal, not a closed hub.
+            self._io.try_send([peer, *encode_message(BYE_REVOKED, kind=BYE)])
             key = self._trust.key_of(peer) or b""
             log.warning("disconnected %r: its CURVE key (%s) was revoked", peer,
                         self._trust.keys.name_of(key))

@@ -13,7 +13,7 @@ import anyio
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
-from ._channel import ACK, BYE, PING, Channel, ChannelStatistics
+from ._channel import ACK, BYE, BYE_REVOKED, PING, Channel, ChannelStatistics
 from ._codec import encode_message
 from ._disconnects import stop_monitor
 from ._errors import ErrorPayload, PeerLostError
@@ -83,6 +83,7 @@ class Link(Channel):
         self._hub_instance: str | None = None  # changes when the coordinator restarts
         self._loss_reported = False  # recv raised "lost" since the hub was last heard
         self._goodbye = False  # the last loss was a goodbye (the hub closed)
+        self._revoked = False  # that goodbye said our CURVE key was revoked
         self._why_lost = ""
         # Connection state, from ZeroMQ's socket monitor (read by the liveness check).
         self._monitor: zmq.Socket[Any] | None = None
@@ -126,6 +127,11 @@ class Link(Channel):
     def hub_closed(self) -> bool:
         """True when the hub was lost because it said goodbye (closed), not by silence."""
         return self._lost and self._goodbye
+
+    @property
+    def key_revoked(self) -> bool:
+        """True when the hub's last goodbye said this link's CURVE key was revoked."""
+        return self._lost and self._revoked
 
     async def wait_connected(self) -> None:
         """Return once the hub is heard from (at once if it is not considered lost)."""
@@ -233,7 +239,8 @@ class Link(Channel):
             self._loss_reported = False
             return None
         if message.kind == BYE:
-            self._lose_hub(goodbye=True)
+            # Only the exact known body counts; anything else is a plain goodbye.
+            self._lose_hub(goodbye=True, revoked=message.body == BYE_REVOKED)
             return None
         self._loss_reported = False
         return Message(HUB, message.kind, message.seq, message.body, message.meta,
@@ -323,10 +330,14 @@ class Link(Channel):
         except zmq.ZMQError as exc:  # not ours to crash on: liveness decides as before
             log.warning("could not connect again to %s: %s", self.endpoint, exc)
 
-    def _lose_hub(self, *, goodbye: bool = False) -> None:
+    def _lose_hub(self, *, goodbye: bool = False, revoked: bool = False) -> None:
         self._lost = True
         self._goodbye = goodbye
-        if goodbye:
+        self._revoked = revoked
+        if revoked:
+            self._why_lost = ("(it said goodbye: this link's CURVE key was revoked, and it is "
+                              "refused from now on)")
+        elif goodbye:
             self._why_lost = "(it said goodbye: the hub closed)"
         elif self._hub_instance is None and not self._received:
             self._why_lost = (f"for {self.peer_timeout} s and no connection to it came up "

@@ -24,8 +24,14 @@ from tensordict import TensorDictBase
 
 from transports import Hub, Message, PeerEvent, PeerLostError, ProtocolError, RateLimitedLog
 
-from .._errors import CollectorError, WorkerLostError, rebuild_remote_exception
+from .._errors import (
+    CollectorError,
+    CollectorStopped,
+    WorkerLostError,
+    rebuild_remote_exception,
+)
 from .._observe.events import CollectorEvent
+from .._observe.tracing import span
 from .._protocol import (
     Batch,
     Control,
@@ -36,6 +42,7 @@ from .._protocol import (
     RelayHello,
     RelayWelcome,
     Welcome,
+    WorkerLog,
 )
 from .checks import check_specs
 from .registry import WorkerRegistry
@@ -50,6 +57,7 @@ from .state import (
     Send,
     WorkerInfo,
 )
+from .worker_logs import WorkerLogs
 
 if TYPE_CHECKING:
     from ..weights import WeightSender
@@ -103,8 +111,11 @@ class Coordinator:
         self._limited_log = RateLimitedLog(log)
         self._changed = anyio.Event()
         self._closing = False
+        self._close_error: BaseException | None = None  # close()'s "failure": no failure
         # Every admission, live and lost, for statistics() and the event stream.
         self.registry = WorkerRegistry(publish)
+        #: Admitted workers' log records, re-emitted into the ``asyncrl.worker`` logger.
+        self.worker_logs = WorkerLogs()
         self.state.paused = paused  # pause() before the collector opened
 
     # -- views of the state ----------------------------------------------------------------
@@ -136,6 +147,14 @@ class Coordinator:
     @property
     def failed(self) -> bool:
         return self.state.failure is not None
+
+    @property
+    def run_failed(self) -> bool:
+        """The run failed: not closed, not stopped on a signal (a worker's fatal error,
+        a loss under ``on_worker_loss="raise"``, a replacement that never came...)."""
+        failure = self.state.failure
+        return failure is not None and failure is not self._close_error \
+            and not isinstance(failure, CollectorStopped)
 
     def raise_if_failed(self) -> None:
         """Raise the run's failure, if it has one."""
@@ -235,7 +254,8 @@ class Coordinator:
         whose last messages (its ack, its goodbye) reached a live hub has nothing left
         to deliver, so ZeroMQ's linger does not hold its exit for a second.
         """
-        self.fail(CollectorError("the collector was closed"))  # wake waiters
+        self._close_error = CollectorError("the collector was closed")
+        self.fail(self._close_error)  # wake waiters
         self._closing = True  # goodbyes from now on are workers stopping, not losses
         told = []
         with anyio.move_on_after(2):
@@ -293,10 +313,7 @@ class Coordinator:
                     elif item.event in ("joined", "returned"):
                         await self._perform(self.state.returned(item.peer))
                 elif item.kind == Hello.KIND:
-                    hello = Hello.from_body(item.body)
-                    actions = self.state.hello(item.peer, hello)
-                    self._note_refusals(actions, hello.name, hello.host, hello.pid)
-                    await self._perform(actions, "replaced by its own new hello")
+                    await self._on_hello(item.peer, Hello.from_body(item.body))
                 elif item.kind == RelayHello.KIND:
                     relay_hello = RelayHello.from_body(item.body)
                     actions = self.state.relay_hello(item.peer, relay_hello)
@@ -309,12 +326,25 @@ class Coordinator:
                     await self._on_error(item)
                 elif item.kind == Leaving.KIND:
                     await self._on_leaving(item)
+                elif item.kind == WorkerLog.KIND:
+                    self._on_log(item)
                 else:
                     self._limited_log.warning("unknown-kind", "ignored a %r message from %r",
                                               item.kind, item.peer)
             except ProtocolError as exc:
                 self._limited_log.warning("bad-message", "dropped a bad %r message from %r: %s",
                                           getattr(item, "kind", "?"), item.peer, exc)
+
+    async def _on_hello(self, peer: bytes, hello: Hello) -> None:
+        with span("asyncrl.admission") as current:  # a shared no-op without the otel extra
+            actions = self.state.hello(peer, hello)
+            self._note_refusals(actions, hello.name, hello.host, hello.pid)
+            await self._perform(actions, "replaced by its own new hello")
+            if current is not None and current.is_recording():
+                trace_admission(current, hello, actions)
+                # The version it was caught up to (0: its initial weights).
+                current.set_attribute("asyncrl.version", next(
+                    (s.version for s in self._senders if s.model_id == "policy"), 0))
 
     async def _on_batch(self, message: Message) -> None:
         worker = self.state.workers.get(message.peer)
@@ -325,7 +355,14 @@ class Coordinator:
             self._note_refusals(actions, worker.name, worker.host, worker.pid)
         await self._perform(actions, "refused for a bad batch")
 
+    def _on_log(self, message: Message) -> None:
+        worker = self.state.workers.get(message.peer)
+        if worker is None or not worker.alive:
+            return  # a stranger's (or a lost worker's) log: not even read
+        self.worker_logs.emit(worker, WorkerLog.from_body(message.body))
+
     async def _on_lost(self, peer: bytes, reason: str = "") -> None:
+        self.worker_logs.forget(peer)
         if self._closing:  # told to close: its goodbye is no loss (and no warning)
             self.state.gone[peer] = None
             self._notify()
@@ -411,6 +448,7 @@ class Coordinator:
         for action in actions:
             if isinstance(action, Expel):
                 self.hub.expel(action.peer)
+                self.worker_logs.forget(action.peer)
                 self.registry.check_lost(lost_reason, left=left)
             elif isinstance(action, CatchUp):
                 await self._catch_up(action.worker)
@@ -471,6 +509,19 @@ class Coordinator:
         if self._changed.is_set():
             self._changed = anyio.Event()
         await self._changed.wait()
+
+
+def trace_admission(current: Any, hello: Hello, actions: list[Action]) -> None:
+    """A recording ``asyncrl.admission`` span's attributes: who, and what was decided."""
+    attributes: dict[str, Any] = {"asyncrl.host": hello.host, "asyncrl.pid": hello.pid,
+                                  "asyncrl.name": hello.name, "asyncrl.admitted": False}
+    for action in actions:
+        if isinstance(action, Send) and isinstance(action.message, Welcome):
+            attributes.update({"asyncrl.admitted": action.worker is not None
+                               and action.worker.alive, "asyncrl.worker": action.message.index})
+        elif isinstance(action, Send) and isinstance(action.message, Refuse):
+            attributes["asyncrl.reason"] = action.message.reason[:500]
+    current.set_attributes(attributes)
 
 
 __all__ = ["Coordinator", "OnWorkerLoss", "RelayInfo", "WorkerInfo", "check_specs"]

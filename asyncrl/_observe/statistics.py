@@ -34,6 +34,8 @@ from tensordict import TensorDictBase
 #: * ``"left"``: a remote worker that left cleanly (its host stopped on SIGTERM); its
 #:   unfinished work went to the others.
 WorkerState = Literal["joining", "collecting", "idle", "lost", "waiting", "left"]
+#: A collector's state as a whole (``statistics().state``), see :class:`CollectorStatistics`.
+CollectorState = Literal["starting", "running", "waiting", "paused", "failed", "closed"]
 
 
 @dataclass(frozen=True)
@@ -95,6 +97,10 @@ class CollectorStatistics:
     episodes: int = 0  #: episodes that ended in delivered batches
     episode_return_mean: float | None = None  #: see the class docstring
     workers: tuple[WorkerStatistics, ...] = ()
+    #: ``"starting"`` (not open yet), ``"running"``, ``"waiting"`` (for expected workers
+    #: to join, or for a lost worker's replacement), ``"paused"``, ``"failed"`` (the run
+    #: failed: the next call raises why; it stays so once closed), ``"closed"``.
+    state: CollectorState = "running"
 
 
 class RateMeter:
@@ -199,5 +205,12 @@ def policy_lag(batch: TensorDictBase, version: int) -> int:
     return max(0, version - int(versions.min()))
 
 
-__all__ = ["CollectorStatistics", "EpisodeReturns", "RateMeter", "WorkerState",
-           "WorkerStatistics", "policy_lag"]
+__all__ = [
+    "CollectorState",
+    "CollectorStatistics",
+    "EpisodeReturns",
+    "RateMeter",
+    "WorkerState",
+    "WorkerStatistics",
+    "policy_lag",
+]

@@ -53,6 +53,19 @@ def apply(config: dict[str, Any] | None) -> None:
         logging.getLogger(name).setLevel(level)
 
 
+def add_file(path: str) -> logging.FileHandler:
+    """Also log to ``path`` (appended; ``asyncrl worker --log-file``), in the root's format.
+
+    The host and each of its worker processes append whole lines to the same file.
+    """
+    handler = logging.FileHandler(path, mode="a", encoding="utf-8")
+    root = logging.getLogger()
+    if root.handlers and root.handlers[0].formatter is not None:
+        handler.setFormatter(root.handlers[0].formatter)
+    root.addHandler(handler)
+    return handler
+
+
 def parse_level(name: str) -> int:
     """``"info"`` -> ``logging.INFO``; a clear ``ValueError`` for anything else."""
     value = logging.getLevelName(name.upper())
@@ -61,4 +74,4 @@ def parse_level(name: str) -> int:
     return value
 
 
-__all__ = ["DEFAULT_FORMAT", "LEVELS", "apply", "capture", "parse_level"]
+__all__ = ["DEFAULT_FORMAT", "LEVELS", "add_file", "apply", "capture", "parse_level"]

@@ -28,6 +28,7 @@ from .._spawn import logs as _logs
 from .._spawn.absent_modules import remember_absent_modules
 from .._spawn.child import allow_children, exit_process, process_alive, remove_orphaned_dir
 from .._spawn.processes import WorkerProcesses
+from .log_forward import forward_logs
 from .spec import WorkerSpec
 from .worker import EXIT_COORDINATOR_LOST, EXIT_ERROR, EXIT_REFUSED, run_worker
 
@@ -98,9 +99,13 @@ def process_main(endpoint: str, spec_path: str, slot: int, identity: bytes, toke
     (unguessable, see :func:`transports.random_identity`): it maps this process's
     death to its peer. ``options["log_config"]`` is the trainer's logging
     (:func:`asyncrl._spawn.logs.capture`): this worker logs with the same level and format.
+    Its records go to the trainer's ``asyncrl.worker`` logger (see
+    :mod:`asyncrl._worker.log_forward`); those never sent are written to stderr at exit.
     """
     options = dict(options)
     _logs.apply(options.pop("log_config", None))
+    stderr = logging.getLogger().handlers[0]  # apply()'s: the fallback
+    forwarder, _ = forward_logs(stderr)
     remember_absent_modules()  # a per-step import probe of tensordict's, answered at once
     with open(spec_path, "rb") as f:
         spec = pickle.load(f)
@@ -109,9 +114,11 @@ def process_main(endpoint: str, spec_path: str, slot: int, identity: bytes, toke
     allow_children()
     code = anyio.run(
         lambda: run_worker(endpoint, spec, identity=identity, slot=slot, token=token,
-                           parent_pid=parent_pid, handle_signals=True, **options),
+                           parent_pid=parent_pid, handle_signals=True,
+                           log_forwarder=forwarder, **options),
         backend=backend,
     )
+    forwarder.write_undelivered(stderr)
     # (The trainer is not our parent when a fork server started us: ask for it by pid.)
     if not process_alive(parent_pid):  # the trainer died without cleaning up its directory
         remove_orphaned_dir(os.path.dirname(spec_path))
@@ -161,10 +168,20 @@ def host_worker_processes(endpoint: str, spec: WorkerSpec, identities: list[byte
 
 def host_process_main(endpoint: str, spec: WorkerSpec, backend: str,
                       options: dict[str, Any]) -> None:
-    """Entry point of a worker host's worker process (logging as the host's ``--log-level``)."""
+    """Entry point of a worker host's worker process (logging as the host's ``--log-level``).
+
+    It logs to the host's stderr, to ``options["log_file"]`` if given (``--log-file``),
+    and, unless ``options["forward_logs"]`` is False, to the trainer's
+    ``asyncrl.worker`` logger too (see :mod:`asyncrl._worker.log_forward`).
+    """
     options = dict(options)
     _logs.apply(options.pop("log_config", None)
                 or {"level": logging.INFO, "format": "%(asctime)s worker %(process)d: %(message)s"})
+    log_file = options.pop("log_file", None)
+    if log_file is not None:
+        _logs.add_file(log_file)
+    if options.pop("forward_logs", True):
+        options["log_forwarder"], _ = forward_logs(None)  # stderr keeps its copy
     remember_absent_modules()  # a per-step import probe of tensordict's, answered at once
     code = anyio.run(lambda: run_worker(endpoint, spec, handle_signals=True, **options),
                      backend=backend)

@@ -53,7 +53,8 @@ class HostWorkers:
                  curve_keys: str | CurveClient | None = None, backend: str = "asyncio",
                  log_config: dict[str, Any] | None = None, probe_port: int | None = None,
                  probe_host: str = DEFAULT_PROBE_HOST,
-                 join_timeout: float | None = None) -> None:
+                 join_timeout: float | None = None, log_file: str | None = None,
+                 forward_logs: bool = True) -> None:
         if workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers}")
         self.connect = connect
@@ -68,6 +69,8 @@ class HostWorkers:
         self.join_timeout = join_timeout  # each worker's (see run_worker)
         self.backend = backend
         self.log_config = log_config  # the workers' logging (asyncrl._spawn.logs.capture())
+        self.log_file = log_file  # each worker process appends its lines here too
+        self.forward_logs = forward_logs  # records also go to the trainer's asyncrl.worker
         # Unguessable (128 random bits each): an identity is a route on the hub.
         tag = f"{socket.gethostname()}-{os.getpid()}"
         self.identities = [random_identity(f"{tag}-w{i}") for i in range(workers)]
@@ -116,7 +119,8 @@ class HostWorkers:
                 "heartbeat_interval": heartbeat_interval(self.peer_timeout),
                 "reconnect": self.reconnect, "give_up_after": self.give_up_after,
                 "curve_keys": self.curve_keys,
-                "log_config": self.log_config, "join_timeout": self.join_timeout}
+                "log_config": self.log_config, "join_timeout": self.join_timeout,
+                "log_file": self.log_file, "forward_logs": self.forward_logs}
             if self.admission is not None:
                 options["admission"] = self.admission
             if self.relay:

@@ -47,6 +47,7 @@ from .._rollout.seeding import seed_global_rngs
 from .._spawn.child import remove_orphaned_socket_dir, wait_parent_gone
 from .._spawn.threads import use_torch_threads
 from ..weights import WeightApplier
+from .log_forward import LogForwarder
 from .relay_member import RelayMembership
 from .spec import WorkerSpec
 
@@ -83,8 +84,12 @@ class Worker:
                  relay_link: Link | None = None,
                  relay_name: str = "", handle_signals: bool = False,
                  on_admission: Callable[[bool], None] | None = None,
-                 join_timeout: float | None = None) -> None:
+                 join_timeout: float | None = None,
+                 log_forwarder: LogForwarder | None = None) -> None:
         self.link = link
+        #: This process's log records go to the coordinator while it admits us.
+        self.log_forwarder = log_forwarder
+        self._is_admitted = False
         #: Told True when a coordinator welcomed us, False when that admission ended
         #: (what a worker host's readiness probe reports; see asyncrl._observe.probes).
         self.on_admission = on_admission
@@ -165,6 +170,8 @@ class Worker:
             tg.start_soon(watch_parent)
             if self.handle_signals:
                 tg.start_soon(watch_signals)
+            if self.log_forwarder is not None:
+                tg.start_soon(self.log_forwarder.forward, self.link, self._admitted_now)
         return code
 
     async def _watch_signals(self) -> int:
@@ -231,7 +238,11 @@ class Worker:
         finally:
             self._close_envs()
 
+    def _admitted_now(self) -> bool:
+        return self._is_admitted
+
     def _admitted(self, admitted: bool) -> None:
+        self._is_admitted = admitted
         if self.on_admission is not None:
             self.on_admission(admitted)
 
@@ -404,6 +415,10 @@ class Worker:
         try:
             return await self.link.recv()
         except PeerLostError as exc:
+            if self.link.key_revoked:  # told so by the hub: a refusal, and final
+                raise WorkerExit(EXIT_REFUSED, f"the coordinator at {self.link.endpoint} "
+                                 "revoked this host's CURVE key (asyncrl keys revoke): it is "
+                                 "refused from now on", final=True) from None
             if self.index < 0:  # never welcomed: maybe never reached
                 raise WorkerExit(EXIT_COORDINATOR_LOST, self._unreachable()) from None
             raise WorkerExit(EXIT_COORDINATOR_LOST,
@@ -557,6 +572,7 @@ async def run_worker(endpoint: str, spec: WorkerSpec, *, identity: bytes | None 
                      curve_keys: str | CurveClient | None = None, relay: str | None = None,
                      relay_name: bytes | str = b"", handle_signals: bool = False,
                      admission: Any = None, join_timeout: float | None = None,
+                     log_forwarder: LogForwarder | None = None,
                      **link_options: Any) -> int:
     """Connect to the coordinator at ``endpoint`` and serve until told to close.
 
@@ -576,7 +592,9 @@ async def run_worker(endpoint: str, spec: WorkerSpec, *, identity: bytes | None 
     until a place frees or the timeout passes; any other refusal is final. With
     ``handle_signals`` (a worker process's main thread) SIGTERM and SIGINT stop it
     cleanly: the coordinator is told first (a ``leaving`` message), the envs are
-    closed, and it returns 0.
+    closed, and it returns 0. ``log_forwarder`` (installed on this process's root
+    logger, see :mod:`asyncrl._worker.log_forward`) sends the process's log records to
+    the coordinator while it admits this worker.
     """
     if curve_keys is not None:
         link_options["curve"] = CurveClient.load(curve_keys)
@@ -596,5 +614,6 @@ async def run_worker(endpoint: str, spec: WorkerSpec, *, identity: bytes | None 
                         reconnect=reconnect, reconnect_timeout=reconnect_timeout,
                         give_up_after=give_up_after, relay_link=relay_link,
                         relay_name=relay_name, handle_signals=handle_signals,
-                        on_admission=on_admission, join_timeout=join_timeout)
+                        on_admission=on_admission, join_timeout=join_timeout,
+                        log_forwarder=log_forwarder)
         return await worker.run()

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any, Self, TypeVar
+from typing import Any, Generic, Self, overload
 
 import anyio
 from tensordict import TensorDictBase
+from typing_extensions import TypeVar
 
 from transports import TaskGroupResource
 
 from .._errors import CollectorError, CollectorStopped
+from .._observe.tracing import span, trace_batch
 from .._spawn.threads import TrainerThreads
 from ._assemble import MASK_KEY, split_trajectories
 from ._config import normalise_total_frames
@@ -20,9 +22,13 @@ from ._torchrl_habits import TorchRLHabits
 from ._trajectories import TrajectoryAssembler, check_trajectory_options
 
 T = TypeVar("T")
+#: The type of a collector's ``replay_buffer`` (None: it has none). Only for type
+#: checkers: ``async for batch in collector`` gives a ``TensorDictBase`` when it is
+#: None (the default), and None when a replay buffer is given (it was filled).
+RB = TypeVar("RB", default=None)
 
 
-class BaseCollector(CollectorOperations, TaskGroupResource, TorchRLHabits):
+class BaseCollector(CollectorOperations, TaskGroupResource, TorchRLHabits, Generic[RB]):
     """Async iteration over batches, ``total_frames``, ``postproc``, ``start()``/``pause()``."""
 
     #: A weight update started without ``await`` is applied before the next batch is
@@ -36,7 +42,7 @@ class BaseCollector(CollectorOperations, TaskGroupResource, TorchRLHabits):
         frames_per_batch: int,
         split_trajs: bool = False,
         postproc: Callable[[TensorDictBase], TensorDictBase] | None = None,
-        replay_buffer: Any = None,
+        replay_buffer: RB | None = None,
         update_at_each_batch: bool = False,
         trajs_per_batch: int | None = None,
         traj_format: str | None = None,
@@ -55,7 +61,7 @@ class BaseCollector(CollectorOperations, TaskGroupResource, TorchRLHabits):
             if trajs_per_batch is not None else None
         self.split_trajs = split_trajs
         self.postproc = postproc
-        self.replay_buffer = replay_buffer
+        self.replay_buffer: Any = replay_buffer
         self.update_at_each_batch = update_at_each_batch
         self.frames_collected = 0
         self._closed = False
@@ -156,6 +162,11 @@ class BaseCollector(CollectorOperations, TaskGroupResource, TorchRLHabits):
     def __aiter__(self) -> Self:
         return self
 
+    @overload
+    async def __anext__(self: BaseCollector[None]) -> TensorDictBase: ...
+    @overload
+    async def __anext__(self) -> None: ...
+
     async def __anext__(self) -> TensorDictBase | None:
         """The next batch; None when ``replay_buffer`` was given (TorchRL): it was filled.
 
@@ -163,6 +174,9 @@ class BaseCollector(CollectorOperations, TaskGroupResource, TorchRLHabits):
         :mod:`asyncrl.collectors._trajectories`); into a replay buffer, each batch's complete
         trajectories, flat.
         """
+        return await self._anext()
+
+    async def _anext(self) -> TensorDictBase | None:
         trajs = self._trajs
         while True:
             if trajs is not None and self.replay_buffer is None and trajs.ready:
@@ -211,27 +225,30 @@ class BaseCollector(CollectorOperations, TaskGroupResource, TorchRLHabits):
             raise StopAsyncIteration
         if self.update_at_each_batch:
             await self.update_policy_weights()
-        try:
-            batch = await self._next_batch()
-        except CollectorStopped:  # a stop (SIGTERM), not a failure: the iteration ends
-            raise StopAsyncIteration from None
-        except Exception:
-            if self._closed:  # closed from another task while this one waited
+        with span("asyncrl.batch") as current:  # a shared no-op without the otel extra
+            try:
+                batch = await self._next_batch()
+            except CollectorStopped:  # a stop (SIGTERM), not a failure: the iteration ends
                 raise StopAsyncIteration from None
-            raise
-        await self._wait_resumed()  # paused meanwhile: held until resume()
-        if self._closed:
-            raise StopAsyncIteration
-        # Padding of a preempted round is not frames (TorchRL counts the mask).
-        frames = int(batch.get(MASK_KEY).sum()) if MASK_KEY in batch.keys(include_nested=True) \
-            else batch.numel()
-        self.frames_collected += frames
-        self._note_batch(batch, frames)  # statistics(): a few reductions per batch
-        if self.split_trajs:
-            batch = split_trajectories(batch)
-        if self.postproc is not None:
-            batch = self.postproc(batch)
-        return batch
+            except Exception:
+                if self._closed:  # closed from another task while this one waited
+                    raise StopAsyncIteration from None
+                raise
+            await self._wait_resumed()  # paused meanwhile: held until resume()
+            if self._closed:
+                raise StopAsyncIteration
+            # Padding of a preempted round is not frames (TorchRL counts the mask).
+            frames = int(batch.get(MASK_KEY).sum()) \
+                if MASK_KEY in batch.keys(include_nested=True) else batch.numel()
+            self.frames_collected += frames
+            self._note_batch(batch, frames)  # statistics(): a few reductions per batch
+            if current is not None and current.is_recording():
+                trace_batch(current, batch, frames, self.policy_version, self._lag)
+            if self.split_trajs:
+                batch = split_trajectories(batch)
+            if self.postproc is not None:
+                batch = self.postproc(batch)
+            return batch
 
     # -- free run into a sink ---------------------------------------------------------------
     def start(self) -> None:

@@ -20,7 +20,7 @@ from .._rollout.seeding import seed_global_rngs
 from .._worker.spec import WorkerSpec
 from ..weights import InProcessWeightSyncScheme, WeightApplier, WeightSender
 from ._assemble import drop_env_dim
-from ._base import BaseCollector
+from ._base import RB, BaseCollector
 from ._config import check_in_process_frames
 from ._docs import add_parameters, show_init_signature
 from ._parameters import IN_PROCESS_PARAMETERS
@@ -30,7 +30,7 @@ from ._torchrl_dispatch import dispatch
 from ._updates import weight_updates
 
 
-class Collector(BaseCollector):
+class Collector(BaseCollector[RB]):
     """Collect in the caller's process: ``async for batch in Collector(...)``.
 
     The rollout runs in a worker thread so the event loop stays free. The
@@ -107,7 +107,7 @@ class Collector(BaseCollector):
         set_truncated: bool = False,
         exploration_type: Any = "random",
         update_at_each_batch: bool = False,
-        replay_buffer: Any = None,
+        replay_buffer: RB | None = None,
         extend_buffer: bool = True,
         trajs_per_batch: int | None = None,
         traj_format: str | None = None,

@@ -18,6 +18,7 @@ from tensordict import TensorDictBase
 
 from .._observe.events import CollectorEvent, EventFanout, EventStream
 from .._observe.statistics import (
+    CollectorState,
     CollectorStatistics,
     EpisodeReturns,
     RateMeter,
@@ -105,7 +106,27 @@ class CollectorOperations:
             frames_per_second=self._rate.rate(), batches=self._batches,
             policy_version=self.policy_version, policy_lag=self._lag, paused=self._paused,
             episodes=self._returns.episodes, episode_return_mean=self._returns.mean(),
-            workers=tuple(self._worker_statistics()))
+            workers=tuple(self._worker_statistics()), state=self._state())
+
+    def _state(self) -> CollectorState:
+        """The collector's state as a whole: failed first (it stays so once closed)."""
+        if self._run_failed():
+            return "failed"
+        if getattr(self, "_closed", False):
+            return "closed"
+        if getattr(self, "_task_group", None) is None:
+            return "starting"
+        if self._paused:
+            return "paused"
+        return "waiting" if self._waiting_for_workers() else "running"
+
+    def _run_failed(self) -> bool:
+        """The run failed (a collector with workers: a fatal worker error, say)."""
+        return False
+
+    def _waiting_for_workers(self) -> bool:
+        """No progress until workers join (expected ones, or lost ones' replacements)."""
+        return False
 
     def episode_returns(self, last: int | None = None) -> list[float]:
         """Returns of the most recent episodes that ended in delivered batches, oldest first

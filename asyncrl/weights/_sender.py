@@ -13,6 +13,8 @@ import anyio
 from transports import Ticket
 
 from .._observe.latency import LatencyHistogram
+from .._observe.tracing import ENABLED as TRACING
+from .._observe.tracing import record_span
 from .._protocol import WEIGHTS_KIND, WeightMeta
 from ._in_flight import Lane, Part, Queued, Sent, first_error, gone_part
 from ._staging import Stage
@@ -545,6 +547,11 @@ class WeightSender:
             return  # a catch-up, or observed already
         seconds, sent.started = time.monotonic() - sent.started, None
         self.sync_latency.observe(seconds)
+        if TRACING:
+            record_span("asyncrl.weight_update", seconds, {
+                "asyncrl.model_id": self.model_id, "asyncrl.version": sent.version,
+                "asyncrl.worker": sorted({w for part in sent.parts
+                                          for w in part.workers.values()})})
         if self.on_applied is not None:
             try:
                 self.on_applied(self.model_id, sent.version, seconds)

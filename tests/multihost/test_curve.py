@@ -141,4 +141,4 @@ async def test_a_host_keyed_from_its_environment_joins_and_is_cut_off_when_revok
                 code = await anyio.to_thread.run_sync(lambda: worker.wait(timeout=30))
             finally:
                 worker.kill()
-    assert code == 3  # told goodbye: "the coordinator is gone" (see docs/security.md)
+    assert code == 4  # told why: refused (its key was revoked), not "the coordinator is gone"

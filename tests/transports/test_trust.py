@@ -200,6 +200,7 @@ async def test_a_revoked_host_is_disconnected_and_refused(keys, caplog) -> None:
             assert await hub.recv() == PeerEvent(b"a0", "lost")
             while not a0.hub_closed:  # told goodbye
                 await anyio.sleep(0.02)
+            assert a0.key_revoked and not b0.key_revoked  # and why
             assert hub.peers == {b"b0"}
             refused = hub.refused_peers
             async with Link(hub.endpoint, identity=b"a1", curve=client_a, **FAST) as a1:

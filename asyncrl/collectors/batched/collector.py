@@ -61,7 +61,7 @@ from ..._observe.statistics import WorkerStatistics
 from ..._rollout.policies import ExplorationType, PolicyAdapter, torch_dtype
 from ..._spawn.forkserver import check_start_method
 from ..._spawn.processes import WorkerProcesses, describe_exit
-from .._base import BaseCollector
+from .._base import RB, BaseCollector
 from .._config import check_int
 from .._env_factories import check_picklable
 from .._limits import listening_hub_limits
@@ -84,7 +84,7 @@ from .weights import ServedPolicy
 log = logging.getLogger("asyncrl.collectors")
 
 
-class AsyncBatchedCollector(ServedPolicy, BaseCollector):
+class AsyncBatchedCollector(ServedPolicy, BaseCollector[RB]):
     """Env workers in processes, the policy once in this process, batched across workers.
 
     Choose it when the policy is big (or on a GPU) and envs are cheap: one call on
@@ -131,7 +131,7 @@ class AsyncBatchedCollector(ServedPolicy, BaseCollector):
         server_timeout: float | None = None,
         envs_per_worker: int = 1,
         transition_chunk_size: int | str = "auto",
-        replay_buffer: Any = None,
+        replay_buffer: RB | None = None,
         yield_completed_trajectories: bool = False,
         exploration_type: ExplorationType | str | None = ExplorationType.RANDOM,
         create_env_kwargs: Mapping[str, Any] | None = None,
@@ -557,8 +557,8 @@ class AsyncBatchedCollector(ServedPolicy, BaseCollector):
         await self._update_room()
         return batch
 
-    async def __anext__(self) -> Any:
-        batch = await super().__anext__()
+    async def _anext(self) -> TensorDictBase | None:
+        batch = await super()._anext()
         # (None: a base collector that fills the buffer itself already did)
         if batch is not None and self.replay_buffer is not None and not self._running_free:
             # TorchRL's meaning: with a replay buffer, iteration writes into it and

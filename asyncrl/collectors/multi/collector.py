@@ -22,7 +22,7 @@ from ..._spawn.forkserver import worker_context
 from ..._worker.spec import WorkerSpec
 from ...weights import WeightSender
 from .._assemble import assemble, drop_env_dim
-from .._base import BaseCollector
+from .._base import RB, BaseCollector
 from .._config import check_timeout
 from .._docs import add_parameters, share_parameters, show_init_signature
 from .._parameters import MULTI_PARAMETERS
@@ -36,7 +36,7 @@ from .run import MultiRun, run_background
 log = logging.getLogger("asyncrl.collectors")
 
 
-class MultiCollector(BaseCollector):
+class MultiCollector(BaseCollector[RB]):
     """Collect with ``num_workers`` processes; ``sync=True`` on-policy, ``False`` off-policy.
 
     ``MultiCollector(..., sync=True)`` builds a :class:`MultiSyncCollector`
@@ -132,9 +132,10 @@ class MultiCollector(BaseCollector):
 
     # ``MultiCollector(..., sync=False)`` is a MultiAsyncCollector, to type checkers too.
     @overload
-    def __new__(cls, *args: Any, sync: Literal[False], **kwargs: Any) -> MultiAsyncCollector: ...
+    def __new__(cls, *args: Any, sync: Literal[False],
+                **kwargs: Any) -> MultiAsyncCollector[RB]: ...
     @overload
-    def __new__(cls, *args: Any, sync: Literal[True], **kwargs: Any) -> MultiSyncCollector: ...
+    def __new__(cls, *args: Any, sync: Literal[True], **kwargs: Any) -> MultiSyncCollector[RB]: ...
     @overload
     def __new__(cls, *args: Any, sync: None = None, **kwargs: Any) -> Self: ...
 
@@ -170,7 +171,7 @@ class MultiCollector(BaseCollector):
         cat_results: str | int | None = None,
         preemptive_threshold: float | None = None,
         update_at_each_batch: bool = False,
-        replay_buffer: Any = None,
+        replay_buffer: RB | None = None,
         extend_buffer: bool = True,
         trajs_per_batch: int | None = None,
         traj_format: str | None = None,
@@ -329,6 +330,17 @@ class MultiCollector(BaseCollector):
             heard=coordinator.heard, routes=coordinator.relay_routes(), joining=joining,
             waiting=coordinator.state.waiting_for())
 
+    def _run_failed(self) -> bool:
+        coordinator = self._run.coordinator
+        return coordinator is not None and coordinator.run_failed
+
+    def _waiting_for_workers(self) -> bool:
+        coordinator = self._run.coordinator
+        if coordinator is None:
+            return False
+        state = coordinator.state
+        return (state.expected > 0 and state.missing_workers() > 0) or bool(state.waiting_for())
+
     async def _wait_ready(self) -> None:
         await self._ensure_ready()
 
@@ -469,7 +481,7 @@ class MultiCollector(BaseCollector):
             await self._run.coordinator.set_paused(paused)
 
 
-class MultiSyncCollector(MultiCollector):
+class MultiSyncCollector(MultiCollector[RB]):
     """On-policy: every batch holds one share from every worker, all with the same weights.
 
     Workers wait for the trainer between batches, so each batch yielded after
@@ -498,7 +510,7 @@ class MultiSyncCollector(MultiCollector):
         return self.devices.store(assemble([frames for _, frames in round_], self.cat_results))
 
 
-class MultiAsyncCollector(MultiCollector):
+class MultiAsyncCollector(MultiCollector[RB]):
     """Off-policy: each batch comes from one worker, first come first served.
 
     Each worker runs at most ``prefetch`` batches ahead of the trainer; frames

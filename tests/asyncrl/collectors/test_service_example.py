@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -59,6 +61,11 @@ async def test_every_endpoint_and_a_clean_lifespan_exit(
                                         lambda s: s["frames"] > 0 and s["policy_version"] >= 1)
                 assert {"frames", "fps", "policy_version", "workers"} <= set(status)
                 assert status["error"] is None and status["ready"] is True
+                assert status["state"] == "running"
+                page = await client.get("/")
+                assert page.status_code == 200
+                assert page.headers["content-type"].startswith("text/html")
+                assert page.text.count("<canvas id=") == 4 and 'fetch("status"' in page.text
                 assert (await client.get("/livez")).status_code == 200
                 ready = await client.get("/readyz")
                 assert (ready.status_code, ready.json()["workers"]) == (200, 2)
@@ -200,3 +207,75 @@ def test_sigterm_stops_the_service_cleanly_with_no_worker_left(command: str, gro
     while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.1)  # reaped as the service exits; the kernel may lag a little
     assert not any(alive(pid) for pid in pids)
+
+
+# -- GET /: the live status page, in a real headless browser ---------------------------------
+BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable",
+            "headless_shell")
+
+
+def _browser() -> str | None:
+    return next((path for name in BROWSERS if (path := shutil.which(name))), None)
+
+
+def test_the_status_page_needs_nothing_from_the_network() -> None:
+    page = (ROOT / "examples" / "status_page.html").read_text()
+    # No script, style sheet or font from elsewhere: it must work offline.
+    assert not re.findall(r"""(?:src|href)\s*=|@import|url\(|https?://""", page)
+    assert 'fetch("status"' in page  # its one request, relative to where it is served
+
+
+def test_the_status_page_charts_live_data_in_a_headless_browser(tmp_path: Path) -> None:
+    browser = _browser()
+    if browser is None:
+        pytest.skip("no Chromium binary on PATH (one of " + ", ".join(BROWSERS) + "): the "
+                    "status page is checked in a real headless browser only where one is "
+                    "installed, e.g. apt-get install chromium")
+    port = _free_port()
+    env = {**os.environ, **SMALL, "PYTHONPATH": str(ROOT)}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "examples.service", "--host", "127.0.0.1", "--port", str(port)],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True)
+    try:
+        deadline = time.monotonic() + LIMIT
+        status: dict[str, Any] = {}
+        while time.monotonic() < deadline and not (
+                status.get("frames", 0) > 0 and status.get("episode_return_mean") is not None):
+            assert process.poll() is None, process.communicate()[0]
+            try:
+                status = _get(f"http://127.0.0.1:{port}/status")
+            except OSError:
+                pass
+            time.sleep(0.2)
+        assert status.get("frames", 0) > 0, "the service never reported frames"
+        # --virtual-time-budget: the page's timers run 6 s of virtual time (several polls
+        # of /status, each a real request) before the DOM is dumped.
+        dumped = subprocess.run(
+            [browser, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+             f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=6000",
+             "--dump-dom", f"http://127.0.0.1:{port}/"],
+            capture_output=True, text=True, timeout=LIMIT)
+        dom = dumped.stdout
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.communicate()
+    assert "<h1>asyncrl service</h1>" in dom, dumped.stderr[-2000:]
+    samples = re.search(r'<body[^>]*data-samples="(\d+)"', dom)
+    assert samples is not None and int(samples.group(1)) >= 2, dom[-3000:]
+    summary = re.search(r'<p id="summary">([^<]*)</p>', dom)
+    assert summary is not None and re.fullmatch(
+        r"running: \d+ frames, [\d.]+ frames/s, return [\d.]+, policy v\d+ \(lag \d+\), "
+        r"\d+ updates, 2 workers", summary.group(1)), summary
+    for chart in ("fps", "return", "lag", "workers"):
+        tag = re.search(rf'<canvas id="{chart}"[^>]*>', dom)
+        assert tag is not None, chart
+        numbers = {k: int(v) for k, v in re.findall(r'data-([a-z-]+)="(\d+)"', tag.group(0))}
+        assert numbers["points"] >= 2, (chart, numbers)
+        # The empty chart paints its frame; the chart with data paints more.
+        assert numbers["ink"] > numbers["frame-ink"] + 20, (chart, numbers)
+    assert '<p id="error"></p>' in dom  # every poll answered, no training error

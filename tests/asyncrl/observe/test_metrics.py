@@ -161,3 +161,65 @@ def test_progress_without_tqdm_names_the_extra(monkeypatch: pytest.MonkeyPatch) 
     _without("tqdm.auto", monkeypatch)
     with pytest.raises(ImportError, match=r'pip install "asyncrl\[progress\]"'):
         Progress(Snapshot(STATS))
+
+
+# -- the collector's state as a whole (issue #26) ----------------------------------------
+def test_the_collector_state_is_one_gauge_per_state() -> None:
+    from dataclasses import replace
+
+    lines = scrape(Snapshot(replace(STATS, state="failed")))
+    assert 'asyncrl_collector_state{state="failed"} 1.0' in lines
+    for other in ("starting", "running", "waiting", "paused", "closed"):
+        assert f'asyncrl_collector_state{{state="{other}"}} 0.0' in lines
+    assert 'asyncrl_collector_state{state="running"} 1.0' in scrape(Snapshot(STATS))
+
+
+@pytest.mark.anyio
+async def test_the_state_goes_starting_waiting_running_paused_closed() -> None:
+    import subprocess
+
+    from tests.multihost.processes import wait_exit
+
+    collector = MultiAsyncCollector(CountingEnv, ParamPolicy(), num_workers=1,
+                                    remote_workers=1, listen="tcp://127.0.0.1:0",
+                                    frames_per_batch=16, total_frames=-1)
+    assert collector.statistics().state == "starting"
+    with anyio.fail_after(LIMIT):
+        async with collector:
+            # One local worker may join; the remote one does not come: the run waits.
+            with pytest.raises(TimeoutError):
+                await collector.wait_ready(timeout=1)
+            assert collector.statistics().state == "waiting"
+            assert 'asyncrl_collector_state{state="waiting"} 1.0' in scrape(collector)
+            host = subprocess.Popen(
+                [sys.executable, "-m", "asyncrl.cli", "worker", "--connect", collector.endpoint,
+                 "--env", "asyncrl.testing:CountingEnv", "--policy", "asyncrl.testing:ParamPolicy"],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT, text=True)
+            try:
+                await collector.wait_ready(timeout=60)
+                assert collector.statistics().state == "running"
+                async with collector.pause():
+                    assert collector.statistics().state == "paused"
+                assert collector.statistics().state == "running"
+            except BaseException:
+                host.kill()
+                raise
+        assert collector.statistics().state == "closed"
+        code = await wait_exit(host)
+        assert code == 0, host.stdout.read() if host.stdout else ""
+
+
+@pytest.mark.anyio
+async def test_a_failed_run_says_failed_and_stays_so_once_closed() -> None:
+    from asyncrl.testing import failing_env_at_step
+
+    with anyio.fail_after(LIMIT):
+        collector = MultiAsyncCollector(failing_env_at_step, num_workers=1,
+                                        frames_per_batch=16, total_frames=-1)
+        with pytest.raises(Exception, match="step"):
+            async with collector:
+                async for _ in collector:
+                    pass
+    assert collector.statistics().state == "failed"
+    assert 'asyncrl_collector_state{state="failed"} 1.0' in scrape(collector)
