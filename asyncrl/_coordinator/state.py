@@ -380,7 +380,10 @@ class CoordinatorState:
         if problems:
             reason = "; ".join(problems)
             log.warning("refused relay %s from %s: %s", hello.name, hello.host, reason)
-            return [Send(peer, Refuse(reason))]
+            # Full, and nothing else (as many relays as remote_workers): it may ask again.
+            full = not relay_hello_problems(hello, accept_remote=self._accept_remote,
+                                            max_remote=None, others=0)
+            return [Send(peer, Refuse(reason, full=full))]
         self.relays[peer] = RelayInfo(peer, hello.host, hello.pid, frozenset(hello.members))
         log.info("relay %s on %s carries the weights of up to %d workers",
                  peer.decode(errors="replace"), hello.host, len(hello.members))
