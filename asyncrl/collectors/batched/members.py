@@ -36,7 +36,8 @@ class Member:
     pid: int
     envs: int
     state: WorkerState = "joining"  # "collecting" from its first chunk; "left" / "lost"
-    sent: SlotCounts = field(default_factory=SlotCounts)  # frozen when it ends (its slot's counts restart)
+    # what it sent, frozen when it ends (its slot's counts restart for the next occupant)
+    sent: SlotCounts = field(default_factory=SlotCounts)
     reason: str = ""
 
 
