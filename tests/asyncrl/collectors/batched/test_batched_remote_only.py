@@ -64,6 +64,8 @@ async def test_remote_env_hosts_alone_collect_exact_frames_with_the_latest_weigh
         async with collector:
             hosts = [start_identity_host(collector.endpoint, 2, anyio_backend) for _ in range(2)]
             try:
+                while len(collector.statistics().workers) < 2:  # both joined: neither may
+                    await anyio.sleep(0.05)  # find the run over when it comes (fail_after)
                 updated_at = None
                 async for batch in collector:
                     batches.append(batch)
