@@ -28,9 +28,9 @@ import anyio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: tests.*
 
-from asyncrl import MultiSyncCollector  # noqa: E402
-from asyncrl.testing import ValuePolicy, identity_env  # noqa: E402
-from tests.chaos.helpers import pids_in, train, wait_for  # noqa: E402
+from asyncrl import MultiSyncCollector
+from asyncrl.testing import ValuePolicy, identity_env
+from tests.chaos.helpers import pids_in, train, wait_for
 
 TOTAL = 400
 

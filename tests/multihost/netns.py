@@ -43,7 +43,8 @@ def two_namespaces(prefix: str, subnet: str = "10.213.9") -> Iterator[dict[str, 
         run("ip", "link", "add", veth_c, "type", "veth", "peer", "name", veth_w)
         run("ip", "link", "set", veth_c, "netns", coord)
         run("ip", "link", "set", veth_w, "netns", worker)
-        for ns, dev, addr in ((coord, veth_c, f"{subnet}.1/30"), (worker, veth_w, f"{subnet}.2/30")):
+        for ns, dev, addr in ((coord, veth_c, f"{subnet}.1/30"),
+                              (worker, veth_w, f"{subnet}.2/30")):
             run("ip", "netns", "exec", ns, "ip", "addr", "add", addr, "dev", dev)
             run("ip", "netns", "exec", ns, "ip", "link", "set", dev, "up")
             run("ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up")
