@@ -97,13 +97,15 @@ class AsyncBatchedCollector(ServedPolicy, BaseCollector):
     envs share a process and a request; with ``listen="tcp://HOST:PORT"`` and
     ``remote_workers=K``, up to K ``asyncrl env-worker`` processes on other hosts
     join at a time (a dropped one's slot goes to the next to join; their
-    observations travel inline, checked; ``curve_keys``: a directory made by
+    observations travel inline, checked; ``num_envs=0``: remote env hosts only;
+    each host is a row of ``statistics()`` and its joins, departures and losses
+    are ``events()``; ``curve_keys``: a directory made by
     ``asyncrl keys generate`` encrypts and authenticates them); ``num_threads`` caps
     torch's threads in this process while open (default: the cores the env workers
     leave). ``server_backend="process"`` serves the policy from a dedicated process
     (TorchRL's ``InferenceServerConfig(service_backend="process")``, accepted as
-    ``server_config``): collection goes on while a training step holds this
-    process's event loop. Batches are flat ``[frames_per_batch]`` TensorDicts in TorchRL's layout,
+    ``server_config``; it serves remote env hosts too): collection goes on while a
+    training step holds this process's event loop. Batches are flat ``[frames_per_batch]`` TensorDicts in TorchRL's layout,
     every frame stamped with the version of the weights that chose its action
     (``("collector", "policy_version")``). With ``replay_buffer`` (anything with
     ``.extend(td)``), as in TorchRL, iteration writes each batch there and yields
