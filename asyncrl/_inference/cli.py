@@ -80,7 +80,10 @@ def run_env_worker_command(args: argparse.Namespace) -> int:
         return code
 
     try:
-        code = anyio.run(main, backend=args.backend)
+        try:
+            code = anyio.run(main, backend=args.backend)
+        except BaseExceptionGroup as group:  # the task group's: the error that ended it
+            raise _cause(group) from None
     except JoinTimeout as exc:
         print(f"asyncrl env-worker: {exc}", file=sys.stderr)
         return EXIT_JOIN_TIMEOUT
@@ -94,6 +97,12 @@ def run_env_worker_command(args: argparse.Namespace) -> int:
 
     shutdown()
     return code if isinstance(code, int) else 0
+
+
+def _cause(exc: BaseException) -> BaseException:
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return exc
 
 
 async def _stop_on_signal(scope: anyio.CancelScope) -> None:

@@ -124,7 +124,9 @@ class WorkerBlocks:
 class InferenceLoop:
     """Serve the requests of many env workers with one policy call per batch.
 
-    ``blocks[slot]`` are the shared-memory blocks of worker ``slot``. A local worker
+    ``blocks[slot]`` are the shared-memory blocks of worker ``slot`` (``obs_spec``, each
+    observation's dtype and per-env shape, is read from them unless given: a loop that
+    starts with remote slots only has none yet). A local worker
     (a slot in ``answer_bells``) asks by writing its observation block and ringing
     ``request_bell``, and is answered through its output block and its bell; any
     other slot (a remote env worker) asks through :meth:`submit` and is answered
@@ -138,7 +140,8 @@ class InferenceLoop:
                  server_timeout: float, version: int = 0,
                  request_bell: EventFd | None = None,
                  answer_bells: dict[int, EventFd] | None = None,
-                 spin: float = DEFAULT_SPIN, threads: int | None = None) -> None:
+                 spin: float = DEFAULT_SPIN, threads: int | None = None,
+                 obs_spec: Sequence[tuple[torch.dtype, tuple[int, ...]]] | None = None) -> None:
         self.adapter = adapter
         self.blocks = blocks
         self.obs_paths = list(obs_paths)
@@ -175,10 +178,15 @@ class InferenceLoop:
         self._observations = 0
         self._sizes: collections.Counter[int] = collections.Counter()
         capacity = max_batch_size
-        layout = next(iter(blocks.values())).obs.layout if blocks else {}
-        self._obs = {f"o{i}": torch.zeros((capacity, *layout[f"o{i}"][1][1:]),
-                                          dtype=layout[f"o{i}"][0])
-                     for i in range(len(self.obs_paths))}
+        if obs_spec is None:  # from the blocks (there may be none: remote env hosts only)
+            if not blocks:
+                raise ValueError("InferenceLoop without blocks needs obs_spec: (dtype, "
+                                 "per-env shape) of each observation")
+            layout = next(iter(blocks.values())).obs.layout
+            obs_spec = [(layout[f"o{i}"][0], tuple(layout[f"o{i}"][1][1:]))
+                        for i in range(len(self.obs_paths))]
+        self._obs = {f"o{i}": torch.zeros((capacity, *shape), dtype=dtype)
+                     for i, (dtype, shape) in enumerate(obs_spec)}
         self._batch = TensorDict({_key(p): self._obs[f"o{i}"]
                                   for i, p in enumerate(self.obs_paths)},
                                  batch_size=[capacity])

@@ -182,7 +182,9 @@ async def run_remote_env_worker(connect: str, env: Any, *, envs: int = 1,
     try:
         async with Link(connect, identity=identity, heartbeat_interval=interval,
                         peer_timeout=peer_timeout, curve=curve) as link:
-            await link.send(pool_layout(pool), kind=HELLO)
+            # Who we are, for the collector's statistics() and events() (not a credential).
+            await link.send({**pool_layout(pool), "host": socket.gethostname()[:255],
+                             "pid": os.getpid()}, kind=HELLO)
             message = None
             with anyio.move_on_after(join_timeout):
                 message = await link.recv()

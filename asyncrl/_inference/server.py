@@ -23,7 +23,16 @@ here -> trainer       ``ready`` (the version served), ``applied``, ``held``,
                       ``stats``
                       (every :data:`STATS_INTERVAL` s while calls are made),
                       ``error`` (the run stops)
+trainer -> here       ``remote-obs`` ``{"slot", "obs"}``: a remote env host's
+                      request (checked by the trainer; it owns the network)
+here -> trainer       ``remote-act`` ``{"slot", "v", "a"}``: its answer, which
+                      the trainer sends on to the host
 ====================  =====================================================
+
+Remote env hosts (``listen=``) talk to the trainer's hub only: the trainer
+checks what they send, then forwards each request here, where it joins the
+same batches as the local workers' (one inline block per remote slot, made
+again when an occupant with another number of envs asks).
 """
 
 from __future__ import annotations
@@ -45,11 +54,14 @@ from .._spawn.child import exit_process
 from .doorbell import DEFAULT_SPIN, EventFd
 from .env_stepper import CLOSE, ERROR, serve_linked
 from .loop import InferenceLoop, OutputLayout, WorkerBlocks
+from .remote_env_stepper import InlineBlock
 
 log = logging.getLogger("asyncrl.inference")
 
 #: Message kinds between the trainer and the inference process.
 READY, WEIGHTS, APPLIED, HOLD, GO, STATS = "ready", "weights", "applied", "hold", "go", "stats"
+#: A remote env host's request (trainer -> here) and its answer (here -> trainer).
+REMOTE_OBS, REMOTE_ACT = "remote-obs", "remote-act"
 #: The answer to ``hold``: from now on, at most the call under way answers env workers.
 HELD = "held"
 #: Seconds between two statistics reports while the loop serves.
@@ -80,6 +92,10 @@ class ServerConfig:
     heartbeat_interval: float = 1.0
     peer_timeout: float = 10.0
     spin: float = DEFAULT_SPIN
+    #: (dtype, per-env shape) of each observation: the loop's batch (there may be no block)
+    obs_spec: Sequence[tuple[torch.dtype, tuple[int, ...]]] | None = None
+    #: Slots from here on are remote env hosts' (their requests come as ``remote-obs``)
+    first_remote_slot: int | None = None
 
 
 class InferenceServer:
@@ -110,14 +126,20 @@ class InferenceServer:
                                   server_timeout=config.server_timeout, version=config.version,
                                   request_bell=config.request_bell,
                                   answer_bells=config.answer_bells, spin=config.spin,
-                                  threads=config.threads)
+                                  threads=config.threads, obs_spec=config.obs_spec)
 
     async def serve(self, trainer: Link) -> int:
         """Serve until the trainer says close (0), goes away (0) or this fails (1, reported)."""
         await trainer.send({"version": self.loop.version}, kind=READY)
         try:
             async with anyio.create_task_group() as tg:
-                tg.start_soon(self.loop.run)
+                async def reply(slot: int, version: int) -> None:  # a remote host's answer
+                    await trainer.send({"slot": slot, "v": version,
+                                        "a": self.blocks[slot].act.tensors},  # type: ignore[attr-defined]
+                                       kind=REMOTE_ACT)
+
+                remote = self.config.first_remote_slot is not None
+                tg.start_soon(self.loop.run, reply if remote else None)
                 tg.start_soon(self._report, trainer)
                 await self._orders(trainer)
                 tg.cancel_scope.cancel()
@@ -137,6 +159,27 @@ class InferenceServer:
                     await trainer.send(None, kind=HELD)
             elif message.kind == WEIGHTS:
                 await trainer.send(await self._load(message), kind=APPLIED)
+            elif message.kind == REMOTE_OBS:
+                self._remote_request(message.body)
+
+    def _remote_request(self, body: Any) -> None:
+        """A remote host's observations (checked by the trainer): into its slot's block,
+        made again for an occupant with another number of envs; then a request."""
+        first = self.config.first_remote_slot
+        slot = body["slot"]
+        if first is None or not isinstance(slot, int) or slot < first:
+            raise ValueError(f"remote-obs for slot {slot!r}: not a remote slot")
+        obs = body["obs"]
+        rows = int(obs["o0"].shape[0])
+        blocks = self.blocks.get(slot)
+        if blocks is None or blocks.rows != rows:  # its request is answered: safe to swap
+            layout = {k: (t.dtype, tuple(t.shape)) for k, t in obs.items()}
+            act = {k: (t.dtype, tuple(t.shape))
+                   for k, t in self.config.outputs.block_tensors(rows).items()}
+            blocks = WorkerBlocks(rows, InlineBlock(layout), InlineBlock(act))  # type: ignore[arg-type]
+            self.blocks[slot] = blocks
+        blocks.obs.fill(obs, "remote-obs")  # type: ignore[attr-defined]
+        self.loop.submit(slot)
 
     async def _load(self, message: Message) -> dict[str, Any]:
         state = message.body
@@ -233,5 +276,6 @@ def inference_server_main(trainer_endpoint: str, identity: bytes, config: Server
     exit_process(anyio.run(run, backend=backend))
 
 
-__all__ = ["APPLIED", "GO", "HELD", "HOLD", "READY", "STATS", "WEIGHTS", "InferenceServer",
+__all__ = ["APPLIED", "GO", "HELD", "HOLD", "READY", "REMOTE_ACT", "REMOTE_OBS", "STATS",
+           "WEIGHTS", "InferenceServer",
            "ServerConfig", "inference_server_main", "run_inference_server"]

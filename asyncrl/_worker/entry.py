@@ -13,6 +13,7 @@ Both children run :func:`asyncrl._worker.worker.run_worker` and exit with its co
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import pickle
@@ -185,7 +186,11 @@ def host_process_main(endpoint: str, spec: WorkerSpec, backend: str,
     remember_absent_modules()  # a per-step import probe of tensordict's, answered at once
     code = anyio.run(lambda: run_worker(endpoint, spec, handle_signals=True, **options),
                      backend=backend)
-    # A normal exit: multiprocessing joins what this (non-daemonic) worker started.
+    # A normal exit: multiprocessing joins what this (non-daemonic) worker started. The
+    # interpreter's last collection walks every object torch and the envs made: seconds
+    # on a loaded machine, past the host's STOP_TIMEOUT after a SIGTERM (it was seen
+    # there, in gc_collect_main). Frozen, they are left to the process's end.
+    gc.freeze()
     sys.exit(code)
 
 

@@ -66,7 +66,7 @@ class HostWorkers:
         # Resolved once here (a directory, or ASYNCRL_CURVE_* variables when None):
         # the relay and the worker processes get the keys themselves.
         self.curve_keys = CurveClient.load(curve_keys)
-        self.join_timeout = join_timeout  # each worker's (see run_worker)
+        self.join_timeout = join_timeout  # each worker's and the relay's (see run_worker)
         self.backend = backend
         self.log_config = log_config  # the workers' logging (asyncrl._spawn.logs.capture())
         self.log_file = log_file  # each worker process appends its lines here too
@@ -129,7 +129,7 @@ class HostWorkers:
                 relay = await stack.enter_async_context(HostRelay(
                     self.connect, self.identities, peer_timeout=self.peer_timeout,
                     heartbeat_interval=heartbeat_interval(self.peer_timeout),
-                    curve_keys=self.curve_keys))
+                    curve_keys=self.curve_keys, join_timeout=self.join_timeout))
                 options.update(relay=relay.endpoint, relay_name=relay.name)
             workers = host_worker_processes(self.connect, self.spec, self.identities,
                                             backend=self.backend, options=options)

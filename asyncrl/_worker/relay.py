@@ -61,6 +61,7 @@ from .._protocol import (
     WeightMeta,
     WeightsApplied,
 )
+from .join_backoff import JOIN_BACKOFF, full_pause
 
 log = logging.getLogger("asyncrl.relay")
 
@@ -91,7 +92,10 @@ class HostRelay(TaskGroupResource):
     ``run_worker(..., identity=member, relay=relay.endpoint, relay_name=relay.name)``.
     ``endpoint`` (default: ``ipc://`` in a private temporary directory) is where
     the members connect. ``curve_keys`` is the workers' key directory, as for
-    ``asyncrl worker --keys``.
+    ``asyncrl worker --keys``. A relay refused only because the run is full (as many
+    relays as ``remote_workers`` registered) says hello again, backing off from 0.5 s
+    to 8 s, for ``join_timeout`` seconds (None: it does not); any other refusal is
+    final. Until it is registered its workers get their weights directly.
 
     >>> async with HostRelay("tcp://trainer:5555", [b"w0", b"w1"]) as relay:  # doctest: +SKIP
     ...     relay.endpoint              # 'ipc:///tmp/asyncrl-relay-.../relay'
@@ -101,7 +105,8 @@ class HostRelay(TaskGroupResource):
     def __init__(self, connect: str, members: Iterable[bytes], *,
                  name: bytes | None = None, endpoint: str | None = None,
                  heartbeat_interval: float = 1.0, peer_timeout: float = 10.0,
-                 curve_keys: str | CurveClient | None = None, max_in_flight: int = 64) -> None:
+                 curve_keys: str | CurveClient | None = None, max_in_flight: int = 64,
+                 join_timeout: float | None = None) -> None:
         self.connect = connect
         self.members = frozenset(members)
         if not 0 < len(self.members) <= MAX_RELAY_MEMBERS:
@@ -115,6 +120,9 @@ class HostRelay(TaskGroupResource):
         self._channel_options: dict[str, Any] = {"heartbeat_interval": heartbeat_interval,
                                                  "peer_timeout": peer_timeout}
         self._curve_keys = curve_keys
+        #: Refused because the run is full: ask again (backing off) for this long; None:
+        #: never (as ``asyncrl worker --join-timeout``; any other refusal is final).
+        self.join_timeout = join_timeout
         self._in_flight = anyio.Semaphore(max_in_flight)
         self._background = anyio.CancelScope()
         self._stopped = anyio.Event()
@@ -203,7 +211,32 @@ class HostRelay(TaskGroupResource):
         hello = RelayHello(protocol=PROTOCOL, name=self.name.decode(errors="replace"),
                            host=socket.gethostname(), pid=os.getpid(),
                            members=sorted(self.members))
-        await link.send(hello.to_body(), kind=RelayHello.KIND)
+        deadline = None if self.join_timeout is None else anyio.current_time() + self.join_timeout
+        backoff = JOIN_BACKOFF
+        while True:
+            await link.send(hello.to_body(), kind=RelayHello.KIND)
+            refuse = await self._await_welcome(link)
+            if refuse is None:
+                return
+            self.refused = refuse.reason
+            if refuse.full and deadline is not None:
+                pause, backoff = full_pause(backoff)
+                if anyio.current_time() + pause <= deadline:
+                    log.warning("relay: the run is full (%s); asking again in %.1f s",
+                                refuse.reason, pause)
+                    await anyio.sleep(pause)
+                    continue
+                log.error("relay: the coordinator refused this relay (%s), still full after "
+                          "join_timeout %s s; this host's workers get their weights directly",
+                          refuse.reason, self.join_timeout)
+            else:
+                log.error("relay: the coordinator refused this relay (%s); this host's "
+                          "workers get their weights directly", refuse.reason)
+            while True:  # idle until this coordinator goes (PeerLostError), then retry
+                await link.recv()
+
+    async def _await_welcome(self, link: Link) -> Refuse | None:
+        """Until the coordinator answers the hello: None (welcomed) or its refusal."""
         while True:
             message = await link.recv()
             if message.kind == RelayWelcome.KIND:
@@ -220,13 +253,12 @@ class HostRelay(TaskGroupResource):
                 self.instance = instance
                 log.info("relay: registered with %s for %d workers", self.connect,
                          len(self.members))
-                return
+                return None
             if message.kind == Refuse.KIND:
-                self.refused = Refuse.from_body(message.body).reason
-                log.error("relay: the coordinator refused this relay (%s); this host's workers "
-                          "get their weights directly", self.refused)
-                while True:  # idle until this coordinator goes (PeerLostError), then retry
-                    await link.recv()
+                try:
+                    return Refuse.from_body(message.body)
+                except ProtocolError as exc:
+                    return Refuse(f"a malformed refusal: {exc}")
             await self._on_upstream(link, message)
 
     async def _on_upstream(self, link: Link, message: Message) -> None:

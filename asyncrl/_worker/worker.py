@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import os
-import random
 import signal
 import socket
 from collections import deque
@@ -47,6 +46,7 @@ from .._rollout.seeding import seed_global_rngs
 from .._spawn.child import remove_orphaned_socket_dir, wait_parent_gone
 from .._spawn.threads import use_torch_threads
 from ..weights import WeightApplier
+from .join_backoff import JOIN_BACKOFF, full_pause
 from .log_forward import LogForwarder
 from .relay_member import RelayMembership
 from .spec import WorkerSpec
@@ -61,9 +61,6 @@ EXIT_REFUSED = 4
 EXIT_JOIN_TIMEOUT = 5
 #: Not a process exit code: ends one admission when the coordinator says "rejoin".
 EXIT_REJOIN = -1000
-#: A worker refused because the run is full asks again after this, doubling up to the max.
-JOIN_BACKOFF = 0.5
-JOIN_BACKOFF_MAX = 8.0
 
 
 class _RunFull(Exception):
@@ -365,14 +362,14 @@ class Worker:
                 with anyio.move_on_after(wait):
                     welcome = await self._await_welcome(hello.attempt)
             except _RunFull as full:
-                pause = backoff * (1 + random.random() / 4)  # jitter: not all at once
+                pause, after = full_pause(backoff)  # jittered: not all at once
                 if deadline is not None and anyio.current_time() + pause > deadline:
                     raise WorkerExit(EXIT_REFUSED, f"the coordinator refused this worker: "
                                      f"{full} (still full after --join-timeout "
                                      f"{self.join_timeout} s)") from None
                 log.warning("the run is full (%s); asking again in %.1f s", full, pause)
                 await anyio.sleep(pause)
-                backoff = min(2 * backoff, JOIN_BACKOFF_MAX)
+                backoff = after
                 hello.attempt += 1
                 continue
             if welcome is not None:

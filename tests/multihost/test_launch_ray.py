@@ -164,3 +164,53 @@ async def test_a_killed_actor_is_restarted_by_ray_and_rejoins_with_the_latest_we
     assert restarts == 1 and new_pid != killed
     pids = {int(p) for b in batches[3:] for p in b["next", "observation"][..., 0].flatten()}
     assert new_pid in pids, "the restarted actor delivered no frame"
+
+
+async def test_scale_starts_a_host_on_a_node_added_while_the_run_goes_on(local_ray) -> None:
+    """The run goes on with one host (on the one node with ``env_host``); that host is
+    killed for good (its places free at once) and a raylet joins the cluster: ``scale()``
+    starts one host there, and only there; its workers take the free places, behind a
+    relay of their own, and collect."""
+    def node_ids() -> set[str]:
+        return {n["NodeID"] for n in ray.nodes() if n["Alive"]}
+
+    before = node_ids()
+    added = None
+    try:
+        with anyio.fail_after(240):
+            async with MultiAsyncCollector("CartPole-v1", num_workers=0, remote_workers=2,
+                                           listen="tcp://127.0.0.1:0", frames_per_batch=50,
+                                           total_frames=-1, on_worker_loss="continue"
+                                           ) as collector:
+                hosts = launch_hosts(collector.endpoint, workers_per_host=2, env="CartPole-v1",
+                                     resources={"env_host": 1}, max_restarts=0)
+                try:
+                    assert len(hosts.actors) == 1  # the one node with the resource
+                    seen: set[int] = set()
+                    async for batch in collector:
+                        seen |= set(batch["collector", "worker_id"].flatten().tolist())
+                        if added is None and seen == {0, 1}:
+                            ray.kill(hosts.actors[0], no_restart=True)  # its workers go too
+                            added = local_ray.add_node(num_cpus=2, resources={"env_host": 1})
+                            local_ray.wait_for_nodes()
+                            assert hosts.scale() == 1  # the new node, and only it
+                            assert hosts.scale() == 0  # it has a host now
+                        elif seen >= {2, 3}:
+                            break
+                    workers = {w.index: w for w in collector.statistics().workers}
+                except BaseException:
+                    await hosts.aclose()
+                    raise
+            async with hosts:
+                outcomes = await anyio.to_thread.run_sync(lambda: hosts.wait(timeout=60))
+            new = node_ids() - before
+            assert len(new) == 1
+            assert outcomes[0].exit_code is None and "Died" in outcomes[0].error
+            assert outcomes[1].exit_code == 0 and outcomes[1].node in new  # on the added node
+            assert [workers[i].state for i in range(4)][:2] == ["lost", "lost"]
+            assert {workers[2].relay, workers[3].relay} - {"", workers[0].relay}, workers
+            assert workers[2].relay == workers[3].relay  # the new node's relay
+            assert _alive_pids(hosts) == []
+    finally:
+        if added is not None:
+            local_ray.remove_node(added)

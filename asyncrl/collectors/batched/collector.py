@@ -65,7 +65,7 @@ from .._base import RB, BaseCollector
 from .._config import check_int
 from .._env_factories import check_picklable
 from .._limits import listening_hub_limits
-from .chunks import ChunkBuffer
+from .chunks import ChunkBuffer, SlotCounts
 from .config import (
     BatchingConfig,
     check_device,
@@ -76,8 +76,9 @@ from .config import (
     refuse_torchrl_only,
     split_envs,
 )
+from .members import RemoteMembers
 from .remote import RemoteEnvWorkers, check_listen
-from .server import InferenceProcess
+from .server import REMOTE_ACT, InferenceProcess
 from .stats import env_worker_statistics
 from .weights import ServedPolicy
 
@@ -96,14 +97,17 @@ class AsyncBatchedCollector(ServedPolicy, BaseCollector[RB]):
     envs share a process and a request; with ``listen="tcp://HOST:PORT"`` and
     ``remote_workers=K``, up to K ``asyncrl env-worker`` processes on other hosts
     join at a time (a dropped one's slot goes to the next to join; their
-    observations travel inline, checked; ``curve_keys``: a directory made by
+    observations travel inline, checked; ``num_envs=0``: remote env hosts only;
+    each host is a row of ``statistics()`` and its joins, departures and losses
+    are ``events()``; ``curve_keys``: a directory made by
     ``asyncrl keys generate`` encrypts and authenticates them); ``num_threads`` caps
     torch's threads in this process while open (default: the cores the env workers
     leave). ``server_backend="process"`` serves the policy from a dedicated process
     (TorchRL's ``InferenceServerConfig(service_backend="process")``, accepted as
-    ``server_config``): collection goes on while a training step holds this
-    process's event loop. Batches are flat ``[frames_per_batch]`` TensorDicts in TorchRL's layout,
-    every frame stamped with the version of the weights that chose its action
+    ``server_config``; it serves remote env hosts too): collection goes on while a
+    training step holds this process's event loop. Batches are flat
+    ``[frames_per_batch]`` TensorDicts in TorchRL's layout, every frame stamped
+    with the version of the weights that chose its action
     (``("collector", "policy_version")``). With ``replay_buffer`` (anything with
     ``.extend(td)``), as in TorchRL, iteration writes each batch there and yields
     None; ``start()`` fills it in the background.
@@ -158,7 +162,11 @@ class AsyncBatchedCollector(ServedPolicy, BaseCollector[RB]):
         refuse_torchrl_only(torchrl_options)
         check_policy(policy, policy_factory)
         self.frames_per_batch = check_int("frames_per_batch", frames_per_batch, minimum=1)
-        self.factories = env_factories(create_env_fn, num_envs)
+        self.remote_workers = check_int("remote_workers", remote_workers, minimum=0)
+        self.factories = env_factories(create_env_fn, num_envs,
+                                       remote_workers=self.remote_workers)
+        # The env built once here for the layouts (num_envs=0: remote env hosts only).
+        self._probe_factory = self.factories[0] if self.factories else create_env_fn
         self.num_envs = len(self.factories)
         self.batching = BatchingConfig.check(
             num_envs=self.num_envs, max_batch_size=max_batch_size,
@@ -180,18 +188,18 @@ class AsyncBatchedCollector(ServedPolicy, BaseCollector[RB]):
         self.verbose = verbose
         self._heartbeat = (heartbeat_interval, peer_timeout)
         self._initial_version = check_int("policy_version", policy_version, minimum=0)
-        self.remote_workers = check_int("remote_workers", remote_workers, minimum=0)
         check_listen(listen, self.remote_workers)
         self.listen = listen
         if curve_keys is not None and listen is None:
             raise ValueError("curve_keys encrypts the listen= endpoint: give listen too")
         self.curve_keys = curve_keys
-        self.server_backend = check_server_backend(server_backend, listen=listen)
+        self.server_backend = check_server_backend(server_backend)
         if self.server_backend == "process":
             check_picklable([("policy_factory", policy_factory), ("policy", policy)],
                             start_method=self.start_method)
         self._server: InferenceProcess | None = None
         self._remote: RemoteEnvWorkers | None = None
+        self._members = RemoteMembers(self._publish)
         self._admitted: set[bytes] = set()
         super().__init__(total_frames=total_frames, frames_per_batch=self.frames_per_batch,
                          split_trajs=split_trajs, postproc=self._postprocess,
@@ -199,8 +207,9 @@ class AsyncBatchedCollector(ServedPolicy, BaseCollector[RB]):
         self._user_postproc = postproc
         self.groups = split_envs(self.factories, self.batching.envs_per_worker)
         self.num_workers = len(self.groups)
+        # (remote env hosts only: at least one env per remote worker)
         self.chunk_steps = self.batching.chunk_steps or auto_chunk_steps(
-            self.frames_per_batch, self.num_envs)
+            self.frames_per_batch, self.num_envs or self.remote_workers)
         # Set once open:
         self._loop: InferenceLoop | None = None
         self._blocks: dict[int, WorkerBlocks] = {}
@@ -272,7 +281,7 @@ class AsyncBatchedCollector(ServedPolicy, BaseCollector[RB]):
         With ``server_backend="process"`` the policy built here (on the CPU) only finds
         the outputs' layout and checks weights; the loop runs in the inference process.
         """
-        probe = build_pool(self.factories[:1], self.create_env_kwargs)
+        probe = build_pool([self._probe_factory], self.create_env_kwargs)
         try:
             probe.reset()
             obs = {tuple(p): torch.from_numpy(a.copy())
@@ -299,18 +308,19 @@ class AsyncBatchedCollector(ServedPolicy, BaseCollector[RB]):
             self._remote = RemoteEnvWorkers(
                 self.remote_workers, first_slot=self.num_workers, obs=obs, outputs=outputs,
                 chunk_steps=self.chunk_steps, max_envs=self.batching.max_batch_size,
-                blocks=self._blocks, submit=lambda slot: self._loop.submit(slot),  # type: ignore[union-attr]
+                blocks=self._blocks, submit=self._submit_remote,
                 on_chunk=self._on_chunk, register=self._register_remote,
-                version=lambda: self.policy_version)
+                version=lambda: self.policy_version, members=self._members)
         b = self.batching
+        obs_spec = [(t.dtype, tuple(t.shape[1:])) for t in obs.values()]
         if not in_process:
-            self._server = self._make_server_process(policy, spec, list(obs), outputs)
+            self._server = self._make_server_process(policy, spec, list(obs), outputs, obs_spec)
             return list(obs), outputs, None
         loop = InferenceLoop(adapter, self._blocks, obs_paths=list(obs), outputs=outputs,
                              device=self.device, max_batch_size=b.max_batch_size,
                              min_batch_size=b.min_batch_size, server_timeout=b.server_timeout,
                              version=self._initial_version, request_bell=self._request_bell,
-                             answer_bells=self._answer_bells,
+                             answer_bells=self._answer_bells, obs_spec=obs_spec,
                              threads=None if self._threads_cap is None else self._threads_cap.now)
         return list(obs), outputs, loop
 
@@ -328,7 +338,7 @@ class AsyncBatchedCollector(ServedPolicy, BaseCollector[RB]):
         return policy
 
     def _make_server_process(self, policy: Any, spec: Any, obs_paths: list[tuple[str, ...]],
-                             outputs: Any) -> InferenceProcess:
+                             outputs: Any, obs_spec: Any) -> InferenceProcess:
         assert self._tmpdir is not None and self._threads_cap is not None
         interval, timeout = self._heartbeat
         assert self._request_bell is not None
@@ -338,7 +348,8 @@ class AsyncBatchedCollector(ServedPolicy, BaseCollector[RB]):
             action_spec=spec, exploration_type=self.exploration_type, obs_paths=obs_paths,
             outputs=outputs, device=self.device, batching=self.batching,
             version=self._initial_version, threads=self._threads_cap.now,
-            heartbeat=(interval, timeout), start_method=self.start_method)
+            heartbeat=(interval, timeout), start_method=self.start_method, obs_spec=obs_spec,
+            first_remote_slot=self.num_workers if self.remote_workers else None)
 
     def _make_workers(self, endpoint: str, backend: str, obs_paths: list[tuple[str, ...]],
                       outputs: Any) -> WorkerProcesses:
@@ -405,11 +416,19 @@ class AsyncBatchedCollector(ServedPolicy, BaseCollector[RB]):
         async for item in hub:
             found = self._slot_of.get(item.peer)
             if found is None and self._server is not None and item.peer == self._server.identity:
-                self._on_server_message(item)
+                if hub.admission and item.peer not in self._admitted:
+                    self._admitted.add(item.peer)  # our own child: full message sizes
+                    hub.admit(item.peer)
+                if isinstance(item, Message) and item.kind == REMOTE_ACT:
+                    await self._remote_answered(hub, item.body)
+                else:
+                    self._on_server_message(item)
                 continue
             if found is None:
                 if self._remote is not None and not self._closing:
                     await self._remote.handle(hub, item)  # a remote env worker, or a stranger
+                    if self._server is not None and not self._room_for_more():
+                        await self._server.set_room(hub, False)  # a chunk filled the buffer
                 continue  # without listen the socket is private: not one of ours
             if isinstance(item, PeerEvent):
                 if item.event == "lost" and not self._closing and not self._server_gone():
@@ -435,6 +454,27 @@ class AsyncBatchedCollector(ServedPolicy, BaseCollector[RB]):
         except Exception as exc:
             exc.add_note("(raised by the policy in AsyncBatchedCollector's inference thread)")
             self._fail(exc)
+
+    async def _submit_remote(self, slot: int) -> None:
+        """A remote env host's request (its observations, checked, in its inline block)."""
+        if self._loop is not None:
+            self._loop.submit(slot)
+        elif self._server is not None and self._hub is not None:  # forwarded to the process
+            await self._server.submit_remote(self._hub, slot,
+                                             self._blocks[slot].obs.tensors)  # type: ignore[attr-defined]
+
+    async def _remote_answered(self, hub: Hub, body: Any) -> None:
+        """The inference process answered remote slot ``body["slot"]``: on to its host."""
+        assert self._remote is not None
+        try:
+            slot, version = int(body["slot"]), int(body["v"])
+            self._blocks[slot].act.fill(body["a"], "the inference process's answer",  # type: ignore[attr-defined]
+                                        version)
+        except (KeyError, TypeError, ValueError) as exc:  # our own child: a bug, stop the run
+            self._fail(BadBatchError(f"the inference process sent a malformed remote answer: "
+                                     f"{exc!r}"))
+            return
+        await self._remote.reply(hub, slot, version)
 
     async def _reply_remote(self, slot: int, version: int) -> None:
         """A remote env worker's answer (local ones are rung by the loop itself)."""
@@ -478,12 +518,15 @@ class AsyncBatchedCollector(ServedPolicy, BaseCollector[RB]):
             self._loop.set_room(False)  # back-pressure: no more answers until a batch is taken
         self._wake()
 
-    def _register_remote(self, slot: int, peer: bytes | None) -> None:
+    def _register_remote(self, slot: int, peer: bytes | None) -> SlotCounts | None:
+        """A new occupant of ``slot`` (or none); what the old one sent."""
+        sent = self._frames.counts.get(slot)
         self._frames.forget(slot)  # a new occupant, or none: the old one's pieces are lost
         if peer is not None:
             self._peer_of[slot] = peer
         else:
             self._peer_of.pop(slot, None)
+        return sent
 
     # -- failures and wake-ups -----------------------------------------------------------------
     def _fail(self, error: BaseException) -> None:
@@ -511,11 +554,11 @@ class AsyncBatchedCollector(ServedPolicy, BaseCollector[RB]):
         return False
 
     def _worker_statistics(self) -> list[WorkerStatistics]:
-        """The local env workers: pid, state, what each sent (chunks, frames), when heard."""
-        if self._workers is None:
-            return []
-        return env_worker_statistics(self._workers, self._peer_of, self._frames.counts,
-                                     self._hub)
+        """The local env workers (pid, state, what each sent: chunks, frames; when heard),
+        then every remote env host admitted (:class:`.members.RemoteMembers`)."""
+        rows = [] if self._workers is None else env_worker_statistics(
+            self._workers, self._peer_of, self._frames.counts, self._hub)
+        return rows + self._members.rows(self._frames.counts, self._hub)
 
     def _room_for_more(self) -> bool:
         """Whether the env workers may be answered: room for frames, and not paused."""

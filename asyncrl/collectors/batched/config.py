@@ -66,15 +66,11 @@ _SERVER_CONFIG_DEFAULTS = {"static_batch_size": None, "collect_stats": True,
                            "stats_window_size": 1024, "max_inflight_per_env": None}
 
 
-def check_server_backend(server_backend: Any, *, listen: str | None) -> str:
-    """``"thread"`` or ``"process"``; remote env hosts need the thread server."""
+def check_server_backend(server_backend: Any) -> str:
+    """``"thread"`` or ``"process"`` (both serve local and remote env workers)."""
     if server_backend not in SERVER_BACKENDS:
         raise ValueError(f"server_backend must be one of {SERVER_BACKENDS}, got "
                          f"{server_backend!r}")
-    if server_backend == "process" and listen is not None:
-        raise ValueError("server_backend='process' with listen=: remote env hosts are served "
-                         "from the trainer's process; use server_backend='thread' (the "
-                         "default) with them")
     return str(server_backend)
 
 
@@ -108,8 +104,23 @@ def from_server_config(config: Any, *, server_backend: str, max_batch_size: Any,
             config.timeout)
 
 
-def env_factories(create_env_fn: Any, num_envs: Any) -> list[Any]:
-    """One factory per env: a list as given, or one factory / gym id times ``num_envs``."""
+def env_factories(create_env_fn: Any, num_envs: Any, *, remote_workers: int = 0) -> list[Any]:
+    """One factory per local env: a list as given, or one factory / gym id times ``num_envs``.
+
+    ``num_envs=0`` (no local env: remote env hosts only) needs ``remote_workers``; the
+    one factory given is still built once on the trainer, for the env's layouts.
+    """
+    if num_envs == 0 and not isinstance(num_envs, bool):
+        if not remote_workers:
+            raise ValueError("num_envs=0 runs no local env: give remote_workers=K (and "
+                             "listen=) for remote env hosts, or num_envs >= 1")
+        if isinstance(create_env_fn, (list, tuple)):
+            raise ValueError("num_envs=0 (remote env hosts only) takes one env factory or gym "
+                             "id, built once here for the env's layouts, not a list")
+        if not (isinstance(create_env_fn, str) or callable(create_env_fn)):
+            raise TypeError(f"create_env_fn must be a gym id, an import path or a callable; "
+                            f"got {type(create_env_fn).__name__}")
+        return []
     if isinstance(create_env_fn, (list, tuple)):
         if not create_env_fn:
             raise ValueError("create_env_fn is an empty list: give one env factory per env")
@@ -162,7 +173,7 @@ class BatchingConfig:
               server_timeout: Any, envs_per_worker: Any,
               transition_chunk_size: Any) -> BatchingConfig:
         epw = check_int("envs_per_worker", envs_per_worker, minimum=1)
-        epw = min(epw, num_envs)
+        epw = min(epw, num_envs) if num_envs else 1  # 0: remote env hosts only
         max_bs = 64 if max_batch_size is None else check_int("max_batch_size", max_batch_size,
                                                              minimum=1)
         if max_bs < epw:
@@ -173,7 +184,7 @@ class BatchingConfig:
                                                             minimum=1)
         if min_bs > max_bs:
             raise ValueError(f"min_batch_size={min_bs} > max_batch_size={max_bs}")
-        if min_bs > num_envs:
+        if num_envs and min_bs > num_envs:  # (remote env hosts bring envs of their own)
             raise ValueError(f"min_batch_size={min_bs} can never be met by {num_envs} envs: "
                              "use at most the number of envs")
         timeout = 0.01 if server_timeout is None else server_timeout

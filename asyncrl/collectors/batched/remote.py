@@ -22,7 +22,7 @@ old identity is a stranger again, whatever it sends is refused.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import torch
@@ -40,6 +40,8 @@ from ..._inference.remote_env_stepper import (
     describe,
     dtype_name,
 )
+from .chunks import SlotCounts
+from .members import RemoteMembers
 from .slots import RemoteSlots
 
 log = logging.getLogger("asyncrl.collectors")
@@ -53,10 +55,10 @@ class RemoteEnvWorkers:
 
     def __init__(self, count: int, *, first_slot: int, obs: dict[Path, torch.Tensor],
                  outputs: OutputLayout, chunk_steps: int, max_envs: int,
-                 blocks: dict[int, WorkerBlocks], submit: Callable[[int], None],
+                 blocks: dict[int, WorkerBlocks], submit: Callable[[int], Awaitable[None]],
                  on_chunk: Callable[[int, Message], None],
-                 register: Callable[[int, bytes | None], None],
-                 version: Callable[[], int]) -> None:
+                 register: Callable[[int, bytes | None], SlotCounts | None],
+                 version: Callable[[], int], members: RemoteMembers) -> None:
         self.count = count
         self.first_slot = first_slot
         self.obs_paths = list(obs)
@@ -67,6 +69,8 @@ class RemoteEnvWorkers:
         self.blocks = blocks
         self._submit, self._on_chunk, self._register = submit, on_chunk, register
         self._version = version
+        #: Who held each slot (statistics() rows, joined / left / lost events).
+        self.members = members
         self.slots = RemoteSlots(first_slot, count)
         self.slot_of = self.slots.slot_of  # peer -> slot, admitted peers only
         #: Why each refused or dropped remote worker was (most recent last).
@@ -94,7 +98,13 @@ class RemoteEnvWorkers:
     async def _handle(self, hub: Hub, item: Message | PeerEvent) -> None:
         if isinstance(item, PeerEvent):
             if item.event == "lost" and item.peer in self.slot_of:
-                self._drop(hub, item.peer, "went silent (peer_timeout): its host is gone")
+                if item.reason == "goodbye":  # it said so (SIGTERM to its host): a departure
+                    self._drop(hub, item.peer, "left (it said goodbye)", left=True)
+                elif item.reason == "disconnected":
+                    self._drop(hub, item.peer, "lost: its connection closed (its process "
+                               "died)")
+                else:
+                    self._drop(hub, item.peer, "went silent (peer_timeout): its host is gone")
             return
         slot = self.slot_of.get(item.peer)
         if item.peer in self.slots.queued:
@@ -123,22 +133,33 @@ class RemoteEnvWorkers:
                               f"(max_batch_size), got {str(envs)[:64]}")
             return
         expected = self.expected_hello(envs)
-        if body != expected:
+        host, pid = body.get("host", ""), body.get("pid", 0)  # who it says it is: display only
+        if not isinstance(host, str) or len(host) > 255 or not isinstance(pid, int) or \
+                isinstance(pid, bool) or not 0 <= pid < 1 << 32:
+            await self.refuse(hub, message.peer, f"host must be a str of at most 255 "
+                              f"characters and pid an int >= 0, got {describe(host)} and "
+                              f"{describe(pid)}")
+            return
+        layout = {k: v for k, v in body.items() if k not in ("host", "pid")}
+        if layout != expected:
             await self.refuse(hub, message.peer, f"its envs do not match this collector's: "
                               f"expected {expected}, got {str(body)[:1000]}")
             return
-        placed = self.slots.place(message.peer, envs)
+        placed = self.slots.place(message.peer, (envs, host, pid))
         if placed is None:
             await self.refuse(hub, message.peer, f"all {self.count} remote_workers slots are "
                               "taken; raise remote_workers to admit more")
         elif placed[1]:
-            await self._admit(hub, message.peer, placed[0], envs)
+            await self._admit(hub, message.peer, placed[0], (envs, host, pid))
         else:  # welcomed once the loop has answered the slot's last occupant (to nobody)
             log.info("remote env worker %r waits for slot %d: its last request is still being "
                      "served", message.peer, placed[0])
 
-    async def _admit(self, hub: Hub, peer: bytes, slot: int, envs: int) -> None:
-        """Give ``peer`` the free ``slot``: fresh blocks, a fresh traj tag, its welcome."""
+    async def _admit(self, hub: Hub, peer: bytes, slot: int,
+                     hello: tuple[int, str, int]) -> None:
+        """Give ``peer`` the free ``slot``: fresh blocks, a fresh traj tag, its welcome.
+        ``hello``: its number of envs, host and pid."""
+        envs, host, pid = hello
         try:
             self.slots.next_tag(slot)
         except OverflowError as exc:
@@ -158,6 +179,7 @@ class RemoteEnvWorkers:
             "act": {k: [dtype_name(d), list(s)] for k, (d, s) in act.items()}}, kind=WELCOME)
         log.info("remote env worker %r joined as slot %d (traj tag %d) with %d env(s)", peer,
                  slot, tag, envs)
+        self.members.joined(slot, peer, host=host, pid=pid, envs=envs)
 
     async def _on_obs(self, hub: Hub, message: Message, slot: int) -> None:
         if slot in self.slots.waiting:
@@ -170,7 +192,7 @@ class RemoteEnvWorkers:
             await self.refuse(hub, message.peer, str(exc))
             return
         self.slots.waiting.add(slot)
-        self._submit(slot)
+        await self._submit(slot)
 
     async def reply(self, hub: Hub, slot: int, version: int) -> None:
         """Send a remote slot's occupant its outputs (inline), written by the loop into its
@@ -237,22 +259,28 @@ class RemoteEnvWorkers:
 
     async def refuse(self, hub: Hub, peer: bytes, reason: str) -> None:
         """Tell ``peer`` why, then forget it (a stranger again if it comes back)."""
+        if peer not in self.slot_of:
+            self.members.refused(f"remote env worker refused: {reason}")
         try:
             await hub.send(peer, f"remote env worker refused: {reason}", kind=REFUSED)
         except Exception as exc:  # gone already
             log.debug("could not tell %r it was refused: %r", peer, exc)
         self._drop(hub, peer, f"refused: {reason}")
 
-    def _drop(self, hub: Hub, peer: bytes, reason: str) -> None:
+    def _drop(self, hub: Hub, peer: bytes, reason: str, *, left: bool = False) -> None:
         slot = self.slots.release(peer)  # free again (once its request is answered)
         where = f"remote env worker {peer!r}" + ("" if slot is None else f" (slot {slot})")
-        self._limited.warning("admitted" if slot is not None else "stranger", "%s %s",
-                              where, reason)
-        self.refusals.append(f"{where} {reason}")
-        del self.refusals[:-100]  # bounded: a stranger may try again and again
+        if left:  # a departure is no fault: logged, not listed among the refusals
+            log.info("%s %s", where, reason)
+        else:
+            self._limited.warning("admitted" if slot is not None else "stranger", "%s %s",
+                                  where, reason)
+            self.refusals.append(f"{where} {reason}")
+            del self.refusals[:-100]  # bounded: a stranger may try again and again
         hub.expel(peer)
         if slot is not None:
-            self._register(slot, None)
+            sent = self._register(slot, None)
+            self.members.end(slot, left=left, reason=reason, sent=sent)
 
     def peers(self) -> Sequence[bytes]:
         return list(self.slot_of)

@@ -34,6 +34,8 @@ from ..._inference.server import (
     HELD,
     HOLD,
     READY,
+    REMOTE_ACT,
+    REMOTE_OBS,
     STATS,
     WEIGHTS,
     ServerConfig,
@@ -87,11 +89,15 @@ class InferenceProcess:
                       obs_paths: Sequence[tuple[str, ...]], outputs: OutputLayout,
                       device: torch.device | None, batching: BatchingConfig, version: int,
                       threads: int, heartbeat: tuple[float, float],
-                      start_method: str) -> InferenceProcess:
+                      start_method: str, obs_spec: Sequence[tuple[torch.dtype, tuple[int, ...]]],
+                      first_remote_slot: int | None = None) -> InferenceProcess:
         """The process serving ``policy`` (a CPU module, the trainer's copy) to the env
-        workers whose ``blocks`` and doorbells (``bells``: request, answers) it is given."""
+        workers whose ``blocks`` and doorbells (``bells``: request, answers) it is given,
+        and (``first_remote_slot``: the slots from there on) to remote env hosts, whose
+        requests the trainer forwards (:meth:`submit_remote`)."""
         config = ServerConfig(
-            blocks={slot: (b.rows, b.obs.name, b.act.name) for slot, b in blocks.items()},
+            blocks={slot: (b.rows, b.obs.name, b.act.name) for slot, b in blocks.items()
+                    if first_remote_slot is None or slot < first_remote_slot},
             request_bell=bells[0], answer_bells=dict(bells[1]),
             # The factory when given (the process builds its own, as TorchRL's), else a
             # CPU copy of its own: torch sends a tensor to a child as shared memory, and
@@ -102,7 +108,8 @@ class InferenceProcess:
             device=device, max_batch_size=batching.max_batch_size,
             min_batch_size=batching.min_batch_size, server_timeout=batching.server_timeout,
             version=version, threads=threads, heartbeat_interval=heartbeat[0],
-            peer_timeout=heartbeat[1])
+            peer_timeout=heartbeat[1], obs_spec=list(obs_spec),
+            first_remote_slot=first_remote_slot)
         shadow = policy if isinstance(policy, nn.Module) else None
         return cls(config, start_method=start_method, shadow=shadow)
 
@@ -217,6 +224,12 @@ class InferenceProcess:
         weight_loader(shadow, weights)()  # raises here on a mismatch, naming the keys
         return {k: v.detach().cpu() for k, v in shadow.state_dict().items()}
 
+    async def submit_remote(self, hub: Hub, slot: int, obs: Mapping[str, torch.Tensor]) -> None:
+        """Forward a remote env host's request (its observations, already checked)."""
+        if self._error is not None:
+            return  # the run failed: nobody serves, and nobody waits for an answer
+        await hub.send(self.identity, {"slot": slot, "obs": dict(obs)}, kind=REMOTE_OBS)
+
     async def set_room(self, hub: Hub, room: bool, *, wait: bool = False) -> None:
         """Back-pressure: no answers to the env workers while the trainer's buffer is full.
 
@@ -246,4 +259,4 @@ class InferenceProcess:
             await self.processes.stop(grace=2.0)
 
 
-__all__ = ["START_TIMEOUT", "InferenceProcess"]
+__all__ = ["REMOTE_ACT", "START_TIMEOUT", "InferenceProcess"]

@@ -181,8 +181,6 @@ def test_torchrls_server_config_selects_the_process_and_the_batching() -> None:
      "mutually exclusive"),
     ({"server_backend": "ray"}, ValueError, r"server_backend must be one of \('thread', "
      r"'process'\), got 'ray'"),
-    ({"server_backend": "process", "listen": "tcp://127.0.0.1:0", "remote_workers": 1},
-     ValueError, "remote env hosts are served from the trainer's process"),
     ({"server_backend": "process", "policy": None, "policy_factory": lambda: ValuePolicy()},
      TypeError, "policy_factory .* cannot be sent"),
 ])

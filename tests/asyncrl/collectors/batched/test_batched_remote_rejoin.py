@@ -81,7 +81,7 @@ async def test_a_killed_env_host_is_replaced_by_a_new_one_in_its_slot(anyio_back
     assert code == 0, err
     [refusal] = collector.remote_refusals
     assert refusal.startswith("remote env worker ") and refusal.endswith(
-        "(slot 1) went silent (peer_timeout): its host is gone")
+        "(slot 1) lost: its connection closed (its process died)")
     assert all(tuple(b.batch_size) == (8,) for b in batches)  # every frame counted once
     frames = torch.cat(batches, 0)
     worker, traj = frames["collector", "worker_id"], frames["collector", "traj_ids"]
