@@ -158,6 +158,13 @@ class SharedTensorBlock:
         """Bytes of tensor data per slot."""
         return self.slot_size
 
+    def region(self) -> tuple[int, int]:
+        """``(address, length)`` of the whole mapping in this process (to pin it for DMA)."""
+        mapped = self._mm
+        if mapped is None:
+            raise TransportError(f"shared-memory block {self.name} is closed")
+        return int(self._ctrl.ctypes.data), len(mapped)
+
     @property
     def closed(self) -> bool:
         return self._mm is None

@@ -172,8 +172,10 @@ class EpisodeReturns:
         reward = reward.reshape(ids.shape[0], -1).sum(-1).double()
         done = done.reshape(ids.shape[0], -1).any(-1)
         unique, inverse = torch.unique(ids, return_inverse=True)
-        sums = torch.zeros(unique.shape[0], dtype=torch.float64).index_add_(0, inverse, reward)
-        ended = torch.zeros(unique.shape[0], dtype=torch.bool).index_fill_(
+        # On the batch's device (a CUDA batch stays there): one transfer, by tolist().
+        sums = torch.zeros(unique.shape[0], dtype=torch.float64,
+                           device=ids.device).index_add_(0, inverse, reward)
+        ended = torch.zeros(unique.shape[0], dtype=torch.bool, device=ids.device).index_fill_(
             0, inverse[done], True)
         for traj, total, end in zip(unique.tolist(), sums.tolist(), ended.tolist(), strict=True):
             total += self._open.pop(traj, 0.0)

@@ -7,8 +7,10 @@ the version applied; a :class:`WeightApplier` drives a worker's receivers (apply
 between steps, ack each update the way it came). A :class:`WeightSyncScheme`
 decides how the bytes travel: :class:`ZmqWeightSyncScheme` (any host),
 :class:`SharedMemWeightSyncScheme` (same host, zero-copy),
-:class:`LiveSharedMemWeightSyncScheme` (same host, live: weaker), :class:`InProcessWeightSyncScheme`
-(collectors in the trainer's process) or :class:`NoWeightSyncScheme`. See ``docs/weights.md``.
+:class:`LiveSharedMemWeightSyncScheme` (same host, live: weaker),
+:class:`CudaIpcWeightSyncScheme` (same host, GPU workers, zero-copy),
+:class:`InProcessWeightSyncScheme` (collectors in the trainer's process) or
+:class:`NoWeightSyncScheme`. See ``docs/weights.md``.
 """
 
 from transports import LocalHub as LocalHub
@@ -16,6 +18,7 @@ from transports import LocalLink as LocalLink
 
 from .._protocol import WEIGHTS_KIND as WEIGHTS_KIND
 from ._applier import WeightApplier as WeightApplier
+from ._cuda_ipc import CudaIpcWeightSyncScheme as CudaIpcWeightSyncScheme
 from ._errors import ModelPathError as ModelPathError
 from ._errors import NotInitializedError as NotInitializedError
 from ._errors import WeightMismatchError as WeightMismatchError
@@ -40,6 +43,7 @@ from ._strategy import WeightStrategy as WeightStrategy
 __all__ = [
     "WEIGHTS_KIND",
     "AckRoute",
+    "CudaIpcWeightSyncScheme",
     "InProcessWeightSyncScheme",
     "LiveSharedMemWeightSyncScheme",
     "LocalHub",

@@ -64,6 +64,13 @@ def test_episode_returns_span_batches() -> None:
     assert (returns.episodes, returns.recent[-1]) == (5, 9.0)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_episode_returns_of_a_batch_stored_on_cuda() -> None:
+    returns = EpisodeReturns()  # device="cuda" collectors store their batches there
+    returns.add(batch([[10, 10, 11]], [[1, 2, 4]], [[False, True, False]]).to("cuda"))
+    assert (returns.episodes, list(returns.recent)) == (1, [3.0])
+
+
 def test_policy_lag_is_newest_minus_oldest_version_in_the_batch() -> None:
     td = batch([[1, 1]], [[0, 0]], [[False, False]], versions=[[3, 5]])
     assert policy_lag(td, 5) == 2

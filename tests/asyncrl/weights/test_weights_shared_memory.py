@@ -222,6 +222,32 @@ async def test_frames_keep_exact_versions_under_zero_copy_shared_memory(sync: bo
     assert len(seen) >= 3
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("sync", [True, False], ids=["sync", "async"])
+async def test_a_cuda_learner_dmas_into_the_buffers_and_versions_stay_exact(sync: bool) -> None:
+    from asyncrl import MultiCollector
+    from asyncrl.testing import CountingEnv, ValuePolicy, version_problems
+
+    policy = ValuePolicy(0.0).cuda()  # the learner's model on the GPU, CPU workers
+    values: dict[int, float | None] = {0: 0.0}
+    batches = []
+    with anyio.fail_after(120):
+        async with MultiCollector([CountingEnv] * 2, policy, sync=sync, frames_per_batch=16,
+                                  total_frames=16 * 10, policy_device="cpu",
+                                  weight_sync_schemes={"policy": SharedMemWeightSyncScheme()},
+                                  ) as collector:
+            sender = collector.weight_sender()
+            async for batch in collector:
+                batches.append(batch)
+                version = sender.version + 1
+                values[version] = float(version % 7)
+                fill_parameters(policy, float(version % 7))
+                await (collector.update_policy_weights() if sync else sender.send_async())
+            # The buffers were registered with CUDA: the device copies went straight in.
+            assert all(b.pinned_at is not None for b in sender._buffers)  # type: ignore[attr-defined]
+    assert version_problems(batches, values) == []
+
+
 async def test_live_scheme_in_a_collector_versions_are_lower_bounds() -> None:
     from asyncrl import MultiSyncCollector
     from asyncrl.testing import CountingEnv, ValuePolicy

@@ -1,0 +1,112 @@
+"""Central inference on a GPU against per-worker inference on the CPU (issue #25's GPU target).
+
+Same run, ``Pendulum-v1``, N envs (one per env worker process), the same
+``3 -> W -> W -> 1`` MLP (``benchmarks.collect.make_policy``, ``mlp1024`` by
+default), the same frames per batch:
+
+- ``batched-cuda``: ``AsyncBatchedCollector(num_envs=N, device="cuda")``, the
+  policy served on the GPU from a thread of the trainer's process;
+- ``batched-process-cuda``: the same with ``server_backend="process"``;
+- ``per-worker-cpu``: ``MultiAsyncCollector(num_workers=N)``, a copy of the
+  policy in each worker process, on its CPU.
+
+Each library runs ``--repeats`` times, interleaved; the first batch is the
+warm-up, then ``--windows`` windows of at least ``--batches`` batches and 2 s
+are timed; the table shows the median frames/s and the ratio to per-worker.
+
+    python -m benchmarks.inference_gpu                    # mlp1024, 8 and 14 envs
+    python -m benchmarks.inference_gpu --policies mlp256,mlp1024 --envs 14
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from typing import Any
+
+import anyio
+import torch
+
+from benchmarks.collect import make_policy
+from benchmarks.inference import ENV, MIN_SECONDS
+
+LIBRARIES = ("batched-cuda", "batched-process-cuda", "per-worker-cpu")
+
+
+async def _run(library: str, policy_name: str, envs: int, frames: int, windows: int,
+               batches: int) -> list[float]:
+    from asyncrl import AsyncBatchedCollector, MultiAsyncCollector
+
+    policy = make_policy(policy_name, ENV)
+    collector: Any
+    if library.startswith("batched"):
+        collector = AsyncBatchedCollector(
+            ENV, num_envs=envs, policy=policy, frames_per_batch=frames, device="cuda",
+            max_batch_size=max(64, envs),
+            server_backend="process" if "process" in library else "thread")
+    else:
+        collector = MultiAsyncCollector(ENV, num_workers=envs, policy=policy,
+                                        frames_per_batch=frames)
+    rates = []
+    async with collector:
+        await collector.__anext__()
+        for _ in range(windows):
+            count, n, t0 = 0, 0, time.perf_counter()
+            while count < batches or time.perf_counter() - t0 < MIN_SECONDS:
+                n += (await collector.__anext__()).numel()
+                count += 1
+            rates.append(n / (time.perf_counter() - t0))
+    return rates
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.inference_gpu", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--policies", default="mlp1024")
+    p.add_argument("--envs", default="8,14")
+    p.add_argument("--libraries", default=",".join(LIBRARIES))
+    p.add_argument("--frames-per-batch", type=int, default=1000)
+    p.add_argument("--windows", type=int, default=2)
+    p.add_argument("--batches", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=2)
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("benchmarks.inference_gpu needs a CUDA device; this machine has none")
+        return 2
+    libraries = args.libraries.split(",")
+    print(f"# python -m benchmarks.inference_gpu {' '.join(argv or sys.argv[1:])}".rstrip())
+    print(f"# {torch.cuda.get_device_name(0)}, {os.cpu_count()} cores, torch {torch.__version__}",
+          flush=True)
+    fps: dict[tuple[str, int, str], list[float]] = {}
+    for _ in range(args.repeats):
+        for policy in args.policies.split(","):
+            for envs in (int(n) for n in args.envs.split(",")):
+                for library in libraries:
+                    try:
+                        rates = anyio.run(_run, library, policy, envs, args.frames_per_batch,
+                                          args.windows, args.batches)
+                        value = statistics.median(rates)
+                        print(f"{policy} envs={envs} {library}: {value:,.0f} fps", flush=True)
+                    except Exception as exc:  # one failing must not lose the others' numbers
+                        value = float("nan")
+                        print(f"{policy} envs={envs} {library}: {type(exc).__name__}: {exc}",
+                              flush=True)
+                    fps.setdefault((policy, envs, library), []).append(value)
+    print("\n| policy | envs | " + " | ".join(libraries) + " | best batched / per-worker |")
+    print("|---|---:|" + "---:|" * (len(libraries) + 1))
+    for policy in args.policies.split(","):
+        for envs in (int(n) for n in args.envs.split(",")):
+            medians = {lib: statistics.median(fps[(policy, envs, lib)]) for lib in libraries}
+            cells = [f"{medians[lib]:,.0f}" for lib in libraries]
+            base = medians.get("per-worker-cpu", float("nan"))
+            best = max((v for k, v in medians.items() if k.startswith("batched")),
+                       default=float("nan"))
+            print(f"| {policy} | {envs} | " + " | ".join(cells) + f" | {best / base:.2f}x |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# The CUDA checks, in one run on a machine with a GPU (the device machines of
+# this workplace: torch with CUDA preinstalled, no pyzmq/tensordict/gymnasium/
+# torchrl, no network). Wheels for Python 3.12 go in .whl/ first (see
+# docs/benchmarks.md, "GPU runs"); results land in $OUT (or ./gpu-out).
+#
+#   bash scripts/gpu_check.sh tests        # the CUDA tests only
+#   bash scripts/gpu_check.sh weights      # benchmarks.weights_cuda
+#   bash scripts/gpu_check.sh inference_gpu   # benchmarks.inference_gpu (central on the GPU)
+#   bash scripts/gpu_check.sh tests weights   # several, in order
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-gpu-out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+if [ -d .whl ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/site .whl/*.whl || exit 1
+    export PYTHONPATH=/tmp/site:$PWD
+else
+    export PYTHONPATH=$PWD
+fi
+python3 - <<'EOF' 2>&1 | tee "$OUT/machine.txt"
+import os, torch, zmq, tensordict, anyio
+print("torch", torch.__version__, "cuda", torch.cuda.is_available(),
+      torch.cuda.get_device_name(0) if torch.cuda.is_available() else "-")
+print("pyzmq", zmq.__version__, "tensordict", tensordict.__version__, "cpus", os.cpu_count())
+try:
+    import torchrl
+    print("torchrl", torchrl.__version__)
+except Exception as exc:
+    print("torchrl unavailable:", exc)
+EOF
+status=0
+for what in "${@:-tests}"; do
+if [ "$what" = tests ]; then
+    xdist=$(python3 -c "import xdist" 2>/dev/null && echo "-n 8")
+    timeout 150 python3 -m pytest -q -p no:cacheprovider -rs --timeout 120 $xdist \
+        tests/asyncrl/weights/test_weights_cuda_ipc.py \
+        tests/asyncrl/observe/test_statistics.py \
+        tests/asyncrl/collectors/test_devices.py \
+        tests/asyncrl/weights/test_weights_shared_memory.py \
+        tests/asyncrl/weights/test_weights_newest_wins.py \
+        tests/asyncrl/collectors/batched/test_batched_inference_process.py \
+        tests/asyncrl/collectors/batched/test_batched_collector_limits.py \
+        tests/asyncrl/rollout/test_rollout_options.py \
+        tests/transports/test_codec.py tests/transports/test_channels.py \
+        2>&1 | tee "$OUT/tests.txt" | tail -40
+    status=$((status | $?))
+fi
+if [ "$what" = weights ]; then
+    timeout 120 python3 -m benchmarks.weights_cuda 2>"$OUT/weights_cuda.err" \
+        | tee "$OUT/weights_cuda.md"
+    status=$((status | $?))
+    tail -20 "$OUT/weights_cuda.err"
+fi
+if [ "$what" = inference_gpu ]; then
+    timeout 150 python3 -m benchmarks.inference_gpu ${INFERENCE_ARGS:-} 2>"$OUT/inference.err" \
+        | tee "$OUT/inference.md"
+    status=$((status | $?))
+    tail -20 "$OUT/inference.err"
+fi
+done
+exit $status
