@@ -48,6 +48,7 @@ from transports import SharedTensorBlock
 from .._rollout.policies import PolicyAdapter
 from .._spawn.threads import use_torch_threads
 from .block_io import SlotArrays, array_of, copier
+from .device_batch import DeviceBatch
 from .doorbell import DEFAULT_SPIN, EventFd, spin_then_block
 
 Path = tuple[str, ...]
@@ -182,13 +183,20 @@ class InferenceLoop:
         self._sizes: collections.Counter[int] = collections.Counter()
         capacity = max_batch_size
         layout = next(iter(blocks.values())).obs.layout if blocks else {}
+        on_gpu = device is not None and device.type == "cuda"
+        # Pinned for a GPU policy: the copy of a call's rows to the device is a DMA.
         self._obs = {f"o{i}": torch.zeros((capacity, *layout[f"o{i}"][1][1:]),
-                                          dtype=layout[f"o{i}"][0])
+                                          dtype=layout[f"o{i}"][0], pin_memory=on_gpu)
                      for i in range(len(self.obs_paths))}
         self._batch = TensorDict({_key(p): self._obs[f"o{i}"]
                                   for i, p in enumerate(self.obs_paths)},
                                  batch_size=[capacity])
         self._keys = ["action"] + [f"x{j}" for j in range(len(self.outputs.extras))]
+        # A policy on another device: its device buffers are made once (.device_batch).
+        self._device_batch = None if device is None or device.type == "cpu" else DeviceBatch(
+            {_key(p): self._obs[f"o{i}"] for i, p in enumerate(self.obs_paths)}, device,
+            capacity=capacity)
+        self._output_keys = ["action"] + [_key(p) for p, _, _ in self.outputs.extras]
         # The exploration type, set around each call by one reused context (the loop's
         # thread only): adapter.exploration() builds an ExitStack and two contexts per call.
         kind = adapter.exploration_type
@@ -375,18 +383,17 @@ class InferenceLoop:
                 for copy, dst, src in copies:
                     copy(dst, src)
             row += n
-        td = self._batches[row]
-        if td is None:
-            td = self._batches[row] = self._batch[:row]
-        if self.device is not None and self.device.type != "cpu":
-            td = td.to(self.device, non_blocking=True)
+        if self._device_batch is not None:
+            with self._explore:  # no_grad is the thread's own (serve)
+                outputs = self._device_batch(row, self.adapter, self._output_keys)
         else:
+            td = self._batches[row]
+            if td is None:
+                td = self._batches[row] = self._batch[:row]
             td = td.copy()  # a shallow copy: what the policy sets stays out of the cached one
-        with self._explore:  # no_grad is the thread's own (serve)
-            td = self.adapter(td)
-        outputs = [td.get("action")] + [td.get(_key(p)) for p, _, _ in self.outputs.extras]
-        if self.device is not None and self.device.type != "cpu":
-            outputs = [o.to("cpu") for o in outputs]
+            with self._explore:
+                td = self.adapter(td)
+            outputs = [td.get(key) for key in self._output_keys]
         arrays = [array_of(o) for o in outputs]
         keys = self._keys
         row = 0
