@@ -3,6 +3,8 @@
     python -m benchmarks.inference                 # mlp64 and mlp256, 2 and 4 envs, 3 repeats
     python -m benchmarks.inference --quick         # one short repeat, 2 envs (smoke run)
     python -m benchmarks.inference --envs 4 --policies mlp256 --repeats 5
+    python -m benchmarks.inference --device cuda --policies mlp1024 --envs 8,14 \
+        --libraries torchrl,batched,batched-process,per-worker   # central on a GPU
 
 Same run, same configuration for every library: ``Pendulum-v1``, N envs (one per env
 worker process), the **same policy object** (``benchmarks.collect.make_policy``:
@@ -20,6 +22,11 @@ small one, ``mlp256`` the big one), the same frames per batch:
   a policy copy in each worker.
 
 ``--envs-per-worker E`` puts E envs in each worker process in all three (N / E processes).
+
+``--device cuda`` serves the central policy on that device (``torchrl``, ``batched``,
+``batched-process``: ``device=``), while ``per-worker`` keeps a CPU copy in each worker:
+central GPU inference against per-worker CPU inference, same run. Without torchrl
+installed its row is skipped (a message says so) and the others run.
 
 Each repeat builds a fresh collector per library (interleaved, so drifts hit all alike);
 the first batch is the warm-up; then ``--windows`` windows of at least ``--batches``
@@ -76,9 +83,26 @@ def _window_rates(next_batch: Any, update: Any, windows: int, batches: int) -> l
     return rates
 
 
+def cores() -> int:
+    """The cores this process may run on (``taskset`` honoured), not the machine's count."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def torchrl_missing() -> str | None:
+    """Why the torchrl row cannot run here (None: it can)."""
+    try:
+        import torchrl.collectors  # noqa: F401
+    except Exception as exc:  # not installed, or broken against this torch
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
 def run_torchrl(policy_name: str, envs: int, frames: int, windows: int, batches: int,
                 update_weights: bool, envs_per_worker: int = 1,
-                train_ms: float = 0.0) -> list[float]:
+                train_ms: float = 0.0, device: str = "cpu") -> list[float]:
     from torchrl.collectors import AsyncBatchedCollector
     from torchrl.envs import GymEnv
 
@@ -86,13 +110,14 @@ def run_torchrl(policy_name: str, envs: int, frames: int, windows: int, batches:
     # The trainer's torch threads as asyncrl sets them (the cores the env workers leave):
     # left at the machine's count, TorchRL's served policy was 5-50x slower on 2 busy cores.
     threads_before = torch.get_num_threads()
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) - envs // envs_per_worker))
+    torch.set_num_threads(max(1, cores() - envs // envs_per_worker))
+    extra: dict[str, Any] = {} if device == "cpu" else {"device": device}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
         collector = AsyncBatchedCollector([functools.partial(GymEnv, ENV)] * envs,
                                           policy=policy, frames_per_batch=frames,
                                           total_frames=-1, env_backend="multiprocessing",
-                                          envs_per_worker=envs_per_worker)
+                                          envs_per_worker=envs_per_worker, **extra)
     try:
         it = iter(collector)
         next(it)
@@ -110,7 +135,7 @@ def run_torchrl(policy_name: str, envs: int, frames: int, windows: int, batches:
 
 async def _asyncrl(kind: str, policy_name: str, envs: int, frames: int, windows: int,
                    batches: int, update_weights: bool, envs_per_worker: int = 1,
-                   train_ms: float = 0.0) -> list[float]:
+                   train_ms: float = 0.0, device: str = "cpu") -> list[float]:
     from asyncrl import AsyncBatchedCollector, MultiAsyncCollector
 
     policy = make_policy(policy_name, ENV)
@@ -119,7 +144,8 @@ async def _asyncrl(kind: str, policy_name: str, envs: int, frames: int, windows:
         collector = AsyncBatchedCollector(
             ENV, num_envs=envs, policy=policy, frames_per_batch=frames,
             max_batch_size=max(64, envs), envs_per_worker=envs_per_worker,
-            server_backend="process" if kind == "batched-process" else "thread")
+            server_backend="process" if kind == "batched-process" else "thread",
+            device=None if device == "cpu" else device)
     else:
         collector = MultiAsyncCollector(ENV, num_workers=envs // envs_per_worker, policy=policy,
                                         frames_per_batch=frames, envs_per_worker=envs_per_worker)
@@ -143,11 +169,12 @@ def run_one(library: str, policy: str, envs: int, args: argparse.Namespace) -> d
     try:
         if library == "torchrl":
             rates = run_torchrl(policy, envs, args.frames_per_batch, args.windows, args.batches,
-                                args.update_weights, args.envs_per_worker, args.train_ms)
+                                args.update_weights, args.envs_per_worker, args.train_ms,
+                                args.device)
         else:
             rates = anyio.run(_asyncrl, library, policy, envs, args.frames_per_batch,
                               args.windows, args.batches, args.update_weights,
-                              args.envs_per_worker, args.train_ms)
+                              args.envs_per_worker, args.train_ms, args.device)
         error = None
     except Exception as exc:  # one library failing must not lose the others' numbers
         rates, error = [], f"{type(exc).__name__}: {exc}"
@@ -165,7 +192,7 @@ def table(results: list[dict[str, Any]], policies: list[str], envs: list[int],
           libraries: list[str]) -> str:
     head = ["policy", "envs", *[f"{lib} fps" for lib in libraries]]
     ratios = [("batched", "torchrl"), ("batched-process", "torchrl"), ("batched", "per-worker"),
-              ("batched-process", "batched")]
+              ("batched-process", "per-worker"), ("batched-process", "batched")]
     ratios = [(a, b) for a, b in ratios if a in libraries and b in libraries]
     head += [f"{a} / {b}" for a, b in ratios]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -195,6 +222,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--update-weights", action="store_true")
     p.add_argument("--train-ms", type=float, default=0.0,
                    help="hold the trainer's thread this long after each batch (a training step)")
+    p.add_argument("--device", default="cpu",
+                   help="where the central policy runs (torchrl, batched, batched-process); "
+                        "per-worker keeps a CPU copy per worker")
     p.add_argument("--json", help="also write the results here")
     args = p.parse_args(argv)
     if args.quick:
@@ -213,9 +243,24 @@ def main(argv: list[str] | None = None) -> int:
         print(f"unknown libraries {unknown} or policies {policies}; libraries are "
               f"{LIBRARIES}, policies mlpN", file=sys.stderr)
         return 2
+    try:
+        device = torch.device(args.device)
+    except (RuntimeError, TypeError) as exc:
+        print(f"--device {args.device!r} is not a torch device: {exc}", file=sys.stderr)
+        return 2
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print(f"--device {args.device}: this machine has no CUDA device", file=sys.stderr)
+        return 2
+    if "torchrl" in libraries:
+        missing = torchrl_missing()
+        if missing is not None:
+            print(f"# torchrl is not importable here ({missing}): its row is skipped",
+                  flush=True)
+            libraries.remove("torchrl")
     command = "python -m benchmarks.inference " + " ".join(map(shlex.quote, argv or sys.argv[1:]))
-    print(f"# {command}\n# {platform.node()}: {os.cpu_count()} cores, torch "
-          f"{torch.__version__}, load {os.getloadavg()[0]:.1f}", flush=True)
+    gpu = f", {torch.cuda.get_device_name(device)}" if device.type == "cuda" else ""
+    print(f"# {command}\n# {platform.node()}: {cores()} cores, torch "
+          f"{torch.__version__}{gpu}, load {os.getloadavg()[0]:.1f}", flush=True)
     results = []
     for repeat in range(args.repeats):
         for policy in policies:

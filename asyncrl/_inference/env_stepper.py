@@ -40,6 +40,7 @@ from .._rollout.policies import torch_dtype
 from .._rollout.traj_ids import TrajectoryIds
 from .._spawn.child import exit_process, wait_parent_gone
 from .._spawn.threads import use_torch_threads
+from .block_io import SlotArrays, array_of
 from .doorbell import DEFAULT_SPIN, EventFd, spin_then_block
 
 log = logging.getLogger("asyncrl.env_worker")
@@ -175,16 +176,14 @@ class EnvStepper:
             self._pre.append((b.numpy(), src))
             self._post.append((nb.numpy(), src))
         self._outputs: list[tuple[Any, Any]] = []
+        self._output_keys: list[str] = []
         for key, path in [("action", ("action",))] + [
                 (f"x{j}", tuple(p)) for j, p in enumerate(c.extra_paths)]:
             dtype, shape = self.act_block.layout[key]
             data[path] = out = buf(shape[1:], dtype)
-            answer = self.act_dst[key]
             # numpy assignment is cheaper; torch for dtypes numpy lacks (bfloat16)
-            try:
-                self._outputs.append((out.numpy(), answer.numpy()))
-            except TypeError:
-                self._outputs.append((out, answer))
+            self._outputs.append((array_of(out), array_of(self.act_dst[key])))
+            self._output_keys.append(key)
         for name in ("done", "terminated", "truncated"):
             data[(name,)] = buf((1,), torch.bool)  # always False: ended episodes are reset
         data[("next", "reward")] = r = buf((1,), torch.float32)
@@ -211,6 +210,8 @@ class EnvStepper:
         self._finished = threading.Event()
         self._answer_word: Any = None
         self._expected = 0
+        self._obs_slot: SlotArrays | None = None
+        self._act_slot: SlotArrays | None = None
 
     async def run(self, link: Link) -> None:
         """Step over ``link`` (a remote worker: ``obs`` / ``act`` messages) until close.
@@ -245,25 +246,43 @@ class EnvStepper:
         request, answer = c.request_bell, c.answer_bell
         if request is None or answer is None:
             raise ValueError("a local env worker needs its doorbells (request_bell, answer_bell)")
-        obs_write, act_read, ring = self.obs_block.write, self.act_block.read_into, request.ring
-        word = self.act_block.control(0)
+        obs_slot, act_slot = self._local_views()
+        act_word = act_slot.word
+        obs_copies = obs_slot.copies_from(self.pool.obs_arrays)
+        begin, end, ring = obs_slot.begin, obs_slot.end, request.ring
         answered, stopped, spin = self._answered, self._is_stopping, c.spin
-        self._answer_word = word
-        self._expected = int(word[0])
+        self._answer_word = act_word
+        self._expected = int(act_word[0])
         use_torch_threads(1)  # as the process's main thread (OpenMP counts are per thread)
         step = 0
         try:
             while not self._stopping:
-                obs_write(self.obs_src, version=step, slot=0)
+                # The request: this step's observations into the block, then the bell.
+                seq = begin()
+                for copy, dst, src in obs_copies:
+                    copy(dst, src)
+                end(seq, step)
                 ring()
                 self._expected += 2
                 if not spin_then_block(answered, answer, spin=spin, stopped=stopped):
                     return
-                if self._step(act_read(self.act_dst, 0, self._expected)):
+                # The answer is read in place (_step copies it into the chunk and hands the
+                # action to the envs): the loop writes it again only after the next request.
+                if self._step(act_word[1]):
                     send_chunk(self._chunk.clone())
                 step += 1
         finally:
             self._finished.set()
+
+    def _local_views(self) -> tuple[SlotArrays, SlotArrays]:
+        """Point the step at the blocks themselves: the answer is read where the loop wrote it."""
+        self._obs_slot = obs = SlotArrays(self.obs_block)
+        self._act_slot = act = SlotArrays(self.act_block)
+        answers = dict(zip(act.keys, act.arrays, strict=True))
+        self._outputs = [(out, answers[key]) for (out, _), key in zip(
+            self._outputs, self._output_keys, strict=True)]
+        self.act_np = answers["action"]
+        return obs, act
 
     def _answered(self) -> bool:
         return bool(self._answer_word[0] >= self._expected)
@@ -316,6 +335,11 @@ class EnvStepper:
 
     def close(self) -> None:
         self.pool.close()
+        # The step's views of the blocks' memory go first: a closed block is then unmapped.
+        self._outputs, self.act_np, self._answer_word = [], None, None  # type: ignore[assignment]
+        for slot in (self._obs_slot, self._act_slot):
+            if slot is not None:
+                slot.release()
         self.obs_block.close()
         self.act_block.close()
 

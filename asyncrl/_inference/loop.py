@@ -29,6 +29,7 @@ same lock before each call.
 from __future__ import annotations
 
 import collections
+import contextlib
 import math
 import os
 import threading
@@ -40,11 +41,14 @@ from typing import Any, NamedTuple
 import anyio
 import torch
 from tensordict import TensorDict
+from tensordict.nn import set_interaction_type
 
 from transports import SharedTensorBlock
 
 from .._rollout.policies import PolicyAdapter
 from .._spawn.threads import use_torch_threads
+from .block_io import SlotArrays, array_of, copier
+from .device_batch import DeviceBatch
 from .doorbell import DEFAULT_SPIN, EventFd, spin_then_block
 
 Path = tuple[str, ...]
@@ -158,9 +162,12 @@ class InferenceLoop:
         self.request_bell = request_bell if request_bell is not None else EventFd()
         self._own_bell = request_bell is None
         self.answer_bells = dict(answer_bells or {})
+        # Local slots' blocks as arrays and control words (.block_io): a step reads and
+        # writes them with no call into the block.
+        self._io = {slot: (SlotArrays(blocks[slot].obs), SlotArrays(blocks[slot].act))
+                    for slot in sorted(self.answer_bells)}
         # Local slots: (slot, its observation block's live [seq, version], its rows).
-        self._local = [(slot, blocks[slot].obs.control(0), blocks[slot].rows)
-                       for slot in sorted(self.answer_bells)]
+        self._local = [(slot, io[0].word, blocks[slot].rows) for slot, io in self._io.items()]
         # Fresh blocks (sequence 0): a worker may have asked before this loop started.
         self._taken = {slot: 0 for slot, _, _ in self._local}
         self._pending: collections.deque[int] = collections.deque()
@@ -185,12 +192,30 @@ class InferenceLoop:
             layout = next(iter(blocks.values())).obs.layout
             obs_spec = [(layout[f"o{i}"][0], tuple(layout[f"o{i}"][1][1:]))
                         for i in range(len(self.obs_paths))]
-        self._obs = {f"o{i}": torch.zeros((capacity, *shape), dtype=dtype)
+        on_gpu = device is not None and device.type == "cuda"
+        # Pinned for a GPU policy: the copy of a call's rows to the device is a DMA.
+        self._obs = {f"o{i}": torch.zeros((capacity, *shape), dtype=dtype, pin_memory=on_gpu)
                      for i, (dtype, shape) in enumerate(obs_spec)}
         self._batch = TensorDict({_key(p): self._obs[f"o{i}"]
                                   for i, p in enumerate(self.obs_paths)},
                                  batch_size=[capacity])
         self._keys = ["action"] + [f"x{j}" for j in range(len(self.outputs.extras))]
+        # A policy on another device: its device buffers are made once (.device_batch).
+        self._device_batch = None if device is None or device.type == "cpu" else DeviceBatch(
+            {_key(p): self._obs[f"o{i}"] for i, p in enumerate(self.obs_paths)}, device,
+            capacity=capacity)
+        self._output_keys = ["action"] + [_key(p) for p, _, _ in self.outputs.extras]
+        # The exploration type, set around each call by one reused context (the loop's
+        # thread only): adapter.exploration() builds an ExitStack and two contexts per call.
+        kind = adapter.exploration_type
+        self._explore: contextlib.AbstractContextManager[Any] = (
+            contextlib.nullcontext() if kind is None else set_interaction_type(kind))
+        self._obs_arrays = [array_of(self._obs[f"o{i}"]) for i in range(len(self.obs_paths))]
+        # Per local slot and first row in the batch, its gather's (copy, batch rows, block):
+        # made the first time a batch puts the slot there, then reused.
+        self._gathers: dict[int, list[Any]] = {slot: [None] * capacity for slot in self._io}
+        # The batch's first ``row`` rows as a TensorDict, per row count (made once each).
+        self._batches: list[TensorDict | None] = [None] * (capacity + 1)
 
     # -- requests ---------------------------------------------------------------------------
     def submit(self, slot: int) -> None:
@@ -280,7 +305,8 @@ class InferenceLoop:
                 # before the trainer's cap keeps every core, and each small call then
                 # waits for descheduled OpenMP threads (measured: 3-10x slower, at random).
                 use_torch_threads(self.threads)
-            self._serve_until_stopped()
+            with torch.no_grad():  # grad mode is per thread: this one's, for good
+                self._serve_until_stopped()
         finally:
             self._done.set()
 
@@ -338,9 +364,10 @@ class InferenceLoop:
             return
         # The sequence words view the blocks' mappings: released here, a closed block is
         # unmapped (and its descriptor closed) at once, not whenever gc finds this loop.
-        for _, word, _ in self._local:
-            word.release()
-        self._local = []
+        for obs, act in self._io.values():
+            obs.release()
+            act.release()
+        self._local, self._io, self._gathers = [], {}, {}
         self._remote_bell.close()
         if self._own_bell:
             self.request_bell.close()
@@ -351,23 +378,46 @@ class InferenceLoop:
         for slot in slots:
             blocks = self.blocks[slot]
             n = blocks.rows
-            blocks.obs.read_into({k: v[row:row + n] for k, v in self._obs.items()}, 0)
+            gather = self._gathers.get(slot)
+            if gather is None:  # a remote slot: its block is the event loop's copy
+                blocks.obs.read_into({k: v[row:row + n] for k, v in self._obs.items()}, 0)
+            else:
+                copies = gather[row]
+                if copies is None:
+                    copies = gather[row] = [
+                        (copier(dst), dst, src) for dst, src in zip(
+                            [a[row:row + n] for a in self._obs_arrays],
+                            self._io[slot][0].arrays, strict=True)]
+                for copy, dst, src in copies:
+                    copy(dst, src)
             row += n
-        td = self._batch[:row]
-        if self.device is not None and self.device.type != "cpu":
-            td = td.to(self.device, non_blocking=True)
-        with self.adapter.exploration():
-            td = self.adapter(td)
-        outputs = [td.get("action")] + [td.get(_key(p)) for p, _, _ in self.outputs.extras]
-        if self.device is not None and self.device.type != "cpu":
-            outputs = [o.to("cpu") for o in outputs]
+        if self._device_batch is not None:
+            with self._explore:  # no_grad is the thread's own (serve)
+                outputs = self._device_batch(row, self.adapter, self._output_keys)
+        else:
+            td = self._batches[row]
+            if td is None:
+                td = self._batches[row] = self._batch[:row]
+            td = td.copy()  # a shallow copy: what the policy sets stays out of the cached one
+            with self._explore:
+                td = self.adapter(td)
+            outputs = [td.get(key) for key in self._output_keys]
+        arrays = [array_of(o) for o in outputs]
         keys = self._keys
         row = 0
         for slot in slots:
             blocks = self.blocks[slot]
             n = blocks.rows
-            blocks.act.write({k: o[row:row + n] for k, o in zip(keys, outputs, strict=True)},
-                             version=version, slot=0)
+            io = self._io.get(slot)
+            if io is None:
+                blocks.act.write({k: o[row:row + n] for k, o in zip(keys, outputs, strict=True)},
+                                 version=version, slot=0)
+            else:
+                act = io[1]
+                seq = act.begin()
+                for copy, dst, out in zip(act.copies, act.arrays, arrays, strict=True):
+                    copy(dst, out[row:row + n])
+                act.end(seq, version)
             row += n
         return row
 

@@ -365,16 +365,17 @@ class AsyncBatchedCollector(ServedPolicy, BaseCollector[RB]):
                 extra_paths=extra_paths, chunk_steps=self.chunk_steps,
                 heartbeat_interval=interval, peer_timeout=timeout,
                 request_bell=self._request_bell, answer_bell=self._answer_bells[slot],
-                chunk_credits=None if server is None else credits(blocks.rows))
+                chunk_credits=chunk_credits(blocks.rows))
             return (endpoint, identity, config, backend, parent)
 
-        def credits(rows: int) -> int:
+        def chunk_credits(rows: int) -> int:
             # Each worker's share of the trainer's buffer, in chunks (at least two: one
-            # in the trainer's hands, one on its way).
+            # in the trainer's hands, one on its way). Both server backends: the loop's
+            # thread answers without waiting for this event loop, so chunks not yet read
+            # here are bounded by the credits, not by the loop's room alone.
             share = self._frames.capacity / self.num_workers
             return max(2, math.ceil(share / (rows * self.chunk_steps)))
 
-        server = self._server
         return WorkerProcesses(self.num_workers, env_worker_main, args,
                                identity=lambda slot: self._peer_of[slot],
                                start_method=self.start_method, name="asyncrl-env-worker")
@@ -442,8 +443,7 @@ class AsyncBatchedCollector(ServedPolicy, BaseCollector[RB]):
                 hub.admit(item.peer)
             if item.kind == CHUNK:
                 self._on_chunk(slot, item)
-                if self._server is not None:
-                    await self._credit(hub, item.peer)
+                await self._credit(hub, item.peer)
             elif item.kind == ERROR:
                 self._on_error(slot, item)
 
@@ -482,12 +482,11 @@ class AsyncBatchedCollector(ServedPolicy, BaseCollector[RB]):
         await self._remote.reply(self._hub, slot, version)  # its occupant, or nobody
 
     async def _credit(self, hub: Hub, peer: bytes) -> None:
-        assert self._server is not None
         try:
             await hub.send(peer, 1, kind=CREDIT)  # read: that worker may send one more
         except Exception as exc:  # gone: its exit is reported by the watcher
             log.debug("could not credit env worker %r: %r", peer, exc)
-        if not self._room_for_more():
+        if self._server is not None and not self._room_for_more():
             await self._server.set_room(hub, False)
 
     def _on_server_message(self, item: Message | PeerEvent) -> None:

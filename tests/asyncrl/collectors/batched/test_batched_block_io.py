@@ -1,0 +1,83 @@
+"""The local path's copies with no call into the blocks (issue #25, ``_inference.block_io``).
+
+The inference loop gathers requests and writes answers through preallocated
+arrays and the blocks' sequence words; a policy on another device goes through
+``DeviceBatch``. What must hold: each worker gets exactly its rows' answers and
+the call's version, whatever the order of the requests in the batch, on both paths.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tensordict.nn import TensorDictModule
+from torch import nn
+
+from asyncrl._inference.block_io import SlotArrays
+from asyncrl._inference.device_batch import DeviceBatch
+from asyncrl._inference.doorbell import EventFd
+from asyncrl._inference.loop import InferenceLoop, discover_outputs, make_blocks
+from asyncrl._rollout.policies import PolicyAdapter
+
+OBS = ("observation",)
+
+
+def _policy() -> TensorDictModule:
+    torch.manual_seed(0)
+    return TensorDictModule(nn.Sequential(nn.Linear(3, 8), nn.Tanh(), nn.Linear(8, 1)),
+                            in_keys=["observation"], out_keys=["action"])
+
+
+@pytest.mark.parametrize("device_batch", [False, True])
+def test_each_worker_gets_its_own_rows_and_the_calls_version(device_batch) -> None:
+    policy = _policy()
+    adapter = PolicyAdapter(policy, observation_keys=["observation"])
+    outputs = discover_outputs(adapter, {OBS: torch.zeros(1, 3)}, (torch.float32, (1,)))
+    blocks = make_blocks([2, 1, 3], {OBS: torch.zeros(1, 3)}, outputs)
+    bells = {slot: EventFd() for slot in blocks}
+    loop = InferenceLoop(adapter, blocks, obs_paths=[OBS], outputs=outputs, device=None,
+                         max_batch_size=8, min_batch_size=1, server_timeout=0.01,
+                         answer_bells=bells)
+    if device_batch:  # the GPU path's code, on the CPU
+        loop._device_batch = DeviceBatch({"observation": loop._obs["o0"]}, torch.device("cpu"),
+                                         capacity=8)
+    requests = [SlotArrays(blocks[slot].obs) for slot in blocks]
+    try:
+        for version, order in [(3, [2, 0, 1]), (4, [1, 2, 0]), (5, [0, 2])]:
+            obs = {slot: torch.randn(blocks[slot].rows, 3) for slot in blocks}
+            for slot, request in enumerate(requests):
+                request.publish(request.copies_from([obs[slot].numpy()]), version=0)
+            with torch.no_grad():
+                assert loop._serve(order, version) == sum(blocks[s].rows for s in order)
+                for slot in order:
+                    got_version, got = blocks[slot].act.read(0)
+                    assert got_version == version
+                    assert torch.allclose(got["action"], policy.module(obs[slot]))
+        assert blocks[1].act.read(0)[0] == 4  # not in the last call: its answer stays
+    finally:
+        for request in requests:
+            request.release()
+        loop.close()
+        for b in blocks.values():
+            b.close()
+        for bell in bells.values():
+            bell.close()
+
+
+def test_a_write_moves_the_sequence_by_two_and_mends_a_dead_writers_odd_number() -> None:
+    blocks = make_blocks([2], {OBS: torch.zeros(1, 3)},
+                         discover_outputs(PolicyAdapter(_policy()), {OBS: torch.zeros(1, 3)},
+                                          (torch.float32, (1,))))
+    slot = SlotArrays(blocks[0].obs)
+    try:
+        copies = slot.copies_from([torch.ones(2, 3).numpy()])
+        assert slot.publish(copies, version=1) == 2
+        slot.word[0] = 3  # a writer died mid-write
+        assert slot.publish(copies, version=2) == 6
+        version, read = blocks[0].obs.read(0)
+        assert version == 2 and read["o0"].tolist() == [[1.0] * 3] * 2
+        with pytest.raises(ValueError, match="2 sources for the block's 1 tensors"):
+            slot.copies_from([torch.ones(2, 3).numpy()] * 2)
+    finally:
+        slot.release()
+        blocks[0].close()
