@@ -8,7 +8,8 @@
 # 2-core box, 2 or 3 xdist workers made timing-bound tests fail (a starved worker
 # silent past its peer_timeout, a CLI subprocess not up within 60 s) that pass
 # in one process under the same load. --dist loadgroup keeps the tests of one
-# xdist_group (the Ray tests: one local cluster at a time) on one worker.
+# xdist_group (the Ray tests: one local cluster at a time; a cached TorchRL run) on
+# one worker.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
