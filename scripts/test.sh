@@ -14,4 +14,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 . .venv/bin/activate
-python -m pytest -q -p no:cacheprovider -n "${TEST_WORKERS:-0}" --dist loadgroup "$@"
+xdist=()
+if [ "${TEST_WORKERS:-0}" != 0 ]; then
+    xdist=(-n "$TEST_WORKERS" --dist loadgroup)
+fi
+python -m pytest -q -p no:cacheprovider "${xdist[@]}" "$@"
