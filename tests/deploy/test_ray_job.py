@@ -14,6 +14,8 @@ pytest.importorskip("ray", reason="the ray extra is not installed")
 from transports import generate_keys
 
 ROOT = Path(__file__).resolve().parents[2]
+# One local Ray cluster at a time: tests/multihost/test_launch_ray.py's shares the group.
+pytestmark = pytest.mark.xdist_group("ray")
 
 
 def test_the_ray_job_collects_with_a_worker_host_per_node(tmp_path: Path) -> None:

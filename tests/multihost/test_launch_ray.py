@@ -17,7 +17,9 @@ ray = pytest.importorskip("ray", reason="the ray extra is not installed")
 from asyncrl.launch._ray_handle import actor_info  # noqa: E402
 from asyncrl.launch.ray import launch_hosts, launch_workers, select_nodes  # noqa: E402
 
-pytestmark = pytest.mark.anyio
+# One local Ray cluster at a time (scripts/test.sh runs tests on several xdist
+# workers): tests/deploy/test_ray_job.py starts one too, in the same group.
+pytestmark = [pytest.mark.anyio, pytest.mark.xdist_group("ray")]
 
 
 @pytest.fixture(scope="module")

@@ -323,7 +323,12 @@ async def remote_probe_batch(device: str) -> object:
     return batch
 
 
+# The device is chosen and checked inside the `asyncrl worker` process, which runs
+# its own event loop whatever the trainer's: one backend is enough for this (slow:
+# a fresh interpreter) check. A remote worker joining a collector on trio is covered
+# by tests/multihost/test_remote_workers.py (both backends).
 @pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_a_remote_worker_runs_its_policy_on_its_device_cpu() -> None:
     batch = await remote_probe_batch("cpu")
     assert batch["probe", "input"].eq(0).all()  # type: ignore[index]
@@ -332,6 +337,7 @@ async def test_a_remote_worker_runs_its_policy_on_its_device_cpu() -> None:
 
 @needs_cuda
 @pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_a_remote_worker_runs_its_policy_on_its_device_cuda() -> None:
     batch = await remote_probe_batch("cuda")
     assert batch["probe", "input"].eq(1).all()  # type: ignore[index]

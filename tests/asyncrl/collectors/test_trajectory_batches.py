@@ -290,6 +290,8 @@ def torchrl_multi_sync(into: str) -> tuple[list, list | None]:
 
 @pytest.mark.anyio
 @pytest.mark.parametrize("into", ["padded", "replay_buffer"])
+# Both backends on one xdist worker (TEST_WORKERS): they share TorchRL's cached run.
+@pytest.mark.xdist_group("torchrl-multi-sync-reference")
 async def test_multi_sync_yields_the_trajectories_torchrl_yields(into: str) -> None:
     their_batches, their_stored = torchrl_multi_sync(into)
     our_rb = ReplayBuffer(storage=LazyTensorStorage(1000)) if into == "replay_buffer" else None

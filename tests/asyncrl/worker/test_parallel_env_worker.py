@@ -53,7 +53,13 @@ async def all_gone(pids: set[int], timeout: float = 10.0) -> bool:
     return not any(alive(p) for p in pids)
 
 
-@pytest.mark.parametrize("make", [parallel_cartpoles, serial_cartpoles])
+# The ParallelEnv case starts 2 workers x 2 TorchRL env processes (each a fresh
+# interpreter importing torchrl): its processes live inside the workers, which run
+# whatever the trainer's backend, so it runs once; the SerialEnv case (same
+# collector path, no extra processes) keeps the check on both backends.
+@pytest.mark.parametrize(("anyio_backend", "make"), [
+    ("asyncio", parallel_cartpoles), ("asyncio", serial_cartpoles), ("trio", serial_cartpoles)],
+    ids=["asyncio-parallel_cartpoles", "asyncio-serial_cartpoles", "trio-serial_cartpoles"])
 async def test_a_batched_torchrl_env_in_each_worker(tmp_path: Path, make: object) -> None:
     with anyio.fail_after(LIMIT):
         async with MultiSyncCollector(make, num_workers=2, frames_per_batch=40,

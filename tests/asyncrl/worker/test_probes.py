@@ -114,6 +114,9 @@ def container_env(**settings: str) -> dict[str, str]:
 
 
 @pytest.mark.anyio
+# The host and its trainers are subprocesses with their own event loops; this test's
+# loop only polls HTTP, so a second backend would repeat the same (slow) processes.
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_worker_host_ready_only_while_admitted() -> None:
     endpoint = f"tcp://127.0.0.1:{free_port()}"
     probe = free_port()
