@@ -154,7 +154,7 @@ class CudaIpcBlock:
                 "needs the worker on the trainer's host with access to its GPU; use "
                 "ZmqWeightSyncScheme across hosts") from exc
         storage = torch.empty(0, dtype=torch.uint8, device=untyped.device)
-        storage.set_(untyped)  # type: ignore[call-overload]
+        storage.set_(untyped)
         layout = {key: (DTYPES[dtype], tuple(shape), offset)
                   for key, dtype, shape, offset in body["layout"]}
         for key, (dtype, shape, offset) in layout.items():
