@@ -324,6 +324,34 @@ def version_problems(batches: Any, values: dict[int, float | None]) -> list[str]
     return problems
 
 
+async def collect_with_updates(collector: Any, policy: nn.Module, *,
+                               sync: bool) -> tuple[list[Any], dict[int, float | None]]:
+    """Iterate ``collector`` and push new weights after every batch; return what to check.
+
+    Before each update the :class:`ValuePolicy` ``policy`` (the trainer's) is set to
+    ``version % 7``. ``sync``: ``await collector.update_policy_weights()`` (blocking);
+    else ``send_async()`` (pipelined: newest wins). Returns the batches and the
+    ``{version: value}`` map for :func:`version_problems`.
+
+    >>> async def check(collector, policy):                     # doctest: +SKIP
+    ...     batches, values = await collect_with_updates(collector, policy, sync=False)
+    ...     assert version_problems(batches, values) == []
+    """
+    sender = collector.weight_sender()
+    values: dict[int, float | None] = {0: 0.0}
+    batches = []
+    async for batch in collector:
+        batches.append(batch)
+        version = sender.version + 1
+        values[version] = float(version % 7)
+        fill_parameters(policy, float(version % 7))
+        if sync:
+            await collector.update_policy_weights()
+        else:
+            await sender.send_async()
+    return batches, values
+
+
 def fill_parameters(module: nn.Module, value: float) -> None:
     """Set every parameter of ``module`` to ``value`` (weights whose version is visible).
 

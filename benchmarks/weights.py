@@ -309,17 +309,24 @@ def rapid_report(result: dict[str, Any], command: str) -> str:
 
 
 def _torchrl_worker(schemes: dict[str, Any], index: int,
-                    sizes: dict[str, tuple[tuple[int, ...], int]], stop: Any) -> None:
+                    sizes: dict[str, tuple[tuple[int, ...], int]], stop: Any,
+                    device: str = "cpu") -> None:
     torch.set_num_threads(1)
-    models = {name: mlp(widths) for name, (widths, _) in sizes.items()}
+    models = {name: mlp(widths).to(device) for name, (widths, _) in sizes.items()}
     for name, scheme in schemes.items():
         scheme.init_on_receiver(model_id=name, model=models[name], worker_idx=index)
         scheme.connect(worker_idx=index)
     stop.wait()
 
 
-def bench_torchrl(kind: str, sizes: dict[str, tuple[tuple[int, ...], int]]
+def bench_torchrl(kind: str, sizes: dict[str, tuple[tuple[int, ...], int]], *,
+                  learner: str = "cpu", worker_device: str = "cpu",
                   ) -> dict[str, list[float]] | None:
+    """TorchRL's ``kind`` scheme ("mp" or "shm"), ``send()`` times per size; None without torchrl.
+
+    ``learner`` / ``worker_device``: where the trainer's and the workers' models live
+    (``benchmarks.weights_cuda`` runs a CUDA learner).
+    """
     try:
         from torchrl.weight_update import (
             MultiProcessWeightSyncScheme as TorchRLMultiProcess,
@@ -329,8 +336,8 @@ def bench_torchrl(kind: str, sizes: dict[str, tuple[tuple[int, ...], int]]
         return None
     # TorchRL's schemes create their queues in the default context: use it too.
     ctx = mp.get_context()
-    devices = [torch.device("cpu")] * WORKERS
-    models = {name: mlp(widths) for name, (widths, _) in sizes.items()}
+    devices = [torch.device(worker_device)] * WORKERS
+    models = {name: mlp(widths).to(learner) for name, (widths, _) in sizes.items()}
     schemes: dict[str, Any] = {}
     for name, model in models.items():
         if kind == "mp":
@@ -341,7 +348,8 @@ def bench_torchrl(kind: str, sizes: dict[str, tuple[tuple[int, ...], int]]
             scheme.init_on_sender(model_id=name, model=model, devices=devices)
         schemes[name] = scheme
     stop = ctx.Event()
-    procs = [ctx.Process(target=_torchrl_worker, args=(schemes, i, sizes, stop), daemon=True)
+    procs = [ctx.Process(target=_torchrl_worker, daemon=True,
+                         args=(schemes, i, sizes, stop, worker_device))
              for i in range(WORKERS)]
     for proc in procs:
         proc.start()
@@ -353,6 +361,8 @@ def bench_torchrl(kind: str, sizes: dict[str, tuple[tuple[int, ...], int]]
             times = []
             for rep in range(reps + 2):
                 fill_(models[name], float(rep))
+                if learner != "cpu":
+                    torch.cuda.synchronize()
                 start = time.perf_counter()
                 schemes[name].send()
                 if rep >= 2:

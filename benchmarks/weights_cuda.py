@@ -43,6 +43,7 @@ from asyncrl.weights import (
     WeightSyncScheme,
     ZmqWeightSyncScheme,
 )
+from benchmarks import weights
 from benchmarks.weights import (
     EXTRA_SIZES,
     LIVENESS,
@@ -116,66 +117,12 @@ async def bench_asyncrl(scheme: WeightSyncScheme, sizes: dict[str, tuple[tuple[i
     return results
 
 
-def _torchrl_worker(schemes: dict[str, Any], index: int,
-                    sizes: dict[str, tuple[tuple[int, ...], int]], device: str,
-                    stop: Any) -> None:
-    torch.set_num_threads(1)
-    models = {name: mlp(widths).to(device) for name, (widths, _) in sizes.items()}
-    for name, scheme in schemes.items():
-        scheme.init_on_receiver(model_id=name, model=models[name], worker_idx=index)
-        scheme.connect(worker_idx=index)
-    stop.wait()
-
-
 def bench_torchrl(kind: str, sizes: dict[str, tuple[tuple[int, ...], int]],
                   worker_device: str) -> dict[str, list[float]]:
     """TorchRL's scheme from a CUDA learner to 2 workers on ``worker_device``."""
-    from torchrl.weight_update import MultiProcessWeightSyncScheme as TorchRLMultiProcess
-    from torchrl.weight_update import SharedMemWeightSyncScheme as TorchRLSharedMem
-
-    ctx = mp.get_context("spawn")
-    devices = [torch.device(worker_device)] * WORKERS
-    models = {name: mlp(widths).to("cuda") for name, (widths, _) in sizes.items()}
-    schemes: dict[str, Any] = {}
-    for name, model in models.items():
-        if kind == "mp":
-            scheme = TorchRLMultiProcess()
-            scheme.init_on_sender(model_id=name, model=model, devices=devices, ctx=ctx)
-        else:
-            scheme = TorchRLSharedMem()
-            scheme.init_on_sender(model_id=name, model=model, devices=devices)
-        schemes[name] = scheme
-    stop = ctx.Event()
-    procs = [ctx.Process(target=_torchrl_worker, daemon=True,
-                         args=(schemes, i, sizes, worker_device, stop))
-             for i in range(WORKERS)]
-    for proc in procs:
-        proc.start()
-    results: dict[str, list[float]] = {}
-    try:
-        for scheme in schemes.values():
-            scheme.connect()
-        for name, (_, reps) in sizes.items():
-            times = []
-            for rep in range(reps + 2):
-                fill_(models[name], float(rep))
-                torch.cuda.synchronize()
-                start = time.perf_counter()
-                schemes[name].send()
-                if rep >= 2:
-                    times.append(time.perf_counter() - start)
-            results[name] = times
-    finally:
-        stop.set()
-        for proc in procs:
-            proc.join(30)
-            if proc.is_alive():
-                proc.kill()
-        for scheme in schemes.values():
-            try:
-                scheme.shutdown()
-            except Exception:
-                pass
+    results = weights.bench_torchrl(kind, sizes, learner="cuda", worker_device=worker_device)
+    if results is None:
+        raise RuntimeError("torchrl is not installed")
     return results
 
 

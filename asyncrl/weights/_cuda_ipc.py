@@ -33,7 +33,7 @@ from transports import Message, ProtocolError, copy_into
 from ._errors import WeightSyncError
 from ._receiver import WeightReceiver, _Update
 from ._schemes import SharedMemWeightSyncScheme
-from ._shared_memory import SharedMemWeightSender, _Buffer
+from ._shared_memory import BlockCache, SharedMemWeightSender, _Buffer
 from ._strategy import check_compatible, flat_tensors
 
 __all__ = [
@@ -265,22 +265,19 @@ class CudaIpcWeightReceiver(WeightReceiver):
     def __init__(self, *args: Any, zero_copy: bool = True, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.zero_copy = zero_copy
-        self._blocks: dict[str, CudaIpcBlock] = {}
-        self._current: str | None = None
+        self._blocks = BlockCache[CudaIpcBlock](MAX_OPENED)
 
     @property
     def block(self) -> CudaIpcBlock | None:
         """The block last applied from."""
-        return self._blocks.get(self._current) if self._current else None
+        return self._blocks.latest()
 
     def _load(self, message: Message) -> Any:
         return parse_body(message.body)
 
     def _apply(self, update: _Update) -> int:
         body = update.payload
-        block = self._blocks.get(body["block"])
-        if block is None:
-            block = self._blocks[body["block"]] = CudaIpcBlock.open(body)
+        block = self._blocks.get(body["block"], lambda: CudaIpcBlock.open(body))
         targets = flat_tensors(self.model, live=True)
         check_compatible(targets, block.views, what=f"CUDA IPC weights of {self.model_id!r}")
         share = self.zero_copy and isinstance(self.model, nn.Module)
@@ -291,21 +288,12 @@ class CudaIpcWeightReceiver(WeightReceiver):
                     target.data = view
                 else:
                     copy_into(target, view)
-        self._current = block.name
-        self._evict()
+        self._blocks.use(block.name)
         return update.version
-
-    def _evict(self) -> None:
-        # Views keep the allocation open on their own: dropping a block only forgets it.
-        while len(self._blocks) > MAX_OPENED:
-            name = next(n for n in self._blocks if n != self._current)
-            self._blocks.pop(name).close()
 
     def close(self) -> None:
         super().close()
-        blocks, self._blocks = self._blocks, {}
-        for block in blocks.values():
-            block.close()
+        self._blocks.close()
 
 
 def _shareable(target: torch.Tensor, view: torch.Tensor) -> bool:

@@ -33,9 +33,9 @@ lower bound on the weights that acted.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, Generic, Protocol, TypeVar
 
 import anyio
 import torch
@@ -68,6 +68,46 @@ __all__ = [
 MAX_READ_ATTEMPTS = 16
 #: Blocks a worker keeps mapped for reuse (the trainer's pool rotates through a few).
 MAX_ATTACHED = 6
+
+_B = TypeVar("_B", bound="_Closable")
+
+
+class _Closable(Protocol):
+    def close(self) -> None: ...
+
+
+class BlockCache(Generic[_B]):
+    """The blocks a worker keeps open, by name: the trainer's pool rotates through a few.
+
+    ``use(name)`` marks the block the parameters view now and forgets the oldest
+    others beyond ``limit`` (views keep a mapping alive on their own: forgetting
+    a block only closes this cache's handle).
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.blocks: dict[str, _B] = {}
+        self.current: str | None = None
+
+    def get(self, name: str, open_block: Callable[[], _B]) -> _B:
+        block = self.blocks.get(name)
+        if block is None:
+            block = self.blocks[name] = open_block()
+        return block
+
+    def use(self, name: str) -> None:
+        self.current = name
+        while len(self.blocks) > self.limit:
+            oldest = next(n for n in self.blocks if n != self.current)
+            self.blocks.pop(oldest).close()
+
+    def latest(self) -> _B | None:
+        return self.blocks.get(self.current) if self.current else None
+
+    def close(self) -> None:
+        blocks, self.blocks = self.blocks, {}
+        for block in blocks.values():
+            block.close()
 
 
 class _Buffer:
@@ -295,13 +335,12 @@ class SharedMemWeightReceiver(WeightReceiver):
         super().__init__(*args, **kwargs)
         self.zero_copy = zero_copy
         self.torn_reads = 0  # observability: how often the seqlock caught a rewrite
-        self._blocks: dict[str, SharedTensorBlock] = {}  # attached, by name (the pool rotates)
-        self._current: str | None = None  # the block the parameters view
+        self._blocks = BlockCache[SharedTensorBlock](MAX_ATTACHED)  # attached, by name
 
     @property
     def block(self) -> SharedTensorBlock | None:
         """The block last applied from."""
-        return self._blocks.get(self._current) if self._current else None
+        return self._blocks.latest()
 
     def _load(self, message: Message) -> Any:
         body = message.body
@@ -322,8 +361,7 @@ class SharedMemWeightReceiver(WeightReceiver):
             version = self._share(block, targets, slot, seq)
         else:
             version = self._copy(block, targets, slot, seq)
-        self._current = block.name
-        self._evict()
+        self._blocks.use(block.name)
         return version
 
     def _share(self, block: SharedTensorBlock, targets: Mapping[str, torch.Tensor],
@@ -359,22 +397,11 @@ class SharedMemWeightReceiver(WeightReceiver):
                             "than this worker can copy")
 
     def _attach(self, name: str) -> SharedTensorBlock:
-        block = self._blocks.get(name)
-        if block is None:
-            block = self._blocks[name] = SharedTensorBlock.attach(name)
-        return block
-
-    def _evict(self) -> None:
-        # Views keep a mapping alive on their own: dropping a block only forgets it.
-        while len(self._blocks) > MAX_ATTACHED:
-            name = next(n for n in self._blocks if n != self._current)
-            self._blocks.pop(name).close()
+        return self._blocks.get(name, lambda: SharedTensorBlock.attach(name))
 
     def close(self) -> None:
         super().close()
-        blocks, self._blocks = self._blocks, {}
-        for block in blocks.values():
-            block.close()
+        self._blocks.close()
 
 
 def _shareable(target: torch.Tensor, view: torch.Tensor) -> bool:

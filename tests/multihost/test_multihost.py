@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -17,39 +16,16 @@ from pathlib import Path
 import pytest
 
 from tests.multihost.lines import Lines
+from tests.multihost.netns import run, two_namespaces
 
 TRAINER = Path(__file__).parent / "trainer.py"
 TOTAL_FRAMES = 3000  # 30 batches of 100
 
 
-def run(*args: str) -> None:
-    subprocess.run(args, check=True, capture_output=True, timeout=30)
-
-
 @pytest.fixture
 def two_hosts():
-    if os.geteuid() != 0 or shutil.which("ip") is None:
-        pytest.skip("needs root and iproute2 ('ip') to create network namespaces")
-    tag = f"{os.getpid() % 100000}"
-    coord, worker = f"arl-c{tag}", f"arl-w{tag}"
-    veth_c, veth_w = f"arlc{tag}", f"arlw{tag}"
-    try:
-        run("ip", "netns", "add", coord)
-    except subprocess.CalledProcessError as exc:
-        pytest.skip(f"cannot create network namespaces here: {exc.stderr!r}")
-    try:
-        run("ip", "netns", "add", worker)
-        run("ip", "link", "add", veth_c, "type", "veth", "peer", "name", veth_w)
-        run("ip", "link", "set", veth_c, "netns", coord)
-        run("ip", "link", "set", veth_w, "netns", worker)
-        for ns, dev, addr in ((coord, veth_c, "10.213.7.1/30"), (worker, veth_w, "10.213.7.2/30")):
-            run("ip", "netns", "exec", ns, "ip", "addr", "add", addr, "dev", dev)
-            run("ip", "netns", "exec", ns, "ip", "link", "set", dev, "up")
-            run("ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up")
-        yield {"coord": coord, "worker": worker, "veth_w": veth_w, "addr": "10.213.7.1"}
-    finally:
-        for ns in (coord, worker):
-            subprocess.run(["ip", "netns", "delete", ns], capture_output=True, timeout=30)
+    with two_namespaces("arl-", subnet="10.213.7") as hosts:
+        yield hosts
 
 
 @pytest.mark.parametrize("workers", [1, 2], ids=["one-worker", "two-workers-relay"])

@@ -258,11 +258,9 @@ async def test_a_worker_lost_mid_stream_fails_the_send_and_keeps_its_version() -
 async def test_frames_keep_exact_versions_across_chunked_updates(sync: bool) -> None:
     """Worker processes stepping while 1-byte chunks of each version arrive (async mode)."""
     from asyncrl import MultiCollector
-    from asyncrl.testing import CountingEnv, ValuePolicy, version_problems
+    from asyncrl.testing import CountingEnv, ValuePolicy, collect_with_updates, version_problems
 
     policy = ValuePolicy(0.0)
-    known: dict[int, float | None] = {0: 0.0}
-    batches = []
     with anyio.fail_after(120):  # two worker processes on a loaded machine: not a speed bound
         async with MultiCollector([CountingEnv] * 2, policy, sync=sync, frames_per_batch=16,
                                   total_frames=16 * 14,
@@ -270,15 +268,7 @@ async def test_frames_keep_exact_versions_across_chunked_updates(sync: bool) -> 
                                       chunk_bytes=1)},
                                   ) as collector:
             sender = collector.weight_sender()
-            async for batch in collector:
-                batches.append(batch)
-                version = sender.version + 1
-                known[version] = float(version % 7)
-                fill_parameters(policy, float(version % 7))
-                if sync:
-                    await collector.update_policy_weights()
-                else:
-                    await sender.send_async()  # pipelined: newest wins
+            batches, known = await collect_with_updates(collector, policy, sync=sync)
     assert version_problems(batches, known) == []
     seen = {int(v) for b in batches for v in b["collector", "policy_version"].reshape(-1)}
     assert len(seen) >= 3

@@ -16,7 +16,6 @@ import pytest
 import torch
 from torch import nn
 
-from asyncrl.testing import fill_parameters
 from asyncrl.weights import CudaIpcWeightSyncScheme, LocalHub, WeightSyncScheme
 from asyncrl.weights._cuda_ipc import CudaIpcBlock, parse_body
 from transports import ProtocolError
@@ -106,27 +105,17 @@ def test_another_process_reads_the_block_without_a_copy_of_the_bytes() -> None:
 @pytest.mark.parametrize("sync", [True, False], ids=["sync", "async"])
 async def test_gpu_workers_keep_exact_versions(learner: str, sync: bool) -> None:
     from asyncrl import MultiCollector
-    from asyncrl.testing import CountingEnv, ValuePolicy, version_problems
+    from asyncrl.testing import CountingEnv, ValuePolicy, collect_with_updates, version_problems
 
     policy = ValuePolicy(0.0).to(learner)
-    values: dict[int, float | None] = {0: 0.0}
-    batches = []
     scheme = CudaIpcWeightSyncScheme(device="cuda:0" if learner == "cpu" else None)
     with anyio.fail_after(LIMIT):
         async with MultiCollector([CountingEnv] * 2, policy, sync=sync, frames_per_batch=16,
                                   total_frames=16 * 12, policy_device="cuda",
                                   storing_device="cpu",
                                   weight_sync_schemes={"policy": scheme}) as collector:
-            sender = collector.weight_sender()
-            async for batch in collector:
-                batches.append(batch)
-                version = sender.version + 1
-                values[version] = float(version % 7)
-                fill_parameters(policy, float(version % 7))
-                if sync:
-                    await collector.update_policy_weights()
-                else:
-                    await sender.send_async()  # pipelined: newest wins, buffers rotate
+            # async: pipelined sends, newest wins, buffers rotate
+            batches, values = await collect_with_updates(collector, policy, sync=sync)
     assert version_problems(batches, values) == []
     seen = {int(v) for b in batches for v in b["collector", "policy_version"].reshape(-1)}
     assert len(seen) > 3, f"too few versions reached the workers: {sorted(seen)}"

@@ -18,7 +18,13 @@ import torch
 from torch import nn
 
 from asyncrl import MultiCollector, WorkerLostError
-from asyncrl.testing import CountingEnv, ValuePolicy, fill_parameters, version_problems
+from asyncrl.testing import (
+    CountingEnv,
+    ValuePolicy,
+    collect_with_updates,
+    fill_parameters,
+    version_problems,
+)
 from asyncrl.weights import (
     DistributedWeightSyncScheme,
     LocalHub,
@@ -35,8 +41,6 @@ WAIT = 120  # worker processes on a loaded 2-core machine: a bound, not a speed 
 @pytest.mark.parametrize("sync", [True, False], ids=["sync", "async"])
 async def test_frames_keep_exact_versions_under_broadcast(sync: bool) -> None:
     policy = ValuePolicy(0.0)
-    values: dict[int, float | None] = {0: 0.0}
-    batches = []
     scheme = DistributedWeightSyncScheme(timeout=60)
     with anyio.fail_after(WAIT):
         async with MultiCollector([CountingEnv] * 2, policy, sync=sync, frames_per_batch=16,
@@ -45,15 +49,7 @@ async def test_frames_keep_exact_versions_under_broadcast(sync: bool) -> None:
             sender = collector.weight_sender()
             with pytest.raises(ValueError, match="broadcasts to every worker"):
                 await sender.send_async(worker_ids=[0])  # a collective reaches them all
-            async for batch in collector:
-                batches.append(batch)
-                version = sender.version + 1
-                values[version] = float(version % 7)
-                fill_parameters(policy, float(version % 7))
-                if sync:
-                    await collector.update_policy_weights()
-                else:
-                    await sender.send_async()  # pipelined: newest wins on the workers
+            batches, values = await collect_with_updates(collector, policy, sync=sync)
             await sender.wait_ack(timeout=60)
             assert sender.acked_versions == {0: sender.version, 1: sender.version}
             assert sender.broadcasts == sender.version  # one collective per update

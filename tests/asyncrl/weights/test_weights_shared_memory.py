@@ -197,26 +197,16 @@ def test_live_scheme_refuses_a_gpu_model() -> None:
 @pytest.mark.parametrize("sync", [True, False], ids=["sync", "async"])
 async def test_frames_keep_exact_versions_under_zero_copy_shared_memory(sync: bool) -> None:
     from asyncrl import MultiCollector
-    from asyncrl.testing import CountingEnv, ValuePolicy, version_problems
+    from asyncrl.testing import CountingEnv, ValuePolicy, collect_with_updates, version_problems
 
     policy = ValuePolicy(0.0)
-    values: dict[int, float | None] = {0: 0.0}
-    batches = []
     with anyio.fail_after(120):  # two worker processes on a loaded machine: not a speed bound
         async with MultiCollector([CountingEnv] * 2, policy, sync=sync, frames_per_batch=16,
                                   total_frames=16 * 14,
                                   weight_sync_schemes={"policy": SharedMemWeightSyncScheme()},
                                   ) as collector:
-            sender = collector.weight_sender()
-            async for batch in collector:
-                batches.append(batch)
-                version = sender.version + 1
-                values[version] = float(version % 7)
-                fill_parameters(policy, float(version % 7))
-                if sync:
-                    await collector.update_policy_weights()
-                else:
-                    await sender.send_async()  # pipelined: newest wins, buffers rotate
+            # async: pipelined sends, newest wins, buffers rotate
+            batches, values = await collect_with_updates(collector, policy, sync=sync)
     assert version_problems(batches, values) == []
     seen = {int(v) for b in batches for v in b["collector", "policy_version"].reshape(-1)}
     assert len(seen) >= 3
@@ -226,25 +216,18 @@ async def test_frames_keep_exact_versions_under_zero_copy_shared_memory(sync: bo
 @pytest.mark.parametrize("sync", [True, False], ids=["sync", "async"])
 async def test_a_cuda_learner_dmas_into_the_buffers_and_versions_stay_exact(sync: bool) -> None:
     from asyncrl import MultiCollector
-    from asyncrl.testing import CountingEnv, ValuePolicy, version_problems
+    from asyncrl.testing import CountingEnv, ValuePolicy, collect_with_updates, version_problems
 
     policy = ValuePolicy(0.0).cuda()  # the learner's model on the GPU, CPU workers
-    values: dict[int, float | None] = {0: 0.0}
-    batches = []
     with anyio.fail_after(120):
         async with MultiCollector([CountingEnv] * 2, policy, sync=sync, frames_per_batch=16,
                                   total_frames=16 * 10, policy_device="cpu",
                                   weight_sync_schemes={"policy": SharedMemWeightSyncScheme()},
                                   ) as collector:
-            sender = collector.weight_sender()
-            async for batch in collector:
-                batches.append(batch)
-                version = sender.version + 1
-                values[version] = float(version % 7)
-                fill_parameters(policy, float(version % 7))
-                await (collector.update_policy_weights() if sync else sender.send_async())
+            batches, values = await collect_with_updates(collector, policy, sync=sync)
             # The buffers were registered with CUDA: the device copies went straight in.
-            assert all(b.pinned_at is not None for b in sender._buffers)  # type: ignore[attr-defined]
+            buffers = collector.weight_sender()._buffers  # type: ignore[attr-defined]
+            assert all(b.pinned_at is not None for b in buffers)
     assert version_problems(batches, values) == []
 
 
