@@ -106,16 +106,16 @@ def fill_(module: nn.Module, value: float) -> None:
 
 
 def _asyncrl_worker(endpoint: str, index: int, configs: dict[str, dict[str, Any]],
-                    sizes: dict[str, tuple[tuple[int, ...], int]]) -> None:
+                    sizes: dict[str, tuple[tuple[int, ...], int]], device: str = "cpu") -> None:
     torch.set_num_threads(1)
-    anyio.run(_asyncrl_worker_main, endpoint, index, configs, sizes)
+    anyio.run(_asyncrl_worker_main, endpoint, index, configs, sizes, device)
 
 
 async def _asyncrl_worker_main(endpoint: str, index: int, configs: dict[str, dict[str, Any]],
-                               sizes: dict[str, tuple[tuple[int, ...], int]]) -> None:
-    receivers = [WeightSyncScheme.from_config(configs[name]).init_on_worker(name,
-                                                                           model=mlp(widths))
-                 for name, (widths, _) in sizes.items()]
+                               sizes: dict[str, tuple[tuple[int, ...], int]],
+                               device: str) -> None:
+    receivers = [WeightSyncScheme.from_config(configs[name]).init_on_worker(
+        name, model=mlp(widths).to(device)) for name, (widths, _) in sizes.items()]
     await _serve_weights(endpoint, index, receivers, delay=0.0)  # idle: applies at once
 
 
@@ -173,16 +173,20 @@ async def _drain(hub: Hub, joined: anyio.Event, count: int) -> None:
 
 
 async def bench_asyncrl(scheme: WeightSyncScheme, sizes: dict[str, tuple[tuple[int, ...], int]],
-                        endpoint: str, workers: int = WORKERS) -> dict[str, list[float]]:
-    """Seconds per blocking update for each size, ``workers`` worker processes."""
+                        endpoint: str, workers: int = WORKERS, *, learner: str = "cpu",
+                        worker_device: str = "cpu") -> dict[str, list[float]]:
+    """Seconds per blocking update for each size, ``workers`` worker processes.
+
+    ``learner`` / ``worker_device``: where the trainer's and the workers' models live.
+    """
     ctx = mp.get_context("spawn")
     results: dict[str, list[float]] = {}
     async with Hub(endpoint, **LIVENESS) as hub, anyio.create_task_group() as tg:
         joined = anyio.Event()
         tg.start_soon(_drain, hub, joined, workers)
         configs = _configs(scheme, sizes)
-        procs = [ctx.Process(target=_asyncrl_worker,
-                             args=(hub.endpoint, i, configs, sizes), daemon=True)
+        procs = [ctx.Process(target=_asyncrl_worker, daemon=True,
+                             args=(hub.endpoint, i, configs, sizes, worker_device))
                  for i in range(workers)]
         for proc in procs:
             proc.start()
@@ -191,12 +195,14 @@ async def bench_asyncrl(scheme: WeightSyncScheme, sizes: dict[str, tuple[tuple[i
                 await joined.wait()
             peers = {i: f"bench-{i}".encode() for i in range(workers)}
             for name, (widths, reps) in sizes.items():
-                model = mlp(widths)
+                model = mlp(widths).to(learner)
                 sender = WeightSyncScheme.from_config(configs[name]).init_on_sender(
                     name, hub=hub, model=model, workers=peers)
                 times, pushes = [], []
                 for rep in range(reps + 2):  # two warm-up rounds
                     fill_(model, float(rep))
+                    if learner != "cpu":
+                        torch.cuda.synchronize()  # the fill is done: time the send only
                     start = time.perf_counter()
                     await sender.send_async()
                     pushed = time.perf_counter()

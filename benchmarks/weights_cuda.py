@@ -46,75 +46,25 @@ from asyncrl.weights import (
 from benchmarks import weights
 from benchmarks.weights import (
     EXTRA_SIZES,
-    LIVENESS,
+    PUSH,
     SIZES,
-    _drain,
-    _reap,
-    _serve_weights,
-    _stop,
-    fill_,
     mlp,
     n_params,
     p50_ms,
     progress,
 )
-from transports import Hub
 
 WORKERS = 2
 ALL_SIZES = {**SIZES, **EXTRA_SIZES}
 
 
-def _worker(endpoint: str, index: int, config: dict[str, Any],
-            sizes: dict[str, tuple[tuple[int, ...], int]], device: str) -> None:
-    torch.set_num_threads(1)
-    anyio.run(_worker_main, endpoint, index, config, sizes, device)
-
-
-async def _worker_main(endpoint: str, index: int, config: dict[str, Any],
-                       sizes: dict[str, tuple[tuple[int, ...], int]], device: str) -> None:
-    receivers = [WeightSyncScheme.from_config(config).init_on_worker(
-        name, model=mlp(widths).to(device)) for name, (widths, _) in sizes.items()]
-    await _serve_weights(endpoint, index, receivers, delay=0.0)
-
-
 async def bench_asyncrl(scheme: WeightSyncScheme, sizes: dict[str, tuple[tuple[int, ...], int]],
                         worker_device: str) -> dict[str, list[float]]:
     """Seconds per blocking update from a CUDA learner, per size."""
-    ctx = mp.get_context("spawn")
-    results: dict[str, list[float]] = {}
-    tmp = tempfile.mkdtemp(prefix="asyncrl-bench-")
-    async with Hub(f"ipc://{tmp}/weights", **LIVENESS) as hub, anyio.create_task_group() as tg:
-        joined = anyio.Event()
-        tg.start_soon(_drain, hub, joined, WORKERS)
-        procs = [ctx.Process(target=_worker, daemon=True,
-                             args=(hub.endpoint, i, scheme.to_config(), sizes, worker_device))
-                 for i in range(WORKERS)]
-        for proc in procs:
-            proc.start()
-        try:
-            with anyio.fail_after(300):
-                await joined.wait()
-            peers = {i: f"bench-{i}".encode() for i in range(WORKERS)}
-            for name, (widths, reps) in sizes.items():
-                model = mlp(widths).to("cuda")
-                sender = WeightSyncScheme.from_config(scheme.to_config()).init_on_sender(
-                    name, hub=hub, model=model, workers=peers)
-                times = []
-                for rep in range(reps + 2):  # two warm-up rounds
-                    fill_(model, float(rep))
-                    torch.cuda.synchronize()
-                    start = time.perf_counter()
-                    await sender.send_async()
-                    await sender.wait_ack(timeout=120)
-                    if rep >= 2:
-                        times.append(time.perf_counter() - start)
-                await sender.aclose()
-                results[name] = times
-            await _stop(hub, peers)
-        finally:
-            await _reap(procs)
-            tg.cancel_scope.cancel()
-    return results
+    with tempfile.TemporaryDirectory(prefix="asyncrl-bench-") as tmp:
+        results = await weights.bench_asyncrl(scheme, sizes, f"ipc://{tmp}/weights", WORKERS,
+                                              learner="cuda", worker_device=worker_device)
+    return {name: times for name, times in results.items() if not name.startswith(PUSH)}
 
 
 def bench_torchrl(kind: str, sizes: dict[str, tuple[tuple[int, ...], int]],
