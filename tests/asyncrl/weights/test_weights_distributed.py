@@ -139,8 +139,6 @@ async def test_a_remote_worker_joins_from_its_welcome_config() -> None:
     from asyncrl.weights._collective import free_port
 
     policy = ValuePolicy(0.0)
-    values: dict[int, float | None] = {0: 0.0}
-    batches = []
     init_method = f"tcp://127.0.0.1:{free_port()}"
     scheme = DistributedWeightSyncScheme(init_method=init_method, timeout=60)
     with anyio.fail_after(WAIT):
@@ -154,12 +152,7 @@ async def test_a_remote_worker_joins_from_its_welcome_config() -> None:
                  "--policy", "asyncrl.testing:ValuePolicy"],
                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
             try:
-                async for batch in collector:
-                    batches.append(batch)
-                    version = collector.weight_sender().version + 1
-                    values[version] = float(version)
-                    fill_parameters(policy, float(version))
-                    await collector.update_policy_weights()
+                batches, values = await collect_with_updates(collector, policy, sync=True)
             except BaseException:
                 host.kill()
                 raise
@@ -240,20 +233,13 @@ async def test_cuda_workers_get_exact_weights() -> None:
     """CUDA policy on the trainer and the workers: gloo (always), NCCL with 2+ GPUs."""
     backend = "nccl" if torch.cuda.device_count() >= 2 else "gloo"
     policy = ValuePolicy(0.0).cuda()
-    values: dict[int, float | None] = {0: 0.0}
-    batches = []
     scheme = DistributedWeightSyncScheme(backend=backend, timeout=30)
     devices = {"policy_device": "cuda:1"} if backend == "nccl" else {"policy_device": "cuda"}
     with anyio.fail_after(60):
         async with MultiCollector([CountingEnv], policy, sync=True, frames_per_batch=16,
                                   total_frames=16 * 5, **devices,
                                   weight_sync_schemes={"policy": scheme}) as collector:
-            async for batch in collector:
-                batches.append(batch)
-                version = collector.weight_sender().version + 1
-                values[version] = float(version)
-                fill_parameters(policy, float(version))
-                await collector.update_policy_weights()
+            batches, values = await collect_with_updates(collector, policy, sync=True)
     assert version_problems(batches, values) == []
 
 
