@@ -79,6 +79,7 @@ class HostWorkers:
         self.probe_port = probe_port
         self.probe_host = probe_host
         self.admission: AdmissionBoard | None = None
+        self._stopped_by_signal = False
 
     def run(self) -> int:
         """Start the workers, wait until they all exit; return the exit code that matters."""
@@ -87,6 +88,10 @@ class HostWorkers:
         except KeyboardInterrupt:
             pass  # before the signal handler was in place; the workers are stopped by then
         codes = [p.exitcode or 0 for p in self.processes]
+        if self._stopped_by_signal:
+            # Stopped as asked: a worker ended by the SIGTERM this host forwarded (or
+            # that a kill of the process group gave it) did what it was told.
+            codes = [0 if c == -signal.SIGTERM else c for c in codes]
         return max(codes, key=abs) if any(codes) else 0
 
     def probe_state(self) -> dict[str, Any]:
@@ -149,5 +154,10 @@ class HostWorkers:
         with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async for signum in signals:
                 log.info("%s: stopping this host's workers", signal.Signals(signum).name)
-                await workers.stop(grace=0, kill_after=STOP_TIMEOUT)
-                return
+                self._stopped_by_signal = True
+                break
+        # The receiver gave the default handler back: a second SIGTERM (systemd's to the
+        # whole group, an impatient operator's) must not kill the host while it stops its
+        # workers (bounded: STOP_TIMEOUT, then SIGKILL). A second Ctrl-C still interrupts.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        await workers.stop(grace=0, kill_after=STOP_TIMEOUT)

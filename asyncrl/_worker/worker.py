@@ -179,21 +179,33 @@ class Worker:
         a lost worker (and a send of its to a closed pipe cannot make it one). The
         batch in progress is abandoned; the envs are closed on the way out.
         """
-        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-            async for signum in signals:
-                name = signal.Signals(signum).name
-                log.info("worker %d got %s: stopping", self.index, name)
-                self._leaving = True
-                if self.rollout is not None:
-                    self.rollout.request_stop()  # the batch in progress ends at its next step
-                with anyio.CancelScope(shield=True), anyio.move_on_after(1.0):
-                    await self.link.send(Leaving(name).to_body(), kind=Leaving.KIND)
-                if self.index >= 0:
-                    # The coordinator's close ends serve() and with it this task; a
-                    # coordinator that is gone or busy gets a bounded wait.
-                    await anyio.sleep(2 * self.link.heartbeat_interval + 1.0)
-                break
+        received = False
+        try:
+            with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                async for signum in signals:
+                    received = True
+                    await self._leave_on_signal(signal.Signals(signum).name)
+                    break
+        finally:
+            if received:
+                # The receiver gave the default handlers back; a second SIGTERM (its
+                # host forwards the one that a `kill` of the process group gave it too)
+                # must not kill a worker already on its way out (exit code -15).
+                signal.signal(signal.SIGTERM, signal.SIG_IGN)
+                signal.signal(signal.SIGINT, signal.SIG_IGN)
         return EXIT_OK
+
+    async def _leave_on_signal(self, name: str) -> None:
+        log.info("worker %d got %s: stopping", self.index, name)
+        self._leaving = True
+        if self.rollout is not None:
+            self.rollout.request_stop()  # the batch in progress ends at its next step
+        with anyio.CancelScope(shield=True), anyio.move_on_after(1.0):
+            await self.link.send(Leaving(name).to_body(), kind=Leaving.KIND)
+        if self.index >= 0:
+            # The coordinator's close ends serve() and with it this task; a
+            # coordinator that is gone or busy gets a bounded wait.
+            await anyio.sleep(2 * self.link.heartbeat_interval + 1.0)
 
     async def _serve(self) -> int:
         try:

@@ -73,9 +73,24 @@ async def joined(collector: Any, count: int) -> None:
                    f"{count} live workers")
 
 
-@pytest.mark.parametrize(("anyio_backend", "sync"), [("asyncio", True), ("trio", False)])
+async def sigterm_group_until_gone(host: subprocess.Popen) -> None:
+    """SIGTERM to the host's whole process group (systemd's KillMode=control-group), then
+    again and again until it is gone: each process must stop once, cleanly (exit 0), however
+    many come; the host also forwards one to its workers."""
+    while host.poll() is None:
+        try:
+            os.killpg(host.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            return
+        await anyio.sleep(0.02)
+
+
+@pytest.mark.parametrize(("anyio_backend", "sync", "group"),
+                         [("asyncio", True, True), ("trio", False, False)],
+                         ids=["sync-asyncio-sigterm-to-the-group-repeated",
+                              "async-trio-sigterm-to-the-host"])
 async def test_a_host_stopped_with_sigterm_leaves_and_the_run_stays_exact(
-        sandbox, sync: bool) -> None:
+        sandbox, sync: bool, group: bool) -> None:
     """Under the default on_worker_loss="raise": a goodbye is a departure, not a loss."""
     hosts: list[subprocess.Popen] = []
     try:
@@ -87,7 +102,10 @@ async def test_a_host_stopped_with_sigterm_leaves_and_the_run_stays_exact(
 
                 async def after_batch(c: Any, index: int) -> None:
                     if index == 3:
-                        hosts[0].send_signal(signal.SIGTERM)
+                        if group:
+                            tg.start_soon(sigterm_group_until_gone, hosts[0])
+                        else:
+                            hosts[0].send_signal(signal.SIGTERM)
                         await wait_for(lambda: any(e.kind == "left" for e in events),
                                        "the departure")
 

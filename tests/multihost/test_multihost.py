@@ -137,5 +137,9 @@ def test_a_host_without_reconnect_rides_out_a_cut_link(two_hosts, give_up_after:
         if host is not None:
             host.kill()
     assert done["frames"] == TOTAL_FRAMES
-    after = [e for e in lines.events[cut_at:] if e["event"] == "batch"]
-    assert after and all(b["worker"] > 0 for b in after), "the host never rejoined"
+    # Batches of the old slot 0 may still be read after cut_at (printed before the cut,
+    # read late on a loaded machine); once the rejoined worker's come, only they do.
+    after = [e["worker"] for e in lines.events[cut_at:] if e["event"] == "batch"]
+    rejoined = next((i for i, w in enumerate(after) if w > 0), None)
+    assert rejoined is not None, f"the host never rejoined: batches by worker {after}"
+    assert all(w > 0 for w in after[rejoined:]), after

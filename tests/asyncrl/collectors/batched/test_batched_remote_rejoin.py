@@ -23,7 +23,7 @@ from tests.asyncrl.collectors.batched.test_batched_remote_env_hosts import (
     start_env_host,
     wait_exit,
 )
-from transports import Link
+from transports import Link, Message
 
 pytestmark = pytest.mark.anyio
 LIMIT = 120
@@ -113,6 +113,17 @@ async def held_back(collector: AsyncBatchedCollector) -> None:
         await anyio.sleep(0.5)
 
 
+async def take_until_answered(collector: AsyncBatchedCollector, link: Link,
+                              taken: list[TensorDict]) -> Message:
+    """What ``link`` hears next, taking batches (into ``taken``) until it does: one batch
+    may not give the loop room again (chunks on their way when it was held back fill it
+    up), and the local worker may fill it again before the loop serves ``link``."""
+    while True:
+        with anyio.move_on_after(0.5):
+            return await link.recv()
+        taken.append(await collector.__anext__())
+
+
 def obs(value: float) -> dict[str, torch.Tensor]:
     return {"o0": torch.tensor([[value, 0.0]])}
 
@@ -151,13 +162,13 @@ async def test_a_request_left_in_the_loop_is_answered_to_nobody_before_the_slot_
                 with anyio.move_on_after(1):
                     early = await new.recv()
                     pytest.fail(f"welcomed before the old request was answered: {early}")
-                taken = [await collector.__anext__()]  # room again: the loop answers nobody
-
-                welcome = await new.recv()
+                taken: list[TensorDict] = []  # room again: the loop answers nobody
+                welcome = await take_until_answered(collector, new, taken)
                 assert welcome.kind == "env-welcome"
                 assert (welcome.body["slot"], welcome.body["traj_tag"]) == (1, 3)
                 await new.send(obs(222), kind="obs")
-                answer = await new.recv()  # its own answer first: not the old one's (111)
+                # its own answer first: not the old one's (111); once there is room
+                answer = await take_until_answered(collector, new, taken)
                 assert answer.kind == "act" and answer.body["a"]["action"].tolist() == [222]
                 await new.send(chunk_of(collector, steps, value=333, tag=3), kind="chunk")
 
@@ -203,11 +214,11 @@ async def test_a_hello_waiting_for_a_slot_must_not_speak_first(anyio_backend: st
                 await eager.send(obs(2), kind="obs")
                 answer = await eager.recv()
                 assert answer.kind == "refused" and "sent 'obs' before its welcome" in answer.body
-                await collector.__anext__()  # the old request is answered: slot 1 is free
                 async with Link(collector.endpoint, identity=b"later",
                                 heartbeat_interval=0.5) as later:
                     await later.send(hello([2]), kind="env-hello")
-                    welcome = await later.recv()
+                    # welcomed once the old request is answered (room again): slot 1 is free
+                    welcome = await take_until_answered(collector, later, [])
                     assert (welcome.body["slot"], welcome.body["traj_tag"]) == (1, 3)
                     assert collector.remote_refusals == [
                         "remote env worker b'old' (slot 1) refused: sent a second request "
