@@ -64,6 +64,7 @@ async def test_ray_actors_collect_and_end_when_closed(local_ray) -> None:
     assert [tuple(b.shape) for b in batches] == [(2, 50), (2, 50)]
 
 
+@pytest.mark.parametrize("anyio_backend", ["trio"])  # end to end: one backend per test
 async def test_wait_reports_every_actor_even_a_dead_one(local_ray) -> None:
     with anyio.fail_after(180):
         async with MultiAsyncCollector("CartPole-v1", num_workers=0, remote_workers=2,
@@ -95,6 +96,7 @@ def test_node_selection(local_ray) -> None:
                      resources={"gpu_for_sure": 1})
 
 
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # end to end: one backend per test
 async def test_one_ray_host_actor_per_selected_node_runs_workers_behind_a_relay(
         local_ray) -> None:
     with anyio.fail_after(180):
@@ -168,6 +170,7 @@ async def test_a_killed_actor_is_restarted_by_ray_and_rejoins_with_the_latest_we
     assert new_pid in pids, "the restarted actor delivered no frame"
 
 
+@pytest.mark.parametrize("anyio_backend", ["trio"])  # end to end: one backend per test
 async def test_scale_starts_a_host_on_a_node_added_while_the_run_goes_on(local_ray) -> None:
     """The run goes on with one host (on the one node with ``env_host``); that host is
     killed for good (its places free at once) and a raylet joins the cluster: ``scale()``

@@ -47,6 +47,7 @@ async def wait_for_routes(collector: MultiSyncCollector | MultiAsyncCollector,
     return scheduler.relay_routes()
 
 
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # end to end: one backend per test
 async def test_one_weight_copy_per_host_reaches_every_worker_of_it(tmp_path) -> None:
     """A 3-worker host behind its relay, over CURVE (the relay authenticates like a worker)."""
     keys = generate_keys(tmp_path / "keys")
@@ -262,7 +263,10 @@ def relay_dirs(tmpdir: Path) -> set[str]:
     return {name for name in os.listdir(tmpdir) if name.startswith("asyncrl-relay-")}
 
 
-@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
+# End to end (a host process, its relay and workers): each signal on one backend.
+@pytest.mark.parametrize(("anyio_backend", "how"), [("asyncio", signal.SIGKILL),
+                                                    ("trio", signal.SIGTERM)],
+                         ids=["asyncio-SIGKILL", "trio-SIGTERM"])
 async def test_killing_the_host_process_takes_its_workers_and_relay_down(
         how: signal.Signals, tmp_path: Path) -> None:
     # The host's temporary files go to a directory of this test's own (TMPDIR):
