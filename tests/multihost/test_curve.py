@@ -83,6 +83,7 @@ def test_generate_refuses_to_overwrite(tmp_path) -> None:
         generate_keys(tmp_path)
 
 
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # end to end: one backend per test
 async def test_collector_with_keys_serves_keyed_workers_and_refuses_others(tmp_path) -> None:
     keys = tmp_path / "keys"
     subprocess.run([sys.executable, "-m", "asyncrl.cli", "keys", "generate", str(keys)],
@@ -109,6 +110,7 @@ async def test_collector_with_keys_serves_keyed_workers_and_refuses_others(tmp_p
     assert len(batches) == 2
 
 
+@pytest.mark.parametrize("anyio_backend", ["trio"])  # end to end: one backend per test
 async def test_a_host_keyed_from_its_environment_joins_and_is_cut_off_when_revoked(
         tmp_path) -> None:
     keys = generate_keys(tmp_path / "keys")

@@ -44,6 +44,7 @@ def _alive_pids(workers) -> list[int]:
             and Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[0] not in "ZX"]
 
 
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # end to end: one backend per test
 async def test_ray_actors_collect_and_end_when_closed(local_ray) -> None:
     with anyio.fail_after(180):
         async with MultiSyncCollector("CartPole-v1", num_workers=0, remote_workers=2,

@@ -28,6 +28,7 @@ def cli_worker(endpoint: str, *args: str, **popen: Any) -> subprocess.Popen:
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **popen)
 
 
+@pytest.mark.parametrize("anyio_backend", ["trio"])  # end to end: one backend per test
 async def test_cli_workers_join_a_listening_collector() -> None:
     with anyio.fail_after(LIMIT):
         async with MultiSyncCollector("CartPole-v1", num_workers=0, remote_workers=2,

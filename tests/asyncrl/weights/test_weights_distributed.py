@@ -133,6 +133,7 @@ async def test_a_lost_worker_fails_the_update_within_a_bound(how: str) -> None:
         assert "worker 1" in text and "SIGKILL" in text
 
 
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # end to end: one backend per test
 async def test_a_remote_worker_joins_from_its_welcome_config() -> None:
     """A remote host (``asyncrl worker --connect``) learns the scheme from its welcome,
     joins as rank ``index + 1`` and gets exact weights, beside a local worker."""

@@ -39,6 +39,7 @@ async def wait_exit(process: subprocess.Popen[str], timeout: float = 30) -> tupl
     return code, process.stderr.read()
 
 
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # end to end: one backend per test
 async def test_a_remote_env_host_joins_local_env_workers(anyio_backend: str) -> None:
     policy = ValuePolicy(1.0)
     batches: list[TensorDict] = []

@@ -111,7 +111,9 @@ async def wait_event(events: Any, kind: str, seen: list[CollectorEvent]) -> Coll
     raise AssertionError(f"the collector closed before a {kind!r} event; saw {seen}")
 
 
-@pytest.mark.parametrize("server_backend", ["thread", "process"])
+# End to end (three env host processes): each server on one backend.
+@pytest.mark.parametrize(("anyio_backend", "server_backend"),
+                         [("asyncio", "process"), ("trio", "thread")])
 async def test_a_departed_and_a_killed_env_host_are_told_apart_and_a_newcomer_takes_over(
         anyio_backend: str, server_backend: str) -> None:
     policy = ValuePolicy(0.0)

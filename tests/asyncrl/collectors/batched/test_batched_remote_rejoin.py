@@ -44,6 +44,7 @@ def check_trajectories(frames: TensorDict, slots: int, length: int = 5) -> None:
         assert (t["collector", "worker_id"] == (tid >> 32) % slots).all(), tid
 
 
+@pytest.mark.parametrize("anyio_backend", ["trio"])  # end to end: one backend per test
 async def test_a_killed_env_host_is_replaced_by_a_new_one_in_its_slot(anyio_backend: str) -> None:
     policy = ValuePolicy(1.0)
     batches: list[TensorDict] = []
