@@ -35,11 +35,11 @@ superseded before it was transmitted is dropped, not queued.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import itertools
 import multiprocessing as mp
 import os
 import platform
-import resource
 import shlex
 import statistics
 import sys
@@ -81,7 +81,7 @@ QUICK_SIZES: dict[str, tuple[tuple[int, ...], int]] = {
 WORKERS = 2
 #: Prefix of the result keys holding the ``send_async`` (push) times.
 PUSH = "push:"
-PEAK_RSS = "peak worker RSS: "  # results key: the worker processes' peak RSS (bytes)
+WORKER_RSS = "worker RSS: "  # results key: the worker processes' RSS after the updates (bytes)
 LIVENESS: dict[str, Any] = {"heartbeat_interval": 1.0, "peer_timeout": 60.0}
 
 
@@ -151,9 +151,10 @@ async def _serve_weights(endpoint: str, index: int, receivers: list[Any], *,
         while True:
             message = await link.recv()
             if message.kind == "stop":
-                # Peak RSS of this process: what holding the model and its updates cost.
-                peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-                await link.send({"peak_rss": peak}, kind="peak-rss")
+                # RSS of this process once the allocator gave back what is free: what
+                # holding the model costs between updates (a receive buffer, or none).
+                ctypes.CDLL(None).malloc_trim(0)
+                await link.send({"rss": rss_bytes()}, kind="rss")
                 break
             group.on_message(message)
             if delay:
@@ -169,7 +170,7 @@ async def _serve_weights(endpoint: str, index: int, receivers: list[Any], *,
 
 
 async def _drain(hub: Hub, joined: anyio.Event, count: int,
-                 byes: list[int] | None = None) -> None:
+                 rss: tuple[list[int], anyio.Event] | None = None) -> None:
     seen = 0
     while True:
         item = await hub.recv()
@@ -177,8 +178,10 @@ async def _drain(hub: Hub, joined: anyio.Event, count: int,
             seen += 1
             if seen == count:
                 joined.set()
-        elif isinstance(item, Message) and item.kind == "peak-rss" and byes is not None:
-            byes.append(int(item.body["peak_rss"]))
+        elif isinstance(item, Message) and item.kind == "rss" and rss is not None:
+            rss[0].append(int(item.body["rss"]))
+            if len(rss[0]) == count:
+                rss[1].set()
 
 
 async def bench_asyncrl(scheme: WeightSyncScheme, sizes: dict[str, tuple[tuple[int, ...], int]],
@@ -190,10 +193,10 @@ async def bench_asyncrl(scheme: WeightSyncScheme, sizes: dict[str, tuple[tuple[i
     """
     ctx = mp.get_context("spawn")
     results: dict[str, list[float]] = {}
-    byes: list[int] = []
+    rss: tuple[list[int], anyio.Event] = ([], anyio.Event())  # each worker's, at the end
     async with Hub(endpoint, **LIVENESS) as hub, anyio.create_task_group() as tg:
         joined = anyio.Event()
-        tg.start_soon(_drain, hub, joined, workers, byes)
+        tg.start_soon(_drain, hub, joined, workers, rss)
         configs = _configs(scheme, sizes)
         procs = [ctx.Process(target=_asyncrl_worker, daemon=True,
                              args=(hub.endpoint, i, configs, sizes, worker_device))
@@ -225,9 +228,8 @@ async def bench_asyncrl(scheme: WeightSyncScheme, sizes: dict[str, tuple[tuple[i
                 results[PUSH + name] = pushes
             await _stop(hub, peers)
             with anyio.move_on_after(30):
-                while len(byes) < workers:
-                    await anyio.sleep(0.01)
-            results[PEAK_RSS] = [float(max(byes, default=0))]
+                await rss[1].wait()
+            results[WORKER_RSS] = [float(max(rss[0], default=0))]
         finally:
             await _reap(procs)
             tg.cancel_scope.cancel()
@@ -594,7 +596,7 @@ def bench_bandwidth(name: str, size: tuple[tuple[int, ...], int], nbytes: int, c
         else:
             measured = anyio.run(bench_asyncrl, how, {name: size}, "tcp://127.0.0.1:0", 1)
             results[label] = measured[name]
-            results[PEAK_RSS + label] = measured[PEAK_RSS]
+            results[WORKER_RSS + label] = measured[WORKER_RSS]
     return results
 
 
@@ -658,17 +660,18 @@ def report(rows: dict[str, dict[str, list[float]] | None], memcpy: dict[str, lis
                  else "no CUDA device in this run")]
     mb = nbytes / 1e6
     if bandwidth:
-        rss = {k[len(PEAK_RSS):]: v for k, v in bandwidth.items() if k.startswith(PEAK_RSS)}
-        timed = {k: v for k, v in bandwidth.items() if not k.startswith(PEAK_RSS)}
+        rss = {k[len(WORKER_RSS):]: v for k, v in bandwidth.items() if k.startswith(WORKER_RSS)}
+        timed = {k: v for k, v in bandwidth.items() if not k.startswith(WORKER_RSS)}
         one, chunked = list(timed.values())[:2]
         lines += [
             "",
             f"Bandwidth over tcp loopback, {biggest} model = {mb:.0f} MB, 1 worker process "
             "(median of the round trip; ratios against each bare pyzmq row; the worker "
-            "process's peak RSS, which holds the model and what an update needs besides):",
+            "process's RSS after the updates, freed memory given back: the model and what it "
+            "keeps for the next update):",
             "",
             "| path | p50 ms | MB/s | / bare, one message | / bare, same chunks "
-            "| worker peak RSS (MB) |",
+            "| worker RSS after (MB) |",
             "|---|---:|---:|---:|---:|---:|",
         ]
         for label, times in timed.items():

@@ -111,9 +111,6 @@ class WeightReceiver:
 
     #: True for receivers that assemble versions streamed in chunks (``WeightChunk``).
     takes_chunks: bool = False
-    #: Whether the model must not be used now (a version is being written into it:
-    #: ``ZmqWeightSyncScheme(in_place=True)``); see :meth:`park`.
-    needs_park: bool = False
     #: Why the model is half-written, if it is (``in_place``); None while it is whole.
     torn: str | None = None
 
@@ -158,6 +155,12 @@ class WeightReceiver:
     def has_pending(self) -> bool:
         """Cheap check for the hot loop (no lock)."""
         return self._pending is not None
+
+    @property
+    def needs_park(self) -> bool:
+        """Whether the model must not be used now: a version is being written into it
+        (``ZmqWeightSyncScheme(in_place=True)``); see :meth:`park`."""
+        return False
 
     # -- event-loop side --------------------------------------------------------------------
     def follow(self, instance: str) -> bool:
