@@ -35,6 +35,7 @@ superseded before it was transmitted is dropped, not queued.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import itertools
 import multiprocessing as mp
 import os
@@ -80,6 +81,7 @@ QUICK_SIZES: dict[str, tuple[tuple[int, ...], int]] = {
 WORKERS = 2
 #: Prefix of the result keys holding the ``send_async`` (push) times.
 PUSH = "push:"
+WORKER_RSS = "worker RSS: "  # results key: the worker processes' RSS after the updates (bytes)
 LIVENESS: dict[str, Any] = {"heartbeat_interval": 1.0, "peer_timeout": 60.0}
 
 
@@ -149,12 +151,17 @@ async def _serve_weights(endpoint: str, index: int, receivers: list[Any], *,
         while True:
             message = await link.recv()
             if message.kind == "stop":
+                # RSS of this process once the allocator gave back what is free: what
+                # holding the model costs between updates (a receive buffer, or none).
+                ctypes.CDLL(None).malloc_trim(0)
+                await link.send({"rss": rss_bytes()}, kind="rss")
                 break
             group.on_message(message)
             if delay:
                 await anyio.sleep(delay)  # a worker busy stepping its envs
+            group.park()  # idle: a version written in place goes in as its chunks come
             group.apply_pending()
-            while group.has_pending:  # its bytes are still coming (broadcast)
+            while group.has_pending and not group.needs_park:  # bytes still coming (broadcast)
                 await ready.wait()
                 ready = anyio.Event()
                 group.apply_pending()
@@ -162,7 +169,8 @@ async def _serve_weights(endpoint: str, index: int, receivers: list[Any], *,
         await group.aclose()
 
 
-async def _drain(hub: Hub, joined: anyio.Event, count: int) -> None:
+async def _drain(hub: Hub, joined: anyio.Event, count: int,
+                 rss: tuple[list[int], anyio.Event] | None = None) -> None:
     seen = 0
     while True:
         item = await hub.recv()
@@ -170,6 +178,10 @@ async def _drain(hub: Hub, joined: anyio.Event, count: int) -> None:
             seen += 1
             if seen == count:
                 joined.set()
+        elif isinstance(item, Message) and item.kind == "rss" and rss is not None:
+            rss[0].append(int(item.body["rss"]))
+            if len(rss[0]) == count:
+                rss[1].set()
 
 
 async def bench_asyncrl(scheme: WeightSyncScheme, sizes: dict[str, tuple[tuple[int, ...], int]],
@@ -181,9 +193,10 @@ async def bench_asyncrl(scheme: WeightSyncScheme, sizes: dict[str, tuple[tuple[i
     """
     ctx = mp.get_context("spawn")
     results: dict[str, list[float]] = {}
+    rss: tuple[list[int], anyio.Event] = ([], anyio.Event())  # each worker's, at the end
     async with Hub(endpoint, **LIVENESS) as hub, anyio.create_task_group() as tg:
         joined = anyio.Event()
-        tg.start_soon(_drain, hub, joined, workers)
+        tg.start_soon(_drain, hub, joined, workers, rss)
         configs = _configs(scheme, sizes)
         procs = [ctx.Process(target=_asyncrl_worker, daemon=True,
                              args=(hub.endpoint, i, configs, sizes, worker_device))
@@ -214,6 +227,9 @@ async def bench_asyncrl(scheme: WeightSyncScheme, sizes: dict[str, tuple[tuple[i
                 results[name] = times
                 results[PUSH + name] = pushes
             await _stop(hub, peers)
+            with anyio.move_on_after(30):
+                await rss[1].wait()
+            results[WORKER_RSS] = [float(max(rss[0], default=0))]
         finally:
             await _reap(procs)
             tg.cancel_scope.cancel()
@@ -445,6 +461,8 @@ def bandwidth_rows(chunk_bytes: int) -> dict[str, int | WeightSyncScheme]:
         f"bare pyzmq ROUTER/DEALER, {mib} messages + 3-byte answer": chunk_bytes,
         f"asyncrl ZmqWeightSyncScheme(chunk_bytes={mib}) send + apply + ack":
             ZmqWeightSyncScheme(chunk_bytes=chunk_bytes),
+        f"asyncrl ZmqWeightSyncScheme(chunk_bytes={mib}, in_place=True) send + apply + ack":
+            ZmqWeightSyncScheme(chunk_bytes=chunk_bytes, in_place=True),
         "asyncrl ZmqWeightSyncScheme(chunk_bytes=0) (one message, as before) send + apply + ack":
             ZmqWeightSyncScheme(chunk_bytes=0),
     }
@@ -576,8 +594,9 @@ def bench_bandwidth(name: str, size: tuple[tuple[int, ...], int], nbytes: int, c
         if isinstance(how, int):
             results[label] = bench_bare_zmq(nbytes, size[1], how)
         else:
-            results[label] = anyio.run(bench_asyncrl, how, {name: size},
-                                       "tcp://127.0.0.1:0", 1)[name]
+            measured = anyio.run(bench_asyncrl, how, {name: size}, "tcp://127.0.0.1:0", 1)
+            results[label] = measured[name]
+            results[WORKER_RSS + label] = measured[WORKER_RSS]
     return results
 
 
@@ -641,19 +660,26 @@ def report(rows: dict[str, dict[str, list[float]] | None], memcpy: dict[str, lis
                  else "no CUDA device in this run")]
     mb = nbytes / 1e6
     if bandwidth:
-        one, chunked = list(bandwidth.values())[:2]
+        rss = {k[len(WORKER_RSS):]: v for k, v in bandwidth.items() if k.startswith(WORKER_RSS)}
+        timed = {k: v for k, v in bandwidth.items() if not k.startswith(WORKER_RSS)}
+        one, chunked = list(timed.values())[:2]
         lines += [
             "",
             f"Bandwidth over tcp loopback, {biggest} model = {mb:.0f} MB, 1 worker process "
-            "(median of the round trip; ratios against each bare pyzmq row):",
+            "(median of the round trip; ratios against each bare pyzmq row; the worker "
+            "process's RSS after the updates, freed memory given back: the model and what it "
+            "keeps for the next update):",
             "",
-            "| path | p50 ms | MB/s | / bare, one message | / bare, same chunks |",
-            "|---|---:|---:|---:|---:|",
+            "| path | p50 ms | MB/s | / bare, one message | / bare, same chunks "
+            "| worker RSS after (MB) |",
+            "|---|---:|---:|---:|---:|---:|",
         ]
-        for label, times in bandwidth.items():
+        for label, times in timed.items():
+            peak = f"{max(rss[label]) / 1e6:.0f}" if label in rss else "n/a"
             lines.append(f"| {label} | {p50_ms(times):.1f} | {mb / statistics.median(times):.0f} "
                          f"| {statistics.median(one) / statistics.median(times):.2f} "
-                         f"| {statistics.median(chunked) / statistics.median(times):.2f} |")
+                         f"| {statistics.median(chunked) / statistics.median(times):.2f} "
+                         f"| {peak} |")
     return "\n".join([*lines, "", _machine(elapsed), f"command: {command}"])
 
 

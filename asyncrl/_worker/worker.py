@@ -481,6 +481,8 @@ class Worker:
     async def _control(self, message: Message, control: Control) -> None:
         async with self._busy:
             try:
+                if control.op in ("state_dict", "load_state_dict", "getattr_policy"):
+                    await self._weights.model_whole()  # not while a version is written in
                 result = self._run_control(control)
             except Exception as exc:
                 await self.link.ack(message, error=exc)

@@ -10,7 +10,9 @@ the model, which version the frames are stamped with, and where each ack goes:
 * :meth:`~WeightApplier.before_step` (the rollout thread, as the rollout's
   ``before_step`` hook): what is pending is applied between two steps, never
   inside one; :meth:`~WeightApplier.after_batch` catches what came after a
-  batch's last step;
+  batch's last step. While a version is written into the model itself
+  (``ZmqWeightSyncScheme(in_place=True)``) the rollout waits there, and a
+  half-written model fails the step instead of stepping;
 * :meth:`~WeightApplier.send_acks` (a task) and :meth:`~WeightApplier.flush_acks`:
   each ack goes back the way its message came, its :class:`AckRoute`.
 """
@@ -18,6 +20,7 @@ the model, which version the frames are stamped with, and where each ack goes:
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
@@ -25,6 +28,7 @@ import anyio
 
 from transports import Message
 
+from ._errors import WeightSyncError
 from ._receiver import Acker, AckRoute, WeightAck, WeightReceiver, WeightReceiverGroup
 from ._schemes import WeightSyncScheme
 
@@ -84,6 +88,9 @@ class WeightApplier:
         self._rollout: Stampable | None = None
         self._acks_due = anyio.Event()
         self._closed = False
+        #: Notified (event loop) when a model written in place is let go (see before_step).
+        self._in_place_done = threading.Condition()
+        self._whole = anyio.Event()  # set when a model written in place is let go
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(versions={self.receivers.versions})"
@@ -153,7 +160,9 @@ class WeightApplier:
                              "ack them over: give it one (WeightApplier(..., relay=link))")
         self.receivers.on_message(message, route)
         if not self._busy():
-            # Idle between batches: apply now (sync mode relies on it).
+            # Idle between batches: apply now (sync mode relies on it); a version
+            # written in place is written as its chunks come.
+            self.receivers.park()
             self.receivers.apply_pending()
         self._wake()
 
@@ -164,8 +173,21 @@ class WeightApplier:
         for its ack before it asks for one.
         """
         if self.receivers.has_pending:
+            self.receivers.park()
             self.receivers.apply_pending()
             self._wake()
+
+    async def model_whole(self) -> None:
+        """Wait until no version is being written into a model (in place), for a control
+        operation that uses it; raise ``WeightSyncError`` if one is half-written. Call it
+        holding what keeps the rollout idle."""
+        while self.receivers.needs_park and not self._closed:
+            self._whole = anyio.Event()
+            self.receivers.park()  # idle: written as the chunks come
+            if self.receivers.needs_park:
+                await self._whole.wait()
+        self.receivers.apply_pending()
+        self.receivers.check_whole()
 
     async def flush_acks(self) -> int:
         """Send the acks due, each over its route; return how many went."""
@@ -179,26 +201,52 @@ class WeightApplier:
             await self.flush_acks()
 
     def close(self) -> None:
-        """End :meth:`send_acks` (idempotent); acks still due stay unsent."""
+        """End :meth:`send_acks` (idempotent); acks still due stay unsent. A rollout waiting
+        for a version written in place fails its step."""
         self._closed = True
         self._acks_due.set()
+        self._whole.set()
+        with self._in_place_done:
+            self._in_place_done.notify_all()
 
     # -- rollout thread ---------------------------------------------------------------------
     def before_step(self) -> None:
         """The rollout's hook at every step boundary: one attribute check unless an update waits."""
         if self.receivers.has_pending:
+            if self.receivers.needs_park:
+                self._wait_in_place()
             self.receivers.apply_pending()
             anyio.from_thread.run_sync(self._wake)
+            self.receivers.check_whole()  # a half-written model fails the step
+
+    def _wait_in_place(self) -> None:
+        """Hold the rollout here while a version is written into its model (in place)."""
+        anyio.from_thread.run_sync(self.receivers.park)  # from now on the chunks go in
+        rollout = self._rollout
+        with self._in_place_done:
+            while self.receivers.needs_park and not self._closed:
+                hook = rollout.before_step if rollout is not None else None
+                if hook is not None and hook != self.before_step:
+                    hook()  # the rollout was asked to stop meanwhile: its hook raises that
+                self._in_place_done.wait(0.05)
+        if self.receivers.needs_park:
+            raise WeightSyncError("the worker closed while a version was being written into "
+                                  "its model (in_place=True): it does not step with it")
 
     # -- internals --------------------------------------------------------------------------
     def _wake(self) -> None:
         self._acks_due.set()  # (the event of now: send_acks swaps it after each wake-up)
 
     def _ready(self) -> None:
-        # An update whose bytes came after its message (a broadcast) is in: apply it now
-        # if the model is idle (else the next step boundary or after_batch does), and ack.
+        # An update whose bytes came after its message (a broadcast) is in, or a model
+        # written in place is let go: apply it now if the model is idle (else the next
+        # step boundary or after_batch does), let a waiting rollout go on, and ack.
         if not self._busy():
+            self.receivers.park()
             self.receivers.apply_pending()
+        self._whole.set()
+        with self._in_place_done:
+            self._in_place_done.notify_all()
         self._wake()
 
     def _on_apply(self, model_id: str, version: int) -> None:

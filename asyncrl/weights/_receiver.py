@@ -111,6 +111,8 @@ class WeightReceiver:
 
     #: True for receivers that assemble versions streamed in chunks (``WeightChunk``).
     takes_chunks: bool = False
+    #: Why the model is half-written, if it is (``in_place``); None while it is whole.
+    torn: str | None = None
 
     def __init__(self, model_id: str, model: Any, *,
                  strategy: WeightStrategy | str = "tensordict",
@@ -153,6 +155,12 @@ class WeightReceiver:
     def has_pending(self) -> bool:
         """Cheap check for the hot loop (no lock)."""
         return self._pending is not None
+
+    @property
+    def needs_park(self) -> bool:
+        """Whether the model must not be used now: a version is being written into it
+        (``ZmqWeightSyncScheme(in_place=True)``); see :meth:`park`."""
+        return False
 
     # -- event-loop side --------------------------------------------------------------------
     def follow(self, instance: str) -> bool:
@@ -259,6 +267,10 @@ class WeightReceiver:
 
     def admitted(self, index: int) -> None:
         """The worker was welcomed as worker ``index`` (event loop); most receivers ignore it."""
+
+    def park(self) -> None:
+        """The model is not in use until :attr:`needs_park` is false again (event loop): a
+        receiver that writes into the model as bytes come may start now. Most ignore it."""
 
     def close(self) -> None:
         """Release what the receiver holds (idempotent)."""
@@ -369,7 +381,10 @@ class WeightReceiverGroup:
 
     @property
     def has_pending(self) -> bool:
-        return any(r._pending is not None for r in self._receivers.values())
+        for receiver in self._receivers.values():  # (every step: no generator)
+            if receiver.has_pending:
+                return True
+        return False
 
     def follow(self, instance: str) -> bool:
         """Tell every receiver the coordinator instance (see :meth:`WeightReceiver.follow`)."""
@@ -393,6 +408,21 @@ class WeightReceiverGroup:
                     route))
             return
         receiver.on_message(message, route)
+
+    @property
+    def needs_park(self) -> bool:
+        return any(r.needs_park for r in self._receivers.values())
+
+    def park(self) -> None:
+        for receiver in self._receivers.values():
+            receiver.park()
+
+    def check_whole(self) -> None:
+        """Raise ``WeightSyncError`` if a model is half-written (an ``in_place`` stream failed)."""
+        for receiver in self._receivers.values():
+            if receiver.torn is not None:
+                raise WeightSyncError(f"{receiver.torn}; this worker does not step with it "
+                                      "(send the weights again, or restart the worker)")
 
     def apply_pending(self) -> dict[str, int]:
         """Apply what is pending for every model; return ``{model_id: version applied}``."""

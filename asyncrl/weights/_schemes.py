@@ -196,11 +196,24 @@ class ZmqWeightSyncScheme(WeightSyncScheme):
     one receive buffer and a chunk, never a whole message besides. Smaller
     versions travel in one message and are copied into the model.
 
+    ``in_place=True`` (for models too big to hold twice): no receive buffer;
+    each chunk is written straight into the model's own tensors as it comes,
+    while the worker's rollout waits at a step boundary from the stream's first
+    chunk to its last (a worker between batches is not held at all). One copy
+    of the model, never two; the price is that pause, about one transfer of
+    the model per update. Frames keep exact versions. A stream that fails
+    after writing began leaves the model half-written: the worker's next step
+    (or control operation) then fails with a ``WeightSyncError`` instead of
+    stepping with it. For worker processes (``asyncrl worker``, a collector's
+    workers); ``zero_copy`` does not apply.
+
     >>> scheme = ZmqWeightSyncScheme()
     >>> ZmqWeightSyncScheme.from_config(scheme.to_config())
     ZmqWeightSyncScheme()
     >>> ZmqWeightSyncScheme(chunk_bytes=4 << 20).to_config()["chunk_bytes"]
     4194304
+    >>> ZmqWeightSyncScheme(in_place=True)
+    ZmqWeightSyncScheme(in_place=True)
     """
 
     name = "zmq"
@@ -209,19 +222,29 @@ class ZmqWeightSyncScheme(WeightSyncScheme):
 
     def __init__(self, strategy: WeightFormat | WeightStrategy = "tensordict", *,
                  max_interval: int = 0, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-                 zero_copy: bool = True) -> None:
+                 zero_copy: bool | None = None, in_place: bool = False) -> None:
         super().__init__(strategy, max_interval=max_interval)
         if type(chunk_bytes) is not int or chunk_bytes < 0:
             raise ValueError(f"chunk_bytes must be an int >= 0 (0: never chunk), "
                              f"got {chunk_bytes!r}")
+        if in_place and zero_copy is not None:
+            raise ValueError("in_place=True writes every chunk into the model's own tensors: "
+                             "there is no receive buffer for zero_copy to swap or copy from; "
+                             "leave zero_copy out")
+        if in_place and not chunk_bytes:
+            raise ValueError("in_place=True streams big versions in chunks: give chunk_bytes "
+                             "> 0 (the default is 16 MiB)")
         self.chunk_bytes = chunk_bytes
-        self.zero_copy = zero_copy
+        self.in_place = bool(in_place)
+        self.zero_copy = not self.in_place if zero_copy is None else bool(zero_copy)
 
     def _options(self) -> dict[str, Any]:
         options = super()._options()
         if self.chunk_bytes != DEFAULT_CHUNK_BYTES:
             options["chunk_bytes"] = self.chunk_bytes
-        if not self.zero_copy:
+        if self.in_place:
+            options["in_place"] = True
+        elif not self.zero_copy:
             options["zero_copy"] = False
         return options
 
@@ -229,7 +252,7 @@ class ZmqWeightSyncScheme(WeightSyncScheme):
         return {"chunk_bytes": self.chunk_bytes}
 
     def _receiver_options(self) -> dict[str, Any]:
-        return {"zero_copy": self.zero_copy}
+        return {"zero_copy": self.zero_copy, "in_place": self.in_place}
 
 
 class SharedMemWeightSyncScheme(WeightSyncScheme):

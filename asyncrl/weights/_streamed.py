@@ -14,12 +14,23 @@ the next step boundary the model's parameters are pointed at the buffer
 receive buffer of the next version. So a worker holds its model, one receive
 buffer and one chunk in flight, never a whole message besides: frames keep
 exact versions, as with whole messages.
+
+``in_place`` (for models too big to hold twice): no receive buffer. From a
+stream's first chunk the receiver *holds* the model: the worker's rollout
+waits at its next step boundary (:meth:`WeightApplier.before_step
+<asyncrl.weights.WeightApplier.before_step>`), or the model is idle between
+batches, and the receiver is told so (:meth:`StreamedWeightReceiver.park`);
+from then on each chunk is written into the model's own tensors as it comes
+(the chunks that came before wait in a backlog). After the last one the version
+is applied (nothing left to copy) and the rollout goes on. A stream that fails
+once writing began leaves the model *torn*: the next step fails with a
+``WeightSyncError`` instead of stepping with it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import anyio
@@ -190,6 +201,13 @@ class _Staged:
 
 
 @dataclass(eq=False)
+class _InPlace:
+    """A version already written into the model (``in_place``): nothing left to copy."""
+
+    version: int
+
+
+@dataclass(eq=False)
 class _Stream:
     """The chunks of one version coming by one route."""
 
@@ -198,6 +216,14 @@ class _Stream:
     assembly: ChunkAssembly | None  # None: not written (stale, superseded or failed)
     error: BaseException | None = None
     next_index: int = 0
+    #: ``in_place``: its assembly writes into the model itself.
+    in_place: bool = False
+    #: ``in_place``: chunks that came before the model was held, in order.
+    backlog: list[tuple[WeightChunk, Any]] = field(default_factory=list)
+    #: ``in_place``: the last chunk's message and route, once it came (acked on completion).
+    last: tuple[Message, AckRoute] | None = None
+    #: ``in_place``: a chunk of it was written into the model.
+    written: bool = False
 
 
 class StreamedWeightReceiver(WeightReceiver):
@@ -220,13 +246,40 @@ class StreamedWeightReceiver(WeightReceiver):
 
     takes_chunks = True
 
-    def __init__(self, *args: Any, zero_copy: bool = True, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, zero_copy: bool = True, in_place: bool = False,
+                 **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.zero_copy = zero_copy
+        self.in_place = in_place
         #: Chunk messages taken (observability).
         self.chunks_received = 0
+        #: ``in_place``: why the model is half-written (a stream failed after writing
+        #: began), until a complete version is written; None while it is whole.
+        self.torn: str | None = None
         self._streams: dict[AckRoute, _Stream] = {}  # event loop only
         self._spare: _Staged | None = None  # the receive buffer when no stream holds it (_lock)
+        self._hold: _Stream | None = None  # in_place: the stream that holds the model
+        self._parked = False  # in_place: the model is not in use until the hold ends
+        self._handing_over = False  # in_place: _start runs (see _release)
+
+    @property
+    def has_pending(self) -> bool:
+        """Cheap check for the hot loop (no lock): an update, a hold, or a torn model."""
+        return self._pending is not None or self._hold is not None or self.torn is not None
+
+    @property
+    def needs_park(self) -> bool:
+        """``in_place``: a stream is being written into the model; it must not be used."""
+        return self._hold is not None
+
+    def park(self) -> None:
+        """The model is not in use until the stream under way completes (event loop): its
+        chunks that came are written now, the next ones as they come."""
+        stream = self._hold
+        if stream is None or self._parked:
+            return
+        self._parked = True
+        self._drain(stream)
 
     # -- event loop ------------------------------------------------------------------------
     def on_message(self, message: Message, route: AckRoute = AckRoute.DIRECT) -> None:
@@ -281,6 +334,16 @@ class StreamedWeightReceiver(WeightReceiver):
 
     def _start(self, route: AckRoute, version: int, chunk: WeightChunk) -> _Stream:
         """A new stream on ``route`` (dropping an unfinished one): written, or skipped if stale."""
+        held = self._hold
+        self._handing_over = True  # in_place: a newer stream takes the held model over
+        try:
+            return self._start_stream(route, version, chunk)
+        finally:
+            self._handing_over = False
+            if held is not None and self._hold is held and held.assembly is None:
+                self._let_go(held)  # released, and no stream took the model over
+
+    def _start_stream(self, route: AckRoute, version: int, chunk: WeightChunk) -> _Stream:
         abandoned = self._streams.pop(route, None)
         if abandoned is not None:
             self._release(abandoned)  # its last chunk never came: no ack is owed
@@ -291,19 +354,49 @@ class StreamedWeightReceiver(WeightReceiver):
         for other in self._streams.values():
             if other is not stream and other.assembly is not None:
                 self._release(other)  # an older version on another route: superseded
+        targets = flat_tensors(self.model, live=True)
         try:
-            check_layout(chunk.layout, flat_tensors(self.model, live=True),
-                         f"streamed weights of {self.model_id!r}")
+            check_layout(chunk.layout, targets, f"streamed weights of {self.model_id!r}")
         except Exception as exc:
             stream.error = exc
             return stream
+        if self.in_place:
+            return self._start_in_place(stream, chunk, targets)
         stream.assembly = ChunkAssembly(version, chunk.count, chunk.layout,
                                         self._claim(chunk.layout, version))
         return stream
 
+    def _start_in_place(self, stream: _Stream, chunk: WeightChunk,
+                        targets: Mapping[str, torch.Tensor]) -> _Stream:
+        bad = [key for key, t in targets.items()
+               if not (t.is_contiguous() and t.device.type == "cpu")]
+        if bad:
+            stream.error = WeightSyncError(
+                f"in_place=True writes each chunk into the tensors of {self.model_id!r}, which "
+                f"must be contiguous CPU tensors; {bad[:5]} are not: use "
+                "ZmqWeightSyncScheme() (a receive buffer, swapped in at a step boundary)")
+            return stream
+        with self._lock:
+            if self._pending is not None and self._pending.version < stream.version:
+                # Never applied now (it would overwrite what this stream writes): its
+                # messages are acked with this version once it is in, or its failure.
+                dropped, self._pending = self._pending, None
+                self._discard(dropped.payload)
+        if self._hold is not None and self._hold is not stream:
+            self._release(self._hold)  # an older one (its last chunk may have come): superseded
+        stream.in_place = True
+        stream.assembly = ChunkAssembly(stream.version, chunk.count, chunk.layout,
+                                        {key: t.detach() for key, t in targets.items()})
+        self._hold = stream
+        return stream
+
     def _take(self, stream: _Stream, chunk: WeightChunk, body: Any) -> None:
+        if stream.in_place and stream.assembly is not None and not self._parked:
+            stream.backlog.append((chunk, body))  # the model may be stepping: not yet
+            return
         if stream.assembly is not None:
-            stream.assembly.write(chunk, body)
+            stream.assembly.write(chunk, body)  # (checks the whole chunk before a byte)
+            stream.written |= stream.in_place
             stream.next_index = stream.assembly.next_index
             return
         if chunk.index != stream.next_index or chunk.count != stream.count:
@@ -314,6 +407,9 @@ class StreamedWeightReceiver(WeightReceiver):
 
     def _fail(self, stream: _Stream, error: BaseException) -> None:
         owned = stream.assembly is not None
+        if stream.last is not None:  # in_place: its last chunk came, its backlog failed
+            last, stream.last = stream.last, None
+            self._ack_all([last], None, error)
         self._release(stream)
         if stream.error is None:
             stream.error = error  # the first error says what went wrong
@@ -335,6 +431,11 @@ class StreamedWeightReceiver(WeightReceiver):
             return
         assert stream is not None
         assembly = stream.assembly
+        if stream.in_place and assembly is not None:
+            stream.last = (message, route)
+            if not stream.backlog:
+                self._complete_in_place(stream)
+            return  # else once the model is held and the backlog written (park)
         if assembly is not None and assembly.complete:
             stream.assembly = None
             self._offer(version, _Staged(assembly.layout, assembly.buffers), message, route)
@@ -354,6 +455,8 @@ class StreamedWeightReceiver(WeightReceiver):
     def _newest_known(self) -> int:
         """The newest version applied, pending, or being assembled."""
         newest = max(self._version, self.pending_version or 0)
+        if self._hold is not None and self._hold.assembly is not None:
+            newest = max(newest, self._hold.version)  # (its last chunk may have come)
         for stream in self._streams.values():
             if stream.assembly is not None:
                 newest = max(newest, stream.version)
@@ -372,11 +475,58 @@ class StreamedWeightReceiver(WeightReceiver):
         return empty_buffers(layout)  # first stream, or the layout changed
 
     def _release(self, stream: _Stream) -> None:
-        """``stream`` stops writing; its buffer becomes the spare."""
+        """``stream`` stops writing; its buffer becomes the spare (``in_place``: the model is
+        let go, torn if the stream had written into it)."""
         assembly, stream.assembly = stream.assembly, None
-        if assembly is not None:
+        if assembly is None:
+            return
+        if not stream.in_place:
             with self._lock:
                 self._keep_spare(_Staged(assembly.layout, assembly.buffers))
+            return
+        stream.backlog.clear()
+        if stream.last is not None:  # superseded after its last chunk came: acked with
+            with self._lock:         # the version applied next (or its failure)
+                self._waiting.append(stream.last)
+            stream.last = None
+        if stream.written:
+            self.torn = (f"the stream of version {stream.version} of {self.model_id!r} "
+                         f"ended after {stream.next_index} of its {stream.count} chunks were "
+                         "written into the model (in_place=True): it is half-written until "
+                         "a complete version comes")
+        if not self._handing_over:
+            self._let_go(stream)
+
+    def _drain(self, stream: _Stream) -> None:
+        """Write ``stream``'s backlog into the held model; complete it if its last chunk came."""
+        while stream.backlog and stream.error is None and stream.assembly is not None:
+            chunk, body = stream.backlog.pop(0)
+            try:
+                self._take(stream, chunk, body)
+            except Exception as exc:
+                self._fail(stream, exc)
+        if stream.last is not None and stream.assembly is not None:
+            self._complete_in_place(stream)
+
+    def _complete_in_place(self, stream: _Stream) -> None:
+        assert stream.last is not None and stream.assembly is not None
+        if not stream.assembly.complete:  # (ChunkAssembly checks the last chunk covers all)
+            self._fail(stream, ProtocolError(
+                f"version {stream.version} of {self.model_id!r} ended incomplete"))
+            return
+        stream.assembly = None
+        self.torn = None  # every byte of the model is of this version now
+        last, stream.last = stream.last, None
+        self._offer(stream.version, _InPlace(stream.version), *last)
+        self._let_go(stream)
+
+    def _let_go(self, stream: _Stream) -> None:
+        """The model is no longer held by ``stream``: a waiting rollout goes on (or fails)."""
+        if self._hold is stream:
+            self._hold = None
+            self._parked = False
+        if self.on_ready is not None:
+            self.on_ready()
 
     def _keep_spare(self, staged: _Staged) -> None:
         if self._spare is None:
@@ -389,6 +539,8 @@ class StreamedWeightReceiver(WeightReceiver):
     # -- any thread, at a step boundary ---------------------------------------------------
     def _apply(self, update: _Update) -> int:
         staged = update.payload
+        if isinstance(staged, _InPlace):
+            return update.version  # written into the model while the rollout waited
         if not isinstance(staged, _Staged):
             return super()._apply(update)
         targets = flat_tensors(self.model, live=True)
@@ -409,6 +561,7 @@ class StreamedWeightReceiver(WeightReceiver):
     def close(self) -> None:
         super().close()
         self._streams.clear()
+        self._hold, self._parked = None, False
         with self._lock:
             self._spare = None
 

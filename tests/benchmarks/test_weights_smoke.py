@@ -25,6 +25,8 @@ def test_weights_bench_bandwidth_only_streams_in_chunks(capsys: pytest.CaptureFi
     for row in ("bare pyzmq ROUTER/DEALER, one message",
                 "bare pyzmq ROUTER/DEALER, 0.953674 MiB messages",
                 "asyncrl ZmqWeightSyncScheme(chunk_bytes=0.953674 MiB)",
-                "asyncrl ZmqWeightSyncScheme(chunk_bytes=0) (one message, as before)"):
+                "asyncrl ZmqWeightSyncScheme(chunk_bytes=0.953674 MiB, in_place=True)",
+                "asyncrl ZmqWeightSyncScheme(chunk_bytes=0) (one message, as before)",
+                "| worker RSS after (MB) |"):
         assert row in out, out
     assert "asyncrl ZmqWeightSyncScheme (ipc)" not in out  # no latency rows

@@ -350,14 +350,17 @@ async def test_a_worker_without_the_synced_policy_stops_the_run_with_a_clear_err
     assert code == 1, host.stdout.read() if host.stdout else ""
 
 
-async def test_chunks_of_a_streamed_version_go_through_the_relay_in_order() -> None:
-    """The relay forwards each chunk as it comes; the member assembles and acks the last one."""
+@pytest.mark.parametrize("in_place", [False, True], ids=["receive-buffer", "in-place"])
+async def test_chunks_of_a_streamed_version_go_through_the_relay_in_order(
+        in_place: bool) -> None:
+    """The relay forwards each chunk as it comes; the member assembles and acks the last one
+    (into a receive buffer, or into its model, held, with ``in_place=True``)."""
     from asyncrl._protocol import RelayWelcome
     from asyncrl.weights import WeightReceiverGroup
 
     trainer = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 2))
     worker = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 2))
-    scheme = ZmqWeightSyncScheme(chunk_bytes=40)  # 232 bytes: 6 chunks
+    scheme = ZmqWeightSyncScheme(chunk_bytes=40, in_place=in_place)  # 232 bytes: 6 chunks
     group = WeightReceiverGroup([scheme.init_on_worker("policy", model=worker)])
     order: list[tuple[int, int, bool]] = []
     with anyio.fail_after(LIMIT):
@@ -380,6 +383,7 @@ async def test_chunks_of_a_streamed_version_go_through_the_relay_in_order() -> N
                     chunk = message.meta["chunk"]
                     order.append((message.meta["version"], chunk["index"], message.needs_ack))
                     group.on_message(message)
+                    group.park()  # an idle worker: written as the chunks come (in_place)
                     group.apply_pending()
                     await group.flush_acks(member)
 
