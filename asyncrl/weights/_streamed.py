@@ -298,9 +298,11 @@ class StreamedWeightReceiver(WeightReceiver):
     def follow(self, instance: str) -> bool:
         changed = super().follow(instance)
         if changed:
-            for stream in self._streams.values():
+            held = self._hold  # (in_place, its last chunk in: no longer among the streams)
+            for stream in [*self._streams.values(), *([held] if held is not None else [])]:
+                stream.last = None  # its version meant something to the old instance only
                 self._release(stream)
-            self._streams.clear()  # their versions meant something to the old instance only
+            self._streams.clear()
         return changed
 
     def _on_chunk(self, message: Message, route: AckRoute, version: int,

@@ -142,6 +142,19 @@ def test_a_stream_cut_halfway_while_held_is_taken_over_without_letting_the_rollo
     assert receiver.apply_pending() and values(model) == {3.0}
 
 
+def test_a_restarted_coordinator_drops_the_held_stream_of_the_old_one() -> None:
+    model = net(0.0)
+    receiver = in_place_receiver(model)
+    receiver.follow("first")
+    for message in stream(net(2.0), 2):
+        receiver.on_message(message)  # all in the backlog: the model was never held
+    assert receiver.needs_park
+    assert receiver.follow("second")  # versions count afresh: version 2 means nothing now
+    assert not receiver.needs_park and not receiver.has_pending and receiver.torn is None
+    receiver.park()
+    assert values(model) == {0.0} and receiver.version == 0 and receiver.take_acks() == []
+
+
 def test_in_place_is_configuration_and_refuses_what_does_not_apply() -> None:
     scheme = ZmqWeightSyncScheme(chunk_bytes=1 << 20, in_place=True)
     again = WeightSyncScheme.from_config(scheme.to_config())
