@@ -254,9 +254,15 @@ async def test_a_worker_lost_mid_stream_fails_the_send_and_keeps_its_version() -
     assert not receiver.apply_pending() and receiver.version == 1 and values(worker) == {1.0}
 
 
-@pytest.mark.parametrize("sync", [True, False], ids=["sync", "async"])
-async def test_frames_keep_exact_versions_across_chunked_updates(sync: bool) -> None:
-    """Worker processes stepping while 1-byte chunks of each version arrive (async mode)."""
+@pytest.mark.parametrize(("anyio_backend", "sync", "in_place"), [
+    ("asyncio", True, False), ("trio", True, False), ("asyncio", False, False),
+    ("trio", False, False), ("asyncio", True, True), ("trio", False, True)],
+    ids=["sync-asyncio", "sync-trio", "async-asyncio", "async-trio", "sync-asyncio-in-place",
+         "async-trio-in-place"])
+async def test_frames_keep_exact_versions_across_chunked_updates(sync: bool,
+                                                                 in_place: bool) -> None:
+    """Worker processes stepping while 1-byte chunks of each version arrive (async mode),
+    into a receive buffer or (``in_place``) into the model while the rollout waits."""
     from asyncrl import MultiCollector
     from asyncrl.testing import CountingEnv, ValuePolicy, collect_with_updates, version_problems
 
@@ -265,11 +271,22 @@ async def test_frames_keep_exact_versions_across_chunked_updates(sync: bool) -> 
         async with MultiCollector([CountingEnv] * 2, policy, sync=sync, frames_per_batch=16,
                                   total_frames=16 * 14,
                                   weight_sync_schemes={"policy": ZmqWeightSyncScheme(
-                                      chunk_bytes=1)},
+                                      chunk_bytes=1, in_place=in_place)},
                                   ) as collector:
             sender = collector.weight_sender()
             batches, known = await collect_with_updates(collector, policy, sync=sync)
+            await collector.update_policy_weights()  # the last one: applied by every worker
+            state = await collector.state_dict()  # (in place: waits for a whole model)
     assert version_problems(batches, known) == []
     seen = {int(v) for b in batches for v in b["collector", "policy_version"].reshape(-1)}
     assert len(seen) >= 3
     assert sender.chunks_sent >= 4 * 2 * 3  # 4 one-byte chunks per version per worker
+    last = float(next(iter(policy.parameters())).detach())
+    assert sorted(state) == ["worker0", "worker1"]
+    assert {float(v) for t in leaves(state) for v in t.reshape(-1)} == {last}, state
+
+
+def leaves(tree: Any) -> list[torch.Tensor]:
+    if isinstance(tree, torch.Tensor):
+        return [tree]
+    return [leaf for value in tree.values() for leaf in leaves(value)]

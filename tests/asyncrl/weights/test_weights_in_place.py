@@ -223,36 +223,3 @@ async def test_the_rollout_waits_at_a_boundary_and_never_steps_with_a_half_writt
             applier.close()
     assert steps and all(seen == {float(v)} for v, seen in steps), steps[:20]
     assert {v for v, _ in steps} >= {3, 4}
-
-
-@pytest.mark.parametrize(("anyio_backend", "sync"), [("asyncio", True), ("trio", False)],
-                         ids=["sync-asyncio", "async-trio"])
-async def test_worker_processes_keep_exact_versions_with_in_place_updates(sync: bool) -> None:
-    """Worker processes stepping while 1-byte chunks of each version are written in place."""
-    from asyncrl import MultiCollector
-    from asyncrl.testing import CountingEnv, ValuePolicy, collect_with_updates, version_problems
-
-    policy = ValuePolicy(0.0)
-    with anyio.fail_after(120):  # two worker processes on a loaded machine: not a speed bound
-        async with MultiCollector([CountingEnv] * 2, policy, sync=sync, frames_per_batch=16,
-                                  total_frames=16 * 14,
-                                  weight_sync_schemes={"policy": ZmqWeightSyncScheme(
-                                      chunk_bytes=1, in_place=True)},
-                                  ) as collector:
-            sender = collector.weight_sender()
-            batches, known = await collect_with_updates(collector, policy, sync=sync)
-            await collector.update_policy_weights()  # the last one: applied by every worker
-            state = await collector.state_dict()  # a control op waits for a whole model
-    assert version_problems(batches, known) == []
-    seen = {int(v) for b in batches for v in b["collector", "policy_version"].reshape(-1)}
-    assert len(seen) >= 3
-    assert sender.chunks_sent >= 4 * 2 * 3  # 4 one-byte chunks per version per worker
-    last = float(next(iter(policy.parameters())).detach())
-    assert sorted(state) == ["worker0", "worker1"]
-    assert {float(v) for t in leaves(state) for v in t.reshape(-1)} == {last}, state
-
-
-def leaves(tree: Any) -> list[torch.Tensor]:
-    if isinstance(tree, torch.Tensor):
-        return [tree]
-    return [leaf for value in tree.values() for leaf in leaves(value)]
