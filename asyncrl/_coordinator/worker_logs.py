@@ -1,6 +1,7 @@
 """Workers' log records, re-emitted into the trainer's ``asyncrl.worker`` logger.
 
-Each record an admitted worker sent (a ``log`` message, see
+Each record an admitted worker (or remote env host of an
+``AsyncBatchedCollector``) sent (a ``log`` message, see
 :mod:`asyncrl._worker.log_forward`) becomes a :class:`logging.LogRecord` of
 the logger ``asyncrl.worker`` in the trainer, at the worker's level, with its
 message and traceback, and these attributes for a structured (JSON) formatter
@@ -25,14 +26,28 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import Any, Protocol
 
 from transports import RateLimitedLog
 
 from .._protocol import WorkerLog
-from .state import WorkerInfo
 
 LOGGER = "asyncrl.worker"
+
+
+class LogSource(Protocol):
+    """Who sent the records: a coordinator's worker (``WorkerInfo``) or a remote env host."""
+
+    @property
+    def peer(self) -> bytes: ...
+    @property
+    def index(self) -> int: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def host(self) -> str: ...
+    @property
+    def pid(self) -> int: ...
 
 
 class _Bucket:
@@ -56,7 +71,7 @@ class WorkerLogs:
         #: Records dropped here (over the rate) and by the workers themselves, in all.
         self.dropped = 0
 
-    def emit(self, worker: WorkerInfo, message: WorkerLog) -> None:
+    def emit(self, worker: LogSource, message: WorkerLog) -> None:
         """Re-emit ``message``'s records as ``worker``'s (an admitted, live worker)."""
         bucket = self._buckets.get(worker.peer)
         if bucket is None:
@@ -85,7 +100,7 @@ class WorkerLogs:
         """``peer`` is gone: its bucket goes too (the dict stays as large as the live set)."""
         self._buckets.pop(peer, None)
 
-    def _record(self, worker: WorkerInfo, level: int, logger: str, text: str,
+    def _record(self, worker: LogSource, level: int, logger: str, text: str,
                 traceback: str) -> logging.LogRecord:
         record = self.logger.makeRecord(self.logger.name, level, "(worker)", 0, text, (), None)
         record.exc_text = traceback or None  # Formatter.format appends it as a traceback
@@ -98,4 +113,4 @@ class WorkerLogs:
         return record
 
 
-__all__ = ["LOGGER", "WorkerLogs"]
+__all__ = ["LOGGER", "LogSource", "WorkerLogs"]

@@ -39,6 +39,10 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--app-dir", default=".", metavar="DIR",
                    help="put DIR on sys.path to resolve --env (default: the current directory)")
     p.add_argument("--backend", choices=("asyncio", "trio"), default="asyncio")
+    p.add_argument("--no-forward-logs", action="store_true",
+                   help="do not send this process's log records to the collector (by default "
+                        "they reach the trainer's 'asyncrl.worker' logger with the slot, host "
+                        "and pid as fields; see docs/operations.md)")
     add_probe_options(p)
 
 
@@ -48,6 +52,12 @@ def run_env_worker_command(args: argparse.Namespace) -> int:
     from .remote_env_stepper import JoinTimeout, run_remote_env_worker
 
     logging.basicConfig(level=logging.WARNING, format="asyncrl env-worker: %(message)s")
+    forwarder = stderr = None
+    if not args.no_forward_logs:
+        from .._worker.log_forward import forward_logs
+
+        # Records go to the collector once welcomed; those never sent, to stderr at exit.
+        forwarder, stderr = forward_logs(logging.getLogger().handlers[0])
     if args.envs < 1 or not args.peer_timeout > 0 or not args.join_timeout > 0:
         print(f"asyncrl env-worker: --envs must be >= 1 and the timeouts > 0, got {args.envs}, "
               f"{args.peer_timeout} and {args.join_timeout}", file=sys.stderr)
@@ -75,7 +85,8 @@ def run_env_worker_command(args: argparse.Namespace) -> int:
                 await tg.start(server.serve)
             code = await run_remote_env_worker(
                 args.connect, args.env, envs=args.envs, peer_timeout=args.peer_timeout,
-                join_timeout=args.join_timeout, curve_keys=args.keys, on_admission=admission)
+                join_timeout=args.join_timeout, curve_keys=args.keys, on_admission=admission,
+                log_forwarder=forwarder)
             tg.cancel_scope.cancel()
         return code
 
@@ -84,6 +95,9 @@ def run_env_worker_command(args: argparse.Namespace) -> int:
             code = anyio.run(main, backend=args.backend)
         except BaseExceptionGroup as group:  # the task group's: the error that ended it
             raise _cause(group) from None
+        finally:
+            if forwarder is not None and stderr is not None:
+                forwarder.write_undelivered(stderr)
     except JoinTimeout as exc:
         print(f"asyncrl env-worker: {exc}", file=sys.stderr)
         return EXIT_JOIN_TIMEOUT

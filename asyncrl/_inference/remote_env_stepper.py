@@ -34,6 +34,7 @@ from transports import (
 from .._errors import RefusedError
 from .._rollout.env_pools import EnvPool
 from .._rollout.policies import torch_dtype
+from .._worker.log_forward import LogForwarder
 from .env_stepper import ERROR, REFUSED, EnvStepper, EnvWorkerConfig, build_pool
 
 log = logging.getLogger("asyncrl.env_worker")
@@ -166,13 +167,15 @@ async def run_remote_env_worker(connect: str, env: Any, *, envs: int = 1,
                                 peer_timeout: float = 10.0,
                                 join_timeout: float = 60.0,
                                 curve_keys: str | None = None,
-                                on_admission: Callable[[bool], None] | None = None) -> int:
+                                on_admission: Callable[[bool], None] | None = None,
+                                log_forwarder: LogForwarder | None = None) -> int:
     """Join the collector at ``connect``, step ``envs`` envs until it says close.
 
     0 when the collector closed (or went away), 1 on an error (reported to the
     collector when it can still hear us); a refusal raises :class:`RefusedError`.
     ``on_admission`` is told True once welcomed and False when that ends (the
-    readiness probe of ``asyncrl env-worker --probe-port``).
+    readiness probe of ``asyncrl env-worker --probe-port``). ``log_forwarder``'s
+    records go to the collector's ``asyncrl.worker`` logger once welcomed.
     """
     interval = min(1.0, peer_timeout / 4)
     curve = CurveClient.load(curve_keys)  # None: ASYNCRL_CURVE_* variables, if set
@@ -205,7 +208,7 @@ async def run_remote_env_worker(connect: str, env: Any, *, envs: int = 1,
             if on_admission is not None:
                 on_admission(True)
             try:
-                await stepper.run(link)
+                await _step_forwarding_logs(stepper, link, log_forwarder)
                 return 0
             except PeerLostError:
                 return 0
@@ -222,6 +225,31 @@ async def run_remote_env_worker(connect: str, env: Any, *, envs: int = 1,
             stepper.close()
         else:
             pool.close()
+
+
+async def _step_forwarding_logs(stepper: RemoteStepper, link: Link,
+                                forwarder: LogForwarder | None) -> None:
+    """``stepper.run(link)``, with this process's log records sent over ``link`` meanwhile."""
+    if forwarder is None:
+        await stepper.run(link)
+        return
+    failure: Exception | None = None
+
+    async def forward() -> None:
+        try:
+            await forwarder.forward(link, lambda: True)
+        except Exception:  # the link went down: the stepper says why; stderr gets the rest
+            pass
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(forward)
+        try:
+            await stepper.run(link)
+        except Exception as exc:  # raised as itself below, not in a task group's group
+            failure = exc
+        tg.cancel_scope.cancel()
+    if failure is not None:
+        raise failure
 
 
 __all__ = ["HELLO", "JOIN_PROTOCOL", "REFUSED", "WELCOME", "InlineBlock", "JoinTimeout",

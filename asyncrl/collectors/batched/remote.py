@@ -23,13 +23,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from tensordict import TensorDictBase
 
-from transports import Hub, Message, PeerEvent, RateLimitedLog
+from transports import Hub, Message, PeerEvent, ProtocolError, RateLimitedLog
 
+from ..._coordinator.worker_logs import WorkerLogs
 from ..._inference.env_stepper import CHUNK, ERROR, OBS, REFUSED
 from ..._inference.loop import OutputLayout, WorkerBlocks
 from ..._inference.remote_env_stepper import (
@@ -40,6 +42,7 @@ from ..._inference.remote_env_stepper import (
     describe,
     dtype_name,
 )
+from ..._protocol import WorkerLog
 from .chunks import SlotCounts
 from .members import RemoteMembers
 from .slots import RemoteSlots
@@ -48,6 +51,17 @@ log = logging.getLogger("asyncrl.collectors")
 
 Path = tuple[str, ...]
 _FLAGS = ("done", "terminated", "truncated")
+
+
+@dataclass(frozen=True)
+class _EnvHost:
+    """A remote env host, as its forwarded log records name it (see ``WorkerLogs``)."""
+
+    peer: bytes
+    index: int  # its slot
+    name: str
+    host: str
+    pid: int
 
 
 class RemoteEnvWorkers:
@@ -77,6 +91,8 @@ class RemoteEnvWorkers:
         self.refusals: list[str] = []
         # A stranger may try again and again: one warning line per reason and 5 s.
         self._limited = RateLimitedLog(log)
+        #: Admitted hosts' log records, re-emitted into the trainer's ``asyncrl.worker``.
+        self.logs = WorkerLogs()
 
     def expected_hello(self, envs: int) -> dict[str, Any]:
         dtype, shape = self.outputs.action
@@ -118,6 +134,8 @@ class RemoteEnvWorkers:
         elif item.kind == ERROR:
             body = str(item.body)[:2000]
             self._drop(hub, item.peer, f"reported an error: {body}")
+        elif item.kind == WorkerLog.KIND:
+            await self._on_log(hub, item, slot)
         else:
             await self.refuse(hub, item.peer, f"unexpected message kind {item.kind!r}")
 
@@ -207,6 +225,19 @@ class RemoteEnvWorkers:
         except Exception as exc:  # gone meanwhile: its loss (or a refusal) says the rest
             log.debug("could not answer remote env worker slot %d: %r", slot, exc)
 
+    async def _on_log(self, hub: Hub, message: Message, slot: int) -> None:
+        """Its records, into the trainer's ``asyncrl.worker`` logger (bounded, rate-limited)."""
+        member = self.members.live.get(slot)
+        if member is None:
+            return
+        try:
+            records = WorkerLog.from_body(message.body)
+        except ProtocolError as exc:
+            await self.refuse(hub, message.peer, f"log: {exc}")
+            return
+        self.logs.emit(_EnvHost(member.peer, slot, f"env-{slot}", member.host, member.pid),
+                       records)
+
     async def _check_chunk(self, hub: Hub, message: Message, slot: int) -> None:
         chunk = message.body
         rows = self.blocks[slot].rows
@@ -278,6 +309,7 @@ class RemoteEnvWorkers:
             self.refusals.append(f"{where} {reason}")
             del self.refusals[:-100]  # bounded: a stranger may try again and again
         hub.expel(peer)
+        self.logs.forget(peer)
         if slot is not None:
             sent = self._register(slot, None)
             self.members.end(slot, left=left, reason=reason, sent=sent)

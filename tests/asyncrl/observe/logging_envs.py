@@ -19,3 +19,11 @@ def make_logging_env() -> Any:
     except ValueError:
         log.exception("env saw a traceback")
     return gym.make("CartPole-v1")
+
+
+def make_logging_counting_env() -> Any:
+    """``asyncrl.testing.CountingEnv``, after a WARNING from its process (a remote env host's)."""
+    from asyncrl.testing import CountingEnv
+
+    log.warning("counting env built in pid %d", os.getpid())
+    return CountingEnv()

@@ -40,6 +40,7 @@ from transports import Hub, Link, ProtocolError
 
 LIMIT = 90
 ENV = "tests.asyncrl.observe.logging_envs:make_logging_env"
+ROOT = str(Path(__file__).resolve().parents[3])  # the repository: --app-dir of a host
 
 
 # -- the wire ---------------------------------------------------------------------------
@@ -226,3 +227,59 @@ async def test_a_remote_hosts_records_reach_the_trainer_and_its_log_file(
     assert built.asyncrl_worker == 0  # type: ignore[attr-defined]
     # The host's own copy: its stderr and the --log-file.
     assert f"env built in pid {pid}" in log_file.read_text()
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["trio"])
+async def test_a_remote_env_hosts_records_reach_the_trainer(
+        anyio_backend: str, caplog: pytest.LogCaptureFixture) -> None:
+    """``asyncrl env-worker`` (central inference) forwards its records as worker hosts do."""
+    from asyncrl import AsyncBatchedCollector
+    from asyncrl.testing import CountingEnv, ValuePolicy
+
+    caplog.set_level(logging.INFO, logger="asyncrl")
+    with anyio.fail_after(LIMIT):
+        async with AsyncBatchedCollector(
+                CountingEnv, num_envs=1, policy=ValuePolicy(1.0), frames_per_batch=8,
+                listen="tcp://127.0.0.1:0", remote_workers=1, total_frames=-1) as collector:
+            host = subprocess.Popen(
+                [sys.executable, "-m", "asyncrl.cli", "env-worker", "--connect",
+                 collector.endpoint, "--env",
+                 "tests.asyncrl.observe.logging_envs:make_logging_counting_env",
+                 "--app-dir", ROOT, "--backend", anyio_backend],
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            try:
+                built = await wait_for_record(collector, caplog, "counting env built in pid")
+            except BaseException:
+                host.kill()
+                raise
+        code = await wait_exit(host)
+    output = host.stdout.read() if host.stdout else ""
+    assert code == 0, output
+    pid = built.asyncrl_pid  # type: ignore[attr-defined]
+    assert built.getMessage() == f"counting env built in pid {pid}" and pid == host.pid
+    assert (built.levelno, built.asyncrl_worker, built.asyncrl_host,  # type: ignore[attr-defined]
+            built.asyncrl_name, built.asyncrl_logger) == (  # type: ignore[attr-defined]
+        logging.WARNING, 1, socket.gethostname(), "env-1", "user.env")
+    assert "counting env built" not in output  # sent, so not written to stderr as well
+
+
+@pytest.mark.anyio
+async def test_a_malformed_log_from_a_remote_env_host_is_refused(anyio_backend: str) -> None:
+    from asyncrl import AsyncBatchedCollector
+    from asyncrl.testing import CountingEnv, ValuePolicy
+    from tests.asyncrl.collectors.batched.test_batched_remote_env_hosts import hello
+
+    with anyio.fail_after(LIMIT):
+        async with AsyncBatchedCollector(
+                CountingEnv, num_envs=1, policy=ValuePolicy(1.0), frames_per_batch=8,
+                listen="tcp://127.0.0.1:0", remote_workers=1) as collector:
+            async with Link(collector.endpoint, identity=b"h", heartbeat_interval=0.5) as link:
+                await link.send(hello([2]), kind="env-hello")
+                assert (await link.recv()).kind == "env-welcome"
+                await link.send({"records": "no"}, kind=WorkerLog.KIND)
+                answer = await link.recv()
+                assert answer.kind == "refused"
+            assert collector.remote_refusals == [
+                "remote env worker b'h' (slot 1) refused: log: log message field 'records' "
+                "must be list, got str"]
