@@ -69,10 +69,16 @@ async def _worker_main(endpoint: str, config: dict[str, Any], widths: tuple[int,
         applier.add(WeightSyncScheme.from_config(config).init_on_worker("policy", model=model))
         rollout = _Rollout()
         applier.attach(rollout)
+        stepped_out = anyio.Event()
+
+        async def run_steps() -> None:
+            await anyio.to_thread.run_sync(step)
+            stepped_out.set()
+
         async with anyio.create_task_group() as tg:
             tg.start_soon(applier.send_acks)
             stepping.set()
-            tg.start_soon(anyio.to_thread.run_sync, step)
+            tg.start_soon(run_steps)
             await link.send({}, kind="hello")
             while True:
                 message = await link.recv()
@@ -82,7 +88,8 @@ async def _worker_main(endpoint: str, config: dict[str, Any], widths: tuple[int,
                 if not applier.instance:  # (a worker learns it from its welcome)
                     applier.follow(str(message.meta.get("instance", "")))
                 applier.deliver(message)
-            await anyio.sleep(0.1)
+            with anyio.fail_after(10):
+                await stepped_out.wait()  # its last boundary is in the list
             await link.send({"boundaries": [list(b) for b in boundaries]}, kind="report")
             applier.close()
             tg.cancel_scope.cancel()
@@ -96,30 +103,44 @@ async def bench(scheme: ZmqWeightSyncScheme, widths: tuple[int, ...],
                            daemon=True)
         proc.start()
         try:
-            while not ((item := await hub.recv()) and isinstance(item, Message)
-                       and item.kind == "hello"):
-                pass
-            model = mlp(widths)
-            sender = scheme.init_on_sender("policy", hub=hub, model=model, workers={0: b"w0"})
-            await anyio.sleep(QUIET)
-            windows, trips = [], []
-            for version in range(1, updates + 1):
-                fill_(model, float(version))
-                start = time.perf_counter()
-                await sender.send(timeout=120)
-                end = time.perf_counter()
-                windows.append((start, end))
-                trips.append(end - start)
-                await anyio.sleep(GAP)
-            await hub.send(b"w0", {}, kind="stop")
-            while not ((item := await hub.recv()) and isinstance(item, Message)
-                       and item.kind == "report"):
-                pass
-            boundaries = item.body["boundaries"]
+            with anyio.fail_after(60 + 30 * updates):  # a worker that died never answers
+                boundaries, windows, trips = await _run(hub, scheme, widths, updates)
         finally:
             await anyio.to_thread.run_sync(proc.join, 30)
             if proc.is_alive():
                 proc.kill()
+    return _summary(boundaries, windows, trips)
+
+
+async def _run(hub: Hub, scheme: ZmqWeightSyncScheme, widths: tuple[int, ...],
+               updates: int) -> tuple[list[Any], list[tuple[float, float]], list[float]]:
+    """The trainer's side: wait for the worker, send ``updates`` versions, get its report."""
+    await _receive(hub, "hello")
+    model = mlp(widths)
+    sender = scheme.init_on_sender("policy", hub=hub, model=model, workers={0: b"w0"})
+    await anyio.sleep(QUIET)  # the worker steps with no update: the baseline rate
+    windows, trips = [], []
+    for version in range(1, updates + 1):
+        fill_(model, float(version))
+        start = time.perf_counter()
+        await sender.send(timeout=120)
+        end = time.perf_counter()
+        windows.append((start, end))
+        trips.append(end - start)
+        await anyio.sleep(GAP)  # steps between two updates (not measured)
+    await hub.send(b"w0", {}, kind="stop")
+    report = await _receive(hub, "report")
+    return report.body["boundaries"], windows, trips
+
+
+async def _receive(hub: Hub, kind: str) -> Message:
+    while not (isinstance(item := await hub.recv(), Message) and item.kind == kind):
+        pass
+    return item
+
+
+def _summary(boundaries: list[Any], windows: list[tuple[float, float]],
+             trips: list[float]) -> dict[str, Any]:
     first = windows[0][0]
     quiet = [b for b in boundaries if first - QUIET + 0.2 < b[0] < first]
     pauses, rates = [], []
