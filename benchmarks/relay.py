@@ -35,13 +35,11 @@ import json
 import multiprocessing as mp
 import os
 import platform
-import random
 import shlex
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,6 +58,7 @@ from asyncrl.weights import (
     ZmqWeightSyncScheme,
 )
 from benchmarks import ROOT
+from benchmarks.netns import Netns, netns
 from benchmarks.weights import fill_, mlp, n_params, p50_ms, progress
 from transports import Hub, Link, Message
 
@@ -274,51 +273,6 @@ class Proc:
             if self._proc.is_alive():
                 self._proc.kill()
                 self._proc.join()
-
-
-@dataclass
-class Netns:
-    """A namespace joined by a veth pair shaped to 1 Gbit/s each way; ``outer`` is the trainer's."""
-
-    name: str
-    outer: str
-    inner: str
-    outer_ip: str
-    inner_ip: str
-
-    def tx_bytes(self) -> int:
-        with open(f"/sys/class/net/{self.outer}/statistics/tx_bytes") as f:
-            return int(f.read())
-
-
-def _ip(*args: str) -> None:
-    subprocess.run(args, check=True, capture_output=True, text=True)
-
-
-@contextlib.contextmanager
-def netns() -> Iterator[Netns]:
-    tag = f"{os.getpid() % 100000}{random.randrange(100):02d}"
-    used = subprocess.run(["ip", "-4", "-o", "addr"], capture_output=True, text=True).stdout
-    third = next(n for n in random.sample(range(1, 255), 254) if f"10.231.{n}." not in used)
-    ns = Netns(f"arlbench{tag}", f"arlb{tag}o", f"arlb{tag}i", f"10.231.{third}.1",
-               f"10.231.{third}.2")
-    try:
-        _ip("ip", "netns", "add", ns.name)
-        _ip("ip", "link", "add", ns.outer, "type", "veth", "peer", "name", ns.inner)
-        _ip("ip", "link", "set", ns.inner, "netns", ns.name)
-        _ip("ip", "addr", "add", f"{ns.outer_ip}/30", "dev", ns.outer)
-        _ip("ip", "link", "set", ns.outer, "up")
-        inside = ("ip", "netns", "exec", ns.name)
-        _ip(*inside, "ip", "addr", "add", f"{ns.inner_ip}/30", "dev", ns.inner)
-        _ip(*inside, "ip", "link", "set", ns.inner, "up")
-        _ip(*inside, "ip", "link", "set", "lo", "up")
-        shape = ("root", "tbf", "rate", "1gbit", "burst", "1mb", "latency", "50ms")
-        _ip("tc", "qdisc", "add", "dev", ns.outer, *shape)  # trainer -> host (weights)
-        _ip(*inside, "tc", "qdisc", "add", "dev", ns.inner, *shape)  # host -> trainer (batches)
-        yield ns
-    finally:
-        subprocess.run(["ip", "link", "del", ns.outer], capture_output=True)
-        subprocess.run(["ip", "netns", "del", ns.name], capture_output=True)
 
 
 # ------------------------------------------------------------------ trainer: weights

@@ -35,7 +35,9 @@ superseded before it was transmitted is dropped, not queued.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
+import functools
 import itertools
 import multiprocessing as mp
 import os
@@ -60,6 +62,7 @@ from asyncrl.weights import (
     WeightSyncScheme,
     ZmqWeightSyncScheme,
 )
+from benchmarks import netns
 from transports import Hub, Link, Message, copy_into
 
 #: name -> (layer widths, repetitions in the full run)
@@ -108,7 +111,10 @@ def fill_(module: nn.Module, value: float) -> None:
 
 
 def _asyncrl_worker(endpoint: str, index: int, configs: dict[str, dict[str, Any]],
-                    sizes: dict[str, tuple[tuple[int, ...], int]], device: str = "cpu") -> None:
+                    sizes: dict[str, tuple[tuple[int, ...], int]], device: str = "cpu",
+                    namespace: str | None = None) -> None:
+    if namespace is not None:
+        netns.enter(namespace)  # the worker's "host" (--link)
     torch.set_num_threads(1)
     anyio.run(_asyncrl_worker_main, endpoint, index, configs, sizes, device)
 
@@ -186,10 +192,12 @@ async def _drain(hub: Hub, joined: anyio.Event, count: int,
 
 async def bench_asyncrl(scheme: WeightSyncScheme, sizes: dict[str, tuple[tuple[int, ...], int]],
                         endpoint: str, workers: int = WORKERS, *, learner: str = "cpu",
-                        worker_device: str = "cpu") -> dict[str, list[float]]:
+                        worker_device: str = "cpu",
+                        namespace: str | None = None) -> dict[str, list[float]]:
     """Seconds per blocking update for each size, ``workers`` worker processes.
 
-    ``learner`` / ``worker_device``: where the trainer's and the workers' models live.
+    ``learner`` / ``worker_device``: where the trainer's and the workers' models live;
+    ``namespace``: the network namespace the workers run in (see :mod:`benchmarks.netns`).
     """
     ctx = mp.get_context("spawn")
     results: dict[str, list[float]] = {}
@@ -199,7 +207,7 @@ async def bench_asyncrl(scheme: WeightSyncScheme, sizes: dict[str, tuple[tuple[i
         tg.start_soon(_drain, hub, joined, workers, rss)
         configs = _configs(scheme, sizes)
         procs = [ctx.Process(target=_asyncrl_worker, daemon=True,
-                             args=(hub.endpoint, i, configs, sizes, worker_device))
+                             args=(hub.endpoint, i, configs, sizes, worker_device, namespace))
                  for i in range(workers)]
         for proc in procs:
             proc.start()
@@ -407,7 +415,9 @@ def bench_torchrl(kind: str, sizes: dict[str, tuple[tuple[int, ...], int]], *,
 # ------------------------------------------------------------------ bandwidth
 
 
-def _bare_peer(endpoint: str) -> None:
+def _bare_peer(endpoint: str, namespace: str | None = None) -> None:
+    if namespace is not None:
+        netns.enter(namespace)
     sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.DEALER)
     sock.setsockopt(zmq.IDENTITY, b"bare")
     sock.connect(endpoint)
@@ -422,13 +432,18 @@ def _bare_peer(endpoint: str) -> None:
     sock.close(linger=0)
 
 
-def bench_bare_zmq(nbytes: int, reps: int, chunk_bytes: int = 0) -> list[float]:
-    """Round trips of ``nbytes``: one message, or messages of ``chunk_bytes`` (the wire limit)."""
+def bench_bare_zmq(nbytes: int, reps: int, chunk_bytes: int = 0,
+                   link: netns.Netns | None = None) -> list[float]:
+    """Round trips of ``nbytes``: one message, or messages of ``chunk_bytes`` (the wire limit).
+
+    ``link``: the peer runs in that namespace, across its veth pair (else over loopback).
+    """
     ctx = mp.get_context("spawn")
     sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.ROUTER)
-    sock.bind("tcp://127.0.0.1:0")
+    sock.bind(f"tcp://{link.outer_ip if link else '127.0.0.1'}:0")
     endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
-    proc = ctx.Process(target=_bare_peer, args=(endpoint,), daemon=True)
+    proc = ctx.Process(target=_bare_peer, args=(endpoint, link.name if link else None),
+                       daemon=True)
     proc.start()
     payload = torch.ones(nbytes // 4).numpy().view("uint8")  # the same bytes as the weights
     step = chunk_bytes or len(payload)
@@ -530,6 +545,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="only the tcp bandwidth rows (of the last size given)")
     parser.add_argument("--chunk-bytes", type=int, default=ZmqWeightSyncScheme().chunk_bytes,
                         help="chunk size of the chunked bandwidth rows (default: the scheme's)")
+    parser.add_argument("--link", metavar="RATE",
+                        help="bandwidth rows across a veth pair into a network namespace (a "
+                        "second host; root only) shaped to RATE each way, e.g. 1gbit, 10gbit; "
+                        "'veth': unshaped (default: tcp loopback)")
     parser.add_argument("--rapid", action="store_true",
                         help="only the memory of 50 rapid sends to 2 slow workers")
     args = parser.parse_args(argv)
@@ -558,7 +577,9 @@ def main(argv: list[str] | None = None) -> int:
     rows: dict[str, dict[str, list[float]] | None] = {}
     memcpy: dict[str, list[float]] = {}
     bandwidth: dict[str, list[float]] = {}
-    with tempfile.TemporaryDirectory(prefix="asyncrl-bench-") as tmp:
+    link_rate = None if args.link in (None, "veth") else args.link
+    with tempfile.TemporaryDirectory(prefix="asyncrl-bench-") as tmp, \
+            (netns.netns(link_rate) if args.link else contextlib.nullcontext()) as link:
         for round_ in range(rounds):
             order = [] if args.bandwidth_only else latency_rows(torchrl)
             if round_ % 2:
@@ -578,23 +599,29 @@ def main(argv: list[str] | None = None) -> int:
                 progress(f"round {round_ + 1}/{rounds}: bandwidth over tcp")
                 bandwidth = _pool(bandwidth, bench_bandwidth(
                     biggest, sizes[biggest], nbytes, args.chunk_bytes,
-                    reverse=bool(round_ % 2))) or {}
+                    reverse=bool(round_ % 2), link=link)) or {}
 
     print(report(rows, memcpy, sizes, biggest, nbytes, bandwidth, command,
-                 time.monotonic() - started, rounds))
+                 time.monotonic() - started, rounds, link=args.link))
     return 0
 
 
 def bench_bandwidth(name: str, size: tuple[tuple[int, ...], int], nbytes: int, chunk_bytes: int,
-                    *, reverse: bool) -> dict[str, list[float]]:
-    """Round trips of ``nbytes`` over tcp for each of :func:`bandwidth_rows` (in reverse order)."""
+                    *, reverse: bool, link: netns.Netns | None = None) -> dict[str, list[float]]:
+    """Round trips of ``nbytes`` over tcp for each of :func:`bandwidth_rows` (in reverse order).
+
+    ``link``: across a veth pair into that namespace (see ``--link``); None: loopback.
+    """
     rows = list(bandwidth_rows(chunk_bytes).items())
     results: dict[str, list[float]] = {}
+    host = link.outer_ip if link else "127.0.0.1"
     for label, how in reversed(rows) if reverse else rows:
         if isinstance(how, int):
-            results[label] = bench_bare_zmq(nbytes, size[1], how)
+            results[label] = bench_bare_zmq(nbytes, size[1], how, link)
         else:
-            measured = anyio.run(bench_asyncrl, how, {name: size}, "tcp://127.0.0.1:0", 1)
+            measured = anyio.run(functools.partial(
+                bench_asyncrl, how, {name: size}, f"tcp://{host}:0", 1,
+                namespace=link.name if link else None))
             results[label] = measured[name]
             results[WORKER_RSS + label] = measured[WORKER_RSS]
     return results
@@ -621,7 +648,7 @@ def _pool(into: dict[str, list[float]] | None,
 def report(rows: dict[str, dict[str, list[float]] | None], memcpy: dict[str, list[float]],
            sizes: dict[str, tuple[tuple[int, ...], int]], biggest: str, nbytes: int,
            bandwidth: dict[str, list[float]], command: str, elapsed: float,
-           rounds: int = 1) -> str:
+           rounds: int = 1, link: str | None = None) -> str:
     params = {name: n_params(mlp(widths)) for name, (widths, _) in sizes.items()}
     columns = " | ".join(f"{name} ({params[name]:,} params)" for name in sizes)
     rule = "|" + "---|" * (len(sizes) + 1)
@@ -665,7 +692,8 @@ def report(rows: dict[str, dict[str, list[float]] | None], memcpy: dict[str, lis
         one, chunked = list(timed.values())[:2]
         lines += [
             "",
-            f"Bandwidth over tcp loopback, {biggest} model = {mb:.0f} MB, 1 worker process "
+            f"Bandwidth over tcp {_link_words(link)}, {biggest} model = {mb:.0f} MB, "
+            "1 worker process "
             "(median of the round trip; ratios against each bare pyzmq row; the worker "
             "process's RSS after the updates, freed memory given back: the model and what it "
             "keeps for the next update):",
@@ -681,6 +709,14 @@ def report(rows: dict[str, dict[str, list[float]] | None], memcpy: dict[str, lis
                          f"| {statistics.median(chunked) / statistics.median(times):.2f} "
                          f"| {peak} |")
     return "\n".join([*lines, "", _machine(elapsed), f"command: {command}"])
+
+
+def _link_words(link: str | None) -> str:
+    if link is None:
+        return "loopback"
+    if link == "veth":
+        return "across an unshaped veth pair into a network namespace"
+    return f"across a veth pair into a network namespace, shaped to {link} each way (tbf)"
 
 
 def _machine(elapsed: float) -> str:

@@ -1,0 +1,95 @@
+"""A second "host" for benchmarks: a network namespace joined to this one by a veth pair.
+
+``netns(rate)`` creates the namespace and the pair (root only), optionally
+shaped with ``tbf`` to ``rate`` each way (an emulated NIC), and removes both
+on exit. A process gets into it either with ``ip netns exec NAME ...`` or, for
+a spawned ``multiprocessing`` child, by calling :func:`enter` before it opens
+a socket.
+
+    with netns("10gbit") as ns:       # trainer binds ns.outer_ip, workers enter ns.name
+        ...
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import random
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+__all__ = ["Netns", "enter", "netns"]
+
+_CLONE_NEWNET = 0x40000000
+
+
+@dataclass
+class Netns:
+    """A namespace joined by a veth pair; ``outer`` is the trainer's end, ``inner`` the host's."""
+
+    name: str
+    outer: str
+    inner: str
+    outer_ip: str
+    inner_ip: str
+    rate: str | None = None  # tbf rate each way, e.g. "1gbit"; None: unshaped
+
+    def tx_bytes(self) -> int:
+        with open(f"/sys/class/net/{self.outer}/statistics/tx_bytes") as f:
+            return int(f.read())
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(args, check=True, capture_output=True, text=True)
+
+
+def _burst(rate: str) -> str:
+    """A tbf bucket big enough for ``rate`` at a 4 ms timer tick (1 MiB at least)."""
+    units = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
+    for unit, scale in units.items():
+        if rate.endswith(unit):
+            bytes_per_s = float(rate[:-len(unit)]) * scale / 8
+            return f"{max(1 << 20, int(bytes_per_s * 0.004))}b"
+    raise ValueError(f"rate must end in one of {sorted(units)}, got {rate!r}")
+
+
+@contextlib.contextmanager
+def netns(rate: str | None = "1gbit") -> Iterator[Netns]:
+    """A fresh namespace and veth pair shaped to ``rate`` each way (None: unshaped); root only."""
+    tag = f"{os.getpid() % 100000}{random.randrange(100):02d}"
+    used = subprocess.run(["ip", "-4", "-o", "addr"], capture_output=True, text=True).stdout
+    third = next(n for n in random.sample(range(1, 255), 254) if f"10.231.{n}." not in used)
+    ns = Netns(f"arlbench{tag}", f"arlb{tag}o", f"arlb{tag}i", f"10.231.{third}.1",
+               f"10.231.{third}.2", rate)
+    try:
+        _ip("ip", "netns", "add", ns.name)
+        _ip("ip", "link", "add", ns.outer, "type", "veth", "peer", "name", ns.inner)
+        _ip("ip", "link", "set", ns.inner, "netns", ns.name)
+        _ip("ip", "addr", "add", f"{ns.outer_ip}/30", "dev", ns.outer)
+        _ip("ip", "link", "set", ns.outer, "up")
+        inside = ("ip", "netns", "exec", ns.name)
+        _ip(*inside, "ip", "addr", "add", f"{ns.inner_ip}/30", "dev", ns.inner)
+        _ip(*inside, "ip", "link", "set", ns.inner, "up")
+        _ip(*inside, "ip", "link", "set", "lo", "up")
+        if rate is not None:
+            shape = ("root", "tbf", "rate", rate, "burst", _burst(rate), "latency", "50ms")
+            _ip("tc", "qdisc", "add", "dev", ns.outer, *shape)  # trainer -> host (weights)
+            _ip(*inside, "tc", "qdisc", "add", "dev", ns.inner, *shape)  # host -> trainer
+        yield ns
+    finally:
+        subprocess.run(["ip", "link", "del", ns.outer], capture_output=True)
+        subprocess.run(["ip", "netns", "del", ns.name], capture_output=True)
+
+
+def enter(name: str) -> None:
+    """Move the calling process (single-threaded: a fresh spawned child) into namespace ``name``."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = os.open(f"/var/run/netns/{name}", os.O_RDONLY)
+    try:
+        if libc.setns(fd, _CLONE_NEWNET) != 0:
+            errno = ctypes.get_errno()
+            raise OSError(errno, f"setns into network namespace {name!r}: {os.strerror(errno)}")
+    finally:
+        os.close(fd)
