@@ -21,6 +21,13 @@ eventfd) makes one later wait return at once, which rechecks the number and
 blocks again. So no ring can be lost and no ordering between the number and the
 bell is needed.
 
+Two scheduling rules keep a machine with fewer cores than waiters from
+serializing on the bells (measured in docs/benchmarks.md, "Central inference on
+a full machine"): waiters spin only while every one of them can own a core
+(:func:`spin_for`), and an env worker's stepping thread asks the kernel not to
+preempt whoever rings it (:func:`no_wakeup_preemption`), so the loop rings
+every worker it answered before the first of them runs.
+
 An :class:`EventFd` pickles only on its way to a child process started by
 multiprocessing (the fd travels with the process: SCM_RIGHTS to the fork
 server, or the spawned child's inherited fds), never over a network.
@@ -35,12 +42,53 @@ from collections.abc import Callable
 from multiprocessing import reduction
 from typing import Any
 
-__all__ = ["DEFAULT_SPIN", "EventFd", "spin_then_block"]
+__all__ = ["DEFAULT_SPIN", "EventFd", "no_wakeup_preemption", "spin_for", "spin_then_block"]
 
 #: Seconds a waiter spins on a sequence number before it sleeps on its eventfd.
 #: Long enough to catch an answer computed while it spins on another core, short
 #: enough not to steal a busy machine's CPU from the process it waits for.
 DEFAULT_SPIN = 20e-6
+
+
+def usable_cores() -> int:
+    """CPUs this process may run on (its affinity mask, not the machine's count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        return os.cpu_count() or 1
+
+
+def spin_for(waiters: int, cores: int | None = None) -> float:
+    """How long ``waiters`` threads that wait on each other should spin: DEFAULT_SPIN or 0.
+
+    A spinner only catches an answer computed meanwhile on *another* core; when
+    the waiters (local env workers and the loop) outnumber the cores, it steals
+    the CPU the answer needs instead (4 env workers on 2 cores: 5-10 % fewer
+    frames/s with the spin). So spin only while every waiter can own a core.
+
+    >>> spin_for(3, cores=16) == DEFAULT_SPIN, spin_for(5, cores=2)
+    (True, 0.0)
+    """
+    return DEFAULT_SPIN if waiters <= (usable_cores() if cores is None else cores) else 0.0
+
+
+def no_wakeup_preemption() -> bool:
+    """Make the calling thread SCHED_BATCH: woken, it waits for the waker's slice (Linux).
+
+    For an env worker's stepping thread: woken by the loop's answer bell on a busy
+    core it would otherwise preempt the loop at once, mid-way through ringing the
+    other workers it answered, and each ring would then cost the loop a whole
+    step of that worker. Its share of the CPU is unchanged (same nice level).
+    Returns False where the platform has no SCHED_BATCH (nothing changed).
+    """
+    policy = getattr(os, "SCHED_BATCH", None)
+    if policy is None:
+        return False
+    try:
+        os.sched_setscheduler(0, policy, os.sched_param(0))
+    except OSError:  # a seccomp profile or container that forbids it: keep the default
+        return False
+    return True
 
 
 class EventFd:

@@ -41,7 +41,7 @@ from .._rollout.traj_ids import TrajectoryIds
 from .._spawn.child import exit_process, wait_parent_gone
 from .._spawn.threads import use_torch_threads
 from .block_io import SlotArrays, array_of
-from .doorbell import DEFAULT_SPIN, EventFd, spin_then_block
+from .doorbell import DEFAULT_SPIN, EventFd, no_wakeup_preemption, spin_then_block
 
 log = logging.getLogger("asyncrl.env_worker")
 
@@ -254,6 +254,7 @@ class EnvStepper:
         self._answer_word = act_word
         self._expected = int(act_word[0])
         use_torch_threads(1)  # as the process's main thread (OpenMP counts are per thread)
+        no_wakeup_preemption()  # the loop rings all the workers it answered, then they run
         step = 0
         try:
             while not self._stopping:

@@ -52,6 +52,12 @@ from .device_batch import DeviceBatch
 from .doorbell import DEFAULT_SPIN, EventFd, spin_then_block
 
 Path = tuple[str, ...]
+#: A call longer than this (seconds) is followed by ``sched_yield()``: the env workers it
+#: answered run (their stepping threads do not preempt this one, see
+#: :func:`.doorbell.no_wakeup_preemption`) and ask again before the loop scans, so the
+#: next call gathers them all instead of serving a lone request at once (a 50 ms policy,
+#: 4 env workers on 2 cores: 2.0 observations per call without it, 2.6 with it).
+YIELD_AFTER = 1e-3
 _RESERVED_ROOT = frozenset({"action", "done", "terminated", "truncated", "next", "collector"})
 
 
@@ -324,11 +330,15 @@ class InferenceLoop:
                     self._put_back(slots)
                     continue
                 version = self.version
+                started = time.perf_counter()
                 rows = self._serve(slots, version)
+                took = time.perf_counter() - started
             self._calls += 1
             self._observations += rows
             self._sizes[rows] += 1
             self._answer(slots, version)
+            if took > YIELD_AFTER:
+                os.sched_yield()
 
     def _answer(self, slots: list[int], version: int) -> None:
         bells, remote = self.answer_bells, False

@@ -40,7 +40,7 @@ from transports import (
 )
 
 from ..._errors import BadBatchError, CollectorError, WorkerLostError, rebuild_remote_exception
-from ..._inference.doorbell import EventFd
+from ..._inference.doorbell import EventFd, spin_for
 from ..._inference.env_stepper import (
     CHUNK,
     CLOSE,
@@ -207,6 +207,8 @@ class AsyncBatchedCollector(ServedPolicy, BaseCollector[RB]):
         self._user_postproc = postproc
         self.groups = split_envs(self.factories, self.batching.envs_per_worker)
         self.num_workers = len(self.groups)
+        # The local env workers and the loop wait on each other: spin only if each has a core.
+        self._spin = spin_for(self.num_workers + 1)
         # (remote env hosts only: at least one env per remote worker)
         self.chunk_steps = self.batching.chunk_steps or auto_chunk_steps(
             self.frames_per_batch, self.num_envs or self.remote_workers)
@@ -320,7 +322,7 @@ class AsyncBatchedCollector(ServedPolicy, BaseCollector[RB]):
                              device=self.device, max_batch_size=b.max_batch_size,
                              min_batch_size=b.min_batch_size, server_timeout=b.server_timeout,
                              version=self._initial_version, request_bell=self._request_bell,
-                             answer_bells=self._answer_bells, obs_spec=obs_spec,
+                             answer_bells=self._answer_bells, obs_spec=obs_spec, spin=self._spin,
                              threads=None if self._threads_cap is None else self._threads_cap.now)
         return list(obs), outputs, loop
 
@@ -349,7 +351,7 @@ class AsyncBatchedCollector(ServedPolicy, BaseCollector[RB]):
             outputs=outputs, device=self.device, batching=self.batching,
             version=self._initial_version, threads=self._threads_cap.now,
             heartbeat=(interval, timeout), start_method=self.start_method, obs_spec=obs_spec,
-            first_remote_slot=self.num_workers if self.remote_workers else None)
+            spin=self._spin, first_remote_slot=self.num_workers if self.remote_workers else None)
 
     def _make_workers(self, endpoint: str, backend: str, obs_paths: list[tuple[str, ...]],
                       outputs: Any) -> WorkerProcesses:
@@ -365,7 +367,7 @@ class AsyncBatchedCollector(ServedPolicy, BaseCollector[RB]):
                 extra_paths=extra_paths, chunk_steps=self.chunk_steps,
                 heartbeat_interval=interval, peer_timeout=timeout,
                 request_bell=self._request_bell, answer_bell=self._answer_bells[slot],
-                chunk_credits=chunk_credits(blocks.rows))
+                spin=self._spin, chunk_credits=chunk_credits(blocks.rows))
             return (endpoint, identity, config, backend, parent)
 
         def chunk_credits(rows: int) -> int:

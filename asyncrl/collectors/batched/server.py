@@ -25,7 +25,7 @@ from torch import nn
 from transports import ErrorPayload, Hub, Message, PeerEvent, ProtocolError, random_identity
 
 from ..._errors import BadBatchError, CollectorError, WorkerLostError, rebuild_remote_exception
-from ..._inference.doorbell import EventFd
+from ..._inference.doorbell import DEFAULT_SPIN, EventFd
 from ..._inference.env_stepper import CLOSE, ERROR
 from ..._inference.loop import InferenceStatistics, OutputLayout, WorkerBlocks
 from ..._inference.server import (
@@ -90,6 +90,7 @@ class InferenceProcess:
                       device: torch.device | None, batching: BatchingConfig, version: int,
                       threads: int, heartbeat: tuple[float, float],
                       start_method: str, obs_spec: Sequence[tuple[torch.dtype, tuple[int, ...]]],
+                      spin: float = DEFAULT_SPIN,
                       first_remote_slot: int | None = None) -> InferenceProcess:
         """The process serving ``policy`` (a CPU module, the trainer's copy) to the env
         workers whose ``blocks`` and doorbells (``bells``: request, answers) it is given,
@@ -108,7 +109,7 @@ class InferenceProcess:
             device=device, max_batch_size=batching.max_batch_size,
             min_batch_size=batching.min_batch_size, server_timeout=batching.server_timeout,
             version=version, threads=threads, heartbeat_interval=heartbeat[0],
-            peer_timeout=heartbeat[1], obs_spec=list(obs_spec),
+            peer_timeout=heartbeat[1], obs_spec=list(obs_spec), spin=spin,
             first_remote_slot=first_remote_slot)
         shadow = policy if isinstance(policy, nn.Module) else None
         return cls(config, start_method=start_method, shadow=shadow)

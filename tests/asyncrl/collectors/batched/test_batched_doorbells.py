@@ -21,7 +21,14 @@ from tensordict.nn import TensorDictModule
 from torch import nn
 
 from asyncrl import AsyncBatchedCollector, WorkerLostError
-from asyncrl._inference.doorbell import EventFd, spin_then_block
+from asyncrl._inference.doorbell import (
+    DEFAULT_SPIN,
+    EventFd,
+    no_wakeup_preemption,
+    spin_for,
+    spin_then_block,
+    usable_cores,
+)
 from asyncrl._spawn.forkserver import worker_context
 from asyncrl.testing import CountingEnv, ValuePolicy, fill_parameters, version_problems
 from tests.asyncrl.collectors.batched.test_batched_inference_process import FailsAtStep2
@@ -76,6 +83,64 @@ def test_a_wait_ends_when_ready_when_stopped_or_at_its_deadline() -> None:
                                deadline=time.monotonic() + 0.05)
     assert time.monotonic() - start < 5
     bell.close()
+
+
+def test_waiters_spin_only_while_each_can_own_a_core() -> None:
+    assert spin_for(2, cores=2) == DEFAULT_SPIN  # 1 env worker and the loop on 2 cores
+    assert spin_for(3, cores=2) == 0.0  # 2 env workers and the loop: a spinner steals a core
+    assert spin_for(15, cores=16) == DEFAULT_SPIN
+    assert spin_for(1) == DEFAULT_SPIN  # this process's affinity, at least one core
+    assert spin_for(usable_cores() + 1) == 0.0
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="SCHED_BATCH is Linux's")
+def test_no_wakeup_preemption_changes_the_calling_thread_only() -> None:
+    seen: list[tuple[bool, int]] = []
+
+    def stepping() -> None:
+        seen.append((no_wakeup_preemption(), os.sched_getscheduler(0)))
+
+    thread = threading.Thread(target=stepping)
+    thread.start()
+    thread.join(30)
+    assert seen == [(True, os.SCHED_BATCH)]
+    assert os.sched_getscheduler(0) == os.SCHED_OTHER  # this (the main) thread is untouched
+
+
+def _thread_policies(pid: int) -> list[int]:
+    """The scheduling policy of each thread of ``pid`` (field 41 of /proc/PID/task/TID/stat)."""
+    policies = []
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                stat = f.read()
+        except FileNotFoundError:  # a thread that ended meanwhile
+            continue
+        policies.append(int(stat.rsplit(")", 1)[1].split()[38]))
+    return policies
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task") or not hasattr(os, "SCHED_BATCH"),
+                    reason="reads Linux's /proc for the threads' scheduling policy")
+@pytest.mark.parametrize("server_backend", BACKENDS)
+async def test_env_workers_step_in_a_batch_thread_and_spin_by_the_core_rule(
+        server_backend) -> None:
+    with anyio.fail_after(LIMIT):
+        async with AsyncBatchedCollector(counting3, num_envs=2, policy=ValuePolicy(1.0),
+                                         frames_per_batch=4, total_frames=-1,
+                                         server_backend=server_backend) as collector:
+            await collector.__anext__()
+            for pid in collector.worker_pids:
+                policies = _thread_policies(pid)
+                while os.SCHED_BATCH not in policies:  # its stepping thread may start later
+                    await collector.__anext__()
+                    policies = _thread_policies(pid)
+                # the stepping thread only: the event loop (the trainer's link) keeps the default
+                assert policies.count(os.SCHED_BATCH) == 1, policies
+                assert os.SCHED_OTHER in policies, policies
+            assert collector._spin == spin_for(3)  # 2 env workers and the loop
+            if collector._loop is not None:
+                assert collector._loop.spin == collector._spin
 
 
 async def test_a_policy_error_in_the_inference_thread_stops_the_run_with_that_error() -> None:
