@@ -165,7 +165,10 @@ async def test_a_worker_refused_as_full_asks_again_and_takes_the_first_free_plac
     hosts: list[subprocess.Popen] = []
     try:
         with anyio.fail_after(3 * LIMIT):
-            c = remote_collector(False, 1)
+            # A departure, not a loss, is what frees the place: a peer_timeout longer than
+            # the chaos default keeps a host slowed by a loaded machine from being lost
+            # while it leaves (a full local suite run once saw it "went silent" mid-departure).
+            c = remote_collector(False, 1, peer_timeout=6.0)
             async with anyio.create_task_group() as tg, c:
                 events = record_events(c, tg)
                 hosts.append(cli_host(c.endpoint, sandbox=sandbox))

@@ -40,6 +40,13 @@ counting3 = functools.partial(CountingEnv, length=3)
 BACKENDS = ["thread", "process"]
 
 
+def endless_two_envs(server_backend: str) -> AsyncBatchedCollector:
+    """Two one-env workers, batches of 4 frames for ever, the action 1.0."""
+    return AsyncBatchedCollector(counting3, num_envs=2, policy=ValuePolicy(1.0),
+                                 frames_per_batch=4, total_frames=-1,
+                                 server_backend=server_backend)
+
+
 def _echo(request: EventFd, answer: EventFd) -> None:
     for _ in range(3):
         request.wait()
@@ -126,9 +133,7 @@ def _thread_policies(pid: int) -> list[int]:
 async def test_env_workers_step_in_a_batch_thread_and_spin_by_the_core_rule(
         server_backend) -> None:
     with anyio.fail_after(LIMIT):
-        async with AsyncBatchedCollector(counting3, num_envs=2, policy=ValuePolicy(1.0),
-                                         frames_per_batch=4, total_frames=-1,
-                                         server_backend=server_backend) as collector:
+        async with endless_two_envs(server_backend) as collector:
             await collector.__anext__()
             for pid in collector.worker_pids:
                 policies = _thread_policies(pid)
@@ -157,9 +162,7 @@ async def test_a_policy_error_in_the_inference_thread_stops_the_run_with_that_er
 async def test_an_env_worker_killed_while_it_waits_for_its_answer_is_reported(
         server_backend) -> None:
     with anyio.fail_after(LIMIT):
-        async with AsyncBatchedCollector(counting3, num_envs=2, policy=ValuePolicy(1.0),
-                                         frames_per_batch=4, total_frames=-1,
-                                         server_backend=server_backend) as collector:
+        async with endless_two_envs(server_backend) as collector:
             await collector.__anext__()
             await collector.pause()  # every env worker now sleeps on its answer bell
             await anyio.sleep(0.2)
