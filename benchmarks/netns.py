@@ -20,7 +20,7 @@ import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-__all__ = ["Netns", "enter", "netns"]
+__all__ = ["Netns", "burst_for", "enter", "netns"]
 
 _CLONE_NEWNET = 0x40000000
 
@@ -45,7 +45,7 @@ def _ip(*args: str) -> None:
     subprocess.run(args, check=True, capture_output=True, text=True)
 
 
-def _burst(rate: str) -> str:
+def burst_for(rate: str) -> str:
     """A tbf bucket big enough for ``rate`` at a 4 ms timer tick (1 MiB at least)."""
     units = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
     for unit, scale in units.items():
@@ -74,7 +74,7 @@ def netns(rate: str | None = "1gbit") -> Iterator[Netns]:
         _ip(*inside, "ip", "link", "set", ns.inner, "up")
         _ip(*inside, "ip", "link", "set", "lo", "up")
         if rate is not None:
-            shape = ("root", "tbf", "rate", rate, "burst", _burst(rate), "latency", "50ms")
+            shape = ("root", "tbf", "rate", rate, "burst", burst_for(rate), "latency", "50ms")
             _ip("tc", "qdisc", "add", "dev", ns.outer, *shape)  # trainer -> host (weights)
             _ip(*inside, "tc", "qdisc", "add", "dev", ns.inner, *shape)  # host -> trainer
         yield ns

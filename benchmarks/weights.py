@@ -577,7 +577,16 @@ def main(argv: list[str] | None = None) -> int:
     rows: dict[str, dict[str, list[float]] | None] = {}
     memcpy: dict[str, list[float]] = {}
     bandwidth: dict[str, list[float]] = {}
+    if args.link and args.no_bandwidth:
+        parser.error("--link moves the bandwidth rows across a link: drop --no-bandwidth")
+    if args.link and os.geteuid() != 0:
+        parser.error("--link creates a network namespace and a veth pair: run it as root")
     link_rate = None if args.link in (None, "veth") else args.link
+    if link_rate is not None:
+        try:
+            netns.burst_for(link_rate)
+        except ValueError as exc:
+            parser.error(f"--link {link_rate}: {exc} (or 'veth': unshaped)")
     with tempfile.TemporaryDirectory(prefix="asyncrl-bench-") as tmp, \
             (netns.netns(link_rate) if args.link else contextlib.nullcontext()) as link:
         for round_ in range(rounds):
