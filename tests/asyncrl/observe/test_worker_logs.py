@@ -181,6 +181,18 @@ async def wait_for_record(collector: Any, caplog: pytest.LogCaptureFixture,
     raise AssertionError(f"no record {text!r}")
 
 
+async def host_record(collector: Any, caplog: pytest.LogCaptureFixture, text: str,
+                      *cli: str) -> tuple[subprocess.Popen[str], logging.LogRecord]:
+    """Start ``python -m asyncrl.cli *cli`` and wait for its record ``text`` (killed if none)."""
+    host = subprocess.Popen([sys.executable, "-m", "asyncrl.cli", *cli],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        return host, await wait_for_record(collector, caplog, text)
+    except BaseException:
+        host.kill()
+        raise
+
+
 @pytest.mark.anyio
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_a_local_workers_records_reach_the_trainer(
@@ -211,15 +223,9 @@ async def test_a_remote_hosts_records_reach_the_trainer_and_its_log_file(
         async with MultiSyncCollector("CartPole-v1", num_workers=0, remote_workers=1,
                                       listen="tcp://127.0.0.1:0", frames_per_batch=32,
                                       total_frames=-1) as collector:
-            host = subprocess.Popen(
-                [sys.executable, "-m", "asyncrl.cli", "worker", "--connect", collector.endpoint,
-                 "--env", ENV, "--log-file", str(log_file)],
-                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-            try:
-                built = await wait_for_record(collector, caplog, "env built in pid")
-            except BaseException:
-                host.kill()
-                raise
+            host, built = await host_record(
+                collector, caplog, "env built in pid", "worker", "--connect",
+                collector.endpoint, "--env", ENV, "--log-file", str(log_file))
         code = await wait_exit(host)
     assert code == 0, host.stdout.read() if host.stdout else ""
     pid = built.asyncrl_pid  # type: ignore[attr-defined]
@@ -242,17 +248,11 @@ async def test_a_remote_env_hosts_records_reach_the_trainer(
         async with AsyncBatchedCollector(
                 CountingEnv, num_envs=1, policy=ValuePolicy(1.0), frames_per_batch=8,
                 listen="tcp://127.0.0.1:0", remote_workers=1, total_frames=-1) as collector:
-            host = subprocess.Popen(
-                [sys.executable, "-m", "asyncrl.cli", "env-worker", "--connect",
-                 collector.endpoint, "--env",
-                 "tests.asyncrl.observe.logging_envs:make_logging_counting_env",
-                 "--app-dir", ROOT, "--backend", anyio_backend],
-                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-            try:
-                built = await wait_for_record(collector, caplog, "counting env built in pid")
-            except BaseException:
-                host.kill()
-                raise
+            host, built = await host_record(
+                collector, caplog, "counting env built in pid", "env-worker", "--connect",
+                collector.endpoint, "--env",
+                "tests.asyncrl.observe.logging_envs:make_logging_counting_env",
+                "--app-dir", ROOT, "--backend", anyio_backend)
         code = await wait_exit(host)
     output = host.stdout.read() if host.stdout else ""
     assert code == 0, output
