@@ -16,6 +16,7 @@ are timed; the table shows the median frames/s and the ratio to per-worker.
 
     python -m benchmarks.inference_gpu                    # mlp1024, 8 and 14 envs
     python -m benchmarks.inference_gpu --policies mlp256,mlp1024 --envs 14
+    python -m benchmarks.inference_gpu --envs 14 --envs-per-worker 2   # 28 envs, 14 processes
 """
 
 from __future__ import annotations
@@ -37,19 +38,19 @@ LIBRARIES = ("batched-cuda", "batched-process-cuda", "per-worker-cpu")
 
 
 async def _run(library: str, policy_name: str, envs: int, frames: int, windows: int,
-               batches: int) -> list[float]:
+               batches: int, per_worker: int = 1) -> list[float]:
     from asyncrl import AsyncBatchedCollector, MultiAsyncCollector
 
     policy = make_policy(policy_name, ENV)
     collector: Any
     if library.startswith("batched"):
         collector = AsyncBatchedCollector(
-            ENV, num_envs=envs, policy=policy, frames_per_batch=frames, device="cuda",
-            max_batch_size=max(64, envs),
+            ENV, num_envs=envs * per_worker, envs_per_worker=per_worker, policy=policy,
+            frames_per_batch=frames, device="cuda", max_batch_size=max(64, envs * per_worker),
             server_backend="process" if "process" in library else "thread")
     else:
-        collector = MultiAsyncCollector(ENV, num_workers=envs, policy=policy,
-                                        frames_per_batch=frames)
+        collector = MultiAsyncCollector(ENV, num_workers=envs, envs_per_worker=per_worker,
+                                        policy=policy, frames_per_batch=frames)
     rates = []
     async with collector:
         await collector.__anext__()
@@ -72,6 +73,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--windows", type=int, default=2)
     p.add_argument("--batches", type=int, default=3)
     p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--envs-per-worker", type=int, default=1,
+                   help="K envs in each of the N worker processes (N x K envs in all): "
+                        "central inference batches them all, per-worker inference K at a time")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("benchmarks.inference_gpu needs a CUDA device; this machine has none")
@@ -80,6 +84,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# python -m benchmarks.inference_gpu {' '.join(argv or sys.argv[1:])}".rstrip())
     print(f"# {torch.cuda.get_device_name(0)}, {os.cpu_count()} cores, torch {torch.__version__}",
           flush=True)
+    if args.envs_per_worker > 1:
+        print(f"# {args.envs_per_worker} envs in each worker process, every library",
+              flush=True)
     fps: dict[tuple[str, int, str], list[float]] = {}
     for _ in range(args.repeats):
         for policy in args.policies.split(","):
@@ -87,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
                 for library in libraries:
                     try:
                         rates = anyio.run(_run, library, policy, envs, args.frames_per_batch,
-                                          args.windows, args.batches)
+                                          args.windows, args.batches, args.envs_per_worker)
                         value = statistics.median(rates)
                         print(f"{policy} envs={envs} {library}: {value:,.0f} fps", flush=True)
                     except Exception as exc:  # one failing must not lose the others' numbers

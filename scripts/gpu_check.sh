@@ -41,6 +41,8 @@ if [ "$what" = tests ]; then
         tests/asyncrl/collectors/test_devices.py \
         tests/asyncrl/weights/test_weights_shared_memory.py \
         tests/asyncrl/weights/test_weights_newest_wins.py \
+        tests/asyncrl/weights/test_weights_in_place.py \
+        tests/asyncrl/weights/test_weights_distributed.py \
         tests/asyncrl/collectors/batched/test_batched_inference_process.py \
         tests/asyncrl/collectors/batched/test_batched_collector_limits.py \
         tests/asyncrl/rollout/test_rollout_options.py \

@@ -180,6 +180,21 @@ def test_a_model_that_cannot_be_written_in_place_is_refused_by_name() -> None:
     assert receiver.torn is None and not receiver.needs_park and receiver.version == 0
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_cuda_model_is_refused_by_name_and_left_as_it_was() -> None:
+    model = nn.Linear(8, 8).cuda()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    receiver = in_place_receiver(model)
+    for message in stream(nn.Linear(8, 8), 1):
+        receiver.on_message(message)
+        receiver.park()
+    (ack,) = receiver.take_acks()
+    assert isinstance(ack.error, WeightSyncError)
+    assert "must be contiguous CPU tensors; ['weight', 'bias'] are not" in str(ack.error)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert receiver.torn is None and receiver.version == 0
+
+
 class FakeRollout:
     """What WeightApplier drives: a hook at every step boundary and the stamped version."""
 
