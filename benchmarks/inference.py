@@ -22,6 +22,9 @@ small one, ``mlp256`` the big one), the same frames per batch:
   a policy copy in each worker.
 
 ``--envs-per-worker E`` puts E envs in each worker process in all three (N / E processes).
+The libraries ``batched-split`` and ``batched-process-split`` (named in ``--libraries``)
+are ``batched`` and ``batched-process`` with ``worker_num_splits=S`` (``--worker-num-splits``,
+default 2): each worker steps one split of its E envs while the policy serves another.
 
 ``--device cuda`` serves the central policy on that device (``torchrl``, ``batched``,
 ``batched-process``: ``device=``), while ``per-worker`` keeps a CPU copy in each worker:
@@ -59,6 +62,8 @@ from benchmarks.collect import make_policy
 
 ENV = "Pendulum-v1"
 LIBRARIES = ("torchrl", "batched", "batched-process", "per-worker")
+#: Not run by default: the central ones with each worker's envs in splits (--worker-num-splits).
+SPLIT_LIBRARIES = ("batched-split", "batched-process-split")
 
 
 #: A timed window lasts at least this long (prefetched batches must not make a window).
@@ -135,7 +140,7 @@ def run_torchrl(policy_name: str, envs: int, frames: int, windows: int, batches:
 
 async def _asyncrl(kind: str, policy_name: str, envs: int, frames: int, windows: int,
                    batches: int, update_weights: bool, envs_per_worker: int = 1,
-                   train_ms: float = 0.0, device: str = "cpu") -> list[float]:
+                   train_ms: float = 0.0, device: str = "cpu", splits: int = 2) -> list[float]:
     from asyncrl import AsyncBatchedCollector, MultiAsyncCollector
 
     policy = make_policy(policy_name, ENV)
@@ -144,7 +149,8 @@ async def _asyncrl(kind: str, policy_name: str, envs: int, frames: int, windows:
         collector = AsyncBatchedCollector(
             ENV, num_envs=envs, policy=policy, frames_per_batch=frames,
             max_batch_size=max(64, envs), envs_per_worker=envs_per_worker,
-            server_backend="process" if kind == "batched-process" else "thread",
+            worker_num_splits=splits if kind.endswith("-split") else 1,
+            server_backend="process" if kind.startswith("batched-process") else "thread",
             device=None if device == "cpu" else device)
     else:
         collector = MultiAsyncCollector(ENV, num_workers=envs // envs_per_worker, policy=policy,
@@ -174,7 +180,8 @@ def run_one(library: str, policy: str, envs: int, args: argparse.Namespace) -> d
         else:
             rates = anyio.run(_asyncrl, library, policy, envs, args.frames_per_batch,
                               args.windows, args.batches, args.update_weights,
-                              args.envs_per_worker, args.train_ms, args.device)
+                              args.envs_per_worker, args.train_ms, args.device,
+                              args.worker_num_splits)
         error = None
     except Exception as exc:  # one library failing must not lose the others' numbers
         rates, error = [], f"{type(exc).__name__}: {exc}"
@@ -192,7 +199,9 @@ def table(results: list[dict[str, Any]], policies: list[str], envs: list[int],
           libraries: list[str]) -> str:
     head = ["policy", "envs", *[f"{lib} fps" for lib in libraries]]
     ratios = [("batched", "torchrl"), ("batched-process", "torchrl"), ("batched", "per-worker"),
-              ("batched-process", "per-worker"), ("batched-process", "batched")]
+              ("batched-process", "per-worker"), ("batched-process", "batched"),
+              ("batched-split", "per-worker"), ("batched-process-split", "per-worker"),
+              ("batched-split", "batched"), ("batched-process-split", "batched-process")]
     ratios = [(a, b) for a, b in ratios if a in libraries and b in libraries]
     head += [f"{a} / {b}" for a, b in ratios]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -219,6 +228,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--envs-per-worker", type=int, default=1,
                    help="envs per env worker process (every library alike)")
+    p.add_argument("--worker-num-splits", type=int, default=2,
+                   help="splits of each worker's envs in the *-split libraries")
     p.add_argument("--update-weights", action="store_true")
     p.add_argument("--train-ms", type=float, default=0.0,
                    help="hold the trainer's thread this long after each batch (a training step)")
@@ -238,10 +249,10 @@ def main(argv: list[str] | None = None) -> int:
     policies = [p for p in args.policies.split(",") if p]
     envs = [int(n) for n in args.envs.split(",") if n]
     libraries = [lib for lib in args.libraries.split(",") if lib]
-    unknown = [lib for lib in libraries if lib not in LIBRARIES]
+    unknown = [lib for lib in libraries if lib not in LIBRARIES + SPLIT_LIBRARIES]
     if unknown or not all(p.startswith("mlp") and p[3:].isdigit() for p in policies):
         print(f"unknown libraries {unknown} or policies {policies}; libraries are "
-              f"{LIBRARIES}, policies mlpN", file=sys.stderr)
+              f"{LIBRARIES + SPLIT_LIBRARIES}, policies mlpN", file=sys.stderr)
         return 2
     try:
         device = torch.device(args.device)

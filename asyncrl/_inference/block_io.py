@@ -67,7 +67,9 @@ def copier(dst: Any) -> Callable[[Any, Any], Any]:
 
 
 class SlotArrays:
-    """Slot 0 of a one-slot block: its tensors as arrays (layout order) and its control words.
+    """One slot of a block (slot 0 by default): its tensors as arrays (layout order) and its
+    control words. An env worker whose envs step in splits asks and is answered through
+    one slot per split (:class:`~asyncrl._inference.loop.InferenceLoop`'s lanes).
 
     ``word`` is the slot's live ``[seq, version]`` (int64, in the shared memory).
     A write is :meth:`begin`, the copies into :attr:`arrays` (the caller's: it
@@ -75,12 +77,12 @@ class SlotArrays:
     open: :meth:`release` lets the mapping go.
     """
 
-    def __init__(self, block: Any) -> None:
+    def __init__(self, block: Any, slot: int = 0) -> None:
         self.keys = list(block.layout)
-        views = block.slot_views(0)
+        views = block.slot_views(slot)
         self.arrays = [array_of(views[k]) for k in self.keys]
         self.copies = [copier(a) for a in self.arrays]  # the copy into each array
-        self.word = block.control(0)
+        self.word = block.control(slot)
 
     def copies_from(self, sources: Sequence[Any]) -> list[Copy]:
         """A :data:`Copy` into each array from ``sources`` (layout order): made once."""

@@ -10,6 +10,11 @@ transition into preallocated chunk buffers ``[E, C]``. Every ``C`` steps the
 chunk goes to the trainer as one message (a clone: the buffers are reused at
 once). Observations and actions never cross a socket, and a step sends no message.
 
+With ``splits`` > 1 (Sample Factory's double buffering) the worker's envs step in
+equal splits, each asking on a block slot of its own: while the loop computes one
+split's actions the worker steps another, so the env worker and the policy
+overlap instead of taking turns. Every split steps once per column of the chunk.
+
 The stepping runs in a thread of its own (:meth:`EnvStepper.run_local`): it
 sleeps in a system call, GIL released, while it waits for an answer, so the
 process's event loop stays free for the trainer's link (heartbeats, credits,
@@ -82,6 +87,9 @@ class EnvWorkerConfig:
     # The high 32 bits of its traj_ids: the slot, unless the collector gave a remote
     # worker another (a slot's later occupants must not repeat an earlier one's ids).
     traj_tag: int | None = None
+    #: Equal splits of the envs, stepped in turn, each asking on its own block slot
+    #: (local workers only: a remote worker asks with one message for all its envs).
+    splits: int = 1
 
 
 class ChunkCredits:
@@ -119,6 +127,54 @@ def build_pool(factories: Sequence[Any], kwargs: Mapping[str, Any]) -> EnvPool:
     return GymEnvListPool(envs)
 
 
+class _Split:
+    """A split of a worker's envs: its pool, its rows of the chunk buffers, its answer.
+
+    :meth:`step` records one step into column ``i`` of its rows and steps its envs.
+    """
+
+    def __init__(self, pool: EnvPool, first: int) -> None:
+        self.pool = pool
+        self.first = first  # its first row among the worker's envs
+        self.rows = slice(first, first + pool.num_envs)
+        self.pre: list[tuple[np.ndarray, np.ndarray]] = []
+        self.post: list[tuple[np.ndarray, np.ndarray]] = []
+        self.outputs: list[tuple[Any, Any]] = []  # (chunk buffer, the answer's array)
+        self.act_np: Any = None
+        self.done = np.zeros(pool.num_envs, dtype=bool)
+        # Set by EnvStepper._allocate: its rows of these chunk buffers and of the traj ids.
+        self.version: np.ndarray = np.empty(0)
+        self.traj: np.ndarray = np.empty(0)
+        self.traj_now: np.ndarray = np.empty(0)
+        self.traj_ids: TrajectoryIds | None = None
+        # A local worker's block slots (EnvStepper._local_views) and its answer's count.
+        self.obs_slot: SlotArrays | None = None
+        self.act_slot: SlotArrays | None = None
+        self.answer_word: Any = None
+        self.expected = 0
+
+    def answered(self) -> bool:
+        return bool(self.answer_word[0] >= self.expected)
+
+    def step(self, i: Any, version: int) -> None:
+        """Record the answer (in ``outputs``) into column ``i``, step the envs."""
+        for dst, src in self.pre:
+            dst[i] = src
+        for out, answer in self.outputs:
+            out[i] = answer
+        self.version[i] = version
+        self.traj[i] = self.traj_now
+        pool = self.pool
+        pool.step_inplace(self.act_np)
+        for dst, src in self.post:
+            dst[i] = src
+        if pool.any_done:
+            np.logical_or(pool.terminated, pool.truncated, out=self.done)
+            pool.reset_where(self.done)
+            assert self.traj_ids is not None
+            self.traj_ids.renew(self.done, first=self.first)
+
+
 class EnvStepper:
     """One worker's envs, its two shared-memory blocks and its chunk buffers."""
 
@@ -127,10 +183,21 @@ class EnvStepper:
         # A remote env worker (asyncrl._inference.remote_env_stepper) passes its pool, built before
         # it joins, and inline blocks whose contents travel in the messages instead.
         self.config = config
-        if pool is None:
-            pool = build_pool(config.factories, config.create_env_kwargs)
-        self.pool = pool
+        if pool is not None and config.splits != 1:
+            raise ValueError("a remote env worker steps its envs in one split")
+        factories = list(config.factories)
+        if len(factories) % config.splits:
+            raise ValueError(f"{len(factories)} envs do not split in {config.splits} equal "
+                             "parts")
+        per_split = len(factories) // config.splits
+        pools: list[EnvPool] = [] if pool is None else [pool]
         try:
+            if pool is None:
+                for k in range(config.splits):
+                    pools.append(build_pool(factories[k * per_split:(k + 1) * per_split],
+                                            config.create_env_kwargs))
+            self.pool = pools[0]  # a remote worker's (it has one split)
+            self.pools = pools
             if blocks is None:
                 self.obs_block = SharedTensorBlock.attach(config.obs_block)
                 self.act_block = SharedTensorBlock.attach(config.act_block)
@@ -139,12 +206,18 @@ class EnvStepper:
             self._check_layout()
             self._allocate()
         except BaseException:
-            pool.close()
+            for p in pools:
+                p.close()
             raise
-        pool.reset()
+        for p in pools:
+            p.reset()
 
     def _check_layout(self) -> None:
         pool, layout = self.pool, self.obs_block.layout
+        slots = int(getattr(self.obs_block, "slots", 1))
+        if slots != len(self.pools):
+            raise ValueError(f"this worker steps its envs in {len(self.pools)} splits, the "
+                             f"server's blocks have {slots}: give both the same splits")
         got = {f"o{i}": (torch_dtype(a.dtype.name), tuple(a.shape))
                for i, a in enumerate(pool.obs_arrays)}
         if got != layout or len(self.config.obs_paths) != len(pool.obs_arrays):
@@ -157,7 +230,7 @@ class EnvStepper:
 
     def _allocate(self) -> None:
         pool, c = self.pool, self.config
-        n, t = pool.num_envs, c.chunk_steps
+        n, t = sum(p.num_envs for p in self.pools), c.chunk_steps
         self.obs_src = {f"o{i}": torch.from_numpy(a) for i, a in enumerate(pool.obs_arrays)}
         self.act_dst = {k: torch.empty(shape, dtype=dtype)
                         for k, (dtype, shape) in self.act_block.layout.items()}
@@ -167,51 +240,57 @@ class EnvStepper:
             return torch.zeros((n, t, *shape), dtype=dtype)
 
         data: dict[Path, torch.Tensor] = {}
-        self._pre: list[tuple[np.ndarray, np.ndarray]] = []
-        self._post: list[tuple[np.ndarray, np.ndarray]] = []
         for path, src in zip(c.obs_paths, pool.obs_arrays, strict=True):
             dtype = torch_dtype(src.dtype.name)
-            data[tuple(path)] = b = buf(src.shape[1:], dtype)
-            data[("next", *path)] = nb = buf(src.shape[1:], dtype)
-            self._pre.append((b.numpy(), src))
-            self._post.append((nb.numpy(), src))
-        self._outputs: list[tuple[Any, Any]] = []
+            data[tuple(path)] = buf(src.shape[1:], dtype)
+            data[("next", *path)] = buf(src.shape[1:], dtype)
         self._output_keys: list[str] = []
+        outputs: list[tuple[Path, str]] = []
         for key, path in [("action", ("action",))] + [
                 (f"x{j}", tuple(p)) for j, p in enumerate(c.extra_paths)]:
             dtype, shape = self.act_block.layout[key]
-            data[path] = out = buf(shape[1:], dtype)
-            # numpy assignment is cheaper; torch for dtypes numpy lacks (bfloat16)
-            self._outputs.append((array_of(out), array_of(self.act_dst[key])))
+            data[path] = buf(shape[1:], dtype)
+            outputs.append((path, key))
             self._output_keys.append(key)
         for name in ("done", "terminated", "truncated"):
             data[(name,)] = buf((1,), torch.bool)  # always False: ended episodes are reset
-        data[("next", "reward")] = r = buf((1,), torch.float32)
-        flags = {k: buf((1,), torch.bool) for k in ("done", "terminated", "truncated")}
-        for k, v in flags.items():
-            data[("next", k)] = v
-        self._post += [(r.numpy()[..., 0], pool.reward),
-                       (flags["terminated"].numpy()[..., 0], pool.terminated),
-                       (flags["truncated"].numpy()[..., 0], pool.truncated)]
-        self._next_done = flags["done"].numpy()[..., 0]
+        data[("next", "reward")] = buf((1,), torch.float32)
+        for k in ("done", "terminated", "truncated"):
+            data[("next", k)] = buf((1,), torch.bool)
+        self._next_done = data[("next", "done")].numpy()[..., 0]
         for name in ("traj_ids", "policy_version", "worker_id"):
             data[("collector", name)] = buf((), torch.int64)
         data[("collector", "worker_id")].fill_(c.slot)
-        self._traj = data[("collector", "traj_ids")].numpy()
-        self._version = data[("collector", "policy_version")].numpy()
+        self._traj_ids = TrajectoryIds(n, tag=c.slot if c.traj_tag is None else c.traj_tag)
+        # Each split records into its own rows of the buffers (numpy views: no copy).
+        self._splits: list[_Split] = []
+        first = 0
+        for p in self.pools:
+            split = _Split(p, first)
+            rows = split.rows
+            for path, src in zip(c.obs_paths, p.obs_arrays, strict=True):
+                split.pre.append((data[tuple(path)].numpy()[rows], src))
+                split.post.append((data[("next", *path)].numpy()[rows], src))
+            split.post += [(data[("next", "reward")].numpy()[rows, ..., 0], p.reward),
+                           (data[("next", "terminated")].numpy()[rows, ..., 0], p.terminated),
+                           (data[("next", "truncated")].numpy()[rows, ..., 0], p.truncated)]
+            # numpy assignment is cheaper; torch for dtypes numpy lacks (bfloat16)
+            split.outputs = [(array_of(data[path][rows]), array_of(self.act_dst[key]))
+                             for path, key in outputs]
+            split.act_np = self.act_np
+            split.version = data[("collector", "policy_version")].numpy()[rows]
+            split.traj = data[("collector", "traj_ids")].numpy()[rows]
+            split.traj_now = self._traj_ids.current[rows]
+            split.traj_ids = self._traj_ids
+            self._splits.append(split)
+            first += p.num_envs
         self._chunk = TensorDict({}, batch_size=[n, t])
         for path, tensor in data.items():
             self._chunk.set(path[0] if len(path) == 1 else path, tensor)
         self._idx = [(slice(None), i) for i in range(t)]
-        self._traj_ids = TrajectoryIds(n, tag=c.slot if c.traj_tag is None else c.traj_tag)
-        self._done = np.zeros(n, dtype=bool)
         self._t = 0  # the step's column in the chunk
         self._stopping = False
         self._finished = threading.Event()
-        self._answer_word: Any = None
-        self._expected = 0
-        self._obs_slot: SlotArrays | None = None
-        self._act_slot: SlotArrays | None = None
 
     async def run(self, link: Link) -> None:
         """Step over ``link`` (a remote worker: ``obs`` / ``act`` messages) until close.
@@ -246,47 +325,61 @@ class EnvStepper:
         request, answer = c.request_bell, c.answer_bell
         if request is None or answer is None:
             raise ValueError("a local env worker needs its doorbells (request_bell, answer_bell)")
-        obs_slot, act_slot = self._local_views()
-        act_word = act_slot.word
-        obs_copies = obs_slot.copies_from(self.pool.obs_arrays)
-        begin, end, ring = obs_slot.begin, obs_slot.end, request.ring
-        answered, stopped, spin = self._answered, self._is_stopping, c.spin
-        self._answer_word = act_word
-        self._expected = int(act_word[0])
+        splits = self._local_views()
+        asks = [(split, split.obs_slot.copies_from(split.pool.obs_arrays))  # type: ignore[union-attr]
+                for split in splits]
+        ring, stopped, spin = request.ring, self._is_stopping, c.spin
+        idx, full = self._idx, c.chunk_steps
         use_torch_threads(1)  # as the process's main thread (OpenMP counts are per thread)
         no_wakeup_preemption()  # the loop rings all the workers it answered, then they run
         step = 0
         try:
-            while not self._stopping:
-                # The request: this step's observations into the block, then the bell.
-                seq = begin()
-                for copy, dst, src in obs_copies:
-                    copy(dst, src)
-                end(seq, step)
+            for split, copies in asks:  # every split asks: the loop serves one, the next...
+                self._ask(split, copies, step)
                 ring()
-                self._expected += 2
-                if not spin_then_block(answered, answer, spin=spin, stopped=stopped):
-                    return
-                # The answer is read in place (_step copies it into the chunk and hands the
-                # action to the envs): the loop writes it again only after the next request.
-                if self._step(act_word[1]):
-                    send_chunk(self._chunk.clone())
+            while not self._stopping:
+                i = idx[self._t]
+                for split, copies in asks:
+                    if not spin_then_block(split.answered, answer, spin=spin, stopped=stopped):
+                        return
+                    # The answer is read in place (step copies it into the chunk and hands
+                    # the action to the envs): the loop writes it again only after this
+                    # split's next request, made at once.
+                    split.step(i, split.answer_word[1])
+                    self._ask(split, copies, step + 1)
+                    ring()
                 step += 1
+                self._t += 1
+                if self._t == full:  # every split stepped every column: hand the chunk over
+                    self._t = 0
+                    self._finish_chunk()
+                    send_chunk(self._chunk.clone())
         finally:
             self._finished.set()
 
-    def _local_views(self) -> tuple[SlotArrays, SlotArrays]:
-        """Point the step at the blocks themselves: the answer is read where the loop wrote it."""
-        self._obs_slot = obs = SlotArrays(self.obs_block)
-        self._act_slot = act = SlotArrays(self.act_block)
-        answers = dict(zip(act.keys, act.arrays, strict=True))
-        self._outputs = [(out, answers[key]) for (out, _), key in zip(
-            self._outputs, self._output_keys, strict=True)]
-        self.act_np = answers["action"]
-        return obs, act
+    @staticmethod
+    def _ask(split: _Split, copies: Sequence[Any], step: int) -> None:
+        """A split's request: its observations into its block slot (the caller rings)."""
+        obs = split.obs_slot
+        assert obs is not None
+        seq = obs.begin()
+        for copy, dst, src in copies:
+            copy(dst, src)
+        obs.end(seq, step)
+        split.expected += 2
 
-    def _answered(self) -> bool:
-        return bool(self._answer_word[0] >= self._expected)
+    def _local_views(self) -> list[_Split]:
+        """Point each split at its block slots: the answer is read where the loop wrote it."""
+        for k, split in enumerate(self._splits):
+            split.obs_slot = SlotArrays(self.obs_block, k)
+            split.act_slot = act = SlotArrays(self.act_block, k)
+            answers = dict(zip(act.keys, act.arrays, strict=True))
+            split.outputs = [(out, answers[key]) for (out, _), key in zip(
+                split.outputs, self._output_keys, strict=True)]
+            split.act_np = answers["action"]
+            split.answer_word = act.word
+            split.expected = int(act.word[0])
+        return self._splits
 
     def _is_stopping(self) -> bool:
         return self._stopping
@@ -302,29 +395,18 @@ class EnvStepper:
         return self._finished.wait(timeout)
 
     def _step(self, version: int) -> bool:
-        """Record the answer (outputs in ``act_dst``), step the envs; True: the chunk is full."""
-        i = self._idx[self._t]
-        for dst, src in self._pre:
-            dst[i] = src
-        for out, answer in self._outputs:
-            out[i] = answer
-        self._version[i] = version
-        self._traj[i] = self._traj_ids.current
-        pool = self.pool
-        pool.step_inplace(self.act_np)
-        for dst, src in self._post:
-            dst[i] = src
-        if pool.any_done:
-            np.logical_or(pool.terminated, pool.truncated, out=self._done)
-            pool.reset_where(self._done)
-            self._traj_ids.renew(self._done)
+        """One split's step (a remote worker's: outputs in ``act_dst``); True: chunk full."""
+        self._splits[0].step(self._idx[self._t], version)
         self._t += 1
         if self._t < self.config.chunk_steps:
             return False
         self._t = 0
+        self._finish_chunk()
+        return True
+
+    def _finish_chunk(self) -> None:
         np.logical_or(self._chunk["next", "terminated"].numpy()[..., 0],
                       self._chunk["next", "truncated"].numpy()[..., 0], out=self._next_done)
-        return True
 
     def request_body(self) -> Any:
         """What an ``obs`` message carries: nothing, the observations are in shared memory."""
@@ -335,12 +417,15 @@ class EnvStepper:
         return read(self.act_dst, 0)
 
     def close(self) -> None:
-        self.pool.close()
+        for pool in self.pools:
+            pool.close()
         # The step's views of the blocks' memory go first: a closed block is then unmapped.
-        self._outputs, self.act_np, self._answer_word = [], None, None  # type: ignore[assignment]
-        for slot in (self._obs_slot, self._act_slot):
-            if slot is not None:
-                slot.release()
+        self.act_np = None
+        for split in self._splits:
+            split.outputs, split.act_np, split.answer_word = [], None, None
+            for slot in (split.obs_slot, split.act_slot):
+                if slot is not None:
+                    slot.release()
         self.obs_block.close()
         self.act_block.close()
 

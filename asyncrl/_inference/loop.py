@@ -5,7 +5,10 @@ its observations (written by the worker) and its policy outputs (written here,
 stamped with the policy version). A local request costs no message: the worker
 writes its observations (the block's sequence number moves by two) and rings
 the request bell (:mod:`.doorbell`); the answer is the output block's sequence
-number moving, and a ring of that worker's answer bell.
+number moving, and a ring of that worker's answer bell. A worker whose envs step
+in splits (``splits`` > 1, Sample Factory's double buffering) has one block slot per
+split, and each split asks on its own: the loop serves *lanes*, a local worker's
+splits or a remote worker's one request (:func:`lane`).
 
 :meth:`InferenceLoop.serve` runs in a thread of its own (the trainer's, or the
 dedicated inference process's): it waits on the request bell (spinning a few
@@ -58,6 +61,14 @@ Path = tuple[str, ...]
 #: next call gathers them all instead of serving a lone request at once (a 50 ms policy,
 #: 4 env workers on 2 cores: 2.0 observations per call without it, 2.6 with it).
 YIELD_AFTER = 1e-3
+#: A lane is ``slot << SPLIT_BITS | split``: one split of a worker's envs (a block slot).
+SPLIT_BITS = 8
+MAX_SPLITS = 1 << SPLIT_BITS
+
+
+def lane(slot: int, split: int = 0) -> int:
+    """The lane of a worker's split (a remote worker asks on its split 0 only)."""
+    return slot << SPLIT_BITS | split
 _RESERVED_ROOT = frozenset({"action", "done", "terminated", "truncated", "next", "collector"})
 
 
@@ -119,11 +130,18 @@ def discover_outputs(adapter: PolicyAdapter, obs: dict[Path, torch.Tensor],
 
 @dataclass
 class WorkerBlocks:
-    """One env worker's request and response blocks, and its number of envs."""
+    """One env worker's request and response blocks, and its number of envs (``rows``).
+
+    A block has one slot per split of the worker's envs, each of ``rows / splits`` rows.
+    """
 
     rows: int
     obs: SharedTensorBlock
     act: SharedTensorBlock
+
+    @property
+    def splits(self) -> int:
+        return int(getattr(self.obs, "slots", 1))
 
     def close(self) -> None:
         for block in (self.obs, self.act):
@@ -168,14 +186,22 @@ class InferenceLoop:
         self.request_bell = request_bell if request_bell is not None else EventFd()
         self._own_bell = request_bell is None
         self.answer_bells = dict(answer_bells or {})
-        # Local slots' blocks as arrays and control words (.block_io): a step reads and
-        # writes them with no call into the block.
-        self._io = {slot: (SlotArrays(blocks[slot].obs), SlotArrays(blocks[slot].act))
-                    for slot in sorted(self.answer_bells)}
-        # Local slots: (slot, its observation block's live [seq, version], its rows).
-        self._local = [(slot, io[0].word, blocks[slot].rows) for slot, io in self._io.items()]
+        # Local lanes' block slots as arrays and control words (.block_io): a step reads
+        # and writes them with no call into the block.
+        self._io: dict[int, tuple[SlotArrays, SlotArrays]] = {}
+        self._lane_rows: dict[int, int] = {}
+        for slot in sorted(self.answer_bells):
+            worker = blocks[slot]
+            for split in range(worker.splits):
+                self._io[lane(slot, split)] = (SlotArrays(worker.obs, split),
+                                               SlotArrays(worker.act, split))
+                self._lane_rows[lane(slot, split)] = worker.rows // worker.splits
+        # Local lanes: (lane, its observation slot's live [seq, version], its rows).
+        self._local = [(n, io[0].word, self._lane_rows[n]) for n, io in self._io.items()]
+        # Workers in splits: the requests one scan finds are queued oldest first (below).
+        self._in_splits = any(blocks[slot].splits > 1 for slot in self.answer_bells)
         # Fresh blocks (sequence 0): a worker may have asked before this loop started.
-        self._taken = {slot: 0 for slot, _, _ in self._local}
+        self._taken = {n: 0 for n, _, _ in self._local}
         self._pending: collections.deque[int] = collections.deque()
         self._pending_rows = 0
         self._submitted: collections.deque[int] = collections.deque()  # remote requests
@@ -217,9 +243,9 @@ class InferenceLoop:
         self._explore: contextlib.AbstractContextManager[Any] = (
             contextlib.nullcontext() if kind is None else set_interaction_type(kind))
         self._obs_arrays = [array_of(self._obs[f"o{i}"]) for i in range(len(self.obs_paths))]
-        # Per local slot and first row in the batch, its gather's (copy, batch rows, block):
-        # made the first time a batch puts the slot there, then reused.
-        self._gathers: dict[int, list[Any]] = {slot: [None] * capacity for slot in self._io}
+        # Per local lane and first row in the batch, its gather's (copy, batch rows, block):
+        # made the first time a batch puts the lane there, then reused.
+        self._gathers: dict[int, list[Any]] = {n: [None] * capacity for n in self._io}
         # The batch's first ``row`` rows as a TensorDict, per row count (made once each).
         self._batches: list[TensorDict | None] = [None] * (capacity + 1)
 
@@ -232,20 +258,42 @@ class InferenceLoop:
     def statistics(self) -> InferenceStatistics:
         return InferenceStatistics(self._calls, self._observations, dict(self._sizes))
 
+    def _rows(self, lane_: int) -> int:
+        rows = self._lane_rows.get(lane_)
+        return self.blocks[lane_ >> SPLIT_BITS].rows if rows is None else rows
+
     def _scan(self) -> bool:
         """Queue every request made since the last scan; whether any request is pending."""
-        taken, pending = self._taken, self._pending
-        for slot, word, rows in self._local:
-            seq = word[0]
-            if seq != taken[slot] and not seq & 1:  # odd: the worker is still writing
-                taken[slot] = seq
-                pending.append(slot)
-                self._pending_rows += rows
+        if self._in_splits:
+            self._scan_in_order()
+        else:
+            taken, pending = self._taken, self._pending
+            for n, word, rows in self._local:
+                seq = word[0]
+                if seq != taken[n] and not seq & 1:  # odd: the worker is still writing
+                    taken[n] = seq
+                    pending.append(n)
+                    self._pending_rows += rows
         while self._submitted:
             slot = self._submitted.popleft()
-            pending.append(slot)
+            pending.append(lane(slot))
             self._pending_rows += self.blocks[slot].rows
         return self._pending_rows > 0
+
+    def _scan_in_order(self) -> None:
+        # A worker asks for split a's step k + 1 before it waits for split b's step k: a
+        # scan that finds both must serve b's first (its request version is its step),
+        # or the worker, waiting for b, idles while the loop computes a.
+        taken, found = self._taken, []
+        for n, word, rows in self._local:
+            seq = word[0]
+            if seq != taken[n] and not seq & 1:  # odd: the worker is still writing
+                taken[n] = seq
+                found.append((int(word[1]), n, rows))
+        found.sort()
+        for _, n, rows in found:
+            self._pending.append(n)
+            self._pending_rows += rows
 
     def _enough(self) -> bool:
         self._scan()
@@ -265,8 +313,7 @@ class InferenceLoop:
         taken: list[int] = []
         rows = 0
         while self._pending:
-            slot = self._pending[0]
-            n = self.blocks[slot].rows
+            n = self._rows(self._pending[0])
             if taken and rows + n > self.max_batch_size:
                 break
             taken.append(self._pending.popleft())
@@ -274,9 +321,9 @@ class InferenceLoop:
         self._pending_rows -= rows
         return taken
 
-    def _put_back(self, slots: list[int]) -> None:
-        self._pending.extendleft(reversed(slots))
-        self._pending_rows += sum(self.blocks[s].rows for s in slots)
+    def _put_back(self, lanes: list[int]) -> None:
+        self._pending.extendleft(reversed(lanes))
+        self._pending_rows += sum(self._rows(n) for n in lanes)
 
     # -- the loop ------------------------------------------------------------------------------
     async def run(self, remote_reply: Callable[[int, int], Awaitable[None]] | None = None
@@ -322,30 +369,31 @@ class InferenceLoop:
             if not room.is_set():
                 room.wait()
                 continue
-            slots = self._next_requests()
-            if slots is None:
+            lanes = self._next_requests()
+            if lanes is None:
                 return
             with lock:
                 if not room.is_set() or self._stopped:  # held meanwhile: not this call
-                    self._put_back(slots)
+                    self._put_back(lanes)
                     continue
                 version = self.version
                 started = time.perf_counter()
-                rows = self._serve(slots, version)
+                rows = self._serve(lanes, version)
                 took = time.perf_counter() - started
             self._calls += 1
             self._observations += rows
             self._sizes[rows] += 1
-            self._answer(slots, version)
+            self._answer(lanes, version)
             if took > YIELD_AFTER:
                 os.sched_yield()
 
-    def _answer(self, slots: list[int], version: int) -> None:
+    def _answer(self, lanes: list[int], version: int) -> None:
         bells, remote = self.answer_bells, False
-        for slot in slots:
+        for n in lanes:
+            slot = n >> SPLIT_BITS
             bell = bells.get(slot)
             if bell is not None:
-                bell.ring()
+                bell.ring()  # a worker's splits share its bell: each checks its own answer
             else:
                 self._remote_answers.append((slot, version))
                 remote = True
@@ -382,22 +430,22 @@ class InferenceLoop:
         if self._own_bell:
             self.request_bell.close()
 
-    def _serve(self, slots: list[int], version: int) -> int:
+    def _serve(self, lanes: list[int], version: int) -> int:
         """Gather, one policy call, scatter (under the version lock)."""
         row = 0
-        for slot in slots:
-            blocks = self.blocks[slot]
-            n = blocks.rows
-            gather = self._gathers.get(slot)
+        for lane_ in lanes:
+            n = self._rows(lane_)
+            gather = self._gathers.get(lane_)
             if gather is None:  # a remote slot: its block is the event loop's copy
-                blocks.obs.read_into({k: v[row:row + n] for k, v in self._obs.items()}, 0)
+                self.blocks[lane_ >> SPLIT_BITS].obs.read_into(
+                    {k: v[row:row + n] for k, v in self._obs.items()}, 0)
             else:
                 copies = gather[row]
                 if copies is None:
                     copies = gather[row] = [
                         (copier(dst), dst, src) for dst, src in zip(
                             [a[row:row + n] for a in self._obs_arrays],
-                            self._io[slot][0].arrays, strict=True)]
+                            self._io[lane_][0].arrays, strict=True)]
                 for copy, dst, src in copies:
                     copy(dst, src)
             row += n
@@ -415,13 +463,13 @@ class InferenceLoop:
         arrays = [array_of(o) for o in outputs]
         keys = self._keys
         row = 0
-        for slot in slots:
-            blocks = self.blocks[slot]
-            n = blocks.rows
-            io = self._io.get(slot)
+        for lane_ in lanes:
+            n = self._rows(lane_)
+            io = self._io.get(lane_)
             if io is None:
-                blocks.act.write({k: o[row:row + n] for k, o in zip(keys, outputs, strict=True)},
-                                 version=version, slot=0)
+                self.blocks[lane_ >> SPLIT_BITS].act.write(
+                    {k: o[row:row + n] for k, o in zip(keys, outputs, strict=True)},
+                    version=version, slot=0)
             else:
                 act = io[1]
                 seq = act.begin()
@@ -463,16 +511,21 @@ class InferenceLoop:
 
 
 def make_blocks(rows_per_worker: Sequence[int], obs: dict[Path, torch.Tensor],
-                outputs: OutputLayout) -> dict[int, WorkerBlocks]:
-    """Create each worker's two blocks (one slot each: a request and its answer alternate)."""
+                outputs: OutputLayout, splits: int = 1) -> dict[int, WorkerBlocks]:
+    """Create each worker's two blocks: one slot per split of its envs (``rows / splits``
+    rows each), where a request and its answer alternate."""
     blocks: dict[int, WorkerBlocks] = {}
     try:
         for slot, rows in enumerate(rows_per_worker):
-            example = {f"o{i}": torch.zeros((rows, *t.shape[1:]), dtype=t.dtype)
+            if rows % splits or splits > MAX_SPLITS:
+                raise ValueError(f"{rows} envs do not split in {splits} equal parts")
+            per_split = rows // splits
+            example = {f"o{i}": torch.zeros((per_split, *t.shape[1:]), dtype=t.dtype)
                        for i, t in enumerate(obs.values())}
-            obs_block = SharedTensorBlock.create(example, slots=1)
+            obs_block = SharedTensorBlock.create(example, slots=splits)
             try:
-                act_block = SharedTensorBlock.create(outputs.block_tensors(rows), slots=1)
+                act_block = SharedTensorBlock.create(outputs.block_tensors(per_split),
+                                                     slots=splits)
             except BaseException:
                 obs_block.close()
                 obs_block.unlink()
@@ -490,5 +543,5 @@ def auto_chunk_steps(frames_per_batch: int, num_envs: int) -> int:
     return max(1, min(64, math.ceil(frames_per_batch / num_envs)))
 
 
-__all__ = ["InferenceLoop", "InferenceStatistics", "OutputLayout", "WorkerBlocks",
-           "auto_chunk_steps", "discover_outputs", "make_blocks"]
+__all__ = ["MAX_SPLITS", "SPLIT_BITS", "InferenceLoop", "InferenceStatistics", "OutputLayout",
+           "WorkerBlocks", "auto_chunk_steps", "discover_outputs", "lane", "make_blocks"]

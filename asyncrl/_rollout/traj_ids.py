@@ -33,11 +33,14 @@ class TrajectoryIds:
         self.current = np.arange(n, dtype=np.int64) + self._base
         self._counter = n  # the first n ids are the envs' first trajectories
 
-    def renew(self, mask: np.ndarray) -> None:
-        """Give every env where ``mask`` is True a new trajectory id (an episode ended)."""
+    def renew(self, mask: np.ndarray, *, first: int = 0) -> None:
+        """Give every env where ``mask`` is True a new trajectory id (an episode ended).
+
+        ``mask`` covers envs ``first .. first + len(mask) - 1`` (one split of them).
+        """
         k = int(mask.sum())
         if self._counter + k > 1 << TRAJ_ID_BITS:
             raise OverflowError("more than 2**32 trajectories on one worker: traj_ids would clash")
-        self.current[mask] = self._base + np.arange(self._counter, self._counter + k,
-                                                     dtype=np.int64)
+        self.current[first:first + len(mask)][mask] = self._base + np.arange(
+            self._counter, self._counter + k, dtype=np.int64)
         self._counter += k

@@ -94,7 +94,9 @@ class AsyncBatchedCollector(ServedPolicy, BaseCollector[RB]):
     factory / gym id with ``num_envs``; ``policy`` or ``policy_factory``;
     ``max_batch_size`` / ``min_batch_size`` (observations per policy call) and
     ``server_timeout`` (seconds to wait for ``min_batch_size``); ``envs_per_worker``
-    envs share a process and a request; with ``listen="tcp://HOST:PORT"`` and
+    envs share a process and a request, or ``worker_num_splits`` equal requests
+    (Sample Factory's double buffering: one split steps while the policy serves
+    another); with ``listen="tcp://HOST:PORT"`` and
     ``remote_workers=K``, up to K ``asyncrl env-worker`` processes on other hosts
     join at a time (a dropped one's slot goes to the next to join; their
     observations travel inline, checked; ``num_envs=0``: remote env hosts only;
@@ -134,6 +136,7 @@ class AsyncBatchedCollector(ServedPolicy, BaseCollector[RB]):
         min_batch_size: int | None = None,
         server_timeout: float | None = None,
         envs_per_worker: int = 1,
+        worker_num_splits: int = 1,
         transition_chunk_size: int | str = "auto",
         replay_buffer: RB | None = None,
         yield_completed_trajectories: bool = False,
@@ -171,7 +174,8 @@ class AsyncBatchedCollector(ServedPolicy, BaseCollector[RB]):
         self.batching = BatchingConfig.check(
             num_envs=self.num_envs, max_batch_size=max_batch_size,
             min_batch_size=min_batch_size, server_timeout=server_timeout,
-            envs_per_worker=envs_per_worker, transition_chunk_size=transition_chunk_size)
+            envs_per_worker=envs_per_worker, transition_chunk_size=transition_chunk_size,
+            worker_num_splits=worker_num_splits)
         if isinstance(create_env_kwargs, (list, tuple)):
             raise TypeError("create_env_kwargs: one dict for every env (a list is not "
                             "supported: put the differences in the factories)")
@@ -299,7 +303,8 @@ class AsyncBatchedCollector(ServedPolicy, BaseCollector[RB]):
         action = (torch_dtype(spec.dtype), tuple(spec.shape))
         device_obs = {p: v.to(device) if device is not None else v for p, v in obs.items()}
         outputs = discover_outputs(adapter, device_obs, action)
-        self._blocks = make_blocks([len(g) for g in self.groups], obs, outputs)
+        self._blocks = make_blocks([len(g) for g in self.groups], obs, outputs,
+                                   splits=self.batching.splits)
         self._request_bell = EventFd()
         self._answer_bells = {slot: EventFd() for slot in range(self.num_workers)}
         for slot in range(self.num_workers):  # named here: the inference process knows them
@@ -367,7 +372,8 @@ class AsyncBatchedCollector(ServedPolicy, BaseCollector[RB]):
                 extra_paths=extra_paths, chunk_steps=self.chunk_steps,
                 heartbeat_interval=interval, peer_timeout=timeout,
                 request_bell=self._request_bell, answer_bell=self._answer_bells[slot],
-                spin=self._spin, chunk_credits=chunk_credits(blocks.rows))
+                spin=self._spin, chunk_credits=chunk_credits(blocks.rows),
+                splits=self.batching.splits)
             return (endpoint, identity, config, backend, parent)
 
         def chunk_credits(rows: int) -> int:

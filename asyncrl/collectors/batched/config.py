@@ -167,18 +167,23 @@ class BatchingConfig:
     server_timeout: float
     envs_per_worker: int
     chunk_steps: int | None  # None: automatic
+    #: Equal splits of each local env worker's envs, each asking on its own (Sample
+    #: Factory's ``worker_num_splits``): one steps while the policy serves another.
+    splits: int = 1
 
     @classmethod
     def check(cls, *, num_envs: int, max_batch_size: Any, min_batch_size: Any,
               server_timeout: Any, envs_per_worker: Any,
-              transition_chunk_size: Any) -> BatchingConfig:
+              transition_chunk_size: Any, worker_num_splits: Any = 1) -> BatchingConfig:
         epw = check_int("envs_per_worker", envs_per_worker, minimum=1)
         epw = min(epw, num_envs) if num_envs else 1  # 0: remote env hosts only
+        splits = check_splits(worker_num_splits, num_envs=num_envs, envs_per_worker=epw)
         max_bs = 64 if max_batch_size is None else check_int("max_batch_size", max_batch_size,
                                                              minimum=1)
-        if max_bs < epw:
-            raise ValueError(f"max_batch_size={max_bs} is smaller than envs_per_worker={epw}: "
-                             "one worker's request (all its envs) is served in one call; raise "
+        if max_bs < epw // splits:
+            raise ValueError(f"max_batch_size={max_bs} is smaller than one request of "
+                             f"{epw // splits} envs (envs_per_worker={epw}, worker_num_splits="
+                             f"{splits}): a request is served in one call; raise "
                              "max_batch_size or lower envs_per_worker")
         min_bs = 1 if min_batch_size is None else check_int("min_batch_size", min_batch_size,
                                                             minimum=1)
@@ -193,7 +198,28 @@ class BatchingConfig:
         chunk: int | None = None
         if transition_chunk_size != "auto":
             chunk = check_int("transition_chunk_size", transition_chunk_size, minimum=1)
-        return cls(max_bs, min_bs, float(timeout), epw, chunk)
+        return cls(max_bs, min_bs, float(timeout), epw, chunk, splits)
+
+
+def check_splits(worker_num_splits: Any, *, num_envs: int, envs_per_worker: int) -> int:
+    """``worker_num_splits``: it must split every local env worker's envs equally."""
+    splits = check_int("worker_num_splits", worker_num_splits, minimum=1)
+    if splits == 1:
+        return 1
+    if not num_envs:
+        raise ValueError(f"worker_num_splits={splits} splits the envs of local env workers, "
+                         "and num_envs=0 starts none: a remote env host steps its envs in one "
+                         "request; leave worker_num_splits=1")
+    if splits > 256:
+        raise ValueError(f"worker_num_splits={splits}: at most 256")
+    last = num_envs % envs_per_worker
+    if envs_per_worker % splits or last % splits:
+        odd = (f"envs_per_worker={envs_per_worker}" if envs_per_worker % splits
+               else f"the last worker's {last} envs (num_envs={num_envs})")
+        raise ValueError(f"worker_num_splits={splits} steps each env worker's envs in "
+                         f"{splits} equal splits, and {odd} do not split so: give "
+                         f"envs_per_worker and num_envs multiples of {splits}")
+    return splits
 
 
 def split_envs(factories: Sequence[Any], envs_per_worker: int) -> list[list[Any]]:
@@ -212,6 +238,15 @@ def check_policy(policy: Any, policy_factory: Callable[[], Any] | None) -> None:
         raise TypeError(f"policy must be callable, got {type(policy).__name__}")
 
 
-__all__ = ["SERVER_BACKENDS", "BatchingConfig", "check_device", "check_policy",
-           "check_server_backend", "env_factories", "from_server_config",
-           "refuse_torchrl_only", "split_envs"]
+__all__ = [
+    "SERVER_BACKENDS",
+    "BatchingConfig",
+    "check_device",
+    "check_policy",
+    "check_server_backend",
+    "check_splits",
+    "env_factories",
+    "from_server_config",
+    "refuse_torchrl_only",
+    "split_envs",
+]
