@@ -420,7 +420,6 @@ class EnvStepper:
         for pool in self.pools:
             pool.close()
         # The step's views of the blocks' memory go first: a closed block is then unmapped.
-        self.act_np = None
         for split in self._splits:
             split.outputs, split.act_np, split.answer_word = [], None, None
             for slot in (split.obs_slot, split.act_slot):

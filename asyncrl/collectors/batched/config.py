@@ -180,11 +180,16 @@ class BatchingConfig:
         splits = check_splits(worker_num_splits, num_envs=num_envs, envs_per_worker=epw)
         max_bs = 64 if max_batch_size is None else check_int("max_batch_size", max_batch_size,
                                                              minimum=1)
+        if max_bs < epw // splits and splits == 1:
+            raise ValueError(f"max_batch_size={max_bs} is smaller than envs_per_worker={epw}: "
+                             "one worker's request (all its envs) is served in one call; raise "
+                             "max_batch_size, lower envs_per_worker or split the workers' envs "
+                             "(worker_num_splits)")
         if max_bs < epw // splits:
             raise ValueError(f"max_batch_size={max_bs} is smaller than one request of "
                              f"{epw // splits} envs (envs_per_worker={epw}, worker_num_splits="
                              f"{splits}): a request is served in one call; raise "
-                             "max_batch_size or lower envs_per_worker")
+                             "max_batch_size or worker_num_splits")
         min_bs = 1 if min_batch_size is None else check_int("min_batch_size", min_batch_size,
                                                             minimum=1)
         if min_bs > max_bs:

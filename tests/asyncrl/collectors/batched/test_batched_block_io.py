@@ -16,7 +16,7 @@ from torch import nn
 from asyncrl._inference.block_io import SlotArrays
 from asyncrl._inference.device_batch import DeviceBatch
 from asyncrl._inference.doorbell import EventFd
-from asyncrl._inference.loop import InferenceLoop, discover_outputs, make_blocks
+from asyncrl._inference.loop import InferenceLoop, discover_outputs, lane, make_blocks
 from asyncrl._rollout.policies import PolicyAdapter
 
 OBS = ("observation",)
@@ -48,7 +48,8 @@ def test_each_worker_gets_its_own_rows_and_the_calls_version(device_batch) -> No
             for slot, request in enumerate(requests):
                 request.publish(request.copies_from([obs[slot].numpy()]), version=0)
             with torch.no_grad():
-                assert loop._serve(order, version) == sum(blocks[s].rows for s in order)
+                assert loop._serve([lane(s) for s in order], version) == sum(
+                    blocks[s].rows for s in order)
                 for slot in order:
                     got_version, got = blocks[slot].act.read(0)
                     assert got_version == version
