@@ -25,6 +25,8 @@ small one, ``mlp256`` the big one), the same frames per batch:
 The libraries ``batched-split`` and ``batched-process-split`` (named in ``--libraries``)
 are ``batched`` and ``batched-process`` with ``worker_num_splits=S`` (``--worker-num-splits``,
 default 2): each worker steps one split of its E envs while the policy serves another.
+``--env-step-us U`` makes every env step burn U µs more CPU (a costlier simulator than
+Pendulum), in every library.
 
 ``--device cuda`` serves the central policy on that device (``torchrl``, ``batched``,
 ``batched-process``: ``device=``), while ``per-worker`` keeps a CPU copy in each worker:
@@ -61,6 +63,33 @@ import torch
 from benchmarks.collect import make_policy
 
 ENV = "Pendulum-v1"
+#: --env-step-us: CPU time (µs) each env step burns on top of Pendulum's (a costlier simulator).
+_STEP_US = 0.0
+
+
+def costly_pendulum(step_us: float) -> Any:
+    """``Pendulum-v1`` whose every step also burns ``step_us`` µs of CPU (a busy loop)."""
+    import gymnasium as gym
+
+    class Costly(gym.Wrapper):  # type: ignore[misc]
+        def step(self, action: Any) -> Any:
+            end = time.perf_counter() + step_us * 1e-6
+            while time.perf_counter() < end:
+                pass
+            return self.env.step(action)
+
+    return Costly(gym.make(ENV))
+
+
+def _torchrl_costly(step_us: float) -> Any:
+    from torchrl.envs import GymWrapper
+
+    return GymWrapper(costly_pendulum(step_us))
+
+
+def asyncrl_env() -> Any:
+    """What asyncrl's collectors get: the gym id, or the costly factory."""
+    return ENV if not _STEP_US else functools.partial(costly_pendulum, _STEP_US)
 LIBRARIES = ("torchrl", "batched", "batched-process", "per-worker")
 #: Not run by default: the central ones with each worker's envs in splits (--worker-num-splits).
 SPLIT_LIBRARIES = ("batched-split", "batched-process-split")
@@ -119,7 +148,9 @@ def run_torchrl(policy_name: str, envs: int, frames: int, windows: int, batches:
     extra: dict[str, Any] = {} if device == "cpu" else {"device": device}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
-        collector = AsyncBatchedCollector([functools.partial(GymEnv, ENV)] * envs,
+        factory = (functools.partial(GymEnv, ENV) if not _STEP_US
+                   else functools.partial(_torchrl_costly, _STEP_US))
+        collector = AsyncBatchedCollector([factory] * envs,
                                           policy=policy, frames_per_batch=frames,
                                           total_frames=-1, env_backend="multiprocessing",
                                           envs_per_worker=envs_per_worker, **extra)
@@ -147,13 +178,14 @@ async def _asyncrl(kind: str, policy_name: str, envs: int, frames: int, windows:
     collector: Any
     if kind.startswith("batched"):
         collector = AsyncBatchedCollector(
-            ENV, num_envs=envs, policy=policy, frames_per_batch=frames,
+            asyncrl_env(), num_envs=envs, policy=policy, frames_per_batch=frames,
             max_batch_size=max(64, envs), envs_per_worker=envs_per_worker,
             worker_num_splits=splits if kind.endswith("-split") else 1,
             server_backend="process" if kind.startswith("batched-process") else "thread",
             device=None if device == "cpu" else device)
     else:
-        collector = MultiAsyncCollector(ENV, num_workers=envs // envs_per_worker, policy=policy,
+        collector = MultiAsyncCollector(asyncrl_env(), num_workers=envs // envs_per_worker,
+                                        policy=policy,
                                         frames_per_batch=frames, envs_per_worker=envs_per_worker)
     rates = []
     async with collector:
@@ -228,6 +260,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--envs-per-worker", type=int, default=1,
                    help="envs per env worker process (every library alike)")
+    p.add_argument("--env-step-us", type=float, default=0.0,
+                   help="CPU time each env step burns on top of Pendulum's (a costlier env)")
     p.add_argument("--worker-num-splits", type=int, default=2,
                    help="splits of each worker's envs in the *-split libraries")
     p.add_argument("--update-weights", action="store_true")
@@ -245,7 +279,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    global _STEP_US
     args = parse_args(argv)
+    _STEP_US = args.env_step_us
     policies = [p for p in args.policies.split(",") if p]
     envs = [int(n) for n in args.envs.split(",") if n]
     libraries = [lib for lib in args.libraries.split(",") if lib]

@@ -38,7 +38,8 @@ LIBRARIES = ("batched-cuda", "batched-process-cuda", "per-worker-cpu")
 
 
 async def _run(library: str, policy_name: str, envs: int, frames: int, windows: int,
-               batches: int, per_worker: int = 1) -> list[float]:
+               batches: int, per_worker: int = 1, profile: float = 0.0,
+               profile_to: str = "") -> list[float]:
     from asyncrl import AsyncBatchedCollector, MultiAsyncCollector
 
     policy = make_policy(policy_name, ENV)
@@ -54,13 +55,40 @@ async def _run(library: str, policy_name: str, envs: int, frames: int, windows: 
     rates = []
     async with collector:
         await collector.__anext__()
+        before = collector.inference_statistics() if library.startswith("batched") else None
+        spy = _start_profile(collector, profile, profile_to) if profile else None
         for _ in range(windows):
             count, n, t0 = 0, 0, time.perf_counter()
             while count < batches or time.perf_counter() - t0 < MIN_SECONDS:
                 n += (await collector.__anext__()).numel()
                 count += 1
             rates.append(n / (time.perf_counter() - t0))
+        if spy is not None:
+            await anyio.to_thread.run_sync(spy.wait)
+        if before is not None:
+            await anyio.sleep(0.3)  # the inference process reports every 0.2 s
+            after = collector.inference_statistics()
+            calls = after.calls - before.calls
+            print(f"#   {library}: {calls:,} policy calls, "
+                  f"{(after.observations - before.observations) / max(calls, 1):.1f} "
+                  "observations per call", flush=True)
     return rates
+
+
+def _start_profile(collector: Any, seconds: float, path: str) -> Any:
+    """py-spy (if installed) on the inference process for ``seconds``: collapsed stacks."""
+    import shutil
+    import subprocess
+
+    server = getattr(collector, "_server", None)
+    pid = server.pid if server is not None else os.getpid()
+    spy = shutil.which("py-spy")
+    if spy is None or pid is None:
+        print("#   no py-spy on PATH (or no process): not profiled", flush=True)
+        return None
+    return subprocess.Popen([spy, "record", "--pid", str(pid), "--rate", "200", "--threads",
+                             "--duration", str(max(1, round(seconds))), "--format", "raw",
+                             "-o", path], stdout=subprocess.DEVNULL)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -73,6 +101,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--windows", type=int, default=2)
     p.add_argument("--batches", type=int, default=3)
     p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--profile", type=float, default=0.0,
+                   help="seconds of py-spy (collapsed stacks) on the inference process of "
+                        "each central run, to --profile-dir")
+    p.add_argument("--profile-dir", default=".")
     p.add_argument("--envs-per-worker", type=int, default=1,
                    help="K envs in each of the N worker processes (N x K envs in all): "
                         "central inference batches them all, per-worker inference K at a time")
@@ -93,8 +125,11 @@ def main(argv: list[str] | None = None) -> int:
             for envs in (int(n) for n in args.envs.split(",")):
                 for library in libraries:
                     try:
+                        where = os.path.join(args.profile_dir, f"{policy}-{envs}-{library}.txt")
+                        profile = args.profile if library.startswith("batched") else 0.0
                         rates = anyio.run(_run, library, policy, envs, args.frames_per_batch,
-                                          args.windows, args.batches, args.envs_per_worker)
+                                          args.windows, args.batches, args.envs_per_worker,
+                                          profile, where)
                         value = statistics.median(rates)
                         print(f"{policy} envs={envs} {library}: {value:,.0f} fps", flush=True)
                     except Exception as exc:  # one failing must not lose the others' numbers
