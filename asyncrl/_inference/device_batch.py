@@ -8,6 +8,11 @@ copied back into pinned host buffers (allocated at the first call, when their
 shapes are known), asynchronously, and the call waits once for all of them.
 Before: a TensorDict ``.to(device)`` allocated device tensors per call, and
 each output's ``.to("cpu")`` was a synchronisation of its own.
+
+The call's Python is the loop's limit on a GPU (a profile on an H200, MLP-1024, 14 env
+workers: the loop thread never idle, half of it in the policy's module calls, a quarter
+in this class): the TensorDict of the first ``n`` rows is made once per ``n`` (a
+shallow copy per call, as the CPU path does) and the stream to wait on is looked up once.
 """
 
 from __future__ import annotations
@@ -46,12 +51,21 @@ class DeviceBatch:
                               batch_size=[capacity], device=device)
         self._outputs: dict[Any, torch.Tensor] = {}  # pinned host buffers, by output key
         self._pin = device.type == "cuda"
+        # The first n rows, per n (made the first time): indexing a TensorDict costs more
+        # than the shallow copy each call takes of it.
+        self._views: list[TensorDictBase | None] = [None] * (capacity + 1)
+        # The stream the copies go on: the calling thread's current one, looked up at the
+        # first call (the loop's thread never changes it).
+        self._stream: Any = None
 
     def __call__(self, n: int, policy: Callable[[TensorDictBase], Any],
                  keys: Sequence[Any]) -> list[torch.Tensor]:
         for dev, host in self._pairs:
             dev[:n].copy_(host[:n], non_blocking=True)
-        td = self._td[:n]
+        view = self._views[n]
+        if view is None:
+            view = self._views[n] = self._td[:n]
+        td = view.copy()  # shallow: what the policy sets stays out of the cached view
         out = policy(td)
         td = td if out is None else out
         results = []
@@ -64,5 +78,7 @@ class DeviceBatch:
             buffer[:n].copy_(value, non_blocking=True)
             results.append(buffer[:n])
         if self._pin:
-            torch.cuda.current_stream(self.device).synchronize()  # one wait for every copy
+            if self._stream is None:
+                self._stream = torch.cuda.current_stream(self.device)
+            self._stream.synchronize()  # one wait for every copy
         return results
