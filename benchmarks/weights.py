@@ -47,9 +47,11 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
+import numpy as np
 import torch
 import zmq
 from torch import nn
@@ -415,35 +417,52 @@ def bench_torchrl(kind: str, sizes: dict[str, tuple[tuple[int, ...], int]], *,
 # ------------------------------------------------------------------ bandwidth
 
 
-def _bare_peer(endpoint: str, namespace: str | None = None) -> None:
+@dataclass(frozen=True)
+class Bare:
+    """A bare pyzmq row: one message (``chunk_bytes=0``) or chunks; ``copy``: the peer also
+    copies each chunk into a buffer of the payload's size (what any apply must do)."""
+
+    chunk_bytes: int = 0
+    copy: bool = False
+
+
+def _bare_peer(endpoint: str, namespace: str | None = None, copy_bytes: int = 0) -> None:
     if namespace is not None:
         netns.enter(namespace)
     sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.DEALER)
     sock.setsockopt(zmq.IDENTITY, b"bare")
     sock.connect(endpoint)
     sock.send(b"hello")
+    into = np.empty(copy_bytes, dtype=np.uint8)
+    at = 0
     while True:
         frames = sock.recv_multipart(copy=False)
         head = frames[0].bytes
         if head == b"stop":
             break
+        if copy_bytes:
+            chunk = np.frombuffer(frames[1].buffer, dtype=np.uint8)
+            np.copyto(into[at:at + len(chunk)], chunk)
+            at += len(chunk)
         if head != b"more":  # the last (or only) message of a payload
+            at = 0
             sock.send(b"ack")
     sock.close(linger=0)
 
 
 def bench_bare_zmq(nbytes: int, reps: int, chunk_bytes: int = 0,
-                   link: netns.Netns | None = None) -> list[float]:
+                   link: netns.Netns | None = None, copy: bool = False) -> list[float]:
     """Round trips of ``nbytes``: one message, or messages of ``chunk_bytes`` (the wire limit).
 
     ``link``: the peer runs in that namespace, across its veth pair (else over loopback).
+    ``copy``: the peer copies what it receives into a buffer of ``nbytes``.
     """
     ctx = mp.get_context("spawn")
     sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.ROUTER)
     sock.bind(f"tcp://{link.outer_ip if link else '127.0.0.1'}:0")
     endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
-    proc = ctx.Process(target=_bare_peer, args=(endpoint, link.name if link else None),
-                       daemon=True)
+    proc = ctx.Process(target=_bare_peer, args=(endpoint, link.name if link else None,
+                                                nbytes if copy else 0), daemon=True)
     proc.start()
     payload = torch.ones(nbytes // 4).numpy().view("uint8")  # the same bytes as the weights
     step = chunk_bytes or len(payload)
@@ -468,12 +487,17 @@ def bench_bare_zmq(nbytes: int, reps: int, chunk_bytes: int = 0,
     return times
 
 
-#: Rows of the bandwidth table: label -> how to measure it (bare chunk bytes, or a scheme).
-def bandwidth_rows(chunk_bytes: int) -> dict[str, int | WeightSyncScheme]:
+BARE_ONE = "bare pyzmq ROUTER/DEALER, one message + 3-byte answer"
+
+
+#: Rows of the bandwidth table: label -> how to measure it (a bare pyzmq row, or a scheme).
+def bandwidth_rows(chunk_bytes: int) -> dict[str, Bare | WeightSyncScheme]:
     mib = f"{chunk_bytes / (1 << 20):g} MiB"
     return {
-        "bare pyzmq ROUTER/DEALER, one message + 3-byte answer": 0,
-        f"bare pyzmq ROUTER/DEALER, {mib} messages + 3-byte answer": chunk_bytes,
+        BARE_ONE: Bare(),
+        f"bare pyzmq ROUTER/DEALER, {mib} messages + 3-byte answer": Bare(chunk_bytes),
+        f"bare pyzmq ROUTER/DEALER, {mib} messages, each copied into a buffer + 3-byte answer":
+            Bare(chunk_bytes, copy=True),
         f"asyncrl ZmqWeightSyncScheme(chunk_bytes={mib}) send + apply + ack":
             ZmqWeightSyncScheme(chunk_bytes=chunk_bytes),
         f"asyncrl ZmqWeightSyncScheme(chunk_bytes={mib}, in_place=True) send + apply + ack":
@@ -625,8 +649,8 @@ def bench_bandwidth(name: str, size: tuple[tuple[int, ...], int], nbytes: int, c
     results: dict[str, list[float]] = {}
     host = link.outer_ip if link else "127.0.0.1"
     for label, how in reversed(rows) if reverse else rows:
-        if isinstance(how, int):
-            results[label] = bench_bare_zmq(nbytes, size[1], how, link)
+        if isinstance(how, Bare):
+            results[label] = bench_bare_zmq(nbytes, size[1], how.chunk_bytes, link, how.copy)
         else:
             measured = anyio.run(functools.partial(
                 bench_asyncrl, how, {name: size}, f"tcp://{host}:0", 1,
@@ -698,7 +722,10 @@ def report(rows: dict[str, dict[str, list[float]] | None], memcpy: dict[str, lis
     if bandwidth:
         rss = {k[len(WORKER_RSS):]: v for k, v in bandwidth.items() if k.startswith(WORKER_RSS)}
         timed = {k: v for k, v in bandwidth.items() if not k.startswith(WORKER_RSS)}
-        one, chunked = list(timed.values())[:2]
+        bare = {k: timed[k] for k in timed if k.startswith("bare pyzmq")}
+        one = bare.pop(BARE_ONE)
+        copied = next(v for k, v in bare.items() if "copied" in k)
+        chunked = next(v for k, v in bare.items() if "copied" not in k)
         lines += [
             "",
             f"Bandwidth over tcp {_link_words(link)}, {biggest} model = {mb:.0f} MB, "
@@ -708,14 +735,15 @@ def report(rows: dict[str, dict[str, list[float]] | None], memcpy: dict[str, lis
             "keeps for the next update):",
             "",
             "| path | p50 ms | MB/s | / bare, one message | / bare, same chunks "
-            "| worker RSS after (MB) |",
-            "|---|---:|---:|---:|---:|---:|",
+            "| / bare, same chunks copied | worker RSS after (MB) |",
+            "|---|---:|---:|---:|---:|---:|---:|",
         ]
         for label, times in timed.items():
             peak = f"{max(rss[label]) / 1e6:.0f}" if label in rss else "n/a"
             lines.append(f"| {label} | {p50_ms(times):.1f} | {mb / statistics.median(times):.0f} "
                          f"| {statistics.median(one) / statistics.median(times):.2f} "
                          f"| {statistics.median(chunked) / statistics.median(times):.2f} "
+                         f"| {statistics.median(copied) / statistics.median(times):.2f} "
                          f"| {peak} |")
     return "\n".join([*lines, "", _machine(elapsed), f"command: {command}"])
 

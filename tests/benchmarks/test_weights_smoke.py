@@ -28,6 +28,8 @@ def test_weights_bench_bandwidth_only_streams_in_chunks(capsys: pytest.CaptureFi
     out = capsys.readouterr().out
     for row in ("bare pyzmq ROUTER/DEALER, one message",
                 "bare pyzmq ROUTER/DEALER, 0.953674 MiB messages",
+                "bare pyzmq ROUTER/DEALER, 0.953674 MiB messages, each copied into a buffer",
+                "| / bare, same chunks copied |",
                 "asyncrl ZmqWeightSyncScheme(chunk_bytes=0.953674 MiB)",
                 "asyncrl ZmqWeightSyncScheme(chunk_bytes=0.953674 MiB, in_place=True)",
                 "asyncrl ZmqWeightSyncScheme(chunk_bytes=0) (one message, as before)",
