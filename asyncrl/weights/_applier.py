@@ -216,7 +216,8 @@ class WeightApplier:
             if self.receivers.needs_park:
                 self._wait_in_place()
             self.receivers.apply_pending()
-            anyio.from_thread.run_sync(self._wake)
+            if self.receivers.has_acks:  # (a version read from shared memory is acked by nobody)
+                anyio.from_thread.run_sync(self._wake)
             self.receivers.check_whole()  # a half-written model fails the step
 
     def _wait_in_place(self) -> None:

@@ -111,6 +111,9 @@ class WeightReceiver:
 
     #: True for receivers that assemble versions streamed in chunks (``WeightChunk``).
     takes_chunks: bool = False
+    #: True for receivers that, once a message attached them, read later versions from a
+    #: word the sender publishes in shared memory (their acks say so: no more messages).
+    reads_published: bool = False
     #: Why the model is half-written, if it is (``in_place``); None while it is whole.
     torn: str | None = None
 
@@ -323,7 +326,7 @@ class WeightReceiver:
     def _queue_ack(self, message: Message, route: AckRoute, version: int | None,
                    error: BaseException | None) -> None:
         if message.needs_ack:
-            result = (WeightsApplied(self.model_id, version).to_body()
+            result = (WeightsApplied(self.model_id, version, self.reads_published).to_body()
                       if error is None and version is not None else None)
             self._acks.append(WeightAck(message, result, error, route))
 
@@ -413,6 +416,11 @@ class WeightReceiverGroup:
     def needs_park(self) -> bool:
         return any(r.needs_park for r in self._receivers.values())
 
+    @property
+    def has_acks(self) -> bool:
+        """Whether an ack is due (a version published in shared memory is acked by nobody)."""
+        return bool(self._due) or any(r._acks for r in self._receivers.values())
+
     def park(self) -> None:
         for receiver in self._receivers.values():
             receiver.park()
@@ -428,7 +436,7 @@ class WeightReceiverGroup:
         """Apply what is pending for every model; return ``{model_id: version applied}``."""
         applied = {}
         for model_id, receiver in self._receivers.items():
-            if receiver._pending is not None and receiver.apply_pending():
+            if receiver.has_pending and receiver.apply_pending():
                 applied[model_id] = receiver.version
         return applied
 
