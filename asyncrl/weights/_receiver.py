@@ -349,6 +349,7 @@ class WeightReceiverGroup:
     def __init__(self, receivers: Iterable[WeightReceiver] = (), *,
                  on_apply: Callable[[str, int], None] | None = None) -> None:
         self._receivers: dict[str, WeightReceiver] = {}
+        self._each: tuple[WeightReceiver, ...] = ()
         # Acks due here: unknown model ids, and what an interrupted flush left unsent.
         self._due: list[WeightAck] = []
         self.on_apply = on_apply
@@ -359,6 +360,7 @@ class WeightReceiverGroup:
         if receiver.model_id in self._receivers:
             raise ValueError(f"a receiver for {receiver.model_id!r} is already registered")
         self._receivers[receiver.model_id] = receiver
+        self._each = tuple(self._receivers.values())  # for the per-step check
         if self.on_apply is not None and receiver.on_apply is None:
             on_apply, model_id = self.on_apply, receiver.model_id
             receiver.on_apply = lambda version: on_apply(model_id, version)
@@ -384,7 +386,7 @@ class WeightReceiverGroup:
 
     @property
     def has_pending(self) -> bool:
-        for receiver in self._receivers.values():  # (every step: no generator)
+        for receiver in self._each:  # (every step: no generator, no dict view)
             if receiver.has_pending:
                 return True
         return False

@@ -571,9 +571,9 @@ class LiveSharedMemWeightSender(SharedMemWeightSender):
         await super().aclose()
 
 
-def _unattached() -> memoryview:
-    """A version word that stays 0: what a live receiver reads before its first message."""
-    return memoryview(array("q", [0, 0]))
+def _word(value: int = 0) -> memoryview:
+    """A private int64 word, as a one-item view: compared with ``!=`` without an int made."""
+    return memoryview(array("q", [value]))
 
 
 class LiveSharedMemWeightReceiver(SharedMemWeightReceiver):
@@ -582,9 +582,10 @@ class LiveSharedMemWeightReceiver(SharedMemWeightReceiver):
     The first update of a trainer's model is a message: the parameters are pointed
     at its block, the buffers (and parameters of another dtype) copied, and the ack
     says this receiver reads the block's published version word from now on. Each
-    later version is that word: :attr:`has_pending` reads it at every step boundary
-    (one index into the mapped block) and :meth:`apply_pending` copies the buffers
-    again and sets :attr:`version` when it moved. Nothing is acked for it: the
+    later version is that word: :attr:`has_pending` compares it at every step
+    boundary with the value last read (two one-word views: no lock, no call, no
+    object made) and :meth:`apply_pending` copies the buffers again and sets
+    :attr:`version` when it moved. Nothing is acked for it: the
     sender answered its send when it published.
     """
 
@@ -592,26 +593,30 @@ class LiveSharedMemWeightReceiver(SharedMemWeightReceiver):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._published = _unattached()  # the attached block's [seq, version] once attached
+        # The attached block's version word, and the value last read from it. Both are
+        # private zeros until attached: they compare equal, nothing to read.
+        self._published = _word()
+        self._read = _word()
 
     @property
     def has_pending(self) -> bool:
-        """A message waits, or the trainer published a newer version (no lock: every step)."""
-        return self._pending is not None or self._published[1] > self._version
+        """A message waits, or the trainer published another version (every step: cheap)."""
+        return self._pending is not None or self._published != self._read
 
     def apply_pending(self) -> bool:
         """Apply a message (the first update), then the published version if it is newer."""
         changed = super().apply_pending()
-        if self._published[1] > self._version:
+        if self._published != self._read:
             changed = self._apply_published() or changed
         return changed
 
     def _apply_published(self) -> bool:
         with self._apply_lock:
-            version = self._published[1]
+            version = self._published[0]
+            self._read[0] = version
             block = self._blocks.latest()
             if version <= self._version or block is None:
-                return False
+                return False  # (a message brought it, or a newer one, already)
             try:
                 self._refresh(block)
             except Exception as exc:
@@ -620,7 +625,7 @@ class LiveSharedMemWeightReceiver(SharedMemWeightReceiver):
                 self.last_error = exc
                 self.torn = (f"{self.model_id!r}: copying the buffers of published version "
                              f"{version} failed ({type(exc).__name__}: {exc})")
-                self._published = _unattached()
+                self._published, self._read = _word(), _word()
                 return False
             self._version = version
             if self.on_apply is not None:
@@ -656,15 +661,16 @@ class LiveSharedMemWeightReceiver(SharedMemWeightReceiver):
         super()._apply(update)
         block = self._blocks.latest()
         assert block is not None
-        self._published = block.control(0)
+        self._read[0] = update.version  # a newer word is read right after (apply_pending)
+        self._published = block.control(0)[1:]
         return update.version
 
     def follow(self, instance: str) -> bool:
         if instance and self.instance and instance != self.instance:
             # Before the version drops to 0: the old trainer's word counts in its numbering.
-            self._published = _unattached()
+            self._published, self._read = _word(), _word()
         return super().follow(instance)
 
     def close(self) -> None:
-        self._published = _unattached()
+        self._published, self._read = _word(), _word()
         super().close()
