@@ -211,7 +211,8 @@ class WeightApplier:
 
     # -- rollout thread ---------------------------------------------------------------------
     def before_step(self) -> None:
-        """The rollout's hook at every step boundary: one attribute check unless an update waits."""
+        """The rollout's hook at every step boundary: a check per model unless an update waits
+        (an attribute, and for live shared memory the published version word)."""
         if self.receivers.has_pending:
             if self.receivers.needs_park:
                 self._wait_in_place()
