@@ -583,10 +583,10 @@ class LiveSharedMemWeightReceiver(SharedMemWeightReceiver):
     at its block, the buffers (and parameters of another dtype) copied, and the ack
     says this receiver reads the block's published version word from now on. Each
     later version is that word: :attr:`has_pending` compares it at every step
-    boundary with the value last read (two one-word views: no lock, no call, no
-    object made) and :meth:`apply_pending` copies the buffers again and sets
-    :attr:`version` when it moved. Nothing is acked for it: the
-    sender answered its send when it published.
+    boundary with the value last read (two one-word views compared in C: no lock,
+    no object made) and :meth:`apply_pending` copies the buffers again and sets
+    :attr:`version` when it moved. Nothing is acked for it: the sender answered
+    its send when it published.
     """
 
     reads_published = True
