@@ -491,37 +491,40 @@ class LiveSharedMemWeightSender(SharedMemWeightSender):
         seq = block.slot_state(0)[0]
         return {"block": block.name, "slot": 0, "seq": seq}, {"buffer": live}
 
-    def _queue(self, payload: Any, version: int, worker_ids: list[int],
-               extra: dict[str, Any], *, direct: bool = False) -> Sent:
-        """A message for the workers not attached yet; the attached ones are answered now."""
+    async def _dispatch(self) -> None:
+        """Answer the versions queued for attached workers; transmit the others' as usual."""
+        self._answer_attached()
+        await super()._dispatch()
+
+    def _answer_attached(self) -> None:
+        """Acknowledge at once what is queued for workers that read the word: it holds it.
+
+        Under the lock, right after a send queued its version, and whenever the base
+        class would transmit queued versions: a version queued while the worker's
+        attaching message was in transit is answered too, never sent.
+        """
         workers = self.workers
         for gone in [w for w in self._attach if w not in workers]:
             del self._attach[gone]  # lost (its lane goes the same way): nothing to keep
-        attached = {workers[w]: w for w in worker_ids
-                    if w in workers and self._attached(w, workers[w])}
-        others = [w for w in worker_ids if w not in attached.values()]
-        sent = super()._queue(payload, version, others, extra, direct=direct)
-        if attached:
-            self._answer(sent, attached, version)
-        return sent
-
-    def _answer(self, sent: Sent, attached: dict[bytes, int], version: int) -> None:
-        """Acknowledge ``version`` for ``attached`` workers at once: it is published."""
-        ticket = Ticket(seq=0, peers=frozenset(attached))
-        ack = WeightsApplied(self.model_id, version, published=True).to_body()
-        for peer in attached:
+        answered: dict[int, tuple[Sent, dict[bytes, int]]] = {}  # id(send) -> its workers
+        for worker_id, lane in self._lanes.items():
+            queued = lane.queued
+            peer = workers.get(worker_id)
+            if queued is None or peer is None or not self._attached(worker_id, peer):
+                continue
+            for sent in queued.sends:
+                sent.waiting.discard(worker_id)
+                answered.setdefault(id(sent), (sent, {}))[1][peer] = worker_id
+            lane.queued = None
+        if not answered:
+            return
+        peers = frozenset(p for _, members in answered.values() for p in members)
+        ticket = Ticket(seq=0, peers=peers)  # never on the wire: resolved here
+        ack = WeightsApplied(self.model_id, self._version, published=True).to_body()
+        for peer in peers:
             ticket.resolve(peer, result=ack)
-        sent.parts.append(Part(ticket, attached))
-        for peer, worker_id in attached.items():
-            self._since[worker_id] = 0
-            lane = self._lanes.get(worker_id)
-            if lane is not None and lane.queued is not None:
-                # Queued before the worker attached: superseded by this version (newest
-                # wins) and never transmitted.
-                for older in lane.queued.sends:
-                    older.waiting.discard(worker_id)
-                    older.parts.append(Part(ticket, {peer: worker_id}))
-                lane.queued = None
+        for sent, members in answered.values():
+            sent.parts.append(Part(ticket, members))
 
     def _attached(self, worker_id: int, peer: bytes) -> bool:
         """Whether ``worker_id`` (now ``peer``) acked a message saying it reads the word."""

@@ -283,3 +283,33 @@ async def test_collector_workers_stamp_every_frame_after_a_send_with_its_version
         # started after it, hence read the word: stamped exactly with that version.
         assert (versions == version).all(), (version, versions)
         assert (actions >= version).all()  # the weights that acted: that version or newer
+
+
+async def test_async_collector_workers_pick_up_published_versions_mid_run() -> None:
+    from asyncrl import MultiAsyncCollector
+    from asyncrl.testing import CountingEnv, ValuePolicy
+
+    policy = ValuePolicy(0.0)
+    batches = []
+    with anyio.fail_after(120):
+        async with MultiAsyncCollector([CountingEnv] * 2, policy, frames_per_batch=16,
+                                       total_frames=16 * 12,
+                                       weight_sync_schemes={
+                                           "policy": LiveSharedMemWeightSyncScheme()},
+                                       ) as collector:
+            sender = collector.weight_sender()
+            async for batch in collector:
+                batches.append(batch)
+                fill_parameters(policy, float(sender.version + 1))
+                await sender.send_async()  # pipelined while the workers step
+            await sender.wait_ack()
+            assert sender.copies_sent == 2 and sender.outstanding == 0
+    seen = set()
+    for batch in batches:
+        versions = batch["collector", "policy_version"]  # [envs, steps]
+        # Read at step boundaries, mid-batch too: never backwards along a batch, and a
+        # lower bound of the weights that acted.
+        assert (versions[..., 1:] >= versions[..., :-1]).all()
+        assert (batch["action"] >= versions).all()
+        seen.update(int(v) for v in versions.reshape(-1))
+    assert max(seen) >= 3  # published versions reached running workers without a message
