@@ -613,18 +613,26 @@ class WeightsApplied:
     """Worker -> sender, the ack of a ``weights`` message: it holds ``version`` of ``model_id``.
 
     The version may be newer than the message's: newest wins, so a worker that
-    got version *k + 1* before applying *k* acks both with *k + 1*.
+    got version *k + 1* before applying *k* acks both with *k + 1*. ``published``:
+    the worker reads later versions of this model from the word its sender
+    publishes in shared memory (``LiveSharedMemWeightSyncScheme``), so they need
+    no message; absent (False) from older workers and from every other scheme.
     """
 
     model_id: str
     version: int
+    published: bool = False
 
     def to_body(self) -> dict[str, Any]:
-        return {"model_id": self.model_id, "version": self.version}
+        body: dict[str, Any] = {"model_id": self.model_id, "version": self.version}
+        if self.published:
+            body["published"] = True
+        return body
 
     @classmethod
     def from_body(cls, body: Any) -> Self:
-        return cls(_model_id(body, "weights ack"), _version(body, "weights ack"))
+        return cls(_model_id(body, "weights ack"), _version(body, "weights ack"),
+                   body.get("published") is True)
 
 
 @dataclass(frozen=True, slots=True)

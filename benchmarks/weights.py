@@ -12,6 +12,12 @@ million float32 parameters, with
 * TorchRL ``MultiProcessWeightSyncScheme`` (mp queues, torch shared storage),
 * TorchRL ``SharedMemWeightSyncScheme`` (in-place writes into shared params),
 
+The live row's first two sends are warm-ups, and the first of them attaches each worker
+(a message, acked); every timed send after that is the real ``send_async()`` +
+``wait_ack()`` of attached workers: a version word written in shared memory, no
+message, acknowledged at once. The workers' share of it (about 20 µs at the step
+that sees a new version) is not in the row: these bench workers do not step.
+
 TorchRL rows are skipped when torchrl is not installed. Bandwidth: the 67M
 model (268 MB) sent to one worker over tcp loopback with the ZeroMQ scheme
 (streamed in chunks, and in one message as before) against bare pyzmq

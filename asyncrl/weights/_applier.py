@@ -211,12 +211,14 @@ class WeightApplier:
 
     # -- rollout thread ---------------------------------------------------------------------
     def before_step(self) -> None:
-        """The rollout's hook at every step boundary: one attribute check unless an update waits."""
+        """The rollout's hook at every step boundary: a check per model unless an update waits
+        (an attribute, and for live shared memory the published version word)."""
         if self.receivers.has_pending:
             if self.receivers.needs_park:
                 self._wait_in_place()
             self.receivers.apply_pending()
-            anyio.from_thread.run_sync(self._wake)
+            if self.receivers.has_acks:  # (a version read from shared memory is acked by nobody)
+                anyio.from_thread.run_sync(self._wake)
             self.receivers.check_whole()  # a half-written model fails the step
 
     def _wait_in_place(self) -> None:

@@ -111,6 +111,9 @@ class WeightReceiver:
 
     #: True for receivers that assemble versions streamed in chunks (``WeightChunk``).
     takes_chunks: bool = False
+    #: True for receivers that, once a message attached them, read later versions from a
+    #: word the sender publishes in shared memory (their acks say so: no more messages).
+    reads_published: bool = False
     #: Why the model is half-written, if it is (``in_place``); None while it is whole.
     torn: str | None = None
 
@@ -323,7 +326,7 @@ class WeightReceiver:
     def _queue_ack(self, message: Message, route: AckRoute, version: int | None,
                    error: BaseException | None) -> None:
         if message.needs_ack:
-            result = (WeightsApplied(self.model_id, version).to_body()
+            result = (WeightsApplied(self.model_id, version, self.reads_published).to_body()
                       if error is None and version is not None else None)
             self._acks.append(WeightAck(message, result, error, route))
 
@@ -346,6 +349,7 @@ class WeightReceiverGroup:
     def __init__(self, receivers: Iterable[WeightReceiver] = (), *,
                  on_apply: Callable[[str, int], None] | None = None) -> None:
         self._receivers: dict[str, WeightReceiver] = {}
+        self._each: tuple[WeightReceiver, ...] = ()
         # Acks due here: unknown model ids, and what an interrupted flush left unsent.
         self._due: list[WeightAck] = []
         self.on_apply = on_apply
@@ -356,6 +360,7 @@ class WeightReceiverGroup:
         if receiver.model_id in self._receivers:
             raise ValueError(f"a receiver for {receiver.model_id!r} is already registered")
         self._receivers[receiver.model_id] = receiver
+        self._each = tuple(self._receivers.values())  # for the per-step check
         if self.on_apply is not None and receiver.on_apply is None:
             on_apply, model_id = self.on_apply, receiver.model_id
             receiver.on_apply = lambda version: on_apply(model_id, version)
@@ -381,7 +386,7 @@ class WeightReceiverGroup:
 
     @property
     def has_pending(self) -> bool:
-        for receiver in self._receivers.values():  # (every step: no generator)
+        for receiver in self._each:  # (every step: no generator, no dict view)
             if receiver.has_pending:
                 return True
         return False
@@ -413,6 +418,11 @@ class WeightReceiverGroup:
     def needs_park(self) -> bool:
         return any(r.needs_park for r in self._receivers.values())
 
+    @property
+    def has_acks(self) -> bool:
+        """Whether an ack is due (a version published in shared memory is acked by nobody)."""
+        return bool(self._due) or any(r._acks for r in self._receivers.values())
+
     def park(self) -> None:
         for receiver in self._receivers.values():
             receiver.park()
@@ -428,7 +438,7 @@ class WeightReceiverGroup:
         """Apply what is pending for every model; return ``{model_id: version applied}``."""
         applied = {}
         for model_id, receiver in self._receivers.items():
-            if receiver._pending is not None and receiver.apply_pending():
+            if receiver.has_pending and receiver.apply_pending():
                 applied[model_id] = receiver.version
         return applied
 

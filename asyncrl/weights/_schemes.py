@@ -313,20 +313,32 @@ class LiveSharedMemWeightSyncScheme(SharedMemWeightSyncScheme):
     The trainer's model is moved into shared memory when the sender is created
     (its parameters and buffers; the ``Parameter`` objects, hence the
     optimiser, stay the same) and trained in place; workers point their
-    parameters at it. A send copies nothing: it publishes a version and waits
-    for the acks. It is the fastest scheme and the weakest:
+    parameters at it. It is the fastest scheme and the weakest:
 
     * every optimiser step reaches the workers **immediately, mid-rollout**,
       and a worker may read parameters while the optimiser is writing them
       (**torn reads**: part of step *n*, part of step *n + 1*);
     * a frame's ``policy_version`` is a **lower bound**: the weights that
       acted are those of that version *or newer*, possibly a mix;
-    * an ack only says the worker now reads the live weights.
+    * **an ack is not a message.** A worker's first update (and the first after
+      it rejoins or is replaced) is a message naming the block, applied and
+      acked. After that a send writes the version into a word of the block and
+      returns: ``send()`` / ``wait_ack()`` count such a worker as acknowledged
+      at once, and mean only this: every step it *starts* from then on stamps
+      its frames with that version or newer (it reads the word at each step
+      boundary, and copies the buffers then). A step already under way keeps
+      the older stamp (a correct lower bound: the weights are live); an idle
+      worker stamps it from its next step; a worker that died meanwhile does
+      not delay the send (its loss is the collector's ``on_worker_loss``).
 
-    Use it when, like TorchRL's users, you accept that; use
-    :class:`SharedMemWeightSyncScheme` for exact versions at the cost of one
-    memcpy per send. CPU models only; ``send()`` takes no ``weights``.
-    Buffers (running statistics) are copied to the workers at each send.
+    The word belongs to the block, not to a worker: an attached worker that a
+    send did not target (``worker_ids``, ``max_interval``) reads it too, which
+    is as true of its live weights. A send copies nothing; buffers (running
+    statistics) and parameters of another dtype are copied by each worker at
+    the step that sees a new version. Use it when, like TorchRL's users, you
+    accept all that; use :class:`SharedMemWeightSyncScheme` for exact
+    versions and real acks at the cost of one memcpy per send. CPU models
+    only; ``send()`` takes no ``weights``.
 
     >>> LiveSharedMemWeightSyncScheme()
     LiveSharedMemWeightSyncScheme()
