@@ -167,22 +167,8 @@ def test_in_place_is_configuration_and_refuses_what_does_not_apply() -> None:
         ZmqWeightSyncScheme(in_place=True, chunk_bytes=0)
 
 
-def test_a_model_that_cannot_be_written_in_place_is_refused_by_name() -> None:
-    model = nn.Linear(8, 8)
-    model.weight.data = torch.zeros(8, 8).t()  # not contiguous
-    receiver = in_place_receiver(model)
-    for message in stream(nn.Linear(8, 8), 1):
-        receiver.on_message(message)
-        receiver.park()
-    (ack,) = receiver.take_acks()
-    assert isinstance(ack.error, WeightSyncError)
-    assert "must be contiguous CPU tensors; ['weight'] are not" in str(ack.error)
-    assert receiver.torn is None and not receiver.needs_park and receiver.version == 0
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_a_cuda_model_is_refused_by_name_and_left_as_it_was() -> None:
-    model = nn.Linear(8, 8).cuda()
+def refused_in_place(model: nn.Module, names: list[str]) -> None:
+    """Stream a version into ``model`` in place: refused, naming ``names``; the model as it was."""
     before = {k: v.clone() for k, v in model.state_dict().items()}
     receiver = in_place_receiver(model)
     for message in stream(nn.Linear(8, 8), 1):
@@ -190,9 +176,20 @@ def test_a_cuda_model_is_refused_by_name_and_left_as_it_was() -> None:
         receiver.park()
     (ack,) = receiver.take_acks()
     assert isinstance(ack.error, WeightSyncError)
-    assert "must be contiguous CPU tensors; ['weight', 'bias'] are not" in str(ack.error)
+    assert f"must be contiguous CPU tensors; {names} are not" in str(ack.error)
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
-    assert receiver.torn is None and receiver.version == 0
+    assert receiver.torn is None and not receiver.needs_park and receiver.version == 0
+
+
+def test_a_model_that_cannot_be_written_in_place_is_refused_by_name() -> None:
+    model = nn.Linear(8, 8)
+    model.weight.data = torch.zeros(8, 8).t()  # not contiguous
+    refused_in_place(model, ["weight"])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_cuda_model_is_refused_by_name_and_left_as_it_was() -> None:
+    refused_in_place(nn.Linear(8, 8).cuda(), ["weight", "bias"])
 
 
 class FakeRollout:

@@ -29,19 +29,11 @@ from asyncrl.weights import (
     WeightSender,
     WeightSyncScheme,
 )
+from tests.asyncrl.weights.test_weights_shared_memory import net
 from transports import Message
 
 pytestmark = pytest.mark.anyio
 WAIT = 20
-
-
-def net(fill: float, *, norm: bool = False) -> nn.Module:
-    layers: list[nn.Module] = [nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2)]
-    if norm:
-        layers.append(nn.BatchNorm1d(2))
-    module = nn.Sequential(*layers)
-    fill_parameters(module, fill)
-    return module
 
 
 class FakeRollout:

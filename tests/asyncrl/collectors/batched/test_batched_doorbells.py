@@ -17,6 +17,7 @@ import time
 import anyio
 import pytest
 import torch
+from tensordict import TensorDict
 from tensordict.nn import TensorDictModule
 from torch import nn
 
@@ -173,16 +174,17 @@ async def test_an_env_worker_killed_while_it_waits_for_its_answer_is_reported(
                     await collector.__anext__()
 
 
-@pytest.mark.parametrize("server_backend", BACKENDS)
-async def test_versions_are_exact_per_frame_with_requests_of_several_envs(
-        server_backend) -> None:
+async def collect_updating(**kwargs) -> tuple[list[TensorDict], dict[int, float | None],
+                                                dict[int, int]]:
+    """Collect counting3 frames, a new version of ValuePolicy after every batch.
+
+    Returns the batches, each version's value, and the calls per batch size.
+    """
     policy = ValuePolicy(0.0)
     values: dict[int, float | None] = {0: 0.0}
     batches = []
     with anyio.fail_after(LIMIT):
-        async with AsyncBatchedCollector(counting3, num_envs=6, envs_per_worker=2,
-                                         policy=policy, frames_per_batch=12, total_frames=144,
-                                         server_backend=server_backend) as collector:
+        async with AsyncBatchedCollector(counting3, policy=policy, **kwargs) as collector:
             async for batch in collector:
                 batches.append(batch)
                 version = collector.policy_version + 1
@@ -190,7 +192,17 @@ async def test_versions_are_exact_per_frame_with_requests_of_several_envs(
                 values[version] = float(version)
                 await collector.update_policy_weights()
                 assert collector.policy_version == version
+            await anyio.sleep(0.5)  # the inference process reports every 0.2 s
+            sizes = collector.inference_statistics().batch_sizes
     assert version_problems(batches, values) == []
+    return batches, values, sizes
+
+
+@pytest.mark.parametrize("server_backend", BACKENDS)
+async def test_versions_are_exact_per_frame_with_requests_of_several_envs(
+        server_backend) -> None:
+    batches, _, _ = await collect_updating(num_envs=6, envs_per_worker=2, frames_per_batch=12,
+                                           total_frames=144, server_backend=server_backend)
     frames = torch.cat(batches, 0)
     assert len(set(frames["collector", "policy_version"].tolist())) >= 3
     check_counting_frames(frames, length=3, action=None)

@@ -26,7 +26,8 @@ from asyncrl import AsyncBatchedCollector
 from asyncrl._inference.env_stepper import EnvStepper, EnvWorkerConfig
 from asyncrl._inference.loop import OutputLayout, make_blocks
 from asyncrl._rollout.traj_ids import TrajectoryIds
-from asyncrl.testing import CountingEnv, ValuePolicy, fill_parameters, version_problems
+from asyncrl.testing import CountingEnv, ValuePolicy
+from tests.asyncrl.collectors.batched.test_batched_doorbells import collect_updating
 from tests.asyncrl.counting_frames import check_counting_frames
 
 pytestmark = pytest.mark.anyio
@@ -39,23 +40,9 @@ RENDEZVOUS = 20.0
 
 @pytest.mark.parametrize("server_backend", BACKENDS)
 async def test_splits_keep_every_frame_in_order_and_versions_exact(server_backend) -> None:
-    policy = ValuePolicy(0.0)
-    values: dict[int, float | None] = {0: 0.0}
-    batches = []
-    with anyio.fail_after(LIMIT):
-        async with AsyncBatchedCollector(counting3, num_envs=8, envs_per_worker=4,
-                                         worker_num_splits=2, policy=policy,
-                                         frames_per_batch=16, total_frames=192,
-                                         server_backend=server_backend) as collector:
-            async for batch in collector:
-                batches.append(batch)
-                version = collector.policy_version + 1
-                fill_parameters(policy, float(version))
-                values[version] = float(version)
-                await collector.update_policy_weights()
-            await anyio.sleep(0.5)  # the inference process reports every 0.2 s
-            sizes = collector.inference_statistics().batch_sizes
-    assert version_problems(batches, values) == []
+    batches, _, sizes = await collect_updating(
+        num_envs=8, envs_per_worker=4, worker_num_splits=2, frames_per_batch=16,
+        total_frames=192, server_backend=server_backend)  # (versions checked there)
     frames = torch.cat(batches, 0)
     assert frames.numel() == 192
     assert len(set(frames["collector", "policy_version"].tolist())) >= 3
