@@ -17,6 +17,7 @@ are timed; the table shows the median frames/s and the ratio to per-worker.
     python -m benchmarks.inference_gpu                    # mlp1024, 8 and 14 envs
     python -m benchmarks.inference_gpu --policies mlp256,mlp1024 --envs 14
     python -m benchmarks.inference_gpu --envs 14 --envs-per-worker 2   # 28 envs, 14 processes
+    python -m benchmarks.inference_gpu --envs 14 --min-batch-size 14 --server-timeout 0.0002
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ LIBRARIES = ("batched-cuda", "batched-process-cuda", "per-worker-cpu")
 
 async def _run(library: str, policy_name: str, envs: int, frames: int, windows: int,
                batches: int, per_worker: int = 1, profile: float = 0.0,
-               profile_to: str = "") -> list[float]:
+               profile_to: str = "", min_batch: int | None = None,
+               server_timeout: float | None = None) -> list[float]:
     from asyncrl import AsyncBatchedCollector, MultiAsyncCollector
 
     policy = make_policy(policy_name, ENV)
@@ -48,6 +50,7 @@ async def _run(library: str, policy_name: str, envs: int, frames: int, windows: 
         collector = AsyncBatchedCollector(
             ENV, num_envs=envs * per_worker, envs_per_worker=per_worker, policy=policy,
             frames_per_batch=frames, device="cuda", max_batch_size=max(64, envs * per_worker),
+            min_batch_size=min_batch, server_timeout=server_timeout,
             server_backend="process" if "process" in library else "thread")
     else:
         collector = MultiAsyncCollector(ENV, num_workers=envs, envs_per_worker=per_worker,
@@ -101,6 +104,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--windows", type=int, default=2)
     p.add_argument("--batches", type=int, default=3)
     p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--min-batch-size", type=int, default=None,
+                   help="central inference: observations a call waits for (default 1)")
+    p.add_argument("--server-timeout", type=float, default=None,
+                   help="central inference: seconds a call waits for --min-batch-size")
     p.add_argument("--profile", type=float, default=0.0,
                    help="seconds of py-spy (collapsed stacks) on the inference process of "
                         "each central run, to --profile-dir")
@@ -129,7 +136,8 @@ def main(argv: list[str] | None = None) -> int:
                         profile = args.profile if library.startswith("batched") else 0.0
                         rates = anyio.run(_run, library, policy, envs, args.frames_per_batch,
                                           args.windows, args.batches, args.envs_per_worker,
-                                          profile, where)
+                                          profile, where, args.min_batch_size,
+                                          args.server_timeout)
                         value = statistics.median(rates)
                         print(f"{policy} envs={envs} {library}: {value:,.0f} fps", flush=True)
                     except Exception as exc:  # one failing must not lose the others' numbers
