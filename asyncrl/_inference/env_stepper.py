@@ -133,20 +133,20 @@ class _Split:
     :meth:`step` records one step into column ``i`` of its rows and steps its envs.
     """
 
-    def __init__(self, pool: EnvPool, first: int) -> None:
+    def __init__(self, pool: EnvPool, first: int, traj_ids: TrajectoryIds) -> None:
         self.pool = pool
         self.first = first  # its first row among the worker's envs
         self.rows = slice(first, first + pool.num_envs)
+        self.traj_ids = traj_ids  # the worker's: a split renews its own rows
+        self.traj_now = traj_ids.current[self.rows]  # a view: renew writes in place
         self.pre: list[tuple[np.ndarray, np.ndarray]] = []
         self.post: list[tuple[np.ndarray, np.ndarray]] = []
         self.outputs: list[tuple[Any, Any]] = []  # (chunk buffer, the answer's array)
         self.act_np: Any = None
         self.done = np.zeros(pool.num_envs, dtype=bool)
-        # Set by EnvStepper._allocate: its rows of these chunk buffers and of the traj ids.
+        # Set by EnvStepper._allocate: its rows of these chunk buffers.
         self.version: np.ndarray = np.empty(0)
         self.traj: np.ndarray = np.empty(0)
-        self.traj_now: np.ndarray = np.empty(0)
-        self.traj_ids: TrajectoryIds | None = None
         # A local worker's block slots (EnvStepper._local_views) and its answer's count.
         self.obs_slot: SlotArrays | None = None
         self.act_slot: SlotArrays | None = None
@@ -171,7 +171,6 @@ class _Split:
         if pool.any_done:
             np.logical_or(pool.terminated, pool.truncated, out=self.done)
             pool.reset_where(self.done)
-            assert self.traj_ids is not None
             self.traj_ids.renew(self.done, first=self.first)
 
 
@@ -266,7 +265,7 @@ class EnvStepper:
         self._splits: list[_Split] = []
         first = 0
         for p in self.pools:
-            split = _Split(p, first)
+            split = _Split(p, first, self._traj_ids)
             rows = split.rows
             for path, src in zip(c.obs_paths, p.obs_arrays, strict=True):
                 split.pre.append((data[tuple(path)].numpy()[rows], src))
@@ -280,8 +279,6 @@ class EnvStepper:
             split.act_np = self.act_np
             split.version = data[("collector", "policy_version")].numpy()[rows]
             split.traj = data[("collector", "traj_ids")].numpy()[rows]
-            split.traj_now = self._traj_ids.current[rows]
-            split.traj_ids = self._traj_ids
             self._splits.append(split)
             first += p.num_envs
         self._chunk = TensorDict({}, batch_size=[n, t])

@@ -517,7 +517,9 @@ def make_blocks(rows_per_worker: Sequence[int], obs: dict[Path, torch.Tensor],
     blocks: dict[int, WorkerBlocks] = {}
     try:
         for slot, rows in enumerate(rows_per_worker):
-            if rows % splits or splits > MAX_SPLITS:
+            if splits > MAX_SPLITS:
+                raise ValueError(f"{splits} splits: a lane has room for {MAX_SPLITS}")
+            if rows % splits:
                 raise ValueError(f"{rows} envs do not split in {splits} equal parts")
             per_split = rows // splits
             example = {f"o{i}": torch.zeros((per_split, *t.shape[1:]), dtype=t.dtype)

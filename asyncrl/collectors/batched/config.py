@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from ..._inference.loop import MAX_SPLITS
 from .._config import check_int
 
 #: TorchRL arguments of ``AsyncBatchedCollector`` that asyncrl does not take, and what to use.
@@ -215,8 +216,8 @@ def check_splits(worker_num_splits: Any, *, num_envs: int, envs_per_worker: int)
         raise ValueError(f"worker_num_splits={splits} splits the envs of local env workers, "
                          "and num_envs=0 starts none: a remote env host steps its envs in one "
                          "request; leave worker_num_splits=1")
-    if splits > 256:
-        raise ValueError(f"worker_num_splits={splits}: at most 256")
+    if splits > MAX_SPLITS:
+        raise ValueError(f"worker_num_splits={splits}: at most {MAX_SPLITS}")
     last = num_envs % envs_per_worker
     if envs_per_worker % splits or last % splits:
         odd = (f"envs_per_worker={envs_per_worker}" if envs_per_worker % splits

@@ -20,7 +20,8 @@ import pytest
 import torch
 from torch import nn
 
-from asyncrl.testing import fill_parameters, parameter_values
+from asyncrl import MultiAsyncCollector, MultiSyncCollector
+from asyncrl.testing import CountingEnv, ValuePolicy, fill_parameters, parameter_values
 from asyncrl.weights import (
     LiveSharedMemWeightSyncScheme,
     LocalHub,
@@ -248,18 +249,17 @@ async def test_control_operations_see_the_published_version_while_idle() -> None
 # ------------------------------------------------------------------ real worker processes
 
 
-async def test_collector_workers_stamp_every_frame_after_a_send_with_its_version() -> None:
-    from asyncrl import MultiSyncCollector
-    from asyncrl.testing import CountingEnv, ValuePolicy
+def live_collector(kind: Any, policy: nn.Module, batches: int) -> Any:
+    """``kind`` (a multi-process collector class): 2 CountingEnv workers, the live scheme."""
+    return kind([CountingEnv] * 2, policy, frames_per_batch=16, total_frames=16 * batches,
+                weight_sync_schemes={"policy": LiveSharedMemWeightSyncScheme()})
 
+
+async def test_collector_workers_stamp_every_frame_after_a_send_with_its_version() -> None:
     policy = ValuePolicy(0.0)
     stamped: list[tuple[int, torch.Tensor, torch.Tensor]] = []
     with anyio.fail_after(120):  # two worker processes on a loaded machine: not a speed bound
-        async with MultiSyncCollector([CountingEnv] * 2, policy, frames_per_batch=16,
-                                      total_frames=16 * 8,
-                                      weight_sync_schemes={
-                                          "policy": LiveSharedMemWeightSyncScheme()},
-                                      ) as collector:
+        async with live_collector(MultiSyncCollector, policy, 8) as collector:
             sender = collector.weight_sender()
             async for batch in collector:
                 stamped.append((sender.version, batch["collector", "policy_version"],
@@ -278,17 +278,10 @@ async def test_collector_workers_stamp_every_frame_after_a_send_with_its_version
 
 
 async def test_async_collector_workers_pick_up_published_versions_mid_run() -> None:
-    from asyncrl import MultiAsyncCollector
-    from asyncrl.testing import CountingEnv, ValuePolicy
-
     policy = ValuePolicy(0.0)
     batches = []
     with anyio.fail_after(120):
-        async with MultiAsyncCollector([CountingEnv] * 2, policy, frames_per_batch=16,
-                                       total_frames=16 * 12,
-                                       weight_sync_schemes={
-                                           "policy": LiveSharedMemWeightSyncScheme()},
-                                       ) as collector:
+        async with live_collector(MultiAsyncCollector, policy, 12) as collector:
             sender = collector.weight_sender()
             async for batch in collector:
                 batches.append(batch)
