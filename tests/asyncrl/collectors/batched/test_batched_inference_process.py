@@ -107,9 +107,13 @@ async def test_collection_goes_on_while_a_training_step_holds_the_trainers_loop(
             start = time.monotonic()
             time.sleep(2.0)  # a blocking training step: this event loop does nothing
             end = time.monotonic()
-            frames = []
-            while not frames or frames[-1]["t"].max() < end:
-                frames.append(await collector.__anext__())
+            # Until each worker has a frame chosen after the hold: a worker's chunks come
+            # in order, so every frame it stepped during the hold is in by then (the other
+            # worker's later frames may come first).
+            frames, late = [], set()
+            while late != {0, 1}:
+                frames.append(batch := await collector.__anext__())
+                late.update(batch["collector", "worker_id"][batch["t"] >= end].tolist())
     chosen = torch.cat(frames, 0)["t"]
     assert ((chosen > start) & (chosen < end)).any(), "no action was chosen during the step"
 
@@ -234,9 +238,13 @@ async def test_what_waits_while_the_trainers_loop_is_held_is_bounded() -> None:
             start = time.monotonic()
             time.sleep(3.0)  # a training step: the workers may only use up their credits
             end = time.monotonic()
-            frames = []
-            while not frames or frames[-1]["t"].max() < end:
-                frames.append(await collector.__anext__())
+            # Until each worker has a frame chosen after the hold: a worker's chunks come
+            # in order, so every frame it stepped during the hold is in by then (the other
+            # worker's later frames may come first).
+            frames, late = [], set()
+            while late != {0, 1}:
+                frames.append(batch := await collector.__anext__())
+                late.update(batch["collector", "worker_id"][batch["t"] >= end].tolist())
     chosen = torch.cat(frames, 0)["t"]
     during = int(((chosen > start) & (chosen < end)).sum())
     # per worker (one env): its credits (2 chunks of chunk_steps=2 steps), the chunk it
