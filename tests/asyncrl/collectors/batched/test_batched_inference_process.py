@@ -225,6 +225,7 @@ async def test_the_process_serves_the_policy_on_the_device_asked() -> None:
 
 
 async def test_what_waits_while_the_trainers_loop_is_held_is_bounded() -> None:
+    opened = time.monotonic()
     with anyio.fail_after(LIMIT):
         async with AsyncBatchedCollector(counting3, num_envs=2, policy_factory=where_and_when,
                                          frames_per_batch=4, total_frames=-1,
@@ -246,8 +247,12 @@ async def test_what_waits_while_the_trainers_loop_is_held_is_bounded() -> None:
                 frames.append(batch := await collector.__anext__())
                 late.update(batch["collector", "worker_id"][batch["t"] >= end].tolist())
     chosen = torch.cat(frames, 0)["t"]
+    # the server's clock is the test's (CLOCK_MONOTONIC is one per machine), so the count
+    # below means what it says
+    assert bool(((chosen > opened) & (chosen < time.monotonic())).all())
     during = int(((chosen > start) & (chosen < end)).sum())
     # per worker (one env): its credits (2 chunks of chunk_steps=2 steps), the chunk it
-    # is filling, its request in flight; without credits, thousands
+    # is filling, its request in flight; without credits, thousands. None is right too:
+    # the workers may have spent their credits before the hold began (CI saw that once).
     assert collector.chunk_steps == 2
-    assert 0 < during <= 2 * (2 * 2 + 2 + 1), during
+    assert 0 <= during <= 2 * (2 * 2 + 2 + 1), during
