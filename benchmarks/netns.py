@@ -20,7 +20,7 @@ import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-__all__ = ["Netns", "burst_for", "enter", "netns"]
+__all__ = ["Netns", "Star", "burst_for", "enter", "netns", "star"]
 
 _CLONE_NEWNET = 0x40000000
 
@@ -81,6 +81,68 @@ def netns(rate: str | None = "1gbit") -> Iterator[Netns]:
     finally:
         subprocess.run(["ip", "link", "del", ns.outer], capture_output=True)
         subprocess.run(["ip", "netns", "del", ns.name], capture_output=True)
+
+
+@dataclass
+class Star:
+    """Several hosts on one switch: a bridge in this namespace, one namespace per host.
+
+    The trainer (this namespace) speaks through the bridge at ``trainer_ip``; with a
+    ``rate``, the bridge's own qdisc is the trainer's NIC (what it sends to every host
+    shares it) and each host's veth is shaped both ways (its NIC). Host-to-host traffic
+    (a broadcast tree) crosses the bridge without touching the trainer's NIC.
+    """
+
+    bridge: str
+    trainer_ip: str
+    hosts: list[Netns]
+    rate: str | None = None
+
+    def tx_bytes(self) -> int:
+        """Bytes this namespace sent into the switch (the trainer's NIC)."""
+        with open(f"/sys/class/net/{self.bridge}/statistics/tx_bytes") as f:
+            return int(f.read())
+
+
+@contextlib.contextmanager
+def star(hosts: int, rate: str | None = "1gbit") -> Iterator[Star]:
+    """``hosts`` fresh namespaces bridged with this one, NICs shaped to ``rate``; root only."""
+    tag = f"{os.getpid() % 100000}{random.randrange(100):02d}"
+    used = subprocess.run(["ip", "-4", "-o", "addr"], capture_output=True, text=True).stdout
+    third = next(n for n in random.sample(range(1, 255), 254) if f"10.232.{n}." not in used)
+    net = f"10.232.{third}"
+    bridge = f"arlsb{tag}"
+    shape = () if rate is None else (
+        "root", "tbf", "rate", rate, "burst", burst_for(rate), "latency", "50ms")
+    made: list[Netns] = []
+    try:
+        _ip("ip", "link", "add", bridge, "type", "bridge")
+        _ip("ip", "addr", "add", f"{net}.1/24", "dev", bridge)
+        _ip("ip", "link", "set", bridge, "up")
+        if rate is not None:
+            _ip("tc", "qdisc", "add", "dev", bridge, *shape)  # the trainer's NIC, outward
+        for h in range(hosts):
+            ns = Netns(f"arlsb{tag}h{h}", f"arls{tag}p{h}", f"arls{tag}h{h}", f"{net}.1",
+                       f"{net}.{h + 2}", rate)
+            _ip("ip", "netns", "add", ns.name)
+            made.append(ns)
+            _ip("ip", "link", "add", ns.outer, "type", "veth", "peer", "name", ns.inner)
+            _ip("ip", "link", "set", ns.inner, "netns", ns.name)
+            _ip("ip", "link", "set", ns.outer, "master", bridge)
+            _ip("ip", "link", "set", ns.outer, "up")
+            inside = ("ip", "netns", "exec", ns.name)
+            _ip(*inside, "ip", "addr", "add", f"{ns.inner_ip}/24", "dev", ns.inner)
+            _ip(*inside, "ip", "link", "set", ns.inner, "up")
+            _ip(*inside, "ip", "link", "set", "lo", "up")
+            if rate is not None:
+                _ip("tc", "qdisc", "add", "dev", ns.outer, *shape)  # switch -> host
+                _ip(*inside, "tc", "qdisc", "add", "dev", ns.inner, *shape)  # host -> switch
+        yield Star(bridge, f"{net}.1", made, rate)
+    finally:
+        for ns in made:
+            subprocess.run(["ip", "link", "del", ns.outer], capture_output=True)
+            subprocess.run(["ip", "netns", "del", ns.name], capture_output=True)
+        subprocess.run(["ip", "link", "del", bridge], capture_output=True)
 
 
 def enter(name: str) -> None:

@@ -233,15 +233,18 @@ async def _forwarder_main(config: dict[str, Any]) -> None:
 class Proc:
     """A host process: multiprocessing (loopback) or ``ip netns exec`` subprocess."""
 
-    def __init__(self, role: str, config: dict[str, Any], netns: str | None) -> None:
+    def __init__(self, role: str, config: dict[str, Any], netns: str | None, *,
+                 module: str = "benchmarks.relay") -> None:
         self.role = role
         if netns is None:
+            if module != "benchmarks.relay":
+                raise ValueError("a loopback Proc runs this module's roles only")
             self._proc: Any = mp.get_context("spawn").Process(target=_role, args=(role, config),
                                                               daemon=True)
             self._proc.start()
         else:
             self._proc = subprocess.Popen(
-                ["ip", "netns", "exec", netns, sys.executable, "-m", "benchmarks.relay",
+                ["ip", "netns", "exec", netns, sys.executable, "-m", module,
                  "--role", role, "--config", json.dumps(config)], cwd=ROOT)
 
     @property

@@ -553,6 +553,8 @@ def latency_rows(torchrl: bool) -> list[tuple[str, WeightSyncScheme | str]]:
         ("asyncrl LiveSharedMemWeightSyncScheme (live, opt-in)",
          LiveSharedMemWeightSyncScheme()),
         ("asyncrl DistributedWeightSyncScheme (gloo broadcast)", DistributedWeightSyncScheme()),
+        ("asyncrl DistributedWeightSyncScheme (gloo chain)",
+         DistributedWeightSyncScheme(algorithm="chain")),
     ]
     if torchrl:
         rows += [("TorchRL MultiProcessWeightSyncScheme", "mp"),

@@ -39,13 +39,17 @@ from ._errors import WeightSyncError
 # torch.distributed's stores and process-group classes are untyped re-exports.
 dist: Any = _dist
 
-__all__ = ["FlatLayout", "Group", "parse_init_method"]
+__all__ = ["ALGORITHMS", "CHAIN_CHUNK_BYTES", "FlatLayout", "Group", "parse_init_method"]
 
 #: Each tensor starts on a multiple of this many bytes (any dtype's alignment).
 ALIGN = 64
 #: Polling slice of the formation's waits (seconds): how fast a close stops them.
 POLL = 0.05
 BACKENDS = ("gloo", "nccl")
+#: ``"broadcast"``: the backend's own collective; ``"chain"``: rank r receives each chunk
+#: from r - 1 and forwards it to r + 1 as it comes (a pipeline: one copy per link).
+ALGORITHMS = ("broadcast", "chain")
+CHAIN_CHUNK_BYTES = 1 << 20
 
 
 def parse_init_method(init_method: str) -> tuple[str, int]:
@@ -141,16 +145,22 @@ class Group:
     """One rank's handle on the process group: ``broadcast(buffer)`` from rank 0, bounded."""
 
     def __init__(self, pg: Any, rank: int, world_size: int, backend: str, timeout: float,
-                 store: Any) -> None:
+                 store: Any, *, algorithm: str = "broadcast",
+                 chunk_bytes: int = CHAIN_CHUNK_BYTES) -> None:
         self.pg = pg
         self.rank = rank
         self.world_size = world_size
         self.backend = backend
         self.timeout = timeout
+        self.algorithm = algorithm
+        self.chunk_bytes = chunk_bytes
         self._store = store  # rank 0 serves it: kept alive with the group
 
     def broadcast(self, buffer: torch.Tensor) -> None:
         """Rank 0 sends ``buffer``, the others receive into it; blocks (a thread), bounded."""
+        if self.algorithm == "chain":
+            self._chain(buffer)
+            return
         options = dist.BroadcastOptions()
         options.rootRank = 0
         options.timeout = datetime.timedelta(seconds=self.timeout)
@@ -160,6 +170,29 @@ class Group:
             torch.cuda.current_stream(buffer.device).synchronize()
         else:
             work.wait()  # gloo: bounded by the group's timeout
+
+    def _chain(self, buffer: torch.Tensor) -> None:
+        """A pipelined chain 0 -> 1 -> ... -> n-1 in ``chunk_bytes`` pieces (gloo point to point).
+
+        gloo's own broadcast sends the whole buffer down a tree, stage after stage: the
+        trainer's link carries one copy per child and the last rank waits for every stage.
+        Along a chain each link carries one copy, and a rank forwards a chunk while the next
+        one arrives, so the last rank has it all about one buffer's time after the first
+        byte left (plus a chunk per hop). Workers of one host should have consecutive
+        indices: then each host's link carries one copy in and one out.
+        """
+        span = datetime.timedelta(seconds=self.timeout)
+        last = self.rank == self.world_size - 1
+        flat = buffer.view(-1)
+        sends = []
+        for tag, start in enumerate(range(0, flat.numel(), self.chunk_bytes)):
+            chunk = flat[start:start + self.chunk_bytes]
+            if self.rank:
+                self.pg.recv([chunk], self.rank - 1, tag).wait(span)
+            if not last:
+                sends.append(self.pg.send([chunk], self.rank + 1, tag))
+        for work in sends:
+            work.wait(span)
 
     def close(self) -> None:
         pg, self.pg = self.pg, None
@@ -174,7 +207,7 @@ class Group:
     @classmethod
     def form(cls, init_method: str, *, world_size: int, backend: str, timeout: float,
              join_timeout: float, layout: FlatLayout, prefix: str,
-             stop: threading.Event) -> Group:
+             stop: threading.Event, **chain: Any) -> Group:
         """Rank 0 (the trainer): serve the store, check every worker's answer, build the group."""
         host, port = parse_init_method(init_method)
         span = datetime.timedelta(seconds=join_timeout)
@@ -198,12 +231,12 @@ class Group:
                 "architecture")
         store.set("go", "ok")
         return cls(_make_pg(store, 0, world_size, backend, timeout, host), 0, world_size,
-                   backend, timeout, server)
+                   backend, timeout, server, **chain)
 
     @classmethod
     def join(cls, init_method: str, *, rank: int, world_size: int, backend: str,
              timeout: float, join_timeout: float, layout: FlatLayout, prefix: str,
-             stop: threading.Event) -> Group:
+             stop: threading.Event, **chain: Any) -> Group:
         """Rank ``rank`` (a worker): check the trainer's layout, answer, build the group."""
         if not 1 <= rank < world_size:
             raise WeightSyncError(
@@ -231,7 +264,7 @@ class Group:
         if go != "ok":
             raise WeightSyncError(f"the trainer aborted the process group: {go}")
         return cls(_make_pg(store, rank, world_size, backend, timeout, _address_towards(host)),
-                   rank, world_size, backend, timeout, None)
+                   rank, world_size, backend, timeout, None, **chain)
 
 
 def _tick(stop: threading.Event, deadline: float, why: Any) -> None:

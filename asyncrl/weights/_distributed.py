@@ -35,9 +35,9 @@ import anyio.from_thread
 import anyio.lowlevel
 import torch
 
-from transports import Message, ProtocolError, copy_into
+from transports import Message, ProtocolError, RemoteError, copy_into
 
-from ._collective import FlatLayout, Group
+from ._collective import CHAIN_CHUNK_BYTES, FlatLayout, Group
 from ._errors import WeightSyncError
 from ._receiver import WeightReceiver
 from ._sender import THREAD_COPY_BYTES, WeightSender, WorkerIds
@@ -82,8 +82,10 @@ class DistributedWeightSender(WeightSender):
     relayable = False  # every member receives the collective itself
 
     def __init__(self, model_id: str, hub: Any, *, backend: str, init_method: str,
-                 world_size: int, timeout: float, join_timeout: float, **kwargs: Any) -> None:
+                 world_size: int, timeout: float, join_timeout: float, algorithm: str = "broadcast",
+                 chunk_bytes: int = CHAIN_CHUNK_BYTES, **kwargs: Any) -> None:
         super().__init__(model_id, hub, **kwargs)
+        self._chain = {"algorithm": algorithm, "chunk_bytes": chunk_bytes}
         if self.model is None:
             raise ValueError(f"DistributedWeightSyncScheme needs the model of {model_id!r} at "
                              "init_on_sender: its broadcast buffer is allocated once, in its "
@@ -147,7 +149,7 @@ class DistributedWeightSender(WeightSender):
         return Group.form(self.init_method, world_size=self.world_size, backend=self.backend,
                           timeout=self.timeout, join_timeout=self.join_timeout,
                           layout=self.layout,
-                          prefix=_prefix(self.model_id), stop=self._stop)
+                          prefix=_prefix(self.model_id), stop=self._stop, **self._chain)
 
     async def run(self) -> None:
         """Form the group, then transmit queued versions (see :meth:`WeightSender.run`)."""
@@ -217,6 +219,21 @@ class DistributedWeightSender(WeightSender):
             raise self._failure from exc
         self.broadcasts += 1
 
+    async def wait_ack(self, timeout: float | None = None) -> dict[int, int]:
+        try:
+            return await super().wait_ack(timeout)
+        except RemoteError as exc:
+            # A chain's broken link is seen by the ranks beside it, not by the trainer's own
+            # send: their report breaks the group here too, under the broadcast's own error.
+            if not exc.remote_type.endswith(".WeightSyncError") or self._failure is not None:
+                raise
+            self._failure = WeightSyncError(
+                f"model {self.model_id!r}: the broadcast of version {self._version} failed "
+                f"at a worker ({exc.remote_message[:300]}). A worker of the process group "
+                "died or hung; the group is broken for good (its membership is fixed), so no "
+                "later send can succeed")
+            raise self._failure from exc
+
     def _check_members(self) -> None:
         if self._failure is not None:
             raise self._failure
@@ -253,8 +270,10 @@ class DistributedWeightReceiver(WeightReceiver):
     """
 
     def __init__(self, model_id: str, model: Any, *, backend: str, init_method: str,
-                 world_size: int, timeout: float, join_timeout: float, **kwargs: Any) -> None:
+                 world_size: int, timeout: float, join_timeout: float, algorithm: str = "broadcast",
+                 chunk_bytes: int = CHAIN_CHUNK_BYTES, **kwargs: Any) -> None:
         super().__init__(model_id, model, **kwargs)
+        self._chain = {"algorithm": algorithm, "chunk_bytes": chunk_bytes}
         self.backend = backend
         self.init_method = init_method
         self.world_size = world_size
@@ -307,7 +326,7 @@ class DistributedWeightReceiver(WeightReceiver):
             group = Group.join(self.init_method, rank=self._rank, world_size=self.world_size,
                                backend=self.backend, timeout=self.timeout,
                                join_timeout=self.join_timeout, layout=self.layout,
-                               prefix=_prefix(self.model_id), stop=self._stop)
+                               prefix=_prefix(self.model_id), stop=self._stop, **self._chain)
         except Exception as exc:
             self._fail(exc, "could not join the process group")
             return

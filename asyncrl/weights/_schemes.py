@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 from transports import LocalHub, Message
 
 from ._chunks import DEFAULT_CHUNK_BYTES
-from ._collective import BACKENDS, free_port, parse_init_method
+from ._collective import ALGORITHMS, BACKENDS, CHAIN_CHUNK_BYTES, free_port, parse_init_method
 from ._distributed import DistributedWeightReceiver, DistributedWeightSender
 from ._errors import NotInitializedError, WeightSyncError
 from ._paths import resolve_model_path
@@ -379,6 +379,15 @@ class DistributedWeightSyncScheme(WeightSyncScheme):
     ``timeout``. torch.distributed has no authentication: use it on a trusted
     network only.
 
+    **Many hosts (gloo).** ``algorithm="chain"`` replaces gloo's broadcast (a
+    tree sent stage after stage: the trainer's link carries one copy per child
+    and the last rank waits for every stage) by a pipelined chain: rank r
+    receives each ``chunk_bytes`` piece from rank r - 1 and forwards it to
+    r + 1 as it comes, so every link carries one copy and the update takes
+    about one copy's time however many hosts there are. Give the workers of
+    one host consecutive indices. NCCL's broadcast already pipelines along a
+    ring: ``"chain"`` is for gloo.
+
     >>> scheme = DistributedWeightSyncScheme(init_method="tcp://127.0.0.1:29500")
     >>> scheme.plan(workers=4)
     >>> scheme.world_size
@@ -394,13 +403,29 @@ class DistributedWeightSyncScheme(WeightSyncScheme):
     def __init__(self, strategy: WeightFormat | WeightStrategy = "tensordict", *,
                  backend: str = "gloo", init_method: str | None = None,
                  world_size: int | None = None, timeout: float = 60.0,
-                 join_timeout: float = 300.0, max_interval: int = 0) -> None:
+                 join_timeout: float = 300.0, max_interval: int = 0,
+                 algorithm: str = "broadcast", chunk_bytes: int | None = None) -> None:
         if max_interval:
             raise ValueError("DistributedWeightSyncScheme cannot skip workers (max_interval): "
                              "a broadcast reaches every member of its group")
         super().__init__(strategy)
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        if algorithm not in ALGORITHMS:
+            raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
+        if algorithm == "chain" and backend == "nccl":
+            raise ValueError("algorithm='chain' is for gloo: NCCL's own broadcast already "
+                             "pipelines along a ring (use algorithm='broadcast' with nccl)")
+        if chunk_bytes is not None:
+            if algorithm != "chain":
+                raise ValueError(f"chunk_bytes={chunk_bytes!r} is the piece of "
+                                 "algorithm='chain'; the backend's broadcast cuts its own. "
+                                 "Pass algorithm='chain' with it, or leave chunk_bytes out")
+            if type(chunk_bytes) is not int or not 4096 <= chunk_bytes <= 1 << 30:
+                raise ValueError(f"chunk_bytes must be an int in [4096, 2**30], "
+                                 f"got {chunk_bytes!r}")
+        self.algorithm = algorithm
+        self.chunk_bytes = chunk_bytes
         if init_method is not None:
             parse_init_method(init_method)
         if world_size is not None and (type(world_size) is not int or world_size < 2):
@@ -467,12 +492,17 @@ class DistributedWeightSyncScheme(WeightSyncScheme):
             options["timeout"] = self.timeout
         if self.join_timeout != 300.0:
             options["join_timeout"] = self.join_timeout
+        if self.algorithm != "broadcast":
+            options["algorithm"] = self.algorithm
+        if self.chunk_bytes is not None:
+            options["chunk_bytes"] = self.chunk_bytes
         return options
 
     def _group_options(self) -> dict[str, Any]:
         return {"backend": self.backend, "init_method": self.init_method,
                 "world_size": self.world_size, "timeout": self.timeout,
-                "join_timeout": self.join_timeout}
+                "join_timeout": self.join_timeout, "algorithm": self.algorithm,
+                "chunk_bytes": self.chunk_bytes or CHAIN_CHUNK_BYTES}
 
     _sender_options = _group_options
     _receiver_options = _group_options

@@ -38,10 +38,12 @@ LOSS = (WeightSyncError, WorkerLostError)
 WAIT = 120  # worker processes on a loaded 2-core machine: a bound, not a speed claim
 
 
-@pytest.mark.parametrize("sync", [True, False], ids=["sync", "async"])
-async def test_frames_keep_exact_versions_under_broadcast(sync: bool) -> None:
+@pytest.mark.parametrize(("sync", "algorithm"), [(True, "broadcast"), (False, "broadcast"),
+                                                 (False, "chain")],
+                         ids=["sync", "async", "async-chain"])
+async def test_frames_keep_exact_versions_under_broadcast(sync: bool, algorithm: str) -> None:
     policy = ValuePolicy(0.0)
-    scheme = DistributedWeightSyncScheme(timeout=60)
+    scheme = DistributedWeightSyncScheme(timeout=60, algorithm=algorithm)
     with anyio.fail_after(WAIT):
         async with MultiCollector([CountingEnv] * 2, policy, sync=sync, frames_per_batch=16,
                                   total_frames=16 * 12,
@@ -64,14 +66,19 @@ async def test_frames_keep_exact_versions_under_broadcast(sync: bool) -> None:
         assert {float(v) for t in state.values() for v in t.reshape(-1)} == {values[max(values)]}
 
 
-async def test_every_tensor_arrives_exactly() -> None:
-    """A model with several dtypes and shapes: the worker's state dict equals the trainer's."""
+@pytest.mark.parametrize(("workers", "options"), [
+    (1, {}),
+    # 3 ranks forward along the chain in 4 KiB pieces; the buffer (9.3 KiB) ends mid-piece
+    (3, {"algorithm": "chain", "chunk_bytes": 4096}),
+], ids=["broadcast", "chain"])
+async def test_every_tensor_arrives_exactly(workers: int, options: dict) -> None:
+    """A model with several dtypes and shapes: each worker's state dict equals the trainer's."""
     torch.manual_seed(0)
     policy = MixedPolicy()
-    scheme = DistributedWeightSyncScheme(timeout=60)
+    scheme = DistributedWeightSyncScheme(timeout=60, **options)
     with anyio.fail_after(WAIT):
-        async with MultiCollector([CountingEnv], policy, sync=True, frames_per_batch=8,
-                                  total_frames=-1,
+        async with MultiCollector([CountingEnv] * workers, policy, sync=True,
+                                  frames_per_batch=8 * workers, total_frames=-1,
                                   weight_sync_schemes={"policy": scheme}) as collector:
             for _ in range(2):
                 with torch.no_grad():
@@ -79,11 +86,14 @@ async def test_every_tensor_arrives_exactly() -> None:
                         p.normal_()
                     policy.count += 3
                 await collector.update_policy_weights()
-            got = (await collector.state_dict())["worker0"]["policy_state_dict"]
+            answers = await collector.state_dict()
     expected = policy.state_dict()
-    assert sorted(got) == sorted(expected)
-    for key, tensor in expected.items():
-        assert torch.equal(torch.as_tensor(got[key]), tensor), key
+    assert sorted(answers) == [f"worker{i}" for i in range(workers)]
+    for answer in answers.values():
+        got = answer["policy_state_dict"]
+        assert sorted(got) == sorted(expected)
+        for key, tensor in expected.items():
+            assert torch.equal(torch.as_tensor(got[key]), tensor), key
 
 
 class MixedPolicy(nn.Module):
@@ -92,6 +102,7 @@ class MixedPolicy(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.linear = nn.Linear(2, 3)
+        self.wide = nn.Linear(48, 47)  # 9.2 KiB: a chain sends it in several pieces
         self.extra = nn.Parameter(torch.zeros(5, dtype=torch.float64))
         self.register_buffer("count", torch.zeros((), dtype=torch.int64))
 
@@ -99,13 +110,15 @@ class MixedPolicy(nn.Module):
         return torch.zeros(observation.shape[:-1], dtype=torch.int64)
 
 
+@pytest.mark.parametrize("algorithm", ["broadcast", "chain"])
 @pytest.mark.parametrize("how", ["killed", "hung"])
-async def test_a_lost_worker_fails_the_update_within_a_bound(how: str) -> None:
+async def test_a_lost_worker_fails_the_update_within_a_bound(how: str, algorithm: str) -> None:
     """Killed: gloo sees the closed connection at once (or the process watcher sees the
     death first). Hung (SIGSTOP): the group's ``timeout`` ends the broadcast. Either
-    way a clear error, never a hang, and every later update raises too."""
+    way a clear error, never a hang, and every later update raises too. In a chain the
+    victim is the middle rank: the trainer's own link to rank 1 stays fine."""
     policy = ValuePolicy(0.0)
-    scheme = DistributedWeightSyncScheme(timeout=3)
+    scheme = DistributedWeightSyncScheme(timeout=3, algorithm=algorithm)
     with anyio.fail_after(WAIT):
         async with MultiCollector([CountingEnv] * 3, policy, sync=True, frames_per_batch=12,
                                   total_frames=-1,
@@ -190,6 +203,18 @@ def test_configuration_is_checked_and_round_trips() -> None:
     assert isinstance(again, DistributedWeightSyncScheme)
     assert (again.backend, again.world_size, again.init_method, again.timeout) == (
         "nccl", 3, scheme.init_method, 5.0)
+    with pytest.raises(ValueError, match=r"algorithm must be one of \('broadcast', 'chain'\)"):
+        DistributedWeightSyncScheme(algorithm="ring")
+    with pytest.raises(ValueError, match="NCCL's own broadcast already pipelines"):
+        DistributedWeightSyncScheme(backend="nccl", algorithm="chain")
+    with pytest.raises(ValueError, match="Pass algorithm='chain' with it"):
+        DistributedWeightSyncScheme(chunk_bytes=1 << 20)
+    with pytest.raises(ValueError, match=r"chunk_bytes must be an int in \[4096, 2\*\*30\]"):
+        DistributedWeightSyncScheme(algorithm="chain", chunk_bytes=100)
+    chain = DistributedWeightSyncScheme(algorithm="chain", chunk_bytes=1 << 20)
+    assert repr(chain) == "DistributedWeightSyncScheme(algorithm='chain', chunk_bytes=1048576)"
+    again = WeightSyncScheme.from_config(chain.to_config())
+    assert (again.algorithm, again.chunk_bytes) == ("chain", 1 << 20)  # type: ignore[attr-defined]
     with pytest.raises(ValueError, match="world_size= and init_method="):
         DistributedWeightSyncScheme().init_on_sender("policy", hub=LocalHub(),
                                                      model=nn.Linear(2, 1))
