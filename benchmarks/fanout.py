@@ -190,7 +190,8 @@ async def bench(sizes: dict[str, tuple[tuple[int, ...], int]], net: Star,
         procs: list[Proc] = []
         routes: dict[int, bytes] = {}
         for h, ns in enumerate(net.hosts):
-            members = list(range(h * per_host, (h + 1) * per_host))
+            # indices interleave hosts, as when hosts start together (the chain regroups)
+            members = [k * hosts + h for k in range(per_host)]
             endpoint = f"ipc:///tmp/asyncrl-fanout-{os.getpid()}-{h}"
             procs.append(Proc("relay", {"trainer": hub.endpoint, "host": h, "members": members,
                                         "endpoint": endpoint}, ns.name,

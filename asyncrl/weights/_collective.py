@@ -39,7 +39,8 @@ from ._errors import WeightSyncError
 # torch.distributed's stores and process-group classes are untyped re-exports.
 dist: Any = _dist
 
-__all__ = ["ALGORITHMS", "CHAIN_CHUNK_BYTES", "FlatLayout", "Group", "parse_init_method"]
+__all__ = ["ALGORITHMS", "CHAIN_CHUNK_BYTES", "FlatLayout", "Group", "chain_order",
+           "parse_init_method"]
 
 #: Each tensor starts on a multiple of this many bytes (any dtype's alignment).
 ALIGN = 64
@@ -146,7 +147,7 @@ class Group:
 
     def __init__(self, pg: Any, rank: int, world_size: int, backend: str, timeout: float,
                  store: Any, *, algorithm: str = "broadcast",
-                 chunk_bytes: int = CHAIN_CHUNK_BYTES) -> None:
+                 chunk_bytes: int = CHAIN_CHUNK_BYTES, order: list[int] | None = None) -> None:
         self.pg = pg
         self.rank = rank
         self.world_size = world_size
@@ -154,6 +155,11 @@ class Group:
         self.timeout = timeout
         self.algorithm = algorithm
         self.chunk_bytes = chunk_bytes
+        # The chain's order (rank 0 first): this rank receives from `before`, sends to `after`.
+        order = list(range(world_size)) if order is None else order
+        at = order.index(rank)
+        self.before = order[at - 1] if at else None
+        self.after = order[at + 1] if at + 1 < len(order) else None
         self._store = store  # rank 0 serves it: kept alive with the group
 
     def broadcast(self, buffer: torch.Tensor) -> None:
@@ -178,19 +184,18 @@ class Group:
         trainer's link carries one copy per child and the last rank waits for every stage.
         Along a chain each link carries one copy, and a rank forwards a chunk while the next
         one arrives, so the last rank has it all about one buffer's time after the first
-        byte left (plus a chunk per hop). Workers of one host should have consecutive
-        indices: then each host's link carries one copy in and one out.
+        byte left (plus a chunk per hop). The chain visits the ranks host by host
+        (:func:`chain_order`), so each host's link carries one copy in and one out.
         """
         span = datetime.timedelta(seconds=self.timeout)
-        last = self.rank == self.world_size - 1
         flat = buffer.view(-1)
         sends = []
         for tag, start in enumerate(range(0, flat.numel(), self.chunk_bytes)):
             chunk = flat[start:start + self.chunk_bytes]
-            if self.rank:
-                self.pg.recv([chunk], self.rank - 1, tag).wait(span)
-            if not last:
-                sends.append(self.pg.send([chunk], self.rank + 1, tag))
+            if self.before is not None:
+                self.pg.recv([chunk], self.before, tag).wait(span)
+            if self.after is not None:
+                sends.append(self.pg.send([chunk], self.after, tag))
         for work in sends:
             work.wait(span)
 
@@ -229,9 +234,12 @@ class Group:
                 "worker(s) refused the process group, their model differs from the trainer's: "
                 + "; ".join(refusals) + ". Check that trainer and workers build the same "
                 "architecture")
+        order = chain_order({rank: store.get(f"address/{rank}").decode(errors="replace")
+                             for rank in range(1, world_size)})
+        store.set("order", json.dumps(order))
         store.set("go", "ok")
         return cls(_make_pg(store, 0, world_size, backend, timeout, host), 0, world_size,
-                   backend, timeout, server, **chain)
+                   backend, timeout, server, order=order, **chain)
 
     @classmethod
     def join(cls, init_method: str, *, rank: int, world_size: int, backend: str,
@@ -252,6 +260,8 @@ class Group:
             _tick(stop, deadline, lambda: f"the trainer's store at {init_method} published no "
                                           f"weight layout within {join_timeout} s")
         difference = layout.difference(store.get("layout").decode(errors="replace"))
+        address = _address_towards(host)
+        store.set(f"address/{rank}", address)  # (before joined/: the trainer reads it then)
         store.set(f"joined/{rank}", difference or "ok")
         if difference:
             raise WeightSyncError(f"this worker's model differs from the trainer's "
@@ -263,8 +273,37 @@ class Group:
         go = store.get("go").decode(errors="replace")
         if go != "ok":
             raise WeightSyncError(f"the trainer aborted the process group: {go}")
-        return cls(_make_pg(store, rank, world_size, backend, timeout, _address_towards(host)),
-                   rank, world_size, backend, timeout, None, **chain)
+        order = _parse_order(store.get("order"), world_size)
+        return cls(_make_pg(store, rank, world_size, backend, timeout, address),
+                   rank, world_size, backend, timeout, None, order=order, **chain)
+
+
+def chain_order(addresses: Mapping[int, str]) -> list[int]:
+    """The chain's path: rank 0, then the workers host by host (``{rank: address}``).
+
+    Worker indices follow the order in which workers joined, which interleaves hosts
+    that start together; grouped by address, each host's link carries one copy in and
+    one out instead of one per worker.
+
+    >>> chain_order({1: "10.0.0.2", 2: "10.0.0.3", 3: "10.0.0.2", 4: "10.0.0.3"})
+    [0, 1, 3, 2, 4]
+    """
+    first: dict[str, int] = {}
+    for rank in sorted(addresses):
+        first.setdefault(addresses[rank], rank)
+    return [0, *sorted(addresses, key=lambda rank: (first[addresses[rank]], rank))]
+
+
+def _parse_order(raw: bytes, world_size: int) -> list[int]:
+    try:
+        order = json.loads(raw)
+    except ValueError:
+        order = None
+    if not isinstance(order, list) or sorted(order) != list(range(world_size)) \
+            or order[0] != 0:
+        raise WeightSyncError(f"the trainer's chain order {raw[:200]!r} is not a permutation "
+                              f"of ranks 0..{world_size - 1} starting at 0")
+    return order
 
 
 def _tick(stop: threading.Event, deadline: float, why: Any) -> None:

@@ -7,6 +7,7 @@ would need it to change, and a CUDA run that skips without CUDA.
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import subprocess
@@ -31,7 +32,7 @@ from asyncrl.weights import (
     WeightSyncError,
     WeightSyncScheme,
 )
-from asyncrl.weights._collective import FlatLayout
+from asyncrl.weights._collective import FlatLayout, Group, chain_order
 
 pytestmark = pytest.mark.anyio
 LOSS = (WeightSyncError, WorkerLostError)
@@ -218,6 +219,19 @@ def test_configuration_is_checked_and_round_trips() -> None:
     with pytest.raises(ValueError, match="world_size= and init_method="):
         DistributedWeightSyncScheme().init_on_sender("policy", hub=LocalHub(),
                                                      model=nn.Linear(2, 1))
+
+
+def test_the_chain_visits_the_hosts_one_after_the_other() -> None:
+    """Indices follow the order workers joined (hosts interleave); the chain groups by host,
+    in the order each host first appears, so each host's link carries one copy each way."""
+    addresses = {1: "10.0.0.3", 2: "10.0.0.2", 3: "10.0.0.3", 4: "10.0.0.4", 5: "10.0.0.2"}
+    order = chain_order(addresses)
+    assert order == [0, 1, 3, 2, 5, 4]
+    hops = [(addresses.get(a, "trainer"), addresses[b]) for a, b in itertools.pairwise(order)]
+    assert sum(a != b for a, b in hops) == 3  # one hop into each of the 3 hosts
+    neighbours = {rank: (group.before, group.after) for rank in range(6)
+                  if (group := Group(None, rank, 6, "gloo", 1.0, None, order=order))}
+    assert neighbours == {0: (None, 1), 1: (0, 3), 3: (1, 2), 2: (3, 5), 5: (2, 4), 4: (5, None)}
 
 
 def test_flat_layout_aligns_every_tensor() -> None:
