@@ -228,8 +228,9 @@ class DistributedWeightSender(WeightSender):
             if not exc.remote_type.endswith(".WeightSyncError") or self._failure is not None:
                 raise
             self._failure = WeightSyncError(
-                f"model {self.model_id!r}: the broadcast of version {self._version} failed "
-                f"at a worker ({exc.remote_message[:300]}). A worker of the process group "
+                f"model {self.model_id!r}: the broadcast of version {self._version} (or an "
+                f"earlier one) failed at a worker ({exc.remote_message[:300]}). A worker of "
+                "the process group "
                 "died or hung; the group is broken for good (its membership is fixed), so no "
                 "later send can succeed")
             raise self._failure from exc

@@ -384,9 +384,10 @@ class DistributedWeightSyncScheme(WeightSyncScheme):
     and the last rank waits for every stage) by a pipelined chain: rank r
     receives each ``chunk_bytes`` piece from rank r - 1 and forwards it to
     r + 1 as it comes, so every link carries one copy and the update takes
-    about one copy's time however many hosts there are. Give the workers of
-    one host consecutive indices. NCCL's broadcast already pipelines along a
-    ring: ``"chain"`` is for gloo.
+    about one copy's time however many hosts there are. The chain visits the
+    workers host by host (each tells the trainer its address when it joins);
+    ``timeout`` bounds the wait for each piece. NCCL's broadcast already
+    pipelines along a ring: ``"chain"`` is for gloo.
 
     >>> scheme = DistributedWeightSyncScheme(init_method="tcp://127.0.0.1:29500")
     >>> scheme.plan(workers=4)
