@@ -7,6 +7,8 @@ default), the same frames per batch:
 - ``batched-cuda``: ``AsyncBatchedCollector(num_envs=N, device="cuda")``, the
   policy served on the GPU from a thread of the trainer's process;
 - ``batched-process-cuda``: the same with ``server_backend="process"``;
+- ``batched-cuda-graph`` / ``batched-process-cuda-graph``: the same two with
+  ``static_batch_size`` = every env (the policy replayed from one CUDA graph);
 - ``per-worker-cpu``: ``MultiAsyncCollector(num_workers=N)``, a copy of the
   policy in each worker process, on its CPU.
 
@@ -35,7 +37,8 @@ import torch
 from benchmarks.collect import make_policy
 from benchmarks.inference import ENV, MIN_SECONDS
 
-LIBRARIES = ("batched-cuda", "batched-process-cuda", "per-worker-cpu")
+LIBRARIES = ("batched-cuda", "batched-cuda-graph", "batched-process-cuda",
+             "batched-process-cuda-graph", "per-worker-cpu")
 
 
 async def _run(library: str, policy_name: str, envs: int, frames: int, windows: int,
@@ -47,9 +50,12 @@ async def _run(library: str, policy_name: str, envs: int, frames: int, windows: 
     policy = make_policy(policy_name, ENV)
     collector: Any
     if library.startswith("batched"):
+        graphed = library.endswith("-graph")
         collector = AsyncBatchedCollector(
             ENV, num_envs=envs * per_worker, envs_per_worker=per_worker, policy=policy,
-            frames_per_batch=frames, device="cuda", max_batch_size=max(64, envs * per_worker),
+            frames_per_batch=frames, device="cuda",
+            max_batch_size=envs * per_worker if graphed else max(64, envs * per_worker),
+            static_batch_size=envs * per_worker if graphed else None,
             min_batch_size=min_batch, server_timeout=server_timeout,
             server_backend="process" if "process" in library else "thread")
     else:

@@ -53,6 +53,7 @@ from .._spawn.threads import use_torch_threads
 from .block_io import SlotArrays, array_of, copier
 from .device_batch import DeviceBatch
 from .doorbell import DEFAULT_SPIN, EventFd, spin_then_block
+from .graphed_batch import GraphedDeviceBatch
 
 Path = tuple[str, ...]
 #: A call longer than this (seconds) is followed by ``sched_yield()``: the env workers it
@@ -169,7 +170,8 @@ class InferenceLoop:
                  request_bell: EventFd | None = None,
                  answer_bells: dict[int, EventFd] | None = None,
                  spin: float = DEFAULT_SPIN, threads: int | None = None,
-                 obs_spec: Sequence[tuple[torch.dtype, tuple[int, ...]]] | None = None) -> None:
+                 obs_spec: Sequence[tuple[torch.dtype, tuple[int, ...]]] | None = None,
+                 static_batch_size: int | None = None) -> None:
         self.adapter = adapter
         self.blocks = blocks
         self.obs_paths = list(obs_paths)
@@ -232,10 +234,20 @@ class InferenceLoop:
                                   for i, p in enumerate(self.obs_paths)},
                                  batch_size=[capacity])
         self._keys = ["action"] + [f"x{j}" for j in range(len(self.outputs.extras))]
-        # A policy on another device: its device buffers are made once (.device_batch).
-        self._device_batch = None if device is None or device.type == "cpu" else DeviceBatch(
-            {_key(p): self._obs[f"o{i}"] for i, p in enumerate(self.obs_paths)}, device,
-            capacity=capacity)
+        # A policy on another device: its device buffers are made once (.device_batch);
+        # with static_batch_size, one CUDA graph of that many rows (.graphed_batch).
+        gathered = {_key(p): self._obs[f"o{i}"] for i, p in enumerate(self.obs_paths)}
+        self._device_batch: DeviceBatch | GraphedDeviceBatch | None = None
+        if static_batch_size is not None:
+            if not on_gpu:
+                raise ValueError(f"static_batch_size={static_batch_size} captures the policy "
+                                 "in a CUDA graph: it needs a CUDA device (device='cuda'), "
+                                 f"got {device}; leave static_batch_size out")
+            assert device is not None
+            self._device_batch = GraphedDeviceBatch(gathered, device, capacity=capacity,
+                                                    static=static_batch_size)
+        elif device is not None and device.type != "cpu":
+            self._device_batch = DeviceBatch(gathered, device, capacity=capacity)
         self._output_keys = ["action"] + [_key(p) for p, _, _ in self.outputs.extras]
         # The exploration type, set around each call by one reused context (the loop's
         # thread only): adapter.exploration() builds an ExitStack and two contexts per call.

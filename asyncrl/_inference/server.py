@@ -96,6 +96,8 @@ class ServerConfig:
     obs_spec: Sequence[tuple[torch.dtype, tuple[int, ...]]] | None = None
     #: Slots from here on are remote env hosts' (their requests come as ``remote-obs``)
     first_remote_slot: int | None = None
+    #: Rows of the CUDA graph the policy is captured in (None: eager calls)
+    static_batch_size: int | None = None
 
 
 class InferenceServer:
@@ -126,7 +128,8 @@ class InferenceServer:
                                   server_timeout=config.server_timeout, version=config.version,
                                   request_bell=config.request_bell,
                                   answer_bells=config.answer_bells, spin=config.spin,
-                                  threads=config.threads, obs_spec=config.obs_spec)
+                                  threads=config.threads, obs_spec=config.obs_spec,
+                                  static_batch_size=config.static_batch_size)
 
     async def serve(self, trainer: Link) -> int:
         """Serve until the trainer says close (0), goes away (0) or this fails (1, reported)."""

@@ -93,7 +93,11 @@ class AsyncBatchedCollector(ServedPolicy, BaseCollector[RB]):
     arguments: ``create_env_fn`` is a list of env factories (one per env), or one
     factory / gym id with ``num_envs``; ``policy`` or ``policy_factory``;
     ``max_batch_size`` / ``min_batch_size`` (observations per policy call) and
-    ``server_timeout`` (seconds to wait for ``min_batch_size``); ``envs_per_worker``
+    ``server_timeout`` (seconds to wait for ``min_batch_size``);
+    ``static_batch_size`` (TorchRL's ``InferenceServerConfig`` field, with
+    ``device="cuda"``): the policy is captured once in a CUDA graph of that many
+    rows and every call, padded to it, is one replay (``max_batch_size`` defaults
+    to it); ``envs_per_worker``
     envs share a process and a request, or ``worker_num_splits`` equal requests
     (Sample Factory's double buffering: one split steps while the policy serves
     another); with ``listen="tcp://HOST:PORT"`` and
@@ -135,6 +139,7 @@ class AsyncBatchedCollector(ServedPolicy, BaseCollector[RB]):
         max_batch_size: int | None = None,
         min_batch_size: int | None = None,
         server_timeout: float | None = None,
+        static_batch_size: int | None = None,
         envs_per_worker: int = 1,
         worker_num_splits: int = 1,
         transition_chunk_size: int | str = "auto",
@@ -158,10 +163,11 @@ class AsyncBatchedCollector(ServedPolicy, BaseCollector[RB]):
         **torchrl_options: Any,
     ) -> None:
         if "server_config" in torchrl_options:
-            server_backend, max_batch_size, min_batch_size, server_timeout = from_server_config(
+            (server_backend, max_batch_size, min_batch_size, server_timeout,
+             static_batch_size) = from_server_config(
                 torchrl_options.pop("server_config"), server_backend=server_backend,
                 max_batch_size=max_batch_size, min_batch_size=min_batch_size,
-                server_timeout=server_timeout)
+                server_timeout=server_timeout, static_batch_size=static_batch_size)
         refuse_torchrl_only(torchrl_options)
         check_policy(policy, policy_factory)
         self.frames_per_batch = check_int("frames_per_batch", frames_per_batch, minimum=1)
@@ -175,12 +181,18 @@ class AsyncBatchedCollector(ServedPolicy, BaseCollector[RB]):
             num_envs=self.num_envs, max_batch_size=max_batch_size,
             min_batch_size=min_batch_size, server_timeout=server_timeout,
             envs_per_worker=envs_per_worker, transition_chunk_size=transition_chunk_size,
-            worker_num_splits=worker_num_splits)
+            worker_num_splits=worker_num_splits, static_batch_size=static_batch_size)
         if isinstance(create_env_kwargs, (list, tuple)):
             raise TypeError("create_env_kwargs: one dict for every env (a list is not "
                             "supported: put the differences in the factories)")
         self.create_env_kwargs = dict(create_env_kwargs or {})
         self.device = check_device(device)
+        if self.batching.static_batch_size is not None and (
+                self.device is None or self.device.type != "cuda"):
+            raise ValueError(f"static_batch_size={self.batching.static_batch_size} captures "
+                             "the served policy in a CUDA graph: it needs device='cuda' (the "
+                             f"policy's device), got device={device!r}; leave "
+                             "static_batch_size out to serve it eagerly")
         self.policy = policy
         self.policy_factory = policy_factory
         self.exploration_type = exploration_type
@@ -328,7 +340,8 @@ class AsyncBatchedCollector(ServedPolicy, BaseCollector[RB]):
                              min_batch_size=b.min_batch_size, server_timeout=b.server_timeout,
                              version=self._initial_version, request_bell=self._request_bell,
                              answer_bells=self._answer_bells, obs_spec=obs_spec, spin=self._spin,
-                             threads=None if self._threads_cap is None else self._threads_cap.now)
+                             threads=None if self._threads_cap is None else self._threads_cap.now,
+                             static_batch_size=b.static_batch_size)
         return list(obs), outputs, loop
 
     def _make_server_policy(self, device: torch.device | None) -> Any:

@@ -63,8 +63,8 @@ def refuse_torchrl_only(options: dict[str, Any]) -> None:
 #: Where the policy is served: a thread of the trainer's process, or a dedicated process.
 SERVER_BACKENDS = ("thread", "process")
 #: TorchRL's ``InferenceServerConfig`` fields and their defaults (those asyncrl has no use for).
-_SERVER_CONFIG_DEFAULTS = {"static_batch_size": None, "collect_stats": True,
-                           "stats_window_size": 1024, "max_inflight_per_env": None}
+_SERVER_CONFIG_DEFAULTS = {"collect_stats": True, "stats_window_size": 1024,
+                           "max_inflight_per_env": None}
 
 
 def check_server_backend(server_backend: Any) -> str:
@@ -76,21 +76,25 @@ def check_server_backend(server_backend: Any) -> str:
 
 
 def from_server_config(config: Any, *, server_backend: str, max_batch_size: Any,
-                       min_batch_size: Any, server_timeout: Any) -> tuple[str, Any, Any, Any]:
+                       min_batch_size: Any, server_timeout: Any,
+                       static_batch_size: Any = None) -> tuple[str, Any, Any, Any, Any]:
     """TorchRL's ``server_config=InferenceServerConfig(...)`` as asyncrl's arguments.
 
-    Returns ``(server_backend, max_batch_size, min_batch_size, server_timeout)``.
-    As in TorchRL it excludes the three batching keywords; fields asyncrl has no
-    equivalent for are refused unless left at their defaults.
+    Returns ``(server_backend, max_batch_size, min_batch_size, server_timeout,
+    static_batch_size)``. As in TorchRL it excludes the three batching keywords
+    (and asyncrl's ``static_batch_size=``); fields asyncrl has no equivalent for
+    are refused unless left at their defaults.
     """
     fields = ("service_backend", "max_batch_size", "min_batch_size", "timeout")
     if not all(hasattr(config, f) for f in fields):
         raise TypeError(f"server_config must be TorchRL's InferenceServerConfig, got "
                         f"{type(config).__name__}; or pass max_batch_size=, min_batch_size=, "
                         "server_timeout= and server_backend= directly")
-    if any(v is not None for v in (max_batch_size, min_batch_size, server_timeout)):
+    if any(v is not None for v in (max_batch_size, min_batch_size, server_timeout,
+                                   static_batch_size)):
         raise ValueError("server_config is mutually exclusive with the max_batch_size, "
-                         "min_batch_size and server_timeout keyword arguments (as in TorchRL)")
+                         "min_batch_size, server_timeout (as in TorchRL) and "
+                         "static_batch_size keyword arguments")
     if server_backend != "thread":
         raise ValueError("give the server backend once: server_config's service_backend or "
                          "server_backend=, not both")
@@ -102,7 +106,7 @@ def from_server_config(config: Any, *, server_backend: str, max_batch_size: Any,
                              "every call (inference_statistics()); leave it at "
                              f"{default!r}")
     return (config.service_backend, config.max_batch_size, config.min_batch_size,
-            config.timeout)
+            config.timeout, getattr(config, "static_batch_size", None))
 
 
 def env_factories(create_env_fn: Any, num_envs: Any, *, remote_workers: int = 0) -> list[Any]:
@@ -171,16 +175,23 @@ class BatchingConfig:
     #: Equal splits of each local env worker's envs, each asking on its own (Sample
     #: Factory's ``worker_num_splits``): one steps while the policy serves another.
     splits: int = 1
+    #: Rows of the CUDA graph the policy is captured in (TorchRL's ``static_batch_size``);
+    #: None: eager calls.
+    static_batch_size: int | None = None
 
     @classmethod
     def check(cls, *, num_envs: int, max_batch_size: Any, min_batch_size: Any,
               server_timeout: Any, envs_per_worker: Any,
-              transition_chunk_size: Any, worker_num_splits: Any = 1) -> BatchingConfig:
+              transition_chunk_size: Any, worker_num_splits: Any = 1,
+              static_batch_size: Any = None) -> BatchingConfig:
         epw = check_int("envs_per_worker", envs_per_worker, minimum=1)
         epw = min(epw, num_envs) if num_envs else 1  # 0: remote env hosts only
         splits = check_splits(worker_num_splits, num_envs=num_envs, envs_per_worker=epw)
-        max_bs = 64 if max_batch_size is None else check_int("max_batch_size", max_batch_size,
-                                                             minimum=1)
+        static = None if static_batch_size is None else check_int(
+            "static_batch_size", static_batch_size, minimum=1)
+        # Left out, max_batch_size is 64, or the graph's rows when there is a graph.
+        max_bs = (64 if static is None else static) if max_batch_size is None else check_int(
+            "max_batch_size", max_batch_size, minimum=1)
         if max_bs < epw // splits and splits == 1:
             raise ValueError(f"max_batch_size={max_bs} is smaller than envs_per_worker={epw}: "
                              "one worker's request (all its envs) is served in one call; raise "
@@ -204,7 +215,12 @@ class BatchingConfig:
         chunk: int | None = None
         if transition_chunk_size != "auto":
             chunk = check_int("transition_chunk_size", transition_chunk_size, minimum=1)
-        return cls(max_bs, min_bs, float(timeout), epw, chunk, splits)
+        if static is not None:
+            if static < max_bs:
+                raise ValueError(f"static_batch_size={static} is smaller than max_batch_size="
+                                 f"{max_bs}: every call is padded to static_batch_size rows, "
+                                 "so it must be at least max_batch_size (as in TorchRL)")
+        return cls(max_bs, min_bs, float(timeout), epw, chunk, splits, static)
 
 
 def check_splits(worker_num_splits: Any, *, num_envs: int, envs_per_worker: int) -> int:

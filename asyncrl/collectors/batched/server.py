@@ -110,7 +110,7 @@ class InferenceProcess:
             min_batch_size=batching.min_batch_size, server_timeout=batching.server_timeout,
             version=version, threads=threads, heartbeat_interval=heartbeat[0],
             peer_timeout=heartbeat[1], obs_spec=list(obs_spec), spin=spin,
-            first_remote_slot=first_remote_slot)
+            first_remote_slot=first_remote_slot, static_batch_size=batching.static_batch_size)
         shadow = policy if isinstance(policy, nn.Module) else None
         return cls(config, start_method=start_method, shadow=shadow)
 

@@ -179,8 +179,8 @@ def test_torchrls_server_config_selects_the_process_and_the_batching() -> None:
 
 
 @pytest.mark.parametrize(("kwargs", "error", "match"), [
-    ({"server_config": "InferenceServerConfig(static_batch_size=64)"}, ValueError,
-     "static_batch_size=64 is not supported"),
+    ({"server_config": "InferenceServerConfig(collect_stats=False)"}, ValueError,
+     "collect_stats=False is not supported"),
     ({"server_config": "InferenceServerConfig()", "max_batch_size": 4}, ValueError,
      "mutually exclusive"),
     ({"server_backend": "ray"}, ValueError, r"server_backend must be one of \('thread', "
