@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import shlex
@@ -39,7 +40,7 @@ import anyio
 import torch
 
 from asyncrl._protocol import RelayHello, RelayWelcome
-from asyncrl._worker.relay import ATTACHED_KIND, HostRelay
+from asyncrl._worker.relay import ATTACHED_KIND
 from asyncrl.weights import (
     WEIGHTS_KIND,
     DistributedWeightSyncScheme,
@@ -49,7 +50,7 @@ from asyncrl.weights import (
 )
 from asyncrl.weights._collective import CHAIN_CHUNK_BYTES, free_port
 from benchmarks.netns import Star, burst_for, star
-from benchmarks.relay import LIVENESS, Proc
+from benchmarks.relay import LIVENESS, Proc, relay_main
 from benchmarks.weights import fill_, mlp, n_params, p50_ms, progress
 from transports import Hub, Link, Message
 
@@ -77,7 +78,7 @@ def relay_name(host: int) -> bytes:
 
 def _role(role: str, config: dict[str, Any]) -> None:
     torch.set_num_threads(1)
-    anyio.run({"worker": _worker_main, "relay": _relay_main}[role], config)
+    anyio.run({"worker": _worker_main, "relay": relay_main}[role], config)
 
 
 async def _worker_main(config: dict[str, Any]) -> None:
@@ -132,15 +133,6 @@ async def _worker_main(config: dict[str, Any]) -> None:
     await group.aclose()
 
 
-async def _relay_main(config: dict[str, Any]) -> None:
-    members = [worker_name(i) for i in config["members"]]
-    async with HostRelay(config["trainer"], members, name=relay_name(config["host"]),
-                         endpoint=config["endpoint"],
-                         heartbeat_interval=LIVENESS["heartbeat_interval"],
-                         peer_timeout=LIVENESS["peer_timeout"]):
-        await anyio.sleep_forever()  # until terminated
-
-
 # ------------------------------------------------------------------ the trainer
 
 
@@ -161,9 +153,11 @@ async def bench(sizes: dict[str, tuple[tuple[int, ...], int]], net: Star,
     groups: dict[str, dict[str, Any]] = {path: {} for path in GROUPS}
     for name in sizes:
         for path in GROUPS:
+            chain: dict[str, Any] = ({"algorithm": "chain", "chunk_bytes": chunk_bytes}
+                                     if path == "chain" else {})
             scheme = DistributedWeightSyncScheme(
                 init_method=f"tcp://{net.trainer_ip}:{free_port(net.trainer_ip)}", timeout=600,
-                **({"algorithm": "chain", "chunk_bytes": chunk_bytes} if path == "chain" else {}))
+                **chain)
             scheme.plan(workers=workers, remote_workers=workers)
             groups[path][name] = scheme.to_config()
     results: dict[str, Row] = {}
@@ -193,9 +187,10 @@ async def bench(sizes: dict[str, tuple[tuple[int, ...], int]], net: Star,
             # indices interleave hosts, as when hosts start together (the chain regroups)
             members = [k * hosts + h for k in range(per_host)]
             endpoint = f"ipc:///tmp/asyncrl-fanout-{os.getpid()}-{h}"
-            procs.append(Proc("relay", {"trainer": hub.endpoint, "host": h, "members": members,
-                                        "endpoint": endpoint}, ns.name,
-                              module="benchmarks.fanout"))
+            procs.append(Proc("relay", {
+                "trainer": hub.endpoint, "name": relay_name(h).decode(), "endpoint": endpoint,
+                "members": [worker_name(i).decode() for i in members]}, ns.name,
+                module="benchmarks.fanout"))
             for index in members:
                 routes[index] = relay_name(h)
                 procs.append(Proc("worker", {
@@ -237,9 +232,9 @@ async def bench(sizes: dict[str, tuple[tuple[int, ...], int]], net: Star,
             for peer in peers.values():
                 await hub.send(peer, {}, kind="stop")
         finally:
-            for proc in procs:
-                await anyio.to_thread.run_sync(
-                    lambda p=proc: p.stop(timeout=30, terminate=p.role == "relay"))
+            for proc in procs:  # the workers were told to stop; the relays are not
+                await anyio.to_thread.run_sync(functools.partial(
+                    proc.stop, timeout=30, terminate=proc.role == "relay"))
             tg.cancel_scope.cancel()
     return results
 

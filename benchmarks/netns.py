@@ -45,6 +45,28 @@ def _ip(*args: str) -> None:
     subprocess.run(args, check=True, capture_output=True, text=True)
 
 
+def _shape(rate: str) -> tuple[str, ...]:
+    """A ``tbf`` root qdisc of ``rate`` (an emulated NIC's limit, one way)."""
+    return ("root", "tbf", "rate", rate, "burst", burst_for(rate), "latency", "50ms")
+
+
+def _host_namespace(ns: Netns, *, prefix: int, outer: tuple[str, ...]) -> None:
+    """Make ``ns`` and its veth pair: ``ip OUTER...`` sets the outer end (an address, or a
+    bridge port); the inner end gets ``inner_ip/prefix``; both shaped to ``ns.rate``."""
+    _ip("ip", "netns", "add", ns.name)
+    _ip("ip", "link", "add", ns.outer, "type", "veth", "peer", "name", ns.inner)
+    _ip("ip", "link", "set", ns.inner, "netns", ns.name)
+    _ip("ip", *outer)
+    _ip("ip", "link", "set", ns.outer, "up")
+    inside = ("ip", "netns", "exec", ns.name)
+    _ip(*inside, "ip", "addr", "add", f"{ns.inner_ip}/{prefix}", "dev", ns.inner)
+    _ip(*inside, "ip", "link", "set", ns.inner, "up")
+    _ip(*inside, "ip", "link", "set", "lo", "up")
+    if ns.rate is not None:
+        _ip("tc", "qdisc", "add", "dev", ns.outer, *_shape(ns.rate))  # towards the host
+        _ip(*inside, "tc", "qdisc", "add", "dev", ns.inner, *_shape(ns.rate))  # from it
+
+
 def burst_for(rate: str) -> str:
     """A tbf bucket big enough for ``rate`` at a 4 ms timer tick (1 MiB at least)."""
     units = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
@@ -64,19 +86,8 @@ def netns(rate: str | None = "1gbit") -> Iterator[Netns]:
     ns = Netns(f"arlbench{tag}", f"arlb{tag}o", f"arlb{tag}i", f"10.231.{third}.1",
                f"10.231.{third}.2", rate)
     try:
-        _ip("ip", "netns", "add", ns.name)
-        _ip("ip", "link", "add", ns.outer, "type", "veth", "peer", "name", ns.inner)
-        _ip("ip", "link", "set", ns.inner, "netns", ns.name)
-        _ip("ip", "addr", "add", f"{ns.outer_ip}/30", "dev", ns.outer)
-        _ip("ip", "link", "set", ns.outer, "up")
-        inside = ("ip", "netns", "exec", ns.name)
-        _ip(*inside, "ip", "addr", "add", f"{ns.inner_ip}/30", "dev", ns.inner)
-        _ip(*inside, "ip", "link", "set", ns.inner, "up")
-        _ip(*inside, "ip", "link", "set", "lo", "up")
-        if rate is not None:
-            shape = ("root", "tbf", "rate", rate, "burst", burst_for(rate), "latency", "50ms")
-            _ip("tc", "qdisc", "add", "dev", ns.outer, *shape)  # trainer -> host (weights)
-            _ip(*inside, "tc", "qdisc", "add", "dev", ns.inner, *shape)  # host -> trainer
+        _host_namespace(ns, prefix=30, outer=("addr", "add", f"{ns.outer_ip}/30", "dev",
+                                              ns.outer))
         yield ns
     finally:
         subprocess.run(["ip", "link", "del", ns.outer], capture_output=True)
@@ -112,31 +123,18 @@ def star(hosts: int, rate: str | None = "1gbit") -> Iterator[Star]:
     third = next(n for n in random.sample(range(1, 255), 254) if f"10.232.{n}." not in used)
     net = f"10.232.{third}"
     bridge = f"arlsb{tag}"
-    shape = () if rate is None else (
-        "root", "tbf", "rate", rate, "burst", burst_for(rate), "latency", "50ms")
     made: list[Netns] = []
     try:
         _ip("ip", "link", "add", bridge, "type", "bridge")
         _ip("ip", "addr", "add", f"{net}.1/24", "dev", bridge)
         _ip("ip", "link", "set", bridge, "up")
         if rate is not None:
-            _ip("tc", "qdisc", "add", "dev", bridge, *shape)  # the trainer's NIC, outward
+            _ip("tc", "qdisc", "add", "dev", bridge, *_shape(rate))  # the trainer's NIC
         for h in range(hosts):
             ns = Netns(f"arlsb{tag}h{h}", f"arls{tag}p{h}", f"arls{tag}h{h}", f"{net}.1",
                        f"{net}.{h + 2}", rate)
-            _ip("ip", "netns", "add", ns.name)
-            made.append(ns)
-            _ip("ip", "link", "add", ns.outer, "type", "veth", "peer", "name", ns.inner)
-            _ip("ip", "link", "set", ns.inner, "netns", ns.name)
-            _ip("ip", "link", "set", ns.outer, "master", bridge)
-            _ip("ip", "link", "set", ns.outer, "up")
-            inside = ("ip", "netns", "exec", ns.name)
-            _ip(*inside, "ip", "addr", "add", f"{ns.inner_ip}/24", "dev", ns.inner)
-            _ip(*inside, "ip", "link", "set", ns.inner, "up")
-            _ip(*inside, "ip", "link", "set", "lo", "up")
-            if rate is not None:
-                _ip("tc", "qdisc", "add", "dev", ns.outer, *shape)  # switch -> host
-                _ip(*inside, "tc", "qdisc", "add", "dev", ns.inner, *shape)  # host -> switch
+            made.append(ns)  # (removed on exit even if its setup fails half way)
+            _host_namespace(ns, prefix=24, outer=("link", "set", ns.outer, "master", bridge))
         yield Star(bridge, f"{net}.1", made, rate)
     finally:
         for ns in made:

@@ -98,7 +98,7 @@ def worker_name(index: int) -> bytes:
 
 def _role(role: str, config: dict[str, Any]) -> None:
     torch.set_num_threads(1)
-    main = {"worker": _worker_main, "relay": _relay_main, "batcher": _batcher_main,
+    main = {"worker": _worker_main, "relay": relay_main, "batcher": _batcher_main,
             "forwarder": _forwarder_main}[role]
     anyio.run(main, config)
 
@@ -141,9 +141,13 @@ async def _worker_main(config: dict[str, Any]) -> None:
         await group.aclose()
 
 
-async def _relay_main(config: dict[str, Any]) -> None:
-    members = [worker_name(i) for i in range(config["workers"])]
-    async with HostRelay(config["trainer"], members, name=RELAY, endpoint=config["endpoint"],
+async def relay_main(config: dict[str, Any]) -> None:
+    """A host's relay: for ``config["workers"]`` bench workers, or the named ``members``
+    (with its own ``name``: one of several hosts, benchmarks.fanout)."""
+    members = ([m.encode() for m in config["members"]] if "members" in config
+               else [worker_name(i) for i in range(config["workers"])])
+    name = config["name"].encode() if "name" in config else RELAY
+    async with HostRelay(config["trainer"], members, name=name, endpoint=config["endpoint"],
                          heartbeat_interval=LIVENESS["heartbeat_interval"],
                          peer_timeout=LIVENESS["peer_timeout"]):
         await anyio.sleep_forever()  # until terminated

@@ -44,7 +44,6 @@ if [ "$what" = tests ]; then
         tests/asyncrl/weights/test_weights_in_place.py \
         tests/asyncrl/weights/test_weights_distributed.py \
         tests/asyncrl/collectors/batched/test_batched_inference_process.py \
-        tests/asyncrl/collectors/batched/test_batched_static_batch.py \
         tests/asyncrl/collectors/batched/test_batched_collector_limits.py \
         tests/asyncrl/rollout/test_rollout_options.py \
         tests/transports/test_codec.py tests/transports/test_channels.py \

@@ -46,7 +46,20 @@ class FailsAtStep2(nn.Module):
         return torch.ones(observation.shape[:-1], dtype=torch.int64)
 
 
-async def test_versions_and_frames_are_exact_across_every_kind_of_update() -> None:
+NEEDS_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@pytest.mark.parametrize("options", [
+    pytest.param({"server_backend": "process"}, id="process"),
+    # A CUDA graph (static_batch_size) reads the parameters where they are: each way of
+    # giving weights must copy into them for the next replay to use them.
+    pytest.param({"server_backend": "process", "device": "cuda", "static_batch_size": 8},
+                 marks=NEEDS_CUDA, id="process-cuda-graph"),
+    pytest.param({"server_backend": "thread", "device": "cuda", "static_batch_size": 8},
+                 marks=NEEDS_CUDA, id="thread-cuda-graph"),
+])
+async def test_versions_and_frames_are_exact_across_every_kind_of_update(
+        options: dict[str, Any]) -> None:
     policy = ValuePolicy(0.0)
     values: dict[int, float | None] = {0: 0.0}
     batches = []
@@ -54,8 +67,8 @@ async def test_versions_and_frames_are_exact_across_every_kind_of_update() -> No
     with anyio.fail_after(LIMIT):
         async with AsyncBatchedCollector(counting3, num_envs=4, envs_per_worker=2,
                                          policy=policy, frames_per_batch=8, total_frames=96,
-                                         server_backend="process") as collector:
-            assert collector.server_backend == "process"
+                                         **options) as collector:
+            assert collector.server_backend == options["server_backend"]
             async for batch in collector:
                 batches.append(batch)
                 version = collector.policy_version + 1
@@ -212,7 +225,7 @@ def where_it_ran() -> TensorDictModule:
     return TensorDictModule(WhereItRan(), in_keys=["observation"], out_keys=["action", "on_cuda"])
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@NEEDS_CUDA
 async def test_the_process_serves_the_policy_on_the_device_asked() -> None:
     with anyio.fail_after(LIMIT):
         async with AsyncBatchedCollector(counting3, num_envs=2, policy_factory=where_it_ran,

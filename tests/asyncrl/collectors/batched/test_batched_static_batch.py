@@ -1,8 +1,9 @@
 """``static_batch_size``: the served policy captured once in a CUDA graph (TorchRL's field).
 
 The graph's bookkeeping (padding, the first ``n`` rows out, one capture, errors) runs
-on the CPU with an eager stand-in for the capture; the collector tests with a real
-graph skip without CUDA.
+on the CPU with an eager stand-in for the capture. The collector with a real graph:
+``test_batched_inference_process.py::test_versions_and_frames_are_exact_across_every_kind_of_update``
+(it skips without CUDA).
 """
 
 from __future__ import annotations
@@ -10,16 +11,14 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-import anyio
 import pytest
 import torch
 from tensordict import TensorDict, TensorDictBase
 
 from asyncrl import AsyncBatchedCollector
 from asyncrl._inference.graphed_batch import CaptureError, GraphedDeviceBatch
-from asyncrl.testing import CountingEnv, ValuePolicy, fill_parameters, version_problems
+from asyncrl.testing import CountingEnv, ValuePolicy
 
-LIMIT = 120
 counting3 = functools.partial(CountingEnv, length=3)
 CPU = torch.device("cpu")
 
@@ -129,38 +128,3 @@ def test_static_batch_size_is_checked(kwargs: dict[str, Any], match: str) -> Non
     with pytest.raises(ValueError, match=match):
         AsyncBatchedCollector(counting3, num_envs=2, policy=ValuePolicy(), frames_per_batch=4,
                               **kwargs)
-
-
-@pytest.mark.anyio
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("server_backend", ["thread", "process"])
-async def test_a_graphed_policy_serves_exact_frames_and_every_update(
-        server_backend: str) -> None:
-    """Every update copies into the parameters the graph reads: each frame carries the
-    value of the version stamped on it, through all four ways of giving weights."""
-    policy = ValuePolicy(0.0)
-    values: dict[int, float | None] = {0: 0.0}
-    batches = []
-    kinds = ["module_given", "state_dict", "tensordict", "module"]
-    with anyio.fail_after(LIMIT):
-        async with AsyncBatchedCollector(counting3, num_envs=4, envs_per_worker=2,
-                                         policy=policy, frames_per_batch=8, total_frames=96,
-                                         device="cuda", static_batch_size=8,
-                                         server_backend=server_backend) as collector:
-            async for batch in collector:
-                batches.append(batch)
-                version = collector.policy_version + 1
-                kind = kinds[version % 4]
-                weights: Any = None
-                if kind == "module_given":
-                    fill_parameters(policy, float(version))
-                elif kind == "state_dict":
-                    weights = {"value": torch.tensor([float(version)])}
-                elif kind == "tensordict":
-                    weights = TensorDict({"value": torch.tensor([float(version)])}, [])
-                else:
-                    weights = ValuePolicy(float(version))
-                await collector.update_policy_weights(weights)
-                values[version] = float(version)
-    assert [b.numel() for b in batches] == [8] * 12
-    assert version_problems(batches, values) == []
