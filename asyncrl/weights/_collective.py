@@ -155,11 +155,12 @@ class Group:
         self.timeout = timeout
         self.algorithm = algorithm
         self.chunk_bytes = chunk_bytes
-        # The chain's order (rank 0 first): this rank receives from `before`, sends to `after`.
-        order = list(range(world_size)) if order is None else order
-        at = order.index(rank)
-        self.before = order[at - 1] if at else None
-        self.after = order[at + 1] if at + 1 < len(order) else None
+        #: The chain's path, rank 0 first: this rank receives from ``before``, sends to
+        #: ``after`` (the ranks host by host, :func:`chain_order`).
+        self.order = list(range(world_size)) if order is None else list(order)
+        at = self.order.index(rank)
+        self.before = self.order[at - 1] if at else None
+        self.after = self.order[at + 1] if at + 1 < world_size else None
         self._store = store  # rank 0 serves it: kept alive with the group
 
     def broadcast(self, buffer: torch.Tensor) -> None:

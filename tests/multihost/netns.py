@@ -54,3 +54,45 @@ def two_namespaces(prefix: str, subnet: str = "10.213.9") -> Iterator[dict[str, 
             subprocess.run(["ip", "netns", "delete", ns], capture_output=True, timeout=30)
     left = namespaces() & {coord, worker}
     assert not left, f"network namespaces left behind: {left}"
+
+
+@contextmanager
+def switched_namespaces(prefix: str, hosts: int,
+                        subnet: str = "10.213.11") -> Iterator[dict[str, object]]:
+    """A trainer namespace holding a bridge (the switch) and ``hosts`` worker namespaces
+    plugged into it: ``{"coord", "workers": [names], "addr"}``. The trainer is
+    ``SUBNET.1``, worker host *h* ``SUBNET.(h + 2)``; the hosts reach each other through
+    the bridge, inside the trainer's namespace (no forwarding, no address outside)."""
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        pytest.skip("needs root and iproute2 ('ip') to create network namespaces")
+    tag = f"{os.getpid() % 100000}"
+    coord = f"{prefix}c{tag}"
+    workers = [f"{prefix}h{h}{tag}" for h in range(hosts)]
+    try:
+        run("ip", "netns", "add", coord)
+    except subprocess.CalledProcessError as exc:
+        pytest.skip(f"cannot create network namespaces here: {exc.stderr!r}")
+    inside = ("ip", "netns", "exec", coord)
+    try:
+        run(*inside, "ip", "link", "add", "br0", "type", "bridge")
+        run(*inside, "ip", "addr", "add", f"{subnet}.1/24", "dev", "br0")
+        run(*inside, "ip", "link", "set", "br0", "up")
+        run(*inside, "ip", "link", "set", "lo", "up")
+        for h, ns in enumerate(workers):
+            port, end = f"{prefix}p{h}{tag}", f"{prefix}e{h}{tag}"
+            run("ip", "netns", "add", ns)
+            run("ip", "link", "add", port, "type", "veth", "peer", "name", end)
+            run("ip", "link", "set", port, "netns", coord)
+            run("ip", "link", "set", end, "netns", ns)
+            run(*inside, "ip", "link", "set", port, "master", "br0")
+            run(*inside, "ip", "link", "set", port, "up")
+            run("ip", "netns", "exec", ns, "ip", "addr", "add", f"{subnet}.{h + 2}/24",
+                "dev", end)
+            run("ip", "netns", "exec", ns, "ip", "link", "set", end, "up")
+            run("ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up")
+        yield {"coord": coord, "workers": workers, "addr": f"{subnet}.1"}
+    finally:
+        for ns in (coord, *workers):
+            subprocess.run(["ip", "netns", "delete", ns], capture_output=True, timeout=30)
+    left = namespaces() & {coord, *workers}
+    assert not left, f"network namespaces left behind: {left}"
