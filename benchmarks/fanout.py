@@ -4,15 +4,16 @@ The trainer (this process) and H worker hosts (network namespaces, K worker
 processes each) hang off one switch (:func:`benchmarks.netns.star`): every NIC,
 the trainer's included, is shaped to ``--rate`` each way, so what the trainer
 sends to all hosts shares one link, as on a real cluster. Each size is sent
-three ways, interleaved on the same processes:
+four ways, interleaved on the same processes:
 
 * ``direct``: ``ZmqWeightSyncScheme``, one copy per worker through the trainer's NIC;
 * ``relay``: the same scheme through each host's ``HostRelay``, one copy per host
   (the relay forwards over ipc);
 * ``broadcast``: ``DistributedWeightSyncScheme`` (gloo), one process group of the
   trainer and all H x K workers, gloo's own broadcast;
-* ``chain``: the same with ``algorithm="chain"``: each rank forwards 4 MiB pieces to
-  the next as they come (the workers of a host have consecutive ranks).
+* ``chain``: the same with ``algorithm="chain"``: each rank forwards pieces
+  (``--chunk-bytes``, 1 MiB) to the next as they come. Worker indices interleave
+  the hosts, as when hosts start together; the chain visits them host by host.
 
 Each row: p50 of one blocking update (send -> every worker applied and acked)
 and the bytes that left the trainer's NIC per update (its bridge's
@@ -146,7 +147,7 @@ class Row:
 
 async def bench(sizes: dict[str, tuple[tuple[int, ...], int]], net: Star,
                 per_host: int, chunk_bytes: int = CHAIN_CHUNK_BYTES) -> dict[str, Row]:
-    """Every size, the three paths interleaved, to ``per_host`` workers on each host."""
+    """Every size, the four paths interleaved, to ``per_host`` workers on each host."""
     hosts = len(net.hosts)
     workers = hosts * per_host
     zmq = {name: ZmqWeightSyncScheme().to_config() for name in sizes}
