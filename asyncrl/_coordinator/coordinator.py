@@ -34,6 +34,7 @@ from .._observe.events import CollectorEvent
 from .._observe.tracing import span
 from .._protocol import (
     Batch,
+    Collect,
     Control,
     ErrorReport,
     Hello,
@@ -104,6 +105,9 @@ class Coordinator:
             **rules)
         self._token: str = rules.get("token", "")  # vouches for a worker's report before hello
         self._senders: list[WeightSender] = []
+        # Newcomers whose catch-up weights are not handed to the hub yet: a collect order
+        # for one of them (a round started by another task meanwhile) waits for them.
+        self._catching_up: dict[bytes, anyio.Event] = {}
         self._on_join = on_join  # awaited after the senders caught a newcomer up
         self._on_lost_hook = on_lost  # e.g. "restart": end a silent local process
         self._on_leaving_hook = on_leaving  # a worker stops on a signal (SIGTERM)
@@ -445,21 +449,39 @@ class Coordinator:
         ``left``: it left cleanly (a departure, not a loss).
         """
         self._notify()
-        for action in actions:
-            if isinstance(action, Expel):
-                self.hub.expel(action.peer)
-                self.worker_logs.forget(action.peer)
-                self.registry.check_lost(lost_reason, left=left)
-            elif isinstance(action, CatchUp):
-                await self._catch_up(action.worker)
-            elif action.worker is None or action.worker.alive:
-                if action.worker is not None and isinstance(action.message, Welcome):
-                    self.registry.joined(action.worker)
-                await self._send(action)
-            # else: an order to a worker lost since (by another task, during an await)
+        # Before any await: an order from another task (a round starting) must not
+        # overtake a newcomer's catch-up. (Its own orders come after it in this list.)
+        waits = {a.worker.peer: anyio.Event() for a in actions if isinstance(a, CatchUp)}
+        self._catching_up.update(waits)
+        try:
+            for action in actions:
+                if isinstance(action, Expel):
+                    self.hub.expel(action.peer)
+                    self.worker_logs.forget(action.peer)
+                    self.registry.check_lost(lost_reason, left=left)
+                elif isinstance(action, CatchUp):
+                    await self._catch_up(action.worker, waits[action.worker.peer])
+                elif action.worker is None or action.worker.alive:
+                    if action.worker is not None and isinstance(action.message, Welcome):
+                        self.registry.joined(action.worker)
+                    await self._send(action)
+                # else: an order to a worker lost since (by another task, during an await)
+        finally:
+            for peer, caught in waits.items():  # (a failure before its catch-up ran)
+                self._caught_up(peer, caught)
+
+    def _caught_up(self, peer: bytes, caught: anyio.Event) -> None:
+        """``peer``'s catch-up is handed to the hub (or will never be): its orders may go."""
+        if self._catching_up.get(peer) is caught:
+            del self._catching_up[peer]
+        caught.set()
 
     async def _send(self, send: Send) -> None:
         kind = send.message.KIND
+        if kind == Collect.KIND and (caught := self._catching_up.get(send.peer)) is not None:
+            await caught.wait()  # the latest weights go first, on the same socket
+            if send.worker is not None and not send.worker.alive:
+                return  # lost during its catch-up
         if kind in (Welcome.KIND, RelayWelcome.KIND):
             # Admitted before it is told so: its first batch may be large (see Hub.admit).
             self.hub.admit(send.peer)
@@ -470,12 +492,13 @@ class Coordinator:
         if kind == Refuse.KIND:
             self.hub.expel(send.peer)  # a stranger again: small messages only, no say in the run
 
-    async def _catch_up(self, worker: WorkerInfo) -> None:
+    async def _catch_up(self, worker: WorkerInfo, caught: anyio.Event) -> None:
         """The latest weights before its first frame; each await may see it lost."""
         for sender in self._senders:
             if not worker.alive:
-                return  # lost while it joined (its process died, or its welcome bounced)
+                break  # lost while it joined (its process died, or its welcome bounced)
             await sender.on_worker_joined(worker.index)
+        self._caught_up(worker.peer, caught)  # handed to the hub: its orders may follow
         if worker.alive:
             log.info("worker %d joined (%s, pid %d on %s)", worker.index, worker.name,
                      worker.pid, worker.host)
