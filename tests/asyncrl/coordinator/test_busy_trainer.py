@@ -572,3 +572,48 @@ async def test_a_replacement_lost_during_its_admission_leaves_the_share_to_the_n
                 assert share.kind == "collect" and share.body["request"] == round_.request
                 assert list(round_.targets) == [b"next"]
                 tg.cancel_scope.cancel()
+
+
+async def test_a_round_started_during_a_catch_up_orders_the_newcomer_after_its_weights(
+        ) -> None:
+    """The catch-up waits for the sender's lock (another send holds it) while the trainer
+    starts a round: the newcomer's collect order must still come after its weights, or it
+    steps with the weights it had (version 0) until they land mid-batch."""
+    from transports import Hub as _Hub
+
+    async with _Hub(f"inproc://{uuid.uuid4().hex}", **FAST) as hub:
+
+        async def no_join_hook(worker: object) -> None:
+            pass
+
+        coordinator = Coordinator(hub, sync=True, on_join=no_join_hook)
+        scheduler = coordinator.scheduler
+        scheduler.attach(coordinator.sender)  # as MultiCollector wires it: catch-up first
+        await coordinator.sender.send_async()  # version 1, for nobody yet
+        held, release = anyio.Event(), anyio.Event()
+
+        async def hold_lock() -> None:  # a send in progress (copying big weights, say)
+            async with coordinator.sender._get_lock():
+                held.set()
+                await release.wait()
+
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as tg, \
+                    Link(hub.endpoint, identity=b"w", **FAST) as worker:
+                tg.start_soon(scheduler.run)
+                tg.start_soon(hold_lock)
+                await held.wait()
+                await worker.send(hello(b"w"), kind="hello")
+                assert (await worker.recv()).kind == "welcome"
+                tg.start_soon(scheduler.next_round)  # the trainer's loop, another task
+                while scheduler.state.round is None:
+                    await anyio.sleep(0.01)
+                await anyio.sleep(0.2)  # time for an order that does not wait to go out
+                release.set()
+                kinds = []
+                while len(kinds) < 2:
+                    message = await worker.recv()
+                    if message.kind in ("weights", "collect"):
+                        kinds.append(message.kind)
+                assert kinds == ["weights", "collect"]
+                tg.cancel_scope.cancel()
