@@ -27,7 +27,6 @@ and the bytes that left the trainer's NIC per update (its bridge's
 from __future__ import annotations
 
 import argparse
-import contextlib
 import functools
 import json
 import os
@@ -41,19 +40,16 @@ import anyio
 import torch
 
 from asyncrl._protocol import RelayHello, RelayWelcome
-from asyncrl._worker.relay import ATTACHED_KIND
 from asyncrl.weights import (
-    WEIGHTS_KIND,
     DistributedWeightSyncScheme,
-    WeightReceiverGroup,
     WeightSyncScheme,
     ZmqWeightSyncScheme,
 )
 from asyncrl.weights._collective import CHAIN_CHUNK_BYTES, free_port
-from benchmarks.netns import Star, burst_for, star
-from benchmarks.relay import LIVENESS, Proc, relay_main
+from benchmarks.netns import Star, rate_bytes, star
+from benchmarks.relay import LIVENESS, Proc, relay_main, weights_worker_main
 from benchmarks.weights import fill_, mlp, n_params, p50_ms, progress
-from transports import Hub, Link, Message
+from transports import Hub, Message
 
 #: name -> (layer widths, timed repetitions per path)
 SIZES: dict[str, tuple[tuple[int, ...], int]] = {
@@ -79,59 +75,7 @@ def relay_name(host: int) -> bytes:
 
 def _role(role: str, config: dict[str, Any]) -> None:
     torch.set_num_threads(1)
-    anyio.run({"worker": _worker_main, "relay": relay_main}[role], config)
-
-
-async def _worker_main(config: dict[str, Any]) -> None:
-    """One worker: a ZeroMQ receiver and a broadcast receiver per size; applies, acks."""
-    receivers = []
-    for name, widths in config["sizes"].items():
-        for scheme in ("zmq", *GROUPS):
-            receivers.append(WeightSyncScheme.from_config(config[scheme][name]).init_on_worker(
-                f"{scheme}-{name}", model=mlp(tuple(widths))))
-    group = WeightReceiverGroup(receivers)
-    ready = anyio.Event()
-
-    def wake() -> None:
-        ready.set()
-
-    for receiver in receivers:
-        receiver.on_ready = wake  # a broadcast's bytes came after its message
-    identity = worker_name(config["index"])
-    async with contextlib.AsyncExitStack() as stack:
-        trainer = await stack.enter_async_context(
-            Link(config["trainer"], identity=identity, **LIVENESS))
-        relay = await stack.enter_async_context(
-            Link(config["relay"], identity=identity, **LIVENESS))
-        with anyio.fail_after(120):
-            while (await relay.recv()).kind != ATTACHED_KIND:
-                pass
-        await trainer.send({}, kind="hello")
-        group.admitted(config["index"])  # the broadcast receivers join their groups
-        lock = anyio.Lock()
-
-        async def serve(link: Link, scope: anyio.CancelScope) -> None:
-            nonlocal ready
-            while True:
-                message = await link.recv()
-                if message.kind == "stop":
-                    scope.cancel()
-                    return
-                if message.kind != WEIGHTS_KIND:
-                    continue
-                async with lock:
-                    group.on_message(message)
-                    group.apply_pending()
-                    while group.has_pending:  # a broadcast: its bytes are still coming
-                        await ready.wait()
-                        ready = anyio.Event()
-                        group.apply_pending()
-                    await group.flush_acks(link)  # through a relay: it acks upstream
-
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(serve, trainer, tg.cancel_scope)
-            tg.start_soon(serve, relay, tg.cancel_scope)
-    await group.aclose()
+    anyio.run({"worker": weights_worker_main, "relay": relay_main}[role], config)
 
 
 # ------------------------------------------------------------------ the trainer
@@ -196,8 +140,11 @@ async def bench(sizes: dict[str, tuple[tuple[int, ...], int]], net: Star,
                 routes[index] = relay_name(h)
                 procs.append(Proc("worker", {
                     "trainer": hub.endpoint, "index": index, "relay": endpoint,
-                    "sizes": {k: list(w) for k, (w, _) in sizes.items()},
-                    "zmq": zmq, **groups}, ns.name, module="benchmarks.fanout"))
+                    "identity": worker_name(index).decode(),
+                    "models": [[f"{scheme}-{name}", configs[name], list(widths)]
+                               for scheme, configs in (("zmq", zmq), *groups.items())
+                               for name, (widths, _) in sizes.items()]},
+                    ns.name, module="benchmarks.fanout"))
         try:
             with anyio.fail_after(300):
                 await ready.wait()
@@ -240,17 +187,9 @@ async def bench(sizes: dict[str, tuple[tuple[int, ...], int]], net: Star,
     return results
 
 
-def rate_bytes_per_s(rate: str) -> float:
-    burst_for(rate)  # validates the unit
-    for unit, scale in {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}.items():
-        if rate.endswith(unit):
-            return float(rate[:-len(unit)]) * scale / 8
-    raise AssertionError(rate)
-
-
 def report(runs: dict[int, dict[str, Row]], per_host: int, rate: str, command: str,
            load: tuple[float, float], elapsed: float) -> str:
-    link = rate_bytes_per_s(rate)
+    link = rate_bytes(rate)
     lines = [f"    {command}", "",
              f"Every NIC (the trainer's and each host's) shaped to {rate} each way (tbf), "
              f"{per_host} worker processes per host; p50 of send -> every worker applied "

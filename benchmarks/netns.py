@@ -20,7 +20,7 @@ import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-__all__ = ["Netns", "Star", "burst_for", "enter", "netns", "star"]
+__all__ = ["Netns", "Star", "burst_for", "enter", "netns", "rate_bytes", "star"]
 
 _CLONE_NEWNET = 0x40000000
 
@@ -67,14 +67,18 @@ def _host_namespace(ns: Netns, *, prefix: int, outer: tuple[str, ...]) -> None:
         _ip(*inside, "tc", "qdisc", "add", "dev", ns.inner, *_shape(ns.rate))  # from it
 
 
-def burst_for(rate: str) -> str:
-    """A tbf bucket big enough for ``rate`` at a 4 ms timer tick (1 MiB at least)."""
+def rate_bytes(rate: str) -> float:
+    """Bytes per second of a ``tc`` rate such as ``"1gbit"``."""
     units = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
     for unit, scale in units.items():
         if rate.endswith(unit):
-            bytes_per_s = float(rate[:-len(unit)]) * scale / 8
-            return f"{max(1 << 20, int(bytes_per_s * 0.004))}b"
+            return float(rate[:-len(unit)]) * scale / 8
     raise ValueError(f"rate must end in one of {sorted(units)}, got {rate!r}")
+
+
+def burst_for(rate: str) -> str:
+    """A tbf bucket big enough for ``rate`` at a 4 ms timer tick (1 MiB at least)."""
+    return f"{max(1 << 20, int(rate_bytes(rate) * 0.004))}b"
 
 
 @contextlib.contextmanager

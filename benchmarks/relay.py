@@ -98,19 +98,30 @@ def worker_name(index: int) -> bytes:
 
 def _role(role: str, config: dict[str, Any]) -> None:
     torch.set_num_threads(1)
-    main = {"worker": _worker_main, "relay": relay_main, "batcher": _batcher_main,
+    main = {"worker": weights_worker_main, "relay": relay_main, "batcher": _batcher_main,
             "forwarder": _forwarder_main}[role]
     anyio.run(main, config)
 
 
-async def _worker_main(config: dict[str, Any]) -> None:
-    """A weights worker: applies and acks on the link the weights came from."""
-    sizes = config["sizes"]
-    scheme = config["scheme"]
-    receivers = [WeightSyncScheme.from_config(scheme).init_on_worker(name, model=mlp(widths))
-                 for name, (widths, _) in sizes.items()]
+async def weights_worker_main(config: dict[str, Any]) -> None:
+    """A weights worker (here and in benchmarks.fanout): applies each version and acks it on
+    the link it came from (a relay acks upstream for its members).
+
+    ``config``: ``identity``, ``index`` (its rank for broadcast schemes), ``trainer``, an
+    optional ``relay`` endpoint, and ``models``: ``[model_id, scheme config, widths]``.
+    """
+    receivers = [WeightSyncScheme.from_config(scheme).init_on_worker(model_id,
+                                                                     model=mlp(tuple(widths)))
+                 for model_id, scheme, widths in config["models"]]
     group = WeightReceiverGroup(receivers)
-    identity = worker_name(config["index"])
+    ready = anyio.Event()
+
+    def wake() -> None:
+        ready.set()
+
+    for receiver in receivers:
+        receiver.on_ready = wake  # a broadcast's bytes came after its message
+    identity = config["identity"].encode()
     async with contextlib.AsyncExitStack() as stack:
         trainer = await stack.enter_async_context(
             Link(config["trainer"], identity=identity, **LIVENESS))
@@ -123,22 +134,31 @@ async def _worker_main(config: dict[str, Any]) -> None:
                     pass
             links.append(relay)
         await trainer.send({}, kind="hello")
+        group.admitted(config["index"])  # broadcast receivers join their process groups
+        lock = anyio.Lock()  # one version applied at a time, whichever link brought it
 
         async def serve(link: Link, scope: anyio.CancelScope) -> None:
+            nonlocal ready
             while True:
                 message = await link.recv()
                 if message.kind == "stop":
                     scope.cancel()
                     return
-                if message.kind == WEIGHTS_KIND:
+                if message.kind != WEIGHTS_KIND:
+                    continue
+                async with lock:
                     group.on_message(message)
                     group.apply_pending()
-                    await group.flush_acks(link)  # the relay acks upstream for all of us
+                    while group.has_pending:  # a broadcast: its bytes are still coming
+                        await ready.wait()
+                        ready = anyio.Event()
+                        group.apply_pending()
+                    await group.flush_acks(link)
 
         async with anyio.create_task_group() as tg:
             for link in links:
                 tg.start_soon(serve, link, tg.cancel_scope)
-        await group.aclose()
+    await group.aclose()
 
 
 async def relay_main(config: dict[str, Any]) -> None:
@@ -323,8 +343,9 @@ async def bench_weights(sizes: dict[str, tuple[tuple[int, ...], int]], tmp: str,
         relay = Proc("relay", {"trainer": hub.endpoint, "workers": workers,
                                "endpoint": relay_endpoint}, netns_name)
         procs = [Proc("worker", {"trainer": hub.endpoint, "index": i, "relay": relay_endpoint,
-                                 "scheme": scheme.to_config(),
-                                 "sizes": {k: (list(w), r) for k, (w, r) in sizes.items()}},
+                                 "identity": worker_name(i).decode(),
+                                 "models": [[name, scheme.to_config(), list(widths)]
+                                            for name, (widths, _) in sizes.items()]},
                       netns_name) for i in range(workers)]
         try:
             with anyio.fail_after(300):

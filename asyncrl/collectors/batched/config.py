@@ -215,11 +215,10 @@ class BatchingConfig:
         chunk: int | None = None
         if transition_chunk_size != "auto":
             chunk = check_int("transition_chunk_size", transition_chunk_size, minimum=1)
-        if static is not None:
-            if static < max_bs:
-                raise ValueError(f"static_batch_size={static} is smaller than max_batch_size="
-                                 f"{max_bs}: every call is padded to static_batch_size rows, "
-                                 "so it must be at least max_batch_size (as in TorchRL)")
+        if static is not None and static < max_bs:
+            raise ValueError(f"static_batch_size={static} is smaller than max_batch_size="
+                             f"{max_bs}: every call is padded to static_batch_size rows, "
+                             "so it must be at least max_batch_size (as in TorchRL)")
         return cls(max_bs, min_bs, float(timeout), epw, chunk, splits, static)
 
 

@@ -606,9 +606,11 @@ async def test_a_round_started_during_a_catch_up_orders_the_newcomer_after_its_w
                 await worker.send(hello(b"w"), kind="hello")
                 assert (await worker.recv()).kind == "welcome"
                 tg.start_soon(scheduler.next_round)  # the trainer's loop, another task
-                while scheduler.state.round is None:
+                # Until the round's order for the newcomer waits behind its catch-up (an
+                # order that did not wait would already be on its way: this never ends).
+                while (b"w" not in scheduler._catching_up or scheduler._catching_up[
+                        b"w"].statistics().tasks_waiting == 0):
                     await anyio.sleep(0.01)
-                await anyio.sleep(0.2)  # time for an order that does not wait to go out
                 release.set()
                 kinds = []
                 while len(kinds) < 2:
