@@ -6,9 +6,11 @@ rings the inference loop's request bell, waits for its answer (its output
 block's sequence number moves: :mod:`.doorbell`, spin then sleep on its own
 eventfd), reads the actions (and every other policy output, and the policy
 version that made them) from its response block, steps its envs and writes the
-transition into preallocated chunk buffers ``[E, C]``. Every ``C`` steps the
-chunk goes to the trainer as one message (a clone: the buffers are reused at
-once). Observations and actions never cross a socket, and a step sends no message.
+transition into preallocated chunk buffers ``[E, C]``. Every ``C`` steps a local
+worker copies the chunk into its shared-memory chunk ring and rings the trainer
+(:mod:`.chunk_ring`); a remote one sends it as one message. Observations, actions
+and a local worker's chunks never cross a socket: a local worker's link to the
+trainer carries only heartbeats, errors and ``close``.
 
 With ``splits`` > 1 (Sample Factory's double buffering) the worker's envs step in
 equal splits, each asking on a block slot of its own: while the loop computes one
@@ -17,8 +19,8 @@ overlap instead of taking turns. Every split steps once per column of the chunk.
 
 The stepping runs in a thread of its own (:meth:`EnvStepper.run_local`): it
 sleeps in a system call, GIL released, while it waits for an answer, so the
-process's event loop stays free for the trainer's link (heartbeats, credits,
-``close``) and the chunks the thread hands it. A remote env worker
+process's event loop stays free for the trainer's link (heartbeats, ``close``).
+A remote env worker
 (:mod:`.remote_env_stepper`) steps on its event loop instead, with ``obs`` and
 ``act`` messages (:meth:`EnvStepper.run`).
 """
@@ -46,14 +48,14 @@ from .._rollout.traj_ids import TrajectoryIds
 from .._spawn.child import exit_process, wait_parent_gone
 from .._spawn.threads import use_torch_threads
 from .block_io import SlotArrays, array_of
+from .chunk_ring import ChunkWriter, chunk_layout
 from .doorbell import DEFAULT_SPIN, EventFd, no_wakeup_preemption, spin_then_block
+from .loop import OutputLayout
 
 log = logging.getLogger("asyncrl.env_worker")
 
 #: Message kinds between an env worker and the collector (the hub).
 OBS, ACT, CHUNK, ERROR, CLOSE = "obs", "act", "chunk", "error", "close"
-#: The trainer read ``body`` more chunks (a dedicated inference process only).
-CREDIT = "credit"
 #: The collector refused a remote env worker (the body says why).
 REFUSED = "refused"
 
@@ -80,36 +82,19 @@ class EnvWorkerConfig:
     answer_bell: EventFd | None = None
     #: Seconds spent spinning on the answer before sleeping on the answer bell.
     spin: float = DEFAULT_SPIN
-    #: Chunks sent but not yet read by the trainer, at most (None: no limit). With a
-    #: dedicated inference process the env workers keep stepping while a training step
-    #: holds the trainer's loop: this bounds what waits in the queues meanwhile.
-    chunk_credits: int | None = None
+    #: A local worker's chunk ring (:class:`.chunk_ring.ChunkRing` names), the trainer's
+    #: chunk bell (rung after each chunk) and this worker's room bell (rung by the
+    #: trainer after it took a chunk: a worker whose slots are all full waits on it).
+    #: The ring's slots bound what waits for the trainer while a training step holds it.
+    chunk_ring: tuple[str, str] | None = None
+    chunk_bell: EventFd | None = None
+    room_bell: EventFd | None = None
     # The high 32 bits of its traj_ids: the slot, unless the collector gave a remote
     # worker another (a slot's later occupants must not repeat an earlier one's ids).
     traj_tag: int | None = None
     #: Equal splits of the envs, stepped in turn, each asking on its own block slot
     #: (local workers only: a remote worker asks with one message for all its envs).
     splits: int = 1
-
-
-class ChunkCredits:
-    """How many more chunks may be sent before the trainer has read the earlier ones."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.in_flight = 0
-        self._freed: anyio.Event | None = None
-
-    async def acquire(self) -> None:
-        while self.in_flight >= self.limit:
-            self._freed = anyio.Event()
-            await self._freed.wait()
-        self.in_flight += 1
-
-    def release(self, count: int) -> None:
-        self.in_flight = max(0, self.in_flight - count)
-        if self._freed is not None:
-            self._freed.set()
 
 
 def build_pool(factories: Sequence[Any], kwargs: Mapping[str, Any]) -> EnvPool:
@@ -235,30 +220,22 @@ class EnvStepper:
                         for k, (dtype, shape) in self.act_block.layout.items()}
         self.act_np = self.act_dst["action"].numpy()
 
-        def buf(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-            return torch.zeros((n, t, *shape), dtype=dtype)
-
-        data: dict[Path, torch.Tensor] = {}
-        for path, src in zip(c.obs_paths, pool.obs_arrays, strict=True):
-            dtype = torch_dtype(src.dtype.name)
-            data[tuple(path)] = buf(src.shape[1:], dtype)
-            data[("next", *path)] = buf(src.shape[1:], dtype)
-        self._output_keys: list[str] = []
-        outputs: list[tuple[Path, str]] = []
-        for key, path in [("action", ("action",))] + [
-                (f"x{j}", tuple(p)) for j, p in enumerate(c.extra_paths)]:
-            dtype, shape = self.act_block.layout[key]
-            data[path] = buf(shape[1:], dtype)
-            outputs.append((path, key))
-            self._output_keys.append(key)
-        for name in ("done", "terminated", "truncated"):
-            data[(name,)] = buf((1,), torch.bool)  # always False: ended episodes are reset
-        data[("next", "reward")] = buf((1,), torch.float32)
-        for k in ("done", "terminated", "truncated"):
-            data[("next", k)] = buf((1,), torch.bool)
+        # The policy's outputs: "action", then the extras, as the answer block has them.
+        self._output_keys = ["action"] + [f"x{j}" for j in range(len(c.extra_paths))]
+        outputs = list(zip([("action",)] + [tuple(p) for p in c.extra_paths],
+                           self._output_keys, strict=True))
+        act = self.act_block.layout
+        layout = chunk_layout(
+            [(tuple(p), torch_dtype(a.dtype.name), tuple(a.shape[1:]))
+             for p, a in zip(c.obs_paths, pool.obs_arrays, strict=True)],
+            OutputLayout(action=(act["action"][0], tuple(act["action"][1][1:])),
+                         extras=[(path, act[key][0], tuple(act[key][1][1:]))
+                                 for path, key in outputs[1:]]))
+        # The chunk buffers, in the layout's order (a local worker's ring has the same).
+        data = {path: torch.zeros((n, t, *shape), dtype=dtype)
+                for path, (dtype, shape) in layout.items()}
+        self._data = data
         self._next_done = data[("next", "done")].numpy()[..., 0]
-        for name in ("traj_ids", "policy_version", "worker_id"):
-            data[("collector", name)] = buf((), torch.int64)
         data[("collector", "worker_id")].fill_(c.slot)
         self._traj_ids = TrajectoryIds(n, tag=c.slot if c.traj_tag is None else c.traj_tag)
         # Each split records into its own rows of the buffers (numpy views: no copy).
@@ -288,6 +265,7 @@ class EnvStepper:
         self._t = 0  # the step's column in the chunk
         self._stopping = False
         self._finished = threading.Event()
+        self._writer: ChunkWriter | None = None  # a local worker's (run_local)
 
     async def run(self, link: Link) -> None:
         """Step over ``link`` (a remote worker: ``obs`` / ``act`` messages) until close.
@@ -312,16 +290,19 @@ class EnvStepper:
                 await link.send(self._chunk.clone(), kind=CHUNK)
             step += 1
 
-    def run_local(self, send_chunk: Callable[[TensorDict], None]) -> None:
+    def run_local(self) -> None:
         """Step a local worker, in a thread, until :meth:`stop` (doorbells, no messages).
 
-        ``send_chunk(chunk)`` hands a finished chunk (a clone) to the event loop and
-        returns once it is sent (it may wait for a credit).
+        Each finished chunk goes into the worker's chunk ring (:meth:`_hand_over`).
         """
         c = self.config
         request, answer = c.request_bell, c.answer_bell
         if request is None or answer is None:
             raise ValueError("a local env worker needs its doorbells (request_bell, answer_bell)")
+        if c.chunk_ring is None or c.chunk_bell is None or c.room_bell is None:
+            raise ValueError("a local env worker needs its chunk ring and bells (chunk_ring, "
+                             "chunk_bell, room_bell)")
+        self._writer = ChunkWriter(c.chunk_ring, self._data)
         splits = self._local_views()
         asks = [(split, split.obs_slot.copies_from(split.pool.obs_arrays))  # type: ignore[union-attr]
                 for split in splits]
@@ -350,9 +331,21 @@ class EnvStepper:
                 if self._t == full:  # every split stepped every column: hand the chunk over
                     self._t = 0
                     self._finish_chunk()
-                    send_chunk(self._chunk.clone())
+                    if not self._hand_over():
+                        return
         finally:
             self._finished.set()
+
+    def _hand_over(self) -> bool:
+        """The finished chunk into the ring, once a slot is free; False: stopped meanwhile."""
+        c, writer = self.config, self._writer
+        assert writer is not None and c.room_bell is not None and c.chunk_bell is not None
+        if not writer.has_room() and not spin_then_block(
+                writer.has_room, c.room_bell, spin=0.0, stopped=self._is_stopping):
+            return False
+        writer.publish()
+        c.chunk_bell.ring()
+        return True
 
     @staticmethod
     def _ask(split: _Split, copies: Sequence[Any], step: int) -> None:
@@ -384,8 +377,9 @@ class EnvStepper:
     def stop(self) -> None:
         """End :meth:`run_local` at its next wait (from any thread; idempotent)."""
         self._stopping = True
-        if self.config.answer_bell is not None:
-            self.config.answer_bell.ring()
+        for bell in (self.config.answer_bell, self.config.room_bell):
+            if bell is not None:
+                bell.ring()
 
     def wait_stopped(self, timeout: float) -> bool:
         """After :meth:`stop`: whether :meth:`run_local` has returned within ``timeout`` s."""
@@ -402,8 +396,9 @@ class EnvStepper:
         return True
 
     def _finish_chunk(self) -> None:
-        np.logical_or(self._chunk["next", "terminated"].numpy()[..., 0],
-                      self._chunk["next", "truncated"].numpy()[..., 0], out=self._next_done)
+        data = self._data
+        np.logical_or(data["next", "terminated"].numpy()[..., 0],
+                      data["next", "truncated"].numpy()[..., 0], out=self._next_done)
 
     def request_body(self) -> Any:
         """What an ``obs`` message carries: nothing, the observations are in shared memory."""
@@ -422,6 +417,8 @@ class EnvStepper:
             for slot in (split.obs_slot, split.act_slot):
                 if slot is not None:
                     slot.release()
+        if self._writer is not None:
+            self._writer.close()
         self.obs_block.close()
         self.act_block.close()
 
@@ -471,23 +468,12 @@ async def _serve(link: Link, config: EnvWorkerConfig) -> int:
 
 
 async def _step_locally(stepper: EnvStepper, link: Link, config: EnvWorkerConfig) -> None:
-    """Step in a thread; here, the trainer's link: chunks out, credits and close in."""
-    credits = None if config.chunk_credits is None else ChunkCredits(config.chunk_credits)
-
-    async def send(chunk: TensorDict) -> None:
-        if credits is not None:
-            await credits.acquire()
-        await link.send(chunk, kind=CHUNK)
-
-    def send_chunk(chunk: TensorDict) -> None:
-        anyio.from_thread.run(send, chunk)
-
+    """Step in a thread (chunks go through the ring); here, the trainer's link: close in."""
     error: Exception | None = None
     async with anyio.create_task_group() as tg:
-        tg.start_soon(_read_trainer, link, tg.cancel_scope, credits, stepper)
+        tg.start_soon(_read_trainer, link, tg.cancel_scope, stepper)
         try:
-            await anyio.to_thread.run_sync(stepper.run_local, send_chunk,
-                                           abandon_on_cancel=True)
+            await anyio.to_thread.run_sync(stepper.run_local, abandon_on_cancel=True)
         except Exception as exc:  # the envs' (raised below, out of the task group)
             error = exc
         finally:
@@ -497,17 +483,13 @@ async def _step_locally(stepper: EnvStepper, link: Link, config: EnvWorkerConfig
         raise error
 
 
-async def _read_trainer(link: Link, scope: anyio.CancelScope, credits: ChunkCredits | None,
-                        stepper: EnvStepper) -> None:
-    # The trainer's credits arrive here, and its "close" (or its loss) stops the stepping.
+async def _read_trainer(link: Link, scope: anyio.CancelScope, stepper: EnvStepper) -> None:
+    # The trainer's "close" (or its loss) stops the stepping.
     try:
         while True:
             message = await link.recv()
             if message.kind == CLOSE:
                 break
-            if (message.kind == CREDIT and credits is not None
-                    and type(message.body) is int and message.body > 0):
-                credits.release(message.body)
     except PeerLostError:
         pass
     stepper.stop()
@@ -536,11 +518,9 @@ __all__ = [
     "ACT",
     "CHUNK",
     "CLOSE",
-    "CREDIT",
     "ERROR",
     "OBS",
     "REFUSED",
-    "ChunkCredits",
     "EnvStepper",
     "EnvWorkerConfig",
     "build_pool",

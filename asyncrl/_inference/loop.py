@@ -260,6 +260,14 @@ class InferenceLoop:
         self._gathers: dict[int, list[Any]] = {n: [None] * capacity for n in self._io}
         # The batch's first ``row`` rows as a TensorDict, per row count (made once each).
         self._batches: list[TensorDict | None] = [None] * (capacity + 1)
+        # A policy of one observation that writes only the action is called on the
+        # tensor itself (PolicyAdapter.tensor_call): a TensorDict per call cost a third
+        # of a 64-wide MLP's call (docs/benchmarks.md). Views and expected shapes per row
+        # count, made once each.
+        self._tensor_call = (adapter.tensor_call() if len(self.obs_paths) == 1
+                             and not self.outputs.extras else None)
+        self._obs_rows: list[torch.Tensor | None] = [None] * (capacity + 1)
+        self._action_shapes: list[torch.Size | None] = [None] * (capacity + 1)
 
     # -- requests ---------------------------------------------------------------------------
     def submit(self, slot: int) -> None:
@@ -465,13 +473,7 @@ class InferenceLoop:
             with self._explore:  # no_grad is the thread's own (serve)
                 outputs = self._device_batch(row, self.adapter, self._output_keys)
         else:
-            td = self._batches[row]
-            if td is None:
-                td = self._batches[row] = self._batch[:row]
-            td = td.copy()  # a shallow copy: what the policy sets stays out of the cached one
-            with self._explore:
-                td = self.adapter(td)
-            outputs = [td.get(key) for key in self._output_keys]
+            outputs = self._call_policy(row)
         arrays = [array_of(o) for o in outputs]
         keys = self._keys
         row = 0
@@ -490,6 +492,36 @@ class InferenceLoop:
                 act.end(seq, version)
             row += n
         return row
+
+    def _call_policy(self, row: int) -> list[Any]:
+        """The policy on the batch's first ``row`` rows (on the host): its output tensors."""
+        call = self._tensor_call
+        if call is not None:
+            obs = self._obs_rows[row]
+            if obs is None:
+                obs = self._obs_rows[row] = self._obs["o0"][:row]
+            with self._explore:  # no_grad is the thread's own (serve)
+                action = call(obs)
+            if action is not None:  # None: a hook came since, the TensorDict path below
+                return [self._checked_action(action, row)]
+        td = self._batches[row]
+        if td is None:
+            td = self._batches[row] = self._batch[:row]
+        td = td.copy()  # a shallow copy: what the policy sets stays out of the cached one
+        with self._explore:
+            td = self.adapter(td)
+        return [td.get(key) for key in self._output_keys]
+
+    def _checked_action(self, action: Any, rows: int) -> torch.Tensor:
+        expected = self._action_shapes[rows]
+        if expected is None:
+            expected = self._action_shapes[rows] = torch.Size((rows, *self.outputs.action[1]))
+        if not isinstance(action, torch.Tensor) or action.shape != expected:
+            got = (f"a tensor of shape {tuple(action.shape)}" if isinstance(action, torch.Tensor)
+                   else f"a {type(action).__name__}")
+            raise ValueError(f"the policy returned {got} for a batch of {rows} observations: "
+                             f"expected an action tensor of shape {tuple(expected)}")
+        return action
 
     # -- weights, back-pressure, pause ------------------------------------------------------
     async def update(self, apply: Callable[[], None]) -> int:

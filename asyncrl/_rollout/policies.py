@@ -283,5 +283,33 @@ class PolicyAdapter:
             td.update(out)
         return td
 
+    def tensor_call(self, output_key: NestedKey = "action"
+                    ) -> Callable[[torch.Tensor], Any] | None:
+        """``f(observation) -> output`` without a TensorDict, where the policy allows it.
+
+        For a policy that reads one observation and writes only ``output_key``: a
+        plain ``nn.Module`` (``self.policy`` itself) or a plain ``TensorDictModule``
+        of one in and one out key (its network). ``f`` returns None when this call
+        must take the TensorDict path (a hook was added to the module since). None
+        for any other policy. The central inference loop calls it per batch: a
+        TensorDict per call costs as much as a small network (``docs/benchmarks.md``).
+        """
+        if len(self.observation_keys) != 1 or self.action_key != output_key:
+            return None
+        if self.takes_tensors:
+            return self.policy  # type: ignore[return-value]
+        direct = self._direct
+        if direct is None or direct._single != (self.observation_keys[0], output_key):
+            return None
+        net = direct.net
+
+        def call(observation: torch.Tensor) -> Any:
+            if direct.bypassed:
+                return None
+            out = net(observation)
+            return out if isinstance(out, torch.Tensor) else direct.outputs(out)[0]
+
+        return call
+
     def __repr__(self) -> str:
         return f"PolicyAdapter({self.policy!r}, exploration_type={self.exploration_type})"

@@ -58,8 +58,13 @@ class DirectCall:
             len(self.in_keys) == 1 and len(self.out_keys) == 1
             and self.out_keys[0] != "_") else None
 
+    @property
+    def bypassed(self) -> bool:
+        """Whether this call must take the module's own path (hooks, ``skip_existing``)."""
+        return _hooked(self.policy) or skip_existing()
+
     def __call__(self, td: TensorDictBase) -> TensorDictBase:
-        if _hooked(self.policy) or skip_existing():
+        if self.bypassed:
             return self.policy(td)
         single = self._single
         if single is not None:
@@ -69,18 +74,23 @@ class DirectCall:
                 return td
         else:
             out = self.net(*[td.get(key, None) for key in self.in_keys])
-        out_keys = self.out_keys
-        if isinstance(out, (dict, TensorDictBase)) and all(k in out for k in out_keys):
-            out = tuple(out[k] for k in out_keys)
-        elif not isinstance(out, tuple):
-            out = (out,)
-        if len(out) != len(out_keys):
-            raise RuntimeError(f"{type(self.net).__name__} returned {len(out)} tensors for "
-                               f"the out_keys {out_keys} of its TensorDictModule")
-        for key, value in zip(out_keys, out, strict=True):
+        for key, value in zip(self.out_keys, self.outputs(out), strict=True):
             if key != "_":
                 td.set(key, value)
         return td
+
+    def outputs(self, out: Any) -> tuple[Any, ...]:
+        """What the network returned, as one value per out key (TensorDictModule's rules)."""
+        out_keys = self.out_keys
+        values: tuple[Any, ...]
+        if isinstance(out, (dict, TensorDictBase)) and all(k in out for k in out_keys):
+            values = tuple(out[k] for k in out_keys)
+        else:
+            values = out if isinstance(out, tuple) else (out,)
+        if len(values) != len(out_keys):
+            raise RuntimeError(f"{type(self.net).__name__} returned {len(values)} tensors for "
+                               f"the out_keys {out_keys} of its TensorDictModule")
+        return values
 
 
 def direct_call(policy: Any) -> DirectCall | None:

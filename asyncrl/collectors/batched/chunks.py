@@ -1,10 +1,11 @@
 """AsyncBatchedCollector's frames between the env workers' chunks and the trainer's batches.
 
-Env workers send ``[E, C]`` chunks; :class:`ChunkBuffer` checks each against what
-its worker agreed to send, keeps them in arrival order, and cuts batches of
-``frames_per_batch`` (or, with ``yield_completed_trajectories``, whole
-trajectories, joined across chunks) out of them. ``buffered`` and ``full`` are
-what back-pressure reads.
+Env workers hand over ``[E, C]`` chunks: a remote one as a message, which
+:class:`ChunkBuffer` checks against what its worker agreed to send; a local one
+through its shared-memory ring, whose layout is fixed. The buffer keeps them in
+arrival order and cuts batches of ``frames_per_batch`` (or, with
+``yield_completed_trajectories``, whole trajectories, joined across chunks) out of
+them. ``buffered`` and ``full`` are what back-pressure reads.
 """
 
 from __future__ import annotations
@@ -77,10 +78,23 @@ class ChunkBuffer:
             self._add_trajectories(slot, chunk)
         else:
             self._append(chunk.reshape(-1))
-        before = self.counts.get(slot, SlotCounts())
-        self.counts[slot] = SlotCounts(before.chunks + 1, before.frames + chunk.numel(),
-                                       time.monotonic())
+        self._count(slot, chunk.numel())
         return None
+
+    def add_local(self, slot: int, chunk: TensorDictBase) -> None:
+        """Keep a local env worker's chunk, taken from its ring (:mod:`asyncrl._inference.
+        chunk_ring`): its layout is the ring's, nothing to check. ``[E * C]`` frames, or
+        ``[E, C]`` when cutting trajectories."""
+        if self.trajectories:
+            self._add_trajectories(slot, chunk)
+        else:
+            self._append(chunk)
+        self._count(slot, chunk.numel())
+
+    def _count(self, slot: int, frames: int) -> None:
+        before = self.counts.get(slot, SlotCounts())
+        self.counts[slot] = SlotCounts(before.chunks + 1, before.frames + frames,
+                                       time.monotonic())
 
     def _append(self, frames: TensorDictBase) -> None:
         self._items.append(frames)

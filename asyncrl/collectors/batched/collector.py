@@ -6,9 +6,10 @@ step envs; the policy lives once, here, in an :class:`~asyncrl._inference.loop.I
 that batches whatever requests are ready, from a thread of its own (or, with
 ``server_backend="process"``, a dedicated process). Observations and actions go
 through shared memory, requests and answers through eventfd doorbells
-(:mod:`asyncrl._inference.doorbell`); ZeroMQ (one :class:`transports.Hub`)
-carries the chunks of transitions, which are cut here into batches of
-``frames_per_batch``, errors and close, and a remote env host's requests.
+(:mod:`asyncrl._inference.doorbell`); so do the local env workers' chunks of
+transitions (:mod:`asyncrl._inference.chunk_ring`), which are cut here into
+batches of ``frames_per_batch``. ZeroMQ (one :class:`transports.Hub`) carries
+errors and close, and a remote env host's requests and chunks.
 """
 
 from __future__ import annotations
@@ -40,11 +41,10 @@ from transports import (
 )
 
 from ..._errors import BadBatchError, CollectorError, WorkerLostError, rebuild_remote_exception
+from ..._inference.chunk_ring import ChunkReader, ChunkRing, TornChunkError, chunk_layout
 from ..._inference.doorbell import EventFd, spin_for
 from ..._inference.env_stepper import (
-    CHUNK,
     CLOSE,
-    CREDIT,
     ERROR,
     EnvWorkerConfig,
     build_pool,
@@ -242,6 +242,11 @@ class AsyncBatchedCollector(ServedPolicy, BaseCollector[RB]):
         # The doorbells of the local env workers (made when the blocks are)
         self._request_bell: EventFd | None = None
         self._answer_bells: dict[int, EventFd] = {}
+        # Their chunk rings (read here), the chunk bell they ring, a room bell for each
+        self._rings: dict[int, ChunkRing] = {}
+        self._readers: dict[int, ChunkReader] = {}
+        self._chunk_bell: EventFd | None = None
+        self._room_bells: dict[int, EventFd] = {}
         self._background: anyio.CancelScope | None = None
         self._background_done: anyio.Event | None = None
         self._frames = ChunkBuffer(
@@ -282,6 +287,7 @@ class AsyncBatchedCollector(ServedPolicy, BaseCollector[RB]):
                     self._workers = self._make_workers(hub.endpoint, backend, obs_paths, outputs)
                     async with anyio.create_task_group() as tg:
                         tg.start_soon(self._dispatch, hub)
+                        tg.start_soon(self._read_local_chunks)
                         if self._server is not None:  # the policy in its own process
                             await self._server.start(tg, hub.endpoint, backend,
                                                      self._on_server_exit)
@@ -319,6 +325,7 @@ class AsyncBatchedCollector(ServedPolicy, BaseCollector[RB]):
                                    splits=self.batching.splits)
         self._request_bell = EventFd()
         self._answer_bells = {slot: EventFd() for slot in range(self.num_workers)}
+        self._make_rings(obs, outputs)
         for slot in range(self.num_workers):  # named here: the inference process knows them
             ident = random_identity(f"env-{slot}")
             self._slot_of[ident] = slot
@@ -357,6 +364,23 @@ class AsyncBatchedCollector(ServedPolicy, BaseCollector[RB]):
             policy = policy.to(device if device is not None else "cpu")
         return policy
 
+    def _make_rings(self, obs: Mapping[tuple[str, ...], torch.Tensor], outputs: Any) -> None:
+        """Each local env worker's chunk ring (:mod:`asyncrl._inference.chunk_ring`)."""
+        layout = chunk_layout([(p, t.dtype, tuple(t.shape[1:])) for p, t in obs.items()],
+                              outputs)
+        self._chunk_bell = EventFd()
+        for slot, group in enumerate(self.groups):
+            # Each worker's share of the trainer's buffer, in chunks (at least two: one
+            # being taken, one being written). Both server backends: the loop answers
+            # without waiting for this event loop, so chunks not yet taken here are
+            # bounded by the slots, not by the loop's room alone.
+            share = self._frames.capacity / self.num_workers
+            slots = max(2, math.ceil(share / (len(group) * self.chunk_steps)))
+            ring = self._rings[slot] = ChunkRing.create(layout, rows=len(group),
+                                                        steps=self.chunk_steps, slots=slots)
+            self._readers[slot] = ChunkReader(ring, flat=not self.yield_completed_trajectories)
+            self._room_bells[slot] = EventFd()
+
     def _make_server_process(self, policy: Any, spec: Any, obs_paths: list[tuple[str, ...]],
                              outputs: Any, obs_spec: Any) -> InferenceProcess:
         assert self._tmpdir is not None and self._threads_cap is not None
@@ -385,17 +409,10 @@ class AsyncBatchedCollector(ServedPolicy, BaseCollector[RB]):
                 extra_paths=extra_paths, chunk_steps=self.chunk_steps,
                 heartbeat_interval=interval, peer_timeout=timeout,
                 request_bell=self._request_bell, answer_bell=self._answer_bells[slot],
-                spin=self._spin, chunk_credits=chunk_credits(blocks.rows),
+                spin=self._spin, chunk_ring=self._rings[slot].names,
+                chunk_bell=self._chunk_bell, room_bell=self._room_bells[slot],
                 splits=self.batching.splits)
             return (endpoint, identity, config, backend, parent)
-
-        def chunk_credits(rows: int) -> int:
-            # Each worker's share of the trainer's buffer, in chunks (at least two: one
-            # in the trainer's hands, one on its way). Both server backends: the loop's
-            # thread answers without waiting for this event loop, so chunks not yet read
-            # here are bounded by the credits, not by the loop's room alone.
-            share = self._frames.capacity / self.num_workers
-            return max(2, math.ceil(share / (rows * self.chunk_steps)))
 
         return WorkerProcesses(self.num_workers, env_worker_main, args,
                                identity=lambda slot: self._peer_of[slot],
@@ -425,10 +442,17 @@ class AsyncBatchedCollector(ServedPolicy, BaseCollector[RB]):
         for blocks in self._blocks.values():
             blocks.close()
         self._blocks = {}
-        for bell in [self._request_bell, *self._answer_bells.values()]:
+        for reader in self._readers.values():
+            reader.close()
+        for ring in self._rings.values():
+            ring.close()
+        self._readers, self._rings = {}, {}
+        for bell in [self._request_bell, self._chunk_bell, *self._answer_bells.values(),
+                     *self._room_bells.values()]:
             if bell is not None:
                 bell.close()
         self._request_bell, self._answer_bells = None, {}
+        self._chunk_bell, self._room_bells = None, {}
         if self._tmpdir is not None:
             shutil.rmtree(self._tmpdir, ignore_errors=True)
         self._wake()
@@ -462,11 +486,30 @@ class AsyncBatchedCollector(ServedPolicy, BaseCollector[RB]):
             if hub.admission and item.peer not in self._admitted:
                 self._admitted.add(item.peer)  # our own child: full message sizes
                 hub.admit(item.peer)
-            if item.kind == CHUNK:
-                self._on_chunk(slot, item)
-                await self._credit(hub, item.peer)
-            elif item.kind == ERROR:
+            if item.kind == ERROR:  # (its chunks come through its ring)
                 self._on_error(slot, item)
+
+    async def _read_local_chunks(self) -> None:
+        """Take the local env workers' chunks from their rings whenever the chunk bell rings."""
+        bell, readers = self._chunk_bell, self._readers
+        if bell is None or not readers:
+            return
+        fd = bell.fd
+        while True:
+            await anyio.wait_readable(fd)
+            os.eventfd_read(fd)  # readable: returns at once (the count: any number of rings)
+            took = False
+            for slot, reader in readers.items():
+                try:
+                    while (chunk := reader.take()) is not None:
+                        self._frames.add_local(slot, chunk)
+                        self._room_bells[slot].ring()  # a worker waiting for a slot goes on
+                        took = True
+                except TornChunkError as exc:
+                    self._fail(BadBatchError(f"env worker {slot}: {exc}"))
+                    return
+            if took:
+                await self._after_chunks()
 
     async def _serve_policy(self, loop: InferenceLoop) -> None:
         """The thread server: serve until cancelled; a policy error fails the run."""
@@ -502,13 +545,14 @@ class AsyncBatchedCollector(ServedPolicy, BaseCollector[RB]):
         assert self._hub is not None and self._remote is not None
         await self._remote.reply(self._hub, slot, version)  # its occupant, or nobody
 
-    async def _credit(self, hub: Hub, peer: bytes) -> None:
-        try:
-            await hub.send(peer, 1, kind=CREDIT)  # read: that worker may send one more
-        except Exception as exc:  # gone: its exit is reported by the watcher
-            log.debug("could not credit env worker %r: %r", peer, exc)
-        if self._server is not None and not self._room_for_more():
-            await self._server.set_room(hub, False)
+    async def _after_chunks(self) -> None:
+        """Chunks came: back-pressure once the buffer is full, and wake a waiting batch."""
+        if not self._room_for_more():
+            if self._loop is not None:
+                self._loop.set_room(False)  # no more answers until a batch is taken
+            if self._server is not None and self._hub is not None:
+                await self._server.set_room(self._hub, False)
+        self._wake()
 
     def _on_server_message(self, item: Message | PeerEvent) -> None:
         assert self._server is not None

@@ -1,0 +1,238 @@
+"""A local env worker's finished chunks, handed to the trainer through shared memory.
+
+An env worker records its steps into chunk buffers ``[E, C]`` (:mod:`.env_stepper`).
+A remote one sends each finished chunk as a message; a local one writes it into
+a **ring** of ``slots`` chunk slots (one :class:`transports.SharedTensorBlock`),
+the chunk numbered ``n`` (from 1) into slot ``(n - 1) % slots``, and rings the
+trainer's **chunk bell** (one eventfd for every local worker). The trainer's
+event loop wakes, takes each ring's next chunks in order (a clone of views made
+once) and counts them in the ring's ``taken`` word; a worker whose slots are all
+full waits on its **room bell**, which the trainer rings after each take.
+
+So a chunk costs no encoding, no ZeroMQ message, no decoding and no credit
+message: measured on 2 cores, those cost the trainer's event loop about 0.5 ms
+per chunk of Python, which the central inference thread (sharing the GIL) waited
+for (docs/benchmarks.md). The layout is fixed when the ring is made
+(:func:`chunk_layout`, the same function the worker allocates its buffers with):
+a chunk cannot come with other keys, shapes or dtypes.
+
+The slots follow the request blocks' seqlock (:mod:`.block_io`): the writer
+makes the slot's sequence number odd, copies, stores the chunk's number as the
+slot's version, makes the sequence even again. A writer writes slot ``k`` again
+only after the trainer has taken the chunk in it (``taken``), so a reader that
+saw the chunk's number reads a slot nobody writes meanwhile.
+
+>>> import torch
+>>> from asyncrl._inference.loop import OutputLayout
+>>> layout = chunk_layout([(("observation",), torch.float32, (3,))],
+...                       OutputLayout(action=(torch.float32, (1,))))
+>>> ring = ChunkRing.create(layout, rows=2, steps=4, slots=2)
+>>> buffers = ring.example_buffers()
+>>> writer = ChunkWriter(ring.names, buffers)
+>>> _ = buffers[("observation",)].fill_(1.0)
+>>> writer.has_room(), writer.publish()
+(True, 1)
+>>> reader = ChunkReader(ring, flat=True)
+>>> chunk = reader.take()
+>>> chunk.batch_size, chunk["observation"].sum().item(), reader.take()
+(torch.Size([8]), 24.0, None)
+>>> writer.close(); reader.close(); ring.close()
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+
+from transports import SharedTensorBlock
+
+from .block_io import Copy, SlotArrays, array_of
+
+__all__ = ["ChunkReader", "ChunkRing", "ChunkWriter", "TornChunkError", "chunk_layout"]
+
+Path = tuple[str, ...]
+#: A chunk entry per env and step: ``path -> (dtype, shape)``.
+Layout = dict[Path, tuple[torch.dtype, tuple[int, ...]]]
+
+
+class TornChunkError(RuntimeError):
+    """A chunk slot was rewritten while the trainer read it (its writer broke the protocol)."""
+
+
+def chunk_layout(obs: Sequence[tuple[Path, torch.dtype, tuple[int, ...]]],
+                 outputs: Any) -> Layout:
+    """Every entry of a chunk, per env and step, in TorchRL's key order.
+
+    ``obs`` is each observation's path, dtype and per-env shape; ``outputs`` the
+    policy's :class:`~asyncrl._inference.loop.OutputLayout` (``action`` and extras).
+    Ended episodes are reset in place, so the root ``done`` flags stay False.
+    """
+    layout: Layout = {}
+    for path, dtype, shape in obs:
+        layout[tuple(path)] = (dtype, tuple(shape))
+        layout[("next", *path)] = (dtype, tuple(shape))
+    layout[("action",)] = (outputs.action[0], tuple(outputs.action[1]))
+    for path, dtype, shape in outputs.extras:
+        layout[tuple(path)] = (dtype, tuple(shape))
+    for name in ("done", "terminated", "truncated"):
+        layout[(name,)] = (torch.bool, (1,))
+    layout[("next", "reward")] = (torch.float32, (1,))
+    for name in ("done", "terminated", "truncated"):
+        layout[("next", name)] = (torch.bool, (1,))
+    for name in ("traj_ids", "policy_version", "worker_id"):
+        layout[("collector", name)] = (torch.int64, ())
+    return layout
+
+
+def _key(path: Path) -> Any:
+    return path[0] if len(path) == 1 else path
+
+
+class ChunkRing:
+    """The shared memory of one local env worker's chunks: the slots and ``taken``.
+
+    Made (and unlinked) by the trainer; the worker attaches by :attr:`names`.
+    """
+
+    def __init__(self, block: SharedTensorBlock, taken: SharedTensorBlock, layout: Layout,
+                 rows: int, steps: int) -> None:
+        self.block = block
+        self.taken_block = taken
+        self.layout = layout
+        self.rows = rows
+        self.steps = steps
+        self.paths = list(layout)
+
+    @classmethod
+    def create(cls, layout: Layout, *, rows: int, steps: int, slots: int) -> ChunkRing:
+        if slots < 1:
+            raise ValueError(f"a chunk ring needs at least one slot, got {slots}")
+        example = {f"c{i}": torch.zeros((rows, steps, *shape), dtype=dtype)
+                   for i, (dtype, shape) in enumerate(layout.values())}
+        block = SharedTensorBlock.create(example, slots=slots)
+        try:
+            taken = SharedTensorBlock.create({"taken": torch.zeros(1, dtype=torch.int64)},
+                                             slots=1)
+        except BaseException:
+            block.close()
+            block.unlink()
+            raise
+        return cls(block, taken, layout, rows, steps)
+
+    @property
+    def names(self) -> tuple[str, str]:
+        """What a worker attaches to: the slots' block, then the ``taken`` word's."""
+        return self.block.name, self.taken_block.name
+
+    @property
+    def slots(self) -> int:
+        return int(self.block.slots)
+
+    def example_buffers(self) -> dict[Path, torch.Tensor]:
+        """Fresh private buffers of this layout (what a worker records into), for tests."""
+        return {p: torch.zeros((self.rows, self.steps, *shape), dtype=dtype)
+                for p, (dtype, shape) in self.layout.items()}
+
+    def close(self) -> None:
+        """Close and unlink both blocks (the trainer's; idempotent)."""
+        for block in (self.block, self.taken_block):
+            if not block.closed:
+                block.close()
+                block.unlink()
+
+
+class ChunkWriter:
+    """The worker's end: :meth:`publish` copies its buffers into the next slot.
+
+    ``buffers`` are the worker's chunk buffers (``[E, C, *shape]`` per path, the
+    ring's layout and order); the copies are made once, here.
+    """
+
+    def __init__(self, names: tuple[str, str], buffers: Mapping[Path, torch.Tensor]) -> None:
+        self.block = SharedTensorBlock.attach(names[0])
+        self.taken_block = SharedTensorBlock.attach(names[1])
+        try:
+            sources = [array_of(t) for t in buffers.values()]
+            self._slots = [SlotArrays(self.block, k) for k in range(int(self.block.slots))]
+            self._copies: list[list[Copy]] = [s.copies_from(sources) for s in self._slots]
+            for _, dst, src in self._copies[0]:
+                if tuple(dst.shape) != tuple(src.shape) or str(dst.dtype) != str(src.dtype):
+                    raise ValueError(f"chunk buffer {tuple(src.shape)} {src.dtype} does not "
+                                     f"match the ring's {tuple(dst.shape)} {dst.dtype}")
+            self._taken: Any = self.taken_block.slot_views(0)["taken"].numpy()
+        except BaseException:
+            self.close()
+            raise
+        #: Chunks published so far.
+        self.published = 0
+
+    def has_room(self) -> bool:
+        """Whether the next chunk has a free slot (the trainer took the one it replaces)."""
+        return self.published - int(self._taken[0]) < len(self._slots)
+
+    def publish(self) -> int:
+        """Copy the buffers into the next slot (:meth:`has_room` must be true); its number."""
+        number = self.published + 1
+        k = (number - 1) % len(self._slots)
+        self._slots[k].publish(self._copies[k], version=number)
+        self.published = number
+        return number
+
+    def close(self) -> None:
+        """Let the mappings go (idempotent)."""
+        for slot in getattr(self, "_slots", []):
+            slot.release()
+        self._slots, self._copies = [], []
+        self._taken = None
+        for block in (getattr(self, "block", None), getattr(self, "taken_block", None)):
+            if block is not None and not block.closed:
+                block.close()
+
+
+class ChunkReader:
+    """The trainer's end: :meth:`take` returns the ring's next chunk (a clone) or None.
+
+    ``flat=True``: the chunk as ``[E * C]`` frames, env by env (what the batches are
+    cut from); False: as ``[E, C]`` (trajectories are cut per env).
+    """
+
+    def __init__(self, ring: ChunkRing, *, flat: bool) -> None:
+        self.ring = ring
+        block = ring.block
+        self._words = [block.control(k) for k in range(ring.slots)]
+        self._views: list[TensorDictBase] = []
+        for k in range(ring.slots):
+            views = block.slot_views(k)
+            chunk = TensorDict({}, batch_size=[ring.rows, ring.steps])
+            for i, path in enumerate(ring.paths):
+                chunk.set(_key(path), views[f"c{i}"])
+            self._views.append(chunk.reshape(-1) if flat else chunk)
+        self._taken: Any = ring.taken_block.slot_views(0)["taken"].numpy()
+        #: Chunks taken so far.
+        self.taken = 0
+
+    def take(self) -> TensorDictBase | None:
+        """The next chunk, copied out of its slot (which is then free); None: not yet written."""
+        number = self.taken + 1
+        k = (number - 1) % len(self._words)
+        word = self._words[k]
+        seq = word[0]
+        if seq & 1 or word[1] != number:  # being written, or still the chunk before
+            return None
+        chunk = self._views[k].clone()
+        if word[0] != seq:
+            raise TornChunkError(f"chunk {number} was rewritten while it was read: its env "
+                                 "worker wrote a slot the trainer had not taken")
+        self.taken = number
+        self._taken[0] = number
+        return chunk
+
+    def close(self) -> None:
+        """Drop the views of the ring's memory (the ring's owner unmaps it)."""
+        for word in self._words:
+            if isinstance(word, memoryview):
+                word.release()
+        self._words, self._views, self._taken = [], [], None
