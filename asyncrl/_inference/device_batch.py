@@ -59,18 +59,33 @@ class DeviceBatch:
         self._stream: Any = None
 
     def __call__(self, n: int, policy: Callable[[TensorDictBase], Any],
-                 keys: Sequence[Any]) -> list[torch.Tensor]:
+                 keys: Sequence[Any], *,
+                 tensor_call: Callable[[torch.Tensor], Any] | None = None,
+                 check: Callable[[Any, int], torch.Tensor] | None = None) -> list[torch.Tensor]:
+        """The outputs ``keys`` for the first ``n`` rows, on the host.
+
+        ``tensor_call`` (``PolicyAdapter.tensor_call``, one observation, one output):
+        called on the observation's device rows instead of ``policy`` on a TensorDict,
+        its result checked by ``check(result, n)``; when it returns None (a hook came),
+        ``policy`` runs instead.
+        """
         for dev, host in self._pairs:
             dev[:n].copy_(host[:n], non_blocking=True)
-        view = self._views[n]
-        if view is None:
-            view = self._views[n] = self._td[:n]
-        td = view.copy()  # shallow: what the policy sets stays out of the cached view
-        out = policy(td)
-        td = td if out is None else out
+        values: list[Any] | None = None
+        if tensor_call is not None:
+            action = tensor_call(self._pairs[0][0][:n])
+            if action is not None:
+                values = [action if check is None else check(action, n)]
+        if values is None:
+            view = self._views[n]
+            if view is None:
+                view = self._views[n] = self._td[:n]
+            td = view.copy()  # shallow: what the policy sets stays out of the cached view
+            out = policy(td)
+            td = td if out is None else out
+            values = [td.get(key) for key in keys]
         results = []
-        for key in keys:
-            value = td.get(key)
+        for key, value in zip(keys, values, strict=True):
             buffer = self._outputs.get(key)
             if buffer is None or buffer.shape[1:] != value.shape[1:] or buffer.dtype != value.dtype:
                 buffer = self._outputs[key] = torch.empty(

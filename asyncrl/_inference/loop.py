@@ -469,9 +469,15 @@ class InferenceLoop:
                 for copy, dst, src in copies:
                     copy(dst, src)
             row += n
-        if self._device_batch is not None:
+        device_batch = self._device_batch
+        if isinstance(device_batch, DeviceBatch):
             with self._explore:  # no_grad is the thread's own (serve)
-                outputs = self._device_batch(row, self.adapter, self._output_keys)
+                outputs = device_batch(row, self.adapter, self._output_keys,
+                                       tensor_call=self._tensor_call,
+                                       check=self._checked_action)
+        elif device_batch is not None:  # a CUDA graph: captured from the TensorDict path
+            with self._explore:
+                outputs = device_batch(row, self.adapter, self._output_keys)
         else:
             outputs = self._call_policy(row)
         arrays = [array_of(o) for o in outputs]

@@ -82,3 +82,82 @@ def test_a_write_moves_the_sequence_by_two_and_mends_a_dead_writers_odd_number()
     finally:
         slot.release()
         blocks[0].close()
+
+
+class _Halves(nn.Module):
+    """A plain module (no TensorDict): half of each observation's sum."""
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return obs.sum(-1, keepdim=True) / 2
+
+
+def _serve_once(policy, *, device_batch: bool, rows=(2, 1)) -> dict[int, torch.Tensor]:
+    """One call of a fresh loop over workers of ``rows`` envs: each worker's answer."""
+    adapter = PolicyAdapter(policy, observation_keys=["observation"])
+    outputs = discover_outputs(adapter, {OBS: torch.zeros(1, 3)}, (torch.float32, (1,)))
+    blocks = make_blocks(list(rows), {OBS: torch.zeros(1, 3)}, outputs)
+    bells = {slot: EventFd() for slot in blocks}
+    loop = InferenceLoop(adapter, blocks, obs_paths=[OBS], outputs=outputs, device=None,
+                         max_batch_size=8, min_batch_size=1, server_timeout=0.01,
+                         answer_bells=bells)
+    if device_batch:
+        loop._device_batch = DeviceBatch({"observation": loop._obs["o0"]}, torch.device("cpu"),
+                                         capacity=8)
+    requests = [SlotArrays(blocks[slot].obs) for slot in blocks]
+    try:
+        for slot, request in enumerate(requests):
+            obs = torch.arange(3.0).repeat(blocks[slot].rows, 1) + slot
+            request.publish(request.copies_from([obs.numpy()]), version=0)
+        with torch.no_grad():
+            loop._serve([lane(s) for s in blocks], 7)
+        return {slot: blocks[slot].act.read(0)[1]["action"] for slot in blocks}
+    finally:
+        for request in requests:
+            request.release()
+        loop.close()
+        for b in blocks.values():
+            b.close()
+        for bell in bells.values():
+            bell.close()
+
+
+@pytest.mark.parametrize("device_batch", [False, True])
+def test_a_one_observation_policy_is_called_on_the_tensor_and_answers_the_same(
+        device_batch) -> None:
+    # sums 3, 6 (slot 0, +0) and 6 (slot 1, +1): (0+1+2)/2, ((1+2+3))/2
+    expected = {0: [[1.5], [1.5]], 1: [[3.0]]}
+    module = TensorDictModule(_Halves(), in_keys=["observation"], out_keys=["action"])
+    assert PolicyAdapter(module).tensor_call() is not None  # the fast path is taken
+    answers = _serve_once(module, device_batch=device_batch)
+    assert {s: a.tolist() for s, a in answers.items()} == expected
+    # a plain module, too
+    assert {s: a.tolist() for s, a in _serve_once(
+        _Halves(), device_batch=device_batch).items()} == expected
+    # a hook added to the TensorDictModule: its own path runs, and the hook with it
+    calls = []
+    module.register_forward_hook(lambda *args: calls.append(1))
+    answers = _serve_once(module, device_batch=device_batch)
+    assert {s: a.tolist() for s, a in answers.items()} == expected and len(calls) == 2
+
+
+class _WrongRows(nn.Module):
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(obs.shape[0] + 1, 1) if obs.shape[0] > 1 else torch.zeros(1, 1)
+
+
+@pytest.mark.parametrize("device_batch", [False, True])
+def test_an_action_of_the_wrong_shape_is_named(device_batch) -> None:
+    with pytest.raises(ValueError, match=r"the policy returned a tensor of shape \(4, 1\) for a "
+                                         r"batch of 3 observations: expected an action tensor "
+                                         r"of shape \(3, 1\)"):
+        _serve_once(_WrongRows(), device_batch=device_batch)
+
+
+def test_policies_the_tensor_path_cannot_serve_keep_the_tensordict_path() -> None:
+    two_outputs = TensorDictModule(nn.Linear(3, 2), in_keys=["observation"],
+                                   out_keys=["action"])
+    assert PolicyAdapter(two_outputs, action_key="other").tensor_call() is None
+    assert PolicyAdapter(two_outputs, observation_keys=["a", "b"]).tensor_call() is None
+    assert PolicyAdapter(TensorDictModule(nn.Linear(3, 1), in_keys=["other"],
+                                          out_keys=["action"])).tensor_call() is None
+    assert PolicyAdapter(lambda td: td).tensor_call() is None  # a td -> td callable
