@@ -297,7 +297,7 @@ class PolicyAdapter:
         if len(self.observation_keys) != 1 or self.action_key != output_key:
             return None
         if self.takes_tensors:
-            return self.policy  # type: ignore[return-value]
+            return self.policy
         direct = self._direct
         if direct is None or direct._single != (self.observation_keys[0], output_key):
             return None
