@@ -494,15 +494,19 @@ class AsyncBatchedCollector(ServedPolicy, BaseCollector[RB]):
         bell, readers = self._chunk_bell, self._readers
         if bell is None or not readers:
             return
-        fd = bell.fd
+        fd, frames = bell.fd, self._frames
         while True:
             await anyio.wait_readable(fd)
             os.eventfd_read(fd)  # readable: returns at once (the count: any number of rings)
             took = False
             for slot, reader in readers.items():
                 try:
-                    while (chunk := reader.take()) is not None:
-                        self._frames.add_local(slot, chunk)
+                    # A full buffer takes nothing: the chunks stay in their rings, and a
+                    # worker whose slots are all full stops until a batch is taken (which
+                    # rings this bell). That bounds what the env workers make ahead of
+                    # the trainer without waiting for the server to hold (a message).
+                    while not frames.full and (chunk := reader.take()) is not None:
+                        frames.add_local(slot, chunk)
                         self._room_bells[slot].ring()  # a worker waiting for a slot goes on
                         took = True
                 except TornChunkError as exc:
@@ -656,6 +660,8 @@ class AsyncBatchedCollector(ServedPolicy, BaseCollector[RB]):
         if self._error is not None:
             raise self._error
         batch = self._frames.take(self.frames_per_batch)
+        if self._chunk_bell is not None and self._readers:
+            self._chunk_bell.ring()  # room again: chunks left in the rings are taken now
         if self.split_trajs:
             # A trajectory's chunks may lie apart in the batch (other workers' between
             # them): bring each one's frames together, in order, before splitting.

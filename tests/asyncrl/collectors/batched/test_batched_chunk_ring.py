@@ -34,7 +34,7 @@ def ring():
 
 
 def _fill(buffers: dict, number: int) -> None:
-    for path, tensor in buffers.items():
+    for tensor in buffers.values():
         if tensor.dtype == torch.bool:
             tensor.fill_(number % 2 == 1)
         else:
@@ -115,7 +115,6 @@ def test_a_slot_mid_write_is_not_taken(ring) -> None:
         assert reader.take() is None
         word[0] += 1  # even again, same chunk number: the write completed
         assert reader.take() is not None
-        del word
     finally:
         writer.close()
         reader.close()
@@ -137,8 +136,6 @@ def test_a_slot_rewritten_during_the_read_is_refused(ring) -> None:
         reader._views[0] = Rewritten()
         with pytest.raises(TornChunkError, match="chunk 1 was rewritten while it was read"):
             reader.take()
-        del word, view
-        reader._views = []
     finally:
         writer.close()
         reader.close()

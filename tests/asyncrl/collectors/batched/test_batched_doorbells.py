@@ -238,7 +238,8 @@ async def test_one_call_gathers_every_request_that_is_ready(server_backend) -> N
 @pytest.mark.parametrize("server_backend", ["thread", "process"])
 async def test_neither_a_step_nor_a_chunk_sends_a_message(server_backend) -> None:
     with anyio.fail_after(LIMIT):
-        async with AsyncBatchedCollector(counting3, num_envs=2, policy_factory=functools.partial(ValuePolicy, 1.0),
+        async with AsyncBatchedCollector(counting3, num_envs=2,
+                                         policy_factory=functools.partial(ValuePolicy, 1.0),
                                          frames_per_batch=64, total_frames=640,
                                          transition_chunk_size=16, heartbeat_interval=60.0,
                                          peer_timeout=120.0,

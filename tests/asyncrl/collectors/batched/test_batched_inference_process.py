@@ -269,3 +269,44 @@ async def test_what_waits_while_the_trainers_loop_is_held_is_bounded() -> None:
     # the workers may have spent their credits before the hold began (CI saw that once).
     assert collector.chunk_steps == 2
     assert 0 <= during <= 2 * (2 * 2 + 2 + 1), during
+
+
+@pytest.mark.parametrize("server_backend", ["thread", "process"])
+async def test_the_rings_bound_what_is_made_ahead_even_if_the_server_never_holds(
+        server_backend, monkeypatch) -> None:
+    # Back-pressure has two parts: the server stops answering ("hold", a message to the
+    # inference process), and the trainer takes no chunk from the rings while its buffer
+    # is full, so the workers stop once their slots are full. The second alone must
+    # bound the frames: a late hold (a busy machine) once let 80 frames of 96 through.
+    from asyncrl._inference.loop import InferenceLoop
+    from asyncrl.collectors.batched.server import InferenceProcess
+
+    loop_room, process_room = InferenceLoop.set_room, InferenceProcess.set_room
+
+    def never_hold(self, room: bool) -> None:
+        if room:
+            loop_room(self, room)
+
+    async def never_hold_process(self, hub, room: bool, *, wait: bool = False) -> None:
+        if room:
+            await process_room(self, hub, room, wait=wait)
+
+    monkeypatch.setattr(InferenceLoop, "set_room", never_hold)
+    monkeypatch.setattr(InferenceProcess, "set_room", never_hold_process)
+    with anyio.fail_after(LIMIT):
+        async with AsyncBatchedCollector(counting3, num_envs=2, policy=ValuePolicy(1.0),
+                                         frames_per_batch=8, total_frames=-1,
+                                         server_backend=server_backend) as collector:
+            await collector.__anext__()
+            await anyio.sleep(1.5)  # the trainer's loop is free, and it takes no batch
+            buffered, capacity = collector._frames.buffered, collector._frames.capacity
+            made = sum(c.frames for c in collector._frames.counts.values())
+            chunk = collector.chunk_steps  # one env per worker
+            assert collector._frames.full
+            await collector.__anext__()  # taking a batch takes what waits in the rings
+            with anyio.fail_after(10):
+                while sum(c.frames for c in collector._frames.counts.values()) <= made:
+                    await anyio.sleep(0.01)
+    # at most one chunk past the buffer's capacity (the take that filled it); without the
+    # rule, a never-holding server fills the buffer as fast as the envs step (thousands)
+    assert capacity <= buffered <= capacity + chunk, (buffered, capacity)
