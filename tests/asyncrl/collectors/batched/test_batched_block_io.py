@@ -8,6 +8,8 @@ the call's version, whatever the order of the requests in the batch, on both pat
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 from tensordict.nn import TensorDictModule
@@ -28,21 +30,39 @@ def _policy() -> TensorDictModule:
                             in_keys=["observation"], out_keys=["action"])
 
 
-@pytest.mark.parametrize("device_batch", [False, True])
-def test_each_worker_gets_its_own_rows_and_the_calls_version(device_batch) -> None:
-    policy = _policy()
+@contextlib.contextmanager
+def _serving(policy, rows, *, device_batch: bool):
+    """A loop serving ``policy`` to workers of ``rows`` envs: (loop, blocks, requests).
+
+    ``device_batch``: the GPU path's code (``DeviceBatch``), on the CPU.
+    """
     adapter = PolicyAdapter(policy, observation_keys=["observation"])
     outputs = discover_outputs(adapter, {OBS: torch.zeros(1, 3)}, (torch.float32, (1,)))
-    blocks = make_blocks([2, 1, 3], {OBS: torch.zeros(1, 3)}, outputs)
+    blocks = make_blocks(list(rows), {OBS: torch.zeros(1, 3)}, outputs)
     bells = {slot: EventFd() for slot in blocks}
     loop = InferenceLoop(adapter, blocks, obs_paths=[OBS], outputs=outputs, device=None,
                          max_batch_size=8, min_batch_size=1, server_timeout=0.01,
                          answer_bells=bells)
-    if device_batch:  # the GPU path's code, on the CPU
+    if device_batch:
         loop._device_batch = DeviceBatch({"observation": loop._obs["o0"]}, torch.device("cpu"),
                                          capacity=8)
     requests = [SlotArrays(blocks[slot].obs) for slot in blocks]
     try:
+        yield loop, blocks, requests
+    finally:
+        for request in requests:
+            request.release()
+        loop.close()
+        for b in blocks.values():
+            b.close()
+        for bell in bells.values():
+            bell.close()
+
+
+@pytest.mark.parametrize("device_batch", [False, True])
+def test_each_worker_gets_its_own_rows_and_the_calls_version(device_batch) -> None:
+    policy = _policy()
+    with _serving(policy, [2, 1, 3], device_batch=device_batch) as (loop, blocks, requests):
         for version, order in [(3, [2, 0, 1]), (4, [1, 2, 0]), (5, [0, 2])]:
             obs = {slot: torch.randn(blocks[slot].rows, 3) for slot in blocks}
             for slot, request in enumerate(requests):
@@ -55,14 +75,6 @@ def test_each_worker_gets_its_own_rows_and_the_calls_version(device_batch) -> No
                     assert got_version == version
                     assert torch.allclose(got["action"], policy.module(obs[slot]))
         assert blocks[1].act.read(0)[0] == 4  # not in the last call: its answer stays
-    finally:
-        for request in requests:
-            request.release()
-        loop.close()
-        for b in blocks.values():
-            b.close()
-        for bell in bells.values():
-            bell.close()
 
 
 def test_a_write_moves_the_sequence_by_two_and_mends_a_dead_writers_odd_number() -> None:
@@ -93,32 +105,13 @@ class _Halves(nn.Module):
 
 def _serve_once(policy, *, device_batch: bool, rows=(2, 1)) -> dict[int, torch.Tensor]:
     """One call of a fresh loop over workers of ``rows`` envs: each worker's answer."""
-    adapter = PolicyAdapter(policy, observation_keys=["observation"])
-    outputs = discover_outputs(adapter, {OBS: torch.zeros(1, 3)}, (torch.float32, (1,)))
-    blocks = make_blocks(list(rows), {OBS: torch.zeros(1, 3)}, outputs)
-    bells = {slot: EventFd() for slot in blocks}
-    loop = InferenceLoop(adapter, blocks, obs_paths=[OBS], outputs=outputs, device=None,
-                         max_batch_size=8, min_batch_size=1, server_timeout=0.01,
-                         answer_bells=bells)
-    if device_batch:
-        loop._device_batch = DeviceBatch({"observation": loop._obs["o0"]}, torch.device("cpu"),
-                                         capacity=8)
-    requests = [SlotArrays(blocks[slot].obs) for slot in blocks]
-    try:
+    with _serving(policy, rows, device_batch=device_batch) as (loop, blocks, requests):
         for slot, request in enumerate(requests):
             obs = torch.arange(3.0).repeat(blocks[slot].rows, 1) + slot
             request.publish(request.copies_from([obs.numpy()]), version=0)
         with torch.no_grad():
             loop._serve([lane(s) for s in blocks], 7)
         return {slot: blocks[slot].act.read(0)[1]["action"] for slot in blocks}
-    finally:
-        for request in requests:
-            request.release()
-        loop.close()
-        for b in blocks.values():
-            b.close()
-        for bell in bells.values():
-            bell.close()
 
 
 @pytest.mark.parametrize("device_batch", [False, True])

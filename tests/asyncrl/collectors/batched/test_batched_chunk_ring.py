@@ -8,6 +8,8 @@ the read is never returned as a chunk.
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -33,6 +35,18 @@ def ring():
     ring.close()
 
 
+@contextlib.contextmanager
+def _ends(ring: ChunkRing, *, flat: bool = True):
+    """A worker's buffers and writer, and the trainer's reader, on ``ring``."""
+    buffers = ring.example_buffers()
+    writer, reader = ChunkWriter(ring.names, buffers), ChunkReader(ring, flat=flat)
+    try:
+        yield buffers, writer, reader
+    finally:
+        writer.close()
+        reader.close()
+
+
 def _fill(buffers: dict, number: int) -> None:
     for tensor in buffers.values():
         if tensor.dtype == torch.bool:
@@ -53,9 +67,7 @@ def test_the_layout_has_torchrls_keys_and_the_policys_outputs() -> None:
 
 @pytest.mark.parametrize("flat", [True, False])
 def test_every_chunk_arrives_once_whole_and_in_order(ring, flat) -> None:
-    buffers = ring.example_buffers()
-    writer, reader = ChunkWriter(ring.names, buffers), ChunkReader(ring, flat=flat)
-    try:
+    with _ends(ring, flat=flat) as (buffers, writer, reader):
         got = []
         for number in range(1, 8):  # more chunks than slots: the slots are reused
             assert writer.has_room()
@@ -80,15 +92,10 @@ def test_every_chunk_arrives_once_whole_and_in_order(ring, flat) -> None:
         _fill(buffers, 99)
         writer.publish()
         assert (got[-1]["next", "reward"] == 7).all()
-    finally:
-        writer.close()
-        reader.close()
 
 
 def test_a_full_ring_has_no_room_until_the_trainer_takes_a_chunk(ring) -> None:
-    buffers = ring.example_buffers()
-    writer, reader = ChunkWriter(ring.names, buffers), ChunkReader(ring, flat=True)
-    try:
+    with _ends(ring) as (buffers, writer, reader):
         for number in range(1, 4):
             _fill(buffers, number)
             writer.publish()
@@ -100,30 +107,20 @@ def test_a_full_ring_has_no_room_until_the_trainer_takes_a_chunk(ring) -> None:
         assert not writer.has_room()
         assert [int(reader.take()["next", "reward"][0]) for _ in range(3)] == [2, 3, 4]
         assert reader.take() is None and writer.has_room()
-    finally:
-        writer.close()
-        reader.close()
 
 
 def test_a_slot_mid_write_is_not_taken(ring) -> None:
-    buffers = ring.example_buffers()
-    writer, reader = ChunkWriter(ring.names, buffers), ChunkReader(ring, flat=True)
-    try:
+    with _ends(ring) as (_buffers, writer, reader):
         writer.publish()
         word = ring.block.control(0)
         word[0] += 1  # odd: a writer (killed, say) in the middle of its copies
         assert reader.take() is None
         word[0] += 1  # even again, same chunk number: the write completed
         assert reader.take() is not None
-    finally:
-        writer.close()
-        reader.close()
 
 
 def test_a_slot_rewritten_during_the_read_is_refused(ring) -> None:
-    buffers = ring.example_buffers()
-    writer, reader = ChunkWriter(ring.names, buffers), ChunkReader(ring, flat=True)
-    try:
+    with _ends(ring) as (_buffers, writer, reader):
         writer.publish()
         word = ring.block.control(0)
         view = reader._views[0]
@@ -136,9 +133,6 @@ def test_a_slot_rewritten_during_the_read_is_refused(ring) -> None:
         reader._views[0] = Rewritten()
         with pytest.raises(TornChunkError, match="chunk 1 was rewritten while it was read"):
             reader.take()
-    finally:
-        writer.close()
-        reader.close()
 
 
 def test_buffers_of_another_layout_are_refused(ring) -> None:
