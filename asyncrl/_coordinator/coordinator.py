@@ -282,8 +282,10 @@ class Coordinator:
         goodbye comes after the report on the same pipe, so once the peer's loss
         was handled (or the run failed) the report, if any, was too.
         """
+        state = self.state
         with anyio.move_on_after(timeout):
-            while peer not in self.state.gone and self.state.failure is None:
+            # (a departed worker's late message can take it off ``gone``: ``left`` stays)
+            while peer not in state.gone and peer not in state.left and state.failure is None:
                 await self._wait_change()
 
     async def worker_exited(self, peer: bytes, error: WorkerLostError, *,

@@ -10,6 +10,7 @@ message in transit and one :class:`Queued` version). The
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -147,9 +148,13 @@ class Lane:
         return self.ticket is not None and self.peer in self.ticket.pending
 
 
-def gone_part(worker_ids: list[int]) -> Part:
-    """The part of a send for workers that left before it went out: lost, never sent."""
-    names = {f"worker-{w}".encode(): w for w in worker_ids}
+def gone_part(workers: Mapping[bytes, int]) -> Part:
+    """The part of a send for workers that left before it went out: lost, never sent.
+
+    ``workers`` maps each one's hub identity (what the run knows it by: a departure is
+    told from a loss by it) to its id.
+    """
+    names = dict(workers)
     ticket = Ticket(seq=0, peers=frozenset(names))
     for name in names:
         ticket.resolve(name, lost=True)

@@ -100,6 +100,10 @@ class WeightSender:
         self._preparing = 0  # the version being written (shared memory: readable already)
         self._routes: RelayRoutes | None = None
         self._lanes: dict[int, Lane] = {}  # per worker: in transit and queued
+        # Workers' hub identities, kept once they are gone (the latest 1024): a send queued
+        # for one before it left fails naming its identity, which tells a departure from
+        # a loss (the scheduler's ``workers`` callable forgets it at once).
+        self._former: dict[int, bytes] = {}
         self._stages: list[Stage] = []  # snapshot buffers, reused once free
         self._latest_stage: Stage | None = None
         self._wake: anyio.Event | None = None  # set when a version is queued (for run())
@@ -171,6 +175,8 @@ class WeightSender:
     def remove_worker(self, worker_id: int) -> None:
         """Stop serving ``worker_id``; its pending acks fail with ``PeerLostError``."""
         peer = self.workers.get(worker_id)
+        if peer is not None:
+            self._remember({worker_id: peer})
         self._workers.pop(worker_id, None)
         self._since.pop(worker_id, None)
         self._acked.pop(worker_id, None)
@@ -178,7 +184,7 @@ class WeightSender:
         if lane is not None and lane.queued is not None:
             for sent in lane.queued.sends:  # never transmitted: lost, like the others
                 sent.waiting.discard(worker_id)
-                sent.parts.append(gone_part([worker_id]))
+                sent.parts.append(gone_part({self._former_name(worker_id): worker_id}))
         for sent in self._outstanding:
             for part in sent.parts:
                 if part.relay is not None:
@@ -186,6 +192,20 @@ class WeightSender:
                         part.gone.add(worker_id)  # the relay still answers for the others
                 elif peer is not None and part.workers.get(peer) == worker_id:
                     part.ticket.resolve(peer, lost=True)
+
+    def _remember(self, workers: dict[int, bytes]) -> None:
+        """Keep each worker's hub identity for when it is gone (the latest 1024)."""
+        former = self._former
+        for worker_id, peer in workers.items():
+            if former.get(worker_id) != peer:
+                former.pop(worker_id, None)
+                former[worker_id] = peer
+        while len(former) > 1024:
+            del former[next(iter(former))]
+
+    def _former_name(self, worker_id: int) -> bytes:
+        """A gone worker's hub identity (``worker-ID`` if it never had one here)."""
+        return self._former.get(worker_id, f"worker-{worker_id}".encode())
 
     def note_batch(self, worker_id: int, count: int = 1) -> None:
         """Record that ``worker_id`` delivered ``count`` batches (for ``max_interval``)."""
@@ -416,6 +436,7 @@ class WeightSender:
         # Read the workers now, not when the sends were queued: a worker may have
         # been lost while this send waited for the lock or copied the weights.
         workers = self.workers
+        self._remember(workers)  # a worker gone by the next dispatch is named by it
         groups: dict[tuple[int, bool], list[int]] = {}
         for worker_id, lane in list(self._lanes.items()):
             queued = lane.queued
@@ -425,7 +446,7 @@ class WeightSender:
                 del self._lanes[worker_id]
                 for sent in queued.sends:
                     sent.waiting.discard(worker_id)
-                    sent.parts.append(gone_part([worker_id]))
+                    sent.parts.append(gone_part({self._former_name(worker_id): worker_id}))
                 continue
             groups.setdefault((queued.version, queued.direct), []).append(worker_id)
         for (_, direct), worker_ids in groups.items():

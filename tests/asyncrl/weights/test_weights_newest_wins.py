@@ -65,7 +65,8 @@ class Worker:
     """Receives, applies and acks when told to (``serve``); holds its messages until then."""
 
     def __init__(self, hub: LocalHub, index: int) -> None:
-        self.peer = f"worker-{index}".encode()
+        # Not "worker-N": a lost send must name the identity the hub knows it by
+        self.peer = f"host-a-w{index}".encode()
         self.link: LocalLink = hub.connect(self.peer)
         self.model = net(0.0)
         self.receiver = WeightReceiver("policy", self.model)
@@ -156,6 +157,50 @@ async def test_a_worker_lost_or_removed_while_queued_fails_its_sends_without_han
                 await sender.wait_ack(timeout=WAIT)
             assert sender.outstanding == 0
             assert hub.to(workers[1].peer) == [1]
+
+
+async def test_a_send_queued_for_a_removed_worker_names_it_by_its_identity() -> None:
+    # The run tells a departure (no failure, whatever on_worker_loss) from a loss by the
+    # worker's hub identity: a send that never went out must name it so, not by a made-up
+    # "worker-1" (a chaos run saw a clean departure fail the run under "raise" that way).
+    with anyio.fail_after(WAIT):
+        async with trainer() as (hub, sender, workers, model), \
+                anyio.create_task_group() as tg:
+            tg.start_soon(workers[0].serve)  # worker 0 keeps up, worker 1 reads nothing
+            await rapid_sends(sender, model, 3)  # worker 1: version 1 in transit, 3 queued
+            third = [s for s in sender._outstanding if s.version == 3]
+            sender.remove_worker(1)
+            never_sent = [p for s in third for p in s.parts if p.ticket.seq == 0]
+            assert [dict(p.workers) for p in never_sent] == [{workers[1].peer: 1}]
+            with pytest.raises(PeerLostError) as info:
+                await sender.wait_ack(timeout=WAIT)
+            assert info.value.peers == [workers[1].peer]
+            tg.cancel_scope.cancel()
+
+
+async def test_a_send_queued_for_a_worker_the_scheduler_dropped_names_it_too() -> None:
+    # The run's scheduler gives the workers as a callable and simply forgets one that
+    # left (no remove_worker): the send queued for it still names its identity.
+    hub, model = CountingHub(), net(0.0)
+    group = [Worker(hub, i) for i in range(2)]
+    live = {i: w.peer for i, w in enumerate(group)}
+    scheme = ZmqWeightSyncScheme()
+    sender = scheme.init_on_sender("policy", hub=hub, model=model, workers=lambda: live)
+    try:
+        with anyio.fail_after(WAIT):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(group[0].serve)
+                await rapid_sends(sender, model, 3)  # worker 1: version 1 in transit, 3 queued
+                del live[1]  # it left; its ack of version 1 comes after
+                first = await group[1].link.recv()
+                await group[1].link.ack(first, {"model_id": "policy", "version": 1})
+                with pytest.raises(PeerLostError) as info:
+                    await sender.wait_ack(timeout=WAIT)
+                assert info.value.peers == [group[1].peer]
+                assert hub.to(group[1].peer) == [1]  # version 3 never went out to it
+                tg.cancel_scope.cancel()
+    finally:
+        await scheme.aclose()
 
 
 async def test_relayed_workers_get_one_message_in_transit_per_relay() -> None:
