@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import collections
 import time
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import torch
 from tensordict import TensorDictBase
+
+from ..._inference.chunk_ring import TornChunkError
 
 
 class SlotCounts(NamedTuple):
@@ -90,6 +93,31 @@ class ChunkBuffer:
         else:
             self._append(chunk)
         self._count(slot, chunk.numel())
+
+    def fill_from(self, rings: Sequence[tuple[int, Any]]) -> list[int]:
+        """Take chunks from local workers' rings (``(slot, ChunkReader)``, in this order)
+        while there is room: one chunk per ring per pass, so that when the room runs out
+        no worker's chunks always come last. Returns the slot of each chunk taken.
+
+        A full buffer takes nothing: the chunks stay in their rings and their workers
+        stop once their slots are full (back-pressure that needs no message).
+        """
+        taken: list[int] = []
+        more = True
+        while more and not self.full:
+            more = False
+            for slot, reader in rings:
+                if self.full:
+                    break
+                try:
+                    chunk = reader.take()
+                except TornChunkError as exc:
+                    raise TornChunkError(f"env worker {slot}: {exc}") from None
+                if chunk is not None:
+                    self.add_local(slot, chunk)
+                    taken.append(slot)
+                    more = True
+        return taken
 
     def _count(self, slot: int, frames: int) -> None:
         before = self.counts.get(slot, SlotCounts())

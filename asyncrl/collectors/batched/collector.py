@@ -494,25 +494,20 @@ class AsyncBatchedCollector(ServedPolicy, BaseCollector[RB]):
         bell, readers = self._chunk_bell, self._readers
         if bell is None or not readers:
             return
-        fd, frames = bell.fd, self._frames
+        fd, frames, bells = bell.fd, self._frames, self._room_bells
+        order = list(readers.items())
         while True:
             await anyio.wait_readable(fd)
             os.eventfd_read(fd)  # readable: returns at once (the count: any number of rings)
-            took = False
-            for slot, reader in readers.items():
-                try:
-                    # A full buffer takes nothing: the chunks stay in their rings, and a
-                    # worker whose slots are all full stops until a batch is taken (which
-                    # rings this bell). That bounds what the env workers make ahead of
-                    # the trainer without waiting for the server to hold (a message).
-                    while not frames.full and (chunk := reader.take()) is not None:
-                        frames.add_local(slot, chunk)
-                        self._room_bells[slot].ring()  # a worker waiting for a slot goes on
-                        took = True
-                except TornChunkError as exc:
-                    self._fail(BadBatchError(f"env worker {slot}: {exc}"))
-                    return
-            if took:
+            try:
+                taken = frames.fill_from(order)
+            except TornChunkError as exc:
+                self._fail(BadBatchError(str(exc)))
+                return
+            order.append(order.pop(0))  # the first ring a different one each time
+            for slot in taken:
+                bells[slot].ring()  # a worker waiting for a slot goes on
+            if taken:
                 await self._after_chunks()
 
     async def _serve_policy(self, loop: InferenceLoop) -> None:

@@ -164,7 +164,7 @@ async def test_a_send_queued_for_a_removed_worker_names_it_by_its_identity() -> 
     # worker's hub identity: a send that never went out must name it so, not by a made-up
     # "worker-1" (a chaos run saw a clean departure fail the run under "raise" that way).
     with anyio.fail_after(WAIT):
-        async with trainer() as (hub, sender, workers, model), \
+        async with trainer() as (_hub, sender, workers, model), \
                 anyio.create_task_group() as tg:
             tg.start_soon(workers[0].serve)  # worker 0 keeps up, worker 1 reads nothing
             await rapid_sends(sender, model, 3)  # worker 1: version 1 in transit, 3 queued

@@ -21,6 +21,7 @@ from asyncrl._inference.chunk_ring import (
     chunk_layout,
 )
 from asyncrl._inference.loop import OutputLayout
+from asyncrl.collectors.batched.chunks import ChunkBuffer
 
 OBS = ("observation",)
 LAYOUT = chunk_layout([(OBS, torch.float32, (3,))],
@@ -131,8 +132,11 @@ def test_a_slot_rewritten_during_the_read_is_refused(ring) -> None:
                 return view.clone()
 
         reader._views[0] = Rewritten()
-        with pytest.raises(TornChunkError, match="chunk 1 was rewritten while it was read"):
-            reader.take()
+        frames = ChunkBuffer(chunk_steps=4, capacity=64, trajectories=False)
+        with pytest.raises(TornChunkError, match="env worker 7: chunk 1 was rewritten while "
+                                                 "it was read"):
+            frames.fill_from([(7, reader)])
+        assert frames.buffered == 0
 
 
 def test_buffers_of_another_layout_are_refused(ring) -> None:
@@ -141,3 +145,30 @@ def test_buffers_of_another_layout_are_refused(ring) -> None:
     with pytest.raises(ValueError, match=r"chunk buffer \(2, 4, 5\) float32 does not match "
                                          r"the ring's \(2, 4, 3\) float32"):
         ChunkWriter(ring.names, buffers)
+
+
+def test_a_buffer_with_room_for_some_takes_one_chunk_per_ring_in_turn() -> None:
+    # Three workers' rings hold two chunks each (2 frames a chunk); the buffer has room
+    # for 8 frames: it takes 0, 1, 2, 0 (not 0, 0, 1, 1: worker 2 would come last each
+    # time the room runs out, and stop), then nothing until a batch is taken.
+    rings = [ChunkRing.create(LAYOUT, rows=1, steps=2, slots=2) for _ in range(3)]
+    pairs = [_ends(ring) for ring in rings]
+    try:
+        ends = [p.__enter__() for p in pairs]
+        for slot, (buffers, writer, _) in enumerate(ends):
+            for number in (1, 2):
+                _fill(buffers, 10 * slot + number)
+                writer.publish()
+        frames = ChunkBuffer(chunk_steps=2, capacity=8, trajectories=False)
+        order = [(slot, reader) for slot, (_, _, reader) in enumerate(ends)]
+        assert frames.fill_from(order) == [0, 1, 2, 0]
+        assert frames.full and frames.fill_from(order) == []
+        assert frames.take(4)["next", "reward"].flatten().tolist() == [1, 1, 11, 11]
+        assert frames.fill_from(order) == [1, 2]  # what is left, in turn
+        assert {s: c.chunks for s, c in frames.counts.items()} == {0: 2, 1: 2, 2: 2}
+    finally:
+        for p in pairs:
+            p.__exit__(None, None, None)
+        for ring in rings:
+            ring.close()
+
