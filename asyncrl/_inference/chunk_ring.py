@@ -27,7 +27,7 @@ saw the chunk's number reads a slot nobody writes meanwhile.
 >>> layout = chunk_layout([(("observation",), torch.float32, (3,))],
 ...                       OutputLayout(action=(torch.float32, (1,))))
 >>> ring = ChunkRing.create(layout, rows=2, steps=4, slots=2)
->>> buffers = ring.example_buffers()
+>>> buffers = chunk_buffers(layout, rows=2, steps=4)
 >>> writer = ChunkWriter(ring.names, buffers)
 >>> _ = buffers[("observation",)].fill_(1.0)
 >>> writer.has_room(), writer.publish()
@@ -51,7 +51,8 @@ from transports import SharedTensorBlock
 
 from .block_io import Copy, SlotArrays, array_of
 
-__all__ = ["ChunkReader", "ChunkRing", "ChunkWriter", "TornChunkError", "chunk_layout"]
+__all__ = ["ChunkReader", "ChunkRing", "ChunkWriter", "TornChunkError", "chunk_buffers",
+           "chunk_layout"]
 
 Path = tuple[str, ...]
 #: A chunk entry per env and step: ``path -> (dtype, shape)``.
@@ -87,6 +88,12 @@ def chunk_layout(obs: Sequence[tuple[Path, torch.dtype, tuple[int, ...]]],
     return layout
 
 
+def chunk_buffers(layout: Layout, *, rows: int, steps: int) -> dict[Path, torch.Tensor]:
+    """Zeroed ``[rows, steps, *shape]`` tensors of ``layout`` (a worker records into them)."""
+    return {path: torch.zeros((rows, steps, *shape), dtype=dtype)
+            for path, (dtype, shape) in layout.items()}
+
+
 def _key(path: Path) -> Any:
     return path[0] if len(path) == 1 else path
 
@@ -110,8 +117,8 @@ class ChunkRing:
     def create(cls, layout: Layout, *, rows: int, steps: int, slots: int) -> ChunkRing:
         if slots < 1:
             raise ValueError(f"a chunk ring needs at least one slot, got {slots}")
-        example = {f"c{i}": torch.zeros((rows, steps, *shape), dtype=dtype)
-                   for i, (dtype, shape) in enumerate(layout.values())}
+        example = {f"c{i}": t for i, t in enumerate(
+            chunk_buffers(layout, rows=rows, steps=steps).values())}
         block = SharedTensorBlock.create(example, slots=slots)
         try:
             taken = SharedTensorBlock.create({"taken": torch.zeros(1, dtype=torch.int64)},
@@ -130,11 +137,6 @@ class ChunkRing:
     @property
     def slots(self) -> int:
         return int(self.block.slots)
-
-    def example_buffers(self) -> dict[Path, torch.Tensor]:
-        """Fresh private buffers of this layout (what a worker records into), for tests."""
-        return {p: torch.zeros((self.rows, self.steps, *shape), dtype=dtype)
-                for p, (dtype, shape) in self.layout.items()}
 
     def close(self) -> None:
         """Close and unlink both blocks (the trainer's; idempotent)."""

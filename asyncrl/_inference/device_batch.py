@@ -54,6 +54,7 @@ class DeviceBatch:
         # The first n rows, per n (made the first time): indexing a TensorDict costs more
         # than the shallow copy each call takes of it.
         self._views: list[TensorDictBase | None] = [None] * (capacity + 1)
+        self._rows: list[torch.Tensor | None] = [None] * (capacity + 1)  # (tensor_call's)
         # The stream the copies go on: the calling thread's current one, looked up at the
         # first call (the loop's thread never changes it).
         self._stream: Any = None
@@ -73,7 +74,10 @@ class DeviceBatch:
             dev[:n].copy_(host[:n], non_blocking=True)
         values: list[Any] | None = None
         if tensor_call is not None:
-            action = tensor_call(self._pairs[0][0][:n])
+            rows = self._rows[n]
+            if rows is None:
+                rows = self._rows[n] = self._pairs[0][0][:n]
+            action = tensor_call(rows)
             if action is not None:
                 values = [action if check is None else check(action, n)]
         if values is None:

@@ -48,7 +48,7 @@ from .._rollout.traj_ids import TrajectoryIds
 from .._spawn.child import exit_process, wait_parent_gone
 from .._spawn.threads import use_torch_threads
 from .block_io import SlotArrays, array_of
-from .chunk_ring import ChunkWriter, chunk_layout
+from .chunk_ring import ChunkWriter, chunk_buffers, chunk_layout
 from .doorbell import DEFAULT_SPIN, EventFd, no_wakeup_preemption, spin_then_block
 from .loop import OutputLayout
 
@@ -232,9 +232,7 @@ class EnvStepper:
                          extras=[(path, act[key][0], tuple(act[key][1][1:]))
                                  for path, key in outputs[1:]]))
         # The chunk buffers, in the layout's order (a local worker's ring has the same).
-        data = {path: torch.zeros((n, t, *shape), dtype=dtype)
-                for path, (dtype, shape) in layout.items()}
-        self._data = data
+        data = self._data = chunk_buffers(layout, rows=n, steps=t)
         self._next_done = data[("next", "done")].numpy()[..., 0]
         data[("collector", "worker_id")].fill_(c.slot)
         self._traj_ids = TrajectoryIds(n, tag=c.slot if c.traj_tag is None else c.traj_tag)

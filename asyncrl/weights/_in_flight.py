@@ -10,7 +10,6 @@ message in transit and one :class:`Queued` version). The
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -148,17 +147,15 @@ class Lane:
         return self.ticket is not None and self.peer in self.ticket.pending
 
 
-def gone_part(workers: Mapping[bytes, int]) -> Part:
-    """The part of a send for workers that left before it went out: lost, never sent.
+def gone_part(peer: bytes, worker_id: int) -> Part:
+    """The part of a send for a worker that left before it went out: lost, never sent.
 
-    ``workers`` maps each one's hub identity (what the run knows it by: a departure is
-    told from a loss by it) to its id.
+    ``peer`` is its hub identity (what the run knows it by: a departure is told from a
+    loss by it).
     """
-    names = dict(workers)
-    ticket = Ticket(seq=0, peers=frozenset(names))
-    for name in names:
-        ticket.resolve(name, lost=True)
-    return Part(ticket, names)
+    ticket = Ticket(seq=0, peers=frozenset([peer]))
+    ticket.resolve(peer, lost=True)
+    return Part(ticket, {peer: worker_id})
 
 
 def first_error(errors: list[BaseException]) -> BaseException:

@@ -182,9 +182,7 @@ class WeightSender:
         self._acked.pop(worker_id, None)
         lane = self._lanes.pop(worker_id, None)
         if lane is not None and lane.queued is not None:
-            for sent in lane.queued.sends:  # never transmitted: lost, like the others
-                sent.waiting.discard(worker_id)
-                sent.parts.append(gone_part({self._former_name(worker_id): worker_id}))
+            self._fail_queued(worker_id, lane.queued)
         for sent in self._outstanding:
             for part in sent.parts:
                 if part.relay is not None:
@@ -203,9 +201,13 @@ class WeightSender:
         while len(former) > 1024:
             del former[next(iter(former))]
 
-    def _former_name(self, worker_id: int) -> bytes:
-        """A gone worker's hub identity (``worker-ID`` if it never had one here)."""
-        return self._former.get(worker_id, f"worker-{worker_id}".encode())
+    def _fail_queued(self, worker_id: int, queued: Queued) -> None:
+        """``worker_id`` is gone: its queued sends, never transmitted, are lost like the
+        others, naming its hub identity (``worker-ID`` if it never had one here)."""
+        peer = self._former.get(worker_id, f"worker-{worker_id}".encode())
+        for sent in queued.sends:
+            sent.waiting.discard(worker_id)
+            sent.parts.append(gone_part(peer, worker_id))
 
     def note_batch(self, worker_id: int, count: int = 1) -> None:
         """Record that ``worker_id`` delivered ``count`` batches (for ``max_interval``)."""
@@ -444,9 +446,7 @@ class WeightSender:
                 continue
             if worker_id not in workers:  # gone before it went out: lost, like any other
                 del self._lanes[worker_id]
-                for sent in queued.sends:
-                    sent.waiting.discard(worker_id)
-                    sent.parts.append(gone_part({self._former_name(worker_id): worker_id}))
+                self._fail_queued(worker_id, queued)
                 continue
             groups.setdefault((queued.version, queued.direct), []).append(worker_id)
         for (_, direct), worker_ids in groups.items():

@@ -77,11 +77,7 @@ class ChunkBuffer:
         if keys != expected:
             return (f"env worker {slot} sent a chunk with keys "
                     f"{sorted(map(str, keys ^ expected))} changed")
-        if self.trajectories:
-            self._add_trajectories(slot, chunk)
-        else:
-            self._append(chunk.reshape(-1))
-        self._count(slot, chunk.numel())
+        self.add_local(slot, chunk if self.trajectories else chunk.reshape(-1))
         return None
 
     def add_local(self, slot: int, chunk: TensorDictBase) -> None:

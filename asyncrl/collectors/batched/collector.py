@@ -547,10 +547,7 @@ class AsyncBatchedCollector(ServedPolicy, BaseCollector[RB]):
     async def _after_chunks(self) -> None:
         """Chunks came: back-pressure once the buffer is full, and wake a waiting batch."""
         if not self._room_for_more():
-            if self._loop is not None:
-                self._loop.set_room(False)  # no more answers until a batch is taken
-            if self._server is not None and self._hub is not None:
-                await self._server.set_room(self._hub, False)
+            await self._update_room()  # no more answers until a batch is taken
         self._wake()
 
     def _on_server_message(self, item: Message | PeerEvent) -> None:

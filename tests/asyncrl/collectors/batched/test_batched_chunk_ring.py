@@ -18,6 +18,7 @@ from asyncrl._inference.chunk_ring import (
     ChunkRing,
     ChunkWriter,
     TornChunkError,
+    chunk_buffers,
     chunk_layout,
 )
 from asyncrl._inference.loop import OutputLayout
@@ -39,7 +40,7 @@ def ring():
 @contextlib.contextmanager
 def _ends(ring: ChunkRing, *, flat: bool = True):
     """A worker's buffers and writer, and the trainer's reader, on ``ring``."""
-    buffers = ring.example_buffers()
+    buffers = chunk_buffers(ring.layout, rows=ring.rows, steps=ring.steps)
     writer, reader = ChunkWriter(ring.names, buffers), ChunkReader(ring, flat=flat)
     try:
         yield buffers, writer, reader
@@ -140,7 +141,7 @@ def test_a_slot_rewritten_during_the_read_is_refused(ring) -> None:
 
 
 def test_buffers_of_another_layout_are_refused(ring) -> None:
-    buffers = ring.example_buffers()
+    buffers = chunk_buffers(ring.layout, rows=ring.rows, steps=ring.steps)
     buffers[OBS] = torch.zeros(2, 4, 5)
     with pytest.raises(ValueError, match=r"chunk buffer \(2, 4, 5\) float32 does not match "
                                          r"the ring's \(2, 4, 3\) float32"):
