@@ -2,14 +2,21 @@
 
 docs/architecture.md draws the tree; these tests keep it true as code moves
 (mypy's ``ignore_missing_imports`` would not notice an import of a module that
-moved away).
+moved away). They also keep the house small: no module over 600 lines, no
+circle between modules (``TYPE_CHECKING`` and function-local imports count: a
+circle of concepts is a circle whether or not Python runs it) and few reaches
+into another object's private members (ruff's SLF001).
 """
 
 from __future__ import annotations
 
 import ast
 import importlib
+import json
 import pkgutil
+import re
+import subprocess
+import sys
 from collections import defaultdict
 from pathlib import Path
 
@@ -44,6 +51,11 @@ UPWARD_ALLOWED = {
 #: metrics and the test doubles.
 FLAT = {"__init__.py", "__main__.py", "_errors.py", "_protocol.py", "cli.py", "_cli_env.py",
         "metrics.py", "testing.py"}
+#: The longest a module may be: past it, a module holds two concepts (split it by concept).
+MAX_LINES = 600
+#: The most reaches into another object's private members (ruff's SLF001, a ``noqa`` counting
+#: as one) asyncrl and transports may hold: give the object the method its caller needs.
+MAX_PRIVATE_ACCESSES = 30
 
 
 def _modules() -> list[str]:
@@ -127,3 +139,132 @@ def _circles(edges: dict[str, set[str]]) -> list[list[str]]:
                     seen.add(target)
                     stack.append((target, [*path, target]))
     return circles
+
+
+def _source_files() -> list[Path]:
+    return sorted(p for base in ("asyncrl", "transports") for p in (ROOT / base).rglob("*.py"))
+
+
+def test_no_module_is_over_600_lines() -> None:
+    long = {str(p.relative_to(ROOT)): n for p in _source_files()
+            if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert not long, (
+        f"modules over {MAX_LINES} lines (each holds two concepts: split it by concept):\n"
+        + "\n".join(f"  {path}: {n} lines" for path, n in sorted(long.items())))
+
+
+def _module_graph() -> dict[str, set[str]]:
+    """Module -> the modules of asyncrl/transports it imports, wherever the import sits."""
+    files = {}
+    for path in _source_files():
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        is_package = path.name == "__init__.py"
+        files[".".join(parts[:-1] if is_package else parts)] = (path, is_package)
+    graph: dict[str, set[str]] = {}
+    for module, (path, is_package) in files.items():
+        targets = set()
+        for name in _imported_names(path, module, is_package):
+            # ``from pkg import mod`` imports the module pkg.mod; ``from mod import name`` mod
+            while name not in files and "." in name:
+                name = name.rsplit(".", 1)[0]
+            if name in files and name != module:
+                targets.add(name)
+        graph[module] = targets
+    return graph
+
+
+def _imported_names(path: Path, module: str, is_package: bool) -> list[str]:
+    """Every module name an import statement of ``path`` may mean (``pkg.name`` for names too)."""
+    package = module if is_package else module.rsplit(".", 1)[0]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[: len(parts) - (node.level - 1)] + ([base] if base else []))
+            found += [f"{base}.{alias.name}" for alias in node.names]
+        elif isinstance(node, ast.Import):
+            found += [alias.name for alias in node.names]
+    return [name for name in found if name.split(".")[0] in ("asyncrl", "transports")]
+
+
+def _module_circles(graph: dict[str, set[str]]) -> list[str]:
+    """Each group of modules that import each other (a strongly connected component), as a path."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    groups: list[list[str]] = []
+
+    def visit(node: str) -> None:  # Tarjan's algorithm
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for target in sorted(graph.get(node, ())):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            group = []
+            while not group or group[-1] != node:
+                group.append(stack.pop())
+            if len(group) > 1:
+                groups.append(sorted(group))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return [" -> ".join(_cycle(graph, group)) + (f"  (group: {', '.join(group)})"
+                                                  if len(group) > 2 else "")
+            for group in sorted(groups)]
+
+
+def _cycle(graph: dict[str, set[str]], group: list[str]) -> list[str]:
+    """The shortest way from the group's first module back to itself (breadth-first)."""
+    start, members = group[0], set(group)
+    paths = {start: [start]}
+    queue = [start]
+    while queue:
+        node = queue.pop(0)
+        for target in sorted(graph[node] & members):
+            if target == start:
+                return [*paths[node], start]
+            if target not in paths:
+                paths[target] = [*paths[node], target]
+                queue.append(target)
+    raise AssertionError(f"no cycle through {start} in {group}")
+
+
+def test_no_modules_import_each_other() -> None:
+    circles = _module_circles(_module_graph())
+    assert not circles, (
+        "modules that import each other (TYPE_CHECKING and function-local imports count): "
+        "let one depend on the other, or merge them if they are one concept:\n"
+        + "\n".join(f"  {circle}" for circle in circles))
+
+
+def _private_accesses() -> list[str]:
+    """ruff's SLF001 findings in asyncrl and transports, plus each line that silences one."""
+    ran = subprocess.run(
+        [sys.executable, "-m", "ruff", "check", "--select", "SLF001", "--output-format", "json",
+         "--no-cache", "asyncrl", "transports"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+    assert ran.returncode in (0, 1), f"ruff failed ({ran.returncode}): {ran.stderr}"
+    found = [(str(Path(d["filename"]).relative_to(ROOT)), d["location"]["row"], d["message"])
+             for d in json.loads(ran.stdout)]
+    silenced = re.compile(r"#\s*noqa:[^#]*\bSLF001\b")
+    for path in _source_files():
+        for row, line in enumerate(path.read_text().splitlines(), 1):
+            if silenced.search(line):
+                found.append((str(path.relative_to(ROOT)), row, "noqa: SLF001"))
+    return [f"{path}:{row}: {message}" for path, row, message in sorted(found)]
+
+
+def test_few_reaches_into_other_objects_private_members() -> None:
+    found = _private_accesses()
+    assert len(found) <= MAX_PRIVATE_ACCESSES, (
+        f"{len(found)} private-member accesses across objects (ruff SLF001, a noqa counting as "
+        f"one), at most {MAX_PRIVATE_ACCESSES}: give the object the method or property its "
+        "caller needs, or hold one foreign private in one small function:\n"
+        + "\n".join(f"  {line}" for line in found))
