@@ -70,43 +70,34 @@ class EventStream:
 
     def __init__(self, fanout: EventFanout, maxlen: int) -> None:
         self._fanout = fanout
-        self._queue: deque[CollectorEvent] = deque(maxlen=maxlen)
-        self._wake: anyio.Event | None = None  # made on first wait (needs an event loop)
-        self.dropped = 0  #: events dropped because this subscriber fell behind
-        self.closed = False
+        self._mailbox = fanout.attach(maxlen)
 
-    def _put(self, event: CollectorEvent) -> None:
-        if len(self._queue) == self._queue.maxlen:
-            self.dropped += 1
-        self._queue.append(event)
-        if self._wake is not None:
-            self._wake.set()
+    @property
+    def dropped(self) -> int:
+        """Events dropped because this subscriber fell behind."""
+        return self._mailbox.dropped
 
-    def _end(self) -> None:
-        self.closed = True
-        if self._wake is not None:
-            self._wake.set()
+    @property
+    def closed(self) -> bool:
+        """The subscription ended (the collector closed, or :meth:`aclose`)."""
+        return self._mailbox.closed
 
     def __aiter__(self) -> EventStream:
         return self
 
     async def __anext__(self) -> CollectorEvent:
-        while not self._queue:
-            if self.closed:
-                raise StopAsyncIteration
-            self._wake = anyio.Event()
-            await self._wake.wait()
-        self._wake = None
-        return self._queue.popleft()
+        event = await self._mailbox.get()
+        if event is None:
+            raise StopAsyncIteration
+        return event
 
     def get_nowait(self) -> CollectorEvent | None:
         """The next waiting event, or None."""
-        return self._queue.popleft() if self._queue else None
+        return self._mailbox.get_nowait()
 
     async def aclose(self) -> None:
         """Unsubscribe (idempotent); iteration ends after the events still waiting."""
-        self._fanout._unsubscribe(self)
-        self._end()
+        self._fanout.detach(self._mailbox)
 
     async def __aenter__(self) -> EventStream:
         return self
@@ -115,37 +106,77 @@ class EventStream:
         await self.aclose()
 
 
+class _Mailbox:
+    """What an :class:`EventFanout` writes for one subscription and its stream reads."""
+
+    def __init__(self, maxlen: int) -> None:
+        self._queue: deque[CollectorEvent] = deque(maxlen=maxlen)
+        self._wake: anyio.Event | None = None  # made on first wait (needs an event loop)
+        self.dropped = 0
+        self.closed = False
+
+    def put(self, event: CollectorEvent) -> None:
+        """Keep ``event``; when full, drop the oldest and count it (never blocks)."""
+        if len(self._queue) == self._queue.maxlen:
+            self.dropped += 1
+        self._queue.append(event)
+        if self._wake is not None:
+            self._wake.set()
+
+    def end(self) -> None:
+        """No more events: readers finish what waits, then stop."""
+        self.closed = True
+        if self._wake is not None:
+            self._wake.set()
+
+    async def get(self) -> CollectorEvent | None:
+        """The next event, waiting for one; None once ended and drained."""
+        while not self._queue:
+            if self.closed:
+                return None
+            self._wake = anyio.Event()
+            await self._wake.wait()
+        self._wake = None
+        return self._queue.popleft()
+
+    def get_nowait(self) -> CollectorEvent | None:
+        return self._queue.popleft() if self._queue else None
+
+
 class EventFanout:
     """Copies each published event to every subscription (publish never blocks)."""
 
     def __init__(self) -> None:
-        self._streams: list[EventStream] = []
+        self._mailboxes: list[_Mailbox] = []
         self._closed = False
 
     def subscribe(self, maxlen: int = 1024) -> EventStream:
         if maxlen < 1:
             raise ValueError(f"maxlen must be >= 1, got {maxlen}")
-        stream = EventStream(self, maxlen)
+        return EventStream(self, maxlen)
+
+    def attach(self, maxlen: int) -> _Mailbox:
+        """A new subscription's mailbox (already ended if the collector closed)."""
+        mailbox = _Mailbox(maxlen)
         if self._closed:
-            stream._end()
+            mailbox.end()
         else:
-            self._streams.append(stream)
-        return stream
+            self._mailboxes.append(mailbox)
+        return mailbox
+
+    def detach(self, mailbox: _Mailbox) -> None:
+        """Stop feeding ``mailbox`` and end it (idempotent)."""
+        if mailbox in self._mailboxes:
+            self._mailboxes.remove(mailbox)
+        mailbox.end()
 
     def publish(self, event: CollectorEvent) -> None:
-        for stream in self._streams:
-            stream._put(event)
+        for mailbox in self._mailboxes:
+            mailbox.put(event)
 
     def close(self) -> None:
         """The collector closed: every subscription ends once drained."""
         self._closed = True
-        for stream in self._streams:
-            stream._end()
-        self._streams.clear()
-
-    def _unsubscribe(self, stream: EventStream) -> None:
-        if stream in self._streams:
-            self._streams.remove(stream)
-
-
-__all__ = ["CollectorEvent", "EventFanout", "EventKind", "EventStream"]
+        for mailbox in self._mailboxes:
+            mailbox.end()
+        self._mailboxes.clear()

@@ -6,7 +6,7 @@ and writes the outputs. Around that, tensordict 0.14 runs a dispatch wrapper, a
 ``TensorDict.from_any`` on every output, which probes ``find_spec("pandas")``
 each time. For a small network that costs more than the network: measured on
 the central inference loop (MLP-64, Pendulum), 0.28 ms per call of which the
-network was 0.09 ms (``docs/benchmarks.md``).
+network was 0.09 ms (``benchmarks/LOG.md``).
 
 :func:`direct_call` returns a function doing only what such a module does, for
 the modules where that is all it does: exactly ``TensorDictModule`` (no
@@ -37,12 +37,20 @@ _GLOBAL_HOOKS = tuple(getattr(_torch_module, name, {}) for name in (
 
 
 def _hooked(module: nn.Module) -> bool:
-    # Checked at every call (hooks may be added later); no allocation on the way.
-    if (module._forward_hooks or module._forward_pre_hooks
-            or module._backward_hooks or module._backward_pre_hooks):
+    # Checked at every call (hooks may be added later); no allocation on the way. torch has
+    # no public way to ask whether a module has hooks: its hook dicts are read in place.
+    m = module
+    if (m._forward_hooks or m._forward_pre_hooks  # noqa: SLF001
+            or m._backward_hooks or m._backward_pre_hooks):  # noqa: SLF001
         return True
     forward, forward_pre, backward, backward_pre = _GLOBAL_HOOKS
     return bool(forward or forward_pre or backward or backward_pre)
+
+
+def _has_keyword_inputs(policy: TensorDictModule) -> bool:
+    """Whether the module reads entries as keyword arguments (``in_keys`` given as a dict) or
+    takes extra ones: tensordict keeps both private, the direct call handles neither."""
+    return bool(policy._get_kwargs) or policy._kwargs is not None  # noqa: SLF001
 
 
 class DirectCall:
@@ -108,7 +116,7 @@ def direct_call(policy: Any) -> DirectCall | None:
     if type(policy) is not TensorDictModule:
         return None
     if (policy.inplace is not True or policy.method is not None or policy.method_kwargs
-            or policy._get_kwargs or policy._kwargs is not None
+            or _has_keyword_inputs(policy)
             or list(policy.out_keys_source) != list(policy.out_keys)):
         return None
     if not isinstance(policy.module, nn.Module) or not policy.in_keys or not policy.out_keys:

@@ -60,6 +60,12 @@ def _base(env: Any) -> Any:
     return env.base_env if type(env) is TransformedEnv else env
 
 
+def _gym_env(base: Any) -> Any:
+    """The gymnasium env a GymEnv/GymWrapper wraps (TorchRL keeps it in ``_env``, with no
+    public accessor; its docs read it the same way)."""
+    return base._env  # noqa: SLF001
+
+
 def _base_refusal(base: Any) -> str | None:
     import gymnasium as gym
     import torch
@@ -72,25 +78,26 @@ def _base_refusal(base: Any) -> str | None:
         return f"the base env has batch_size {list(base.batch_size)}"
     if base.device is not None and base.device.type != "cpu":
         return f"the base env is on {base.device}"
-    if getattr(base, "_is_batched", False) or not isinstance(base._env, gym.Env):
+    wrapped = _gym_env(base)
+    if getattr(base, "_is_batched", False) or not isinstance(wrapped, gym.Env):
         return "the wrapped env is not a single gymnasium.Env"
     if base.wrapper_frame_skip != 1 or base.info_dict_reader or base.from_pixels:
         return "the base env uses frame_skip, info_dict_reader or from_pixels"
     if not getattr(base, "_convert_actions_to_numpy", True):
         return "the base env does not convert actions to numpy"
-    if not isinstance(base._env.observation_space, gym.spaces.Box):
+    if not isinstance(wrapped.observation_space, gym.spaces.Box):
         return "the observation space is not a Box"
     obs_spec = base.full_observation_spec
     if list(obs_spec.keys(True, True)) != ["observation"]:
         return f"observation keys {list(obs_spec.keys(True, True))} (expected ['observation'])"
-    if tuple(obs_spec["observation"].shape) != tuple(base._env.observation_space.shape):
+    if tuple(obs_spec["observation"].shape) != tuple(wrapped.observation_space.shape):
         return "the observation spec and space shapes differ"
     if base.reward_keys != ["reward"] or base.full_reward_spec["reward"].dtype != torch.float32:
         return "the reward is not one float32 'reward' entry"
     if base.action_keys != ["action"]:
         return f"action keys {base.action_keys} (expected ['action'])"
     action_spec = base.full_action_spec["action"]
-    space = base._env.action_space
+    space = wrapped.action_space
     if isinstance(action_spec, Bounded | Unbounded) and isinstance(space, gym.spaces.Box):
         return None
     if isinstance(action_spec, Categorical) and isinstance(space, gym.spaces.Discrete):
@@ -175,7 +182,7 @@ class TorchRLGymFastPool(TorchRLPool):
 
         transforms = _transforms(env)
         base = _base(env)
-        self._gym = base._env
+        self._gym = _gym_env(base)
         arrays = dict(zip(self._obs_keys, self._layout.arrays, strict=True))
         self._obs_buf = arrays["observation"]
         self._step_count: np.ndarray | None = None
@@ -193,7 +200,7 @@ class TorchRLGymFastPool(TorchRLPool):
         self._discrete = self.specs.action.n is not None
         np_dtype = np.empty(0, dtype=str(base_spec.dtype).removeprefix("torch.")).dtype
         self._gym_action = np.zeros(tuple(base_spec.shape), dtype=np_dtype)
-        _log.debug("asyncrl: TorchRL env %s stepped on the fast path", type(base._env).__name__)
+        _log.debug("asyncrl: TorchRL env %s stepped on the fast path", type(self._gym).__name__)
 
     def step_inplace(self, actions: np.ndarray) -> None:
         if self._discrete:
