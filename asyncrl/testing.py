@@ -1,29 +1,46 @@
 """Test doubles for users' tests and ours (like ``trio.testing``).
 
-* deterministic envs and policies (``CountingEnv``, ``ValuePolicy``, ``ParamPolicy``...)
-  whose every frame and version a test can predict;
-* simulated workers (``sim_worker``, ``make_specs``, ``make_share``, ``SimRecord``)
-  that speak the coordinator's protocol without an env or a process;
-* ``RolloutProbe``: one worker's per-credit work in this process, to time or
-  inspect the rollout without a collector.
+Deterministic envs and policies whose every frame and weight version a test can
+predict, and the checks that read them back:
+
+* envs: ``CountingEnv``, ``IdentityEnv`` (``identity_env``), ``TinyDictEnv``,
+  ``DriftingEnv``, ``failing_env_at_init``, ``failing_env_at_step``;
+* policies: ``ValuePolicy`` (its action is its weight), ``ParamPolicy``;
+* checks: ``frame_identity_problems``, ``version_problems``,
+  ``collect_with_updates``, ``fill_parameters``, ``parameter_values``.
 
 They live in the package (not in ``tests/``) so that spawned worker processes
 and remote hosts can import them by path, e.g. ``asyncrl.testing:CountingEnv``.
+(Workers simulated on the wire live in ``asyncrl._worker.simulated``; the rollout
+run piece by piece, for profiles, in ``asyncrl._rollout.probe``.)
 """
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 from typing import Any
 
-import anyio
-import anyio.abc
 import gymnasium as gym
 import numpy as np
 import torch
-from tensordict import TensorDict, TensorDictBase
 from torch import nn
+
+__all__ = [
+    "CountingEnv",
+    "DriftingEnv",
+    "IdentityEnv",
+    "ParamPolicy",
+    "TinyDictEnv",
+    "ValuePolicy",
+    "collect_with_updates",
+    "failing_env_at_init",
+    "failing_env_at_step",
+    "fill_parameters",
+    "frame_identity_problems",
+    "identity_env",
+    "parameter_values",
+    "version_problems",
+]
 
 
 class CountingEnv(gym.Env):
@@ -366,204 +383,3 @@ def fill_parameters(module: nn.Module, value: float) -> None:
 def parameter_values(module: nn.Module) -> set[float]:
     """The distinct values of ``module``'s parameters (one value after :func:`fill_parameters`)."""
     return {float(v) for p in module.parameters() for v in p.detach().reshape(-1)}
-
-
-# -- simulated workers ------------------------------------------------------------------------
-# A worker without envs or policy that speaks the real protocol over a real transports.Link:
-# a coordinator (MultiCollector(listen=...), or the Coordinator in our tests) cannot tell it
-# from a worker, so a test can admit many of them cheaply and count exactly what each saw.
-
-
-def make_specs(obs_dim: int) -> dict[str, Any]:
-    """The env specs a simulated worker announces: a CartPole-like Box(obs_dim) / Discrete(2).
-
-    In the wire form of a hello (a plain dict).
-
-    >>> make_specs(4)["observation"]["observation"]["shape"]
-    [4]
-    """
-    from ._rollout.env_specs import ArraySpec, EnvSpecs
-
-    specs = EnvSpecs(observation={"observation": ArraySpec(shape=(obs_dim,), dtype="float32")},
-                     action=ArraySpec(shape=(), dtype="int64", low=0.0, high=1.0, n=2),
-                     num_envs=1)
-    return specs.to_dict()
-
-
-def make_share(frames: int, obs_dim: int, *, worker_id: int = 0, seq: int = 0,
-               policy_version: int = 0) -> TensorDict:
-    """One worker's batch share of ``[1, frames]`` in TorchRL's layout, as a worker sends it.
-
-    ``observation``, ``action``, the done flags, ``("next", ...)`` and
-    ``("collector", ...)``; ``("collector", "traj_ids")`` holds ``seq`` so that a
-    test can tell batches apart.
-
-    >>> make_share(3, 4, seq=7)["collector", "traj_ids"].tolist()
-    [[7, 7, 7]]
-    """
-    shape = (1, frames)
-
-    def flags() -> torch.Tensor:
-        return torch.zeros((*shape, 1), dtype=torch.bool)
-
-    obs = torch.arange(frames * obs_dim, dtype=torch.float32).reshape(*shape, obs_dim)
-    return TensorDict({
-        "observation": obs,
-        "action": torch.zeros(shape, dtype=torch.int64),
-        "done": flags(), "terminated": flags(), "truncated": flags(),
-        "next": TensorDict({
-            "observation": obs + 1, "reward": torch.ones((*shape, 1)),
-            "done": flags(), "terminated": flags(), "truncated": flags(),
-        }, batch_size=shape),
-        "collector": TensorDict({
-            "traj_ids": torch.full(shape, seq, dtype=torch.int64),
-            "worker_id": torch.full(shape, worker_id, dtype=torch.int64),
-            "policy_version": torch.full(shape, policy_version, dtype=torch.int64),
-        }, batch_size=shape),
-    }, batch_size=shape)
-
-
-@dataclasses.dataclass
-class SimRecord:
-    """What one :func:`sim_worker` saw and did (for exact accounting in tests)."""
-
-    name: str
-    index: int = -1  # the worker index the coordinator's welcome gave
-    granted: int = 0  # credits received
-    sent: int = 0  # batches sent
-    max_outstanding: int = 0  # most credits held at once (received, not yet answered)
-    requests: list[int] = dataclasses.field(default_factory=list)  # request of each batch sent
-
-
-async def sim_worker(endpoint: str, name: str, *, frames: int, obs_dim: int = 4,
-                     delay: float = 0.0, record: SimRecord | None = None,
-                     task_status: anyio.abc.TaskStatus[SimRecord] = anyio.TASK_STATUS_IGNORED,
-                     **link_options: Any) -> None:
-    """A worker without envs: hello, then one ``[1, frames]`` batch per credit, in order.
-
-    Joins the coordinator at ``endpoint`` as ``name`` (with ``slot=-1``, as a
-    remote worker does) and answers each credit after ``delay`` seconds with a
-    :func:`make_share` stamped with the worker's index and a per-worker
-    sequence number (``("collector", "traj_ids")``). ``record`` (or a fresh
-    :class:`SimRecord`) is filled as it goes and handed to ``task_status`` once
-    the hello is sent: ``record = await task_group.start(sim_worker, ...)``.
-    Runs until cancelled or the coordinator says goodbye; ``link_options`` go
-    to :class:`transports.Link`.
-    """
-    import contextlib
-    import os
-
-    from transports import Link, PeerLostError
-
-    from ._protocol import PROTOCOL, Batch, Collect, Hello, Welcome
-
-    record = record or SimRecord(name)
-    pending: list[int] = []
-    async with Link(endpoint, identity=name, **link_options) as link:
-        hello = Hello(protocol=PROTOCOL, name=name, host="sim", pid=os.getpid(),
-                      specs=make_specs(obs_dim), slot=-1)
-        await link.send(hello.to_body(), kind=Hello.KIND)
-        task_status.started(record)
-        with contextlib.suppress(PeerLostError):
-            async for message in link:
-                if message.kind == Welcome.KIND:
-                    record.index = Welcome.from_body(message.body).index
-                elif message.kind == Collect.KIND:
-                    collect = Collect.from_body(message.body)
-                    record.granted += collect.credits
-                    pending.extend([collect.request] * collect.credits)
-                    record.max_outstanding = max(record.max_outstanding, len(pending))
-                    while pending:  # one batch at a time, in the order credits came
-                        if delay:
-                            await anyio.sleep(delay)
-                        request = pending.pop(0)
-                        share = make_share(frames, obs_dim, worker_id=record.index,
-                                           seq=record.sent)
-                        await link.send(Batch(request, share).to_body(), kind=Batch.KIND)
-                        record.sent += 1
-                        record.requests.append(request)
-
-
-# -- one worker's collection loop, in this process ----------------------------------------------
-
-
-class RolloutProbe:
-    """A worker's work for one credit, on ``env`` and ``policy``, run here and piece by piece.
-
-    For each credit a worker collects a batch (:meth:`collect`, into buffers it
-    reuses), copies it for the message and encodes the message for ZeroMQ
-    (:meth:`encode`); :meth:`credit` does all three, with the worker's own code.
-    :meth:`time_env` and :meth:`time_policy` time the env alone and the policy
-    alone over as many steps as a batch has (:attr:`steps`), so that a profile
-    can tell env, policy and the rollout's bookkeeping apart. ``env`` and
-    ``policy`` are what :class:`~asyncrl.WorkerSpec` takes (a gymnasium id or
-    factory; a module, a factory or ``None`` for random actions).
-
-    >>> with RolloutProbe("CartPole-v1", None, frames_per_batch=8, envs_per_worker=2) as probe:
-    ...     probe.steps, tuple(probe.collect().shape)
-    (4, (2, 4))
-    """
-
-    def __init__(self, env: Any, policy: Any = None, *, frames_per_batch: int,
-                 envs_per_worker: int = 1, seed: int = 0) -> None:
-        from ._rollout.envs import make_env_pool
-        from ._rollout.loop import Rollout
-
-        self._rollout = Rollout(make_env_pool(env, num_envs=envs_per_worker), policy,
-                                frames_per_batch)
-        self._rollout.set_seed(seed)
-        #: env steps per batch (one step steps every env of the worker)
-        self.steps: int = self._rollout.steps_per_batch
-        self._request = 0
-
-    def collect(self) -> TensorDictBase:
-        """One batch, ``[envs, steps]``, viewing the rollout's buffers (valid until the next)."""
-        return self._rollout.collect()
-
-    def encode(self, frames: TensorDictBase) -> list[Any]:
-        """The frames ZeroMQ gets for a batch message of ``frames`` (``frames`` not copied)."""
-        from transports import encode
-
-        from ._protocol import Batch
-
-        self._request += 1
-        return encode(Batch(self._request, frames).to_body())
-
-    def credit(self) -> list[Any]:
-        """One credit as a worker serves it: collect, copy for the message, encode."""
-        return self.encode(self._rollout.collect().clone())
-
-    def time_env(self) -> float:
-        """Seconds for :attr:`steps` env steps alone (last actions; finished envs reset)."""
-        import time
-
-        pool, action = self._rollout.env_pool, self._rollout._act_np
-        done = np.zeros(pool.num_envs, dtype=bool)
-        start = time.perf_counter()
-        for _ in range(self.steps):
-            pool.step_inplace(action)
-            if pool.any_done:  # the rollout resets finished envs at once, so do we
-                np.logical_or(pool.terminated, pool.truncated, out=done)
-                pool.reset_where(done)
-        return time.perf_counter() - start
-
-    def time_policy(self) -> float:
-        """Seconds for :attr:`steps` policy calls alone, on the rollout's step TensorDict."""
-        import time
-
-        adapter, td = self._rollout._adapter, self._rollout._step_td
-        with adapter.exploration():  # entered once per batch, as the rollout does
-            start = time.perf_counter()
-            for _ in range(self.steps):
-                adapter(td)
-            return time.perf_counter() - start
-
-    def close(self) -> None:
-        """Close the envs (idempotent)."""
-        self._rollout.close()
-
-    def __enter__(self) -> RolloutProbe:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

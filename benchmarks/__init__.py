@@ -4,7 +4,7 @@
 NAME`` there); each prints a Markdown table and the command that made it. They use
 asyncrl's public faces (``asyncrl``, ``asyncrl.weights``, ``asyncrl.testing``,
 ``transports``) and TorchRL; the few that time an internal part on its own say so
-in their imports (``scaling``, ``scaling_host``, ``relay``).
+in their imports (``scaling``, ``scaling_host``, ``relay``, ``profile_worker``).
 
     codec           transports' codec against pickle and torch.save
     channels        Hub/Link round trips and throughput against bare pyzmq

@@ -5,7 +5,7 @@
     python -m benchmarks.profile_worker --env CartPole-v1 --no-thread --top 25
 
 It runs, in this process, what a worker does for each credit
-(:class:`asyncrl.testing.RolloutProbe`, the worker's own code): ``Rollout.collect()`` on
+(:class:`asyncrl._rollout.probe.RolloutProbe`, the worker's own code): ``Rollout.collect()`` on
 a pool of ``--envs-per-worker`` envs with the benchmark's MLP policy
 (``benchmarks.collect.make_policy``: the same module the collection benchmark gives both
 libraries), ``.clone()`` of the batch (the message's own copy), then the encoding of the
@@ -43,7 +43,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from asyncrl.testing import RolloutProbe
+from asyncrl._rollout.probe import RolloutProbe
 from benchmarks import ROOT
 from benchmarks.collect import make_policy
 

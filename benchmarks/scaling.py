@@ -29,7 +29,7 @@ cost (Python: hub pump, decode, scheduler, trainer loop) and
 ``time.process_time()`` adds libzmq's I/O thread. The host's CPU use is
 reported too: a host near 100 % would mean the host, not the coordinator,
 was the limit. ``--inproc`` runs the simulated workers as anyio tasks
-(:func:`asyncrl.testing.sim_worker`, what the tests use) with their own
+(:func:`asyncrl._worker.simulated.sim_worker`, what the tests use) with their own
 :class:`transports.Link` in this process instead (the figures then mix both sides).
 
     python -m benchmarks.scaling            # full run (~2 min on 2 cores)
@@ -62,8 +62,8 @@ from tensordict import TensorDictBase
 
 # The coordinator is timed on its own, without MultiCollector around it: internal.
 from asyncrl._coordinator.coordinator import Coordinator, check_specs
+from asyncrl._worker.simulated import SimRecord, sim_worker
 from asyncrl.collectors._assemble import assemble
-from asyncrl.testing import SimRecord, sim_worker
 from benchmarks.scaling_host import HostProcess
 from transports import Hub
 

@@ -6,7 +6,7 @@ once (per request id and worker) and re-sent. A simulated worker speaks the real
 protocol (hello with env specs and ``slot=-1``, welcome, collect credits, batch,
 heartbeats) and answers a credit after ``delay`` seconds (one batch at a time, like
 a real worker) or at once (``delay`` 0). Its specs and batches are
-:func:`asyncrl.testing.make_specs` and :func:`asyncrl.testing.make_share`.
+:func:`asyncrl._worker.simulated.make_specs` and ``make_share``.
 
 Why raw sockets, and why private imports: a :class:`transports.Link` per simulated
 worker (a pump, a heartbeat task and a decode per message each) costs as much as
@@ -38,7 +38,7 @@ import zmq
 from tensordict import TensorDict
 
 from asyncrl._protocol import PROTOCOL, Batch, Collect, Hello, Welcome
-from asyncrl.testing import make_share, make_specs
+from asyncrl._worker.simulated import make_share, make_specs
 from benchmarks import ROOT
 from transports._codec import decode_message, encode_message
 from transports._socket import configure

@@ -1,12 +1,36 @@
-"""asyncrl.testing's simulated-worker pieces and RolloutProbe, on their own (no Hub)."""
+"""The helpers of tests and benchmarks, on their own (no Hub): asyncrl.testing's doubles,
+the simulated workers' pieces (asyncrl._worker.simulated) and RolloutProbe (asyncrl._rollout.probe).
+"""
 
 from __future__ import annotations
 
+import doctest
+import types
+
+import pytest
 import torch
 
+import asyncrl.testing
 import transports
+from asyncrl._rollout import probe
 from asyncrl._rollout.env_specs import EnvSpecs
-from asyncrl.testing import CountingEnv, RolloutProbe, make_share, make_specs
+from asyncrl._rollout.probe import RolloutProbe
+from asyncrl._worker import simulated
+from asyncrl._worker.simulated import make_share, make_specs
+from asyncrl.testing import CountingEnv
+
+
+def test_asyncrl_testing_exports_the_users_test_doubles_only() -> None:
+    names = set(asyncrl.testing.__all__)
+    assert all(hasattr(asyncrl.testing, name) for name in names)
+    assert {"CountingEnv", "IdentityEnv", "ValuePolicy", "version_problems"} <= names
+    assert not names & {"sim_worker", "make_share", "make_specs", "SimRecord", "RolloutProbe"}
+
+
+@pytest.mark.parametrize("module", [asyncrl.testing, simulated, probe], ids=lambda m: m.__name__)
+def test_doctests(module: types.ModuleType) -> None:
+    result = doctest.testmod(module)
+    assert result.attempted > 0 and result.failed == 0
 
 
 def test_make_specs_is_a_cartpole_like_spec_in_wire_form() -> None:

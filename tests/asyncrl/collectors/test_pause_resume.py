@@ -27,7 +27,8 @@ from asyncrl import (
     WorkerLostError,
 )
 from asyncrl._coordinator.coordinator import Coordinator, check_specs
-from asyncrl.testing import CountingEnv, ParamPolicy, SimRecord, sim_worker
+from asyncrl._worker.simulated import SimRecord, sim_worker
+from asyncrl.testing import CountingEnv, ParamPolicy
 from transports import Hub
 
 pytestmark = pytest.mark.anyio

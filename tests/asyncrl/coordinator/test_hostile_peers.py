@@ -21,7 +21,7 @@ from asyncrl import MultiAsyncCollector
 from asyncrl._coordinator.coordinator import Coordinator, check_specs
 from asyncrl._errors import BadBatchError, rebuild_remote_exception
 from asyncrl._protocol import PROTOCOL, Batch, Collect, ErrorReport, Hello, Refuse, Welcome
-from asyncrl.testing import make_share, make_specs
+from asyncrl._worker.simulated import make_share, make_specs
 from transports import ErrorPayload, Hub, Link, RemoteError, random_identity
 from transports._codec import encode_message
 

@@ -1,7 +1,7 @@
 """64 simulated workers through the real Hub and Coordinator: exact accounting, both backends.
 
 The workers are in-process anyio tasks with their own ``transports.Link``
-(``asyncrl.testing.sim_worker``); everything on the coordinator side is
+(``asyncrl._worker.simulated.sim_worker``); everything on the coordinator side is
 the real thing. No assertion here is about speed.
 """
 
@@ -13,8 +13,8 @@ import anyio
 import pytest
 
 from asyncrl._coordinator.coordinator import Coordinator, check_specs
+from asyncrl._worker.simulated import SimRecord, sim_worker
 from asyncrl.collectors._assemble import assemble
-from asyncrl.testing import SimRecord, sim_worker
 from transports import Hub
 
 WORKERS = 64

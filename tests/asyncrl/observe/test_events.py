@@ -20,7 +20,8 @@ import pytest
 from asyncrl import CollectorEvent, MultiAsyncCollector, MultiSyncCollector, WorkerLostError
 from asyncrl._coordinator.coordinator import Coordinator, check_specs
 from asyncrl._observe.events import EventFanout
-from asyncrl.testing import CountingEnv, ParamPolicy, SimRecord, sim_worker
+from asyncrl._worker.simulated import SimRecord, sim_worker
+from asyncrl.testing import CountingEnv, ParamPolicy
 from transports import Hub
 
 pytestmark = pytest.mark.anyio

@@ -34,7 +34,7 @@ from asyncrl._protocol import (
     WorkerLog,
 )
 from asyncrl._worker.log_forward import LogForwarder
-from asyncrl.testing import make_specs
+from asyncrl._worker.simulated import make_specs
 from tests.multihost.processes import wait_exit
 from transports import Hub, Link, ProtocolError
 
