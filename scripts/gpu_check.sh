@@ -2,7 +2,7 @@
 # The CUDA checks, in one run on a machine with a GPU (the device machines of
 # this workplace: torch with CUDA preinstalled, no pyzmq/tensordict/gymnasium/
 # torchrl, no network). Wheels for Python 3.12 go in .whl/ first (see
-# docs/benchmarks.md, "GPU runs"); results land in $OUT (or ./gpu-out).
+# benchmarks/LOG.md, "GPU runs"); results land in $OUT (or ./gpu-out).
 #
 #   bash scripts/gpu_check.sh tests        # the CUDA tests only
 #   bash scripts/gpu_check.sh weights      # benchmarks.weights_cuda

@@ -292,7 +292,7 @@ class PolicyAdapter:
         of one in and one out key (its network). ``f`` returns None when this call
         must take the TensorDict path (a hook was added to the module since). None
         for any other policy. The central inference loop calls it per batch: a
-        TensorDict per call costs as much as a small network (``docs/benchmarks.md``).
+        TensorDict per call costs as much as a small network (``benchmarks/LOG.md``).
         """
         if len(self.observation_keys) != 1 or self.action_key != output_key:
             return None
