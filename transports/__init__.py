@@ -4,7 +4,8 @@
   copy both ways, never pickle; hostile input raises :class:`ProtocolError`.
 * :class:`Hub` (many identified peers) and :class:`Link` (one upstream): async
   ZeroMQ channels over anyio (asyncio and trio) with acks, heartbeats and goodbyes.
-* :class:`SharedTensorBlock`: same-host tensors in shared memory, read whole or not at all.
+* :class:`SharedTensorBlock`: same-host tensors in shared memory, read whole or not at all;
+  its pages are reserved when it is made (:class:`SharedMemoryFullError` if ``/dev/shm`` is full).
 * :class:`LocalHub` / :class:`LocalLink`: the same send/ack contract in memory (in-process
   collectors, tests).
 * CURVE: :class:`CurveServer` / :class:`CurveClient` (keys from a directory, key files or
@@ -45,6 +46,7 @@ from ._memory import LocalHub as LocalHub
 from ._memory import LocalLink as LocalLink
 from ._ratelimit import RateLimitedLog as RateLimitedLog
 from ._resource import TaskGroupResource as TaskGroupResource
+from ._shm import SharedMemoryFullError as SharedMemoryFullError
 from ._shm import SharedTensorBlock as SharedTensorBlock
 from ._shm import TornReadError as TornReadError
 from ._shm import copy_into as copy_into
@@ -77,6 +79,7 @@ __all__ = [
     "ProtocolError",
     "RateLimitedLog",
     "RemoteError",
+    "SharedMemoryFullError",
     "SharedTensorBlock",
     "TaskGroupResource",
     "Ticket",
