@@ -11,6 +11,8 @@
 * CURVE: :class:`CurveServer` / :class:`CurveClient` (keys from a directory, key files or
   ``ASYNCRL_CURVE_*`` variables); :func:`generate_keys`, :func:`add_host`, :func:`revoke_host`,
   :func:`list_keys` manage a key directory that a running hub watches.
+* :func:`parse_endpoint`: a ZeroMQ address checked before a socket sees it (one-line
+  ValueError); :func:`check_resolves`: does its host name resolve.
 * Errors: :class:`TransportError` and its family; :class:`ErrorPayload` is the one wire form
   of an exception. :class:`ClosedResourceError` is also anyio's.
 
@@ -26,6 +28,9 @@ from ._codec import decode as decode
 from ._codec import encode as encode
 from ._curve import CurveClient as CurveClient
 from ._curve import CurveServer as CurveServer
+from ._endpoints import Endpoint as Endpoint
+from ._endpoints import check_resolves as check_resolves
+from ._endpoints import parse_endpoint as parse_endpoint
 from ._errors import ClosedResourceError as ClosedResourceError
 from ._errors import ErrorPayload as ErrorPayload
 from ._errors import PeerLostError as PeerLostError
@@ -67,6 +72,7 @@ __all__ = [
     "ClosedResourceError",
     "CurveClient",
     "CurveServer",
+    "Endpoint",
     "ErrorPayload",
     "Hub",
     "KeyEntry",
@@ -86,11 +92,13 @@ __all__ = [
     "TornReadError",
     "TransportError",
     "add_host",
+    "check_resolves",
     "copy_into",
     "decode",
     "encode",
     "generate_keys",
     "list_keys",
+    "parse_endpoint",
     "random_identity",
     "revoke_host",
     "shutdown",
