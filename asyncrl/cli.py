@@ -29,7 +29,9 @@ DESCRIPTION = ("asyncrl: async-first, ZeroMQ-based experience collection for rei
 WORKER_EXIT_CODES = """exit codes:
   0  closed by the coordinator, or stopped by SIGTERM / SIGINT (Ctrl-C)
   1  an env or policy error (reported to the coordinator first)
-  2  bad arguments (an import path that does not resolve, bad keys, a value < 1)
+  2  bad arguments (an import path that does not resolve, bad keys, a value < 1, a
+     malformed --connect or a host name there that does not resolve, --workers above
+     --max-workers)
   3  the coordinator is gone: it closed without telling this worker, it never answered
      (--peer-timeout), its connection stayed down longer than --give-up-after, or it was
      restarted (a new instance) and no --reconnect
