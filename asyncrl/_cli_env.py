@@ -29,8 +29,22 @@ PREFIX = "ASYNCRL_"
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off", "")
 
+
+def _action_class(**kwargs: Any) -> type[argparse.Action]:
+    """The class argparse makes for ``add_argument(**kwargs)``.
+
+    argparse's action classes are private (``_StoreTrueAction``...); the action
+    that ``add_argument`` returns is not, so its type names the kind publicly.
+    """
+    return type(argparse.ArgumentParser(add_help=False).add_argument("--x", **kwargs))
+
+
+_STORE_TRUE = _action_class(action="store_true")
+_STORE_FALSE = _action_class(action="store_false")
+_APPEND = _action_class(action="append")
+_SUBCOMMANDS = type(argparse.ArgumentParser().add_subparsers())
 #: Options that are not settings: asking for help or the version.
-_SKIPPED = (argparse._HelpAction, argparse._VersionAction)
+_SKIPPED = (_action_class(action="help"), _action_class(action="version", version=""))
 
 
 def variable_name(option: str) -> str:
@@ -46,8 +60,8 @@ def option_variables(parser: argparse.ArgumentParser) -> dict[str, argparse.Acti
 def subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
     """``parser``'s commands by name (``"worker"``, ``"keys generate"``), nested ones too."""
     found: dict[str, argparse.ArgumentParser] = {}
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
+    for action in _actions(parser):
+        if isinstance(action, _SUBCOMMANDS):
             for name, sub in action.choices.items():
                 found[name] = sub
                 found.update({f"{name} {k}": v for k, v in subparsers(sub).items()})
@@ -89,9 +103,20 @@ def check_environment(parser: argparse.ArgumentParser, args: argparse.Namespace)
             parser.error(value.message)
 
 
+def _actions(parser: argparse.ArgumentParser) -> list[argparse.Action]:
+    """Every option and subcommand of ``parser``: the one place read from argparse's privates
+    (it has no public list of what ``add_argument`` added)."""
+    return parser._actions
+
+
 def _settings(parser: argparse.ArgumentParser) -> list[argparse.Action]:
-    return [a for a in parser._actions
+    return [a for a in _actions(parser)
             if a.option_strings and not isinstance(a, _SKIPPED) and _has_long(a)]
+
+
+def with_long_option(parser: argparse.ArgumentParser, option: str) -> argparse.Action | None:
+    """``parser``'s own action for the long ``option`` (``"--connect"``), or None."""
+    return next((a for a in _settings(parser) if _long_option(a) == option), None)
 
 
 def _has_long(action: argparse.Action) -> bool:
@@ -104,15 +129,15 @@ def _long_option(action: argparse.Action) -> str:
 
 def _convert(action: argparse.Action, name: str, text: str) -> Any:
     """The option's value from the variable's text; ValueError naming the variable."""
-    if isinstance(action, argparse._StoreTrueAction | argparse._StoreFalseAction):
+    if isinstance(action, (_STORE_TRUE, _STORE_FALSE)):
         word = text.strip().lower()
         if word not in _TRUE + _FALSE:
             raise ValueError(f"environment variable {name}={text!r}: expected one of "
                              f"{', '.join(_TRUE)} or {', '.join(f for f in _FALSE if f)} "
                              "(or empty)")
         given = word in _TRUE
-        return given if isinstance(action, argparse._StoreTrueAction) else not given
-    if isinstance(action, argparse._AppendAction):
+        return given if isinstance(action, _STORE_TRUE) else not given
+    if isinstance(action, _APPEND):
         return [_one_value(action, name, part.strip())
                 for part in text.split(",") if part.strip()]
     return _one_value(action, name, text)
@@ -134,4 +159,4 @@ def _one_value(action: argparse.Action, name: str, text: str) -> Any:
 
 
 __all__ = ["PREFIX", "InvalidVariable", "apply_environment", "check_environment",
-           "option_variables", "subparsers", "variable_name"]
+           "option_variables", "subparsers", "variable_name", "with_long_option"]

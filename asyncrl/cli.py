@@ -11,7 +11,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from ._cli_env import apply_environment, check_environment
+from ._cli_env import apply_environment, check_environment, subparsers, with_long_option
 from ._inference.cli import add_parser as add_env_worker_parser
 from ._inference.cli import run_env_worker_command
 from ._observe.probes import add_probe_options
@@ -29,7 +29,9 @@ DESCRIPTION = ("asyncrl: async-first, ZeroMQ-based experience collection for rei
 WORKER_EXIT_CODES = """exit codes:
   0  closed by the coordinator, or stopped by SIGTERM / SIGINT (Ctrl-C)
   1  an env or policy error (reported to the coordinator first)
-  2  bad arguments (an import path that does not resolve, bad keys, a value < 1)
+  2  bad arguments (an import path that does not resolve, bad keys, a value < 1, a
+     malformed --connect or a host name there that does not resolve, --workers above
+     --max-workers)
   3  the coordinator is gone: it closed without telling this worker, it never answered
      (--peer-timeout), its connection stayed down longer than --give-up-after, or it was
      restarted (a new instance) and no --reconnect
@@ -72,6 +74,30 @@ def _version() -> str:
         return "0.0.0+unknown"
 
 
+#: Default bound of ``--workers`` (``--max-workers``): a typo such as 100000000 is an
+#: error at start, not a host that builds worker identities until it is killed.
+MAX_WORKERS = 1024
+
+
+def address(text: str) -> str:
+    """``--connect``'s type: a ZeroMQ address to connect to, checked (a usage error if not)."""
+    from transports import parse_endpoint
+
+    try:
+        parse_endpoint(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def _check_addresses(parser: argparse.ArgumentParser) -> None:
+    """Every command's ``--connect`` is an address (same name, same meaning: see _cli_env)."""
+    for command in subparsers(parser).values():
+        connect = with_long_option(command, "--connect")
+        if connect is not None:
+            connect.type = address
+
+
 BENCHMARKS = ("codec", "channels", "weights", "collect", "relay", "scaling", "profile_worker",
               "rollout_loop")
 
@@ -102,7 +128,10 @@ def _worker_parser(sub: Any) -> None:
     p.add_argument("--envs-per-worker", type=int, default=1, metavar="N",
                    help="envs each worker steps as one batch (a vector env)")
     p.add_argument("--workers", type=int, default=1, metavar="K",
-                   help="worker processes to run on this host")
+                   help="worker processes to run on this host (at most --max-workers)")
+    p.add_argument("--max-workers", type=int, default=MAX_WORKERS, metavar="K",
+                   help="the most --workers this host accepts: a larger count is an error "
+                        "at start (a typo would otherwise fork until memory runs out)")
     p.add_argument("--threads", type=int, default=1, metavar="T",
                    help="torch (and OpenMP/MKL) threads per worker process (as TorchRL's "
                         "num_sub_threads: K workers on K cores do not oversubscribe)")
@@ -209,6 +238,7 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
     add_env_worker_parser(sub)
     _keys_parser(sub)
     _bench_parser(sub)
+    _check_addresses(parser)
     apply_environment(parser, environ)
     return parser
 
@@ -280,6 +310,26 @@ def keys_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _connect_resolves(connect: str, *, reconnect: bool) -> bool:
+    """False (after one line on stderr) if ``connect``'s host name does not resolve.
+
+    With ``--reconnect`` only a warning: the name may appear later (a Kubernetes
+    pod's DNS record exists once it is ready) and the workers keep asking.
+    """
+    from transports import check_resolves, parse_endpoint
+
+    try:
+        check_resolves(parse_endpoint(connect, argument="--connect"))
+    except OSError as exc:
+        if reconnect:
+            logging.getLogger("asyncrl.cli").warning("--connect: %s; --reconnect: the workers "
+                                                     "keep trying", exc)
+            return True
+        print(f"asyncrl worker: --connect: {exc}", file=sys.stderr)
+        return False
+    return True
+
+
 def run_workers(args: argparse.Namespace) -> int:
     from ._rollout.envs import resolve_import_path
     from ._worker.spec import WorkerSpec, host_rollout_options
@@ -299,6 +349,11 @@ def run_workers(args: argparse.Namespace) -> int:
         print("asyncrl worker: --workers, --envs-per-worker and --threads must be >= 1, got "
               f"{args.workers}, {args.envs_per_worker} and {args.threads}", file=sys.stderr)
         return 2
+    if args.workers > args.max_workers:
+        print(f"asyncrl worker: --workers {args.workers} is more than --max-workers "
+              f"{args.max_workers} (ASYNCRL_MAX_WORKERS): give a smaller count, or raise "
+              "--max-workers if this host really runs that many", file=sys.stderr)
+        return 2
     if not args.give_up_after >= 0:
         print(f"asyncrl worker: --give-up-after must be >= 0, got {args.give_up_after}",
               file=sys.stderr)
@@ -306,6 +361,8 @@ def run_workers(args: argparse.Namespace) -> int:
     if not args.peer_timeout > 0 or not args.join_timeout > 0:
         print(f"asyncrl worker: --peer-timeout and --join-timeout must be > 0, got "
               f"{args.peer_timeout} and {args.join_timeout}", file=sys.stderr)
+        return 2
+    if not _connect_resolves(args.connect, reconnect=args.reconnect):
         return 2
     app_dir = os.path.abspath(args.app_dir)
     if app_dir not in sys.path:

@@ -4,12 +4,15 @@
   copy both ways, never pickle; hostile input raises :class:`ProtocolError`.
 * :class:`Hub` (many identified peers) and :class:`Link` (one upstream): async
   ZeroMQ channels over anyio (asyncio and trio) with acks, heartbeats and goodbyes.
-* :class:`SharedTensorBlock`: same-host tensors in shared memory, read whole or not at all.
+* :class:`SharedTensorBlock`: same-host tensors in shared memory, read whole or not at all;
+  its pages are reserved when it is made (:class:`SharedMemoryFullError` if ``/dev/shm`` is full).
 * :class:`LocalHub` / :class:`LocalLink`: the same send/ack contract in memory (in-process
   collectors, tests).
 * CURVE: :class:`CurveServer` / :class:`CurveClient` (keys from a directory, key files or
   ``ASYNCRL_CURVE_*`` variables); :func:`generate_keys`, :func:`add_host`, :func:`revoke_host`,
   :func:`list_keys` manage a key directory that a running hub watches.
+* :func:`parse_endpoint`: a ZeroMQ address checked before a socket sees it (one-line
+  ValueError); :func:`check_resolves`: does its host name resolve.
 * Errors: :class:`TransportError` and its family; :class:`ErrorPayload` is the one wire form
   of an exception. :class:`ClosedResourceError` is also anyio's.
 
@@ -25,6 +28,9 @@ from ._codec import decode as decode
 from ._codec import encode as encode
 from ._curve import CurveClient as CurveClient
 from ._curve import CurveServer as CurveServer
+from ._endpoints import Endpoint as Endpoint
+from ._endpoints import check_resolves as check_resolves
+from ._endpoints import parse_endpoint as parse_endpoint
 from ._errors import ClosedResourceError as ClosedResourceError
 from ._errors import ErrorPayload as ErrorPayload
 from ._errors import PeerLostError as PeerLostError
@@ -45,6 +51,7 @@ from ._memory import LocalHub as LocalHub
 from ._memory import LocalLink as LocalLink
 from ._ratelimit import RateLimitedLog as RateLimitedLog
 from ._resource import TaskGroupResource as TaskGroupResource
+from ._shm import SharedMemoryFullError as SharedMemoryFullError
 from ._shm import SharedTensorBlock as SharedTensorBlock
 from ._shm import TornReadError as TornReadError
 from ._shm import copy_into as copy_into
@@ -65,6 +72,7 @@ __all__ = [
     "ClosedResourceError",
     "CurveClient",
     "CurveServer",
+    "Endpoint",
     "ErrorPayload",
     "Hub",
     "KeyEntry",
@@ -77,17 +85,20 @@ __all__ = [
     "ProtocolError",
     "RateLimitedLog",
     "RemoteError",
+    "SharedMemoryFullError",
     "SharedTensorBlock",
     "TaskGroupResource",
     "Ticket",
     "TornReadError",
     "TransportError",
     "add_host",
+    "check_resolves",
     "copy_into",
     "decode",
     "encode",
     "generate_keys",
     "list_keys",
+    "parse_endpoint",
     "random_identity",
     "revoke_host",
     "shutdown",

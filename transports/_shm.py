@@ -20,6 +20,12 @@ Segment format (all integers little-endian int64)::
     [layout offset, ...)    msgpack [[key, dtype, shape, offset], ...] (offsets inside a slot)
     [data offset + i * slot size, ...)   slot i's tensors, each 64-byte aligned
 
+The creator reserves every page when it makes a segment (``posix_fallocate``): a
+full ``/dev/shm`` is a :class:`SharedMemoryFullError` at creation, naming the
+bytes needed and free and the fix, instead of a SIGBUS in whichever process
+first touches a page that tmpfs cannot supply (``ftruncate`` alone reserves
+nothing). A segment that could not be reserved is unlinked at once.
+
 Readers never register the segment with Python's ``resource_tracker`` (Python
 3.11 would unlink a segment it merely attached to when the reader exits): they
 map it with ``shm_open`` directly. The creator registers it, so a crashed
@@ -36,6 +42,7 @@ copy is an opaque call that ends with a thread-pool join.
 
 from __future__ import annotations
 
+import errno
 import math
 import mmap
 import os
@@ -56,9 +63,12 @@ try:
 except ImportError:  # pragma: no cover - Windows
     _posixshmem = None
 
-__all__ = ["NAME_PREFIX", "SharedTensorBlock", "TornReadError", "copy_into"]
+__all__ = ["NAME_PREFIX", "SHM_DIR", "SharedMemoryFullError", "SharedTensorBlock",
+           "TornReadError", "copy_into"]
 
 NAME_PREFIX = "asyncrl_"
+#: Where POSIX shared memory lives on Linux (glibc's shm_open): what a full one is called.
+SHM_DIR = "/dev/shm"
 MAGIC = int.from_bytes(b"ARLSHM01", "little")
 MAX_SLOTS = 8
 MAX_LAYOUT_BYTES = 16 << 20
@@ -69,6 +79,35 @@ _SLOT_STRIDE = 8  # int64s per slot control line (64 bytes)
 
 class TornReadError(TransportError):
     """A slot was overwritten before or while it was read; retry from ``latest()``."""
+
+
+class SharedMemoryFullError(TransportError):
+    """Shared memory (``/dev/shm``) has no room for a new block; nothing was left behind.
+
+    ``needed`` and ``free`` are bytes (``free`` is -1 when it could not be read).
+    Raised where the block is made, so the process that asked for it gets a
+    Python error instead of a SIGBUS later.
+
+    >>> error = SharedMemoryFullError("asyncrl_1_ab", needed=30 << 20, free=4 << 20)
+    >>> error.needed, error.free
+    (31457280, 4194304)
+    >>> "--shm-size" in str(error)
+    True
+    """
+
+    def __init__(self, name: str, *, needed: int, free: int, directory: str = SHM_DIR) -> None:
+        self.name = name
+        self.needed = needed
+        self.free = free
+        self.directory = directory
+        free_text = "an unknown amount" if free < 0 else _mib(free)
+        super().__init__(
+            f"{directory} is too small: a shared-memory block ({name}) needs {_mib(needed)} "
+            f"and {free_text} is free. Give shared memory more room: 'docker run "
+            f"--shm-size=2g' (Docker's default is 64 MiB), in Kubernetes an emptyDir with "
+            f"'medium: Memory' and a 'sizeLimit' mounted at {directory}; or remove what "
+            f"fills it (ls -la {directory}: {NAME_PREFIX}* segments of runs that were killed)"
+        )
 
 
 class SharedTensorBlock:
@@ -365,14 +404,56 @@ def _map(name: str, *, create: int = 0) -> mmap.mmap:
     flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
     fd = _posixshmem.shm_open("/" + name, flags, mode=0o600)
     try:
-        if create:
-            # The creator registers the name: if it crashes, the tracker unlinks it.
-            resource_tracker.register("/" + name, "shared_memory")
-            os.ftruncate(fd, create)
-        size = os.fstat(fd).st_size
-        return mmap.mmap(fd, size)
+        if not create:
+            return mmap.mmap(fd, os.fstat(fd).st_size)
+        # The creator registers the name: if it crashes, the tracker unlinks it.
+        resource_tracker.register("/" + name, "shared_memory")
+        try:
+            _reserve(fd, create, name)
+            return mmap.mmap(fd, create)
+        except BaseException:
+            _posixshmem.shm_unlink("/" + name)  # nothing half-made stays behind
+            resource_tracker.unregister("/" + name, "shared_memory")
+            raise
     finally:
         os.close(fd)
+
+
+def _reserve(fd: int, size: int, name: str) -> None:
+    """Size the segment and reserve its pages now; :class:`SharedMemoryFullError` if no room.
+
+    tmpfs hands out pages on first touch; one it cannot supply is a SIGBUS in
+    whoever touches it. ``posix_fallocate`` takes them all at once, or fails.
+    """
+    free = _free_bytes(fd)
+    fallocate = getattr(os, "posix_fallocate", None)
+    if fallocate is not None:
+        try:
+            fallocate(fd, 0, size)
+            return
+        except OSError as exc:
+            if exc.errno == errno.ENOSPC:
+                raise SharedMemoryFullError(name, needed=size, free=free) from None
+            if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+                raise
+    # No way to reserve here (not Linux, or a filesystem without fallocate): at least
+    # refuse what plainly does not fit.
+    if 0 <= free < size:
+        raise SharedMemoryFullError(name, needed=size, free=free)
+    os.ftruncate(fd, size)
+
+
+def _free_bytes(fd: int) -> int:
+    """Bytes the filesystem under ``fd`` can still give an unprivileged writer; -1 if unknown."""
+    try:
+        stats = os.fstatvfs(fd)
+    except OSError:
+        return -1
+    return stats.f_bavail * stats.f_frsize
+
+
+def _mib(nbytes: int) -> str:
+    return f"{nbytes / (1 << 20):.1f} MiB ({nbytes} bytes)"
 
 
 def _plan(tensors: Mapping[str, torch.Tensor]

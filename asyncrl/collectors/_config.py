@@ -18,6 +18,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from transports import parse_endpoint
+
 from .._spawn.forkserver import check_start_method
 
 #: What a collector may do when a worker is lost ("restart": local workers are respawned).
@@ -157,6 +159,8 @@ class WorkerLayout:
             raise ValueError("need at least one worker (num_workers + remote_workers >= 1)")
         if remote_workers and listen is None:
             raise ValueError("remote_workers needs listen='tcp://HOST:PORT'")
+        if listen is not None:  # a bad one is a ValueError here, not a ZMQError at bind
+            parse_endpoint(listen, argument="listen", bind=True)
         return cls(create_env_fn, num_workers, remote_workers, envs_per_worker)
 
 
