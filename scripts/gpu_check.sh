@@ -43,8 +43,8 @@ if [ "$what" = tests ]; then
         tests/asyncrl/weights/test_weights_newest_wins.py \
         tests/asyncrl/weights/test_weights_in_place.py \
         tests/asyncrl/weights/test_weights_distributed.py \
-        tests/asyncrl/collectors/batched/test_batched_inference_process.py \
-        tests/asyncrl/collectors/batched/test_batched_collector_limits.py \
+        tests/asyncrl/inference/test_batched_inference_process.py \
+        tests/asyncrl/inference/test_batched_collector_limits.py \
         tests/asyncrl/rollout/test_rollout_options.py \
         tests/transports/test_codec.py tests/transports/test_channels.py \
         2>&1 | tee "$OUT/tests.txt" | tail -40

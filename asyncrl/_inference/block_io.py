@@ -69,7 +69,7 @@ def copier(dst: Any) -> Callable[[Any, Any], Any]:
 class SlotArrays:
     """One slot of a block (slot 0 by default): its tensors as arrays (layout order) and its
     control words. An env worker whose envs step in splits asks and is answered through
-    one slot per split (:class:`~asyncrl._inference.loop.InferenceLoop`'s lanes).
+    one slot per split (:class:`~asyncrl._inference.inference_loop.InferenceLoop`'s lanes).
 
     ``word`` is the slot's live ``[seq, version]`` (int64, in the shared memory).
     A write is :meth:`begin`, the copies into :attr:`arrays` (the caller's: it

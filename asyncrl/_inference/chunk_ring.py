@@ -23,7 +23,7 @@ only after the trainer has taken the chunk in it (``taken``), so a reader that
 saw the chunk's number reads a slot nobody writes meanwhile.
 
 >>> import torch
->>> from asyncrl._inference.loop import OutputLayout
+>>> from asyncrl._inference.inference_loop import OutputLayout
 >>> layout = chunk_layout([(("observation",), torch.float32, (3,))],
 ...                       OutputLayout(action=(torch.float32, (1,))))
 >>> ring = ChunkRing.create(layout, rows=2, steps=4, slots=2)
@@ -49,6 +49,7 @@ from tensordict import TensorDict, TensorDictBase
 
 from transports import SharedTensorBlock
 
+from .._errors import BadBatchError
 from .block_io import Copy, SlotArrays, array_of
 
 __all__ = ["ChunkReader", "ChunkRing", "ChunkWriter", "TornChunkError", "chunk_buffers",
@@ -59,8 +60,11 @@ Path = tuple[str, ...]
 Layout = dict[Path, tuple[torch.dtype, tuple[int, ...]]]
 
 
-class TornChunkError(RuntimeError):
-    """A chunk slot was rewritten while the trainer read it (its writer broke the protocol)."""
+class TornChunkError(BadBatchError, RuntimeError):
+    """A chunk slot was rewritten while the trainer read it (its writer broke the protocol).
+
+    A :class:`~asyncrl.BadBatchError` (asyncrl's tree), and a ``RuntimeError`` as before.
+    """
 
 
 def chunk_layout(obs: Sequence[tuple[Path, torch.dtype, tuple[int, ...]]],
@@ -68,7 +72,7 @@ def chunk_layout(obs: Sequence[tuple[Path, torch.dtype, tuple[int, ...]]],
     """Every entry of a chunk, per env and step, in TorchRL's key order.
 
     ``obs`` is each observation's path, dtype and per-env shape; ``outputs`` the
-    policy's :class:`~asyncrl._inference.loop.OutputLayout` (``action`` and extras).
+    policy's :class:`~asyncrl._inference.inference_loop.OutputLayout` (``action`` and extras).
     Ended episodes are reset in place, so the root ``done`` flags stay False.
     """
     layout: Layout = {}

@@ -50,7 +50,7 @@ from .._spawn.threads import use_torch_threads
 from .block_io import SlotArrays, array_of
 from .chunk_ring import ChunkWriter, chunk_buffers, chunk_layout
 from .doorbell import DEFAULT_SPIN, EventFd, no_wakeup_preemption, spin_then_block
-from .loop import OutputLayout
+from .inference_loop import OutputLayout
 
 log = logging.getLogger("asyncrl.env_worker")
 

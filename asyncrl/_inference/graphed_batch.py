@@ -21,6 +21,8 @@ from typing import Any
 import torch
 from tensordict import TensorDict, TensorDictBase
 
+from .._errors import CollectorError
+
 __all__ = ["CaptureError", "GraphedDeviceBatch"]
 
 #: Eager calls on a side stream before the capture (cuDNN / cuBLAS workspaces, lazy
@@ -28,8 +30,11 @@ __all__ = ["CaptureError", "GraphedDeviceBatch"]
 WARMUP_CALLS = 3
 
 
-class CaptureError(RuntimeError):
-    """The policy could not be captured in a CUDA graph (it syncs, or leaves the device)."""
+class CaptureError(CollectorError, RuntimeError):
+    """The policy could not be captured in a CUDA graph (it syncs, or leaves the device).
+
+    A :class:`~asyncrl.CollectorError` (asyncrl's tree), and a ``RuntimeError`` as before.
+    """
 
 
 def capture_cuda_graph(run: Callable[[], list[torch.Tensor]],

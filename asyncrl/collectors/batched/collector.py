@@ -2,9 +2,10 @@
 
 SEED RL's layout (Sample Factory's policy workers; TorchRL's
 ``AsyncBatchedCollector``): the env workers (:mod:`asyncrl._inference.env_stepper`) only
-step envs; the policy lives once, here, in an :class:`~asyncrl._inference.loop.InferenceLoop`
-that batches whatever requests are ready, from a thread of its own (or, with
-``server_backend="process"``, a dedicated process). Observations and actions go
+step envs; the policy lives once, here, behind a :class:`~asyncrl._inference.policy_server.
+PolicyServer` that batches whatever requests are ready, from a thread of its own
+(:mod:`asyncrl._inference.thread_server`) or, with ``server_backend="process"``, a
+dedicated process (:mod:`asyncrl._inference.process_server`). Observations and actions go
 through shared memory, requests and answers through eventfd doorbells
 (:mod:`asyncrl._inference.doorbell`); so do the local env workers' chunks of
 transitions (:mod:`asyncrl._inference.chunk_ring`), which are cut here into
@@ -14,9 +15,7 @@ errors and close, and a remote env host's requests and chunks.
 
 from __future__ import annotations
 
-import copy
 import logging
-import math
 import os
 import shutil
 import tempfile
@@ -41,51 +40,47 @@ from transports import (
 )
 
 from ..._errors import BadBatchError, CollectorError, WorkerLostError, rebuild_remote_exception
-from ..._inference.chunk_ring import ChunkReader, ChunkRing, TornChunkError, chunk_layout
-from ..._inference.doorbell import EventFd, spin_for
-from ..._inference.env_stepper import (
-    CLOSE,
-    ERROR,
-    EnvWorkerConfig,
-    build_pool,
-    env_worker_main,
-)
-from ..._inference.loop import (
-    InferenceLoop,
-    WorkerBlocks,
-    auto_chunk_steps,
-    discover_outputs,
-    make_blocks,
-)
+from ..._inference.chunk_buffer import ChunkBuffer, SlotCounts
+from ..._inference.chunk_ring import TornChunkError
+from ..._inference.doorbell import spin_for
+from ..._inference.env_stepper import CLOSE, ERROR, EnvWorkerConfig, env_worker_main
+from ..._inference.env_worker_statistics import env_worker_statistics
+from ..._inference.inference_loop import InferenceStatistics, OutputLayout, auto_chunk_steps
+from ..._inference.local_channels import LocalChannels, probe_env
+from ..._inference.policy_server import PolicyCopy, PolicyServer, ServerHooks, ServingSetup
+from ..._inference.remote_env_hosts import RemoteEnvWorkers
+from ..._inference.remote_members import RemoteMembers
+from ..._inference.served_weights import ServedWeights, given_weights
 from ..._observe.statistics import WorkerStatistics
-from ..._rollout.policies import ExplorationType, PolicyAdapter, torch_dtype
+from ..._rollout.policies import ExplorationType
 from ..._spawn.forkserver import check_start_method
 from ..._spawn.processes import WorkerProcesses, describe_exit
 from .._base import RB, BaseCollector
 from .._config import check_int
 from .._env_factories import check_picklable
 from .._limits import listening_hub_limits
-from .chunks import ChunkBuffer, SlotCounts
-from .config import (
+from .._started import started_at_call
+from .arguments import (
     BatchingConfig,
-    check_device,
+    check_env_kwargs,
     check_policy,
+    check_remote,
     check_server_backend,
+    check_serving_device,
     env_factories,
     from_server_config,
+    policy_server_type,
     refuse_torchrl_only,
     split_envs,
 )
-from .members import RemoteMembers
-from .remote import RemoteEnvWorkers, check_listen
-from .server import REMOTE_ACT, InferenceProcess
-from .stats import env_worker_statistics
-from .weights import ServedPolicy
 
 log = logging.getLogger("asyncrl.collectors")
 
 
-class AsyncBatchedCollector(ServedPolicy, BaseCollector[RB]):
+Path = tuple[str, ...]
+
+
+class AsyncBatchedCollector(BaseCollector[RB]):
     """Env workers in processes, the policy once in this process, batched across workers.
 
     Choose it when the policy is big (or on a GPU) and envs are cheap: one call on
@@ -182,17 +177,8 @@ class AsyncBatchedCollector(ServedPolicy, BaseCollector[RB]):
             min_batch_size=min_batch_size, server_timeout=server_timeout,
             envs_per_worker=envs_per_worker, transition_chunk_size=transition_chunk_size,
             worker_num_splits=worker_num_splits, static_batch_size=static_batch_size)
-        if isinstance(create_env_kwargs, (list, tuple)):
-            raise TypeError("create_env_kwargs: one dict for every env (a list is not "
-                            "supported: put the differences in the factories)")
-        self.create_env_kwargs = dict(create_env_kwargs or {})
-        self.device = check_device(device)
-        if self.batching.static_batch_size is not None and (
-                self.device is None or self.device.type != "cuda"):
-            raise ValueError(f"static_batch_size={self.batching.static_batch_size} captures "
-                             "the served policy in a CUDA graph: it needs device='cuda' (the "
-                             f"policy's device), got device={device!r}; leave "
-                             "static_batch_size out to serve it eagerly")
+        self.create_env_kwargs = check_env_kwargs(create_env_kwargs)
+        self.device = check_serving_device(device, self.batching.static_batch_size)
         self.policy = policy
         self.policy_factory = policy_factory
         self.exploration_type = exploration_type
@@ -203,17 +189,16 @@ class AsyncBatchedCollector(ServedPolicy, BaseCollector[RB]):
             "num_threads", num_threads, minimum=1)
         self.verbose = verbose
         self._heartbeat = (heartbeat_interval, peer_timeout)
-        self._initial_version = check_int("policy_version", policy_version, minimum=0)
-        check_listen(listen, self.remote_workers)
-        self.listen = listen
-        if curve_keys is not None and listen is None:
-            raise ValueError("curve_keys encrypts the listen= endpoint: give listen too")
-        self.curve_keys = curve_keys
+        self._weights = ServedWeights(
+            version=check_int("policy_version", policy_version, minimum=0), verbose=verbose)
+        check_remote(listen, self.remote_workers, curve_keys)
+        self.listen, self.curve_keys = listen, curve_keys
         self.server_backend = check_server_backend(server_backend)
-        if self.server_backend == "process":
+        self._server_type = policy_server_type(self.server_backend)
+        if self._server_type.pickles_policy:
             check_picklable([("policy_factory", policy_factory), ("policy", policy)],
                             start_method=self.start_method)
-        self._server: InferenceProcess | None = None
+        self._server: PolicyServer | None = None
         self._remote: RemoteEnvWorkers | None = None
         self._members = RemoteMembers(self._publish)
         self._admitted: set[bytes] = set()
@@ -229,8 +214,7 @@ class AsyncBatchedCollector(ServedPolicy, BaseCollector[RB]):
         self.chunk_steps = self.batching.chunk_steps or auto_chunk_steps(
             self.frames_per_batch, self.num_envs or self.remote_workers)
         # Set once open:
-        self._loop: InferenceLoop | None = None
-        self._blocks: dict[int, WorkerBlocks] = {}
+        self._channels = LocalChannels()  # the local env workers' blocks, bells, rings
         self._workers: WorkerProcesses | None = None
         self._hub: Hub | None = None
         self._tmpdir: str | None = None
@@ -239,14 +223,6 @@ class AsyncBatchedCollector(ServedPolicy, BaseCollector[RB]):
         self._error: BaseException | None = None
         self._closing = False
         self._arrived: anyio.Event | None = None
-        # The doorbells of the local env workers (made when the blocks are)
-        self._request_bell: EventFd | None = None
-        self._answer_bells: dict[int, EventFd] = {}
-        # Their chunk rings (read here), the chunk bell they ring, a room bell for each
-        self._rings: dict[int, ChunkRing] = {}
-        self._readers: dict[int, ChunkReader] = {}
-        self._chunk_bell: EventFd | None = None
-        self._room_bells: dict[int, EventFd] = {}
         self._background: anyio.CancelScope | None = None
         self._background_done: anyio.Event | None = None
         self._frames = ChunkBuffer(
@@ -271,8 +247,7 @@ class AsyncBatchedCollector(ServedPolicy, BaseCollector[RB]):
         try:
             with self._background:
                 self._tmpdir = tempfile.mkdtemp(prefix="asyncrl-")
-                obs_paths, outputs, loop = await anyio.to_thread.run_sync(self._build_server)
-                self._loop = loop
+                obs_paths, outputs, server = await anyio.to_thread.run_sync(self._build_server)
                 interval, timeout = self._heartbeat
                 endpoint, limits = f"ipc://{self._tmpdir}/inference", {}
                 if self.listen is not None:  # remote env hosts join: admission, bounded sizes
@@ -288,44 +263,30 @@ class AsyncBatchedCollector(ServedPolicy, BaseCollector[RB]):
                     async with anyio.create_task_group() as tg:
                         tg.start_soon(self._dispatch, hub)
                         tg.start_soon(self._read_local_chunks)
-                        if self._server is not None:  # the policy in its own process
-                            await self._server.start(tg, hub.endpoint, backend,
-                                                     self._on_server_exit)
-                        else:
-                            assert loop is not None
-                            tg.start_soon(self._serve_policy, loop)
+                        hooks = ServerHooks(
+                            fail=self._fail, closing=lambda: self._closing,
+                            answered=self._reply_remote if self._remote is not None else None)
+                        await server.start(tg, hub, backend, hooks)
                         await tg.start(self._workers.run, self._on_process_exit)
                         task_status.started()
         finally:
             self._background_done.set()
 
-    def _build_server(self) -> tuple[list[tuple[str, ...]], Any, InferenceLoop | None]:
-        """In a thread: one env for the layouts, the server's policy, its blocks and loop.
+    def _build_server(self) -> tuple[list[Path], OutputLayout, PolicyServer]:
+        """In a thread: one env for the layouts, the server's policy, the env workers'
+        channels, the remote env hosts' slots, and the server (not started yet).
 
         With ``server_backend="process"`` the policy built here (on the CPU) only finds
         the outputs' layout and checks weights; the loop runs in the inference process.
         """
-        probe = build_pool([self._probe_factory], self.create_env_kwargs)
-        try:
-            probe.reset()
-            obs = {tuple(p): torch.from_numpy(a.copy())
-                   for p, a in zip(probe.obs_paths, probe.obs_arrays, strict=True)}
-            spec = probe.specs.action
-        finally:
-            probe.close()
-        in_process = self.server_backend == "thread"
-        device = self.device if in_process else None
-        policy = self._make_server_policy(device)
-        adapter = PolicyAdapter(policy, action_spec=spec, exploration_type=self.exploration_type,
-                                observation_keys=[p[0] if len(p) == 1 else p for p in obs])
-        action = (torch_dtype(spec.dtype), tuple(spec.shape))
-        device_obs = {p: v.to(device) if device is not None else v for p, v in obs.items()}
-        outputs = discover_outputs(adapter, device_obs, action)
-        self._blocks = make_blocks([len(g) for g in self.groups], obs, outputs,
-                                   splits=self.batching.splits)
-        self._request_bell = EventFd()
-        self._answer_bells = {slot: EventFd() for slot in range(self.num_workers)}
-        self._make_rings(obs, outputs)
+        obs, spec = probe_env(self._probe_factory, self.create_env_kwargs)
+        policy, outputs = PolicyCopy.make(
+            self.policy, self.policy_factory, device=self._server_type.copy_device(self.device),
+            action_spec=spec, exploration_type=self.exploration_type, obs=obs)
+        channels = self._channels
+        channels.make([len(g) for g in self.groups], obs, outputs, splits=self.batching.splits,
+                      chunk_steps=self.chunk_steps, capacity=self._frames.capacity,
+                      flat=not self.yield_completed_trajectories)
         for slot in range(self.num_workers):  # named here: the inference process knows them
             ident = random_identity(f"env-{slot}")
             self._slot_of[ident] = slot
@@ -334,83 +295,46 @@ class AsyncBatchedCollector(ServedPolicy, BaseCollector[RB]):
             self._remote = RemoteEnvWorkers(
                 self.remote_workers, first_slot=self.num_workers, obs=obs, outputs=outputs,
                 chunk_steps=self.chunk_steps, max_envs=self.batching.max_batch_size,
-                blocks=self._blocks, submit=self._submit_remote,
+                blocks=channels.blocks, submit=self._submit_remote,
                 on_chunk=self._on_chunk, register=self._register_remote,
                 version=lambda: self.policy_version, members=self._members)
-        b = self.batching
-        obs_spec = [(t.dtype, tuple(t.shape[1:])) for t in obs.values()]
-        if not in_process:
-            self._server = self._make_server_process(policy, spec, list(obs), outputs, obs_spec)
-            return list(obs), outputs, None
-        loop = InferenceLoop(adapter, self._blocks, obs_paths=list(obs), outputs=outputs,
-                             device=self.device, max_batch_size=b.max_batch_size,
-                             min_batch_size=b.min_batch_size, server_timeout=b.server_timeout,
-                             version=self._initial_version, request_bell=self._request_bell,
-                             answer_bells=self._answer_bells, obs_spec=obs_spec, spin=self._spin,
-                             threads=None if self._threads_cap is None else self._threads_cap.now,
-                             static_batch_size=b.static_batch_size)
-        return list(obs), outputs, loop
+        server = self._server = self._server_type.create(self._serving_setup(obs, outputs),
+                                                         policy)
+        self._weights.server = server
+        return list(obs), outputs, server
 
-    def _make_server_policy(self, device: torch.device | None) -> Any:
-        # The server runs its own copy: the trainer's optimiser steps never change the
-        # weights under a running call; update_policy_weights copies them in, versioned.
-        if self.policy_factory is not None:
-            policy = self.policy_factory()
-        elif isinstance(self.policy, nn.Module):
-            policy = copy.deepcopy(self.policy)
-        else:
-            policy = self.policy
-        if isinstance(policy, nn.Module):
-            policy = policy.to(device if device is not None else "cpu")
-        return policy
+    def _serving_setup(self, obs: dict[Path, torch.Tensor],
+                       outputs: OutputLayout) -> ServingSetup:
+        channels, b = self._channels, self.batching
+        assert channels.request_bell is not None
+        return ServingSetup(
+            blocks=channels.blocks, request_bell=channels.request_bell,
+            answer_bells=channels.answer_bells, obs_paths=list(obs),
+            obs_spec=[(t.dtype, tuple(t.shape[1:])) for t in obs.values()], outputs=outputs,
+            device=self.device, max_batch_size=b.max_batch_size,
+            min_batch_size=b.min_batch_size, server_timeout=b.server_timeout,
+            static_batch_size=b.static_batch_size, version=self._weights.initial_version,
+            threads=None if self._threads_cap is None else self._threads_cap.now,
+            spin=self._spin, first_remote_slot=self.num_workers if self.remote_workers else None,
+            heartbeat=self._heartbeat, start_method=self.start_method)
 
-    def _make_rings(self, obs: Mapping[tuple[str, ...], torch.Tensor], outputs: Any) -> None:
-        """Each local env worker's chunk ring (:mod:`asyncrl._inference.chunk_ring`)."""
-        layout = chunk_layout([(p, t.dtype, tuple(t.shape[1:])) for p, t in obs.items()],
-                              outputs)
-        self._chunk_bell = EventFd()
-        for slot, group in enumerate(self.groups):
-            # Each worker's share of the trainer's buffer, in chunks (at least two: one
-            # being taken, one being written). Both server backends: the loop answers
-            # without waiting for this event loop, so chunks not yet taken here are
-            # bounded by the slots, not by the loop's room alone.
-            share = self._frames.capacity / self.num_workers
-            slots = max(2, math.ceil(share / (len(group) * self.chunk_steps)))
-            ring = self._rings[slot] = ChunkRing.create(layout, rows=len(group),
-                                                        steps=self.chunk_steps, slots=slots)
-            self._readers[slot] = ChunkReader(ring, flat=not self.yield_completed_trajectories)
-            self._room_bells[slot] = EventFd()
-
-    def _make_server_process(self, policy: Any, spec: Any, obs_paths: list[tuple[str, ...]],
-                             outputs: Any, obs_spec: Any) -> InferenceProcess:
-        assert self._tmpdir is not None and self._threads_cap is not None
-        interval, timeout = self._heartbeat
-        assert self._request_bell is not None
-        return InferenceProcess.for_collector(
-            bells=(self._request_bell, self._answer_bells), blocks=self._blocks, policy=policy,
-            policy_factory=self.policy_factory,
-            action_spec=spec, exploration_type=self.exploration_type, obs_paths=obs_paths,
-            outputs=outputs, device=self.device, batching=self.batching,
-            version=self._initial_version, threads=self._threads_cap.now,
-            heartbeat=(interval, timeout), start_method=self.start_method, obs_spec=obs_spec,
-            spin=self._spin, first_remote_slot=self.num_workers if self.remote_workers else None)
-
-    def _make_workers(self, endpoint: str, backend: str, obs_paths: list[tuple[str, ...]],
-                      outputs: Any) -> WorkerProcesses:
+    def _make_workers(self, endpoint: str, backend: str, obs_paths: list[Path],
+                      outputs: OutputLayout) -> WorkerProcesses:
         interval, timeout = self._heartbeat
         extra_paths = [p for p, _, _ in outputs.extras]
         parent = os.getpid()
+        channels = self._channels
 
         def args(slot: int, identity: bytes) -> tuple[Any, ...]:
-            blocks = self._blocks[slot]
+            blocks = channels.blocks[slot]
             config = EnvWorkerConfig(
                 slot=slot, factories=self.groups[slot], create_env_kwargs=self.create_env_kwargs,
                 obs_block=blocks.obs.name, act_block=blocks.act.name, obs_paths=obs_paths,
                 extra_paths=extra_paths, chunk_steps=self.chunk_steps,
                 heartbeat_interval=interval, peer_timeout=timeout,
-                request_bell=self._request_bell, answer_bell=self._answer_bells[slot],
-                spin=self._spin, chunk_ring=self._rings[slot].names,
-                chunk_bell=self._chunk_bell, room_bell=self._room_bells[slot],
+                request_bell=channels.request_bell, answer_bell=channels.answer_bells[slot],
+                spin=self._spin, chunk_ring=channels.rings[slot].names,
+                chunk_bell=channels.chunk_bell, room_bell=channels.room_bells[slot],
                 splits=self.batching.splits)
             return (endpoint, identity, config, backend, parent)
 
@@ -421,7 +345,7 @@ class AsyncBatchedCollector(ServedPolicy, BaseCollector[RB]):
     async def _close(self) -> None:
         self._closing = True
         hub = self._hub
-        if hub is not None and (self._loop is not None or self._server is not None):
+        if hub is not None and self._server is not None:
             with anyio.move_on_after(1):
                 for peer in list(self._peer_of.values()):
                     try:
@@ -430,29 +354,14 @@ class AsyncBatchedCollector(ServedPolicy, BaseCollector[RB]):
                         pass
         if self._workers is not None:
             await self._workers.stop(grace=2.0)
-        if self._server is not None:
-            await self._server.close(hub)
+        if self._server is not None:  # a thread's loop has left once close() returns (or 5 s)
+            await self._server.close()
         if self._background is not None:
             self._background.cancel()
         if self._background_done is not None and self._hub is not None:
             with anyio.move_on_after(10):
                 await self._background_done.wait()
-        if self._loop is not None:  # its thread has left once close() returns (or 5 s)
-            await anyio.to_thread.run_sync(self._loop.close)
-        for blocks in self._blocks.values():
-            blocks.close()
-        self._blocks = {}
-        for reader in self._readers.values():
-            reader.close()
-        for ring in self._rings.values():
-            ring.close()
-        self._readers, self._rings = {}, {}
-        for bell in [self._request_bell, self._chunk_bell, *self._answer_bells.values(),
-                     *self._room_bells.values()]:
-            if bell is not None:
-                bell.close()
-        self._request_bell, self._answer_bells = None, {}
-        self._chunk_bell, self._room_bells = None, {}
+        self._channels.close()
         if self._tmpdir is not None:
             shutil.rmtree(self._tmpdir, ignore_errors=True)
         self._wake()
@@ -461,20 +370,18 @@ class AsyncBatchedCollector(ServedPolicy, BaseCollector[RB]):
     async def _dispatch(self, hub: Hub) -> None:
         async for item in hub:
             found = self._slot_of.get(item.peer)
-            if found is None and self._server is not None and item.peer == self._server.identity:
+            if found is None and self._server is not None and self._server.owns(item.peer):
                 if hub.admission and item.peer not in self._admitted:
                     self._admitted.add(item.peer)  # our own child: full message sizes
                     hub.admit(item.peer)
-                if isinstance(item, Message) and item.kind == REMOTE_ACT:
-                    await self._remote_answered(hub, item.body)
-                else:
-                    self._on_server_message(item)
+                await self._server.receive(item)
                 continue
             if found is None:
                 if self._remote is not None and not self._closing:
                     await self._remote.handle(hub, item)  # a remote env worker, or a stranger
                     if self._server is not None and not self._room_for_more():
-                        await self._server.set_room(hub, False)  # a chunk filled the buffer
+                        # Back-pressure: no more answers until a batch is taken.
+                        await self._server.set_room(False)  # (a chunk filled the buffer)
                 continue  # without listen the socket is private: not one of ours
             if isinstance(item, PeerEvent):
                 if item.event == "lost" and not self._closing and not self._server_gone():
@@ -491,56 +398,19 @@ class AsyncBatchedCollector(ServedPolicy, BaseCollector[RB]):
 
     async def _read_local_chunks(self) -> None:
         """Take the local env workers' chunks from their rings whenever the chunk bell rings."""
-        bell, readers = self._chunk_bell, self._readers
-        if bell is None or not readers:
-            return
-        fd, frames, bells = bell.fd, self._frames, self._room_bells
-        order = list(readers.items())
-        while True:
-            await anyio.wait_readable(fd)
-            os.eventfd_read(fd)  # readable: returns at once (the count: any number of rings)
-            try:
-                taken = frames.fill_from(order)
-            except TornChunkError as exc:
-                self._fail(BadBatchError(str(exc)))
-                return
-            order.append(order.pop(0))  # the first ring a different one each time
-            for slot in taken:
-                bells[slot].ring()  # a worker waiting for a slot goes on
-            if taken:
-                await self._after_chunks()
-
-    async def _serve_policy(self, loop: InferenceLoop) -> None:
-        """The thread server: serve until cancelled; a policy error fails the run."""
         try:
-            await loop.run(self._reply_remote if self._remote is not None else None)
-        except Exception as exc:
-            exc.add_note("(raised by the policy in AsyncBatchedCollector's inference thread)")
-            self._fail(exc)
+            await self._channels.read_chunks(self._frames, self._after_chunks)
+        except TornChunkError as exc:
+            self._fail(BadBatchError(str(exc)))
 
     async def _submit_remote(self, slot: int) -> None:
         """A remote env host's request (its observations, checked, in its inline block)."""
-        if self._loop is not None:
-            self._loop.submit(slot)
-        elif self._server is not None and self._hub is not None:  # forwarded to the process
-            await self._server.submit_remote(self._hub, slot,
-                                             self._blocks[slot].obs.tensors)  # type: ignore[attr-defined]
-
-    async def _remote_answered(self, hub: Hub, body: Any) -> None:
-        """The inference process answered remote slot ``body["slot"]``: on to its host."""
-        assert self._remote is not None
-        try:
-            slot, version = int(body["slot"]), int(body["v"])
-            self._blocks[slot].act.fill(body["a"], "the inference process's answer",  # type: ignore[attr-defined]
-                                        version)
-        except (KeyError, TypeError, ValueError) as exc:  # our own child: a bug, stop the run
-            self._fail(BadBatchError(f"the inference process sent a malformed remote answer: "
-                                     f"{exc!r}"))
-            return
-        await self._remote.reply(hub, slot, version)
+        if self._server is not None:
+            await self._server.submit_remote(slot)
 
     async def _reply_remote(self, slot: int, version: int) -> None:
-        """A remote env worker's answer (local ones are rung by the loop itself)."""
+        """A remote env worker's answer, written in its block by the server (local ones are
+        rung by the loop itself)."""
         assert self._hub is not None and self._remote is not None
         await self._remote.reply(self._hub, slot, version)  # its occupant, or nobody
 
@@ -549,17 +419,6 @@ class AsyncBatchedCollector(ServedPolicy, BaseCollector[RB]):
         if not self._room_for_more():
             await self._update_room()  # no more answers until a batch is taken
         self._wake()
-
-    def _on_server_message(self, item: Message | PeerEvent) -> None:
-        assert self._server is not None
-        error = self._server.receive(item, peer_timeout=self._heartbeat[1])
-        if error is not None:
-            self._fail(error)
-
-    async def _on_server_exit(self, slot: int, process: BaseProcess) -> bool:
-        if not self._closing:
-            self._fail(InferenceProcess.exit_error(process))
-        return False
 
     def _on_error(self, slot: int, message: Message) -> None:
         try:
@@ -570,13 +429,11 @@ class AsyncBatchedCollector(ServedPolicy, BaseCollector[RB]):
         self._fail(rebuild_remote_exception(payload, peer=f"env worker {slot}"))
 
     def _on_chunk(self, slot: int, message: Message) -> None:
-        problem = self._frames.add(slot, message.body, self._blocks[slot].rows)
+        problem = self._frames.add(slot, message.body, self._channels.blocks[slot].rows)
         if problem is not None:
             self._fail(BadBatchError(problem))
             return
-        if self._loop is not None and not self._room_for_more():
-            self._loop.set_room(False)  # back-pressure: no more answers until a batch is taken
-        self._wake()
+        self._wake()  # (back-pressure: the dispatcher holds the server once the buffer is full)
 
     def _register_remote(self, slot: int, peer: bytes | None) -> SlotCounts | None:
         """A new occupant of ``slot`` (or none); what the old one sent."""
@@ -603,7 +460,7 @@ class AsyncBatchedCollector(ServedPolicy, BaseCollector[RB]):
     def _server_gone(self) -> bool:
         # An env worker ends when the inference process does: the process's own
         # report (its error, or its exit) is the cause the user must see.
-        return self._server is not None and self._server.pid is None
+        return self._server is not None and self._server.gone
 
     async def _on_process_exit(self, slot: int, process: BaseProcess) -> bool:
         if not self._closing and not self._server_gone():
@@ -615,7 +472,7 @@ class AsyncBatchedCollector(ServedPolicy, BaseCollector[RB]):
 
     def _worker_statistics(self) -> list[WorkerStatistics]:
         """The local env workers (pid, state, what each sent: chunks, frames; when heard),
-        then every remote env host admitted (:class:`.members.RemoteMembers`)."""
+        then every remote env host admitted (:mod:`asyncrl._inference.remote_members`)."""
         rows = [] if self._workers is None else env_worker_statistics(
             self._workers, self._peer_of, self._frames.counts, self._hub)
         return rows + self._members.rows(self._frames.counts, self._hub)
@@ -630,13 +487,8 @@ class AsyncBatchedCollector(ServedPolicy, BaseCollector[RB]):
         await self._update_room(wait=paused)
 
     async def _update_room(self, *, wait: bool = False) -> None:
-        room = self._room_for_more()
-        if self._loop is not None:
-            self._loop.set_room(room)
-            if wait and not room:
-                await self._loop.held()
         if self._server is not None and self._hub is not None:
-            await self._server.set_room(self._hub, self._room_for_more(), wait=wait)
+            await self._server.set_room(self._room_for_more(), wait=wait)
 
     # -- batches --------------------------------------------------------------------------------
     async def _next_batch(self) -> TensorDictBase:
@@ -652,8 +504,8 @@ class AsyncBatchedCollector(ServedPolicy, BaseCollector[RB]):
         if self._error is not None:
             raise self._error
         batch = self._frames.take(self.frames_per_batch)
-        if self._chunk_bell is not None and self._readers:
-            self._chunk_bell.ring()  # room again: chunks left in the rings are taken now
+        if self._channels.chunk_bell is not None and self._channels.readers:
+            self._channels.chunk_bell.ring()  # room again: chunks left in the rings are taken now
         if self.split_trajs:
             # A trajectory's chunks may lie apart in the batch (other workers' between
             # them): bring each one's frames together, in order, before splitting.
@@ -680,6 +532,45 @@ class AsyncBatchedCollector(ServedPolicy, BaseCollector[RB]):
         return batch
 
     # -- weights and statistics ----------------------------------------------------------------
+    #: An update started without ``await`` does not hold the next batch: its frames
+    #: carry the version that chose their actions.
+    sync_updates = False
+
+    @property
+    def policy_version(self) -> int:
+        """The version of the weights the inference loop uses now."""
+        return self._weights.version
+
+    def inference_statistics(self) -> InferenceStatistics:
+        """Policy calls so far, observations served, and how many calls had each batch size.
+
+        With ``server_backend="process"``: the process's latest report (at most 0.2 s old).
+        """
+        return self._weights.statistics()
+
+    # The signature of the multi-process collectors (TorchRL's names, asyncrl's weights=).
+    @started_at_call("update")
+    async def update_policy_weights(self, policy_or_weights: Any = None, *, weights: Any = None,
+                                    policy: Any = None, worker_ids: Any = None,
+                                    model_id: str | None = None,
+                                    weights_dict: dict[str, Any] | None = None) -> None:
+        """Load new weights into the served policy between two calls; return once in use.
+
+        The weights (positionally, or as ``weights=`` / ``policy=``, TorchRL's names):
+        None (copy them from the ``policy`` given to the constructor, the one you
+        train), an ``nn.Module``, a state dict, or a TensorDict of parameters
+        (``TensorDict.from_module``). Every frame whose action the next calls choose
+        is stamped with the new version (see :attr:`policy_version`).
+
+        >>> await collector.update_policy_weights(policy)   # doctest: +SKIP
+        >>> collector.policy_version, collector.inference_statistics().calls  # doctest: +SKIP
+        (1, 412)
+        """
+        weights = given_weights(policy_or_weights, weights=weights, policy=policy,
+                                worker_ids=worker_ids, model_id=model_id,
+                                weights_dict=weights_dict)
+        await self._weights.update(weights, trained=self.policy, run_error=self._error)
+
     @property
     def worker_pids(self) -> list[int]:
         """Process ids of the live env workers, in slot order."""

@@ -268,7 +268,7 @@ async def test_a_remote_env_hosts_records_reach_the_trainer(
 async def test_a_malformed_log_from_a_remote_env_host_is_refused(anyio_backend: str) -> None:
     from asyncrl import AsyncBatchedCollector
     from asyncrl.testing import CountingEnv, ValuePolicy
-    from tests.asyncrl.collectors.batched.test_batched_remote_env_hosts import hello
+    from tests.asyncrl.inference.test_batched_remote_env_hosts import hello
 
     with anyio.fail_after(LIMIT):
         async with AsyncBatchedCollector(

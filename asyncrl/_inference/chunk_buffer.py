@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 import torch
 from tensordict import TensorDictBase
 
-from ..._inference.chunk_ring import TornChunkError
+from .chunk_ring import TornChunkError
 
 
 class SlotCounts(NamedTuple):

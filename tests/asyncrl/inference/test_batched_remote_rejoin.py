@@ -16,9 +16,9 @@ from tensordict import TensorDict
 from torch import nn
 
 from asyncrl import AsyncBatchedCollector
-from asyncrl.collectors.batched.slots import MAX_TAG, RemoteSlots
+from asyncrl._inference.remote_slots import MAX_TAG, RemoteSlots
 from asyncrl.testing import CountingEnv, ValuePolicy, version_problems
-from tests.asyncrl.collectors.batched.test_batched_remote_env_hosts import (
+from tests.asyncrl.inference.test_batched_remote_env_hosts import (
     hello,
     start_env_host,
     wait_exit,

@@ -14,7 +14,7 @@ observation, a malformed chunk, a second request before its answer) or goes
 silent: it is told why (``refused``), dropped, logged, and listed in
 :attr:`RemoteEnvWorkers.refusals`; collection goes on with the other workers.
 A remote host never stops the run, and never reaches the policy with bad data.
-Its slot is free again for the next hello (:mod:`.slots`: nothing of the
+Its slot is free again for the next hello (:mod:`.remote_slots`: nothing of the
 old occupant, its request in the loop or its traj_ids, reaches the new one); the
 old identity is a stranger again, whatever it sends is refused.
 """
@@ -31,10 +31,12 @@ from tensordict import TensorDictBase
 
 from transports import Hub, Message, PeerEvent, ProtocolError, RateLimitedLog
 
-from ..._coordinator.worker_logs import WorkerLogs
-from ..._inference.env_stepper import CHUNK, ERROR, OBS, REFUSED
-from ..._inference.loop import OutputLayout, WorkerBlocks
-from ..._inference.remote_env_stepper import (
+from .._coordinator.worker_logs import WorkerLogs
+from .._protocol import WorkerLog
+from .chunk_buffer import SlotCounts
+from .env_stepper import CHUNK, ERROR, OBS, REFUSED
+from .inference_loop import OutputLayout, WorkerBlocks
+from .remote_env_stepper import (
     HELLO,
     JOIN_PROTOCOL,
     WELCOME,
@@ -42,10 +44,8 @@ from ..._inference.remote_env_stepper import (
     describe,
     dtype_name,
 )
-from ..._protocol import WorkerLog
-from .chunks import SlotCounts
-from .members import RemoteMembers
-from .slots import RemoteSlots
+from .remote_members import RemoteMembers
+from .remote_slots import RemoteSlots
 
 log = logging.getLogger("asyncrl.collectors")
 

@@ -18,7 +18,7 @@ from torch import nn
 from asyncrl._inference.block_io import SlotArrays
 from asyncrl._inference.device_batch import DeviceBatch
 from asyncrl._inference.doorbell import EventFd
-from asyncrl._inference.loop import InferenceLoop, discover_outputs, lane, make_blocks
+from asyncrl._inference.inference_loop import InferenceLoop, discover_outputs, lane, make_blocks
 from asyncrl._rollout.policies import PolicyAdapter
 
 OBS = ("observation",)

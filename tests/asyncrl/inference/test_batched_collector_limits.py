@@ -103,7 +103,7 @@ async def test_aclose_leaves_no_process_and_no_shared_memory() -> None:
         async with collector:
             await collector.__anext__()
             pids = collector.worker_pids
-            names = [b.name for w in collector._blocks.values() for b in (w.obs, w.act)]
+            names = [b.name for w in collector._channels.blocks.values() for b in (w.obs, w.act)]
             assert len(pids) == 2 and all(pid_alive(p) for p in pids)
             assert len(names) == 4 and all(shm_exists(n) for n in names)
         await collector.aclose()  # idempotent

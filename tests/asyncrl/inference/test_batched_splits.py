@@ -24,11 +24,11 @@ from torch import nn
 
 from asyncrl import AsyncBatchedCollector
 from asyncrl._inference.env_stepper import EnvStepper, EnvWorkerConfig
-from asyncrl._inference.loop import OutputLayout, make_blocks
+from asyncrl._inference.inference_loop import OutputLayout, make_blocks
 from asyncrl._rollout.traj_ids import TrajectoryIds
 from asyncrl.testing import CountingEnv, ValuePolicy
-from tests.asyncrl.collectors.batched.test_batched_doorbells import collect_updating
 from tests.asyncrl.counting_frames import check_counting_frames
+from tests.asyncrl.inference.test_doorbells import collect_updating
 
 pytestmark = pytest.mark.anyio
 LIMIT = 90

@@ -30,10 +30,11 @@ from asyncrl._inference.doorbell import (
     spin_then_block,
     usable_cores,
 )
+from asyncrl._inference.thread_server import ThreadPolicyServer
 from asyncrl._spawn.forkserver import worker_context
 from asyncrl.testing import CountingEnv, ValuePolicy, fill_parameters, version_problems
-from tests.asyncrl.collectors.batched.test_batched_inference_process import FailsAtStep2
 from tests.asyncrl.counting_frames import check_counting_frames
+from tests.asyncrl.inference.test_batched_inference_process import FailsAtStep2
 
 pytestmark = pytest.mark.anyio
 LIMIT = 90
@@ -145,8 +146,8 @@ async def test_env_workers_step_in_a_batch_thread_and_spin_by_the_core_rule(
                 assert policies.count(os.SCHED_BATCH) == 1, policies
                 assert os.SCHED_OTHER in policies, policies
             assert collector._spin == spin_for(3)  # 2 env workers and the loop
-            if collector._loop is not None:
-                assert collector._loop.spin == collector._spin
+            if isinstance(collector._server, ThreadPolicyServer):
+                assert collector._server.loop.spin == collector._spin
 
 
 async def test_a_policy_error_in_the_inference_thread_stops_the_run_with_that_error() -> None:

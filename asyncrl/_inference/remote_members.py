@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 
 from transports import Hub
 
-from ..._observe.events import CollectorEvent
-from ..._observe.statistics import WorkerState, WorkerStatistics
-from .chunks import SlotCounts
+from .._observe.events import CollectorEvent
+from .._observe.statistics import WorkerState, WorkerStatistics
+from .chunk_buffer import SlotCounts
 
 #: Ended members kept for statistics() (a host may come and go for ever: bounded).
 KEEP_ENDED = 256

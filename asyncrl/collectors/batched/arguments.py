@@ -1,4 +1,8 @@
-"""AsyncBatchedCollector's TorchRL-style arguments, checked once; TorchRL-only ones refused."""
+"""AsyncBatchedCollector's TorchRL-style arguments, checked once; TorchRL-only ones refused.
+
+They sit with the collector, on the collectors' floor (they speak TorchRL's names and
+use its checks); what they configure lives in :mod:`asyncrl._inference`.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +13,11 @@ from typing import Any
 
 import torch
 
-from ..._inference.loop import MAX_SPLITS
+from ..._inference.inference_loop import MAX_SPLITS
+from ..._inference.policy_server import PolicyServer
+from ..._inference.process_server import ProcessPolicyServer
+from ..._inference.remote_env_hosts import check_listen
+from ..._inference.thread_server import ThreadPolicyServer
 from .._config import check_int
 
 #: TorchRL arguments of ``AsyncBatchedCollector`` that asyncrl does not take, and what to use.
@@ -62,6 +70,8 @@ def refuse_torchrl_only(options: dict[str, Any]) -> None:
 
 #: Where the policy is served: a thread of the trainer's process, or a dedicated process.
 SERVER_BACKENDS = ("thread", "process")
+_SERVER_TYPES: dict[str, type[PolicyServer]] = {"thread": ThreadPolicyServer,
+                                                "process": ProcessPolicyServer}
 #: TorchRL's ``InferenceServerConfig`` fields and their defaults (those asyncrl has no use for).
 _SERVER_CONFIG_DEFAULTS = {"collect_stats": True, "stats_window_size": 1024,
                            "max_inflight_per_env": None}
@@ -73,6 +83,11 @@ def check_server_backend(server_backend: Any) -> str:
         raise ValueError(f"server_backend must be one of {SERVER_BACKENDS}, got "
                          f"{server_backend!r}")
     return str(server_backend)
+
+
+def policy_server_type(server_backend: str) -> type[PolicyServer]:
+    """The :class:`~asyncrl._inference.policy_server.PolicyServer` of a checked backend."""
+    return _SERVER_TYPES[server_backend]
 
 
 def from_server_config(config: Any, *, server_backend: str, max_batch_size: Any,
@@ -143,6 +158,31 @@ def env_factories(create_env_fn: Any, num_envs: Any, *, remote_workers: int = 0)
             raise TypeError(f"create_env_fn entries must be gym ids, import paths or "
                             f"callables; got {type(f).__name__}")
     return factories
+
+
+def check_serving_device(device: Any, static_batch_size: int | None) -> torch.device | None:
+    """:func:`check_device`; a CUDA one when the policy is captured in a CUDA graph."""
+    dev = check_device(device)
+    if static_batch_size is not None and (dev is None or dev.type != "cuda"):
+        raise ValueError(f"static_batch_size={static_batch_size} captures the served policy "
+                         "in a CUDA graph: it needs device='cuda' (the policy's device), got "
+                         f"device={device!r}; leave static_batch_size out to serve it eagerly")
+    return dev
+
+
+def check_env_kwargs(create_env_kwargs: Any) -> dict[str, Any]:
+    """One dict of keyword arguments for every env."""
+    if isinstance(create_env_kwargs, (list, tuple)):
+        raise TypeError("create_env_kwargs: one dict for every env (a list is not "
+                        "supported: put the differences in the factories)")
+    return dict(create_env_kwargs or {})
+
+
+def check_remote(listen: str | None, remote_workers: int, curve_keys: str | None) -> None:
+    """``listen`` for ``remote_workers`` (:func:`check_listen`); ``curve_keys`` needs it."""
+    check_listen(listen, remote_workers)
+    if curve_keys is not None and listen is None:
+        raise ValueError("curve_keys encrypts the listen= endpoint: give listen too")
 
 
 def check_device(device: Any) -> torch.device | None:
@@ -263,11 +303,15 @@ __all__ = [
     "SERVER_BACKENDS",
     "BatchingConfig",
     "check_device",
+    "check_env_kwargs",
     "check_policy",
+    "check_remote",
     "check_server_backend",
+    "check_serving_device",
     "check_splits",
     "env_factories",
     "from_server_config",
+    "policy_server_type",
     "refuse_torchrl_only",
     "split_envs",
 ]

@@ -1,10 +1,11 @@
-"""The trainer's side of a dedicated inference process (``server_backend="process"``).
+"""The policy served from a dedicated process (``server_backend="process"``): the trainer's side.
 
-:class:`InferenceProcess` starts the process (:mod:`asyncrl._inference.server`),
-waits until it serves, sends it weights and back-pressure, and keeps the
-version it serves and its latest statistics. The collector routes the
-process's messages here (:meth:`InferenceProcess.handle`) and reports a
-failure or an exit through :meth:`InferenceProcess.abort`.
+:class:`ProcessPolicyServer` starts the process (:mod:`asyncrl._inference.
+inference_process`), waits until it serves, sends it weights, back-pressure and
+remote env hosts' requests over the collector's hub, and keeps the version it
+serves and its latest statistics. The collector routes the process's messages
+here (:meth:`ProcessPolicyServer.receive`) and reports a failure through
+:meth:`ProcessPolicyServer.abort`.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import copy
 import logging
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping
 from multiprocessing.process import BaseProcess
 from typing import Any
 
@@ -24,11 +25,11 @@ from torch import nn
 
 from transports import ErrorPayload, Hub, Message, PeerEvent, ProtocolError, random_identity
 
-from ..._errors import BadBatchError, CollectorError, WorkerLostError, rebuild_remote_exception
-from ..._inference.doorbell import DEFAULT_SPIN, EventFd
-from ..._inference.env_stepper import CLOSE, ERROR
-from ..._inference.loop import InferenceStatistics, OutputLayout, WorkerBlocks
-from ..._inference.server import (
+from .._errors import BadBatchError, CollectorError, WorkerLostError, rebuild_remote_exception
+from .._spawn.processes import WorkerProcesses, describe_exit
+from .env_stepper import CLOSE, ERROR
+from .inference_loop import InferenceStatistics
+from .inference_process import (
     APPLIED,
     GO,
     HELD,
@@ -41,10 +42,8 @@ from ..._inference.server import (
     ServerConfig,
     inference_server_main,
 )
-from ..._rollout.policies import ExplorationType
-from ..._spawn.processes import OnExit, WorkerProcesses, describe_exit
-from .config import BatchingConfig
-from .weights import weight_loader
+from .policy_server import PolicyCopy, PolicyServer, ServerHooks, ServingSetup
+from .served_weights import weight_loader
 
 log = logging.getLogger("asyncrl.collectors")
 
@@ -52,20 +51,23 @@ log = logging.getLogger("asyncrl.collectors")
 START_TIMEOUT = 120.0
 
 
-class InferenceProcess:
+class ProcessPolicyServer(PolicyServer):
     """One dedicated inference process, seen from the trainer.
 
-    >>> server = InferenceProcess(config, start_method="forkserver")  # doctest: +SKIP
-    >>> await server.start(task_group, hub.endpoint, "asyncio", on_exit)
-    >>> version = await server.update(hub, policy)   # once the next call uses them
+    >>> server = ProcessPolicyServer.create(setup, policy_copy)  # doctest: +SKIP
+    >>> await server.start(task_group, hub, "asyncio", hooks)
+    >>> version = await server.update(policy)   # once the next call uses them
     """
 
-    def __init__(self, config: ServerConfig, *, start_method: str,
+    pickles_policy = True
+
+    def __init__(self, config: ServerConfig, *, blocks: Mapping[int, Any], start_method: str,
                  shadow: nn.Module | None = None) -> None:
         self.config = config
         self.identity = random_identity("inference")
-        #: The version of the weights the process serves.
-        self.version = config.version
+        self._version = config.version
+        # Every slot's blocks (the collector's dict): a remote answer is written there.
+        self._blocks = blocks
         # A CPU copy of the served module: any weights the user gives (module, state
         # dict, TensorDict) are loaded here first, so that a mismatch is raised in the
         # trainer, and what travels is always a plain state dict.
@@ -80,55 +82,69 @@ class InferenceProcess:
         self._room = True
         self.start_method = start_method
         self.processes: WorkerProcesses | None = None
+        self._hub: Hub | None = None
+        self._hooks: ServerHooks | None = None
+
+    @staticmethod
+    def copy_device(device: torch.device | None) -> torch.device | None:
+        # The trainer's copy (on the CPU) only finds the outputs' layout and checks
+        # weights; the process builds the served one on ``device``.
+        return None
 
     @classmethod
-    def for_collector(cls, *, bells: tuple[EventFd, Mapping[int, EventFd]],
-                      blocks: Mapping[int, WorkerBlocks], policy: Any,
-                      policy_factory: Callable[[], Any] | None, action_spec: Any,
-                      exploration_type: ExplorationType | str | None,
-                      obs_paths: Sequence[tuple[str, ...]], outputs: OutputLayout,
-                      device: torch.device | None, batching: BatchingConfig, version: int,
-                      threads: int, heartbeat: tuple[float, float],
-                      start_method: str, obs_spec: Sequence[tuple[torch.dtype, tuple[int, ...]]],
-                      spin: float = DEFAULT_SPIN,
-                      first_remote_slot: int | None = None) -> InferenceProcess:
-        """The process serving ``policy`` (a CPU module, the trainer's copy) to the env
-        workers whose ``blocks`` and doorbells (``bells``: request, answers) it is given,
-        and (``first_remote_slot``: the slots from there on) to remote env hosts, whose
-        requests the trainer forwards (:meth:`submit_remote`)."""
+    def create(cls, setup: ServingSetup, policy: PolicyCopy) -> ProcessPolicyServer:
+        """The process serving ``policy`` (a CPU module, the trainer's copy) to the local
+        env workers whose blocks and doorbells ``setup`` holds, and (from
+        ``setup.first_remote_slot`` on) to remote env hosts, whose requests the trainer
+        forwards (:meth:`submit_remote`)."""
+        first_remote = setup.first_remote_slot
+        assert setup.threads is not None  # the trainer's cap is set before the server is made
         config = ServerConfig(
-            blocks={slot: (b.rows, b.obs.name, b.act.name) for slot, b in blocks.items()
-                    if first_remote_slot is None or slot < first_remote_slot},
-            request_bell=bells[0], answer_bells=dict(bells[1]),
+            blocks={slot: (b.rows, b.obs.name, b.act.name) for slot, b in setup.blocks.items()
+                    if first_remote is None or slot < first_remote},
+            request_bell=setup.request_bell, answer_bells=dict(setup.answer_bells),
             # The factory when given (the process builds its own, as TorchRL's), else a
             # CPU copy of its own: torch sends a tensor to a child as shared memory, and
             # the shadow below changes with every update, outside the server's lock.
-            policy=None if policy_factory is not None else copy.deepcopy(policy),
-            policy_factory=policy_factory, action_spec=action_spec,
-            exploration_type=exploration_type, obs_paths=obs_paths, outputs=outputs,
-            device=device, max_batch_size=batching.max_batch_size,
-            min_batch_size=batching.min_batch_size, server_timeout=batching.server_timeout,
-            version=version, threads=threads, heartbeat_interval=heartbeat[0],
-            peer_timeout=heartbeat[1], obs_spec=list(obs_spec), spin=spin,
-            first_remote_slot=first_remote_slot, static_batch_size=batching.static_batch_size)
-        shadow = policy if isinstance(policy, nn.Module) else None
-        return cls(config, start_method=start_method, shadow=shadow)
+            policy=None if policy.factory is not None else copy.deepcopy(policy.module),
+            policy_factory=policy.factory, action_spec=policy.action_spec,
+            exploration_type=policy.exploration_type, obs_paths=setup.obs_paths,
+            outputs=setup.outputs, device=setup.device, max_batch_size=setup.max_batch_size,
+            min_batch_size=setup.min_batch_size, server_timeout=setup.server_timeout,
+            version=setup.version, threads=setup.threads, heartbeat_interval=setup.heartbeat[0],
+            peer_timeout=setup.heartbeat[1], obs_spec=list(setup.obs_spec), spin=setup.spin,
+            first_remote_slot=first_remote, static_batch_size=setup.static_batch_size)
+        shadow = policy.module if isinstance(policy.module, nn.Module) else None
+        return cls(config, blocks=setup.blocks, start_method=setup.start_method, shadow=shadow)
+
+    @property
+    def version(self) -> int:
+        """The version of the weights the process serves."""
+        return self._version
 
     @property
     def pid(self) -> int | None:
         pids = self.processes.pids if self.processes is not None else []
         return pids[0] if pids else None
 
-    async def start(self, tg: anyio.abc.TaskGroup, trainer_endpoint: str, backend: str,
-                    on_exit: OnExit) -> None:
+    @property
+    def gone(self) -> bool:
+        return self.pid is None
+
+    def owns(self, peer: bytes) -> bool:
+        return peer == self.identity
+
+    async def start(self, tg: anyio.abc.TaskGroup, hub: Hub, backend: str,
+                    hooks: ServerHooks) -> None:
         """Start the process; return once it serves (its blocks mapped, its hub bound)."""
-        parent = os.getpid()
+        self._hub, self._hooks = hub, hooks
+        parent, endpoint = os.getpid(), hub.endpoint
         self.processes = WorkerProcesses(
             1, inference_server_main,
-            lambda slot, identity: (trainer_endpoint, identity, self.config, backend, parent),
+            lambda slot, identity: (endpoint, identity, self.config, backend, parent),
             identity=lambda slot: self.identity, start_method=self.start_method,
             threads=self.config.threads, name="asyncrl-inference")
-        await tg.start(self.processes.run, on_exit)
+        await tg.start(self.processes.run, self._on_exit)
         with anyio.move_on_after(START_TIMEOUT):
             await self._ready.wait()
         if self._error is not None:
@@ -138,7 +154,35 @@ class InferenceProcess:
                                  f"{START_TIMEOUT:.0f} s (building its policy, mapping the "
                                  "env workers' blocks)")
 
-    def receive(self, item: Message | PeerEvent, *, peer_timeout: float) -> BaseException | None:
+    async def _on_exit(self, slot: int, process: BaseProcess) -> bool:
+        assert self._hooks is not None
+        if not self._hooks.closing():
+            self._hooks.fail(self.exit_error(process))
+        return False
+
+    async def receive(self, item: Message | PeerEvent) -> None:
+        """A message (or event) from the process: a remote answer, or one for :meth:`handle`."""
+        assert self._hooks is not None
+        if isinstance(item, Message) and item.kind == REMOTE_ACT:
+            await self._remote_answered(item.body)
+            return
+        error = self.check(item, peer_timeout=self.config.peer_timeout)
+        if error is not None:
+            self._hooks.fail(error)
+
+    async def _remote_answered(self, body: Any) -> None:
+        """The process answered remote slot ``body["slot"]``: on to its host."""
+        assert self._hooks is not None and self._hooks.answered is not None
+        try:
+            slot, version = int(body["slot"]), int(body["v"])
+            self._blocks[slot].act.fill(body["a"], "the inference process's answer", version)
+        except (KeyError, TypeError, ValueError) as exc:  # our own child: a bug, stop the run
+            self._hooks.fail(BadBatchError(f"the inference process sent a malformed remote "
+                                           f"answer: {exc!r}"))
+            return
+        await self._hooks.answered(slot, version)
+
+    def check(self, item: Message | PeerEvent, *, peer_timeout: float) -> BaseException | None:
         """A message (or event) from the process; the error that must stop the run, if any."""
         if isinstance(item, PeerEvent):
             if item.event != "lost":
@@ -195,9 +239,11 @@ class InferenceProcess:
         """The process's latest report (at most ``STATS_INTERVAL`` seconds old)."""
         return self._stats
 
-    async def update(self, hub: Hub, weights: Any) -> int:
+    async def update(self, weights: Any) -> int:
         """Send ``weights`` to the process; return the new version once the next call uses it."""
         state = self._state_dict(weights)
+        hub = self._hub
+        assert hub is not None  # the collector is open
         async with self._update_lock:
             if self._error is not None:
                 raise self._error
@@ -211,8 +257,8 @@ class InferenceProcess:
             if "error" in answer:
                 raise CollectorError(f"the inference process could not load the weights: "
                                      f"{str(answer['error'])[:2000]}")
-            self.version = int(answer["version"])
-            return self.version
+            self._version = int(answer["version"])
+            return self._version
 
     def _state_dict(self, weights: Any) -> dict[str, torch.Tensor]:
         shadow = self._shadow
@@ -225,18 +271,20 @@ class InferenceProcess:
         weight_loader(shadow, weights)()  # raises here on a mismatch, naming the keys
         return {k: v.detach().cpu() for k, v in shadow.state_dict().items()}
 
-    async def submit_remote(self, hub: Hub, slot: int, obs: Mapping[str, torch.Tensor]) -> None:
+    async def submit_remote(self, slot: int) -> None:
         """Forward a remote env host's request (its observations, already checked)."""
-        if self._error is not None:
+        if self._error is not None or self._hub is None:
             return  # the run failed: nobody serves, and nobody waits for an answer
-        await hub.send(self.identity, {"slot": slot, "obs": dict(obs)}, kind=REMOTE_OBS)
+        obs = self._blocks[slot].obs.tensors
+        await self._hub.send(self.identity, {"slot": slot, "obs": dict(obs)}, kind=REMOTE_OBS)
 
-    async def set_room(self, hub: Hub, room: bool, *, wait: bool = False) -> None:
+    async def set_room(self, room: bool, *, wait: bool = False) -> None:
         """Back-pressure: no answers to the env workers while the trainer's buffer is full.
 
         ``wait``: return once the process holds (a pause), not as soon as it is told.
         """
-        if self._error is not None or (room == self._room and not wait):
+        hub = self._hub
+        if hub is None or self._error is not None or (room == self._room and not wait):
             return
         self._room = room
         if not room:
@@ -248,8 +296,9 @@ class InferenceProcess:
         if wait and not room:
             await self._held.wait()
 
-    async def close(self, hub: Hub | None) -> None:
+    async def close(self) -> None:
         """Ask the process to stop, then make sure it did (idempotent)."""
+        hub = self._hub
         if hub is not None and self.pid is not None:
             with anyio.move_on_after(1):
                 try:
@@ -260,4 +309,4 @@ class InferenceProcess:
             await self.processes.stop(grace=2.0)
 
 
-__all__ = ["REMOTE_ACT", "START_TIMEOUT", "InferenceProcess"]
+__all__ = ["START_TIMEOUT", "ProcessPolicyServer"]

@@ -278,21 +278,21 @@ async def test_the_rings_bound_what_is_made_ahead_even_if_the_server_never_holds
     # inference process), and the trainer takes no chunk from the rings while its buffer
     # is full, so the workers stop once their slots are full. The second alone must
     # bound the frames: a late hold (a busy machine) once let 80 frames of 96 through.
-    from asyncrl._inference.loop import InferenceLoop
-    from asyncrl.collectors.batched.server import InferenceProcess
+    from asyncrl._inference.inference_loop import InferenceLoop
+    from asyncrl._inference.process_server import ProcessPolicyServer
 
-    loop_room, process_room = InferenceLoop.set_room, InferenceProcess.set_room
+    loop_room, process_room = InferenceLoop.set_room, ProcessPolicyServer.set_room
 
     def never_hold(self, room: bool) -> None:
         if room:
             loop_room(self, room)
 
-    async def never_hold_process(self, hub, room: bool, *, wait: bool = False) -> None:
+    async def never_hold_process(self, room: bool, *, wait: bool = False) -> None:
         if room:
-            await process_room(self, hub, room, wait=wait)
+            await process_room(self, room, wait=wait)
 
     monkeypatch.setattr(InferenceLoop, "set_room", never_hold)
-    monkeypatch.setattr(InferenceProcess, "set_room", never_hold_process)
+    monkeypatch.setattr(ProcessPolicyServer, "set_room", never_hold_process)
     with anyio.fail_after(LIMIT):
         async with AsyncBatchedCollector(counting3, num_envs=2, policy=ValuePolicy(1.0),
                                          frames_per_batch=8, total_frames=-1,

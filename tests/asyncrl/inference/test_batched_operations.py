@@ -11,8 +11,8 @@ import torch
 
 from asyncrl import AsyncBatchedCollector
 from asyncrl.testing import CountingEnv
-from tests.asyncrl.collectors.batched.test_batched_inference_process import where_and_when
 from tests.asyncrl.counting_frames import check_counting_frames
+from tests.asyncrl.inference.test_batched_inference_process import where_and_when
 
 pytestmark = pytest.mark.anyio
 LIMIT = 90

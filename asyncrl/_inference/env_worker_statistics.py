@@ -8,9 +8,9 @@ from collections.abc import Mapping
 
 from transports import Hub
 
-from ..._observe.statistics import WorkerState, WorkerStatistics
-from ..._spawn.processes import WorkerProcesses
-from .chunks import SlotCounts
+from .._observe.statistics import WorkerState, WorkerStatistics
+from .._spawn.processes import WorkerProcesses
+from .chunk_buffer import SlotCounts
 
 
 def env_worker_statistics(workers: WorkerProcesses, peers: Mapping[int, bytes],

@@ -13,6 +13,7 @@ import contextlib
 import pytest
 import torch
 
+from asyncrl._inference.chunk_buffer import ChunkBuffer
 from asyncrl._inference.chunk_ring import (
     ChunkReader,
     ChunkRing,
@@ -21,8 +22,7 @@ from asyncrl._inference.chunk_ring import (
     chunk_buffers,
     chunk_layout,
 )
-from asyncrl._inference.loop import OutputLayout
-from asyncrl.collectors.batched.chunks import ChunkBuffer
+from asyncrl._inference.inference_loop import OutputLayout
 
 OBS = ("observation",)
 LAYOUT = chunk_layout([(OBS, torch.float32, (3,))],

@@ -5,7 +5,7 @@ served by this process instead of a thread of the trainer's. It maps every env
 worker's two shared-memory blocks (created and unlinked by the trainer), holds
 the doorbells the trainer made (the request bell and each env worker's answer
 bell, :mod:`.doorbell`, handed over when the process starts) and runs the same
-:class:`~asyncrl._inference.loop.InferenceLoop` as the thread server, in a
+:class:`~asyncrl._inference.inference_loop.InferenceLoop` as the thread server, in a
 thread of its own: requests and answers never touch ZeroMQ. Chunks of
 transitions go from the env workers to the trainer.
 
@@ -53,7 +53,7 @@ from .._spawn.absent_modules import remember_absent_modules
 from .._spawn.child import exit_process
 from .doorbell import DEFAULT_SPIN, EventFd
 from .env_stepper import CLOSE, ERROR, serve_linked
-from .loop import InferenceLoop, OutputLayout, WorkerBlocks
+from .inference_loop import InferenceLoop, OutputLayout, WorkerBlocks
 from .remote_env_stepper import InlineBlock
 
 log = logging.getLogger("asyncrl.inference")
