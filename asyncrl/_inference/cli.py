@@ -62,6 +62,13 @@ def run_env_worker_command(args: argparse.Namespace) -> int:
         print(f"asyncrl env-worker: --envs must be >= 1 and the timeouts > 0, got {args.envs}, "
               f"{args.peer_timeout} and {args.join_timeout}", file=sys.stderr)
         return 2
+    from transports import check_resolves, parse_endpoint
+
+    try:  # a name that does not resolve is a typo, not a trainer still starting
+        check_resolves(parse_endpoint(args.connect, argument="--connect"))
+    except OSError as exc:
+        print(f"asyncrl env-worker: --connect: {exc}", file=sys.stderr)
+        return 2
     app_dir = os.path.abspath(args.app_dir)
     if app_dir not in sys.path:
         sys.path.insert(0, app_dir)

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from tensordict import TensorDictBase
 
-from transports import Hub, Message, PeerEvent, ProtocolError, RateLimitedLog
+from transports import Hub, Message, PeerEvent, ProtocolError, RateLimitedLog, parse_endpoint
 
 from .._coordinator.worker_logs import WorkerLogs
 from .._protocol import WorkerLog
@@ -323,6 +323,8 @@ def check_listen(listen: str | None, remote_workers: int) -> None:
     if remote_workers and listen is None:
         raise ValueError(f"remote_workers={remote_workers} needs listen='tcp://HOST:PORT' "
                          "(port 0 picks one: read collector.endpoint once open)")
+    if listen is not None:
+        parse_endpoint(listen, argument="listen", bind=True)  # a ValueError naming it
     if listen is not None and not listen.startswith("tcp://"):
         raise ValueError(f"listen={listen!r}: give a tcp endpoint 'tcp://HOST:PORT' for remote "
                          "env hosts (local env workers always use shared memory)")
