@@ -32,3 +32,17 @@ def test_listen_addresses_in_use_today_are_accepted(listen: str) -> None:
     collector = MultiSyncCollector("CartPole-v1", None, num_workers=1, frames_per_batch=8,
                                    total_frames=8, listen=listen)
     assert collector.listen == listen
+
+
+@pytest.mark.parametrize(("listen", "says"), [
+    ("tcp://127.0.0.1", "has no port"),
+    ("http://0.0.0.0:5555", "the scheme 'http'"),
+])
+def test_the_batched_collector_names_a_malformed_listen_too(listen: str, says: str) -> None:
+    from asyncrl import AsyncBatchedCollector
+
+    with pytest.raises(ValueError) as caught:
+        AsyncBatchedCollector("Pendulum-v1", frames_per_batch=8, total_frames=8, num_envs=1,
+                              remote_workers=1, listen=listen)
+    message = str(caught.value)
+    assert message.startswith(f"listen={listen!r}") and says in message
