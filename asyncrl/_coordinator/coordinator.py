@@ -45,19 +45,11 @@ from .._protocol import (
     Welcome,
     WorkerLog,
 )
+from .actions import Action, CatchUp, Expel, Send
 from .checks import check_specs
+from .records import LOSS_WORDS, RelayInfo, WorkerInfo
 from .registry import WorkerRegistry
-from .state import (
-    LOSS_WORDS,
-    Action,
-    CatchUp,
-    CoordinatorState,
-    Expel,
-    OnWorkerLoss,
-    RelayInfo,
-    Send,
-    WorkerInfo,
-)
+from .state import CoordinatorState
 from .worker_logs import WorkerLogs
 
 if TYPE_CHECKING:
@@ -285,8 +277,12 @@ class Coordinator:
         state = self.state
         with anyio.move_on_after(timeout):
             # (a departed worker's late message can take it off ``gone``: ``left`` stays)
-            while peer not in state.gone and peer not in state.left and state.failure is None:
+            while peer not in state.gone and not state.has_left(peer) and state.failure is None:
                 await self._wait_change()
+
+    def has_left(self, peer: bytes) -> bool:
+        """``peer`` left the run cleanly (it said so): a departure, not a loss."""
+        return self.state.has_left(peer)
 
     async def worker_exited(self, peer: bytes, error: WorkerLostError, *,
                             replaceable: bool) -> None:
@@ -549,4 +545,4 @@ def trace_admission(current: Any, hello: Hello, actions: list[Action]) -> None:
     current.set_attributes(attributes)
 
 
-__all__ = ["Coordinator", "OnWorkerLoss", "RelayInfo", "WorkerInfo", "check_specs"]
+__all__ = ["Coordinator", "RelayInfo", "WorkerInfo", "check_specs"]

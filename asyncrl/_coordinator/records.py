@@ -1,40 +1,15 @@
-"""What the coordinator knows: admitted workers, relays, sync rounds, and the loss policy.
+"""What the coordinator knows: admitted workers and relays (the roster), sync rounds.
 
 Plain records, without rules: :class:`~asyncrl._coordinator.state.CoordinatorState`
-changes them; the coordinator, the registry and ``statistics()`` read them.
+(its admission, rounds and losses) changes them; the coordinator, the registry and
+``statistics()`` read them.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
 
 from tensordict import TensorDictBase
-
-#: What a lost worker (dead process, or silent for ``peer_timeout``) does to the run:
-#:
-#: * ``"raise"``: the run fails with :class:`WorkerLostError` naming the worker (and, for a
-#:   local one, its exit code or signal).
-#: * ``"continue"``: the others carry on. Async mode: the lost worker's credits go to
-#:   the others, so ``total_frames`` stays exact. Sync mode: rounds shrink, and later
-#:   rounds ask only the workers still needed to reach ``total_frames`` (exact when the
-#:   shortfall is a multiple of the shares, as with equal shares and no preemption; else
-#:   the last batch exceeds it by less than one share).
-#: * ``"wait"``: sync mode: the round waits for a replacement to deliver the lost
-#:   share (a remote newcomer, or the same worker coming back: a worker dropped for
-#:   silence that speaks again is told to rejoin). A dead local process cannot come
-#:   back: without ``remote_workers`` nothing can replace it, and the run fails with a
-#:   clear error instead of waiting forever (use ``"restart"``).
-#: * ``"restart"``: local workers: the slot is respawned (RLlib's
-#:   ``restart_failed_env_runners``); the new process gets the latest weights before
-#:   its first frame; a slot that dies again before delivering a batch more than
-#:   ``max_restarts`` times in a row fails the run. Rounds wait for the replacement as
-#:   with ``"wait"``. A remote worker cannot be respawned from here: it is waited for
-#:   as with ``"wait"`` (its host's ``--reconnect`` brings it back).
-#:
-#: In every mode an error a worker *reports* (its env or policy raised) fails the run
-#: with the worker's exception, type and traceback: restarting would repeat it.
-OnWorkerLoss = Literal["raise", "continue", "wait", "restart"]
 
 #: How a worker the hub lost went, by :class:`transports.PeerEvent` reason.
 LOSS_WORDS = {
@@ -104,4 +79,48 @@ class Round:
         return int(peer in self.targets and peer not in self.shares) + self.owed.get(peer, 0)
 
 
-__all__ = ["LOSS_WORDS", "OnWorkerLoss", "RelayInfo", "Round", "WorkerInfo"]
+@dataclass(eq=False)
+class Roster:
+    """Every admission (live and lost workers, by peer) and the live relays.
+
+    Admission adds to it, losses mark its workers lost; rounds, credits and the
+    weight senders read who is live.
+    """
+
+    workers: dict[bytes, WorkerInfo] = field(default_factory=dict)
+    relays: dict[bytes, RelayInfo] = field(default_factory=dict)
+
+    def live(self, peer: bytes) -> WorkerInfo | None:
+        """The live worker admitted as ``peer`` (None: a stranger, or lost)."""
+        worker = self.workers.get(peer)
+        return worker if worker is not None and worker.alive else None
+
+    @property
+    def live_workers(self) -> list[WorkerInfo]:
+        """The live workers, in index order."""
+        return sorted((w for w in self.workers.values() if w.alive), key=lambda w: w.index)
+
+    def worker_peers(self) -> dict[int, bytes]:
+        """``{worker index: peer}`` of the live workers (whom a weight sender serves)."""
+        return {w.index: w.peer for w in self.live_workers}
+
+    def relay_routes(self) -> dict[int, bytes]:
+        """``{worker index: relay peer}``: live workers whose weights go through a relay.
+
+        A worker is routed through a relay only when both agree: its hello names
+        the relay and the relay's hello lists it. Anyone else gets weights directly.
+        """
+        routes = {}
+        for worker in self.workers.values():
+            relay = self.relays.get(worker.relay) if worker.relay is not None else None
+            if worker.alive and relay is not None and worker.peer in relay.members:
+                routes[worker.index] = relay.peer
+        return routes
+
+
+def share_of(share_frames: list[int], index: int) -> int:
+    """The share (frames per batch it sends) of the worker admitted with ``index``."""
+    return share_frames[index % len(share_frames)]
+
+
+__all__ = ["LOSS_WORDS", "RelayInfo", "Roster", "Round", "WorkerInfo", "share_of"]

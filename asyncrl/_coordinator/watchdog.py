@@ -106,10 +106,11 @@ class ReplacementWatch:
 
     def check(self, now: float) -> None:
         """Note, warn about or end the wait the trainer is in (if any) at ``now``."""
-        from .._errors import WorkerLostError
         from .._observe.events import CollectorEvent
 
-        waiting = self.coordinator.state.waiting_for()
+        state = self.coordinator.state
+        policy = state.loss_policy
+        waiting = state.waiting_for()
         if not waiting:
             if self.since is not None:
                 log.info("a replacement joined after %.1f s: the run goes on", now - self.since)
@@ -121,7 +122,7 @@ class ReplacementWatch:
         if self.since is None:
             self.since = self._warned = now
             log.warning("waiting for a replacement of %s (on_worker_loss=%r)%s", slots,
-                        self.coordinator.state.on_worker_loss, bound)
+                        policy.on_worker_loss, bound)
             self.coordinator.registry.publish(CollectorEvent(
                 "waiting", worker=waiting[0].index, name=waiting[0].name,
                 host=waiting[0].host, pid=waiting[0].pid,
@@ -129,11 +130,7 @@ class ReplacementWatch:
             return
         waited = now - self.since
         if self.timeout is not None and waited > self.timeout:
-            self.coordinator.fail(WorkerLostError(
-                f"{slots} was lost and no replacement joined within replacement_timeout="
-                f"{self.timeout} s (on_worker_loss={self.coordinator.state.on_worker_loss!r}, "
-                f"waited {waited:.1f} s): start a worker host (`asyncrl worker --connect "
-                "...`), or pass on_worker_loss='continue' to go on without it"))
+            self.coordinator.fail(policy.replacement_timed_out(slots, self.timeout, waited))
             return
         if now - self._warned >= self.warn_every:
             self._warned = now

@@ -22,9 +22,6 @@ from transports import parse_endpoint
 
 from .._spawn.forkserver import check_start_method
 
-#: What a collector may do when a worker is lost ("restart": local workers are respawned).
-ON_WORKER_LOSS = ("raise", "continue", "wait", "restart")
-
 
 def check_int(name: str, value: Any, *, minimum: int) -> int:
     """``value`` as an int >= ``minimum``, or a TypeError / ValueError naming ``name``.
@@ -209,21 +206,12 @@ def check_preemptive_threshold(value: float | None) -> float | None:
     return value
 
 
-def check_on_worker_loss(value: Any) -> str:
-    if not isinstance(value, str) or value not in ON_WORKER_LOSS:
-        raise ValueError(f"on_worker_loss must be one of {', '.join(map(repr, ON_WORKER_LOSS))}; "
-                         f"got {value!r}")
-    return value
-
-
 __all__ = [
-    "ON_WORKER_LOSS",
     "ThreadOptions",
     "WorkerLayout",
     "check_cat_results",
     "check_in_process_frames",
     "check_int",
-    "check_on_worker_loss",
     "check_preemptive_threshold",
     "check_total_frames",
     "normalise_total_frames",

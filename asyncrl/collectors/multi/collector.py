@@ -15,7 +15,8 @@ from tensordict import TensorDictBase
 
 from transports import PeerLostError, RemoteError
 
-from ..._coordinator.coordinator import Coordinator, OnWorkerLoss
+from ..._coordinator.coordinator import Coordinator
+from ..._coordinator.loss_policy import OnWorkerLoss
 from ..._errors import CollectorError, rebuild_remote_exception
 from ..._observe.statistics import WorkerStatistics
 from ..._spawn.forkserver import worker_context
@@ -239,9 +240,7 @@ class MultiCollector(BaseCollector[RB]):
         self.init_random_frames = int(init_random_frames or 0)
         self.policy = policy
         self.weight_sync_schemes = default_schemes(weight_sync_schemes, policy)
-        for scheme in self.weight_sync_schemes.values():  # before the specs are pickled
-            scheme.plan(workers=config.layout.total, remote_workers=config.layout.remote_workers,
-                        on_worker_loss=config.on_worker_loss)
+        config.plan_schemes(self.weight_sync_schemes)  # before the specs are pickled
         spec, worker_specs = config.worker_specs(
             policy=policy, policy_factory=policy_factory, create_env_kwargs=create_env_kwargs,
             schemes=self.weight_sync_schemes)

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from ..._coordinator.coordinator import OnWorkerLoss
+from ..._coordinator.loss_policy import LossPolicy, OnWorkerLoss
 from ..._rollout.devices import DeviceLayout
 from ..._rollout.options import RolloutOptions
 from ..._worker.spec import WorkerSpec
@@ -25,7 +25,6 @@ from .._config import (
     WorkerLayout,
     check_cat_results,
     check_int,
-    check_on_worker_loss,
     check_preemptive_threshold,
     check_total_frames,
     split_frames,
@@ -53,10 +52,16 @@ class MultiConfig:
     prefetch: int
     cat_results: str | int
     preemptive_threshold: float | None
-    on_worker_loss: OnWorkerLoss
+    #: What a lost worker does to the run (``on_worker_loss``), every decision of it.
+    loss_policy: LossPolicy
     devices: DeviceLayout
     #: The rollout's options each worker runs with (devices: the worker's).
     rollout: RolloutOptions
+
+    @property
+    def on_worker_loss(self) -> OnWorkerLoss:
+        """The collector's ``on_worker_loss``, as the user spelled it."""
+        return self.loss_policy.on_worker_loss
 
     @property
     def frames_per_batch(self) -> int:
@@ -79,7 +84,7 @@ class MultiConfig:
                                     remote_workers=remote_workers,
                                     envs_per_worker=envs_per_worker, listen=listen)
         prefetch = check_int("prefetch", prefetch, minimum=1)
-        on_worker_loss = check_on_worker_loss(on_worker_loss)
+        loss_policy = LossPolicy.check(on_worker_loss)
         check_total_frames(total_frames)
         thread_options = ThreadOptions.check(*threads)
         cat_results = check_cat_results(cat_results)
@@ -92,7 +97,16 @@ class MultiConfig:
         return cls(sync=sync, layout=layout, threads=thread_options,
                    share_frames=share_frames, prefetch=prefetch,
                    cat_results=cat_results, preemptive_threshold=preemptive_threshold,
-                   on_worker_loss=on_worker_loss, devices=device_layout, rollout=rollout_options)
+                   loss_policy=loss_policy, devices=device_layout, rollout=rollout_options)
+
+    def plan_schemes(self, schemes: dict[str, WeightSyncScheme]) -> None:
+        """Tell each weight scheme how the run goes, before any worker starts; a scheme
+        that cannot serve it raises ValueError saying which can."""
+        for model_id, scheme in schemes.items():
+            self.loss_policy.check_scheme(model_id, scheme)
+            # (on_worker_loss: until every scheme's plan() drops it, see asyncrl/weights)
+            scheme.plan(workers=self.layout.total, remote_workers=self.layout.remote_workers,
+                        on_worker_loss=self.on_worker_loss)
 
     def worker_specs(self, *, policy: Any, policy_factory: Any, create_env_kwargs: Any,
                      schemes: dict[str, WeightSyncScheme]) -> tuple[WorkerSpec, list[WorkerSpec]]:

@@ -3,10 +3,13 @@
 A worker is lost three ways: its local process ends (the process watcher
 reaps it), it goes silent for ``peer_timeout`` (the hub), or it says it stops
 on a signal. The coordinator keeps the run's books (rounds, registry,
-replacements); this module decides, for the collector, what each loss means:
-fail the run naming the worker and how it ended, go on, or respawn the slot
-(``"restart"``, bounded by ``MultiCollector.max_restarts`` deaths in a row
-without a delivered batch).
+replacements) and the run's :class:`~asyncrl._coordinator.loss_policy.LossPolicy`
+decides what each loss means; this module does it for the collector's
+processes: fail the run naming the worker and how it ended, go on, or respawn
+the slot (``"restart"``, bounded by ``MultiCollector.max_restarts`` deaths in a
+row without a delivered batch). It reads the :class:`~.run.MultiRun` (this
+module depends on :mod:`.run`, never the other way: the run calls it through
+:class:`~.run.LossHandling`).
 """
 
 from __future__ import annotations
@@ -70,22 +73,19 @@ class WorkerLosses:
         worker = coordinator.workers.get(peer)
         if worker is not None and worker.delivered:
             self._restart_streak[slot] = 0
-        restart = run.config.on_worker_loss == "restart"
+        policy = run.config.loss_policy
         error = WorkerLostError(
             f"worker {slot} (pid {pid}) {describe_exit(exitcode)} before the collector was "
             f"closed: {likely_causes(exitcode)}")
         streak = self._restart_streak.get(slot, 0)
-        max_restarts = run.max_restarts()
-        if restart and streak >= max_restarts:
-            coordinator.fail(WorkerLostError(
-                f"worker slot {slot} died {streak + 1} times in a row without delivering a "
-                f"batch (on_worker_loss='restart', max_restarts={max_restarts}); its "
-                f"last process: {error}"))
+        crash_loop = policy.restart_refused(slot, streak, run.max_restarts(), error)
+        if crash_loop is not None:
+            coordinator.fail(crash_loop)
             return False
         log.warning("%s", error)
         await coordinator.worker_exited(peer, error,
-                                        replaceable=restart or run.remote_workers > 0)
-        if not restart or coordinator.failed:
+                                        replaceable=policy.respawns or run.remote_workers > 0)
+        if not policy.respawns or coordinator.failed:
             return False
         self._restart_streak[slot] = streak + 1
         log.warning("restarting worker slot %d", slot)
@@ -110,7 +110,7 @@ class WorkerLosses:
         """A worker went silent for ``peer_timeout``: "restart" replaces a local one."""
         run = self._run
         workers = run.workers
-        if run.config.on_worker_loss != "restart" or workers is None or run.closing:
+        if not run.config.loss_policy.respawns or workers is None or run.closing:
             return
         process = workers.slots.get(worker.index)
         if process is not None and process.pid == worker.pid and process.is_alive():
@@ -133,11 +133,9 @@ class WorkerLosses:
             for peer in error.peers:
                 await coordinator.settle(peer, timeout)
         coordinator.raise_if_failed()
-        if all(peer in coordinator.state.left for peer in error.peers):
-            log.info("weights applied by every worker still in the run; left meanwhile: %s",
-                     ", ".join(p.decode(errors="replace") for p in error.peers))
-            return  # departures (a clean goodbye) are no failure, whatever on_worker_loss
-        if run.config.on_worker_loss == "raise":
+        departed = all(coordinator.has_left(peer) for peer in error.peers)
+        if run.config.loss_policy.fails_weight_update(departed=departed):
             raise error
-        log.info("weights applied by every worker still in the run; lost: %s",
+        log.info("weights applied by every worker still in the run; %s: %s",
+                 "left meanwhile" if departed else "lost",
                  ", ".join(p.decode(errors="replace") for p in error.peers))

@@ -16,7 +16,7 @@ import secrets
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import anyio
 import anyio.lowlevel
@@ -24,7 +24,7 @@ import torch
 
 from transports import CurveServer, Hub
 
-from ..._coordinator.coordinator import Coordinator
+from ..._coordinator.coordinator import Coordinator, WorkerInfo
 from ..._coordinator.watchdog import ReplacementWatch, StallWatchdog
 from ..._observe.events import CollectorEvent
 from ..._rollout.envs import make_env_pool
@@ -37,10 +37,7 @@ from .._env_factories import LocalSpecsCheck
 from .._limits import listening_hub_limits
 from .config import MultiConfig
 
-if TYPE_CHECKING:
-    from .losses import WorkerLosses
-
-__all__ = ["MultiRun", "reference_specs", "run_background"]
+__all__ = ["LossHandling", "MultiRun", "reference_specs", "run_background"]
 
 log = logging.getLogger("asyncrl.collectors")
 
@@ -106,7 +103,20 @@ class MultiRun:
         return self.heartbeat[1]
 
 
-async def run_background(run: MultiRun, losses: WorkerLosses, name: str, paused: bool, *,
+class LossHandling(Protocol):
+    """What the run calls when a worker goes (:class:`~.losses.WorkerLosses` does it)."""
+
+    async def process_died(self, slot: int, process: Any) -> bool:
+        """A local worker's process ended; True: respawn its slot."""
+
+    def silent(self, worker: WorkerInfo) -> None:
+        """The hub lost ``worker`` (or it stalled): a loss, already applied."""
+
+    def leaving(self, worker: WorkerInfo, reason: str) -> None:
+        """``worker`` says it stops on a signal."""
+
+
+async def run_background(run: MultiRun, losses: LossHandling, name: str, paused: bool, *,
                          task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
     """Owns the hub, the coordinator and the process watchers, in one task.
 
@@ -155,7 +165,7 @@ async def run_background(run: MultiRun, losses: WorkerLosses, name: str, paused:
                     tg.start_soon(coordinator.run)  # hellos are answered while others spawn
                     if run.sample_timeout is not None:  # a hung env or policy is a loss
                         tg.start_soon(StallWatchdog(coordinator, run.sample_timeout).run)
-                    if run.config.on_worker_loss in ("wait", "restart"):  # says it, and ends
+                    if run.config.loss_policy.waits_for_replacements:  # says it, and ends
                         tg.start_soon(ReplacementWatch(coordinator, run.replacement_timeout).run)
                     for sender in run.senders.values():
                         tg.start_soon(sender.run)  # queued versions go out once acked
@@ -196,7 +206,7 @@ def _hub_limits(run: MultiRun, specs: dict[str, Any] | None) -> dict[str, Any]:
                                 max_message_bytes=run.max_message_bytes)
 
 
-def _make_coordinator(run: MultiRun, losses: WorkerLosses, hub: Hub, token: str,
+def _make_coordinator(run: MultiRun, losses: LossHandling, hub: Hub, token: str,
                       specs: dict[str, Any] | None, paused: bool) -> Coordinator:
     config = run.config
     return Coordinator(

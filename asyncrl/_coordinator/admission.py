@@ -1,0 +1,171 @@
+"""Admission: who may join the run, with which index, and what its welcome says.
+
+Peers are hostile until admitted (protocol, spawn token or ``accept_remote``,
+free slot, ``check_specs``, ``max_remote_workers``). Plain methods that update the
+:class:`~asyncrl._coordinator.records.Roster` and return the sends to make (see
+:mod:`asyncrl._coordinator.state`, which composes this with rounds and losses).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from .._protocol import Hello, Refuse, RelayHello, RelayWelcome, Welcome
+from .actions import Action, CatchUp, Send
+from .checks import hello_problems, relay_hello_problems
+from .records import RelayInfo, Roster, WorkerInfo
+
+__all__ = ["Admission"]
+
+log = logging.getLogger("asyncrl.coordinator")
+
+
+class Admission:
+    """Admits workers and relays into a :class:`Roster`, or refuses them naming why.
+
+    ``share_of(index)`` is the share a worker admitted with ``index`` collects (its
+    welcome says it); remote workers get indices from ``first_remote_index`` on.
+
+    >>> admission = Admission(Roster(), share_of=lambda index: 8, first_remote_index=1)
+    >>> admission.specs is None   # the first admitted worker's specs become the reference
+    True
+    """
+
+    def __init__(
+        self,
+        roster: Roster,
+        *,
+        share_of: Callable[[int], int],
+        first_remote_index: int,
+        check_specs: Callable[[dict[str, Any], Hello], list[str]] | None = None,
+        token: str = "",
+        accept_remote: bool = False,
+        init_random_frames: int = 0,
+        scheme_configs: dict[str, Any] | None = None,
+        max_remote_workers: int | None = None,
+        specs: dict[str, Any] | None = None,
+        instance: str = "",
+    ) -> None:
+        self._roster = roster
+        self._share_of = share_of
+        self._check_specs = check_specs
+        self._token = token
+        self._accept_remote = accept_remote
+        self.init_random_frames = init_random_frames
+        self._scheme_configs = dict(scheme_configs or {})
+        self._instance = instance  # the hub's: weight versions are numbered per instance
+        self.specs = specs  # the reference every hello must match (None: the first one's)
+        # Remote workers (and rejoining ones) get fresh indices after the local slots.
+        self._next_index = self._first_remote_index = first_remote_index
+        self._max_remote = max_remote_workers  # None: any number
+
+    # -- workers ---------------------------------------------------------------------------
+    def repeated(self, peer: bytes, hello: Hello) -> WorkerInfo | None:
+        """The live admission ``hello`` repeats (same peer, process and host), if any."""
+        previous = self._roster.live(peer)
+        if previous is not None and (previous.pid, previous.host) == (hello.pid, hello.host):
+            return previous
+        return None
+
+    def refusal(self, peer: bytes, hello: Hello) -> list[Action]:
+        """The refusal of a hello that may not join, naming why ([]: it may join)."""
+        problems = self._admission_problems(hello)
+        if not problems:
+            return []
+        reason = "; ".join(problems)
+        log.warning("refused worker %s from %s: %s", hello.name, hello.host, reason)
+        # Full, and nothing else: it may ask again once a place is free.
+        full = hello.slot < 0 and problems == self._remote_capacity_problems()
+        return [Send(peer, Refuse(reason, full=full))]
+
+    def admit(self, peer: bytes, hello: Hello) -> WorkerInfo:
+        """A new admission for an accepted hello: its slot, or the next remote index."""
+        if self.specs is None:
+            self.specs = hello.specs
+        index = hello.slot if hello.slot >= 0 else self._take_index()
+        worker = WorkerInfo(index, peer, hello.name, hello.host, hello.pid,
+                            relay=hello.relay.encode() if hello.relay else None)
+        self._roster.workers[peer] = worker
+        return worker
+
+    def welcome(self, worker: WorkerInfo, attempt: int) -> Send:
+        """``worker``'s welcome: its index, share and the run's weight schemes."""
+        return Send(worker.peer, Welcome(
+            index=worker.index, share_frames=self._share_of(worker.index),
+            init_random_frames=self.init_random_frames, schemes=self._scheme_configs,
+            attempt=attempt, instance=self._instance), worker)
+
+    def welcome_again(self, worker: WorkerInfo, hello: Hello) -> list[Action]:
+        """Answer a hello from a worker this coordinator has admitted already.
+
+        A worker says hello again when no welcome came within twice its peer
+        timeout, as when this trainer's loop was held by a long training step;
+        it then takes only the welcome of its latest hello and drops the orders
+        that came before it (weights excepted). So the same admission is welcomed
+        again, echoing the latest attempt, followed by the latest weights (a worker
+        that joins again after a broken connection may have missed some; newest
+        wins, so a copy it has costs one ack); what it is owed follows (its credits,
+        or its share of the current round: see :meth:`Rounds.owed_orders`).
+        Idempotent: repeating it leaves the worker, and this state, where one
+        answer would have.
+        """
+        log.warning("worker %d (%s) said hello again (attempt %d) while admitted: welcoming "
+                    "it again", worker.index, worker.name, hello.attempt)
+        worker.relay = hello.relay.encode() if hello.relay else None
+        return [self.welcome(worker, hello.attempt), CatchUp(worker)]
+
+    # -- relays ----------------------------------------------------------------------------
+    def relay_hello(self, peer: bytes, hello: RelayHello) -> list[Action]:
+        """A host's relay: register it for the members that name it, or refuse it."""
+        relays = self._roster.relays
+        problems = relay_hello_problems(
+            hello, accept_remote=self._accept_remote, max_remote=self._max_remote,
+            others=len(relays) - (peer in relays))
+        if problems:
+            reason = "; ".join(problems)
+            log.warning("refused relay %s from %s: %s", hello.name, hello.host, reason)
+            # Full, and nothing else (as many relays as remote_workers): it may ask again.
+            full = not relay_hello_problems(hello, accept_remote=self._accept_remote,
+                                            max_remote=None, others=0)
+            return [Send(peer, Refuse(reason, full=full))]
+        relays[peer] = RelayInfo(peer, hello.host, hello.pid, frozenset(hello.members))
+        log.info("relay %s on %s carries the weights of up to %d workers",
+                 peer.decode(errors="replace"), hello.host, len(hello.members))
+        return [Send(peer, RelayWelcome(len(hello.members), instance=self._instance))]
+
+    # -- rules -----------------------------------------------------------------------------
+    def _admission_problems(self, hello: Hello) -> list[str]:
+        taken = hello.slot >= 0 and any(
+            w.index == hello.slot and w.alive for w in self._roster.workers.values())
+        problems = hello_problems(hello, token=self._token, accept_remote=self._accept_remote,
+                                  slot_taken=taken)
+        # Specs are judged for peers that may join, never for an impostor: a local
+        # worker's bad specs fail the run, and a stranger must not be able to do that.
+        if self._check_specs is not None and self.specs is not None and not problems:
+            problems += self._check_specs(self.specs, hello)
+        if hello.slot < 0 and not problems:
+            problems += self._remote_capacity_problems()
+        return problems
+
+    def _remote_capacity_problems(self) -> list[str]:
+        """``remote_workers`` is a limit: who gets the weights is the trainer's choice."""
+        if self._max_remote is None:
+            return []
+        remote = sum(1 for w in self._roster.workers.values()
+                     if w.alive and w.index >= self._first_remote_index)
+        if remote < self._max_remote:
+            return []
+        return [f"remote_workers: this collector takes at most {self._max_remote} remote "
+                f"worker(s) and {remote} already joined; stop one or start the trainer with "
+                "a larger remote_workers"]
+
+    def _take_index(self) -> int:
+        # Never reuse an index: traj ids and batch tags of a lost worker stay unique.
+        taken = {w.index for w in self._roster.workers.values()}
+        index = self._next_index
+        while index in taken:
+            index += 1
+        self._next_index = index + 1
+        return index
