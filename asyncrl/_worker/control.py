@@ -6,6 +6,7 @@ is what it then does, on the worker's rollout, policy and envs. Each operation
 returns what goes back in the ack (plain data: it crosses the wire).
 
 >>> run_control(Control("teleport", {}), rollout=None, policy=None, env_pool=None)
+... # doctest: +ELLIPSIS
 Traceback (most recent call last):
 ...
 ValueError: unknown control operation 'teleport'; expected one of: getattr_env, ...
