@@ -1,4 +1,5 @@
-"""The exit codes every asyncrl process shares, and the stop signals (``asyncrl._spawn``)."""
+"""What every asyncrl process shares at its end (``asyncrl._spawn``): exit codes, stop
+signals, the error that ended its main."""
 
 from __future__ import annotations
 
@@ -48,3 +49,11 @@ async def test_the_first_stop_signal_is_returned_and_the_next_can_be_ignored() -
     finally:
         for signum, handler in saved.items():
             signal.signal(signum, handler)
+
+
+def test_the_error_that_ended_a_main_is_found_inside_its_task_groups() -> None:
+    from asyncrl._spawn.child import ending_error
+
+    error = KeyError("obs")
+    assert ending_error(BaseExceptionGroup("tg", [ExceptionGroup("inner", [error])])) is error
+    assert ending_error(error) is error
