@@ -1,8 +1,10 @@
 """asyncrl: async-first, ZeroMQ-based experience collection for reinforcement learning.
 
-This module is the public face: the collectors, their errors (and the wire
-errors a user catches, ``RemoteError``, ``PeerLostError``: the same classes as
-:mod:`transports`'), and the random policy. Weight sync lives in
+This module is the public face: the collectors (every name of
+:mod:`asyncrl.collectors`, the same objects), their errors (one tree under
+:class:`AsyncRLError`; the wire's errors a user catches, ``RemoteError``,
+``PeerLostError``..., are asyncrl's subclasses of the :mod:`transports` classes
+of the same name), and the random policy. Weight sync lives in
 :mod:`asyncrl.weights`, test doubles in :mod:`asyncrl.testing`; every other
 module is private (``asyncrl._name``).
 
@@ -17,18 +19,17 @@ module is private (``asyncrl._name``).
 import logging as _logging
 from importlib import metadata as _metadata
 
-# The wire layer's errors a user catches, in asyncrl's tree too (the same classes).
-from transports import PeerLostError as PeerLostError
-from transports import ProtocolError as ProtocolError
-from transports import RemoteError as RemoteError
-from transports import TransportError as TransportError
-
 from ._errors import AsyncRLError as AsyncRLError
 from ._errors import BadBatchError as BadBatchError
 from ._errors import CollectorError as CollectorError
 from ._errors import CollectorStopped as CollectorStopped
+from ._errors import NoLengthError as NoLengthError
+from ._errors import PeerLostError as PeerLostError
+from ._errors import ProtocolError as ProtocolError
 from ._errors import RefusedError as RefusedError
+from ._errors import RemoteError as RemoteError
 from ._errors import SpecMismatchError as SpecMismatchError
+from ._errors import TransportError as TransportError
 from ._errors import WorkerExit as WorkerExit
 from ._errors import WorkerLostError as WorkerLostError
 from ._observe.events import CollectorEvent as CollectorEvent
@@ -41,12 +42,15 @@ from ._observe.statistics import WorkerStatistics as WorkerStatistics
 from ._rollout.policies import RandomPolicy as RandomPolicy
 from .collectors import AsyncBatchedCollector as AsyncBatchedCollector
 from .collectors import AsyncCollector as AsyncCollector
+from .collectors import BaseCollector as BaseCollector
 from .collectors import BlockingCollector as BlockingCollector
 from .collectors import Collector as Collector
 from .collectors import MultiAsyncCollector as MultiAsyncCollector
 from .collectors import MultiCollector as MultiCollector
 from .collectors import MultiSyncCollector as MultiSyncCollector
-from .collectors._update_ratio import UpdateRatio as UpdateRatio
+from .collectors import Pausing as Pausing
+from .collectors import Started as Started
+from .collectors import UpdateRatio as UpdateRatio
 
 # A library never configures logging: the application does (see docs/service.md).
 _logging.getLogger("asyncrl").addHandler(_logging.NullHandler())
@@ -61,6 +65,7 @@ __all__ = [
     "AsyncCollector",
     "AsyncRLError",
     "BadBatchError",
+    "BaseCollector",
     "BlockingCollector",
     "Collector",
     "CollectorError",
@@ -72,6 +77,8 @@ __all__ = [
     "MultiAsyncCollector",
     "MultiCollector",
     "MultiSyncCollector",
+    "NoLengthError",
+    "Pausing",
     "PeerLostError",
     "Progress",
     "ProtocolError",
@@ -79,6 +86,7 @@ __all__ = [
     "RefusedError",
     "RemoteError",
     "SpecMismatchError",
+    "Started",
     "TransportError",
     "UpdateRatio",
     "WorkerExit",

@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TypeVar
 
-from transports import ErrorPayload, RemoteError
+import transports
+from transports import ErrorPayload
+
+E = TypeVar("E", bound=BaseException)
 
 
 class AsyncRLError(Exception):
@@ -19,18 +25,24 @@ class AsyncRLError(Exception):
               BadBatchError           ... for sending a batch it was not asked for
             SpecMismatchError         envs cannot be batched together, or an env returned
                                       an observation its spec does not describe
+            NoLengthError             len() of an endless collector (also a TypeError)
           RefusedError                a worker or env worker the collector refused
+          JoinTimeout                 an env worker was not welcomed in time (a TimeoutError)
           WorkerExit                  ends a worker (an exit code and a reason)
           WeightSyncError, ...        see :mod:`asyncrl.weights`
-        TransportError                the wire (re-exported as ``asyncrl.TransportError``)
-          ProtocolError               a malformed or hostile message
-          PeerLostError               a peer went away while owing an answer (``.peers``)
-          RemoteError                 a peer's error that has no local type
+          TransportError              the wire, as asyncrl raises it (also transports')
+            ProtocolError             a malformed or hostile message
+            PeerLostError             a peer went away while owing an answer (``.peers``)
+            RemoteError               a peer's error that has no local type
 
-    Errors from the wire layer stay :class:`transports.TransportError` (the same
-    classes are exported here, so ``except asyncrl.RemoteError`` works); a
-    worker's own exception comes back with its own type (see
-    :func:`rebuild_remote_exception`).
+    The wire layer (:mod:`transports`) knows nothing of asyncrl and raises its
+    own classes; asyncrl translates them where they reach a user (a collector's
+    calls and iteration, see :func:`as_asyncrl_error`) into the classes above,
+    each a subclass of both :class:`AsyncRLError` and the transports class of
+    the same name: ``except asyncrl.AsyncRLError``, ``except
+    asyncrl.RemoteError`` and ``except transports.RemoteError`` all catch it. A
+    worker's own exception comes back with its own type when this process knows
+    it (see :func:`rebuild_remote_exception`).
 
     >>> issubclass(CollectorError, AsyncRLError)
     True
@@ -62,6 +74,11 @@ class SpecMismatchError(CollectorError):
     returned an observation its spec does not describe (the worker, env and key named)."""
 
 
+class NoLengthError(CollectorError, TypeError, RuntimeError):
+    """``len()`` of an endless collector: a TypeError (Python's "has no len()") that is
+    also the RuntimeError TorchRL raises, so a ported ``except RuntimeError`` still works."""
+
+
 class RefusedError(AsyncRLError):
     """The collector refused this worker or env worker (the message says why).
 
@@ -82,7 +99,96 @@ class WorkerExit(AsyncRLError):
         self.final = final
 
 
-def rebuild_remote_exception(error: ErrorPayload | RemoteError, *,
+class JoinTimeout(AsyncRLError, TimeoutError):
+    """No welcome within ``join_timeout``: ``asyncrl env-worker`` exits with code 5 on it."""
+
+
+# -- the wire's errors, as asyncrl raises them ------------------------------------------------
+class TransportError(AsyncRLError, transports.TransportError):
+    """A wire error (:class:`transports.TransportError`) as asyncrl raises it."""
+
+
+class ProtocolError(TransportError, transports.ProtocolError):
+    """A malformed or hostile message (:class:`transports.ProtocolError`)."""
+
+
+class PeerLostError(TransportError, transports.PeerLostError):
+    """A peer went silent while it owed an answer (:class:`transports.PeerLostError`)."""
+
+
+class RemoteError(TransportError, transports.RemoteError):
+    """A peer's error that has no local type (:class:`transports.RemoteError`)."""
+
+
+class ClosedResourceError(TransportError, transports.ClosedResourceError):
+    """A channel this process closed (:class:`transports.ClosedResourceError`)."""
+
+
+_TRANSLATED: dict[type[BaseException], type[TransportError]] = {
+    transports.TransportError: TransportError, transports.ProtocolError: ProtocolError,
+    transports.PeerLostError: PeerLostError, transports.RemoteError: RemoteError,
+    transports.ClosedResourceError: ClosedResourceError,
+}
+
+
+def as_asyncrl_error(error: E) -> E:
+    """``error`` as asyncrl raises it: a transports error becomes an :class:`AsyncRLError`.
+
+    The copy is of asyncrl's class of the same meaning, which is also the
+    transports class of ``error`` (every ``except`` that caught it still does),
+    with the same message, attributes, notes, cause and traceback. Any other
+    exception is returned as it is.
+
+    >>> lost = as_asyncrl_error(transports.PeerLostError([b"w0"], "while collecting"))
+    >>> isinstance(lost, AsyncRLError), isinstance(lost, transports.PeerLostError), lost.peers
+    (True, True, [b'w0'])
+    """
+    if not isinstance(error, transports.TransportError) or isinstance(error, AsyncRLError):
+        return error
+    cls = _asyncrl_class(type(error))
+    translated = cls.__new__(cls, *error.args)
+    translated.__dict__.update(error.__dict__)  # .peer, .peers, notes ...
+    translated.__cause__, translated.__context__ = error.__cause__, error.__context__
+    translated.__suppress_context__ = error.__suppress_context__
+    translated.__traceback__ = error.__traceback__
+    return translated  # type: ignore[return-value]  # a subclass of type(error)
+
+
+@contextmanager
+def translated_errors() -> Iterator[None]:
+    """Raise a transports error leaving the block as asyncrl's (:func:`as_asyncrl_error`).
+
+    Used where a call leaves asyncrl for the user's code (httpcore's
+    ``map_exceptions``): a collector's iteration and its started calls.
+
+    >>> with translated_errors():
+    ...     raise transports.ProtocolError("bad header")
+    Traceback (most recent call last):
+    ...
+    asyncrl._errors.ProtocolError: bad header
+    """
+    try:
+        yield
+    except transports.TransportError as exc:
+        translated = as_asyncrl_error(exc)
+        if translated is exc:
+            raise
+        raise translated from exc.__cause__
+
+
+def _asyncrl_class(cls: type[transports.TransportError]) -> type[TransportError]:
+    """asyncrl's class for transports' ``cls``: one of the five above, or one made once
+    for a class of transports' own (``TornReadError``...) that subclasses both."""
+    translated = _TRANSLATED.get(cls)
+    if translated is None:
+        base = next(_TRANSLATED[c] for c in cls.__mro__ if c in _TRANSLATED)
+        translated = type(cls.__name__, (base, cls), {"__module__": __name__,
+                                                      "__doc__": cls.__doc__})
+        _TRANSLATED[cls] = translated
+    return translated
+
+
+def rebuild_remote_exception(error: ErrorPayload | transports.RemoteError, *,
                              peer: str | None = None) -> BaseException:
     """The worker's exception as the trainer should see it.
 
@@ -90,7 +196,8 @@ def rebuild_remote_exception(error: ErrorPayload | RemoteError, *,
     the :class:`transports.RemoteError` a transport made of it; ``peer`` then
     defaults to its peer). The original type is used when it is a builtin or
     lives in a module this process already imported (a remote peer never makes
-    us import anything); otherwise a :class:`transports.RemoteError`. The
+    us import anything); otherwise a :class:`transports.RemoteError` (asyncrl's
+    :class:`RemoteError` once it leaves a collector, see :func:`translated_errors`). The
     remote traceback is kept as the ``__cause__`` (a ``RemoteError``) and as a
     note.
 
@@ -107,7 +214,7 @@ def rebuild_remote_exception(error: ErrorPayload | RemoteError, *,
     >>> type(error).__name__, type(error.__cause__).__name__
     ('KeyError', 'RemoteError')
     """
-    if isinstance(error, RemoteError):
+    if isinstance(error, transports.RemoteError):
         remote, payload = error, ErrorPayload.from_exception(error)
         peer = remote.peer if peer is None else peer
     else:

@@ -48,7 +48,7 @@ def add_parser(sub: Any) -> None:
 
 def run_env_worker_command(args: argparse.Namespace) -> int:
     from .._errors import RefusedError
-    from .._worker.worker import EXIT_JOIN_TIMEOUT
+    from .._spawn.exit_codes import EXIT_JOIN_TIMEOUT
     from .remote_env_stepper import JoinTimeout, run_remote_env_worker
 
     logging.basicConfig(level=logging.WARNING, format="asyncrl env-worker: %(message)s")

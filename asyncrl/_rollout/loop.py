@@ -339,6 +339,12 @@ class Rollout:
 
     # -- collection ------------------------------------------------------------------------
 
+    @property
+    def stepped_policy(self) -> Any:
+        """What this rollout steps with: the user's policy in its adapter, or the
+        RandomPolicy it made for ``policy=None`` (``getattr_policy`` reads it)."""
+        return self._adapter
+
     def collect(self, max_steps: int | None = None) -> TensorDictBase:
         """Run one batch; return ``[N, T]`` frames viewing our buffers (valid until next call).
 

@@ -21,8 +21,8 @@ import anyio
 
 from transports import shutdown as flush_and_close_sockets
 
-__all__ = ["allow_children", "exit_process", "process_alive", "remove_orphaned_dir",
-           "remove_orphaned_socket_dir", "wait_parent_gone"]
+__all__ = ["allow_children", "ending_error", "exit_process", "process_alive",
+           "remove_orphaned_dir", "remove_orphaned_socket_dir", "wait_parent_gone"]
 
 
 def allow_children() -> None:
@@ -88,6 +88,20 @@ async def wait_parent_gone(pid: int) -> None:
         await anyio.wait_readable(fd)
     finally:
         os.close(fd)
+
+
+def ending_error(error: BaseException) -> BaseException:
+    """The error that ended a process's main: the first one inside task groups' groups.
+
+    A process reports (and picks its exit code from) the error itself, not the
+    ``ExceptionGroup`` that the task group around its main wrapped it in.
+
+    >>> ending_error(ExceptionGroup("tg", [ExceptionGroup("inner", [KeyError("obs")])]))
+    KeyError('obs')
+    """
+    while isinstance(error, BaseExceptionGroup) and error.exceptions:
+        error = error.exceptions[0]
+    return error
 
 
 def exit_process(code: int) -> None:

@@ -28,10 +28,11 @@ from transports import random_identity
 from .._spawn import logs as _logs
 from .._spawn.absent_modules import remember_absent_modules
 from .._spawn.child import allow_children, exit_process, process_alive, remove_orphaned_dir
+from .._spawn.exit_codes import EXIT_COORDINATOR_LOST, EXIT_ERROR, EXIT_REFUSED
 from .._spawn.processes import WorkerProcesses
 from .log_forward import forward_logs
 from .spec import WorkerSpec
-from .worker import EXIT_COORDINATOR_LOST, EXIT_ERROR, EXIT_REFUSED, run_worker
+from .worker import run_worker
 
 
 # -- a collector's local workers ------------------------------------------------------------

@@ -23,6 +23,7 @@ from transports import CurveClient, random_identity
 from .._observe.probes import DEFAULT_HOST as DEFAULT_PROBE_HOST
 from .._observe.probes import AdmissionBoard, ProbeServer
 from .._spawn.processes import WorkerProcesses
+from .._spawn.stop_signals import ignore_stop_signals, wait_stop_signal
 from .entry import host_worker_processes
 from .spec import WorkerSpec
 
@@ -151,13 +152,11 @@ class HostWorkers:
 
     async def _stop_on_signal(self, workers: WorkerProcesses) -> None:
         # SIGTERM (docker stop, systemd, kill) and Ctrl-C stop the workers.
-        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-            async for signum in signals:
-                log.info("%s: stopping this host's workers", signal.Signals(signum).name)
-                self._stopped_by_signal = True
-                break
+        received = await wait_stop_signal()
+        log.info("%s: stopping this host's workers", received.name)
+        self._stopped_by_signal = True
         # The receiver gave the default handler back: a second SIGTERM (systemd's to the
         # whole group, an impatient operator's) must not kill the host while it stops its
         # workers (bounded: STOP_TIMEOUT, then SIGKILL). A second Ctrl-C still interrupts.
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        ignore_stop_signals(signal.SIGTERM)
         await workers.stop(grace=0, kill_after=STOP_TIMEOUT)

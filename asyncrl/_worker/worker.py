@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import socket
 from collections import deque
 from collections.abc import Callable
@@ -20,7 +19,6 @@ from functools import partial
 from typing import Any
 
 import anyio
-import torch
 
 from transports import CurveClient, ErrorPayload, Link, Message, PeerLostError, ProtocolError
 
@@ -41,27 +39,26 @@ from .._protocol import (
 )
 from .._rollout.envs import make_env_pool
 from .._rollout.loop import Rollout
-from .._rollout.reach import env_attr, policy_attr, user_env, wire_value
-from .._rollout.seeding import seed_global_rngs
+from .._rollout.reach import user_env
 from .._spawn.child import remove_orphaned_socket_dir, wait_parent_gone
+from .._spawn.exit_codes import (
+    EXIT_COORDINATOR_LOST,
+    EXIT_ERROR,
+    EXIT_JOIN_TIMEOUT,
+    EXIT_OK,
+    EXIT_REFUSED,
+    EXIT_REJOIN,
+)
+from .._spawn.stop_signals import ignore_stop_signals, wait_stop_signal
 from .._spawn.threads import use_torch_threads
 from ..weights import WeightApplier
+from .control import TOUCHES_WEIGHTS, run_control
 from .join_backoff import JOIN_BACKOFF, full_pause
 from .log_forward import LogForwarder
 from .relay_member import RelayMembership
 from .spec import WorkerSpec
 
 log = logging.getLogger("asyncrl.worker")
-
-EXIT_OK = 0
-EXIT_ERROR = 1
-EXIT_COORDINATOR_LOST = 3
-EXIT_REFUSED = 4
-#: No welcome within ``join_timeout``: the coordinator never answered, or stayed full.
-EXIT_JOIN_TIMEOUT = 5
-#: Not a process exit code: ends one admission when the coordinator says "rejoin".
-EXIT_REJOIN = -1000
-
 
 class _RunFull(Exception):
     """The coordinator refused us only because it has no free place: ask again later."""
@@ -179,20 +176,11 @@ class Worker:
         a lost worker (and a send of its to a closed pipe cannot make it one). The
         batch in progress is abandoned; the envs are closed on the way out.
         """
-        received = False
-        try:
-            with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-                async for signum in signals:
-                    received = True
-                    await self._leave_on_signal(signal.Signals(signum).name)
-                    break
-        finally:
-            if received:
-                # The receiver gave the default handlers back; a second SIGTERM (its
-                # host forwards the one that a `kill` of the process group gave it too)
-                # must not kill a worker already on its way out (exit code -15).
-                signal.signal(signal.SIGTERM, signal.SIG_IGN)
-                signal.signal(signal.SIGINT, signal.SIG_IGN)
+        received = await wait_stop_signal()
+        # A second SIGTERM (its host forwards the one that a `kill` of the process
+        # group gave it too) must not kill a worker already on its way out (-15).
+        ignore_stop_signals()
+        await self._leave_on_signal(received.name)
         return EXIT_OK
 
     async def _leave_on_signal(self, name: str) -> None:
@@ -481,39 +469,14 @@ class Worker:
     async def _control(self, message: Message, control: Control) -> None:
         async with self._busy:
             try:
-                if control.op in ("state_dict", "load_state_dict", "getattr_policy"):
+                if control.op in TOUCHES_WEIGHTS:
                     await self._weights.model_whole()  # not while a version is written in
-                result = self._run_control(control)
+                result = run_control(control, rollout=self.rollout, policy=self.policy,
+                                     env_pool=self.env_pool)
             except Exception as exc:
                 await self.link.ack(message, error=exc)
                 return
         await self.link.ack(message, result=result)
-
-    def _run_control(self, control: Control) -> Any:
-        assert self.rollout is not None
-        args = control.args
-        if control.op == "seed":
-            seed = int(args["seed"])
-            seed_global_rngs(seed)  # the policy's sampling too, as TorchRL's workers do
-            return self.rollout.set_seed(seed, bool(args.get("static_seed", False)))
-        if control.op == "reset":
-            self.rollout.reset(args.get("reset_idx"))
-            return None
-        if control.op == "state_dict":
-            return _state_dict(self.policy)
-        if control.op == "load_state_dict":
-            if isinstance(self.policy, torch.nn.Module):
-                self.policy.load_state_dict(args["policy_state_dict"])
-            return None
-        if control.op == "getattr_env":
-            name = str(args["attr"])
-            return wire_value(env_attr(self.env_pool, name), what=f"the env's {name!r}")
-        if control.op == "getattr_policy":
-            name = str(args["attr"])
-            # policy=None: the RandomPolicy the rollout made (inside its adapter)
-            policy = self.policy if self.policy is not None else self.rollout._adapter
-            return wire_value(policy_attr(policy, name), what=f"the policy's {name!r}")
-        raise ValueError(f"unknown control operation {control.op!r}")
 
     # -- collecting -------------------------------------------------------------------
     async def _collect_loop(self) -> None:
@@ -567,12 +530,6 @@ class Worker:
                 self.env_pool.close()
             except Exception:
                 log.exception("closing the envs failed")
-
-
-def _state_dict(policy: Any) -> Any:
-    if isinstance(policy, torch.nn.Module):
-        return {"policy_state_dict": dict(policy.state_dict())}
-    return {}
 
 
 async def run_worker(endpoint: str, spec: WorkerSpec, *, identity: bytes | None = None,

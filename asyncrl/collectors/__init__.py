@@ -1,12 +1,16 @@
-"""Collectors: in-process, multi-process sync (on-policy) and async (off-policy)."""
+"""Collectors: in-process, multi-process sync (on-policy) and async (off-policy).
 
+Every name here is also on :mod:`asyncrl` (the same object): import from either.
+"""
+
+from .._errors import NoLengthError as NoLengthError
 from .._observe.statistics import WorkerStatistics as WorkerStatistics
 from ._base import BaseCollector as BaseCollector
 from ._blocking import BlockingCollector as BlockingCollector
 from ._inprocess import Collector as Collector
 from ._operations import Pausing as Pausing
 from ._started import Started as Started
-from ._torchrl_habits import NoLengthError as NoLengthError
+from ._update_ratio import UpdateRatio as UpdateRatio
 from .batched.collector import AsyncBatchedCollector as AsyncBatchedCollector
 from .multi.collector import MultiAsyncCollector as MultiAsyncCollector
 from .multi.collector import MultiCollector as MultiCollector
@@ -25,5 +29,6 @@ __all__ = [
     "NoLengthError",
     "Pausing",
     "Started",
+    "UpdateRatio",
     "WorkerStatistics",
 ]

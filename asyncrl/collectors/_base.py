@@ -11,7 +11,7 @@ from typing_extensions import TypeVar
 
 from transports import TaskGroupResource
 
-from .._errors import CollectorError, CollectorStopped
+from .._errors import CollectorError, CollectorStopped, translated_errors
 from .._observe.tracing import span, trace_batch
 from .._spawn.threads import TrainerThreads
 from ._assemble import MASK_KEY, split_trajectories
@@ -29,7 +29,14 @@ RB = TypeVar("RB", default=None)
 
 
 class BaseCollector(CollectorOperations, TaskGroupResource, TorchRLHabits, Generic[RB]):
-    """Async iteration over batches, ``total_frames``, ``postproc``, ``start()``/``pause()``."""
+    """Async iteration over batches, ``total_frames``, ``postproc``, ``start()``/``pause()``.
+
+    The base of every collector: code that takes any of them is typed with it.
+
+    >>> from asyncrl import BaseCollector, Collector, MultiSyncCollector
+    >>> issubclass(Collector, BaseCollector), issubclass(MultiSyncCollector, BaseCollector)
+    (True, True)
+    """
 
     #: A weight update started without ``await`` is applied before the next batch is
     #: asked for (False in async mode: batches carry the version that made them).
@@ -174,7 +181,8 @@ class BaseCollector(CollectorOperations, TaskGroupResource, TorchRLHabits, Gener
         :mod:`asyncrl.collectors._trajectories`); into a replay buffer, each batch's complete
         trajectories, flat.
         """
-        return await self._anext()
+        with translated_errors():  # a wire error reaches the user as an AsyncRLError
+            return await self._anext()
 
     async def _anext(self) -> TensorDictBase | None:
         trajs = self._trajs

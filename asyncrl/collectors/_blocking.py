@@ -123,7 +123,7 @@ class BlockingCollector:
     # -- operations (see CollectorOperations): plain calls, run on the collector's loop --------
     def pause(self) -> _BlockingPause:
         """Pause now (returns once paused); ``with c.pause():`` resumes after the block."""
-        self._require_portal().call(self.collector._pause)
+        self._require_portal().call(_outcome, self.collector.pause)  # returns once paused
         return _BlockingPause(self)
 
     def resume(self) -> None:

@@ -299,7 +299,8 @@ class Collector(BaseCollector[RB]):
     async def getattr_policy(self, attr: str) -> Any:
         """An attribute of the policy (or of its first sub-module that has it)."""
         rollout = self._open_rollout()
-        return policy_attr(self.policy if self.policy is not None else rollout._adapter, attr)
+        return policy_attr(self.policy if self.policy is not None else rollout.stepped_policy,
+                           attr)
 
     def _open_rollout(self) -> Rollout:
         if self.rollout is None:

@@ -10,12 +10,13 @@ means to them (:meth:`_set_paused`).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Generator
+from collections.abc import Awaitable, Callable, Generator
 from typing import Any
 
 import anyio
 from tensordict import TensorDictBase
 
+from .._errors import translated_errors
 from .._observe.events import CollectorEvent, EventFanout, EventStream
 from .._observe.statistics import (
     CollectorState,
@@ -35,11 +36,18 @@ class Pausing:
     collector the pause starts at the call (no batch is handed over from then
     on), awaited or not; TorchRL's plain ``with collector.pause():`` raises a
     ``TypeError`` naming ``async with``.
+
+    >>> async def train_without_collecting(collector):            # doctest: +SKIP
+    ...     async with collector.pause():   # no batch is handed over in this block
+    ...         await evaluate(policy)
     """
 
-    def __init__(self, collector: CollectorOperations,
+    def __init__(self, *, pause: Callable[[], Awaitable[None]],
+                 resume: Callable[[], Awaitable[None]], undo: Callable[[], None],
                  started: Awaitable[None] | None = None) -> None:
-        self._collector = collector
+        self._pause = pause  # pauses when awaited (a collector not open at the call)
+        self._resume = resume
+        self._undo = undo  # ends a pause this call started (a plain ``with``: wrong)
         self._started = started
 
     def __await__(self) -> Generator[Any, None, None]:
@@ -49,17 +57,17 @@ class Pausing:
         if self._started is not None:
             await self._started
         else:
-            await self._collector._pause()
+            await self._pause()
 
     async def __aenter__(self) -> None:
         await self._wait()
 
     async def __aexit__(self, *exc_info: object) -> None:
-        await self._collector.resume()
+        await self._resume()
 
     def __enter__(self) -> None:
         if self._started is not None:  # this call paused: undo it (an earlier pause stays)
-            self._collector._undo_pause()
+            self._undo()
         raise TypeError("on an async collector, pause() is entered with 'async with "
                         "collector.pause():' (or 'await collector.pause()' ... 'await "
                         "collector.resume()'); BlockingCollector's pause() takes a plain "
@@ -169,7 +177,7 @@ class CollectorOperations:
         the workers still missing after ``timeout`` seconds (None: no limit).
         """
         try:
-            with anyio.fail_after(timeout):
+            with anyio.fail_after(timeout), translated_errors():
                 await self._wait_ready()
         except TimeoutError:
             raise TimeoutError(self._not_ready_message(timeout)) from None
@@ -198,7 +206,8 @@ class CollectorOperations:
         never dropped. A batch already handed over when ``pause()`` was called is
         still returned. Idempotent.
         """
-        return Pausing(self, self._pause_at_call())
+        return Pausing(pause=self._pause, resume=self.resume, undo=self._undo_pause,
+                       started=self._pause_at_call())
 
     def _pause_at_call(self) -> Awaitable[None] | None:
         """Pause now, on an open collector (None: ``_pause`` runs when awaited)."""

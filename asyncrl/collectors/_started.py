@@ -30,7 +30,7 @@ from typing import Any, Concatenate, Generic, Literal, NoReturn, ParamSpec, Prot
 
 import anyio
 
-from .._errors import CollectorError, CollectorStopped
+from .._errors import CollectorError, CollectorStopped, as_asyncrl_error
 
 log = logging.getLogger("asyncrl.collectors")
 
@@ -95,6 +95,12 @@ class Started(Generic[T]):
         result: T = self._result
         return result
 
+    def begin(self, task_group: Any, work: Callable[[], Awaitable[T]],
+              after: Started[Any] | None, *, cancellable: bool) -> None:
+        """Run ``work()`` on ``task_group`` once ``after`` (if any) is done."""
+        self._done = anyio.Event()
+        task_group.start_soon(self._run, work, after, cancellable, name=f"collector.{self.name}")
+
     async def _run(self, work: Callable[[], Awaitable[T]], after: Started[Any] | None,
                    cancellable: bool) -> None:
         try:
@@ -102,11 +108,11 @@ class Started(Generic[T]):
                 if self._cancelled and cancellable:
                     self._scope.cancel()
                 if after is not None:
-                    await after._wait_quietly()
+                    await after.wait_done()
                 self._result = await work()
                 self._finished = True
         except Exception as exc:
-            self._error = exc
+            self._error = as_asyncrl_error(exc)  # what the user catches: an AsyncRLError
         finally:
             if not self._finished and self._error is None:  # cancelled: the collector closed
                 self._error = CollectorStopped(
@@ -115,10 +121,26 @@ class Started(Generic[T]):
             assert self._done is not None
             self._done.set()
 
-    async def _wait_quietly(self) -> None:
+    async def wait_done(self) -> None:
+        """Return once the call finished; its error, if any, is not raised here."""
         if not self._finished:
             assert self._done is not None
             await self._done.wait()
+
+    def take_unseen_error(self) -> BaseException | None:
+        """The error of a finished call nobody awaited (a query's excepted: nobody wanted
+        its value); from then on it counts as seen."""
+        if not self._finished or self._error is None or self._observed or self.kind == "query":
+            return None
+        self._observed = True
+        return self._error
+
+    def cancel(self) -> None:
+        """The collector is closing: end the call (one not begun yet begins cancelled);
+        a shielded one (``shutdown()``) goes on."""
+        self._cancelled = True
+        if self._scope is not None and not self._scope.shield:
+            self._scope.cancel()
 
     def _used_as_result(self, *_: Any) -> NoReturn:
         raise TypeError(
@@ -142,41 +164,33 @@ class StartedCalls:
               in_order: bool = True) -> Started[T]:
         """Start ``work()`` now (after the calls started before it, if ``in_order``)."""
         started: Started[T] = Started(name, before_next_batch=before_next_batch, kind=kind)
-        started._done = anyio.Event()
         after = self._last if in_order else None
         if in_order:
             self._last = started
         self._pending.append(started)
         # in_order=False is shutdown(): it must run even while the collector closes.
-        task_group.start_soon(started._run, work, after, in_order, name=f"collector.{name}")
+        started.begin(task_group, work, after, cancellable=in_order)
         return started
 
     async def settle(self) -> None:
         """Wait for the calls the next batch comes after; raise an unawaited call's error."""
         for started in list(self._pending):
             if started.before_next_batch:
-                await started._wait_quietly()
-        failed = None
-        for started in self._pending:
-            if started.done and started._error is not None and not started._observed \
-                    and started.kind != "query":  # a query's value nobody wanted
-                started._observed = True
-                failed = failed or started
+                await started.wait_done()
+        unseen = [error for started in self._pending
+                  if (error := started.take_unseen_error()) is not None]
         self._pending = [s for s in self._pending if not s.done]
-        if failed is not None and failed._error is not None:
-            raise failed._error
+        if unseen:
+            raise unseen[0]
 
     def close(self) -> None:
         """Cancel what is still running (the collector is closing); log unseen errors."""
         for started in self._pending:
-            started._cancelled = True  # one that has not begun yet begins cancelled
-            if started._scope is not None and not started._scope.shield:
-                started._scope.cancel()
+            started.cancel()
         for started in self._pending:
-            if started.done and started._error is not None and not started._observed \
-                    and started.kind != "query":
-                log.error("collector.%s() failed and was never awaited: %r",
-                          started.name, started._error)
+            error = started.take_unseen_error()
+            if error is not None:
+                log.error("collector.%s() failed and was never awaited: %r", started.name, error)
         self._pending = [s for s in self._pending if not s.done]
 
 

@@ -25,6 +25,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
+from .._errors import NoLengthError
 from ._started import Kind, Started
 
 T = TypeVar("T")
@@ -32,11 +33,6 @@ T = TypeVar("T")
 log = logging.getLogger("asyncrl.collectors")
 
 __all__ = ["NoLengthError", "TorchRLHabits"]
-
-
-class NoLengthError(TypeError, RuntimeError):
-    """``len()`` of an endless collector: a TypeError (Python's "has no len()") that is
-    also the RuntimeError TorchRL raises, so a ported ``except RuntimeError`` still works."""
 
 
 class TorchRLHabits:

@@ -24,9 +24,9 @@ from transports import PeerLostError
 from ..._coordinator.coordinator import WorkerInfo
 from ..._errors import CollectorStopped, WorkerLostError
 from ..._observe.events import CollectorEvent
+from ..._spawn.exit_codes import EXIT_ERROR, EXIT_OK
 from ..._spawn.processes import describe_exit
 from ..._worker.entry import likely_causes
-from ..._worker.worker import EXIT_ERROR, EXIT_OK
 
 if TYPE_CHECKING:
     from .run import MultiRun

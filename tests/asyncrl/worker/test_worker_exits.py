@@ -1,0 +1,115 @@
+"""The worker's own life cycle against a scripted coordinator (a bare Hub): how it ends.
+
+Each test plays the coordinator's side message by message and checks the exit
+code :func:`asyncrl._worker.worker.run_worker` returns (see
+:mod:`asyncrl._spawn.exit_codes`).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from typing import Any
+
+import anyio
+import pytest
+
+from asyncrl._protocol import Batch, Collect, Control, Hello, Refuse, Welcome
+from asyncrl._spawn.exit_codes import (
+    EXIT_COORDINATOR_LOST,
+    EXIT_ERROR,
+    EXIT_JOIN_TIMEOUT,
+    EXIT_OK,
+    EXIT_REFUSED,
+)
+from asyncrl._worker.spec import WorkerSpec
+from asyncrl._worker.worker import run_worker
+from asyncrl.testing import CountingEnv
+from transports import Hub, Message
+
+pytestmark = pytest.mark.anyio
+
+FAST = {"heartbeat_interval": 0.2, "peer_timeout": 5.0}
+
+
+async def _next(hub: Hub, kind: str) -> Message:
+    """The next message of ``kind`` (peer events and other kinds are skipped)."""
+    while True:
+        item = await hub.recv()
+        if isinstance(item, Message) and item.kind == kind:
+            return item
+
+
+async def _run_against(script: Any, spec: WorkerSpec | None = None,
+                       **options: Any) -> int:
+    """Run a worker against a Hub that ``script(hub)`` drives; return its exit code."""
+    codes: list[int] = []
+    async with Hub("tcp://127.0.0.1:0", **FAST) as hub:
+        async def worker() -> None:
+            codes.append(await run_worker(hub.endpoint, spec or WorkerSpec(CountingEnv),
+                                          identity=b"w", **FAST, **options))
+
+        with anyio.fail_after(60):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(worker)
+                await script(hub)
+                while not codes:
+                    await anyio.sleep(0.02)
+    return codes[0]
+
+
+async def _welcome(hub: Hub) -> Hello:
+    hello = Hello.from_body((await _next(hub, Hello.KIND)).body)
+    await hub.send(b"w", Welcome(index=0, share_frames=4, attempt=hello.attempt).to_body(),
+                   kind=Welcome.KIND)
+    return hello
+
+
+async def test_a_worker_closed_by_its_coordinator_exits_0_after_a_batch() -> None:
+    async def script(hub: Hub) -> None:
+        await _welcome(hub)
+        await hub.send(b"w", Collect(request=7, credits=1).to_body(), kind=Collect.KIND)
+        batch = Batch.from_body((await _next(hub, Batch.KIND)).body)
+        assert batch.request == 7 and batch.frames.numel() == 4
+        await hub.send(b"w", Control("close").to_body(), kind=Control.KIND)
+
+    assert await _run_against(script) == EXIT_OK
+
+
+async def test_a_refused_worker_exits_4() -> None:
+    async def script(hub: Hub) -> None:
+        await _next(hub, Hello.KIND)
+        await hub.send(b"w", Refuse("wrong token").to_body(), kind=Refuse.KIND)
+
+    assert await _run_against(script) == EXIT_REFUSED
+
+
+async def test_a_worker_never_welcomed_exits_5_after_its_join_timeout() -> None:
+    async def script(hub: Hub) -> None:
+        await _next(hub, Hello.KIND)  # and silence: something there, not a collector
+
+    assert await _run_against(script, join_timeout=1.0) == EXIT_JOIN_TIMEOUT
+
+
+async def test_a_worker_whose_parent_is_gone_exits_3() -> None:
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # reaped: that pid names no process now
+
+    async def script(hub: Hub) -> None:
+        pass  # the worker ends by itself, welcomed or not
+
+    assert await _run_against(script, parent_pid=gone.pid) == EXIT_COORDINATOR_LOST
+
+
+def _failing_env() -> Any:
+    raise RuntimeError("no such env")
+
+
+async def test_an_env_that_cannot_be_built_is_reported_then_exits_1() -> None:
+    reports: list[Message] = []
+
+    async def script(hub: Hub) -> None:
+        reports.append(await _next(hub, "error"))
+
+    assert await _run_against(script, WorkerSpec(_failing_env)) == EXIT_ERROR
+    assert "no such env" in str(reports[0].body)
