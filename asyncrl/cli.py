@@ -25,7 +25,7 @@ DESCRIPTION = ("asyncrl: async-first, ZeroMQ-based experience collection for rei
                "ASYNCRL_PEER_TIMEOUT (each option's help names its variable; the command "
                "line wins; flags take 1/0, true/false, yes/no, on/off).")
 
-#: The worker's exit codes (asyncrl._worker.worker's EXIT_* and this module's argument errors).
+#: The worker's exit codes (asyncrl._spawn.exit_codes' EXIT_* and this module's argument errors).
 WORKER_EXIT_CODES = """exit codes:
   0  closed by the coordinator, or stopped by SIGTERM / SIGINT (Ctrl-C)
   1  an env or policy error (reported to the coordinator first)

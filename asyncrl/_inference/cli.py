@@ -5,13 +5,14 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import signal
 import sys
 from typing import Any
 
 import anyio
 
 from .._observe.probes import ProbeServer, add_probe_options
+from .._spawn.child import ending_error
+from .._spawn.stop_signals import wait_stop_signal
 
 
 def add_parser(sub: Any) -> None:
@@ -101,7 +102,7 @@ def run_env_worker_command(args: argparse.Namespace) -> int:
         try:
             code = anyio.run(main, backend=args.backend)
         except BaseExceptionGroup as group:  # the task group's: the error that ended it
-            raise _cause(group) from None
+            raise ending_error(group) from None
         finally:
             if forwarder is not None and stderr is not None:
                 forwarder.write_undelivered(stderr)
@@ -120,15 +121,7 @@ def run_env_worker_command(args: argparse.Namespace) -> int:
     return code if isinstance(code, int) else 0
 
 
-def _cause(exc: BaseException) -> BaseException:
-    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
-        exc = exc.exceptions[0]
-    return exc
-
-
 async def _stop_on_signal(scope: anyio.CancelScope) -> None:
     # SIGTERM and Ctrl-C stop stepping; the link says goodbye on its way out.
-    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-        async for _ in signals:
-            scope.cancel()
-            return
+    await wait_stop_signal()
+    scope.cancel()

@@ -50,7 +50,7 @@ from transports import ErrorPayload, Link, Message, PeerLostError, SharedTensorB
 
 from .._rollout.policies import ExplorationType, PolicyAdapter
 from .._spawn.absent_modules import remember_absent_modules
-from .._spawn.child import exit_process
+from .._spawn.child import ending_error, exit_process
 from .doorbell import DEFAULT_SPIN, EventFd
 from .env_stepper import CLOSE, ERROR, serve_linked
 from .inference_loop import InferenceLoop, OutputLayout, WorkerBlocks
@@ -245,18 +245,12 @@ async def _serve(trainer: Link, config: ServerConfig) -> int:
             server.close()
 
 
-def _cause(exc: BaseException) -> BaseException:
-    while isinstance(exc, BaseExceptionGroup):  # a task group's: the error that ended it
-        exc = exc.exceptions[0]
-    return exc
-
-
 async def report_error(trainer: Link, exc: BaseException) -> int:
     """Send the trainer the error that ends this process; the exit code (never raises).
 
     0 when the error is the trainer's loss: there is nobody to report to.
     """
-    exc = _cause(exc)
+    exc = ending_error(exc)
     if isinstance(exc, PeerLostError):
         return 0
     log.debug("the inference process failed", exc_info=exc)

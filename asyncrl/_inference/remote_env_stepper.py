@@ -31,7 +31,7 @@ from transports import (
     random_identity,
 )
 
-from .._errors import RefusedError
+from .._errors import JoinTimeout, RefusedError
 from .._rollout.env_pools import EnvPool
 from .._rollout.policies import torch_dtype
 from .._worker.log_forward import LogForwarder
@@ -156,10 +156,6 @@ def welcome_config(body: Any, pool: EnvPool, *, heartbeat_interval: float,
                              chunk_steps=steps, heartbeat_interval=heartbeat_interval,
                              peer_timeout=peer_timeout, traj_tag=tag)
     return config, InlineBlock(obs), InlineBlock(act)
-
-
-class JoinTimeout(TimeoutError):
-    """No welcome within ``join_timeout`` (``asyncrl env-worker`` exits 5)."""
 
 
 async def run_remote_env_worker(connect: str, env: Any, *, envs: int = 1,

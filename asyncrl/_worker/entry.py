@@ -28,7 +28,6 @@ from transports import random_identity
 from .._spawn import logs as _logs
 from .._spawn.absent_modules import remember_absent_modules
 from .._spawn.child import allow_children, exit_process, process_alive, remove_orphaned_dir
-from .._spawn.exit_codes import EXIT_COORDINATOR_LOST, EXIT_ERROR, EXIT_REFUSED
 from .._spawn.processes import WorkerProcesses
 from .log_forward import forward_logs
 from .spec import WorkerSpec
@@ -127,25 +126,6 @@ def process_main(endpoint: str, spec_path: str, slot: int, identity: bytes, toke
     exit_process(code)
 
 
-def likely_causes(exitcode: int | None) -> str:
-    """What usually makes a local worker end that way, and what to do about it."""
-    if exitcode == EXIT_ERROR:
-        return ("it failed before it could report an error to the coordinator; likely "
-                "causes: the script that creates the collector lacks an "
-                "`if __name__ == \"__main__\":` guard (spawned workers import it again), "
-                "the env factory or the policy cannot be unpickled in a fresh process "
-                "(defined in an interactive session, a lambda, a class that moved), or "
-                "user code called sys.exit(1); its traceback, if any, is on stderr")
-    if exitcode == EXIT_COORDINATOR_LOST:
-        return "it heard nothing from the coordinator within peer_timeout and gave up"
-    if exitcode == EXIT_REFUSED:
-        return "the coordinator refused it (see the warning logged by asyncrl.coordinator)"
-    if exitcode is not None and exitcode < 0:
-        return ("a signal ended it: the OOM killer (see `dmesg`), a `kill`, or a crash "
-                "in native code (SIGSEGV, SIGABRT)")
-    return "it ended before the collector was closed"
-
-
 # -- a worker host's workers ----------------------------------------------------------------
 def host_worker_processes(endpoint: str, spec: WorkerSpec, identities: list[bytes], *,
                           backend: str, options: dict[str, Any]) -> WorkerProcesses:
@@ -195,5 +175,5 @@ def host_process_main(endpoint: str, spec: WorkerSpec, backend: str,
     sys.exit(code)
 
 
-__all__ = ["host_process_main", "host_worker_processes", "likely_causes",
+__all__ = ["host_process_main", "host_worker_processes",
            "local_worker_processes", "process_main"]

@@ -24,9 +24,8 @@ from transports import PeerLostError
 from ..._coordinator.coordinator import WorkerInfo
 from ..._errors import CollectorStopped, WorkerLostError
 from ..._observe.events import CollectorEvent
-from ..._spawn.exit_codes import EXIT_ERROR, EXIT_OK
+from ..._spawn.exit_codes import EXIT_ERROR, EXIT_OK, likely_causes
 from ..._spawn.processes import describe_exit
-from ..._worker.entry import likely_causes
 
 if TYPE_CHECKING:
     from .run import MultiRun

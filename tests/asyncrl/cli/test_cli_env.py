@@ -77,9 +77,9 @@ def test_the_command_line_wins(host_kwargs: dict[str, Any],
                                monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ASYNCRL_CONNECT", "tcp://from-env:1")
     monkeypatch.setenv("ASYNCRL_WORKERS", "not a number")  # never read: the flag is given
-    assert cli.main(["worker", "--connect", "tcp://from-argv:2", "--env", "CartPole-v1",
+    assert cli.main(["worker", "--connect", "tcp://127.0.0.2:2", "--env", "CartPole-v1",
                      "--workers", "2"]) == 0
-    assert host_kwargs["connect"] == "tcp://from-argv:2"
+    assert host_kwargs["connect"] == "tcp://127.0.0.2:2"
     assert host_kwargs["workers"] == 2
 
 
