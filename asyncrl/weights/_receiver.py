@@ -160,6 +160,11 @@ class WeightReceiver:
         return self._pending is not None
 
     @property
+    def has_acks(self) -> bool:
+        """Whether an ack is due (see :meth:`take_acks`)."""
+        return bool(self._acks)
+
+    @property
     def needs_park(self) -> bool:
         """Whether the model must not be used now: a version is being written into it
         (``ZmqWeightSyncScheme(in_place=True)``); see :meth:`park`."""
@@ -421,7 +426,7 @@ class WeightReceiverGroup:
     @property
     def has_acks(self) -> bool:
         """Whether an ack is due (a version published in shared memory is acked by nobody)."""
-        return bool(self._due) or any(r._acks for r in self._receivers.values())
+        return bool(self._due) or any(r.has_acks for r in self._receivers.values())
 
     def park(self) -> None:
         for receiver in self._receivers.values():

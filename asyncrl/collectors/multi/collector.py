@@ -240,8 +240,14 @@ class MultiCollector(BaseCollector[RB]):
         self.policy = policy
         self.weight_sync_schemes = default_schemes(weight_sync_schemes, policy)
         for scheme in self.weight_sync_schemes.values():  # before the specs are pickled
-            scheme.plan(workers=config.layout.total, remote_workers=config.layout.remote_workers,
-                        on_worker_loss=config.on_worker_loss)
+            if scheme.fixed_membership and config.on_worker_loss != "raise":
+                raise ValueError(
+                    f"{type(scheme).__name__} cannot serve on_worker_loss="
+                    f"{config.on_worker_loss!r}: its process group has a fixed membership, a "
+                    "lost worker breaks every later broadcast and no replacement can join. Use "
+                    "on_worker_loss='raise', or ZmqWeightSyncScheme (any host) / "
+                    "SharedMemWeightSyncScheme (one host), whose workers may come and go")
+            scheme.plan(workers=config.layout.total, remote_workers=config.layout.remote_workers)
         spec, worker_specs = config.worker_specs(
             policy=policy, policy_factory=policy_factory, create_env_kwargs=create_env_kwargs,
             schemes=self.weight_sync_schemes)
