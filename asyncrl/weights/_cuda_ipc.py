@@ -31,7 +31,7 @@ from torch import nn
 from transports import Message, ProtocolError, copy_into
 
 from ._errors import WeightSyncError
-from ._receiver import WeightReceiver, _Update
+from ._receiver import PendingUpdate, WeightReceiver
 from ._shared_memory import (
     BlockCache,
     SharedBuffer,
@@ -279,7 +279,7 @@ class CudaIpcWeightReceiver(WeightReceiver):
     def _load(self, message: Message) -> Any:
         return parse_body(message.body)
 
-    def _apply(self, update: _Update) -> int:
+    def _apply(self, update: PendingUpdate) -> int:
         body = update.payload
         block = self._blocks.get(body["block"], lambda: CudaIpcBlock.open(body))
         targets = flat_tensors(self.model, live=True)

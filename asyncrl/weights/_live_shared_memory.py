@@ -24,7 +24,7 @@ from transports import ProtocolError, SharedTensorBlock, Ticket, copy_into
 
 from .._protocol import WeightsApplied
 from ._in_flight import Part, Queued, Sent
-from ._receiver import _Update
+from ._receiver import PendingUpdate
 from ._shared_memory import (
     SharedBuffer,
     SharedMemWeightReceiver,
@@ -285,7 +285,7 @@ class LiveSharedMemWeightReceiver(SharedMemWeightReceiver):
             copy_into(targets[key], view)  # may be torn: the trainer trains in place
         return -1
 
-    def _apply(self, update: _Update) -> int:
+    def _apply(self, update: PendingUpdate) -> int:
         super()._apply(update)
         block = self._blocks.latest()
         assert block is not None

@@ -16,11 +16,8 @@ from .._protocol import WEIGHTS_KIND, WeightMeta, WeightsApplied
 from ._errors import WeightSyncError
 from ._strategy import WeightStrategy, as_strategy
 
-__all__ = ["AckRoute", "Acker", "WeightAck", "WeightReceiver",
+__all__ = ["AckRoute", "Acker", "PendingUpdate", "WeightAck", "WeightReceiver",
            "WeightReceiverGroup"]
-
-#: ``Message.kind`` of every weight update; route these to a receiver's ``on_message``.
-
 
 class Acker(Protocol):
     """What :meth:`WeightReceiver.flush_acks` needs: a ``transports.Link`` has it."""
@@ -74,7 +71,9 @@ class WeightAck(NamedTuple):
 
 
 @dataclass(frozen=True, slots=True)
-class _Update:
+class PendingUpdate:
+    """A version held until the next step boundary: what a receiver's ``_apply`` takes."""
+
     version: int
     payload: Any
 
@@ -133,7 +132,7 @@ class WeightReceiver:
         #: The coordinator instance whose versions :attr:`version` counts ("": not told).
         self.instance = ""
         self._version = 0
-        self._pending: _Update | None = None
+        self._pending: PendingUpdate | None = None
         self._waiting: list[tuple[Message, AckRoute]] = []  # acked with the version applied next
         self._acks: list[WeightAck] = []
         self._lock = threading.Lock()  # guards the three fields above
@@ -221,7 +220,7 @@ class WeightReceiver:
             else:
                 if self._pending is not None:
                     dropped = self._pending.payload
-                self._pending = _Update(version, payload)
+                self._pending = PendingUpdate(version, payload)
                 self._waiting.append((message, route))
             if dropped is not None:
                 self._discard(dropped)
@@ -299,7 +298,7 @@ class WeightReceiver:
                                 f"dict, got {type(message.body).__name__}")
         return message.body
 
-    def _apply(self, update: _Update) -> int:
+    def _apply(self, update: PendingUpdate) -> int:
         """Copy ``update`` into the model and return the version now held."""
         self.strategy.apply_weights(self.model, update.payload)
         return update.version

@@ -48,7 +48,7 @@ from transports import (
 
 from .._protocol import WeightsApplied
 from ._in_flight import Queued
-from ._receiver import WeightReceiver, _Update
+from ._receiver import PendingUpdate, WeightReceiver
 from ._scheme import WeightSyncScheme
 from ._sender import THREAD_COPY_BYTES, WeightSender
 from ._staging import Stage
@@ -349,7 +349,7 @@ class SharedMemWeightReceiver(WeightReceiver):
                                 f"'seq': int}}, got {body!r:.200}")
         return body["block"], body["slot"], body["seq"]
 
-    def _apply(self, update: _Update) -> int:
+    def _apply(self, update: PendingUpdate) -> int:
         name, slot, seq = update.payload
         block = self._attach(name)
         targets = flat_tensors(self.model, live=True)

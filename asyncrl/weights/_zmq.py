@@ -56,7 +56,7 @@ from ._chunks import (
     total_nbytes,
 )
 from ._errors import WeightSyncError
-from ._receiver import AckRoute, WeightReceiver, _Update
+from ._receiver import AckRoute, PendingUpdate, WeightReceiver
 from ._scheme import WeightSyncScheme
 from ._sender import WeightSender
 from ._strategy import WeightFormat, WeightStrategy, flat_tensors
@@ -469,7 +469,7 @@ class StreamedWeightReceiver(WeightReceiver):
             self._keep_spare(payload)
 
     # -- any thread, at a step boundary ---------------------------------------------------
-    def _apply(self, update: _Update) -> int:
+    def _apply(self, update: PendingUpdate) -> int:
         staged = update.payload
         if isinstance(staged, InPlace):
             return update.version  # written into the model while the rollout waited
