@@ -105,8 +105,7 @@ class LossPolicy:
 
     def check_scheme(self, model_id: str, scheme: WeightSyncScheme) -> None:
         """A weight scheme whose membership is fixed serves only runs that fail on a loss."""
-        # (getattr: until every scheme declares ``fixed_membership``, see asyncrl/weights)
-        if self.fails_run or not getattr(scheme, "fixed_membership", False):
+        if self.fails_run or not scheme.fixed_membership:
             return
         name = type(scheme).__name__
         raise ValueError(

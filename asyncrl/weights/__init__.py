@@ -11,40 +11,38 @@ decides how the bytes travel: :class:`ZmqWeightSyncScheme` (any host),
 :class:`CudaIpcWeightSyncScheme` (same host, GPU workers, zero-copy),
 :class:`DistributedWeightSyncScheme` (torch.distributed broadcast: GPU workers, many hosts),
 :class:`InProcessWeightSyncScheme` (collectors in the trainer's process) or
-:class:`NoWeightSyncScheme`. See ``docs/weights.md``.
+:class:`NoWeightSyncScheme`, each in a module of its own with its sender and
+receiver. See ``docs/weights.md``; ``transports.LocalHub`` / ``LocalLink`` carry
+weights in memory (tests, in-process collectors).
 """
-
-from transports import LocalHub as LocalHub
-from transports import LocalLink as LocalLink
 
 from .._protocol import WEIGHTS_KIND as WEIGHTS_KIND
 from ._applier import WeightApplier as WeightApplier
 from ._cuda_ipc import CudaIpcWeightSyncScheme as CudaIpcWeightSyncScheme
 from ._distributed import DistributedWeightReceiver as DistributedWeightReceiver
 from ._distributed import DistributedWeightSender as DistributedWeightSender
+from ._distributed import DistributedWeightSyncScheme as DistributedWeightSyncScheme
 from ._errors import ModelPathError as ModelPathError
 from ._errors import NotInitializedError as NotInitializedError
 from ._errors import WeightMismatchError as WeightMismatchError
 from ._errors import WeightSyncError as WeightSyncError
-from ._paths import resolve_model_path as resolve_model
+from ._in_process import InProcessWeightSyncScheme as InProcessWeightSyncScheme
+from ._live_shared_memory import LiveSharedMemWeightSyncScheme as LiveSharedMemWeightSyncScheme
+from ._no_weights import NoWeightSyncScheme as NoWeightSyncScheme
 from ._paths import resolve_model_path as resolve_model_path
 from ._receiver import AckRoute as AckRoute
 from ._receiver import WeightAck as WeightAck
 from ._receiver import WeightReceiver as WeightReceiver
 from ._receiver import WeightReceiverGroup as WeightReceiverGroup
-from ._schemes import DistributedWeightSyncScheme as DistributedWeightSyncScheme
-from ._schemes import InProcessWeightSyncScheme as InProcessWeightSyncScheme
-from ._schemes import LiveSharedMemWeightSyncScheme as LiveSharedMemWeightSyncScheme
-from ._schemes import NoWeightSyncScheme as NoWeightSyncScheme
-from ._schemes import SharedMemWeightSyncScheme as SharedMemWeightSyncScheme
-from ._schemes import WeightSyncScheme as WeightSyncScheme
-from ._schemes import ZmqWeightSyncScheme as ZmqWeightSyncScheme
+from ._scheme import WeightSyncScheme as WeightSyncScheme
 from ._sender import WeightSender as WeightSender
 from ._shared_memory import SharedMemWeightReceiver as SharedMemWeightReceiver
 from ._shared_memory import SharedMemWeightSender as SharedMemWeightSender
+from ._shared_memory import SharedMemWeightSyncScheme as SharedMemWeightSyncScheme
 from ._strategy import WeightStrategy as WeightStrategy
-from ._streamed import StreamedWeightReceiver as StreamedWeightReceiver
-from ._streamed import StreamingWeightSender as StreamingWeightSender
+from ._zmq import StreamedWeightReceiver as StreamedWeightReceiver
+from ._zmq import StreamingWeightSender as StreamingWeightSender
+from ._zmq import ZmqWeightSyncScheme as ZmqWeightSyncScheme
 
 __all__ = [
     "WEIGHTS_KIND",
@@ -55,8 +53,6 @@ __all__ = [
     "DistributedWeightSyncScheme",
     "InProcessWeightSyncScheme",
     "LiveSharedMemWeightSyncScheme",
-    "LocalHub",
-    "LocalLink",
     "ModelPathError",
     "NoWeightSyncScheme",
     "NotInitializedError",
@@ -75,6 +71,5 @@ __all__ = [
     "WeightSyncError",
     "WeightSyncScheme",
     "ZmqWeightSyncScheme",
-    "resolve_model",
     "resolve_model_path",
 ]

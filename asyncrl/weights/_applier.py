@@ -30,7 +30,7 @@ from transports import Message
 
 from ._errors import WeightSyncError
 from ._receiver import Acker, AckRoute, WeightAck, WeightReceiver, WeightReceiverGroup
-from ._schemes import WeightSyncScheme
+from ._scheme import WeightSyncScheme
 
 __all__ = ["Stampable", "WeightApplier"]
 
@@ -55,7 +55,7 @@ class WeightApplier:
     """The receivers of one worker, applied at step boundaries, acked over each ack's route.
 
     ``direct`` is the link to the coordinator (a ``transports.Link``, or a
-    :class:`~asyncrl.weights.LocalLink`); ``relay``, if any, the link to this
+    :class:`~transports.LocalLink`); ``relay``, if any, the link to this
     host's relay. ``busy()`` says whether the model is in use (a batch or a
     control operation): an update that comes while it is not is applied at
     once, so that an awaited send between batches returns without waiting for
@@ -63,7 +63,8 @@ class WeightApplier:
 
     >>> import anyio, torch
     >>> from torch import nn
-    >>> from asyncrl.weights import LocalHub, WeightReceiver, WeightSender
+    >>> from asyncrl.weights import WeightReceiver, WeightSender
+    >>> from transports import LocalHub
     >>> async def main():
     ...     hub = LocalHub()
     ...     policy = nn.Linear(2, 1)

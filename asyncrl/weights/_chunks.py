@@ -7,6 +7,9 @@ per piece ``(key, byte offset, bytes)``) and the pieces as uint8 frames, views
 of the snapshot (nothing is copied to send them). Chunk 0 also carries the
 layout: every key with its dtype and shape.
 
+The first transmission fills the snapshot chunk by chunk as the chunks go out
+(:class:`ChunkFilling`), so the copy of the next one overlaps the wire.
+
 On the worker a :class:`ChunkAssembly` takes the chunks of one stream in
 order and writes each piece into a preallocated receive buffer (one per
 layout, reused from version to version), checking everything against the
@@ -18,18 +21,24 @@ refused with a :class:`~transports.ProtocolError` before it writes anything.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
+import anyio
+import anyio.lowlevel
 import numpy as np
 import torch
 
-from transports import ProtocolError
+from transports import Message, ProtocolError
 
 from .._protocol import WeightChunk
 from ._errors import WeightMismatchError
+from ._receiver import AckRoute
+from ._sender import THREAD_COPY_BYTES
 
-__all__ = ["DEFAULT_CHUNK_BYTES", "ChunkAssembly", "Layout", "chunk_bodies", "layout_of",
-           "plan_chunks", "streamable"]
+__all__ = ["DEFAULT_CHUNK_BYTES", "ChunkAssembly", "ChunkFilling", "ChunkStream", "InPlace",
+           "Layout", "Staged", "chunk_bodies", "layout_of", "plan_chunks", "streamable",
+           "total_nbytes"]
 
 #: Default size of one chunk: big enough that per-message costs vanish, small
 #: enough that the worker copies a chunk while the next one is on the wire.
@@ -86,6 +95,43 @@ def chunk_bodies(views: Mapping[str, torch.Tensor], chunk: WeightChunk) -> list[
 
 def _bytes_of(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.detach().reshape(-1).view(torch.uint8)
+
+
+class ChunkFilling:
+    """A snapshot filled chunk by chunk, in the order the chunks go out."""
+
+    def __init__(self, payload: Any, source: Mapping[str, torch.Tensor],
+                 views: Mapping[str, torch.Tensor], chunks: list[WeightChunk]) -> None:
+        self.payload = payload
+        self.chunks = chunks
+        self._pairs = [(_bytes_of(views[key]), _bytes_of(source[key])) for key in views]
+        self._index = {key: i for i, key in enumerate(views)}
+        self.filled = -1  # chunks copied so far: 0..filled
+
+    @property
+    def done(self) -> bool:
+        return self.filled == len(self.chunks) - 1
+
+    async def upto(self, index: int) -> None:
+        """Copy the chunks up to ``index`` from the model into the snapshot (once each)."""
+        while self.filled < index:
+            chunk = self.chunks[self.filled + 1]
+            if sum(size for _, _, size in chunk.parts) > THREAD_COPY_BYTES:
+                # A thread keeps the event loop (heartbeats, acks) running during the copy.
+                await anyio.to_thread.run_sync(self._copy, chunk)
+            else:  # a few ms: cheaper inline than a thread hop
+                self._copy(chunk)
+                await anyio.lowlevel.checkpoint()
+            self.filled = chunk.index
+
+    def _copy(self, chunk: WeightChunk) -> None:
+        for key, offset, size in chunk.parts:
+            into, source = self._pairs[self._index[key]]
+            np.copyto(into[offset:offset + size].numpy(), source[offset:offset + size].numpy())
+
+
+def total_nbytes(flat: Mapping[str, torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in flat.values())
 
 
 class ChunkAssembly:
@@ -190,6 +236,40 @@ def check_layout(layout: Layout, targets: Mapping[str, torch.Tensor], what: str)
 def empty_buffers(layout: Layout) -> dict[str, torch.Tensor]:
     """A receive buffer for ``layout``: one contiguous tensor per key (values unset)."""
     return {key: torch.empty(shape, dtype=_DTYPES[dtype]) for key, dtype, shape in layout}
+
+
+@dataclass(eq=False)
+class Staged:
+    """A complete version in a receive buffer, waiting for a step boundary."""
+
+    layout: Layout
+    buffers: dict[str, torch.Tensor]
+
+
+@dataclass(eq=False)
+class InPlace:
+    """A version already written into the model (``in_place``): nothing left to copy."""
+
+    version: int
+
+
+@dataclass(eq=False)
+class ChunkStream:
+    """The chunks of one version coming by one route."""
+
+    version: int
+    count: int
+    assembly: ChunkAssembly | None  # None: not written (stale, superseded or failed)
+    error: BaseException | None = None
+    next_index: int = 0
+    #: ``in_place``: its assembly writes into the model itself.
+    in_place: bool = False
+    #: ``in_place``: chunks that came before the model was held, in order.
+    backlog: list[tuple[WeightChunk, Any]] = field(default_factory=list)
+    #: ``in_place``: the last chunk's message and route, once it came (acked on completion).
+    last: tuple[Message, AckRoute] | None = None
+    #: ``in_place``: a chunk of it was written into the model.
+    written: bool = False
 
 
 def _nbytes(tensor: torch.Tensor) -> int:

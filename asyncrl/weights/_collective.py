@@ -40,7 +40,7 @@ from ._errors import WeightSyncError
 dist: Any = _dist
 
 __all__ = ["ALGORITHMS", "CHAIN_CHUNK_BYTES", "FlatLayout", "Group", "chain_order",
-           "parse_init_method"]
+           "check_group_options", "free_port", "parse_init_method"]
 
 #: Each tensor starts on a multiple of this many bytes (any dtype's alignment).
 ALIGN = 64
@@ -65,6 +65,35 @@ def parse_init_method(init_method: str) -> tuple[str, int]:
         raise ValueError(f"init_method must be 'tcp://HOST:PORT' (the trainer's address, which "
                          f"the workers reach), got {init_method!r}")
     return parts.hostname, port
+
+
+def check_group_options(*, backend: str, algorithm: str, chunk_bytes: int | None,
+                        init_method: str | None, world_size: int | None, timeout: float,
+                        join_timeout: float) -> None:
+    """Raise ``ValueError`` naming the first option of a process group that cannot work."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
+    if algorithm == "chain" and backend == "nccl":
+        raise ValueError("algorithm='chain' is for gloo: NCCL's own broadcast already "
+                         "pipelines along a ring (use algorithm='broadcast' with nccl)")
+    if chunk_bytes is not None:
+        if algorithm != "chain":
+            raise ValueError(f"chunk_bytes={chunk_bytes!r} is the piece of "
+                             "algorithm='chain'; the backend's broadcast cuts its own. "
+                             "Pass algorithm='chain' with it, or leave chunk_bytes out")
+        if type(chunk_bytes) is not int or not 4096 <= chunk_bytes <= 1 << 30:
+            raise ValueError(f"chunk_bytes must be an int in [4096, 2**30], "
+                             f"got {chunk_bytes!r}")
+    if init_method is not None:
+        parse_init_method(init_method)
+    if world_size is not None and (type(world_size) is not int or world_size < 2):
+        raise ValueError(f"world_size must be an int >= 2 (the trainer and at least one "
+                         f"worker), got {world_size!r}")
+    for name, value in (("timeout", timeout), ("join_timeout", join_timeout)):
+        if not isinstance(value, int | float) or not 0 < value <= 86400:
+            raise ValueError(f"{name} must be seconds in (0, 86400], got {value!r}")
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -31,9 +31,13 @@ from torch import nn
 from transports import Message, ProtocolError, copy_into
 
 from ._errors import WeightSyncError
-from ._receiver import WeightReceiver, _Update
-from ._schemes import SharedMemWeightSyncScheme
-from ._shared_memory import BlockCache, SharedMemWeightSender, _Buffer
+from ._receiver import PendingUpdate, WeightReceiver
+from ._shared_memory import (
+    BlockCache,
+    SharedBuffer,
+    SharedMemWeightSender,
+    SharedMemWeightSyncScheme,
+)
 from ._strategy import check_compatible, flat_tensors
 
 __all__ = [
@@ -243,13 +247,13 @@ class CudaIpcWeightSender(SharedMemWeightSender):
         self._release(keep=buffer)
         return block.describe(seq), {"buffer": buffer}
 
-    def _new_buffer(self, flat: Mapping[str, torch.Tensor]) -> _Buffer:
+    def _new_buffer(self, flat: Mapping[str, torch.Tensor]) -> SharedBuffer:
         if self.device is None and not any(t.device.type == "cuda" for t in flat.values()):
             raise ValueError(
                 f"CudaIpcWeightSyncScheme for {self.model_id!r}: the weights are on the CPU and "
                 "no device was given: pass CudaIpcWeightSyncScheme(device='cuda:0'), or use "
                 "SharedMemWeightSyncScheme for CPU workers")
-        buffer = _Buffer(CudaIpcBlock.create(flat, device=self.device))  # type: ignore[arg-type]
+        buffer = SharedBuffer(CudaIpcBlock.create(flat, device=self.device))  # type: ignore[arg-type]
         self._buffers.append(buffer)
         return buffer
 
@@ -275,7 +279,7 @@ class CudaIpcWeightReceiver(WeightReceiver):
     def _load(self, message: Message) -> Any:
         return parse_body(message.body)
 
-    def _apply(self, update: _Update) -> int:
+    def _apply(self, update: PendingUpdate) -> int:
         body = update.payload
         block = self._blocks.get(body["block"], lambda: CudaIpcBlock.open(body))
         targets = flat_tensors(self.model, live=True)

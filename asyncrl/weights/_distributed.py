@@ -1,5 +1,8 @@
 """Weights by torch.distributed broadcast: bytes over a process group, the version over ZeroMQ.
 
+:class:`DistributedWeightSyncScheme` with its two ends; the process group
+itself (formation, broadcast, chain) is in :mod:`._collective`.
+
 **Trainer** (:class:`DistributedWeightSender`, rank 0). The model's tensors
 are copied into one preallocated contiguous buffer (one memcpy), a small
 ``weights`` message ``{"seq": n, "nbytes": ...}`` goes to *every* member over
@@ -37,13 +40,20 @@ import torch
 
 from transports import Message, ProtocolError, RemoteError, copy_into
 
-from ._collective import CHAIN_CHUNK_BYTES, FlatLayout, Group
+from ._collective import (
+    CHAIN_CHUNK_BYTES,
+    FlatLayout,
+    Group,
+    check_group_options,
+    free_port,
+)
 from ._errors import WeightSyncError
 from ._receiver import WeightReceiver
-from ._sender import THREAD_COPY_BYTES, WeightSender, WorkerIds
-from ._strategy import flat_tensors
+from ._scheme import WeightSyncScheme
+from ._sender import THREAD_COPY_BYTES, HubLike, WeightSender, WorkerIds, Workers
+from ._strategy import WeightFormat, WeightStrategy, flat_tensors
 
-__all__ = ["DistributedWeightReceiver", "DistributedWeightSender"]
+__all__ = ["DistributedWeightReceiver", "DistributedWeightSender", "DistributedWeightSyncScheme"]
 
 log = logging.getLogger("asyncrl.weights")
 
@@ -52,6 +62,10 @@ RECEIVE_BUFFERS = 2
 #: Seconds ``close()`` waits for the group's thread (idle, it wakes every WAKE_EVERY s).
 JOIN_ON_CLOSE = 2.0
 WAKE_EVERY = 0.1
+#: The scheme's options at their defaults (left out of ``to_config()``), in config order.
+_DEFAULT_OPTIONS: dict[str, Any] = {
+    "backend": "gloo", "init_method": None, "world_size": None, "timeout": 60.0,
+    "join_timeout": 300.0, "algorithm": "broadcast", "chunk_bytes": None}
 
 
 def _sorted_flat(obj: Any, *, live: bool = False) -> dict[str, torch.Tensor]:
@@ -464,3 +478,117 @@ class DistributedWeightReceiver(WeightReceiver):
             thread.join(JOIN_ON_CLOSE)
         super().close()
 
+
+class DistributedWeightSyncScheme(WeightSyncScheme):
+    """Weights by ``torch.distributed`` broadcast (TorchRL's scheme of the same name).
+
+    The trainer is rank 0 of a private process group (``backend="gloo"`` on
+    CPU, ``"nccl"`` for CUDA workers), served at ``init_method``
+    (``"tcp://HOST:PORT"``; default: a free port on 127.0.0.1, which only local
+    workers reach: give the trainer's address when ``remote_workers`` join).
+    Each worker joins as rank ``index + 1`` right after its welcome. A send
+    copies the weights into one preallocated contiguous buffer and makes one
+    broadcast of it; the version travels over the worker link and is acked
+    like every other scheme's, and the worker copies its receive buffer into
+    its model at a step boundary, so frames carry exact versions.
+
+    **Fixed membership.** The group has ``world_size`` ranks (the collector's
+    workers + 1) and forms once all of them joined; every send reaches every
+    member. A worker that dies breaks the group: the next broadcast fails at
+    once (gloo sees the closed connection) or after ``timeout`` seconds (a hung
+    member), and every later send raises ``WeightSyncError``. Nothing can
+    rejoin (``fixed_membership``), so a collector with ``on_worker_loss`` other
+    than ``"raise"`` is refused; use :class:`ZmqWeightSyncScheme` (or
+    :class:`SharedMemWeightSyncScheme` on one host) for runs that lose or
+    replace workers. Every wait is bounded: the formation by ``join_timeout``
+    (seconds for every worker to start and join), each broadcast by
+    ``timeout``. torch.distributed has no authentication: use it on a trusted
+    network only.
+
+    **Many hosts (gloo).** ``algorithm="chain"`` replaces gloo's broadcast (a
+    tree sent stage after stage: the trainer's link carries one copy per child
+    and the last rank waits for every stage) by a pipelined chain: rank r
+    receives each ``chunk_bytes`` piece from rank r - 1 and forwards it to
+    r + 1 as it comes, so every link carries one copy and the update takes
+    about one copy's time however many hosts there are. The chain visits the
+    workers host by host (each tells the trainer its address when it joins);
+    ``timeout`` bounds the wait for each piece. NCCL's broadcast already
+    pipelines along a ring: ``"chain"`` is for gloo.
+
+    >>> scheme = DistributedWeightSyncScheme(init_method="tcp://127.0.0.1:29500")
+    >>> scheme.plan(workers=4)
+    >>> scheme.world_size
+    5
+    >>> DistributedWeightSyncScheme.from_config(scheme.to_config())
+    DistributedWeightSyncScheme(init_method='tcp://127.0.0.1:29500', world_size=5)
+    """
+
+    name = "distributed"
+    fixed_membership = True
+    _sender_class = DistributedWeightSender
+    _receiver_class = DistributedWeightReceiver
+
+    def __init__(self, strategy: WeightFormat | WeightStrategy = "tensordict", *,
+                 backend: str = "gloo", init_method: str | None = None,
+                 world_size: int | None = None, timeout: float = 60.0,
+                 join_timeout: float = 300.0, max_interval: int = 0,
+                 algorithm: str = "broadcast", chunk_bytes: int | None = None) -> None:
+        if max_interval:
+            raise ValueError("DistributedWeightSyncScheme cannot skip workers (max_interval): "
+                             "a broadcast reaches every member of its group")
+        super().__init__(strategy)
+        check_group_options(backend=backend, algorithm=algorithm, chunk_bytes=chunk_bytes,
+                            init_method=init_method, world_size=world_size, timeout=timeout,
+                            join_timeout=join_timeout)
+        self.algorithm = algorithm
+        self.chunk_bytes = chunk_bytes
+        self.backend = backend
+        self.init_method = init_method
+        self.world_size = world_size
+        self.timeout = float(timeout)
+        self.join_timeout = float(join_timeout)
+
+    def plan(self, *, workers: int, remote_workers: int = 0) -> None:
+        if self.world_size is not None and self.world_size != workers + 1:
+            raise ValueError(f"DistributedWeightSyncScheme(world_size={self.world_size}) but "
+                             f"the collector has {workers} workers: world_size is workers + 1 "
+                             "(leave it out: the collector sets it)")
+        self.world_size = workers + 1
+        if self.init_method is None:
+            if remote_workers:
+                raise ValueError(
+                    "DistributedWeightSyncScheme with remote workers needs init_method="
+                    "'tcp://HOST:PORT', an address of the trainer that those hosts reach "
+                    "(the default, a port on 127.0.0.1, serves local workers only)")
+            self.init_method = f"tcp://127.0.0.1:{free_port()}"
+
+    def init_on_sender(self, model_id: str = "policy", *, hub: HubLike, model: Any = None,
+                       workers: Workers | None = None) -> WeightSender:
+        self._require_planned()
+        return super().init_on_sender(model_id, hub=hub, model=model, workers=workers)
+
+    def init_on_worker(self, model_id: str = "policy", *, model: Any = None, root: Any = None,
+                       on_apply: Any = None) -> WeightReceiver:
+        self._require_planned()
+        return super().init_on_worker(model_id, model=model, root=root, on_apply=on_apply)
+
+    init_on_receiver = init_on_worker
+
+    def _require_planned(self) -> None:
+        if self.world_size is None or self.init_method is None:
+            raise ValueError("DistributedWeightSyncScheme needs world_size= and init_method= "
+                             "(a collector sets them: MultiCollector(..., weight_sync_schemes="
+                             "{'policy': DistributedWeightSyncScheme()}))")
+
+    def _options(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name, default in _DEFAULT_OPTIONS.items()
+                if getattr(self, name) != default}
+
+    def _group_options(self) -> dict[str, Any]:
+        return {"backend": self.backend, "init_method": self.init_method,
+                "world_size": self.world_size, "timeout": self.timeout,
+                "join_timeout": self.join_timeout, "algorithm": self.algorithm,
+                "chunk_bytes": self.chunk_bytes or CHAIN_CHUNK_BYTES}
+
+    _sender_options = _group_options
+    _receiver_options = _group_options

@@ -6,17 +6,26 @@ into ``{worker_id: version applied}`` and errors once nothing is pending. A
 :class:`Lane` is what is on its way to one worker (newest wins: at most one
 message in transit and one :class:`Queued` version). The
 :class:`~asyncrl.weights.WeightSender` owns them.
+
+A send to a host's relay names the members in its
+:class:`~asyncrl._protocol.WeightMeta` (``relay_to``); the relay acks with a
+:class:`~asyncrl._protocol.RelayAck` for all of them, which
+:func:`parse_relay_ack` reads as hostile input: anything malformed counts as a
+failure of every member, never a crash.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from transports import PeerLostError, ProtocolError, RemoteError, Ticket
 
-from .._protocol import WeightsApplied
-from ._fanout import parse_relay_ack
+from .._protocol import RelayAck, WeightsApplied
+
+__all__ = ["FormerPeers", "Lane", "Part", "Queued", "Sent", "first_error", "gone_part",
+           "parse_relay_ack", "timeout_error"]
 
 
 @dataclass(eq=False)
@@ -63,6 +72,13 @@ class Sent:
     @property
     def pending(self) -> bool:
         return bool(self.waiting) or any(part.pending for part in self.parts)
+
+    def annotate(self, error: BaseException, model_id: str) -> BaseException:
+        """``error`` with a note naming this send: its version, model and workers."""
+        ids = sorted(w for part in self.parts for w in part.workers.values())
+        error.add_note(f"while sending version {self.version} of model {model_id!r} "
+                       f"to worker(s) {ids}")
+        return error
 
     def outcome(self, latest: int) -> tuple[dict[int, int], list[BaseException]]:
         """``({worker_id: version applied}, [errors])`` of a send that is not pending.
@@ -147,6 +163,33 @@ class Lane:
         return self.ticket is not None and self.peer in self.ticket.pending
 
 
+class FormerPeers:
+    """The hub identities of workers, kept once they are gone (the latest ``limit``).
+
+    >>> former = FormerPeers()
+    >>> former.remember({3: b"host-a/3"})
+    >>> former.peer_of(3), former.peer_of(4)
+    (b'host-a/3', b'worker-4')
+    """
+
+    def __init__(self, limit: int = 1024) -> None:
+        self.limit = limit
+        self._peers: dict[int, bytes] = {}  # oldest first
+
+    def remember(self, workers: Mapping[int, bytes]) -> None:
+        peers = self._peers
+        for worker_id, peer in workers.items():
+            if peers.get(worker_id) != peer:
+                peers.pop(worker_id, None)
+                peers[worker_id] = peer
+        while len(peers) > self.limit:
+            del peers[next(iter(peers))]
+
+    def peer_of(self, worker_id: int) -> bytes:
+        """``worker_id``'s last known identity (``worker-ID`` if it never had one here)."""
+        return self._peers.get(worker_id, f"worker-{worker_id}".encode())
+
+
 def gone_part(peer: bytes, worker_id: int) -> Part:
     """The part of a send for a worker that left before it went out: lost, never sent.
 
@@ -180,3 +223,58 @@ def bad_ack(peer: bytes, version: int, sent: int, latest: int) -> RemoteError:
         f"{sent}..{latest} (newest wins). It may count versions of another trainer "
         "instance: restart it, or update asyncrl on its host",
         peer=peer, remote_type="asyncrl.weights.WeightSyncError")
+
+
+def timeout_error(model_id: str, late: list[Sent], timeout: float | None) -> TimeoutError:
+    """The error of a ``wait_ack`` that timed out: the versions, workers and peers still silent."""
+    parts = [part for s in late for part in s.parts]
+    silent = sorted({w for part in parts for w in part.silent()})
+    peers = sorted({p.decode(errors="replace") for part in parts for p in part.ticket.pending})
+    versions = sorted({s.version for s in late})
+    return TimeoutError(
+        f"model {model_id!r}: no acknowledgement of version(s) {versions} within "
+        f"{timeout} s from worker(s) {silent} (peers {', '.join(peers)}); they may be busy, "
+        "stuck or gone. The sends stay outstanding: call wait_ack() again to keep waiting."
+    )
+
+
+def parse_relay_ack(result: Any, members: dict[bytes, int], relay: bytes, sent: int,
+                    latest: int) -> tuple[dict[int, int], dict[int, BaseException]]:
+    """Read a relay's ack: ``({worker_id: version}, {worker_id: error})`` over ``members``.
+
+    ``members`` maps each member identity the message was relayed to onto its
+    worker id. A member the answer does not account for, or one that claims a
+    version outside ``sent..latest`` (newest wins: a worker may ack version
+    ``sent`` with a newer one it applied), is a failure, so a faulty relay cannot
+    make ``wait_ack`` report an update nobody applied.
+    """
+    via = relay.decode(errors="replace")
+    try:
+        ack = RelayAck.from_body(result)
+    except ProtocolError as exc:
+        ack, why = RelayAck("", {}), f"; its ack is malformed: {exc}"
+    else:
+        why = ""
+    applied: dict[int, int] = {}
+    errors: dict[int, BaseException] = {}
+    for member, worker_id in members.items():
+        version = ack.versions.get(member)
+        if version is not None and sent <= version <= latest:
+            applied[worker_id] = version
+        elif member in ack.failed:
+            errors[worker_id] = _failure_error(member, ack, via)
+        else:
+            errors[worker_id] = RemoteError(
+                f"relay {via} acknowledged without a valid version for this worker "
+                f"(got {version!r}); expected an int in {sent}..{latest}{why}",
+                peer=member, remote_type="asyncrl.weights.RelayProtocolError")
+    return applied, errors
+
+
+def _failure_error(member: bytes, ack: RelayAck, via: str) -> BaseException:
+    failure = ack.failed[member]
+    if failure.type == RelayAck.LOST_TYPE:
+        return PeerLostError([member], f"(relay {via}: {failure.message})")
+    error = failure.to_remote_error(member)
+    error.add_note(f"reported by relay {via}")
+    return error

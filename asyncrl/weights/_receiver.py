@@ -16,11 +16,8 @@ from .._protocol import WEIGHTS_KIND, WeightMeta, WeightsApplied
 from ._errors import WeightSyncError
 from ._strategy import WeightStrategy, as_strategy
 
-__all__ = ["AckRoute", "Acker", "WeightAck", "WeightReceiver",
+__all__ = ["AckRoute", "Acker", "PendingUpdate", "WeightAck", "WeightReceiver",
            "WeightReceiverGroup"]
-
-#: ``Message.kind`` of every weight update; route these to a receiver's ``on_message``.
-
 
 class Acker(Protocol):
     """What :meth:`WeightReceiver.flush_acks` needs: a ``transports.Link`` has it."""
@@ -74,7 +71,9 @@ class WeightAck(NamedTuple):
 
 
 @dataclass(frozen=True, slots=True)
-class _Update:
+class PendingUpdate:
+    """A version held until the next step boundary: what a receiver's ``_apply`` takes."""
+
     version: int
     payload: Any
 
@@ -133,7 +132,7 @@ class WeightReceiver:
         #: The coordinator instance whose versions :attr:`version` counts ("": not told).
         self.instance = ""
         self._version = 0
-        self._pending: _Update | None = None
+        self._pending: PendingUpdate | None = None
         self._waiting: list[tuple[Message, AckRoute]] = []  # acked with the version applied next
         self._acks: list[WeightAck] = []
         self._lock = threading.Lock()  # guards the three fields above
@@ -158,6 +157,11 @@ class WeightReceiver:
     def has_pending(self) -> bool:
         """Cheap check for the hot loop (no lock)."""
         return self._pending is not None
+
+    @property
+    def has_acks(self) -> bool:
+        """Whether an ack is due (see :meth:`take_acks`)."""
+        return bool(self._acks)
 
     @property
     def needs_park(self) -> bool:
@@ -216,7 +220,7 @@ class WeightReceiver:
             else:
                 if self._pending is not None:
                     dropped = self._pending.payload
-                self._pending = _Update(version, payload)
+                self._pending = PendingUpdate(version, payload)
                 self._waiting.append((message, route))
             if dropped is not None:
                 self._discard(dropped)
@@ -294,7 +298,7 @@ class WeightReceiver:
                                 f"dict, got {type(message.body).__name__}")
         return message.body
 
-    def _apply(self, update: _Update) -> int:
+    def _apply(self, update: PendingUpdate) -> int:
         """Copy ``update`` into the model and return the version now held."""
         self.strategy.apply_weights(self.model, update.payload)
         return update.version
@@ -421,7 +425,7 @@ class WeightReceiverGroup:
     @property
     def has_acks(self) -> bool:
         """Whether an ack is due (a version published in shared memory is acked by nobody)."""
-        return bool(self._due) or any(r._acks for r in self._receivers.values())
+        return bool(self._due) or any(r.has_acks for r in self._receivers.values())
 
     def park(self) -> None:
         for receiver in self._receivers.values():

@@ -16,8 +16,17 @@ from .._observe.latency import LatencyHistogram
 from .._observe.tracing import ENABLED as TRACING
 from .._observe.tracing import record_span
 from .._protocol import WEIGHTS_KIND, WeightMeta
-from ._in_flight import Lane, Part, Queued, Sent, first_error, gone_part
-from ._staging import Stage
+from ._in_flight import (
+    FormerPeers,
+    Lane,
+    Part,
+    Queued,
+    Sent,
+    first_error,
+    gone_part,
+    timeout_error,
+)
+from ._staging import Stage, free_stage
 from ._strategy import WeightStrategy, as_strategy, flat_tensors
 
 __all__ = ["HubLike", "WeightSender"]
@@ -26,8 +35,6 @@ log = logging.getLogger("asyncrl.weights")
 
 #: Copies above this many bytes run in a worker thread so the event loop keeps beating.
 THREAD_COPY_BYTES = 32 << 20
-#: Idle snapshot buffers kept for reuse beyond those in use.
-SPARE_STAGES = 1
 
 WorkerIds = int | Iterable[int] | None
 Workers = Mapping[int, bytes] | Callable[[], Mapping[int, bytes]]
@@ -100,10 +107,9 @@ class WeightSender:
         self._preparing = 0  # the version being written (shared memory: readable already)
         self._routes: RelayRoutes | None = None
         self._lanes: dict[int, Lane] = {}  # per worker: in transit and queued
-        # Workers' hub identities, kept once they are gone (the latest 1024): a send queued
-        # for one before it left fails naming its identity, which tells a departure from
-        # a loss (the scheduler's ``workers`` callable forgets it at once).
-        self._former: dict[int, bytes] = {}
+        # A send queued for a worker before it left fails naming its hub identity, which
+        # tells a departure from a loss (the scheduler's ``workers`` forgets it at once).
+        self._former = FormerPeers()
         self._stages: list[Stage] = []  # snapshot buffers, reused once free
         self._latest_stage: Stage | None = None
         self._wake: anyio.Event | None = None  # set when a version is queued (for run())
@@ -176,7 +182,7 @@ class WeightSender:
         """Stop serving ``worker_id``; its pending acks fail with ``PeerLostError``."""
         peer = self.workers.get(worker_id)
         if peer is not None:
-            self._remember({worker_id: peer})
+            self._former.remember({worker_id: peer})
         self._workers.pop(worker_id, None)
         self._since.pop(worker_id, None)
         self._acked.pop(worker_id, None)
@@ -191,20 +197,10 @@ class WeightSender:
                 elif peer is not None and part.workers.get(peer) == worker_id:
                     part.ticket.resolve(peer, lost=True)
 
-    def _remember(self, workers: dict[int, bytes]) -> None:
-        """Keep each worker's hub identity for when it is gone (the latest 1024)."""
-        former = self._former
-        for worker_id, peer in workers.items():
-            if former.get(worker_id) != peer:
-                former.pop(worker_id, None)
-                former[worker_id] = peer
-        while len(former) > 1024:
-            del former[next(iter(former))]
-
     def _fail_queued(self, worker_id: int, queued: Queued) -> None:
         """``worker_id`` is gone: its queued sends, never transmitted, are lost like the
         others, naming its hub identity (``worker-ID`` if it never had one here)."""
-        peer = self._former.get(worker_id, f"worker-{worker_id}".encode())
+        peer = self._former.peer_of(worker_id)
         for sent in queued.sends:
             sent.waiting.discard(worker_id)
             sent.parts.append(gone_part(peer, worker_id))
@@ -360,11 +356,11 @@ class WeightSender:
             if not errors:
                 self._applied(sent)
             if errors and failure is None:
-                failure = self._annotate(first_error(errors), sent)
+                failure = sent.annotate(first_error(errors), self.model_id)
         if failure is not None:
             raise failure
         if late:
-            raise self._timeout_error(late, timeout)
+            raise timeout_error(self.model_id, late, timeout)
         return applied
 
     async def aclose(self) -> None:
@@ -438,7 +434,7 @@ class WeightSender:
         # Read the workers now, not when the sends were queued: a worker may have
         # been lost while this send waited for the lock or copied the weights.
         workers = self.workers
-        self._remember(workers)  # a worker gone by the next dispatch is named by it
+        self._former.remember(workers)  # a worker gone by the next dispatch is named by it
         groups: dict[tuple[int, bool], list[int]] = {}
         for worker_id, lane in list(self._lanes.items()):
             queued = lane.queued
@@ -534,16 +530,7 @@ class WeightSender:
         used = {id(self._latest_stage)}
         used.update(id(lane.queued.extra.get("stage")) for lane in self._lanes.values()
                     if lane.queued is not None)
-        keep: list[Stage] = []
-        free: list[Stage] = []
-        for stage in self._stages:
-            if stage.busy() or id(stage) in used:  # busy() first: it notes a retirement
-                if not stage.retired:
-                    keep.append(stage)
-            elif stage.matches(flat):
-                free.append(stage)  # (a free stage of another layout is dropped)
-        stage = free.pop() if free else Stage(weights)
-        self._stages = [*keep, stage, *free[:SPARE_STAGES]]
+        stage, self._stages = free_stage(self._stages, used, weights, flat)
         return stage
 
     def _prune(self) -> None:
@@ -609,20 +596,3 @@ class WeightSender:
         if self._lock is None:
             self._lock = anyio.Lock()
         return self._lock
-
-    def _annotate(self, exc: BaseException, sent: Sent) -> BaseException:
-        ids = sorted(w for part in sent.parts for w in part.workers.values())
-        exc.add_note(f"while sending version {sent.version} of model {self.model_id!r} "
-                     f"to worker(s) {ids}")
-        return exc
-
-    def _timeout_error(self, late: list[Sent], timeout: float | None) -> TimeoutError:
-        parts = [part for s in late for part in s.parts]
-        silent = sorted({w for part in parts for w in part.silent()})
-        peers = sorted({p.decode(errors="replace") for part in parts for p in part.ticket.pending})
-        versions = sorted({s.version for s in late})
-        return TimeoutError(
-            f"model {self.model_id!r}: no acknowledgement of version(s) {versions} within "
-            f"{timeout} s from worker(s) {silent} (peers {', '.join(peers)}); they may be busy, "
-            "stuck or gone. The sends stay outstanding: call wait_ack() again to keep waiting."
-        )

@@ -1,6 +1,7 @@
 """Same-host weights through shared memory: only (block, slot, seq) travel over ZeroMQ.
 
-**Safe, zero-copy** (:class:`SharedMemWeightSender` / :class:`SharedMemWeightReceiver`).
+:class:`SharedMemWeightSyncScheme` (safe, zero-copy) with its two ends,
+:class:`SharedMemWeightSender` and :class:`SharedMemWeightReceiver`.
 The trainer keeps a small pool of shared-memory buffers, each holding one
 whole copy of the weights. A send writes the weights into a *free* buffer (one
 memcpy) and publishes its name; a worker applies it by pointing its
@@ -23,18 +24,11 @@ shared: a worker may update them in place. Parameters whose dtype or device
 differ from the trainer's are copied too. ``zero_copy=False`` copies
 everything (for modules that cache tensors derived from their parameters).
 
-**Live** (:class:`LiveSharedMemWeightSender` / :class:`LiveSharedMemWeightReceiver`).
-The trainer's own parameters are moved into one shared-memory buffer and
-trained in place; workers point their parameters at it once (a message, acked);
-after that a send only writes the version into a word of that buffer, which
-each worker reads at its step boundaries: no message, no ack. As in TorchRL:
-the workers see every optimiser step as it happens, mid-rollout, possibly
-half-written. A frame's version is then a lower bound on the weights that acted.
+The live variant is in :mod:`._live_shared_memory`.
 """
 
 from __future__ import annotations
 
-from array import array
 from collections.abc import Callable, Mapping
 from types import SimpleNamespace
 from typing import Any, Generic, Protocol, TypeVar
@@ -53,17 +47,20 @@ from transports import (
 )
 
 from .._protocol import WeightsApplied
-from ._in_flight import Part, Queued, Sent
-from ._receiver import WeightReceiver, _Update
+from ._in_flight import Queued
+from ._receiver import PendingUpdate, WeightReceiver
+from ._scheme import WeightSyncScheme
 from ._sender import THREAD_COPY_BYTES, WeightSender
 from ._staging import Stage
-from ._strategy import check_compatible, flat_tensors
+from ._strategy import WeightFormat, WeightStrategy, check_compatible, flat_tensors
 
 __all__ = [
-    "LiveSharedMemWeightReceiver",
-    "LiveSharedMemWeightSender",
+    "BlockCache",
+    "SharedBuffer",
     "SharedMemWeightReceiver",
     "SharedMemWeightSender",
+    "SharedMemWeightSyncScheme",
+    "shareable",
 ]
 
 #: Torn reads tolerated before a copying apply fails (each retry reads the newest slot).
@@ -112,7 +109,7 @@ class BlockCache(Generic[_B]):
             block.close()
 
 
-class _Buffer:
+class SharedBuffer:
     """One shared-memory copy of the weights and the transmissions that point at it."""
 
     __slots__ = ("block", "pinned_at", "stale", "tickets", "version")
@@ -167,7 +164,7 @@ class SharedMemWeightSender(WeightSender):
         super().__init__(model_id, hub, **kwargs)
         self.slots = slots
         self.slot_timeout = slot_timeout
-        self._buffers: list[_Buffer] = []
+        self._buffers: list[SharedBuffer] = []
         self._pinned: Stage | None = None  # CUDA weights: staged here, then one memcpy
 
     @property
@@ -195,7 +192,7 @@ class SharedMemWeightSender(WeightSender):
         self._release(keep=buffer)
         return {"block": buffer.block.name, "slot": 0, "seq": seq}, {"buffer": buffer}
 
-    def _write(self, buffer: _Buffer, flat: Mapping[str, torch.Tensor], version: int) -> int:
+    def _write(self, buffer: SharedBuffer, flat: Mapping[str, torch.Tensor], version: int) -> int:
         """One copy of the weights into the buffer's block (CPU, or CUDA DMA into it)."""
         block = buffer.block
         if any(t.device.type == "cuda" for t in flat.values()):
@@ -249,7 +246,7 @@ class SharedMemWeightSender(WeightSender):
         used.discard(0)
         return used
 
-    async def _free_buffer(self, flat: Mapping[str, torch.Tensor]) -> _Buffer:
+    async def _free_buffer(self, flat: Mapping[str, torch.Tensor]) -> SharedBuffer:
         for buffer in self._buffers:
             if not buffer.stale and not buffer.block.matches(flat):
                 buffer.stale = True  # new layout: a new pool; old buffers go once unread
@@ -271,12 +268,12 @@ class SharedMemWeightSender(WeightSender):
             with anyio.move_on_after(remaining):
                 await _first_done(pending)
 
-    def _new_buffer(self, flat: Mapping[str, torch.Tensor]) -> _Buffer:
-        buffer = _Buffer(SharedTensorBlock.create(flat, slots=1))
+    def _new_buffer(self, flat: Mapping[str, torch.Tensor]) -> SharedBuffer:
+        buffer = SharedBuffer(SharedTensorBlock.create(flat, slots=1))
         self._buffers.append(buffer)
         return buffer
 
-    def _release(self, keep: _Buffer) -> None:
+    def _release(self, keep: SharedBuffer) -> None:
         """Unlink stale buffers and those beyond ``slots`` that nobody reads any more."""
         if len(self._buffers) <= self.slots and not any(b.stale for b in self._buffers):
             return  # the common case: nothing to give back
@@ -352,7 +349,7 @@ class SharedMemWeightReceiver(WeightReceiver):
                                 f"'seq': int}}, got {body!r:.200}")
         return body["block"], body["slot"], body["seq"]
 
-    def _apply(self, update: _Update) -> int:
+    def _apply(self, update: PendingUpdate) -> int:
         name, slot, seq = update.payload
         block = self._attach(name)
         targets = flat_tensors(self.model, live=True)
@@ -377,7 +374,7 @@ class SharedMemWeightReceiver(WeightReceiver):
                                 f"the message published seq {seq}")
         for key, view in block.slot_views(slot).items():
             target = targets[key]
-            if _shareable(target, view):
+            if shareable(target, view):
                 target.data = view
             else:
                 copy_into(target, view)
@@ -406,274 +403,60 @@ class SharedMemWeightReceiver(WeightReceiver):
         self._blocks.close()
 
 
-def _shareable(target: torch.Tensor, view: torch.Tensor) -> bool:
+def shareable(target: torch.Tensor, view: torch.Tensor) -> bool:
     # Parameters only: a worker never writes them, while buffers (running statistics)
     # may be updated in place, which would write into every worker's weights.
     return (isinstance(target, nn.Parameter) and target.dtype == view.dtype
             and target.device.type == "cpu")
 
 
-# ---------------------------------------------------------------------------- live
+class SharedMemWeightSyncScheme(WeightSyncScheme):
+    """Same host, safe and zero-copy: one memcpy per send, none on the workers.
 
+    A send writes the weights into a free shared-memory buffer (one copy) and
+    only ``(block, slot, seq)`` travels; each worker points its parameters at
+    that buffer at a step boundary (``param.data = view``, no copy) and acks.
+    A buffer is rewritten only once no worker can be stepping with it (the
+    acks say which version each worker holds), so the weights that produce a
+    frame are exactly those of its stamped version, whole. The pool holds
+    ``slots`` buffers; while a worker holds on to an old version longer than
+    ``slot_timeout`` seconds a send adds a buffer instead of waiting (memory,
+    never a torn read). ``zero_copy=False`` copies into the workers' own
+    tensors instead (for modules that cache tensors derived from their
+    parameters); buffers (running statistics) are always copied.
 
-class LiveSharedMemWeightSender(SharedMemWeightSender):
-    """The trainer's parameters live in shared memory; a send only publishes a version.
-
-    At construction (or at the first send) the model's parameters and buffers
-    are moved into one shared-memory block (``param.data`` is swapped: the
-    model and its optimiser keep working on the same ``Parameter`` objects).
-    Workers point their parameters at it; the trainer's optimiser steps are
-    visible to them at once.
-
-    A worker's first update is a message naming the block (applied, acked). Its
-    ack says it reads the block's published version word from then on, and every
-    later send to it only writes that word: no message, no ack to wait for, its
-    acknowledgement is complete when the send returns. Weaker guarantee: see
-    :class:`~asyncrl.weights.LiveSharedMemWeightSyncScheme`.
+    >>> SharedMemWeightSyncScheme(slots=4)
+    SharedMemWeightSyncScheme(slots=4)
     """
 
-    def __init__(self, model_id: str, hub: Any, **kwargs: Any) -> None:
-        # Per worker: its peer and the ticket of the last message it got (before the base
-        # class's __init__, which may add workers). Attached once that ack says so.
-        self._attach: dict[int, tuple[bytes, Ticket]] = {}
-        super().__init__(model_id, hub, **kwargs)
-        self._live: _Buffer | None = None
-        # The version every attached worker reads at each step boundary: the version word
-        # of the block's one slot. The trainer trains the block in place and never
-        # rewrites it through write(), so the seqlock's version field is free; workers map
-        # the block anyway (no second segment or name to check), and an aligned int64
-        # store is never seen half-written.
-        self._published: memoryview | None = None
-        if self.model is not None:
-            self.share(self.model)
+    name = "shared_mem"
+    _sender_class = SharedMemWeightSender
+    _receiver_class = SharedMemWeightReceiver
+    _default_slots = 3
 
-    def share(self, model: Any) -> SharedTensorBlock:
-        """Move ``model``'s tensors into shared memory (idempotent); return the block."""
-        if self._live is not None:
-            return self._live.block
-        if not isinstance(model, nn.Module):
-            raise TypeError("LiveSharedMemWeightSyncScheme trains the model in place: give "
-                            f"init_on_sender an nn.Module, not a {type(model).__name__}")
-        tensors = flat_tensors(model, live=True)
-        devices = sorted({t.device.type for t in tensors.values()} - {"cpu"})
-        if devices:
-            raise ValueError(f"live shared memory needs the trainer's model on the CPU; it has "
-                             f"tensors on {devices}: use SharedMemWeightSyncScheme (one copy "
-                             "per send) for a GPU learner")
-        block = SharedTensorBlock.create(tensors, slots=1)
-        block.write(tensors, 0, slot=0)
-        with torch.no_grad():
-            for key, view in block.slot_views(0).items():
-                tensors[key].data = view
-        self._live = _Buffer(block)
-        self._buffers = [self._live]
-        self._published = block.control(0)  # [seq, version]
-        return block
+    def __init__(self, strategy: WeightFormat | WeightStrategy = "tensordict", *,
+                 max_interval: int = 0, slots: int | None = None, slot_timeout: float = 1.0,
+                 zero_copy: bool = True) -> None:
+        super().__init__(strategy, max_interval=max_interval)
+        slots = self._default_slots if slots is None else slots
+        if not 1 <= slots <= 8:
+            raise ValueError(f"slots must be between 1 and 8, got {slots}")
+        self.slots = slots
+        self.slot_timeout = slot_timeout
+        self.zero_copy = zero_copy
 
-    @property
-    def attached(self) -> list[int]:
-        """Workers that read the published version: a send reaches them without a message."""
-        workers = self.workers
-        return sorted(w for w, peer in workers.items() if self._attached(w, peer))
+    def _options(self) -> dict[str, Any]:
+        options = super()._options()
+        if self.slots != self._default_slots:
+            options["slots"] = self.slots
+        if self.slot_timeout != 1.0:
+            options["slot_timeout"] = self.slot_timeout
+        if not self.zero_copy:
+            options["zero_copy"] = False
+        return options
 
-    async def _prepare(self, source: Any, version: int) -> tuple[Any, dict[str, Any]]:
-        if source is not self.model:
-            raise ValueError("LiveSharedMemWeightSyncScheme publishes the trainer's own "
-                             "parameters: call send() without weights (use "
-                             "SharedMemWeightSyncScheme to send other weights)")
-        block = self.share(source)
-        live, published = self._live, self._published
-        assert live is not None and published is not None
-        live.version = version
-        # Attached workers stamp it from their next step on (every worker: the word is the
-        # block's, and a lower bound of any worker's live weights, targeted or not).
-        published[1] = version
-        seq = block.slot_state(0)[0]
-        return {"block": block.name, "slot": 0, "seq": seq}, {"buffer": live}
+    def _sender_options(self) -> dict[str, Any]:
+        return {"slots": self.slots, "slot_timeout": self.slot_timeout}
 
-    async def _dispatch(self) -> None:
-        """Answer the versions queued for attached workers; transmit the others' as usual."""
-        self._answer_attached()
-        await super()._dispatch()
-
-    def _answer_attached(self) -> None:
-        """Acknowledge at once what is queued for workers that read the word: it holds it.
-
-        Under the lock, right after a send queued its version, and whenever the base
-        class would transmit queued versions: a version queued while the worker's
-        attaching message was in transit is answered too, never sent.
-        """
-        workers = self.workers
-        for gone in [w for w in self._attach if w not in workers]:
-            del self._attach[gone]  # lost (its lane goes the same way): nothing to keep
-        answered: dict[int, tuple[Sent, dict[bytes, int]]] = {}  # id(send) -> its workers
-        for worker_id, lane in self._lanes.items():
-            queued = lane.queued
-            peer = workers.get(worker_id)
-            if queued is None or peer is None or not self._attached(worker_id, peer):
-                continue
-            for sent in queued.sends:
-                sent.waiting.discard(worker_id)
-                answered.setdefault(id(sent), (sent, {}))[1][peer] = worker_id
-            lane.queued = None
-        if not answered:
-            return
-        peers = frozenset(p for _, members in answered.values() for p in members)
-        ticket = Ticket(seq=0, peers=peers)  # never on the wire: resolved here
-        ack = WeightsApplied(self.model_id, self._version, published=True).to_body()
-        for peer in peers:
-            ticket.resolve(peer, result=ack)
-        for sent, members in answered.values():
-            sent.parts.append(Part(ticket, members))
-
-    def _attached(self, worker_id: int, peer: bytes) -> bool:
-        """Whether ``worker_id`` (now ``peer``) acked a message saying it reads the word."""
-        record = self._attach.get(worker_id)
-        if record is None or record[0] != peer:
-            return False
-        result = record[1].acks.get(peer)
-        if result is None:
-            return False
-        try:
-            return WeightsApplied.from_body(result).published
-        except ProtocolError:
-            return False
-
-    def _in_flight(self, ticket: Ticket, members: dict[bytes, int], relay: bytes | None,
-                   queued: Queued) -> None:
-        super()._in_flight(ticket, members, relay, queued)
-        for peer, worker_id in members.items():
-            self._attach[worker_id] = (peer, ticket)
-
-    def _on_transmit(self, queued: Queued, ticket: Ticket) -> None:
-        pass  # nothing to free: the one buffer is the trainer's model
-
-    def add_worker(self, worker_id: int, peer: bytes) -> None:
-        self._attach.pop(worker_id, None)  # a new incarnation attaches by message again
-        super().add_worker(worker_id, peer)
-
-    def remove_worker(self, worker_id: int) -> None:
-        self._attach.pop(worker_id, None)
-        super().remove_worker(worker_id)
-
-    async def on_worker_joined(self, worker_id: int) -> int | None:
-        # A (re)joining worker has not mapped this block, whatever its index or identity
-        # did before (a worker restarted with its old identity, a respawned slot).
-        self._attach.pop(worker_id, None)
-        return await super().on_worker_joined(worker_id)
-
-    async def aclose(self) -> None:
-        live, self._live = self._live, None
-        self._published = None
-        self._attach.clear()
-        if live is not None and self.model is not None:
-            # The trainer's model keeps its values: back into private memory.
-            with torch.no_grad():
-                for tensor in flat_tensors(self.model, live=True).values():
-                    tensor.data = tensor.data.clone()
-        await super().aclose()
-
-
-def _word(value: int = 0) -> memoryview:
-    """A private int64 word, as a one-item view: compared with ``!=`` without an int made."""
-    return memoryview(array("q", [value]))
-
-
-class LiveSharedMemWeightReceiver(SharedMemWeightReceiver):
-    """Points the worker's parameters at the trainer's live ones; then reads versions only.
-
-    The first update of a trainer's model is a message: the parameters are pointed
-    at its block, the buffers (and parameters of another dtype) copied, and the ack
-    says this receiver reads the block's published version word from now on. Each
-    later version is that word: :attr:`has_pending` compares it at every step
-    boundary with the value last read (two one-word views compared in C: no lock,
-    no object made) and :meth:`apply_pending` copies the buffers again and sets
-    :attr:`version` when it moved. Nothing is acked for it: the sender answered
-    its send when it published.
-    """
-
-    reads_published = True
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        # The attached block's version word, and the value last read from it. Both are
-        # private zeros until attached: they compare equal, nothing to read.
-        self._published = _word()
-        self._read = _word()
-
-    @property
-    def has_pending(self) -> bool:
-        """A message waits, or the trainer published another version (every step: cheap)."""
-        return self._pending is not None or self._published != self._read
-
-    def apply_pending(self) -> bool:
-        """Apply a message (the first update), then the published version if it is newer."""
-        changed = super().apply_pending()
-        if self._published != self._read:
-            changed = self._apply_published() or changed
-        return changed
-
-    def _apply_published(self) -> bool:
-        with self._apply_lock:
-            version = self._published[0]
-            self._read[0] = version
-            block = self._blocks.latest()
-            if version <= self._version or block is None:
-                return False  # (a message brought it, or a newer one, already)
-            try:
-                self._refresh(block)
-            except Exception as exc:
-                # Nobody waits for an ack of this version: fail the worker's next step
-                # (check_whole) rather than step on with buffers half-copied.
-                self.last_error = exc
-                self.torn = (f"{self.model_id!r}: copying the buffers of published version "
-                             f"{version} failed ({type(exc).__name__}: {exc})")
-                self._published, self._read = _word(), _word()
-                return False
-            self._version = version
-            if self.on_apply is not None:
-                self.on_apply(version)
-            return True
-
-    def _refresh(self, block: SharedTensorBlock) -> None:
-        """Copy what is not shared (buffers, parameters of another dtype) from the block."""
-        targets = flat_tensors(self.model, live=True)
-        if self.zero_copy and isinstance(self.model, nn.Module):
-            self._share(block, targets, 0, 0)
-        else:
-            self._copy(block, targets, 0, 0)
-
-    def _share(self, block: SharedTensorBlock, targets: Mapping[str, torch.Tensor],
-               slot: int, seq: int) -> int:
-        for key, view in block.slot_views(slot).items():
-            target = targets[key]
-            if _shareable(target, view):
-                if target.data_ptr() != view.data_ptr():
-                    target.data = view
-            else:
-                copy_into(target, view)
-        return -1  # the message's version: see _apply
-
-    def _copy(self, block: SharedTensorBlock, targets: Mapping[str, torch.Tensor],
-              slot: int, seq: int) -> int:
-        for key, view in block.slot_views(slot).items():
-            copy_into(targets[key], view)  # may be torn: the trainer trains in place
-        return -1
-
-    def _apply(self, update: _Update) -> int:
-        super()._apply(update)
-        block = self._blocks.latest()
-        assert block is not None
-        self._read[0] = update.version  # a newer word is read right after (apply_pending)
-        self._published = block.control(0)[1:]
-        return update.version
-
-    def follow(self, instance: str) -> bool:
-        if instance and self.instance and instance != self.instance:
-            # Before the version drops to 0: the old trainer's word counts in its numbering.
-            self._published, self._read = _word(), _word()
-        return super().follow(instance)
-
-    def close(self) -> None:
-        self._published, self._read = _word(), _word()
-        super().close()
+    def _receiver_options(self) -> dict[str, Any]:
+        return {"zero_copy": self.zero_copy}

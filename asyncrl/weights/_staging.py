@@ -24,7 +24,10 @@ from transports import Ticket, copy_into
 
 from ._strategy import clone_weights, flat_tensors
 
-__all__ = ["Stage"]
+__all__ = ["SPARE_STAGES", "Stage", "free_stage"]
+
+#: Idle snapshot buffers kept for reuse beyond those in use.
+SPARE_STAGES = 1
 
 
 class Stage:
@@ -75,6 +78,26 @@ class Stage:
                 self.retired = True  # ZeroMQ may still hold the frames for the lost peer
         self.tickets = pending
         return self.retired or bool(pending)
+
+
+def free_stage(stages: list[Stage], in_use: set[int], weights: Any,
+               flat: Mapping[str, torch.Tensor]) -> tuple[Stage, list[Stage]]:
+    """A stage nothing reads any more (reused) or a new one, and the stages to keep.
+
+    ``in_use`` holds the ``id()`` of the stages a send still needs (the latest
+    version, the queued ones); busy and in-use stages are kept, retired ones
+    dropped, and at most :data:`SPARE_STAGES` idle ones of the same layout kept.
+    """
+    keep: list[Stage] = []
+    free: list[Stage] = []
+    for stage in stages:
+        if stage.busy() or id(stage) in in_use:  # busy() first: it notes a retirement
+            if not stage.retired:
+                keep.append(stage)
+        elif stage.matches(flat):
+            free.append(stage)  # (a free stage of another layout is dropped)
+    stage = free.pop() if free else Stage(weights)
+    return stage, [*keep, stage, *free[:SPARE_STAGES]]
 
 
 def _layout(flat: Mapping[str, torch.Tensor]) -> list[tuple[str, torch.dtype, tuple[int, ...]]]:

@@ -32,13 +32,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ._schemes import (
-    DistributedWeightSyncScheme,
-    NoWeightSyncScheme,
-    SharedMemWeightSyncScheme,
-    WeightSyncScheme,
-    ZmqWeightSyncScheme,
-)
+from ._distributed import DistributedWeightSyncScheme
+from ._no_weights import NoWeightSyncScheme
+from ._scheme import WeightSyncScheme
+from ._shared_memory import SharedMemWeightSyncScheme
+from ._zmq import ZmqWeightSyncScheme
 
 __all__ = ["as_weight_sync_schemes", "from_torchrl_scheme"]
 

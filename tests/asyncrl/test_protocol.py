@@ -23,9 +23,9 @@ from asyncrl._protocol import (
     WeightMeta,
     WeightsApplied,
 )
-from asyncrl.weights import LocalHub, WeightSender
-from asyncrl.weights._fanout import parse_relay_ack
-from transports import ErrorPayload, PeerLostError, ProtocolError, RemoteError
+from asyncrl.weights import WeightSender
+from asyncrl.weights._in_flight import parse_relay_ack
+from transports import ErrorPayload, LocalHub, PeerLostError, ProtocolError, RemoteError
 
 pytestmark = pytest.mark.anyio
 

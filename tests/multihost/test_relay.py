@@ -16,12 +16,12 @@ import pytest
 import torch
 
 from asyncrl import MultiAsyncCollector, MultiSyncCollector
+from asyncrl._protocol import RELAY_TO
 from asyncrl._worker.relay import HostRelay
 from asyncrl._worker.spec import WorkerSpec
 from asyncrl._worker.worker import run_worker
 from asyncrl.testing import ParamPolicy
 from asyncrl.weights import WEIGHTS_KIND, WeightSender, ZmqWeightSyncScheme
-from asyncrl.weights._fanout import RELAY_TO
 from tests.multihost.processes import alive, free_port, kill_group, wait_exit
 from transports import Hub, Link, Message, PeerLostError, RemoteError, generate_keys
 

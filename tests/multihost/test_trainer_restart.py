@@ -191,10 +191,9 @@ async def test_a_relay_never_acks_a_dead_trainers_forward_to_its_successor() -> 
     The ack of A's message must not reach B: its sequence number would name one of
     B's messages (here B's version 1, sent with the same sequence number).
     """
-    from asyncrl._protocol import RelayWelcome
+    from asyncrl._protocol import RELAY_TO, RelayWelcome
     from asyncrl._worker.relay import ATTACHED_KIND, HostRelay
     from asyncrl.weights import WEIGHTS_KIND
-    from asyncrl.weights._fanout import RELAY_TO
 
     endpoint = f"tcp://127.0.0.1:{free_port()}"
 

@@ -104,9 +104,7 @@ class MultiConfig:
         that cannot serve it raises ValueError saying which can."""
         for model_id, scheme in schemes.items():
             self.loss_policy.check_scheme(model_id, scheme)
-            # (on_worker_loss: until every scheme's plan() drops it, see asyncrl/weights)
-            scheme.plan(workers=self.layout.total, remote_workers=self.layout.remote_workers,
-                        on_worker_loss=self.on_worker_loss)
+            scheme.plan(workers=self.layout.total, remote_workers=self.layout.remote_workers)
 
     def worker_specs(self, *, policy: Any, policy_factory: Any, create_env_kwargs: Any,
                      schemes: dict[str, WeightSyncScheme]) -> tuple[WorkerSpec, list[WorkerSpec]]:

@@ -19,8 +19,6 @@ from torch import nn
 
 from asyncrl.weights import (
     AckRoute,
-    LocalHub,
-    LocalLink,
     NoWeightSyncScheme,
     StreamedWeightReceiver,
     WeightApplier,
@@ -28,7 +26,7 @@ from asyncrl.weights import (
     WeightReceiver,
     ZmqWeightSyncScheme,
 )
-from transports import Message, ProtocolError, RemoteError, Ticket
+from transports import LocalHub, LocalLink, Message, ProtocolError, RemoteError, Ticket
 
 pytestmark = pytest.mark.anyio
 WAIT = 10

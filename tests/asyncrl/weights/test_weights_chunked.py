@@ -21,7 +21,6 @@ from asyncrl._protocol import WeightChunk, WeightMeta
 from asyncrl.testing import fill_parameters
 from asyncrl.weights import (
     WEIGHTS_KIND,
-    LocalHub,
     SharedMemWeightSyncScheme,
     StreamedWeightReceiver,
     WeightApplier,
@@ -30,7 +29,7 @@ from asyncrl.weights import (
 )
 from asyncrl.weights._chunks import chunk_bodies, plan_chunks
 from asyncrl.weights._strategy import flat_tensors
-from transports import Message, PeerLostError, ProtocolError
+from transports import LocalHub, Message, PeerLostError, ProtocolError
 
 pytestmark = pytest.mark.anyio
 WAIT = 20

@@ -16,9 +16,9 @@ import pytest
 import torch
 from torch import nn
 
-from asyncrl.weights import CudaIpcWeightSyncScheme, LocalHub, WeightSyncScheme
+from asyncrl.weights import CudaIpcWeightSyncScheme, WeightSyncScheme
 from asyncrl.weights._cuda_ipc import CudaIpcBlock, parse_body
-from transports import ProtocolError
+from transports import LocalHub, ProtocolError
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 LIMIT = 120  # worker processes that import torch and CUDA: a bound, not a speed claim

@@ -28,11 +28,11 @@ from asyncrl.testing import (
 )
 from asyncrl.weights import (
     DistributedWeightSyncScheme,
-    LocalHub,
     WeightSyncError,
     WeightSyncScheme,
 )
 from asyncrl.weights._collective import FlatLayout, Group, chain_order
+from transports import LocalHub
 
 pytestmark = pytest.mark.anyio
 LOSS = (WeightSyncError, WorkerLostError)

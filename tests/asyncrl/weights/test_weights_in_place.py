@@ -20,7 +20,6 @@ from torch import nn
 
 from asyncrl.testing import fill_parameters
 from asyncrl.weights import (
-    LocalHub,
     StreamedWeightReceiver,
     WeightApplier,
     WeightSyncError,
@@ -29,7 +28,7 @@ from asyncrl.weights import (
 )
 from asyncrl.weights._receiver import WeightReceiverGroup
 from tests.asyncrl.weights.test_weights_chunked import CHUNK, _body, net, stream, values
-from transports import ProtocolError
+from transports import LocalHub, ProtocolError
 
 pytestmark = pytest.mark.anyio
 WAIT = 20

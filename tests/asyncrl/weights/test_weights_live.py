@@ -24,14 +24,13 @@ from asyncrl import MultiAsyncCollector, MultiSyncCollector
 from asyncrl.testing import CountingEnv, ValuePolicy, fill_parameters, parameter_values
 from asyncrl.weights import (
     LiveSharedMemWeightSyncScheme,
-    LocalHub,
     SharedMemWeightSyncScheme,
     WeightApplier,
     WeightSender,
     WeightSyncScheme,
 )
 from tests.asyncrl.weights.test_weights_shared_memory import net
-from transports import Message
+from transports import LocalHub, Message
 
 pytestmark = pytest.mark.anyio
 WAIT = 20

@@ -18,18 +18,15 @@ import pytest
 import torch
 from torch import nn
 
-from asyncrl._protocol import RelayAck
+from asyncrl._protocol import RELAY_TO, RelayAck
 from asyncrl.testing import fill_parameters, parameter_values
 from asyncrl.weights import (
-    LocalHub,
-    LocalLink,
     SharedMemWeightSyncScheme,
     WeightReceiver,
     WeightSender,
     ZmqWeightSyncScheme,
 )
-from asyncrl.weights._fanout import RELAY_TO
-from transports import PeerLostError, RemoteError, Ticket
+from transports import LocalHub, LocalLink, PeerLostError, RemoteError, Ticket
 
 pytestmark = pytest.mark.anyio
 WAIT = 30

@@ -18,13 +18,12 @@ from torch import nn
 from asyncrl.testing import fill_parameters, parameter_values
 from asyncrl.weights import (
     LiveSharedMemWeightSyncScheme,
-    LocalHub,
-    LocalLink,
     SharedMemWeightSyncScheme,
     WeightReceiver,
     WeightSender,
     WeightSyncScheme,
 )
+from transports import LocalHub, LocalLink
 
 pytestmark = pytest.mark.anyio
 WAIT = 20

@@ -25,8 +25,6 @@ from asyncrl.testing import fill_parameters
 from asyncrl.weights import (
     WEIGHTS_KIND,
     InProcessWeightSyncScheme,
-    LocalHub,
-    LocalLink,
     NotInitializedError,
     NoWeightSyncScheme,
     SharedMemWeightSyncScheme,
@@ -37,7 +35,7 @@ from asyncrl.weights import (
     WeightSyncScheme,
     ZmqWeightSyncScheme,
 )
-from transports import Message, PeerLostError, RemoteError
+from transports import LocalHub, LocalLink, Message, PeerLostError, RemoteError
 
 pytestmark = pytest.mark.anyio
 WAIT = 10

@@ -1,4 +1,4 @@
-"""The ZeroMQ scheme's two ends: big versions streamed in chunks, applied by a buffer swap.
+"""The ZeroMQ scheme (the default, any host) and its two ends: big versions streamed in chunks.
 
 Trainer: a version bigger than ``chunk_bytes`` goes out as a sequence of chunk
 messages, views of the snapshot (see :mod:`._chunks`); only the last one asks
@@ -30,12 +30,10 @@ once writing began leaves the model *torn*: the next step fails with a
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 import anyio
-import anyio.lowlevel
-import numpy as np
 import torch
 from torch import nn
 
@@ -45,19 +43,25 @@ from .._protocol import WEIGHTS_KIND, WeightChunk, WeightMeta
 from ._chunks import (
     DEFAULT_CHUNK_BYTES,
     ChunkAssembly,
+    ChunkFilling,
+    ChunkStream,
+    InPlace,
     Layout,
+    Staged,
     check_layout,
     chunk_bodies,
     empty_buffers,
     plan_chunks,
     streamable,
+    total_nbytes,
 )
 from ._errors import WeightSyncError
-from ._receiver import AckRoute, WeightReceiver, _Update
-from ._sender import THREAD_COPY_BYTES, WeightSender
-from ._strategy import flat_tensors
+from ._receiver import AckRoute, PendingUpdate, WeightReceiver
+from ._scheme import WeightSyncScheme
+from ._sender import WeightSender
+from ._strategy import WeightFormat, WeightStrategy, flat_tensors
 
-__all__ = ["StreamedWeightReceiver", "StreamingWeightSender"]
+__all__ = ["StreamedWeightReceiver", "StreamingWeightSender", "ZmqWeightSyncScheme"]
 
 
 class StreamingWeightSender(WeightSender):
@@ -66,7 +70,8 @@ class StreamingWeightSender(WeightSender):
     ``ZmqWeightSyncScheme(chunk_bytes=...).init_on_sender(...)`` builds it.
 
     >>> from torch import nn
-    >>> from asyncrl.weights import LocalHub, ZmqWeightSyncScheme
+    >>> from asyncrl.weights import ZmqWeightSyncScheme
+    >>> from transports import LocalHub
     >>> sender = ZmqWeightSyncScheme(chunk_bytes=1 << 20).init_on_sender(
     ...     "policy", hub=LocalHub(), model=nn.Linear(1024, 1024), workers={})
     >>> len(sender._plan(sender.model.state_dict()))   # 4.2 MB in chunks of 1 MiB
@@ -82,7 +87,7 @@ class StreamingWeightSender(WeightSender):
         self.chunks_sent = 0
 
     async def _prepare(self, source: Any, version: int) -> tuple[Any, dict[str, Any]]:
-        """A snapshot buffer that the chunks fill as they go out (see :class:`_Filling`).
+        """A snapshot buffer that the chunks fill as they go out (see :class:`ChunkFilling`).
 
         The first transmission copies chunk *i* into the buffer just before
         handing it to ZeroMQ, so the copy of the next chunk overlaps the wire;
@@ -91,10 +96,10 @@ class StreamingWeightSender(WeightSender):
         weights = self.strategy.extract_weights(source)
         flat = flat_tensors(weights)
         if not (self.snapshot and self.chunk_bytes and streamable(flat)
-                and _nbytes(flat) > self.chunk_bytes):
+                and total_nbytes(flat) > self.chunk_bytes):
             return await super()._prepare(source, version)
         stage = self._free_stage(weights, flat)
-        filling = _Filling(stage.payload, flat, flat_tensors(stage.payload),
+        filling = ChunkFilling(stage.payload, flat, flat_tensors(stage.payload),
                            plan_chunks(flat, self.chunk_bytes))
         return stage.payload, {"stage": stage, "filling": filling}
 
@@ -129,13 +134,13 @@ class StreamingWeightSender(WeightSender):
         return await self.hub.send_async(peers, chunk_bodies(views, last), kind=WEIGHTS_KIND,
                                          meta=replace(meta, chunk=last).to_meta())
 
-    def _filling_of(self, payload: Any) -> _Filling | None:
+    def _filling_of(self, payload: Any) -> ChunkFilling | None:
         """The snapshot being filled for ``payload``, if it is not complete yet."""
         for lane in self._lanes.values():
             queued = lane.queued
             if queued is not None and queued.payload is payload:
                 filling = queued.extra.get("filling")
-                if isinstance(filling, _Filling) and not filling.done:
+                if isinstance(filling, ChunkFilling) and not filling.done:
                     return filling
         return None
 
@@ -146,84 +151,9 @@ class StreamingWeightSender(WeightSender):
         views = flat_tensors(payload)
         if not streamable(views):
             return None
-        if _nbytes(views) <= self.chunk_bytes:
+        if total_nbytes(views) <= self.chunk_bytes:
             return None
         return plan_chunks(views, self.chunk_bytes)
-
-
-class _Filling:
-    """A snapshot filled chunk by chunk, in the order the chunks go out."""
-
-    def __init__(self, payload: Any, source: Mapping[str, torch.Tensor],
-                 views: Mapping[str, torch.Tensor], chunks: list[WeightChunk]) -> None:
-        self.payload = payload
-        self.chunks = chunks
-        self._pairs = [(_bytes_of(views[key]), _bytes_of(source[key])) for key in views]
-        self._index = {key: i for i, key in enumerate(views)}
-        self.filled = -1  # chunks copied so far: 0..filled
-
-    @property
-    def done(self) -> bool:
-        return self.filled == len(self.chunks) - 1
-
-    async def upto(self, index: int) -> None:
-        """Copy the chunks up to ``index`` from the model into the snapshot (once each)."""
-        while self.filled < index:
-            chunk = self.chunks[self.filled + 1]
-            if sum(size for _, _, size in chunk.parts) > THREAD_COPY_BYTES:
-                # A thread keeps the event loop (heartbeats, acks) running during the copy.
-                await anyio.to_thread.run_sync(self._copy, chunk)
-            else:  # a few ms: cheaper inline than a thread hop
-                self._copy(chunk)
-                await anyio.lowlevel.checkpoint()
-            self.filled = chunk.index
-
-    def _copy(self, chunk: WeightChunk) -> None:
-        for key, offset, size in chunk.parts:
-            into, source = self._pairs[self._index[key]]
-            np.copyto(into[offset:offset + size].numpy(), source[offset:offset + size].numpy())
-
-
-def _bytes_of(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor.detach().reshape(-1).view(torch.uint8)
-
-
-def _nbytes(flat: Mapping[str, torch.Tensor]) -> int:
-    return sum(t.numel() * t.element_size() for t in flat.values())
-
-
-@dataclass(eq=False)
-class _Staged:
-    """A complete version in a receive buffer, waiting for a step boundary."""
-
-    layout: Layout
-    buffers: dict[str, torch.Tensor]
-
-
-@dataclass(eq=False)
-class _InPlace:
-    """A version already written into the model (``in_place``): nothing left to copy."""
-
-    version: int
-
-
-@dataclass(eq=False)
-class _Stream:
-    """The chunks of one version coming by one route."""
-
-    version: int
-    count: int
-    assembly: ChunkAssembly | None  # None: not written (stale, superseded or failed)
-    error: BaseException | None = None
-    next_index: int = 0
-    #: ``in_place``: its assembly writes into the model itself.
-    in_place: bool = False
-    #: ``in_place``: chunks that came before the model was held, in order.
-    backlog: list[tuple[WeightChunk, Any]] = field(default_factory=list)
-    #: ``in_place``: the last chunk's message and route, once it came (acked on completion).
-    last: tuple[Message, AckRoute] | None = None
-    #: ``in_place``: a chunk of it was written into the model.
-    written: bool = False
 
 
 class StreamedWeightReceiver(WeightReceiver):
@@ -256,9 +186,9 @@ class StreamedWeightReceiver(WeightReceiver):
         #: ``in_place``: why the model is half-written (a stream failed after writing
         #: began), until a complete version is written; None while it is whole.
         self.torn: str | None = None
-        self._streams: dict[AckRoute, _Stream] = {}  # event loop only
-        self._spare: _Staged | None = None  # the receive buffer when no stream holds it (_lock)
-        self._hold: _Stream | None = None  # in_place: the stream that holds the model
+        self._streams: dict[AckRoute, ChunkStream] = {}  # event loop only
+        self._spare: Staged | None = None  # the receive buffer when no stream holds it (_lock)
+        self._hold: ChunkStream | None = None  # in_place: the stream that holds the model
         self._parked = False  # in_place: the model is not in use until the hold ends
         self._handing_over = False  # in_place: _start runs (see _release)
 
@@ -334,7 +264,7 @@ class StreamedWeightReceiver(WeightReceiver):
         elif error is not None and message.needs_ack:
             self._ack_all([(message, route)], None, error)
 
-    def _start(self, route: AckRoute, version: int, chunk: WeightChunk) -> _Stream:
+    def _start(self, route: AckRoute, version: int, chunk: WeightChunk) -> ChunkStream:
         """A new stream on ``route`` (dropping an unfinished one): written, or skipped if stale."""
         held = self._hold
         self._handing_over = True  # in_place: a newer stream takes the held model over
@@ -345,11 +275,11 @@ class StreamedWeightReceiver(WeightReceiver):
             if held is not None and self._hold is held and held.assembly is None:
                 self._let_go(held)  # released, and no stream took the model over
 
-    def _start_stream(self, route: AckRoute, version: int, chunk: WeightChunk) -> _Stream:
+    def _start_stream(self, route: AckRoute, version: int, chunk: WeightChunk) -> ChunkStream:
         abandoned = self._streams.pop(route, None)
         if abandoned is not None:
             self._release(abandoned)  # its last chunk never came: no ack is owed
-        stream = _Stream(version, chunk.count, None)
+        stream = ChunkStream(version, chunk.count, None)
         self._streams[route] = stream
         if version <= self._newest_known():
             return stream  # a newer version is applied, pending or on its way: skip this one
@@ -368,8 +298,8 @@ class StreamedWeightReceiver(WeightReceiver):
                                         self._claim(chunk.layout, version))
         return stream
 
-    def _start_in_place(self, stream: _Stream, chunk: WeightChunk,
-                        targets: Mapping[str, torch.Tensor]) -> _Stream:
+    def _start_in_place(self, stream: ChunkStream, chunk: WeightChunk,
+                        targets: Mapping[str, torch.Tensor]) -> ChunkStream:
         bad = [key for key, t in targets.items()
                if not (t.is_contiguous() and t.device.type == "cpu")]
         if bad:
@@ -392,7 +322,7 @@ class StreamedWeightReceiver(WeightReceiver):
         self._hold = stream
         return stream
 
-    def _take(self, stream: _Stream, chunk: WeightChunk, body: Any) -> None:
+    def _take(self, stream: ChunkStream, chunk: WeightChunk, body: Any) -> None:
         if stream.in_place and stream.assembly is not None and not self._parked:
             stream.backlog.append((chunk, body))  # the model may be stepping: not yet
             return
@@ -407,7 +337,7 @@ class StreamedWeightReceiver(WeightReceiver):
                                 f"{stream.count}")
         stream.next_index += 1
 
-    def _fail(self, stream: _Stream, error: BaseException) -> None:
+    def _fail(self, stream: ChunkStream, error: BaseException) -> None:
         owned = stream.assembly is not None
         if stream.last is not None:  # in_place: its last chunk came, its backlog failed
             last, stream.last = stream.last, None
@@ -425,7 +355,7 @@ class StreamedWeightReceiver(WeightReceiver):
                             f"version {stream.version} of {self.model_id!r} superseded this "
                             f"one but its stream failed: {error}"))
 
-    def _finish(self, stream: _Stream | None, error: BaseException | None, message: Message,
+    def _finish(self, stream: ChunkStream | None, error: BaseException | None, message: Message,
                 route: AckRoute, version: int) -> None:
         """The last chunk of ``version`` came: offer the version, or ack the failure."""
         if error is not None:
@@ -440,7 +370,7 @@ class StreamedWeightReceiver(WeightReceiver):
             return  # else once the model is held and the backlog written (park)
         if assembly is not None and assembly.complete:
             stream.assembly = None
-            self._offer(version, _Staged(assembly.layout, assembly.buffers), message, route)
+            self._offer(version, Staged(assembly.layout, assembly.buffers), message, route)
             return
         newer = self._newest_known()
         with self._lock:  # skipped: answered by what is held, pending or on its way
@@ -469,14 +399,14 @@ class StreamedWeightReceiver(WeightReceiver):
         with self._lock:
             spare, self._spare = self._spare, None
             if spare is None and self._pending is not None \
-                    and isinstance(self._pending.payload, _Staged) \
+                    and isinstance(self._pending.payload, Staged) \
                     and self._pending.version < version:
                 spare, self._pending = self._pending.payload, None  # its acks wait for ours
         if spare is not None and spare.layout == layout:
             return spare.buffers
         return empty_buffers(layout)  # first stream, or the layout changed
 
-    def _release(self, stream: _Stream) -> None:
+    def _release(self, stream: ChunkStream) -> None:
         """``stream`` stops writing; its buffer becomes the spare (``in_place``: the model is
         let go, torn if the stream had written into it)."""
         assembly, stream.assembly = stream.assembly, None
@@ -484,7 +414,7 @@ class StreamedWeightReceiver(WeightReceiver):
             return
         if not stream.in_place:
             with self._lock:
-                self._keep_spare(_Staged(assembly.layout, assembly.buffers))
+                self._keep_spare(Staged(assembly.layout, assembly.buffers))
             return
         stream.backlog.clear()
         if stream.last is not None:  # superseded after its last chunk came: acked with
@@ -499,7 +429,7 @@ class StreamedWeightReceiver(WeightReceiver):
         if not self._handing_over:
             self._let_go(stream)
 
-    def _drain(self, stream: _Stream) -> None:
+    def _drain(self, stream: ChunkStream) -> None:
         """Write ``stream``'s backlog into the held model; complete it if its last chunk came."""
         while stream.backlog and stream.error is None and stream.assembly is not None:
             chunk, body = stream.backlog.pop(0)
@@ -510,7 +440,7 @@ class StreamedWeightReceiver(WeightReceiver):
         if stream.last is not None and stream.assembly is not None:
             self._complete_in_place(stream)
 
-    def _complete_in_place(self, stream: _Stream) -> None:
+    def _complete_in_place(self, stream: ChunkStream) -> None:
         assert stream.last is not None and stream.assembly is not None
         if not stream.assembly.complete:  # (ChunkAssembly checks the last chunk covers all)
             self._fail(stream, ProtocolError(
@@ -519,10 +449,10 @@ class StreamedWeightReceiver(WeightReceiver):
         stream.assembly = None
         self.torn = None  # every byte of the model is of this version now
         last, stream.last = stream.last, None
-        self._offer(stream.version, _InPlace(stream.version), *last)
+        self._offer(stream.version, InPlace(stream.version), *last)
         self._let_go(stream)
 
-    def _let_go(self, stream: _Stream) -> None:
+    def _let_go(self, stream: ChunkStream) -> None:
         """The model is no longer held by ``stream``: a waiting rollout goes on (or fails)."""
         if self._hold is stream:
             self._hold = None
@@ -530,20 +460,20 @@ class StreamedWeightReceiver(WeightReceiver):
         if self.on_ready is not None:
             self.on_ready()
 
-    def _keep_spare(self, staged: _Staged) -> None:
+    def _keep_spare(self, staged: Staged) -> None:
         if self._spare is None:
             self._spare = staged  # (one spare at most: a second one is freed)
 
     def _discard(self, payload: Any) -> None:
-        if isinstance(payload, _Staged):
+        if isinstance(payload, Staged):
             self._keep_spare(payload)
 
     # -- any thread, at a step boundary ---------------------------------------------------
-    def _apply(self, update: _Update) -> int:
+    def _apply(self, update: PendingUpdate) -> int:
         staged = update.payload
-        if isinstance(staged, _InPlace):
+        if isinstance(staged, InPlace):
             return update.version  # written into the model while the rollout waited
-        if not isinstance(staged, _Staged):
+        if not isinstance(staged, Staged):
             return super()._apply(update)
         targets = flat_tensors(self.model, live=True)
         check_layout(staged.layout, targets, f"streamed weights of {self.model_id!r}")
@@ -557,7 +487,7 @@ class StreamedWeightReceiver(WeightReceiver):
                 copy_into(target, buffer)
                 freed[key] = buffer
         with self._lock:
-            self._keep_spare(_Staged(staged.layout, _reusable(freed, staged.buffers)))
+            self._keep_spare(Staged(staged.layout, _reusable(freed, staged.buffers)))
         return update.version
 
     def close(self) -> None:
@@ -585,3 +515,77 @@ def _reusable(freed: Mapping[str, torch.Tensor], like: Mapping[str, torch.Tensor
                               and tuple(tensor.shape) == tuple(want.shape)
                               and tensor.device.type == "cpu") else torch.empty_like(want)
     return out
+
+
+class ZmqWeightSyncScheme(WeightSyncScheme):
+    """The default: weights travel in ZeroMQ messages; works across hosts.
+
+    A version of more than ``chunk_bytes`` (default 16 MiB; 0: never) is
+    streamed as a sequence of chunk messages: the trainer hands ZeroMQ views
+    of its snapshot, and each worker checks every chunk against its model's
+    layout and copies it into a receive buffer while the next one is on the
+    wire. The model changes only at a step boundary once every chunk arrived:
+    its parameters then point at that buffer (``zero_copy=True``, the
+    default: no copy; their previous storage receives the next version) or
+    the buffer is copied into them (``zero_copy=False``, for modules that
+    cache tensors derived from their parameters). A worker holds its model,
+    one receive buffer and a chunk, never a whole message besides. Smaller
+    versions travel in one message and are copied into the model.
+
+    ``in_place=True`` (for models too big to hold twice): no receive buffer;
+    each chunk is written straight into the model's own tensors as it comes,
+    while the worker's rollout waits at a step boundary from the stream's first
+    chunk to its last (a worker between batches is not held at all). One copy
+    of the model, never two; the price is that pause, about one transfer of
+    the model per update. Frames keep exact versions. A stream that fails
+    after writing began leaves the model half-written: the worker's next step
+    (or control operation) then fails with a ``WeightSyncError`` instead of
+    stepping with it. For worker processes (``asyncrl worker``, a collector's
+    workers); ``zero_copy`` does not apply.
+
+    >>> scheme = ZmqWeightSyncScheme()
+    >>> ZmqWeightSyncScheme.from_config(scheme.to_config())
+    ZmqWeightSyncScheme()
+    >>> ZmqWeightSyncScheme(chunk_bytes=4 << 20).to_config()["chunk_bytes"]
+    4194304
+    >>> ZmqWeightSyncScheme(in_place=True)
+    ZmqWeightSyncScheme(in_place=True)
+    """
+
+    name = "zmq"
+    _sender_class = StreamingWeightSender
+    _receiver_class = StreamedWeightReceiver
+
+    def __init__(self, strategy: WeightFormat | WeightStrategy = "tensordict", *,
+                 max_interval: int = 0, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+                 zero_copy: bool | None = None, in_place: bool = False) -> None:
+        super().__init__(strategy, max_interval=max_interval)
+        if type(chunk_bytes) is not int or chunk_bytes < 0:
+            raise ValueError(f"chunk_bytes must be an int >= 0 (0: never chunk), "
+                             f"got {chunk_bytes!r}")
+        if in_place and zero_copy is not None:
+            raise ValueError("in_place=True writes every chunk into the model's own tensors: "
+                             "there is no receive buffer for zero_copy to swap or copy from; "
+                             "leave zero_copy out")
+        if in_place and not chunk_bytes:
+            raise ValueError("in_place=True streams big versions in chunks: give chunk_bytes "
+                             "> 0 (the default is 16 MiB)")
+        self.chunk_bytes = chunk_bytes
+        self.in_place = bool(in_place)
+        self.zero_copy = not self.in_place if zero_copy is None else bool(zero_copy)
+
+    def _options(self) -> dict[str, Any]:
+        options = super()._options()
+        if self.chunk_bytes != DEFAULT_CHUNK_BYTES:
+            options["chunk_bytes"] = self.chunk_bytes
+        if self.in_place:
+            options["in_place"] = True
+        elif not self.zero_copy:
+            options["zero_copy"] = False
+        return options
+
+    def _sender_options(self) -> dict[str, Any]:
+        return {"chunk_bytes": self.chunk_bytes}
+
+    def _receiver_options(self) -> dict[str, Any]:
+        return {"zero_copy": self.zero_copy, "in_place": self.in_place}
