@@ -12,6 +12,8 @@
   :func:`list_keys` manage a key directory that a running hub watches.
 * Errors: :class:`TransportError` and its family; :class:`ErrorPayload` is the one wire form
   of an exception. :class:`ClosedResourceError` is also anyio's.
+* A peer's text made safe to print: :func:`printable` (one line), :func:`printable_lines`,
+  :func:`printable_block` (multi-line, indented), :func:`peer_name` (an identity's bytes).
 
 Everything else (``transports._name``) is private: asyncrl itself imports only this face.
 """
@@ -43,6 +45,10 @@ from ._link import Link as Link
 from ._link import random_identity as random_identity
 from ._memory import LocalHub as LocalHub
 from ._memory import LocalLink as LocalLink
+from ._printable import peer_name as peer_name
+from ._printable import printable as printable
+from ._printable import printable_block as printable_block
+from ._printable import printable_lines as printable_lines
 from ._ratelimit import RateLimitedLog as RateLimitedLog
 from ._resource import TaskGroupResource as TaskGroupResource
 from ._shm import SharedTensorBlock as SharedTensorBlock
@@ -88,6 +94,10 @@ __all__ = [
     "encode",
     "generate_keys",
     "list_keys",
+    "peer_name",
+    "printable",
+    "printable_block",
+    "printable_lines",
     "random_identity",
     "revoke_host",
     "shutdown",
