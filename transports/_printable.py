@@ -115,7 +115,7 @@ def _bounded(text: str, limit: int, *, keep_newlines: bool,
              first: bool = False) -> str:
     # Escaping and indenting only lengthen: more than ``limit`` characters of the
     # text are never shown, so the rest is not even looked at.
-    part = text[:limit] if keep == "head" else text[len(text) - limit:] if limit else ""
+    part = text[:limit] if keep == "head" else text[max(0, len(text) - limit):]
     whole = len(part) == len(text)
     if indent:
         part = _indent_lines(part, indent, first=first)
@@ -127,10 +127,11 @@ def _bounded(text: str, limit: int, *, keep_newlines: bool,
         pieces = _pieces(part, keep_newlines)
         if whole and sum(map(len, pieces)) <= limit:
             return "".join(pieces)
-    return _cut(pieces, len(text), limit, keep)
+    return _cut(pieces, len(text), limit, keep, indent, first)
 
 
-def _cut(pieces: list[str], total: int, limit: int, keep: Literal["head", "tail"]) -> str:
+def _cut(pieces: list[str], total: int, limit: int, keep: Literal["head", "tail"],
+         indent: str, first: bool) -> str:
     """As many pieces (one per character shown) of the kept end as fit in ``limit``
     beside a marker that says the text was cut and how long it was."""
     marker = f"[... cut, {total} characters in all]"
@@ -141,9 +142,22 @@ def _cut(pieces: list[str], total: int, limit: int, keep: Literal["head", "tail"
             break
         kept.append(piece)
         room -= len(piece)
+    # The kept lines have their indent; the marker's own line needs it when it starts one.
+    while indent and room < len(indent) and kept and _marker_starts_line(kept, keep, first):
+        room += len(kept.pop())
     if keep == "head":
-        return ("".join(kept) + " " + marker)[:limit]
-    return (marker + " " + "".join(reversed(kept)))[-limit:]
+        text = "".join(kept) + " " + marker
+    else:
+        text = marker + " " + "".join(reversed(kept))
+    if indent:
+        text = _indent_lines(text, indent, first=first)
+    return text[:limit] if keep == "head" else text[-limit:]
+
+
+def _marker_starts_line(kept: list[str], keep: Literal["head", "tail"], first: bool) -> bool:
+    if keep == "tail":
+        return first  # the marker leads the text
+    return kept[-1] == "\n" or (first and "\n" not in kept)
 
 
 def _indent_lines(text: str, indent: str, *, first: bool) -> str:

@@ -137,6 +137,11 @@ def test_a_cut_says_so_and_keeps_within_the_limit() -> None:
     assert len(cut) == 100 and cut.endswith("[... cut, 1000 characters in all]")
     tail = printable_lines("head\n" + "t" * 1000 + "\nraise", limit=100, indent="", keep="tail")
     assert len(tail) <= 100 and tail.endswith("\nraise") and tail.startswith("[... cut")
+    assert printable_lines("x" * 70, limit=100, indent="", keep="tail") == "x" * 70
+    # A cut text read again is left as it is (a relay passes it on unchanged).
+    for cut in (printable_lines("a\n" * 100, limit=50), printable_block("a\n" * 100, limit=50)):
+        assert len(cut) <= 50 and printable_lines(cut, limit=50) == cut
+        assert all(line.startswith(INDENT) for line in cut.split("\n")[1:] if line)
 
 
 def test_a_peer_identity_is_shown_escaped() -> None:
