@@ -66,7 +66,6 @@ class Hello:
         )
 
 
-
 @dataclass(slots=True)
 class RelayHello:
     """Relay -> coordinator: I am host ``host``'s relay and these workers are mine.
@@ -103,7 +102,6 @@ class RelayHello:
         )
 
 
-
 @dataclass(slots=True)
 class RelayWelcome:
     """Coordinator -> relay: registered; weights for your members may come through you."""
@@ -120,7 +118,6 @@ class RelayWelcome:
     def from_body(cls, body: Any) -> Self:
         return cls(members=required(body, "members", int, "relay_welcome"),
                    instance=optional_text(body, "instance", "relay_welcome", limit=64))
-
 
 
 @dataclass(slots=True)
@@ -161,7 +158,6 @@ class Welcome:
         )
 
 
-
 @dataclass(slots=True)
 class Refuse:
     """Coordinator -> worker: you may not join, and why.
@@ -187,7 +183,6 @@ class Refuse:
         return cls(reason=text(body, "reason", "refuse", limit=MAX_REASON), full=full)
 
 
-
 @dataclass(slots=True)
 class Rejoin:
     """Coordinator -> worker: I dropped you (silent too long); say hello again.
@@ -209,7 +204,6 @@ class Rejoin:
         return cls(reason=optional_text(body, "reason", "rejoin", limit=1000))
 
 
-
 @dataclass(slots=True)
 class Leaving:
     """Worker -> coordinator: I am stopping on my own (a signal asked me to), not failing.
@@ -228,7 +222,6 @@ class Leaving:
     @classmethod
     def from_body(cls, body: Any) -> Self:
         return cls(reason=optional_text(body, "reason", "leaving", limit=1000))
-
 
 
 __all__ = ["MAX_REASON", "PROTOCOL", "Hello", "Leaving", "Refuse", "Rejoin", "RelayHello",

@@ -33,7 +33,6 @@ class Collect:
         return cls(request=required(body, "request", int, "collect"), credits=credits)
 
 
-
 @dataclass(slots=True)
 class Preempt:
     """Coordinator -> worker: stop the batch for ``request`` now and send what you have."""
@@ -47,7 +46,6 @@ class Preempt:
     @classmethod
     def from_body(cls, body: Any) -> Self:
         return cls(request=required(body, "request", int, "preempt"))
-
 
 
 @dataclass(slots=True)
@@ -65,7 +63,6 @@ class Batch:
     def from_body(cls, body: Any) -> Self:
         return cls(request=required(body, "request", int, "batch"),
                    frames=required(body, "frames", TensorDictBase, "batch"))
-
 
 
 @dataclass(slots=True)
@@ -98,7 +95,6 @@ class ErrorReport:
         )
 
 
-
 @dataclass(slots=True)
 class Control:
     """Coordinator -> worker, acknowledged: an operation and its arguments.
@@ -125,7 +121,6 @@ class Control:
             raise ProtocolError(f"unknown control operation {op!r}; expected one of "
                                 f"{sorted(cls.OPS)}")
         return cls(op=op, args=required(body, "args", dict, "control"))
-
 
 
 __all__ = ["Batch", "Collect", "Control", "ErrorReport", "Preempt"]

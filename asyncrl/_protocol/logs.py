@@ -74,6 +74,5 @@ class WorkerLog:
         return cls([LogEntry.from_wire(r) for r in records], dropped)
 
 
-
 __all__ = ["MAX_LOG_LOGGER", "MAX_LOG_MESSAGE", "MAX_LOG_RECORDS", "MAX_LOG_TRACEBACK",
            "LogEntry", "WorkerLog"]

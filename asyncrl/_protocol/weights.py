@@ -86,7 +86,6 @@ class WeightMeta:
                    _relay_to(meta.get(RELAY_TO, [])), chunk)
 
 
-
 @dataclass(frozen=True, slots=True)
 class WeightChunk:
     """Chunk ``index`` of ``count`` of one weight version streamed in pieces.
@@ -145,7 +144,6 @@ def _key(key: str) -> str:
     return printable(key, limit=MAX_KEY)
 
 
-
 def _relay_to(members: Any) -> tuple[bytes, ...]:
     if not isinstance(members, list):
         raise ProtocolError(f"weights message field {RELAY_TO!r} must be a list of peer "
@@ -157,7 +155,6 @@ def _relay_to(members: Any) -> tuple[bytes, ...]:
         raise ProtocolError(f"weights message field {RELAY_TO!r} must list peer identities "
                             "(1 to 255 bytes)")
     return tuple(members)
-
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,7 +182,6 @@ class WeightsApplied:
     def from_body(cls, body: Any) -> Self:
         return cls(read_model_id(body, "weights ack"), read_version(body, "weights ack"),
                    body.get("published") is True)
-
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,7 +219,6 @@ class RelayAck:
         return cls(read_model_id(body, "relay ack"), versions, failed)
 
 
-
 @dataclass(frozen=True, slots=True)
 class RelayAttached:
     """Relay -> worker: you are attached; weights for you may now come this way."""
@@ -239,7 +234,6 @@ class RelayAttached:
             raise ProtocolError(f"relay_attached message body must be nil or a map, got "
                                 f"{type(body).__name__}")
         return cls()
-
 
 
 __all__ = ["CHUNK", "MAX_CHUNKS", "MAX_CHUNK_PARTS", "MAX_INSTANCE", "MAX_LAYOUT_KEYS",
