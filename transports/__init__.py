@@ -15,6 +15,8 @@
   ValueError); :func:`check_resolves`: does its host name resolve.
 * Errors: :class:`TransportError` and its family; :class:`ErrorPayload` is the one wire form
   of an exception. :class:`ClosedResourceError` is also anyio's.
+* A peer's text made safe to print: :func:`printable` (one line), :func:`printable_lines`,
+  :func:`printable_block` (multi-line, indented), :func:`peer_name` (an identity's bytes).
 
 Everything else (``transports._name``) is private: asyncrl itself imports only this face.
 """
@@ -49,6 +51,10 @@ from ._link import Link as Link
 from ._link import random_identity as random_identity
 from ._memory import LocalHub as LocalHub
 from ._memory import LocalLink as LocalLink
+from ._printable import peer_name as peer_name
+from ._printable import printable as printable
+from ._printable import printable_block as printable_block
+from ._printable import printable_lines as printable_lines
 from ._ratelimit import RateLimitedLog as RateLimitedLog
 from ._resource import TaskGroupResource as TaskGroupResource
 from ._shm import SharedMemoryFullError as SharedMemoryFullError
@@ -99,6 +105,10 @@ __all__ = [
     "generate_keys",
     "list_keys",
     "parse_endpoint",
+    "peer_name",
+    "printable",
+    "printable_block",
+    "printable_lines",
     "random_identity",
     "revoke_host",
     "shutdown",

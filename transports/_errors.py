@@ -18,6 +18,8 @@ from typing import Any, ClassVar
 
 import anyio
 
+from ._printable import peer_name, printable, printable_block, printable_lines
+
 
 class TransportError(Exception):
     """Base class of every error raised by :mod:`transports`."""
@@ -26,8 +28,17 @@ class TransportError(Exception):
 class ProtocolError(TransportError):
     """A message broke the wire protocol (malformed, too large, unknown dtype...).
 
-    The receiving loop survives: it drops the message and counts it.
+    The receiving loop survives: it drops the message and counts it. Its text
+    often quotes what the peer sent and is logged: it is made printable
+    (see :mod:`transports._printable`) and bounded to ``MAX_MESSAGE`` characters.
     """
+
+    MAX_MESSAGE: ClassVar[int] = 8192
+
+    def __init__(self, message: object = "", *args: object) -> None:
+        if isinstance(message, str):
+            message = printable_lines(message, limit=self.MAX_MESSAGE)
+        super().__init__(message, *args)
 
 
 class ClosedResourceError(TransportError, anyio.ClosedResourceError):
@@ -44,7 +55,7 @@ class PeerLostError(TransportError):
 
     def __init__(self, peers: list[bytes], what: str = "") -> None:
         self.peers = list(peers)
-        names = ", ".join(p.decode(errors="replace") for p in self.peers)
+        names = ", ".join(peer_name(p) for p in self.peers)
         super().__init__(
             f"peer(s) {names} went silent (no heartbeat) {what}".rstrip()
             + "; check that the process is alive and the network path is up"
@@ -67,14 +78,19 @@ class RemoteError(TransportError):
         remote_type: str = "Exception",
         remote_traceback: str = "",
     ) -> None:
-        self.peer = peer.decode(errors="replace") if isinstance(peer, bytes) else peer
-        self.remote_type = remote_type
-        self.remote_message = message
-        self.remote_traceback = remote_traceback
+        # A peer's words, printable however this was made (see transports._printable).
+        self.peer = (peer_name(peer) if isinstance(peer, bytes)
+                     else None if peer is None else printable(peer, limit=255))
+        self.remote_type = printable(remote_type, limit=ErrorPayload.MAX_TYPE)
+        self.remote_message = printable_lines(message, limit=ErrorPayload.MAX_MESSAGE)
+        self.remote_traceback = printable_lines(remote_traceback, indent="", keep="tail",
+                                                limit=ErrorPayload.MAX_TRACEBACK)
         where = f" on peer {self.peer!r}" if self.peer is not None else ""
-        text = f"{remote_type}{where}: {message}"
-        if remote_traceback:
-            text += f"\n--- remote traceback ---\n{remote_traceback.rstrip()}"
+        text = f"{self.remote_type}{where}: {self.remote_message}"
+        if self.remote_traceback:
+            # Each of its lines indented: none can pass for a line of the trainer's log.
+            text += "\n--- remote traceback ---\n" + printable_block(
+                self.remote_traceback.rstrip(), limit=2 * ErrorPayload.MAX_TRACEBACK)
         super().__init__(text)
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:  # picklable between our processes
@@ -99,7 +115,9 @@ class ErrorPayload:
     ``type`` is spelled ``"module.QualName"`` (``"builtins.ValueError"``); it is
     a name to show and to look up in what the reader already imported, never
     something to import. The texts are bounded (longer ones are cut: the
-    message keeps its head, the traceback its tail, where the raise is).
+    message keeps its head, the traceback its tail, where the raise is) and
+    printable: control, format and line-separator characters are escaped, the
+    message's continuation lines indented (see :mod:`transports._printable`).
 
     >>> payload = ErrorPayload.from_exception(ValueError("bad shape"))
     >>> payload.type, payload.message
@@ -119,12 +137,15 @@ class ErrorPayload:
     traceback: str = ""
 
     def __post_init__(self) -> None:
-        # Bounded however it was made: a payload is stored, logged and sent on.
-        object.__setattr__(self, "type", self.type[:self.MAX_TYPE])
-        object.__setattr__(self, "message", self.message[:self.MAX_MESSAGE])
+        # Bounded and printable however it was made: a payload is stored, logged and sent
+        # on. Escaping twice changes nothing, so a payload relayed reads as sent.
+        object.__setattr__(self, "type", printable(self.type, limit=self.MAX_TYPE))
+        object.__setattr__(self, "message", printable_lines(self.message, limit=self.MAX_MESSAGE))
+        tail = printable_lines(self.traceback[-self.MAX_TRACEBACK:], indent="", keep="tail",
+                               limit=self.MAX_TRACEBACK)
         if len(self.traceback) > self.MAX_TRACEBACK:
-            object.__setattr__(self, "traceback",
-                               "(traceback cut)\n" + self.traceback[-self.MAX_TRACEBACK:])
+            tail = "(traceback cut)\n" + tail
+        object.__setattr__(self, "traceback", tail)
 
     @classmethod
     def from_exception(cls, error: BaseException) -> ErrorPayload:

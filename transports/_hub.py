@@ -19,6 +19,7 @@ from ._codec import encode_message
 from ._descriptors import raise_open_files_limit
 from ._disconnects import DisconnectWatch
 from ._errors import ErrorPayload, PeerLostError, ProtocolError, RemoteError
+from ._printable import peer_name
 from ._trust import tighten_for_curve, warn_if_exposed
 from ._types import Message, PeerEvent, Ticket
 
@@ -246,7 +247,7 @@ class Hub(Channel):
         if pending and self._closing:
             raise self._closed_error()
         if pending:
-            names = ", ".join(sorted(p.decode(errors="replace") for p in pending))
+            names = ", ".join(sorted(peer_name(p) for p in pending))
             raise TimeoutError(
                 f"no acknowledgement of message {ticket.seq} within {timeout} s from "
                 f"peer(s) {names}; they may be busy, stuck or gone"

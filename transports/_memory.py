@@ -17,6 +17,7 @@ import msgpack
 
 from ._codec import decode_message, encode_message
 from ._errors import ErrorPayload, PeerLostError
+from ._printable import peer_name
 from ._types import Message, Ticket
 
 __all__ = ["LocalHub", "LocalLink"]
@@ -85,7 +86,7 @@ class LocalHub:
         with anyio.move_on_after(timeout):
             await ticket.done.wait()
         if ticket.pending:
-            names = ", ".join(sorted(p.decode(errors="replace") for p in ticket.pending))
+            names = ", ".join(sorted(peer_name(p) for p in ticket.pending))
             raise TimeoutError(f"no acknowledgement of message {ticket.seq} within {timeout} s "
                                f"from peer(s) {names}")
         return ticket.outcome()

@@ -8,6 +8,7 @@ from typing import Any, Literal
 import anyio
 
 from ._errors import PeerLostError, RemoteError
+from ._printable import peer_name
 
 
 @dataclass(slots=True)
@@ -94,7 +95,7 @@ class Ticket:
         if self.errors:
             peer, error = next(iter(self.errors.items()))
             if len(self.errors) > 1:
-                others = ", ".join(p.decode(errors="replace") for p in self.errors if p != peer)
+                others = ", ".join(peer_name(p) for p in self.errors if p != peer)
                 error.add_note(f"peers {others} failed too")
             raise error
         if self.lost:

@@ -16,10 +16,15 @@ or a filter:
 ``record.processName`` is ``"asyncrl-worker-<index>"``.
 
 Input is hostile: only live, admitted workers' records count (a stranger's are
-dropped before they are read), every field was bounded by
-:class:`~asyncrl._protocol.WorkerLog`, and each worker has a token bucket of
-``rate`` records per second (bursts of ``burst``): what is over it is dropped,
-counted, and said in one rate-limited WARNING.
+dropped before they are read), every field was bounded and made printable by
+:class:`~asyncrl._protocol.WorkerLog` (control, format and line-separator
+characters escaped, the message's continuation lines and every traceback line
+indented: no record starts a line that reads like the trainer's own; see
+:mod:`transports._printable`), and each worker has a token bucket of ``rate``
+records per second (bursts of ``burst``): what is over it is dropped, counted,
+and said in one rate-limited WARNING. The worker's name and host are printed
+through :func:`transports.printable` here too: not every source read them from a
+typed hello (a remote env host's hello is its collector's own).
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ import logging
 import time
 from typing import Any, Protocol
 
-from transports import RateLimitedLog
+from transports import RateLimitedLog, printable
 
 from .._protocol import WorkerLog
 
@@ -93,8 +98,8 @@ class WorkerLogs:
             self._limited.warning(
                 f"log-dropped-{worker.index}", "worker %d (%s, pid %d on %s): %d log records "
                 "dropped (%d over %g/s here, %d by the worker itself)", worker.index,
-                worker.name, worker.pid, worker.host, over + message.dropped, over, self.rate,
-                message.dropped)
+                _shown(worker.name), worker.pid, _shown(worker.host), over + message.dropped,
+                over, self.rate, message.dropped)
 
     def forget(self, peer: bytes) -> None:
         """``peer`` is gone: its bucket goes too (the dict stays as large as the live set)."""
@@ -105,12 +110,18 @@ class WorkerLogs:
         record = self.logger.makeRecord(self.logger.name, level, "(worker)", 0, text, (), None)
         record.exc_text = traceback or None  # Formatter.format appends it as a traceback
         fields: dict[str, Any] = {
-            "asyncrl_worker": worker.index, "asyncrl_host": worker.host,
-            "asyncrl_pid": worker.pid, "asyncrl_name": worker.name, "asyncrl_logger": logger,
+            "asyncrl_worker": worker.index, "asyncrl_host": _shown(worker.host),
+            "asyncrl_pid": worker.pid, "asyncrl_name": _shown(worker.name),
+            "asyncrl_logger": logger,
             "process": worker.pid, "processName": f"asyncrl-worker-{worker.index}",
         }
         record.__dict__.update(fields)
         return record
+
+
+def _shown(text: str) -> str:
+    """A source's name or host as printed (already printable when a typed hello said it)."""
+    return printable(text, limit=255)
 
 
 __all__ = ["LOGGER", "LogSource", "WorkerLogs"]

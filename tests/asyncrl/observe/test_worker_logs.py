@@ -48,10 +48,12 @@ def test_a_log_message_round_trips_and_is_bounded() -> None:
     message = WorkerLog([LogEntry(30, "user.env", "hello\x1b[2Jthere\n", "Traceback...")], 3)
     back = WorkerLog.from_body(message.to_body())
     assert back.dropped == 3
-    # Control characters (a terminal escape) are removed; newlines and tabs stay.
-    assert back.records == [LogEntry(30, "user.env", "hello[2Jthere\n", "Traceback...")]
+    # Control characters (a terminal escape) are shown escaped; a message keeps its
+    # newlines; the traceback, printed under the message, has every line indented.
+    assert back.records == [LogEntry(30, "user.env", "hello\\x1b[2Jthere\n", "  Traceback...")]
     long = WorkerLog.from_body({"records": [[20, "x", "a" * (MAX_LOG_MESSAGE + 5), ""]]})
-    assert long.records[0].message == "a" * MAX_LOG_MESSAGE + " [... 5 characters cut]"
+    marker = f" [... cut, {MAX_LOG_MESSAGE + 5} characters in all]"
+    assert long.records[0].message == "a" * (MAX_LOG_MESSAGE - len(marker)) + marker
 
 
 @pytest.mark.parametrize(("body", "error"), [

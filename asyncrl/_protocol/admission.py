@@ -1,0 +1,228 @@
+"""Joining and leaving: hello, welcome, refuse, rejoin, leaving, and a relay's hello.
+
+A worker (or a host's relay) says hello; the coordinator welcomes or refuses
+it, asks a worker it dropped to say hello again (rejoin), and hears a worker
+that stops on its own (leaving). Every text a peer sends here is made
+printable where it is read (see :mod:`.fields`): a hostile host name cannot
+write into the trainer's log.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, ClassVar, Self
+
+from transports import ProtocolError
+
+from .fields import (
+    MAX_RELAY_MEMBERS,
+    is_peer,
+    optional_int,
+    optional_text,
+    printable_tree,
+    required,
+    text,
+)
+
+PROTOCOL = 2  # 2: the welcome says share_frames (was frames_per_batch)
+#: Longest refusal reason a worker keeps (every problem the coordinator found, joined).
+MAX_REASON = 16384
+
+
+@dataclass(slots=True)
+class Hello:
+    """Worker -> coordinator, first message: who I am and what my envs look like."""
+
+    KIND: ClassVar[str] = "hello"
+    protocol: int
+    name: str
+    host: str
+    pid: int
+    specs: dict[str, Any]
+    slot: int = -1  # the index a locally spawned worker was started for; -1: any
+    token: str = ""  # proves a local worker was spawned by this coordinator
+    #: The upstream identity of this host's relay ("": none). Weights go through it
+    #: only if that relay also lists this worker (see :class:`RelayHello`).
+    relay: str = ""
+    #: Counts the hellos of one join: a hello that reached a coordinator which died
+    #: before answering is said again, and only the welcome for the latest counts.
+    attempt: int = 0
+
+    def to_body(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_body(cls, body: Any) -> Self:
+        return cls(
+            protocol=required(body, "protocol", int, "hello"),
+            name=text(body, "name", "hello", limit=200),
+            host=text(body, "host", "hello", limit=200),
+            pid=required(body, "pid", int, "hello"),
+            specs=printable_tree(required(body, "specs", dict, "hello")),
+            slot=required(body, "slot", int, "hello"),
+            token=text(body, "token", "hello", limit=200),
+            relay=optional_text(body, "relay", "hello", limit=255),
+            attempt=optional_int(body, "attempt", "hello"),
+        )
+
+
+@dataclass(slots=True)
+class RelayHello:
+    """Relay -> coordinator: I am host ``host``'s relay and these workers are mine.
+
+    ``members`` are the workers' peer identities. The coordinator then sends each
+    weight version once to the relay for those of them that name this relay in
+    their own hello; everything else still goes to the workers directly.
+    """
+
+    KIND: ClassVar[str] = "relay_hello"
+    protocol: int
+    name: str
+    host: str
+    pid: int
+    members: list[bytes]
+
+    def to_body(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_body(cls, body: Any) -> Self:
+        members = required(body, "members", list, "relay_hello")
+        if len(members) > MAX_RELAY_MEMBERS:
+            raise ProtocolError(f"relay_hello lists {len(members)} members; at most "
+                                f"{MAX_RELAY_MEMBERS} are allowed")
+        if not all(is_peer(m) for m in members):
+            raise ProtocolError("relay_hello members must be peer identities (1 to 255 bytes)")
+        return cls(
+            protocol=required(body, "protocol", int, "relay_hello"),
+            name=text(body, "name", "relay_hello", limit=255),
+            host=text(body, "host", "relay_hello", limit=200),
+            pid=required(body, "pid", int, "relay_hello"),
+            members=members,
+        )
+
+
+@dataclass(slots=True)
+class RelayWelcome:
+    """Coordinator -> relay: registered; weights for your members may come through you."""
+
+    KIND: ClassVar[str] = "relay_welcome"
+    members: int
+    #: The coordinator's hub instance: weight versions are numbered per instance.
+    instance: str = ""
+
+    def to_body(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_body(cls, body: Any) -> Self:
+        return cls(members=required(body, "members", int, "relay_welcome"),
+                   instance=optional_text(body, "instance", "relay_welcome", limit=64))
+
+
+@dataclass(slots=True)
+class Welcome:
+    """Coordinator -> worker: your index and configuration."""
+
+    KIND: ClassVar[str] = "welcome"
+    index: int
+    #: This worker's share of a batch: the frames it collects per batch it sends.
+    share_frames: int
+    init_random_frames: int = 0
+    #: ``{model_id: scheme.to_config()}``: how weights reach this worker (remote hosts
+    #: build their receivers from it; code never travels).
+    schemes: dict[str, Any] = field(default_factory=dict)
+    attempt: int = 0  # the hello's attempt this welcome answers
+    #: The coordinator's hub instance. Weight versions are numbered per instance: a
+    #: worker welcomed by a new one (a restarted trainer) starts counting afresh.
+    instance: str = ""
+
+    def to_body(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_body(cls, body: Any) -> Self:
+        frames = required(body, "share_frames", int, "welcome")
+        if not 0 < frames <= 1 << 31:
+            raise ProtocolError(f"welcome share_frames must be in 1..2**31, got {frames}")
+        schemes = required(body, "schemes", dict, "welcome")
+        if not all(isinstance(k, str) and isinstance(v, dict) for k, v in schemes.items()):
+            raise ProtocolError("welcome schemes must map model ids to scheme configs")
+        return cls(
+            index=required(body, "index", int, "welcome"),
+            share_frames=frames,
+            init_random_frames=required(body, "init_random_frames", int, "welcome"),
+            schemes=printable_tree(schemes),
+            attempt=optional_int(body, "attempt", "welcome"),
+            instance=optional_text(body, "instance", "welcome", limit=64),
+        )
+
+
+@dataclass(slots=True)
+class Refuse:
+    """Coordinator -> worker: you may not join, and why.
+
+    ``full``: the only reason is that the run has no free place (``remote_workers``
+    reached): a worker may ask again later (a place frees as soon as a worker leaves
+    or is lost); any other refusal (keys, specs, protocol) is final.
+    """
+
+    KIND: ClassVar[str] = "refuse"
+    reason: str
+    full: bool = False
+
+    def to_body(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_body(cls, body: Any) -> Self:
+        full = body.get("full", False) if isinstance(body, dict) else False
+        if not isinstance(full, bool):
+            raise ProtocolError(f"refuse message field 'full' must be bool, "
+                                f"got {type(full).__name__}")
+        return cls(reason=text(body, "reason", "refuse", limit=MAX_REASON), full=full)
+
+
+@dataclass(slots=True)
+class Rejoin:
+    """Coordinator -> worker: I dropped you (silent too long); say hello again.
+
+    A worker that was frozen (SIGSTOP, a long GC pause, a swapped-out host) past
+    ``peer_timeout`` was forgotten by the coordinator but does not know it; its
+    next heartbeat gets it this message, and it joins again (a local worker for
+    the same slot) with fresh credits and the latest weights.
+    """
+
+    KIND: ClassVar[str] = "rejoin"
+    reason: str = ""
+
+    def to_body(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_body(cls, body: Any) -> Self:
+        return cls(reason=optional_text(body, "reason", "rejoin", limit=1000))
+
+
+@dataclass(slots=True)
+class Leaving:
+    """Worker -> coordinator: I am stopping on my own (a signal asked me to), not failing.
+
+    Sent before the worker says goodbye, so that the coordinator hears why
+    before it sees the worker gone: a local worker that got SIGTERM (systemd
+    stops a service's whole process group) ends the run as a normal stop.
+    """
+
+    KIND: ClassVar[str] = "leaving"
+    reason: str = ""
+
+    def to_body(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_body(cls, body: Any) -> Self:
+        return cls(reason=optional_text(body, "reason", "leaving", limit=1000))
+
+
+__all__ = ["MAX_REASON", "PROTOCOL", "Hello", "Leaving", "Refuse", "Rejoin", "RelayHello",
+           "RelayWelcome", "Welcome"]

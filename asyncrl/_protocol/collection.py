@@ -1,0 +1,126 @@
+"""Collecting: the coordinator's requests (collect, preempt, control) and a worker's
+answers (a batch, an error report).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, ClassVar, Self
+
+from tensordict import TensorDictBase
+
+from transports import ErrorPayload, ProtocolError
+
+from .fields import optional_int, optional_text, required
+
+
+@dataclass(slots=True)
+class Collect:
+    """Coordinator -> worker: collect ``credits`` batches for request ``request``."""
+
+    KIND: ClassVar[str] = "collect"
+    request: int
+    credits: int = 1
+
+    def to_body(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_body(cls, body: Any) -> Self:
+        credits = required(body, "credits", int, "collect")
+        if not 0 < credits <= 1 << 20:
+            raise ProtocolError(f"collect credits must be in 1..2**20, got {credits}")
+        return cls(request=required(body, "request", int, "collect"), credits=credits)
+
+
+@dataclass(slots=True)
+class Preempt:
+    """Coordinator -> worker: stop the batch for ``request`` now and send what you have."""
+
+    KIND: ClassVar[str] = "preempt"
+    request: int
+
+    def to_body(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_body(cls, body: Any) -> Self:
+        return cls(request=required(body, "request", int, "preempt"))
+
+
+@dataclass(slots=True)
+class Batch:
+    """Worker -> coordinator: the frames of one batch."""
+
+    KIND: ClassVar[str] = "batch"
+    request: int
+    frames: TensorDictBase
+
+    def to_body(self) -> dict[str, Any]:
+        return {"request": self.request, "frames": self.frames}
+
+    @classmethod
+    def from_body(cls, body: Any) -> Self:
+        return cls(request=required(body, "request", int, "batch"),
+                   frames=required(body, "frames", TensorDictBase, "batch"))
+
+
+@dataclass(slots=True)
+class ErrorReport:
+    """Worker -> coordinator: an exception in the env, the policy or the worker.
+
+    On the wire the :class:`transports.ErrorPayload` fields (``type``,
+    ``message``, ``traceback``) sit beside the report's own.
+    """
+
+    KIND: ClassVar[str] = "error"
+    error: ErrorPayload
+    fatal: bool = True
+    #: A local worker that fails before its hello (building its env or policy) is not
+    #: admitted yet: its slot and spawn token vouch for the report instead.
+    slot: int = -1
+    token: str = ""
+
+    def to_body(self) -> dict[str, Any]:
+        return {**self.error.to_body(), "fatal": self.fatal, "slot": self.slot,
+                "token": self.token}
+
+    @classmethod
+    def from_body(cls, body: Any) -> Self:
+        return cls(
+            error=ErrorPayload.from_body(body, "error message"),
+            fatal=required(body, "fatal", bool, "error"),
+            slot=optional_int(body, "slot", "error", default=-1),
+            token=optional_text(body, "token", "error", limit=200),
+        )
+
+
+@dataclass(slots=True)
+class Control:
+    """Coordinator -> worker, acknowledged: an operation and its arguments.
+
+    Operations: ``seed``, ``reset``, ``state_dict``, ``load_state_dict``,
+    ``getattr_policy``, ``getattr_env``, ``close``.
+    """
+
+    KIND: ClassVar[str] = "control"
+    OPS: ClassVar[frozenset[str]] = frozenset(
+        {"seed", "reset", "state_dict", "load_state_dict", "getattr_policy", "getattr_env",
+         "close"}
+    )
+    op: str
+    args: dict[str, Any] = field(default_factory=dict)
+
+    def to_body(self) -> dict[str, Any]:
+        return {"op": self.op, "args": self.args}
+
+    @classmethod
+    def from_body(cls, body: Any) -> Self:
+        op = required(body, "op", str, "control")
+        if op not in cls.OPS:
+            raise ProtocolError(f"unknown control operation {op!r}; expected one of "
+                                f"{sorted(cls.OPS)}")
+        return cls(op=op, args=required(body, "args", dict, "control"))
+
+
+__all__ = ["Batch", "Collect", "Control", "ErrorReport", "Preempt"]
