@@ -8,7 +8,7 @@ from contextlib import contextmanager
 from typing import TypeVar
 
 import transports
-from transports import ErrorPayload
+from transports import ErrorPayload, printable_block
 
 E = TypeVar("E", bound=BaseException)
 
@@ -227,7 +227,9 @@ def rebuild_remote_exception(error: ErrorPayload | transports.RemoteError, *,
     except Exception:
         return remote
     where = f" in worker {peer}" if peer else " in a worker"
-    rebuilt.add_note(f"raised{where}; its traceback:\n{payload.traceback.rstrip()}")
+    # Indented: no line of a peer's traceback can pass for one of the trainer's own.
+    rebuilt.add_note(f"raised{where}; its traceback:\n" + printable_block(
+        payload.traceback.rstrip(), limit=2 * ErrorPayload.MAX_TRACEBACK))
     rebuilt.__cause__ = remote
     return rebuilt
 

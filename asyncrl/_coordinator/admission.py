@@ -12,6 +12,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from transports import peer_name
+
 from .._protocol import Hello, Refuse, RelayHello, RelayWelcome, Welcome
 from .actions import Action, CatchUp, Send
 from .checks import hello_problems, relay_hello_problems
@@ -132,7 +134,7 @@ class Admission:
             return [Send(peer, Refuse(reason, full=full))]
         relays[peer] = RelayInfo(peer, hello.host, hello.pid, frozenset(hello.members))
         log.info("relay %s on %s carries the weights of up to %d workers",
-                 peer.decode(errors="replace"), hello.host, len(hello.members))
+                 peer_name(peer), hello.host, len(hello.members))
         return [Send(peer, RelayWelcome(len(hello.members), instance=self._instance))]
 
     # -- rules -----------------------------------------------------------------------------

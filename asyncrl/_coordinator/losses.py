@@ -15,6 +15,8 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 
+from transports import peer_name
+
 from .._errors import WorkerLostError
 from .._protocol import Batch, Refuse, Rejoin
 from .actions import Action, Expel, Send
@@ -105,7 +107,7 @@ class Losses:
         self._mark_gone(peer)
         if self._roster.relays.pop(peer, None) is not None:
             # Its workers get their weights directly from the next send on.
-            log.warning("relay %s was lost", peer.decode(errors="replace"))
+            log.warning("relay %s was lost", peer_name(peer))
             return []
         worker = self._roster.live(peer)
         if worker is None:

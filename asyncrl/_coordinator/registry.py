@@ -14,6 +14,8 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
+from transports import peer_name
+
 from .._observe.events import CollectorEvent
 from .._observe.statistics import WorkerState, WorkerStatistics
 from .state import WorkerInfo
@@ -124,7 +126,7 @@ class WorkerRegistry:
                 last_batch_age=None if record.last_batch is None else now - record.last_batch,
                 heartbeat_age=None if seen is None else max(0.0, now - seen),
                 exit_code=record.exit_code,
-                relay=routes.get(info.index, b"").decode(errors="replace")
+                relay=peer_name(routes.get(info.index, b""))
                 if not gone else ""))
         for slot, pid, host in joining:
             if pid not in live_pids and not any(r.info.pid == pid for r in self._records.values()):

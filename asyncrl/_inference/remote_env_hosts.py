@@ -29,7 +29,15 @@ from typing import Any
 import torch
 from tensordict import TensorDictBase
 
-from transports import Hub, Message, PeerEvent, ProtocolError, RateLimitedLog, parse_endpoint
+from transports import (
+    Hub,
+    Message,
+    PeerEvent,
+    ProtocolError,
+    RateLimitedLog,
+    parse_endpoint,
+    printable,
+)
 
 from .._coordinator.worker_logs import WorkerLogs
 from .._protocol import WorkerLog
@@ -158,6 +166,7 @@ class RemoteEnvWorkers:
                               f"characters and pid an int >= 0, got {describe(host)} and "
                               f"{describe(pid)}")
             return
+        host = printable(host, limit=255)  # shown in statistics(), events and logs
         layout = {k: v for k, v in body.items() if k not in ("host", "pid")}
         if layout != expected:
             await self.refuse(hub, message.peer, f"its envs do not match this collector's: "
@@ -290,6 +299,7 @@ class RemoteEnvWorkers:
 
     async def refuse(self, hub: Hub, peer: bytes, reason: str) -> None:
         """Tell ``peer`` why, then forget it (a stranger again if it comes back)."""
+        reason = printable(reason, limit=2000)  # it quotes what the peer sent
         if peer not in self.slot_of:
             self.members.refused(f"remote env worker refused: {reason}")
         try:

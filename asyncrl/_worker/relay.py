@@ -45,6 +45,7 @@ from transports import (
     ProtocolError,
     TaskGroupResource,
     Ticket,
+    peer_name,
     random_identity,
 )
 
@@ -379,7 +380,7 @@ class HostRelay(TaskGroupResource):
 
     async def _on_member_event(self, event: PeerEvent) -> None:
         assert self.hub is not None
-        who = event.peer.decode(errors="replace")
+        who = peer_name(event.peer)
         if event.peer not in self.members:
             log.warning("relay: %s connected but is not one of this host's workers", who)
             return

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from transports import PeerLostError, ProtocolError, RemoteError, Ticket
+from transports import PeerLostError, ProtocolError, RemoteError, Ticket, peer_name
 
 from .._protocol import RelayAck, WeightsApplied
 
@@ -114,7 +114,7 @@ class Sent:
                 if lost:
                     errors.append(PeerLostError(lost, f"before acknowledging message {ticket.seq}"))
                 continue
-            via = part.relay.decode(errors="replace")
+            via = peer_name(part.relay)
             members = sorted(part.workers)
             for error in ticket.errors.values():  # the relay refused the message itself
                 error.add_note(f"relay {via} failed to deliver to worker(s) "
@@ -229,7 +229,7 @@ def timeout_error(model_id: str, late: list[Sent], timeout: float | None) -> Tim
     """The error of a ``wait_ack`` that timed out: the versions, workers and peers still silent."""
     parts = [part for s in late for part in s.parts]
     silent = sorted({w for part in parts for w in part.silent()})
-    peers = sorted({p.decode(errors="replace") for part in parts for p in part.ticket.pending})
+    peers = sorted({peer_name(p) for part in parts for p in part.ticket.pending})
     versions = sorted({s.version for s in late})
     return TimeoutError(
         f"model {model_id!r}: no acknowledgement of version(s) {versions} within "
@@ -248,7 +248,7 @@ def parse_relay_ack(result: Any, members: dict[bytes, int], relay: bytes, sent: 
     ``sent`` with a newer one it applied), is a failure, so a faulty relay cannot
     make ``wait_ack`` report an update nobody applied.
     """
-    via = relay.decode(errors="replace")
+    via = peer_name(relay)
     try:
         ack = RelayAck.from_body(result)
     except ProtocolError as exc:

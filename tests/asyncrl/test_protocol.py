@@ -206,4 +206,4 @@ def test_a_remote_error_is_rebuilt_with_its_peer() -> None:
     rebuilt = rebuild_remote_exception(remote)
     assert type(rebuilt) is ValueError
     assert rebuilt.__cause__ is remote
-    assert "raised in worker w3; its traceback:\ntb" in rebuilt.__notes__
+    assert "raised in worker w3; its traceback:\n  tb" in rebuilt.__notes__

@@ -39,8 +39,8 @@ from asyncrl._protocol import (
     WorkerLog,
 )
 from asyncrl._rollout.envs import make_env_pool
+from asyncrl._worker.simulated import make_specs
 from asyncrl.metrics import CollectorMetrics
-from asyncrl.testing import make_specs
 from transports import ErrorPayload, Hub, Link, Message, RemoteError, peer_name, printable
 from transports._codec import encode_message
 from transports._printable import INDENT, printable_block, printable_lines
@@ -225,7 +225,9 @@ async def test_no_hostile_string_reaches_a_sink_raw(caplog: pytest.LogCaptureFix
             except Exception as exc:
                 failure = exc
             tg.cancel_scope.cancel()
-    seen = list(events._queue)  # what a subscriber reads, without waiting
+    seen = []  # what a subscriber reads, without waiting
+    while (event := events.get_nowait()) is not None:
+        seen.append(event)
 
     for record in caplog.records:
         assert_safe(formatted(record), f"log record {record.name}", multi_line=True)
@@ -295,10 +297,6 @@ def _assert_error_safe(error: BaseException) -> None:
                    for line in printed.split("\n")), printed[:2000]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "asyncrl/_errors.py (rebuild_remote_exception) adds the remote traceback as a note "
-    "unindented: it must print it with transports.printable_block (an edit for the owner "
-    "of asyncrl/_errors.py); remove this mark with that edit"))
 @pytest.mark.parametrize("name", ["issue", "fake-line"])
 def test_the_error_the_trainer_raises_prints_no_line_of_the_peers_own(name: str) -> None:
     from asyncrl._errors import rebuild_remote_exception

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from transports import PeerLostError
+from transports import PeerLostError, peer_name
 
 from ..._coordinator.coordinator import WorkerInfo
 from ..._errors import CollectorStopped, WorkerLostError
@@ -137,4 +137,4 @@ class WorkerLosses:
             raise error
         log.info("weights applied by every worker still in the run; %s: %s",
                  "left meanwhile" if departed else "lost",
-                 ", ".join(p.decode(errors="replace") for p in error.peers))
+                 ", ".join(peer_name(p) for p in error.peers))
