@@ -18,7 +18,7 @@ import pytest
 
 from asyncrl import cli
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 ENV = ("--env", "CartPole-v1")
 
 
