@@ -27,6 +27,10 @@ log = logging.getLogger("transports")
 # ZeroMQ is there, whatever its event loop is doing) and a connection closed.
 _UP = int(zmq.EVENT_HANDSHAKE_SUCCEEDED)
 _DOWN = int(zmq.EVENT_DISCONNECTED)
+# The hub's ZAP handler answered our CURVE handshake with a status code: 400 is a
+# denied key (revoked, or never authorized), final for this key; 300 is temporary.
+_DENIED = int(zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+_ZAP_DENIED = 400
 
 
 def random_identity(prefix: str) -> bytes:
@@ -84,6 +88,7 @@ class Link(Channel):
         self._loss_reported = False  # recv raised "lost" since the hub was last heard
         self._goodbye = False  # the last loss was a goodbye (the hub closed)
         self._revoked = False  # that goodbye said our CURVE key was revoked
+        self._denied = False  # the hub's authentication denied our CURVE key at a handshake
         self._why_lost = ""
         # Connection state, from ZeroMQ's socket monitor (read by the liveness check).
         self._monitor: zmq.Socket[Any] | None = None
@@ -106,7 +111,7 @@ class Link(Channel):
         # never closed) can never block that thread and, with it, every tcp:// and
         # ipc:// socket of the process.
         address = f"inproc://transports-link-monitor-{secrets.token_hex(8)}"
-        socket.monitor(address, _UP | _DOWN)
+        socket.monitor(address, _UP | _DOWN | _DENIED)
         self._monitor = self._context.socket(zmq.PAIR)
         self._monitor.setsockopt(zmq.RCVHWM, 0)
         self._monitor.connect(address)
@@ -132,6 +137,12 @@ class Link(Channel):
     def key_revoked(self) -> bool:
         """True when the hub's last goodbye said this link's CURVE key was revoked."""
         return self._lost and self._revoked
+
+    @property
+    def key_denied(self) -> bool:
+        """True when the hub's authentication denied this link's CURVE key at a handshake
+        (revoked before we connected, or never authorized): the hub is lost at once."""
+        return self._lost and self._denied
 
     async def wait_connected(self) -> None:
         """Return once the hub is heard from (at once if it is not considered lost)."""
@@ -302,10 +313,14 @@ class Link(Channel):
             except zmq.ZMQError:  # closed under us: nothing more to learn
                 return
             try:
-                event = parse_monitor_message(frames)["event"]
+                parsed = parse_monitor_message(frames)
+                event, value = parsed["event"], parsed["value"]
             except Exception:
                 continue  # not ours to crash on
-            if event == _UP:
+            if event == _DENIED:
+                if value == _ZAP_DENIED and not self._lost:
+                    self._lose_hub(denied=True)
+            elif event == _UP:
                 self._up = True
                 if self._was_down and self.curve is not None:
                     self._unanswered_since = time.monotonic()
@@ -330,11 +345,16 @@ class Link(Channel):
         except zmq.ZMQError as exc:  # not ours to crash on: liveness decides as before
             log.warning("could not connect again to %s: %s", self.endpoint, exc)
 
-    def _lose_hub(self, *, goodbye: bool = False, revoked: bool = False) -> None:
+    def _lose_hub(self, *, goodbye: bool = False, revoked: bool = False,
+                  denied: bool = False) -> None:
         self._lost = True
         self._goodbye = goodbye
         self._revoked = revoked
-        if revoked:
+        self._denied = denied
+        if denied:
+            self._why_lost = ("(its authentication denied this link's CURVE key at the "
+                              "handshake: the key was revoked, or is not among its authorized keys)")
+        elif revoked:
             self._why_lost = ("(it said goodbye: this link's CURVE key was revoked, and it is "
                               "refused from now on)")
         elif goodbye:

@@ -57,6 +57,7 @@ from .join_backoff import JOIN_BACKOFF, full_pause
 from .log_forward import LogForwarder
 from .relay_member import RelayMembership
 from .spec import WorkerSpec
+from .unanswered import cancel_when_denied, denied, no_welcome, unreachable
 
 log = logging.getLogger("asyncrl.worker")
 
@@ -346,11 +347,15 @@ class Worker:
         while True:
             sent = False
             with anyio.move_on_after(self.link.peer_timeout):
-                # A send blocks while no connection is up (e.g. a failing CURVE handshake).
-                await self.link.send(hello.to_body(), kind=Hello.KIND)
-                sent = True
+                # A send blocks while no connection is up (e.g. a failing CURVE handshake):
+                # a handshake the hub denied ends the wait at once.
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(cancel_when_denied, self.link, tg.cancel_scope)
+                    await self.link.send(hello.to_body(), kind=Hello.KIND)
+                    sent = True
+                    tg.cancel_scope.cancel()
             if not sent:
-                raise WorkerExit(EXIT_COORDINATOR_LOST, self._unreachable())
+                raise denied(self.link) or WorkerExit(EXIT_COORDINATOR_LOST, unreachable(self.link))
             # A coordinator answers at once; one that stays alive (its heartbeats
             # come) but silent got our hello just before it died and a successor
             # took its place: say hello again (a gone one ends the wait first).
@@ -375,16 +380,10 @@ class Worker:
             if welcome is not None:
                 return welcome
             if deadline is not None and anyio.current_time() >= deadline:
-                raise WorkerExit(EXIT_JOIN_TIMEOUT, self._no_welcome())
+                raise WorkerExit(EXIT_JOIN_TIMEOUT, no_welcome(self.link, self.join_timeout))
             log.warning("no welcome from %s within %s s; saying hello again",
                         self.link.endpoint, 2 * self.link.peer_timeout)
             hello.attempt += 1
-
-    def _no_welcome(self) -> str:
-        return (f"no welcome from {self.link.endpoint} within --join-timeout "
-                f"{self.join_timeout} s: something there accepts connections but does not "
-                "answer as an asyncrl collector (a different service on that port, or a "
-                "trainer whose event loop is blocked)")
 
     async def _await_welcome(self, attempt: int) -> Welcome:
         while True:
@@ -416,16 +415,12 @@ class Worker:
                 raise WorkerExit(EXIT_REFUSED, f"the coordinator at {self.link.endpoint} "
                                  "revoked this host's CURVE key (asyncrl keys revoke): it is "
                                  "refused from now on", final=True) from None
+            if (refused := denied(self.link)) is not None:
+                raise refused from None
             if self.index < 0:  # never welcomed: maybe never reached
-                raise WorkerExit(EXIT_COORDINATOR_LOST, self._unreachable()) from None
+                raise WorkerExit(EXIT_COORDINATOR_LOST, unreachable(self.link)) from None
             raise WorkerExit(EXIT_COORDINATOR_LOST,
                              f"the coordinator at {self.link.endpoint} is gone ({exc})") from None
-
-    def _unreachable(self) -> str:
-        return (f"no coordinator answered at {self.link.endpoint} within "
-                f"{self.link.peer_timeout} s: check the address and port, that the trainer is "
-                "running with MultiCollector(listen=...) there, that no firewall is in the way, "
-                "and (with --keys) that this host's key is authorized")
 
     async def _dispatch_loop(self) -> None:
         while True:

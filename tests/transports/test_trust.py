@@ -11,6 +11,7 @@ import time
 
 import anyio
 import pytest
+import zmq
 
 from transports import (
     CurveClient,
@@ -19,6 +20,7 @@ from transports import (
     Link,
     Message,
     PeerEvent,
+    PeerLostError,
     add_host,
     generate_keys,
     revoke_host,
@@ -211,6 +213,32 @@ async def test_a_revoked_host_is_disconnected_and_refused(keys, caplog) -> None:
             await b0.send("b goes on")
             assert (await next_message(hub)).body == "b goes on"
     assert "was revoked" in caplog.text and "1 removed (a)" in caplog.text
+
+
+@pytest.mark.parametrize("why", ["revoked", "never authorized"])
+async def test_a_key_denied_at_the_handshake_is_said_at_once_not_as_silence(
+        keys, tmp_path, why: str) -> None:
+    # Before: such a link heard nothing and was lost after peer_timeout as "never
+    # reached", so a host retrying with a revoked key logged "no coordinator answered"
+    # for ever. Now the hub's ZAP denial (status 400) is read off the socket monitor.
+    if why == "revoked":
+        client = host(keys, "a")
+        revoke_host(keys, "a")
+    else:
+        public, secret = zmq.curve_keypair()  # trusts our hub, but is not trusted by it
+        client = CurveClient(public, secret, host(keys, "a").server_key)
+    with anyio.fail_after(LIMIT):
+        async with Hub("tcp://127.0.0.1:0", curve=CurveServer.from_dir(keys), **FAST) as hub:
+            if why == "revoked":
+                while hub._trust.keys.allows(client.public_key):
+                    await anyio.sleep(0.05)
+            async with Link(hub.endpoint, identity=b"a1", curve=client,
+                            heartbeat_interval=0.05, peer_timeout=60.0) as link:
+                with pytest.raises(PeerLostError) as lost:
+                    await link.recv()  # long before the 60 s of silence
+                assert link.key_denied and not link.key_revoked and not link.connected
+                assert "denied this link's CURVE key at the handshake" in str(lost.value)
+                assert hub.peers == set()
 
 
 async def test_a_host_added_while_the_hub_runs_joins_without_a_restart(keys) -> None:

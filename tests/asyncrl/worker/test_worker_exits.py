@@ -113,3 +113,24 @@ async def test_an_env_that_cannot_be_built_is_reported_then_exits_1() -> None:
 
     assert await _run_against(script, WorkerSpec(_failing_env)) == EXIT_ERROR
     assert "no such env" in str(reports[0].body)
+
+
+@pytest.mark.parametrize("reconnect", [False, True])
+async def test_a_worker_whose_key_was_revoked_exits_4_saying_so(
+        tmp_path: Any, caplog: pytest.LogCaptureFixture, reconnect: bool) -> None:
+    # Before: the denied handshake was silence, so the worker ended with "no coordinator
+    # answered ... firewall" (exit 3), and with --reconnect it asked again for ever.
+    from transports import CurveClient, CurveServer, add_host, generate_keys, revoke_host
+
+    keys = generate_keys(tmp_path / "keys")
+    client = CurveClient.from_dir(add_host(keys, "gpu1"))
+    revoke_host(keys, "gpu1")
+    codes: list[int] = []
+    with anyio.fail_after(60):
+        async with Hub("tcp://127.0.0.1:0", curve=CurveServer.from_dir(keys), **FAST) as hub:
+            codes.append(await run_worker(hub.endpoint, WorkerSpec(CountingEnv), identity=b"w",
+                                          curve_keys=client, heartbeat_interval=0.2,
+                                          peer_timeout=30.0, reconnect=reconnect))
+    assert codes == [EXIT_REFUSED]
+    assert "denied this host's CURVE key at the handshake" in caplog.text
+    assert "no coordinator answered" not in caplog.text
