@@ -8,7 +8,11 @@ named, on both anyio backends.
 
 from __future__ import annotations
 
+import functools
+
 import anyio
+import gymnasium as gym
+import numpy as np
 import pytest
 import torch
 from tensordict.nn import TensorDictModule
@@ -91,6 +95,42 @@ def test_dict_output_every_entry_or_only_those_named() -> None:
     named = rollout_batch(DictNet(), policy_out_keys=("action",))
     assert "logits" not in named.keys()
     assert torch.equal(named["action"], named["observation"][..., 1].long() % 2)
+
+
+class TwoViews(gym.Env):
+    """A Dict observation: ``"pos"`` (2,) and ``"vel"`` (3,), both counting steps."""
+
+    def __init__(self) -> None:
+        box = functools.partial(gym.spaces.Box, -1e6, 1e6, dtype=np.float32)
+        self.observation_space = gym.spaces.Dict({"pos": box((2,)), "vel": box((3,))})
+        self.action_space = gym.spaces.Discrete(2)
+        self._t = 0
+
+    def _obs(self) -> dict:
+        return {"pos": np.full(2, self._t, np.float32), "vel": np.full(3, -self._t, np.float32)}
+
+    def reset(self, *, seed=None, options=None):
+        self._t = 0
+        return self._obs(), {}
+
+    def step(self, action):
+        self._t += 1
+        return self._obs(), 0.0, self._t >= 4, False, {}
+
+
+class VelocityOnly(nn.Module):
+    def forward(self, vel: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        assert vel.shape[-1] == 3  # only the key named was given
+        return (vel[..., 0] < -1).long(), vel.sum(-1)
+
+
+def test_in_keys_pick_the_observations_given() -> None:
+    with Rollout(make_env_pool(TwoViews, num_envs=2), VelocityOnly(), 2 * 5,
+                 options=RolloutOptions(policy_in_keys=["vel"],
+                                        policy_out_keys=("action", "speed"))) as rollout:
+        batch = rollout.collect()
+    assert torch.equal(batch["speed"], batch["vel"].sum(-1))
+    assert torch.equal(batch["action"], (batch["vel"][..., 0] < -1).long())
 
 
 def test_a_plain_function_with_keys() -> None:
