@@ -345,7 +345,8 @@ class GymVectorPool(EnvPool):
     - ``NEXT_STEP`` / ``DISABLED`` (gymnasium's Sync/AsyncVectorEnv only): we
       reset finished sub-envs at once with ``reset(options={"reset_mask": ...})``,
       which also clears their pending autoreset, so the next step is a real step.
-      Other vector envs in these modes are refused: ask for ``SAME_STEP``.
+      Other vector envs in these modes are refused: ask for ``SAME_STEP``
+      (EnvPool's, which step envs by id, go to `EnvIdVectorPool` instead).
     """
 
     def __init__(self, venv: Any) -> None:
@@ -357,10 +358,11 @@ class GymVectorPool(EnvPool):
         known = isinstance(base, SyncVectorEnv | AsyncVectorEnv)
         if mode != AutoresetMode.SAME_STEP and not known:
             raise ValueError(
-                f"{type(base).__name__} uses autoreset mode {mode.name}, which would spend a "
-                "frame on every reset: build it with autoreset_mode=AutoresetMode.SAME_STEP "
-                "(e.g. gym.make_vec(..., vector_kwargs={'autoreset_mode': "
-                "AutoresetMode.SAME_STEP}))"
+                f"{type(base).__name__} uses autoreset mode {mode.name} and has no way to "
+                "reset or step single envs, so every reset would cost a frame: build it with "
+                "autoreset_mode=AutoresetMode.SAME_STEP (e.g. gym.make_vec(..., vector_kwargs="
+                "{'autoreset_mode': AutoresetMode.SAME_STEP})), or give it EnvPool's "
+                "step(actions, env_id=ids) / reset(env_id=ids), all_env_ids and config"
             )
         if (
             mode == AutoresetMode.NEXT_STEP

@@ -13,6 +13,7 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from .env_id_pools import EnvIdVectorPool, is_env_id_vector_env
 from .env_pools import (
     EnvPool,
     GymEnvListPool,
@@ -83,6 +84,13 @@ def _torchrl_pool(env: Any, factory: Callable[[], Any] | None, num_envs: int) ->
     return torchrl_env_pool(env)
 
 
+def _autoreset_mode(venv: Any) -> str:
+    """The name of a vector env's autoreset mode (gymnasium's default: NEXT_STEP)."""
+    mode = getattr(venv, "metadata", None) or {}
+    mode = mode.get("autoreset_mode", "NEXT_STEP") if isinstance(mode, dict) else "NEXT_STEP"
+    return str(getattr(mode, "name", mode)).upper().replace("_", "")  # "SameStep" too
+
+
 def _pool_from_object(
     first: Any,
     make_more: Callable[[], Any] | None,
@@ -92,6 +100,8 @@ def _pool_from_object(
     import gymnasium as gym
     from gymnasium.vector import SyncVectorEnv, VectorEnv
 
+    if is_env_id_vector_env(first) and _autoreset_mode(first) != "SAMESTEP":
+        return EnvIdVectorPool(first)  # EnvPool: steps and resets envs by id
     if isinstance(first, VectorEnv):
         if first.unwrapped is first and isinstance(first, SyncVectorEnv):
             # A bare SyncVectorEnv holds plain envs: loop over them ourselves (faster,
@@ -137,7 +147,8 @@ def make_env_pool(
     ``create_env_fn`` may be a gymnasium id (``"CartPole-v1"``), an import path
     ``"pkg.mod:factory"``, a callable returning a ``gymnasium.Env`` (called
     ``num_envs`` times) or a ``gymnasium.vector.VectorEnv`` (its ``num_envs``
-    wins), a ``VectorEnv`` instance, or a torchrl ``EnvBase`` (instance or
+    wins), a ``VectorEnv`` instance (any autoreset mode; EnvPool's
+    ``make_gymnasium`` too, see `EnvIdVectorPool`), or a torchrl ``EnvBase`` (instance or
     factory; slower, see `TorchRLPool`).
 
     >>> pool = make_env_pool("CartPole-v1", num_envs=4)

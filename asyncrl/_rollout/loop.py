@@ -145,6 +145,9 @@ class Rollout:
             action_spec=specs.action,
             exploration_type=options.exploration_type,
             observation_keys=self._obs_keys,
+            in_keys=options.policy_in_keys,
+            out_keys=options.policy_out_keys,
+            method=options.policy_method,
         )
         # A random policy samples straight into the action buffer, skipping the td;
         # another policy gets a private RandomPolicy for init_random_frames.

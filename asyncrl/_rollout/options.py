@@ -4,7 +4,8 @@
 ``set_truncated``, ``exploration_type`` and the devices (``policy_device``,
 ``env_device``, ``storing_device``, resolved by
 :class:`~asyncrl._rollout.devices.DeviceLayout`) are collector arguments (TorchRL's
-names) that only the rollout reads. A collector builds one
+names) that only the rollout reads; so are ``policy_in_keys``, ``policy_out_keys``
+and ``policy_method``, how to call a plain torch module. A collector builds one
 :class:`RolloutOptions` from them in its constructor, so a wrong value fails
 there, in the trainer, rather than in every worker; the object then travels as
 it is: ``WorkerSpec.rollout`` -> the worker -> ``Rollout(options=...)``.
@@ -13,12 +14,14 @@ it is: ``WorkerSpec.rollout`` -> the worker -> ``Rollout(options=...)``.
 from __future__ import annotations
 
 import numbers
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from .devices import DeviceLayout, check_device
+from .plain_policies import NestedKey, normalise_keys, normalise_method
 from .policies import ExplorationType, resolve_exploration_type
 
 __all__ = ["RolloutOptions"]
@@ -55,6 +58,11 @@ class RolloutOptions:
     policy_device: torch.device | None = None
     #: Where env outputs live: the host, or the policy's device (see ``DeviceLayout``).
     env_device: torch.device | None = None
+    #: How to call a plain module (see `asyncrl._rollout.plain_policies`): the observation
+    #: keys it takes, the keys its outputs go to, the method called instead of forward.
+    policy_in_keys: Sequence[NestedKey] | None = None  # normalised to a tuple
+    policy_out_keys: Sequence[NestedKey] | None = None  # normalised to a tuple
+    policy_method: str | None = None
 
     def __post_init__(self) -> None:
         if not self.reset_when_done:
@@ -66,6 +74,9 @@ class RolloutOptions:
         set_ = object.__setattr__
         set_(self, "max_frames_per_traj", _frames_limit(self.max_frames_per_traj))
         set_(self, "exploration_type", resolve_exploration_type(self.exploration_type))
+        for name in ("policy_in_keys", "policy_out_keys"):
+            set_(self, name, normalise_keys(name, getattr(self, name)))
+        set_(self, "policy_method", normalise_method(self.policy_method))
         for name in ("storing_device", "policy_device", "env_device"):
             set_(self, name, check_device(name, getattr(self, name)))
 

@@ -18,11 +18,11 @@ import numpy as np
 import torch
 from tensordict import TensorDictBase
 from tensordict.nn import InteractionType as ExplorationType
-from tensordict.nn import TensorDictModuleBase
 from tensordict.nn import set_interaction_type as set_exploration_type
 from torch import nn
 
 from .env_specs import ArraySpec, array_spec_from_space
+from .plain_policies import PlainCall, check_plain_policy, is_plain
 from .td_module_direct import direct_call
 
 __all__ = [
@@ -215,7 +215,9 @@ class PolicyAdapter:
       ``"action"`` and possibly more keys (log-probs, ``"loc"``, ...);
     - an ``nn.Module`` that is not a TensorDict module: called on the
       observation tensor(s) (positionally, in observation-key order); its
-      result is written to ``"action"``;
+      result is written to ``"action"``; ``in_keys``, ``out_keys`` and ``method``
+      (the collectors' ``policy_in_keys``, ``policy_out_keys``, ``policy_method``)
+      say otherwise: see `asyncrl._rollout.plain_policies`;
     - None: a `RandomPolicy` over ``action_spec``.
 
     Calls run under ``exploration()``, which the rollout enters once per batch.
@@ -237,6 +239,9 @@ class PolicyAdapter:
         exploration_type: ExplorationLike = ExplorationType.RANDOM,
         observation_keys: Sequence[NestedKey] = ("observation",),
         action_key: NestedKey = "action",
+        in_keys: Sequence[NestedKey] | None = None,
+        out_keys: Sequence[NestedKey] | None = None,
+        method: str | None = None,
     ) -> None:
         if policy is None:
             if action_spec is None:
@@ -248,11 +253,25 @@ class PolicyAdapter:
         self.exploration_type = resolve_exploration_type(exploration_type)
         self.observation_keys = tuple(observation_keys)
         self.action_key = action_key
-        # A plain module maps tensors to tensors; everything else speaks TensorDict.
-        self.takes_tensors = isinstance(policy, nn.Module) and not isinstance(
-            policy, TensorDictModuleBase
-        )
+        # A plain module maps tensors to tensors; everything else speaks TensorDict
+        # (a plain callable too, unless keys or a method say how to call it).
+        described = (in_keys, out_keys, method) != (None, None, None)
+        self.takes_tensors = is_plain(policy, forced=described)
+        check_plain_policy(policy, in_keys=in_keys, out_keys=out_keys, method=method)
         self.is_random = isinstance(policy, RandomPolicy)
+        #: How a plain policy is called: observation tensors in, outputs to their keys.
+        self._plain: PlainCall | None = None
+        self._described = described or action_key != "action"
+        if self.takes_tensors:
+            keys = tuple(in_keys) if in_keys is not None else self.observation_keys
+            missing = [k for k in keys if k not in self.observation_keys]
+            if missing:
+                raise ValueError(
+                    f"policy_in_keys names {missing}, which the env does not observe: its "
+                    f"observation keys are {list(self.observation_keys)}")
+            self._plain = PlainCall(policy, in_keys=keys, method=method,
+                                    out_keys=out_keys if out_keys is not None else
+                                    None if action_key == "action" else (action_key,))
         # A plain TensorDictModule is called without tensordict's per-call machinery
         # (several times the cost of a small network; see _td_module_direct).
         self._direct = direct_call(policy)
@@ -267,14 +286,8 @@ class PolicyAdapter:
             yield
 
     def __call__(self, td: TensorDictBase) -> TensorDictBase:
-        if self.takes_tensors:
-            keys = self.observation_keys
-            if len(keys) == 1:
-                action = self.policy(td.get(keys[0]))
-            else:
-                action = self.policy(*[td.get(k) for k in keys])
-            td.set(self.action_key, action)
-            return td
+        if self._plain is not None:
+            return self._plain(td)
         if self._direct is not None:
             return self._direct(td)
         out = self.policy(td)
@@ -294,7 +307,8 @@ class PolicyAdapter:
         for any other policy. The central inference loop calls it per batch: a
         TensorDict per call costs as much as a small network (``benchmarks/LOG.md``).
         """
-        if len(self.observation_keys) != 1 or self.action_key != output_key:
+        if len(self.observation_keys) != 1 or self.action_key != output_key \
+                or self._described:
             return None
         if self.takes_tensors:
             return self.policy

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Literal, Self, overload
 
 import anyio
@@ -15,6 +15,7 @@ from .._rollout.devices import DeviceLayout, place_policy
 from .._rollout.envs import make_env_pool
 from .._rollout.loop import Rollout
 from .._rollout.options import RolloutOptions
+from .._rollout.plain_policies import NestedKey, check_plain_policy
 from .._rollout.reach import env_attr, policy_attr
 from .._rollout.seeding import seed_global_rngs
 from .._worker.spec import WorkerSpec
@@ -94,6 +95,9 @@ class Collector(BaseCollector[RB]):
         policy: Any = None,
         *,
         policy_factory: Callable[[], Any] | str | None = None,
+        policy_in_keys: Sequence[NestedKey] | None = None,
+        policy_out_keys: Sequence[NestedKey] | None = None,
+        policy_method: str | None = None,
         frames_per_batch: int,
         total_frames: int | None = -1,
         create_env_kwargs: dict[str, Any] | None = None,
@@ -127,7 +131,11 @@ class Collector(BaseCollector[RB]):
         rollout = RolloutOptions(
             max_frames_per_traj=max_frames_per_traj, reset_at_each_iter=reset_at_each_iter,
             reset_when_done=reset_when_done, set_truncated=set_truncated,
-            exploration_type=exploration_type, **devices.as_options())
+            exploration_type=exploration_type, policy_in_keys=policy_in_keys,
+            policy_out_keys=policy_out_keys, policy_method=policy_method,
+            **devices.as_options())
+        check_plain_policy(policy, in_keys=rollout.policy_in_keys,
+                           out_keys=rollout.policy_out_keys, method=rollout.policy_method)
         #: policy / env / storing devices (batches are stored on ``storing_device``).
         self.devices = devices
 

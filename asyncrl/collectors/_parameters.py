@@ -55,6 +55,15 @@ SHARED = _entries("""
     exploration_type
         TorchRL's exploration type the policy runs under (``"random"``, ``"mode"``,
         ``"mean"``, ``"deterministic"``, or None: leave it as it is).
+    policy_in_keys
+        A plain module's inputs: the observation keys given to it, positionally (default:
+        every observation key, in the env's order). See ``docs/gymnasium.md``.
+    policy_out_keys
+        A plain module's outputs: the keys a tensor, a tuple (in order) or a dict (by its
+        keys) is written to; one must be ``"action"`` (default ``("action",)``).
+    policy_method
+        The method of a plain module called instead of ``forward`` (CleanRL's
+        ``"get_action_and_value"``).
     update_at_each_batch
         Call ``update_policy_weights()`` before each batch.
     trajs_per_batch, traj_format, extend_buffer
@@ -82,6 +91,9 @@ MULTI_PARAMETERS = """
     policy_factory
         A callable (or ``"pkg.mod:factory"`` import path) each worker calls to build its
         own policy, instead of pickling ``policy``.
+    policy_in_keys
+    policy_out_keys
+    policy_method
     frames_per_batch
         Frames per yielded batch; in sync mode split over the workers (or one int per
         worker), in async mode each worker's batch size.
@@ -179,6 +191,9 @@ IN_PROCESS_PARAMETERS = """
         actions, or None (random actions). Shared with the trainer, not copied.
     policy_factory
         A callable (or ``"pkg.mod:factory"``) that builds the policy instead.
+    policy_in_keys
+    policy_out_keys
+    policy_method
     frames_per_batch
         Frames per yielded batch (a multiple of ``envs_per_worker``).
     total_frames

@@ -19,6 +19,7 @@ from ..._coordinator.coordinator import Coordinator
 from ..._coordinator.loss_policy import OnWorkerLoss
 from ..._errors import CollectorError, rebuild_remote_exception
 from ..._observe.statistics import WorkerStatistics
+from ..._rollout.plain_policies import NestedKey, check_plain_policy
 from ..._spawn.forkserver import worker_context
 from ..._worker.spec import WorkerSpec
 from ...weights import WeightSender
@@ -157,6 +158,9 @@ class MultiCollector(BaseCollector[RB]):
         num_workers: int | None = None,
         sync: bool | None = None,
         policy_factory: Callable[[], Any] | str | None = None,
+        policy_in_keys: Sequence[NestedKey] | None = None,
+        policy_out_keys: Sequence[NestedKey] | None = None,
+        policy_method: str | None = None,
         frames_per_batch: int | Sequence[int],
         total_frames: int | None = -1,
         create_env_kwargs: dict[str, Any] | None = None,
@@ -211,7 +215,11 @@ class MultiCollector(BaseCollector[RB]):
             rollout={"max_frames_per_traj": max_frames_per_traj,
                      "reset_at_each_iter": reset_at_each_iter,
                      "reset_when_done": reset_when_done, "set_truncated": set_truncated,
-                     "exploration_type": exploration_type})
+                     "exploration_type": exploration_type, "policy_in_keys": policy_in_keys,
+                     "policy_out_keys": policy_out_keys, "policy_method": policy_method})
+        check_plain_policy(policy, in_keys=config.rollout.policy_in_keys,
+                           out_keys=config.rollout.policy_out_keys,
+                           method=config.rollout.policy_method)
         #: policy / env / storing devices; batches are moved to ``storing_device`` here.
         self.devices = config.devices
         self.num_workers = config.layout.num_workers

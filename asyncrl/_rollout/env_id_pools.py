@@ -1,0 +1,145 @@
+"""`EnvIdVectorPool`: a NEXT_STEP vector env that steps and resets envs by id (EnvPool).
+
+EnvPool (``envpool.make_gymnasium(..., num_envs=8)``) resets a finished env on
+the *next* step it is given (NEXT_STEP autoreset: that step ignores its action,
+returns the new first observation, reward 0), and it can step or reset a subset
+of its envs: ``step(actions, env_id=ids)``, ``reset(env_id=ids)``. That is what
+keeps batches identical to a SAME_STEP env's: when envs finish, their reset step
+is taken at once for those envs only (the others do not move), so it is never a
+frame, never written, and every env's next frame starts from its reset
+observation, as with SAME_STEP. Envs reset before they finish (``max_frames_per_traj``,
+``Rollout.reset``) go through ``reset(env_id=ids)``.
+
+EnvPool's async mode (``batch_size < num_envs``: each ``recv`` returns whichever
+envs are ready) does not fit lockstep batches and is refused; seeds are fixed
+when the env is made (``envpool.make_gymnasium(..., seed=0)``), since its
+``reset`` takes none.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from .env_pools import EnvPool, check_observation
+from .env_specs import EnvSpecs, array_spec_from_space, observation_specs_from_space
+
+__all__ = ["EnvIdVectorPool", "is_env_id_vector_env"]
+
+
+def is_env_id_vector_env(obj: object) -> bool:
+    """True for a vector env with EnvPool's interface: ``all_env_ids`` and a ``config`` dict."""
+    config = getattr(obj, "config", None)
+    return (
+        hasattr(obj, "all_env_ids")
+        and isinstance(config, dict)
+        and "num_envs" in config
+        and callable(getattr(obj, "step", None))
+        and callable(getattr(obj, "reset", None))
+    )
+
+
+def _single_space(venv: Any, name: str) -> Any:
+    # gymnasium's VectorEnv names the per-env space single_*; EnvPool's own spaces are per env.
+    return getattr(venv, f"single_{name}", None) or getattr(venv, name)
+
+
+class EnvIdVectorPool(EnvPool):
+    """An EnvPool-style vector env behind the pool interface, no frame spent on resets.
+
+    Built by `asyncrl._rollout.envs.make_env_pool` for any object
+    `is_env_id_vector_env` accepts (EnvPool is not a dependency: the interface is
+    detected). Refuses async mode (``batch_size < num_envs``) with what to do.
+    """
+
+    def __init__(self, venv: Any) -> None:
+        config = venv.config
+        num_envs = int(config["num_envs"])
+        batch_size = int(config.get("batch_size", 0) or num_envs)
+        if batch_size != num_envs:
+            raise ValueError(
+                f"{type(venv).__name__} is in async mode (batch_size={batch_size} < "
+                f"num_envs={num_envs}): each step would return whichever envs are ready, "
+                "which does not fit lockstep batches; make it with batch_size=num_envs "
+                f"(e.g. envpool.make_gymnasium(..., num_envs={num_envs}), no batch_size)")
+        super().__init__(
+            EnvSpecs(
+                observation=observation_specs_from_space(_single_space(venv, "observation_space")),
+                action=array_spec_from_space(_single_space(venv, "action_space")),
+                num_envs=num_envs,
+            )
+        )
+        self._venv = venv
+        self._done = np.zeros(num_envs, dtype=bool)
+        #: Envs that finished and whose reset step the env still owes (NEXT_STEP).
+        self._owed = np.zeros(num_envs, dtype=bool)
+        act = self.specs.action
+        # What a reset step is given: its action is ignored, any valid one does.
+        self._idle_actions = np.zeros((num_envs, *act.shape), dtype=act.dtype)
+        self._reset_takes_seed = "seed" in inspect.signature(venv.reset).parameters
+
+    @property
+    def user_env(self) -> Any:
+        return self._venv
+
+    def step_inplace(self, actions: np.ndarray) -> None:
+        obs, rew, term, trunc, info = self._venv.step(actions)
+        rows = _rows(info)
+        self._write(rows, obs)
+        self.reward[rows] = rew
+        self.terminated[rows] = term
+        self.truncated[rows] = trunc
+        np.logical_or(self.terminated, self.truncated, out=self._done)
+        self.any_done = bool(self._done.any())
+        if self.any_done:
+            np.logical_or(self._owed, self._done, out=self._owed)
+
+    def _reset_all(self, seeds: Sequence[int] | None) -> None:
+        if seeds is not None and self._reset_takes_seed:
+            obs, info = self._venv.reset(seed=list(seeds))
+        else:
+            obs, info = self._venv.reset()
+        self._write(_rows(info), obs)
+        self._owed.fill(False)
+
+    def _reset_rows(self, mask: np.ndarray) -> None:
+        owed = mask & self._owed
+        if owed.any():
+            # The reset step of the envs that finished, and only theirs: the others wait.
+            ids = np.flatnonzero(owed).astype(np.int32)
+            obs, _, _, _, info = self._venv.step(self._idle_actions[ids], env_id=ids)
+            self._write(_rows(info, ids), obs)
+            self._owed[ids] = False
+        rest = mask & ~owed
+        if rest.any():
+            ids = np.flatnonzero(rest).astype(np.int32)
+            obs, info = self._venv.reset(env_id=ids)
+            self._write(_rows(info, ids), obs)
+
+    def _write(self, rows: np.ndarray | slice, obs: Any) -> None:
+        """Copy observations of the envs ``rows`` (in the order the env returned them)."""
+        layout = self._layout
+        for path, arr in zip(layout.paths, layout.arrays, strict=True):
+            value = obs
+            if layout.is_dict:
+                for p in path:
+                    value = value[p]
+            if value.__class__ is not np.ndarray or value.dtype is not arr.dtype \
+                    or value.shape[1:] != arr.shape[1:]:
+                check_observation("every env", path, value, arr)
+            arr[rows] = value
+
+    def _close(self) -> None:
+        self._venv.close()
+
+
+def _rows(info: Any, asked: np.ndarray | None = None) -> np.ndarray | slice:
+    """Which envs a result's rows are: ``info["env_id"]`` when given, else what was asked."""
+    ids = info.get("env_id") if isinstance(info, dict) else None
+    if ids is None:
+        return slice(None) if asked is None else asked
+    # Any order: the rows are written where the env says they belong.
+    return np.asarray(ids)
