@@ -157,6 +157,15 @@ class LossPolicy:
         ``on_worker_loss``."""
         return self.fails_run and not departed
 
+    def lost_during_update(self, lost: list[str], error: Exception) -> WorkerLostError:
+        """The run's failure when the workers ``lost`` names went while weights were sent
+        (``error``: the sender's, e.g. a :class:`~transports.PeerLostError`), whatever the
+        coordinator has learnt of them by then."""
+        return WorkerLostError(
+            f"{', '.join(lost)} was lost while weights were sent to it ({error}); the "
+            "update did not reach it. Pass on_worker_loss='continue', 'wait' or 'restart' "
+            "to carry on without it")
+
     def restart_refused(self, slot: int, streak: int, max_restarts: int,
                         last: WorkerLostError) -> WorkerLostError | None:
         """``"restart"``: the run's failure when ``slot`` died ``streak`` + 1 times in a row

@@ -11,6 +11,7 @@ exit code instead of disappearing.
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
@@ -44,14 +45,21 @@ class WorkerRegistry:
     """Admissions in order, live and lost; publishes ``joined`` / ``lost`` / ``refused``."""
 
     def __init__(self, publish: Callable[[CollectorEvent], None] | None = None, *,
-                 max_lost: int = 1024) -> None:
+                 max_lost: int = 1024, max_refusals: int = 4) -> None:
         self._publish = publish or (lambda event: None)
         self._records: dict[int, WorkerRecord] = {}  # id(WorkerInfo) -> record, in order
         self._max_lost = max_lost
         self._lost = 0
+        # The latest distinct refusals ("name from host: why"), for the first fill's
+        # warnings; bounded, as peers may say hello as often as they like.
+        self._refusals: deque[str] = deque(maxlen=max_refusals)
 
     def records(self) -> list[WorkerRecord]:
         return list(self._records.values())
+
+    def refusals(self) -> list[str]:
+        """The latest distinct refusals, oldest first: ``"name from host: why"``."""
+        return list(self._refusals)
 
     def record(self, info: WorkerInfo) -> WorkerRecord | None:
         return self._records.get(id(info))
@@ -70,6 +78,10 @@ class WorkerRegistry:
         self._publish(event)
 
     def refused(self, name: str, host: str, reason: str, pid: int | None = None) -> None:
+        text = f"{name} from {host}: {reason}"
+        if text in self._refusals:
+            self._refusals.remove(text)
+        self._refusals.append(text)
         self._publish(CollectorEvent("refused", name=name, host=host, pid=pid, reason=reason))
 
     def check_lost(self, reason: str = "", *, left: bool = False) -> None:

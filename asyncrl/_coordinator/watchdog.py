@@ -1,4 +1,10 @@
-"""The stall watchdog: a worker that owes work and delivers nothing is lost.
+"""The trainer's waits are bounded: stalled workers, the first fill, replacements.
+
+:class:`StartupWatch` and :class:`ReplacementWatch` (one :class:`BoundedWait` each)
+say when the trainer is blocked on workers that have not joined, or on a lost
+worker's replacement, and fail the run past their bound (``startup_timeout``,
+``replacement_timeout``). The stall watchdog: a worker that owes work and delivers
+nothing is lost.
 
 Heartbeats prove that a worker's process and event loop are alive, not that it
 collects: an env whose ``step()`` never returns (a simulator deadlock, a network
@@ -21,6 +27,7 @@ meanwhile are still being read.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -28,10 +35,12 @@ from typing import TYPE_CHECKING
 
 import anyio
 
+from .._observe.events import CollectorEvent
+
 if TYPE_CHECKING:
     from .coordinator import Coordinator
 
-__all__ = ["ReplacementWatch", "StallWatchdog"]
+__all__ = ["BoundedWait", "ReplacementWatch", "StallWatchdog", "StartupWatch"]
 
 log = logging.getLogger("asyncrl.coordinator")
 
@@ -75,16 +84,14 @@ class StallWatchdog:
             await self.coordinator.worker_stalled(worker, seconds)
 
 
-class ReplacementWatch:
-    """``on_worker_loss="wait"`` / ``"restart"``: a wait for a replacement says so, and ends.
+class BoundedWait:
+    """A wait the trainer is blocked on says so, and ends: the shared part of the
+    first fill's (:class:`StartupWatch`) and the replacements' (:class:`ReplacementWatch`).
 
-    While the trainer is blocked on lost workers' replacements
-    (:meth:`CoordinatorState.waiting_for`), it publishes a ``"waiting"`` event once,
-    logs a WARNING every ``warn_every`` seconds, and after ``timeout`` seconds fails the
-    run with :class:`~asyncrl.WorkerLostError` naming the slots it waited for.
-
-    >>> watch = ReplacementWatch(coordinator, timeout=300.0)   # doctest: +SKIP
-    >>> tg.start_soon(watch.run)                                # doctest: +SKIP
+    While :meth:`awaited` names what the trainer waits for, it publishes a
+    ``"waiting"`` event once, logs a WARNING every ``warn_every`` seconds (30, or a
+    third of ``timeout`` if less), and after ``timeout`` seconds fails the run with
+    :meth:`failure` (None: no bound, warnings only). Subclasses say what is awaited.
     """
 
     def __init__(self, coordinator: Coordinator, timeout: float | None, *,
@@ -100,39 +107,157 @@ class ReplacementWatch:
         self._warned = 0.0
 
     async def run(self) -> None:
-        while True:
+        while not self.finished():
             await anyio.sleep(self.interval)
             self.check(self._clock())
 
+    def finished(self) -> bool:
+        """Nothing more to watch (the run failed, or a one-time wait is over)."""
+        return self.coordinator.state.failure is not None
+
+    def awaited(self) -> str:
+        """What the trainer is blocked on now, in words ("": nothing, it progresses)."""
+        raise NotImplementedError
+
+    def failure(self, awaited: str, waited: float) -> BaseException:
+        """The run's error once ``awaited`` did not come within the timeout."""
+        raise NotImplementedError
+
+    def event(self, awaited: str) -> CollectorEvent:
+        """The ``"waiting"`` event that says the wait began."""
+        return CollectorEvent("waiting", reason=f"waiting for {awaited}{self._bound()}")
+
+    def ended(self, waited: float) -> None:
+        """The wait ended after ``waited`` seconds (a log line)."""
+
     def check(self, now: float) -> None:
         """Note, warn about or end the wait the trainer is in (if any) at ``now``."""
-        from .._observe.events import CollectorEvent
-
-        state = self.coordinator.state
-        policy = state.loss_policy
-        waiting = state.waiting_for()
-        if not waiting:
+        awaited = self.awaited() if self.coordinator.state.failure is None else ""
+        if not awaited:
             if self.since is not None:
-                log.info("a replacement joined after %.1f s: the run goes on", now - self.since)
+                self.ended(now - self.since)
             self.since = None
             return
-        slots = ", ".join(f"worker {w.index} ({w.name}, pid {w.pid} on {w.host})"
-                          for w in waiting)
-        bound = "" if self.timeout is None else f"; the run fails after {self.timeout} s"
         if self.since is None:
             self.since = self._warned = now
-            log.warning("waiting for a replacement of %s (on_worker_loss=%r)%s", slots,
-                        policy.on_worker_loss, bound)
-            self.coordinator.registry.publish(CollectorEvent(
-                "waiting", worker=waiting[0].index, name=waiting[0].name,
-                host=waiting[0].host, pid=waiting[0].pid,
-                reason=f"waiting for a replacement of {slots}{bound}"))
+            log.warning("waiting for %s%s", awaited, self._bound())
+            self.coordinator.registry.publish(self.event(awaited))
             return
         waited = now - self.since
         if self.timeout is not None and waited > self.timeout:
-            self.coordinator.fail(policy.replacement_timed_out(slots, self.timeout, waited))
+            self.coordinator.fail(self.failure(awaited, waited))
             return
         if now - self._warned >= self.warn_every:
             self._warned = now
-            log.warning("still waiting for a replacement of %s: %.0f s so far%s", slots,
-                        waited, bound)
+            log.warning("still waiting for %s: %.0f s so far%s", awaited, waited,
+                        self._bound())
+
+    def _bound(self) -> str:
+        return "" if self.timeout is None else f"; the run fails after {self.timeout} s"
+
+
+class ReplacementWatch(BoundedWait):
+    """``on_worker_loss="wait"`` / ``"restart"``: a wait for a replacement says so, and ends.
+
+    While the trainer is blocked on lost workers' replacements
+    (:meth:`CoordinatorState.waiting_for`), it publishes a ``"waiting"`` event once,
+    logs a WARNING every ``warn_every`` seconds, and after ``timeout`` seconds fails the
+    run with :class:`~asyncrl.WorkerLostError` naming the slots it waited for.
+
+    >>> watch = ReplacementWatch(coordinator, timeout=300.0)   # doctest: +SKIP
+    >>> tg.start_soon(watch.run)                                # doctest: +SKIP
+    """
+
+    def awaited(self) -> str:
+        waiting = self.coordinator.state.waiting_for()
+        if not waiting:
+            return ""
+        slots = ", ".join(f"worker {w.index} ({w.name}, pid {w.pid} on {w.host})"
+                          for w in waiting)
+        policy = self.coordinator.state.loss_policy
+        return f"a replacement of {slots} (on_worker_loss={policy.on_worker_loss!r})"
+
+    def event(self, awaited: str) -> CollectorEvent:
+        first = self.coordinator.state.waiting_for()[0]
+        return dataclasses.replace(super().event(awaited), worker=first.index,
+                                   name=first.name, host=first.host, pid=first.pid)
+
+    def failure(self, awaited: str, waited: float) -> BaseException:
+        state = self.coordinator.state
+        slots = ", ".join(f"worker {w.index} ({w.name}, pid {w.pid} on {w.host})"
+                          for w in state.waiting_for())
+        assert self.timeout is not None
+        return state.loss_policy.replacement_timed_out(slots, self.timeout, waited)
+
+    def ended(self, waited: float) -> None:
+        log.info("a replacement joined after %.1f s: the run goes on", waited)
+
+
+class StartupWatch(BoundedWait):
+    """The first fill: the trainer's first call waits for the run's workers; says so, and ends.
+
+    From the trainer's first call (:meth:`Coordinator.wait_for_workers`) until every
+    local slot and ``remote_workers`` place is taken, it publishes a ``"waiting"``
+    event, logs a WARNING every 30 s naming the empty places and the hellos refused
+    so far (a host whose specs differ, a full collector...), and after ``timeout``
+    seconds fails the run with :class:`~asyncrl.CollectorError` saying the same and
+    what to do. Once the run has filled it stops: later waits are replacements'.
+
+    >>> watch = StartupWatch(coordinator, 300.0, local_workers=2, remote_workers=1,
+    ...                      listen="tcp://0.0.0.0:5555", endpoint=hub.endpoint)  # doctest: +SKIP
+    >>> tg.start_soon(watch.run)                                                   # doctest: +SKIP
+    """
+
+    def __init__(self, coordinator: Coordinator, timeout: float | None, *,
+                 local_workers: int, remote_workers: int, listen: str | None,
+                 endpoint: str, warn_every: float | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__(coordinator, timeout, warn_every=warn_every, clock=clock)
+        self.local_workers = local_workers
+        self.remote_workers = remote_workers
+        self.listen = listen
+        self.endpoint = endpoint
+        self.filled = False
+
+    def finished(self) -> bool:
+        return self.filled or super().finished()
+
+    def awaited(self) -> str:
+        state = self.coordinator.state
+        if self.filled or state.expected == 0:  # filled, or the trainer did not ask yet
+            return ""
+        missing = state.missing_workers()
+        if missing <= 0:
+            self.filled = True
+            return ""
+        live = {w.index for w in self.coordinator.live_workers}
+        places = []
+        slots = [str(i) for i in range(self.local_workers) if i not in live]
+        if slots:
+            places.append(f"local worker slot(s) {', '.join(slots)} (their processes are "
+                          "starting: imports, env construction)")
+        remote = sum(1 for i in live if i >= self.local_workers)
+        if remote < self.remote_workers:
+            places.append(f"{self.remote_workers - remote} of remote_workers="
+                          f"{self.remote_workers} remote worker(s) (hosts connect to "
+                          f"{self.endpoint}, listen={self.listen!r})")
+        refused = self.coordinator.registry.refusals()
+        seen = f"; hellos refused so far: {'; '.join(refused)}" if refused else \
+            "; no host was refused" if self.remote_workers else ""
+        return (f"{missing} of {state.expected} worker(s) to join: "
+                f"{' and '.join(places) or 'workers lost before they joined'}{seen}")
+
+    def failure(self, awaited: str, waited: float) -> BaseException:
+        from .._errors import CollectorError
+
+        todo = "start the worker hosts with `asyncrl worker --connect ...` (see " \
+            "docs/multihost.md), make remote_workers the number of hosts you start, " \
+            "fix what refused them" if self.remote_workers else \
+            "check that the env and policy build quickly in a fresh process"
+        return CollectorError(
+            f"the run's workers did not all join within startup_timeout={self.timeout} s "
+            f"(waited {waited:.1f} s): {awaited}. To go on: {todo}, or pass a larger "
+            "startup_timeout (None: wait for ever, with warnings)")
+
+    def ended(self, waited: float) -> None:
+        log.info("every worker joined after %.1f s: the run starts", waited)

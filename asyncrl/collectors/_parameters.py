@@ -155,6 +155,14 @@ MULTI_PARAMETERS = """
         naming the slot (default 300; None: no bound). While it waits it says so: a
         ``"waiting"`` event, a ``"waiting"`` line in ``statistics().workers`` and a
         WARNING every 30 s.
+    startup_timeout
+        Seconds the trainer's first call (``async for``, ``next_batch``...) waits for
+        every worker to join (the ``num_workers`` local processes and the
+        ``remote_workers`` hosts) before the run fails with ``CollectorError`` naming
+        the empty places, ``listen`` and the hellos refused meanwhile (default 300: time
+        to start hosts by hand after the trainer, and for a cold host to import torch
+        and build its envs; None: no bound). While it waits it says so: a ``"waiting"``
+        event, ``statistics().state == "waiting"`` and a WARNING every 30 s.
     listen
         Bind the coordinator here (``"tcp://0.0.0.0:5555"``; port 0 picks one, see
         ``endpoint``) so that ``asyncrl worker`` hosts can join; default: a private

@@ -21,12 +21,13 @@ worker stops it, and is bounded by ``join_timeout``; every broadcast by
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import socket
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -223,11 +224,27 @@ class Group:
         for tag, start in enumerate(range(0, flat.numel(), self.chunk_bytes)):
             chunk = flat[start:start + self.chunk_bytes]
             if self.before is not None:
-                self.pg.recv([chunk], self.before, tag).wait(span)
+                with self._naming("receiving from", self.before):
+                    self.pg.recv([chunk], self.before, tag).wait(span)
             if self.after is not None:
                 sends.append(self.pg.send([chunk], self.after, tag))
-        for work in sends:
-            work.wait(span)
+        with self._naming("sending to", self.after):
+            for work in sends:
+                work.wait(span)
+
+    @contextlib.contextmanager
+    def _naming(self, what: str, rank: int | None) -> Iterator[None]:
+        """A failed link of the chain names the rank at its other end: the frozen or dead
+        one, not this healthy rank that timed out waiting for it."""
+        try:
+            yield
+        except Exception as exc:
+            who = "the trainer" if rank == 0 else f"worker {rank - 1 if rank else '?'}"
+            raise WeightSyncError(
+                f"chain rank {self.rank}: {what} rank {rank} ({who}) failed within "
+                f"{self.timeout} s: rank {rank} is frozen or dead "
+                f"({str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__})"
+            ) from exc
 
     def close(self) -> None:
         pg, self.pg = self.pg, None

@@ -192,6 +192,7 @@ class MultiCollector(BaseCollector[RB]):
         peer_timeout: float = 10.0,
         sample_timeout: float | None = 60.0,
         replacement_timeout: float | None = 300.0,
+        startup_timeout: float | None = 300.0,
         listen: str | None = None,
         remote_workers: int = 0,
         curve_keys: str | None = None,
@@ -259,6 +260,7 @@ class MultiCollector(BaseCollector[RB]):
             heartbeat=(heartbeat_interval, peer_timeout),
             sample_timeout=check_timeout("sample_timeout", sample_timeout),
             replacement_timeout=check_timeout("replacement_timeout", replacement_timeout),
+            startup_timeout=check_timeout("startup_timeout", startup_timeout),
             init_random_frames=self.init_random_frames, total_frames=self.total_frames,
             publish=self._publish, on_weights_applied=self._on_weights_applied,
             max_restarts=lambda: self.max_restarts)

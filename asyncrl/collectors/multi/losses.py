@@ -133,8 +133,17 @@ class WorkerLosses:
                 await coordinator.settle(peer, timeout)
         coordinator.raise_if_failed()
         departed = all(coordinator.has_left(peer) for peer in error.peers)
-        if run.config.loss_policy.fails_weight_update(departed=departed):
-            raise error
+        policy = run.config.loss_policy
+        if policy.fails_weight_update(departed=departed):
+            # The coordinator did not (yet) name the loss: one class whatever the timing.
+            lost = [_describe(coordinator.workers.get(peer), peer) for peer in error.peers]
+            raise policy.lost_during_update(lost, error) from error
         log.info("weights applied by every worker still in the run; %s: %s",
                  "left meanwhile" if departed else "lost",
                  ", ".join(peer_name(p) for p in error.peers))
+
+
+def _describe(worker: WorkerInfo | None, peer: bytes) -> str:
+    if worker is None:  # never admitted (or forgotten): its peer id is all there is
+        return f"peer {peer_name(peer)}"
+    return f"worker {worker.index} ({worker.name}, pid {worker.pid} on {worker.host})"

@@ -25,7 +25,7 @@ import torch
 from transports import CurveServer, Hub
 
 from ..._coordinator.coordinator import Coordinator, WorkerInfo
-from ..._coordinator.watchdog import ReplacementWatch, StallWatchdog
+from ..._coordinator.watchdog import ReplacementWatch, StallWatchdog, StartupWatch
 from ..._observe.events import CollectorEvent
 from ..._rollout.envs import make_env_pool
 from ..._spawn import logs as _logs
@@ -80,6 +80,8 @@ class MultiRun:
     #: ``"wait"`` / ``"restart"``: seconds the trainer waits for a lost worker's
     #: replacement before the run fails (None: no bound).
     replacement_timeout: float | None = 300.0
+    #: Seconds the trainer's first call waits for every worker to join (None: no bound).
+    startup_timeout: float | None = 300.0
     # -- while open ------------------------------------------------------------------
     hub: Hub | None = None
     coordinator: Coordinator | None = None
@@ -165,6 +167,10 @@ async def run_background(run: MultiRun, losses: LossHandling, name: str, paused:
                     tg.start_soon(coordinator.run)  # hellos are answered while others spawn
                     if run.sample_timeout is not None:  # a hung env or policy is a loss
                         tg.start_soon(StallWatchdog(coordinator, run.sample_timeout).run)
+                    tg.start_soon(StartupWatch(  # the first fill says it, and ends
+                        coordinator, run.startup_timeout, local_workers=run.num_workers,
+                        remote_workers=run.remote_workers, listen=run.listen,
+                        endpoint=hub.endpoint).run)
                     if run.config.loss_policy.waits_for_replacements:  # says it, and ends
                         tg.start_soon(ReplacementWatch(coordinator, run.replacement_timeout).run)
                     for sender in run.senders.values():
