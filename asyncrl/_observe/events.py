@@ -25,9 +25,11 @@ import anyio
 #: * ``"refused"``: a peer's hello (or batch) was refused (``name``, ``host``, ``reason``);
 #: * ``"weights_applied"``: every targeted worker acknowledged ``version`` of
 #:   ``model_id`` (``seconds``: send to last acknowledgement);
-#: * ``"waiting"``: the trainer is blocked waiting for the replacement of lost worker
-#:   ``worker`` (``on_worker_loss="wait"`` / ``"restart"``; ``reason`` names every slot
-#:   and the bound, ``replacement_timeout``); once per wait.
+#: * ``"waiting"``: the trainer is blocked waiting for workers: the first fill
+#:   (``worker`` None; ``reason`` names the empty places, the hellos refused so far and
+#:   the bound, ``startup_timeout``) or the replacement of lost worker ``worker``
+#:   (``on_worker_loss="wait"`` / ``"restart"``; ``reason`` names every slot and the
+#:   bound, ``replacement_timeout``); once per wait.
 #: * ``"left"``: a remote worker left cleanly (its host stopped on SIGTERM); its
 #:   unfinished work went to the others.
 EventKind = Literal["joined", "lost", "left", "restarted", "refused", "weights_applied",
