@@ -39,6 +39,7 @@ from .._protocol import (
     ErrorReport,
     Hello,
     Leaving,
+    Progress,
     Refuse,
     RelayHello,
     RelayWelcome,
@@ -330,6 +331,8 @@ class Coordinator:
                     await self._on_leaving(item)
                 elif item.kind == WorkerLog.KIND:
                     self._on_log(item)
+                elif item.kind == Progress.KIND:  # it steps: slow is not hung
+                    self.state.progress(item.peer, Progress.from_body(item.body))
                 else:
                     self._limited_log.warning("unknown-kind", "ignored a %r message from %r",
                                               item.kind, item.peer)

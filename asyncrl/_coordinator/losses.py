@@ -93,12 +93,13 @@ class Losses:
 
     def stalled_workers(self, now: float, timeout: float,
                         awake_since: float = 0.0) -> list[tuple[WorkerInfo, float]]:
-        """Live workers that owe work and delivered nothing for more than ``timeout`` s
+        """Live workers that owe work and stepped no env for more than ``timeout`` s
         while the trainer's loop ran (counted from ``awake_since`` at the earliest), with
-        how long they have owed it."""
+        how long they have owed it. A worker that reports progress is judged on its last
+        step; one that never did, on its last batch. A slow batch is no stall."""
         return [(w, now - w.owed_since) for w in self._roster.live_workers
                 if w.owed_since is not None and w.credits > 0
-                and now - max(w.owed_since, awake_since) > timeout]
+                and now - max(w.owed_since, w.stepped_at or 0.0, awake_since) > timeout]
 
     # -- what happens to workers -----------------------------------------------------------
     def lost(self, peer: bytes, reason: str = "") -> list[Action]:
@@ -122,8 +123,10 @@ class Losses:
         worker = self._roster.live(peer)
         if worker is None:
             return []
-        what = (f"owed a batch and delivered nothing for {seconds:.1f} s: the env step or "
-                "the policy did not return (sample_timeout)")
+        idle = seconds if worker.stepped_at is None or worker.owed_since is None else \
+            min(seconds, seconds - (worker.stepped_at - worker.owed_since))
+        what = (f"owed a batch and delivered nothing for {seconds:.1f} s, no step for "
+                f"{idle:.1f} s: the env step or the policy did not return (sample_timeout)")
         log.warning("worker %d (%s, pid %d on %s) %s", worker.index, worker.name, worker.pid,
                     worker.host, what)
         return self._apply_loss(worker, what)
@@ -207,6 +210,7 @@ class Losses:
 
     # -- the books -------------------------------------------------------------------------
     def _apply_loss(self, worker: WorkerInfo, what: str) -> list[Action]:
+        worker.lost_because = what
         outcome: LossOutcome = self.policy.lost(worker, what)
         if outcome.failure is not None:
             self.fail(outcome.failure)

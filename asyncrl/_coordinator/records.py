@@ -39,6 +39,14 @@ class WorkerInfo:
     #: ``time.monotonic()`` since which it owes work (a credit, a share) and delivered
     #: nothing (None: it owes nothing); the stall watchdog reads it.
     owed_since: float | None = None
+    #: Progress reports (see :mod:`asyncrl._protocol.progress`): the env steps it reported
+    #: last, and when that count last grew (None: never reported; judged on batches).
+    steps: int = -1
+    stepped_at: float | None = None
+    #: When its last delivered batch was owed from and delivered (the slow-batch warning).
+    last_batch: tuple[float, float] | None = None
+    #: How it was lost (the loss text): a slot's respawn names it, not a signal's causes.
+    lost_because: str = ""
 
     @property
     def ahead(self) -> int:

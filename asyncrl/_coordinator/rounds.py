@@ -122,6 +122,12 @@ class Rounds:
         return self.top_up()
 
     # -- what workers deliver --------------------------------------------------------------
+    def progressed(self, worker: WorkerInfo, steps: int) -> None:
+        """``worker`` reports ``steps`` env steps so far: it steps if the count grew."""
+        if steps > worker.steps:
+            worker.steps = steps
+            worker.stepped_at = self.clock()
+
     def expects(self, worker: WorkerInfo, batch: Batch) -> bool:
         """Async: a batch collected before ``worker`` was (re)admitted is not its own."""
         return self.sync or batch.request == worker.index
@@ -140,7 +146,10 @@ class Rounds:
     def deliver(self, worker: WorkerInfo, batch: Batch) -> list[Action]:
         """A checked batch of a live worker: counted, queued (async) or added to its round."""
         worker.credits = max(0, worker.credits - 1)
-        worker.owed_since = self.clock() if worker.credits else None
+        now = self.clock()
+        if worker.owed_since is not None:
+            worker.last_batch = (worker.owed_since, now)
+        worker.owed_since = now if worker.credits else None
         worker.delivered += 1
         if self.sync:
             return self._on_share(worker, batch)  # completes the round once it is whole

@@ -33,7 +33,7 @@ from typing import Any
 from tensordict import TensorDictBase
 
 from .._errors import WorkerLostError
-from .._protocol import Batch, Hello, RelayHello
+from .._protocol import Batch, Hello, Progress, RelayHello
 from .actions import Action, CatchUp, Expel, Outbound, Send
 from .admission import Admission
 from .loss_policy import LossPolicy, OnWorkerLoss
@@ -123,6 +123,12 @@ class CoordinatorState:
         if problems:
             return self.losses.bad_batch(worker, batch, problems)  # never counted
         return self.rounds.deliver(worker, batch)
+
+    def progress(self, peer: bytes, progress: Progress) -> None:
+        """A live worker's step count (see :mod:`asyncrl._protocol.progress`): it steps."""
+        worker = self.roster.live(peer)
+        if worker is not None:
+            self.rounds.progressed(worker, progress.steps)
 
     def returned(self, peer: bytes) -> list[Action]:
         """A peer the hub had lost speaks again: if it was our worker, tell it to rejoin."""

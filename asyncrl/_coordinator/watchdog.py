@@ -12,11 +12,13 @@ call without a timeout) or a policy that hangs leaves the heartbeats going and t
 run waiting for ever. RLlib bounds the same wait with ``sample_timeout_s`` (60 s)
 and its env-runner health probes; here the coordinator knows what each worker owes
 (:attr:`WorkerInfo.owed_since`: since when it owes a credit or a share and
-delivered nothing) and this task marks one that owed for ``timeout`` seconds as
-lost, through the path every other loss takes: ``on_worker_loss`` applies
-(``"restart"`` kills the process and respawns its slot; ``"continue"`` gives its
-credits to the others, so that an async run still ends exactly on
-``total_frames``).
+delivered nothing) and when its env last stepped (:attr:`WorkerInfo.stepped_at`,
+from its :class:`~asyncrl._protocol.Progress` reports), and this task marks one
+that owed work and stepped no env for ``timeout`` seconds as lost, through the
+path every other loss takes: ``on_worker_loss`` applies (``"restart"`` kills the
+process and respawns its slot; ``"continue"`` gives its credits to the others, so
+that an async run still ends exactly on ``total_frames``). A slow batch whose
+steps return is never lost for it: it gets one warning a run.
 
 A worker owes nothing between sync rounds, at ``prefetch`` batches ahead, or
 while the collector is paused with nothing asked: the timeout never counts a
@@ -64,6 +66,7 @@ class StallWatchdog:
         #: How often it looks: a fraction of the timeout, at most once a second.
         self.interval = min(1.0, timeout / 4)
         self._awake_since = clock()
+        self._warned_slow = False  # the slow-batch warning is given once a run
 
     async def run(self) -> None:
         due = self._clock() + self.interval
@@ -82,6 +85,31 @@ class StallWatchdog:
         state = self.coordinator.state
         for worker, seconds in state.stalled_workers(now, self.timeout, self._awake_since):
             await self.coordinator.worker_stalled(worker, seconds)
+        self.warn_slow_batches()
+
+    def warn_slow_batches(self) -> None:
+        """Once a run: a worker's batch took longer than the timeout, yet it stepped.
+
+        Such a worker is not lost (the timeout bounds the time without a step), but a
+        user who set ``sample_timeout`` to bound a batch should hear what it takes.
+        A batch owed since before the trainer's loop last stalled is not measured.
+        """
+        if self._warned_slow:
+            return
+        for worker in self.coordinator.state.live_workers:
+            if worker.last_batch is None:
+                continue
+            owed, delivered = worker.last_batch
+            took = delivered - owed
+            if took > self.timeout and owed >= self._awake_since:
+                self._warned_slow = True
+                log.warning(
+                    "worker %d (%s, pid %d on %s) took %.1f s per batch, more than "
+                    "sample_timeout=%s s; it is not lost, as its env steps: sample_timeout "
+                    "bounds the time without a step. Raise sample_timeout above the time "
+                    "per batch, or ask smaller batches, to silence this (said once)",
+                    worker.index, worker.name, worker.pid, worker.host, took, self.timeout)
+                return
 
 
 class BoundedWait:

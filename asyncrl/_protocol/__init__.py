@@ -11,7 +11,8 @@ sends reaches a log, an event or a metric label raw.
 
 By concept: :mod:`.admission` (hello, welcome, refuse, rejoin, leaving, a
 relay's hello), :mod:`.collection` (collect, preempt, batch, error, control),
-:mod:`.logs` (forwarded log records), :mod:`.weights` (weight meta, chunks and
+:mod:`.logs` (forwarded log records), :mod:`.progress` (a collecting worker's
+step count), :mod:`.weights` (weight meta, chunks and
 acks), and :mod:`.fields`, the validators they share.
 """
 
@@ -38,6 +39,7 @@ from .logs import MAX_LOG_RECORDS as MAX_LOG_RECORDS
 from .logs import MAX_LOG_TRACEBACK as MAX_LOG_TRACEBACK
 from .logs import LogEntry as LogEntry
 from .logs import WorkerLog as WorkerLog
+from .progress import Progress as Progress
 from .weights import CHUNK as CHUNK
 from .weights import MAX_CHUNK_PARTS as MAX_CHUNK_PARTS
 from .weights import MAX_CHUNKS as MAX_CHUNKS
@@ -56,6 +58,7 @@ __all__ = [
     "MAX_LOG_LOGGER", "MAX_LOG_MESSAGE", "MAX_LOG_RECORDS", "MAX_LOG_TRACEBACK",
     "MAX_MODEL_ID", "MAX_REASON", "MAX_RELAY_MEMBERS", "PROTOCOL", "RELAY_TO", "WEIGHTS_KIND",
     "Batch", "Collect", "Control", "ErrorReport", "Hello", "Leaving", "LogEntry", "Preempt",
+    "Progress",
     "Refuse", "Rejoin", "RelayAck", "RelayAttached", "RelayHello", "RelayWelcome", "WeightChunk",
     "WeightMeta", "WeightsApplied", "Welcome", "WorkerLog",
 ]

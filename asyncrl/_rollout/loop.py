@@ -118,6 +118,8 @@ class Rollout:
         self.policy_version: int = 0
         #: Called at each step boundary before the policy runs (weight receivers use it).
         self.before_step: Callable[[], None] | None = None
+        #: Env steps returned so far, all batches: another thread reads it (progress).
+        self.steps_done = 0
 
         specs = pool.specs
         # A recurrent policy's state and is_init are the rollout's, even where the
@@ -447,6 +449,7 @@ class Rollout:
                 for dst, src in pre:
                     dst[i] = src
                 step_env(act_np)
+                self.steps_done += 1  # a plain int: the worker's progress reports read it
                 if limit:
                     self._apply_limit(limit)  # before `post`: it edits truncated
                     for dst, src in post:

@@ -55,6 +55,7 @@ from ..weights import WeightApplier
 from .control import TOUCHES_WEIGHTS, run_control
 from .join_backoff import JOIN_BACKOFF, full_pause
 from .log_forward import LogForwarder
+from .progress import ProgressReport
 from .relay_member import RelayMembership
 from .spec import WorkerSpec
 from .unanswered import cancel_when_denied, denied, no_welcome, unreachable
@@ -118,6 +119,7 @@ class Worker:
         self._weights = WeightApplier(link, relay=relay_link, busy=self._busy.locked)
         self._relay = RelayMembership(relay_link, relay_name, self._weights)
         self._pending_early: list[Message] = []  # weights that came before the welcome
+        self._progress = ProgressReport(link, self.collecting)  # slow is not hung
         self._exit: WorkerExit | None = None
 
     @property
@@ -210,7 +212,8 @@ class Worker:
                     try:
                         async with anyio.create_task_group() as tg:
                             for task in (self._collect_loop, self._weights.send_acks,
-                                         self._dispatch_loop, self._relay.receive_weights):
+                                         self._dispatch_loop, self._relay.receive_weights,
+                                         self._progress.run):
                                 tg.start_soon(self._until_exit, task, tg.cancel_scope)
                     finally:
                         self._admitted(False)
@@ -493,6 +496,11 @@ class Worker:
             if self._leaving:  # cut short by a signal: not a batch anyone asked for
                 await anyio.sleep_forever()
             await self.link.send(Batch(request, frames).to_body(), kind=Batch.KIND)
+
+    def collecting(self) -> tuple[int, int] | None:
+        """(request, env steps done) while a batch is collected, else None."""
+        request, rollout = self._current_request, self.rollout
+        return None if request is None or rollout is None else (request, rollout.steps_done)
 
     def _collect_one(self, request: int) -> Any:
         assert self.rollout is not None

@@ -143,11 +143,14 @@ MULTI_PARAMETERS = """
         Seconds of silence after which a peer counts as lost (a worker exits, the
         coordinator applies ``on_worker_loss``).
     sample_timeout
-        Seconds a worker may owe a batch (a credit, or its share of a sync round) and
-        deliver nothing before it counts as lost, by ``on_worker_loss`` (default 60, as
-        RLlib's ``sample_timeout_s``; None: never). Heartbeats show that a process is
-        alive, not that its env's ``step()`` or its policy returns. Set it above the
-        time one batch (share) takes, first env reset included.
+        Seconds a worker that owes a batch (a credit, or its share of a sync round) may
+        go without an env step before it counts as lost, by ``on_worker_loss`` (default
+        60, as RLlib's ``sample_timeout_s``; None: never). Heartbeats show that a
+        process is alive, not that its env's ``step()`` or its policy returns; a worker
+        reports its step count about once a second while it collects. A batch may take
+        longer as long as its steps return: such a worker is never lost for it (one
+        WARNING a run gives the measured time per batch). Set it above the time one
+        step takes, the policy's first call included, and a few seconds at least.
     replacement_timeout
         ``on_worker_loss="wait"`` or ``"restart"``: seconds the trainer may be blocked
         waiting for a lost worker's replacement (a sync round that lacks its share, an

@@ -58,9 +58,9 @@ class MultiCollector(BaseCollector[RB]):
     and says so while it lasts); ``"restart"`` respawns a local worker's
     slot (a silent one is killed first), at most ``max_restarts`` times in a row
     without a delivered batch, and waits for a remote one as ``"wait"`` does.
-    A worker that owes a batch and delivers nothing for ``sample_timeout`` seconds
+    A worker that owes a batch and steps no env for ``sample_timeout`` seconds
     (its env's ``step()`` or its policy hangs, while its heartbeats go on) is lost
-    the same way.
+    the same way; a slow batch whose steps return is not.
 
     Batches, with TorchRL's meaning (shapes: ``docs/batch_shapes.md``):
     ``replay_buffer`` is extended with every batch's frames, flat, and iteration

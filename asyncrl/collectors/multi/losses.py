@@ -47,6 +47,9 @@ class WorkerLosses:
     def __init__(self, run: MultiRun) -> None:
         self._run = run
         self._restart_streak: dict[int, int] = {}  # slot -> deaths since its last batch
+        #: pid -> why we killed it (silent, stalled): its death names that, not a signal's
+        #: usual causes (the OOM killer). Bounded by the live slots' processes.
+        self._killed: dict[int, str] = {}
 
     async def process_died(self, slot: int, process: Any) -> bool:
         """A local worker's process ended (reaped); returns True to respawn its slot."""
@@ -73,9 +76,7 @@ class WorkerLosses:
         if worker is not None and worker.delivered:
             self._restart_streak[slot] = 0
         policy = run.config.loss_policy
-        error = WorkerLostError(
-            f"worker {slot} (pid {pid}) {describe_exit(exitcode)} before the collector was "
-            f"closed: {likely_causes(exitcode)}")
+        error = self._death(slot, pid, exitcode)
         streak = self._restart_streak.get(slot, 0)
         crash_loop = policy.restart_refused(slot, streak, run.max_restarts(), error)
         if crash_loop is not None:
@@ -91,6 +92,17 @@ class WorkerLosses:
         run.publish(CollectorEvent("restarted", worker=slot, pid=pid, exit_code=exitcode,
                                           reason=describe_exit(exitcode)))
         return True
+
+    def _death(self, slot: int, pid: int, exitcode: int | None) -> WorkerLostError:
+        """What ended ``slot``'s process ``pid``: our kill (and why), or its exit code."""
+        killed = self._killed.pop(pid, None)
+        if killed is not None:
+            return WorkerLostError(
+                f"worker {slot} (pid {pid}) was killed by the collector to restart its slot "
+                f"(on_worker_loss='restart'): it {killed}")
+        return WorkerLostError(
+            f"worker {slot} (pid {pid}) {describe_exit(exitcode)} before the collector was "
+            f"closed: {likely_causes(exitcode)}")
 
     def leaving(self, worker: WorkerInfo, reason: str) -> None:
         """A worker stops on a signal: a local one stops the run (systemd's group SIGTERM)."""
@@ -115,8 +127,10 @@ class WorkerLosses:
         if process is not None and process.pid == worker.pid and process.is_alive():
             # Hung or frozen: kill it; its slot's watcher respawns it (RLlib restarts
             # unhealthy env runners the same way).
-            log.warning("worker %d (pid %d) is silent: killing it to restart its slot",
-                        worker.index, worker.pid)
+            why = worker.lost_because or "stopped answering"
+            log.warning("worker %d (pid %d) %s: killing it to restart its slot",
+                        worker.index, worker.pid, why)
+            self._killed[process.pid] = why
             process.kill()
 
     async def during_update(self, error: PeerLostError) -> None:
