@@ -38,7 +38,14 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
-from transports import ErrorPayload, Link, PeerLostError, ProtocolError, SharedTensorBlock
+from transports import (
+    CurveClient,
+    ErrorPayload,
+    Link,
+    PeerLostError,
+    ProtocolError,
+    SharedTensorBlock,
+)
 
 from .._errors import RefusedError
 from .._rollout.env_pools import EnvPool, GymEnvListPool
@@ -95,6 +102,9 @@ class EnvWorkerConfig:
     #: Equal splits of the envs, stepped in turn, each asking on its own block slot
     #: (local workers only: a remote worker asks with one message for all its envs).
     splits: int = 1
+    #: Its key for the trainer's hub when that hub speaks CURVE (``listen`` with keys):
+    #: a pair made for this hub only, as a MultiCollector's local workers get.
+    curve: CurveClient | None = None
 
 
 def build_pool(factories: Sequence[Any], kwargs: Mapping[str, Any]) -> EnvPool:
@@ -432,9 +442,9 @@ async def serve_linked(endpoint: str, identity: bytes, config: Any, parent_pid: 
                        serve: Callable[[Link], Awaitable[int]]) -> int:
     """A child of the trainer's life: one Link to it, ``serve`` over it, until it returns
     (its exit code) or the trainer is gone. ``config`` gives the link's
-    ``heartbeat_interval`` and ``peer_timeout``."""
+    ``heartbeat_interval``, ``peer_timeout`` and ``curve`` (its key for a CURVE hub)."""
     async with Link(endpoint, identity=identity, heartbeat_interval=config.heartbeat_interval,
-                    peer_timeout=config.peer_timeout) as link:
+                    peer_timeout=config.peer_timeout, curve=config.curve) as link:
         code = 0
         async with anyio.create_task_group() as tg:
             tg.start_soon(watch_parent, parent_pid, tg.cancel_scope)

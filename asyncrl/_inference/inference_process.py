@@ -46,7 +46,7 @@ import anyio
 import torch
 from torch import nn
 
-from transports import ErrorPayload, Link, Message, PeerLostError, SharedTensorBlock
+from transports import CurveClient, ErrorPayload, Link, Message, PeerLostError, SharedTensorBlock
 
 from .._rollout.policies import ExplorationType, PolicyAdapter
 from .._spawn.absent_modules import remember_absent_modules
@@ -98,6 +98,8 @@ class ServerConfig:
     first_remote_slot: int | None = None
     #: Rows of the CUDA graph the policy is captured in (None: eager calls)
     static_batch_size: int | None = None
+    #: Its key for the trainer's hub when that hub speaks CURVE (``listen`` with keys)
+    curve: CurveClient | None = None
 
 
 class InferenceServer:

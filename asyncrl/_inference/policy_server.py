@@ -23,7 +23,7 @@ import anyio.abc
 import torch
 from torch import nn
 
-from transports import Hub, Message, PeerEvent
+from transports import CurveClient, Hub, Message, PeerEvent
 
 from .._rollout.policies import ExplorationType, PolicyAdapter, torch_dtype
 from .doorbell import EventFd
@@ -58,6 +58,8 @@ class ServingSetup:
     first_remote_slot: int | None  # slots from here on are remote env hosts' (None: none)
     heartbeat: tuple[float, float]  # (heartbeat_interval, peer_timeout) of a process
     start_method: str  # of a process
+    #: The trainer's own processes' key for a CURVE hub (``listen`` with keys), else None
+    local_keys: CurveClient | None = None
 
 
 @dataclass(frozen=True)

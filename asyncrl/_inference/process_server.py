@@ -113,7 +113,8 @@ class ProcessPolicyServer(PolicyServer):
             min_batch_size=setup.min_batch_size, server_timeout=setup.server_timeout,
             version=setup.version, threads=setup.threads, heartbeat_interval=setup.heartbeat[0],
             peer_timeout=setup.heartbeat[1], obs_spec=list(setup.obs_spec), spin=setup.spin,
-            first_remote_slot=first_remote, static_batch_size=setup.static_batch_size)
+            first_remote_slot=first_remote, static_batch_size=setup.static_batch_size,
+            curve=setup.local_keys)
         shadow = policy.module if isinstance(policy.module, nn.Module) else None
         return cls(config, blocks=setup.blocks, start_method=setup.start_method, shadow=shadow)
 

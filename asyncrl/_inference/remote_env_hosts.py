@@ -30,6 +30,8 @@ import torch
 from tensordict import TensorDictBase
 
 from transports import (
+    CurveClient,
+    CurveServer,
     Hub,
     Message,
     PeerEvent,
@@ -339,4 +341,14 @@ def check_listen(listen: str | None, remote_workers: int) -> None:
         raise ValueError(f"listen={listen!r}: give a tcp endpoint 'tcp://HOST:PORT' for remote "
                          "env hosts (local env workers always use shared memory)")
 
-__all__ = ["RemoteEnvWorkers", "check_listen"]
+
+def hub_keys(listen: str | None, curve_keys: str | None
+             ) -> tuple[CurveServer | None, CurveClient | None]:
+    """The listening hub's CURVE keys (``curve_keys``, or None: ASYNCRL_CURVE_* variables
+    if set), and a pair of their own for the trainer's processes (env workers, the
+    inference process), valid for this hub only, as a MultiCollector's local workers get."""
+    if listen is None or (curve := CurveServer.load(curve_keys)) is None:
+        return None, None
+    return curve.with_local_client()
+
+__all__ = ["RemoteEnvWorkers", "check_listen", "hub_keys"]

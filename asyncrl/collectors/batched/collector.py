@@ -30,7 +30,7 @@ from tensordict import TensorDictBase
 from torch import nn
 
 from transports import (
-    CurveServer,
+    CurveClient,
     ErrorPayload,
     Hub,
     Message,
@@ -48,7 +48,7 @@ from ..._inference.env_worker_statistics import env_worker_statistics
 from ..._inference.inference_loop import InferenceStatistics, OutputLayout, auto_chunk_steps
 from ..._inference.local_channels import LocalChannels, probe_env
 from ..._inference.policy_server import PolicyCopy, PolicyServer, ServerHooks, ServingSetup
-from ..._inference.remote_env_hosts import RemoteEnvWorkers
+from ..._inference.remote_env_hosts import RemoteEnvWorkers, hub_keys
 from ..._inference.remote_members import RemoteMembers
 from ..._inference.served_weights import ServedWeights, given_weights
 from ..._observe.statistics import WorkerStatistics
@@ -218,6 +218,7 @@ class AsyncBatchedCollector(BaseCollector[RB]):
         self._workers: WorkerProcesses | None = None
         self._hub: Hub | None = None
         self._tmpdir: str | None = None
+        self._local_keys: CurveClient | None = None  # its processes' key for a CURVE hub
         self._slot_of: dict[bytes, int] = {}
         self._peer_of: dict[int, bytes] = {}
         self._error: BaseException | None = None
@@ -247,6 +248,7 @@ class AsyncBatchedCollector(BaseCollector[RB]):
         try:
             with self._background:
                 self._tmpdir = tempfile.mkdtemp(prefix="asyncrl-")
+                curve, self._local_keys = hub_keys(self.listen, self.curve_keys)
                 obs_paths, outputs, server = await anyio.to_thread.run_sync(self._build_server)
                 interval, timeout = self._heartbeat
                 endpoint, limits = f"ipc://{self._tmpdir}/inference", {}
@@ -254,8 +256,7 @@ class AsyncBatchedCollector(BaseCollector[RB]):
                     endpoint, limits = self.listen, listening_hub_limits(
                         None, frames=self.batching.max_batch_size * self.chunk_steps,
                         policy=None)
-                    # A directory, or (None) ASYNCRL_CURVE_* variables if they are set.
-                    limits["curve"] = CurveServer.load(self.curve_keys)
+                    limits["curve"] = curve
                 async with Hub(endpoint, heartbeat_interval=interval,
                                peer_timeout=timeout, **limits) as hub:
                     self._hub = hub
@@ -316,7 +317,8 @@ class AsyncBatchedCollector(BaseCollector[RB]):
             static_batch_size=b.static_batch_size, version=self._weights.initial_version,
             threads=None if self._threads_cap is None else self._threads_cap.now,
             spin=self._spin, first_remote_slot=self.num_workers if self.remote_workers else None,
-            heartbeat=self._heartbeat, start_method=self.start_method)
+            heartbeat=self._heartbeat, start_method=self.start_method,
+            local_keys=self._local_keys)
 
     def _make_workers(self, endpoint: str, backend: str, obs_paths: list[Path],
                       outputs: OutputLayout) -> WorkerProcesses:
@@ -335,7 +337,7 @@ class AsyncBatchedCollector(BaseCollector[RB]):
                 request_bell=channels.request_bell, answer_bell=channels.answer_bells[slot],
                 spin=self._spin, chunk_ring=channels.rings[slot].names,
                 chunk_bell=channels.chunk_bell, room_bell=channels.room_bells[slot],
-                splits=self.batching.splits)
+                splits=self.batching.splits, curve=self._local_keys)
             return (endpoint, identity, config, backend, parent)
 
         return WorkerProcesses(self.num_workers, env_worker_main, args,
