@@ -41,7 +41,8 @@ def test_shared_mem_weights_of_a_policy_too_big_for_dev_shm_raise_in_the_trainer
     result = in_small_shm("""
         import json, os, anyio
         from torch import nn
-        from asyncrl.weights import LocalHub, SharedMemWeightSyncScheme
+        from asyncrl.weights import SharedMemWeightSyncScheme
+        from transports import LocalHub
         from transports import SharedMemoryFullError
 
         policy = nn.Linear(2800, 2800)  # 31 MB of float32, on a 16 MiB /dev/shm
