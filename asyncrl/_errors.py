@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import sys
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
-from typing import TypeVar
+from typing import ParamSpec, TypeVar
 
 import transports
 from transports import ErrorPayload, printable_block
@@ -174,6 +175,23 @@ def translated_errors() -> Iterator[None]:
         if translated is exc:
             raise
         raise translated from exc.__cause__
+
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+def translating(method: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
+    """An async function whose transports errors leave it as asyncrl's
+    (:func:`translated_errors`): for public calls that wait on the wire, such as
+    :meth:`WeightSender.wait_ack <asyncrl.weights.WeightSender.wait_ack>`."""
+
+    @functools.wraps(method)
+    async def translated(*args: P.args, **kwargs: P.kwargs) -> T:
+        with translated_errors():
+            return await method(*args, **kwargs)
+
+    return translated
 
 
 def _asyncrl_class(cls: type[transports.TransportError]) -> type[TransportError]:

@@ -12,6 +12,7 @@ import anyio
 
 from transports import Ticket
 
+from .._errors import translating
 from .._observe.latency import LatencyHistogram
 from .._observe.tracing import ENABLED as TRACING
 from .._observe.tracing import record_span
@@ -222,13 +223,13 @@ class WeightSender:
                    timeout: float | None = None) -> int:
         """Send and wait until every targeted worker applied; return the version.
 
-        Raises ``RemoteError`` if a worker failed to apply, ``TimeoutError``
-        naming the silent workers, ``PeerLostError`` if one vanished.
-        """
+        Raises asyncrl's ``RemoteError`` if a worker failed to apply, ``TimeoutError``
+        naming the silent workers, ``PeerLostError`` if one vanished."""
         version = await self.send_async(weights, worker_ids)
         await self.wait_ack(timeout)
         return version
 
+    @translating
     async def send_async(self, weights: Any = None, worker_ids: WorkerIds = None) -> int:
         """Queue new weights for ``worker_ids`` (None: all) and return their version.
 
@@ -331,6 +332,7 @@ class WeightSender:
                 ahead = lane.ticket
         return ahead
 
+    @translating
     async def wait_ack(self, timeout: float | None = None) -> dict[int, int]:
         """Wait for every outstanding send; return ``{worker_id: version applied}``.
 

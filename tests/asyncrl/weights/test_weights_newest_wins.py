@@ -18,6 +18,7 @@ import pytest
 import torch
 from torch import nn
 
+from asyncrl import AsyncRLError
 from asyncrl._protocol import RELAY_TO, RelayAck
 from asyncrl.testing import fill_parameters, parameter_values
 from asyncrl.weights import (
@@ -139,6 +140,9 @@ async def test_a_superseded_send_reports_the_failure_of_the_version_that_replace
                 with pytest.raises(RemoteError, match="cannot apply") as info:
                     await sender.wait_ack(timeout=WAIT)
             assert hub.to(worker.peer) == [1, 3]
+            # a user catching asyncrl's tree catches it (and transports' still does)
+            assert isinstance(info.value, AsyncRLError) and type(info.value).__module__ == \
+                "asyncrl._errors"
             # the oldest failed send is the one reported: 2, answered by 3's failure
             assert "version 2 of model 'policy'" in "".join(info.value.__notes__)
             assert sender.outstanding == 0
@@ -150,8 +154,9 @@ async def test_a_worker_lost_or_removed_while_queued_fails_its_sends_without_han
             await rapid_sends(sender, model, 3)
             hub.lose(workers[0].peer)  # version 1 never acked; 3 goes out to nobody
             sender.remove_worker(1)  # version 3 never sent to it
-            with pytest.raises(PeerLostError):
+            with pytest.raises(PeerLostError) as lost:
                 await sender.wait_ack(timeout=WAIT)
+            assert isinstance(lost.value, AsyncRLError)
             assert sender.outstanding == 0
             assert hub.to(workers[1].peer) == [1]
 
