@@ -12,7 +12,7 @@ full waits on its **room bell**, which the trainer rings after each take.
 So a chunk costs no encoding, no ZeroMQ message, no decoding and no credit
 message: measured on 2 cores, those cost the trainer's event loop about 0.5 ms
 per chunk of Python, which the central inference thread (sharing the GIL) waited
-for (docs/benchmarks.md). The layout is fixed when the ring is made
+for (benchmarks/LOG.md). The layout is fixed when the ring is made
 (:func:`chunk_layout`, the same function the worker allocates its buffers with):
 a chunk cannot come with other keys, shapes or dtypes.
 

@@ -22,7 +22,7 @@ blocks again. So no ring can be lost and no ordering between the number and the
 bell is needed.
 
 Two scheduling rules keep a machine with fewer cores than waiters from
-serializing on the bells (measured in docs/benchmarks.md, "Central inference on
+serializing on the bells (measured in benchmarks/LOG.md, "Central inference on
 a full machine"): waiters spin only while every one of them can own a core
 (:func:`spin_for`), and an env worker's stepping thread asks the kernel not to
 preempt whoever rings it (:func:`no_wakeup_preemption`), so the loop rings

@@ -262,7 +262,7 @@ class InferenceLoop:
         self._batches: list[TensorDict | None] = [None] * (capacity + 1)
         # A policy of one observation that writes only the action is called on the
         # tensor itself (PolicyAdapter.tensor_call): a TensorDict per call cost a third
-        # of a 64-wide MLP's call (docs/benchmarks.md). Views and expected shapes per row
+        # of a 64-wide MLP's call (benchmarks/LOG.md). Views and expected shapes per row
         # count, made once each.
         self._tensor_call = (adapter.tensor_call() if len(self.obs_paths) == 1
                              and not self.outputs.extras else None)

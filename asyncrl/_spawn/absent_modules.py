@@ -4,7 +4,7 @@ tensordict's ``TensorDict.from_any`` asks ``importlib.util.find_spec("pandas")``
 for every tensor a ``TensorDictModule`` writes (tensordict 0.14; twice per step
 for a ``ProbabilisticActor``). Without pandas installed that is a scan of every
 ``sys.path`` entry each time: ~30 us per call here, ~14% of the ported PPO
-script's collection under the profiler (docs/benchmarks.md). With
+script's collection under the profiler (benchmarks/LOG.md). With
 ``sys.modules["pandas"] = None``, ``find_spec`` answers None at once, as the scan
 would, and ``import pandas`` still raises ``ModuleNotFoundError``.
 
