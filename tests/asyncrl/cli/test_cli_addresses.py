@@ -22,23 +22,6 @@ ROOT = Path(__file__).resolve().parents[3]
 ENV = ("--env", "CartPole-v1")
 
 
-@pytest.fixture
-def host(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
-    """What ``asyncrl worker`` gives its HostWorkers, which never starts."""
-    seen: dict[str, Any] = {}
-
-    class FakeHost:
-        def __init__(self, connect: str, spec: Any, **kwargs: Any) -> None:
-            seen.update(kwargs, connect=connect)
-
-        def run(self) -> int:
-            return 0
-
-    monkeypatch.setattr("asyncrl._worker.host.HostWorkers", FakeHost)
-    for name in list(os.environ):
-        if name.startswith("ASYNCRL_"):
-            monkeypatch.delenv(name)
-    return seen
 
 
 def usage_error(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
@@ -60,62 +43,62 @@ def usage_error(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
     ("tcp://*:5555", "connects to '*'"),
 ])
 def test_a_bad_connect_address_is_a_usage_error_at_parse_time(
-        host: dict[str, Any], capsys: pytest.CaptureFixture[str], command: str,
+        host_kwargs: dict[str, Any], capsys: pytest.CaptureFixture[str], command: str,
         address: str, says: str) -> None:
     line = usage_error(capsys, command, "--connect", address, *ENV)
     assert f"error: argument --connect: {address!r} " in line
     assert says in line and "expected tcp://HOST:PORT" in line
-    assert host == {}
+    assert host_kwargs == {}
 
 
 def test_a_bad_connect_variable_is_a_usage_error_naming_it(
-        host: dict[str, Any], monkeypatch: pytest.MonkeyPatch,
+        host_kwargs: dict[str, Any], monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv("ASYNCRL_CONNECT", "tcp://127.0.0.1")
     line = usage_error(capsys, "worker", *ENV)
     assert "ASYNCRL_CONNECT='tcp://127.0.0.1': not a valid address for --connect" in line
-    assert "has no port" in line and host == {}
+    assert "has no port" in line and host_kwargs == {}
 
 
-def test_good_addresses_reach_the_host_unchanged(host: dict[str, Any]) -> None:
+def test_good_addresses_reach_the_host_unchanged(host_kwargs: dict[str, Any]) -> None:
     for address in ("tcp://127.0.0.1:5555", "tcp://localhost:1", "tcp://[::1]:5555",
                     "ipc:///tmp/asyncrl-x/coordinator"):
         assert cli.main(["worker", "--connect", address, *ENV]) == 0
-        assert host["connect"] == address
+        assert host_kwargs["connect"] == address
 
 
 def test_a_host_name_that_does_not_resolve_is_exit_2_naming_it(
-        host: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
+        host_kwargs: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["worker", "--connect", "tcp://trainer.invalid:5555", *ENV]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("asyncrl worker: --connect: the host name 'trainer.invalid'")
     assert "does not resolve" in err and "firewall" not in err and "\n" not in err
-    assert host == {}
+    assert host_kwargs == {}
 
 
 def test_with_reconnect_an_unresolved_name_is_a_warning_and_the_workers_wait(
-        host: dict[str, Any], caplog: pytest.LogCaptureFixture) -> None:
+        host_kwargs: dict[str, Any], caplog: pytest.LogCaptureFixture) -> None:
     # The name may appear later (a pod's DNS record once it is ready): --reconnect waits.
     assert cli.main(["worker", "--connect", "tcp://trainer.invalid:5555", *ENV,
                      "--reconnect"]) == 0
-    assert host["connect"] == "tcp://trainer.invalid:5555"
+    assert host_kwargs["connect"] == "tcp://trainer.invalid:5555"
     assert "does not resolve" in caplog.text
 
 
 @pytest.mark.parametrize("given", [["--workers", "100000000"], ["--workers", "1025"]])
 def test_more_workers_than_the_bound_is_exit_2_naming_it(
-        host: dict[str, Any], capsys: pytest.CaptureFixture[str], given: list[str]) -> None:
+        host_kwargs: dict[str, Any], capsys: pytest.CaptureFixture[str], given: list[str]) -> None:
     assert cli.main(["worker", "--connect", "tcp://127.0.0.1:5555", *ENV, *given]) == 2
     err = capsys.readouterr().err
     assert f"--workers {given[1]} is more than --max-workers 1024" in err
-    assert host == {}
+    assert host_kwargs == {}
 
 
 def test_the_worker_bound_is_configurable_by_flag_and_variable(
-        host: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+        host_kwargs: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
     assert cli.main(["worker", "--connect", "tcp://127.0.0.1:5555", *ENV, "--workers", "1500",
                      "--max-workers", "2048"]) == 0
-    assert host["workers"] == 1500
+    assert host_kwargs["workers"] == 1500
     monkeypatch.setenv("ASYNCRL_MAX_WORKERS", "4")
     monkeypatch.setenv("ASYNCRL_WORKERS", "5")
     assert cli.main(["worker", "--connect", "tcp://127.0.0.1:5555", *ENV]) == 2

@@ -17,23 +17,6 @@ from asyncrl._cli_env import apply_environment, check_environment, option_variab
 ROOT = Path(__file__).resolve().parents[3]
 
 
-@pytest.fixture
-def host_kwargs(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
-    """What ``asyncrl worker`` gives its HostWorkers (which is not started)."""
-    seen: dict[str, Any] = {}
-
-    class FakeHost:
-        def __init__(self, connect: str, spec: Any, **kwargs: Any) -> None:
-            seen.update(kwargs, connect=connect, spec=spec)
-
-        def run(self) -> int:
-            return 0
-
-    monkeypatch.setattr("asyncrl._worker.host.HostWorkers", FakeHost)
-    for name in list(os.environ):
-        if name.startswith("ASYNCRL_"):
-            monkeypatch.delenv(name)
-    return seen
 
 
 def test_every_option_of_every_command_names_its_variable(
