@@ -84,7 +84,7 @@ class LossPolicy:
         if not isinstance(value, str) or value not in ON_WORKER_LOSS:
             raise ValueError(f"on_worker_loss must be one of "
                              f"{', '.join(map(repr, ON_WORKER_LOSS))}; got {value!r}")
-        return cls(value)  # type: ignore[arg-type]  # checked against ON_WORKER_LOSS above
+        return cls(value)  # checked against ON_WORKER_LOSS above
 
     # -- what kind of run it is ------------------------------------------------------------
     @property
