@@ -31,15 +31,33 @@ __all__ = ["EnvIdVectorPool", "is_env_id_vector_env"]
 
 
 def is_env_id_vector_env(obj: object) -> bool:
-    """True for a vector env with EnvPool's interface: ``all_env_ids`` and a ``config`` dict."""
-    config = getattr(obj, "config", None)
+    """True for a vector env with EnvPool's interface: ``all_env_ids`` and a ``config`` dict.
+
+    The names are looked up statically first: an env whose ``__getattr__`` forwards to
+    something else (TorchRL's batched envs raise RuntimeError before they start,
+    wrappers recurse into what they wrap) is never asked.
+    """
+    if not (_defines(obj, "all_env_ids") and _defines(obj, "config")):
+        return False
+    try:
+        config = obj.config  # type: ignore[attr-defined]  # (defined: checked above)
+    except Exception:
+        return False
     return (
-        hasattr(obj, "all_env_ids")
-        and isinstance(config, dict)
+        isinstance(config, dict)
         and "num_envs" in config
         and callable(getattr(obj, "step", None))
         and callable(getattr(obj, "reset", None))
     )
+
+
+def _defines(obj: object, name: str) -> bool:
+    """``name`` is an attribute of ``obj`` or its class, without calling ``__getattr__``."""
+    try:
+        inspect.getattr_static(obj, name)
+    except AttributeError:
+        return False
+    return True
 
 
 def _single_space(venv: Any, name: str) -> Any:
