@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
 from collections import deque
 from collections.abc import Callable
@@ -49,7 +50,7 @@ from .._spawn.exit_codes import (
     EXIT_REFUSED,
     EXIT_REJOIN,
 )
-from .._spawn.stop_signals import ignore_stop_signals, wait_stop_signal
+from .._spawn.stop_signals import STOP_SIGNALS, ignore_stop_signals
 from .._spawn.threads import use_torch_threads
 from ..weights import WeightApplier
 from .control import TOUCHES_WEIGHTS, run_control
@@ -179,11 +180,16 @@ class Worker:
         a lost worker (and a send of its to a closed pipe cannot make it one). The
         batch in progress is abandoned; the envs are closed on the way out.
         """
-        received = await wait_stop_signal()
-        # A second SIGTERM (its host forwards the one that a `kill` of the process
-        # group gave it too) must not kill a worker already on its way out (-15).
-        ignore_stop_signals()
-        await self._leave_on_signal(received.name)
+        received = False
+        try:  # leave while the receiver still holds the handlers: a second SIGTERM waits
+            with anyio.open_signal_receiver(*STOP_SIGNALS) as signals:
+                async for signum in signals:
+                    received = True
+                    await self._leave_on_signal(signal.Signals(signum).name)
+                    break
+        finally:
+            if received:  # the receiver gave the default handlers back: a second SIGTERM
+                ignore_stop_signals()  # (a host forwards the group's) must not kill us (-15)
         return EXIT_OK
 
     async def _leave_on_signal(self, name: str) -> None:
