@@ -88,9 +88,12 @@ def revoke_host(directory: str | Path, name: str) -> Path:
 
     A running hub disconnects the host's peers within its reload interval and
     refuses the key from then on. The host's secret key (``hosts/NAME``) is deleted.
+    ``name`` may be ``worker``: the pair shared by hosts without a key of their own
+    (``DIR/worker.key_secret`` is deleted), once every host has its own.
     """
     root = Path(directory)
-    _check_name(name)
+    if name != WORKER:  # the shared pair is revocable, though no host may take its name
+        _check_name(name)
     source, target = root / AUTHORIZED / f"{name}.key", root / REVOKED / f"{name}.key"
     if not source.is_file():
         state = "already revoked" if target.exists() else "not authorized"
@@ -100,7 +103,9 @@ def revoke_host(directory: str | Path, name: str) -> Path:
     # a reload that sees one directory but not the other.
     _install(source, target)
     source.unlink()
-    (root / HOSTS / name / f"{WORKER}.key_secret").unlink(missing_ok=True)
+    host = root if name == WORKER else root / HOSTS / name
+    secret = host / f"{WORKER}.key_secret"
+    secret.unlink(missing_ok=True)
     return target
 
 
