@@ -7,7 +7,8 @@
 # TORCH_INDEX_URL: the pip index of PyTorch's CPU-only wheels (docs/deploy.md says
 # where to find it). Left empty, pip's own configuration decides, as scripts/setup.sh
 # lets it; the build then stops if that gave torch a CUDA build.
-# EXTRAS: the package's optional extras; "service,metrics,ray" for the KubeRay image.
+# EXTRAS: the package's optional extras; "service,metrics,ray" for the KubeRay image (the
+# ray extra is ray[default]: the dashboard and job submission KubeRay's RayJob uses).
 # Probes: `asyncrl worker` and `asyncrl env-worker` serve /livez and /readyz on
 # ASYNCRL_PROBE_PORT (8080 here); examples/service.py serves them on its --port.
 FROM python:3.11-slim
