@@ -201,12 +201,14 @@ def _check_kubectl(block: CodeBlock, args: list[str]) -> None:
              for p in (ROOT / "deploy").rglob("*.yaml") for d in yaml.safe_load_all(p.read_text())
              if d and "metadata" in d}
     for i, arg in enumerate(args):
-        if arg in ("-f", "-k"):
+        if arg in ("-f", "-k") and args[i + 1] != "-":  # `-f -`: standard input
             assert (ROOT / args[i + 1]).exists(), f"{block.id}: {args[i + 1]} does not exist"
         elif arg.startswith("--from-file="):
-            path = arg.split("=")[-1]
-            assert Path(path).name in _KEY_FILES, f"{block.id}: {path} is no key file"
-        elif "/" in arg and arg.split("/", 1)[0] in ("deployment", "service"):
+            path = Path(arg.split("=")[-1])
+            # a key file, or a folder of `asyncrl keys`: authorized/, revoked/, hosts/NAME/
+            assert path.name in _KEY_FILES or path.name in ("authorized", "revoked") \
+                or path.parent.name == "hosts", f"{block.id}: {path} is no key file or folder"
+        elif "/" in arg and arg.split("/", 1)[0] in ("deployment", "service", "statefulset"):
             assert arg in names, f"{block.id}: no {arg} in deploy/"
     if args[:2] == ["get", "rayjob"]:
         assert f"rayjob/{args[2]}" in names, f"{block.id}: no RayJob {args[2]} in deploy/"
