@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import io
+import re
 import shlex
 from pathlib import Path
 from typing import Any
@@ -530,3 +531,18 @@ def test_the_statefulsets_service_is_headless_and_governs_it() -> None:
     assert service["spec"]["clusterIP"] == "None"
     assert selects({"matchLabels": service["spec"]["selector"]},
                    hosts["spec"]["template"]["metadata"]["labels"])
+
+
+def test_docs_deploy_md_creates_every_secret_the_manifests_need() -> None:
+    text = (ROOT / "docs" / "deploy.md").read_text()
+    created = set(re.findall(r"kubectl create secret generic (\S+)", text))
+    needed = set()
+    for r in resources():
+        for spec in pod_specs(r):
+            for volume in spec.get("volumes", []):
+                if "secret" in volume and not volume["secret"].get("optional"):
+                    needed.add(volume["secret"]["secretName"])
+    replicas = by_name("StatefulSet", HOSTS)["spec"]["replicas"]
+    needed |= {f"{HOSTS}-{i}" for i in range(replicas)}  # the ordinals that run
+    assert needed - created == set(), "docs/deploy.md never makes these Secrets"
+    assert "asyncrl-revoked-keys" in created  # optional, but the revocation applies it
