@@ -57,6 +57,7 @@ async def batches_from(collector: MultiAsyncCollector, host: subprocess.Popen[by
             return
 
 
+@pytest.mark.parametrize("anyio_backend", ["trio"])  # processes and files only: once is enough
 async def test_applying_the_secrets_revokes_one_host_and_admits_another_live(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     keys = generate_keys(tmp_path / "keys")
