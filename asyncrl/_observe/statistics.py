@@ -224,10 +224,10 @@ def policy_lag(batch: TensorDictBase, version: int) -> int:
 
 
 __all__ = [
+    "RAW_RETURN_KEY",
     "CollectorState",
     "CollectorStatistics",
     "EpisodeReturns",
-    "RAW_RETURN_KEY",
     "RateMeter",
     "WorkerState",
     "WorkerStatistics",

@@ -22,7 +22,6 @@ from typing import Any
 import numpy as np
 
 from .._errors import SpecMismatchError
-from .infos import InfoReader
 from .env_specs import (
     ArraySpec,
     EnvSpecs,
@@ -31,6 +30,7 @@ from .env_specs import (
     flatten_obs_specs,
     observation_specs_from_space,
 )
+from .infos import InfoReader
 
 __all__ = ["EnvPool", "GymEnvListPool", "GymVectorPool", "TorchRLPool", "check_action_dtype"]
 

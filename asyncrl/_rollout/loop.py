@@ -300,7 +300,8 @@ class Rollout:
         if self._carry is not None:
             self._carry.allocate(data, t)
         # Info entries of each step (a frame that ends an episode: the terminal step's).
-        info_pairs = [(data.setdefault(p, b).numpy(), a) for p, b, a in info_buffers(self._info, buf)]
+        info_pairs = [(data.setdefault(p, b).numpy(), src)
+                      for p, b, src in info_buffers(self._info, buf)]
         self._data = data
         self._template = _nest(data, [n, t])
         self._idx = [(slice(None), i) for i in range(t)]

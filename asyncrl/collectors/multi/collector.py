@@ -28,6 +28,7 @@ from .._base import RB, BaseCollector
 from .._config import check_timeout
 from .._docs import add_parameters, share_parameters, show_init_signature
 from .._parameters import MULTI_PARAMETERS
+from .._staleness import StalePolicyWatch
 from .._started import started_at_call
 from .._torchrl_args import MULTI_COLLECTOR, check_torchrl_options
 from .._updates import weight_updates
@@ -161,6 +162,7 @@ class MultiCollector(BaseCollector[RB]):
         policy_in_keys: Sequence[NestedKey] | None = None,
         policy_out_keys: Sequence[NestedKey] | None = None,
         policy_method: str | None = None,
+        info_keys: Any = None,
         frames_per_batch: int | Sequence[int],
         total_frames: int | None = -1,
         create_env_kwargs: dict[str, Any] | None = None,
@@ -217,7 +219,8 @@ class MultiCollector(BaseCollector[RB]):
                      "reset_at_each_iter": reset_at_each_iter,
                      "reset_when_done": reset_when_done, "set_truncated": set_truncated,
                      "exploration_type": exploration_type, "policy_in_keys": policy_in_keys,
-                     "policy_out_keys": policy_out_keys, "policy_method": policy_method})
+                     "policy_out_keys": policy_out_keys, "policy_method": policy_method,
+                     "info_keys": info_keys})
         check_plain_policy(policy, in_keys=config.rollout.policy_in_keys,
                            out_keys=config.rollout.policy_out_keys,
                            method=config.rollout.policy_method)
@@ -249,6 +252,8 @@ class MultiCollector(BaseCollector[RB]):
         self.init_random_frames = int(init_random_frames or 0)
         self.policy = policy
         self.weight_sync_schemes = default_schemes(weight_sync_schemes, policy)
+        self._stale_watch = StalePolicyWatch.for_collector(policy, self.weight_sync_schemes,
+                                                           type(self).__name__)
         config.plan_schemes(self.weight_sync_schemes)  # before the specs are pickled
         spec, worker_specs = config.worker_specs(
             policy=policy, policy_factory=policy_factory, create_env_kwargs=create_env_kwargs,
