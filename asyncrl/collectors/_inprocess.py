@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, Literal, Self, overload
 
 import anyio
@@ -98,7 +98,7 @@ class Collector(BaseCollector[RB]):
         policy_in_keys: Sequence[NestedKey] | None = None,
         policy_out_keys: Sequence[NestedKey] | None = None,
         policy_method: str | None = None,
-        info_keys: Any = None,
+        info_keys: Sequence[NestedKey] | Mapping[NestedKey, Any] | None = None,
         frames_per_batch: int,
         total_frames: int | None = -1,
         create_env_kwargs: dict[str, Any] | None = None,

@@ -77,3 +77,24 @@ async def test_episode_returns_are_the_raw_ones_under_normalize_reward() -> None
     normalized = await mean_return()
     assert raw < -300  # Pendulum's random-policy returns: about -1000 .. -1500
     assert normalized > raw / 10  # the normalised rewards sum to something ~100x smaller
+
+
+def test_the_trainer_checks_each_workers_info_entries() -> None:
+    from tensordict import TensorDict
+
+    from asyncrl import CollectorError
+    from asyncrl._rollout.infos import normalise_info_keys
+    from asyncrl.collectors._assemble import InfoCheck
+
+    def share(dtype: torch.dtype) -> TensorDict:
+        return TensorDict({("next", "episode", "r"): torch.zeros(2, 3, dtype=dtype)}, [2, 3])
+
+    check = InfoCheck(normalise_info_keys(["episode"]))
+    check.check("worker 0", share(torch.float64))
+    check.check("worker 1", share(torch.float64))
+    with pytest.raises(CollectorError, match=r"worker 2's batch has \('next', 'episode', 'r'\) "
+                                             r"as torch.float32 .* first batch had torch.float64"):
+        check.check("worker 2", share(torch.float32))
+    with pytest.raises(CollectorError, match=r"worker 3's batch lacks \('next', 'episode'\).*"
+                                             "asyncrl worker --connect"):
+        check.check("worker 3", TensorDict({}, [2, 3]))
