@@ -79,7 +79,9 @@ class CollectorStatistics:
     ``episode_return_mean`` is the mean undiscounted return (sum of ``("next",
     "reward")``) of the last ``episode_window`` episodes that ended (``("next",
     "done")``) in delivered batches, episodes that span several batches included
-    (joined by ``("collector", "traj_ids")``); None until one ended.
+    (joined by ``("collector", "traj_ids")``); None until one ended. With
+    ``info_keys=["episode"]`` and gymnasium's ``RecordEpisodeStatistics``, it is the
+    env's own ``episode.r`` (the raw return, before ``NormalizeReward``).
 
     >>> async with MultiSyncCollector("CartPole-v1", num_workers=2,          # doctest: +SKIP
     ...                               frames_per_batch=200) as c:
@@ -154,12 +156,19 @@ class RateMeter:
             self._frames -= frames
 
 
+#: Where RecordEpisodeStatistics' return lands with ``info_keys=["episode"]``.
+RAW_RETURN_KEY = ("next", "episode", "r")
+
+
 class EpisodeReturns:
     """Returns of the episodes that end in delivered batches, a few tensor ops per batch.
 
     Rewards are summed per ``("collector", "traj_ids")``; an id whose episode did
     not end in this batch is carried to the next one (at most ``max_open`` ids:
-    a lost worker's unfinished episodes are forgotten, oldest first).
+    a lost worker's unfinished episodes are forgotten, oldest first). A batch that
+    carries the env's own returns (RecordEpisodeStatistics' ``("next", "episode",
+    "r")``, read with ``info_keys=["episode"]``) gives those instead: the raw
+    returns, before a ``NormalizeReward`` the rewards went through.
     """
 
     def __init__(self, window: int = 100, max_open: int = 65_536) -> None:
@@ -173,6 +182,10 @@ class EpisodeReturns:
         done = batch.get(("next", "done"), None)
         ids = batch.get(("collector", "traj_ids"), None)
         if reward is None or done is None or ids is None:
+            return
+        raw = batch.get(RAW_RETURN_KEY, None)
+        if isinstance(raw, torch.Tensor) and raw.numel() == ids.numel():
+            self._add_raw(raw.reshape(-1), done.reshape(ids.numel(), -1).any(-1))
             return
         ids = ids.reshape(-1)
         reward = reward.reshape(ids.shape[0], -1).sum(-1).double()
@@ -193,6 +206,11 @@ class EpisodeReturns:
         while len(self._open) > self._max_open:
             self._open.popitem(last=False)
 
+    def _add_raw(self, raw: torch.Tensor, done: torch.Tensor) -> None:
+        ended = raw[done].double().tolist()  # one transfer
+        self.recent.extend(ended)
+        self.episodes += len(ended)
+
     def mean(self) -> float | None:
         return sum(self.recent) / len(self.recent) if self.recent else None
 
@@ -206,6 +224,7 @@ def policy_lag(batch: TensorDictBase, version: int) -> int:
 
 
 __all__ = [
+    "RAW_RETURN_KEY",
     "CollectorState",
     "CollectorStatistics",
     "EpisodeReturns",

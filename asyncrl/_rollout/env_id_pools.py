@@ -107,6 +107,8 @@ class EnvIdVectorPool(EnvPool):
         obs, rew, term, trunc, info = self._venv.step(actions)
         rows = _rows(info)
         self._write(rows, obs)
+        if self.info_reader is not None:
+            self.info_reader.read_vector(info, None if rows.__class__ is slice else rows)
         self.reward[rows] = rew
         self.terminated[rows] = term
         self.truncated[rows] = trunc

@@ -30,6 +30,7 @@ from .env_specs import (
     flatten_obs_specs,
     observation_specs_from_space,
 )
+from .infos import InfoReader
 
 __all__ = ["EnvPool", "GymEnvListPool", "GymVectorPool", "TorchRLPool", "check_action_dtype"]
 
@@ -153,6 +154,9 @@ class EnvPool(ABC):
 
     #: True when single envs can be reset without touching the others.
     supports_partial_reset: bool = True
+    #: Reads ``info_keys`` from each step's info (set by `asyncrl._rollout.infos`); False: refused.
+    reads_info: bool = True
+    info_reader: InfoReader | None = None
 
     def __init__(self, specs: EnvSpecs) -> None:
         self.specs = specs
@@ -301,9 +305,11 @@ class GymEnvListPool(EnvPool):
         # What a step's observation must be: compared by identity and one tuple
         # compare before the copy; anything else takes check_observation's slow path.
         dtype, shape, path = buf.dtype, self._layout.row_shapes[0], self._layout.paths[0]
-        any_done = False
+        any_done, info_reader = False, self.info_reader
         for i, env in enumerate(self._envs):
-            obs, r, te, tr, _ = env.step(actions.item(i) if item else actions[i])
+            obs, r, te, tr, info = env.step(actions.item(i) if item else actions[i])
+            if info_reader is not None:
+                info_reader.read_env(i, info)
             if write is None:
                 if obs.__class__ is not _ndarray or obs.dtype is not dtype \
                         or obs.shape != shape:
@@ -402,6 +408,10 @@ class GymVectorPool(EnvPool):
         np.copyto(self.truncated, trunc, casting="unsafe")
         np.logical_or(self.terminated, self.truncated, out=self._done)
         self.any_done = bool(self._done.any())
+        if self.info_reader is not None:
+            self.info_reader.read_vector(info)
+            if self._same_step and self.any_done:
+                self.info_reader.read_final(info, self._done)
         if self._same_step and self.any_done:
             np.copyto(self._auto_reset, self._done)
             final = info["final_obs"]
@@ -444,6 +454,7 @@ class TorchRLPool(EnvPool):
 
     #: False: every step goes through TorchRL (see `asyncrl._rollout.torchrl_fast`).
     fast_path = False
+    reads_info = False  # a TorchRL env reads its own info (set_info_dict_reader)
 
     def __init__(self, env: Any) -> None:
         import torch

@@ -27,6 +27,7 @@ from .device_policy import DevicePolicyCall, check_policy_device
 from .devices import HOST
 from .env_pools import EnvPool, check_action_dtype
 from .envs import make_env_pool
+from .infos import attach_info_reader, info_buffers
 from .options import RolloutOptions
 from .policies import PolicyAdapter, RandomPolicy, torch_dtype
 from .recurrent import RecurrentCarry, describe_states, find_state_keys
@@ -172,6 +173,7 @@ class Rollout:
         self._stop_armed = False
         self._saved_before_step: Callable[[], None] | None = None
 
+        self._info = attach_info_reader(pool, options.info_keys, RandomPolicy(specs.action))
         pool.reset()
         self._build_step_td()
         try:
@@ -297,10 +299,14 @@ class Rollout:
         data[("collector", "worker_id")].fill_(self.worker_index)
         if self._carry is not None:
             self._carry.allocate(data, t)
+        # Info entries of each step (a frame that ends an episode: the terminal step's).
+        info_pairs = [(data.setdefault(p, b).numpy(), src)
+                      for p, b, src in info_buffers(self._info, buf)]
         self._data = data
         self._template = _nest(data, [n, t])
         self._idx = [(slice(None), i) for i in range(t)]
         self._plan(obs_bufs, next_bufs, action, extras, extra_bufs)
+        self._post += info_pairs
 
     def _plan(
         self,
@@ -540,19 +546,8 @@ def _raise_stop() -> None:
     raise _StopCollect
 
 
-_NUMPY_DTYPES = frozenset(
-    {
-        torch.bool,
-        torch.uint8,
-        torch.int8,
-        torch.int16,
-        torch.int32,
-        torch.int64,
-        torch.float16,
-        torch.float32,
-        torch.float64,
-    }
-)
+_NUMPY_DTYPES = frozenset({torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32,
+                           torch.int64, torch.float16, torch.float32, torch.float64})
 
 
 def _numpy_ok(dtype: torch.dtype) -> bool:

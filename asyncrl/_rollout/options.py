@@ -5,7 +5,7 @@
 ``env_device``, ``storing_device``, resolved by
 :class:`~asyncrl._rollout.devices.DeviceLayout`) are collector arguments (TorchRL's
 names) that only the rollout reads; so are ``policy_in_keys``, ``policy_out_keys``
-and ``policy_method``, how to call a plain torch module. A collector builds one
+and ``policy_method``, how to call a plain torch module, and ``info_keys``. A collector builds one
 :class:`RolloutOptions` from them in its constructor, so a wrong value fails
 there, in the trainer, rather than in every worker; the object then travels as
 it is: ``WorkerSpec.rollout`` -> the worker -> ``Rollout(options=...)``.
@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from .devices import DeviceLayout, check_device
+from .infos import normalise_info_keys
 from .plain_policies import NestedKey, normalise_keys, normalise_method
 from .policies import ExplorationType, resolve_exploration_type
 
@@ -63,6 +64,9 @@ class RolloutOptions:
     policy_in_keys: Sequence[NestedKey] | None = None  # normalised to a tuple
     policy_out_keys: Sequence[NestedKey] | None = None  # normalised to a tuple
     policy_method: str | None = None
+    #: Info entries that go into the batch under ``"next"`` (see `asyncrl._rollout.infos`):
+    #: keys, or ``{key: spec}``; normalised to ``((path, spec or None), ...)``.
+    info_keys: Any = None
 
     def __post_init__(self) -> None:
         if not self.reset_when_done:
@@ -77,6 +81,7 @@ class RolloutOptions:
         for name in ("policy_in_keys", "policy_out_keys"):
             set_(self, name, normalise_keys(name, getattr(self, name)))
         set_(self, "policy_method", normalise_method(self.policy_method))
+        set_(self, "info_keys", normalise_info_keys(self.info_keys))
         for name in ("storing_device", "policy_device", "env_device"):
             set_(self, name, check_device(name, getattr(self, name)))
 

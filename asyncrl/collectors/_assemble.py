@@ -16,7 +16,7 @@ from tensordict import TensorDict, TensorDictBase
 
 from .._errors import CollectorError
 
-__all__ = ["MASK_KEY", "assemble", "drop_env_dim", "split_trajectories"]
+__all__ = ["MASK_KEY", "InfoCheck", "assemble", "drop_env_dim", "split_trajectories"]
 
 #: Where padding is marked: True for a real frame, False for a pad.
 MASK_KEY = ("collector", "mask")
@@ -123,3 +123,50 @@ def split_trajectories(
     mask[traj, pos] = True
     out.set(mask_key[0] if len(mask_key) == 1 else mask_key, mask)
     return out
+
+
+class InfoCheck:
+    """The trainer's check of the ``info_keys`` entries in each worker's batch.
+
+    A worker's rollout checks its own info against the specs of its first step;
+    this checks what arrives against what was asked (a remote host's batch too):
+    each asked entry present under ``"next"``, its leaves with the dtypes and
+    per-frame shapes of the first batch received.
+
+    >>> from tensordict import TensorDict
+    >>> check = InfoCheck(((("steps",), None),))
+    >>> share = TensorDict({("next", "steps"): torch.zeros(2, 3, dtype=torch.int64)}, [2, 3])
+    >>> check.check("worker 0", share)
+    >>> check.check("worker 1", TensorDict({}, [2, 3]))
+    Traceback (most recent call last):
+    ...
+    asyncrl._errors.CollectorError: worker 1's batch lacks ('next', 'steps'), ...
+    """
+
+    def __init__(self, info_keys: Any) -> None:
+        self._paths = [("next", *path) for path, _ in info_keys or ()]
+        self._leaves: dict[tuple[str, ...], tuple[torch.dtype, tuple[int, ...]]] = {}
+
+    def check(self, worker: str, share: TensorDictBase) -> None:
+        for path in self._paths:
+            value = share.get(path, None)
+            if value is None:
+                raise CollectorError(
+                    f"{worker}'s batch lacks {path}, which info_keys asked for: workers "
+                    "started with asyncrl worker --connect read no info entries (they use "
+                    "their own rollout options); collect info with local workers")
+            leaves = [(path, value)] if isinstance(value, torch.Tensor) else [
+                ((*path, *((k,) if isinstance(k, str) else k)), v)
+                for k, v in value.items(include_nested=True, leaves_only=True)]
+            for leaf, tensor in leaves:
+                self._check_leaf(worker, leaf, tensor, share.batch_dims)
+
+    def _check_leaf(self, worker: str, leaf: tuple[str, ...], tensor: torch.Tensor,
+                    dims: int) -> None:
+        got = (tensor.dtype, tuple(tensor.shape[dims:]))
+        want = self._leaves.setdefault(leaf, got)
+        if got != want:
+            raise CollectorError(
+                f"{worker}'s batch has {leaf} as {got[0]} of per-frame shape {got[1]}, the "
+                f"first batch had {want[0]} of shape {want[1]}: every worker's envs must "
+                "give that info entry the same shape and dtype")

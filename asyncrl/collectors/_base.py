@@ -17,6 +17,7 @@ from .._spawn.threads import TrainerThreads
 from ._assemble import MASK_KEY, split_trajectories
 from ._config import normalise_total_frames
 from ._operations import CollectorOperations
+from ._staleness import StalePolicyWatch
 from ._started import Kind, Started, StartedCalls, not_open, started_at_call
 from ._torchrl_habits import TorchRLHabits
 from ._trajectories import TrajectoryAssembler, check_trajectory_options
@@ -41,6 +42,8 @@ class BaseCollector(CollectorOperations, TaskGroupResource, TorchRLHabits, Gener
     #: A weight update started without ``await`` is applied before the next batch is
     #: asked for (False in async mode: batches carry the version that made them).
     sync_updates: bool = True
+    #: Warns once when the trainer's policy changes but its workers' does not (`_staleness`).
+    _stale_watch: StalePolicyWatch | None = None
 
     def __init__(
         self,
@@ -233,6 +236,8 @@ class BaseCollector(CollectorOperations, TaskGroupResource, TorchRLHabits, Gener
             raise StopAsyncIteration
         if self.update_at_each_batch:
             await self.update_policy_weights()
+        if self._stale_watch is not None:
+            self._stale_watch.check(self.policy_version)
         with span("asyncrl.batch") as current:  # a shared no-op without the otel extra
             try:
                 batch = await self._next_batch()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, Literal, Self, overload
 
 import anyio
@@ -98,6 +98,7 @@ class Collector(BaseCollector[RB]):
         policy_in_keys: Sequence[NestedKey] | None = None,
         policy_out_keys: Sequence[NestedKey] | None = None,
         policy_method: str | None = None,
+        info_keys: Sequence[NestedKey] | Mapping[NestedKey, Any] | None = None,
         frames_per_batch: int,
         total_frames: int | None = -1,
         create_env_kwargs: dict[str, Any] | None = None,
@@ -133,7 +134,7 @@ class Collector(BaseCollector[RB]):
             reset_when_done=reset_when_done, set_truncated=set_truncated,
             exploration_type=exploration_type, policy_in_keys=policy_in_keys,
             policy_out_keys=policy_out_keys, policy_method=policy_method,
-            **devices.as_options())
+            info_keys=info_keys, **devices.as_options())
         check_plain_policy(policy, in_keys=rollout.policy_in_keys,
                            out_keys=rollout.policy_out_keys, method=rollout.policy_method)
         #: policy / env / storing devices (batches are stored on ``storing_device``).

@@ -64,6 +64,12 @@ SHARED = _entries("""
     policy_method
         The method of a plain module called instead of ``forward`` (CleanRL's
         ``"get_action_and_value"``).
+    info_keys
+        Gymnasium ``info`` entries put into the batch under ``"next"`` (TorchRL's
+        ``default_info_dict_reader`` layout): a list of keys (a dict entry such as
+        RecordEpisodeStatistics' ``"episode"`` becomes a nested TensorDict; a tuple key
+        takes one leaf), or ``{key: dtype or (shape, dtype)}``. Specs come from a first
+        random step and are checked at every step; see ``docs/gymnasium.md``.
     update_at_each_batch
         Call ``update_policy_weights()`` before each batch.
     trajs_per_batch, traj_format, extend_buffer
@@ -94,6 +100,7 @@ MULTI_PARAMETERS = """
     policy_in_keys
     policy_out_keys
     policy_method
+    info_keys
     frames_per_batch
         Frames per yielded batch; in sync mode split over the workers (or one int per
         worker), in async mode each worker's batch size.
@@ -205,6 +212,7 @@ IN_PROCESS_PARAMETERS = """
     policy_in_keys
     policy_out_keys
     policy_method
+    info_keys
     frames_per_batch
         Frames per yielded batch (a multiple of ``envs_per_worker``).
     total_frames

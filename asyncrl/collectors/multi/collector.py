@@ -7,7 +7,7 @@ import inspect
 import logging
 import shutil
 import socket
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, Literal, Self, overload
 
 import anyio
@@ -23,11 +23,12 @@ from ..._rollout.plain_policies import NestedKey, check_plain_policy
 from ..._spawn.forkserver import worker_context
 from ..._worker.spec import WorkerSpec
 from ...weights import WeightSender
-from .._assemble import assemble, drop_env_dim
+from .._assemble import InfoCheck, assemble, drop_env_dim
 from .._base import RB, BaseCollector
 from .._config import check_timeout
 from .._docs import add_parameters, share_parameters, show_init_signature
 from .._parameters import MULTI_PARAMETERS
+from .._staleness import StalePolicyWatch
 from .._started import started_at_call
 from .._torchrl_args import MULTI_COLLECTOR, check_torchrl_options
 from .._updates import weight_updates
@@ -161,6 +162,7 @@ class MultiCollector(BaseCollector[RB]):
         policy_in_keys: Sequence[NestedKey] | None = None,
         policy_out_keys: Sequence[NestedKey] | None = None,
         policy_method: str | None = None,
+        info_keys: Sequence[NestedKey] | Mapping[NestedKey, Any] | None = None,
         frames_per_batch: int | Sequence[int],
         total_frames: int | None = -1,
         create_env_kwargs: dict[str, Any] | None = None,
@@ -217,7 +219,8 @@ class MultiCollector(BaseCollector[RB]):
                      "reset_at_each_iter": reset_at_each_iter,
                      "reset_when_done": reset_when_done, "set_truncated": set_truncated,
                      "exploration_type": exploration_type, "policy_in_keys": policy_in_keys,
-                     "policy_out_keys": policy_out_keys, "policy_method": policy_method})
+                     "policy_out_keys": policy_out_keys, "policy_method": policy_method,
+                     "info_keys": info_keys})
         check_plain_policy(policy, in_keys=config.rollout.policy_in_keys,
                            out_keys=config.rollout.policy_out_keys,
                            method=config.rollout.policy_method)
@@ -248,7 +251,10 @@ class MultiCollector(BaseCollector[RB]):
         self.frames_per_batch = config.frames_per_batch
         self.init_random_frames = int(init_random_frames or 0)
         self.policy = policy
+        self._info_check = InfoCheck(config.rollout.info_keys)  # what workers send, checked
         self.weight_sync_schemes = default_schemes(weight_sync_schemes, policy)
+        self._stale_watch = StalePolicyWatch.for_collector(policy, self.weight_sync_schemes,
+                                                           type(self).__name__)
         config.plan_schemes(self.weight_sync_schemes)  # before the specs are pickled
         spec, worker_specs = config.worker_specs(
             policy=policy, policy_factory=policy_factory, create_env_kwargs=create_env_kwargs,
@@ -516,6 +522,8 @@ class MultiSyncCollector(MultiCollector[RB]):
         # worker, on_worker_loss="continue") is made up without overshooting.
         left = self.total_frames - self.frames_collected if self.total_frames >= 0 else None
         round_ = await coordinator.next_round(left)
+        for worker, frames in round_:
+            self._info_check.check(f"worker {worker.index}", frames)
         return self.devices.store(assemble([frames for _, frames in round_], self.cat_results))
 
 
@@ -538,7 +546,8 @@ class MultiAsyncCollector(MultiCollector[RB]):
 
     async def _next_batch(self) -> TensorDictBase:
         coordinator = await self._ensure_ready()
-        _, frames = await coordinator.next_batch()
+        worker, frames = await coordinator.next_batch()
+        self._info_check.check(f"worker {worker.index}", frames)
         # One env per worker: [time], as TorchRL's.
         return self.devices.store(drop_env_dim(frames))
 

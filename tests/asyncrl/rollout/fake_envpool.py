@@ -58,22 +58,25 @@ class FakeEnvPool:
         given = list(range(len(self._envs))) if env_id is None else [int(i) for i in env_id]
         ids = self._order(env_id)
         self.calls.append(("step" if env_id is None else "step_ids", sorted(ids)))
-        obs, rew, term, trunc = [], [], [], []
+        obs, rew, term, trunc, infos = [], [], [], [], []
         for i in ids:
             if self._needs_reset[i]:  # NEXT_STEP: this step is the reset, its action ignored
                 obs.append(self._reset_env(i))
+                infos.append({})
                 rew.append(0.0)
                 term.append(False)
                 trunc.append(False)
                 continue
             action = np.asarray(actions)[given.index(i)]
-            o, r, te, tr, _ = self._envs[i].step(action.item() if action.ndim == 0 else action)
+            o, r, te, tr, env_info = self._envs[i].step(
+                action.item() if action.ndim == 0 else action)
+            infos.append(env_info)
             self._needs_reset[i] = te or tr
             obs.append(o)
             rew.append(r)
             term.append(te)
             trunc.append(tr)
-        info = {"env_id": np.asarray(ids, dtype=np.int32)}
+        info = {**_stack_infos(infos), "env_id": np.asarray(ids, dtype=np.int32)}
         return (np.stack(obs), np.asarray(rew, dtype=np.float64), np.asarray(term),
                 np.asarray(trunc), info)
 
@@ -81,6 +84,20 @@ class FakeEnvPool:
         self.closed = True
         for env in self._envs:
             env.close()
+
+
+def _stack_infos(infos: list[dict[str, Any]]) -> dict[str, Any]:
+    """The rows' env infos as EnvPool gives them: one array per key (zeros where absent)."""
+    out: dict[str, Any] = {}
+    for key in {k for info in infos for k in info}:
+        values = [info.get(key) for info in infos]
+        given = next(v for v in values if v is not None)
+        if isinstance(given, dict):
+            out[key] = _stack_infos([v if isinstance(v, dict) else {} for v in values])
+        else:
+            out[key] = np.stack([np.zeros_like(np.asarray(given)) if v is None else np.asarray(v)
+                                 for v in values])
+    return out
 
 
 def make_count_envpool(num_envs: int = 3) -> FakeEnvPool:
