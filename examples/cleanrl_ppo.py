@@ -18,10 +18,12 @@ CleanRL's is. docs/gymnasium.md puts the two scripts side by side.
 Wrapper state lives where the envs live: each sub-env's ``NormalizeObservation``
 and ``NormalizeReward`` keep their running statistics in its worker, as each
 sub-env of CleanRL's ``SyncVectorEnv`` keeps its own. Training needs nothing
-else: the batch holds the observations the policy saw. The statistics do not
-reach the trainer, so the evaluation at the end does what CleanRL's
-``cleanrl_utils.evals.ppo_eval`` does: fresh envs from ``make_env``, sampled
-actions, the raw return from ``RecordEpisodeStatistics``.
+else: the batch holds the observations the policy saw. The evaluation at the
+end is CleanRL's ``cleanrl_utils.evals.ppo_eval`` (a fresh env from
+``make_env``, sampled actions, the raw return from ``RecordEpisodeStatistics``)
+with one fix: the trained agent is evaluated with the observation statistics
+it was trained with, read from worker 0's first env (``getattr_env("obs_rms.mean")``)
+and frozen, where CleanRL's evaluation starts fresh ones.
 """
 
 from __future__ import annotations
@@ -220,19 +222,39 @@ def value_loss(args: Args, newvalue: torch.Tensor, values: torch.Tensor,
     return 0.5 * torch.max((newvalue - returns) ** 2, (v_clipped - returns) ** 2).mean()
 
 
-def evaluate(args: Args, agent: Agent, episodes: int) -> float:
-    """Mean raw episodic return over fresh ``make_env`` envs, as CleanRL's ``ppo_eval``."""
+def evaluate(args: Args, agent: Agent, episodes: int,
+             obs_rms: dict[str, np.ndarray] | None = None, deterministic: bool = False) -> float:
+    """Mean raw episodic return over a fresh ``make_env`` env, as CleanRL's ``ppo_eval``.
+
+    ``obs_rms``: the observation statistics training ended with (``mean``,
+    ``var``, ``count``), used frozen; without them the env starts fresh ones,
+    as CleanRL's evaluation does. ``deterministic``: the action mean instead
+    of a sample (SB3's ``evaluate_policy(deterministic=True)``).
+    """
     envs = make_envs(args.env_id, 1, args.gamma)
+    if obs_rms is not None:
+        running = envs.envs[0].get_wrapper_attr("obs_rms")  # NormalizeObservation's
+        running.mean, running.var, running.count = (obs_rms["mean"], obs_rms["var"],
+                                                    obs_rms["count"])
+        envs.envs[0].set_wrapper_attr("update_running_mean", False)
     returns: list[float] = []
     obs, _ = envs.reset(seed=args.seed + 10_000)
     while len(returns) < episodes:
         with torch.no_grad():
-            action, _, _, _ = agent.get_action_and_value(torch.as_tensor(obs))
+            x = torch.as_tensor(obs)
+            action = agent.actor_mean(x) if deterministic else agent.get_action_and_value(x)[0]
         obs, _, _, _, infos = envs.step(action.numpy())
         if "final_info" in infos and "episode" in infos["final_info"]:
-            returns += infos["final_info"]["episode"]["r"][infos["final_info"]["_episode"]].tolist()
+            final = infos["final_info"]
+            returns += final["episode"]["r"][final["_episode"]].tolist()
     envs.close()
     return float(np.mean(returns[:episodes]))
+
+
+def worker_obs_rms(collector: BlockingCollector) -> dict[str, np.ndarray]:
+    """Worker 0's first env's ``NormalizeObservation`` statistics (they live in the workers)."""
+    return {name: np.asarray(collector.getattr_env(f"obs_rms.{name}"), dtype=np.float64)
+            for name in ("mean", "var", "count")}
 
 
 def main(args: Args) -> dict[str, float]:
@@ -244,7 +266,7 @@ def main(args: Args) -> dict[str, float]:
     agent = Agent(probe)
     probe.close()
     optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
-    results = {"untrained_return": evaluate(args, agent, args.eval_episodes)
+    results = {"untrained_return": evaluate(args, agent, args.eval_episodes, deterministic=True)
                if args.eval_episodes else float("nan")}
 
     # The rollout: CleanRL's `for step in range(num_steps)` loop, in the workers.
@@ -282,10 +304,14 @@ def main(args: Args) -> dict[str, float]:
         print(f"iteration={iteration}/{num_iterations} global_step={global_step} "
               f"value_loss={losses['value_loss']:.3f} "
               f"SPS={int(global_step / (time.time() - start_time))}", flush=True)
+    obs_rms = worker_obs_rms(collector)
     collector.shutdown()
 
-    results["trained_return"] = (evaluate(args, agent, args.eval_episodes)
-                                 if args.eval_episodes else float("nan"))
+    results["trained_return"] = results["trained_return_sampled"] = float("nan")
+    if args.eval_episodes:
+        results["trained_return"] = evaluate(args, agent, args.eval_episodes, obs_rms,
+                                             deterministic=True)
+        results["trained_return_sampled"] = evaluate(args, agent, args.eval_episodes, obs_rms)
     results["frames"] = global_step
     results["seconds"] = round(time.time() - start_time, 1)
     return results
@@ -308,6 +334,7 @@ if __name__ == "__main__":
     arguments = parse_args()
     outcome = main(arguments)
     print(json.dumps(outcome) if arguments.json else
-          f"mean episodic return: untrained {outcome['untrained_return']:.1f}, "
-          f"trained {outcome['trained_return']:.1f} ({outcome['frames']} frames, "
-          f"{outcome['seconds']} s)")
+          f"mean episodic return (action mean): untrained {outcome['untrained_return']:.1f}, "
+          f"trained {outcome['trained_return']:.1f} (sampled: "
+          f"{outcome['trained_return_sampled']:.1f}); {outcome['frames']} frames in "
+          f"{outcome['seconds']} s")
