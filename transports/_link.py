@@ -353,7 +353,8 @@ class Link(Channel):
         self._denied = denied
         if denied:
             self._why_lost = ("(its authentication denied this link's CURVE key at the "
-                              "handshake: the key was revoked, or is not among its authorized keys)")
+                              "handshake: the key was revoked, or is not among its authorized "
+                              "keys)")
         elif revoked:
             self._why_lost = ("(it said goodbye: this link's CURVE key was revoked, and it is "
                               "refused from now on)")
