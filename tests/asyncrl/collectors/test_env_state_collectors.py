@@ -209,3 +209,15 @@ async def test_the_in_process_collector_reads_loads_and_merges_its_envs_statisti
     for env in state.values():
         np.testing.assert_allclose(env["0.NormalizeObservation"]["obs_rms"]["var"],
                                    merged["var"], rtol=1e-6)
+
+
+def test_async_batched_collector_refuses_env_state_naming_the_collectors_that_have_it() -> None:
+    from asyncrl import AsyncBatchedCollector, CollectorError
+
+    c = AsyncBatchedCollector(normalized, num_envs=1, frames_per_batch=16)
+    for call in (c.state_dict, c.sync_env_statistics, lambda: c.getattr_env("obs_rms"),
+                 lambda: c.load_state_dict({})):
+        with pytest.raises(CollectorError, match=r"AsyncBatchedCollector has no .*: its envs "
+                                                 r"step in env-stepper processes.*"
+                                                 r"MultiSyncCollector / MultiAsyncCollector"):
+            call()
