@@ -35,8 +35,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["OBS_STATS", "env_roots", "is_running_stats", "load_env_state", "plain_stats",
-           "read_env_state", "stats_of"]
+__all__ = ["OBS_STATS", "chain_attr", "env_roots", "is_running_stats", "load_env_state",
+           "plain_stats", "read_env_state", "stats_of"]
 
 #: The running-statistics attribute ``sync_env_statistics`` merges across workers.
 OBS_STATS = "obs_rms"
@@ -52,6 +52,27 @@ def env_roots(pool: Any) -> list[Any]:
     if roots is not None:
         return list(roots)
     return [getattr(pool, "user_env", pool)]
+
+
+def chain_attr(root: Any, name: str, default: Any = None) -> Any:
+    """``name`` held by ``root`` or by an env inside it (``.env``), outermost first.
+
+    What gymnasium's ``get_wrapper_attr`` does for single envs, for vector wrappers
+    too (``NormalizeReward(NormalizeObservation(venv))``'s ``obs_rms``)."""
+    for _, obj in _chain(root):
+        own = getattr(obj, "__dict__", {})
+        if name in own:
+            return own[name]
+        if not isinstance(inspect.getattr_static(obj, name, _ABSENT), _Absent):
+            return getattr(obj, name)
+    return default
+
+
+class _Absent:
+    pass
+
+
+_ABSENT = _Absent()
 
 
 def is_running_stats(value: Any) -> bool:

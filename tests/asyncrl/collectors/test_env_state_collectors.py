@@ -62,6 +62,14 @@ def normalized(offset: float = 0.0, frozen: bool = False) -> gym.Env[Any, Any]:
     return env
 
 
+def normalized_vector(offset: float = 0.0) -> Any:
+    """gymnasium's vector wrappers around a SyncVectorEnv of two envs."""
+    from gymnasium.wrappers import vector as vector_wrappers
+
+    venv = gym.vector.SyncVectorEnv([lambda: OffsetEnv(offset), lambda: OffsetEnv(offset + 1)])
+    return vector_wrappers.NormalizeReward(vector_wrappers.NormalizeObservation(venv))
+
+
 _offsets = itertools.count(0, 10)
 
 
@@ -221,3 +229,23 @@ def test_async_batched_collector_refuses_env_state_naming_the_collectors_that_ha
                                                  r"step in env-stepper processes.*"
                                                  r"MultiSyncCollector / MultiAsyncCollector"):
             call()
+
+
+async def test_vector_wrappers_statistics_are_read_merged_and_written_back() -> None:
+    with anyio.fail_after(LIMIT):
+        async with MultiSyncCollector(
+                normalized_vector, num_workers=2, frames_per_batch=16, total_frames=32,
+                create_env_kwargs=[{"offset": 0.0}, {"offset": 10.0}]) as c:
+            async for _ in c:
+                pass
+            before = await c.getattr_env("obs_rms", worker_ids=[0, 1])
+            state = await c.state_dict()
+            merged = await c.sync_env_statistics()
+            after = await c.getattr_env("obs_rms", worker_ids=[1])
+    assert sorted(state["worker0"]["env_state_dict"]["env0"]) == [
+        "0.NormalizeReward", "1.NormalizeObservation"]
+    counts = [b["count"] for b in before]
+    assert merged["count"] == pytest.approx(sum(counts), rel=1e-12)
+    weighted = sum(b["mean"].astype(np.float64) * n for b, n in zip(before, counts, strict=True))
+    np.testing.assert_allclose(merged["mean"], weighted / sum(counts), rtol=1e-6)
+    np.testing.assert_allclose(after[0]["var"], merged["var"], rtol=1e-6)
