@@ -102,6 +102,9 @@ class Coordinator:
         # for one of them (a round started by another task meanwhile) waits for them.
         self._catching_up: dict[bytes, anyio.Event] = {}
         self._on_join = on_join  # awaited after the senders caught a newcomer up
+        #: Awaited for each newcomer after its catch-up weights, before its first order
+        #: (the env state of the worker it replaces); each sends, none waits for an ack.
+        self.catch_up_hooks: list[Callable[[WorkerInfo], Awaitable[None]]] = []
         self._on_lost_hook = on_lost  # e.g. "restart": end a silent local process
         self._on_leaving_hook = on_leaving  # a worker stops on a signal (SIGTERM)
         # Peers are hostile until admitted: what they make us log is rate-limited.
@@ -499,6 +502,9 @@ class Coordinator:
             if not worker.alive:
                 break  # lost while it joined (its process died, or its welcome bounced)
             await sender.on_worker_joined(worker.index)
+        for hook in self.catch_up_hooks:
+            if worker.alive:
+                await hook(worker)
         self._caught_up(worker.peer, caught)  # handed to the hub: its orders may follow
         if worker.alive:
             log.info("worker %d joined (%s, pid %d on %s)", worker.index, worker.name,

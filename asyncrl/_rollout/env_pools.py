@@ -236,6 +236,11 @@ class EnvPool(ABC):
         ``getattr_env`` looks in."""
         return self
 
+    @property
+    def user_envs(self) -> list[Any]:
+        """Every env the user's factory built (env state is read from each)."""
+        return [self.user_env]
+
     def close(self) -> None:
         """Release the envs. Idempotent."""
         if not self._closed:
@@ -294,6 +299,10 @@ class GymEnvListPool(EnvPool):
     @property
     def user_env(self) -> Any:
         return self._envs[0]
+
+    @property
+    def user_envs(self) -> list[Any]:
+        return list(self._envs)
 
     def step_inplace(self, actions: np.ndarray) -> None:
         rew, term, trunc = self.reward, self.terminated, self.truncated

@@ -24,6 +24,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from .env_state import chain_attr
+
 __all__ = ["env_attr", "policy_attr", "user_env", "wire_value"]
 
 _MISSING = object()
@@ -130,8 +132,10 @@ def _gym_or_plain(env: Any, name: str) -> Any:
         except AttributeError:
             pass
     value = _plain_attr(env, name)
+    if value is _MISSING:  # a vector env's wrappers forward nothing: walk them
+        value = chain_attr(env, name, _MISSING)
     if value is _MISSING and env.unwrapped is not env:
-        value = _plain_attr(env.unwrapped, name)  # e.g. a vector env's wrappers
+        value = _plain_attr(env.unwrapped, name)
     return value
 
 

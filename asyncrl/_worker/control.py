@@ -14,14 +14,18 @@ ValueError: unknown control operation 'teleport'; expected one of: getattr_env, 
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import torch
 
 from .._protocol import Control
+from .._rollout.env_state import env_roots, load_env_state, plain_stats, read_env_state
 from .._rollout.loop import Rollout
 from .._rollout.reach import env_attr, policy_attr, wire_value
 from .._rollout.seeding import seed_global_rngs
+
+log = logging.getLogger("asyncrl.worker")
 
 #: Operations that read or write the policy's weights: not while a version is written in.
 TOUCHES_WEIGHTS = frozenset({"state_dict", "load_state_dict", "getattr_policy"})
@@ -52,20 +56,40 @@ def _reset(args: dict[str, Any], rollout: Rollout, policy: Any, env_pool: Any) -
 
 
 def _state_dict(args: dict[str, Any], rollout: Rollout, policy: Any, env_pool: Any) -> Any:
-    if isinstance(policy, torch.nn.Module):
-        return {"policy_state_dict": dict(policy.state_dict())}
-    return {}
+    """TorchRL's keys: ``policy_state_dict`` (a module's) and ``env_state_dict`` (see
+    :mod:`asyncrl._rollout.env_state`; left out when no env holds any); ``env_only``:
+    the env's alone."""
+    state: dict[str, Any] = {}
+    if isinstance(policy, torch.nn.Module) and not args.get("env_only"):
+        state["policy_state_dict"] = dict(policy.state_dict())
+    env_state = read_env_state(env_roots(env_pool))
+    if any(env_state.values()):
+        state["env_state_dict"] = env_state
+    return state
 
 
 def _load_state_dict(args: dict[str, Any], rollout: Rollout, policy: Any, env_pool: Any) -> Any:
-    if isinstance(policy, torch.nn.Module):
+    """What :func:`_state_dict` answered, or a part; ``reset_envs``: a replacement worker's
+    carried state, so its envs are reset again (their first observation normalised with it)."""
+    if "env_state_dict" in args:
+        try:
+            load_env_state(env_roots(env_pool), args["env_state_dict"])
+        except ValueError as exc:
+            if args.get("reset_envs"):  # nobody waits for a carry's ack: say it here too
+                log.warning("the env state carried from the worker this one replaces was "
+                            "not loaded: %s", exc)
+            raise
+        if args.get("reset_envs"):
+            rollout.reset()
+    if isinstance(policy, torch.nn.Module) and "policy_state_dict" in args:
         policy.load_state_dict(args["policy_state_dict"])
     return None
 
 
 def _getattr_env(args: dict[str, Any], rollout: Rollout, policy: Any, env_pool: Any) -> Any:
     name = str(args["attr"])
-    return wire_value(env_attr(env_pool, name), what=f"the env's {name!r}")
+    # A RunningMeanStd (obs_rms) travels as {"mean", "var", "count"}: no pickle on the wire.
+    return wire_value(plain_stats(env_attr(env_pool, name)), what=f"the env's {name!r}")
 
 
 def _getattr_policy(args: dict[str, Any], rollout: Rollout, policy: Any, env_pool: Any) -> Any:

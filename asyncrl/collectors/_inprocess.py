@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any, ClassVar, Literal, Self, overload
 
 import anyio
@@ -12,6 +12,7 @@ from tensordict import TensorDictBase
 
 from .._errors import CollectorError
 from .._rollout.devices import DeviceLayout, place_policy
+from .._rollout.env_state import env_roots, load_env_state, read_env_state
 from .._rollout.envs import make_env_pool
 from .._rollout.loop import Rollout
 from .._rollout.options import RolloutOptions
@@ -24,6 +25,7 @@ from ._assemble import drop_env_dim
 from ._base import RB, BaseCollector
 from ._config import check_in_process_frames
 from ._docs import add_parameters, show_init_signature
+from ._env_statistics import EnvStatistics
 from ._parameters import IN_PROCESS_PARAMETERS
 from ._started import started_at_call
 from ._torchrl_args import IN_PROCESS_COLLECTOR, check_torchrl_options
@@ -159,6 +161,7 @@ class Collector(BaseCollector[RB]):
         #: The policy the rollout steps with: ``policy`` itself, or its copy on policy_device.
         self.rollout_policy: Any = None
         self.rollout: Rollout | None = None
+        self._env_statistics = EnvStatistics()  # the base of sync_env_statistics' merges
         self._lock: anyio.Lock | None = None  # held while a batch is collected
         self._scheme = InProcessWeightSyncScheme()
         self._sender: WeightSender | None = None
@@ -295,14 +298,35 @@ class Collector(BaseCollector[RB]):
         self._trajectories_reset(partial=reset_idx is not None)
 
     @started_at_call("query")
-    async def getattr_env(self, attr: str) -> Any:
+    async def getattr_env(self, attr: str, worker_ids: Sequence[int] | None = None) -> Any:
         """An attribute of the user's env, reached as ``MultiCollector.getattr_env`` does.
 
-        In process, the object itself comes back (nothing crosses a wire).
+        In process, the object itself comes back (nothing crosses a wire). This
+        collector is worker 0: ``worker_ids=[0]`` gives ``[value]``.
+        """
+        rollout = self._open_rollout()
+        if worker_ids is not None and any(i != 0 for i in worker_ids):
+            raise ValueError(f"getattr_env({attr!r}, worker_ids={list(worker_ids)}): an "
+                             "in-process Collector is worker 0 alone; use worker_ids=[0]")
+        async with self._locked():
+            value = env_attr(rollout.env_pool, attr)
+        return value if worker_ids is None else [value for _ in worker_ids]
+
+    @started_at_call("query")
+    async def sync_env_statistics(self) -> dict[str, Any]:
+        """Merge the running observation statistics of this collector's envs (one
+        ``NormalizeObservation`` per env) and write the merge back to each; returns it.
+
+        As :meth:`MultiCollector.sync_env_statistics` (docs/gymnasium.md).
         """
         rollout = self._open_rollout()
         async with self._locked():
-            return env_attr(rollout.env_pool, attr)
+            roots = env_roots(rollout.env_pool)
+            states: dict[Hashable, tuple[int, Any]] = {0: (0, read_env_state(roots))}
+            merged, updates = self._env_statistics.merge(states)
+            load_env_state(roots, updates[0])
+            self._env_statistics.merged(merged, states)
+        return merged.to_stats()
 
     @started_at_call("query")
     async def getattr_policy(self, attr: str) -> Any:
@@ -322,11 +346,21 @@ class Collector(BaseCollector[RB]):
         return self.policy
 
     def state_dict(self) -> dict[str, Any]:
+        """TorchRL's keys: ``policy_state_dict`` (a module policy's) and, once open,
+        ``env_state_dict`` (wrappers' running statistics, :mod:`asyncrl._rollout.env_state`)."""
         policy = self.policy
-        return {"policy_state_dict": policy.state_dict()} if isinstance(
+        state: dict[str, Any] = {"policy_state_dict": policy.state_dict()} if isinstance(
             policy, torch.nn.Module) else {}
+        if self.rollout is not None:
+            env_state = read_env_state(env_roots(self.rollout.env_pool))
+            if any(env_state.values()):
+                state["env_state_dict"] = env_state
+        return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if "env_state_dict" in state_dict:
+            load_env_state(env_roots(self._open_rollout().env_pool),
+                           state_dict["env_state_dict"])
         if isinstance(self.policy, torch.nn.Module) and "policy_state_dict" in state_dict:
             self.policy.load_state_dict(state_dict["policy_state_dict"])
             if self.rollout_policy is not None and self.rollout_policy is not self.policy:

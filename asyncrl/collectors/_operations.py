@@ -16,7 +16,7 @@ from typing import Any
 import anyio
 from tensordict import TensorDictBase
 
-from .._errors import translated_errors
+from .._errors import CollectorError, translated_errors
 from .._observe.events import CollectorEvent, EventFanout, EventStream
 from .._observe.statistics import (
     CollectorState,
@@ -248,6 +248,30 @@ class CollectorOperations:
 
     async def _set_paused(self, paused: bool) -> None:
         pass
+
+    # -- env state: Collector and MultiCollector have it; the others refuse, saying so ------
+    def state_dict(self) -> Any:
+        """Refused here (env-stepper processes): see ``docs/gymnasium.md``."""
+        raise self._no_env_state("state_dict()")
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> Any:
+        """Refused here (env-stepper processes): see ``docs/gymnasium.md``."""
+        raise self._no_env_state("load_state_dict()")
+
+    def getattr_env(self, attr: str, worker_ids: Any = None) -> Any:
+        """Refused here (env-stepper processes): see ``docs/gymnasium.md``."""
+        raise self._no_env_state(f"getattr_env({attr!r})")
+
+    def sync_env_statistics(self) -> Any:
+        """Refused here (env-stepper processes): see ``docs/gymnasium.md``."""
+        raise self._no_env_state("sync_env_statistics()")
+
+    def _no_env_state(self, call: str) -> CollectorError:
+        return CollectorError(
+            f"{type(self).__name__} has no {call}: its envs step in env-stepper processes "
+            "that answer no control messages. For wrappers' state (NormalizeObservation's "
+            "obs_rms) use MultiSyncCollector / MultiAsyncCollector or Collector, or build "
+            "the env with fixed statistics (docs/gymnasium.md)")
 
 
 __all__ = ["CollectorOperations", "Pausing"]

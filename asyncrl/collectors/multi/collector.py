@@ -33,6 +33,7 @@ from .._started import started_at_call
 from .._torchrl_args import MULTI_COLLECTOR, check_torchrl_options
 from .._updates import weight_updates
 from .config import MultiConfig, default_schemes
+from .env_state import WorkerEnvState
 from .losses import WorkerLosses
 from .run import MultiRun, run_background
 
@@ -271,6 +272,7 @@ class MultiCollector(BaseCollector[RB]):
             publish=self._publish, on_weights_applied=self._on_weights_applied,
             max_restarts=lambda: self.max_restarts)
         self._losses = WorkerLosses(self._run)  # on_worker_loss, applied
+        self._env_state = WorkerEnvState()  # env state read, merged, carried to replacements
         self._ready = False
         if config.layout.num_workers and config.threads.start_method == "forkserver":
             # Started now (a few ms: it imports in its own process), it is warm by the
@@ -449,17 +451,25 @@ class MultiCollector(BaseCollector[RB]):
 
     @started_at_call("query")
     async def state_dict(self) -> dict[str, Any]:
-        """``{"worker0": {...}, ...}`` with each worker's policy state dict."""
-        coordinator = await self._ensure_ready()
-        return {f"worker{w.index}": await coordinator.control(w, "state_dict")
-                for w in coordinator.live_workers}
+        """``{"worker0": {"policy_state_dict": ..., "env_state_dict": ...}, ...}`` (TorchRL's
+        keys): each live worker's policy and env state (wrappers' running statistics,
+        see :mod:`asyncrl._rollout.env_state`). The env state read last is given to a
+        worker that replaces that one, before its first batch."""
+        return await self._env_state.state_dict(await self._ensure_ready())
 
     @started_at_call("barrier")
     async def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        coordinator = await self._ensure_ready()
-        for worker in coordinator.live_workers:
-            await coordinator.control(worker, "load_state_dict",
-                                      **state_dict[f"worker{worker.index}"])
+        """Write what :meth:`state_dict` returned (or a part of each entry) into the workers."""
+        await self._env_state.load_state_dict(await self._ensure_ready(), state_dict)
+
+    @started_at_call("query")
+    async def sync_env_statistics(self) -> dict[str, Any]:
+        """Merge every worker's running observation statistics (``NormalizeObservation``'s
+        ``obs_rms``) and send the merge back to each; returns it (``mean``, ``var``, ``count``).
+
+        As RLlib's synchronised filters: call it between batches (docs/gymnasium.md).
+        """
+        return await self._env_state.sync(await self._ensure_ready())
 
     @started_at_call("query")
     async def getattr_policy(self, attr: str) -> Any:
@@ -473,10 +483,13 @@ class MultiCollector(BaseCollector[RB]):
         return await self._getattr("getattr_policy", attr)
 
     @started_at_call("query")
-    async def getattr_env(self, attr: str) -> Any:
+    async def getattr_env(self, attr: str, worker_ids: Sequence[int] | None = None) -> Any:
         """An attribute of worker 0's env: the user's env, through gymnasium wrappers and
-        TorchRL transforms (then asyncrl's pool: ``num_envs``); values as ``getattr_policy``."""
-        return await self._getattr("getattr_env", attr)
+        TorchRL transforms (then asyncrl's pool: ``num_envs``); values as ``getattr_policy``,
+        a ``RunningMeanStd`` (``obs_rms``) as a dict of its ``mean``, ``var`` and ``count``.
+        ``worker_ids``: a list with each named worker's answer, in that order (as
+        gymnasium's ``VectorEnv.get_attr``)."""
+        return await self._env_state.getattr_env(await self._ensure_ready(), attr, worker_ids)
 
     async def _getattr(self, op: str, attr: str) -> Any:
         coordinator = await self._ensure_ready()
