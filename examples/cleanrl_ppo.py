@@ -282,7 +282,8 @@ def main(args: Args) -> dict[str, float]:
         num_workers=args.num_workers, frames_per_batch=frames_per_batch,
         total_frames=num_iterations * frames_per_batch,
         policy_method="get_action_and_value",
-        policy_out_keys=("action", "logprob", "entropy", "value")))
+        policy_out_keys=("action", "logprob", "entropy", "value"),
+        info_keys=["episode"]))  # RecordEpisodeStatistics' raw returns, as CleanRL logs them
     collector.set_seed(args.seed)  # starts the workers, seeds their envs and RNGs
 
     global_step, start_time = 0, time.time()
@@ -306,7 +307,12 @@ def main(args: Args) -> dict[str, float]:
         losses = ppo_update(args, agent, optimizer, flat)
         collector.update_policy_weights_()  # the next batch is collected with these weights
 
-        print(f"iteration={iteration}/{num_iterations} global_step={global_step} "
+        # CleanRL's `episodic_return`: the raw return (before NormalizeReward) of the
+        # episodes that ended in this batch, from the terminal steps' info.
+        ended = batch["next", "done"].reshape(-1)
+        raw = batch["next", "episode", "r"].reshape(-1)[ended]
+        episodic = f"episodic_return={raw.mean().item():.1f} " if raw.numel() else ""
+        print(f"iteration={iteration}/{num_iterations} global_step={global_step} {episodic}"
               f"value_loss={losses['value_loss']:.3f} "
               f"SPS={int(global_step / (time.time() - start_time))}", flush=True)
     obs_rms = worker_obs_rms(collector)
