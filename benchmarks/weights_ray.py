@@ -47,11 +47,11 @@ def policy_4k() -> BigPolicy:
     return BigPolicy(SIZES["4k"])
 
 
-def policy_4M() -> BigPolicy:  # noqa: N802 - the size's name
+def policy_4M() -> BigPolicy:
     return BigPolicy(SIZES["4M"])
 
 
-def policy_67M() -> BigPolicy:  # noqa: N802 - the size's name
+def policy_67M() -> BigPolicy:
     return BigPolicy(SIZES["67M"])
 
 
