@@ -29,6 +29,7 @@ no worker borrows it. Every Ray call is bounded by ``timeout``.
 
 from __future__ import annotations
 
+import os
 import uuid
 import warnings
 from typing import Any
@@ -55,12 +56,18 @@ MAX_NAME = 200
 MAX_LAYOUT = 1 << 22
 
 
-def _ray() -> Any:
+def _ray(*, connect: bool = False) -> Any:
+    """The ``ray`` module, connected. ``connect``: a worker process that a Ray actor
+    spawned (``launch_hosts``) is not a Ray worker itself; it joins the cluster named by
+    ``RAY_ADDRESS``, which the actor sets for its children."""
     try:
         import ray
     except ImportError as exc:  # pragma: no cover - depends on the optional extra
         raise WeightSyncError("RayWeightSyncScheme needs Ray: pip install 'asyncrl[ray]', "
                               "or use ZmqWeightSyncScheme") from exc
+    address = os.environ.get("RAY_ADDRESS")
+    if connect and address and not ray.is_initialized():
+        ray.init(address=address, log_to_driver=False, configure_logging=False)
     if not ray.is_initialized():
         raise WeightSyncError(
             "RayWeightSyncScheme needs a connected Ray: call ray.init() in the trainer, and "
@@ -248,7 +255,7 @@ class RayWeightReceiver(WeightReceiver):
         if version != self._read_meta(message).version:
             raise ProtocolError(f"Ray weights say version {version}, their message "
                                 f"{self._read_meta(message).version}")
-        ray = _ray()
+        ray = _ray(connect=True)
         key = (body["namespace"], body["store"])
         store = self._stores.get(key)
         if store is None:

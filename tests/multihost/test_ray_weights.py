@@ -123,3 +123,26 @@ async def test_a_restarted_actor_rejoins_with_the_latest_version(local_ray) -> N
     assert sum(b.numel() for b in batches) == total
     pids = {int(p) for b in batches[3:] for p in b["next", "observation"][..., 0].flatten()}
     assert new_pid != killed and new_pid in pids, "the restarted actor delivered no frame"
+
+
+@pytest.mark.parametrize("anyio_backend", ["trio"])  # end to end: one backend per test
+async def test_workers_of_a_ray_host_actor_fetch_by_reference_too(local_ray) -> None:
+    """``launch_hosts``: one actor spawns the node's workers (not Ray workers themselves);
+    they join the cluster to fetch each version, and every frame keeps its version."""
+    from asyncrl.launch.ray import launch_hosts
+
+    policy = ValuePolicy(0.0)
+    values: dict[int, float | None] = {0: 0.0}
+    batches = []
+    with anyio.fail_after(180):
+        async with _collector(policy, total_frames=120) as collector:
+            async with launch_hosts(collector.endpoint, workers_per_host=2, env=ENV,
+                                    policy=POLICY, resources={"env_host": 1},
+                                    peer_timeout=60):
+                async for batch in collector:
+                    batches.append(batch)
+                    policy.value.data.fill_(collector.policy_version + 1)
+                    await collector.update_policy_weights()
+                    values[collector.policy_version] = policy.value.item()
+    assert not version_problems(batches, values)
+    assert [int(b["collector", "policy_version"].max()) for b in batches] == list(range(6))
