@@ -55,8 +55,13 @@ class HostActor:
     """One node's asyncrl workers and relay (``asyncrl worker --workers K``) in a Ray actor."""
 
     def run(self, endpoint: str, spec_kwargs: dict[str, Any], options: dict[str, Any]) -> int:
+        import os
+
         from .._worker.host import HostWorkers
 
+        # The worker processes it spawns are not Ray workers: RayWeightSyncScheme's
+        # receiver joins the cluster from this address to fetch weights by reference.
+        os.environ.setdefault("RAY_ADDRESS", ray.get_runtime_context().gcs_address)
         return HostWorkers(endpoint, _host_spec(spec_kwargs), **options).run()
 
 

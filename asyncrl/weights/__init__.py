@@ -10,6 +10,7 @@ decides how the bytes travel: :class:`ZmqWeightSyncScheme` (any host),
 :class:`LiveSharedMemWeightSyncScheme` (same host, live: weaker),
 :class:`CudaIpcWeightSyncScheme` (same host, GPU workers, zero-copy),
 :class:`DistributedWeightSyncScheme` (torch.distributed broadcast: GPU workers, many hosts),
+:class:`RayWeightSyncScheme` (Ray's object store: workers Ray started),
 :class:`InProcessWeightSyncScheme` (collectors in the trainer's process) or
 :class:`NoWeightSyncScheme`, each in a module of its own with its sender and
 receiver. See ``docs/weights.md``; ``transports.LocalHub`` / ``LocalLink`` carry
@@ -30,6 +31,10 @@ from ._in_process import InProcessWeightSyncScheme as InProcessWeightSyncScheme
 from ._live_shared_memory import LiveSharedMemWeightSyncScheme as LiveSharedMemWeightSyncScheme
 from ._no_weights import NoWeightSyncScheme as NoWeightSyncScheme
 from ._paths import resolve_model_path as resolve_model_path
+from ._ray import RayWeightReceiver as RayWeightReceiver
+from ._ray import RayWeightSender as RayWeightSender
+from ._ray import RayWeightSyncScheme as RayWeightSyncScheme
+from ._ray_updater import RayWeightUpdater as RayWeightUpdater
 from ._receiver import AckRoute as AckRoute
 from ._receiver import WeightAck as WeightAck
 from ._receiver import WeightReceiver as WeightReceiver
@@ -56,6 +61,10 @@ __all__ = [
     "ModelPathError",
     "NoWeightSyncScheme",
     "NotInitializedError",
+    "RayWeightReceiver",
+    "RayWeightSender",
+    "RayWeightSyncScheme",
+    "RayWeightUpdater",
     "SharedMemWeightReceiver",
     "SharedMemWeightSender",
     "SharedMemWeightSyncScheme",

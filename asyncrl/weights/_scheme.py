@@ -3,7 +3,8 @@
 Each scheme lives in a module of its own with its sender and receiver:
 :mod:`._zmq` (the default, any host), :mod:`._shared_memory` and
 :mod:`._live_shared_memory` (same host), :mod:`._cuda_ipc` (same host, GPU
-workers), :mod:`._distributed` (torch.distributed), :mod:`._in_process` and
+workers), :mod:`._distributed` (torch.distributed), :mod:`._ray` (Ray's object
+store), :mod:`._in_process` and
 :mod:`._no_weights`. The sender and receiver they build on are in
 :mod:`._sender` and :mod:`._receiver`.
 """

@@ -12,7 +12,10 @@ TorchRL 0.14                        asyncrl
 ``SharedMemWeightSyncScheme``       :class:`SharedMemWeightSyncScheme` (same strategy)
 ``NoWeightSyncScheme``              :class:`NoWeightSyncScheme`
 ``DistributedWeightSyncScheme``     :class:`DistributedWeightSyncScheme` (same backend)
-``RPC`` / ``Ray``                   refused: :class:`ZmqWeightSyncScheme` crosses hosts
+``RayWeightSyncScheme`` (gloo)      :class:`RayWeightSyncScheme` (same strategy; with
+                                    ``backend="nccl"`` refused, naming the
+                                    :class:`DistributedWeightSyncScheme`)
+``RPC`` / ``RayModuleTransform``    refused: :class:`ZmqWeightSyncScheme` crosses hosts
 ==================================  =============================================
 
 ``sync=False`` (TorchRL: do not wait for the workers) is refused: asyncrl's
@@ -34,6 +37,7 @@ from typing import Any
 
 from ._distributed import DistributedWeightSyncScheme
 from ._no_weights import NoWeightSyncScheme
+from ._ray import RayWeightSyncScheme
 from ._scheme import WeightSyncScheme
 from ._shared_memory import SharedMemWeightSyncScheme
 from ._zmq import ZmqWeightSyncScheme
@@ -45,9 +49,10 @@ _TRANSLATED: dict[str, type[WeightSyncScheme]] = {
     "SharedMemWeightSyncScheme": SharedMemWeightSyncScheme,
     "NoWeightSyncScheme": NoWeightSyncScheme,
     "DistributedWeightSyncScheme": DistributedWeightSyncScheme,
+    "RayWeightSyncScheme": RayWeightSyncScheme,
 }
 
-_ACROSS_HOSTS = ("RPCWeightSyncScheme", "RayWeightSyncScheme", "RayModuleTransformScheme")
+_ACROSS_HOSTS = ("RPCWeightSyncScheme", "RayModuleTransformScheme")
 
 
 def as_weight_sync_schemes(schemes: Mapping[str, Any] | None) -> dict[str, WeightSyncScheme]:
@@ -105,6 +110,13 @@ def from_torchrl_scheme(model_id: str, scheme: Any) -> WeightSyncScheme:
         # broadcast, so it keeps its own default: a hung worker is named within a minute.
         backend = getattr(scheme, "backend", "gloo")
         return DistributedWeightSyncScheme(strategy, backend=backend)
+    if translated is RayWeightSyncScheme and getattr(scheme, "_backend", "gloo") != "gloo":
+        # TorchRL's Ray scheme is a torch.distributed group among Ray actors; ours moves
+        # CPU bytes through the object store: NCCL between GPUs is the distributed scheme.
+        raise TypeError(f"{where}: TorchRL's RayWeightSyncScheme(backend="
+                        f"{scheme._backend!r}) broadcasts between GPUs; use asyncrl.weights."
+                        f"DistributedWeightSyncScheme(backend={scheme._backend!r}) (Ray's "
+                        "object store, RayWeightSyncScheme(), holds CPU bytes)")
     return translated(strategy)
 
 

@@ -17,6 +17,7 @@ from asyncrl.weights import (
     WeightSyncError,
     ZmqWeightSyncScheme,
 )
+from asyncrl.weights import RayWeightSyncScheme as AsyncRLRayScheme
 from asyncrl.weights._torchrl import as_weight_sync_schemes
 
 torchrl = pytest.importorskip("torchrl", reason="the torchrl extra is not installed")
@@ -36,6 +37,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:state_dict strategy is experimen
     (TorchRLMultiProcess(), ZmqWeightSyncScheme),
     (TorchRLSharedMem(), SharedMemWeightSyncScheme),
     (TorchRLNo(), NoWeightSyncScheme),
+    (RayWeightSyncScheme(), AsyncRLRayScheme),
 ])
 @pytest.mark.parametrize("strategy", ["tensordict", "state_dict"])
 def test_torchrl_schemes_translate_with_their_strategy(torchrl_scheme: Any, expected: type,
@@ -51,7 +53,7 @@ def test_torchrl_schemes_translate_with_their_strategy(torchrl_scheme: Any, expe
     (TorchRLSharedMem(sync=False), "weight_sender().send_async"),
     (TorchRLSharedMem(per_worker_weights=True), "worker_ids=[i]"),
     (RPCWeightSyncScheme(), "ZmqWeightSyncScheme() already reaches workers on other hosts"),
-    (RayWeightSyncScheme(), "ZmqWeightSyncScheme() already reaches workers on other hosts"),
+    (RayWeightSyncScheme(backend="nccl"), "DistributedWeightSyncScheme(backend='nccl')"),
 ])
 def test_torchrl_schemes_without_a_counterpart_are_refused(torchrl_scheme: Any,
                                                            replacement: str) -> None:
