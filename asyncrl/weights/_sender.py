@@ -96,6 +96,7 @@ class WeightSender:
         self.max_interval = max_interval
         self.snapshot = snapshot
         self._version = 0
+        self._base = 0  # the version a restored run continues from (continue_from)
         self._latest: Any = None
         self._workers: dict[int, bytes] = {}  # added with add_worker
         self._workers_fn = workers if callable(workers) else None
@@ -216,7 +217,19 @@ class WeightSender:
 
     def latest(self) -> tuple[int, Any] | None:
         """``(version, payload)`` of the last send, or None: what late joiners receive."""
-        return None if self._version == 0 else (self._version, self._latest)
+        return None if self._version == self._base else (self._version, self._latest)
+
+    def continue_from(self, version: int) -> None:
+        """Number sends on from ``version`` (a run restored from a checkpoint): the next
+        send is ``version + 1``. Only before the first send; joiners keep their own
+        weights until then, as with version 0.
+        """
+        if self._version != self._base:
+            raise RuntimeError(f"continue_from({version}) after version {self._version} was "
+                               "sent: call it before the first send")
+        if version < 0:
+            raise ValueError(f"version must be >= 0, got {version}")
+        self._version = self._base = version
 
     # -- sending ---------------------------------------------------------------------------------
     async def send(self, weights: Any = None, worker_ids: WorkerIds = None, *,
@@ -293,7 +306,7 @@ class WeightSender:
             if skip_gone:  # it may have left while an earlier send held the lock
                 known = self.workers
                 targets = [w for w in targets if w in known]
-            if self._version == 0 or not targets:
+            if self._version == self._base or not targets:
                 return None
             self._queue(self._latest, self._version, targets, self._latest_extra(),
                         direct=direct)
