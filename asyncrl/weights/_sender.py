@@ -17,16 +17,7 @@ from .._observe.latency import LatencyHistogram
 from .._observe.tracing import ENABLED as TRACING
 from .._observe.tracing import record_span
 from .._protocol import WEIGHTS_KIND, WeightMeta
-from ._in_flight import (
-    FormerPeers,
-    Lane,
-    Part,
-    Queued,
-    Sent,
-    first_error,
-    gone_part,
-    timeout_error,
-)
+from ._in_flight import FormerPeers, Lane, Part, Queued, Sent, first_error, gone_part, timeout_error
 from ._staging import Stage, free_stage
 from ._strategy import WeightStrategy, as_strategy, flat_tensors
 
@@ -220,15 +211,9 @@ class WeightSender:
         return None if self._version == self._base else (self._version, self._latest)
 
     def continue_from(self, version: int) -> None:
-        """Number sends on from ``version`` (a run restored from a checkpoint): the next
-        send is ``version + 1``. Only before the first send; joiners keep their own
-        weights until then, as with version 0.
-        """
-        if self._version != self._base:
-            raise RuntimeError(f"continue_from({version}) after version {self._version} was "
-                               "sent: call it before the first send")
-        if version < 0:
-            raise ValueError(f"version must be >= 0, got {version}")
+        """Number sends on from ``version`` (a restored run's): the next is ``version + 1``."""
+        if self._version != self._base or version < 0:
+            raise RuntimeError(f"continue_from({version}) needs a version >= 0, before any send")
         self._version = self._base = version
 
     # -- sending ---------------------------------------------------------------------------------
