@@ -192,6 +192,8 @@ async def test_a_restarted_service_continues_from_its_checkpoint(
             assert status["policy_version"] >= saved.policy_version + 1
             assert status["updates"] > saved.updates
             assert status["batches"] > saved.batches
+            with pytest.raises(RuntimeError, match="before any send"):
+                service.collector.weight_sender().continue_from(0)  # numbering is set once
 
 
 def test_sigterm_saves_the_run_and_the_next_start_continues_it(tmp_path: Path) -> None:
