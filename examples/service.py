@@ -16,8 +16,9 @@ new weights to the workers. The endpoints:
   episode return, the policy lag and the workers by state over the last 5 minutes;
 - ``GET /livez``: 200 while the app runs and its training task has not failed
   (503 with the error then: a liveness probe restarts it);
-- ``GET /readyz``: 200 once every expected worker joined and while training goes
-  on; 503 before, and after the training task failed or stopped;
+- ``GET /readyz``: 200 once every expected worker joined, while training goes
+  on and while at least ``ASYNCRL_READY_WORKERS`` workers are live (a count, or a
+  share of the expected ones: ``75%``; ``100%`` by default); 503 otherwise;
 
 - ``GET /status``: JSON from ``collector.statistics()``: ``frames``, ``fps``,
   ``batches``, ``policy_version``, ``policy_lag``, ``paused``, ``state`` (the collector's:
@@ -27,7 +28,14 @@ new weights to the workers. The endpoints:
 - ``GET /metrics``: Prometheus text (:mod:`asyncrl.metrics`);
 - ``POST /weights``: push the trainer's current weights, answer once every worker
   applied them: ``{"version": N}``;
-- ``POST /pause`` and ``POST /resume``: ``{"paused": true|false}``.
+- ``POST /pause`` and ``POST /resume``: ``{"paused": true|false}``. These three
+  need ``Authorization: Bearer <token>`` with the token in
+  ``ASYNCRL_CONTROL_TOKEN_FILE`` (401 without it); with no token file they answer
+  loopback clients only (403 for the others). See examples/service_control.py.
+
+With ``ASYNCRL_CHECKPOINT`` (a file path) the run survives a restart: the policy,
+the optimiser and the counters are saved every ``ASYNCRL_CHECKPOINT_EVERY`` (50)
+training steps and at SIGTERM, and restored at start (examples/service_checkpoint.py).
 
 SIGTERM (``kill``, ``docker stop``, systemd's process-group SIGTERM) and Ctrl-C end
 it cleanly: uvicorn runs the lifespan's exit, the training task is cancelled, the
@@ -47,6 +55,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import signal
 import sys
@@ -68,7 +77,9 @@ from tensordict.nn import TensorDictModule
 from torch import nn
 
 import asyncrl
-from asyncrl.metrics import CollectorMetrics
+from asyncrl.metrics import CollectorMetrics, expected_workers
+from examples.service_checkpoint import Checkpoint, RunState
+from examples.service_control import ControlToken
 
 log = logging.getLogger("examples.service")
 
@@ -118,12 +129,37 @@ class Settings:
     push_every: int = _env_int("PUSH_EVERY", 4)
     ready_timeout: float = field(
         default_factory=lambda: float(os.environ.get("ASYNCRL_READY_TIMEOUT", "600")))
+    ready_workers: str = _env("READY_WORKERS", "100%")  # live workers /readyz needs: N or P%
+    control_token_file: str | None = _env("CONTROL_TOKEN_FILE", "")  # bearer token for POSTs
+    checkpoint: str | None = _env("CHECKPOINT", "")  # file to save / restore the run at
+    checkpoint_every: int = _env_int("CHECKPOINT_EVERY", 50)  # training steps between saves
     lr: float = 1e-3
 
     def __post_init__(self) -> None:
-        # A field's default_factory gives "" for an unset LISTEN / CURVE_KEYS: None.
+        # A field's default_factory gives "" for an unset variable: None.
         self.listen = self.listen or None
         self.curve_keys = self.curve_keys or None
+        self.control_token_file = self.control_token_file or None
+        self.checkpoint = self.checkpoint or None
+        if self.checkpoint_every < 1:
+            raise ValueError(f"ASYNCRL_CHECKPOINT_EVERY must be >= 1, got {self.checkpoint_every}")
+
+    def required_workers(self, expected: int) -> int:
+        """Live workers ``/readyz`` needs, from ``ready_workers`` ("3" or "75%").
+
+        >>> [Settings(ready_workers=n).required_workers(8) for n in ("75%", "3")]
+        [6, 3]
+        """
+        text = self.ready_workers.strip()
+        try:
+            share = float(text[:-1]) if text.endswith("%") else None
+            count = math.ceil(expected * share / 100) if share is not None else int(text)
+        except ValueError:
+            count = share = -1
+        if not 0 < count <= expected or (share is not None and not 0 < share <= 100):
+            raise ValueError(f"ASYNCRL_READY_WORKERS: expected a count in 1..{expected} (the "
+                             f"expected workers) or a share in (0%, 100%], got {text!r}")
+        return count
 
 
 @dataclass
@@ -132,7 +168,12 @@ class Service:
 
     collector: asyncrl.MultiAsyncCollector
     policy: TensorDictModule
+    optimizer: torch.optim.Optimizer
     registry: CollectorRegistry
+    control: ControlToken  # who may POST /weights, /pause, /resume
+    required: int = 1  # live workers /readyz needs
+    checkpoint: Checkpoint | None = None
+    restored: RunState | None = None  # what the run continued from
     updates: int = 0  # training steps taken
     ready: bool = False  # every expected worker joined, training runs
     error: str | None = None  # the training task's error, if it failed
@@ -160,21 +201,46 @@ async def push_weights(service: Service) -> int:
         return service.collector.policy_version
 
 
+def run_state(service: Service) -> RunState:
+    """What a checkpoint keeps: the weights, the optimiser and the counters."""
+    stats = service.collector.statistics()
+    return RunState(service.policy.state_dict(), service.optimizer.state_dict(),
+                    frames=stats.frames, batches=stats.batches, updates=service.updates,
+                    policy_version=stats.policy_version)
+
+
+async def save_checkpoint(service: Service) -> None:
+    """Write the checkpoint (in a thread: requests are served meanwhile)."""
+    if service.checkpoint is not None:
+        state = run_state(service)
+        await anyio.to_thread.run_sync(service.checkpoint.save, state)
+        log.info("checkpoint saved: %d frames, %d updates, policy version %d",
+                 state.frames, state.updates, state.policy_version)
+
+
+def learn(service: Service, batch: TensorDictBase) -> None:
+    """A training step and its count, together: a cancelled await cannot split them."""
+    train_step(service.policy, service.optimizer, batch)
+    service.updates += 1
+
+
 async def train(service: Service, settings: Settings) -> None:
     """The training task: wait for the workers, learn from each batch, push weights."""
-    optimizer = torch.optim.Adam(service.policy.parameters(), lr=settings.lr)
     try:
         await service.collector.wait_ready(timeout=settings.ready_timeout)
+        if service.restored is not None:  # stamp frames with the restored run's versions
+            await push_weights(service)
         service.ready = True
         stats = service.collector.statistics()
         log.info("service ready: %d workers joined (%d local, %d remote)", len(stats.workers),
                  settings.workers, settings.remote_workers)
         async for batch in service.collector:  # ends on close, or on a SIGTERM'd worker
             # In a thread: the event loop keeps serving requests during the step.
-            await anyio.to_thread.run_sync(train_step, service.policy, optimizer, batch)
-            service.updates += 1
+            await anyio.to_thread.run_sync(learn, service, batch)
             if service.updates % settings.push_every == 0:
                 await push_weights(service)
+            if service.updates % settings.checkpoint_every == 0:
+                await save_checkpoint(service)
     except asyncrl.CollectorStopped as exc:  # its workers got SIGTERM: a stop, not a failure
         log.info("training stopped: %s", exc)
     except Exception as exc:  # the server stays up and /status (and /livez) say why
@@ -185,13 +251,35 @@ async def train(service: Service, settings: Settings) -> None:
 
 
 def make_service(settings: Settings) -> Service:
+    """The policy and optimiser (restored from the checkpoint if there is one), the collector."""
     policy = make_policy()
+    optimizer = torch.optim.Adam(policy.parameters(), lr=settings.lr)
+    checkpoint = Checkpoint(settings.checkpoint) if settings.checkpoint else None
+    restored = checkpoint.load() if checkpoint is not None else None
+    if restored is not None:  # before the collector: its workers start with these weights
+        policy.load_state_dict(restored.policy)
+        optimizer.load_state_dict(restored.optimizer)
     collector = asyncrl.MultiAsyncCollector(
         "CartPole-v1", policy, num_workers=settings.workers,
         remote_workers=settings.remote_workers, listen=settings.listen,
         curve_keys=settings.curve_keys, on_worker_loss=settings.on_worker_loss,
         frames_per_batch=settings.frames_per_batch, total_frames=-1)
-    return Service(collector, policy, CollectorRegistry())
+    required = settings.required_workers(expected_workers(collector) or 0)
+    return Service(collector, policy, optimizer, CollectorRegistry(),
+                   ControlToken(settings.control_token_file), required, checkpoint, restored,
+                   updates=restored.updates if restored is not None else 0)
+
+
+def continue_run(service: Service) -> None:
+    """Counters and weight versions go on from the restored checkpoint (if any)."""
+    restored = service.restored
+    if restored is None:
+        return
+    service.collector.continue_counts(frames=restored.frames, batches=restored.batches)
+    service.collector.weight_sender().continue_from(restored.policy_version)
+    log.info("run restored from %s: %d frames, %d updates, policy version %d",
+             service.checkpoint.path if service.checkpoint else "?", restored.frames,
+             restored.updates, restored.policy_version)
 
 
 @asynccontextmanager
@@ -202,6 +290,7 @@ async def lifespan(app: Starlette) -> AsyncIterator[None]:
     settings = Settings()
     service = make_service(settings)
     async with service.collector:
+        continue_run(service)
         CollectorMetrics(service.collector, registry=service.registry)
         async with anyio.create_task_group() as tg:
             # Serving starts now; the task logs "service ready" once the workers joined
@@ -216,6 +305,8 @@ async def lifespan(app: Starlette) -> AsyncIterator[None]:
                 yield
             finally:
                 tg.cancel_scope.cancel()  # the training task; the collector closes next
+        with anyio.CancelScope(shield=True):  # SIGTERM: the last state, before closing
+            await save_checkpoint(service)
     log.info("service stopped")
 
 
@@ -263,12 +354,13 @@ async def livez(request: Request) -> JSONResponse:
 
 
 async def readyz(request: Request) -> JSONResponse:
-    """Readiness: every expected worker joined and training runs."""
+    """Readiness: every expected worker joined, training runs, enough workers are live."""
     service = _service(request)
     workers = service.collector.statistics().workers
-    joined = sum(1 for w in workers if w.state in ("collecting", "idle"))
-    return JSONResponse({"ready": service.ready, "workers": joined, "error": service.error},
-                        status_code=200 if service.ready else 503)
+    live = sum(1 for w in workers if w.state in ("collecting", "idle"))
+    ready = service.ready and live >= service.required
+    return JSONResponse({"ready": ready, "workers": live, "required": service.required,
+                         "error": service.error}, status_code=200 if ready else 503)
 
 
 async def metrics(request: Request) -> Response:
@@ -277,6 +369,8 @@ async def metrics(request: Request) -> Response:
 
 
 async def weights(request: Request) -> JSONResponse:
+    if (refused := _service(request).control.refusal(request)) is not None:
+        return refused
     try:
         version = await push_weights(_service(request))
     except asyncrl.CollectorError as exc:  # closed, stopped or failed: say so
@@ -285,12 +379,16 @@ async def weights(request: Request) -> JSONResponse:
 
 
 async def pause(request: Request) -> JSONResponse:
+    if (refused := _service(request).control.refusal(request)) is not None:
+        return refused
     collector = _service(request).collector
     await collector.pause()
     return JSONResponse({"paused": collector.paused})
 
 
 async def resume(request: Request) -> JSONResponse:
+    if (refused := _service(request).control.refusal(request)) is not None:
+        return refused
     collector = _service(request).collector
     await collector.resume()
     return JSONResponse({"paused": collector.paused})
@@ -318,7 +416,19 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="asyncrl collecting inside a Starlette app")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--control-token-file", metavar="FILE",
+                        help="POST /weights, /pause, /resume need 'Authorization: Bearer' with "
+                             "the token in FILE (re-read when it changes); without it they "
+                             "answer loopback clients only (ASYNCRL_CONTROL_TOKEN_FILE)")
+    parser.add_argument("--checkpoint", metavar="FILE",
+                        help="save the run to FILE every ASYNCRL_CHECKPOINT_EVERY steps and at "
+                             "SIGTERM, restore it at start (ASYNCRL_CHECKPOINT)")
     args = parser.parse_args(argv)
+    # The app reads its settings in its lifespan (Settings()): options become variables.
+    for option, variable in ((args.control_token_file, "ASYNCRL_CONTROL_TOKEN_FILE"),
+                             (args.checkpoint, "ASYNCRL_CHECKPOINT")):
+        if option:
+            os.environ[variable] = option
 
     def stopped(signum: int, frame: Any) -> None:
         # uvicorn handles SIGTERM/SIGINT while it serves, shuts down gracefully, then

@@ -136,6 +136,14 @@ class CollectorOperations:
         """No progress until workers join (expected ones, or lost ones' replacements)."""
         return False
 
+    def continue_counts(self, *, frames: int, batches: int) -> None:
+        """Go on counting from a checkpointed run's ``frames`` (``frames_collected``) and
+        ``batches`` (``statistics().batches``); ``total_frames`` counts them too."""
+        if frames < 0 or batches < 0:
+            raise ValueError(f"expected counts >= 0, got frames={frames}, batches={batches}")
+        self.frames_collected = frames
+        self._batches = batches
+
     def episode_returns(self, last: int | None = None) -> list[float]:
         """Returns of the most recent episodes that ended in delivered batches, oldest first
         (at most ``episode_window``; ``last``: only that many)."""

@@ -17,16 +17,7 @@ from .._observe.latency import LatencyHistogram
 from .._observe.tracing import ENABLED as TRACING
 from .._observe.tracing import record_span
 from .._protocol import WEIGHTS_KIND, WeightMeta
-from ._in_flight import (
-    FormerPeers,
-    Lane,
-    Part,
-    Queued,
-    Sent,
-    first_error,
-    gone_part,
-    timeout_error,
-)
+from ._in_flight import FormerPeers, Lane, Part, Queued, Sent, first_error, gone_part, timeout_error
 from ._staging import Stage, free_stage
 from ._strategy import WeightStrategy, as_strategy, flat_tensors
 
@@ -96,6 +87,7 @@ class WeightSender:
         self.max_interval = max_interval
         self.snapshot = snapshot
         self._version = 0
+        self._base = 0  # the version a restored run continues from (continue_from)
         self._latest: Any = None
         self._workers: dict[int, bytes] = {}  # added with add_worker
         self._workers_fn = workers if callable(workers) else None
@@ -216,7 +208,13 @@ class WeightSender:
 
     def latest(self) -> tuple[int, Any] | None:
         """``(version, payload)`` of the last send, or None: what late joiners receive."""
-        return None if self._version == 0 else (self._version, self._latest)
+        return None if self._version == self._base else (self._version, self._latest)
+
+    def continue_from(self, version: int) -> None:
+        """Number sends on from ``version`` (a restored run's): the next is ``version + 1``."""
+        if self._version != self._base or version < 0:
+            raise RuntimeError(f"continue_from({version}) needs a version >= 0, before any send")
+        self._version = self._base = version
 
     # -- sending ---------------------------------------------------------------------------------
     async def send(self, weights: Any = None, worker_ids: WorkerIds = None, *,
@@ -293,7 +291,7 @@ class WeightSender:
             if skip_gone:  # it may have left while an earlier send held the lock
                 known = self.workers
                 targets = [w for w in targets if w in known]
-            if self._version == 0 or not targets:
+            if self._version == self._base or not targets:
                 return None
             self._queue(self._latest, self._version, targets, self._latest_extra(),
                         direct=direct)

@@ -223,3 +223,42 @@ async def test_a_failed_run_says_failed_and_stays_so_once_closed() -> None:
                     pass
     assert collector.statistics().state == "failed"
     assert 'asyncrl_collector_state{state="failed"} 1.0' in scrape(collector)
+
+
+class Remote(Snapshot):
+    """A collector stand-in with 1 local slot and 2 remote places."""
+
+    num_workers = 1
+    remote_workers = 2
+
+
+def test_gone_remote_workers_leave_the_series_and_counts_clear_once_replaced() -> None:
+    lines = (WorkerStatistics(0, "w0", "h", 100, "collecting"),
+             WorkerStatistics(1, "r1", "pod-a", 201, "lost"),
+             WorkerStatistics(2, "r2", "pod-b", 202, "left"),
+             WorkerStatistics(3, "r3", "pod-c", 203, "idle"))  # took one of the places
+    collector = Remote(CollectorStatistics(workers=lines))
+    registry = CollectorRegistry()
+    CollectorMetrics(collector, registry=registry)
+    text = generate_latest(registry).decode().splitlines()
+    assert "asyncrl_workers_expected 3.0" in text
+    # One place is empty: lost before left; the other gone worker's place was taken.
+    assert 'asyncrl_workers{state="lost"} 1.0' in text
+    assert 'asyncrl_workers{state="left"} 0.0' in text
+    assert "asyncrl_workers_lost_total 1.0" in text and "asyncrl_workers_left_total 1.0" in text
+    pids = sorted(line for line in text if line.startswith("asyncrl_worker_pid{"))
+    assert pids == ['asyncrl_worker_pid{host="h",worker="0"} 100.0',
+                    'asyncrl_worker_pid{host="pod-c",worker="3"} 203.0']
+    # Another replacement joins: nothing is lost now, the totals stay (counted once).
+    collector.stats = CollectorStatistics(workers=(*lines, WorkerStatistics(
+        4, "r4", "pod-d", 204, "collecting")))
+    text = generate_latest(registry).decode().splitlines()
+    assert 'asyncrl_workers{state="lost"} 0.0' in text
+    assert "asyncrl_workers_lost_total 1.0" in text
+    # The registry forgot the old lines (bounded) and a new loss came: the total grows by one.
+    collector.stats = CollectorStatistics(workers=(
+        lines[0], WorkerStatistics(3, "r3", "pod-c", 203, "lost"),
+        WorkerStatistics(4, "r4", "pod-d", 204, "collecting")))
+    text = generate_latest(registry).decode().splitlines()
+    assert "asyncrl_workers_lost_total 2.0" in text
+    assert 'asyncrl_workers{state="lost"} 1.0' in text

@@ -1,0 +1,245 @@
+"""examples/service.py in production: a token for the control endpoints, a readiness
+threshold, and a checkpoint that carries a run over a trainer restart (#36 items 6, 7, 9).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+import torch
+
+pytest.importorskip("starlette")
+pytest.importorskip("httpx")
+pytest.importorskip("prometheus_client")
+
+import httpx
+
+from examples.service import Settings
+from examples.service_checkpoint import Checkpoint, RunState
+from examples.service_control import ControlToken
+from tests.asyncrl.collectors.test_service_example import _free_port, _get
+
+ROOT = Path(__file__).resolve().parents[3]
+LIMIT = 120
+SMALL = {"ASYNCRL_WORKERS": "2", "ASYNCRL_FRAMES_PER_BATCH": "64", "ASYNCRL_PUSH_EVERY": "2"}
+POSTS = ("/pause", "/resume", "/weights")
+
+
+def _secret_volume(root: Path, token: str, generation: int) -> None:
+    """Write ``token`` the way the kubelet updates a Secret volume: a new timestamped
+    directory, then an atomic swap of the ``..data`` symlink the key links through."""
+    data = root / f"..gen{generation}"
+    data.mkdir()
+    (data / "token").write_text(token + "\n")
+    (root / "..data_tmp").symlink_to(data.name)
+    os.replace(root / "..data_tmp", root / "..data")
+    if not (root / "token").is_symlink():
+        (root / "token").symlink_to("..data/token")
+
+
+def test_the_token_is_compared_whole_and_reread_when_the_secret_rotates(tmp_path: Path) -> None:
+    _secret_volume(tmp_path, "first-token", 1)
+    token = ControlToken(tmp_path / "token")
+    assert token.allows("Bearer first-token") and token.allows("bearer first-token")
+    for wrong in (None, "", "Bearer", "Bearer first", "Bearer first-token2", "Basic first-token",
+                  "first-token"):
+        assert not token.allows(wrong), wrong
+    _secret_volume(tmp_path, "second-token", 2)
+    assert token.allows("Bearer second-token")
+    assert not token.allows("Bearer first-token")
+
+
+def test_a_token_file_that_is_empty_missing_or_huge_is_refused_at_start(tmp_path: Path) -> None:
+    (tmp_path / "empty").write_text("\n")
+    with pytest.raises(ValueError, match="is empty: write a token"):
+        ControlToken(tmp_path / "empty")
+    with pytest.raises(OSError, match="cannot read the control token file"):
+        ControlToken(tmp_path / "absent")
+    (tmp_path / "huge").write_text("x" * 5000)
+    with pytest.raises(ValueError, match="more than 4096 bytes"):
+        ControlToken(tmp_path / "huge")
+
+
+def test_the_readiness_threshold_is_a_count_or_a_share_of_the_expected_workers() -> None:
+    assert [Settings(ready_workers=t).required_workers(3) for t in ("100%", "60%", "1", "3")] \
+        == [3, 2, 1, 3]
+    for bad in ("0", "4", "0%", "150%", "most"):
+        with pytest.raises(ValueError, match=r"expected a count in 1\.\.3 .* got"):
+            Settings(ready_workers=bad).required_workers(3)
+
+
+def _set(monkeypatch: pytest.MonkeyPatch, **settings: str) -> None:
+    for key, value in {**SMALL, **settings}.items():
+        monkeypatch.setenv(key, value)
+
+
+async def _until(client: httpx.AsyncClient, ok: Any) -> dict[str, Any]:
+    while True:
+        status: dict[str, Any] = (await client.get("/status")).json()
+        if ok(status):
+            return status
+        await anyio.sleep(0.05)
+
+
+@pytest.mark.anyio
+async def test_control_endpoints_need_the_token_and_reads_stay_open(
+        anyio_backend: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    _secret_volume(tmp_path, "t0ken", 1)
+    _set(monkeypatch, ASYNCRL_CONTROL_TOKEN_FILE=str(tmp_path / "token"))
+    from examples.service import app
+
+    good = {"Authorization": "Bearer t0ken"}
+    with anyio.fail_after(LIMIT):
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://svc") as client:
+                await _until(client, lambda s: s["ready"])
+                for path in ("/livez", "/readyz", "/status", "/metrics", "/"):
+                    assert (await client.get(path)).status_code == 200, path
+                for path in POSTS:  # loopback, but a token is configured: it is needed
+                    answer = await client.post(path)
+                    assert answer.status_code == 401, path
+                    assert answer.headers["www-authenticate"].startswith("Bearer")
+                    assert "none came" in answer.json()["error"]
+                    wrong = await client.post(path, headers={"Authorization": "Bearer t0ke"})
+                    assert wrong.status_code == 401
+                    assert "does not match" in wrong.json()["error"]
+                assert (await client.post("/pause", headers=good)).json() == {"paused": True}
+                assert (await client.post("/resume", headers=good)).json() == {"paused": False}
+                assert (await client.post("/weights", headers=good)).json()["version"] >= 1
+                _secret_volume(tmp_path, "n3w", 2)  # the Secret was rotated
+                assert (await client.post("/pause", headers=good)).status_code == 401
+                assert (await client.post("/resume", headers={
+                    "Authorization": "Bearer n3w"})).json() == {"paused": False}
+                # Without a token file: loopback clients only.
+                app.state.service.control = ControlToken(None)
+                remote = httpx.ASGITransport(app=app, client=("10.1.2.3", 40000))
+                async with httpx.AsyncClient(transport=remote, base_url="http://svc") as other:
+                    refused = await other.post("/pause")
+                    assert refused.status_code == 403
+                    assert "ASYNCRL_CONTROL_TOKEN_FILE" in refused.json()["error"]
+                    assert (await other.get("/status")).status_code == 200
+                assert (await client.post("/pause")).json() == {"paused": True}
+                assert (await client.post("/resume")).json() == {"paused": False}
+
+
+@pytest.mark.anyio
+async def test_readyz_answers_503_below_the_operators_threshold(
+        anyio_backend: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    _set(monkeypatch, ASYNCRL_WORKERS="3", ASYNCRL_READY_WORKERS="60%",
+         ASYNCRL_ON_WORKER_LOSS="continue")
+    from examples.service import app
+
+    with anyio.fail_after(LIMIT):
+        async with app.router.lifespan_context(app):
+            collector = app.state.service.collector
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://svc") as client:
+                await _until(client, lambda s: s["ready"] and s["frames"] > 0)
+                ready = await client.get("/readyz")
+                assert (ready.status_code, ready.json()["workers"], ready.json()["required"]) \
+                    == (200, 3, 2)
+                pids = collector.worker_pids
+                for killed, code in ((1, 200), (2, 503)):
+                    os.kill(pids[killed], signal.SIGKILL)
+                    await _until(client, lambda s, n=killed: sum(
+                        w["state"] == "lost" for w in s["workers"]) == n)
+                    answer = await client.get("/readyz")
+                    assert (answer.status_code, answer.json()["workers"]) == (code, 3 - killed)
+                assert (await client.get("/livez")).status_code == 200
+
+
+@pytest.mark.anyio
+async def test_a_restarted_service_continues_from_its_checkpoint(
+        anyio_backend: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    path = tmp_path / "ckpt" / "run.pt"
+    _set(monkeypatch, ASYNCRL_CHECKPOINT=str(path), ASYNCRL_CHECKPOINT_EVERY="3")
+    from examples.service import app
+
+    with anyio.fail_after(LIMIT):
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://svc") as client:
+                await _until(client, lambda s: s["policy_version"] >= 3 and s["updates"] >= 6)
+            first = app.state.service
+        saved = Checkpoint(path).load()
+        assert saved is not None  # the lifespan's exit (SIGTERM's path) wrote the last state
+        stats = first.collector.statistics()
+        assert (saved.frames, saved.batches, saved.policy_version, saved.updates) == (
+            stats.frames, stats.batches, stats.policy_version, first.updates)
+        assert list(tmp_path.joinpath("ckpt").iterdir()) == [path]  # no temporary left
+
+        async with app.router.lifespan_context(app):
+            service = app.state.service
+            restored = service.collector.statistics()
+            assert (restored.frames, restored.batches) == (saved.frames, saved.batches)
+            assert restored.policy_version == saved.policy_version
+            for name, tensor in service.policy.state_dict().items():
+                assert torch.equal(tensor, saved.policy[name]), name
+            assert service.optimizer.state_dict()["state"].keys() == saved.optimizer["state"].keys()
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://svc") as client:
+                status = await _until(client, lambda s: s["ready"] and s["frames"] > saved.frames)
+            # Its first push continues the numbering; new frames carry the new versions.
+            assert status["policy_version"] >= saved.policy_version + 1
+            assert status["updates"] > saved.updates
+            assert status["batches"] > saved.batches
+            with pytest.raises(RuntimeError, match="before any send"):
+                service.collector.weight_sender().continue_from(0)  # numbering is set once
+
+
+def test_sigterm_saves_the_run_and_the_next_start_continues_it(tmp_path: Path) -> None:
+    path = tmp_path / "run.pt"
+    env = {**os.environ, **SMALL, "PYTHONPATH": str(ROOT), "ASYNCRL_CHECKPOINT_EVERY": "1000"}
+    seen: list[dict[str, Any]] = []
+    for run in range(2):
+        port = _free_port()
+        process = subprocess.Popen(
+            [sys.executable, "-m", "examples.service", "--port", str(port),
+             "--checkpoint", str(path)], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        try:
+            status = _poll(port, process, version=2 + 2 * run,
+                           frames=seen[-1]["frames"] if seen else 0)
+            seen.append(status)
+            process.send_signal(signal.SIGTERM)  # a node drain: the pod gets SIGTERM
+            output, _ = process.communicate(timeout=60)
+        finally:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.communicate()
+        assert process.returncode == 0, output
+        assert "checkpoint saved" in output and "Traceback" not in output, output
+        saved = Checkpoint(path).load()
+        assert isinstance(saved, RunState)
+        assert saved.frames >= status["frames"] and saved.updates >= status["updates"]
+        assert saved.policy_version >= status["policy_version"]
+        if run == 0:
+            first = saved
+        else:  # the second run went on from the first one's counts and versions
+            assert f"run restored from {path}: {first.frames} frames" in output, output
+            assert saved.frames > first.frames and saved.policy_version > first.policy_version
+
+
+def _poll(port: int, process: subprocess.Popen[str], *, version: int, frames: int
+          ) -> dict[str, Any]:
+    """/status once the policy version reached ``version`` and frames passed ``frames``."""
+    deadline = time.monotonic() + LIMIT
+    while time.monotonic() < deadline:
+        assert process.poll() is None, process.communicate()[0]
+        try:
+            status = _get(f"http://127.0.0.1:{port}/status")
+        except OSError:
+            status = {}
+        if status.get("policy_version", 0) >= version and status.get("frames", 0) > frames:
+            return status
+        time.sleep(0.2)
+    raise AssertionError("the service never got there")
