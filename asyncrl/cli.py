@@ -102,6 +102,15 @@ BENCHMARKS = ("codec", "channels", "weights", "collect", "relay", "scaling", "pr
               "rollout_loop")
 
 
+def info_keys_of(flags: list[str] | None) -> list[tuple[str, ...]] | None:
+    """``--info-key`` values as info_keys paths: ``stats.x`` is ``("stats", "x")``.
+
+    >>> info_keys_of(["episode", "stats.x"])
+    [('episode',), ('stats', 'x')]
+    """
+    return None if not flags else [tuple(flag.split(".")) for flag in flags]
+
+
 def _worker_parser(sub: Any) -> None:
     p = sub.add_parser(
         "worker",
@@ -127,6 +136,10 @@ def _worker_parser(sub: Any) -> None:
                         "at start: a device this host lacks is an error, never a fallback")
     p.add_argument("--envs-per-worker", type=int, default=1, metavar="N",
                    help="envs each worker steps as one batch (a vector env)")
+    p.add_argument("--info-key", action="append", default=None, metavar="KEY",
+                   help="an env info entry each batch carries, as the trainer's "
+                        "info_keys=[...] asks (repeat it per entry; 'episode' for "
+                        "RecordEpisodeStatistics; a nested entry as 'stats.x')")
     p.add_argument("--workers", type=int, default=1, metavar="K",
                    help="worker processes to run on this host (at most --max-workers)")
     p.add_argument("--max-workers", type=int, default=MAX_WORKERS, metavar="K",
@@ -379,8 +392,8 @@ def run_workers(args: argparse.Namespace) -> int:
         print(f"asyncrl worker: {exc}", file=sys.stderr)
         return 2
     try:
-        rollout = host_rollout_options(args.device)
-    except ValueError as exc:
+        rollout = host_rollout_options(args.device, info_keys_of(args.info_key))
+    except (TypeError, ValueError) as exc:
         print(f"asyncrl worker: {exc}", file=sys.stderr)
         return 2
     spec = WorkerSpec(create_env_fn=args.env, envs_per_worker=args.envs_per_worker,

@@ -51,11 +51,13 @@ class WorkerSpec:
         return place_policy(policy, self.rollout.policy_device, copy_module=False)
 
 
-def host_rollout_options(device: Any = None) -> RolloutOptions:
+def host_rollout_options(device: Any = None, info_keys: Any = None) -> RolloutOptions:
     """A remote host's rollout options: its policy on ``device``, checked on this host.
 
-    What ``asyncrl worker --device`` and the Ray launchers build where the workers
-    run. The trainer's devices do not travel: ``storing_device`` is the trainer's
-    business, and this host's envs step on its CPU.
+    What ``asyncrl worker --device --info-key`` and the Ray launchers build where the
+    workers run. The trainer's devices do not travel: ``storing_device`` is the
+    trainer's business, and this host's envs step on its CPU. ``info_keys`` are the
+    env info entries its batches carry: the trainer checks them against its own
+    ``info_keys`` (a host without them is refused at its first batch, by name).
     """
-    return RolloutOptions(policy_device=check_device("--device", device))
+    return RolloutOptions(policy_device=check_device("--device", device), info_keys=info_keys)

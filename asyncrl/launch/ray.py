@@ -79,6 +79,7 @@ def launch_workers(
     num_cpus: float = 1,
     device: str | None = None,
     max_restarts: int = -1,
+    info_keys: list[Any] | None = None,
     **actor_options: Any,
 ) -> RayWorkers:
     """Start ``num_workers`` Ray actors that join the collector at ``endpoint``.
@@ -89,6 +90,8 @@ def launch_workers(
     ``device`` is where each worker's policy runs (``asyncrl worker --device``),
     checked in the actor on its node: for ``"cuda"`` give the actors a GPU
     (``num_gpus=1``), else the run fails with the checker's message.
+    ``info_keys``: the env info entries each batch carries, as the collector's own
+    ``info_keys`` (``asyncrl worker --info-key``).
 
     ``max_restarts``: how many times Ray restarts an actor whose process died
     (-1: always, 0: never, as RLlib restarts failed env runners); the restarted
@@ -99,7 +102,7 @@ def launch_workers(
     """
     if num_workers < 1:
         raise ValueError(f"num_workers must be >= 1, got {num_workers}")
-    spec_kwargs = _spec_kwargs(env, policy, envs_per_worker, device)
+    spec_kwargs = _spec_kwargs(env, policy, envs_per_worker, device, info_keys)
     options = {"curve_keys": curve_keys, "reconnect": reconnect, "peer_timeout": peer_timeout,
                **_join_option(join_timeout)}
     actor_options = {**_restart_options(max_restarts), "num_cpus": num_cpus, **actor_options}
@@ -129,6 +132,7 @@ def launch_hosts(
     join_timeout: float | None = None,
     device: str | None = None,
     max_restarts: int = -1,
+    info_keys: list[Any] | None = None,
     **actor_options: Any,
 ) -> RayWorkers:
     """Start ``workers_per_host`` workers and one relay on each selected Ray node.
@@ -145,7 +149,8 @@ def launch_hosts(
     own node with ``exclude_trainer_node=True`` (the node of this driver, which
     holds the GPU). ``RayWorkers.scale()`` later starts a host on each node that
     joined the cluster since and matches the same selection.
-    ``device``: as for :func:`launch_workers` (one GPU per worker: ``num_gpus=K``).
+    ``device``: as for :func:`launch_workers` (one GPU per worker: ``num_gpus=K``);
+    ``info_keys`` too.
     ``max_restarts``, ``join_timeout``: as for :func:`launch_workers`; a restarted
     host starts its K workers again.
     """
@@ -153,7 +158,7 @@ def launch_hosts(
 
     if workers_per_host < 1:
         raise ValueError(f"workers_per_host must be >= 1, got {workers_per_host}")
-    spec_kwargs = _spec_kwargs(env, policy, envs_per_worker, device)
+    spec_kwargs = _spec_kwargs(env, policy, envs_per_worker, device, info_keys)
     options = {"workers": workers_per_host, "curve_keys": curve_keys, "reconnect": reconnect,
                "peer_timeout": peer_timeout, **_join_option(join_timeout)}
     actor_options = {**_restart_options(max_restarts), "num_cpus": workers_per_host,
@@ -209,10 +214,10 @@ def _restart_options(max_restarts: int) -> dict[str, Any]:
 
 
 def _spec_kwargs(env: str, policy: str | None, envs_per_worker: int,
-                 device: str | None = None) -> dict[str, Any]:
+                 device: str | None = None, info_keys: Any = None) -> dict[str, Any]:
     # Import paths and plain values only: the actor builds its WorkerSpec itself.
     return {"create_env_fn": env, "policy_factory": policy, "envs_per_worker": envs_per_worker,
-            "device": device}
+            "device": device, "info_keys": info_keys}
 
 
 def _host_spec(spec_kwargs: dict[str, Any]) -> Any:
@@ -220,7 +225,7 @@ def _host_spec(spec_kwargs: dict[str, Any]) -> Any:
     from .._worker.spec import WorkerSpec, host_rollout_options
 
     kwargs = dict(spec_kwargs)
-    rollout = host_rollout_options(kwargs.pop("device", None))
+    rollout = host_rollout_options(kwargs.pop("device", None), kwargs.pop("info_keys", None))
     return WorkerSpec(**kwargs, rollout=rollout)
 
 

@@ -1,0 +1,65 @@
+"""``info_keys`` on a remote host: ``asyncrl worker --info-key`` (and the Ray launchers'
+``info_keys=``) read the entries the trainer asks for; a host without them is refused
+at its first batch with the flag named."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import anyio
+import pytest
+
+from asyncrl import CollectorError, MultiSyncCollector
+from tests.asyncrl.rollout.info_envs import make_step_info_env
+from tests.asyncrl.rollout.test_info_keys_collectors import check_rows
+
+LIMIT = 120
+ENV = "tests.asyncrl.rollout.info_envs:make_step_info_env"
+
+
+@contextmanager
+def remote_host(endpoint: str, *flags: str) -> Iterator[subprocess.Popen[bytes]]:
+    host = subprocess.Popen([sys.executable, "-m", "asyncrl.cli", "worker", "--connect",
+                             endpoint, "--env", ENV, "--envs-per-worker", "2", *flags])
+    try:
+        yield host
+    finally:
+        host.terminate()
+        try:
+            host.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            host.kill()
+            host.wait(timeout=10)
+
+
+def remote_collector() -> MultiSyncCollector:
+    return MultiSyncCollector(make_step_info_env, num_workers=0, remote_workers=1,
+                              listen="tcp://127.0.0.1:0", frames_per_batch=24, envs_per_worker=2,
+                              total_frames=48, info_keys=["steps", "stats"])
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # processes: once is enough
+async def test_a_remote_host_sends_the_info_it_was_told_to_read() -> None:
+    collector = remote_collector()
+    with anyio.fail_after(LIMIT):
+        async with collector:
+            with remote_host(collector.endpoint, "--info-key", "steps", "--info-key", "stats"):
+                batches = [b.clone() async for b in collector]
+    assert len(batches) == 2
+    assert sum(check_rows(b) for b in batches) >= 4  # terminal rows included
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # processes: once is enough
+async def test_a_remote_host_without_the_info_keys_is_named_with_the_flag() -> None:
+    collector = remote_collector()
+    with anyio.fail_after(LIMIT):
+        async with collector:
+            with remote_host(collector.endpoint), \
+                    pytest.raises(CollectorError, match=r"lacks \('next', 'steps'\).*--info-key"):
+                async for _ in collector:
+                    pass
