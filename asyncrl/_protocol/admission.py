@@ -1,4 +1,4 @@
-"""Joining and leaving: hello, welcome, refuse, rejoin, leaving, and a relay's hello.
+"""Joining and leaving: hello, welcome, refuse, rejoin, leaving, closing, a relay's hello.
 
 A worker (or a host's relay) says hello; the coordinator welcomes or refuses
 it, asks a worker it dropped to say hello again (rejoin), and hears a worker
@@ -184,6 +184,34 @@ class Refuse:
 
 
 @dataclass(slots=True)
+class Closing:
+    """The arguments of the coordinator's ``close`` control: does the run go on without you?
+
+    ``finished``: the run is over (``total_frames`` reached, or the trainer closed
+    after its end): every worker goes home. False: only this trainer stops (SIGTERM,
+    an error, a close before the end), and a worker started with ``reconnect`` waits
+    for the next one. A close without the field (from a trainer before it) means
+    finished, as a close always did; an older worker ignores the field and exits.
+
+    >>> Closing.from_args(Closing(finished=False).to_args()), Closing.from_args({})
+    (Closing(finished=False), Closing(finished=True))
+    """
+
+    finished: bool = True
+
+    def to_args(self) -> dict[str, Any]:
+        return {"finished": self.finished}
+
+    @classmethod
+    def from_args(cls, args: Any) -> Self:
+        finished = args.get("finished", True) if isinstance(args, dict) else True
+        if not isinstance(finished, bool):
+            raise ProtocolError(f"control close argument 'finished' must be bool (is the run "
+                                f"over?), got {type(finished).__name__}")
+        return cls(finished)
+
+
+@dataclass(slots=True)
 class Rejoin:
     """Coordinator -> worker: I dropped you (silent too long); say hello again.
 
@@ -224,5 +252,5 @@ class Leaving:
         return cls(reason=optional_text(body, "reason", "leaving", limit=1000))
 
 
-__all__ = ["MAX_REASON", "PROTOCOL", "Hello", "Leaving", "Refuse", "Rejoin", "RelayHello",
-           "RelayWelcome", "Welcome"]
+__all__ = ["MAX_REASON", "PROTOCOL", "Closing", "Hello", "Leaving", "Refuse", "Rejoin",
+           "RelayHello", "RelayWelcome", "Welcome"]

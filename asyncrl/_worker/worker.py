@@ -28,6 +28,7 @@ from .._protocol import (
     PROTOCOL,
     WEIGHTS_KIND,
     Batch,
+    Closing,
     Collect,
     Control,
     ErrorReport,
@@ -57,6 +58,7 @@ from .control import TOUCHES_WEIGHTS, run_control
 from .join_backoff import JOIN_BACKOFF, full_pause
 from .log_forward import LogForwarder
 from .progress import ProgressReport
+from .reconnect import await_next_trainer, ride_out, wait_for_coordinator
 from .relay_member import RelayMembership
 from .spec import WorkerSpec
 from .unanswered import cancel_when_denied, denied, no_welcome, unreachable
@@ -99,6 +101,7 @@ class Worker:
         #: Stop cleanly on SIGTERM/SIGINT (a process's main thread only: signal handlers).
         self.handle_signals = handle_signals
         self._leaving = False  # a signal asked us to stop: told the coordinator, awaiting close
+        self._trainer_stopping = False  # its close said the run goes on without it
         self.relay_link = relay_link  # this host's relay, if any: weights may come that way
         self.reconnect = reconnect
         self.reconnect_timeout = reconnect_timeout
@@ -230,11 +233,15 @@ class Worker:
                     continue
                 if self._exit.code != EXIT_COORDINATOR_LOST or self._exit.final:
                     raise self._exit
-                if self.reconnect:
+                if self.reconnect and self._trainer_stopping:
+                    self._trainer_stopping = False
+                    await await_next_trainer(self.link, self.give_up_after)
+                elif self.reconnect:
                     log.warning("%s; waiting for it to come back", self._exit)
-                    await self._wait_for_coordinator()
+                    await wait_for_coordinator(self.link, self.reconnect_timeout)
                 else:
-                    await self._ride_out(self._exit)
+                    await ride_out(self.link, self._exit, admitted=self.index >= 0,
+                                   give_up_after=self.give_up_after)
         except WorkerExit as exc:
             if self._leaving:  # stopping on a signal: a coordinator gone meanwhile is fine
                 log.info("worker exits: %s", exc)
@@ -262,43 +269,6 @@ class Worker:
         if self.rollout is not None:
             self.rollout.request_stop()  # a batch in progress is abandoned, not delivered
         scope.cancel()
-
-    async def _wait_for_coordinator(self) -> None:
-        # Our heartbeats go on; the hub answers with its own once it (or its
-        # successor) is back. The wait is bounded by `reconnect_timeout`.
-        with anyio.move_on_after(self.reconnect_timeout):
-            await self.link.wait_connected()
-            return
-        raise WorkerExit(EXIT_COORDINATOR_LOST,
-                         f"the coordinator at {self.link.endpoint} did not come back within "
-                         f"{self.reconnect_timeout} s")
-
-    async def _ride_out(self, lost: WorkerExit) -> None:
-        """Without ``reconnect``: wait ``give_up_after`` s for the same coordinator.
-
-        A cut link (a switch reboots, a VPN renegotiates) ends a connection the
-        coordinator did not close; once it is up again this worker joins again (the
-        coordinator welcomes it back, or admits it anew if it had dropped it). A
-        coordinator that said goodbye, one that never admitted us, or a restarted one
-        (a new instance: that takes ``--reconnect``) ends the worker as before.
-        """
-        instance = self.link.hub_instance
-        if self.index < 0 or self.give_up_after <= 0 or self.link.hub_closed:
-            raise lost
-        log.warning("%s; waiting up to %s s for it to come back (the link may be cut)",
-                    lost, self.give_up_after)
-        with anyio.move_on_after(self.give_up_after):
-            await self.link.wait_connected()
-            if self.link.hub_instance not in (None, instance):
-                raise WorkerExit(EXIT_COORDINATOR_LOST, f"the coordinator at "
-                                 f"{self.link.endpoint} was restarted (a new instance); "
-                                 "pass --reconnect to join a restarted trainer", final=True)
-            log.warning("the coordinator at %s answers again: joining again",
-                        self.link.endpoint)
-            return
-        raise WorkerExit(EXIT_COORDINATOR_LOST,
-                         f"the coordinator at {self.link.endpoint} did not come back within "
-                         f"{self.give_up_after} s ({lost})", final=True)
 
     async def _build(self) -> None:
         use_torch_threads(self.spec.torch_threads)
@@ -453,9 +423,7 @@ class Worker:
                 elif message.kind == Control.KIND:
                     control = Control.from_body(message.body)
                     if control.op == "close":
-                        if self.rollout is not None:
-                            self.rollout.request_stop()  # end a running batch at its next step
-                        await self.link.ack(message, result=None)
+                        await self._on_close(message, control)
                         return
                     await self._control(message, control)
                 elif message.kind == Refuse.KIND:
@@ -469,6 +437,23 @@ class Worker:
                 log.warning("dropped a malformed %r message: %s", message.kind, exc)
                 if message.needs_ack:
                     await self.link.ack(message, error=exc)
+
+    async def _on_close(self, message: Message, control: Control) -> None:
+        """Told to stop: go home if the run is over; with ``reconnect``, if the trainer
+        only stops (SIGTERM, a rollout restart), wait for the next one instead."""
+        if self.rollout is not None:
+            self.rollout.request_stop()  # end a running batch at its next step
+        try:
+            finished = Closing.from_args(control.args).finished
+        except ProtocolError as exc:  # hostile or broken: the bounded wait is the safe side
+            log.warning("a close with a malformed argument (%s): taken as a trainer that "
+                        "stops before the end", exc)
+            finished = False
+        await self.link.ack(message, result=None)
+        if not finished and self.reconnect and not self._leaving:
+            self._trainer_stopping = True
+            raise WorkerExit(EXIT_COORDINATOR_LOST, f"the trainer at {self.link.endpoint} is "
+                             "stopping before the run finished")
 
     async def _control(self, message: Message, control: Control) -> None:
         async with self._busy:
