@@ -27,6 +27,8 @@ from .fields import (
 PROTOCOL = 2  # 2: the welcome says share_frames (was frames_per_batch)
 #: Longest refusal reason a worker keeps (every problem the coordinator found, joined).
 MAX_REASON = 16384
+#: Longest host group name a hello may carry.
+MAX_GROUP = 64
 
 
 @dataclass(slots=True)
@@ -47,12 +49,22 @@ class Hello:
     #: Counts the hellos of one join: a hello that reached a coordinator which died
     #: before answering is said again, and only the welcome for the latest counts.
     attempt: int = 0
+    #: The worker host this worker belongs to ("": none) and how many workers it
+    #: brings: the coordinator admits a host's workers together or not at all (see
+    #: asyncrl._coordinator.host_groups). Optional: a coordinator before it ignores them.
+    group: str = ""
+    group_size: int = 0
 
     def to_body(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_body(cls, body: Any) -> Self:
+        group = optional_text(body, "group", "hello", limit=MAX_GROUP)
+        group_size = optional_int(body, "group_size", "hello")
+        if not 0 <= group_size <= MAX_RELAY_MEMBERS or bool(group) != (group_size > 0):
+            raise ProtocolError(f"hello group_size must be 1 to {MAX_RELAY_MEMBERS} with a "
+                                f"group (0 without), got {group_size} with group {group!r}")
         return cls(
             protocol=required(body, "protocol", int, "hello"),
             name=text(body, "name", "hello", limit=200),
@@ -63,6 +75,7 @@ class Hello:
             token=text(body, "token", "hello", limit=200),
             relay=optional_text(body, "relay", "hello", limit=255),
             attempt=optional_int(body, "attempt", "hello"),
+            group=group, group_size=group_size,
         )
 
 

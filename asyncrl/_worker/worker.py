@@ -84,8 +84,11 @@ class Worker:
                  relay_name: str = "", handle_signals: bool = False,
                  on_admission: Callable[[bool], None] | None = None,
                  join_timeout: float | None = None,
-                 log_forwarder: LogForwarder | None = None) -> None:
+                 log_forwarder: LogForwarder | None = None,
+                 group: tuple[str, int] = ("", 0)) -> None:
         self.link = link
+        #: This worker's host and how many workers it brings: they join together.
+        self.group = group
         #: This process's log records go to the coordinator while it admits us.
         self.log_forwarder = log_forwarder
         self._is_admitted = False
@@ -288,7 +291,8 @@ class Worker:
         hello = Hello(protocol=PROTOCOL, name=self.link.identity.decode(errors="replace"),
                       host=socket.gethostname(), pid=os.getpid(),
                       specs=self.env_pool.specs.to_dict(), slot=self.slot, token=self.token,
-                      relay=self._relay.hello_name)
+                      relay=self._relay.hello_name, group=self.group[0],
+                      group_size=self.group[1])
         welcome = await self._hello_until_welcome(hello)
         self.index = welcome.index
         if welcome.instance and welcome.instance != self.instance:
@@ -535,7 +539,7 @@ async def run_worker(endpoint: str, spec: WorkerSpec, *, identity: bytes | None 
                      relay_name: bytes | str = b"", handle_signals: bool = False,
                      admission: Any = None, join_timeout: float | None = None,
                      log_forwarder: LogForwarder | None = None,
-                     **link_options: Any) -> int:
+                     group: tuple[str, int] = ("", 0), **link_options: Any) -> int:
     """Connect to the coordinator at ``endpoint`` and serve until told to close.
 
     With ``reconnect=True`` a worker whose coordinator went silent waits (up to
@@ -556,7 +560,8 @@ async def run_worker(endpoint: str, spec: WorkerSpec, *, identity: bytes | None 
     cleanly: the coordinator is told first (a ``leaving`` message), the envs are
     closed, and it returns 0. ``log_forwarder`` (installed on this process's root
     logger, see :mod:`asyncrl._worker.log_forward`) sends the process's log records to
-    the coordinator while it admits this worker.
+    the coordinator while it admits this worker. ``group`` (a host's name for itself,
+    and how many workers it brings) asks the coordinator to admit them all or none.
     """
     if curve_keys is not None:
         link_options["curve"] = CurveClient.load(curve_keys)
@@ -577,5 +582,5 @@ async def run_worker(endpoint: str, spec: WorkerSpec, *, identity: bytes | None 
                         give_up_after=give_up_after, relay_link=relay_link,
                         relay_name=relay_name, handle_signals=handle_signals,
                         on_admission=on_admission, join_timeout=join_timeout,
-                        log_forwarder=log_forwarder)
+                        log_forwarder=log_forwarder, group=group)
         return await worker.run()
