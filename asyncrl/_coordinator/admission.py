@@ -17,6 +17,7 @@ from transports import peer_name
 from .._protocol import Hello, Refuse, RelayHello, RelayWelcome, Welcome
 from .actions import Action, CatchUp, Send
 from .checks import hello_problems, relay_hello_problems
+from .host_groups import HostGroups
 from .records import RelayInfo, Roster, WorkerInfo
 
 __all__ = ["Admission"]
@@ -49,6 +50,7 @@ class Admission:
         max_remote_workers: int | None = None,
         specs: dict[str, Any] | None = None,
         instance: str = "",
+        groups: HostGroups | None = None,
     ) -> None:
         self._roster = roster
         self._share_of = share_of
@@ -62,6 +64,8 @@ class Admission:
         # Remote workers (and rejoining ones) get fresh indices after the local slots.
         self._next_index = self._first_remote_index = first_remote_index
         self._max_remote = max_remote_workers  # None: any number
+        #: Places held for the siblings of admitted workers: a host joins whole.
+        self.groups = groups or HostGroups()
 
     # -- workers ---------------------------------------------------------------------------
     def repeated(self, peer: bytes, hello: Hello) -> WorkerInfo | None:
@@ -79,7 +83,8 @@ class Admission:
         reason = "; ".join(problems)
         log.warning("refused worker %s from %s: %s", hello.name, hello.host, reason)
         # Full, and nothing else: it may ask again once a place is free.
-        full = hello.slot < 0 and problems == self._remote_capacity_problems()
+        full = hello.slot < 0 and problems == self._remote_capacity_problems(hello) \
+            and not self._larger_than_the_run(hello)
         return [Send(peer, Refuse(reason, full=full))]
 
     def admit(self, peer: bytes, hello: Hello) -> WorkerInfo:
@@ -87,8 +92,12 @@ class Admission:
         if self.specs is None:
             self.specs = hello.specs
         index = hello.slot if hello.slot >= 0 else self._take_index()
+        if hello.slot < 0 and self._max_remote is not None:  # its siblings' places are held
+            self.groups.admitted(hello.group, size=hello.group_size,
+                                 present=self._present(hello.group))
         worker = WorkerInfo(index, peer, hello.name, hello.host, hello.pid,
-                            relay=hello.relay.encode() if hello.relay else None)
+                            relay=hello.relay.encode() if hello.relay else None,
+                            group=hello.group)
         self._roster.workers[peer] = worker
         return worker
 
@@ -148,20 +157,46 @@ class Admission:
         if self._check_specs is not None and self.specs is not None and not problems:
             problems += self._check_specs(self.specs, hello)
         if hello.slot < 0 and not problems:
-            problems += self._remote_capacity_problems()
+            problems += self._remote_capacity_problems(hello)
         return problems
 
-    def _remote_capacity_problems(self) -> list[str]:
-        """``remote_workers`` is a limit: who gets the weights is the trainer's choice."""
-        if self._max_remote is None:
+    def _remote_capacity_problems(self, hello: Hello) -> list[str]:
+        """``remote_workers`` is a limit: who gets the weights is the trainer's choice.
+
+        A host's workers join together or not at all: the first one admitted needs
+        places for its siblings still to come too, which are then held for them.
+        """
+        if self._max_remote is None or self.groups.holds_for(hello.group):
             return []
+        if self._larger_than_the_run(hello):
+            return [f"remote_workers: this host brings {hello.group_size} workers and this "
+                    f"collector takes at most {self._max_remote} remote worker(s); start the "
+                    f"host with --workers {self._max_remote} or fewer, or the trainer with a "
+                    "larger remote_workers"]
         remote = sum(1 for w in self._roster.workers.values()
                      if w.alive and w.index >= self._first_remote_index)
-        if remote < self._max_remote:
+        held = self.groups.held(besides=hello.group)
+        need = max(1, hello.group_size - self._present(hello.group))
+        if remote + held + need <= self._max_remote:
             return []
+        free = max(0, self._max_remote - remote - held)
+        whole = (f"this host's {need} workers still to join need {need} free places at once "
+                 f"(a host joins whole or not at all), and {free} are free; ") if need > 1 \
+            else ""
+        holding = f" and {held} place(s) are held for the workers of hosts joining now" \
+            if held else ""
         return [f"remote_workers: this collector takes at most {self._max_remote} remote "
-                f"worker(s) and {remote} already joined; stop one or start the trainer with "
-                "a larger remote_workers"]
+                f"worker(s) and {remote} already joined{holding}; {whole}stop one or start "
+                "the trainer with a larger remote_workers"]
+
+    def _larger_than_the_run(self, hello: Hello) -> bool:
+        return self._max_remote is not None and hello.group_size > self._max_remote
+
+    def _present(self, group: str) -> int:
+        """Live workers of the host ``group`` (none without one)."""
+        if not group:
+            return 0
+        return sum(1 for w in self._roster.workers.values() if w.alive and w.group == group)
 
     def _take_index(self) -> int:
         # Never reuse an index: traj ids and batch tags of a lost worker stay unique.

@@ -34,6 +34,7 @@ from .._observe.events import CollectorEvent
 from .._observe.tracing import span
 from .._protocol import (
     Batch,
+    Closing,
     Collect,
     Control,
     ErrorReport,
@@ -245,9 +246,12 @@ class Coordinator:
                                            kind=Control.KIND)
         return (await self.hub.wait_ack(ticket, timeout=60))[worker.peer]
 
-    async def close(self, grace: float = 1.0) -> None:
+    async def close(self, grace: float = 1.0, *, finished: bool = True) -> None:
         """The collector closes: every waiting trainer call raises, every live worker stops.
 
+        ``finished``: the run is over and the workers go home; False: only this
+        trainer stops (SIGTERM, an error, a close before ``total_frames``), and hosts
+        started with ``--reconnect`` wait for the next one (see :class:`Closing`).
         Telling the workers is best effort (2 s in all): one that is gone already is
         stopped by whoever started its process. Then the hub stays open until each
         told worker said goodbye (``grace`` s at most, milliseconds usually): a worker
@@ -261,8 +265,8 @@ class Coordinator:
         with anyio.move_on_after(2):
             for worker in self.live_workers:
                 try:
-                    await self.hub.send(worker.peer, Control("close").to_body(),
-                                        kind=Control.KIND)
+                    await self.hub.send(worker.peer, Control(
+                        "close", Closing(finished).to_args()).to_body(), kind=Control.KIND)
                 except Exception:
                     continue  # gone already: its process's owner takes care of it
                 told.append(worker.peer)

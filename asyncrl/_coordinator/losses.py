@@ -107,8 +107,13 @@ class Losses:
         ``"goodbye"``; see :class:`transports.PeerEvent`): apply ``on_worker_loss``."""
         self._mark_gone(peer)
         if self._roster.relays.pop(peer, None) is not None:
-            # Its workers get their weights directly from the next send on.
-            log.warning("relay %s was lost", peer_name(peer))
+            # Its workers get their weights directly from the next send on. A relay
+            # closes only when its host stops (SIGTERM, a pod stop): its goodbye is
+            # a planned departure; silence or a dropped connection is a loss.
+            if reason == "goodbye":
+                log.info("relay %s left (its host stops)", peer_name(peer))
+            else:
+                log.warning("relay %s was lost", peer_name(peer))
             return []
         worker = self._roster.live(peer)
         if worker is None:
@@ -184,6 +189,11 @@ class Losses:
         """A peer the hub had lost speaks again: if it was our worker, tell it to rejoin."""
         worker = self._roster.workers.get(peer)
         if worker is None or worker.alive or worker.rejoin_asked:
+            return []
+        if peer in self.left:
+            # It left (SIGTERM, a pod stop) and speaks only to finish its goodbye
+            # (the close's ack): a departure is never invited back, and no warning.
+            worker.rejoin_asked = True
             return []
         worker.rejoin_asked = True
         self.gone.pop(peer, None)

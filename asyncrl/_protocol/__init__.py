@@ -18,6 +18,7 @@ acks), and :mod:`.fields`, the validators they share.
 
 from .admission import MAX_REASON as MAX_REASON
 from .admission import PROTOCOL as PROTOCOL
+from .admission import Closing as Closing
 from .admission import Hello as Hello
 from .admission import Leaving as Leaving
 from .admission import Refuse as Refuse
@@ -57,8 +58,8 @@ __all__ = [
     "CHUNK", "MAX_CHUNKS", "MAX_CHUNK_PARTS", "MAX_INSTANCE", "MAX_KEY", "MAX_LAYOUT_KEYS",
     "MAX_LOG_LOGGER", "MAX_LOG_MESSAGE", "MAX_LOG_RECORDS", "MAX_LOG_TRACEBACK",
     "MAX_MODEL_ID", "MAX_REASON", "MAX_RELAY_MEMBERS", "PROTOCOL", "RELAY_TO", "WEIGHTS_KIND",
-    "Batch", "Collect", "Control", "ErrorReport", "Hello", "Leaving", "LogEntry", "Preempt",
-    "Progress",
+    "Batch", "Closing", "Collect", "Control", "ErrorReport", "Hello", "Leaving", "LogEntry",
+    "Preempt", "Progress",
     "Refuse", "Rejoin", "RelayAck", "RelayAttached", "RelayHello", "RelayWelcome", "WeightChunk",
     "WeightMeta", "WeightsApplied", "Welcome", "WorkerLog",
 ]

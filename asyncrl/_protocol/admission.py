@@ -1,4 +1,4 @@
-"""Joining and leaving: hello, welcome, refuse, rejoin, leaving, and a relay's hello.
+"""Joining and leaving: hello, welcome, refuse, rejoin, leaving, closing, a relay's hello.
 
 A worker (or a host's relay) says hello; the coordinator welcomes or refuses
 it, asks a worker it dropped to say hello again (rejoin), and hears a worker
@@ -27,6 +27,8 @@ from .fields import (
 PROTOCOL = 2  # 2: the welcome says share_frames (was frames_per_batch)
 #: Longest refusal reason a worker keeps (every problem the coordinator found, joined).
 MAX_REASON = 16384
+#: Longest host group name a hello may carry.
+MAX_GROUP = 64
 
 
 @dataclass(slots=True)
@@ -47,12 +49,22 @@ class Hello:
     #: Counts the hellos of one join: a hello that reached a coordinator which died
     #: before answering is said again, and only the welcome for the latest counts.
     attempt: int = 0
+    #: The worker host this worker belongs to ("": none) and how many workers it
+    #: brings: the coordinator admits a host's workers together or not at all (see
+    #: asyncrl._coordinator.host_groups). Optional: a coordinator before it ignores them.
+    group: str = ""
+    group_size: int = 0
 
     def to_body(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_body(cls, body: Any) -> Self:
+        group = optional_text(body, "group", "hello", limit=MAX_GROUP)
+        group_size = optional_int(body, "group_size", "hello")
+        if not 0 <= group_size <= MAX_RELAY_MEMBERS or bool(group) != (group_size > 0):
+            raise ProtocolError(f"hello group_size must be 1 to {MAX_RELAY_MEMBERS} with a "
+                                f"group (0 without), got {group_size} with group {group!r}")
         return cls(
             protocol=required(body, "protocol", int, "hello"),
             name=text(body, "name", "hello", limit=200),
@@ -63,6 +75,7 @@ class Hello:
             token=text(body, "token", "hello", limit=200),
             relay=optional_text(body, "relay", "hello", limit=255),
             attempt=optional_int(body, "attempt", "hello"),
+            group=group, group_size=group_size,
         )
 
 
@@ -184,6 +197,34 @@ class Refuse:
 
 
 @dataclass(slots=True)
+class Closing:
+    """The arguments of the coordinator's ``close`` control: does the run go on without you?
+
+    ``finished``: the run is over (``total_frames`` reached, or the trainer closed
+    after its end): every worker goes home. False: only this trainer stops (SIGTERM,
+    an error, a close before the end), and a worker started with ``reconnect`` waits
+    for the next one. A close without the field (from a trainer before it) means
+    finished, as a close always did; an older worker ignores the field and exits.
+
+    >>> Closing.from_args(Closing(finished=False).to_args()), Closing.from_args({})
+    (Closing(finished=False), Closing(finished=True))
+    """
+
+    finished: bool = True
+
+    def to_args(self) -> dict[str, Any]:
+        return {"finished": self.finished}
+
+    @classmethod
+    def from_args(cls, args: Any) -> Self:
+        finished = args.get("finished", True) if isinstance(args, dict) else True
+        if not isinstance(finished, bool):
+            raise ProtocolError(f"control close argument 'finished' must be bool (is the run "
+                                f"over?), got {type(finished).__name__}")
+        return cls(finished)
+
+
+@dataclass(slots=True)
 class Rejoin:
     """Coordinator -> worker: I dropped you (silent too long); say hello again.
 
@@ -224,5 +265,5 @@ class Leaving:
         return cls(reason=optional_text(body, "reason", "leaving", limit=1000))
 
 
-__all__ = ["MAX_REASON", "PROTOCOL", "Hello", "Leaving", "Refuse", "Rejoin", "RelayHello",
-           "RelayWelcome", "Welcome"]
+__all__ = ["MAX_REASON", "PROTOCOL", "Closing", "Hello", "Leaving", "Refuse", "Rejoin",
+           "RelayHello", "RelayWelcome", "Welcome"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import signal
 import socket
 from contextlib import AsyncExitStack
@@ -22,6 +23,7 @@ from transports import CurveClient, random_identity
 
 from .._observe.probes import DEFAULT_HOST as DEFAULT_PROBE_HOST
 from .._observe.probes import AdmissionBoard, ProbeServer
+from .._spawn.exit_codes import EXIT_JOIN_TIMEOUT
 from .._spawn.processes import WorkerProcesses
 from .._spawn.stop_signals import ignore_stop_signals, wait_stop_signal
 from .entry import host_worker_processes
@@ -33,6 +35,8 @@ log = logging.getLogger("asyncrl.host")
 STOP_TIMEOUT = 10.0
 #: Without ``--reconnect``: how long an admitted worker rides out a cut link (seconds).
 GIVE_UP_AFTER = 120.0
+#: How often the host looks whether its workers are whole (all admitted, or none).
+FILL_CHECK = 1.0
 
 
 def heartbeat_interval(peer_timeout: float) -> float:
@@ -55,7 +59,7 @@ class HostWorkers:
                  log_config: dict[str, Any] | None = None, probe_port: int | None = None,
                  probe_host: str = DEFAULT_PROBE_HOST,
                  join_timeout: float | None = None, log_file: str | None = None,
-                 forward_logs: bool = True) -> None:
+                 forward_logs: bool = True, fill_timeout: float | None = None) -> None:
         if workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers}")
         self.connect = connect
@@ -75,6 +79,13 @@ class HostWorkers:
         # Unguessable (128 random bits each): an identity is a route on the hub.
         tag = f"{socket.gethostname()}-{os.getpid()}"
         self.identities = [random_identity(f"{tag}-w{i}") for i in range(workers)]
+        # The coordinator admits this host's workers together or not at all (by this
+        # unguessable name); as a backstop, a host whose workers stay part admitted
+        # (or lost one) for fill_timeout s exits non-zero: its orchestrator restarts it.
+        self.group = f"{socket.gethostname()[:24]}-{secrets.token_hex(16)}"
+        self.fill_timeout = fill_timeout if fill_timeout is not None else \
+            (GIVE_UP_AFTER if join_timeout is None else join_timeout) + 2 * peer_timeout
+        self.unfilled_exit = False  # the backstop stopped this host
         self.processes: list[BaseProcess] = []
         #: Liveness and readiness over HTTP (asyncrl._observe.probes) on this port, if any.
         self.probe_port = probe_port
@@ -89,11 +100,22 @@ class HostWorkers:
         except KeyboardInterrupt:
             pass  # before the signal handler was in place; the workers are stopped by then
         codes = [p.exitcode or 0 for p in self.processes]
-        if self._stopped_by_signal:
+        if self._stopped_by_signal or self.unfilled_exit:
             # Stopped as asked: a worker ended by the SIGTERM this host forwarded (or
             # that a kill of the process group gave it) did what it was told.
             codes = [0 if c == -signal.SIGTERM else c for c in codes]
+        if self.unfilled_exit and not any(codes):
+            return EXIT_JOIN_TIMEOUT  # never 0: the orchestrator must restart this host
         return max(codes, key=abs) if any(codes) else 0
+
+    def unfilled(self) -> bool:
+        """Some workers are admitted and others not, or a worker process ended while
+        others run: this host runs below its size (none admitted: it waits whole)."""
+        if not self.processes or self.admission is None:
+            return False
+        admitted = self.admission.admitted()
+        alive = [p.is_alive() for p in self.processes]
+        return not (all(alive) and (all(admitted) or not any(admitted)))
 
     def probe_state(self) -> dict[str, Any]:
         """Ready when every worker process runs and a collector admitted each of them."""
@@ -106,8 +128,8 @@ class HostWorkers:
 
     async def _run(self) -> None:
         server = None
+        self.admission = AdmissionBoard(self.identities)  # readiness, and the fill backstop
         if self.probe_port is not None:
-            self.admission = AdmissionBoard(self.identities)
             server = ProbeServer(self.probe_state, host=self.probe_host, port=self.probe_port)
             await server.bind()  # a port in use is a plain OSError, before any worker starts
         async with anyio.create_task_group() as probes:
@@ -126,7 +148,9 @@ class HostWorkers:
                 "reconnect": self.reconnect, "give_up_after": self.give_up_after,
                 "curve_keys": self.curve_keys,
                 "log_config": self.log_config, "join_timeout": self.join_timeout,
-                "log_file": self.log_file, "forward_logs": self.forward_logs}
+                "log_file": self.log_file, "forward_logs": self.forward_logs,
+                "group": (self.group, len(self.identities)) if len(self.identities) > 1
+                else ("", 0)}
             if self.admission is not None:
                 options["admission"] = self.admission
             if self.relay:
@@ -143,6 +167,7 @@ class HostWorkers:
             try:
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(self._stop_on_signal, workers)
+                    tg.start_soon(self._stop_when_unfilled, workers)
                     await workers.run()  # until every worker exited
                     tg.cancel_scope.cancel()
             finally:
@@ -159,4 +184,27 @@ class HostWorkers:
         # whole group, an impatient operator's) must not kill the host while it stops its
         # workers (bounded: STOP_TIMEOUT, then SIGKILL). A second Ctrl-C still interrupts.
         ignore_stop_signals(signal.SIGTERM)
+        await workers.stop(grace=0, kill_after=STOP_TIMEOUT)
+
+    async def _stop_when_unfilled(self, workers: WorkerProcesses) -> None:
+        """The backstop of whole admission: part of this host for ``fill_timeout`` s
+        (a worker refused while its siblings joined, one that died) ends the host."""
+        since = None
+        while True:
+            await anyio.sleep(FILL_CHECK)
+            if not self.unfilled():
+                since = None
+                continue
+            now = anyio.current_time()
+            since = now if since is None else since
+            if now - since >= self.fill_timeout:
+                break
+        assert self.admission is not None
+        running = [p.is_alive() for p in self.processes]
+        admitted = sum(a and r for a, r in zip(self.admission.admitted(), running, strict=False))
+        log.error("only %d of this host's %d workers were admitted (%d running) for %.0f s: "
+                  "stopping them all, so that this host exits (code %d) and is restarted "
+                  "whole", admitted, len(self.identities), sum(running), self.fill_timeout,
+                  EXIT_JOIN_TIMEOUT)
+        self.unfilled_exit = True
         await workers.stop(grace=0, kill_after=STOP_TIMEOUT)

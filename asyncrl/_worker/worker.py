@@ -28,6 +28,7 @@ from .._protocol import (
     PROTOCOL,
     WEIGHTS_KIND,
     Batch,
+    Closing,
     Collect,
     Control,
     ErrorReport,
@@ -57,6 +58,7 @@ from .control import TOUCHES_WEIGHTS, run_control
 from .join_backoff import JOIN_BACKOFF, full_pause
 from .log_forward import LogForwarder
 from .progress import ProgressReport
+from .reconnect import await_next_trainer, ride_out, wait_for_coordinator
 from .relay_member import RelayMembership
 from .spec import WorkerSpec
 from .unanswered import cancel_when_denied, denied, no_welcome, unreachable
@@ -82,8 +84,11 @@ class Worker:
                  relay_name: str = "", handle_signals: bool = False,
                  on_admission: Callable[[bool], None] | None = None,
                  join_timeout: float | None = None,
-                 log_forwarder: LogForwarder | None = None) -> None:
+                 log_forwarder: LogForwarder | None = None,
+                 group: tuple[str, int] = ("", 0)) -> None:
         self.link = link
+        #: This worker's host and how many workers it brings: they join together.
+        self.group = group
         #: This process's log records go to the coordinator while it admits us.
         self.log_forwarder = log_forwarder
         self._is_admitted = False
@@ -99,6 +104,7 @@ class Worker:
         #: Stop cleanly on SIGTERM/SIGINT (a process's main thread only: signal handlers).
         self.handle_signals = handle_signals
         self._leaving = False  # a signal asked us to stop: told the coordinator, awaiting close
+        self._trainer_stopping = False  # its close said the run goes on without it
         self.relay_link = relay_link  # this host's relay, if any: weights may come that way
         self.reconnect = reconnect
         self.reconnect_timeout = reconnect_timeout
@@ -230,11 +236,15 @@ class Worker:
                     continue
                 if self._exit.code != EXIT_COORDINATOR_LOST or self._exit.final:
                     raise self._exit
-                if self.reconnect:
+                if self.reconnect and self._trainer_stopping:
+                    self._trainer_stopping = False
+                    await await_next_trainer(self.link, self.give_up_after)
+                elif self.reconnect:
                     log.warning("%s; waiting for it to come back", self._exit)
-                    await self._wait_for_coordinator()
+                    await wait_for_coordinator(self.link, self.reconnect_timeout)
                 else:
-                    await self._ride_out(self._exit)
+                    await ride_out(self.link, self._exit, admitted=self.index >= 0,
+                                   give_up_after=self.give_up_after)
         except WorkerExit as exc:
             if self._leaving:  # stopping on a signal: a coordinator gone meanwhile is fine
                 log.info("worker exits: %s", exc)
@@ -263,43 +273,6 @@ class Worker:
             self.rollout.request_stop()  # a batch in progress is abandoned, not delivered
         scope.cancel()
 
-    async def _wait_for_coordinator(self) -> None:
-        # Our heartbeats go on; the hub answers with its own once it (or its
-        # successor) is back. The wait is bounded by `reconnect_timeout`.
-        with anyio.move_on_after(self.reconnect_timeout):
-            await self.link.wait_connected()
-            return
-        raise WorkerExit(EXIT_COORDINATOR_LOST,
-                         f"the coordinator at {self.link.endpoint} did not come back within "
-                         f"{self.reconnect_timeout} s")
-
-    async def _ride_out(self, lost: WorkerExit) -> None:
-        """Without ``reconnect``: wait ``give_up_after`` s for the same coordinator.
-
-        A cut link (a switch reboots, a VPN renegotiates) ends a connection the
-        coordinator did not close; once it is up again this worker joins again (the
-        coordinator welcomes it back, or admits it anew if it had dropped it). A
-        coordinator that said goodbye, one that never admitted us, or a restarted one
-        (a new instance: that takes ``--reconnect``) ends the worker as before.
-        """
-        instance = self.link.hub_instance
-        if self.index < 0 or self.give_up_after <= 0 or self.link.hub_closed:
-            raise lost
-        log.warning("%s; waiting up to %s s for it to come back (the link may be cut)",
-                    lost, self.give_up_after)
-        with anyio.move_on_after(self.give_up_after):
-            await self.link.wait_connected()
-            if self.link.hub_instance not in (None, instance):
-                raise WorkerExit(EXIT_COORDINATOR_LOST, f"the coordinator at "
-                                 f"{self.link.endpoint} was restarted (a new instance); "
-                                 "pass --reconnect to join a restarted trainer", final=True)
-            log.warning("the coordinator at %s answers again: joining again",
-                        self.link.endpoint)
-            return
-        raise WorkerExit(EXIT_COORDINATOR_LOST,
-                         f"the coordinator at {self.link.endpoint} did not come back within "
-                         f"{self.give_up_after} s ({lost})", final=True)
-
     async def _build(self) -> None:
         use_torch_threads(self.spec.torch_threads)
         try:
@@ -318,7 +291,8 @@ class Worker:
         hello = Hello(protocol=PROTOCOL, name=self.link.identity.decode(errors="replace"),
                       host=socket.gethostname(), pid=os.getpid(),
                       specs=self.env_pool.specs.to_dict(), slot=self.slot, token=self.token,
-                      relay=self._relay.hello_name)
+                      relay=self._relay.hello_name, group=self.group[0],
+                      group_size=self.group[1])
         welcome = await self._hello_until_welcome(hello)
         self.index = welcome.index
         if welcome.instance and welcome.instance != self.instance:
@@ -453,9 +427,7 @@ class Worker:
                 elif message.kind == Control.KIND:
                     control = Control.from_body(message.body)
                     if control.op == "close":
-                        if self.rollout is not None:
-                            self.rollout.request_stop()  # end a running batch at its next step
-                        await self.link.ack(message, result=None)
+                        await self._on_close(message, control)
                         return
                     await self._control(message, control)
                 elif message.kind == Refuse.KIND:
@@ -469,6 +441,23 @@ class Worker:
                 log.warning("dropped a malformed %r message: %s", message.kind, exc)
                 if message.needs_ack:
                     await self.link.ack(message, error=exc)
+
+    async def _on_close(self, message: Message, control: Control) -> None:
+        """Told to stop: go home if the run is over; with ``reconnect``, if the trainer
+        only stops (SIGTERM, a rollout restart), wait for the next one instead."""
+        if self.rollout is not None:
+            self.rollout.request_stop()  # end a running batch at its next step
+        try:
+            finished = Closing.from_args(control.args).finished
+        except ProtocolError as exc:  # hostile or broken: the bounded wait is the safe side
+            log.warning("a close with a malformed argument (%s): taken as a trainer that "
+                        "stops before the end", exc)
+            finished = False
+        await self.link.ack(message, result=None)
+        if not finished and self.reconnect and not self._leaving:
+            self._trainer_stopping = True
+            raise WorkerExit(EXIT_COORDINATOR_LOST, f"the trainer at {self.link.endpoint} is "
+                             "stopping before the run finished")
 
     async def _control(self, message: Message, control: Control) -> None:
         async with self._busy:
@@ -550,7 +539,7 @@ async def run_worker(endpoint: str, spec: WorkerSpec, *, identity: bytes | None 
                      relay_name: bytes | str = b"", handle_signals: bool = False,
                      admission: Any = None, join_timeout: float | None = None,
                      log_forwarder: LogForwarder | None = None,
-                     **link_options: Any) -> int:
+                     group: tuple[str, int] = ("", 0), **link_options: Any) -> int:
     """Connect to the coordinator at ``endpoint`` and serve until told to close.
 
     With ``reconnect=True`` a worker whose coordinator went silent waits (up to
@@ -571,7 +560,8 @@ async def run_worker(endpoint: str, spec: WorkerSpec, *, identity: bytes | None 
     cleanly: the coordinator is told first (a ``leaving`` message), the envs are
     closed, and it returns 0. ``log_forwarder`` (installed on this process's root
     logger, see :mod:`asyncrl._worker.log_forward`) sends the process's log records to
-    the coordinator while it admits this worker.
+    the coordinator while it admits this worker. ``group`` (a host's name for itself,
+    and how many workers it brings) asks the coordinator to admit them all or none.
     """
     if curve_keys is not None:
         link_options["curve"] = CurveClient.load(curve_keys)
@@ -592,5 +582,5 @@ async def run_worker(endpoint: str, spec: WorkerSpec, *, identity: bytes | None 
                         give_up_after=give_up_after, relay_link=relay_link,
                         relay_name=relay_name, handle_signals=handle_signals,
                         on_admission=on_admission, join_timeout=join_timeout,
-                        log_forwarder=log_forwarder)
+                        log_forwarder=log_forwarder, group=group)
         return await worker.run()

@@ -86,8 +86,8 @@ async def test_workers_of_a_restarted_trainer_take_its_versions(workers: int,
             policy = ParamPolicy(1.0)
             async with MultiSyncCollector(
                     "CartPole-v1", policy, num_workers=0, remote_workers=workers,
-                    listen=endpoint, frames_per_batch=10 * workers, total_frames=-1,
-                    **HEARTBEAT) as collector:
+                    listen=endpoint, frames_per_batch=10 * workers,
+                    total_frames=30 * workers, **HEARTBEAT) as collector:
                 sender = collector.weight_sender()
                 assert await sender.send_async() == 1  # nobody yet: the joiners' catch-up
                 batches = collector.__aiter__()
@@ -107,7 +107,8 @@ async def test_workers_of_a_restarted_trainer_take_its_versions(workers: int,
                     assert batch["collector", "policy_version"].unique().tolist() == [version]
                     assert batch["action"].unique().tolist() == [int(value > 0)]
                 assert sender.acked_versions == dict.fromkeys(range(workers), 3)
-            code = await wait_exit(host)
+                assert collector.frames_collected == 30 * workers  # the run is over
+            code = await wait_exit(host)  # so its close sent the host home
     finally:
         if first.poll() is None:
             first.kill()

@@ -312,7 +312,10 @@ class MultiCollector(BaseCollector[RB]):
         run = self._run
         run.closing = True
         if run.coordinator is not None:
-            await run.coordinator.close()  # wakes waiters, tells the workers to stop
+            # Wakes waiters, tells the workers to stop: to go home if the run is over,
+            # else (SIGTERM, an error, a close before the end) to wait for the next trainer.
+            finished = 0 <= self.total_frames <= self.frames_collected
+            await run.coordinator.close(finished=finished)
         for sender in run.senders.values():
             await sender.aclose()
         if run.background is not None:

@@ -1,0 +1,133 @@
+"""A host's workers are admitted together or not at all (no half-admitted hosts).
+
+Two 2-worker hosts racing for two free places: the first worker admitted holds
+its sibling's place, so the other host's workers are refused (as full: they ask
+again), and neither host ends half admitted. A hold is bounded; a host larger
+than the run is refused for good; a hello's group fields are hostile input.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from asyncrl._coordinator.host_groups import HOLD, HostGroups
+from asyncrl._coordinator.state import CoordinatorState
+from asyncrl._protocol import Hello, Refuse, Welcome
+from transports import ProtocolError
+
+from .test_coordinator_state import hello, state
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def grouped(group: str, pid: int, size: int = 2, attempt: int = 0) -> Hello:
+    return replace(hello(pid=pid, attempt=attempt), group=group, group_size=size)
+
+
+def answer(s: CoordinatorState, peer: bytes, message: Hello) -> Welcome | Refuse:
+    first = s.hello(peer, message)[0].message
+    assert isinstance(first, Welcome | Refuse), first
+    return first
+
+
+def run(places: int, clock: Clock | None = None) -> CoordinatorState:
+    s = state(max_remote_workers=places)
+    s.admission.groups = HostGroups(clock=clock or Clock())
+    return s
+
+
+def test_two_hosts_racing_for_two_places_one_joins_whole_the_other_is_refused_whole() -> None:
+    s = run(2)
+    # Interleaved as a race makes them: a0, b0, a1, b1.
+    assert isinstance(answer(s, b"a0", grouped("A", 1)), Welcome)
+    b0 = answer(s, b"b0", grouped("B", 2))
+    assert isinstance(answer(s, b"a1", grouped("A", 1)), Welcome)
+    b1 = answer(s, b"b1", grouped("B", 2))
+    assert isinstance(b0, Refuse) and isinstance(b1, Refuse)
+    assert b0.full and b1.full  # they may ask again: a place may free
+    assert "at most 2 remote worker(s) and 1 already joined and 1 place(s) are held for " \
+           "the workers of hosts joining now" in b0.reason
+    assert "this host's 2 workers still to join need 2 free places at once (a host joins " \
+           "whole or not at all), and 0 are free" in b0.reason
+    assert sorted(w.group for w in s.live_workers) == ["A", "A"]
+
+
+def test_a_host_refused_whole_joins_whole_once_its_places_are_free() -> None:
+    s = run(2)
+    for peer in (b"a0", b"a1"):
+        answer(s, peer, grouped("A", 1))
+    assert isinstance(answer(s, b"b0", grouped("B", 2)), Refuse)
+    s.departed(b"a0")  # one place free: still not enough for B's two
+    assert isinstance(answer(s, b"b0", grouped("B", 2, attempt=1)), Refuse)
+    s.departed(b"a1")
+    assert isinstance(answer(s, b"b1", grouped("B", 2, attempt=1)), Welcome)
+    # A stranger cannot take the place held for b0 meanwhile ...
+    stranger = answer(s, b"x", hello(pid=3))
+    assert isinstance(stranger, Refuse) and stranger.full
+    # ... and b0 takes it.
+    assert isinstance(answer(s, b"b0", grouped("B", 2, attempt=2)), Welcome)
+    assert sorted(w.group for w in s.live_workers) == ["B", "B"]
+
+
+def test_a_held_place_is_freed_after_the_hold_when_the_sibling_never_comes() -> None:
+    clock = Clock()
+    s = run(2, clock)
+    answer(s, b"a0", grouped("A", 1))
+    assert isinstance(answer(s, b"x", hello(pid=3)), Refuse)
+    clock.now = HOLD + 0.1  # a1's process died while it built its envs
+    assert isinstance(answer(s, b"x", hello(pid=3, attempt=1)), Welcome)
+
+
+def test_a_host_that_lost_one_worker_needs_one_place_to_make_it_whole_again() -> None:
+    s = run(3)
+    for peer in (b"a0", b"a1"):
+        answer(s, peer, grouped("A", 1))
+    answer(s, b"x", hello(pid=3))  # the third place
+    s.lost(b"a1", "silent")
+    assert isinstance(answer(s, b"a1", grouped("A", 1, attempt=1)), Welcome)
+
+
+def test_a_host_larger_than_the_run_is_refused_for_good_naming_both_sizes() -> None:
+    s = run(2)
+    refused = answer(s, b"a0", grouped("A", 1, size=3))
+    assert isinstance(refused, Refuse) and not refused.full
+    assert "this host brings 3 workers and this collector takes at most 2 remote worker(s); " \
+           "start the host with --workers 2 or fewer" in refused.reason
+
+
+def test_without_a_limit_nothing_is_held_and_ungrouped_workers_join_as_before() -> None:
+    s = state()  # remote_workers unbounded
+    for index, peer in enumerate((b"a0", b"b0", b"c")):
+        message = grouped(chr(65 + index), 1) if index < 2 else hello(pid=3)
+        assert isinstance(answer(s, peer, message), Welcome)
+    assert s.admission.groups.held() == 0
+
+
+@pytest.mark.parametrize("fields, error", [
+    ({"group": "A", "group_size": 0}, "group_size must be 1 to 1024 with a group"),
+    ({"group": "", "group_size": 2}, "group_size must be 1 to 1024 with a group"),
+    ({"group": "A", "group_size": 5000}, "group_size must be 1 to 1024"),
+    ({"group": "A", "group_size": True}, "'group_size' must be int"),
+    ({"group": 7, "group_size": 2}, "'group'"),
+])
+def test_a_hellos_group_fields_are_validated(fields: dict, error: str) -> None:
+    body = {**hello().to_body(), **fields}
+    with pytest.raises(ProtocolError, match=error):
+        Hello.from_body(body)
+
+
+def test_a_hello_without_group_fields_from_an_older_worker_is_ungrouped() -> None:
+    body = hello().to_body()
+    del body["group"], body["group_size"]
+    parsed = Hello.from_body(body)
+    assert (parsed.group, parsed.group_size) == ("", 0)
+    long = Hello.from_body({**body, "group": "\x1b" * 500, "group_size": 2}).group
+    assert len(long) <= 64 and "\x1b" not in long  # bounded and printable
