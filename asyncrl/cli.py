@@ -161,12 +161,15 @@ def _worker_parser(sub: Any) -> None:
                         "ASYNCRL_CURVE_SERVER_KEY(_FILE) if set (see docs/security.md)")
     p.add_argument("--reconnect", action="store_true",
                    help="when the coordinator goes silent, wait for it (or a restarted one) "
-                        "for up to an hour and join again, instead of exiting")
+                        "for up to an hour and join again, instead of exiting; when a trainer "
+                        "stops before its run is over (SIGTERM, a rollout restart), wait up to "
+                        "--give-up-after for the next one; a finished run sends hosts home")
     p.add_argument("--give-up-after", type=float, default=120.0, metavar="SECONDS",
                    help="without --reconnect: a worker that was admitted and lost its "
                         "coordinator's connection (a cut link) waits this long for that same "
                         "coordinator to answer again and joins again; then it exits (code 3); "
-                        "0: exit at once")
+                        "0: exit at once. With --reconnect: how long to wait for the next "
+                        "trainer after one stopped before its run was over (then code 3)")
     p.add_argument("--no-relay", action="store_true",
                    help="with --workers > 1, let each worker receive its own copy of every "
                         "weight update instead of one copy per host through a local relay")
