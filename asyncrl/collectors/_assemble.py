@@ -137,7 +137,7 @@ class InfoCheck:
     >>> check = InfoCheck(((("steps",), None),))
     >>> share = TensorDict({("next", "steps"): torch.zeros(2, 3, dtype=torch.int64)}, [2, 3])
     >>> check.check("worker 0", share)
-    >>> check.check("worker 1", TensorDict({}, [2, 3]))
+    >>> check.check("worker 1", TensorDict({}, [2, 3]))  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
     asyncrl._errors.CollectorError: worker 1's batch lacks ('next', 'steps'), ...
