@@ -199,7 +199,7 @@ async def test_a_restarted_service_continues_from_its_checkpoint(
 def test_sigterm_saves_the_run_and_the_next_start_continues_it(tmp_path: Path) -> None:
     path = tmp_path / "run.pt"
     env = {**os.environ, **SMALL, "PYTHONPATH": str(ROOT), "ASYNCRL_CHECKPOINT_EVERY": "1000"}
-    seen: list[dict[str, Any]] = []
+    first: RunState | None = None
     for run in range(2):
         port = _free_port()
         process = subprocess.Popen(
@@ -207,9 +207,10 @@ def test_sigterm_saves_the_run_and_the_next_start_continues_it(tmp_path: Path) -
              "--checkpoint", str(path)], cwd=ROOT, env=env, stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, text=True, start_new_session=True)
         try:
+            # Run 1 starts from run 0's saved counts: wait for frames past those (not only
+            # past the last status run 0 answered, which the restore itself already passes).
             status = _poll(port, process, version=2 + 2 * run,
-                           frames=seen[-1]["frames"] if seen else 0)
-            seen.append(status)
+                           frames=first.frames if first else 0)
             process.send_signal(signal.SIGTERM)  # a node drain: the pod gets SIGTERM
             output, _ = process.communicate(timeout=60)
         finally:
@@ -222,7 +223,7 @@ def test_sigterm_saves_the_run_and_the_next_start_continues_it(tmp_path: Path) -
         assert isinstance(saved, RunState)
         assert saved.frames >= status["frames"] and saved.updates >= status["updates"]
         assert saved.policy_version >= status["policy_version"]
-        if run == 0:
+        if first is None:
             first = saved
         else:  # the second run went on from the first one's counts and versions
             assert f"run restored from {path}: {first.frames} frames" in output, output
