@@ -40,6 +40,11 @@ import numpy as np
 import torch
 from torch import nn
 
+if os.environ.get("PIXELS_CASE", "").startswith("asyncrl"):
+    # As a training script does: at module level, which starts the fork server early
+    # (an import inside a function does not: asyncrl/_spawn/early.py).
+    import asyncrl  # noqa: F401
+
 OBS_SHAPE = (4, 84, 84)
 N_ACTIONS = 6
 EPISODE = 500
@@ -261,7 +266,7 @@ def _child(case: str, batches: int) -> None:
 def run_case(case: str, batches: int) -> dict[str, Any]:
     """One case in a fresh interpreter (its own trainer, its own fork server)."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = {**os.environ, **CASES[case][0]}
+    env = {**os.environ, **CASES[case][0], "PIXELS_CASE": case}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
     out = subprocess.run([sys.executable, "-m", "benchmarks.pixels", "--child", case,
                           "--batches", str(batches)], capture_output=True, text=True,

@@ -46,6 +46,9 @@ ENV_VARIABLE = "ASYNCRL_EARLY_FORK_SERVER"
 PRELOAD = ("torch", "tensordict", "gymnasium", "asyncrl._worker.worker", "asyncrl._rollout.envs",
            "asyncrl._worker.entry", "asyncrl._inference.env_stepper")
 
+#: Set in the fork server's own environment to its pid: it imports asyncrl again.
+_SERVER_MARK = "_ASYNCRL_FORK_SERVER_PID"
+
 _started: tuple[int, int] | None = None  # (the trainer's pid, the fork server's pid)
 
 
@@ -64,8 +67,8 @@ def early_start_refused() -> str | None:
         return f"{ENV_VARIABLE} is off"
     if sys.platform != "linux":
         return "not Linux"
-    if _in_multiprocessing_child():
-        return "a process started by multiprocessing or a fork server"
+    if _in_multiprocessing_child() or os.environ.get(_SERVER_MARK) == str(os.getpid()):
+        return "a process started by multiprocessing, or a fork server"
     if threading.active_count() > 1:
         return "other threads run (a fork would copy their locks)"
     if not _imported_by_modules():
@@ -162,6 +165,7 @@ def _serve(listener_fd: int, alive_r: int, alive_w: int, preload: list[str],
     code = 0
     try:
         os.close(alive_w)
+        os.environ[_SERVER_MARK] = str(os.getpid())  # never a fork server of its own
         from .threads import thread_environment  # (imports torch: this process needs it anyway)
 
         # As a spawned fork server is started (forkserver.py): what its workers start

@@ -26,6 +26,7 @@ print("SERVER", forkserver._forkserver._forkserver_pid, flush=True)
 # A collector in a child process that the trainer started with each start method.
 IN_A_CHILD = """
 import multiprocessing as mp
+import os
 import sys
 import anyio
 import asyncrl
@@ -50,6 +51,10 @@ if __name__ == "__main__":
     print("BATCH", *queue.get(timeout=100), flush=True)
     child.join(30)
     print("EXIT", child.exitcode, forkserver._forkserver._forkserver_pid == server, flush=True)
+    if server is not None:  # what the trainer's fork server runs now: nothing, no server
+        kids = [k for t in os.listdir(f"/proc/{server}/task")
+                for k in open(f"/proc/{server}/task/{t}/children").read().split()]
+        print("SERVER CHILDREN", len(kids), flush=True)
 """
 
 
@@ -106,3 +111,12 @@ def test_a_child_started_with_each_method_collects(start_method: str, tmp_path: 
     assert "BATCH [1, 8] 0" in out, out
     # The child's collector ran on a fork server of its own; the trainer's is untouched.
     assert "EXIT 0 True" in out, out
+    assert "SERVER CHILDREN 0" in out, out
+
+
+def test_not_started_from_a_function_or_an_event_loop() -> None:
+    in_a_function = "def f():\n" + "".join(f"    {line}\n" for line in SERVER_PID.splitlines())
+    assert _server_pid(_run(in_a_function + "f()\n")) is None
+    in_a_loop = "import anyio\nasync def main():\n" + "".join(
+        f"    {line}\n" for line in SERVER_PID.splitlines()) + "anyio.run(main)\n"
+    assert _server_pid(_run(in_a_loop)) is None
