@@ -67,6 +67,8 @@ def early_start_refused() -> str | None:
         return f"{ENV_VARIABLE} is off"
     if sys.platform != "linux":
         return "not Linux"
+    if sys.version_info >= (3, 13):  # its fork server authenticates clients: a key we do not set
+        return "Python 3.13 or later (not yet supported)"
     if _in_multiprocessing_child() or os.environ.get(_SERVER_MARK) == str(os.getpid()):
         return "a process started by multiprocessing, or a fork server"
     if threading.active_count() > 1:
