@@ -19,6 +19,12 @@ module is private (``asyncrl._name``).
 import logging as _logging
 from importlib import metadata as _metadata
 
+# First: importing it starts the fork server, which imports what workers need while this
+# process imports the rest (ASYNCRL_EARLY_FORK_SERVER=0 turns it off; when it is safe: there).
+from ._spawn import early as _early  # noqa: F401
+
+# isort: split
+
 from ._errors import AsyncRLError as AsyncRLError
 from ._errors import BadBatchError as BadBatchError
 from ._errors import CollectorError as CollectorError

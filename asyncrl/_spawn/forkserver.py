@@ -5,7 +5,9 @@ gymnasium each (seconds, and N of them at once on a small machine). The default
 ``"forkserver"`` start method pays that once: Python's fork server imports them
 (and the user's ``__main__``) a single time, then forks each worker from that
 warm, single-threaded process. Forking the trainer itself would be faster still,
-but is unsafe: it runs ZeroMQ's I/O threads, maybe CUDA and OpenMP pools.
+but is unsafe once it runs ZeroMQ's I/O threads, maybe CUDA and OpenMP pools: it
+is forked only at ``import asyncrl``, before any of them (:mod:`.early`), and that
+fork server is used when it runs.
 
 The fork server is started with one thread for OpenMP, MKL and OpenBLAS (set in
 its environment, before it imports anything), so that no worker starts with a
@@ -22,14 +24,12 @@ from contextlib import suppress
 from multiprocessing import forkserver
 from multiprocessing.context import BaseContext
 
+from .early import PRELOAD, preload_modules
 from .main_module import without_unavailable_main
 from .threads import child_thread_environment
 
 log = logging.getLogger("asyncrl.collectors")
 
-#: Imported once by the fork server, so that each worker starts warm.
-PRELOAD = ("torch", "tensordict", "gymnasium", "asyncrl._worker.worker", "asyncrl._rollout.envs",
-           "asyncrl._worker.entry", "asyncrl._inference.env_stepper")
 
 START_METHODS = ("forkserver", "spawn")
 
@@ -72,9 +72,7 @@ def _ensure_fork_server(context: BaseContext) -> None:
     if getattr(server, "_forkserver_pid", None) is None:
         # Not running yet: add our modules to whatever preload was asked for
         # (``"__main__"`` by default, so that the user's functions resolve warm).
-        wanted = list(getattr(server, "_preload_modules", ["__main__"]))
-        wanted += [m for m in PRELOAD if m not in wanted]
-        context.set_forkserver_preload(wanted)
+        context.set_forkserver_preload(preload_modules(vars(server)))
         with child_thread_environment(1):  # only while one starts: it inherits it
             forkserver.ensure_running()
     else:
