@@ -103,6 +103,8 @@ def restart_trainer(trainers: Workload, hosts: Workload, remote_workers: int) ->
     assert trainers.delete(TRAINER) == 0, old.text()[-3000:]
     saved = counters(SAVED, old)  # (frames, updates, policy version) at SIGTERM
     assert saved[0] >= before["frames"] and saved[2] >= before["policy_version"]
+    # Every batch counted was learned from, but for the one a SIGTERM may have cut short.
+    assert saved[0] - saved[1] * FRAMES_PER_BATCH in (0, FRAMES_PER_BATCH), saved
     for host in hosts.pods.values():  # --reconnect: they wait, unready, for the next trainer
         wait_for(lambda h=host: h.probe() == 503, LIMIT, f"{host.name} unready")
         assert host.exited() is None, host.text()[-3000:]
