@@ -14,6 +14,7 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 DATA = "..data"
 
@@ -50,3 +51,66 @@ def secret_payload(secret: dict[str, bytes], items: list[dict[str, str]] | None
     if items is None:
         return dict(secret)
     return {item["path"]: secret[item["key"]] for item in items}
+
+
+def volume_payload(volume: dict[str, Any], secrets: dict[str, dict[str, bytes]]
+                   ) -> dict[str, bytes] | None:
+    """A Secret or projected volume's files from ``secrets``; None for other volumes.
+
+    A missing Secret is an error unless the manifest says ``optional: true`` (an
+    empty folder then, filled once it exists), as the kubelet does.
+    """
+    if "secret" in volume:
+        sources = [dict(volume["secret"], name=volume["secret"]["secretName"])]
+    elif "projected" in volume:
+        sources = [source["secret"] for source in volume["projected"]["sources"]]
+    else:
+        return None
+    payload: dict[str, bytes] = {}
+    for source in sources:
+        if source["name"] not in secrets:
+            assert source.get("optional"), f"Secret {source['name']} is missing (not optional)"
+            continue
+        payload |= secret_payload(secrets[source["name"]], source.get("items"))
+    return payload
+
+
+def mount_volumes(spec: dict[str, Any], pod: str, root: Path,
+                  secrets: dict[str, dict[str, bytes]], claims: Path) -> None:
+    """Lay out a pod's volumes under ``root``, each at its mount path (re-rooted).
+
+    Secret volumes are written by :func:`atomic_write`; a ``subPathExpr`` mount is
+    bound once, at the start, to the folder ``..data`` points to then (so it never
+    sees an update, as with a real subPath); a claim is a folder under ``claims``
+    that outlives the pod; an emptyDir is a fresh folder.
+    """
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    (container,) = spec["containers"]
+    for mount in container.get("volumeMounts", []):
+        volume = volumes[mount["name"]]
+        target = root / mount["mountPath"].lstrip("/")
+        payload = volume_payload(volume, secrets)
+        if "subPathExpr" in mount:
+            assert mount["subPathExpr"] == "$(POD_NAME)", mount
+            folder = root / "volumes" / mount["name"]
+            atomic_write(folder, payload or {})
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.symlink_to((folder / pod).resolve())
+        elif payload is not None:
+            atomic_write(target, payload)
+        elif "persistentVolumeClaim" in volume:
+            claim = claims / volume["persistentVolumeClaim"]["claimName"]
+            claim.mkdir(parents=True, exist_ok=True)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.symlink_to(claim)
+        else:
+            target.mkdir(parents=True, exist_ok=True)
+
+
+def sync_volumes(spec: dict[str, Any], root: Path, secrets: dict[str, dict[str, bytes]]) -> None:
+    """The kubelet's periodic sync: whole Secret volumes rewritten (subPath ones unseen)."""
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    for mount in spec["containers"][0].get("volumeMounts", []):
+        payload = volume_payload(volumes[mount["name"]], secrets)
+        if payload is not None and "subPathExpr" not in mount:
+            atomic_write(root / mount["mountPath"].lstrip("/"), payload)
