@@ -23,11 +23,16 @@ MAX_KEY = 1024
 MAX_TREE_TEXT = 1024
 
 
-def required(body: Any, name: str, kind: type | tuple[type, ...], what: str) -> Any:
-    """``body[name]``, which must be a ``kind`` (a bool is no int)."""
+def _map(body: Any, what: str) -> dict[str, Any]:
+    """``body`` if it is a map: a peer may send any msgpack value as a message body."""
     if not isinstance(body, dict):
         raise ProtocolError(f"{what} message body must be a map, got {type(body).__name__}")
-    value = body.get(name)
+    return body
+
+
+def required(body: Any, name: str, kind: type | tuple[type, ...], what: str) -> Any:
+    """``body[name]``, which must be a ``kind`` (a bool is no int)."""
+    value = _map(body, what).get(name)
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
         raise ProtocolError(
             f"{what} message field {name!r} must be {getattr(kind, '__name__', kind)}, "
@@ -41,17 +46,17 @@ def text(body: Any, name: str, what: str, *, limit: int) -> str:
     return printable(required(body, name, str, what), limit=limit)
 
 
-def optional_int(body: dict[str, Any], name: str, what: str, default: int = 0) -> int:
-    value = body.get(name, default)
+def optional_int(body: Any, name: str, what: str, default: int = 0) -> int:
+    value = _map(body, what).get(name, default)
     if type(value) is not int:
         raise ProtocolError(f"{what} message field {name!r} must be int, "
                             f"got {type(value).__name__}")
     return value
 
 
-def optional_text(body: dict[str, Any], name: str, what: str, *, limit: int) -> str:
+def optional_text(body: Any, name: str, what: str, *, limit: int) -> str:
     """``body[name]`` if present (else ``""``), printable and at most ``limit`` characters."""
-    value = body.get(name, "")
+    value = _map(body, what).get(name, "")
     if not isinstance(value, str):
         raise ProtocolError(f"{what} message field {name!r} must be str, "
                             f"got {type(value).__name__}")
@@ -116,16 +121,16 @@ def is_key(value: Any) -> bool:
     return isinstance(value, str) and 0 < len(value) <= MAX_KEY
 
 
-def bounded_int(body: dict[str, Any], name: str, low: int, high: int, what: str) -> int:
-    value = body.get(name)
+def bounded_int(body: Any, name: str, low: int, high: int, what: str) -> int:
+    value = _map(body, what).get(name)
     if type(value) is not int or not low <= value <= high:
         raise ProtocolError(f"{what} field {name!r} must be an int in {low}..{high}, "
                             f"got {value!r:.40}")
     return value
 
 
-def bounded_list(body: dict[str, Any], name: str, most: int, what: str) -> list[Any]:
-    value = body.get(name)
+def bounded_list(body: Any, name: str, most: int, what: str) -> list[Any]:
+    value = _map(body, what).get(name)
     if not isinstance(value, list) or len(value) > most:
         raise ProtocolError(f"{what} field {name!r} must be a list of at most {most} entries, "
                             f"got {type(value).__name__}"

@@ -18,6 +18,7 @@ from asyncrl._protocol import (
     MAX_RELAY_MEMBERS,
     RELAY_TO,
     ErrorReport,
+    Hello,
     RelayAck,
     RelayAttached,
     WeightMeta,
@@ -207,3 +208,10 @@ def test_a_remote_error_is_rebuilt_with_its_peer() -> None:
     assert type(rebuilt) is ValueError
     assert rebuilt.__cause__ is remote
     assert "raised in worker w3; its traceback:\n  tb" in rebuilt.__notes__
+
+
+@pytest.mark.parametrize("body", ["a string", 7, None, [1, 2], b"bytes"])
+def test_a_hello_whose_body_is_no_map_is_a_protocol_error(body: object) -> None:
+    # The optional fields (group, relay, attempt) are read first: they too check the map.
+    with pytest.raises(ProtocolError, match=r"hello message body must be a map"):
+        Hello.from_body(body)
