@@ -198,6 +198,11 @@ def raw_error(text: str, *, fatal: bool) -> dict[str, Any]:
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_no_hostile_string_reaches_a_sink_raw(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG)
+    # The root's level is not enough: an earlier test in this process (a CLI's
+    # --log-level) may have left asyncrl's loggers at WARNING, which drops the INFO
+    # "joined" line before it propagates (caplog restores these levels afterwards).
+    for name in ("asyncrl", "asyncrl.coordinator", "asyncrl.worker", "transports"):
+        caplog.set_level(logging.DEBUG, logger=name)
     registry = CollectorRegistry()
     texts = list(HOSTILE.values())
     failure: BaseException | None = None
