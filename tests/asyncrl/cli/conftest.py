@@ -25,3 +25,16 @@ def host_kwargs(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
         if name.startswith("ASYNCRL_"):
             monkeypatch.delenv(name)
     return seen
+
+
+@pytest.fixture(autouse=True)
+def _restore_logger_levels() -> Any:
+    """``asyncrl worker`` run in this process sets asyncrl's loggers' levels (its
+    --log-level): put them back, or a later test in this process loses its INFO records."""
+    import logging
+
+    loggers = [logging.getLogger(name) for name in ("asyncrl", "transports")]
+    levels = [logger.level for logger in loggers]
+    yield
+    for logger, level in zip(loggers, levels, strict=True):
+        logger.setLevel(level)
