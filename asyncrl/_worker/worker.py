@@ -105,6 +105,7 @@ class Worker:
         self.handle_signals = handle_signals
         self._leaving = False  # a signal asked us to stop: told the coordinator, awaiting close
         self._trainer_stopping = False  # its close said the run goes on without it
+        self._next_trainer_planned = False  # waiting for the trainer that said so
         self.relay_link = relay_link  # this host's relay, if any: weights may come that way
         self.reconnect = reconnect
         self.reconnect_timeout = reconnect_timeout
@@ -238,6 +239,7 @@ class Worker:
                     raise self._exit
                 if self.reconnect and self._trainer_stopping:
                     self._trainer_stopping = False
+                    self._next_trainer_planned = True  # its welcome is no surprise
                     await await_next_trainer(self.link, self.give_up_after)
                 elif self.reconnect:
                     log.warning("%s; waiting for it to come back", self._exit)
@@ -297,9 +299,13 @@ class Worker:
         self.index = welcome.index
         if welcome.instance and welcome.instance != self.instance:
             if self.instance:
-                log.warning("joined a restarted coordinator (instance %s, was %s): weight "
-                            "versions count afresh", welcome.instance, self.instance)
+                # A trainer that said it was only stopping (a rollout, a drain) is
+                # expected back: INFO; one that vanished and came back: WARNING.
+                level = logging.INFO if self._next_trainer_planned else logging.WARNING
+                log.log(level, "joined a restarted coordinator (instance %s, was %s): weight "
+                        "versions are the new one's", welcome.instance, self.instance)
             self.instance = welcome.instance
+        self._next_trainer_planned = False
         try:
             # Receivers for the models the coordinator syncs that our spec did not name.
             self._weights.add_configs(welcome.schemes, root=self)
