@@ -19,7 +19,7 @@ from typing import Any
 
 from torch import nn
 
-__all__ = ["STALE_POLICY_MESSAGE", "StalePolicyWatch"]
+__all__ = ["PATIENCE", "STALE_POLICY_MESSAGE", "StalePolicyWatch"]
 
 #: The start of the warning's text (``warnings.filterwarnings("ignore", message=...)``).
 STALE_POLICY_MESSAGE = "asyncrl: the trainer's policy changed"
@@ -35,8 +35,18 @@ def _written(module: nn.Module) -> int:
     return total
 
 
+#: Batches in a row from the first policy, changed meanwhile, before the warning: a
+#: trainer that sends every few batches (examples/service.py: every 4) is not warned.
+PATIENCE = 10
+
+
 class StalePolicyWatch:
-    """Warn once when ``policy`` changed but the workers' version did not.
+    """Warn once when ``policy`` keeps changing and its workers never got a version.
+
+    The ported loop that forgot ``update_policy_weights_()`` is the one warned: its
+    ``"policy"`` version never moves from the start while the module is trained,
+    :data:`PATIENCE` batches in a row. A trainer that sent weights even once knows the
+    call and chooses its own pace (every k batches): it is never warned.
 
     >>> from torch import nn
     >>> import torch, warnings
@@ -47,7 +57,8 @@ class StalePolicyWatch:
     ...     _ = net.weight.add_(1.0)         # an optimiser step, no update_policy_weights_()
     >>> with warnings.catch_warnings(record=True) as caught:
     ...     warnings.simplefilter("always")
-    ...     watch.check(0); watch.check(0)   # batches keep coming from version 0
+    ...     for _ in range(2 * PATIENCE):
+    ...         watch.check(0)               # batches keep coming from version 0
     >>> len(caught), str(caught[0].message).startswith(STALE_POLICY_MESSAGE)
     (1, True)
     """
@@ -55,9 +66,10 @@ class StalePolicyWatch:
     def __init__(self, policy: nn.Module, collector: str) -> None:
         self._policy = policy
         self._collector = collector
-        self._version: int | None = None  # the policy version the snapshot belongs to
+        self._version: int | None = None  # the version when the watch started
         self._snapshot = 0
-        self._warned = False
+        self._stale = 0  # batches asked for since the policy first changed
+        self._done = False
 
     @classmethod
     def for_collector(cls, policy: Any, schemes: dict[str, Any] | None,
@@ -75,20 +87,26 @@ class StalePolicyWatch:
 
     def check(self, version: int) -> None:
         """Before a batch is asked for; ``version`` is the latest ``"policy"`` version sent."""
-        if self._warned:
+        if self._done:
             return
-        if version != self._version:  # started, or weights were sent: the workers have them
+        if self._version is None:  # the first batch: what the workers start with
             self._version, self._snapshot = version, _written(self._policy)
             return
-        if _written(self._policy) != self._snapshot:
-            self._warned = True
-            since = "the start" if version == 0 else f"version {version} was sent"
-            warnings.warn(
-                f"{STALE_POLICY_MESSAGE} since {since} (parameters or buffers written), but "
-                f"the {self._collector}'s workers still step policy version {version}: "
-                "TorchRL's CPU workers share the trainer's parameters live; asyncrl's see "
-                "nothing until collector.update_policy_weights_() (await "
-                "collector.update_policy_weights()). Call it after each optimiser step, or pass "
-                "update_at_each_batch=True; if the old policy is what you want, silence this "
-                f"with warnings.filterwarnings('ignore', message={STALE_POLICY_MESSAGE!r}).",
-                UserWarning, stacklevel=5)  # the user's `async for`
+        if version != self._version:  # weights were sent: this trainer updates its workers
+            self._done = True
+            return
+        if self._stale == 0 and _written(self._policy) == self._snapshot:
+            return  # not trained (yet): collecting with the first policy is right
+        self._stale += 1
+        if self._stale < PATIENCE:
+            return
+        self._done = True
+        warnings.warn(
+            f"{STALE_POLICY_MESSAGE} since the start (parameters or buffers written), but "
+            f"after {PATIENCE} more batches the {self._collector}'s workers still step policy "
+            f"version {version}: TorchRL's CPU workers share the trainer's parameters live; "
+            "asyncrl's see nothing until collector.update_policy_weights_() (await "
+            "collector.update_policy_weights()). Call it after each optimiser step, or pass "
+            "update_at_each_batch=True; if the old policy is what you want, silence this "
+            f"with warnings.filterwarnings('ignore', message={STALE_POLICY_MESSAGE!r}).",
+            UserWarning, stacklevel=5)  # the user's `async for`
