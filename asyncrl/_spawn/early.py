@@ -131,7 +131,12 @@ def _is_asyncrl_command() -> bool:
     main = sys.modules.get("__main__")
     name = getattr(getattr(main, "__spec__", None), "name", None) or ""
     argv0 = os.path.basename((getattr(sys, "argv", None) or [""])[0])
-    return argv0 == "asyncrl" or name == "asyncrl" or name.startswith("asyncrl.")
+    # `python -m asyncrl.cli`: runpy imports the package before __main__ and argv are
+    # set (argv[0] is still "-m" then), so the interpreter's own command line decides.
+    orig = list(getattr(sys, "orig_argv", []))
+    module = orig[orig.index("-m") + 1] if "-m" in orig[:-1] else ""
+    return (argv0 == "asyncrl" or name == "asyncrl" or name.startswith("asyncrl.")
+            or module == "asyncrl" or module.startswith("asyncrl."))
 
 
 def _fork_server() -> None:

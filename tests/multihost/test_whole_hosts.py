@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import anyio
@@ -43,10 +44,27 @@ def worker_host(endpoint: str, *flags: str) -> subprocess.Popen:
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
 
-def is_tracker(pid: int) -> bool:
-    """multiprocessing's resource tracker (a child of the host too), not a worker."""
-    with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
-        return b"resource_tracker" in cmdline.read()
+def worker_processes(host: subprocess.Popen, count: int) -> list[int]:
+    """The host's ``count`` worker processes: its Python children but the resource tracker.
+
+    Polled (bounded): a short-lived child (``ldconfig`` run by ctypes' find_library while
+    a worker imports torch) may be listed for a moment.
+    """
+    deadline = time.monotonic() + 30
+    while True:
+        found = []
+        for pid in subprocess.run(["pgrep", "-P", str(host.pid)], capture_output=True,
+                                  text=True).stdout.split():
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+                    line = cmdline.read()
+            except OSError:
+                continue  # gone meanwhile
+            if b"python" in line and b"resource_tracker" not in line:
+                found.append(int(pid))
+        if len(found) == count or time.monotonic() > deadline:
+            return found
+        time.sleep(0.2)
 
 
 def stop(first: subprocess.Popen | None, *hosts: subprocess.Popen) -> None:
@@ -152,10 +170,8 @@ def test_a_host_that_stays_part_admitted_exits_non_zero_after_its_bound() -> Non
     try:
         events = Lines(first)
         events.until(lambda e: e["event"] == "batch", LIMIT)
-        children = subprocess.run(["pgrep", "-P", str(host.pid)], capture_output=True,
-                                  text=True).stdout.split()
-        workers = [int(pid) for pid in children if not is_tracker(int(pid))]
-        assert len(workers) == 2, children
+        workers = worker_processes(host, 2)
+        assert len(workers) == 2, workers
         os.kill(max(workers), signal.SIGKILL)  # one worker process dies (OOM, a crash)
         code = host.wait(LIMIT)
     finally:

@@ -120,3 +120,19 @@ def test_not_started_from_a_function_or_an_event_loop() -> None:
     in_a_loop = "import anyio\nasync def main():\n" + "".join(
         f"    {line}\n" for line in SERVER_PID.splitlines()) + "anyio.run(main)\n"
     assert _server_pid(_run(in_a_loop)) is None
+
+
+@pytest.mark.parametrize(("orig_argv", "refused"), [
+    (["python", "-m", "asyncrl.cli", "worker"], True),  # a worker host: its own fork server
+    (["python", "-m", "asyncrl", "bench"], True),
+    (["python", "-m", "examples.service"], False),
+    (["python", "train.py"], False),
+])
+def test_python_dash_m_asyncrl_is_its_own_command_line(
+        orig_argv: list[str], refused: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    # runpy imports the package before __main__ and sys.argv say which module runs.
+    from asyncrl._spawn import early
+
+    monkeypatch.setattr(sys, "orig_argv", orig_argv)
+    monkeypatch.setattr(sys, "argv", ["-m"])
+    assert early._is_asyncrl_command() is refused
