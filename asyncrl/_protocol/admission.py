@@ -17,6 +17,7 @@ from transports import ProtocolError
 from .fields import (
     MAX_RELAY_MEMBERS,
     is_peer,
+    optional_bool,
     optional_int,
     optional_text,
     printable_tree,
@@ -189,10 +190,7 @@ class Refuse:
 
     @classmethod
     def from_body(cls, body: Any) -> Self:
-        full = body.get("full", False) if isinstance(body, dict) else False
-        if not isinstance(full, bool):
-            raise ProtocolError(f"refuse message field 'full' must be bool, "
-                                f"got {type(full).__name__}")
+        full = optional_bool(body, "full", "refuse message field", default=False)
         return cls(reason=text(body, "reason", "refuse", limit=MAX_REASON), full=full)
 
 
@@ -217,11 +215,7 @@ class Closing:
 
     @classmethod
     def from_args(cls, args: Any) -> Self:
-        finished = args.get("finished", True) if isinstance(args, dict) else True
-        if not isinstance(finished, bool):
-            raise ProtocolError(f"control close argument 'finished' must be bool (is the run "
-                                f"over?), got {type(finished).__name__}")
-        return cls(finished)
+        return cls(optional_bool(args, "finished", "control close argument", default=True))
 
 
 @dataclass(slots=True)

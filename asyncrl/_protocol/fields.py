@@ -54,6 +54,15 @@ def optional_int(body: Any, name: str, what: str, default: int = 0) -> int:
     return value
 
 
+def optional_bool(body: Any, name: str, what: str, *, default: bool) -> bool:
+    """``body[name]`` if present (else ``default``, also for a body that is no map: fields
+    added later, which an older peer leaves out), which must be a bool."""
+    value = body.get(name, default) if isinstance(body, dict) else default
+    if not isinstance(value, bool):
+        raise ProtocolError(f"{what} {name!r} must be bool, got {type(value).__name__}")
+    return value
+
+
 def optional_text(body: Any, name: str, what: str, *, limit: int) -> str:
     """``body[name]`` if present (else ``""``), printable and at most ``limit`` characters."""
     value = _map(body, what).get(name, "")

@@ -16,6 +16,7 @@ from asyncrl import MultiAsyncCollector, MultiSyncCollector
 ray = pytest.importorskip("ray", reason="the ray extra is not installed")
 from asyncrl.launch._ray_handle import actor_info  # noqa: E402
 from asyncrl.launch.ray import launch_hosts, launch_workers, select_nodes  # noqa: E402
+from tests.multihost.ray_cluster import two_raylets  # noqa: E402
 
 # One local Ray cluster at a time (scripts/test.sh runs tests on several xdist
 # workers): tests/deploy/test_ray_job.py starts one too, in the same group.
@@ -24,16 +25,7 @@ pytestmark = [pytest.mark.anyio, pytest.mark.xdist_group("ray")]
 
 @pytest.fixture(scope="module")
 def local_ray():
-    from ray.cluster_utils import Cluster
-
-    cluster = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 2, "include_dashboard": False})
-    cluster.add_node(num_cpus=2, resources={"env_host": 1})
-    ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
-    cluster.wait_for_nodes()
-    yield cluster
-    ray.shutdown()
-    cluster.shutdown()
+    yield from two_raylets(env_hosts=1)
 
 
 def _alive_pids(workers) -> list[int]:

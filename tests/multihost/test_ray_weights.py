@@ -21,6 +21,7 @@ ray = pytest.importorskip("ray", reason="the ray extra is not installed")
 from asyncrl.launch._ray_handle import actor_info  # noqa: E402
 from asyncrl.launch.ray import launch_workers  # noqa: E402
 from asyncrl.weights import RayWeightSender, RayWeightSyncScheme  # noqa: E402
+from tests.multihost.ray_cluster import two_raylets  # noqa: E402
 
 # One local Ray cluster at a time: the Ray tests share an xdist group.
 pytestmark = [pytest.mark.anyio, pytest.mark.xdist_group("ray")]
@@ -31,16 +32,7 @@ POLICY = "asyncrl.testing:ValuePolicy"
 
 @pytest.fixture(scope="module")
 def local_ray():
-    from ray.cluster_utils import Cluster
-
-    cluster = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 2, "include_dashboard": False})
-    cluster.add_node(num_cpus=2, resources={"env_host": 2})
-    ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
-    cluster.wait_for_nodes()
-    yield cluster
-    ray.shutdown()
-    cluster.shutdown()
+    yield from two_raylets(env_hosts=2)
 
 
 def _collector(policy: ValuePolicy, **kwargs):

@@ -25,7 +25,7 @@ import httpx
 from examples.service import Settings
 from examples.service_checkpoint import Checkpoint, RunState
 from examples.service_control import ControlToken
-from tests.asyncrl.collectors.test_service_example import _free_port, _get
+from tests.asyncrl.collectors.test_service_example import _free_port, _get, wait_for
 
 ROOT = Path(__file__).resolve().parents[3]
 LIMIT = 120
@@ -81,14 +81,6 @@ def _set(monkeypatch: pytest.MonkeyPatch, **settings: str) -> None:
         monkeypatch.setenv(key, value)
 
 
-async def _until(client: httpx.AsyncClient, ok: Any) -> dict[str, Any]:
-    while True:
-        status: dict[str, Any] = (await client.get("/status")).json()
-        if ok(status):
-            return status
-        await anyio.sleep(0.05)
-
-
 @pytest.mark.anyio
 async def test_control_endpoints_need_the_token_and_reads_stay_open(
         anyio_backend: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -101,7 +93,7 @@ async def test_control_endpoints_need_the_token_and_reads_stay_open(
         async with app.router.lifespan_context(app):
             transport = httpx.ASGITransport(app=app)
             async with httpx.AsyncClient(transport=transport, base_url="http://svc") as client:
-                await _until(client, lambda s: s["ready"])
+                await wait_for(client, "status", lambda s: s["ready"])
                 for path in ("/livez", "/readyz", "/status", "/metrics", "/"):
                     assert (await client.get(path)).status_code == 200, path
                 for path in POSTS:  # loopback, but a token is configured: it is needed
@@ -143,14 +135,14 @@ async def test_readyz_answers_503_below_the_operators_threshold(
             collector = app.state.service.collector
             transport = httpx.ASGITransport(app=app)
             async with httpx.AsyncClient(transport=transport, base_url="http://svc") as client:
-                await _until(client, lambda s: s["ready"] and s["frames"] > 0)
+                await wait_for(client, "status", lambda s: s["ready"] and s["frames"] > 0)
                 ready = await client.get("/readyz")
                 assert (ready.status_code, ready.json()["workers"], ready.json()["required"]) \
                     == (200, 3, 2)
                 pids = collector.worker_pids
                 for killed, code in ((1, 200), (2, 503)):
                     os.kill(pids[killed], signal.SIGKILL)
-                    await _until(client, lambda s, n=killed: sum(
+                    await wait_for(client, "status", lambda s, n=killed: sum(
                         w["state"] == "lost" for w in s["workers"]) == n)
                     answer = await client.get("/readyz")
                     assert (answer.status_code, answer.json()["workers"]) == (code, 3 - killed)
@@ -168,7 +160,8 @@ async def test_a_restarted_service_continues_from_its_checkpoint(
         async with app.router.lifespan_context(app):
             transport = httpx.ASGITransport(app=app)
             async with httpx.AsyncClient(transport=transport, base_url="http://svc") as client:
-                await _until(client, lambda s: s["policy_version"] >= 3 and s["updates"] >= 6)
+                await wait_for(client, "status",
+                               lambda s: s["policy_version"] >= 3 and s["updates"] >= 6)
             first = app.state.service
         saved = Checkpoint(path).load()
         assert saved is not None  # the lifespan's exit (SIGTERM's path) wrote the last state
@@ -187,7 +180,8 @@ async def test_a_restarted_service_continues_from_its_checkpoint(
             assert service.optimizer.state_dict()["state"].keys() == saved.optimizer["state"].keys()
             transport = httpx.ASGITransport(app=app)
             async with httpx.AsyncClient(transport=transport, base_url="http://svc") as client:
-                status = await _until(client, lambda s: s["ready"] and s["frames"] > saved.frames)
+                status = await wait_for(
+                    client, "status", lambda s: s["ready"] and s["frames"] > saved.frames)
             # Its first push continues the numbering; new frames carry the new versions.
             assert status["policy_version"] >= saved.policy_version + 1
             assert status["updates"] > saved.updates
