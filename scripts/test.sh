@@ -18,4 +18,4 @@ xdist=()
 if [ "${TEST_WORKERS:-2}" != 0 ]; then
     xdist=(-n "${TEST_WORKERS:-2}" --dist loadgroup)
 fi
-python -m pytest -q -p no:cacheprovider "${xdist[@]}" "$@"
+python -m pytest -q -p no:cacheprovider --durations=30 "${xdist[@]}" "$@"

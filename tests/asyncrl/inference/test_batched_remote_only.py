@@ -49,7 +49,10 @@ def check_frames(batches: list[TensorDict], pids: set[int], values: dict[int, fl
     assert seen <= pids, (seen, pids)
 
 
-@pytest.mark.parametrize("server_backend", ["thread", "process"])
+# End to end (two env host processes): each server on one backend, the other pairing
+# than the test below, so each server meets each backend once.
+@pytest.mark.parametrize(("anyio_backend", "server_backend"),
+                         [("asyncio", "thread"), ("trio", "process")])
 async def test_remote_env_hosts_alone_collect_exact_frames_with_the_latest_weights(
         anyio_backend: str, server_backend: str) -> None:
     policy = ValuePolicy(0.0)
