@@ -18,8 +18,8 @@ then repeat 2, ...), so drifts of the machine hit all alike:
 - ``sync-2x8``, ``async-2x8``, ``async-1x16``: asyncrl's ``MultiSyncCollector`` /
   ``MultiAsyncCollector`` whose workers each step one EnvPool of 8 (16) envs, the trainer
   sending the policy's weights after every batch as a training loop does
-  (``--no-update-weights`` turns it off); ``async-2x8-t1`` gives each worker's EnvPool
-  ``num_threads=1`` (two workers on two cores need no more threads than that).
+  (``--no-update-weights`` turns it off); ``-t1`` cases give each worker's EnvPool
+  ``num_threads=1`` (EnvPool's default is a thread per core in every worker).
 
 Every case uses the same MLP-64 (``obs -> 64 -> 64 -> action``, Tanh, ``2 * tanh`` head;
 `benchmarks.collect.make_policy`), CPU, ``--frames-per-batch`` frames per batch (1,024).
@@ -56,6 +56,7 @@ CASES: dict[str, tuple[str, int, int, int | None]] = {
     "async-2x8": ("async", 2, 8, None),
     "async-2x8-t1": ("async", 2, 8, 1),
     "async-1x16": ("async", 1, 16, None),
+    "async-1x16-t1": ("async", 1, 16, 1),
 }
 BASELINE = "cleanrl"
 TARGET = 1.3
