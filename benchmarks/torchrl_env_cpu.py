@@ -55,9 +55,9 @@ def _measure(case: str, batches: int, frames: int) -> list[float]:
         def collect() -> None:
             next(it)
     else:
-        from asyncrl._rollout.env_pools import TorchRLPool
         from asyncrl._rollout.envs import make_env_pool
         from asyncrl._rollout.loop import Rollout
+        from asyncrl._rollout.torchrl_pools import TorchRLPool
 
         pool = TorchRLPool(make_env()) if case == "asyncrl-generic" else make_env_pool(make_env)
         assert pool.fast_path == (case != "asyncrl-generic"), type(pool)

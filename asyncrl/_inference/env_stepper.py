@@ -48,8 +48,9 @@ from transports import (
 )
 
 from .._errors import RefusedError
-from .._rollout.env_pools import EnvPool, GymEnvListPool
+from .._rollout.env_pools import EnvPool
 from .._rollout.envs import make_env_pool
+from .._rollout.gym_pools import GymEnvListPool
 from .._rollout.policies import torch_dtype
 from .._rollout.traj_ids import TrajectoryIds
 from .._spawn.child import exit_process, wait_parent_gone

@@ -9,8 +9,13 @@ looking anything up; a caller that keeps results across calls must copy them.
 Episode ends are explicit: ``step`` returns the *terminal* observation of an
 env that finished, and the caller resets it (``reset_where`` / ``reset_one``)
 before the next step. Vector envs that reset by themselves are adapted so that
-no frame is ever spent on a reset (see `GymVectorPool`). Pools are built by
-`asyncrl._rollout.envs.make_env_pool`, which picks one for what the user gave.
+no frame is ever spent on a reset (see `asyncrl._rollout.gym_pools.GymVectorPool`).
+Pools are built by `asyncrl._rollout.envs.make_env_pool`, which picks one for what
+the user gave.
+
+This module holds what every pool shares (`EnvPool`, the observation buffers and
+their checks); the pools themselves are in `asyncrl._rollout.gym_pools`,
+`asyncrl._rollout.env_id_pools` (EnvPool) and `asyncrl._rollout.torchrl_pools`.
 """
 
 from __future__ import annotations
@@ -22,17 +27,10 @@ from typing import Any
 import numpy as np
 
 from .._errors import SpecMismatchError
-from .env_specs import (
-    ArraySpec,
-    EnvSpecs,
-    ObsSpecTree,
-    array_spec_from_space,
-    flatten_obs_specs,
-    observation_specs_from_space,
-)
+from .env_specs import ArraySpec, EnvSpecs, ObsSpecTree, flatten_obs_specs
 from .infos import InfoReader
 
-__all__ = ["EnvPool", "GymEnvListPool", "GymVectorPool", "TorchRLPool", "check_action_dtype"]
+__all__ = ["EnvPool", "ObsDict", "ObsLayout", "check_action_dtype", "check_observation"]
 
 ObsDict = dict[str, Any]  # key -> np.ndarray (or nested ObsDict for Dict spaces)
 
@@ -74,7 +72,7 @@ def check_observation(env: int | str, path: tuple[str, ...], value: Any,
         "(e.g. obs.astype(np.float32)), or declare the space it returns")
 
 
-class _ObsLayout:
+class ObsLayout:
     """Flat, preallocated observation buffers plus a nested dict view of them."""
 
     def __init__(self, tree: ObsSpecTree, num_envs: int) -> None:
@@ -124,7 +122,7 @@ class _ObsLayout:
                 check_observation("every env", path, value, arr)
             arr[rows] = np.asarray(value)[rows]
 
-    def copy_row_from(self, i: int, other: _ObsLayout) -> None:
+    def copy_row_from(self, i: int, other: ObsLayout) -> None:
         for dst, src in zip(self.arrays, other.arrays, strict=True):
             dst[i] = src[i]
 
@@ -161,7 +159,7 @@ class EnvPool(ABC):
     def __init__(self, specs: EnvSpecs) -> None:
         self.specs = specs
         self.num_envs = specs.num_envs
-        self._layout = _ObsLayout(specs.observation, specs.num_envs)
+        self._layout = ObsLayout(specs.observation, specs.num_envs)
         self.obs: ObsDict = self._layout.nested
         self.obs_paths: tuple[tuple[str, ...], ...] = tuple(self._layout.paths)
         self.obs_arrays: tuple[np.ndarray, ...] = tuple(self._layout.arrays)
@@ -265,278 +263,6 @@ class EnvPool(ABC):
     def _close(self) -> None: ...
 
 
-class GymEnvListPool(EnvPool):
-    """A list of gymnasium envs stepped in a plain loop.
-
-    Faster than ``SyncVectorEnv`` for our use: no batching of observations
-    through ``concatenate``, no info merging, no autoreset bookkeeping.
-    """
-
-    def __init__(self, envs: list[Any], owner: Any = None) -> None:
-        first = envs[0]
-        for env in envs[1:]:
-            if env.observation_space != first.observation_space:
-                raise ValueError(
-                    f"all envs must share one observation space: {env.observation_space} != "
-                    f"{first.observation_space}"
-                )
-            if env.action_space != first.action_space:
-                raise ValueError(
-                    f"all envs must share one action space: {env.action_space} != "
-                    f"{first.action_space}"
-                )
-        super().__init__(
-            EnvSpecs(
-                observation=observation_specs_from_space(first.observation_space),
-                action=array_spec_from_space(first.action_space),
-                num_envs=len(envs),
-            )
-        )
-        self._envs = envs
-        self._int_actions = self.specs.action.n is not None
-        self._owner = owner  # a SyncVectorEnv we took the envs from, closed with us
-
-    @property
-    def user_env(self) -> Any:
-        return self._envs[0]
-
-    @property
-    def user_envs(self) -> list[Any]:
-        return list(self._envs)
-
-    def step_inplace(self, actions: np.ndarray) -> None:
-        rew, term, trunc = self.reward, self.terminated, self.truncated
-        # A Discrete action goes in as a Python int: gymnasium's Discrete.contains
-        # checks that much faster than a numpy scalar.
-        item = self._int_actions
-        write = None if not self._layout.is_dict else self._layout.write_row
-        buf = self._layout.arrays[0]
-        # What a step's observation must be: compared by identity and one tuple
-        # compare before the copy; anything else takes check_observation's slow path.
-        dtype, shape, path = buf.dtype, self._layout.row_shapes[0], self._layout.paths[0]
-        any_done, info_reader = False, self.info_reader
-        for i, env in enumerate(self._envs):
-            obs, r, te, tr, info = env.step(actions.item(i) if item else actions[i])
-            if info_reader is not None:
-                info_reader.read_env(i, info)
-            if write is None:
-                if obs.__class__ is not _ndarray or obs.dtype is not dtype \
-                        or obs.shape != shape:
-                    check_observation(i, path, obs, buf)
-                buf[i] = obs
-            else:
-                write(i, obs)
-            rew[i] = r
-            term[i] = te
-            trunc[i] = tr
-            if te or tr:
-                any_done = True
-        self.any_done = any_done
-
-    def _reset_all(self, seeds: Sequence[int] | None) -> None:
-        for i, env in enumerate(self._envs):
-            obs, _ = env.reset(seed=None if seeds is None else seeds[i])
-            self._layout.write_row(i, obs)
-
-    def _reset_rows(self, mask: np.ndarray) -> None:
-        for i in np.flatnonzero(mask):
-            obs, _ = self._envs[i].reset()
-            self._layout.write_row(int(i), obs)
-
-    def _close(self) -> None:
-        if self._owner is not None:
-            self._owner.close()
-            return
-        for env in self._envs:
-            env.close()
-
-
-class GymVectorPool(EnvPool):
-    """A ``gymnasium.vector.VectorEnv``, adapted so that no frame is a reset step.
-
-    - ``SAME_STEP`` (any VectorEnv): the env already reset a finished sub-env
-      and put the terminal observation in ``info["final_obs"]``; we return the
-      terminal observation and keep the reset one for ``reset_where``.
-    - ``NEXT_STEP`` / ``DISABLED`` (gymnasium's Sync/AsyncVectorEnv only): we
-      reset finished sub-envs at once with ``reset(options={"reset_mask": ...})``,
-      which also clears their pending autoreset, so the next step is a real step.
-      Other vector envs in these modes are refused: ask for ``SAME_STEP``
-      (EnvPool's, which step envs by id, go to `EnvIdVectorPool` instead).
-    """
-
-    def __init__(self, venv: Any) -> None:
-        from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv
-
-        mode = venv.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP)
-        mode = AutoresetMode(mode) if not isinstance(mode, AutoresetMode) else mode
-        base = venv.unwrapped
-        known = isinstance(base, SyncVectorEnv | AsyncVectorEnv)
-        if mode != AutoresetMode.SAME_STEP and not known:
-            raise ValueError(
-                f"{type(base).__name__} uses autoreset mode {mode.name} and has no way to "
-                "reset or step single envs, so every reset would cost a frame: build it with "
-                "autoreset_mode=AutoresetMode.SAME_STEP (e.g. gym.make_vec(..., vector_kwargs="
-                "{'autoreset_mode': AutoresetMode.SAME_STEP})), or give it EnvPool's "
-                "step(actions, env_id=ids) / reset(env_id=ids), all_env_ids and config"
-            )
-        if (
-            mode == AutoresetMode.NEXT_STEP
-            and isinstance(base, AsyncVectorEnv)
-            and not base.shared_memory
-        ):
-            # gymnasium's async worker clears its autoreset flag on a masked reset
-            # only with shared memory; without it the next step would be a reset.
-            raise ValueError(
-                "AsyncVectorEnv(shared_memory=False) in NEXT_STEP mode cannot be reset per "
-                "env: use shared_memory=True or autoreset_mode=AutoresetMode.SAME_STEP"
-            )
-        super().__init__(
-            EnvSpecs(
-                observation=observation_specs_from_space(venv.single_observation_space),
-                action=array_spec_from_space(venv.single_action_space),
-                num_envs=venv.num_envs,
-            )
-        )
-        self._venv = venv
-        self._same_step = mode == AutoresetMode.SAME_STEP
-        self.supports_partial_reset = known
-        # SAME_STEP: reset observations the env already produced, per finished env.
-        self._auto_reset = np.zeros(self.num_envs, dtype=bool)
-        self._done = np.zeros(self.num_envs, dtype=bool)
-        self._reset_obs = _ObsLayout(self.specs.observation, self.num_envs)
-
-    @property
-    def user_env(self) -> Any:
-        return self._venv
-
-    def step_inplace(self, actions: np.ndarray) -> None:
-        obs, rew, term, trunc, info = self._venv.step(actions)
-        self._layout.write_rows(slice(None), obs)
-        np.copyto(self.reward, rew, casting="unsafe")
-        np.copyto(self.terminated, term, casting="unsafe")
-        np.copyto(self.truncated, trunc, casting="unsafe")
-        np.logical_or(self.terminated, self.truncated, out=self._done)
-        self.any_done = bool(self._done.any())
-        if self.info_reader is not None:
-            self.info_reader.read_vector(info)
-            if self._same_step and self.any_done:
-                self.info_reader.read_final(info, self._done)
-        if self._same_step and self.any_done:
-            np.copyto(self._auto_reset, self._done)
-            final = info["final_obs"]
-            for i in np.flatnonzero(self._done):
-                self._reset_obs.copy_row_from(int(i), self._layout)
-                self._layout.write_row(int(i), final[i])
-
-    def _reset_all(self, seeds: Sequence[int] | None) -> None:
-        obs, _ = self._venv.reset(seed=None if seeds is None else list(seeds))
-        self._layout.write_rows(slice(None), obs)
-        self._auto_reset.fill(False)
-
-    def _reset_rows(self, mask: np.ndarray) -> None:
-        auto = mask & self._auto_reset
-        for i in np.flatnonzero(auto):
-            self._layout.copy_row_from(int(i), self._reset_obs)
-        self._auto_reset[auto] = False
-        rest = mask & ~auto
-        if rest.any():
-            if not self.supports_partial_reset:
-                raise ValueError(
-                    f"{type(self._venv.unwrapped).__name__} cannot reset single envs that "
-                    "did not finish (needed by max_frames_per_traj and partial resets)"
-                )
-            obs, _ = self._venv.reset(options={"reset_mask": rest})
-            self._layout.write_rows(rest, obs)
-
-    def _close(self) -> None:
-        self._venv.close()
-
-
-class TorchRLPool(EnvPool):
-    """A torchrl ``EnvBase`` (batch size ``[]`` or ``[N]``) behind the numpy interface.
-
-    Slower than the gymnasium pools: every step goes through the env's
-    TensorDict machinery and is copied into our buffers. Only flat
-    observation keys, a Categorical/OneHot/Bounded/Unbounded action and one
-    reward are supported; use the gymnasium env directly when you can.
-    """
-
-    #: False: every step goes through TorchRL (see `asyncrl._rollout.torchrl_fast`).
-    fast_path = False
-    reads_info = False  # a TorchRL env reads its own info (set_info_dict_reader)
-
-    def __init__(self, env: Any) -> None:
-        import torch
-
-        batch = tuple(env.batch_size)
-        if len(batch) > 1:
-            raise ValueError(f"torchrl env batch_size must be [] or [N], got {list(batch)}")
-        self._env = env
-        self._batched = len(batch) == 1
-        n = batch[0] if self._batched else 1
-        self._obs_keys = [
-            k for k in env.full_observation_spec.keys(True, True) if isinstance(k, str)
-        ]
-        obs_tree = {
-            k: _spec_from_torchrl(env.full_observation_spec[k], batch) for k in self._obs_keys
-        }
-        action = _spec_from_torchrl(env.action_spec, batch)
-        super().__init__(EnvSpecs(observation=obs_tree, action=action, num_envs=n))
-        self._action = torch.zeros((*batch, *action.shape), dtype=_torch_dtype(action.dtype))
-        self._td = env.reset()
-
-    @property
-    def user_env(self) -> Any:
-        return self._env
-
-    def _write(self, td: Any) -> None:
-        for key, arr in zip(self._obs_keys, self._layout.arrays, strict=True):
-            arr[...] = td.get(key).reshape(arr.shape).cpu().numpy()
-
-    def step_inplace(self, actions: np.ndarray) -> None:
-        import torch
-
-        self._action.view(-1).copy_(torch.from_numpy(np.ascontiguousarray(actions)).view(-1))
-        self._td.set(self._env.action_key, self._action)
-        out = self._env.step(self._td).get("next")
-        self._write(out)
-        n = self.num_envs
-        self.reward[:] = out.get("reward").reshape(n).float().cpu().numpy()
-        self.terminated[:] = out.get("terminated").reshape(n).cpu().numpy()
-        self.truncated[:] = out.get("truncated").reshape(n).cpu().numpy()
-        self.any_done = bool(self.terminated.any() or self.truncated.any())
-        self._td = out
-
-    def _reset_all(self, seeds: Sequence[int] | None) -> None:
-        if seeds is not None:
-            self._env.set_seed(seeds[0], static_seed=len(set(seeds)) == 1 and len(seeds) > 1)
-        self._td = self._env.reset()
-        self._write(self._td)
-
-    def _reset_rows(self, mask: np.ndarray) -> None:
-        import torch
-        from tensordict import TensorDict
-
-        if not self._batched:
-            self._reset_all(None)
-            return
-        reset_td = TensorDict(
-            {"_reset": torch.from_numpy(mask.copy()).unsqueeze(-1)}, batch_size=self._env.batch_size
-        )
-        fresh = self._env.reset(reset_td)
-        m = torch.from_numpy(mask.copy())
-        for key in self._obs_keys:
-            self._td.get(key)[m] = fresh.get(key)[m]
-        self._write(self._td)
-
-    def set_seed(self, seed: int, static_seed: bool = False) -> int:
-        # torchrl seeds at once and picks its own next seed; keep its answer.
-        return int(self._env.set_seed(seed, static_seed=static_seed))
-
-    def _close(self) -> None:
-        self._env.close()
-
-
 def check_action_dtype(spec: ArraySpec, dtype: Any, actions: Any = None) -> None:
     """Refuse floating-point actions for an env whose actions are integers.
 
@@ -562,37 +288,3 @@ def check_action_dtype(spec: ArraySpec, dtype: Any, actions: Any = None) -> None
         f"the env's actions are integers ({kind}, dtype {spec.dtype}), but the policy gave "
         f"{str(dtype).removeprefix('torch.')} actions{example}; asyncrl never rounds "
         "actions: return integer actions (e.g. dist.sample().long() or logits.argmax(-1))")
-
-
-def _torch_dtype(name: str) -> Any:
-    import torch
-
-    return torch.from_numpy(np.empty(0, dtype=name)).dtype
-
-
-def _spec_from_torchrl(spec: Any, batch: tuple[int, ...]) -> ArraySpec:
-    import torch
-
-    shape = tuple(spec.shape)[len(batch) :]
-    dtype = str(torch.empty(0, dtype=spec.dtype).numpy().dtype)
-    name = type(spec).__name__
-    if name in ("Categorical", "DiscreteTensorSpec"):
-        return ArraySpec(shape, dtype, 0.0, float(spec.space.n - 1), int(spec.space.n))
-    if name in ("OneHot", "OneHotDiscreteTensorSpec"):
-        # TorchRL's default for discrete gym envs: the policy writes one-hot
-        # actions and the env gets them as they are, as in TorchRL's collectors.
-        return ArraySpec(shape, dtype, 0.0, 1.0, one_hot=True)
-    low = high = None
-    if hasattr(spec, "space") and hasattr(spec.space, "low"):
-        low_t = spec.space.low.reshape(-1, *shape)[0] if batch else spec.space.low
-        high_t = spec.space.high.reshape(-1, *shape)[0] if batch else spec.space.high
-        low = _scalar_or_tuple(low_t.double().numpy())
-        high = _scalar_or_tuple(high_t.double().numpy())
-    return ArraySpec(shape, dtype, low, high)
-
-
-def _scalar_or_tuple(a: np.ndarray) -> float | tuple[float, ...]:
-    flat = a.reshape(-1)
-    if flat.size and np.all(flat == flat[0]):
-        return float(flat[0])
-    return tuple(float(x) for x in flat)

@@ -2,7 +2,8 @@
 
 A gymnasium id, an import path ``"pkg.mod:factory"``, a factory, a gymnasium
 env or vector env, or a torchrl env: each is detected here and handed to the
-pool that steps it fastest (the pools are in `asyncrl._rollout.env_pools`).
+pool that steps it fastest (`asyncrl._rollout.gym_pools`, `asyncrl._rollout.env_id_pools`,
+`asyncrl._rollout.torchrl_pools`; what they share is in `asyncrl._rollout.env_pools`).
 """
 
 from __future__ import annotations
@@ -14,14 +15,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from .env_id_pools import EnvIdVectorPool, is_env_id_vector_env
-from .env_pools import (
-    EnvPool,
-    GymEnvListPool,
-    GymVectorPool,
-    TorchRLPool,  # noqa: F401  (re-exported for callers of _envs)
-    check_action_dtype,
-)
+from .env_pools import EnvPool, check_action_dtype
 from .env_specs import ArraySpec, EnvSpecs
+from .gym_pools import GymEnvListPool, GymVectorPool
 
 __all__ = ["ArraySpec", "EnvPool", "EnvSpecs", "check_action_dtype", "make_env_pool",
            "resolve_import_path"]

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from .env_pools import TorchRLPool
+from .torchrl_pools import TorchRLPool
 
 __all__ = ["TorchRLGymFastPool", "fast_path_refusal", "torchrl_env_pool"]
 

@@ -20,8 +20,8 @@ from torch import nn
 
 from asyncrl import Collector, MultiSyncCollector
 from asyncrl._rollout.env_id_pools import EnvIdVectorPool
-from asyncrl._rollout.env_pools import GymVectorPool
 from asyncrl._rollout.envs import make_env_pool
+from asyncrl._rollout.gym_pools import GymVectorPool
 from asyncrl._rollout.loop import Rollout
 from asyncrl._rollout.options import RolloutOptions
 from tests.asyncrl.det_envs import CountEnv, FirstBit

@@ -23,10 +23,10 @@ from torchrl.modules import ProbabilisticActor, TanhNormal  # noqa: E402
 
 import asyncrl  # noqa: E402
 from asyncrl._rollout import torchrl_fast as _torchrl_fast  # noqa: E402
-from asyncrl._rollout.env_pools import TorchRLPool  # noqa: E402
 from asyncrl._rollout.envs import make_env_pool  # noqa: E402
 from asyncrl._rollout.loop import Rollout  # noqa: E402
 from asyncrl._rollout.torchrl_fast import TorchRLGymFastPool, fast_path_refusal  # noqa: E402
+from asyncrl._rollout.torchrl_pools import TorchRLPool  # noqa: E402
 
 LIMIT = 120
 
