@@ -25,7 +25,7 @@ from ..._worker.spec import WorkerSpec
 from ...weights import WeightSender
 from .._assemble import InfoCheck, assemble, drop_env_dim
 from .._base import RB, BaseCollector
-from .._config import check_timeout
+from .._config import check_timeout, compact_obs_option
 from .._docs import add_parameters, share_parameters, show_init_signature
 from .._parameters import MULTI_PARAMETERS
 from .._staleness import StalePolicyWatch
@@ -250,6 +250,7 @@ class MultiCollector(BaseCollector[RB]):
                          trajs_per_batch=trajs_per_batch, traj_format=traj_format,
                          extend_buffer=extend_buffer, discard_partial_trajs=reset_at_each_iter)
         self.frames_per_batch = config.frames_per_batch
+        self.compact_obs = compact_obs_option(type(self).__name__, torchrl_options)
         self.init_random_frames = int(init_random_frames or 0)
         self.policy = policy
         self._info_check = InfoCheck(config.rollout.info_keys)  # what workers send, checked
