@@ -102,7 +102,8 @@ class MultiCollector(BaseCollector[RB]):
       ``cudagraph_policy`` (wrap the policy in ``policy_factory``), ``weight_updater`` and
       ``weight_recv_schemes`` (``weight_sync_schemes``), ``worker_idx``, ``trajs_per_write``,
       ``init_fn`` (``create_env_fn`` / ``policy_factory``), ``pre_collect_hook`` /
-      ``post_collect_hook`` / ``compact_obs`` (``postproc``).
+      ``post_collect_hook`` (``postproc``).
+    - ``compact_obs=True``: batches without ``("next", K)`` for observation / state keys.
     - Methods with TorchRL's names: ``update_policy_weights(policy_or_weights, *, weights,
       policy, worker_ids, model_id, weights_dict)`` and ``update_policy_weights_``,
       ``shutdown()`` / ``async_shutdown()`` (``aclose``), ``set_seed``, ``reset``: each starts
