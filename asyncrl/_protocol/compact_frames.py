@@ -71,17 +71,19 @@ def compactable_keys(frames: TensorDictBase, *, min_bytes: int = 0) -> list[Key]
 
     These are also the keys TorchRL's ``compact_obs=True`` drops from ``"next"``.
     """
-    keys = []
-    dims = frames.batch_dims
-    for key in frames.keys(include_nested=True, leaves_only=True):
+    twins = frames.get("next", None)
+    if not isinstance(twins, TensorDictBase):
+        return []
+    keys, dims = [], frames.batch_dims
+    for key, twin in twins.items(include_nested=True, leaves_only=True):
         path = _path(key)
-        if path[0] in ("next", "collector") or path in _NOT_OBSERVATIONS:
+        # Sizes first: the flags and the reward fall out before any lookup of their root.
+        if path in _NOT_OBSERVATIONS or path[0] in ("next", "collector") \
+                or twin.element_size() * twin.shape[dims:].numel() < max(min_bytes, 1):
             continue
-        value, twin = frames.get(path), frames.get(("next", *path), None)
-        if not isinstance(twin, torch.Tensor) or twin.dtype != value.dtype \
-                or twin.shape != value.shape:
-            continue
-        if value.element_size() * value.shape[dims:].numel() >= max(min_bytes, 1):
+        value = frames.get(path, None)
+        if isinstance(value, torch.Tensor) and value.dtype == twin.dtype \
+                and value.shape == twin.shape:
             keys.append(path)
     return keys
 
@@ -137,7 +139,7 @@ def rebuild(frames: TensorDictBase, patch: Any) -> TensorDictBase:
     for key in rows.keys(include_nested=True, leaves_only=True):
         path = _path(key)
         now = frames.get(path)
-        nxt = torch.empty_like(now)
+        nxt = torch.empty(now.shape, dtype=now.dtype, device=now.device)  # contiguous: view
         nxt[:, :-1] = now[:, 1:]
         nxt.view(n * t, *now.shape[2:])[at] = rows.get(path)
         frames.set(("next", *path), nxt)
@@ -186,7 +188,7 @@ def _check_key(frames: TensorDictBase, rows: TensorDictBase, path: Key, what: st
     if not isinstance(now, torch.Tensor):
         raise ProtocolError(f"{what} rows {path}: the frames have no {path} to rebuild "
                             f"('next', *{path}) from")
-    if ("next", *path) in frames.keys(include_nested=True, leaves_only=True):
+    if frames.get(("next", *path), None) is not None:
         raise ProtocolError(f"{what} rows {path}: the frames hold ('next', *{path}) already")
     if row.dtype != now.dtype or row.shape[1:] != now.shape[2:]:
         raise ProtocolError(f"{what} rows {path}: {row.dtype} {list(row.shape[1:])} per "
