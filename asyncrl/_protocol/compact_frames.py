@@ -10,7 +10,9 @@ edited an observation in place; anything else). The worker does not reason
 about why they differ: it compares, once per batch, the two blocks as integers
 (``-0.0``, NaNs and all), which costs a read of both next to the copy it
 makes anyway. The receiver shifts ``K`` by one step and patches those rows:
-the batch it rebuilds is bit-identical to the one compacted.
+the batch it rebuilds is bit-identical to the one compacted. Keys under
+:data:`MIN_BYTES` per frame (a CPU env's few floats) ship whole: there the
+compare, gather and shift cost more than the bytes they save.
 
 Wire form (inside :class:`~asyncrl._protocol.Batch`'s body, ``"next"``):
 ``{"at": int64 [M], "rows": TensorDict [M]}``: ``at`` the flat positions
@@ -100,7 +102,7 @@ def compact(frames: TensorDictBase, *,
     n, t = frames.batch_size if frames.batch_dims == 2 else (0, 0)
     if not keys or n * t == 0:
         return frames.clone(), None
-    differs = torch.zeros((n, t), dtype=torch.bool, device=frames.device)
+    differs = torch.zeros((n, t), dtype=torch.bool, device=frames.get(keys[0]).device)
     differs[:, -1] = True  # the follower of a batch's last step is in the next batch
     for path in keys:
         differs[:, :-1] |= _differ(frames.get(("next", *path))[:, :-1], frames.get(path)[:, 1:])

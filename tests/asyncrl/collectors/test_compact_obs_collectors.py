@@ -44,13 +44,14 @@ def check_exact(batch: TensorDictBase) -> None:
     assert torch.equal(nxt[..., 2:], obs[..., 2:] + 1)  # one step later, resets included
 
 
-@pytest.mark.parametrize("sync", [True, False], ids=["sync", "async"])
+@pytest.mark.parametrize(("sync", "envs"), [(True, 2), (False, 2), (True, 1)],
+                         ids=["sync", "async", "sync-unbatched"])
 async def test_workers_ship_next_observations_once_and_the_trainer_rebuilds_them(
-        anyio_backend: str, sync: bool) -> None:
+        anyio_backend: str, sync: bool, envs: int) -> None:
     batches = []
     with anyio.fail_after(LIMIT):
         async with MultiCollector(wide_identity_env, sync=sync, num_workers=2,
-                                  envs_per_worker=2, frames_per_batch=24,
+                                  envs_per_worker=envs, frames_per_batch=24,
                                   total_frames=96) as collector:
             async for batch in collector:
                 batches.append(batch.clone())
