@@ -31,6 +31,8 @@ from .collection import Collect as Collect
 from .collection import Control as Control
 from .collection import ErrorReport as ErrorReport
 from .collection import Preempt as Preempt
+from .compact_frames import compact as compact
+from .compact_frames import rebuild as rebuild
 from .fields import MAX_KEY as MAX_KEY
 from .fields import MAX_MODEL_ID as MAX_MODEL_ID
 from .fields import MAX_RELAY_MEMBERS as MAX_RELAY_MEMBERS
@@ -61,5 +63,5 @@ __all__ = [
     "Batch", "Closing", "Collect", "Control", "ErrorReport", "Hello", "Leaving", "LogEntry",
     "Preempt", "Progress",
     "Refuse", "Rejoin", "RelayAck", "RelayAttached", "RelayHello", "RelayWelcome", "WeightChunk",
-    "WeightMeta", "WeightsApplied", "Welcome", "WorkerLog",
+    "WeightMeta", "WeightsApplied", "Welcome", "WorkerLog", "compact", "rebuild",
 ]

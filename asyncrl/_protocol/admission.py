@@ -25,7 +25,7 @@ from .fields import (
     text,
 )
 
-PROTOCOL = 2  # 2: the welcome says share_frames (was frames_per_batch)
+PROTOCOL = 3  # 3: a batch may come compact (compact_frames.py); 2: the welcome says share_frames
 #: Longest refusal reason a worker keeps (every problem the coordinator found, joined).
 MAX_REASON = 16384
 #: Longest host group name a hello may carry.

@@ -11,6 +11,7 @@ from tensordict import TensorDictBase
 
 from transports import ErrorPayload, ProtocolError
 
+from .compact_frames import Patch, rebuild
 from .fields import optional_int, optional_text, required
 
 
@@ -50,19 +51,30 @@ class Preempt:
 
 @dataclass(slots=True)
 class Batch:
-    """Worker -> coordinator: the frames of one batch."""
+    """Worker -> coordinator: the frames of one batch.
+
+    ``next``: the compact form's patch (see :mod:`.compact_frames`): the frames
+    then lack the ``("next", K)`` entries it rebuilds. ``from_body`` rebuilds
+    them, so a received batch always has TorchRL's full layout.
+    """
 
     KIND: ClassVar[str] = "batch"
     request: int
     frames: TensorDictBase
+    next: Patch | None = None
 
     def to_body(self) -> dict[str, Any]:
-        return {"request": self.request, "frames": self.frames}
+        body = {"request": self.request, "frames": self.frames}
+        if self.next is not None:
+            body["next"] = self.next
+        return body
 
     @classmethod
     def from_body(cls, body: Any) -> Self:
-        return cls(request=required(body, "request", int, "batch"),
-                   frames=required(body, "frames", TensorDictBase, "batch"))
+        frames = required(body, "frames", TensorDictBase, "batch")
+        if body.get("next") is not None:
+            frames = rebuild(frames, body["next"])
+        return cls(request=required(body, "request", int, "batch"), frames=frames)
 
 
 @dataclass(slots=True)

@@ -38,6 +38,7 @@ from .._protocol import (
     Refuse,
     Rejoin,
     Welcome,
+    compact,
 )
 from .._rollout.envs import make_env_pool
 from .._rollout.loop import Rollout
@@ -496,7 +497,7 @@ class Worker:
                 self._weights.after_batch()
             if self._leaving:  # cut short by a signal: not a batch anyone asked for
                 await anyio.sleep_forever()
-            await self.link.send(Batch(request, frames).to_body(), kind=Batch.KIND)
+            await self.link.send(Batch(request, *frames).to_body(), kind=Batch.KIND)
 
     def collecting(self) -> tuple[int, int] | None:
         """(request, env steps done) while a batch is collected, else None."""
@@ -508,8 +509,8 @@ class Worker:
         use_torch_threads(self.spec.torch_threads)  # this is a pool thread, not the main one
         # A share preempted before it started is sent empty: the round is waiting.
         max_steps = 0 if request == self._preempted else None
-        # The rollout reuses its buffers: the message gets its own copy.
-        return self.rollout.collect(max_steps).clone()
+        # The rollout reuses its buffers: the message gets its own (compact) copy.
+        return compact(self.rollout.collect(max_steps))
 
     async def _report_and_exit(self, error: BaseException) -> None:
         log.error("worker error: %s", error)

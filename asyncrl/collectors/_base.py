@@ -14,7 +14,7 @@ from transports import TaskGroupResource
 from .._errors import CollectorError, CollectorStopped, translated_errors
 from .._observe.tracing import span, trace_batch
 from .._spawn.threads import TrainerThreads
-from ._assemble import MASK_KEY, split_trajectories
+from ._assemble import MASK_KEY, drop_next_observations, split_trajectories
 from ._config import normalise_total_frames
 from ._operations import CollectorOperations
 from ._staleness import StalePolicyWatch
@@ -44,6 +44,8 @@ class BaseCollector(CollectorOperations, TaskGroupResource, TorchRLHabits, Gener
     sync_updates: bool = True
     #: Warns once when the trainer's policy changes but its workers' does not (`_staleness`).
     _stale_watch: StalePolicyWatch | None = None
+    #: TorchRL's ``compact_obs``: batches without ``("next", K)`` for observation / state keys.
+    compact_obs: bool = False
 
     def __init__(
         self,
@@ -257,6 +259,8 @@ class BaseCollector(CollectorOperations, TaskGroupResource, TorchRLHabits, Gener
             self._note_batch(batch, frames)  # statistics(): a few reductions per batch
             if current is not None and current.is_recording():
                 trace_batch(current, batch, frames, self.policy_version, self._lag)
+            if self.compact_obs:  # the next frame's K (TorchRL rebuilds it when sampling)
+                batch = drop_next_observations(batch)
             if self.split_trajs:
                 batch = split_trajectories(batch)
             if self.postproc is not None:

@@ -206,6 +206,16 @@ def check_preemptive_threshold(value: float | None) -> float | None:
     return value
 
 
+def compact_obs_option(collector: str, options: dict[str, Any], *, pop: bool = False) -> bool:
+    """TorchRL's ``compact_obs`` among a collector's ``options``: True drops ``("next", K)``
+    of each observation / state key ``K`` from every batch (TorchRL's meaning)."""
+    value = options.pop("compact_obs", None) if pop else options.get("compact_obs")
+    if value is not None and not isinstance(value, bool):
+        raise ValueError(f"{collector}(compact_obs={value!r:.60}): expected True or False "
+                         "(True: batches without ('next', observation), as TorchRL's)")
+    return bool(value)
+
+
 __all__ = [
     "ThreadOptions",
     "WorkerLayout",
@@ -214,6 +224,7 @@ __all__ = [
     "check_int",
     "check_preemptive_threshold",
     "check_total_frames",
+    "compact_obs_option",
     "normalise_total_frames",
     "split_frames",
 ]

@@ -23,7 +23,7 @@ from .._worker.spec import WorkerSpec
 from ..weights import InProcessWeightSyncScheme, WeightApplier, WeightSender
 from ._assemble import drop_env_dim
 from ._base import RB, BaseCollector
-from ._config import check_in_process_frames
+from ._config import check_in_process_frames, compact_obs_option
 from ._docs import add_parameters, show_init_signature
 from ._env_statistics import EnvStatistics
 from ._parameters import IN_PROCESS_PARAMETERS
@@ -148,6 +148,7 @@ class Collector(BaseCollector[RB]):
                          trajs_per_batch=trajs_per_batch, traj_format=traj_format,
                          extend_buffer=extend_buffer, discard_partial_trajs=reset_at_each_iter)
         self.frames_per_batch = frames_per_batch
+        self.compact_obs = compact_obs_option(type(self).__name__, torchrl_options)
         self.init_random_frames = int(init_random_frames or 0)
         self._spec = WorkerSpec(
             create_env_fn=create_env_fn, create_env_kwargs=create_env_kwargs,

@@ -137,9 +137,10 @@ _SHARED = {
         "asyncrl has no per-batch hooks: use postproc= (runs on every batch, in the "
         "trainer), or iterate and act on each batch"),
     "compact_obs": TorchRLArgument(
-        lambda v: v is None or v is False,
-        "asyncrl stores ('next', observation) in every frame, TorchRL's default layout; "
-        "drop the keys in postproc= if you do not need them"),
+        _boolean,
+        "pass compact_obs=True (batches without the ('next', K) twins of observation and "
+        "state keys K, TorchRL's meaning) or False (TorchRL's full layout; on the wire it is "
+        "compact anyway)", only_default=False),
 }
 
 #: MultiSyncCollector / MultiAsyncCollector (TorchRL's MultiCollector base).

@@ -25,7 +25,7 @@ from ..._worker.spec import WorkerSpec
 from ...weights import WeightSender
 from .._assemble import InfoCheck, assemble, drop_env_dim
 from .._base import RB, BaseCollector
-from .._config import check_timeout
+from .._config import check_timeout, compact_obs_option
 from .._docs import add_parameters, share_parameters, show_init_signature
 from .._parameters import MULTI_PARAMETERS
 from .._staleness import StalePolicyWatch
@@ -102,7 +102,8 @@ class MultiCollector(BaseCollector[RB]):
       ``cudagraph_policy`` (wrap the policy in ``policy_factory``), ``weight_updater`` and
       ``weight_recv_schemes`` (``weight_sync_schemes``), ``worker_idx``, ``trajs_per_write``,
       ``init_fn`` (``create_env_fn`` / ``policy_factory``), ``pre_collect_hook`` /
-      ``post_collect_hook`` / ``compact_obs`` (``postproc``).
+      ``post_collect_hook`` (``postproc``).
+    - ``compact_obs=True``: batches without ``("next", K)`` for observation / state keys.
     - Methods with TorchRL's names: ``update_policy_weights(policy_or_weights, *, weights,
       policy, worker_ids, model_id, weights_dict)`` and ``update_policy_weights_``,
       ``shutdown()`` / ``async_shutdown()`` (``aclose``), ``set_seed``, ``reset``: each starts
@@ -250,6 +251,7 @@ class MultiCollector(BaseCollector[RB]):
                          trajs_per_batch=trajs_per_batch, traj_format=traj_format,
                          extend_buffer=extend_buffer, discard_partial_trajs=reset_at_each_iter)
         self.frames_per_batch = config.frames_per_batch
+        self.compact_obs = compact_obs_option(type(self).__name__, torchrl_options)
         self.init_random_frames = int(init_random_frames or 0)
         self.policy = policy
         self._info_check = InfoCheck(config.rollout.info_keys)  # what workers send, checked

@@ -86,6 +86,8 @@ SHARED_ACCEPTED: dict[str, tuple[Any, Check]] = {
     "track_policy_version": (True, lambda c: True),
     "auto_register_policy_transforms": (False, lambda c: True),
     "no_cuda_sync": (False, lambda c: True),
+    # TorchRL's meaning: no ('next', obs) in the batches (tests/.../test_compact_obs*)
+    "compact_obs": (True, lambda c: c.compact_obs is True),
 }
 MULTI_ACCEPTED: dict[str, tuple[Any, Check]] = {
     **SHARED_ACCEPTED,
@@ -125,7 +127,7 @@ SHARED_REFUSED: dict[str, tuple[Any, str]] = {
     "auto_register_policy_transforms": (True, "in create_env_fn"),
     "pre_collect_hook": (print, "postproc="),
     "post_collect_hook": (print, "postproc="),
-    "compact_obs": (True, "postproc="),
+    "compact_obs": ("yes", "compact_obs=True"),
 }
 MULTI_REFUSED: dict[str, tuple[Any, str]] = {
     **SHARED_REFUSED,

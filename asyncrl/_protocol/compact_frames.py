@@ -1,0 +1,197 @@
+"""A batch's compact wire form: ``("next", obs)`` is not shipped twice.
+
+In TorchRL's layout ``("next", K)[n, t]`` is, almost always, ``K[n, t + 1]``:
+the observation after a step is the one the next step starts from. So the
+worker sends every key ``K`` once and, of ``("next", K)``, only the rows that
+are *not* the following step's ``K``: the last step of each env (its follower
+is in the next batch) and every step where the two differ bitwise (an episode
+that ended, with the terminal observation before the reset; a policy that
+edited an observation in place; anything else). The worker does not reason
+about why they differ: it compares, once per batch, the two blocks as integers
+(``-0.0``, NaNs and all), which costs a read of both next to the copy it
+makes anyway. The receiver shifts ``K`` by one step and patches those rows:
+the batch it rebuilds is bit-identical to the one compacted. Keys under
+:data:`MIN_BYTES` per frame (a CPU env's few floats) ship whole: there the
+compare, gather and shift cost more than the bytes they save.
+
+Wire form (inside :class:`~asyncrl._protocol.Batch`'s body, ``"next"``):
+``{"at": int64 [M], "rows": TensorDict [M]}``: ``at`` the flat positions
+``n * T + t`` of the rows shipped, sorted and unique, ``rows`` their
+``("next", K)`` values under ``K`` for every compacted key. The frames lack
+those ``("next", K)`` entries.
+
+Where the rebuild happens: in :meth:`Batch.from_body <asyncrl._protocol.Batch.from_body>`,
+before anything else reads the batch. The coordinator's checks (shapes against
+the env specs, ``info_keys``), the assembly of shares and every user see the
+batch they always saw; the compact form never escapes the protocol layer, and
+another path for the same frames (a local worker's batch in shared memory)
+can call :func:`compact` / :func:`rebuild` or leave them out.
+
+>>> import torch
+>>> from tensordict import TensorDict
+>>> obs = torch.arange(6.0).reshape(1, 6, 1)
+>>> nxt = obs + 1
+>>> nxt[0, 2] = -1.0  # an episode ended at step 2: terminal observation, then a reset
+>>> frames = TensorDict({"observation": obs, ("next", "observation"): nxt}, [1, 6])
+>>> wire, patch = compact(frames, min_bytes=0)
+>>> patch["at"].tolist()  # step 2 and the last step
+[2, 5]
+>>> bool((rebuild(wire, patch)["next", "observation"] == nxt).all())
+True
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+
+from transports import ProtocolError
+
+__all__ = ["MIN_BYTES", "Patch", "compact", "compactable_keys", "rebuild"]
+
+Key = tuple[str, ...]
+#: ``{"at": Tensor, "rows": TensorDict}``: the shipped ``("next", K)`` rows.
+Patch = dict[str, Any]
+
+#: Keys smaller than this per frame are shipped whole: below it the per-batch compare,
+#: gather and shift cost more than the bytes they save (Pendulum's 12-byte observation).
+MIN_BYTES = 256
+#: Root keys with a ``("next", ...)`` twin that are not the next step's value.
+_NOT_OBSERVATIONS = frozenset({("done",), ("terminated",), ("truncated",)})
+_WIDE = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.uint8}
+
+
+def _path(key: str | tuple[str, ...]) -> Key:
+    return (key,) if isinstance(key, str) else tuple(key)
+
+
+def compactable_keys(frames: TensorDictBase, *, min_bytes: int = 0) -> list[Key]:
+    """Root keys ``K`` (observations, recurrent states) whose ``("next", K)`` twin has
+    their dtype and shape, at least ``min_bytes`` per frame; the flags excepted.
+
+    These are also the keys TorchRL's ``compact_obs=True`` drops from ``"next"``.
+    """
+    twins = frames.get("next", None)
+    if not isinstance(twins, TensorDictBase):
+        return []
+    keys, dims = [], frames.batch_dims
+    for key, twin in twins.items(include_nested=True, leaves_only=True):
+        path = _path(key)
+        # Sizes first: the flags and the reward fall out before any lookup of their root.
+        if path in _NOT_OBSERVATIONS or path[0] in ("next", "collector") \
+                or twin.element_size() * twin.shape[dims:].numel() < max(min_bytes, 1):
+            continue
+        value = frames.get(path, None)
+        if isinstance(value, torch.Tensor) and value.dtype == twin.dtype \
+                and value.shape == twin.shape:
+            keys.append(path)
+    return keys
+
+
+def compact(frames: TensorDictBase, *,
+            min_bytes: int = MIN_BYTES) -> tuple[TensorDictBase, Patch | None]:
+    """An independent copy of ``[N, T]`` ``frames`` without the ``("next", K)`` rows
+    that the following step's ``K`` repeats, and the patch of the others.
+
+    The patch is None when nothing is worth compacting (no key of ``min_bytes``
+    per frame, or an empty batch): the copy is then the whole batch.
+    """
+    keys = compactable_keys(frames, min_bytes=min_bytes) if frames.batch_dims == 2 else []
+    n, t = frames.batch_size if frames.batch_dims == 2 else (0, 0)
+    if not keys or n * t == 0:
+        return frames.clone(), None
+    differs = torch.zeros((n, t), dtype=torch.bool, device=frames.get(keys[0]).device)
+    differs[:, -1] = True  # the follower of a batch's last step is in the next batch
+    for path in keys:
+        differs[:, :-1] |= _differ(frames.get(("next", *path))[:, :-1], frames.get(path)[:, 1:])
+    at = differs.reshape(-1).nonzero().reshape(-1)
+    rows = TensorDict({path: frames.get(("next", *path)).flatten(0, 1)[at] for path in keys},
+                      batch_size=[at.numel()])
+    wire = frames.exclude(*[("next", *path) for path in keys]).clone()
+    return wire, {"at": at, "rows": rows}
+
+
+def _differ(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``[N, T']`` True where the rows of ``a`` and ``b`` differ in any bit."""
+    n, t = a.shape[:2]
+    if a.is_complex():
+        a, b = torch.view_as_real(a), torch.view_as_real(b)
+    if a.dtype is torch.bool:
+        a, b = a.view(torch.uint8), b.view(torch.uint8)
+    # Each row is contiguous in the rollout's buffers: compare it as the widest integers
+    # its byte size allows (NaN == NaN, -0.0 != 0.0: bits, not values).
+    a, b = a.reshape(n, t, -1), b.reshape(n, t, -1)
+    if a.stride(-1) != 1 or b.stride(-1) != 1:
+        a, b = a.contiguous(), b.contiguous()
+    size = a.shape[-1] * a.element_size()
+    wide = next(w for w in (8, 4, 2, 1) if size % w == 0)
+    return (a.view(_WIDE[wide]) != b.view(_WIDE[wide])).any(-1)
+
+
+def rebuild(frames: TensorDictBase, patch: Any) -> TensorDictBase:
+    """``frames`` with ``("next", K)`` rebuilt for every key of ``patch`` (from a peer: checked).
+
+    Raises :class:`transports.ProtocolError` naming what came and what was
+    expected when the patch does not fit the frames.
+    """
+    at, rows = _checked(frames, patch)
+    n, t = frames.batch_size
+    for key in rows.keys(include_nested=True, leaves_only=True):
+        path = _path(key)
+        now = frames.get(path)
+        nxt = torch.empty(now.shape, dtype=now.dtype, device=now.device)  # contiguous: view
+        nxt[:, :-1] = now[:, 1:]
+        nxt.view(n * t, *now.shape[2:])[at] = rows.get(path)
+        frames.set(("next", *path), nxt)
+    return frames
+
+
+def _checked(frames: TensorDictBase, patch: Any) -> tuple[torch.Tensor, TensorDictBase]:
+    what = "batch field 'next'"
+    if not isinstance(patch, dict) or set(patch) != {"at", "rows"}:
+        got = sorted(map(str, patch)) if isinstance(patch, dict) else type(patch).__name__
+        raise ProtocolError(f"{what} must be a map with 'at' and 'rows', got {got}")
+    at, rows = patch["at"], patch["rows"]
+    if frames.batch_dims != 2:
+        raise ProtocolError(f"{what}: frames of batch size {list(frames.batch_size)}, "
+                            "expected [envs, steps]")
+    n, t = frames.batch_size
+    if not isinstance(at, torch.Tensor) or at.dtype != torch.int64 or at.ndim != 1:
+        got = f"{at.dtype} {list(at.shape)}" if isinstance(at, torch.Tensor) else type(at).__name__
+        raise ProtocolError(f"{what} 'at' must be a 1-d int64 tensor, got {got}")
+    if not isinstance(rows, TensorDictBase) or list(rows.batch_size) != [at.numel()]:
+        got = list(rows.batch_size) if isinstance(rows, TensorDictBase) else type(rows).__name__
+        raise ProtocolError(f"{what} 'rows' must be a TensorDict of batch size "
+                            f"[{at.numel()}] (one row per position in 'at'), got {got}")
+    _check_positions(at, n, t, what)
+    for key in rows.keys(include_nested=True, leaves_only=True):
+        _check_key(frames, rows, _path(key), what)
+    return at, rows
+
+
+def _check_positions(at: torch.Tensor, n: int, t: int, what: str) -> None:
+    if at.numel() and (int(at[0]) < 0 or int(at[-1]) >= n * t
+                       or not bool((at[1:] > at[:-1]).all())):
+        raise ProtocolError(f"{what} 'at' must be increasing positions in [0, {n * t}) "
+                            f"({n} envs x {t} steps), got {at.numel()} from {int(at.min())} "
+                            f"to {int(at.max())}")
+    last = torch.arange(1, n + 1) * t - 1  # each env's last step: it has no follower here
+    if t and not bool(torch.isin(last, at).all()):
+        raise ProtocolError(f"{what} 'at' must hold every env's last step {last.tolist()[:8]}: "
+                            "its next observation cannot be rebuilt from the batch")
+
+
+def _check_key(frames: TensorDictBase, rows: TensorDictBase, path: Key, what: str) -> None:
+    now, row = frames.get(path, None), rows.get(path)
+    if path[0] in ("next", "collector") or path in _NOT_OBSERVATIONS:
+        raise ProtocolError(f"{what} rows {path}: not an observation key")
+    if not isinstance(now, torch.Tensor):
+        raise ProtocolError(f"{what} rows {path}: the frames have no {path} to rebuild "
+                            f"('next', *{path}) from")
+    if frames.get(("next", *path), None) is not None:
+        raise ProtocolError(f"{what} rows {path}: the frames hold ('next', *{path}) already")
+    if row.dtype != now.dtype or row.shape[1:] != now.shape[2:]:
+        raise ProtocolError(f"{what} rows {path}: {row.dtype} {list(row.shape[1:])} per "
+                            f"row, expected {now.dtype} {list(now.shape[2:])} (as {path})")

@@ -1,0 +1,108 @@
+"""Compact batches through real collectors: workers ship ``("next", obs)`` once and the
+trainer rebuilds it exactly; ``compact_obs=True`` (TorchRL's) drops it on every collector."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+import numpy as np
+import pytest
+import torch
+from tensordict import TensorDict, TensorDictBase
+
+from asyncrl import AsyncBatchedCollector, Collector, MultiCollector
+from asyncrl.testing import IdentityEnv, ValuePolicy, frame_identity_problems
+
+pytestmark = pytest.mark.anyio
+LIMIT = 120
+WIDE = 64  # 512 bytes of float64 per observation: over the compaction threshold
+
+
+class WideIdentityEnv(IdentityEnv):
+    """:class:`IdentityEnv` whose observation is ``[pid, instance, steps, steps, ...]``."""
+
+    def __init__(self, length: int = 4) -> None:
+        super().__init__(length)
+        self.observation_space = type(self.observation_space)(
+            0.0, float(1 << 31), shape=(WIDE,), dtype=np.float64)
+
+    def _obs(self) -> np.ndarray:
+        obs = np.full(WIDE, self.steps, dtype=np.float64)
+        obs[:2] = self.pid, self.instance
+        return obs
+
+
+def wide_identity_env() -> WideIdentityEnv:
+    return WideIdentityEnv(length=4)
+
+
+def check_exact(batch: TensorDictBase) -> None:
+    """Every frame's ("next", obs) is the env's observation after that very step."""
+    obs, nxt = batch["observation"], batch["next", "observation"]
+    assert torch.equal(nxt[..., :2], obs[..., :2])  # same process, same env
+    assert torch.equal(nxt[..., 2:], obs[..., 2:] + 1)  # one step later, resets included
+
+
+@pytest.mark.parametrize(("sync", "envs"), [(True, 2), (False, 2), (True, 1)],
+                         ids=["sync", "async", "sync-unbatched"])
+async def test_workers_ship_next_observations_once_and_the_trainer_rebuilds_them(
+        anyio_backend: str, sync: bool, envs: int) -> None:
+    batches = []
+    with anyio.fail_after(LIMIT):
+        async with MultiCollector(wide_identity_env, sync=sync, num_workers=2,
+                                  envs_per_worker=envs, frames_per_batch=24,
+                                  total_frames=96) as collector:
+            async for batch in collector:
+                batches.append(batch.clone())
+    assert sum(b.numel() for b in batches) == 96
+    ends = sum(int(b["next", "done"].sum()) for b in batches)
+    assert ends >= 16  # episodes of 4 end inside every share
+    for batch in batches:
+        check_exact(batch)
+    ids = [TensorDict({("next", "observation"): b["next", "observation"][..., :3]},
+                      b.batch_size) for b in batches]
+    assert frame_identity_problems(ids, from_start=True) == []
+
+
+def keys_of(batch: TensorDictBase) -> set[Any]:
+    return set(batch.keys(include_nested=True, leaves_only=True))
+
+
+KEPT = {("next", "reward"), ("next", "done"), ("next", "terminated"), ("next", "truncated")}
+
+
+async def first_batch(collector: Any) -> TensorDictBase:
+    with anyio.fail_after(LIMIT):
+        async with collector:
+            async for batch in collector:
+                return batch
+    raise AssertionError("no batch")
+
+
+@pytest.mark.parametrize("kind", ["MultiSyncCollector", "MultiAsyncCollector", "Collector",
+                                  "AsyncBatchedCollector"])
+async def test_compact_obs_true_drops_next_observations_on_every_collector(
+        anyio_backend: str, kind: str) -> None:
+    common: dict[str, Any] = {"frames_per_batch": 8, "total_frames": 16, "compact_obs": True}
+    if kind == "Collector":
+        collector: Any = Collector(wide_identity_env, **common)
+    elif kind == "AsyncBatchedCollector":
+        collector = AsyncBatchedCollector(wide_identity_env, num_envs=2,
+                                          policy=ValuePolicy(1.0), **common)
+    else:
+        collector = MultiCollector(wide_identity_env, sync=kind == "MultiSyncCollector",
+                                   num_workers=2, **common)
+    assert collector.compact_obs is True
+    batch = await first_batch(collector)
+    keys = keys_of(batch)
+    assert ("next", "observation") not in keys
+    assert "observation" in keys and KEPT <= keys
+
+
+def test_compact_obs_must_be_a_bool_on_every_collector() -> None:
+    with pytest.raises(ValueError, match=r"compact_obs='yes'\): expected True or False"):
+        AsyncBatchedCollector(wide_identity_env, num_envs=2, frames_per_batch=8,
+                              compact_obs="yes")
+    with pytest.raises(ValueError, match="compact_obs=True"):
+        Collector(wide_identity_env, frames_per_batch=8, compact_obs="yes")
