@@ -106,7 +106,7 @@ class Admission:
         return Send(worker.peer, Welcome(
             index=worker.index, share_frames=self._share_of(worker.index),
             init_random_frames=self.init_random_frames, schemes=self._scheme_configs,
-            attempt=attempt, instance=self._instance), worker)
+            attempt=attempt, instance=self._instance, compact_batches=True), worker)
 
     def welcome_again(self, worker: WorkerInfo, hello: Hello) -> list[Action]:
         """Answer a hello from a worker this coordinator has admitted already.

@@ -25,7 +25,7 @@ from .fields import (
     text,
 )
 
-PROTOCOL = 3  # 3: a batch may come compact (compact_frames.py); 2: the welcome says share_frames
+PROTOCOL = 2  # 2: the welcome says share_frames (was frames_per_batch)
 #: Longest refusal reason a worker keeps (every problem the coordinator found, joined).
 MAX_REASON = 16384
 #: Longest host group name a hello may carry.
@@ -150,6 +150,10 @@ class Welcome:
     #: The coordinator's hub instance. Weight versions are numbered per instance: a
     #: worker welcomed by a new one (a restarted trainer) starts counting afresh.
     instance: str = ""
+    #: The coordinator rebuilds compact batches (``compact_frames.py``): a worker sends
+    #: them only when told so, so a worker and a coordinator of the releases before
+    #: (which lack the field) still talk, each way round, during a rolling update.
+    compact_batches: bool = False
 
     def to_body(self) -> dict[str, Any]:
         return asdict(self)
@@ -169,6 +173,8 @@ class Welcome:
             schemes=printable_tree(schemes),
             attempt=optional_int(body, "attempt", "welcome"),
             instance=optional_text(body, "instance", "welcome", limit=64),
+            compact_batches=optional_bool(body, "compact_batches", "welcome field",
+                                          default=False),
         )
 
 

@@ -118,6 +118,7 @@ class Worker:
         self.policy: Any = None
         self.rollout: Rollout | None = None
         self.index = -1
+        self._compact_batches = False  # the welcome says whether the trainer rebuilds them
         self.instance = ""  # the coordinator instance that welcomed us last
         self._requests: deque[int] = deque()
         self._request_ready = anyio.Event()
@@ -298,6 +299,7 @@ class Worker:
                       group_size=self.group[1])
         welcome = await self._hello_until_welcome(hello)
         self.index = welcome.index
+        self._compact_batches = welcome.compact_batches
         if welcome.instance and welcome.instance != self.instance:
             if self.instance:
                 # A trainer that said it was only stopping (a rollout, a drain) is
@@ -510,7 +512,8 @@ class Worker:
         # A share preempted before it started is sent empty: the round is waiting.
         max_steps = 0 if request == self._preempted else None
         # The rollout reuses its buffers: the message gets its own (compact) copy.
-        return compact(self.rollout.collect(max_steps))
+        frames = self.rollout.collect(max_steps)
+        return compact(frames) if self._compact_batches else (frames.clone(), None)
 
     async def _report_and_exit(self, error: BaseException) -> None:
         log.error("worker error: %s", error)

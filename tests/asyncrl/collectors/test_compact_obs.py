@@ -247,3 +247,14 @@ def test_a_patch_for_frames_without_a_time_dim_is_refused() -> None:
 
 def test_doctests() -> None:
     assert doctest.testmod(asyncrl._protocol.compact_frames).failed == 0
+
+
+def test_a_welcome_offers_compact_batches_and_one_without_the_field_does_not() -> None:
+    from asyncrl._protocol import Welcome
+
+    body = Welcome(index=0, share_frames=8, compact_batches=True).to_body()
+    assert Welcome.from_body(decode(encode(body))).compact_batches is True
+    del body["compact_batches"]  # a coordinator of an earlier release
+    assert Welcome.from_body(body).compact_batches is False
+    with pytest.raises(ProtocolError, match="compact_batches"):
+        Welcome.from_body({**body, "compact_batches": "yes"})

@@ -106,3 +106,40 @@ def test_compact_obs_must_be_a_bool_on_every_collector() -> None:
                               compact_obs="yes")
     with pytest.raises(ValueError, match="compact_obs=True"):
         Collector(wide_identity_env, frames_per_batch=8, compact_obs="yes")
+
+
+@pytest.mark.parametrize("offered", [True, False], ids=["offered", "not-offered"])
+async def test_workers_compact_only_when_the_welcome_offers_it(
+        anyio_backend: str, offered: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A coordinator of an earlier release says nothing of compact batches: workers
+    then ship every ("next", obs) whole, so mixed releases talk during a rolling update."""
+    import dataclasses
+
+    from asyncrl._coordinator.admission import Admission
+    from asyncrl._protocol import collection
+
+    welcome = Admission.welcome
+
+    def welcome_as_told(self: Admission, worker: Any, attempt: int) -> Any:
+        send = welcome(self, worker, attempt)
+        return dataclasses.replace(send, message=dataclasses.replace(
+            send.message, compact_batches=offered))
+
+    monkeypatch.setattr(Admission, "welcome", welcome_as_told)
+    patches: list[bool] = []
+    from_body = collection.Batch.from_body.__func__  # type: ignore[attr-defined]
+
+    def recording(cls: Any, body: Any) -> Any:
+        patches.append(body.get("next") is not None)
+        return from_body(cls, body)
+
+    monkeypatch.setattr(collection.Batch, "from_body", classmethod(recording))
+    batches = []
+    with anyio.fail_after(LIMIT):
+        async with MultiCollector(wide_identity_env, sync=True, num_workers=2,
+                                  frames_per_batch=16, total_frames=64) as collector:
+            async for batch in collector:
+                batches.append(batch.clone())
+    assert patches and set(patches) == {offered}
+    for batch in batches:
+        check_exact(batch)
