@@ -28,6 +28,7 @@ from .._protocol import (
     PROTOCOL,
     WEIGHTS_KIND,
     Batch,
+    BatchSlots,
     Closing,
     Collect,
     Control,
@@ -37,6 +38,7 @@ from .._protocol import (
     Preempt,
     Refuse,
     Rejoin,
+    SharedBatch,
     Welcome,
 )
 from .._rollout.envs import make_env_pool
@@ -54,8 +56,9 @@ from .._spawn.exit_codes import (
 from .._spawn.stop_signals import STOP_SIGNALS, ignore_stop_signals
 from .._spawn.threads import use_torch_threads
 from ..weights import WeightApplier
+from .batch_slots import SlotWriter
 from .control import TOUCHES_WEIGHTS, run_control
-from .join_backoff import JOIN_BACKOFF, full_pause
+from .join_backoff import JOIN_BACKOFF, RunFull, full_pause
 from .log_forward import LogForwarder
 from .progress import ProgressReport
 from .reconnect import await_next_trainer, ride_out, wait_for_coordinator
@@ -64,10 +67,6 @@ from .spec import WorkerSpec
 from .unanswered import cancel_when_denied, denied, no_welcome, unreachable
 
 log = logging.getLogger("asyncrl.worker")
-
-class _RunFull(Exception):
-    """The coordinator refused us only because it has no free place: ask again later."""
-
 
 def error_report(error: BaseException, *, fatal: bool = True, slot: int = -1,
                  token: str = "") -> ErrorReport:
@@ -129,6 +128,7 @@ class Worker:
         self._pending_early: list[Message] = []  # weights that came before the welcome
         self._progress = ProgressReport(link, self.collecting)  # slow is not hung
         self._exit: WorkerExit | None = None
+        self._slots = SlotWriter()  # the trainer's shared-memory slots for our batches
 
     @property
     def env(self) -> Any:
@@ -255,6 +255,7 @@ class Worker:
                 log.error("worker exits: %s", exc)
             return exc.code
         finally:
+            self._slots.detach()
             self._close_envs()
 
     def _admitted_now(self) -> bool:
@@ -289,6 +290,7 @@ class Worker:
     async def _join(self) -> None:
         """Hello, welcome, and a rollout for the index we were given."""
         self._requests.clear()  # credits of an earlier admission are void
+        self._slots.detach()  # and so is its segment: a new admission starts on the wire
         await self._relay.attach()
         hello = Hello(protocol=PROTOCOL, name=self.link.identity.decode(errors="replace"),
                       host=socket.gethostname(), pid=os.getpid(),
@@ -355,7 +357,7 @@ class Worker:
             try:
                 with anyio.move_on_after(wait):
                     welcome = await self._await_welcome(hello.attempt)
-            except _RunFull as full:
+            except RunFull as full:
                 pause, after = full_pause(backoff)  # jittered: not all at once
                 if deadline is not None and anyio.current_time() + pause > deadline:
                     raise WorkerExit(EXIT_REFUSED, f"the coordinator refused this worker: "
@@ -386,7 +388,7 @@ class Worker:
             if message.kind == Refuse.KIND:
                 refuse = Refuse.from_body(message.body)
                 if refuse.full and self.join_timeout is not None:
-                    raise _RunFull(refuse.reason)
+                    raise RunFull(refuse.reason)
                 raise WorkerExit(EXIT_REFUSED,
                                  f"the coordinator refused this worker: {refuse.reason}")
             if message.kind == WEIGHTS_KIND:
@@ -430,6 +432,8 @@ class Worker:
                         self.rollout.request_stop()
                 elif message.kind == WEIGHTS_KIND:
                     self._weights.deliver(message)
+                elif message.kind == BatchSlots.KIND:
+                    self._slots.attach(BatchSlots.from_body(message.body))
                 elif message.kind == Control.KIND:
                     control = Control.from_body(message.body)
                     if control.op == "close":
@@ -496,7 +500,8 @@ class Worker:
                 self._weights.after_batch()
             if self._leaving:  # cut short by a signal: not a batch anyone asked for
                 await anyio.sleep_forever()
-            await self.link.send(Batch(request, frames).to_body(), kind=Batch.KIND)
+            message = frames if isinstance(frames, SharedBatch) else Batch(request, frames)
+            await self.link.send(message.to_body(), kind=message.KIND)
 
     def collecting(self) -> tuple[int, int] | None:
         """(request, env steps done) while a batch is collected, else None."""
@@ -508,8 +513,11 @@ class Worker:
         use_torch_threads(self.spec.torch_threads)  # this is a pool thread, not the main one
         # A share preempted before it started is sent empty: the round is waiting.
         max_steps = 0 if request == self._preempted else None
+        frames = self.rollout.collect(max_steps)
+        if (shared := self._slots.write(frames, request)) is not None:
+            return shared  # in the trainer's shared memory: no message, no copy of ours
         # The rollout reuses its buffers: the message gets its own copy.
-        return self.rollout.collect(max_steps).clone()
+        return frames.clone()
 
     async def _report_and_exit(self, error: BaseException) -> None:
         log.error("worker error: %s", error)
