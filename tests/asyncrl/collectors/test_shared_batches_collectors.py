@@ -122,3 +122,34 @@ async def test_preempted_shares_come_through_shared_memory_too() -> None:
             for b in batches]  # the padding is no frame
     assert frame_identity_problems(kept) == []
     assert segments() == before
+
+
+def test_a_dev_shm_too_small_for_the_slots_falls_back_to_the_wire_with_one_warning() -> None:
+    from tests.transports.test_shm_full import in_small_shm
+
+    result = in_small_shm("""
+        import json, logging, os, anyio
+        from asyncrl import MultiSyncCollector
+        from tests.chaos.test_full_dev_shm import big_observation_env
+
+        warnings = []
+        handler = logging.Handler()
+        handler.emit = lambda record: warnings.append(record.getMessage())
+        handler.setLevel(logging.WARNING)
+        logging.getLogger("asyncrl.coordinator").addHandler(handler)
+
+        async def main():
+            # Each worker's share: 4 frames x 2 x 2 MiB = 16 MiB a slot, 32 MiB a segment.
+            async with MultiSyncCollector(big_observation_env, num_workers=2,
+                                          frames_per_batch=8, total_frames=32) as c:
+                return [b.numel() async for b in c]
+
+        frames = anyio.run(main)
+        print(json.dumps({"frames": frames, "warnings": warnings,
+                          "left": [n for n in os.listdir("/dev/shm") if n.startswith("asyncrl")]}))
+    """, size="24m", timeout=240)
+    assert result["frames"] == [8, 8, 8, 8]
+    shm_warnings = [w for w in result["warnings"] if "over the socket" in w]
+    assert len(shm_warnings) == 1, result["warnings"]
+    assert "/dev/shm is too small" in shm_warnings[0] and "--shm-size" in shm_warnings[0]
+    assert result["left"] == []
