@@ -125,8 +125,8 @@ class Coordinator:
         self.worker_logs = WorkerLogs()
         self.state.paused = paused  # pause() before the collector opened
         #: Local workers' batch segments (unlinked when a worker goes, and at the end).
-        self.shared = SharedBatches(enabled=shared_memory_batches,
-                                    share_frames=list(rules.get("share_frames") or [0]))
+        self.shared = SharedBatches(enabled=shared_memory_batches, share_frames=list(
+            rules.get("share_frames") or [0]), slots=1 + rules.get("prefetch", 1))
 
     # -- views of the state ----------------------------------------------------------------
     @property

@@ -10,11 +10,18 @@ receipt (one copy: the batch it hands on owns its memory, so the worker never
 waits on the trainer's training step) and clears the slot's ``held`` word,
 which the worker waits on before it writes that slot again.
 
-Why two slots: with one, the worker's next batch would wait for the trainer to
-read the previous one (its event loop may be busy with the trainer's step);
-with two, the worker writes batch k+1 while batch k is read, and waits only if
-the trainer is two batches behind (async mode with ``prefetch`` > 1), a wait
-the credits bound anyway.
+Why two slots (``prefetch + 1``, at least 2): with one, the worker's next
+batch would wait for the trainer to read the previous one (its event loop may
+be busy with the trainer's step); with two, the worker writes batch k+1 while
+batch k is read. In async mode a worker may have ``prefetch`` batches unread,
+so one more slot than that never makes it wait.
+
+Why the worker still copies (not the rollout's buffers living in the segment):
+the rollout reuses its buffers for the next batch at once, so they would need
+one set per slot and a re-planned hot loop per batch; the copy into the slot
+replaces the message's ``.clone()`` at the same cost, and what this removes is
+the socket's copies, the codec and the receive buffers (measured in
+``benchmarks/pixels_throughput.py``).
 
 A notice is hostile input: its segment must be the one made for that worker,
 its slot in range and written (``held``), its steps at most the layout's ``T``;
@@ -34,11 +41,12 @@ from tensordict import TensorDict, TensorDictBase
 from transports import ProtocolError, SharedMemoryFullError, SharedTensorBlock, copy_into
 
 from .._protocol import Batch, BatchSlots, SharedBatch
+from .._protocol.shared_batches import MAX_BATCH_SLOTS
 from .records import WorkerInfo
 
 log = logging.getLogger("asyncrl.coordinator")
 
-#: Slots per worker segment (see the module docstring).
+#: Slots per worker segment in sync mode (see the module docstring).
 SLOTS = 2
 
 
@@ -57,13 +65,15 @@ class SharedBatches:
     """Segments of the local workers, by peer.
 
     >>> shared = SharedBatches(enabled=True, share_frames=[4])
-    >>> shared.names()
-    []
+    >>> shared.names(), shared.slots
+    ([], 2)
     >>> shared.close()
     """
 
-    def __init__(self, *, enabled: bool, share_frames: list[int]) -> None:
+    def __init__(self, *, enabled: bool, share_frames: list[int], slots: int = SLOTS) -> None:
         self.enabled = enabled
+        #: Slots of each segment: ``prefetch + 1``, at least 2, at most 8.
+        self.slots = max(SLOTS, min(slots, MAX_BATCH_SLOTS))
         self._share_frames = share_frames
         self._local: set[bytes] = set()
         self._segments: dict[bytes, _Segment] = {}
@@ -105,7 +115,7 @@ class SharedBatches:
         tensors = {f"t{i}": t for i, t in enumerate(examples)}
         tensors["held"] = torch.zeros(1, dtype=torch.int64)
         try:
-            block = SharedTensorBlock.create(tensors, slots=SLOTS)
+            block = SharedTensorBlock.create(tensors, slots=self.slots)
         except TypeError:  # a dtype a block cannot hold: this worker stays on the wire
             return None
         except SharedMemoryFullError as exc:
@@ -113,8 +123,9 @@ class SharedBatches:
             log.warning("batches go over the socket for the rest of this run: %s (or pass "
                         "shared_memory_batches=False to silence this)", exc)
             return None
-        views = [[block.slot_views(s)[f"t{i}"] for i in range(len(keys))] for s in range(SLOTS)]
-        held = [block.slot_views(s)["held"] for s in range(SLOTS)]
+        slots = range(self.slots)
+        views = [[block.slot_views(s)[f"t{i}"] for i in range(len(keys))] for s in slots]
+        held = [block.slot_views(s)["held"] for s in slots]
         device = None if frames.device is None else "cpu"
         self._segments[peer] = _Segment(block, keys, views, held, frames.batch_size[0], steps,
                                         device)
@@ -137,9 +148,9 @@ class SharedBatches:
             raise ProtocolError(f"shared batch in segment {notice.name!r}: worker {worker.index}"
                                 f"'s segment is {made}; a worker writes only into the segment "
                                 "the trainer offered it")
-        if not 0 <= notice.slot < SLOTS:
+        if not 0 <= notice.slot < len(segment.held):
             raise ProtocolError(f"shared batch slot {notice.slot}: the segment has slots "
-                                f"0..{SLOTS - 1}")
+                                f"0..{len(segment.held) - 1}")
         if not 0 <= notice.steps <= segment.steps:
             raise ProtocolError(f"shared batch of {notice.steps} steps: worker {worker.index}'s "
                                 f"share has at most {segment.steps}")

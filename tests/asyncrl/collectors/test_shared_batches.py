@@ -118,6 +118,21 @@ def test_a_batch_through_a_slot_is_bit_identical_to_the_wire(steps: int) -> None
         shared.close()
 
 
+def test_an_async_worker_gets_a_slot_per_batch_it_may_have_unread() -> None:
+    shared = SharedBatches(enabled=True, share_frames=[FRAMES], slots=1 + 3)  # prefetch=3
+    info = worker()
+    _, writer = offered(shared, pixel_share(5), info)
+    try:
+        notices = [writer.write(pixel_share(5, seed=i), i) for i in range(4)]  # none read yet
+        assert [n.slot for n in notices if n is not None] == [0, 1, 2, 3]
+        for i, notice in enumerate(notices):
+            assert notice is not None
+            assert differences(shared.receive(info, notice).frames, pixel_share(5, seed=i)) == []
+    finally:
+        writer.detach()
+        shared.close()
+
+
 def test_the_gathered_batch_owns_its_memory() -> None:
     shared = SharedBatches(enabled=True, share_frames=[FRAMES])
     info = worker()
