@@ -85,15 +85,16 @@ class SlotWriter:
         block = self._block
         if block is None:
             return None
-        slot = self._next
-        leaves = self._leaves(frames, self._views[slot])
-        if leaves is None or not self._wait_released(slot):
+        slot, count = self._next, len(self._views)
+        views, held = self._views[slot], self._held[slot]  # ours even if detached meanwhile
+        leaves = self._leaves(frames, views)
+        if leaves is None or not self._wait_released(held, slot):
             return None
         steps = frames.batch_size[1]
-        for view, leaf in zip(self._views[slot], leaves, strict=True):
+        for view, leaf in zip(views, leaves, strict=True):
             copy_into(view if steps == view.shape[1] else view[:, :steps], leaf)
-        self._held[slot][0] = 1  # after the copy: the trainer reads once told
-        self._next = (slot + 1) % len(self._views)
+        held[0] = 1  # after the copy: the trainer reads once told
+        self._next = (slot + 1) % count
         return SharedBatch(request, block.name, slot, steps)
 
     def _leaves(self, frames: TensorDictBase, views: list[torch.Tensor]
@@ -116,8 +117,7 @@ class SlotWriter:
             return None
         return leaves
 
-    def _wait_released(self, slot: int) -> bool:
-        held = self._held[slot]
+    def _wait_released(self, held: torch.Tensor, slot: int) -> bool:
         if not int(held[0]):
             return True
         deadline = time.monotonic() + HELD_WAIT
