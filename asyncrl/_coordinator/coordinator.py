@@ -34,6 +34,7 @@ from .._observe.events import CollectorEvent
 from .._observe.tracing import span
 from .._protocol import (
     Batch,
+    BatchSlots,
     Closing,
     Collect,
     Control,
@@ -44,6 +45,7 @@ from .._protocol import (
     Refuse,
     RelayHello,
     RelayWelcome,
+    SharedBatch,
     Welcome,
     WorkerLog,
 )
@@ -51,6 +53,7 @@ from .actions import Action, CatchUp, Expel, Send
 from .checks import check_specs
 from .records import LOSS_WORDS, RelayInfo, WorkerInfo
 from .registry import WorkerRegistry
+from .shared_batches import SharedBatches
 from .state import CoordinatorState
 from .worker_logs import WorkerLogs
 
@@ -87,12 +90,15 @@ class Coordinator:
         on_leaving: Callable[[WorkerInfo, str], None] | None = None,
         publish: Callable[[CollectorEvent], None] | None = None,
         paused: bool = False,
+        shared_memory_batches: bool = False,
         **rules: Any,
     ) -> None:
         """``rules`` are :class:`CoordinatorState`'s arguments (``sync``,
         ``share_frames``, ``prefetch``, ``token``, ``on_worker_loss``...); the
         hub's coordinator instance and peer timeout are added from ``hub``;
-        ``publish`` receives the registry's events (joined, lost, refused)."""
+        ``publish`` receives the registry's events (joined, lost, refused);
+        ``shared_memory_batches``: local workers' batches come through shared memory
+        (see :mod:`asyncrl._coordinator.shared_batches`)."""
         self.hub = hub
         self.state = CoordinatorState(
             instance=getattr(hub, "instance", ""), peer_timeout=getattr(hub, "peer_timeout", None),
@@ -118,6 +124,9 @@ class Coordinator:
         #: Admitted workers' log records, re-emitted into the ``asyncrl.worker`` logger.
         self.worker_logs = WorkerLogs()
         self.state.paused = paused  # pause() before the collector opened
+        #: Local workers' batch segments (unlinked when a worker goes, and at the end).
+        self.shared = SharedBatches(enabled=shared_memory_batches, share_frames=list(
+            rules.get("share_frames") or [0]), slots=1 + rules.get("prefetch", 1))
 
     # -- views of the state ----------------------------------------------------------------
     @property
@@ -315,6 +324,12 @@ class Coordinator:
 
     # -- the hub-reading task ------------------------------------------------------------------
     async def run(self) -> None:
+        try:
+            await self._read_hub()
+        finally:
+            self.shared.close()  # no segment outlives the run
+
+    async def _read_hub(self) -> None:
         async for item in self.hub:
             try:
                 if isinstance(item, PeerEvent):
@@ -332,6 +347,8 @@ class Coordinator:
                     await self._perform(actions)
                 elif item.kind == Batch.KIND:
                     await self._on_batch(item)
+                elif item.kind == SharedBatch.KIND:
+                    await self._on_shared_batch(item)
                 elif item.kind == ErrorReport.KIND:
                     await self._on_error(item)
                 elif item.kind == Leaving.KIND:
@@ -352,6 +369,9 @@ class Coordinator:
             actions = self.state.hello(peer, hello)
             self._note_refusals(actions, hello.name, hello.host, hello.pid)
             await self._perform(actions, "replaced by its own new hello")
+            worker = self.state.workers.get(peer)
+            if worker is not None and worker.alive:  # a spawn slot is vouched for by the token
+                self.shared.admitted(peer, local=hello.slot >= 0)
             if current is not None and current.is_recording():
                 trace_admission(current, hello, actions)
                 # The version it was caught up to (0: its initial weights).
@@ -362,7 +382,23 @@ class Coordinator:
         worker = self.state.workers.get(message.peer)
         if worker is None or not worker.alive:
             return  # a stranger's, or a lost worker's late batch: not even read
-        actions = self.state.batch(message.peer, Batch.from_body(message.body))
+        batch = Batch.from_body(message.body)
+        await self._deliver(worker, batch)
+        if worker.alive and (offer := self.shared.offer(worker, batch.frames)) is not None:
+            try:  # its next batches go through shared memory
+                await self.hub.send(worker.peer, offer.to_body(), kind=BatchSlots.KIND)
+            except PeerLostError:
+                await self._on_lost(worker.peer)
+
+    async def _on_shared_batch(self, message: Message) -> None:
+        worker = self.state.workers.get(message.peer)
+        if worker is None or not worker.alive:
+            return  # a stranger's, or a lost worker's late notice: not even read
+        await self._deliver(worker, self.shared.receive(worker, SharedBatch.from_body(
+            message.body)))
+
+    async def _deliver(self, worker: WorkerInfo, batch: Batch) -> None:
+        actions = self.state.batch(worker.peer, batch)
         if actions:
             self._note_refusals(actions, worker.name, worker.host, worker.pid)
         await self._perform(actions, "refused for a bad batch")
@@ -375,6 +411,7 @@ class Coordinator:
 
     async def _on_lost(self, peer: bytes, reason: str = "") -> None:
         self.worker_logs.forget(peer)
+        self.shared.forget(peer)  # a dead worker's segment is unlinked
         if self._closing:  # told to close: its goodbye is no loss (and no warning)
             self.state.gone[peer] = None
             self._notify()
@@ -466,6 +503,7 @@ class Coordinator:
                 if isinstance(action, Expel):
                     self.hub.expel(action.peer)
                     self.worker_logs.forget(action.peer)
+                    self.shared.forget(action.peer)
                     self.registry.check_lost(lost_reason, left=left)
                 elif isinstance(action, CatchUp):
                     await self._catch_up(action.worker, waits[action.worker.peer])

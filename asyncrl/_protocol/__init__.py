@@ -12,8 +12,9 @@ sends reaches a log, an event or a metric label raw.
 By concept: :mod:`.admission` (hello, welcome, refuse, rejoin, leaving, a
 relay's hello), :mod:`.collection` (collect, preempt, batch, error, control),
 :mod:`.logs` (forwarded log records), :mod:`.progress` (a collecting worker's
-step count), :mod:`.weights` (weight meta, chunks and
-acks), and :mod:`.fields`, the validators they share.
+step count), :mod:`.shared_batches` (a local worker's batches in shared memory),
+:mod:`.weights` (weight meta, chunks and acks), and :mod:`.fields`, the validators
+they share.
 """
 
 from .admission import MAX_REASON as MAX_REASON
@@ -43,6 +44,8 @@ from .logs import MAX_LOG_TRACEBACK as MAX_LOG_TRACEBACK
 from .logs import LogEntry as LogEntry
 from .logs import WorkerLog as WorkerLog
 from .progress import Progress as Progress
+from .shared_batches import BatchSlots as BatchSlots
+from .shared_batches import SharedBatch as SharedBatch
 from .weights import CHUNK as CHUNK
 from .weights import MAX_CHUNK_PARTS as MAX_CHUNK_PARTS
 from .weights import MAX_CHUNKS as MAX_CHUNKS
@@ -60,8 +63,8 @@ __all__ = [
     "CHUNK", "MAX_CHUNKS", "MAX_CHUNK_PARTS", "MAX_INSTANCE", "MAX_KEY", "MAX_LAYOUT_KEYS",
     "MAX_LOG_LOGGER", "MAX_LOG_MESSAGE", "MAX_LOG_RECORDS", "MAX_LOG_TRACEBACK",
     "MAX_MODEL_ID", "MAX_REASON", "MAX_RELAY_MEMBERS", "PROTOCOL", "RELAY_TO", "WEIGHTS_KIND",
-    "Batch", "Closing", "Collect", "Control", "ErrorReport", "Hello", "Leaving", "LogEntry",
-    "Preempt", "Progress",
-    "Refuse", "Rejoin", "RelayAck", "RelayAttached", "RelayHello", "RelayWelcome", "WeightChunk",
+    "Batch", "BatchSlots", "Closing", "Collect", "Control", "ErrorReport", "Hello", "Leaving",
+    "LogEntry", "Preempt", "Progress", "Refuse", "Rejoin", "RelayAck", "RelayAttached",
+    "RelayHello", "RelayWelcome", "SharedBatch", "WeightChunk",
     "WeightMeta", "WeightsApplied", "Welcome", "WorkerLog", "compact", "rebuild",
 ]

@@ -16,6 +16,10 @@ JOIN_BACKOFF = 0.5
 JOIN_BACKOFF_MAX = 8.0
 
 
+class RunFull(Exception):
+    """The coordinator refused us only because it has no free place: ask again later."""
+
+
 def full_pause(backoff: float) -> tuple[float, float]:
     """``(pause, next backoff)``: how long to wait now (jittered), and the next step.
 
@@ -26,4 +30,4 @@ def full_pause(backoff: float) -> tuple[float, float]:
     return backoff * (1 + random.random() / 4), min(2 * backoff, JOIN_BACKOFF_MAX)
 
 
-__all__ = ["JOIN_BACKOFF", "JOIN_BACKOFF_MAX", "full_pause"]
+__all__ = ["JOIN_BACKOFF", "JOIN_BACKOFF_MAX", "RunFull", "full_pause"]

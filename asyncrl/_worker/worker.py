@@ -27,7 +27,7 @@ from .._errors import WorkerExit
 from .._protocol import (
     PROTOCOL,
     WEIGHTS_KIND,
-    Batch,
+    BatchSlots,
     Closing,
     Collect,
     Control,
@@ -38,7 +38,6 @@ from .._protocol import (
     Refuse,
     Rejoin,
     Welcome,
-    compact,
 )
 from .._rollout.envs import make_env_pool
 from .._rollout.loop import Rollout
@@ -56,8 +55,9 @@ from .._spawn.stop_signals import STOP_SIGNALS, ignore_stop_signals
 from .._spawn.threads import use_torch_threads
 from ..weights import WeightApplier
 from .control import TOUCHES_WEIGHTS, run_control
-from .join_backoff import JOIN_BACKOFF, full_pause
+from .join_backoff import JOIN_BACKOFF, RunFull, full_pause
 from .log_forward import LogForwarder
+from .outgoing import OutgoingBatches
 from .progress import ProgressReport
 from .reconnect import await_next_trainer, ride_out, wait_for_coordinator
 from .relay_member import RelayMembership
@@ -65,10 +65,6 @@ from .spec import WorkerSpec
 from .unanswered import cancel_when_denied, denied, no_welcome, unreachable
 
 log = logging.getLogger("asyncrl.worker")
-
-class _RunFull(Exception):
-    """The coordinator refused us only because it has no free place: ask again later."""
-
 
 def error_report(error: BaseException, *, fatal: bool = True, slot: int = -1,
                  token: str = "") -> ErrorReport:
@@ -118,7 +114,6 @@ class Worker:
         self.policy: Any = None
         self.rollout: Rollout | None = None
         self.index = -1
-        self._compact_batches = False  # the welcome says whether the trainer rebuilds them
         self.instance = ""  # the coordinator instance that welcomed us last
         self._requests: deque[int] = deque()
         self._request_ready = anyio.Event()
@@ -131,6 +126,7 @@ class Worker:
         self._pending_early: list[Message] = []  # weights that came before the welcome
         self._progress = ProgressReport(link, self.collecting)  # slow is not hung
         self._exit: WorkerExit | None = None
+        self._outgoing = OutgoingBatches()  # shared-memory slots, or the wire (compact?)
 
     @property
     def env(self) -> Any:
@@ -257,6 +253,7 @@ class Worker:
                 log.error("worker exits: %s", exc)
             return exc.code
         finally:
+            self._outgoing.detach()
             self._close_envs()
 
     def _admitted_now(self) -> bool:
@@ -291,6 +288,7 @@ class Worker:
     async def _join(self) -> None:
         """Hello, welcome, and a rollout for the index we were given."""
         self._requests.clear()  # credits of an earlier admission are void
+        self._outgoing.detach()  # and so is its segment: a new admission starts on the wire
         await self._relay.attach()
         hello = Hello(protocol=PROTOCOL, name=self.link.identity.decode(errors="replace"),
                       host=socket.gethostname(), pid=os.getpid(),
@@ -299,7 +297,7 @@ class Worker:
                       group_size=self.group[1])
         welcome = await self._hello_until_welcome(hello)
         self.index = welcome.index
-        self._compact_batches = welcome.compact_batches
+        self._outgoing.compact = welcome.compact_batches
         if welcome.instance and welcome.instance != self.instance:
             if self.instance:
                 # A trainer that said it was only stopping (a rollout, a drain) is
@@ -358,7 +356,7 @@ class Worker:
             try:
                 with anyio.move_on_after(wait):
                     welcome = await self._await_welcome(hello.attempt)
-            except _RunFull as full:
+            except RunFull as full:
                 pause, after = full_pause(backoff)  # jittered: not all at once
                 if deadline is not None and anyio.current_time() + pause > deadline:
                     raise WorkerExit(EXIT_REFUSED, f"the coordinator refused this worker: "
@@ -389,7 +387,7 @@ class Worker:
             if message.kind == Refuse.KIND:
                 refuse = Refuse.from_body(message.body)
                 if refuse.full and self.join_timeout is not None:
-                    raise _RunFull(refuse.reason)
+                    raise RunFull(refuse.reason)
                 raise WorkerExit(EXIT_REFUSED,
                                  f"the coordinator refused this worker: {refuse.reason}")
             if message.kind == WEIGHTS_KIND:
@@ -433,6 +431,8 @@ class Worker:
                         self.rollout.request_stop()
                 elif message.kind == WEIGHTS_KIND:
                     self._weights.deliver(message)
+                elif message.kind == BatchSlots.KIND:
+                    self._outgoing.offered(BatchSlots.from_body(message.body))
                 elif message.kind == Control.KIND:
                     control = Control.from_body(message.body)
                     if control.op == "close":
@@ -491,7 +491,7 @@ class Worker:
             async with self._busy:
                 self._current_request = request
                 try:
-                    frames = await anyio.to_thread.run_sync(self._collect_one, request)
+                    message = await anyio.to_thread.run_sync(self._collect_one, request)
                 except Exception as exc:
                     await self._report_and_exit(exc)
                 finally:
@@ -499,7 +499,7 @@ class Worker:
                 self._weights.after_batch()
             if self._leaving:  # cut short by a signal: not a batch anyone asked for
                 await anyio.sleep_forever()
-            await self.link.send(Batch(request, *frames).to_body(), kind=Batch.KIND)
+            await self.link.send(message.to_body(), kind=message.KIND)
 
     def collecting(self) -> tuple[int, int] | None:
         """(request, env steps done) while a batch is collected, else None."""
@@ -511,9 +511,7 @@ class Worker:
         use_torch_threads(self.spec.torch_threads)  # this is a pool thread, not the main one
         # A share preempted before it started is sent empty: the round is waiting.
         max_steps = 0 if request == self._preempted else None
-        # The rollout reuses its buffers: the message gets its own (compact) copy.
-        frames = self.rollout.collect(max_steps)
-        return compact(frames) if self._compact_batches else (frames.clone(), None)
+        return self._outgoing.take(self.rollout.collect(max_steps), request)
 
     async def _report_and_exit(self, error: BaseException) -> None:
         log.error("worker error: %s", error)

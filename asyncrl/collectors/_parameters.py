@@ -186,6 +186,11 @@ MULTI_PARAMETERS = """
     max_message_bytes
         Largest message a listening coordinator accepts (default: derived from the batch
         and the policy's size).
+    shared_memory_batches
+        Local workers write their batches into shared memory the trainer made (``/dev/shm``),
+        and only a small notice crosses the socket (default True); remote workers always
+        use the socket. False: every batch crosses the socket. A ``/dev/shm`` too small
+        falls back to the socket with one WARNING.
     num_threads
         Torch threads of the trainer's process while the collector is open (default:
         the machine's threads minus the local workers, at least 1).

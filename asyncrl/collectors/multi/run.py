@@ -82,6 +82,8 @@ class MultiRun:
     replacement_timeout: float | None = 300.0
     #: Seconds the trainer's first call waits for every worker to join (None: no bound).
     startup_timeout: float | None = 300.0
+    #: Local workers' batches through shared memory (the wire for remote ones).
+    shared_memory_batches: bool = True
     # -- while open ------------------------------------------------------------------
     hub: Hub | None = None
     coordinator: Coordinator | None = None
@@ -91,6 +93,11 @@ class MultiRun:
     background: anyio.CancelScope | None = None
     background_done: anyio.Event | None = None
     closing: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.shared_memory_batches, bool):
+            raise TypeError(f"shared_memory_batches must be True or False, got "
+                            f"{self.shared_memory_batches!r}")
 
     @property
     def num_workers(self) -> int:
@@ -227,7 +234,7 @@ def _make_coordinator(run: MultiRun, losses: LossHandling, hub: Hub, token: str,
         scheme_configs={model_id: scheme.to_config()
                         for model_id, scheme in run.schemes.items()},
         max_remote_workers=run.remote_workers, specs=specs, publish=run.publish,
-        paused=paused,
+        paused=paused, shared_memory_batches=run.shared_memory_batches,
     )
 
 

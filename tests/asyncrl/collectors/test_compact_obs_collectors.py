@@ -50,7 +50,9 @@ async def test_workers_ship_next_observations_once_and_the_trainer_rebuilds_them
         anyio_backend: str, sync: bool, envs: int) -> None:
     batches = []
     with anyio.fail_after(LIMIT):
+        # On the wire (local workers' batches otherwise go through shared memory).
         async with MultiCollector(wide_identity_env, sync=sync, num_workers=2,
+                                  shared_memory_batches=False,
                                   envs_per_worker=envs, frames_per_batch=24,
                                   total_frames=96) as collector:
             async for batch in collector:
@@ -137,9 +139,10 @@ async def test_workers_compact_only_when_the_welcome_offers_it(
     batches = []
     with anyio.fail_after(LIMIT):
         async with MultiCollector(wide_identity_env, sync=True, num_workers=2,
+                                  shared_memory_batches=False,
                                   frames_per_batch=16, total_frames=64) as collector:
             async for batch in collector:
                 batches.append(batch.clone())
-    assert patches and set(patches) == {offered}
+    assert len(patches) == 4 * 2 and set(patches) == {offered}
     for batch in batches:
         check_exact(batch)

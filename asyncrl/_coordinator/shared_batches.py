@@ -1,0 +1,200 @@
+"""The trainer's side of local workers' batches in shared memory.
+
+A local worker's first batch crosses the socket as usual; it is checked like
+any batch and its layout (keys, dtypes, ``[N, T, ...]`` shapes, ``T`` from the
+worker's share) becomes the segment the trainer creates for that worker, with
+two slots. The worker is offered the segment (:class:`~asyncrl._protocol.BatchSlots`)
+and from then on writes each batch into a slot and sends a small
+:class:`~asyncrl._protocol.SharedBatch`. The trainer copies the slot out at
+receipt (one copy: the batch it hands on owns its memory, so the worker never
+waits on the trainer's training step) and clears the slot's ``held`` word,
+which the worker waits on before it writes that slot again.
+
+Why two slots (``prefetch + 1``, at least 2): with one, the worker's next
+batch would wait for the trainer to read the previous one (its event loop may
+be busy with the trainer's step); with two, the worker writes batch k+1 while
+batch k is read. In async mode a worker may have ``prefetch`` batches unread,
+so one more slot than that never makes it wait.
+
+Why the worker still copies (not the rollout's buffers living in the segment):
+the rollout reuses its buffers for the next batch at once, so they would need
+one set per slot and a re-planned hot loop per batch; the copy into the slot
+replaces the message's ``.clone()`` at the same cost, and what this removes is
+the socket's copies, the codec and the receive buffers (measured in
+``benchmarks/pixels_throughput.py``).
+
+A notice is hostile input: its segment must be the one made for that worker,
+its slot in range and written (``held``), its steps at most the layout's ``T``;
+shapes come from the trainer's layout only. A worker lost, re-admitted or
+expelled has its segment unlinked; :meth:`SharedBatches.close` unlinks them all.
+A full ``/dev/shm`` turns the feature off for the run with one WARNING.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+
+from transports import ProtocolError, SharedMemoryFullError, SharedTensorBlock, copy_into
+
+from .._protocol import Batch, BatchSlots, SharedBatch
+from .._protocol.shared_batches import MAX_BATCH_SLOTS
+from .records import WorkerInfo
+
+log = logging.getLogger("asyncrl.coordinator")
+
+#: Slots per worker segment in sync mode (see the module docstring).
+SLOTS = 2
+
+
+@dataclass(eq=False)
+class _Segment:
+    block: SharedTensorBlock
+    keys: list[tuple[str, ...]]
+    views: list[list[torch.Tensor]]  # per slot, per key: [N, T, ...] views of the segment
+    held: list[torch.Tensor]  # per slot: the int64 word the worker sets and we clear
+    envs: int
+    steps: int
+    device: str | None
+
+
+class SharedBatches:
+    """Segments of the local workers, by peer.
+
+    >>> shared = SharedBatches(enabled=True, share_frames=[4])
+    >>> shared.names(), shared.slots
+    ([], 2)
+    >>> shared.close()
+    """
+
+    def __init__(self, *, enabled: bool, share_frames: list[int], slots: int = SLOTS) -> None:
+        self.enabled = enabled
+        #: Slots of each segment: ``prefetch + 1``, at least 2, at most 8.
+        self.slots = max(SLOTS, min(slots, MAX_BATCH_SLOTS))
+        self._share_frames = share_frames
+        self._local: set[bytes] = set()
+        self._segments: dict[bytes, _Segment] = {}
+
+    def names(self) -> list[str]:
+        """The segments alive now (tests and ``statistics`` read it)."""
+        return [s.block.name for s in self._segments.values()]
+
+    def admitted(self, peer: bytes, *, local: bool) -> None:
+        """A (re-)admitted worker starts on the wire; a local one may be offered a segment."""
+        self.forget(peer)
+        if local:
+            self._local.add(peer)
+
+    def forget(self, peer: bytes) -> None:
+        """Lost, expelled or admitted again: its segment (if any) is unlinked."""
+        self._local.discard(peer)
+        segment = self._segments.pop(peer, None)
+        if segment is not None:
+            _drop(segment)
+
+    def close(self) -> None:
+        """Unlink every segment (idempotent); a worker's mapping stays valid until it exits."""
+        self._local.clear()
+        while self._segments:
+            _drop(self._segments.popitem()[1])
+
+    # -- offer -------------------------------------------------------------------------------
+    def offer(self, worker: WorkerInfo, frames: TensorDictBase) -> BatchSlots | None:
+        """After a local worker's first accepted wire batch: its segment's offer, or None."""
+        peer = worker.peer
+        if not self.enabled or peer not in self._local or peer in self._segments:
+            return None
+        self._local.discard(peer)  # one attempt per admission
+        layout = _layout(frames, self._share(worker.index))
+        if layout is None:
+            return None
+        keys, examples, steps = layout
+        tensors = {f"t{i}": t for i, t in enumerate(examples)}
+        tensors["held"] = torch.zeros(1, dtype=torch.int64)
+        try:
+            block = SharedTensorBlock.create(tensors, slots=self.slots)
+        except TypeError:  # a dtype a block cannot hold: this worker stays on the wire
+            return None
+        except SharedMemoryFullError as exc:
+            self.enabled = False
+            log.warning("batches go over the socket for the rest of this run: %s (or pass "
+                        "shared_memory_batches=False to silence this)", exc)
+            return None
+        slots = range(self.slots)
+        views = [[block.slot_views(s)[f"t{i}"] for i in range(len(keys))] for s in slots]
+        held = [block.slot_views(s)["held"] for s in slots]
+        device = None if frames.device is None else "cpu"
+        self._segments[peer] = _Segment(block, keys, views, held, frames.batch_size[0], steps,
+                                        device)
+        return BatchSlots(block.name, keys)
+
+    def _share(self, index: int) -> int:
+        shares = self._share_frames
+        return shares[index] if 0 <= index < len(shares) else shares[0]
+
+    # -- receipt -------------------------------------------------------------------------------
+    def receive(self, worker: WorkerInfo, notice: SharedBatch) -> Batch:
+        """The batch a notice points at, copied out of its slot (which is then free again).
+
+        Raises :class:`ProtocolError` for a notice that does not match what this
+        trainer made for ``worker``.
+        """
+        segment = self._segments.get(worker.peer)
+        if segment is None or segment.block.name != notice.name:
+            made = "none" if segment is None else segment.block.name
+            raise ProtocolError(f"shared batch in segment {notice.name!r}: worker {worker.index}"
+                                f"'s segment is {made}; a worker writes only into the segment "
+                                "the trainer offered it")
+        if not 0 <= notice.slot < len(segment.held):
+            raise ProtocolError(f"shared batch slot {notice.slot}: the segment has slots "
+                                f"0..{len(segment.held) - 1}")
+        if not 0 <= notice.steps <= segment.steps:
+            raise ProtocolError(f"shared batch of {notice.steps} steps: worker {worker.index}'s "
+                                f"share has at most {segment.steps}")
+        held = segment.held[notice.slot]
+        if int(held[0]) != 1:
+            raise ProtocolError(f"shared batch in slot {notice.slot}, which the worker has not "
+                                "written (or which was read already)")
+        frames = _gather(segment, notice.slot, notice.steps)
+        held[0] = 0  # after the copy: the worker may write the slot again
+        return Batch(notice.request, frames)
+
+
+def _layout(frames: TensorDictBase, share: int
+            ) -> tuple[list[tuple[str, ...]], list[torch.Tensor], int] | None:
+    """The batch's leaves and ``[N, T, ...]`` examples, or None if it cannot be shared."""
+    if frames.batch_dims != 2 or frames.batch_size[0] == 0 or share % frames.batch_size[0]:
+        return None
+    envs, steps = frames.batch_size[0], share // frames.batch_size[0]
+    keys: list[tuple[str, ...]] = []
+    examples: list[torch.Tensor] = []
+    for key, value in frames.items(include_nested=True, leaves_only=True):
+        if not isinstance(value, torch.Tensor) or value.device.type != "cpu":
+            return None
+        keys.append((key,) if isinstance(key, str) else tuple(key))
+        # Meta tensors: the block reads dtypes and shapes only.
+        examples.append(torch.empty((envs, steps, *value.shape[2:]), dtype=value.dtype,
+                                    device="meta"))
+    return (keys, examples, steps) if keys else None
+
+
+def _gather(segment: _Segment, slot: int, steps: int) -> TensorDict:
+    out = TensorDict({}, batch_size=[segment.envs, steps], device=segment.device)
+    for key, view in zip(segment.keys, segment.views[slot], strict=True):
+        part = view[:, :steps]
+        copy = torch.empty(part.shape, dtype=part.dtype)
+        copy_into(copy, part)  # one memcpy when whole: torch's pool may wait on busy cores
+        out.set(key if len(key) > 1 else key[0], copy)
+    return out
+
+
+def _drop(segment: _Segment) -> None:
+    segment.views, segment.held = [], []
+    segment.block.close()
+    segment.block.unlink()
+
+
+__all__ = ["SLOTS", "SharedBatches"]

@@ -1,0 +1,45 @@
+"""How a collected batch leaves a worker: one copy, into shared memory or onto the wire.
+
+A local worker the trainer gave shared-memory slots (``batch_slots.py``) copies the
+batch into the next slot and sends only a notice. Otherwise the message gets its own
+copy, because the rollout reuses its buffers for the next batch at once; that copy is
+compact (``("next", obs)`` only where the following step does not repeat it) when the
+trainer's welcome said it rebuilds compact batches, whole for a coordinator of an
+earlier release.
+"""
+
+from __future__ import annotations
+
+from tensordict import TensorDictBase
+
+from .._protocol import Batch, BatchSlots, SharedBatch, compact
+from .batch_slots import SlotWriter
+
+
+class OutgoingBatches:
+    """The one copy of each batch a worker sends, and where it goes.
+
+    >>> out = OutgoingBatches()
+    >>> out.compact, out.slots.attached
+    (False, False)
+    """
+
+    def __init__(self) -> None:
+        self.slots = SlotWriter()  # the trainer's shared-memory slots for our batches
+        #: The welcome said the trainer rebuilds compact batches.
+        self.compact = False
+
+    def detach(self) -> None:
+        """Back to the wire: the admission that offered the slots is over."""
+        self.slots.detach()
+
+    def offered(self, offer: BatchSlots) -> None:
+        self.slots.attach(offer)
+
+    def take(self, frames: TensorDictBase, request: int) -> Batch | SharedBatch:
+        """The message for ``frames`` (the rollout's buffers), made with one copy."""
+        if (shared := self.slots.write(frames, request)) is not None:
+            return shared  # in the trainer's shared memory: the notice is all that travels
+        if self.compact:
+            return Batch(request, *compact(frames))
+        return Batch(request, frames.clone())
