@@ -49,7 +49,8 @@ def hello(*, slot: int = -1, token: str = "", protocol: int = PROTOCOL, pid: int
 
 
 def welcome(index: int, attempt: int = 0) -> Welcome:
-    return Welcome(index=index, share_frames=FRAMES, attempt=attempt, instance=INSTANCE)
+    return Welcome(index=index, share_frames=FRAMES, attempt=attempt, instance=INSTANCE,
+                   compact_batches=True)
 
 
 def share(worker_id: int, steps: int = FRAMES) -> TensorDict:
