@@ -8,6 +8,9 @@ freed memory. In the 4-worker pixel run (``benchmarks/pixels.py``) that was abou
 11 MB per worker (two batch copies held, one in use). A fixed threshold of
 :data:`MMAP_THRESHOLD` stops the drift: what is smaller (a policy's activations,
 per step) is still reused from the arenas, what is larger is unmapped when freed.
+The trim threshold is set to twice that, as glibc's own rule would at that size
+(a fixed mmap threshold leaves it at 128 KiB: a step's activations freed at the top
+of the heap would be given back and faulted in again at every step).
 
 Only in worker processes asyncrl starts, never in the user's own process; a
 ``MALLOC_MMAP_THRESHOLD_`` the user set wins (glibc read it at start). Not glibc
@@ -29,11 +32,12 @@ MMAP_THRESHOLD = 1 << 20
 #: The variable glibc reads at start; when set, the user chose and this module does nothing.
 ENV_VARIABLE = "MALLOC_MMAP_THRESHOLD_"
 
-_M_MMAP_THRESHOLD = -3  # mallopt's parameter number (malloc.h)
+_M_TRIM_THRESHOLD = -1  # mallopt's parameter numbers (malloc.h)
+_M_MMAP_THRESHOLD = -3
 
 
 def return_large_buffers(threshold: int = MMAP_THRESHOLD) -> bool:
-    """Fix this process's mmap threshold at ``threshold`` bytes; True when set.
+    """Fix this process's mmap threshold at ``threshold`` bytes (trim: twice); True when set.
 
     Never raises: the default allocator still works, only with more memory kept.
     """
@@ -42,6 +46,7 @@ def return_large_buffers(threshold: int = MMAP_THRESHOLD) -> bool:
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
         done = bool(libc.mallopt(_M_MMAP_THRESHOLD, ctypes.c_int(threshold)))
+        done = done and bool(libc.mallopt(_M_TRIM_THRESHOLD, ctypes.c_int(2 * threshold)))
     except (OSError, AttributeError) as exc:
         log.debug("malloc's mmap threshold not set: %r", exc)
         return False
