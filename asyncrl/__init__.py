@@ -19,12 +19,6 @@ module is private (``asyncrl._name``).
 import logging as _logging
 from importlib import metadata as _metadata
 
-# First: importing it starts the fork server, which imports what workers need while this
-# process imports the rest (ASYNCRL_EARLY_FORK_SERVER=0 turns it off; when it is safe: there).
-from ._spawn import early as _early  # noqa: F401
-
-# isort: split
-
 from ._errors import AsyncRLError as AsyncRLError
 from ._errors import BadBatchError as BadBatchError
 from ._errors import CollectorError as CollectorError
@@ -101,3 +95,11 @@ __all__ = [
     "WorkerStatistics",
     "__version__",
 ]
+
+from ._spawn import early as _early  # noqa: E402
+
+# Last: the fork server forked now starts with all of the above imported (torch,
+# tensordict, asyncrl: pages shared with this process, not imported twice) and imports
+# the rest of what workers need while this process goes on (ASYNCRL_EARLY_FORK_SERVER=0
+# turns it off; when it is safe: there).
+_early.start_early_fork_server()

@@ -9,7 +9,7 @@ the arg-max action. Each case runs in a fresh interpreter (one after the other, 
 turn, repeated), collects ``--batches`` batches of 512 frames, then reads the
 proportional set size (PSS: shared pages divided among the processes that map them,
 ``/proc/<pid>/smaps_rollup``) of the trainer and of every process below it, while the
-run is still alive:
+run is still alive (and, for context, frames/s over the batches after the first):
 
 - ``vector``: ``gymnasium.vector.AsyncVectorEnv(shared_memory=True)``, 4 envs, the CNN
   batched in the trainer (the baseline of issue 38);
@@ -32,6 +32,7 @@ import shlex
 import statistics
 import subprocess
 import sys
+import time
 from collections import defaultdict
 from typing import Any
 
@@ -221,11 +222,15 @@ def run_vector(batches: int) -> dict[str, Any]:
     cnn = make_cnn()
     envs = gym.vector.AsyncVectorEnv([make_env] * N_ENVS, shared_memory=True)
     obs, _ = envs.reset(seed=0)
+    steps = FRAMES_PER_BATCH // N_ENVS
     with torch.no_grad():
-        for _ in range(batches * FRAMES_PER_BATCH // N_ENVS):
+        for step in range(batches * steps):
+            if step == steps:  # the first batch (warm-up) is not timed, as for asyncrl
+                start = time.perf_counter()
             action = cnn(torch.from_numpy(obs)).numpy()
             obs, *_ = envs.step(action)
-    result = snapshot(set())
+    rate = (batches - 1) * FRAMES_PER_BATCH / (time.perf_counter() - start)
+    result = {**snapshot(set()), "frames_per_s": rate}
     envs.close()
     return result
 
@@ -246,8 +251,11 @@ def run_asyncrl(batches: int) -> dict[str, Any]:
             count = 0
             async for _ in collector:
                 count += 1
+                if count == 1:
+                    start = time.perf_counter()
                 if count == batches:
-                    result.update(snapshot(set(collector.worker_pids)))
+                    rate = (batches - 1) * FRAMES_PER_BATCH / (time.perf_counter() - start)
+                    result.update(snapshot(set(collector.worker_pids)), frames_per_s=rate)
                     break
 
     anyio.run(main)
@@ -296,7 +304,9 @@ def report(cases: list[str], results: dict[str, list[dict[str, Any]]]) -> None:
     for case in cases:
         totals = ", ".join(f"{r['total_mb']:.0f}" for r in results[case])
         ratio = f" = {medians[case] / medians['vector']:.2f}x vector" if "vector" in medians else ""
-        print(f"  {case:13s} PSS median {medians[case]:.0f} MB{ratio}  (runs: {totals})")
+        rate = statistics.median(r.get("frames_per_s", 0.0) for r in results[case])
+        print(f"  {case:13s} PSS median {medians[case]:.0f} MB{ratio}  (runs: {totals}); "
+              f"{rate:,.0f} frames/s (median; a busy machine moves it, memory less)")
     kinds = ["torch libraries", "other libraries", "anonymous", "shared memory", "other files"]
     print("\n| case | process | n | PSS MB | " + " | ".join(kinds) + " |")
     print("|---|---|---|---|" + "---|" * len(kinds))

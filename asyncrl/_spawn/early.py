@@ -1,13 +1,15 @@
-"""The fork server, started at ``import asyncrl``: warm while the trainer still imports.
+"""The fork server, started at ``import asyncrl``: warm while the trainer goes on.
 
 A collector's workers are forked from multiprocessing's fork server, which imports
 torch, tensordict, gymnasium and the worker's modules once. Started by the
 collector's constructor, it began that import after the trainer had done its own:
-the first batch came about one import of torch later than it could. Started here
-instead, it is forked from the trainer at ``import asyncrl``: it begins with what
-the trainer has imported so far (torch, usually: shared copy-on-write, so no worker
-pays for it again, in time or in memory) and imports the rest while the trainer
-goes on with its own.
+the first batch came about one import of torch later than it could, and the fork
+server and the trainer each held a copy of what they had imported. Started here
+instead, it is forked from the trainer at the last statement of ``import asyncrl``:
+it begins with everything asyncrl imported (torch, tensordict, asyncrl itself: pages
+shared copy-on-write with the trainer, so neither pays for them twice, in time or
+in memory), imports the rest of what workers need (gymnasium, the user's script as
+``__mp_main__``, once for all workers) and freezes it for the garbage collector.
 
 The fork is taken only while it is safe: no other Python thread in the trainer
 (no lock held elsewhere; ZeroMQ's I/O threads and CUDA come later, with a
@@ -42,9 +44,10 @@ log = logging.getLogger("asyncrl.collectors")
 #: ``0`` (or ``false``, ``no``, ``off``): do not start the fork server at ``import asyncrl``.
 ENV_VARIABLE = "ASYNCRL_EARLY_FORK_SERVER"
 
-#: Imported once by the fork server, so that each worker starts warm.
+#: Imported once by the fork server, so that each worker starts warm (anyio's asyncio
+#: backend: imported by anyio.run, else by each worker after its fork).
 PRELOAD = ("torch", "tensordict", "gymnasium", "asyncrl._worker.worker", "asyncrl._rollout.envs",
-           "asyncrl._worker.entry", "asyncrl._inference.env_stepper")
+           "asyncrl._worker.entry", "asyncrl._inference.env_stepper", "anyio._backends._asyncio")
 
 #: Set in the fork server's own environment to its pid: it imports asyncrl again.
 _SERVER_MARK = "_ASYNCRL_FORK_SERVER_PID"
@@ -147,7 +150,10 @@ def _fork_server() -> None:
     with without_unavailable_main():
         resource_tracker.ensure_running()  # before the fork: the server and workers share it
         preload = preload_modules(state)
-        main_path = spawn.get_preparation_data("ignore").get("main_path")
+        # The script the trainer runs, for the server to run once as its workers'
+        # ``__mp_main__`` (each worker ran it again: multiprocessing's own fork server
+        # asks for a "main_path" that get_preparation_data no longer gives).
+        main_path = spawn.get_preparation_data("ignore").get("init_main_from_path")
         with socket.socket(socket.AF_UNIX) as listener:
             address = connection.arbitrary_address("AF_UNIX")  # type: ignore[attr-defined]
             listener.bind(address)
@@ -198,13 +204,18 @@ def _serve(listener_fd: int, alive_r: int, alive_w: int, preload: list[str],
 
 
 def _forget_half_imported() -> None:  # pragma: no cover -- runs in the fork server
-    # Become a fresh process's equal: the modules being imported when the trainer was
-    # forked (asyncrl itself, a module of the user's that imports it) would stay half
-    # done here forever; they are imported again, whole, when needed. The trainer's
-    # script (half run) is replaced: a worker runs it again as a spawned one would.
+    # Become a fresh process's equal. asyncrl was forked at the last statement of its
+    # __init__ (every submodule whole): it is marked imported (else an import of it from
+    # another thread would wait for the module lock this thread holds forever here), and
+    # its modules' pages stay shared with the trainer. Other modules being imported then
+    # (a module of the user's that imports asyncrl) would stay half done here forever:
+    # they are imported again, whole, when needed. The trainer's script (half run) is
+    # replaced: forkserver.main runs it again, whole, as ``__mp_main__``.
+    spec = getattr(sys.modules.get("asyncrl"), "__spec__", None)
+    if getattr(spec, "_initializing", False):
+        spec._initializing = False  # type: ignore[union-attr]  # noqa: SLF001 -- importlib's flag
     for name, module in list(sys.modules.items()):
-        if name == "asyncrl" or name.startswith("asyncrl.") \
-                or getattr(getattr(module, "__spec__", None), "_initializing", False):
+        if getattr(getattr(module, "__spec__", None), "_initializing", False):
             del sys.modules[name]
     sys.modules["__main__"] = types.ModuleType("__main__")
 
@@ -259,7 +270,6 @@ def _flush_std_streams() -> None:
 
 
 os.register_at_fork(after_in_child=_forget_in_child)
-start_early_fork_server()  # at import: asyncrl/__init__ imports this module first
 
 __all__ = ["ENV_VARIABLE", "PRELOAD", "early_start_refused", "preload_modules",
            "start_early_fork_server"]

@@ -28,6 +28,7 @@ from transports import random_identity
 from .._spawn import logs as _logs
 from .._spawn.absent_modules import remember_absent_modules
 from .._spawn.child import allow_children, exit_process, process_alive, remove_orphaned_dir
+from .._spawn.malloc import return_large_buffers
 from .._spawn.processes import WorkerProcesses
 from .log_forward import forward_logs
 from .spec import WorkerSpec
@@ -108,6 +109,7 @@ def process_main(endpoint: str, spec_path: str, slot: int, identity: bytes, toke
     stderr = logging.getLogger().handlers[0]  # apply()'s: the fallback
     forwarder, _ = forward_logs(stderr)
     remember_absent_modules()  # a per-step import probe of tensordict's, answered at once
+    return_large_buffers()  # batch-sized buffers go back to the system when freed
     with open(spec_path, "rb") as f:
         spec = pickle.load(f)
     if isinstance(spec, list):  # one per slot (per-worker env factories)
@@ -165,6 +167,7 @@ def host_process_main(endpoint: str, spec: WorkerSpec, backend: str,
     if options.pop("forward_logs", True):
         options["log_forwarder"], _ = forward_logs(None)  # stderr keeps its copy
     remember_absent_modules()  # a per-step import probe of tensordict's, answered at once
+    return_large_buffers()  # batch-sized buffers go back to the system when freed
     code = anyio.run(lambda: run_worker(endpoint, spec, handle_signals=True, **options),
                      backend=backend)
     # A normal exit: multiprocessing joins what this (non-daemonic) worker started. The

@@ -101,8 +101,11 @@ def test_the_environment_variable_turns_it_off(value: str) -> None:
 
 
 def test_not_started_when_other_threads_run() -> None:
-    code = "import threading, time\nthreading.Thread(target=time.sleep, args=(2,)).start()\n"
-    assert _server_pid(_run(code + SERVER_PID)) is None
+    # The thread runs until the import is over (however long it takes), then ends.
+    code = ("import threading\nrunning = threading.Event()\n"
+            "threading.Thread(target=running.wait, args=(LIMIT,)).start()\n")
+    assert _server_pid(_run(code.replace("LIMIT", str(LIMIT)) + SERVER_PID
+                            + "running.set()\n")) is None
 
 
 @pytest.mark.parametrize("start_method", ["fork", "forkserver", "spawn"])
@@ -136,3 +139,57 @@ def test_python_dash_m_asyncrl_is_its_own_command_line(
     monkeypatch.setattr(sys, "orig_argv", orig_argv)
     monkeypatch.setattr(sys, "argv", ["-m"])
     assert early._is_asyncrl_command() is refused
+
+
+# A script whose module level notes every process that runs it; its env factory notes
+# what the worker process holds.
+WHO_RUNS = """
+import os
+with open(os.environ["NOTES"], "a") as f:
+    f.write(f"run {os.getpid()} {__name__}\\n")
+import anyio
+import asyncrl
+
+
+def make_env():
+    import gc, importlib, sys, threading
+    import gymnasium as gym
+    # Another thread imports from asyncrl: it must not wait for the import lock the
+    # fork server's frozen 'import asyncrl' holds.
+    thread = threading.Thread(target=importlib.import_module, args=("asyncrl.testing",))
+    thread.start()
+    thread.join(60)
+    with open(os.environ["NOTES"], "a") as f:
+        f.write(f"worker {os.getpid()} torchrl={'torchrl' in sys.modules} "
+                f"ray={'ray' in sys.modules} frozen={gc.get_freeze_count() > 0} "
+                f"thread_import_done={not thread.is_alive()}\\n")
+    return gym.make("CartPole-v1")
+
+
+async def main():
+    async with asyncrl.MultiSyncCollector(make_env, num_workers=1, frames_per_batch=8,
+                                          total_frames=8) as c:
+        async for batch in c:
+            print("WORKER", c.worker_pids[0], list(batch.shape), flush=True)
+
+
+if __name__ == "__main__":
+    from multiprocessing import forkserver
+    print("SERVER", forkserver._forkserver._forkserver_pid, flush=True)
+    anyio.run(main)
+"""
+
+
+def test_the_script_runs_once_in_the_fork_server_not_in_each_worker(tmp_path: Path) -> None:
+    notes = tmp_path / "notes.txt"
+    out = _run(WHO_RUNS, env={"NOTES": str(notes)}, tmp_path=tmp_path)
+    server = _server_pid(out)
+    worker = next(line.split()[1] for line in out.splitlines() if line.startswith("WORKER"))
+    assert "[1, 8]" in out, out
+    runs = [line.split()[1:] for line in notes.read_text().splitlines() if line.startswith("run")]
+    # The trainer ran it as __main__, the fork server as its workers' __mp_main__; the
+    # worker, forked from that server, did not run it again.
+    assert [name for _, name in runs] == ["__main__", "__mp_main__"], runs
+    assert runs[1][0] == str(server) and worker not in (pid for pid, _ in runs), (runs, worker)
+    assert f"worker {worker} torchrl=False ray=False frozen=True thread_import_done=True" \
+        in notes.read_text(), notes.read_text()
