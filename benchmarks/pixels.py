@@ -324,20 +324,32 @@ def main() -> None:
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--json", help="write every run's numbers here")
     args = parser.parse_args()
+    if args.batches < 2:
+        parser.error(f"--batches must be at least 2 (the first one is not timed), got "
+                     f"{args.batches}")
     if args.child:
         _child(args.child, args.batches)
         return
     cases = args.cases.split(",")
-    results: dict[str, list[dict[str, Any]]] = {c: [] for c in cases}
-    for repeat in range(args.repeats):
-        for case in cases:
-            results[case].append(run_case(case, args.batches))
-        print(f"repeat {repeat}: " + ", ".join(
-            f"{c} {results[c][-1]['total_mb']:.0f} MB" for c in cases), flush=True)
+    results = interleave(cases, args.repeats, lambda case: run_case(case, args.batches),
+                         lambda row: f"{row['total_mb']:.0f} MB", args.json)
     report(cases, results)
-    if args.json:
-        with open(args.json, "w") as f:
+
+
+def interleave(cases: list[str], repeats: int, run: Any, shown: Any,
+               json_path: str | None) -> dict[str, list[dict[str, Any]]]:
+    """Run every case in turn, ``repeats`` times (load drifts over all of them alike),
+    printing each repeat's line; the rows per case, also written to ``json_path``."""
+    results: dict[str, list[dict[str, Any]]] = {c: [] for c in cases}
+    for repeat in range(repeats):
+        for case in cases:
+            results[case].append(run(case))
+        print(f"repeat {repeat}: " + ", ".join(
+            f"{c} {shown(results[c][-1])}" for c in cases), flush=True)
+    if json_path:
+        with open(json_path, "w") as f:
             json.dump(results, f, indent=1)
+    return results
 
 
 if __name__ == "__main__":

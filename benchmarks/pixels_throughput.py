@@ -40,7 +40,14 @@ if os.environ.get("PIXELS_THROUGHPUT_CASE", "vector") != "vector":
 
 import torch
 
-from benchmarks.pixels import FRAMES_PER_BATCH, N_ENVS, descendants, make_cnn, make_env
+from benchmarks.pixels import (
+    FRAMES_PER_BATCH,
+    N_ENVS,
+    descendants,
+    interleave,
+    make_cnn,
+    make_env,
+)
 
 _TICK = os.sysconf("SC_CLK_TCK")
 
@@ -211,16 +218,9 @@ def main() -> None:
         _child(args.child, args.warmup, args.batches, args.phases)
         return
     cases = args.cases.split(",")
-    results: dict[str, list[dict[str, Any]]] = {c: [] for c in cases}
-    for repeat in range(args.repeats):
-        for case in cases:
-            results[case].append(run_case(case, args))
-        print(f"repeat {repeat}: " + ", ".join(
-            f"{c} {results[c][-1]['fps']:.0f}/s" for c in cases), flush=True)
+    results = interleave(cases, args.repeats, lambda case: run_case(case, args),
+                         lambda row: f"{row['fps']:.0f}/s", args.json)
     report(cases, results)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
 
 
 if __name__ == "__main__":
