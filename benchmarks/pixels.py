@@ -15,7 +15,9 @@ run is still alive (and, for context, frames/s over the batches after the first)
   batched in the trainer (the baseline of issue 38);
 - ``asyncrl``: ``MultiSyncCollector``, 4 workers x 1 env, the CNN in each worker;
 - ``asyncrl-late``: the same with ``ASYNCRL_EARLY_FORK_SERVER=0`` (the fork server
-  spawned by the collector's constructor, as before).
+  spawned by the collector's constructor, as before);
+- ``asyncrl-2x2``: ``MultiAsyncCollector``, 2 workers x 2 envs (the fastest layout of
+  :mod:`benchmarks.pixels_throughput`), not in the default set.
 
 Each process's PSS is split by what its pages map: torch's libraries, other shared
 libraries, anonymous memory (Python objects, tensors, malloc), shared memory, other
@@ -235,19 +237,22 @@ def run_vector(batches: int) -> dict[str, Any]:
     return result
 
 
-def run_asyncrl(batches: int) -> dict[str, Any]:
-    """MultiSyncCollector, 4 workers x 1 env, the CNN in each worker."""
+def run_asyncrl(batches: int, envs_per_worker: int = 1, sync: bool = True) -> dict[str, Any]:
+    """MultiSyncCollector, 4 workers x 1 env, the CNN in each worker (or ``4 / envs_per_worker``
+    workers, each stepping its envs together and calling the CNN once for them)."""
     import anyio
     from tensordict.nn import TensorDictModule
 
-    from asyncrl import MultiSyncCollector
+    from asyncrl import MultiAsyncCollector, MultiSyncCollector
 
     policy = TensorDictModule(make_cnn(), in_keys=["observation"], out_keys=["action"])
     result: dict[str, Any] = {}
+    cls = MultiSyncCollector if sync else MultiAsyncCollector
 
     async def main() -> None:
-        async with MultiSyncCollector(make_env, policy, num_workers=N_ENVS,
-                                      frames_per_batch=FRAMES_PER_BATCH) as collector:
+        async with cls(make_env, policy, num_workers=N_ENVS // envs_per_worker,
+                       envs_per_worker=envs_per_worker,
+                       frames_per_batch=FRAMES_PER_BATCH) as collector:
             count = 0
             async for _ in collector:
                 count += 1
@@ -262,12 +267,19 @@ def run_asyncrl(batches: int) -> dict[str, Any]:
     return result
 
 
-CASES = {"vector": ({}, "run_vector"), "asyncrl": ({}, "run_asyncrl"),
-         "asyncrl-late": ({"ASYNCRL_EARLY_FORK_SERVER": "0"}, "run_asyncrl")}
+#: case -> (environment, runner, runner's keyword arguments)
+CASES: dict[str, tuple[dict[str, str], str, dict[str, Any]]] = {
+    "vector": ({}, "run_vector", {}),
+    "asyncrl": ({}, "run_asyncrl", {}),
+    "asyncrl-late": ({"ASYNCRL_EARLY_FORK_SERVER": "0"}, "run_asyncrl", {}),
+    # the fastest asyncrl layout of benchmarks.pixels_throughput: 2 workers x 2 envs, async
+    "asyncrl-2x2": ({}, "run_asyncrl", {"envs_per_worker": 2, "sync": False}),
+}
 
 
 def _child(case: str, batches: int) -> None:
-    result = globals()[CASES[case][1]](batches)
+    _env, runner, kwargs = CASES[case]
+    result = globals()[runner](batches, **kwargs)
     print("RESULT " + json.dumps(result), flush=True)
 
 

@@ -15,7 +15,10 @@ utime + stime, read before and after, so the workers count while alive):
 - ``sync-shm`` / ``sync-wire``: ``MultiSyncCollector`` 4 workers x 1 env, the CNN in
   each worker, ``shared_memory_batches`` True / False;
 - ``async-shm`` / ``async-wire``: the same with ``MultiAsyncCollector``;
-- ``batched``: ``AsyncBatchedCollector`` (4 envs, the CNN batched on the trainer).
+- ``batched``: ``AsyncBatchedCollector`` (4 envs, the CNN batched on the trainer);
+- ``sync-2x2`` / ``async-2x2``: 2 workers x 2 envs (``envs_per_worker=2``), shared
+  memory, each worker calling the CNN once for its two envs; ``async-1x4``: one worker
+  stepping all 4 envs (one core).
 
 ``--phases`` adds where the trainer's time goes in the asyncrl cases (cProfile of
 the trainer, top functions by own time). Target (issue 38 item 1): the best asyncrl
@@ -111,7 +114,7 @@ def _policy() -> Any:
     return TensorDictModule(make_cnn(), in_keys=["observation"], out_keys=["action"])
 
 
-def run_multi(meter: Meter, sync: bool, shared: bool) -> None:
+def run_multi(meter: Meter, sync: bool, shared: bool, envs_per_worker: int = 1) -> None:
     import anyio
 
     from asyncrl import MultiAsyncCollector, MultiSyncCollector
@@ -119,8 +122,8 @@ def run_multi(meter: Meter, sync: bool, shared: bool) -> None:
     cls = MultiSyncCollector if sync else MultiAsyncCollector
 
     async def main() -> None:
-        async with cls(make_env, _policy(), num_workers=N_ENVS,
-                       frames_per_batch=FRAMES_PER_BATCH,
+        async with cls(make_env, _policy(), num_workers=N_ENVS // envs_per_worker,
+                       envs_per_worker=envs_per_worker, frames_per_batch=FRAMES_PER_BATCH,
                        shared_memory_batches=shared) as collector:
             async for batch in collector:
                 if meter.batch(batch.numel()):
@@ -151,6 +154,9 @@ CASES: dict[str, Any] = {
     "async-shm": lambda m: run_multi(m, False, True),
     "async-wire": lambda m: run_multi(m, False, False),
     "batched": run_batched,
+    "sync-2x2": lambda m: run_multi(m, True, True, 2),
+    "async-2x2": lambda m: run_multi(m, False, True, 2),
+    "async-1x4": lambda m: run_multi(m, False, True, 4),
 }
 
 

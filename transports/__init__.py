@@ -23,6 +23,8 @@ Everything else (``transports._name``) is private: asyncrl itself imports only t
 
 import logging as _logging
 
+# First, before anything imports tensordict: it imports tensordict without torch._dynamo.
+from . import _lazy_dynamo as _lazy_dynamo
 from ._channel import ChannelStatistics as ChannelStatistics
 from ._codec import DEFAULT_MAX_BYTES as DEFAULT_MAX_BYTES
 from ._codec import PROTOCOL_VERSION as PROTOCOL_VERSION
