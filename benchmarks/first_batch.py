@@ -13,6 +13,8 @@ in the machine's load hits every case alike):
   exiting after its first batch;
 - ``asyncrl-late``: the same with ``ASYNCRL_EARLY_FORK_SERVER=0`` (the fork server
   started by the collector's constructor, as before issue 38);
+- ``asyncrl-dynamo``: the same with ``ASYNCRL_DEFER_DYNAMO=0`` (tensordict imports
+  ``torch._dynamo`` as it does when it is imported before asyncrl);
 - ``torchrl``: TorchRL's ``MultiSyncCollector`` with the same env, workers, batch size
   and policy, exiting after its first batch.
 
@@ -49,10 +51,22 @@ import torch, tensordict, gymnasium, anyio, zmq
 print("READY", time.monotonic(), flush=True)
 """
 
-POLICY = """
+IMPORTS = """
 import time
 import anyio, torch
 from tensordict.nn import TensorDictModule
+"""
+
+# The README's order: asyncrl before tensordict (it then imports tensordict without
+# torch._dynamo, transports/_lazy_dynamo.py), as isort sorts an installed asyncrl.
+ASYNCRL_IMPORTS = """
+import time
+import anyio, torch
+from asyncrl import MultiSyncCollector
+from tensordict.nn import TensorDictModule
+"""
+
+POLICY = """
 net = torch.nn.Sequential(torch.nn.Linear(4, 64), torch.nn.Tanh(), torch.nn.Linear(64, 2))
 
 class Sample(torch.nn.Module):
@@ -63,9 +77,7 @@ policy = TensorDictModule(torch.nn.Sequential(net, Sample()),
                           in_keys=["observation"], out_keys=["action"])
 """
 
-ASYNCRL = POLICY + """
-from asyncrl import MultiSyncCollector
-
+ASYNCRL = ASYNCRL_IMPORTS + POLICY + """
 async def main():
     async with MultiSyncCollector("CartPole-v1", policy, num_workers=2,
                                   frames_per_batch=1000, total_frames=10_000) as collector:
@@ -77,7 +89,7 @@ if __name__ == "__main__":
     anyio.run(main)
 """
 
-TORCHRL = POLICY + """
+TORCHRL = IMPORTS + POLICY + """
 from torchrl.collectors import MultiSyncCollector
 from torchrl.envs import GymEnv
 
@@ -93,8 +105,10 @@ if __name__ == "__main__":
     collector.shutdown()
 """
 
-SCRIPTS = {"floor": FLOOR, "asyncrl": ASYNCRL, "asyncrl-late": ASYNCRL, "torchrl": TORCHRL}
-ENVIRONMENT = {"asyncrl-late": {"ASYNCRL_EARLY_FORK_SERVER": "0"}}
+SCRIPTS = {"floor": FLOOR, "asyncrl": ASYNCRL, "asyncrl-late": ASYNCRL,
+           "asyncrl-dynamo": ASYNCRL, "torchrl": TORCHRL}
+ENVIRONMENT = {"asyncrl-late": {"ASYNCRL_EARLY_FORK_SERVER": "0"},
+               "asyncrl-dynamo": {"ASYNCRL_DEFER_DYNAMO": "0"}}
 
 
 def run_once(path: str, env: dict[str, str], timeout: float) -> float:
@@ -162,7 +176,7 @@ def report(cases: list[str], times: dict[str, list[float]]) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--cases", default="floor,asyncrl,asyncrl-late,torchrl")
+    parser.add_argument("--cases", default="floor,asyncrl,asyncrl-dynamo,asyncrl-late,torchrl")
     parser.add_argument("--timeout", type=float, default=120.0)
     parser.add_argument("--json", help="write the raw times here")
     args = parser.parse_args()
