@@ -18,6 +18,7 @@ from tensordict import TensorDictBase
 import asyncrl._coordinator.round_gather
 import asyncrl._coordinator.shared_batches
 import asyncrl._worker.batch_slots
+from asyncrl import CollectorStatistics
 from asyncrl._coordinator.records import Round, WorkerInfo
 from asyncrl._coordinator.round_gather import RoundGather
 from asyncrl._coordinator.shared_batches import SharedBatches
@@ -197,3 +198,18 @@ def test_counts_say_how_each_batch_came_and_who_a_full_dev_shm_kept_on_the_socke
 
 def test_doctests() -> None:
     assert doctest.testmod(asyncrl._coordinator.round_gather).failed == 0
+
+
+def test_prometheus_exports_the_arrival_counts() -> None:
+    pytest.importorskip("prometheus_client")
+    from tests.asyncrl.observe.test_metrics import Snapshot, scrape
+
+    stats = CollectorStatistics(shared_memory_batches=6, shared_memory_bytes=600,
+                                socket_batches=2, socket_bytes=150, shared_memory_fallbacks=1)
+    lines = scrape(Snapshot(stats))
+    for line in ['asyncrl_batches_arrived_total{channel="shared_memory"} 6.0',
+                 'asyncrl_batches_arrived_total{channel="socket"} 2.0',
+                 'asyncrl_batch_bytes_arrived_total{channel="shared_memory"} 600.0',
+                 'asyncrl_batch_bytes_arrived_total{channel="socket"} 150.0',
+                 "asyncrl_shared_memory_fallbacks_total 1.0"]:
+        assert line in lines
