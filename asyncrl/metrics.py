@@ -18,6 +18,11 @@ collecting, idle or waiting now, and how many places are empty *now* because a
 worker was lost or left (a replacement clears them); ``asyncrl_workers_lost_total``
 and ``asyncrl_workers_left_total`` count every loss and clean departure (counters).
 
+How batches reached the trainer: ``asyncrl_batches_arrived_total{channel}`` and
+``asyncrl_batch_bytes_arrived_total{channel}`` (``shared_memory`` or ``socket``), and
+``asyncrl_shared_memory_fallbacks_total`` (local workers a full ``/dev/shm`` kept on
+the socket), all counters.
+
 Per live worker (labels ``worker``, its index, and ``host``): ``asyncrl_worker_pid``,
 ``asyncrl_worker_state{state}`` (1 for its state, 0 for the others),
 ``asyncrl_worker_frames_total``, ``asyncrl_worker_batches_total``,
@@ -128,6 +133,7 @@ class CollectorMetrics(_PrometheusCollector):
             run_state.add_metric([*values, run_name], int(stats.state == run_name))
         yield run_state
 
+        yield from _arrivals(stats, names, values)
         yield from self._worker_counts(stats.workers, names, values)
         yield from _per_worker(shown_workers(stats.workers, local_slots(self.collector)),
                                names, values)
@@ -282,6 +288,22 @@ def _weight_versions(collector: Any, names: list[str], values: list[str]
         if versions:
             acked.add_metric([*values, model_id], min(versions.values()))
     yield from (sent, acked)
+
+
+def _arrivals(stats: Any, names: list[str], values: list[str]) -> Iterator[Metric]:
+    """Batches and bytes by the way they came (shared memory, socket); fallbacks."""
+    batches = CounterMetricFamily("asyncrl_batches_arrived", "Batches that reached the "
+                                  "trainer, by channel.", labels=[*names, "channel"])
+    nbytes = CounterMetricFamily("asyncrl_batch_bytes_arrived", "Tensor bytes of the batches "
+                                 "that reached the trainer, by channel.",
+                                 labels=[*names, "channel"])
+    for channel in ("shared_memory", "socket"):
+        batches.add_metric([*values, channel], getattr(stats, f"{channel}_batches", 0))
+        nbytes.add_metric([*values, channel], getattr(stats, f"{channel}_bytes", 0))
+    fallbacks = CounterMetricFamily("asyncrl_shared_memory_fallbacks", "Local workers a full "
+                                    "/dev/shm kept on the socket.", labels=names)
+    fallbacks.add_metric(values, getattr(stats, "shared_memory_fallbacks", 0))
+    yield from (batches, nbytes, fallbacks)
 
 
 def _gauge(name: str, doc: str, names: list[str], values: list[str],

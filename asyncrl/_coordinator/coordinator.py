@@ -382,7 +382,7 @@ class Coordinator:
         worker = self.state.workers.get(message.peer)
         if worker is None or not worker.alive:
             return  # a stranger's, or a lost worker's late batch: not even read
-        batch = Batch.from_body(message.body)
+        batch = self.shared.from_socket(worker, message.body)  # decoded and counted
         await self._deliver(worker, batch)
         if worker.alive and (offer := self.shared.offer(worker, batch.frames)) is not None:
             try:  # its next batches go through shared memory
@@ -395,7 +395,7 @@ class Coordinator:
         if worker is None or not worker.alive:
             return  # a stranger's, or a lost worker's late notice: not even read
         await self._deliver(worker, self.shared.receive(worker, SharedBatch.from_body(
-            message.body)))
+            message.body), self.state.rounds.round))  # sync: into the round's batch
 
     async def _deliver(self, worker: WorkerInfo, batch: Batch) -> None:
         actions = self.state.batch(worker.peer, batch)

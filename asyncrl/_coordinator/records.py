@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 
 from tensordict import TensorDictBase
 
+from .._observe.statistics import BatchArrivals
+
 #: How a worker the hub lost went, by :class:`transports.PeerEvent` reason.
 LOSS_WORDS = {
     "silent": "stopped answering (silent for peer_timeout)",
@@ -48,6 +50,8 @@ class WorkerInfo:
     last_batch: tuple[float, float] | None = None
     #: How it was lost (the loss text): a slot's respawn names it, not a signal's causes.
     lost_because: str = ""
+    #: Its batches that came through shared memory and over the socket (statistics()).
+    arrivals: BatchArrivals = field(default_factory=BatchArrivals)
 
     @property
     def ahead(self) -> int:

@@ -139,7 +139,7 @@ class WorkerRegistry:
                 heartbeat_age=None if seen is None else max(0.0, now - seen),
                 exit_code=record.exit_code,
                 relay=peer_name(routes.get(info.index, b""))
-                if not gone else ""))
+                if not gone else "", **info.arrivals.as_dict()))
         for slot, pid, host in joining:
             if pid not in live_pids and not any(r.info.pid == pid for r in self._records.values()):
                 lines.append(WorkerStatistics(index=slot, name=f"worker-{slot}", host=host,

@@ -23,6 +23,14 @@ replaces the message's ``.clone()`` at the same cost, and what this removes is
 the socket's copies, the codec and the receive buffers (measured in
 ``benchmarks/pixels_throughput.py``).
 
+In sync mode (``MultiSyncCollector``) a notice's share is copied from its slot
+straight into its place in the round's batch (:mod:`.round_gather`): one copy of
+each frame from the worker's slot to the batch the trainer gets.
+
+Every batch is counted at receipt by how it came (``statistics()``: shared memory
+or the socket, batches and tensor bytes, per worker and in all), and so is each
+local worker a full ``/dev/shm`` kept on the socket.
+
 A notice is hostile input: its segment must be the one made for that worker,
 its slot in range and written (``held``), its steps at most the layout's ``T``;
 shapes come from the trainer's layout only. A worker lost, re-admitted or
@@ -33,16 +41,20 @@ A full ``/dev/shm`` turns the feature off for the run with one WARNING.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from tensordict import TensorDict, TensorDictBase
 
 from transports import ProtocolError, SharedMemoryFullError, SharedTensorBlock, copy_into
 
+from .._observe.statistics import BatchArrivals
 from .._protocol import Batch, BatchSlots, SharedBatch
 from .._protocol.shared_batches import MAX_BATCH_SLOTS
-from .records import WorkerInfo
+from .records import Round, WorkerInfo
+from .round_gather import RoundGather
 
 log = logging.getLogger("asyncrl.coordinator")
 
@@ -77,6 +89,13 @@ class SharedBatches:
         self._share_frames = share_frames
         self._local: set[bytes] = set()
         self._segments: dict[bytes, _Segment] = {}
+        #: Sync mode: the round's batch, gathered as notices arrive (None: copied out).
+        self.gather: RoundGather | None = None
+        #: Every worker's batches by how they came, and the local workers a full
+        #: ``/dev/shm`` kept on the socket (``statistics()``).
+        self.arrivals = BatchArrivals()
+        self.fallbacks = 0
+        self._full = False  # /dev/shm was full: the run went to the socket
 
     def names(self) -> list[str]:
         """The segments alive now (tests and ``statistics`` read it)."""
@@ -105,9 +124,12 @@ class SharedBatches:
     def offer(self, worker: WorkerInfo, frames: TensorDictBase) -> BatchSlots | None:
         """After a local worker's first accepted wire batch: its segment's offer, or None."""
         peer = worker.peer
-        if not self.enabled or peer not in self._local or peer in self._segments:
+        if peer not in self._local or peer in self._segments:
             return None
         self._local.discard(peer)  # one attempt per admission
+        if not self.enabled:
+            self.fallbacks += self._full  # kept on the socket by a full /dev/shm
+            return None
         layout = _layout(frames, self._share(worker.index))
         if layout is None:
             return None
@@ -119,7 +141,8 @@ class SharedBatches:
         except TypeError:  # a dtype a block cannot hold: this worker stays on the wire
             return None
         except SharedMemoryFullError as exc:
-            self.enabled = False
+            self.enabled, self._full = False, True
+            self.fallbacks += 1
             log.warning("batches go over the socket for the rest of this run: %s (or pass "
                         "shared_memory_batches=False to silence this)", exc)
             return None
@@ -136,8 +159,20 @@ class SharedBatches:
         return shares[index] if 0 <= index < len(shares) else shares[0]
 
     # -- receipt -------------------------------------------------------------------------------
-    def receive(self, worker: WorkerInfo, notice: SharedBatch) -> Batch:
-        """The batch a notice points at, copied out of its slot (which is then free again).
+    def counts(self) -> dict[str, Any]:
+        """The run's totals (``CollectorStatistics``' fields of the same names)."""
+        return {**self.arrivals.as_dict(), "shared_memory_fallbacks": self.fallbacks}
+
+    def from_socket(self, worker: WorkerInfo, body: Any) -> Batch:
+        """A batch message's body, decoded (hostile input) and counted as a socket batch."""
+        batch = Batch.from_body(body)
+        self._count(worker, shared_memory=False, nbytes=_tensor_bytes(body))
+        return batch
+
+    def receive(self, worker: WorkerInfo, notice: SharedBatch, round_: Round | None = None
+                ) -> Batch:
+        """The batch a notice points at, copied out of its slot (which is then free again):
+        into its place in ``round_``'s batch when :attr:`gather` planned it.
 
         Raises :class:`ProtocolError` for a notice that does not match what this
         trainer made for ``worker``.
@@ -158,9 +193,20 @@ class SharedBatches:
         if int(held[0]) != 1:
             raise ProtocolError(f"shared batch in slot {notice.slot}, which the worker has not "
                                 "written (or which was read already)")
-        frames = _gather(segment, notice.slot, notice.steps)
+        sources = {key: view[:, :notice.steps]
+                   for key, view in zip(segment.keys, segment.views[notice.slot], strict=True)}
+        frames = None
+        if self.gather is not None and round_ is not None and round_.request == notice.request:
+            frames = self.gather.take(round_, worker, sources, segment.device)
+        if frames is None:
+            frames = _gather(segment.envs, notice.steps, sources, segment.device)
         held[0] = 0  # after the copy: the worker may write the slot again
+        self._count(worker, shared_memory=True, nbytes=_tensor_bytes(sources))
         return Batch(notice.request, frames)
+
+    def _count(self, worker: WorkerInfo, *, shared_memory: bool, nbytes: int) -> None:
+        worker.arrivals.add(shared_memory=shared_memory, nbytes=nbytes)
+        self.arrivals.add(shared_memory=shared_memory, nbytes=nbytes)
 
 
 def _layout(frames: TensorDictBase, share: int
@@ -181,14 +227,28 @@ def _layout(frames: TensorDictBase, share: int
     return (keys, examples, steps) if keys else None
 
 
-def _gather(segment: _Segment, slot: int, steps: int) -> TensorDict:
-    out = TensorDict({}, batch_size=[segment.envs, steps], device=segment.device)
-    for key, view in zip(segment.keys, segment.views[slot], strict=True):
-        part = view[:, :steps]
+def _gather(envs: int, steps: int, sources: Mapping[tuple[str, ...], torch.Tensor],
+            device: str | None) -> TensorDict:
+    out = TensorDict({}, batch_size=[envs, steps], device=device)
+    for key, part in sources.items():
         copy = torch.empty(part.shape, dtype=part.dtype)
         copy_into(copy, part)  # one memcpy when whole: torch's pool may wait on busy cores
         out.set(key if len(key) > 1 else key[0], copy)
     return out
+
+
+def _tensor_bytes(value: Any, depth: int = 0) -> int:
+    """Tensor bytes in a decoded message body (our codec bounds its depth already)."""
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, TensorDictBase):
+        return sum(_tensor_bytes(leaf, depth + 1) for leaf in value.values(
+            include_nested=True, leaves_only=True))
+    if depth < 16 and isinstance(value, Mapping):
+        return sum(_tensor_bytes(item, depth + 1) for item in value.values())
+    if depth < 16 and isinstance(value, Sequence) and not isinstance(value, str | bytes):
+        return sum(_tensor_bytes(item, depth + 1) for item in value)
+    return 0
 
 
 def _drop(segment: _Segment) -> None:

@@ -12,8 +12,8 @@ from __future__ import annotations
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, fields
+from typing import Any, Literal
 
 import torch
 from tensordict import TensorDictBase
@@ -59,6 +59,12 @@ class WorkerStatistics:
     heartbeat_age: float | None = None  #: seconds since it was last heard (None: not live)
     exit_code: int | None = None  #: a local process's exit code (negative: the signal)
     relay: str = ""  #: the relay its weight updates go through ("": sent to it directly)
+    #: Batches (and their tensor bytes) that reached the trainer through shared memory
+    #: (a local worker after its first batch) and over its socket (docs/data_plane.md).
+    shared_memory_batches: int = 0
+    shared_memory_bytes: int = 0
+    socket_batches: int = 0
+    socket_bytes: int = 0
 
     @property
     def delivered(self) -> int:
@@ -103,6 +109,45 @@ class CollectorStatistics:
     #: to join, or for a lost worker's replacement), ``"paused"``, ``"failed"`` (the run
     #: failed: the next call raises why; it stays so once closed), ``"closed"``.
     state: CollectorState = "running"
+    #: Batches (and tensor bytes) of every worker that reached the trainer through shared
+    #: memory and over the socket, since the collector opened (docs/data_plane.md).
+    shared_memory_batches: int = 0
+    shared_memory_bytes: int = 0
+    socket_batches: int = 0
+    socket_bytes: int = 0
+    #: Local workers kept on the socket because ``/dev/shm`` was full.
+    shared_memory_fallbacks: int = 0
+
+
+@dataclass
+class BatchArrivals:
+    """How batches reached the trainer, counted at receipt: shared memory or the socket.
+
+    Bytes are the tensor bytes a batch carried: what was copied out of a slot, or what
+    crossed the socket (a compact batch's compact form).
+
+    >>> arrivals = BatchArrivals()
+    >>> arrivals.add(shared_memory=True, nbytes=512)
+    >>> arrivals.as_dict()["shared_memory_batches"], arrivals.socket_batches
+    (1, 0)
+    """
+
+    shared_memory_batches: int = 0
+    shared_memory_bytes: int = 0
+    socket_batches: int = 0
+    socket_bytes: int = 0
+
+    def add(self, *, shared_memory: bool, nbytes: int) -> None:
+        if shared_memory:
+            self.shared_memory_batches += 1
+            self.shared_memory_bytes += nbytes
+        else:
+            self.socket_batches += 1
+            self.socket_bytes += nbytes
+
+    def as_dict(self) -> dict[str, Any]:
+        """The counts by field name (``WorkerStatistics``' and ``CollectorStatistics``')."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
 class RateMeter:
@@ -225,6 +270,7 @@ def policy_lag(batch: TensorDictBase, version: int) -> int:
 
 __all__ = [
     "RAW_RETURN_KEY",
+    "BatchArrivals",
     "CollectorState",
     "CollectorStatistics",
     "EpisodeReturns",

@@ -14,17 +14,16 @@ from typing import Any
 import torch
 from tensordict import TensorDict, TensorDictBase
 
+from .._coordinator.round_gather import MASK_KEY, RoundGather, join_mode
 from .._errors import CollectorError
 from .._protocol.compact_frames import compactable_keys
 
 __all__ = ["MASK_KEY", "InfoCheck", "assemble", "drop_env_dim", "drop_next_observations",
            "split_trajectories"]
 
-#: Where padding is marked: True for a real frame, False for a pad.
-MASK_KEY = ("collector", "mask")
 
-
-def assemble(shares: list[TensorDictBase], cat_results: str | int | None) -> TensorDictBase:
+def assemble(shares: list[TensorDictBase], cat_results: str | int | None, *,
+             gather: RoundGather | None = None) -> TensorDictBase:
     """Join the workers' ``[envs, time]`` shares in TorchRL's layout.
 
     ``cat_results`` is ``"stack"`` or the dim to concatenate along (None: 0).
@@ -35,6 +34,10 @@ def assemble(shares: list[TensorDictBase], cat_results: str | int | None) -> Ten
     any dim ``[workers * time]``. Unequal lengths (preemption) are zero-padded
     with ``("collector", "mask")`` when stacked or joined along envs; joined
     along time they are simply concatenated (TorchRL drops the missing frames).
+
+    ``gather``: the round's batch, already gathered from shared memory with one
+    copy per frame (:mod:`asyncrl._coordinator.round_gather`), is the result when
+    these shares are the ones it planned for; otherwise they are joined here.
 
     >>> full = TensorDict({"x": torch.ones(2, 3)}, [2, 3])
     >>> cut = TensorDict({"x": torch.ones(2, 1)}, [2, 1])  # a preempted share
@@ -47,9 +50,10 @@ def assemble(shares: list[TensorDictBase], cat_results: str | int | None) -> Ten
     """
     if not shares:
         raise CollectorError("no share to assemble")
+    if gather is not None and (gathered := gather.finish(shares)) is not None:
+        return gathered
     single_env = all(s.shape[0] == 1 for s in shares)
-    dim = 0 if cat_results is None else cat_results
-    along_time = cat_results != "stack" and (single_env or int(dim) in (1, -1))
+    along_time = join_mode(cat_results, single_env) == "time"
     lengths = {s.shape[-1] for s in shares}
     if len(lengths) > 1 and not along_time:
         shares = _pad_time(shares, max(lengths))

@@ -8,6 +8,7 @@ import logging
 import shutil
 import socket
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any, ClassVar, Literal, Self, overload
 
 import anyio
@@ -18,7 +19,7 @@ from transports import PeerLostError, RemoteError
 from ..._coordinator.coordinator import Coordinator
 from ..._coordinator.loss_policy import OnWorkerLoss
 from ..._errors import CollectorError, rebuild_remote_exception
-from ..._observe.statistics import WorkerStatistics
+from ..._observe.statistics import CollectorStatistics, WorkerStatistics
 from ..._rollout.plain_policies import NestedKey, check_plain_policy
 from ..._spawn.forkserver import worker_context
 from ..._worker.spec import WorkerSpec
@@ -341,6 +342,11 @@ class MultiCollector(BaseCollector[RB]):
             raise CollectorError("the collector is not open yet: use 'async with'")
         return self._run.hub.endpoint
 
+    def statistics(self) -> CollectorStatistics:
+        stats = super().statistics()
+        coordinator = self._run.coordinator  # how batches came: shared memory, the socket
+        return stats if coordinator is None else replace(stats, **coordinator.shared.counts())
+
     def _worker_statistics(self) -> list[WorkerStatistics]:
         """Every admitted worker (lost ones too), then local processes still joining."""
         coordinator = self._run.coordinator
@@ -544,7 +550,8 @@ class MultiSyncCollector(MultiCollector[RB]):
         round_ = await coordinator.next_round(left)
         for worker, frames in round_:
             self._info_check.check(f"worker {worker.index}", frames)
-        return self.devices.store(assemble([frames for _, frames in round_], self.cat_results))
+        return self.devices.store(assemble([frames for _, frames in round_], self.cat_results,
+                                           gather=coordinator.shared.gather))
 
 
 class MultiAsyncCollector(MultiCollector[RB]):

@@ -25,6 +25,7 @@ import torch
 from transports import CurveServer, Hub
 
 from ..._coordinator.coordinator import Coordinator, WorkerInfo
+from ..._coordinator.round_gather import RoundGather
 from ..._coordinator.watchdog import ReplacementWatch, StallWatchdog, StartupWatch
 from ..._observe.events import CollectorEvent
 from ..._rollout.envs import make_env_pool
@@ -222,7 +223,7 @@ def _hub_limits(run: MultiRun, specs: dict[str, Any] | None) -> dict[str, Any]:
 def _make_coordinator(run: MultiRun, losses: LossHandling, hub: Hub, token: str,
                       specs: dict[str, Any] | None, paused: bool) -> Coordinator:
     config = run.config
-    return Coordinator(
+    coordinator = Coordinator(
         hub, sync=config.sync, share_frames=config.share_frames,
         prefetch=config.prefetch, preemptive_threshold=config.preemptive_threshold,
         init_random_frames=run.init_random_frames // max(1, config.layout.total),
@@ -236,6 +237,10 @@ def _make_coordinator(run: MultiRun, losses: LossHandling, hub: Hub, token: str,
         max_remote_workers=run.remote_workers, specs=specs, publish=run.publish,
         paused=paused, shared_memory_batches=run.shared_memory_batches,
     )
+    if config.sync and run.shared_memory_batches:  # shares copied once, into the round's batch
+        coordinator.shared.gather = RoundGather(config.cat_results,
+                                                share_frames=list(config.share_frames))
+    return coordinator
 
 
 def _batch_budget(run: MultiRun) -> int | None:
