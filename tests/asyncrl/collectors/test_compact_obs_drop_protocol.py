@@ -1,4 +1,4 @@
-"""``compact_obs=True`` decided between trainer and worker, without a socket.
+"""``compact_obs=True`` decided between trainer and worker (without a socket, then with one).
 
 The welcome tells a worker to drop the ``("next", K)`` twins; a worker says in its
 hello that it knows how. Either field is optional (a peer of the release before
@@ -11,17 +11,31 @@ from __future__ import annotations
 
 import logging
 import os
+import uuid
+from functools import partial
 from typing import Any
 
+import anyio
+import anyio.abc
 import pytest
 import torch
 from tensordict import TensorDict, TensorDictBase
 
+from asyncrl._coordinator.coordinator import Coordinator
 from asyncrl._coordinator.state import CoordinatorState, Send
-from asyncrl._protocol import PROTOCOL, Batch, Hello, Refuse, Welcome, compact, drop_twins
+from asyncrl._protocol import (
+    PROTOCOL,
+    Batch,
+    Collect,
+    Hello,
+    Refuse,
+    Welcome,
+    compact,
+    drop_twins,
+)
 from asyncrl._worker.outgoing import OutgoingBatches
-from asyncrl._worker.simulated import make_share, make_specs
-from transports import ProtocolError
+from asyncrl._worker.simulated import make_share, make_specs, sim_worker
+from transports import Hub, Link, ProtocolError
 
 FRAMES, OBS = 8, 64  # 256 bytes per observation: compact batches compact it
 TWINS = {("next", "observation")}
@@ -197,3 +211,44 @@ def test_drop_twins_copies_nothing() -> None:
     dropped = drop_twins(frames)
     assert keys_of(dropped) == {("state",), ("next", "reward")}
     assert dropped["state"].data_ptr() == frames["state"].data_ptr()
+
+
+# -- releases mixed, over a real socket ---------------------------------------------------------
+async def new_worker(endpoint: str, welcomes: list[Welcome], *,
+                     task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+    """A worker of this release: says it drops the twins, and drops them when told."""
+    async with Link(endpoint, identity="new") as link:
+        await link.send(hello(drops=True).to_body(), kind=Hello.KIND)
+        task_status.started()
+        async for message in link:
+            if message.kind == Welcome.KIND:
+                welcomes.append(Welcome.from_body(message.body))
+            elif message.kind == Collect.KIND:
+                frames = make_share(FRAMES, OBS, worker_id=welcomes[-1].index)
+                if welcomes[-1].compact_obs:
+                    frames = drop_twins(frames)
+                collect = Collect.from_body(message.body)
+                await link.send(Batch(collect.request, frames).to_body(), kind=Batch.KIND)
+
+
+@pytest.mark.anyio
+async def test_an_old_and_a_new_worker_deliver_one_layout_over_the_socket(
+        anyio_backend: str) -> None:
+    welcomes: list[Welcome] = []
+    with anyio.fail_after(60):
+        async with Hub(f"inproc://compact-obs-{uuid.uuid4().hex}") as hub:
+            coordinator = Coordinator(hub, sync=True, share_frames=[FRAMES] * 2,
+                                      accept_remote=True, compact_obs=True)
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(coordinator.run)
+                await tg.start(partial(sim_worker, hub.endpoint, "old", frames=FRAMES,
+                                       obs_dim=OBS))  # a release before: whole batches
+                await tg.start(new_worker, hub.endpoint, welcomes)
+                await coordinator.wait_for_workers(2)
+                for _ in range(2):
+                    shares = await coordinator.next_round()
+                    assert len(shares) == 2
+                    assert keys_of(shares[0][1]) == keys_of(shares[1][1]) == keys_of(
+                        make_share(FRAMES, OBS)) - TWINS
+                tg.cancel_scope.cancel()
+    assert [w.compact_obs for w in welcomes] == [True]
