@@ -25,7 +25,9 @@ before anything else reads the batch. The coordinator's checks (shapes against
 the env specs, ``info_keys``), the assembly of shares and every user see the
 batch they always saw; the compact form never escapes the protocol layer, and
 another path for the same frames (a local worker's batch in shared memory)
-can call :func:`compact` / :func:`rebuild` or leave them out.
+can call :func:`compact` / :func:`rebuild` or leave them out. With TorchRL's
+``compact_obs=True`` nothing is rebuilt: a worker sends :func:`drop_twins`'s
+batch (the welcome said so), which has no ``("next", K)`` to compact.
 
 >>> import torch
 >>> from tensordict import TensorDict
