@@ -66,6 +66,8 @@ class Admission:
         self._max_remote = max_remote_workers  # None: any number
         #: Places held for the siblings of admitted workers: a host joins whole.
         self.groups = groups or HostGroups()
+        #: TorchRL's ``compact_obs``: welcomes tell workers to drop the ``("next", K)`` twins.
+        self.compact_obs = False
 
     # -- workers ---------------------------------------------------------------------------
     def repeated(self, peer: bytes, hello: Hello) -> WorkerInfo | None:
@@ -97,7 +99,7 @@ class Admission:
                                  present=self._present(hello.group))
         worker = WorkerInfo(index, peer, hello.name, hello.host, hello.pid,
                             relay=hello.relay.encode() if hello.relay else None,
-                            group=hello.group)
+                            group=hello.group, drops_next_obs=hello.drops_next_obs)
         self._roster.workers[peer] = worker
         return worker
 
@@ -106,7 +108,8 @@ class Admission:
         return Send(worker.peer, Welcome(
             index=worker.index, share_frames=self._share_of(worker.index),
             init_random_frames=self.init_random_frames, schemes=self._scheme_configs,
-            attempt=attempt, instance=self._instance, compact_batches=True), worker)
+            attempt=attempt, instance=self._instance, compact_batches=True,
+            compact_obs=self.compact_obs), worker)
 
     def welcome_again(self, worker: WorkerInfo, hello: Hello) -> list[Action]:
         """Answer a hello from a worker this coordinator has admitted already.

@@ -13,6 +13,7 @@ import torch
 from tensordict import TensorDictBase
 
 from .._protocol import PROTOCOL, Hello, RelayHello
+from .._protocol.compact_frames import twin_keys
 
 #: Keys of TorchRL's batch layout every share must hold (observations come from the specs).
 REQUIRED_KEYS: tuple[tuple[str, ...], ...] = (
@@ -32,7 +33,9 @@ class BatchChecker:
     coordinator cut short), every leaf must share those leading dimensions,
     TorchRL's keys must be there, observations and actions must have the
     shapes and dtypes of the handshake's specs, and ``("collector",
-    "worker_id")`` must be the sender's index.
+    "worker_id")`` must be the sender's index. With ``dropped`` (TorchRL's
+    ``compact_obs=True``) the ``("next", K)`` twins must be absent, the specs' and
+    any other (a recurrent state's): the trainer asked for none.
     """
 
     def __init__(self) -> None:
@@ -40,7 +43,7 @@ class BatchChecker:
         self._specs: Any = None  # EnvSpecs parsed from _specs_source (None: unusable)
 
     def problems(self, td: TensorDictBase, *, specs: dict[str, Any] | None, frames: int,
-                 worker_index: int, shorter_ok: bool) -> list[str]:
+                 worker_index: int, shorter_ok: bool, dropped: bool = False) -> list[str]:
         parsed = self._parse(specs)
         envs = parsed.num_envs if parsed is not None else None
         shape = tuple(td.batch_size)
@@ -58,7 +61,9 @@ class BatchChecker:
         if problems:
             return problems
         if parsed is not None:
-            problems += self._spec_problems(td, parsed, shape)
+            problems += self._spec_problems(td, parsed, shape, dropped=dropped)
+        if dropped:
+            problems += self._twin_problems(td, parsed)
         ids = td.get(("collector", "worker_id"))
         if not bool((ids == worker_index).all()):
             problems.append(f"('collector', 'worker_id'): expected {worker_index} everywhere")
@@ -97,13 +102,25 @@ class BatchChecker:
         return problems[:20]
 
     @staticmethod
-    def _spec_problems(td: TensorDictBase, specs: Any, shape: tuple[int, ...]) -> list[str]:
+    def _twin_problems(td: TensorDictBase, specs: Any) -> list[str]:
+        """compact_obs: every ``("next", K)`` twin the batch carries, whatever its shape."""
+        twins = dict.fromkeys(twin_keys(td))
+        if specs is not None:
+            twins.update(dict.fromkeys(
+                key for key in (("next", *path) for path in specs.flat_observation())
+                if td.get(key, None) is not None))
+        return [f"{key}: sent, but compact_obs=True drops it (the welcome asked for batches "
+                "without it)" for key in twins][:20]
+
+    @staticmethod
+    def _spec_problems(td: TensorDictBase, specs: Any, shape: tuple[int, ...], *,
+                       dropped: bool) -> list[str]:
         from .._rollout.policies import torch_dtype
 
         problems = []
         expected = [(("action",), specs.action)]
         for path, spec in specs.flat_observation().items():
-            expected += [(path, spec), (("next", *path), spec)]
+            expected += [(path, spec)] if dropped else [(path, spec), (("next", *path), spec)]
         for key, spec in expected:
             value = td.get(key, None)
             want_shape, want_dtype = [*shape, *spec.shape], torch_dtype(spec.dtype)

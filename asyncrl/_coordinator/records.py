@@ -38,6 +38,7 @@ class WorkerInfo:
     delivered: int = 0
     relay: bytes | None = None  # the relay its hello named (weights go through it if it agrees)
     group: str = ""  # its worker host's group ("": none): a host joins whole (host_groups)
+    drops_next_obs: bool = False  # its hello: it drops the ("next", K) twins when told
     rejoin_asked: bool = False  # dropped, then told to rejoin (or refused: never to be)
     #: ``time.monotonic()`` since which it owes work (a credit, a share) and delivered
     #: nothing (None: it owes nothing); the stall watchdog reads it.

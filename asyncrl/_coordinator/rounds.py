@@ -132,16 +132,18 @@ class Rounds:
         """Async: a batch collected before ``worker`` was (re)admitted is not its own."""
         return self.sync or batch.request == worker.index
 
-    def batch_problems(self, worker: WorkerInfo, batch: Batch,
-                       specs: dict[str, Any] | None) -> list[str]:
-        """What is wrong with ``batch`` given what ``worker`` was asked for ([] if nothing)."""
+    def batch_problems(self, worker: WorkerInfo, batch: Batch, specs: dict[str, Any] | None,
+                       *, dropped: bool = False) -> list[str]:
+        """What is wrong with ``batch`` given what ``worker`` was asked for ([] if nothing);
+        ``dropped``: compact_obs, the ``("next", K)`` twins must be absent."""
         frames = self.share_of(worker.index)
         round_ = self.round
         # Only a share the coordinator cut short (preemptive_threshold) may hold fewer steps.
         shorter = (self.sync and round_ is not None and round_.preempted
                    and batch.request == round_.request)
         return self._checker.problems(batch.frames, specs=specs, frames=frames,
-                                      worker_index=worker.index, shorter_ok=shorter)
+                                      worker_index=worker.index, shorter_ok=shorter,
+                                      dropped=dropped)
 
     def deliver(self, worker: WorkerInfo, batch: Batch) -> list[Action]:
         """A checked batch of a live worker: counted, queued (async) or added to its round."""

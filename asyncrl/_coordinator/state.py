@@ -33,7 +33,7 @@ from typing import Any
 from tensordict import TensorDictBase
 
 from .._errors import WorkerLostError
-from .._protocol import Batch, Hello, Progress, RelayHello
+from .._protocol import Batch, Hello, Progress, RelayHello, drop_twins
 from .actions import Action, CatchUp, Expel, Outbound, Send
 from .admission import Admission
 from .loss_policy import LossPolicy, OnWorkerLoss
@@ -73,7 +73,10 @@ class CoordinatorState:
         specs: dict[str, Any] | None = None,
         instance: str = "",
         peer_timeout: float | None = None,
+        compact_obs: bool = False,
     ) -> None:
+        """``compact_obs``: TorchRL's; batches are checked (and counted) without the
+        ``("next", K)`` twins, which workers are told to drop before they send."""
         self.roster = Roster()
         self.rounds = Rounds(self.roster, sync=sync, share_frames=share_frames,
                              prefetch=prefetch, preemptive_threshold=preemptive_threshold,
@@ -87,6 +90,7 @@ class CoordinatorState:
             max_remote_workers=max_remote_workers, specs=specs, instance=instance)
         self.losses = Losses(self.roster, self.rounds, LossPolicy.check(on_worker_loss),
                              peer_timeout=peer_timeout)
+        self.compact_obs = self.admission.compact_obs = compact_obs
 
     # -- what peers say ------------------------------------------------------------------------
     def hello(self, peer: bytes, hello: Hello) -> list[Action]:
@@ -119,7 +123,10 @@ class CoordinatorState:
             return []  # a stranger's, or a lost worker's late batch: never half-delivered
         if not self.rounds.expects(worker, batch):
             return []  # collected before this worker was (re)admitted: never half-delivered
-        problems = self.rounds.batch_problems(worker, batch, self.admission.specs)
+        if self.compact_obs and not worker.drops_next_obs:  # an earlier release sends them
+            batch.frames = drop_twins(batch.frames)
+        problems = self.rounds.batch_problems(worker, batch, self.admission.specs,
+                                              dropped=self.compact_obs)
         if problems:
             return self.losses.bad_batch(worker, batch, problems)  # never counted
         return self.rounds.deliver(worker, batch)

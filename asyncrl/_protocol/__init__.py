@@ -33,6 +33,7 @@ from .collection import Control as Control
 from .collection import ErrorReport as ErrorReport
 from .collection import Preempt as Preempt
 from .compact_frames import compact as compact
+from .compact_frames import drop_twins as drop_twins
 from .compact_frames import rebuild as rebuild
 from .fields import MAX_KEY as MAX_KEY
 from .fields import MAX_MODEL_ID as MAX_MODEL_ID
@@ -66,5 +67,5 @@ __all__ = [
     "Batch", "BatchSlots", "Closing", "Collect", "Control", "ErrorReport", "Hello", "Leaving",
     "LogEntry", "Preempt", "Progress", "Refuse", "Rejoin", "RelayAck", "RelayAttached",
     "RelayHello", "RelayWelcome", "SharedBatch", "WeightChunk",
-    "WeightMeta", "WeightsApplied", "Welcome", "WorkerLog", "compact", "rebuild",
+    "WeightMeta", "WeightsApplied", "Welcome", "WorkerLog", "compact", "drop_twins", "rebuild",
 ]

@@ -55,6 +55,10 @@ class Hello:
     #: asyncrl._coordinator.host_groups). Optional: a coordinator before it ignores them.
     group: str = ""
     group_size: int = 0
+    #: This worker drops the ``("next", K)`` twins itself when its welcome says
+    #: ``compact_obs``; the coordinator then refuses a batch that carries one. A worker
+    #: before it lacks the field (False): the coordinator drops them on receipt.
+    drops_next_obs: bool = False
 
     def to_body(self) -> dict[str, Any]:
         return asdict(self)
@@ -77,6 +81,7 @@ class Hello:
             relay=optional_text(body, "relay", "hello", limit=255),
             attempt=optional_int(body, "attempt", "hello"),
             group=group, group_size=group_size,
+            drops_next_obs=optional_bool(body, "drops_next_obs", "hello field", default=False),
         )
 
 
@@ -154,6 +159,11 @@ class Welcome:
     #: them only when told so, so a worker and a coordinator of the releases before
     #: (which lack the field) still talk, each way round, during a rolling update.
     compact_batches: bool = False
+    #: TorchRL's ``compact_obs=True``: send batches without the ``("next", K)`` twins of
+    #: observation and state keys (:func:`~asyncrl._protocol.compact_frames.drop_twins`).
+    #: Optional as ``compact_batches``: a worker before it sends them, and the
+    #: coordinator drops them on receipt (it knows from the hello's ``drops_next_obs``).
+    compact_obs: bool = False
 
     def to_body(self) -> dict[str, Any]:
         return asdict(self)
@@ -175,6 +185,7 @@ class Welcome:
             instance=optional_text(body, "instance", "welcome", limit=64),
             compact_batches=optional_bool(body, "compact_batches", "welcome field",
                                           default=False),
+            compact_obs=optional_bool(body, "compact_obs", "welcome field", default=False),
         )
 
 

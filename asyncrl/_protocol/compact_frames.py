@@ -25,7 +25,9 @@ before anything else reads the batch. The coordinator's checks (shapes against
 the env specs, ``info_keys``), the assembly of shares and every user see the
 batch they always saw; the compact form never escapes the protocol layer, and
 another path for the same frames (a local worker's batch in shared memory)
-can call :func:`compact` / :func:`rebuild` or leave them out.
+can call :func:`compact` / :func:`rebuild` or leave them out. With TorchRL's
+``compact_obs=True`` nothing is rebuilt: a worker sends :func:`drop_twins`'s
+batch (the welcome said so), which has no ``("next", K)`` to compact.
 
 >>> import torch
 >>> from tensordict import TensorDict
@@ -49,7 +51,8 @@ from tensordict import TensorDict, TensorDictBase
 
 from transports import ProtocolError
 
-__all__ = ["MIN_BYTES", "Patch", "compact", "compactable_keys", "rebuild"]
+__all__ = ["MIN_BYTES", "Patch", "compact", "compactable_keys", "drop_twins", "rebuild",
+           "twin_keys"]
 
 Key = tuple[str, ...]
 #: ``{"at": Tensor, "rows": TensorDict}``: the shipped ``("next", K)`` rows.
@@ -88,6 +91,27 @@ def compactable_keys(frames: TensorDictBase, *, min_bytes: int = 0) -> list[Key]
                 and value.shape == twin.shape:
             keys.append(path)
     return keys
+
+
+def twin_keys(frames: TensorDictBase) -> list[Key]:
+    """The ``("next", K)`` entries TorchRL's ``compact_obs=True`` drops from ``frames``."""
+    return [("next", *path) for path in compactable_keys(frames)]
+
+
+def drop_twins(frames: TensorDictBase) -> TensorDictBase:
+    """``frames`` without the entries of :func:`twin_keys` (no copy: the same tensors).
+
+    What a worker told ``compact_obs`` in its welcome sends (or writes into its
+    shared-memory slot) instead of the whole batch, and what the trainer makes of
+    a batch from a worker of an earlier release; so both are bit-identical.
+
+    >>> frames = TensorDict({"observation": torch.zeros(2, 3), ("next", "observation"):
+    ...                      torch.ones(2, 3), ("next", "reward"): torch.ones(2, 1)}, [2])
+    >>> sorted(map(str, drop_twins(frames).keys(include_nested=True, leaves_only=True)))
+    ["('next', 'reward')", 'observation']
+    """
+    twins = twin_keys(frames)
+    return frames.exclude(*twins) if twins else frames
 
 
 def compact(frames: TensorDictBase, *,

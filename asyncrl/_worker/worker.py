@@ -294,10 +294,10 @@ class Worker:
                       host=socket.gethostname(), pid=os.getpid(),
                       specs=self.env_pool.specs.to_dict(), slot=self.slot, token=self.token,
                       relay=self._relay.hello_name, group=self.group[0],
-                      group_size=self.group[1])
+                      group_size=self.group[1], drops_next_obs=True)
         welcome = await self._hello_until_welcome(hello)
         self.index = welcome.index
-        self._outgoing.compact = welcome.compact_batches
+        self._outgoing.welcomed(welcome)  # compact batches, compact_obs
         if welcome.instance and welcome.instance != self.instance:
             if self.instance:
                 # A trainer that said it was only stopping (a rollout, a drain) is

@@ -260,6 +260,8 @@ class BaseCollector(CollectorOperations, TaskGroupResource, TorchRLHabits, Gener
             if current is not None and current.is_recording():
                 trace_batch(current, batch, frames, self.policy_version, self._lag)
             if self.compact_obs:  # the next frame's K (TorchRL rebuilds it when sampling)
+                # Workers told so dropped them before sending (then a no-op); the
+                # in-process collectors' batches and an attribute set late drop here.
                 batch = drop_next_observations(batch)
             if self.split_trajs:
                 batch = split_trajectories(batch)

@@ -268,7 +268,7 @@ class MultiCollector(BaseCollector[RB]):
             config, spec=spec, worker_specs=worker_specs, schemes=self.weight_sync_schemes,
             policy=policy, listen=listen, curve_keys=curve_keys,
             max_message_bytes=max_message_bytes, backend=backend,
-            shared_memory_batches=shared_memory_batches,
+            shared_memory_batches=shared_memory_batches, compact_obs=self.compact_obs,
             heartbeat=(heartbeat_interval, peer_timeout),
             sample_timeout=check_timeout("sample_timeout", sample_timeout),
             replacement_timeout=check_timeout("replacement_timeout", replacement_timeout),

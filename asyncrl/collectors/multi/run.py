@@ -85,6 +85,8 @@ class MultiRun:
     startup_timeout: float | None = 300.0
     #: Local workers' batches through shared memory (the wire for remote ones).
     shared_memory_batches: bool = True
+    #: TorchRL's ``compact_obs``: workers drop the ``("next", K)`` twins before sending.
+    compact_obs: bool = False
     # -- while open ------------------------------------------------------------------
     hub: Hub | None = None
     coordinator: Coordinator | None = None
@@ -236,6 +238,7 @@ def _make_coordinator(run: MultiRun, losses: LossHandling, hub: Hub, token: str,
                         for model_id, scheme in run.schemes.items()},
         max_remote_workers=run.remote_workers, specs=specs, publish=run.publish,
         paused=paused, shared_memory_batches=run.shared_memory_batches,
+        compact_obs=run.compact_obs,
     )
     if config.sync and run.shared_memory_batches:  # shares copied once, into the round's batch
         coordinator.shared.gather = RoundGather(config.cat_results,
