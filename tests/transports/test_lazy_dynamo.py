@@ -34,8 +34,8 @@ print("MARKS " + json.dumps(made))
 
 
 def run(code: str, **env: str) -> str:
-    environ = {**os.environ, **env,
-               "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    environ = {**os.environ, **env, "PYTHONPATH": path}
     out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
                          text=True, env=environ, cwd=ROOT, timeout=180)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -43,7 +43,8 @@ def run(code: str, **env: str) -> str:
 
 
 def line(stdout: str, tag: str) -> object:
-    return json.loads(next(x for x in stdout.splitlines() if x.startswith(tag + " "))[len(tag) + 1:])
+    found = next(x for x in stdout.splitlines() if x.startswith(tag + " "))
+    return json.loads(found[len(tag) + 1:])
 
 
 def test_import_asyncrl_loads_tensordict_but_neither_dynamo_nor_sympy() -> None:
@@ -63,7 +64,8 @@ def test_the_deferred_marks_are_tensordicts_own_and_all_applied_when_dynamo_load
         import json
         import transports._lazy_dynamo as lazy
         pending = lazy.pending_marks()
-        print("PENDING " + json.dumps([(n, getattr(f, "__qualname__", repr(f))) for n, f in pending]))
+        names = [(n, getattr(f, "__qualname__", repr(f))) for n, f in pending]
+        print("PENDING " + json.dumps(names))
         import torch._dynamo
         from torch._dynamo import trace_rules
         from torch._dynamo.variables import TorchInGraphFunctionVariable
