@@ -298,13 +298,11 @@ class RawEnvPool:
             captured.append(state)
             return state
 
-        try:
-            with watching_recv(venv, capture):
-                result = public_call()
-        except AttributeError:  # cannot be watched (no instance dict): it never ran
+        if not isinstance(getattr(venv, "__dict__", None), dict):
+            self._failed(kind, "its _recv cannot be watched (no instance dict)")
+            return public_call()  # type: ignore[no-any-return]
+        with watching_recv(venv, capture):
             result = public_call()
-            self._failed(kind, "its _recv cannot be watched")
-            return result  # type: ignore[no-any-return]
         self._unchecked.discard(kind)
         why = self._differs(kind, result, captured)
         if why:
