@@ -12,6 +12,7 @@ then repeat 2, ...), so drifts of the machine hit all alike:
   ``envpool.make("Pendulum-v1", env_type="gymnasium", num_envs=16)``, per step the policy's
   forward in torch under ``no_grad``, ``env.step(action.numpy())``, and the step stored into
   preallocated ``[T, 16, ...]`` torch buffers (obs, action, reward, done) as CleanRL does;
+  ``cleanrl-t1`` the same with ``num_threads=1`` (EnvPool's default: a thread per core);
 - ``cleanrl-async``: the same with EnvPool's async API (``num_envs=16, batch_size=8``:
   ``recv`` the 8 envs that are ready, policy, ``send`` their actions), CleanRL's
   ``ppo_atari_envpool_async`` pattern: the policy of one half overlaps the step of the other;
@@ -25,9 +26,10 @@ Every case uses the same MLP-64 (``obs -> 64 -> 64 -> action``, Tanh, ``2 * tanh
 `benchmarks.collect.make_policy`), CPU, ``--frames-per-batch`` frames per batch (1,024).
 After one warm-up batch, ``--windows`` windows of ``--frames`` frames each are timed; a
 run's frames/s is their median, a case's the median over ``--repeats`` runs (>= 3 for
-numbers to publish); "CPU-s / 10k frames" is the CPU time (user + system, every thread) of
-the process and of asyncrl's workers over the timed windows, a measure that a busy machine
-disturbs less than frames/s. Ratios are against ``cleanrl``; target (issue 38 item 5): the best
+numbers to publish); "CPU-s / 10k frames" is the CPU time (user + system, every thread,
+EnvPool's included) over the timed windows of the one process for ``cleanrl``, of the
+trainer plus every worker process for asyncrl, a measure that a busy machine disturbs less
+than frames/s. Ratios are against ``cleanrl``; target (issue 38 item 5): the best
 asyncrl case >= 1.3x.
 """
 
@@ -51,6 +53,7 @@ FRAMES_PER_BATCH = 1024
 #: case -> (kind, workers, envs per worker, EnvPool's num_threads per worker: None = its default)
 CASES: dict[str, tuple[str, int, int, int | None]] = {
     "cleanrl": ("cleanrl", 1, NUM_ENVS, None),
+    "cleanrl-t1": ("cleanrl", 1, NUM_ENVS, 1),
     "cleanrl-async": ("cleanrl-async", 1, NUM_ENVS, None),
     "sync-2x8": ("sync", 2, 8, None),
     "async-2x8": ("async", 2, 8, None),
@@ -106,13 +109,14 @@ def _timed(step_frames: Any, frames: int, windows: int, pids: list[int] | None =
     return statistics.median(rates), cpu / total * 10_000
 
 
-def run_cleanrl(frames: int, windows: int, fpb: int) -> tuple[float, float]:
+def run_cleanrl(frames: int, windows: int, fpb: int, threads: int | None = None
+                ) -> tuple[float, float]:
     """CleanRL's rollout with EnvPool's synchronous step."""
     import numpy as np
     import torch
 
     net = _net().module
-    env = make_envpool(NUM_ENVS)
+    env = make_envpool(NUM_ENVS, num_threads=threads)
     steps = fpb // NUM_ENVS
     obs_buf = torch.zeros((steps, NUM_ENVS, 3))
     act_buf = torch.zeros((steps, NUM_ENVS, 1))
@@ -209,7 +213,7 @@ def run_one(name: str, frames: int, windows: int, fpb: int, update_weights: bool
             ) -> tuple[float, float]:
     kind, workers, per_worker, threads = CASES[name]
     if kind == "cleanrl":
-        return run_cleanrl(frames, windows, fpb)
+        return run_cleanrl(frames, windows, fpb, threads)
     if kind == "cleanrl-async":
         return run_cleanrl_async(frames, windows, fpb)
     return run_asyncrl(kind == "sync", workers, per_worker, threads, frames, windows, fpb,

@@ -14,11 +14,16 @@ EnvPool's async mode (``batch_size < num_envs``: each ``recv`` returns whichever
 envs are ready) does not fit lockstep batches and is refused; seeds are fixed
 when the env is made (``envpool.make_gymnasium(..., seed=0)``), since its
 ``reset`` takes none.
+
+A real EnvPool is stepped through its C++ binding (`asyncrl._rollout.envpool_raw`)
+when its layout checks out, through its public ``step`` / ``reset`` otherwise; the
+batches are the same either way.
 """
 
 from __future__ import annotations
 
 import inspect
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -26,10 +31,12 @@ import numpy as np
 
 from .env_pools import EnvPool, check_observation
 from .env_specs import EnvSpecs, array_spec_from_space, observation_specs_from_space
+from .envpool_raw import RawEnvPool, resolve_raw_layout
 
 __all__ = ["EnvIdVectorPool", "is_env_id_vector_env"]
 
 _ALL = slice(None)
+_log = logging.getLogger(__name__)
 
 
 def is_env_id_vector_env(obj: object) -> bool:
@@ -104,13 +111,44 @@ class EnvIdVectorPool(EnvPool):
         #: answers so, and then rows are written through a slice, not a fancy index
         #: (4 fancy writes cost more than the rest of our step).
         self._in_order = np.arange(num_envs, dtype=np.int32).tobytes()
+        #: EnvPool's C++ binding stepped directly (None: the public API; see envpool_raw).
+        self._raw = self._raw_binding(venv)
+
+    def _raw_binding(self, venv: Any) -> RawEnvPool | None:
+        if self._reset_takes_seed:  # EnvPool's reset takes no seed: not EnvPool
+            return None
+        act = self.specs.action
+        layout = resolve_raw_layout(venv, self.obs_paths, self._layout.is_dict, act.shape)
+        if isinstance(layout, str):
+            _log.debug("%s stepped through its public API: %s", type(venv).__name__, layout)
+            return None
+        return RawEnvPool(venv, layout, self.obs_arrays, self.reward, self.terminated,
+                          self.truncated, act.shape)
 
     @property
     def user_env(self) -> Any:
         return self._venv
 
+    @property
+    def steps_raw(self) -> bool:
+        """Whether EnvPool's C++ binding is stepped directly (`asyncrl._rollout.envpool_raw`)."""
+        return self._raw is not None and self.info_reader is None
+
     def step_inplace(self, actions: np.ndarray) -> None:
-        obs, rew, term, trunc, info = self._venv.step(actions)
+        raw = self._raw
+        if raw is not None and self.info_reader is None:  # infos: only the public API has them
+            public = raw.step(actions)  # None: written
+            if public is not None:  # its first step: EnvPool's own result, checked
+                self._raw = raw if raw.ok else None
+                self._write_step(*public)
+        else:
+            self._write_step(*self._venv.step(actions))
+        np.logical_or(self.terminated, self.truncated, out=self._done)
+        self.any_done = bool(self._done.any())
+        if self.any_done:
+            np.logical_or(self._owed, self._done, out=self._owed)
+
+    def _write_step(self, obs: Any, rew: Any, term: Any, trunc: Any, info: Any) -> None:
         rows = self._rows(info)
         self._write(rows, obs)
         if self.info_reader is not None:
@@ -118,32 +156,40 @@ class EnvIdVectorPool(EnvPool):
         self.reward[rows] = rew
         self.terminated[rows] = term
         self.truncated[rows] = trunc
-        np.logical_or(self.terminated, self.truncated, out=self._done)
-        self.any_done = bool(self._done.any())
-        if self.any_done:
-            np.logical_or(self._owed, self._done, out=self._owed)
 
     def _reset_all(self, seeds: Sequence[int] | None) -> None:
-        if seeds is not None and self._reset_takes_seed:
-            obs, info = self._venv.reset(seed=list(seeds))
+        if self._raw is not None:
+            result = self._raw.reset()  # None: written
+        elif seeds is not None and self._reset_takes_seed:
+            result = self._venv.reset(seed=list(seeds))
         else:
-            obs, info = self._venv.reset()
-        self._write(self._rows(info), obs)
+            result = self._venv.reset()
+        if result is not None:  # the public API's (obs, info)
+            self._raw = self._raw if self._raw is not None and self._raw.ok else None
+            obs, info = result
+            self._write(self._rows(info), obs)
         self._owed.fill(False)
 
     def _reset_rows(self, mask: np.ndarray) -> None:
         owed = mask & self._owed
+        raw = self._raw
         if owed.any():
             # The reset step of the envs that finished, and only theirs: the others wait.
             ids = np.flatnonzero(owed).astype(np.int32)
-            obs, _, _, _, info = self._venv.step(self._idle_actions[ids], env_id=ids)
-            self._write(self._rows(info, ids), obs)
+            if raw is not None:
+                raw.step_ids(self._idle_actions[ids], ids)
+            else:
+                obs, _, _, _, info = self._venv.step(self._idle_actions[ids], env_id=ids)
+                self._write(self._rows(info, ids), obs)
             self._owed[ids] = False
         rest = mask & ~owed
         if rest.any():
             ids = np.flatnonzero(rest).astype(np.int32)
-            obs, info = self._venv.reset(env_id=ids)
-            self._write(self._rows(info, ids), obs)
+            result = raw.reset(ids) if raw is not None else self._venv.reset(env_id=ids)
+            if result is not None:  # the public API's (obs, info)
+                self._raw = raw if raw is not None and raw.ok else None
+                obs, info = result
+                self._write(self._rows(info, ids), obs)
 
     def _rows(self, info: Any, asked: np.ndarray | None = None) -> np.ndarray | slice:
         """Which envs a result's rows are: ``info["env_id"]`` when given, else what was asked."""

@@ -15,10 +15,17 @@ place, no ``method`` / ``method_kwargs`` / keyword inputs, the out keys it
 writes being its out keys. Each call still checks what can change after
 construction (hooks on the module, global module hooks, ``set_skip_existing``),
 and takes tensordict's own path when any is set.
+
+A network that is exactly ``nn.Sequential`` is run as its own ``forward`` runs it,
+layer after layer, each layer's ``forward`` called directly where ``layer(x)`` would
+do only that (no hooks of its own or global, not compiled, ``__call__`` not
+overridden, not tracing): ``nn.Module.__call__`` costs about 1 us a layer, a third
+of an MLP-64's forward at batch 8 (`run_sequential`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -27,7 +34,7 @@ from tensordict.nn import TensorDictModule, skip_existing
 from torch import nn
 from torch.nn.modules import module as _torch_module
 
-__all__ = ["DirectCall", "direct_call"]
+__all__ = ["DirectCall", "direct_call", "run_sequential"]
 
 #: torch's process-wide module hooks (dicts torch fills in place): any of them set, the
 #: module's own path runs.
@@ -36,15 +43,44 @@ _GLOBAL_HOOKS = tuple(getattr(_torch_module, name, {}) for name in (
     "_global_backward_hooks", "_global_backward_pre_hooks"))
 
 
+_MODULE_CALL = nn.Module.__call__
+#: Documented (``torch.jit.is_tracing``) but not in its stubs' exports.
+_is_tracing: Callable[[], bool] = torch.jit.is_tracing  # type: ignore[attr-defined]
+
+
 def _hooked(module: nn.Module) -> bool:
-    # Checked at every call (hooks may be added later); no allocation on the way. torch has
-    # no public way to ask whether a module has hooks: its hook dicts are read in place.
-    m = module
-    if (m._forward_hooks or m._forward_pre_hooks  # noqa: SLF001
-            or m._backward_hooks or m._backward_pre_hooks):  # noqa: SLF001
-        return True
+    # Checked at every call (hooks may be added later); no allocation on the way.
+    return _own_hooks(module) or _global_hooks()
+
+
+def _own_hooks(m: nn.Module) -> bool:
+    # torch has no public way to ask whether a module has hooks: its hook dicts are read in
+    # place (and a compiled module's call is its compiled one).
+    return bool(m._forward_hooks or m._forward_pre_hooks  # noqa: SLF001
+                or m._backward_hooks or m._backward_pre_hooks  # noqa: SLF001
+                or getattr(m, "_compiled_call_impl", None) is not None
+                or type(m).__call__ is not _MODULE_CALL)
+
+
+def _global_hooks() -> bool:
     forward, forward_pre, backward, backward_pre = _GLOBAL_HOOKS
     return bool(forward or forward_pre or backward or backward_pre)
+
+
+def run_sequential(net: nn.Sequential, x: Any) -> Any:
+    """``net(x)`` for an ``nn.Sequential``: each layer's ``forward`` called directly where
+    ``layer(x)`` would call only that (see the module's docstring); else ``layer(x)``.
+
+    >>> net = nn.Sequential(nn.Linear(3, 4), nn.Tanh())
+    >>> x = torch.ones(2, 3)
+    >>> torch.equal(run_sequential(net, x), net(x))
+    True
+    """
+    if _global_hooks() or _own_hooks(net) or _is_tracing():
+        return net(x)
+    for layer in net:  # what Sequential.forward does, minus __call__ where it adds nothing
+        x = layer(x) if _own_hooks(layer) else layer.forward(x)
+    return x
 
 
 def _has_keyword_inputs(policy: TensorDictModule) -> bool:
@@ -59,6 +95,8 @@ class DirectCall:
     def __init__(self, policy: TensorDictModule) -> None:
         self.policy = policy
         self.net: nn.Module = policy.module
+        #: The network when it is exactly nn.Sequential (run layer by layer), else None.
+        self._sequential = self.net if type(self.net) is nn.Sequential else None
         self.in_keys = list(policy.in_keys)
         self.out_keys = list(policy.out_keys)
         # The common case, one input and one output: no list or tuple per call.
@@ -76,7 +114,8 @@ class DirectCall:
             return self.policy(td)
         single = self._single
         if single is not None:
-            out = self.net(td.get(single[0], None))
+            x, seq = td.get(single[0], None), self._sequential
+            out = self.net(x) if seq is None else run_sequential(seq, x)
             if isinstance(out, torch.Tensor):
                 td.set(single[1], out)
                 return td

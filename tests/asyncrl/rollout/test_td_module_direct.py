@@ -103,3 +103,51 @@ def test_a_wrong_number_of_outputs_is_an_error_naming_the_keys() -> None:
     with pytest.raises(RuntimeError, match=r"Linear returned 1 tensors for the out_keys "
                                            r"\['action', 'value'\]"):
         direct_call(module)(step_td())
+
+
+class Doubled(nn.Module):
+    """A layer whose __call__ does more than forward: the unrolled run must call it."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return super().__call__(x) * 2
+
+
+def mlp() -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(3, 8), nn.Tanh(), nn.Sequential(nn.Linear(8, 2), nn.Tanh()))
+
+
+def test_a_sequential_run_layer_by_layer_gives_what_it_gives_and_runs_hooks_added_later(
+) -> None:
+    net = mlp()
+    module = TensorDictModule(net, ["observation"], ["action"])
+    call, td = direct_call(module), step_td()
+    assert call is not None
+    want = net(td["observation"])
+    assert torch.equal(call(td.clone())["action"], want)
+    seen: list[str] = []
+    net[1].register_forward_hook(lambda *_: seen.append("layer"))
+    net[2][0].register_forward_pre_hook(lambda *_: seen.append("nested"))
+    assert torch.equal(call(td.clone())["action"], want)
+    assert seen == ["layer", "nested"]
+    handle = torch.nn.modules.module.register_module_forward_hook(
+        lambda *_: seen.append("global"))
+    try:
+        call(td.clone())
+        by_call = seen.count("global")
+        module(td.clone())
+    finally:
+        handle.remove()
+    assert by_call == seen.count("global") - by_call == 7  # the module, net, its 5 layers
+
+
+def test_a_sequential_layer_with_its_own_call_is_called() -> None:
+    net = nn.Sequential(nn.Linear(3, 2), Doubled())
+    module = TensorDictModule(net, ["observation"], ["action"])
+    call, td = direct_call(module), step_td()
+    assert call is not None
+    assert torch.equal(call(td.clone())["action"], net(td["observation"]))
+    assert torch.equal(call(td.clone())["action"], net[0](td["observation"]) * 2)
