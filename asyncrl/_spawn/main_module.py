@@ -10,10 +10,15 @@ report a worker that exited with code 1. Such a script is treated like one of
 ``python -c`` (no ``__file__``): children start without it. What must travel
 to them then (an env factory, a policy class) cannot come from it, which the
 collector's constructor checks (``check_picklable``) and says.
+
+A script without an ``if __name__ == "__main__":`` guard is treated the same way:
+run again in the fork server (at ``import asyncrl``) or in each worker, its whole
+program would run again there (twice the training, twice the benchmark).
 """
 
 from __future__ import annotations
 
+import ast
 import os
 import sys
 import threading
@@ -21,7 +26,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from multiprocessing import process
 
-__all__ = ["main_unavailable", "without_unavailable_main"]
+__all__ = ["has_main_guard", "main_unavailable", "without_unavailable_main"]
 
 
 def main_unavailable() -> str | None:
@@ -40,10 +45,56 @@ def main_unavailable() -> str | None:
     if not os.path.isabs(path) and original_dir is not None:
         path = os.path.join(original_dir, path)  # as multiprocessing resolves it
     if os.path.isfile(path):
-        return None
+        if has_main_guard(path):
+            return None
+        return (f"a script without an `if __name__ == \"__main__\":` guard ({main.__file__!r}): "
+                "worker processes would run all of it again, so they start without it (put "
+                "what runs at its top level under the guard)")
     where = "stdin (`python -`)" if main.__file__ == "<stdin>" else repr(main.__file__)
     return (f"a script read from {where}, not from a file that worker processes can run "
             "again (save it to a file and run that)")
+
+
+def has_main_guard(path: str) -> bool:
+    """Whether the script at ``path`` has an ``if __name__ == "__main__":`` at its top level.
+
+    Without one, running it again in a child (as multiprocessing does, as the fork server
+    would) runs the whole program again: the trainer, its collector, a second copy of any
+    benchmark. A file that cannot be read or parsed counts as guarded (as before).
+
+    >>> import tempfile
+    >>> with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
+    ...     _ = f.write("x = 1\nif __name__ == '__main__':\n    print(x)\n")
+    >>> has_main_guard(f.name)
+    True
+    """
+    try:
+        stat = os.stat(path)
+        key = (path, stat.st_mtime_ns, stat.st_size)
+        if key not in _guards:
+            with open(path, "rb") as f:
+                tree = ast.parse(f.read(), path)
+            _guards[key] = any(isinstance(node, ast.If) and _is_main_test(node.test)
+                               for node in tree.body)
+        return _guards[key]
+    except (OSError, SyntaxError, ValueError):
+        return True
+
+
+_guards: dict[tuple[str, int, int], bool] = {}
+
+
+def _is_main_test(test: ast.expr) -> bool:
+    # `__name__ == "__main__"` either way round, alone or within `and` / `or`.
+    for node in ast.walk(test):
+        if isinstance(node, ast.Compare) and len(node.ops) == 1 and isinstance(
+                node.ops[0], ast.Eq):
+            sides = [node.left, *node.comparators]
+            if (any(isinstance(x, ast.Name) and x.id == "__name__" for x in sides)
+                    and any(isinstance(x, ast.Constant) and x.value == "__main__"
+                            for x in sides)):
+                return True
+    return False
 
 
 class _HiddenMainFile:

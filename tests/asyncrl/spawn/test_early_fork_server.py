@@ -193,3 +193,44 @@ def test_the_script_runs_once_in_the_fork_server_not_in_each_worker(tmp_path: Pa
     assert runs[1][0] == str(server) and worker not in (pid for pid, _ in runs), (runs, worker)
     assert f"worker {worker} torchrl=False ray=False frozen=True thread_import_done=True" \
         in notes.read_text(), notes.read_text()
+
+
+# No `if __name__ == "__main__":` guard: the fork server (and each worker) must not run it
+# again. It logs each run of its top level; the sleep gives a fork server time to do so.
+UNGUARDED = """
+import os, sys, time
+import anyio, gymnasium
+import asyncrl
+with open("runs.log", "a") as log:
+    log.write(f"{os.getpid()}\\n")
+
+
+def make_env():
+    return gymnasium.make("CartPole-v1")
+
+
+async def collect(env):
+    async with asyncrl.MultiSyncCollector(env, num_workers=2, frames_per_batch=8,
+                                          total_frames=16) as c:
+        return [list(batch.shape) async for batch in c]
+
+try:
+    print("SHAPES", anyio.run(collect, "CartPole-v1" if sys.argv[1] == "id" else make_env))
+except TypeError as exc:
+    print("REFUSED", exc)
+time.sleep(2)
+"""
+
+
+def test_a_script_without_a_main_guard_runs_once_and_collects(tmp_path: Path) -> None:
+    out = _run(UNGUARDED, "id", tmp_path=tmp_path)
+    assert "SHAPES [[2, 4], [2, 4]]" in out, out
+    assert len((tmp_path / "runs.log").read_text().split()) == 1
+
+
+def test_a_script_without_a_main_guard_cannot_send_its_own_functions(tmp_path: Path) -> None:
+    out = _run(UNGUARDED, "factory", tmp_path=tmp_path)
+    refused = next(line for line in out.splitlines() if line.startswith("REFUSED"))
+    assert "make_env" in refused, refused
+    assert 'a script without an `if __name__ == "__main__":` guard' in refused, refused
+    assert len((tmp_path / "runs.log").read_text().split()) == 1

@@ -8,7 +8,7 @@ import types
 
 import pytest
 
-from asyncrl._spawn.main_module import main_unavailable, without_unavailable_main
+from asyncrl._spawn.main_module import has_main_guard, main_unavailable, without_unavailable_main
 
 
 def _main(monkeypatch: pytest.MonkeyPatch, **attributes: object) -> types.ModuleType:
@@ -19,9 +19,12 @@ def _main(monkeypatch: pytest.MonkeyPatch, **attributes: object) -> types.Module
     return main
 
 
+GUARDED = "def main():\n    pass\n\nif __name__ == '__main__':\n    main()\n"
+
+
 def test_a_script_file_and_a_module_run_with_m_are_available(monkeypatch, tmp_path) -> None:
     script = tmp_path / "train.py"
-    script.write_text("")
+    script.write_text(GUARDED)
     _main(monkeypatch, __file__=str(script))
     assert main_unavailable() is None
     _main(monkeypatch, __file__="<stdin>",
@@ -64,7 +67,46 @@ def test_a_stdin_main_is_hidden_while_processes_start_then_restored(monkeypatch)
 
 def test_a_script_file_is_left_alone(monkeypatch, tmp_path) -> None:
     script = tmp_path / "train.py"
-    script.write_text("")
+    script.write_text(GUARDED)
     main = _main(monkeypatch, __file__=str(script))
     with without_unavailable_main():
         assert main.__file__ == str(script)
+
+
+@pytest.mark.parametrize("guard", [
+    'if __name__ == "__main__":\n    main()\n',
+    "if '__main__' == __name__:\n    main()\n",
+    'if __name__ == "__main__" and len(sys.argv) > 0:\n    main()\nelse:\n    pass\n',
+])
+def test_a_main_guard_is_found_whichever_way_it_is_written(tmp_path, guard: str) -> None:
+    script = tmp_path / "train.py"
+    script.write_text("import sys\n\ndef main():\n    pass\n\n" + guard)
+    assert has_main_guard(str(script))
+
+
+@pytest.mark.parametrize("body", [
+    "import asyncrl\nprint('training')\n",
+    "def main():\n    if __name__ == '__main__':\n        pass\n\nmain()\n",  # not top level
+    "if __name__ != '__main__':\n    pass\n",
+    "",
+])
+def test_a_script_without_a_top_level_main_guard_is_not_run_again(
+        monkeypatch, tmp_path, body: str) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(body)
+    assert not has_main_guard(str(script))
+    main = _main(monkeypatch, __file__=str(script))
+    assert main_unavailable() == (
+        f"a script without an `if __name__ == \"__main__\":` guard ({str(script)!r}): worker "
+        "processes would run all of it again, so they start without it (put what runs at "
+        "its top level under the guard)")
+    with without_unavailable_main():  # hidden from the fork server and every child
+        assert not hasattr(main, "__file__")
+    assert main.__file__ == str(script)
+
+
+def test_a_file_that_cannot_be_parsed_counts_as_guarded(tmp_path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text("def broken(:\n")
+    assert has_main_guard(str(script))
+    assert has_main_guard(str(tmp_path / "missing.py"))
