@@ -109,6 +109,14 @@ def _timed(step_frames: Any, frames: int, windows: int, pids: list[int] | None =
     return statistics.median(rates), cpu / total * 10_000
 
 
+def _cleanrl_buffers(steps: int, envs: int) -> tuple[Any, Any, Any, Any]:
+    """CleanRL's rollout storage for Pendulum: observations, actions, rewards, dones."""
+    import torch
+
+    return (torch.zeros((steps, envs, 3)), torch.zeros((steps, envs, 1)),
+            torch.zeros((steps, envs)), torch.zeros((steps, envs)))
+
+
 def run_cleanrl(frames: int, windows: int, fpb: int, threads: int | None = None
                 ) -> tuple[float, float]:
     """CleanRL's rollout with EnvPool's synchronous step."""
@@ -118,10 +126,7 @@ def run_cleanrl(frames: int, windows: int, fpb: int, threads: int | None = None
     net = _net().module
     env = make_envpool(NUM_ENVS, num_threads=threads)
     steps = fpb // NUM_ENVS
-    obs_buf = torch.zeros((steps, NUM_ENVS, 3))
-    act_buf = torch.zeros((steps, NUM_ENVS, 1))
-    rew_buf = torch.zeros((steps, NUM_ENVS))
-    done_buf = torch.zeros((steps, NUM_ENVS))
+    obs_buf, act_buf, rew_buf, done_buf = _cleanrl_buffers(steps, NUM_ENVS)
     next_obs = torch.Tensor(env.reset()[0])
 
     def rollout() -> int:
@@ -149,10 +154,7 @@ def run_cleanrl_async(frames: int, windows: int, fpb: int) -> tuple[float, float
     half = NUM_ENVS // 2
     env = make_envpool(NUM_ENVS, batch_size=half)
     steps = fpb // half
-    obs_buf = torch.zeros((steps, half, 3))
-    act_buf = torch.zeros((steps, half, 1))
-    rew_buf = torch.zeros((steps, half))
-    done_buf = torch.zeros((steps, half))
+    obs_buf, act_buf, rew_buf, done_buf = _cleanrl_buffers(steps, half)
     ids_buf = torch.zeros((steps, half), dtype=torch.long)
     env.async_reset()
 

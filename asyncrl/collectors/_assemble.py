@@ -16,10 +16,8 @@ from tensordict import TensorDict, TensorDictBase
 
 from .._coordinator.round_gather import MASK_KEY, RoundGather, join_mode
 from .._errors import CollectorError
-from .._protocol.compact_frames import compactable_keys
 
-__all__ = ["MASK_KEY", "InfoCheck", "assemble", "drop_env_dim", "drop_next_observations",
-           "split_trajectories"]
+__all__ = ["MASK_KEY", "InfoCheck", "assemble", "drop_env_dim", "split_trajectories"]
 
 
 def assemble(shares: list[TensorDictBase], cat_results: str | int | None, *,
@@ -75,19 +73,6 @@ def drop_env_dim(batch: TensorDictBase) -> TensorDictBase:
     torch.Size([2, 3])
     """
     return batch.squeeze(0) if batch.ndim == 2 and batch.shape[0] == 1 else batch
-
-
-def drop_next_observations(batch: TensorDictBase) -> TensorDictBase:
-    """``batch`` without ``("next", K)`` for each observation or state key ``K``: TorchRL's
-    ``compact_obs=True`` (reward, done, terminated, truncated and infos stay).
-
-    >>> frames = TensorDict({"observation": torch.zeros(2), ("next", "observation"):
-    ...                      torch.ones(2), ("next", "reward"): torch.ones(2)}, [2])
-    >>> list(drop_next_observations(frames).keys(include_nested=True, leaves_only=True))
-    ['observation', ('next', 'reward')]
-    """
-    keys = compactable_keys(batch)
-    return batch.exclude(*[("next", *key) for key in keys]) if keys else batch
 
 
 def _pad_time(shares: list[TensorDictBase], length: int) -> list[TensorDictBase]:

@@ -13,8 +13,9 @@ from transports import TaskGroupResource
 
 from .._errors import CollectorError, CollectorStopped, translated_errors
 from .._observe.tracing import span, trace_batch
+from .._protocol import drop_twins
 from .._spawn.threads import TrainerThreads
-from ._assemble import MASK_KEY, drop_next_observations, split_trajectories
+from ._assemble import MASK_KEY, split_trajectories
 from ._config import normalise_total_frames
 from ._operations import CollectorOperations
 from ._staleness import StalePolicyWatch
@@ -262,7 +263,7 @@ class BaseCollector(CollectorOperations, TaskGroupResource, TorchRLHabits, Gener
             if self.compact_obs:  # the next frame's K (TorchRL rebuilds it when sampling)
                 # Workers told so dropped them before sending (then a no-op); the
                 # in-process collectors' batches and an attribute set late drop here.
-                batch = drop_next_observations(batch)
+                batch = drop_twins(batch)
             if self.split_trajs:
                 batch = split_trajectories(batch)
             if self.postproc is not None:

@@ -63,6 +63,19 @@ class FirstBit(nn.Module):
         return (observation[..., 1].long() % 2)
 
 
+class WrongWay(nn.Module):
+    """CartPole pushed the way the pole leans away from: episodes of ~10 steps, deterministic."""
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return (obs[..., 2] < 0).long()
+
+
+#: The keys two batches of one env are compared on, frame for frame.
+FRAME_KEYS = ["observation", "action", ("next", "observation"), ("next", "reward"),
+              ("next", "done"), ("next", "terminated"), ("next", "truncated"), "done",
+              ("collector", "traj_ids")]
+
+
 def make_policy() -> Any:
     from tensordict.nn import TensorDictModule
 

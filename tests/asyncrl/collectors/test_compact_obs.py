@@ -15,12 +15,11 @@ from gymnasium.vector import AutoresetMode, SyncVectorEnv
 from tensordict import TensorDict, TensorDictBase
 
 import asyncrl._protocol.compact_frames
-from asyncrl._protocol import Batch
+from asyncrl._protocol import Batch, drop_twins
 from asyncrl._protocol.compact_frames import compact, compactable_keys, rebuild
 from asyncrl._rollout.envs import make_env_pool
 from asyncrl._rollout.loop import Rollout
 from asyncrl._rollout.options import RolloutOptions
-from asyncrl.collectors._assemble import drop_next_observations
 from asyncrl.testing import IdentityEnv
 from transports import ProtocolError, decode, encode
 
@@ -177,7 +176,7 @@ def test_compact_obs_drops_observation_and_state_twins_only() -> None:
                          "done": torch.zeros(3, 1, dtype=torch.bool),
                          ("next", "done"): torch.zeros(3, 1, dtype=torch.bool),
                          ("next", "info"): torch.zeros(3)}, [3])
-    kept = set(drop_next_observations(frames).keys(include_nested=True, leaves_only=True))
+    kept = set(drop_twins(frames).keys(include_nested=True, leaves_only=True))
     assert kept == {"observation", ("a", "b"), ("next", "reward"), "done", ("next", "done"),
                     ("next", "info")}
 

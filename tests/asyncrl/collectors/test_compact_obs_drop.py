@@ -21,7 +21,7 @@ import torch
 from tensordict import TensorDictBase
 
 from asyncrl import MultiCollector
-from asyncrl.collectors._assemble import drop_next_observations
+from asyncrl._protocol import drop_twins
 from asyncrl.testing import ValuePolicy
 from transports import SharedTensorBlock
 
@@ -115,7 +115,7 @@ async def test_workers_drop_the_twins_and_the_batches_are_bit_identical(
             for flag in ("terminated", "truncated")}
     assert ends["terminated"] > 0 and ends["truncated"] > 0
     for key, batch in full.items():
-        expected = drop_next_observations(batch)
+        expected = drop_twins(batch)
         assert keys_of(dropped[key]) == keys_of(expected) == keys_of(batch) - {
             ("next", "observation")}
         for leaf in keys_of(expected):

@@ -25,18 +25,10 @@ from asyncrl._rollout.env_id_pools import EnvIdVectorPool  # noqa: E402
 from asyncrl._rollout.envs import make_env_pool  # noqa: E402
 from asyncrl._rollout.loop import Rollout  # noqa: E402
 from asyncrl._rollout.options import RolloutOptions  # noqa: E402
+from tests.asyncrl.det_envs import FRAME_KEYS, WrongWay  # noqa: E402
 
 N, SEED = 3, 11
-KEYS = ["observation", "action", ("next", "observation"), ("next", "reward"),
-        ("next", "done"), ("next", "terminated"), ("next", "truncated"), "done",
-        ("collector", "traj_ids")]
-
-
-class WrongWay(nn.Module):
-    """CartPole pushed the way the pole leans away from: episodes of ~10 steps."""
-
-    def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        return (obs[..., 2] < 0).long()
+KEYS = FRAME_KEYS
 
 
 def swing() -> nn.Module:
@@ -52,10 +44,8 @@ def cartpoles(num_envs: int = N, seed: int = SEED) -> Any:
     return envpool.make_gymnasium("CartPole-v1", num_envs=num_envs, seed=seed, num_threads=1)
 
 
-class Binding:
-    """A real EnvPool behind a plain object with its binding and public API (as EnvPool's
-    mixin calls them: ``step`` is ``_to(_recv())`` after ``_send(_from(...))``). Subclasses
-    change one thing, as a future EnvPool might."""
+class Facade:
+    """A real EnvPool behind a plain object: what asyncrl recognises EnvPool by."""
 
     metadata: dict[str, Any] = {}
 
@@ -65,6 +55,15 @@ class Binding:
         self.all_env_ids = venv.all_env_ids
         self.observation_space = venv.observation_space
         self.action_space = venv.action_space
+
+    def close(self) -> None:
+        self.venv.close()
+
+
+class Binding(Facade):
+    """A real EnvPool behind a plain object with its binding and public API (as EnvPool's
+    mixin calls them: ``step`` is ``_to(_recv())`` after ``_send(_from(...))``). Subclasses
+    change one thing, as a future EnvPool might."""
 
     @property
     def _state_keys(self) -> list[str]:
@@ -97,30 +96,15 @@ class Binding:
         self._reset(self.all_env_ids if env_id is None else env_id)
         return self._to(self._recv(), True, True)
 
-    def close(self) -> None:
-        self.venv.close()
 
-
-class PublicOnly:
+class PublicOnly(Facade):
     """Any EnvPool-like object seen through its public API only: the reference path."""
-
-    metadata: dict[str, Any] = {}
-
-    def __init__(self, venv: Any) -> None:
-        self.venv = venv
-        self.config = venv.config
-        self.all_env_ids = venv.all_env_ids
-        self.observation_space = venv.observation_space
-        self.action_space = venv.action_space
 
     def step(self, action: Any, env_id: Any = None) -> Any:
         return self.venv.step(action, env_id)
 
     def reset(self, env_id: Any = None) -> Any:
         return self.venv.reset(env_id)
-
-    def close(self) -> None:
-        self.venv.close()
 
 
 class RenamedTrunc(Binding):

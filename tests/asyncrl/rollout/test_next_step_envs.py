@@ -16,7 +16,6 @@ import pytest
 import torch
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 from gymnasium.wrappers.vector import RecordEpisodeStatistics
-from torch import nn
 
 from asyncrl import Collector, MultiSyncCollector
 from asyncrl._rollout.env_id_pools import EnvIdVectorPool
@@ -24,20 +23,11 @@ from asyncrl._rollout.envs import make_env_pool
 from asyncrl._rollout.gym_pools import GymVectorPool
 from asyncrl._rollout.loop import Rollout
 from asyncrl._rollout.options import RolloutOptions
-from tests.asyncrl.det_envs import CountEnv, FirstBit
+from tests.asyncrl.det_envs import FRAME_KEYS, CountEnv, FirstBit, WrongWay
 from tests.asyncrl.rollout.fake_envpool import FakeEnvPool, make_count_envpool
 
 N, T, BATCHES = 3, 20, 3
-KEYS = ["observation", "action", ("next", "observation"), ("next", "reward"),
-        ("next", "done"), ("next", "terminated"), ("next", "truncated"), "done",
-        ("collector", "traj_ids")]
-
-
-class WrongWay(nn.Module):
-    """CartPole pushed the way the pole leans away from: episodes of ~10 steps, deterministic."""
-
-    def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        return (obs[..., 2] < 0).long()
+KEYS = FRAME_KEYS
 
 
 def cartpole() -> gym.Env:
