@@ -20,6 +20,7 @@ from functools import partial
 from typing import Any
 
 import anyio
+import anyio.abc
 
 from transports import CurveClient, ErrorPayload, Link, Message, PeerLostError, ProtocolError
 
@@ -163,22 +164,28 @@ class Worker:
                         remove_orphaned_socket_dir(link.endpoint)
                 tg.cancel_scope.cancel()
 
-        async def watch_signals() -> None:
+        async def watch_signals(*, task_status: anyio.abc.TaskStatus[None]) -> None:
             nonlocal code
-            code = await self._watch_signals()
+            code = await self._watch_signals(task_status)
             tg.cancel_scope.cancel()
 
         async with anyio.create_task_group() as tg:
+            if self.handle_signals:
+                # Before anything else: building the envs and the policy takes seconds
+                # without a yield, and a SIGTERM then (a pod stopped while it starts)
+                # would end the process by the default action, with no goodbye.
+                await tg.start(watch_signals)
             tg.start_soon(serve)
             tg.start_soon(watch_parent)
-            if self.handle_signals:
-                tg.start_soon(watch_signals)
             if self.log_forwarder is not None:
                 tg.start_soon(self.log_forwarder.forward, self.link, self._admitted_now)
         return code
 
-    async def _watch_signals(self) -> int:
+    async def _watch_signals(self, task_status: anyio.abc.TaskStatus[None]) -> int:
         """SIGTERM (systemd stops a whole process group) or SIGINT: stop, as a normal exit.
+
+        ``task_status`` is told once the handlers are in place. A signal that comes
+        while the worker builds its envs waits for the build to end (no yield there).
 
         The coordinator is told why, and answers with a close: the link's goodbye
         comes only after that, so that the coordinator takes this as a stop, not as
@@ -188,6 +195,7 @@ class Worker:
         received = False
         try:  # leave while the receiver still holds the handlers: a second SIGTERM waits
             with anyio.open_signal_receiver(*STOP_SIGNALS) as signals:
+                task_status.started()
                 async for signum in signals:
                     received = True
                     await self._leave_on_signal(signal.Signals(signum).name)

@@ -134,3 +134,46 @@ async def test_a_worker_whose_key_was_revoked_exits_4_saying_so(
     assert codes == [EXIT_REFUSED]
     assert "denied this host's CURVE key at the handshake" in caplog.text
     assert "no coordinator answered" not in caplog.text
+
+
+async def test_a_worker_stopped_by_sigterm_while_it_builds_its_env_says_so_and_exits_0(
+        tmp_path: Any, anyio_backend: str) -> None:
+    # Before: the handlers were set at the first yield after the build (seconds for a
+    # pixel env), so a pod stopped while it started ended by the signal (-15), silently,
+    # and a worker the coordinator had just admitted was logged as lost.
+    import os
+    import signal
+    from pathlib import Path
+
+    from asyncrl._protocol import Leaving
+
+    if anyio_backend == "trio":
+        pytest.skip("the worker process is the same for both backends; once is enough")
+
+    building = tmp_path / "building"
+    kinds: list[str] = []
+    async with Hub("tcp://127.0.0.1:0", **FAST) as hub:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "asyncrl.cli", "worker", "--connect", hub.endpoint,
+             "--env", "tests.asyncrl.worker.slow_build:slow_env", "--peer-timeout", "5"],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            cwd=Path(__file__).parents[3],
+            env={**os.environ, "ASYNCRL_TEST_BUILDING": str(building)})
+        try:
+            with anyio.fail_after(60):
+                while not building.exists():  # it is inside the env's constructor now
+                    await anyio.sleep(0.02)
+                process.send_signal(signal.SIGTERM)
+                while Leaving.KIND not in kinds:  # it says why, once the build is over
+                    item = await hub.recv()
+                    if isinstance(item, Message):
+                        kinds.append(item.kind)
+                code = await anyio.to_thread.run_sync(process.wait, 30)
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    output = process.stdout.read() if process.stdout else ""
+    assert code == EXIT_OK, output
+    assert "got SIGTERM: stopping" in output, output
+    assert kinds[-1] == Leaving.KIND and set(kinds) <= {Hello.KIND, Leaving.KIND}, kinds
