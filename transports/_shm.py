@@ -379,17 +379,26 @@ class SharedTensorBlock:
         return views
 
 
+#: Below this many elements torch copies on one thread (its intra-op grain size).
+PARALLEL_COPY_GRAIN = 32768
+
+
 def copy_into(destination: torch.Tensor, source: torch.Tensor) -> None:
     """``destination.copy_(source)``, as one plain memcpy when both are CPU, contiguous, same dtype.
 
     torch spreads a large copy over its intra-op thread pool; on a machine whose
     cores are busy (workers stepping envs) that pool waits for descheduled
     threads and a 4 MB copy can take 30 times longer than a single memcpy.
+    A copy below torch's grain runs on one thread anyway, and ``copy_`` costs
+    a third of numpy's views there (a small policy's weights: every layer).
     """
     if (destination.dtype == source.dtype and destination.shape == source.shape
             and destination.device.type == "cpu" and source.device.type == "cpu"
             and destination.is_contiguous() and source.is_contiguous()
             and not source.is_conj() and not source.is_neg() and destination.numel()):
+        if destination.numel() < PARALLEL_COPY_GRAIN:
+            destination.detach().copy_(source)
+            return
         np.copyto(destination.detach().view(-1).view(torch.uint8).numpy(),
                   source.detach().view(-1).view(torch.uint8).numpy())
     else:
