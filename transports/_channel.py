@@ -30,6 +30,9 @@ BYE = "bye"
 #: The body of the goodbye a hub sends a peer whose CURVE key it revoked (an older or
 #: plain goodbye has none): the link then says it was refused, not that the hub closed.
 BYE_REVOKED = {"reason": "revoked"}
+#: The body of the goodbye of a hub whose owner is done for good (a finished run): every
+#: peer, admitted or still asking to be, learns that there is nothing to wait for.
+BYE_FINISHED = {"reason": "finished"}
 
 
 class ChannelStatistics(NamedTuple):

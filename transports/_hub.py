@@ -14,7 +14,7 @@ import anyio
 import anyio.abc
 import zmq
 
-from ._channel import ACK, BYE, BYE_REVOKED, PING, Channel, ChannelStatistics
+from ._channel import ACK, BYE, BYE_FINISHED, BYE_REVOKED, PING, Channel, ChannelStatistics
 from ._codec import encode_message
 from ._descriptors import raise_open_files_limit
 from ._disconnects import DisconnectWatch
@@ -101,6 +101,7 @@ class Hub(Channel):
         self.disconnect_grace = disconnect_grace
         self._disconnects: DisconnectWatch | None = None
         self.instance = secrets.token_hex(8)  # told to every peer in the pings
+        self._finished = False  # the goodbye at close says "finished" (see finish())
         self.admission = admission
         self.stranger_max_bytes = stranger_max_bytes
         self.max_strangers = max(1, max_strangers)
@@ -397,9 +398,18 @@ class Hub(Channel):
         self._trust.forget_unless(
             lambda p: p in self._last_seen or p in self._admitted or p in self._dropped)
 
+    def finish(self) -> None:
+        """Say at close that this hub's owner is done for good (its run is over).
+
+        Every peer heard from, admitted or not yet, gets a goodbye that says so
+        (:attr:`Link.hub_finished`): a worker still asking to join goes home
+        instead of taking the silence for a trainer it failed to reach.
+        """
+        self._finished = True
+
     def _farewell(self, socket: zmq.Socket[Any]) -> None:
         # Links report the hub lost at once instead of after their peer timeout.
-        bye = encode_message(None, kind=BYE)
+        bye = encode_message(BYE_FINISHED if self._finished else None, kind=BYE)
         for peer in self._last_seen:
             try:
                 socket.send_multipart([peer, *bye], zmq.NOBLOCK)

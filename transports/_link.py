@@ -13,7 +13,7 @@ import anyio
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
-from ._channel import ACK, BYE, BYE_REVOKED, PING, Channel, ChannelStatistics
+from ._channel import ACK, BYE, BYE_FINISHED, BYE_REVOKED, PING, Channel, ChannelStatistics
 from ._codec import encode_message
 from ._disconnects import stop_monitor
 from ._errors import ErrorPayload, PeerLostError
@@ -88,6 +88,7 @@ class Link(Channel):
         self._loss_reported = False  # recv raised "lost" since the hub was last heard
         self._goodbye = False  # the last loss was a goodbye (the hub closed)
         self._revoked = False  # that goodbye said our CURVE key was revoked
+        self._finished = False  # that goodbye said the hub's owner is done (Hub.finish)
         self._denied = False  # the hub's authentication denied our CURVE key at a handshake
         self._why_lost = ""
         # Connection state, from ZeroMQ's socket monitor (read by the liveness check).
@@ -132,6 +133,12 @@ class Link(Channel):
     def hub_closed(self) -> bool:
         """True when the hub was lost because it said goodbye (closed), not by silence."""
         return self._lost and self._goodbye
+
+    @property
+    def hub_finished(self) -> bool:
+        """True when the hub's last goodbye said its owner is done for good (a finished
+        run, see :meth:`Hub.finish`): there is nothing to wait or ask again for."""
+        return self._lost and self._finished
 
     @property
     def key_revoked(self) -> bool:
@@ -251,7 +258,8 @@ class Link(Channel):
             return None
         if message.kind == BYE:
             # Only the exact known body counts; anything else is a plain goodbye.
-            self._lose_hub(goodbye=True, revoked=message.body == BYE_REVOKED)
+            self._lose_hub(goodbye=True, revoked=message.body == BYE_REVOKED,
+                           finished=message.body == BYE_FINISHED)
             return None
         self._loss_reported = False
         return Message(HUB, message.kind, message.seq, message.body, message.meta,
@@ -346,10 +354,11 @@ class Link(Channel):
             log.warning("could not connect again to %s: %s", self.endpoint, exc)
 
     def _lose_hub(self, *, goodbye: bool = False, revoked: bool = False,
-                  denied: bool = False) -> None:
+                  denied: bool = False, finished: bool = False) -> None:
         self._lost = True
         self._goodbye = goodbye
         self._revoked = revoked
+        self._finished = finished
         self._denied = denied
         if denied:
             self._why_lost = ("(its authentication denied this link's CURVE key at the "
@@ -358,6 +367,8 @@ class Link(Channel):
         elif revoked:
             self._why_lost = ("(it said goodbye: this link's CURVE key was revoked, and it is "
                               "refused from now on)")
+        elif finished:
+            self._why_lost = "(it said goodbye: its run is over)"
         elif goodbye:
             self._why_lost = "(it said goodbye: the hub closed)"
         elif self._hub_instance is None and not self._received:

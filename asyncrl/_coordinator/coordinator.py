@@ -270,6 +270,10 @@ class Coordinator:
         self._close_error = CollectorError("the collector was closed")
         self.fail(self._close_error)  # wake waiters
         self._closing = True  # goodbyes from now on are workers stopping, not losses
+        if finished:
+            # Also for the peers not told below: a worker still asking to join (refused
+            # as full, rejoining) goes home too instead of exiting as unreachable (3).
+            self.hub.finish()
         told = []
         with anyio.move_on_after(2):
             for worker in self.live_workers:

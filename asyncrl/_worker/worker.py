@@ -409,6 +409,10 @@ class Worker:
         try:
             return await self.link.recv()
         except PeerLostError as exc:
+            if self.link.hub_finished:  # whatever our state: joining, rejoining, admitted
+                log.info("the run at %s is over (its trainer closed it): exiting",
+                         self.link.endpoint)
+                raise WorkerExit(EXIT_OK, "the run is over", final=True) from None
             if self.link.key_revoked:  # told so by the hub: a refusal, and final
                 raise WorkerExit(EXIT_REFUSED, f"the coordinator at {self.link.endpoint} "
                                  "revoked this host's CURVE key (asyncrl keys revoke): it is "

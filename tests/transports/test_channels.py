@@ -782,3 +782,21 @@ async def test_a_link_tells_a_hub_that_closed_from_one_that_went_silent() -> Non
                 with pytest.raises(PeerLostError):
                     await link.recv()
                 assert link.hub_closed and not link.connected
+                assert not link.hub_finished  # a plain goodbye
+
+
+async def test_a_finished_hub_says_so_in_its_goodbye_also_to_a_peer_it_never_admitted(
+        ) -> None:
+    with anyio.fail_after(30):
+        async with Hub("tcp://127.0.0.1:0", heartbeat_interval=0.1, peer_timeout=1.0,
+                       admission=True) as hub:
+            async with Link(hub.endpoint, identity=b"w", heartbeat_interval=0.1,
+                            peer_timeout=1.0) as link:
+                await link.send("hello?")  # a stranger: heard, never admitted
+                while not link.hub_instance:
+                    await anyio.sleep(0.02)
+                hub.finish()
+                await hub.aclose()
+                with pytest.raises(PeerLostError, match="its run is over"):
+                    await link.recv()
+                assert link.hub_closed and link.hub_finished and not link.key_revoked

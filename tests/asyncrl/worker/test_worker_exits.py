@@ -177,3 +177,30 @@ async def test_a_worker_stopped_by_sigterm_while_it_builds_its_env_says_so_and_e
     assert code == EXIT_OK, output
     assert "got SIGTERM: stopping" in output, output
     assert kinds[-1] == Leaving.KIND and set(kinds) <= {Hello.KIND, Leaving.KIND}, kinds
+
+
+async def test_a_worker_refused_as_full_goes_home_with_0_when_the_run_finishes(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # Before: still asking to join when the trainer closed its finished run, it took the
+    # goodbye for a coordinator it never reached and exited 3 (CI saw a host do so).
+    import logging
+
+    caplog.set_level(logging.INFO, logger="asyncrl.worker")
+    codes: list[int] = []
+    async with Hub("tcp://127.0.0.1:0", admission=True, **FAST) as hub:
+        async def worker() -> None:
+            codes.append(await run_worker(hub.endpoint, WorkerSpec(CountingEnv), identity=b"w",
+                                          join_timeout=60.0, **FAST))
+
+        with anyio.fail_after(60):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(worker)
+                await _next(hub, Hello.KIND)
+                await hub.send(b"w", Refuse("full: 2 of 2 places taken", full=True).to_body(),
+                               kind=Refuse.KIND)
+                while "asking again" not in caplog.text:
+                    await anyio.sleep(0.02)
+                hub.finish()  # the run is over: MultiCollector's close when total_frames came
+                await hub.aclose()
+    assert codes == [EXIT_OK]
+    assert "is over (its trainer closed it): exiting" in caplog.text
