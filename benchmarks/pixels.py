@@ -237,9 +237,12 @@ def run_vector(batches: int) -> dict[str, Any]:
     return result
 
 
-def run_asyncrl(batches: int, envs_per_worker: int = 1, sync: bool = True) -> dict[str, Any]:
+def run_asyncrl(batches: int, envs_per_worker: int = 1, sync: bool = True,
+                compact_obs: bool = False) -> dict[str, Any]:
     """MultiSyncCollector, 4 workers x 1 env, the CNN in each worker (or ``4 / envs_per_worker``
-    workers, each stepping its envs together and calling the CNN once for them)."""
+    workers, each stepping its envs together and calling the CNN once for them); with
+    ``compact_obs`` the next observations are neither kept nor shipped (AsyncVectorEnv
+    has none either: its user keeps the previous observation)."""
     import anyio
     from tensordict.nn import TensorDictModule
 
@@ -251,7 +254,7 @@ def run_asyncrl(batches: int, envs_per_worker: int = 1, sync: bool = True) -> di
 
     async def main() -> None:
         async with cls(make_env, policy, num_workers=N_ENVS // envs_per_worker,
-                       envs_per_worker=envs_per_worker,
+                       envs_per_worker=envs_per_worker, compact_obs=compact_obs,
                        frames_per_batch=FRAMES_PER_BATCH) as collector:
             count = 0
             async for _ in collector:
@@ -274,6 +277,8 @@ CASES: dict[str, tuple[dict[str, str], str, dict[str, Any]]] = {
     "asyncrl-late": ({"ASYNCRL_EARLY_FORK_SERVER": "0"}, "run_asyncrl", {}),
     # the fastest asyncrl layout of benchmarks.pixels_throughput: 2 workers x 2 envs, async
     "asyncrl-2x2": ({}, "run_asyncrl", {"envs_per_worker": 2, "sync": False}),
+    # what docs/data_plane.md advises pixel users: next observations not kept twice
+    "asyncrl-compact": ({}, "run_asyncrl", {"compact_obs": True}),
 }
 
 

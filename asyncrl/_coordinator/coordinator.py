@@ -15,7 +15,6 @@ See :mod:`asyncrl._coordinator.state` for the sync and async modes.
 from __future__ import annotations
 
 import logging
-import secrets
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -51,6 +50,7 @@ from .._protocol import (
 )
 from .actions import Action, CatchUp, Expel, Send
 from .checks import check_specs
+from .error_reports import reporter
 from .records import LOSS_WORDS, RelayInfo, WorkerInfo
 from .registry import WorkerRegistry
 from .shared_batches import SharedBatches
@@ -430,19 +430,15 @@ class Coordinator:
 
     async def _on_error(self, message: Message) -> None:
         report = ErrorReport.from_body(message.body)
-        worker = self.workers.get(message.peer)
-        if worker is not None and worker.alive:
-            name = f"{worker.index} ({worker.name})"
-        elif self._spawned_here(report):
-            worker, name = None, f"{report.slot} (failed before joining)"
-        else:
-            # Only a peer that was admitted (or proves it was spawned here) may stop the
-            # run: anyone can connect to a listening port and send an "error" message.
+        speaker = reporter(report, self.workers.get(message.peer), self.workers.values(),
+                           self._token)
+        if speaker is None:  # only an admitted worker, or one spawned here, stops the run
             self._limited_log.warning(
                 "stranger-error", "ignored an error report from %r, which is not an admitted "
                 "worker (a stranger, or a worker already lost): %s: %s", message.peer,
                 report.error.type, report.error.message[:200])
             return
+        worker, name = speaker
         error = rebuild_remote_exception(report.error, peer=name)
         if report.fatal:
             if worker is not None:
@@ -479,15 +475,6 @@ class Coordinator:
             await self.hub.send(message.peer, Control("close").to_body(), kind=Control.KIND)
         except Exception:
             pass  # gone already: its process's owner takes care of it
-
-    def _spawned_here(self, report: ErrorReport) -> bool:
-        """A local worker's report sent before it was admitted (its env failed to build)."""
-        if report.slot < 0 or not self._token or not report.token:
-            return False
-        if any(w.index == report.slot and w.alive for w in self.workers.values()):
-            return False  # that slot's worker is live and speaks for itself
-        return secrets.compare_digest(report.token.encode(), self._token.encode())
-
 
     # -- doing what the state decided -------------------------------------------------------
     async def _perform(self, actions: list[Action], lost_reason: str = "", *,

@@ -9,12 +9,16 @@ handshake, which ZeroMQ shows the client only as a monitor event
 
 from __future__ import annotations
 
+import logging
+
 import anyio
 
-from transports import Link
+from transports import Link, PeerLostError
 
 from .._errors import WorkerExit
-from .._spawn.exit_codes import EXIT_REFUSED
+from .._spawn.exit_codes import EXIT_COORDINATOR_LOST, EXIT_OK, EXIT_REFUSED
+
+log = logging.getLogger("asyncrl.worker")
 
 
 def denied(link: Link) -> WorkerExit | None:
@@ -51,4 +55,21 @@ def no_welcome(link: Link, join_timeout: float | None) -> str:
             "(a different service on that port, or a trainer whose event loop is blocked)")
 
 
-__all__ = ["cancel_when_denied", "denied", "no_welcome", "unreachable"]
+def hub_lost(link: Link, error: PeerLostError, *, welcomed: bool) -> WorkerExit:
+    """How a worker ends when ``link`` lost its hub, by what the hub said (or did not)."""
+    if link.hub_finished:  # whatever our state: joining, rejoining, admitted
+        log.info("the run at %s is over (its trainer closed it): exiting", link.endpoint)
+        return WorkerExit(EXIT_OK, "the run is over", final=True)
+    if link.key_revoked:  # told so by the hub: a refusal, and final
+        return WorkerExit(EXIT_REFUSED, f"the coordinator at {link.endpoint} revoked this "
+                          "host's CURVE key (asyncrl keys revoke): it is refused from now on",
+                          final=True)
+    if (refused := denied(link)) is not None:
+        return refused
+    if not welcomed:  # maybe never reached
+        return WorkerExit(EXIT_COORDINATOR_LOST, unreachable(link))
+    return WorkerExit(EXIT_COORDINATOR_LOST,
+                      f"the coordinator at {link.endpoint} is gone ({error})")
+
+
+__all__ = ["cancel_when_denied", "denied", "hub_lost", "no_welcome", "unreachable"]

@@ -63,7 +63,7 @@ from .progress import ProgressReport
 from .reconnect import await_next_trainer, ride_out, wait_for_coordinator
 from .relay_member import RelayMembership
 from .spec import WorkerSpec
-from .unanswered import cancel_when_denied, denied, no_welcome, unreachable
+from .unanswered import cancel_when_denied, denied, hub_lost, no_welcome, unreachable
 
 log = logging.getLogger("asyncrl.worker")
 
@@ -409,20 +409,7 @@ class Worker:
         try:
             return await self.link.recv()
         except PeerLostError as exc:
-            if self.link.hub_finished:  # whatever our state: joining, rejoining, admitted
-                log.info("the run at %s is over (its trainer closed it): exiting",
-                         self.link.endpoint)
-                raise WorkerExit(EXIT_OK, "the run is over", final=True) from None
-            if self.link.key_revoked:  # told so by the hub: a refusal, and final
-                raise WorkerExit(EXIT_REFUSED, f"the coordinator at {self.link.endpoint} "
-                                 "revoked this host's CURVE key (asyncrl keys revoke): it is "
-                                 "refused from now on", final=True) from None
-            if (refused := denied(self.link)) is not None:
-                raise refused from None
-            if self.index < 0:  # never welcomed: maybe never reached
-                raise WorkerExit(EXIT_COORDINATOR_LOST, unreachable(self.link)) from None
-            raise WorkerExit(EXIT_COORDINATOR_LOST,
-                             f"the coordinator at {self.link.endpoint} is gone ({exc})") from None
+            raise hub_lost(self.link, exc, welcomed=self.index >= 0) from None
 
     async def _dispatch_loop(self) -> None:
         while True:
