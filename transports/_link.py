@@ -87,8 +87,7 @@ class Link(Channel):
         self._hub_instance: str | None = None  # changes when the coordinator restarts
         self._loss_reported = False  # recv raised "lost" since the hub was last heard
         self._goodbye = False  # the last loss was a goodbye (the hub closed)
-        self._revoked = False  # that goodbye said our CURVE key was revoked
-        self._finished = False  # that goodbye said the hub's owner is done (Hub.finish)
+        self._bye: Any = None  # that goodbye's known body: BYE_REVOKED, BYE_FINISHED or None
         self._denied = False  # the hub's authentication denied our CURVE key at a handshake
         self._why_lost = ""
         # Connection state, from ZeroMQ's socket monitor (read by the liveness check).
@@ -138,12 +137,12 @@ class Link(Channel):
     def hub_finished(self) -> bool:
         """True when the hub's last goodbye said its owner is done for good (a finished
         run, see :meth:`Hub.finish`): there is nothing to wait or ask again for."""
-        return self._lost and self._finished
+        return self._lost and self._bye == BYE_FINISHED
 
     @property
     def key_revoked(self) -> bool:
         """True when the hub's last goodbye said this link's CURVE key was revoked."""
-        return self._lost and self._revoked
+        return self._lost and self._bye == BYE_REVOKED
 
     @property
     def key_denied(self) -> bool:
@@ -257,9 +256,9 @@ class Link(Channel):
             self._loss_reported = False
             return None
         if message.kind == BYE:
-            # Only the exact known body counts; anything else is a plain goodbye.
-            self._lose_hub(goodbye=True, revoked=message.body == BYE_REVOKED,
-                           finished=message.body == BYE_FINISHED)
+            # Only the exact known bodies count; anything else is a plain goodbye.
+            known = next((b for b in (BYE_REVOKED, BYE_FINISHED) if message.body == b), None)
+            self._lose_hub(goodbye=True, bye=known)
             return None
         self._loss_reported = False
         return Message(HUB, message.kind, message.seq, message.body, message.meta,
@@ -353,21 +352,20 @@ class Link(Channel):
         except zmq.ZMQError as exc:  # not ours to crash on: liveness decides as before
             log.warning("could not connect again to %s: %s", self.endpoint, exc)
 
-    def _lose_hub(self, *, goodbye: bool = False, revoked: bool = False,
-                  denied: bool = False, finished: bool = False) -> None:
+    def _lose_hub(self, *, goodbye: bool = False, bye: Any = None,
+                  denied: bool = False) -> None:
         self._lost = True
         self._goodbye = goodbye
-        self._revoked = revoked
-        self._finished = finished
+        self._bye = bye
         self._denied = denied
         if denied:
             self._why_lost = ("(its authentication denied this link's CURVE key at the "
                               "handshake: the key was revoked, or is not among its authorized "
                               "keys)")
-        elif revoked:
+        elif bye == BYE_REVOKED:
             self._why_lost = ("(it said goodbye: this link's CURVE key was revoked, and it is "
                               "refused from now on)")
-        elif finished:
+        elif bye == BYE_FINISHED:
             self._why_lost = "(it said goodbye: its run is over)"
         elif goodbye:
             self._why_lost = "(it said goodbye: the hub closed)"

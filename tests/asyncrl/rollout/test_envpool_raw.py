@@ -28,7 +28,6 @@ from asyncrl._rollout.options import RolloutOptions  # noqa: E402
 from tests.asyncrl.det_envs import FRAME_KEYS, WrongWay  # noqa: E402
 
 N, SEED = 3, 11
-KEYS = FRAME_KEYS
 
 
 def swing() -> nn.Module:
@@ -150,7 +149,7 @@ def batches(venv: Any, policy: nn.Module, steps: int, count: int, **options: Any
 def assert_same(got: list, want: list) -> None:
     assert len(got) == len(want)
     for a, b in zip(got[1:], want[1:], strict=True):
-        for key in KEYS:
+        for key in FRAME_KEYS:
             assert torch.equal(a[key], b[key]), key
 
 

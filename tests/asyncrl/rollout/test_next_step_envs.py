@@ -27,7 +27,6 @@ from tests.asyncrl.det_envs import FRAME_KEYS, CountEnv, FirstBit, WrongWay
 from tests.asyncrl.rollout.fake_envpool import FakeEnvPool, make_count_envpool
 
 N, T, BATCHES = 3, 20, 3
-KEYS = FRAME_KEYS
 
 
 def cartpole() -> gym.Env:
@@ -51,7 +50,7 @@ def collect(venv: object, *, seed: bool, batches: int = BATCHES, **options: obje
 def assert_same_batches(got: list, want: list) -> None:
     assert len(got) == len(want)
     for a, b in zip(got[1:], want[1:], strict=True):
-        for key in KEYS:
+        for key in FRAME_KEYS:
             assert torch.equal(a[key], b[key]), key
     ends = torch.stack([b["next", "done"] for b in want[1:]]).sum()
     assert ends >= 3, "the comparison must cross several episode ends"
