@@ -60,7 +60,12 @@ CASES: dict[str, tuple[str, int, int, int | None]] = {
     "async-2x8-t1": ("async", 2, 8, 1),
     "async-1x16": ("async", 1, 16, None),
     "async-1x16-t1": ("async", 1, 16, 1),
+    "async-1x16-p2": ("async", 1, 16, None),
+    "async-2x8-p2": ("async", 2, 8, None),
 }
+#: case -> ``prefetch`` (batches a worker may run ahead of the trainer; 1 when absent): at
+#: 2 a worker collects its next batch while the trainer takes the last one and sends weights.
+PREFETCH = {"async-1x16-p2": 2, "async-2x8-p2": 2}
 BASELINE = "cleanrl"
 TARGET = 1.3
 
@@ -177,7 +182,8 @@ def run_cleanrl_async(frames: int, windows: int, fpb: int) -> tuple[float, float
 
 
 def run_asyncrl(sync: bool, workers: int, per_worker: int, threads: int | None, frames: int,
-                windows: int, fpb: int, update_weights: bool) -> tuple[float, float]:
+                windows: int, fpb: int, update_weights: bool, prefetch: int = 1
+                ) -> tuple[float, float]:
     import functools
 
     import anyio
@@ -189,7 +195,7 @@ def run_asyncrl(sync: bool, workers: int, per_worker: int, threads: int | None, 
         factory = functools.partial(make_envpool, per_worker, num_threads=threads)
         async with MultiCollector(
             [factory] * workers, policy, num_workers=workers, sync=sync,
-            frames_per_batch=fpb, total_frames=-1,
+            frames_per_batch=fpb, total_frames=-1, prefetch=prefetch,
         ) as collector:
             it = collector.__aiter__()
             batch = await it.__anext__()
@@ -219,7 +225,7 @@ def run_one(name: str, frames: int, windows: int, fpb: int, update_weights: bool
     if kind == "cleanrl-async":
         return run_cleanrl_async(frames, windows, fpb)
     return run_asyncrl(kind == "sync", workers, per_worker, threads, frames, windows, fpb,
-                       update_weights)
+                       update_weights, PREFETCH.get(name, 1))
 
 
 # -- the driver ----------------------------------------------------------------------------------
