@@ -18,6 +18,7 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 import anyio
+import anyio.abc
 
 from transports import CurveClient, random_identity
 
@@ -25,7 +26,7 @@ from .._observe.probes import DEFAULT_HOST as DEFAULT_PROBE_HOST
 from .._observe.probes import AdmissionBoard, ProbeServer
 from .._spawn.exit_codes import EXIT_JOIN_TIMEOUT
 from .._spawn.processes import WorkerProcesses
-from .._spawn.stop_signals import ignore_stop_signals, wait_stop_signal
+from .._spawn.stop_signals import STOP_SIGNALS, ignore_stop_signals
 from .entry import host_worker_processes
 from .spec import WorkerSpec
 
@@ -51,6 +52,9 @@ class HostWorkers:
     ...                    workers=4, reconnect=True)
     >>> exit_code = host.run()   # blocks until the workers exit
     """
+
+    _stop_requested: anyio.Event  # set by a stop signal once the workers exist
+    _starting: anyio.CancelScope  # the whole run: a stop signal before the workers cancels it
 
     def __init__(self, connect: str, spec: WorkerSpec, *, workers: int, relay: bool = True,
                  peer_timeout: float = 10.0, reconnect: bool = False,
@@ -92,6 +96,7 @@ class HostWorkers:
         self.probe_host = probe_host
         self.admission: AdmissionBoard | None = None
         self._stopped_by_signal = False
+        self._workers: WorkerProcesses | None = None  # once the relay is open
 
     def run(self) -> int:
         """Start the workers, wait until they all exit; return the exit code that matters."""
@@ -127,11 +132,21 @@ class HostWorkers:
                 "admitted": sum(admitted)}
 
     async def _run(self) -> None:
-        server = None
         self.admission = AdmissionBoard(self.identities)  # readiness, and the fill backstop
+        self._stop_requested = anyio.Event()  # a stop signal came once the workers existed
+        server = None
         if self.probe_port is not None:
             server = ProbeServer(self.probe_state, host=self.probe_host, port=self.probe_port)
             await server.bind()  # a port in use is a plain OSError, before any worker starts
+        async with anyio.create_task_group() as signals:
+            # Then at once: a SIGTERM while the relay opens and the workers start (a pod
+            # deleted as it starts) stops this host cleanly, not by its default action.
+            with anyio.CancelScope() as self._starting:
+                await signals.start(self._watch_stop_signals)
+                await self._serve(server)
+            signals.cancel_scope.cancel()
+
+    async def _serve(self, server: ProbeServer | None) -> None:
         async with anyio.create_task_group() as probes:
             if server is not None:
                 await probes.start(server.serve)
@@ -161,12 +176,12 @@ class HostWorkers:
                     heartbeat_interval=heartbeat_interval(self.peer_timeout),
                     curve_keys=self.curve_keys, join_timeout=self.join_timeout))
                 options.update(relay=relay.endpoint, relay_name=relay.name)
-            workers = host_worker_processes(self.connect, self.spec, self.identities,
-                                            backend=self.backend, options=options)
+            workers = self._workers = host_worker_processes(
+                self.connect, self.spec, self.identities, backend=self.backend, options=options)
             self.processes = workers.processes
             try:
                 async with anyio.create_task_group() as tg:
-                    tg.start_soon(self._stop_on_signal, workers)
+                    tg.start_soon(self._stop_when_asked, workers)
                     tg.start_soon(self._stop_when_unfilled, workers)
                     await workers.run()  # until every worker exited
                     tg.cancel_scope.cancel()
@@ -175,15 +190,29 @@ class HostWorkers:
                 # error, Ctrl-C), then the relay closes and removes its socket directory.
                 await workers.stop(grace=STOP_TIMEOUT, kill_after=STOP_TIMEOUT)
 
-    async def _stop_on_signal(self, workers: WorkerProcesses) -> None:
-        # SIGTERM (docker stop, systemd, kill) and Ctrl-C stop the workers.
-        received = await wait_stop_signal()
-        log.info("%s: stopping this host's workers", received.name)
+    async def _watch_stop_signals(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
+        # SIGTERM (docker stop, systemd, kill) and Ctrl-C stop the workers, or the start.
+        with anyio.open_signal_receiver(*STOP_SIGNALS) as received:
+            task_status.started()
+            async for signum in received:
+                name = signal.Signals(signum).name
+                break
+            else:  # pragma: no cover -- a receiver does not end on its own
+                return
         self._stopped_by_signal = True
         # The receiver gave the default handler back: a second SIGTERM (systemd's to the
         # whole group, an impatient operator's) must not kill the host while it stops its
         # workers (bounded: STOP_TIMEOUT, then SIGKILL). A second Ctrl-C still interrupts.
         ignore_stop_signals(signal.SIGTERM)
+        if self._workers is None:
+            log.info("%s: stopping this host before its workers started", name)
+            self._starting.cancel()  # nothing runs yet: the relay and the probes close
+            return
+        log.info("%s: stopping this host's workers", name)
+        self._stop_requested.set()
+
+    async def _stop_when_asked(self, workers: WorkerProcesses) -> None:
+        await self._stop_requested.wait()
         await workers.stop(grace=0, kill_after=STOP_TIMEOUT)
 
     async def _stop_when_unfilled(self, workers: WorkerProcesses) -> None:

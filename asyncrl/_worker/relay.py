@@ -127,6 +127,7 @@ class HostRelay(TaskGroupResource):
         self._in_flight = anyio.Semaphore(max_in_flight)
         self._background = anyio.CancelScope()
         self._stopped = anyio.Event()
+        self._began = False  # _run ran its first line (so it will set _stopped)
         self._tmpdir: str | None = None
         self._closed = False
         self._tasks: Any = None
@@ -157,6 +158,7 @@ class HostRelay(TaskGroupResource):
 
     async def _run(self, *, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
         """Owns both sockets and the tasks that use them, so they close in this task."""
+        self._began = True
         try:
             with self._background:
                 endpoint = self._endpoint
@@ -184,6 +186,11 @@ class HostRelay(TaskGroupResource):
             return  # closed already, or never opened
         self._closed = True
         self._background.cancel()
+        if not self._began:
+            # _open was cancelled before _run took its first step: _run never sets
+            # _stopped (if it starts later, the cancelled _background ends it at once
+            # and the task group's exit waits for that). A shielded wait would hang.
+            return
         with anyio.CancelScope(shield=True):
             await self._stopped.wait()
 

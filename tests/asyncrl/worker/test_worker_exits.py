@@ -179,6 +179,38 @@ async def test_a_worker_stopped_by_sigterm_while_it_builds_its_env_says_so_and_e
     assert kinds[-1] == Leaving.KIND and set(kinds) <= {Hello.KIND, Leaving.KIND}, kinds
 
 
+async def test_a_host_stopped_by_sigterm_before_its_workers_start_exits_0(
+        tmp_path: Any, anyio_backend: str) -> None:
+    # Before: the host set its handlers once it started its workers, so a SIGTERM
+    # while its relay opened (a pod deleted as it starts) ended it by the signal (-15).
+    import os
+    import signal
+    from pathlib import Path
+
+    if anyio_backend == "trio":
+        pytest.skip("the host process is the same for both backends; once is enough")
+
+    opening = tmp_path / "opening"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tests.asyncrl.worker.slow_relay", "worker", "--workers", "2",
+         "--connect", "tcp://127.0.0.1:9", "--env", "asyncrl.testing:CountingEnv"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        cwd=Path(__file__).parents[3], env={**os.environ, "ASYNCRL_TEST_OPENING": str(opening)})
+    try:
+        with anyio.fail_after(60):
+            while not opening.exists():  # the host runs; its relay is opening
+                await anyio.sleep(0.02)
+            process.send_signal(signal.SIGTERM)
+            code = await anyio.to_thread.run_sync(process.wait, 30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    output = process.stdout.read() if process.stdout else ""
+    assert code == EXIT_OK, output
+    assert "SIGTERM: stopping this host before its workers started" in output, output
+
+
 async def test_a_worker_refused_as_full_goes_home_with_0_when_the_run_finishes(
         caplog: pytest.LogCaptureFixture) -> None:
     # Before: still asking to join when the trainer closed its finished run, it took the
