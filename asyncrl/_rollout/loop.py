@@ -61,7 +61,8 @@ class Rollout:
     ``options`` (:class:`RolloutOptions`) carries TorchRL's six rollout options,
     checked where they were built. ``before_step``, if set, is called at every step
     boundary before the policy runs; a change of ``policy_version`` made there
-    is stamped from that frame on.
+    is stamped from that frame on. ``next_observations=False`` (TorchRL's
+    ``compact_obs=True``) leaves out ``("next", obs)``: neither kept nor written.
 
     >>> from asyncrl._rollout.envs import make_env_pool
     >>> rollout = Rollout(make_env_pool("CartPole-v1", num_envs=2), None, frames_per_batch=8)
@@ -81,7 +82,11 @@ class Rollout:
         worker_index: int = 0,
         init_random_frames: int | None = 0,
         options: RolloutOptions = _DEFAULT_OPTIONS,
+        next_observations: bool = True,
     ) -> None:
+        # compact_obs: the ("next", obs) a batch would drop are not written (for a pixel
+        # env, a frame's copy per env and step, and a buffer the size of the batch's obs).
+        self.next_observations = next_observations
         pool = env_pool if isinstance(env_pool, EnvPool) else make_env_pool(env_pool)
         try:
             self._init(pool, policy, frames_per_batch, worker_index, init_random_frames, options)
@@ -284,7 +289,8 @@ class Rollout:
                 continue  # carried by the recurrent policy's state instead
             dtype = torch_dtype(spec.dtype)
             obs_bufs.append(data.setdefault(path, buf(spec.shape, dtype)))
-            next_bufs.append(data.setdefault(("next", *path), buf(spec.shape, dtype)))
+            if self.next_observations:
+                next_bufs.append(data.setdefault(("next", *path), buf(spec.shape, dtype)))
         act = specs.action
         data[("action",)] = action = buf(act.shape, torch_dtype(act.dtype))
         extra_bufs = [data.setdefault(p, buf(s, d)) for p, s, d in extras]
@@ -327,7 +333,8 @@ class Rollout:
         self._traj = d[("collector", "traj_ids")].numpy()
         self._pre = [(b.numpy(), a) for b, a in zip(obs_bufs, self._obs_arrays, strict=True)]
         self._pre.append((action.numpy(), self._act_np))
-        self._post = [(b.numpy(), a) for b, a in zip(next_bufs, self._obs_arrays, strict=True)]
+        self._post = [(b.numpy(), a) for b, a in
+                      zip(next_bufs, self._obs_arrays, strict=True)] if next_bufs else []
         self._post += [
             (nxt["reward"], pool.reward),
             (nxt["terminated"], pool.terminated),

@@ -326,7 +326,7 @@ class Worker:
             self.rollout = Rollout(
                 self.env_pool, self.policy, welcome.share_frames,
                 worker_index=welcome.index, init_random_frames=welcome.init_random_frames,
-                options=self.spec.rollout,
+                options=self.spec.rollout, next_observations=not welcome.compact_obs,
             )
         except Exception as exc:
             await self._report_and_exit(exc)

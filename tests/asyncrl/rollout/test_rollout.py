@@ -252,6 +252,35 @@ def test_nested_extra_keys_and_random_init_frames() -> None:
     assert_matches(batch, reference(lambda: gym.make("CartPole-v1"), 0, actions_of(batch)))
 
 
+@pytest.mark.parametrize("env", ["CartPole-v1", "dict"])
+def test_without_next_observations_the_batch_is_the_full_one_less_its_twins(env: str) -> None:
+    # compact_obs: a worker told so in its welcome neither keeps nor writes ("next", obs);
+    # what it sends must be exactly what dropping them from the full batch gives.
+    from asyncrl._protocol import drop_twins
+    from asyncrl._protocol.compact_frames import twin_keys
+
+    make: Any = "CartPole-v1" if env == "CartPole-v1" else TinyDictEnv
+    batches = []
+    for keep in (True, False):
+        torch.manual_seed(0)
+        policy = ArgmaxPolicy() if env == "CartPole-v1" else None
+        with Rollout(make_env_pool(make, num_envs=2), policy, 40, init_random_frames=10,
+                     next_observations=keep) as r:
+            r.set_seed(0)
+            batches.append(torch.cat([r.collect().clone(), r.collect().clone()], 1))
+            stored = {key for key in r._data if key[0] == "next"}  # its buffers
+            observed = {("next", *path) for path in r._obs_paths}
+            assert bool(stored & observed) is keep, stored
+    full, compact = batches
+    assert twin_keys(full) and not twin_keys(compact)
+    expected = drop_twins(full)
+    keys = sorted(map(str, compact.keys(include_nested=True, leaves_only=True)))
+    assert keys == sorted(map(str, expected.keys(include_nested=True, leaves_only=True)))
+    for key in expected.keys(include_nested=True, leaves_only=True):
+        assert torch.equal(compact.get(key), expected.get(key)), key
+    assert compact.get(("next", "done")).any(), "the batches must cross an episode end"
+
+
 # -- trajectories, versions, limits ---------------------------------------------------------
 
 
