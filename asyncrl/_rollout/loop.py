@@ -84,9 +84,7 @@ class Rollout:
         options: RolloutOptions = _DEFAULT_OPTIONS,
         next_observations: bool = True,
     ) -> None:
-        # compact_obs: the ("next", obs) a batch would drop are not written (for a pixel
-        # env, a frame's copy per env and step, and a buffer the size of the batch's obs).
-        self.next_observations = next_observations
+        self.next_observations = next_observations  # False: a frame copy per step less
         pool = env_pool if isinstance(env_pool, EnvPool) else make_env_pool(env_pool)
         try:
             self._init(pool, policy, frames_per_batch, worker_index, init_random_frames, options)
@@ -333,8 +331,8 @@ class Rollout:
         self._traj = d[("collector", "traj_ids")].numpy()
         self._pre = [(b.numpy(), a) for b, a in zip(obs_bufs, self._obs_arrays, strict=True)]
         self._pre.append((action.numpy(), self._act_np))
-        self._post = [(b.numpy(), a) for b, a in
-                      zip(next_bufs, self._obs_arrays, strict=True)] if next_bufs else []
+        self._post = [(b.numpy(), a) for b, a in zip(next_bufs, self._obs_arrays, strict=True)
+                      ] if next_bufs else []
         self._post += [
             (nxt["reward"], pool.reward),
             (nxt["terminated"], pool.terminated),
