@@ -20,7 +20,9 @@ then repeat 2, ...), so drifts of the machine hit all alike:
   ``MultiAsyncCollector`` whose workers each step one EnvPool of 8 (16) envs, the trainer
   sending the policy's weights after every batch as a training loop does
   (``--no-update-weights`` turns it off); ``-t1`` cases give each worker's EnvPool
-  ``num_threads=1`` (EnvPool's default is a thread per core in every worker).
+  ``num_threads=1`` (EnvPool's default is a thread per core in every worker); ``-p2``
+  cases give the collector ``prefetch=2`` (a worker always holds a credit: it never waits
+  while the trainer takes its last batch and sends weights).
 
 Every case uses the same MLP-64 (``obs -> 64 -> 64 -> action``, Tanh, ``2 * tanh`` head;
 `benchmarks.collect.make_policy`), CPU, ``--frames-per-batch`` frames per batch (1,024).
