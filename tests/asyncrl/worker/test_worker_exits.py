@@ -7,8 +7,13 @@ code :func:`asyncrl._worker.worker.run_worker` returns (see
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -30,6 +35,28 @@ from transports import Hub, Message
 pytestmark = pytest.mark.anyio
 
 FAST = {"heartbeat_interval": 0.2, "peer_timeout": 5.0}
+ROOT = Path(__file__).parents[3]
+
+
+@asynccontextmanager
+async def cli_process(*args: str, **env: str) -> AsyncIterator[subprocess.Popen[str]]:
+    """``python -m *args`` from the repository root, its output captured, ``env`` added;
+    killed on the way out if it still runs."""
+    process = subprocess.Popen([sys.executable, "-m", *args], stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, cwd=ROOT,
+                               env={**os.environ, **env})
+    try:
+        yield process
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+async def appears(path: Path) -> None:
+    """Until ``path`` exists (a helper of the child writes it; the caller bounds the wait)."""
+    while not await anyio.Path(path).exists():
+        await anyio.sleep(0.02)
 
 
 async def _next(hub: Hub, kind: str) -> Message:
@@ -141,10 +168,6 @@ async def test_a_worker_stopped_by_sigterm_while_it_builds_its_env_says_so_and_e
     # Before: the handlers were set at the first yield after the build (seconds for a
     # pixel env), so a pod stopped while it started ended by the signal (-15), silently,
     # and a worker the coordinator had just admitted was logged as lost.
-    import os
-    import signal
-    from pathlib import Path
-
     from asyncrl._protocol import Leaving
 
     if anyio_backend == "trio":
@@ -152,27 +175,18 @@ async def test_a_worker_stopped_by_sigterm_while_it_builds_its_env_says_so_and_e
 
     building = tmp_path / "building"
     kinds: list[str] = []
-    async with Hub("tcp://127.0.0.1:0", **FAST) as hub:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "asyncrl.cli", "worker", "--connect", hub.endpoint,
-             "--env", "tests.asyncrl.worker.slow_build:slow_env", "--peer-timeout", "5"],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            cwd=Path(__file__).parents[3],
-            env={**os.environ, "ASYNCRL_TEST_BUILDING": str(building)})
-        try:
-            with anyio.fail_after(60):
-                while not building.exists():  # it is inside the env's constructor now
-                    await anyio.sleep(0.02)
-                process.send_signal(signal.SIGTERM)
-                while Leaving.KIND not in kinds:  # it says why, once the build is over
-                    item = await hub.recv()
-                    if isinstance(item, Message):
-                        kinds.append(item.kind)
-                code = await anyio.to_thread.run_sync(process.wait, 30)
-        finally:
-            if process.poll() is None:
-                process.kill()
-                process.wait()
+    async with Hub("tcp://127.0.0.1:0", **FAST) as hub, cli_process(
+            "asyncrl.cli", "worker", "--connect", hub.endpoint,
+            "--env", "tests.asyncrl.worker.slow_build:slow_env", "--peer-timeout", "5",
+            ASYNCRL_TEST_BUILDING=str(building)) as process:
+        with anyio.fail_after(60):
+            await appears(building)  # it is inside the env's constructor now
+            process.send_signal(signal.SIGTERM)
+            while Leaving.KIND not in kinds:  # it says why, once the build is over
+                item = await hub.recv()
+                if isinstance(item, Message):
+                    kinds.append(item.kind)
+            code = await anyio.to_thread.run_sync(process.wait, 30)
     output = process.stdout.read() if process.stdout else ""
     assert code == EXIT_OK, output
     assert "got SIGTERM: stopping" in output, output
@@ -183,29 +197,18 @@ async def test_a_host_stopped_by_sigterm_before_its_workers_start_exits_0(
         tmp_path: Any, anyio_backend: str) -> None:
     # Before: the host set its handlers once it started its workers, so a SIGTERM
     # while its relay opened (a pod deleted as it starts) ended it by the signal (-15).
-    import os
-    import signal
-    from pathlib import Path
-
     if anyio_backend == "trio":
         pytest.skip("the host process is the same for both backends; once is enough")
 
     opening = tmp_path / "opening"
-    process = subprocess.Popen(
-        [sys.executable, "-m", "tests.asyncrl.worker.slow_relay", "worker", "--workers", "2",
-         "--connect", "tcp://127.0.0.1:9", "--env", "asyncrl.testing:CountingEnv"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        cwd=Path(__file__).parents[3], env={**os.environ, "ASYNCRL_TEST_OPENING": str(opening)})
-    try:
+    async with cli_process(
+            "tests.asyncrl.worker.slow_relay", "worker", "--workers", "2",
+            "--connect", "tcp://127.0.0.1:9", "--env", "asyncrl.testing:CountingEnv",
+            ASYNCRL_TEST_OPENING=str(opening)) as process:
         with anyio.fail_after(60):
-            while not opening.exists():  # the host runs; its relay is opening
-                await anyio.sleep(0.02)
+            await appears(opening)  # the host runs; its relay is opening
             process.send_signal(signal.SIGTERM)
             code = await anyio.to_thread.run_sync(process.wait, 30)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
     output = process.stdout.read() if process.stdout else ""
     assert code == EXIT_OK, output
     assert "SIGTERM: stopping this host before its workers started" in output, output
