@@ -2,7 +2,8 @@
 
 docs/architecture.md draws the tree; these tests keep it true as code moves
 (mypy's ``ignore_missing_imports`` would not notice an import of a module that
-moved away). They also keep the house small: no module over 600 lines, no
+moved away). They also guard against monsters: no module over 800 lines (a guard, not a
+target: a module is cut by concept, never to meet a count), no
 circle between modules (``TYPE_CHECKING`` and function-local imports count: a
 circle of concepts is a circle whether or not Python runs it) and few reaches
 into another object's private members (ruff's SLF001).
@@ -51,12 +52,14 @@ UPWARD_ALLOWED = {
 #: metrics and the test doubles.
 FLAT = {"__init__.py", "__main__.py", "_errors.py", "cli.py", "_cli_env.py",
         "metrics.py", "testing.py"}
-#: The longest a module may be: past it, a module holds two concepts (split it by concept).
-MAX_LINES = 600
-#: The most reaches into another object's private members (ruff's SLF001, a ``noqa`` counting
-#: as one) asyncrl and transports may hold: give the object the method its caller needs.
-#: (31: EnvPool's C++ binding, read in one function, envpool_raw.binding: two lines.)
-MAX_PRIVATE_ACCESSES = 31
+#: A guard against monsters, not a target: past it a module surely holds two concepts (split
+#: it by concept). Below it, cut a module where its concepts part, never to meet a count.
+MAX_LINES = 800
+#: The most reaches into another object's private members (ruff's SLF001, each access a
+#: ``noqa`` silences counting) asyncrl and transports may hold: give the object the method its
+#: caller needs. Of the 40: 7 are EnvPool's C++ binding (envpool_raw.binding), 4 torch's hook
+#: dicts (td_module_direct), 7 multiprocessing's and importlib's internals (spawn).
+MAX_PRIVATE_ACCESSES = 40
 
 
 def _modules() -> list[str]:
@@ -126,7 +129,7 @@ def _source_files() -> list[Path]:
     return sorted(p for base in ("asyncrl", "transports") for p in (ROOT / base).rglob("*.py"))
 
 
-def test_no_module_is_over_600_lines() -> None:
+def test_no_module_is_over_800_lines() -> None:
     long = {str(p.relative_to(ROOT)): n for p in _source_files()
             if (n := len(p.read_text().splitlines())) > MAX_LINES}
     assert not long, (
@@ -226,7 +229,11 @@ def test_no_modules_import_each_other() -> None:
 
 
 def _private_accesses() -> list[str]:
-    """ruff's SLF001 findings in asyncrl and transports, plus each line that silences one."""
+    """ruff's SLF001 findings in asyncrl and transports, plus each access a ``noqa`` silences.
+
+    Counted per access, not per line: a line that reads five private members of an
+    object counts five (packing reaches onto one line must not hide them).
+    """
     ran = subprocess.run(
         [sys.executable, "-m", "ruff", "check", "--select", "SLF001", "--output-format", "json",
          "--no-cache", "asyncrl", "transports"],
@@ -236,16 +243,29 @@ def _private_accesses() -> list[str]:
              for d in json.loads(ran.stdout)]
     silenced = re.compile(r"#\s*noqa:[^#]*\bSLF001\b")
     for path in _source_files():
-        for row, line in enumerate(path.read_text().splitlines(), 1):
-            if silenced.search(line):
-                found.append((str(path.relative_to(ROOT)), row, "noqa: SLF001"))
+        source = path.read_text()
+        rows = {row for row, line in enumerate(source.splitlines(), 1) if silenced.search(line)}
+        if not rows:
+            continue
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.Attribute) and node.lineno in rows \
+                    and _is_foreign_private(node):
+                found.append((str(path.relative_to(ROOT)), node.lineno,
+                              f"noqa: SLF001 ({ast.unparse(node)})"))
     return [f"{path}:{row}: {message}" for path, row, message in sorted(found)]
+
+
+def _is_foreign_private(node: ast.Attribute) -> bool:
+    """``x._name`` on another object than ``self`` / ``cls`` (dunders are public)."""
+    name = node.attr
+    own = isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")
+    return name.startswith("_") and not name.startswith("__") and not own
 
 
 def test_few_reaches_into_other_objects_private_members() -> None:
     found = _private_accesses()
     assert len(found) <= MAX_PRIVATE_ACCESSES, (
-        f"{len(found)} private-member accesses across objects (ruff SLF001, a noqa counting as "
-        f"one), at most {MAX_PRIVATE_ACCESSES}: give the object the method or property its "
+        f"{len(found)} private-member accesses across objects (ruff SLF001, each access a "
+        f"noqa silences counting), at most {MAX_PRIVATE_ACCESSES}: give the object the method or property its "
         "caller needs, or hold one foreign private in one small function:\n"
         + "\n".join(f"  {line}" for line in found))
