@@ -24,13 +24,13 @@ from .test_stall_watchdog import Clock, FakeCoordinator, clocked
 
 
 def test_a_worker_that_reports_steps_is_not_stalled_however_long_its_batch() -> None:
-    s, clock = clocked()
+    s, clock = clocked(share_frames=[64])
     a = admit(s, b"a")
-    for now in range(101, 140):  # a step a second, for 39 s of one batch
-        clock.now = float(now)
-        s.progress(b"a", Progress(a.index, steps=now))
+    for step in range(1, 40):  # a step a second, for 39 s of one batch
+        clock.now = 100.0 + step
+        assert s.progress(b"a", Progress(a.index, steps=step)) == []
         assert s.stalled_workers(clock.now, 10.0) == []
-    assert a.stepped_at == 139.0 and a.steps == 139
+    assert a.stepped_at == 139.0 and a.steps == 39
 
 
 def test_a_worker_whose_steps_stop_is_stalled_from_its_last_step() -> None:
@@ -89,8 +89,8 @@ async def test_a_slow_batch_is_warned_about_once_with_its_time_and_the_knob(
         clock.now = 109.0
         s.batch(b"a", Batch(a.index, share(a.index)))  # 9 s: within the timeout
         await watchdog.check(clock.now)
-        for now in (121.5, 134.0):  # 12.5 s each, stepping all along
-            s.progress(b"a", Progress(a.index, steps=int(now)))
+        for done, now in enumerate((121.5, 134.0), start=1):  # 12.5 s each, stepping
+            s.progress(b"a", Progress(a.index, steps=done * 8 + 4))
             clock.now = now
             s.batch(b"a", Batch(a.index, share(a.index)))
             await watchdog.check(clock.now)
