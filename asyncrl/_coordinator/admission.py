@@ -95,6 +95,7 @@ class Admission:
             self.specs = hello.specs
         index = hello.slot if hello.slot >= 0 else self._take_index()
         if hello.slot < 0 and self._max_remote is not None:  # its siblings' places are held
+            self._release_abandoned()
             self.groups.admitted(hello.group, size=hello.group_size,
                                  present=self._present(hello.group))
         worker = WorkerInfo(index, peer, hello.name, hello.host, hello.pid,
@@ -167,9 +168,13 @@ class Admission:
         """``remote_workers`` is a limit: who gets the weights is the trainer's choice.
 
         A host's workers join together or not at all: the first one admitted needs
-        places for its siblings still to come too, which are then held for them.
+        places for its siblings still to come too, which are then held for them (once
+        per group, and only while one of them is alive: see :mod:`.host_groups`).
         """
-        if self._max_remote is None or self.groups.holds_for(hello.group):
+        if self._max_remote is None:
+            return []
+        self._release_abandoned()
+        if self.groups.holds_for(hello.group):
             return []
         if self._larger_than_the_run(hello):
             return [f"remote_workers: this host brings {hello.group_size} workers and this "
@@ -179,7 +184,9 @@ class Admission:
         remote = sum(1 for w in self._roster.workers.values()
                      if w.alive and w.index >= self._first_remote_index)
         held = self.groups.held(besides=hello.group)
-        need = max(1, hello.group_size - self._present(hello.group))
+        # A group that held places before holds none again: it needs its own place only.
+        need = 1 if self.groups.held_before(hello.group) \
+            else max(1, hello.group_size - self._present(hello.group))
         if remote + held + need <= self._max_remote:
             return []
         free = max(0, self._max_remote - remote - held)
@@ -191,6 +198,11 @@ class Admission:
         return [f"remote_workers: this collector takes at most {self._max_remote} remote "
                 f"worker(s) and {remote} already joined{holding}; {whole}stop one or start "
                 "the trainer with a larger remote_workers"]
+
+    def _release_abandoned(self) -> None:
+        """Free the places held for groups none of whose workers is alive any more."""
+        self.groups.keep_only({w.group for w in self._roster.workers.values()
+                               if w.alive and w.group})
 
     def _larger_than_the_run(self, hello: Hello) -> bool:
         return self._max_remote is not None and hello.group_size > self._max_remote

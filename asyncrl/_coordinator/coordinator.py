@@ -360,7 +360,8 @@ class Coordinator:
                 elif item.kind == WorkerLog.KIND:
                     self._on_log(item)
                 elif item.kind == Progress.KIND:  # it steps: slow is not hung
-                    self.state.progress(item.peer, Progress.from_body(item.body))
+                    await self._perform(self.state.progress(item.peer,
+                                                            Progress.from_body(item.body)))
                 else:
                     self._limited_log.warning("unknown-kind", "ignored a %r message from %r",
                                               item.kind, item.peer)

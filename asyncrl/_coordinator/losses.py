@@ -56,6 +56,9 @@ class Losses:
         self.expected = 0  # workers the run was started with (see missing_workers)
         # "wait" / "restart": lost workers whose place a replacement is to take, oldest first.
         self.vacant: OrderedDict[int, WorkerInfo] = OrderedDict()
+        # Workers stalled_workers() found past their share's due time: when it was due
+        # (s after it was owed), for the loss's words.
+        self._overdue: dict[bytes, float] = {}
 
     def fail(self, error: BaseException) -> None:
         """The run's failure (the first one stays)."""
@@ -96,10 +99,21 @@ class Losses:
         """Live workers that owe work and stepped no env for more than ``timeout`` s
         while the trainer's loop ran (counted from ``awake_since`` at the earliest), with
         how long they have owed it. A worker that reports progress is judged on its last
-        step; one that never did, on its last batch. A slow batch is no stall."""
-        return [(w, now - w.owed_since) for w in self._roster.live_workers
-                if w.owed_since is not None and w.credits > 0
-                and now - max(w.owed_since, w.stepped_at or 0.0, awake_since) > timeout]
+        step; one that never did, on its last batch. A slow batch is no stall, but a
+        share is due by its reported step rate (:meth:`Rounds.share_due`): one still
+        missing ``timeout`` s after that is a stall too, whatever progress says."""
+        stalled = []
+        for w in self._roster.live_workers:
+            if w.owed_since is None or w.credits <= 0:
+                continue
+            if now - max(w.owed_since, w.stepped_at or 0.0, awake_since) > timeout:
+                stalled.append((w, now - w.owed_since))
+                continue
+            due = self._rounds.share_due(w)
+            if due is not None and now - max(due, awake_since) > timeout:
+                self._overdue[w.peer] = due - w.owed_since
+                stalled.append((w, now - w.owed_since))
+        return stalled
 
     # -- what happens to workers -----------------------------------------------------------
     def lost(self, peer: bytes, reason: str = "") -> list[Action]:
@@ -126,12 +140,19 @@ class Losses:
         a loss, by ``on_worker_loss``, although its process is alive and its heartbeats
         come (its env's ``step()`` or its policy hangs)."""
         worker = self._roster.live(peer)
+        due = self._overdue.pop(peer, None)
         if worker is None:
             return []
         idle = seconds if worker.stepped_at is None or worker.owed_since is None else \
             min(seconds, seconds - (worker.stepped_at - worker.owed_since))
         what = (f"owed a batch and delivered nothing for {seconds:.1f} s, no step for "
                 f"{idle:.1f} s: the env step or the policy did not return (sample_timeout)")
+        if due is not None:
+            what = (f"owed a batch and delivered nothing for {seconds:.1f} s, although its "
+                    f"progress reports {worker.steps - worker.steps_from} steps of it: at "
+                    f"that rate its share of {self._rounds.share_of(worker.index)} frames "
+                    f"was due after {due:.1f} s (a step is at least one frame); a share "
+                    "later than that by sample_timeout is a stall")
         log.warning("worker %d (%s, pid %d on %s) %s", worker.index, worker.name, worker.pid,
                     worker.host, what)
         return self._apply_loss(worker, what)
@@ -172,6 +193,16 @@ class Losses:
         while len(self.left) > REMEMBERED:
             self.left.popitem(last=False)
         return self.forget(worker, replan=True)
+
+    def refused(self, worker: WorkerInfo, what: str) -> list[Action]:
+        """A live worker said what no honest one says (a progress count its batches
+        cannot hold): tell it, drop it for cause (never invited back), and apply
+        ``on_worker_loss`` as for any loss."""
+        log.error("worker %d (%s, pid %d on %s) refused: %s", worker.index, worker.name,
+                  worker.pid, worker.host, what)
+        worker.rejoin_asked = True
+        return [Send(worker.peer, Refuse(f"dropped: {what}")),
+                *self._apply_loss(worker, f"was refused: {what}")]
 
     def bad_batch(self, worker: WorkerInfo, batch: Batch, problems: list[str]) -> list[Action]:
         """A batch that is not what was asked: tell the worker, drop it, apply on_worker_loss."""

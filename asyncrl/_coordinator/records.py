@@ -47,6 +47,9 @@ class WorkerInfo:
     #: last, and when that count last grew (None: never reported; judged on batches).
     steps: int = -1
     stepped_at: float | None = None
+    #: Its count at its first report for the share it owes now (-1: none yet): the steps
+    #: of that share, and their rate, are counted from it (the stall watchdog's due time).
+    steps_from: int = -1
     #: When its last delivered batch was owed from and delivered (the slow-batch warning).
     last_batch: tuple[float, float] | None = None
     #: How it was lost (the loss text): a slot's respawn names it, not a signal's causes.

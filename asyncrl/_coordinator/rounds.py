@@ -26,7 +26,7 @@ from tensordict import TensorDictBase
 from transports import RateLimitedLog
 
 from .._errors import WorkerLostError
-from .._protocol import Batch, Collect, Preempt
+from .._protocol import Batch, Collect, Preempt, Progress
 from .actions import Action, Send
 from .checks import BatchChecker
 from .records import Roster, Round, WorkerInfo, share_of
@@ -122,11 +122,51 @@ class Rounds:
         return self.top_up()
 
     # -- what workers deliver --------------------------------------------------------------
-    def progressed(self, worker: WorkerInfo, steps: int) -> None:
-        """``worker`` reports ``steps`` env steps so far: it steps if the count grew."""
-        if steps > worker.steps:
-            worker.steps = steps
+    def progressed(self, worker: WorkerInfo, progress: Progress) -> str:
+        """``worker`` reports ``progress.steps`` env steps so far: it steps if the count
+        grew while it owes the share ``progress.request`` names. Returns what is wrong
+        ("" if nothing): a count its batches cannot hold is no honest worker's.
+
+        The count is of its rollout's steps since it was admitted (a new admission
+        builds a new rollout), all in batches asked of it: the ones it delivered and
+        the one it collects. A step is at least one frame, so that is at most
+        ``(delivered + 1) x share`` steps.
+        """
+        share = self.share_of(worker.index)
+        most = (worker.delivered + 1) * share
+        if progress.steps > most:
+            return (f"its progress says {progress.steps} env steps, more than its "
+                    f"{worker.delivered} delivered batch(es) and the one it collects can "
+                    f"hold ({most}: {share} frames each, a step at least one frame)")
+        if not worker.credits or progress.request != self._collecting(worker):
+            return ""  # a report of a share it no longer owes: counts for nothing
+        if progress.steps > worker.steps:
+            worker.steps = progress.steps
             worker.stepped_at = self.clock()
+            if worker.steps_from < 0:  # its first report of this share: counted from here
+                worker.steps_from = progress.steps
+        return ""
+
+    def share_due(self, worker: WorkerInfo) -> float | None:
+        """When the share ``worker`` owes is due at the step rate it reported for it
+        (None: no rate yet): ``owed_since + share x (seconds stepping / steps)``.
+
+        A step is at least one frame, so an honest worker, stepping at that rate, has
+        delivered by then; the stall watchdog allows ``sample_timeout`` more.
+        """
+        if worker.owed_since is None or worker.stepped_at is None:
+            return None
+        steps = worker.steps - worker.steps_from
+        took = worker.stepped_at - worker.owed_since
+        if worker.steps_from < 0 or steps <= 0 or took <= 0:
+            return None
+        return worker.owed_since + self.share_of(worker.index) * took / steps
+
+    def _collecting(self, worker: WorkerInfo) -> int | None:
+        """The request a share ``worker`` owes is collected for (async: its index)."""
+        if not self.sync:
+            return worker.index
+        return None if self.round is None else self.round.request
 
     def expects(self, worker: WorkerInfo, batch: Batch) -> bool:
         """Async: a batch collected before ``worker`` was (re)admitted is not its own."""
@@ -152,6 +192,7 @@ class Rounds:
         if worker.owed_since is not None:
             worker.last_batch = (worker.owed_since, now)
         worker.owed_since = now if worker.credits else None
+        worker.steps_from = -1  # the next share's steps count from its own first report
         worker.delivered += 1
         if self.sync:
             return self._on_share(worker, batch)  # completes the round once it is whole
@@ -292,4 +333,5 @@ class Rounds:
         """One more batch asked of ``worker``; the stall clock starts if it owed nothing."""
         if not worker.credits:
             worker.owed_since = self.clock()
+            worker.steps_from = -1
         worker.credits += 1

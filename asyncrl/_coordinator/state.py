@@ -131,11 +131,14 @@ class CoordinatorState:
             return self.losses.bad_batch(worker, batch, problems)  # never counted
         return self.rounds.deliver(worker, batch)
 
-    def progress(self, peer: bytes, progress: Progress) -> None:
-        """A live worker's step count (see :mod:`asyncrl._protocol.progress`): it steps."""
+    def progress(self, peer: bytes, progress: Progress) -> list[Action]:
+        """A live worker's step count (see :mod:`asyncrl._protocol.progress`): it steps,
+        for the share it owes; a count beyond what its batches hold refuses it."""
         worker = self.roster.live(peer)
-        if worker is not None:
-            self.rounds.progressed(worker, progress.steps)
+        if worker is None:
+            return []
+        problem = self.rounds.progressed(worker, progress)
+        return self.losses.refused(worker, problem) if problem else []
 
     def returned(self, peer: bytes) -> list[Action]:
         """A peer the hub had lost speaks again: if it was our worker, tell it to rejoin."""

@@ -20,6 +20,19 @@ process and respawns its slot; ``"continue"`` gives its credits to the others, s
 that an async run still ends exactly on ``total_frames``). A slow batch whose
 steps return is never lost for it: it gets one warning a run.
 
+Progress is a peer's word, so it buys a bounded time (issue #43). Only steps of the
+share a worker owes count (reported for the request it was asked, while it owes
+it), and a count beyond what its batches can hold (``(delivered + 1) x share``
+steps since its admission: a step is at least one frame) refuses the worker. Its
+share is due at the step rate it reported for it: with ``n`` steps of it reported
+``t`` seconds after it was asked, at ``owed_since + share x t / n``
+(:meth:`Rounds.share_due`); still missing ``timeout`` seconds after that, it is a
+stall, progress or not. An honest worker never reports more steps of a share than
+the share has frames, so this never comes before the last step plus ``timeout``;
+a worker that reports any faster is lost at ``due + timeout``, and one that feeds
+the count a step at a time, each just inside ``timeout``, at the latest about
+``(share + 1) x timeout`` after its share was asked.
+
 A worker owes nothing between sync rounds, at ``prefetch`` batches ahead, or
 while the collector is paused with nothing asked: the timeout never counts a
 slow trainer against a worker. Time during which the trainer's own event loop

@@ -25,7 +25,9 @@ class Progress:
     """Worker -> coordinator: collecting ``request``, ``steps`` env steps returned so far.
 
     ``steps`` counts every step of the worker's rollout since it was built, so it
-    only grows: the coordinator notes the time whenever it does.
+    only grows: the coordinator notes the time whenever it does, while the worker
+    owes ``request``. More than its batches can hold (``(delivered + 1) x share``)
+    refuses the worker (see :mod:`asyncrl._coordinator.watchdog`).
 
     >>> Progress.from_body(Progress(request=3, steps=120).to_body())
     Progress(request=3, steps=120)

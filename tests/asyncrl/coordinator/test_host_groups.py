@@ -12,7 +12,7 @@ from dataclasses import replace
 
 import pytest
 
-from asyncrl._coordinator.host_groups import HOLD, HostGroups
+from asyncrl._coordinator.host_groups import HOLD, QUIET, HostGroups
 from asyncrl._coordinator.state import CoordinatorState
 from asyncrl._protocol import Hello, Refuse, Welcome
 from transports import ProtocolError
@@ -131,3 +131,99 @@ def test_a_hello_without_group_fields_from_an_older_worker_is_ungrouped() -> Non
     assert (parsed.group, parsed.group_size) == ("", 0)
     long = Hello.from_body({**body, "group": "\x1b" * 500, "group_size": 2}).group
     assert len(long) <= 64 and "\x1b" not in long  # bounded and printable
+
+
+# -- a hold cannot be kept by a stranger (issue #43, attack 4) --------------------------------
+def honest_host_joins(s: CoordinatorState, attempt: int = 0) -> bool:
+    """Both workers of the 2-worker host "H" ask; True once both are welcomed."""
+    first = answer(s, b"h0", grouped("H", 10, attempt=attempt))
+    second = answer(s, b"h1", grouped("H", 10, attempt=attempt))
+    return isinstance(first, Welcome) and isinstance(second, Welcome)
+
+
+@pytest.mark.parametrize("leaves", ["departed", "lost", "stalled"])
+def test_a_stranger_whose_only_worker_leaves_holds_no_place(leaves: str) -> None:
+    s = run(4)  # the attack: remote_workers=4, no keys, one hello saying group_size=4
+    assert isinstance(answer(s, b"x", grouped("X", 66, size=4)), Welcome)
+    assert s.admission.groups.held() == 3
+    getattr(s, leaves)(b"x", *(("silent",) if leaves == "lost" else
+                               (61.0,) if leaves == "stalled" else ()))
+    assert honest_host_joins(s)  # at once: nothing is held for a group with nobody left
+    assert s.admission.groups.held() == 0
+    assert sorted(w.group for w in s.live_workers) == ["H", "H"]
+
+
+def test_a_group_that_never_fills_frees_its_places_within_the_hold() -> None:
+    clock = Clock()
+    s = run(4, clock)
+    answer(s, b"x", grouped("X", 66, size=4))  # stays, and its siblings never come
+    refused = answer(s, b"h0", grouped("H", 10))
+    assert isinstance(refused, Refuse) and refused.full  # it asks again
+    clock.now = HOLD + 0.1
+    assert honest_host_joins(s, attempt=1)
+
+
+def test_a_refused_host_is_admitted_before_it_stops_asking() -> None:
+    from asyncrl._worker.join_backoff import JOIN_BACKOFF_MAX
+    from asyncrl.cli import build_parser
+
+    join_timeout = build_parser().parse_args(
+        ["worker", "--connect", "tcp://h:1", "--env", "CartPole-v1"]).join_timeout
+    longest_pause = 1.25 * JOIN_BACKOFF_MAX  # between two hellos of a host refused as full
+    assert QUIET > longest_pause  # it asks while no new hold can shut it out
+    assert HOLD + QUIET < join_timeout  # the bound docs/multihost.md names: 42 s < 60 s
+
+
+def test_a_group_cannot_renew_a_hold_it_lost() -> None:
+    clock = Clock()
+    s = run(4, clock)
+    answer(s, b"x", grouped("X", 66, size=4))
+    clock.now = HOLD + 0.1  # expired: X's worker is still there, nothing is held
+    assert s.admission.groups.held() == 0
+    # Another hello of X: a worker of its own (a place), but no hold for siblings again.
+    assert isinstance(answer(s, b"x2", grouped("X", 67, size=4)), Welcome)
+    assert s.admission.groups.held() == 0
+    assert honest_host_joins(s)
+
+
+def test_a_group_whose_workers_left_cannot_hold_again_by_saying_hello_again() -> None:
+    s = run(4)
+    answer(s, b"x", grouped("X", 66, size=4))
+    s.departed(b"x")
+    for attempt, peer in enumerate((b"x", b"x2", b"x3"), start=1):  # again and again
+        assert isinstance(answer(s, peer, grouped("X", 66 + attempt, size=4, attempt=attempt)),
+                          Welcome)
+        s.departed(peer)
+        assert s.admission.groups.held() == 0
+    assert honest_host_joins(s)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_whatever_hellos_a_stranger_sends_an_honest_host_joins_within_the_hold(
+        seed: int) -> None:
+    """A stranger sends hellos of every group shape (fresh names too), its workers
+    leaving or staying; the honest 2-worker host asks every 10 s (its longest pause) and
+    is admitted within HOLD + QUIET. (Workers that stay take places, as any worker does
+    without keys: the stranger here keeps one at a time.)"""
+    import random
+
+    rng = random.Random(seed)
+    clock = Clock()
+    s = run(4, clock)
+    stranger: bytes | None = None
+    joined_at = None
+    for tick in range(int(HOLD + QUIET + 10) * 4):  # every 0.25 s
+        clock.now = tick / 4
+        if stranger is not None and rng.random() < 0.3:
+            getattr(s, rng.choice(["departed", "lost"]))(stranger)
+            stranger = None
+        if stranger is None:
+            peer = f"x{tick}".encode()
+            group = rng.choice(["X", "Y", f"fresh-{tick}"])
+            message = grouped(group, 1000 + tick, size=rng.randint(1, 4), attempt=tick)
+            if isinstance(answer(s, peer, message), Welcome):
+                stranger = peer
+        if tick % 40 == 1 and honest_host_joins(s, attempt=tick):
+            joined_at = clock.now
+            break
+    assert joined_at is not None and joined_at <= HOLD + QUIET, (seed, joined_at)
