@@ -108,6 +108,11 @@ def test_a_state_that_does_not_fit_is_refused_before_anything_is_written() -> No
             "obs_rms": {**good, "mean": np.ones(2)}}}})
     with pytest.raises(ValueError, match=r"keys are 'env0'..'env0'.*got 'env1'"):
         load_env_state([env], {"env1": {}})
+    for bad in ({"mean": np.array([np.nan, 0.0, 0.0])}, {"var": np.array([1.0, -1.0, 1.0])},
+                {"count": float("inf")}):
+        with pytest.raises(ValueError, match=r"obs_rms must be finite, with a variance >= 0"):
+            load_env_state([env], {"env0": {"1.NormalizeObservation": {
+                "obs_rms": {**good, **bad}}}})
     np.testing.assert_array_equal(env.get_wrapper_attr("obs_rms").mean, before)
 
 
