@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from tensordict import TensorDictBase
+from tensordict import TensorDictBase, is_leaf_nontensor
 
 from .._protocol import PROTOCOL, Hello, RelayHello
 from .._protocol.compact_frames import twin_keys
@@ -89,14 +89,19 @@ class BatchChecker:
     @staticmethod
     def _leaf_problems(td: TensorDictBase, shape: tuple[int, ...]) -> list[str]:
         problems = []
+        # is_leaf_nontensor: a string or msgpack value the codec decoded (NonTensorData) is
+        # a leaf too, which keys() would otherwise skip: a batch holds tensors only.
         keys = {k if isinstance(k, tuple) else (k,)
-                for k in td.keys(include_nested=True, leaves_only=True)}
+                for k in td.keys(include_nested=True, leaves_only=True,
+                                 is_leaf=is_leaf_nontensor)}
         for key in REQUIRED_KEYS:
             if key not in keys:
                 problems.append(f"{key}: missing")
         for key in keys:
             value = td.get(key)
-            if not isinstance(value, torch.Tensor) or tuple(value.shape[:2]) != shape:
+            if not isinstance(value, torch.Tensor):
+                problems.append(f"{key}: {type(value).__name__}, expected a tensor")
+            elif tuple(value.shape[:2]) != shape:
                 got = list(getattr(value, "shape", ()))
                 problems.append(f"{key}: shape {got}, expected leading dims {list(shape)}")
         for key in _FLAGS:

@@ -34,7 +34,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from tensordict import TensorDictBase
+from tensordict import TensorDictBase, is_leaf_nontensor
 
 __all__ = ["MAX_INFO_NUMEL", "InfoEntries"]
 
@@ -71,12 +71,12 @@ class InfoEntries:
         roots = set()
         problems: list[str] = []
         found: dict[_Path, _Leaf] = {}
-        for key in td.keys(include_nested=True, leaves_only=True):
-            path = key if isinstance(key, tuple) else (key,)
+        leaves = [key if isinstance(key, tuple) else (key,) for key in td.keys(
+            include_nested=True, leaves_only=True, is_leaf=is_leaf_nontensor)]
+        for path in leaves:
             if path[0] != "next":
                 roots.add(path)
-        for key in td.keys(include_nested=True, leaves_only=True):
-            path = key if isinstance(key, tuple) else (key,)
+        for path in leaves:
             if path[0] != "next" or path[1:] in roots or path[1:] in {(f,) for f in _FLAGS}:
                 continue
             asked = next((a for a in self._asked if path[1:1 + len(a)] == a), None)
@@ -85,7 +85,11 @@ class InfoEntries:
                                 f"asks {self._asked or 'nothing'}; under 'next' a batch holds "
                                 "the flags, its root keys' twins and those entries)")
                 continue
-            value = td.get(key)
+            value = td.get(path)
+            if not isinstance(value, torch.Tensor):  # a string, a msgpack value
+                problems.append(f"{path}: {type(value).__name__}; an info entry holds numbers "
+                                "or bools")
+                continue
             found[path[1:]] = (value.dtype, tuple(value.shape[dims:]))
         missing = [str(("next", *asked)) for asked in self._asked
                    if not any(p[:len(asked)] == asked for p in found)]
