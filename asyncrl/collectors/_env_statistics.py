@@ -27,7 +27,7 @@ of the merge and is not written back to; the others merge.
 >>> b = Moments(np.array([4.0]), np.array([1.0]), 2.0)    # seen: 3, 5
 >>> merged = a + b
 >>> merged.mean.tolist(), merged.var.tolist(), merged.count
-([2.5], [3.25], 4.0)
+([2.5], [2.75], 4.0)
 >>> (merged - a).mean.tolist(), (merged - a).var.tolist()
 ([4.0], [1.0])
 """
