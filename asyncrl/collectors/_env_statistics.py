@@ -304,7 +304,7 @@ def _common_shape(entries: Mapping[Hashable, list[_Entry]]) -> tuple[int, ...] |
     for found in entries.values():
         for _, _, stats in found:
             try:
-                shapes[np.shape(stats.get("mean"))] += 1
+                shapes[np.shape(np.asarray(stats.get("mean")))] += 1
             except (TypeError, ValueError, RuntimeError):
                 continue
     return shapes.most_common(1)[0][0] if shapes else None
