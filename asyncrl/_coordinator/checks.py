@@ -10,10 +10,11 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from tensordict import TensorDictBase
+from tensordict import TensorDictBase, is_leaf_nontensor
 
 from .._protocol import PROTOCOL, Hello, RelayHello
 from .._protocol.compact_frames import twin_keys
+from .info_entries import InfoEntries
 
 #: Keys of TorchRL's batch layout every share must hold (observations come from the specs).
 REQUIRED_KEYS: tuple[tuple[str, ...], ...] = (
@@ -35,12 +36,16 @@ class BatchChecker:
     shapes and dtypes of the handshake's specs, and ``("collector",
     "worker_id")`` must be the sender's index. With ``dropped`` (TorchRL's
     ``compact_obs=True``) the ``("next", K)`` twins must be absent, the specs' and
-    any other (a recurrent state's): the trainer asked for none.
+    any other (a recurrent state's): the trainer asked for none. Under ``"next"``
+    only the flags, root keys' twins and the ``info_keys`` asked for may come, each
+    info leaf with one dtype and shape (:class:`~asyncrl._coordinator.info_entries.InfoEntries`).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, info_keys: Any = None, *, first_remote_index: int = 0) -> None:
         self._specs_source: dict[str, Any] | None = None
         self._specs: Any = None  # EnvSpecs parsed from _specs_source (None: unusable)
+        # what "next" may hold beyond observations and flags (see info_entries)
+        self._infos = InfoEntries(info_keys, first_remote_index=first_remote_index)
 
     def problems(self, td: TensorDictBase, *, specs: dict[str, Any] | None, frames: int,
                  worker_index: int, shorter_ok: bool, dropped: bool = False) -> list[str]:
@@ -64,6 +69,7 @@ class BatchChecker:
             problems += self._spec_problems(td, parsed, shape, dropped=dropped)
         if dropped:
             problems += self._twin_problems(td, parsed)
+        problems += self._infos.problems(td, worker_index=worker_index)
         ids = td.get(("collector", "worker_id"))
         if not bool((ids == worker_index).all()):
             problems.append(f"('collector', 'worker_id'): expected {worker_index} everywhere")
@@ -83,14 +89,19 @@ class BatchChecker:
     @staticmethod
     def _leaf_problems(td: TensorDictBase, shape: tuple[int, ...]) -> list[str]:
         problems = []
+        # is_leaf_nontensor: a string or msgpack value the codec decoded (NonTensorData) is
+        # a leaf too, which keys() would otherwise skip: a batch holds tensors only.
         keys = {k if isinstance(k, tuple) else (k,)
-                for k in td.keys(include_nested=True, leaves_only=True)}
+                for k in td.keys(include_nested=True, leaves_only=True,
+                                 is_leaf=is_leaf_nontensor)}
         for key in REQUIRED_KEYS:
             if key not in keys:
                 problems.append(f"{key}: missing")
         for key in keys:
             value = td.get(key)
-            if not isinstance(value, torch.Tensor) or tuple(value.shape[:2]) != shape:
+            if not isinstance(value, torch.Tensor):
+                problems.append(f"{key}: {type(value).__name__}, expected a tensor")
+            elif tuple(value.shape[:2]) != shape:
                 got = list(getattr(value, "shape", ()))
                 problems.append(f"{key}: shape {got}, expected leading dims {list(shape)}")
         for key in _FLAGS:

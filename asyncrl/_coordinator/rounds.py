@@ -46,7 +46,8 @@ class Rounds:
 
     def __init__(self, roster: Roster, *, sync: bool, share_frames: list[int],
                  prefetch: int = 1, preemptive_threshold: float | None = None,
-                 batch_budget: int | None = None) -> None:
+                 batch_budget: int | None = None, info_keys: Any = None,
+                 first_remote_index: int = 0) -> None:
         self._roster = roster
         self.sync = sync
         self.share_frames = share_frames
@@ -60,7 +61,7 @@ class Rounds:
         # bound it (live workers x prefetch, plus what a lost worker had delivered).
         self.ready: deque[tuple[WorkerInfo, TensorDictBase]] = deque()
         self.clock: Callable[[], float] = time.monotonic  # owed_since's clock (tests set it)
-        self._checker = BatchChecker()
+        self._checker = BatchChecker(info_keys, first_remote_index=first_remote_index)
         # Peers are hostile until admitted: what they make us log is rate-limited.
         self._limited_log = RateLimitedLog(log)
 

@@ -74,17 +74,21 @@ class CoordinatorState:
         instance: str = "",
         peer_timeout: float | None = None,
         compact_obs: bool = False,
+        info_keys: Any = None,
     ) -> None:
         """``compact_obs``: TorchRL's; batches are checked (and counted) without the
-        ``("next", K)`` twins, which workers are told to drop before they send."""
+        ``("next", K)`` twins, which workers are told to drop before they send;
+        ``info_keys``: the rollout's, normalised (what ``"next"`` may hold besides)."""
         self.roster = Roster()
+        first_remote_index = len(share_frames) if first_remote_index is None \
+            else first_remote_index
         self.rounds = Rounds(self.roster, sync=sync, share_frames=share_frames,
                              prefetch=prefetch, preemptive_threshold=preemptive_threshold,
-                             batch_budget=batch_budget)
+                             batch_budget=batch_budget, info_keys=info_keys,
+                             first_remote_index=first_remote_index)
         self.admission = Admission(
             self.roster, share_of=self.rounds.share_of,
-            first_remote_index=len(share_frames) if first_remote_index is None
-            else first_remote_index,
+            first_remote_index=first_remote_index,
             check_specs=check_specs, token=token, accept_remote=accept_remote,
             init_random_frames=init_random_frames, scheme_configs=scheme_configs,
             max_remote_workers=max_remote_workers, specs=specs, instance=instance)

@@ -205,9 +205,15 @@ def _checked_stats(current: Any, value: Any, what: str) -> dict[str, Any]:
     count = value["count"]
     if not isinstance(count, int | float) or not count >= 0:
         raise ValueError(f"{what}'s count must be a number >= 0, got {count!r:.80}")
-    return {"mean": _same_shape(np.asarray(current.mean), value["mean"], f"{what}.mean"),
-            "var": _same_shape(np.asarray(current.var), value["var"], f"{what}.var"),
-            "count": float(count)}
+    mean = _same_shape(np.asarray(current.mean), value["mean"], f"{what}.mean")
+    var = _same_shape(np.asarray(current.var), value["var"], f"{what}.var")
+    # A NaN here would normalise every later observation to NaN: refused, as the trainer's
+    # merge refuses it (asyncrl.collectors._env_statistics).
+    if not (np.isfinite(mean).all() and np.isfinite(var).all() and np.isfinite(count)) \
+            or (var < 0).any():
+        raise ValueError(f"{what} must be finite, with a variance >= 0 and a finite count, "
+                         f"got mean {mean!r:.120}, var {var!r:.120}, count {count!r:.40}")
+    return {"mean": mean, "var": var, "count": float(count)}
 
 
 def _assign_stats(current: Any, fields: dict[str, Any]) -> None:

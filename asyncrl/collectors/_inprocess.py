@@ -324,7 +324,7 @@ class Collector(BaseCollector[RB]):
         async with self._locked():
             roots = env_roots(rollout.env_pool)
             states: dict[Hashable, tuple[int, Any]] = {0: (0, read_env_state(roots))}
-            merged, updates = self._env_statistics.merge(states)
+            merged, updates, _ = self._env_statistics.merge(states)  # raises if refused
             load_env_state(roots, updates[0])
             self._env_statistics.merged(merged, states)
         return merged.to_stats()

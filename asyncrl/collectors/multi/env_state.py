@@ -4,7 +4,9 @@
 (``{"worker0": {"policy_state_dict": ..., "env_state_dict": ...}, ...}``, TorchRL's
 keys; the env part as :mod:`asyncrl._rollout.env_state` reads it);
 ``sync_env_statistics()`` merges the workers' ``obs_rms`` and writes the merge
-back (:mod:`asyncrl.collectors._env_statistics`). The last env state read from
+back (:mod:`asyncrl.collectors._env_statistics`): every worker's state is checked
+before any worker is written (a worker's hostile statistics are left out of the
+merge), and a worker whose write fails is named with what each holds. The last env state read from
 or loaded into each worker index is kept, and a worker that replaces a lost one
 (``on_worker_loss="restart"`` or ``"wait"``) is given it after its catch-up
 weights and before its first batch, then resets its envs, so that its first
@@ -19,15 +21,16 @@ observation is normalised with it. A worker that was only dropped and rejoined
 from __future__ import annotations
 
 import logging
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
 
 from transports import PeerLostError, RemoteError
 
 from ..._coordinator.coordinator import Coordinator, WorkerInfo
-from ..._errors import rebuild_remote_exception
+from ..._errors import CollectorError, rebuild_remote_exception
 from ..._protocol import Control
-from .._env_statistics import EnvStatistics
+from ..._rollout.env_state import OBS_STATS
+from .._env_statistics import Ceiling, EnvStatistics, obs_entries, refusal
 
 __all__ = ["WorkerEnvState"]
 
@@ -57,15 +60,18 @@ class WorkerEnvState:
         return answers
 
     async def load_state_dict(self, coordinator: Coordinator, state_dict: dict[str, Any]) -> None:
+        """Every live worker's entry is checked before any is written; a worker whose write
+        fails is named, with the workers that hold the new state (the others are written)."""
         self._hook(coordinator)
-        for worker in coordinator.live_workers:
-            key = f"worker{worker.index}"
-            if key not in state_dict:
-                raise KeyError(f"load_state_dict: no {key!r} in the state dict (it has "
-                               f"{sorted(state_dict)}); pass what state_dict() returned")
-            state = state_dict[key]
-            await coordinator.control(worker, "load_state_dict", **state)
-            self._remember(worker, state.get("env_state_dict"), loaded=True)
+        workers = list(coordinator.live_workers)
+        states = {worker.index: _entry(state_dict, worker.index) for worker in workers}
+        failed = await _write_each(coordinator, workers, lambda worker: states[worker.index])
+        for worker in workers:
+            if worker.index not in failed:
+                self._remember(worker, states[worker.index].get("env_state_dict"), loaded=True)
+        if failed:
+            raise CollectorError(_partly_written(
+                "load_state_dict", "the state dict's state", workers, failed))
 
     async def getattr_env(self, coordinator: Coordinator, attr: str,
                           worker_ids: Sequence[int] | None) -> Any:
@@ -80,20 +86,35 @@ class WorkerEnvState:
         return [await _getattr(coordinator, by_index[i], attr) for i in worker_ids]
 
     async def sync(self, coordinator: Coordinator) -> dict[str, Any]:
-        """Merge every live worker's ``obs_rms``, write the merge back to each; return it."""
+        """Merge every live worker's ``obs_rms``, write the merge back to each; return it.
+
+        A worker whose statistics are refused (see :func:`refusal`) is named in one
+        warning, left out of the merge and not written back to; the others merge."""
         self._hook(coordinator)
         workers = list(coordinator.live_workers)
         states: dict[Hashable, tuple[int, Any]] = {}
         for worker in workers:
             answer = await coordinator.control(worker, "state_dict", env_only=True)
-            states[worker.peer] = (worker.index, answer.get("env_state_dict", {}))
-        merged, updates = self.statistics.merge(states)
-        for worker in workers:
-            await coordinator.control(worker, "load_state_dict",
-                                      env_state_dict=updates[worker.peer])
-            self._read_from[worker.index] = _process(worker)
-        self.statistics.merged(merged, states)
-        return merged.to_stats()
+            states[worker.peer] = (worker.index, answer.get("env_state_dict", {})
+                                   if isinstance(answer, dict) else None)
+        result = self.statistics.merge(
+            states, {worker.peer: _ceiling(coordinator, worker) for worker in workers})
+        if result.refused:
+            log.warning("sync_env_statistics(): refused %s", "; ".join(
+                f"worker {index}'s{' statistics (not merged, not written back)' if i == 0 else ''}"
+                f": {why}" for i, (index, why) in enumerate(result.refused.values())))
+        merged = [worker for worker in workers if worker.peer in result.updates]
+        failed = await _write_each(coordinator, merged, lambda worker: {
+            "env_state_dict": result.updates[worker.peer]})
+        for worker in merged:
+            if worker.index not in failed:
+                self._read_from[worker.index] = _process(worker)
+        self.statistics.merged(result.merged, {w.peer: states[w.peer] for w in merged},
+                               written={w.peer for w in merged if w.index not in failed})
+        if failed:
+            raise CollectorError(_partly_written(
+                "sync_env_statistics()", "the merged statistics", merged, failed))
+        return result.merged.to_stats()
 
     # -- the carry to a replacement ------------------------------------------------------------
     def _remember(self, worker: WorkerInfo, state: Any, *, loaded: bool = False) -> None:
@@ -124,6 +145,63 @@ class WorkerEnvState:
             return
         log.info("worker %d (pid %d) is given the env state of the worker it replaces",
                  worker.index, worker.pid)
+
+
+def _ceiling(coordinator: Coordinator, worker: WorkerInfo) -> Ceiling:
+    """How far ``worker``'s counts may have grown: from the frames it collected (see
+    :class:`Ceiling`), which the coordinator counted, not the worker."""
+    record = coordinator.registry.record(worker)
+    share = coordinator.state.rounds.share_of(worker.index)
+    return Ceiling(delivered=record.frames if record is not None else 0,
+                   owed=worker.ahead * share, share=share)
+
+
+def _entry(state_dict: Any, index: int) -> Mapping[str, Any]:
+    """Worker ``index``'s entry of a ``load_state_dict`` argument, checked before any write."""
+    key = f"worker{index}"
+    if not isinstance(state_dict, Mapping) or key not in state_dict:
+        got = sorted(state_dict) if isinstance(state_dict, Mapping) else type(state_dict).__name__
+        raise KeyError(f"load_state_dict: no {key!r} in the state dict (it has {got}); pass "
+                       "what state_dict() returned; nothing was loaded into any worker")
+    state = state_dict[key]
+    if not isinstance(state, Mapping):
+        raise TypeError(f"load_state_dict: {key!r} is a dict {{'policy_state_dict': ..., "
+                        f"'env_state_dict': ...}}, got {type(state).__name__}; nothing was "
+                        "loaded into any worker")
+    for env_key, wrapper_key, stats in obs_entries(state.get("env_state_dict")):
+        why = refusal(stats)
+        if why is not None:
+            raise CollectorError(f"load_state_dict: {key}'s {env_key} {wrapper_key}."
+                                 f"{OBS_STATS}: {why}; nothing was loaded into any worker")
+    return state
+
+
+async def _write_each(coordinator: Coordinator, workers: Sequence[WorkerInfo],
+                      args_of: Callable[[WorkerInfo], Mapping[str, Any]]
+                      ) -> dict[int, Exception]:
+    """``load_state_dict`` into each of ``workers``; those that failed, by index, with why.
+
+    One worker's failure does not keep the others from theirs: what each holds is then
+    known (the new state, or its own) and the error says it."""
+    failed: dict[int, Exception] = {}
+    for worker in workers:
+        try:
+            await coordinator.control(worker, "load_state_dict", **args_of(worker))
+        except Exception as exc:
+            failed[worker.index] = exc
+    return failed
+
+
+def _partly_written(call: str, what: str, workers: Sequence[WorkerInfo],
+                    failed: Mapping[int, Exception]) -> str:
+    held = [worker.index for worker in workers if worker.index not in failed]
+    holders = ("no worker holds" if not held else f"worker {held[0]} holds" if len(held) == 1
+               else f"workers {held} hold")
+    why = "; ".join(f"worker {index} does not (it keeps its own): "
+                    + (str(exc) if isinstance(exc, RemoteError)
+                       else f"{type(exc).__name__}: {exc}")
+                    for index, exc in failed.items())
+    return f"{call}: {holders} {what}; {why}"
 
 
 async def _getattr(coordinator: Coordinator, worker: WorkerInfo, attr: str) -> Any:

@@ -108,6 +108,11 @@ def test_a_state_that_does_not_fit_is_refused_before_anything_is_written() -> No
             "obs_rms": {**good, "mean": np.ones(2)}}}})
     with pytest.raises(ValueError, match=r"keys are 'env0'..'env0'.*got 'env1'"):
         load_env_state([env], {"env1": {}})
+    for bad in ({"mean": np.array([np.nan, 0.0, 0.0])}, {"var": np.array([1.0, -1.0, 1.0])},
+                {"count": float("inf")}):
+        with pytest.raises(ValueError, match=r"obs_rms must be finite, with a variance >= 0"):
+            load_env_state([env], {"env0": {"1.NormalizeObservation": {
+                "obs_rms": {**good, **bad}}}})
     np.testing.assert_array_equal(env.get_wrapper_attr("obs_rms").mean, before)
 
 
@@ -151,11 +156,11 @@ def test_a_second_merge_counts_only_what_each_worker_saw_since_the_first() -> No
     second = [rng.normal(3 * i, 2.0, (5, 2)) for i in range(2)]
     keeper = EnvStatistics()
     states = {peer: (i, _state(_rms(first[i]))) for i, peer in enumerate([b"a", b"b"])}
-    merged, updates = keeper.merge(states)
+    merged, updates, _ = keeper.merge(states)
     keeper.merged(merged, states)
     back = updates[b"a"]["env0"]["0.NormalizeObservation"]["obs_rms"]
     states = {peer: (i, _state(_rms(second[i], back))) for i, peer in enumerate([b"a", b"b"])}
-    merged, _ = keeper.merge(states)
+    merged, _, _ = keeper.merge(states)
     every = np.concatenate(first + second)
     np.testing.assert_allclose(merged.mean, every.mean(0), rtol=1e-12)
     np.testing.assert_allclose(merged.var, every.var(0), rtol=1e-12)
