@@ -266,6 +266,6 @@ def test_few_reaches_into_other_objects_private_members() -> None:
     found = _private_accesses()
     assert len(found) <= MAX_PRIVATE_ACCESSES, (
         f"{len(found)} private-member accesses across objects (ruff SLF001, each access a "
-        f"noqa silences counting), at most {MAX_PRIVATE_ACCESSES}: give the object the method or property its "
-        "caller needs, or hold one foreign private in one small function:\n"
+        f"noqa silences counting), at most {MAX_PRIVATE_ACCESSES}: give the object the method "
+        "or property its caller needs, or hold one foreign private in one small function:\n"
         + "\n".join(f"  {line}" for line in found))
