@@ -52,6 +52,7 @@ from ..._inference.remote_env_hosts import RemoteEnvWorkers, hub_keys
 from ..._inference.remote_members import RemoteMembers
 from ..._inference.served_weights import ServedWeights, given_weights
 from ..._observe.statistics import WorkerStatistics
+from ..._rollout.env_ids import EnvIdSource
 from ..._rollout.policies import ExplorationType
 from ..._spawn.forkserver import check_start_method
 from ..._spawn.processes import WorkerProcesses, describe_exit
@@ -327,6 +328,8 @@ class AsyncBatchedCollector(BaseCollector[RB]):
         extra_paths = [p for p, _, _ in outputs.extras]
         parent = os.getpid()
         channels = self._channels
+        ids = {f for group in self.groups for f in group if isinstance(f, str)}
+        sources = tuple(s for s in map(EnvIdSource.of, sorted(ids)) if s is not None)
 
         def args(slot: int, identity: bytes) -> tuple[Any, ...]:
             blocks = channels.blocks[slot]
@@ -338,7 +341,8 @@ class AsyncBatchedCollector(BaseCollector[RB]):
                 request_bell=channels.request_bell, answer_bell=channels.answer_bells[slot],
                 spin=self._spin, chunk_ring=channels.rings[slot].names,
                 chunk_bell=channels.chunk_bell, room_bell=channels.room_bells[slot],
-                splits=self.batching.splits, curve=self._local_keys)
+                splits=self.batching.splits, curve=self._local_keys,
+                env_sources=sources)
             return (endpoint, identity, config, backend, parent)
 
         return WorkerProcesses(self.num_workers, env_worker_main, args,

@@ -24,7 +24,7 @@ import gymnasium as gym
 import pytest
 import torch
 
-from asyncrl import MultiAsyncCollector, MultiSyncCollector
+from asyncrl import AsyncBatchedCollector, MultiAsyncCollector, MultiSyncCollector
 from asyncrl._rollout.env_ids import EnvIdSource
 from tests.asyncrl.collectors.runtime_envs import CountingEnv
 
@@ -75,6 +75,15 @@ async def test_an_id_registered_at_run_time_collects_in_local_workers(
     assert set(observed_steps(batch).tolist()) == {100.0, 101.0, 102.0}
     assert batch["next", "truncated"].reshape(-1).sum() == batch.numel() // 3
     assert set(batch["collector", "worker_id"].reshape(-1).tolist()) == {0, 1}
+
+
+async def test_an_id_registered_at_run_time_collects_in_env_workers() -> None:
+    env_id = register_at_run_time(kwargs={"start": 10.0}, max_episode_steps=2)
+    with anyio.fail_after(LIMIT):
+        async with AsyncBatchedCollector(env_id, num_envs=2, frames_per_batch=8,
+                                         total_frames=8) as collector:
+            [batch] = [b.clone() async for b in collector]
+    assert set(observed_steps(batch).tolist()) == {10.0, 11.0}
 
 
 async def test_an_id_whose_entry_point_is_an_import_path_text() -> None:
