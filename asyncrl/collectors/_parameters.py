@@ -74,8 +74,8 @@ SHARED = _entries("""
         Call ``update_policy_weights()`` before each batch.
     compact_obs
         True: batches without the ``("next", K)`` twin of each observation / state key
-        ``K`` (TorchRL's meaning: the next observation is the following step's; a replay
-        buffer rebuilds it). Default False: TorchRL's full layout.
+        ``K`` (TorchRL's meaning: within a trajectory, a step's next observation is the
+        following step's ``K``). Default False: TorchRL's full layout.
     trajs_per_batch, traj_format, extend_buffer
         Batches of whole trajectories (``"padded"`` with ``("collector", "mask")``, or
         ``"cat"``) and how a replay buffer is written, with TorchRL 0.14's meaning
