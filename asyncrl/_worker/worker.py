@@ -426,7 +426,9 @@ class Worker:
                 continue
             if message.kind == Refuse.KIND:
                 refuse = Refuse.from_body(message.body)
-                if refuse.env_source is not None and self._env_missing:
+                # Where our own --env id comes from (any other id: the plain refusal).
+                if refuse.env_source is not None and self._env_missing \
+                        and refuse.env_source["env_id"] == self._env_missing:
                     raise _EnvOffered(EnvIdSource(**refuse.env_source))
                 if refuse.full and self.join_timeout is not None:
                     raise RunFull(refuse.reason)
