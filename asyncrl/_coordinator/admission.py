@@ -190,7 +190,8 @@ class Admission:
         else:
             log.info("worker %s from %s lacks gymnasium id %r: told to import %r",
                      hello.name, hello.host, source.env_id, source.module)
-            return Refuse(f"{problem}: import {source.module!r} first", env_source=source.to_body())
+            return Refuse(f"{problem}: import {source.module!r} first",
+                          env_source=source.with_package().to_body())
         log.warning("refused worker %s from %s: %s", hello.name, hello.host, reason)
         return Refuse(reason)
 

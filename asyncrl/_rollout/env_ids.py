@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import importlib
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from functools import cache
 from typing import Any, Self
 
@@ -43,14 +43,14 @@ class EnvIdSource:
 
     ``module``: what to import so that the id is registered (its entry point's
     module); ``package``: the distribution that provides it (``"ale-py"``; "" when
-    unknown), named in errors; ``spec``: the fields of ``gymnasium.register`` ({}
+    unknown or not looked up: :meth:`with_package`), named in errors; ``spec``: the fields of ``gymnasium.register`` ({}
     when they are not plain data: then only the import is tried).
     """
 
     env_id: str
     module: str
     package: str = ""
-    spec: dict[str, Any] = field(default_factory=dict, compare=True)
+    spec: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def of(cls, env_id: Any) -> EnvIdSource | None:
@@ -79,8 +79,12 @@ class EnvIdSource:
                   "kwargs": dict(spec.kwargs),
                   "vector_entry_point": _import_path(spec.vector_entry_point)}
         plain = is_plain(fields["kwargs"]) and not spec.additional_wrappers
-        return cls(env_id, module, _distribution(module.partition(".")[0]),
-                   fields if plain else {})
+        return cls(env_id, module, "", fields if plain else {})
+
+    def with_package(self) -> EnvIdSource:
+        """This source naming the installed distribution that provides its module (found
+        once per process, ~0.2 s: only when a host must be told what to install)."""
+        return replace(self, package=self.package or _distribution(self.module.partition(".")[0]))
 
     def ensure(self) -> None:
         """Make :attr:`env_id` known to this process's gymnasium (a worker, before make).

@@ -142,7 +142,8 @@ async def test_a_remote_host_that_cannot_import_it_exits_naming_the_module() -> 
 async def test_ale_registered_in_the_trainer_collects_in_local_and_remote_workers() -> None:
     ale_py = pytest.importorskip("ale_py", reason="ale-py is not installed (the atari extra)")
     gym.register_envs(ale_py)  # what a user's main() does
-    assert EnvIdSource.of("ALE/Pong-v5").package == "ale-py"  # named if a host lacks it
+    source = EnvIdSource.of("ALE/Pong-v5")
+    assert source is not None and source.with_package().package == "ale-py"  # named to a host
     collector = MultiSyncCollector("ALE/Pong-v5", num_workers=1, remote_workers=1,
                                    listen="tcp://127.0.0.1:0", frames_per_batch=8,
                                    total_frames=16)
