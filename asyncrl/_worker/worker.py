@@ -67,6 +67,7 @@ from .unanswered import cancel_when_denied, denied, hub_lost, no_welcome, unreac
 
 log = logging.getLogger("asyncrl.worker")
 
+
 class _EnvOffered(Exception):
     """A refusal that says where the trainer's gymnasium id comes from: import, hello again."""
 
