@@ -43,8 +43,9 @@ class EnvIdSource:
 
     ``module``: what to import so that the id is registered (its entry point's
     module); ``package``: the distribution that provides it (``"ale-py"``; "" when
-    unknown or not looked up: :meth:`with_package`), named in errors; ``spec``: the fields of ``gymnasium.register`` ({}
-    when they are not plain data: then only the import is tried).
+    unknown or not looked up: :meth:`with_package`), named in errors; ``spec``: the
+    fields of ``gymnasium.register`` ({} when they are not plain data: then only the
+    import is tried).
     """
 
     env_id: str
