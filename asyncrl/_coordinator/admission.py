@@ -15,6 +15,7 @@ from typing import Any
 from transports import peer_name
 
 from .._protocol import Hello, Refuse, RelayHello, RelayWelcome, Welcome
+from .._rollout.env_ids import EnvIdSource
 from .actions import Action, CatchUp, Send
 from .checks import hello_problems, relay_hello_problems
 from .host_groups import HostGroups
@@ -68,6 +69,8 @@ class Admission:
         self.groups = groups or HostGroups()
         #: TorchRL's ``compact_obs``: welcomes tell workers to drop the ``("next", K)`` twins.
         self.compact_obs = False
+        #: Where the run's gymnasium id is registered: offered to a host that lacks it.
+        self.env_source: EnvIdSource | None = None
 
     # -- workers ---------------------------------------------------------------------------
     def repeated(self, peer: bytes, hello: Hello) -> WorkerInfo | None:
@@ -82,6 +85,8 @@ class Admission:
         problems = self._admission_problems(hello)
         if not problems:
             return []
+        if hello.env_missing and problems == [self._env_missing_problem(hello)]:
+            return [Send(peer, self._env_refusal(hello, problems[0]))]
         reason = "; ".join(problems)
         log.warning("refused worker %s from %s: %s", hello.name, hello.host, reason)
         # Full, and nothing else: it may ask again once a place is free.
@@ -156,6 +161,8 @@ class Admission:
             w.index == hello.slot and w.alive for w in self._roster.workers.values())
         problems = hello_problems(hello, token=self._token, accept_remote=self._accept_remote,
                                   slot_taken=taken)
+        if hello.env_missing and not problems:  # no specs to judge: it had no env to build
+            return [self._env_missing_problem(hello)]
         # Specs are judged for peers that may join, never for an impostor: a local
         # worker's bad specs fail the run, and a stranger must not be able to do that.
         if self._check_specs is not None and self.specs is not None and not problems:
@@ -163,6 +170,31 @@ class Admission:
         if hello.slot < 0 and not problems:
             problems += self._remote_capacity_problems(hello)
         return problems
+
+    def _env_missing_problem(self, hello: Hello) -> str:
+        return f"env: this host cannot make the gymnasium id {hello.env_missing!r}"
+
+    def _env_refusal(self, hello: Hello, problem: str) -> Refuse:
+        """A host lacks the trainer's gymnasium id: where it comes from, if this run has it.
+
+        Offered only to a peer that may otherwise join (protocol, ``accept_remote``),
+        and only for the id this collector makes; a script's own env (``__main__``)
+        cannot be imported elsewhere: the refusal says what to do instead.
+        """
+        source = self.env_source
+        if source is None or source.env_id != hello.env_missing:
+            reason = (f"{problem}: it is not this collector's id or the trainer does not know "
+                      "where it is registered; start the host with --env 'pkg.mod:factory' "
+                      "or a gymnasium id its installed packages register")
+        elif source.in_main:
+            reason = f"{problem}: {source.main_advice()}"
+        else:
+            log.info("worker %s from %s lacks gymnasium id %r: told to import %r",
+                     hello.name, hello.host, source.env_id, source.module)
+            return Refuse(f"{problem}: import {source.module!r} first",
+                          env_source=source.with_package().to_body())
+        log.warning("refused worker %s from %s: %s", hello.name, hello.host, reason)
+        return Refuse(reason)
 
     def _remote_capacity_problems(self, hello: Hello) -> list[str]:
         """``remote_workers`` is a limit: who gets the weights is the trainer's choice.

@@ -48,6 +48,7 @@ from transports import (
 )
 
 from .._errors import RefusedError
+from .._rollout.env_ids import EnvIdSource
 from .._rollout.env_pools import EnvPool
 from .._rollout.envs import make_env_pool
 from .._rollout.gym_pools import GymEnvListPool
@@ -106,6 +107,9 @@ class EnvWorkerConfig:
     #: Its key for the trainer's hub when that hub speaks CURVE (``listen`` with keys):
     #: a pair made for this hub only, as a MultiCollector's local workers get.
     curve: CurveClient | None = None
+    #: Where the trainer's gymnasium ids are registered (run-time registrations: the
+    #: fork server never ran its main()); imported before the envs are built.
+    env_sources: Sequence[EnvIdSource] = ()
 
 
 def build_pool(factories: Sequence[Any], kwargs: Mapping[str, Any]) -> EnvPool:
@@ -188,6 +192,8 @@ class EnvStepper:
         pools: list[EnvPool] = [] if pool is None else [pool]
         try:
             if pool is None:
+                for source in config.env_sources:
+                    source.ensure()
                 for k in range(config.splits):
                     pools.append(build_pool(factories[k * per_split:(k + 1) * per_split],
                                             config.create_env_kwargs))

@@ -14,6 +14,7 @@ from typing import Any, ClassVar, Self
 
 from transports import ProtocolError
 
+from .env_source import read_env_source
 from .fields import (
     MAX_RELAY_MEMBERS,
     is_peer,
@@ -30,6 +31,8 @@ PROTOCOL = 2  # 2: the welcome says share_frames (was frames_per_batch)
 MAX_REASON = 16384
 #: Longest host group name a hello may carry.
 MAX_GROUP = 64
+#: Longest gymnasium id a hello may name.
+MAX_ENV_ID = 200
 
 
 @dataclass(slots=True)
@@ -59,6 +62,10 @@ class Hello:
     #: ``compact_obs``; the coordinator then refuses a batch that carries one. A worker
     #: before it lacks the field (False): the coordinator drops them on receipt.
     drops_next_obs: bool = False
+    #: A remote host's gymnasium id that it could not make (unknown to its registry:
+    #: registered by the trainer at run time), its ``specs`` then empty: the refusal
+    #: carries where the trainer's id comes from (``Refuse.env_source``). "": none.
+    env_missing: str = ""
 
     def to_body(self) -> dict[str, Any]:
         return asdict(self)
@@ -82,6 +89,7 @@ class Hello:
             attempt=optional_int(body, "attempt", "hello"),
             group=group, group_size=group_size,
             drops_next_obs=optional_bool(body, "drops_next_obs", "hello field", default=False),
+            env_missing=optional_text(body, "env_missing", "hello", limit=MAX_ENV_ID),
         )
 
 
@@ -201,14 +209,23 @@ class Refuse:
     KIND: ClassVar[str] = "refuse"
     reason: str
     full: bool = False
+    #: The answer to a hello's ``env_missing``: where the trainer's id is registered
+    #: (:func:`~asyncrl._protocol.env_source.read_env_source`'s fields); the worker
+    #: imports it and says hello again. None: nothing to offer.
+    env_source: dict[str, Any] | None = None
 
     def to_body(self) -> dict[str, Any]:
-        return asdict(self)
+        body = asdict(self)
+        if self.env_source is None:
+            del body["env_source"]  # as a coordinator before it sent it
+        return body
 
     @classmethod
     def from_body(cls, body: Any) -> Self:
         full = optional_bool(body, "full", "refuse message field", default=False)
-        return cls(reason=text(body, "reason", "refuse", limit=MAX_REASON), full=full)
+        source = body.get("env_source") if isinstance(body, dict) else None
+        return cls(reason=text(body, "reason", "refuse", limit=MAX_REASON), full=full,
+                   env_source=None if source is None else read_env_source(source))
 
 
 @dataclass(slots=True)

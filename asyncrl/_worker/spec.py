@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._rollout.devices import check_device, place_policy
-from .._rollout.envs import resolve_import_path
+from .._rollout.env_ids import EnvIdSource
+from .._rollout.envs import make_env_pool, resolve_import_path
 from .._rollout.options import RolloutOptions
 
 
@@ -35,6 +36,16 @@ class WorkerSpec:
     rollout: RolloutOptions = field(default_factory=RolloutOptions)
     weight_sync_schemes: dict[str, Any] = field(default_factory=dict)
     torch_threads: int = 1
+    #: Where the trainer's gymnasium id ``create_env_fn`` is registered (None: not an
+    #: id, or nothing known): imported (and registered) in the worker before make.
+    env_source: EnvIdSource | None = None
+
+    def make_env_pool(self) -> Any:
+        """The worker's envs; the trainer's id registered here first (see EnvIdSource)."""
+        if self.env_source is not None:
+            self.env_source.ensure()
+        return make_env_pool(self.create_env_fn, create_env_kwargs=self.create_env_kwargs,
+                             num_envs=self.envs_per_worker)
 
     def make_policy(self) -> Any:
         """The worker's own policy (factory, else the unpickled policy, else None).

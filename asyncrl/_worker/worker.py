@@ -40,7 +40,7 @@ from .._protocol import (
     Rejoin,
     Welcome,
 )
-from .._rollout.envs import make_env_pool
+from .._rollout.env_ids import EnvIdSource, is_unknown_env_id
 from .._rollout.loop import Rollout
 from .._rollout.reach import user_env
 from .._spawn.child import remove_orphaned_socket_dir, wait_parent_gone
@@ -66,6 +66,15 @@ from .spec import WorkerSpec
 from .unanswered import cancel_when_denied, denied, hub_lost, no_welcome, unreachable
 
 log = logging.getLogger("asyncrl.worker")
+
+
+class _EnvOffered(Exception):
+    """A refusal that says where the trainer's gymnasium id comes from: import, hello again."""
+
+    def __init__(self, source: EnvIdSource) -> None:
+        super().__init__(source.env_id)
+        self.source = source
+
 
 def error_report(error: BaseException, *, fatal: bool = True, slot: int = -1,
                  token: str = "") -> ErrorReport:
@@ -128,6 +137,7 @@ class Worker:
         self._progress = ProgressReport(link, self.collecting)  # slow is not hung
         self._exit: WorkerExit | None = None
         self._outgoing = OutgoingBatches()  # shared-memory slots, or the wire (compact?)
+        self._env_missing = ""  # a host's --env id unknown here: asked of the coordinator
 
     @property
     def env(self) -> Any:
@@ -285,9 +295,13 @@ class Worker:
     async def _build(self) -> None:
         use_torch_threads(self.spec.torch_threads)
         try:
-            self.env_pool = make_env_pool(self.spec.create_env_fn,
-                                          create_env_kwargs=self.spec.create_env_kwargs,
-                                          num_envs=self.spec.envs_per_worker)
+            if self.slot < 0 and self.spec.env_source is None \
+                    and is_unknown_env_id(self.spec.create_env_fn):
+                # A host's --env id that the trainer registers at run time (a package it
+                # imports, its own gymnasium.register): the hello asks where it comes from.
+                self._env_missing = self.spec.create_env_fn
+            else:
+                self.env_pool = self.spec.make_env_pool()
             self.policy = self.spec.make_policy()
             self._weights.add_schemes(self.spec.weight_sync_schemes or {}, root=self)
         except Exception as exc:
@@ -298,12 +312,19 @@ class Worker:
         self._requests.clear()  # credits of an earlier admission are void
         self._outgoing.detach()  # and so is its segment: a new admission starts on the wire
         await self._relay.attach()
-        hello = Hello(protocol=PROTOCOL, name=self.link.identity.decode(errors="replace"),
-                      host=socket.gethostname(), pid=os.getpid(),
-                      specs=self.env_pool.specs.to_dict(), slot=self.slot, token=self.token,
-                      relay=self._relay.hello_name, group=self.group[0],
-                      group_size=self.group[1], drops_next_obs=True)
-        welcome = await self._hello_until_welcome(hello)
+        while True:
+            hello = Hello(protocol=PROTOCOL, name=self.link.identity.decode(errors="replace"),
+                          host=socket.gethostname(), pid=os.getpid(),
+                          specs={} if self.env_pool is None else self.env_pool.specs.to_dict(),
+                          slot=self.slot, token=self.token,
+                          relay=self._relay.hello_name, group=self.group[0],
+                          group_size=self.group[1], drops_next_obs=True,
+                          env_missing=self._env_missing)
+            try:
+                welcome = await self._hello_until_welcome(hello)
+                break
+            except _EnvOffered as offer:
+                await self._take_env_source(offer.source)
         self.index = welcome.index
         self._outgoing.welcomed(welcome)  # compact batches, compact_obs
         if welcome.instance and welcome.instance != self.instance:
@@ -336,6 +357,18 @@ class Worker:
             self._weights.deliver(message)  # idle: applied now
         self._pending_early.clear()
         await self._weights.flush_acks()
+
+    async def _take_env_source(self, source: EnvIdSource) -> None:
+        """Import where the trainer's id comes from, build the envs (or exit naming why)."""
+        log.info("gymnasium id %r is registered by module %r: importing it", source.env_id,
+                 source.module)
+        self._env_missing = ""  # asked once: a second refusal is final
+        try:
+            self.spec.env_source = source
+            self.env_pool = self.spec.make_env_pool()
+        except Exception as exc:
+            raise WorkerExit(EXIT_REFUSED, f"the coordinator refused this worker: {exc}") \
+                from None
 
     async def _hello_until_welcome(self, hello: Hello) -> Welcome:
         """Say hello until welcomed: again when no answer came, or (with a backoff) when
@@ -394,6 +427,10 @@ class Worker:
                 continue
             if message.kind == Refuse.KIND:
                 refuse = Refuse.from_body(message.body)
+                # Where our own --env id comes from (any other id: the plain refusal).
+                if refuse.env_source is not None and self._env_missing \
+                        and refuse.env_source["env_id"] == self._env_missing:
+                    raise _EnvOffered(EnvIdSource(**refuse.env_source))
                 if refuse.full and self.join_timeout is not None:
                     raise RunFull(refuse.reason)
                 raise WorkerExit(EXIT_REFUSED,

@@ -206,13 +206,13 @@ def check_preemptive_threshold(value: float | None) -> float | None:
     return value
 
 
-def compact_obs_option(collector: str, options: dict[str, Any], *, pop: bool = False) -> bool:
-    """TorchRL's ``compact_obs`` among a collector's ``options``: True drops ``("next", K)``
-    of each observation / state key ``K`` from every batch (TorchRL's meaning)."""
-    value = options.pop("compact_obs", None) if pop else options.get("compact_obs")
+def compact_obs_option(collector: str, value: Any) -> bool:
+    """TorchRL's ``compact_obs`` checked: True drops ``("next", K)`` of each observation /
+    state key ``K`` from every batch (TorchRL's meaning); None is TorchRL's default, False."""
     if value is not None and not isinstance(value, bool):
-        raise ValueError(f"{collector}(compact_obs={value!r:.60}): expected True or False "
-                         "(True: batches without ('next', observation), as TorchRL's)")
+        raise ValueError(f"{collector}(compact_obs={value!r:.60}): expected True or False: "
+                         "pass compact_obs=True (batches without ('next', observation), as "
+                         "TorchRL's) or False")
     return bool(value)
 
 

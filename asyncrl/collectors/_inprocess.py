@@ -123,6 +123,7 @@ class Collector(BaseCollector[RB]):
         env_device: Any = None,
         storing_device: Any = None,
         return_same_td: bool = False,
+        compact_obs: bool = False,
         **torchrl_options: Any,
     ) -> None:
         check_torchrl_options(type(self).__name__, torchrl_options, IN_PROCESS_COLLECTOR,
@@ -148,7 +149,7 @@ class Collector(BaseCollector[RB]):
                          trajs_per_batch=trajs_per_batch, traj_format=traj_format,
                          extend_buffer=extend_buffer, discard_partial_trajs=reset_at_each_iter)
         self.frames_per_batch = frames_per_batch
-        self.compact_obs = compact_obs_option(type(self).__name__, torchrl_options)
+        self.compact_obs = compact_obs_option(type(self).__name__, compact_obs)
         self.init_random_frames = int(init_random_frames or 0)
         self._spec = WorkerSpec(
             create_env_fn=create_env_fn, create_env_kwargs=create_env_kwargs,

@@ -72,6 +72,10 @@ SHARED = _entries("""
         random step and are checked at every step; see ``docs/gymnasium.md``.
     update_at_each_batch
         Call ``update_policy_weights()`` before each batch.
+    compact_obs
+        True: batches without the ``("next", K)`` twin of each observation / state key
+        ``K`` (TorchRL's meaning: within a trajectory, a step's next observation is the
+        following step's ``K``). Default False: TorchRL's full layout.
     trajs_per_batch, traj_format, extend_buffer
         Batches of whole trajectories (``"padded"`` with ``("collector", "mask")``, or
         ``"cat"``) and how a replay buffer is written, with TorchRL 0.14's meaning
@@ -102,8 +106,11 @@ MULTI_PARAMETERS = """
     policy_method
     info_keys
     frames_per_batch
-        Frames per yielded batch; in sync mode split over the workers (or one int per
-        worker), in async mode each worker's batch size.
+        ``MultiSyncCollector``: frames per yielded batch, split over the workers (one
+        share each), or one int per worker. ``MultiAsyncCollector``: frames per yielded
+        batch, which one worker collects whole: *each* worker collects
+        ``frames_per_batch`` frames per batch (TorchRL's meaning), so N workers hold up to
+        N x ``prefetch`` x ``frames_per_batch`` frames ahead of the trainer.
     total_frames
     create_env_kwargs
         Keyword arguments for ``create_env_fn``: one dict, or a list of one dict per
@@ -191,6 +198,7 @@ MULTI_PARAMETERS = """
         and only a small notice crosses the socket (default True); remote workers always
         use the socket. False: every batch crosses the socket. A ``/dev/shm`` too small
         falls back to the socket with one WARNING.
+    compact_obs
     num_threads
         Torch threads of the trainer's process while the collector is open (default:
         the machine's threads minus the local workers, at least 1).
@@ -245,6 +253,7 @@ IN_PROCESS_PARAMETERS = """
     return_same_td
         True: yield the rollout's own buffers (rewritten by the next batch) instead of a
         copy (TorchRL's meaning).
+    compact_obs
     trajs_per_batch, traj_format, extend_buffer
     **torchrl_options
         TorchRL's other ``Collector`` arguments: accepted with effect or refused, see

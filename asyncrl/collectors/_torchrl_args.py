@@ -136,11 +136,6 @@ _SHARED = {
         _is_none,
         "asyncrl has no per-batch hooks: use postproc= (runs on every batch, in the "
         "trainer), or iterate and act on each batch"),
-    "compact_obs": TorchRLArgument(
-        _boolean,
-        "pass compact_obs=True (batches without the ('next', K) twins of observation and "
-        "state keys K, TorchRL's meaning) or False (TorchRL's full layout; on the wire it is "
-        "compact anyway)", only_default=False),
 }
 
 #: MultiSyncCollector / MultiAsyncCollector (TorchRL's MultiCollector base).

@@ -52,6 +52,7 @@ from ..._inference.remote_env_hosts import RemoteEnvWorkers, hub_keys
 from ..._inference.remote_members import RemoteMembers
 from ..._inference.served_weights import ServedWeights, given_weights
 from ..._observe.statistics import WorkerStatistics
+from ..._rollout.env_ids import EnvIdSource
 from ..._rollout.policies import ExplorationType
 from ..._spawn.forkserver import check_start_method
 from ..._spawn.processes import WorkerProcesses, describe_exit
@@ -107,11 +108,24 @@ class AsyncBatchedCollector(BaseCollector[RB]):
     (TorchRL's ``InferenceServerConfig(service_backend="process")``, accepted as
     ``server_config``; it serves remote env hosts too): collection goes on while a
     training step holds this process's event loop. Batches are flat
-    ``[frames_per_batch]`` TensorDicts in TorchRL's layout, every frame stamped
-    with the version of the weights that chose its action
-    (``("collector", "policy_version")``). With ``replay_buffer`` (anything with
-    ``.extend(td)``), as in TorchRL, iteration writes each batch there and yields
-    None; ``start()`` fills it in the background.
+    ``[frames_per_batch]`` TensorDicts in TorchRL's layout: ``frames_per_batch`` counts
+    the transitions of all envs together, in the order they complete (not per env nor
+    per worker), every frame stamped with the version of the weights that chose its
+    action (``("collector", "policy_version")``). ``compact_obs=True``: batches without
+    the ``("next", K)`` twins of observation keys (TorchRL's meaning). With
+    ``replay_buffer`` (anything with ``.extend(td)``), as in TorchRL, iteration writes
+    each batch there and yields None; ``start()`` fills it in the background.
+
+    Processes: ``num_envs / envs_per_worker`` env workers; ``envs_per_worker=1`` by
+    default, one process per env, as TorchRL's ``AsyncBatchedCollector`` steps each env
+    on its own worker. Kept because it is what batching across envs is for: an env
+    that is slow for a step (a reset, a long physics step) holds back only itself while
+    the policy serves the others, and the layout (processes, ``traj_ids``,
+    ``statistics()`` rows) is the same on every machine. Its cost is a process per env
+    (they share the fork server's imported pages; each holds its own env). With more
+    envs than cores, set ``envs_per_worker=ceil(num_envs / cores)`` (one process per
+    core) and ``worker_num_splits=2`` so that one half steps while the policy serves
+    the other; ``docs/gymnasium.md`` (Atari) says which collector suits which machine.
 
     >>> async with AsyncBatchedCollector("Pendulum-v1", num_envs=4,          # doctest: +SKIP
     ...                                  policy=policy, frames_per_batch=256,
@@ -155,15 +169,17 @@ class AsyncBatchedCollector(BaseCollector[RB]):
         remote_workers: int = 0,
         curve_keys: str | None = None,
         server_backend: str = "thread",
+        server_config: Any = None,
+        compact_obs: bool = False,
         **torchrl_options: Any,
     ) -> None:
-        if "server_config" in torchrl_options:
+        if server_config is not None:
             (server_backend, max_batch_size, min_batch_size, server_timeout,
              static_batch_size) = from_server_config(
-                torchrl_options.pop("server_config"), server_backend=server_backend,
+                server_config, server_backend=server_backend,
                 max_batch_size=max_batch_size, min_batch_size=min_batch_size,
                 server_timeout=server_timeout, static_batch_size=static_batch_size)
-        self.compact_obs = compact_obs_option(type(self).__name__, torchrl_options, pop=True)
+        self.compact_obs = compact_obs_option(type(self).__name__, compact_obs)
         refuse_torchrl_only(torchrl_options)
         check_policy(policy, policy_factory)
         self.frames_per_batch = check_int("frames_per_batch", frames_per_batch, minimum=1)
@@ -327,6 +343,8 @@ class AsyncBatchedCollector(BaseCollector[RB]):
         extra_paths = [p for p, _, _ in outputs.extras]
         parent = os.getpid()
         channels = self._channels
+        ids = {f for group in self.groups for f in group if isinstance(f, str)}
+        sources = tuple(s for s in map(EnvIdSource.of, sorted(ids)) if s is not None)
 
         def args(slot: int, identity: bytes) -> tuple[Any, ...]:
             blocks = channels.blocks[slot]
@@ -338,7 +356,8 @@ class AsyncBatchedCollector(BaseCollector[RB]):
                 request_bell=channels.request_bell, answer_bell=channels.answer_bells[slot],
                 spin=self._spin, chunk_ring=channels.rings[slot].names,
                 chunk_bell=channels.chunk_bell, room_bell=channels.room_bells[slot],
-                splits=self.batching.splits, curve=self._local_keys)
+                splits=self.batching.splits, curve=self._local_keys,
+                env_sources=sources)
             return (endpoint, identity, config, backend, parent)
 
         return WorkerProcesses(self.num_workers, env_worker_main, args,

@@ -86,7 +86,9 @@ class MultiCollector(BaseCollector[RB]):
     ...         await c.update_policy_weights()
 
     TorchRL 0.14 arguments beyond the above (``**torchrl_options``; the table and
-    messages are in ``asyncrl/collectors/_torchrl_args.py``):
+    messages are in ``asyncrl/collectors/_torchrl_args.py``). Every argument that changes
+    what the collector does is in the signature (``help()``, ``inspect.signature``); these
+    are taken only at values that change nothing here, or refused:
 
     - ``collector_class``: None or TorchRL's ``Collector`` (what a worker is); others refused.
     - ``use_buffers``: None / True (asyncrl always preallocates); False refused.
@@ -104,7 +106,6 @@ class MultiCollector(BaseCollector[RB]):
       ``weight_recv_schemes`` (``weight_sync_schemes``), ``worker_idx``, ``trajs_per_write``,
       ``init_fn`` (``create_env_fn`` / ``policy_factory``), ``pre_collect_hook`` /
       ``post_collect_hook`` (``postproc``).
-    - ``compact_obs=True``: batches without ``("next", K)`` for observation / state keys.
     - Methods with TorchRL's names: ``update_policy_weights(policy_or_weights, *, weights,
       policy, worker_ids, model_id, weights_dict)`` and ``update_policy_weights_``,
       ``shutdown()`` / ``async_shutdown()`` (``aclose``), ``set_seed``, ``reset``: each starts
@@ -203,6 +204,7 @@ class MultiCollector(BaseCollector[RB]):
         curve_keys: str | None = None,
         max_message_bytes: int | None = None,
         shared_memory_batches: bool = True,
+        compact_obs: bool = False,
         num_threads: int | None = None,
         num_sub_threads: int = 1,
         start_method: str | None = None,
@@ -253,7 +255,7 @@ class MultiCollector(BaseCollector[RB]):
                          trajs_per_batch=trajs_per_batch, traj_format=traj_format,
                          extend_buffer=extend_buffer, discard_partial_trajs=reset_at_each_iter)
         self.frames_per_batch = config.frames_per_batch
-        self.compact_obs = compact_obs_option(type(self).__name__, torchrl_options)
+        self.compact_obs = compact_obs_option(type(self).__name__, compact_obs)
         self.init_random_frames = int(init_random_frames or 0)
         self.policy = policy
         self._info_check = InfoCheck(config.rollout.info_keys)  # what workers send, checked
@@ -532,6 +534,9 @@ class MultiSyncCollector(MultiCollector[RB]):
     env per worker) or concatenated along ``cat_results`` (0: ``[workers * envs,
     time]``; -1: ``[envs, workers * time]``; ``[workers * time]`` with one env).
 
+    ``frames_per_batch`` is the whole yielded batch: each worker collects its share,
+    ``frames_per_batch / workers`` (local and remote; or one int per worker).
+
     >>> async with MultiSyncCollector("CartPole-v1", num_workers=2,  # doctest: +SKIP
     ...                               envs_per_worker=4, frames_per_batch=800,
     ...                               total_frames=8000) as c:
@@ -561,6 +566,11 @@ class MultiAsyncCollector(MultiCollector[RB]):
     carry the policy version that produced them in ``("collector",
     "policy_version")``. A batch is one worker's: ``[envs, time]``, or ``[time]``
     with one env per worker (TorchRL's shapes).
+
+    ``frames_per_batch`` is per worker, not split as in :class:`MultiSyncCollector`:
+    each yielded batch is one worker's ``frames_per_batch`` frames, and every worker
+    collects that many per batch (TorchRL's meaning). Two workers with
+    ``frames_per_batch=200`` yield batches of 200, each from one of them.
 
     >>> async with MultiAsyncCollector("CartPole-v1", num_workers=2,    # doctest: +SKIP
     ...                                frames_per_batch=200, total_frames=2000) as c:

@@ -16,6 +16,7 @@ import torch
 
 from ..._coordinator.loss_policy import LossPolicy, OnWorkerLoss
 from ..._rollout.devices import DeviceLayout
+from ..._rollout.env_ids import EnvIdSource
 from ..._rollout.options import RolloutOptions
 from ..._worker.spec import WorkerSpec
 from ...weights import WeightSyncScheme, ZmqWeightSyncScheme
@@ -122,7 +123,11 @@ class MultiConfig:
             rollout=self.rollout, weight_sync_schemes=schemes,
             torch_threads=self.threads.num_sub_threads,
         )
-        local = [replace(spec, create_env_fn=fn, create_env_kwargs=kwargs)
+        # Ids the trainer registered at run time (a package's import, main()'s register):
+        # where they come from, for workers forked from a server that never ran main().
+        spec.env_source = EnvIdSource.of(spec.create_env_fn)
+        local = [replace(spec, create_env_fn=fn, create_env_kwargs=kwargs,
+                         env_source=EnvIdSource.of(fn))
                  for fn, kwargs in envs[:layout.num_workers]]
         if layout.num_workers:
             check_picklable(travelling(spec, layout.create_env_fn, create_env_kwargs,

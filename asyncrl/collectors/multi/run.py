@@ -240,6 +240,8 @@ def _make_coordinator(run: MultiRun, losses: LossHandling, hub: Hub, token: str,
         paused=paused, shared_memory_batches=run.shared_memory_batches,
         compact_obs=run.compact_obs, info_keys=config.rollout.info_keys,
     )
+    # A remote host that lacks the run's gymnasium id is told where it comes from.
+    coordinator.state.admission.env_source = run.spec.env_source
     if config.sync and run.shared_memory_batches:  # shares copied once, into the round's batch
         coordinator.shared.gather = RoundGather(config.cat_results,
                                                 share_frames=list(config.share_frames))

@@ -23,7 +23,8 @@ class AsyncCollector(MultiAsyncCollector):
     [create_env_fn], policy, ...)``: the same arguments with one env factory
     (or gymnasium id) and one worker; batches are ``[time]`` (``[envs, time]``
     with ``envs_per_worker``), collected at most ``prefetch`` batches ahead,
-    each frame stamped with ``("collector", "policy_version")``. TorchRL's
+    each frame stamped with ``("collector", "policy_version")``;
+    ``frames_per_batch`` frames per batch, all from its one worker. TorchRL's
     off-policy scripts (``sac-async.py``) use it to overlap collection and
     training.
 
