@@ -155,5 +155,5 @@ def test_a_users_script_passes_mypy_strict_against_an_editable_install(tmp_path:
 
 def test_the_setup_script_installs_editable_in_compat_mode() -> None:
     setup = (ROOT / "scripts" / "setup.sh").read_text()
-    assert ('-e ".[dev,torchrl,examples,ray,envpool]" --config-settings editable_mode=compat'
+    assert ('-e ".[dev,torchrl,examples,ray,envpool,atari]" --config-settings editable_mode=compat'
             in setup)
