@@ -63,9 +63,9 @@ from ._ratelimit import RateLimitedLog as RateLimitedLog
 from ._resource import TaskGroupResource as TaskGroupResource
 from ._shm import SharedMemoryFullError as SharedMemoryFullError
 from ._shm import SharedTensorBlock as SharedTensorBlock
-from ._shm_file import SharedTensorFile as SharedTensorFile
 from ._shm import TornReadError as TornReadError
 from ._shm import copy_into as copy_into
+from ._shm_file import SharedTensorFile as SharedTensorFile
 from ._socket import shutdown as shutdown
 from ._types import Message as Message
 from ._types import PeerEvent as PeerEvent
