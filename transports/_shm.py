@@ -26,6 +26,11 @@ bytes needed and free and the fix, instead of a SIGBUS in whichever process
 first touches a page that tmpfs cannot supply (``ftruncate`` alone reserves
 nothing). A segment that could not be reserved is unlinked at once.
 
+A creator whose writer is less trusted than itself (the trainer and a local
+worker's batch slots) never maps the segment: :class:`~transports.SharedTensorFile`
+(``_shm_file.py``) reads it through its descriptor, so a writer that shrinks it
+causes a short read there, not a SIGBUS.
+
 Readers never register the segment with Python's ``resource_tracker`` (Python
 3.11 would unlink a segment it merely attached to when the reader exits): they
 map it with ``shm_open`` directly. The creator registers it, so a crashed
@@ -414,7 +419,7 @@ def open_segment(name: str, *, create: int = 0) -> int:
     if _posixshmem is None:  # pragma: no cover
         raise TransportError("shared-memory blocks need a POSIX system")
     flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
-    fd = _posixshmem.shm_open("/" + name, flags, mode=0o600)
+    fd: int = _posixshmem.shm_open("/" + name, flags, mode=0o600)
     if not create:
         return fd
     # The creator registers the name: if it crashes, the tracker unlinks it.

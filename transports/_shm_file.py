@@ -15,15 +15,14 @@ as zeros. Nothing the writer does to the file reaches the reader as a signal.
 
 The alternatives do not hold. Checking the size with ``fstat`` after a copy from
 a mapping is too late: a truncate during the copy faults first. Sealing
-(``memfd`` with ``F_SEAL_SHRINK``) stops a shrink, but not a punched hole, whose
-re-faulted page is a SIGBUS on a full tmpfs; and it gives up the ``/dev/shm``
-names that workers attach by and the page reservation that makes a full
-``/dev/shm`` an error at creation. Unlinking the name after the writer attached
+(``memfd`` with ``F_SEAL_SHRINK``) stops a shrink but still lets the writer punch
+holes, whose pages a mapping must fault in again; and it gives up the
+``/dev/shm`` names that workers attach by and the page reservation that makes a
+full ``/dev/shm`` an error at creation. Unlinking the name after the writer attached
 leaves ``/proc/PID/fd``.
 
 What it costs: the kernel's copy runs at about half memcpy's speed on these
-machines (a 58 MB pixel batch: see ``docs/data_plane.md``), still no more than the
-socket's copies it replaces, and it releases the GIL.
+machines (a 58 MB pixel batch: see ``docs/data_plane.md``); it releases the GIL.
 
 The segment's format is :class:`~transports._shm.SharedTensorBlock`'s: the
 writer attaches with :meth:`SharedTensorBlock.attach` and writes through its
@@ -203,7 +202,7 @@ class SharedTensorFile:
             self._read_tensor(staging, start, slot, key)
             destination.copy_(staging)
             return
-        buffer = memoryview(destination.detach().view(-1).view(torch.uint8).numpy())
+        buffer = destination.detach().view(-1).view(torch.uint8).numpy().data
         self._read_exact(buffer, start, slot, key)
 
     def _read_bytes(self, count: int, start: int, slot: int, what: str) -> bytes:
