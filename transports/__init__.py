@@ -6,6 +6,8 @@
   ZeroMQ channels over anyio (asyncio and trio) with acks, heartbeats and goodbyes.
 * :class:`SharedTensorBlock`: same-host tensors in shared memory, read whole or not at all;
   its pages are reserved when it is made (:class:`SharedMemoryFullError` if ``/dev/shm`` is full).
+  :class:`SharedTensorFile`: such a block read by its creator through the file descriptor
+  only, for a writer it does not trust (a shrunk segment is a ProtocolError, never a SIGBUS).
 * :class:`LocalHub` / :class:`LocalLink`: the same send/ack contract in memory (in-process
   collectors, tests).
 * CURVE: :class:`CurveServer` / :class:`CurveClient` (keys from a directory, key files or
@@ -63,6 +65,7 @@ from ._shm import SharedMemoryFullError as SharedMemoryFullError
 from ._shm import SharedTensorBlock as SharedTensorBlock
 from ._shm import TornReadError as TornReadError
 from ._shm import copy_into as copy_into
+from ._shm_file import SharedTensorFile as SharedTensorFile
 from ._socket import shutdown as shutdown
 from ._types import Message as Message
 from ._types import PeerEvent as PeerEvent
@@ -95,6 +98,7 @@ __all__ = [
     "RemoteError",
     "SharedMemoryFullError",
     "SharedTensorBlock",
+    "SharedTensorFile",
     "TaskGroupResource",
     "Ticket",
     "TornReadError",

@@ -26,6 +26,11 @@ bytes needed and free and the fix, instead of a SIGBUS in whichever process
 first touches a page that tmpfs cannot supply (``ftruncate`` alone reserves
 nothing). A segment that could not be reserved is unlinked at once.
 
+A creator whose writer is less trusted than itself (the trainer and a local
+worker's batch slots) never maps the segment: :class:`~transports.SharedTensorFile`
+(``_shm_file.py``) reads it through its descriptor, so a writer that shrinks it
+causes a short read there, not a SIGBUS.
+
 Readers never register the segment with Python's ``resource_tracker`` (Python
 3.11 would unlink a segment it merely attached to when the reader exits): they
 map it with ``shm_open`` directly. The creator registers it, so a crashed
@@ -49,7 +54,7 @@ import os
 import secrets
 from collections.abc import Mapping
 from multiprocessing import resource_tracker
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgpack
 import numpy as np
@@ -146,21 +151,12 @@ class SharedTensorBlock:
     def create(cls, tensors: Mapping[str, torch.Tensor], *, slots: int = 2,
                name: str | None = None) -> SharedTensorBlock:
         """A new segment sized for ``tensors`` (their dtypes and shapes; values are not copied)."""
-        if not 1 <= slots <= MAX_SLOTS:
-            raise ValueError(f"slots must be between 1 and {MAX_SLOTS}, got {slots}")
-        layout, slot_size = _plan(tensors)
-        packed = msgpack.packb([[k, _TORCH_NAMES[d], list(s), o] for k, d, s, o in layout])
-        layout_offset = _CTRL_INTS * 8 + _SLOT_STRIDE * 8 * slots
-        data_offset = _round_up(layout_offset + len(packed), 4096)
-        size = data_offset + slots * slot_size
-        name = name or f"{NAME_PREFIX}{os.getpid()}_{secrets.token_hex(6)}"
-        mapped = _map(name, create=size)
-        mapped[layout_offset:layout_offset + len(packed)] = packed
-        ctrl = np.frombuffer(mapped, dtype=np.int64, count=9)
-        ctrl[:] = [MAGIC, len(packed), layout_offset, data_offset, slot_size, slots, 0, 0, -1]
-        del ctrl
-        return cls(name, mapped, owner=True, layout=layout,
-                   data_offset=data_offset, slot_size=slot_size, slots=slots)
+        plan = plan_segment(tensors, slots)
+        name = name or new_name()
+        mapped = _map(name, create=plan.size)
+        mapped[:len(plan.header)] = plan.header
+        return cls(name, mapped, owner=True, layout=plan.layout,
+                   data_offset=plan.data_offset, slot_size=plan.slot_size, slots=slots)
 
     @classmethod
     def attach(cls, name: str) -> SharedTensorBlock:
@@ -326,11 +322,7 @@ class SharedTensorBlock:
         if self._unlinked:
             return
         self._unlinked = True
-        try:
-            _posixshmem.shm_unlink("/" + self.name)
-        except FileNotFoundError:
-            pass
-        resource_tracker.unregister("/" + self.name, "shared_memory")
+        remove_segment(self.name)
 
     def __enter__(self) -> SharedTensorBlock:
         return self
@@ -408,24 +400,46 @@ def copy_into(destination: torch.Tensor, source: torch.Tensor) -> None:
 
 def _map(name: str, *, create: int = 0) -> mmap.mmap:
     """Map ``/dev/shm/name``: a new segment of ``create`` bytes, or the existing one."""
-    if _posixshmem is None:  # pragma: no cover
-        raise TransportError("shared-memory blocks need a POSIX system")
-    flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
-    fd = _posixshmem.shm_open("/" + name, flags, mode=0o600)
+    fd = open_segment(name, create=create)
     try:
         if not create:
             return mmap.mmap(fd, os.fstat(fd).st_size)
-        # The creator registers the name: if it crashes, the tracker unlinks it.
-        resource_tracker.register("/" + name, "shared_memory")
         try:
-            _reserve(fd, create, name)
             return mmap.mmap(fd, create)
         except BaseException:
-            _posixshmem.shm_unlink("/" + name)  # nothing half-made stays behind
-            resource_tracker.unregister("/" + name, "shared_memory")
+            remove_segment(name)  # nothing half-made stays behind
             raise
     finally:
         os.close(fd)
+
+
+def open_segment(name: str, *, create: int = 0) -> int:
+    """A read-write descriptor of ``/dev/shm/name``: a new segment of ``create`` bytes (its
+    pages reserved, its name registered with the resource tracker), or the existing one."""
+    if _posixshmem is None:  # pragma: no cover
+        raise TransportError("shared-memory blocks need a POSIX system")
+    flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
+    fd: int = _posixshmem.shm_open("/" + name, flags, mode=0o600)
+    if not create:
+        return fd
+    # The creator registers the name: if it crashes, the tracker unlinks it.
+    resource_tracker.register("/" + name, "shared_memory")
+    try:
+        _reserve(fd, create, name)
+    except BaseException:
+        os.close(fd)
+        remove_segment(name)  # nothing half-made stays behind
+        raise
+    return fd
+
+
+def remove_segment(name: str) -> None:
+    """Unlink ``/dev/shm/name`` and take it off the resource tracker's list (idempotent)."""
+    try:
+        _posixshmem.shm_unlink("/" + name)
+    except FileNotFoundError:
+        pass
+    resource_tracker.unregister("/" + name, "shared_memory")
 
 
 def _reserve(fd: int, size: int, name: str) -> None:
@@ -463,6 +477,40 @@ def _free_bytes(fd: int) -> int:
 
 def _mib(nbytes: int) -> str:
     return f"{nbytes / (1 << 20):.1f} MiB ({nbytes} bytes)"
+
+
+class SegmentPlan(NamedTuple):
+    """A new segment's layout, sizes and first bytes (header, slot control lines, layout)."""
+
+    layout: list[tuple[str, torch.dtype, tuple[int, ...], int]]
+    slot_size: int
+    data_offset: int
+    size: int
+    header: bytes
+
+
+def plan_segment(tensors: Mapping[str, torch.Tensor], slots: int) -> SegmentPlan:
+    """What :meth:`SharedTensorBlock.create` writes for ``tensors`` in ``slots`` slots."""
+    if not 1 <= slots <= MAX_SLOTS:
+        raise ValueError(f"slots must be between 1 and {MAX_SLOTS}, got {slots}")
+    layout, slot_size = _plan(tensors)
+    packed = msgpack.packb([[k, _TORCH_NAMES[d], list(s), o] for k, d, s, o in layout])
+    layout_offset = _CTRL_INTS * 8 + _SLOT_STRIDE * 8 * slots
+    data_offset = _round_up(layout_offset + len(packed), 4096)
+    ctrl = np.zeros(layout_offset // 8, dtype="<i8")
+    ctrl[:9] = [MAGIC, len(packed), layout_offset, data_offset, slot_size, slots, 0, 0, -1]
+    return SegmentPlan(layout, slot_size, data_offset, data_offset + slots * slot_size,
+                       ctrl.tobytes() + packed)
+
+
+def new_name() -> str:
+    """A fresh segment name: ``asyncrl_<pid>_<random>``."""
+    return f"{NAME_PREFIX}{os.getpid()}_{secrets.token_hex(6)}"
+
+
+def slot_control_offset(slot: int) -> int:
+    """Where ``slot``'s control line (``[seq, version]``, int64) starts in the segment."""
+    return (_CTRL_INTS + _SLOT_STRIDE * slot) * 8
 
 
 def _plan(tensors: Mapping[str, torch.Tensor]

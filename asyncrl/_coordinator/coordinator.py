@@ -53,7 +53,7 @@ from .checks import check_specs
 from .error_reports import reporter
 from .records import LOSS_WORDS, RelayInfo, WorkerInfo
 from .registry import WorkerRegistry
-from .shared_batches import SharedBatches
+from .shared_batches import SharedBatches, SlotError
 from .state import CoordinatorState
 from .worker_logs import WorkerLogs
 
@@ -399,8 +399,15 @@ class Coordinator:
         worker = self.state.workers.get(message.peer)
         if worker is None or not worker.alive:
             return  # a stranger's, or a lost worker's late notice: not even read
-        await self._deliver(worker, self.shared.receive(worker, SharedBatch.from_body(
-            message.body), self.state.rounds.round))  # sync: into the round's batch
+        notice = SharedBatch.from_body(message.body)
+        try:  # sync: into the round's batch
+            batch = self.shared.receive(worker, notice, self.state.rounds.round)
+        except SlotError as exc:  # shrunk or torn: refused as any bad batch, segment unlinked
+            actions = self.state.unreadable_batch(worker.peer, notice.request, str(exc))
+            self._note_refusals(actions, worker.name, worker.host, worker.pid)
+            await self._perform(actions, "refused for a bad batch")
+            return
+        await self._deliver(worker, batch)
 
     async def _deliver(self, worker: WorkerInfo, batch: Batch) -> None:
         actions = self.state.batch(worker.peer, batch)

@@ -21,6 +21,7 @@ the same batch, with the second copy in those rare rounds only.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -34,6 +35,8 @@ from .records import Round, WorkerInfo
 MASK_KEY = ("collector", "mask")
 
 Key = tuple[str, ...]
+#: Copies a share into the views it is given (by key): a slot read through its descriptor.
+Fill = Callable[[dict[Key, torch.Tensor]], None]
 
 
 def join_mode(cat_results: str | int | None, single_env: bool) -> str:
@@ -130,10 +133,14 @@ class RoundGather:
         self._unplanned = -1  # a request no plan could be made for: not tried again
 
     def take(self, round_: Round, worker: WorkerInfo, sources: dict[Key, torch.Tensor],
-             device: str | None) -> TensorDictBase | None:
+             device: str | None, fill: Fill | None = None) -> TensorDictBase | None:
         """Copy ``worker``'s share (``sources``: ``[envs, steps, ...]`` slot views) into its
         region of ``round_``'s batch; the share as views of that region, or None (the
-        caller copies it out itself: not a share this round planned for)."""
+        caller copies it out itself: not a share this round planned for).
+
+        ``fill``: copies the share into the region's views itself (``sources`` then only
+        give shapes and dtypes, e.g. meta tensors); if it raises, nothing is taken.
+        """
         if worker.peer not in round_.targets or worker.peer in round_.shares:
             return None  # a stale or second share: the rounds discard or re-plan it
         plan = self._plan_for(round_, sources, device)
@@ -145,9 +152,13 @@ class RoundGather:
                 k: (v.dtype, v.shape[2:]) for k, v in sources.items()} != plan.leaves:
             return None
         region = plan.region(position, steps)
+        if fill is not None:
+            fill(region)
+        else:
+            for key, source in sources.items():
+                _copy(region[key], source)
         share = TensorDict({}, batch_size=[envs, steps], device=device)
-        for key, source in sources.items():
-            _copy(region[key], source)
+        for key in sources:
             share.set(key if len(key) > 1 else key[0], region[key])
         plan.written[worker.peer] = share
         return share

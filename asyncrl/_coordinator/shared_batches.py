@@ -36,25 +36,37 @@ its slot in range and written (``held``), its steps at most the layout's ``T``;
 shapes come from the trainer's layout only. A worker lost, re-admitted or
 expelled has its segment unlinked; :meth:`SharedBatches.close` unlinks them all.
 A full ``/dev/shm`` turns the feature off for the run with one WARNING.
+
+The segment itself is hostile input too: the worker runs the user's env code,
+which can shrink the file or write a slot while the trainer copies it. So the
+trainer never maps it (:class:`~transports.SharedTensorFile`: the copy is a
+``preadv`` into the batch's own memory, and a shrunk segment is a short read,
+never a SIGBUS), and each slot has a seqlock: the worker makes the slot's
+sequence number odd before it writes and even after, with the request it
+answers; the trainer copies only from an even number and refuses the batch if
+the number moved during its copy. Either refusal is a :class:`SlotError` (a
+:class:`ProtocolError` naming the slot): the worker is refused as for any bad
+batch and its segment unlinked; a batch is never delivered torn.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from transports import ProtocolError, SharedMemoryFullError, SharedTensorBlock, copy_into
+from transports import ProtocolError, SharedMemoryFullError, SharedTensorFile
 
 from .._observe.statistics import BatchArrivals
 from .._protocol import Batch, BatchSlots, SharedBatch
 from .._protocol.shared_batches import MAX_BATCH_SLOTS
 from .records import Round, WorkerInfo
-from .round_gather import RoundGather
+from .round_gather import Key, RoundGather
 
 log = logging.getLogger("asyncrl.coordinator")
 
@@ -62,12 +74,16 @@ log = logging.getLogger("asyncrl.coordinator")
 SLOTS = 2
 
 
+class SlotError(ProtocolError):
+    """A slot's contents cannot be trusted (its segment shrunk, or the slot written during
+    the copy): the batch is refused as a bad batch, never delivered."""
+
+
 @dataclass(eq=False)
 class _Segment:
-    block: SharedTensorBlock
+    block: SharedTensorFile  # never mapped here: read through its descriptor
     keys: list[tuple[str, ...]]
-    views: list[list[torch.Tensor]]  # per slot, per key: [N, T, ...] views of the segment
-    held: list[torch.Tensor]  # per slot: the int64 word the worker sets and we clear
+    shapes: list[tuple[torch.dtype, tuple[int, ...]]]  # per key: dtype, [N, T, ...]
     envs: int
     steps: int
     device: str | None
@@ -137,7 +153,7 @@ class SharedBatches:
         tensors = {f"t{i}": t for i, t in enumerate(examples)}
         tensors["held"] = torch.zeros(1, dtype=torch.int64)
         try:
-            block = SharedTensorBlock.create(tensors, slots=self.slots)
+            block = SharedTensorFile.create(tensors, slots=self.slots)
         except TypeError:  # a dtype a block cannot hold: this worker stays on the wire
             return None
         except SharedMemoryFullError as exc:
@@ -146,12 +162,9 @@ class SharedBatches:
             log.warning("batches go over the socket for the rest of this run: %s (or pass "
                         "shared_memory_batches=False to silence this)", exc)
             return None
-        slots = range(self.slots)
-        views = [[block.slot_views(s)[f"t{i}"] for i in range(len(keys))] for s in slots]
-        held = [block.slot_views(s)["held"] for s in slots]
+        shapes = [(t.dtype, tuple(t.shape)) for t in examples]
         device = None if frames.device is None else "cpu"
-        self._segments[peer] = _Segment(block, keys, views, held, frames.batch_size[0], steps,
-                                        device)
+        self._segments[peer] = _Segment(block, keys, shapes, frames.batch_size[0], steps, device)
         return BatchSlots(block.name, keys)
 
     def _share(self, index: int) -> int:
@@ -175,7 +188,8 @@ class SharedBatches:
         into its place in ``round_``'s batch when :attr:`gather` planned it.
 
         Raises :class:`ProtocolError` for a notice that does not match what this
-        trainer made for ``worker``.
+        trainer made for ``worker``, and :class:`SlotError` for a slot whose contents
+        cannot be trusted (see the module docstring).
         """
         segment = self._segments.get(worker.peer)
         if segment is None or segment.block.name != notice.name:
@@ -183,25 +197,48 @@ class SharedBatches:
             raise ProtocolError(f"shared batch in segment {notice.name!r}: worker {worker.index}"
                                 f"'s segment is {made}; a worker writes only into the segment "
                                 "the trainer offered it")
-        if not 0 <= notice.slot < len(segment.held):
-            raise ProtocolError(f"shared batch slot {notice.slot}: the segment has slots "
-                                f"0..{len(segment.held) - 1}")
+        block, slot = segment.block, notice.slot
+        if not 0 <= slot < block.slots:
+            raise ProtocolError(f"shared batch slot {slot}: the segment has slots "
+                                f"0..{block.slots - 1}")
         if not 0 <= notice.steps <= segment.steps:
             raise ProtocolError(f"shared batch of {notice.steps} steps: worker {worker.index}'s "
                                 f"share has at most {segment.steps}")
-        held = segment.held[notice.slot]
-        if int(held[0]) != 1:
-            raise ProtocolError(f"shared batch in slot {notice.slot}, which the worker has not "
+        with _untrusted(slot):
+            held = block.read_word(slot, "held")
+            seq, request = block.slot_state(slot)
+        if held != 1:
+            raise ProtocolError(f"shared batch in slot {slot}, which the worker has not "
                                 "written (or which was read already)")
-        sources = {key: view[:, :notice.steps]
-                   for key, view in zip(segment.keys, segment.views[notice.slot], strict=True)}
+        if seq % 2:
+            raise SlotError(f"shared batch in slot {slot} of {block.name}: the worker is "
+                            f"still writing it (sequence number {seq} is odd); refused")
+        if request != notice.request:
+            raise ProtocolError(f"shared batch in slot {slot}: the slot holds the batch for "
+                                f"request {request}, the notice says {notice.request}")
+        shapes = {key: torch.empty((segment.envs, notice.steps, *shape[2:]), dtype=dtype,
+                                   device="meta")
+                  for key, (dtype, shape) in zip(segment.keys, segment.shapes, strict=True)}
+
+        def fill(destinations: dict[Key, torch.Tensor]) -> None:
+            with _untrusted(slot):
+                for index, key in enumerate(segment.keys):
+                    block.read_into(destinations[key], slot, f"t{index}")
+                after = block.slot_state(slot)[0]
+            if after != seq:  # what was copied may mix two batches: never delivered
+                raise SlotError(f"shared batch in slot {slot} of {block.name} was rewritten "
+                                f"while the trainer copied it (sequence number {seq} -> "
+                                f"{after}); refused")
+
         frames = None
         if self.gather is not None and round_ is not None and round_.request == notice.request:
-            frames = self.gather.take(round_, worker, sources, segment.device)
+            frames = self.gather.take(round_, worker, shapes, segment.device, fill)
         if frames is None:
-            frames = _gather(segment.envs, notice.steps, sources, segment.device)
-        held[0] = 0  # after the copy: the worker may write the slot again
-        self._count(worker, shared_memory=True, nbytes=_tensor_bytes(sources))
+            frames = _gather(segment.envs, notice.steps, shapes, segment.device, fill)
+        # After the copy: the worker may write the slot again.
+        with _untrusted(slot):
+            block.write_word(slot, "held", 0)
+        self._count(worker, shared_memory=True, nbytes=_tensor_bytes(shapes))
         return Batch(notice.request, frames)
 
     def _count(self, worker: WorkerInfo, *, shared_memory: bool, nbytes: int) -> None:
@@ -227,14 +264,27 @@ def _layout(frames: TensorDictBase, share: int
     return (keys, examples, steps) if keys else None
 
 
-def _gather(envs: int, steps: int, sources: Mapping[tuple[str, ...], torch.Tensor],
-            device: str | None) -> TensorDict:
+def _gather(envs: int, steps: int, shapes: Mapping[Key, torch.Tensor], device: str | None,
+            fill: Callable[[dict[Key, torch.Tensor]], None]) -> TensorDict:
+    """A batch of its own memory in ``shapes``' layout, filled from the slot by ``fill``."""
+    copies = {key: torch.empty(part.shape, dtype=part.dtype) for key, part in shapes.items()}
+    fill(copies)
     out = TensorDict({}, batch_size=[envs, steps], device=device)
-    for key, part in sources.items():
-        copy = torch.empty(part.shape, dtype=part.dtype)
-        copy_into(copy, part)  # one memcpy when whole: torch's pool may wait on busy cores
+    for key, copy in copies.items():
         out.set(key if len(key) > 1 else key[0], copy)
     return out
+
+
+@contextmanager
+def _untrusted(slot: int) -> Iterator[None]:
+    """Reading or writing a worker's segment: a short read (it shrank the segment) or an OS
+    error (growing a shrunk one back on a full ``/dev/shm``) is a :class:`SlotError`."""
+    try:
+        yield
+    except SlotError:
+        raise
+    except (ProtocolError, OSError) as exc:
+        raise SlotError(f"shared batch in slot {slot} refused: {exc}") from None
 
 
 def _tensor_bytes(value: Any, depth: int = 0) -> int:
@@ -252,9 +302,8 @@ def _tensor_bytes(value: Any, depth: int = 0) -> int:
 
 
 def _drop(segment: _Segment) -> None:
-    segment.views, segment.held = [], []
     segment.block.close()
     segment.block.unlink()
 
 
-__all__ = ["SLOTS", "SharedBatches"]
+__all__ = ["SLOTS", "SharedBatches", "SlotError"]

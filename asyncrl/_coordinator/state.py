@@ -30,7 +30,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable
 from typing import Any
 
-from tensordict import TensorDictBase
+from tensordict import TensorDict, TensorDictBase
 
 from .._errors import WorkerLostError
 from .._protocol import Batch, Hello, Progress, RelayHello, drop_twins
@@ -134,6 +134,14 @@ class CoordinatorState:
         if problems:
             return self.losses.bad_batch(worker, batch, problems)  # never counted
         return self.rounds.deliver(worker, batch)
+
+    def unreadable_batch(self, peer: bytes, request: int, problem: str) -> list[Action]:
+        """A batch that could not be read whole (its shared-memory slot shrunk, or written
+        during the trainer's copy): refused as any bad batch, never counted."""
+        worker = self.roster.live(peer)
+        if worker is None:
+            return []
+        return self.losses.bad_batch(worker, Batch(request, TensorDict({}, [])), [problem])
 
     def progress(self, peer: bytes, progress: Progress) -> list[Action]:
         """A live worker's step count (see :mod:`asyncrl._protocol.progress`): it steps,

@@ -7,6 +7,11 @@ clears after its own). :meth:`SlotWriter.write` replaces the copy a batch
 message needed (the rollout reuses its buffers) with a copy into the next slot;
 only a small :class:`~asyncrl._protocol.SharedBatch` then crosses the socket.
 
+Each write is framed by the slot's seqlock (its control line in the segment):
+the sequence number goes odd before the copy and even after, with the request
+number; the trainer refuses a batch whose number was odd or moved while it
+copied, so a slot written at the wrong time is never delivered torn.
+
 Anything unexpected (a segment that cannot be mapped, a batch whose layout
 changed, a slot the trainer has not read for :data:`HELD_WAIT` s) sends that
 batch over the socket instead, with one WARNING: the wire path always works.
@@ -44,6 +49,7 @@ class SlotWriter:
         self._keys: list[tuple[str, ...]] = []
         self._views: list[list[torch.Tensor]] = []
         self._held: list[torch.Tensor] = []
+        self._controls: list[memoryview] = []  # per slot: [seq, request] (int64, live)
         self._next = 0
 
     @property
@@ -67,12 +73,13 @@ class SlotWriter:
         self._block, self._keys = block, list(offer.keys)
         self._views = [[block.slot_views(s)[n] for n in names] for s in range(block.slots)]
         self._held = [block.slot_views(s)["held"] for s in range(block.slots)]
+        self._controls = [block.control(s) for s in range(block.slots)]
         self._next = 0
 
     def detach(self) -> None:
         """Forget the segment (a new admission starts on the wire); idempotent."""
         block, self._block = self._block, None
-        self._views, self._held, self._keys = [], [], []
+        self._views, self._held, self._keys, self._controls = [], [], [], []
         if block is not None:
             block.close()
 
@@ -86,13 +93,18 @@ class SlotWriter:
         if block is None:
             return None
         slot, count = self._next, len(self._views)
-        views, held = self._views[slot], self._held[slot]  # ours even if detached meanwhile
+        # Ours even if detached meanwhile.
+        views, held, control = self._views[slot], self._held[slot], self._controls[slot]
         leaves = self._leaves(frames, views)
         if leaves is None or not self._wait_released(held, slot):
             return None
         steps = frames.batch_size[1]
+        seq = control[0] + control[0] % 2  # even: a write cut short left it odd
+        control[0] = seq + 1  # odd: a trainer copying this slot now refuses what it read
         for view, leaf in zip(views, leaves, strict=True):
             copy_into(view if steps == view.shape[1] else view[:, :steps], leaf)
+        control[1] = request
+        control[0] = seq + 2
         held[0] = 1  # after the copy: the trainer reads once told
         self._next = (slot + 1) % count
         return SharedBatch(request, block.name, slot, steps)

@@ -247,7 +247,7 @@ def test_a_full_dev_shm_falls_back_to_the_wire_with_one_warning(monkeypatch: Any
     def full(*args: Any, **kwargs: Any) -> Any:
         raise SharedMemoryFullError("asyncrl_1_ab", needed=30 << 20, free=1 << 20)
 
-    monkeypatch.setattr(asyncrl._coordinator.shared_batches.SharedTensorBlock, "create", full)
+    monkeypatch.setattr(asyncrl._coordinator.shared_batches.SharedTensorFile, "create", full)
     shared = SharedBatches(enabled=True, share_frames=[FRAMES, FRAMES])
     with caplog.at_level(logging.WARNING, logger="asyncrl.coordinator"):
         for index, peer in enumerate((b"a", b"b")):

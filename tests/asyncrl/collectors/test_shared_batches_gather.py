@@ -188,7 +188,7 @@ def test_counts_say_how_each_batch_came_and_who_a_full_dev_shm_kept_on_the_socke
     def full(*args: Any, **kwargs: Any) -> Any:
         raise SharedMemoryFullError("asyncrl_1_ab", needed=30 << 20, free=1 << 20)
 
-    monkeypatch.setattr(asyncrl._coordinator.shared_batches.SharedTensorBlock, "create", full)
+    monkeypatch.setattr(asyncrl._coordinator.shared_batches.SharedTensorFile, "create", full)
     shared = SharedBatches(enabled=True, share_frames=[8] * 3)
     for index, (peer, local) in enumerate(((b"a", True), (b"b", True), (b"r", False))):
         shared.admitted(peer, local=local)  # the remote one is no fallback
