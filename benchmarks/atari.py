@@ -143,8 +143,10 @@ def make_policy() -> Any:
 class Meter:
     """The first batch, ``warmup`` batches, then ``seconds`` of timed batches."""
 
-    def __init__(self, warmup: int, seconds: float, launched_at: float) -> None:
+    def __init__(self, warmup: int, seconds: float, launched_at: float,
+                 frames_per_batch: int = FRAMES_PER_BATCH) -> None:
         self.warmup, self.seconds, self.launched_at = warmup, seconds, launched_at
+        self.frames_per_batch = frames_per_batch  # what every case asks of its collector
         self.seen, self.frames = 0, 0
         self.start = (0.0, 0.0)
         self.result: dict[str, Any] = {}
@@ -176,7 +178,7 @@ def cleanrl_loop(reset: Callable[[], Any], step: Callable[[Any], tuple[Any, Any,
                  meter: Meter) -> None:
     """CleanRL's rollout: per step store the observation, act, step, store reward and done."""
     cnn = make_cnn()
-    steps = FRAMES_PER_BATCH // N_ENVS
+    steps = meter.frames_per_batch // N_ENVS
     obs_buf = torch.zeros((steps, N_ENVS, *OBS_SHAPE), dtype=torch.uint8)
     act_buf = torch.zeros((steps, N_ENVS), dtype=torch.long)
     rew_buf = torch.zeros((steps, N_ENVS))
@@ -192,7 +194,7 @@ def cleanrl_loop(reset: Callable[[], Any], step: Callable[[Any], tuple[Any, Any,
                 rew_buf[t] = torch.from_numpy(np.asarray(reward))
                 done_buf[t] = torch.from_numpy(np.logical_or(terminated, truncated))
                 next_obs = torch.from_numpy(np.asarray(obs))
-            if meter.batch(FRAMES_PER_BATCH):
+            if meter.batch(steps * N_ENVS):
                 return
 
 
@@ -255,11 +257,11 @@ def run_torchrl(meter: Meter) -> None:
     from torchrl.envs import SerialEnv
 
     # MultiSyncDataCollector before TorchRL 0.14, MultiSyncCollector since.
-    cls = getattr(torchrl.collectors, "MultiSyncCollector", None) or getattr(
-        torchrl.collectors, "MultiSyncDataCollector")
+    cls = (getattr(torchrl.collectors, "MultiSyncCollector", None)
+           or torchrl.collectors.MultiSyncDataCollector)
     serial = functools.partial(SerialEnv, 4, torchrl_env)
     collector = cls([serial] * 2, make_policy(),
-                                       frames_per_batch=FRAMES_PER_BATCH, total_frames=-1,
+                                       frames_per_batch=meter.frames_per_batch, total_frames=-1,
                                        num_threads=1, num_sub_threads=1)
     try:
         for batch in collector:
@@ -277,10 +279,11 @@ def run_asyncrl(meter: Meter, kind: str, compact_obs: bool = False) -> None:
     def open_collector() -> Any:
         if kind == "batched":
             return AsyncBatchedCollector(make_atari, policy=make_policy(), num_envs=N_ENVS,
-                                         frames_per_batch=FRAMES_PER_BATCH, num_threads=1)
+                                         frames_per_batch=meter.frames_per_batch,
+                                         num_threads=1)
         cls = MultiSyncCollector if kind == "sync" else MultiAsyncCollector
         return cls(make_atari, make_policy(), num_workers=2, envs_per_worker=4,
-                   frames_per_batch=FRAMES_PER_BATCH, compact_obs=compact_obs,
+                   frames_per_batch=meter.frames_per_batch, compact_obs=compact_obs,
                    num_threads=1, num_sub_threads=1)
 
     async def main() -> None:
@@ -372,7 +375,7 @@ def missing(needs: tuple[str, ...]) -> str | None:
     return None
 
 
-def _child(case: str, args: argparse.Namespace) -> None:
+def run_child(case: str, args: argparse.Namespace) -> None:
     torch.set_num_threads(1)  # one torch thread per process, the main one included
     needs = ATARI if case == FLOOR else CASES[case].needs
     reason = missing(needs)
@@ -381,7 +384,8 @@ def _child(case: str, args: argparse.Namespace) -> None:
     elif case == FLOOR:
         result = run_floor(args.seconds)
     else:
-        meter = Meter(args.warmup, args.seconds, float(os.environ["ATARI_LAUNCHED_AT"]))
+        meter = Meter(args.warmup, args.seconds, float(os.environ["ATARI_LAUNCHED_AT"]),
+                      args.frames_per_batch)
         CASES[case].run(meter)
         result = meter.result
     print("RESULT " + json.dumps(result), flush=True)
@@ -392,7 +396,8 @@ def run_case(case: str, args: argparse.Namespace) -> dict[str, Any]:
     env = {**os.environ, "ATARI_CASE": case, "ATARI_LAUNCHED_AT": repr(time.time())}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, env.get("PYTHONPATH")]))
     command = [sys.executable, "-m", "benchmarks.atari", "--child", case, "--seconds",
-               str(args.seconds), "--warmup", str(args.warmup)]
+               str(args.seconds), "--warmup", str(args.warmup), "--frames-per-batch",
+               str(args.frames_per_batch)]
     try:
         out = subprocess.run(command, capture_output=True, text=True, env=env, cwd=ROOT,
                              timeout=args.seconds * 4 + 300)
@@ -490,12 +495,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="timed seconds per run (the floor: its measuring time)")
     p.add_argument("--warmup", type=int, default=2,
                    help="batches before the timed ones, the first included")
+    p.add_argument("--frames-per-batch", type=int, default=FRAMES_PER_BATCH,
+                   help="frames per batch, a multiple of 8 envs x 2 workers")
     p.add_argument("--json", help="write every run's numbers here")
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.warmup < 1 or args.seconds <= 0 or args.repeats < 1:
         p.error(f"--warmup and --repeats must be >= 1 and --seconds > 0; got {args.warmup}, "
                 f"{args.repeats} and {args.seconds}")
+    if args.frames_per_batch <= 0 or args.frames_per_batch % (2 * N_ENVS):
+        p.error(f"--frames-per-batch must be a positive multiple of {2 * N_ENVS} (8 envs, "
+                f"2 workers), got {args.frames_per_batch}")
     return args
 
 
@@ -510,7 +520,7 @@ def main(argv: list[str] | None = None) -> int:
         # unpickle make_atari and the CNN as benchmarks.atari's, never as __main__'s.
         from benchmarks import atari
 
-        atari._child(args.child, args)  # noqa: SLF001
+        atari.run_child(args.child, args)
         return 0
     cases = list(case_names(args.cases))
     unknown = [c for c in cases if c != FLOOR and c not in CASES]
