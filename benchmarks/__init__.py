@@ -10,6 +10,7 @@ in their imports (``scaling``, ``scaling_host``, ``relay``, ``profile_worker``).
     channels        Hub/Link round trips and throughput against bare pyzmq
     weights         weight sync latency, bandwidth and memory against TorchRL's schemes
     collect         collection frames/s, first batch and worker memory against TorchRL
+    atari           real Atari (Breakout, 8 envs) against EnvPool, gymnasium, PufferLib, TorchRL
     profile_worker  where a worker's time per env step goes
     scaling         the coordinator with up to 512 simulated workers
     relay           weights once per host through a relay; one hop more for batches

@@ -1,0 +1,548 @@
+"""Real Atari at the limit: asyncrl's collectors against EnvPool, gymnasium, PufferLib and TorchRL.
+
+    python -m benchmarks.atari                                # every case, 3 repeats, interleaved
+    python -m benchmarks.atari --repeats 1 --seconds 5        # a smoke run
+    python -m benchmarks.atari --cases floor,envpool,asyncrl-async --repeats 5 --seconds 30
+
+The benchmark of record for pixels (issue 45). The workload: ``ALE/Breakout-v5`` from
+ale-py with ``frameskip=1``, gymnasium's ``AtariPreprocessing(frame_skip=4,
+screen_size=84, grayscale_obs=True, noop_max=30)`` and ``FrameStackObservation(4)``
+(uint8 [4, 84, 84]); EnvPool's ``Breakout-v5`` with the same options (below); CleanRL's
+Nature CNN (conv 32 8x8/4, 64 4x4/2, 64 3x3/1, linear 512, logits) sampling its actions,
+one torch thread per process; 8 envs; batches of 1,024 frames (CleanRL's 8 envs x 128
+steps); collection only (no weight updates). Each case runs in a fresh interpreter, the
+cases one after the other, in turn, ``--repeats`` times (drifts of the machine hit all
+alike). A case is skipped, with the reason printed, when what it needs does not import.
+
+- ``floor``: the CPU floor, in its own interpreter: CPU ms per env step (one env,
+  preprocessed, random actions, resets included) and the CNN's CPU ms per frame at
+  batch 1, 4 and 8. The floor of a case is ``min(cores, 8)`` cores' worth of CPU over
+  env + CNN per frame at the batch its CNN runs (8 when one CNN serves all envs, 4 for
+  per-worker 2x4); each case's frames/s is given as a fraction of it;
+- ``vector``: gymnasium ``AsyncVectorEnv(shared_memory=True)``, the CNN in the main process;
+- ``envpool``: ``envpool.make("Breakout-v5", env_type="gymnasium", num_envs=8,
+  num_threads=2, ...)`` stepped synchronously, the CNN in the main process (CleanRL's
+  ``ppo_atari_envpool`` loop);
+- ``pufferlib``: ``pufferlib.vector.Multiprocessing``, 2 workers x 4 envs, the CNN in
+  the main process;
+- ``torchrl``: TorchRL's ``MultiSyncCollector`` (``MultiSyncDataCollector`` before 0.14),
+  2 workers x ``SerialEnv(4)``;
+- ``asyncrl-async`` / ``asyncrl-async-compact``: ``MultiAsyncCollector`` 2 workers x 4
+  envs, without / with ``compact_obs=True``; ``asyncrl-sync``: ``MultiSyncCollector`` 2x4;
+- ``asyncrl-batched``: ``AsyncBatchedCollector``, 8 env workers, the CNN batched in the
+  trainer's process.
+
+The three main-process loops store each step as CleanRL's does (observation, action,
+reward, done into preallocated ``[128, 8, ...]`` tensors; observations kept as uint8).
+Per run, after ``--warmup`` batches, ``--seconds`` of batches are timed: frames/s;
+CPU-seconds per 10k frames (utime + stime of the process and every live process below
+it, read from ``/proc`` before and after: forked workers count); PSS of all those
+processes (``/proc/<pid>/smaps_rollup``, read at the end while they are alive); and the
+cold first batch: seconds from the launch of the interpreter to the first batch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import importlib
+import importlib.metadata
+import json
+import os
+import platform
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+if os.environ.get("ATARI_CASE", "").startswith("asyncrl"):
+    # As a training script does: at module level, which starts the fork server early.
+    import asyncrl  # noqa: F401
+
+import numpy as np
+import torch
+from torch import nn
+
+from benchmarks import ROOT
+from benchmarks.pixels import interleave, snapshot
+from benchmarks.pixels_throughput import cpu_seconds
+
+ENV_ID = "ALE/Breakout-v5"
+OBS_SHAPE = (4, 84, 84)
+N_ACTIONS = 4  # Breakout's minimal action set
+N_ENVS = 8
+FRAMES_PER_BATCH = 1024  # CleanRL's ppo_atari: 8 envs x 128 steps
+#: EnvPool's options for gymnasium's preprocessing above: no life loss as episode end, no
+#: reward clipping, no FIRE on reset, v5's sticky actions and episode cap (108k frames).
+ENVPOOL_OPTIONS: dict[str, Any] = {
+    "stack_num": 4, "frame_skip": 4, "noop_max": 30, "img_height": 84, "img_width": 84,
+    "gray_scale": True, "episodic_life": False, "reward_clip": False,
+    "use_fire_reset": False, "repeat_action_probability": 0.25, "max_episode_steps": 27000,
+}
+ATARI = ("ale_py", "cv2")  # gymnasium's AtariPreprocessing resizes with OpenCV
+
+
+# -- the workload ------------------------------------------------------------------------------
+def make_atari() -> Any:
+    """Breakout, preprocessed and stacked as CleanRL's gymnasium Atari scripts do."""
+    import ale_py
+    import gymnasium as gym
+    from gymnasium.wrappers import AtariPreprocessing, FrameStackObservation
+
+    gym.register_envs(ale_py)
+    env = gym.make(ENV_ID, frameskip=1)
+    env = AtariPreprocessing(env, frame_skip=4, screen_size=84, grayscale_obs=True,
+                             noop_max=30)
+    return FrameStackObservation(env, 4)
+
+
+def make_envpool(num_envs: int = N_ENVS, num_threads: int = 2) -> Any:
+    """EnvPool's Breakout with :data:`ENVPOOL_OPTIONS`."""
+    import envpool
+
+    return envpool.make("Breakout-v5", env_type="gymnasium", num_envs=num_envs,
+                        batch_size=num_envs, num_threads=num_threads, seed=0,
+                        **ENVPOOL_OPTIONS)
+
+
+class NatureCNN(nn.Module):
+    """CleanRL's Atari agent without its value head: uint8 [..., 4, 84, 84] -> sampled action."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.network = nn.Sequential(
+            nn.Conv2d(4, 32, 8, stride=4), nn.ReLU(), nn.Conv2d(32, 64, 4, stride=2), nn.ReLU(),
+            nn.Conv2d(64, 64, 3, stride=1), nn.ReLU(), nn.Flatten(),
+            nn.Linear(64 * 7 * 7, 512), nn.ReLU())
+        self.actor = nn.Linear(512, N_ACTIONS)
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        batch = obs.shape[:-3]
+        logits = self.actor(self.network(obs.reshape(-1, *OBS_SHAPE) / 255.0))
+        action = torch.distributions.Categorical(logits=logits).sample()
+        return action.reshape(batch)
+
+
+def make_cnn() -> NatureCNN:
+    """The CNN, seeded (the same weights in every case and repeat)."""
+    torch.manual_seed(0)
+    return NatureCNN()
+
+
+def make_policy() -> Any:
+    """The CNN as the collectors take it."""
+    from tensordict.nn import TensorDictModule
+
+    return TensorDictModule(make_cnn(), in_keys=["observation"], out_keys=["action"])
+
+
+# -- timing ------------------------------------------------------------------------------------
+class Meter:
+    """The first batch, ``warmup`` batches, then ``seconds`` of timed batches."""
+
+    def __init__(self, warmup: int, seconds: float, launched_at: float,
+                 frames_per_batch: int = FRAMES_PER_BATCH) -> None:
+        self.warmup, self.seconds, self.launched_at = warmup, seconds, launched_at
+        self.frames_per_batch = frames_per_batch  # what every case asks of its collector
+        self.seen, self.frames = 0, 0
+        self.start = (0.0, 0.0)
+        self.result: dict[str, Any] = {}
+
+    def batch(self, frames: int, workers: Callable[[], Any] = set) -> bool:
+        """Count a batch of ``frames``; True when the run is done (its numbers taken)."""
+        self.seen += 1
+        if self.seen == 1:
+            self.result["first_batch_s"] = time.time() - self.launched_at
+        if self.seen == self.warmup:
+            self.start = (time.perf_counter(), cpu_seconds())
+            return False
+        if self.seen < self.warmup:
+            return False
+        self.frames += frames
+        wall = time.perf_counter() - self.start[0]
+        if wall < self.seconds:
+            return False
+        cpu = cpu_seconds() - self.start[1]
+        memory = snapshot(set(workers()))  # while every process is alive
+        self.result.update(fps=self.frames / wall, cpu_per_10k=cpu / self.frames * 1e4,
+                           frames=self.frames, wall=wall, cpu=cpu,
+                           pss_mb=memory["total_mb"], processes=len(memory["processes"]))
+        return True
+
+
+# -- CleanRL's loop: the CNN in the main process -------------------------------------------------
+def cleanrl_loop(reset: Callable[[], Any], step: Callable[[Any], tuple[Any, Any, Any, Any]],
+                 meter: Meter) -> None:
+    """CleanRL's rollout: per step store the observation, act, step, store reward and done."""
+    cnn = make_cnn()
+    steps = meter.frames_per_batch // N_ENVS
+    obs_buf = torch.zeros((steps, N_ENVS, *OBS_SHAPE), dtype=torch.uint8)
+    act_buf = torch.zeros((steps, N_ENVS), dtype=torch.long)
+    rew_buf = torch.zeros((steps, N_ENVS))
+    done_buf = torch.zeros((steps, N_ENVS), dtype=torch.bool)
+    next_obs = torch.from_numpy(np.asarray(reset()))
+    with torch.no_grad():
+        while True:
+            for t in range(steps):
+                obs_buf[t] = next_obs
+                action = cnn(next_obs)
+                act_buf[t] = action
+                obs, reward, terminated, truncated = step(action.numpy())
+                rew_buf[t] = torch.from_numpy(np.asarray(reward))
+                done_buf[t] = torch.from_numpy(np.logical_or(terminated, truncated))
+                next_obs = torch.from_numpy(np.asarray(obs))
+            if meter.batch(steps * N_ENVS):
+                return
+
+
+def run_vector(meter: Meter) -> None:
+    import gymnasium as gym
+
+    envs = gym.vector.AsyncVectorEnv([make_atari] * N_ENVS, shared_memory=True)
+    try:
+        cleanrl_loop(lambda: envs.reset(seed=0)[0], lambda a: envs.step(a)[:4], meter)
+    finally:
+        envs.close()
+
+
+def run_envpool(meter: Meter) -> None:
+    envs = make_envpool()
+    try:
+        cleanrl_loop(lambda: envs.reset()[0], lambda a: envs.step(a)[:4], meter)
+    finally:
+        envs.close()
+
+
+def puffer_env(**kwargs: Any) -> Any:
+    """PufferLib's gymnasium emulation of :func:`make_atari` (what its workers build; some
+    PufferLib versions pass ``buf`` and ``seed``, handed on as they come)."""
+    import pufferlib.emulation
+
+    return pufferlib.emulation.GymnasiumPufferEnv(env_creator=make_atari, **kwargs)
+
+
+def run_pufferlib(meter: Meter) -> None:
+    import pufferlib.vector
+
+    envs = pufferlib.vector.make(puffer_env, backend=pufferlib.vector.Multiprocessing,
+                                 num_envs=N_ENVS, num_workers=2, batch_size=N_ENVS)
+
+    def step(action: Any) -> tuple[Any, Any, Any, Any]:
+        envs.send(action)
+        return envs.recv()[:4]
+
+    def reset() -> Any:
+        envs.async_reset(0)
+        return envs.recv()[0]
+
+    try:
+        cleanrl_loop(reset, step, meter)
+    finally:
+        envs.close()
+
+
+# -- collectors: TorchRL and asyncrl -------------------------------------------------------------
+def torchrl_env() -> Any:
+    """:func:`make_atari` behind TorchRL's gym wrapper, integer actions."""
+    from torchrl.envs import GymWrapper
+
+    return GymWrapper(make_atari(), categorical_action_encoding=True)
+
+
+def run_torchrl(meter: Meter) -> None:
+    import torchrl.collectors
+    from torchrl.envs import SerialEnv
+
+    # MultiSyncDataCollector before TorchRL 0.14, MultiSyncCollector since.
+    cls = (getattr(torchrl.collectors, "MultiSyncCollector", None)
+           or torchrl.collectors.MultiSyncDataCollector)
+    serial = functools.partial(SerialEnv, 4, torchrl_env)
+    collector = cls([serial] * 2, make_policy(),
+                                       frames_per_batch=meter.frames_per_batch, total_frames=-1,
+                                       num_threads=1, num_sub_threads=1)
+    try:
+        for batch in collector:
+            if meter.batch(batch.numel()):
+                break
+    finally:
+        collector.shutdown()
+
+
+def run_asyncrl(meter: Meter, kind: str, compact_obs: bool = False) -> None:
+    import anyio
+
+    from asyncrl import AsyncBatchedCollector, MultiAsyncCollector, MultiSyncCollector
+
+    def open_collector() -> Any:
+        if kind == "batched":
+            return AsyncBatchedCollector(make_atari, policy=make_policy(), num_envs=N_ENVS,
+                                         frames_per_batch=meter.frames_per_batch,
+                                         num_threads=1)
+        cls = MultiSyncCollector if kind == "sync" else MultiAsyncCollector
+        return cls(make_atari, make_policy(), num_workers=2, envs_per_worker=4,
+                   frames_per_batch=meter.frames_per_batch, compact_obs=compact_obs,
+                   num_threads=1, num_sub_threads=1)
+
+    async def main() -> None:
+        async with open_collector() as collector:
+            pids = getattr(collector, "worker_pids", ())
+            async for batch in collector:
+                if meter.batch(batch.numel(), lambda: pids):
+                    break
+
+    anyio.run(main)
+
+
+# -- the floor -----------------------------------------------------------------------------------
+def run_floor(seconds: float) -> dict[str, Any]:
+    """CPU ms per env step (one env, random actions) and per CNN frame at batch 1, 4, 8."""
+    env = make_atari()
+    env.reset(seed=0)
+    env.action_space.seed(0)
+    steps, start = 0, time.process_time()
+    while time.process_time() - start < seconds / 2:
+        _, _, terminated, truncated, _ = env.step(env.action_space.sample())
+        steps += 1
+        if terminated or truncated:
+            env.reset()
+    env_ms = (time.process_time() - start) / steps * 1e3
+    env.close()
+    cnn, cnn_ms = make_cnn(), {}
+    rng = np.random.default_rng(0)
+    with torch.no_grad():
+        for size in (1, 4, 8):
+            obs = torch.from_numpy(rng.integers(0, 256, (size, *OBS_SHAPE), np.uint8))
+            cnn(obs)  # warm-up
+            calls, start = 0, time.process_time()
+            while time.process_time() - start < seconds / 6:
+                cnn(obs)
+                calls += 1
+            cnn_ms[str(size)] = (time.process_time() - start) / (calls * size) * 1e3
+    return {"env_ms": env_ms, "cnn_ms": cnn_ms}
+
+
+def floor_fps(floor: dict[str, Any], batch: int, cores: int) -> float:
+    """Frames/s if ``min(cores, 8)`` cores did nothing but step envs and run the CNN at ``batch``.
+
+    >>> floor_fps({"env_ms": 0.6, "cnn_ms": {"8": 0.4}}, 8, cores=2)
+    2000.0
+    """
+    return min(cores, N_ENVS) * 1e3 / (floor["env_ms"] + floor["cnn_ms"][str(batch)])
+
+
+# -- the cases -----------------------------------------------------------------------------------
+class Case:
+    """A case: its label, what must import, its runner, the batch size its CNN runs at."""
+
+    def __init__(self, label: str, needs: tuple[str, ...], run: Callable[[Meter], None],
+                 cnn_batch: int) -> None:
+        self.label, self.needs, self.run, self.cnn_batch = label, needs, run, cnn_batch
+
+
+CASES: dict[str, Case] = {
+    "vector": Case("gymnasium AsyncVectorEnv(shared_memory=True), CNN in the main process",
+                   ("gymnasium", *ATARI), run_vector, 8),
+    "envpool": Case("EnvPool sync, num_threads=2, CNN in the main process",
+                    ("envpool",), run_envpool, 8),
+    "pufferlib": Case("PufferLib vector Multiprocessing 2x4, CNN in the main process",
+                      ("pufferlib.vector", "pufferlib.emulation", *ATARI), run_pufferlib, 8),
+    "torchrl": Case("TorchRL MultiSync(Data)Collector, 2 x SerialEnv(4)",
+                    ("torchrl", *ATARI), run_torchrl, 4),
+    "asyncrl-async": Case("asyncrl MultiAsyncCollector 2x4", ATARI,
+                          functools.partial(run_asyncrl, kind="async"), 4),
+    "asyncrl-async-compact": Case("asyncrl MultiAsyncCollector 2x4, compact_obs=True", ATARI,
+                                  functools.partial(run_asyncrl, kind="async",
+                                                    compact_obs=True), 4),
+    "asyncrl-sync": Case("asyncrl MultiSyncCollector 2x4", ATARI,
+                         functools.partial(run_asyncrl, kind="sync"), 4),
+    "asyncrl-batched": Case("asyncrl AsyncBatchedCollector, 8 env workers", ATARI,
+                            functools.partial(run_asyncrl, kind="batched"), 8),
+}
+FLOOR = "floor"
+BASELINES = ("envpool", "vector", "torchrl")
+
+
+def missing(needs: tuple[str, ...]) -> str | None:
+    """Why one of ``needs`` does not import (None when all do)."""
+    for name in needs:
+        try:
+            importlib.import_module(name)
+        except Exception as exc:  # a package that is there but broken is missing too
+            return f"{name} does not import ({type(exc).__name__}: {exc})"
+    return None
+
+
+def run_child(case: str, args: argparse.Namespace) -> None:
+    torch.set_num_threads(1)  # one torch thread per process, the main one included
+    needs = ATARI if case == FLOOR else CASES[case].needs
+    reason = missing(needs)
+    if reason is not None:
+        result: dict[str, Any] = {"skipped": reason}
+    elif case == FLOOR:
+        result = run_floor(args.seconds)
+    else:
+        meter = Meter(args.warmup, args.seconds, float(os.environ["ATARI_LAUNCHED_AT"]),
+                      args.frames_per_batch)
+        CASES[case].run(meter)
+        result = meter.result
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+def run_case(case: str, args: argparse.Namespace) -> dict[str, Any]:
+    """One case in a fresh interpreter; its numbers, ``skipped`` or ``error``."""
+    env = {**os.environ, "ATARI_CASE": case, "ATARI_LAUNCHED_AT": repr(time.time())}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, env.get("PYTHONPATH")]))
+    command = [sys.executable, "-m", "benchmarks.atari", "--child", case, "--seconds",
+               str(args.seconds), "--warmup", str(args.warmup), "--frames-per-batch",
+               str(args.frames_per_batch)]
+    try:
+        out = subprocess.run(command, capture_output=True, text=True, env=env, cwd=ROOT,
+                             timeout=args.seconds * 4 + 300)
+    except subprocess.TimeoutExpired as exc:
+        return {"error": f"timed out after {exc.timeout:.0f} s"}
+    lines = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]
+    if out.returncode != 0 or not lines:
+        tail = (out.stderr.strip().splitlines() or ["(no output)"])[-1]
+        print(f"{case} exited with {out.returncode}:\n{out.stderr[-3000:]}", file=sys.stderr)
+        return {"error": f"exit {out.returncode}: {tail[:160]}"}
+    result: dict[str, Any] = json.loads(lines[0][len("RESULT "):])
+    return result
+
+
+def _shown(row: dict[str, Any]) -> str:
+    if "skipped" in row:
+        return "skipped"
+    if "error" in row:
+        return "error"
+    if "env_ms" in row:
+        return f"env {row['env_ms']:.3f} ms, CNN@8 {row['cnn_ms']['8']:.3f} ms"
+    return f"{row['fps']:,.0f}/s"
+
+
+# -- the report ----------------------------------------------------------------------------------
+def _spread(values: list[float], fmt: str) -> str:
+    median = format(statistics.median(values), fmt)
+    if len(values) == 1:
+        return median
+    return f"{median} ({format(min(values), fmt)}-{format(max(values), fmt)})"
+
+
+def environment() -> str:
+    versions = [f"python {platform.python_version()}"]
+    for name in ("torch", "gymnasium", "ale_py", "envpool", "pufferlib", "torchrl"):
+        try:
+            version = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            version = "missing"
+        versions.append(f"{name} {version}")
+    return (f"{len(os.sched_getaffinity(0))} cores, load {os.getloadavg()[0]:.2f}; "
+            + ", ".join(versions))
+
+
+def report(cases: list[str], results: dict[str, list[dict[str, Any]]]) -> None:
+    """The floor, the table of medians and ratios, what was skipped, the command."""
+    cores = len(os.sched_getaffinity(0))
+    floor = None
+    floors = [r for r in results.get(FLOOR, []) if "env_ms" in r]
+    if floors:
+        floor = {"env_ms": statistics.median(r["env_ms"] for r in floors),
+                 "cnn_ms": {b: statistics.median(r["cnn_ms"][b] for r in floors)
+                            for b in ("1", "4", "8")}}
+        cnn = ", ".join(f"{floor['cnn_ms'][b]:.3f} at batch {b}" for b in ("1", "4", "8"))
+        print(f"\nCPU floor (median of {len(floors)}): env step {floor['env_ms']:.3f} ms, "
+              f"CNN {cnn} (ms per frame); 8 envs on {min(cores, N_ENVS)} cores: at most "
+              f"{floor_fps(floor, 8, cores):,.0f} frames/s (CNN at batch 8), "
+              f"{floor_fps(floor, 4, cores):,.0f} (at batch 4)")
+    done = {c: [r for r in results[c] if "fps" in r] for c in cases if c in CASES}
+    fps = {c: statistics.median(r["fps"] for r in rows) for c, rows in done.items() if rows}
+    bases = [b for b in BASELINES if b in fps]
+    print("\n| case | frames/s, median (range) | x floor | "
+          + "".join(f"x {b} | " for b in bases)
+          + "CPU-s per 10k frames | PSS MB, all processes | cold first batch, s |")
+    print("|---|---:|---:|" + "---:|" * len(bases) + "---:|---:|---:|")
+    for case, rows in done.items():
+        if not rows:
+            continue
+        of_floor = (f"{fps[case] / floor_fps(floor, CASES[case].cnn_batch, cores):.2f}"
+                    if floor else "")
+        ratios = "".join(f"{fps[case] / fps[b]:.2f} | " for b in bases)
+        print(f"| {case}: {CASES[case].label} | {_spread([r['fps'] for r in rows], ',.0f')} "
+              f"| {of_floor} | {ratios}{_spread([r['cpu_per_10k'] for r in rows], '.1f')} | "
+              f"{_spread([r['pss_mb'] for r in rows], '.0f')} | "
+              f"{_spread([r['first_batch_s'] for r in rows], '.1f')} |")
+    for case in cases:
+        for row in results[case][:1]:
+            if "skipped" in row:
+                print(f"skipped {case}: {row['skipped']}")
+        errors = [r["error"] for r in results[case] if "error" in r]
+        if errors:
+            print(f"failed {case} ({len(errors)} of {len(results[case])} runs): {errors[-1]}")
+    print(f"\n{environment()}")
+    print("command: python -m benchmarks.atari " + shlex.join(sys.argv[1:]))
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.atari",
+                                description=(__doc__ or "").split("\n")[0])
+    every = [FLOOR, *CASES]
+    p.add_argument("--cases", default=",".join(every),
+                   help=f"comma-separated, run in this order: {', '.join(every)}")
+    p.add_argument("--repeats", type=int, default=3, help="fresh interpreters per case")
+    p.add_argument("--seconds", type=float, default=20.0,
+                   help="timed seconds per run (the floor: its measuring time)")
+    p.add_argument("--warmup", type=int, default=2,
+                   help="batches before the timed ones, the first included")
+    p.add_argument("--frames-per-batch", type=int, default=FRAMES_PER_BATCH,
+                   help="frames per batch, a multiple of 8 envs x 2 workers")
+    p.add_argument("--json", help="write every run's numbers here")
+    p.add_argument("--child", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.warmup < 1 or args.seconds <= 0 or args.repeats < 1:
+        p.error(f"--warmup and --repeats must be >= 1 and --seconds > 0; got {args.warmup}, "
+                f"{args.repeats} and {args.seconds}")
+    if args.frames_per_batch <= 0 or args.frames_per_batch % (2 * N_ENVS):
+        p.error(f"--frames-per-batch must be a positive multiple of {2 * N_ENVS} (8 envs, "
+                f"2 workers), got {args.frames_per_batch}")
+    return args
+
+
+def case_names(text: str) -> Iterator[str]:
+    return (name.strip() for name in text.split(",") if name.strip())
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.child:
+        # Through the module's import name, also when run as ``python -m``: workers
+        # unpickle make_atari and the CNN as benchmarks.atari's, never as __main__'s.
+        from benchmarks import atari
+
+        atari.run_child(args.child, args)
+        return 0
+    cases = list(case_names(args.cases))
+    unknown = [c for c in cases if c != FLOOR and c not in CASES]
+    if unknown or not cases:
+        print(f"unknown cases {unknown}; expected some of {FLOOR}, {', '.join(CASES)}",
+              file=sys.stderr)
+        return 2
+    known: dict[str, dict[str, Any]] = {}  # a skipped case is not started again
+
+    def run(case: str) -> dict[str, Any]:
+        if case in known:
+            return known[case]
+        result = run_case(case, args)
+        if "skipped" in result:
+            known[case] = result
+            print(f"skipped {case}: {result['skipped']}", flush=True)
+        return result
+
+    results = interleave(cases, args.repeats, run, _shown, args.json)
+    report(cases, results)
+    return 1 if any("error" in r for rows in results.values() for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
