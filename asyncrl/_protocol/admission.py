@@ -17,6 +17,7 @@ from transports import ProtocolError
 from .fields import (
     MAX_RELAY_MEMBERS,
     is_peer,
+    option_map,
     optional_bool,
     optional_int,
     optional_text,
@@ -59,6 +60,11 @@ class Hello:
     #: ``compact_obs``; the coordinator then refuses a batch that carries one. A worker
     #: before it lacks the field (False): the coordinator drops them on receipt.
     drops_next_obs: bool = False
+    #: This host's own rollout options (``RolloutOptions.to_wire()``: what its command
+    #: line set): it runs with the welcome's value of each option named here. A host
+    #: before it lacks the field ({}): the coordinator refuses it when the run's options
+    #: are not the defaults, and a host flag that differs from the run's is refused.
+    rollout: dict[str, Any] = field(default_factory=dict)
 
     def to_body(self) -> dict[str, Any]:
         return asdict(self)
@@ -82,6 +88,7 @@ class Hello:
             attempt=optional_int(body, "attempt", "hello"),
             group=group, group_size=group_size,
             drops_next_obs=optional_bool(body, "drops_next_obs", "hello field", default=False),
+            rollout=option_map(body, "rollout", "hello"),
         )
 
 
@@ -164,6 +171,10 @@ class Welcome:
     #: Optional as ``compact_batches``: a worker before it sends them, and the
     #: coordinator drops them on receipt (it knows from the hello's ``drops_next_obs``).
     compact_obs: bool = False
+    #: The run's rollout options this worker runs with (``RolloutOptions.to_wire()``,
+    #: the options its hello names; checked by ``RolloutOptions.from_wire``). Data,
+    #: never code; without the field (a coordinator before it) a worker keeps its own.
+    rollout: dict[str, Any] = field(default_factory=dict)
 
     def to_body(self) -> dict[str, Any]:
         return asdict(self)
@@ -186,6 +197,7 @@ class Welcome:
             compact_batches=optional_bool(body, "compact_batches", "welcome field",
                                           default=False),
             compact_obs=optional_bool(body, "compact_obs", "welcome field", default=False),
+            rollout=option_map(body, "rollout", "welcome"),
         )
 
 

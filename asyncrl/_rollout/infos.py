@@ -268,6 +268,8 @@ def attach_info_reader(pool: Any, keys: InfoKeys | None, random: Any) -> InfoRea
     its draws stay as they were) picks the step's actions; the pool is reset after.
     """
     if not keys:
+        if getattr(pool, "info_reader", None) is not None:
+            pool.info_reader = None  # an earlier admission's: this run reads no info
         return None
     if not pool.reads_info:
         raise ValueError(

@@ -238,7 +238,7 @@ def _make_coordinator(run: MultiRun, losses: LossHandling, hub: Hub, token: str,
                         for model_id, scheme in run.schemes.items()},
         max_remote_workers=run.remote_workers, specs=specs, publish=run.publish,
         paused=paused, shared_memory_batches=run.shared_memory_batches,
-        compact_obs=run.compact_obs,
+        compact_obs=run.compact_obs, rollout=config.rollout,
     )
     if config.sync and run.shared_memory_batches:  # shares copied once, into the round's batch
         coordinator.shared.gather = RoundGather(config.cat_results,
