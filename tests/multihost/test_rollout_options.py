@@ -14,7 +14,6 @@ from pathlib import Path
 
 import anyio
 import pytest
-import torch
 
 from asyncrl import MultiSyncCollector
 from asyncrl._rollout.options import RolloutOptions, wire_fields
@@ -35,10 +34,10 @@ def host(endpoint: str, *flags: str) -> subprocess.Popen[str]:
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
 
 
-def collector(**options: object) -> MultiSyncCollector:
-    return MultiSyncCollector(make_env, None, num_workers=0, remote_workers=1,
-                              listen="tcp://127.0.0.1:0", frames_per_batch=8, total_frames=16,
-                              **options)  # type: ignore[arg-type]
+def collector(workers: int = 1, **options: object) -> MultiSyncCollector:
+    return MultiSyncCollector(make_env, None, num_workers=0, remote_workers=workers,
+                              listen="tcp://127.0.0.1:0", frames_per_batch=8 * workers,
+                              total_frames=16 * workers, **options)  # type: ignore[arg-type]
 
 
 def test_the_probe_sets_every_travelling_option_away_from_its_default() -> None:
@@ -49,9 +48,10 @@ def test_the_probe_sets_every_travelling_option_away_from_its_default() -> None:
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])  # processes: once is enough
 async def test_every_rollout_option_reaches_a_remote_host_and_shows_in_its_batches() -> None:
+    # Two workers: they join through the host's relay (weights) and each is welcomed.
     with anyio.fail_after(LIMIT):
-        async with collector(**OPTIONS) as c:
-            worker = host(c.endpoint)
+        async with collector(2, **OPTIONS) as c:
+            worker = host(c.endpoint, "--workers", "2")
             try:
                 batches = [b.clone() async for b in c]
             except BaseException:
@@ -63,26 +63,28 @@ async def test_every_rollout_option_reaches_a_remote_host_and_shows_in_its_batch
     assert len(batches) == 2
     counts = [0, 1, 2, 3, 4, 0, 1, 2]
     for batch in batches:
-        assert batch.batch_size == (1, 8)
-        # max_frames_per_traj=5 cuts the never-ending episode after 5 frames, and
-        # reset_at_each_iter starts each batch afresh (without it: 3, 4, 0, 1, ...).
-        assert batch["count"][0, :, 0].tolist() == counts
-        traj = batch["collector", "traj_ids"][0].tolist()
-        assert len(set(traj[:5])) == 1 and len(set(traj[5:])) == 1 and traj[0] != traj[5]
-        # set_truncated: the batch's last frame is truncated too (the limit: frame 4).
-        truncated = [i in (4, 7) for i in range(8)]
-        assert batch["next", "truncated"][0, :, 0].tolist() == truncated
-        assert batch["next", "done"][0, :, 0].tolist() == truncated
-        assert not batch["next", "terminated"].any()
-        # exploration_type="mode": the policy saw it.
-        assert batch["mode"].eq(1).all()
-        # policy_in_keys=["count"], policy_method="act", policy_out_keys=[seen, action, mode].
-        assert batch["seen"][0, :, 0].tolist() == [10.0 * c for c in counts]
-        # info_keys=["t"]: the step's info.
-        assert batch["next", "t"][0].tolist() == [c + 1 for c in counts]
-    first, second = (b["collector", "traj_ids"][0, 0] for b in batches)
-    assert first != second  # reset_at_each_iter: a new trajectory each batch
-    assert torch.equal(batches[0]["count"], batches[1]["count"])
+        assert batch.batch_size == (2, 8)
+        assert sorted(batch["collector", "worker_id"][:, 0].tolist()) == [0, 1]
+        for row in batch.unbind(0):
+            # max_frames_per_traj=5 cuts the never-ending episode after 5 frames, and
+            # reset_at_each_iter starts each batch afresh (without it: 3, 4, 0, 1, ...).
+            assert row["count"][:, 0].tolist() == counts
+            traj = row["collector", "traj_ids"].tolist()
+            assert len(set(traj[:5])) == 1 and len(set(traj[5:])) == 1 and traj[0] != traj[5]
+            # set_truncated: the batch's last frame is truncated too (the limit: frame 4).
+            truncated = [i in (4, 7) for i in range(8)]
+            assert row["next", "truncated"][:, 0].tolist() == truncated
+            assert row["next", "done"][:, 0].tolist() == truncated
+            assert not row["next", "terminated"].any()
+            # exploration_type="mode": the policy saw it.
+            assert row["mode"].eq(1).all()
+            # policy_in_keys=["count"], policy_method="act", policy_out_keys=[seen, action, mode].
+            assert row["seen"][:, 0].tolist() == [10.0 * c for c in counts]
+            # info_keys=["t"]: the step's info.
+            assert row["next", "t"].tolist() == [c + 1 for c in counts]
+    # reset_at_each_iter: every batch starts new trajectories.
+    firsts = [set(b["collector", "traj_ids"][:, 0].tolist()) for b in batches]
+    assert not firsts[0] & firsts[1]
 
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])  # processes: once is enough
