@@ -14,6 +14,7 @@ from tensordict import TensorDictBase
 
 from .._protocol import PROTOCOL, Hello, RelayHello
 from .._protocol.compact_frames import twin_keys
+from .._rollout.options import RolloutOptions
 
 #: Keys of TorchRL's batch layout every share must hold (observations come from the specs).
 REQUIRED_KEYS: tuple[tuple[str, ...], ...] = (
@@ -173,15 +174,13 @@ def rollout_problems(ours: dict[str, Any], hello: Hello) -> list[str]:
     """What forbids ``hello``'s host to run with the run's rollout options ``ours``.
 
     ``ours`` is ``RolloutOptions.to_wire()``. The welcome carries the options the
-    hello names; a host that names none of an option the run sets (its release
-    predates that option travelling: it would run with its own value, silently) is
-    refused naming it. A value the host's own command line set (one other than the
-    default: ``asyncrl worker --info-key``, ``launch_hosts(info_keys=...)``) that
-    differs from the run's is refused naming both: which one was meant is not ours to
-    guess.
+    hello names; a hello that does not name an option the run sets away from its
+    default (a release before that option travelled: the host would run with its own
+    value, silently) is refused naming it. A value the host's own command line set
+    (one other than the default: ``asyncrl worker --info-key``,
+    ``launch_hosts(info_keys=...)``) that differs from the run's is refused naming
+    both: which one was meant is not ours to guess.
     """
-    from .._rollout.options import RolloutOptions
-
     defaults = RolloutOptions().to_wire()
     theirs = hello.rollout
     lacking = [f"{name}={value!r}" for name, value in ours.items()

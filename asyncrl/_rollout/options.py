@@ -161,7 +161,6 @@ def _frames_limit(value: Any) -> int | None:
     return limit if limit > 0 else None  # TorchRL spells "no limit" -1
 
 
-
 # -- the wire form ------------------------------------------------------------------------
 #: Bounds on what a welcome's rollout map may hold: far above any real run, far below
 #: what would cost a worker memory or time to take apart.
