@@ -137,9 +137,11 @@ def _worker_parser(sub: Any) -> None:
     p.add_argument("--envs-per-worker", type=int, default=1, metavar="N",
                    help="envs each worker steps as one batch (a vector env)")
     p.add_argument("--info-key", action="append", default=None, metavar="KEY",
-                   help="an env info entry each batch carries, as the trainer's "
-                        "info_keys=[...] asks (repeat it per entry; 'episode' for "
-                        "RecordEpisodeStatistics; a nested entry as 'stats.x')")
+                   help="an env info entry each batch carries (repeat it per entry; "
+                        "'episode' for RecordEpisodeStatistics; a nested entry as "
+                        "'stats.x'). Not needed: the trainer's info_keys, as all its "
+                        "rollout options, reach this host in its welcome; given, it must "
+                        "equal the trainer's (else the host is refused naming both)")
     p.add_argument("--workers", type=int, default=1, metavar="K",
                    help="worker processes to run on this host (at most --max-workers)")
     p.add_argument("--max-workers", type=int, default=MAX_WORKERS, metavar="K",

@@ -16,8 +16,9 @@ from transports import peer_name
 
 from .._protocol import Hello, Refuse, RelayHello, RelayWelcome, Welcome
 from .._rollout.env_ids import EnvIdSource
+from .._rollout.options import RolloutOptions
 from .actions import Action, CatchUp, Send
-from .checks import hello_problems, relay_hello_problems
+from .checks import hello_problems, relay_hello_problems, rollout_problems
 from .host_groups import HostGroups
 from .records import RelayInfo, Roster, WorkerInfo
 
@@ -52,6 +53,7 @@ class Admission:
         specs: dict[str, Any] | None = None,
         instance: str = "",
         groups: HostGroups | None = None,
+        rollout: RolloutOptions | None = None,
     ) -> None:
         self._roster = roster
         self._share_of = share_of
@@ -71,6 +73,8 @@ class Admission:
         self.compact_obs = False
         #: Where the run's gymnasium id is registered: offered to a host that lacks it.
         self.env_source: EnvIdSource | None = None
+        #: The run's rollout options as every welcome carries them (the devices stay home).
+        self._rollout = (rollout or RolloutOptions()).to_wire()
 
     # -- workers ---------------------------------------------------------------------------
     def repeated(self, peer: bytes, hello: Hello) -> WorkerInfo | None:
@@ -109,13 +113,16 @@ class Admission:
         self._roster.workers[peer] = worker
         return worker
 
-    def welcome(self, worker: WorkerInfo, attempt: int) -> Send:
-        """``worker``'s welcome: its index, share and the run's weight schemes."""
+    def welcome(self, worker: WorkerInfo, hello: Hello) -> Send:
+        """``worker``'s welcome: its index, share, the run's weight schemes and the
+        rollout options its hello names (a host knows no others: the rest are the
+        defaults, as :meth:`refusal` made sure)."""
+        rollout = {name: v for name, v in self._rollout.items() if name in hello.rollout}
         return Send(worker.peer, Welcome(
             index=worker.index, share_frames=self._share_of(worker.index),
             init_random_frames=self.init_random_frames, schemes=self._scheme_configs,
-            attempt=attempt, instance=self._instance, compact_batches=True,
-            compact_obs=self.compact_obs), worker)
+            attempt=hello.attempt, instance=self._instance, compact_batches=True,
+            compact_obs=self.compact_obs, rollout=rollout), worker)
 
     def welcome_again(self, worker: WorkerInfo, hello: Hello) -> list[Action]:
         """Answer a hello from a worker this coordinator has admitted already.
@@ -134,7 +141,7 @@ class Admission:
         log.warning("worker %d (%s) said hello again (attempt %d) while admitted: welcoming "
                     "it again", worker.index, worker.name, hello.attempt)
         worker.relay = hello.relay.encode() if hello.relay else None
-        return [self.welcome(worker, hello.attempt), CatchUp(worker)]
+        return [self.welcome(worker, hello), CatchUp(worker)]
 
     # -- relays ----------------------------------------------------------------------------
     def relay_hello(self, peer: bytes, hello: RelayHello) -> list[Action]:
@@ -163,10 +170,13 @@ class Admission:
                                   slot_taken=taken)
         if hello.env_missing and not problems:  # no specs to judge: it had no env to build
             return [self._env_missing_problem(hello)]
-        # Specs are judged for peers that may join, never for an impostor: a local
-        # worker's bad specs fail the run, and a stranger must not be able to do that.
-        if self._check_specs is not None and self.specs is not None and not problems:
-            problems += self._check_specs(self.specs, hello)
+        # Specs (and rollout options) are judged for peers that may join, never for an
+        # impostor: a local worker's bad specs fail the run, and a stranger must not be
+        # able to do that.
+        if not problems:
+            if self._check_specs is not None and self.specs is not None:
+                problems += self._check_specs(self.specs, hello)
+            problems += rollout_problems(self._rollout, hello)
         if hello.slot < 0 and not problems:
             problems += self._remote_capacity_problems(hello)
         return problems

@@ -14,6 +14,7 @@ from tensordict import TensorDictBase, is_leaf_nontensor
 
 from .._protocol import PROTOCOL, Hello, RelayHello
 from .._protocol.compact_frames import twin_keys
+from .._rollout.options import RolloutOptions
 from .info_entries import InfoEntries
 
 #: Keys of TorchRL's batch layout every share must hold (observations come from the specs).
@@ -180,6 +181,37 @@ def relay_hello_problems(hello: RelayHello, *, accept_remote: bool, max_remote: 
     return problems
 
 
+def rollout_problems(ours: dict[str, Any], hello: Hello) -> list[str]:
+    """What forbids ``hello``'s host to run with the run's rollout options ``ours``.
+
+    ``ours`` is ``RolloutOptions.to_wire()``. The welcome carries the options the
+    hello names; a hello that does not name an option the run sets away from its
+    default (a release before that option travelled: the host would run with its own
+    value, silently) is refused naming it. A value the host's own command line set
+    (one other than the default: ``asyncrl worker --info-key``,
+    ``launch_hosts(info_keys=...)``) that differs from the run's is refused naming
+    both: which one was meant is not ours to guess.
+    """
+    defaults = RolloutOptions().to_wire()
+    theirs = hello.rollout
+    lacking = [f"{name}={value!r}" for name, value in ours.items()
+               if name not in theirs and value != defaults.get(name)]
+    problems = []
+    if lacking:
+        problems.append(
+            f"rollout options: this host cannot apply the trainer's {', '.join(lacking)} "
+            "(its asyncrl release predates these options travelling in the welcome: it "
+            "would run with its own values); upgrade asyncrl on the host")
+    for name, value in ours.items():
+        mine = theirs.get(name, value)
+        if mine != value and mine != defaults.get(name):
+            problems.append(
+                f"rollout option {name}: this host was started with {mine!r:.200} and the "
+                f"trainer's is {value!r:.200}; start the host without it (the trainer's "
+                "rollout options reach every host in its welcome) or with the same value")
+    return problems
+
+
 def check_specs(reference: dict[str, Any], hello: Hello) -> list[str]:
     """Handshake check: the worker's env specs must equal the first worker's."""
     from .._rollout.envs import EnvSpecs
@@ -192,4 +224,5 @@ def check_specs(reference: dict[str, Any], hello: Hello) -> list[str]:
     return [f"specs: {line}" for line in ours.describe_mismatch(theirs)]
 
 
-__all__ = ["REQUIRED_KEYS", "BatchChecker", "check_specs", "hello_problems", "relay_hello_problems"]
+__all__ = ["REQUIRED_KEYS", "BatchChecker", "check_specs", "hello_problems", "relay_hello_problems",
+           "rollout_problems"]

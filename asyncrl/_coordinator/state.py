@@ -34,6 +34,7 @@ from tensordict import TensorDict, TensorDictBase
 
 from .._errors import WorkerLostError
 from .._protocol import Batch, Hello, Progress, RelayHello, drop_twins
+from .._rollout.options import RolloutOptions
 from .actions import Action, CatchUp, Expel, Outbound, Send
 from .admission import Admission
 from .loss_policy import LossPolicy, OnWorkerLoss
@@ -74,24 +75,27 @@ class CoordinatorState:
         instance: str = "",
         peer_timeout: float | None = None,
         compact_obs: bool = False,
-        info_keys: Any = None,
+        rollout: RolloutOptions | None = None,
     ) -> None:
         """``compact_obs``: TorchRL's; batches are checked (and counted) without the
-        ``("next", K)`` twins, which workers are told to drop before they send;
-        ``info_keys``: the rollout's, normalised (what ``"next"`` may hold besides)."""
+        ``("next", K)`` twins, which workers are told to drop before they send.
+        ``rollout``: the options every worker runs with (its welcome carries them; its
+        ``info_keys`` are what ``"next"`` may hold besides the flags and twins)."""
         self.roster = Roster()
         first_remote_index = len(share_frames) if first_remote_index is None \
             else first_remote_index
         self.rounds = Rounds(self.roster, sync=sync, share_frames=share_frames,
                              prefetch=prefetch, preemptive_threshold=preemptive_threshold,
-                             batch_budget=batch_budget, info_keys=info_keys,
+                             batch_budget=batch_budget,
+                             info_keys=(rollout or RolloutOptions()).info_keys,
                              first_remote_index=first_remote_index)
         self.admission = Admission(
             self.roster, share_of=self.rounds.share_of,
             first_remote_index=first_remote_index,
             check_specs=check_specs, token=token, accept_remote=accept_remote,
             init_random_frames=init_random_frames, scheme_configs=scheme_configs,
-            max_remote_workers=max_remote_workers, specs=specs, instance=instance)
+            max_remote_workers=max_remote_workers, specs=specs, instance=instance,
+            rollout=rollout)
         self.losses = Losses(self.roster, self.rounds, LossPolicy.check(on_worker_loss),
                              peer_timeout=peer_timeout)
         self.compact_obs = self.admission.compact_obs = compact_obs
@@ -112,7 +116,7 @@ class CoordinatorState:
             actions += self.losses.forget(previous)  # it restarted before its silence was noticed
         worker = admission.admit(peer, hello)
         self.losses.fill_vacancy(worker.index)
-        actions += [admission.welcome(worker, hello.attempt), CatchUp(worker)]
+        actions += [admission.welcome(worker, hello), CatchUp(worker)]
         # on_worker_loss="wait": the newcomer delivers a lost worker's share.
         return actions + self.rounds.newcomer(worker)
 

@@ -18,6 +18,7 @@ from .env_source import read_env_source
 from .fields import (
     MAX_RELAY_MEMBERS,
     is_peer,
+    option_map,
     optional_bool,
     optional_int,
     optional_text,
@@ -66,6 +67,11 @@ class Hello:
     #: registered by the trainer at run time), its ``specs`` then empty: the refusal
     #: carries where the trainer's id comes from (``Refuse.env_source``). "": none.
     env_missing: str = ""
+    #: This host's own rollout options (``RolloutOptions.to_wire()``: what its command
+    #: line set): it runs with the welcome's value of each option named here. A host
+    #: before it lacks the field ({}): the coordinator refuses it when the run's options
+    #: are not the defaults, and a host flag that differs from the run's is refused.
+    rollout: dict[str, Any] = field(default_factory=dict)
 
     def to_body(self) -> dict[str, Any]:
         return asdict(self)
@@ -90,6 +96,7 @@ class Hello:
             group=group, group_size=group_size,
             drops_next_obs=optional_bool(body, "drops_next_obs", "hello field", default=False),
             env_missing=optional_text(body, "env_missing", "hello", limit=MAX_ENV_ID),
+            rollout=option_map(body, "rollout", "hello"),
         )
 
 
@@ -172,6 +179,10 @@ class Welcome:
     #: Optional as ``compact_batches``: a worker before it sends them, and the
     #: coordinator drops them on receipt (it knows from the hello's ``drops_next_obs``).
     compact_obs: bool = False
+    #: The run's rollout options this worker runs with (``RolloutOptions.to_wire()``,
+    #: the options its hello names; checked by ``RolloutOptions.from_wire``). Data,
+    #: never code; without the field (a coordinator before it) a worker keeps its own.
+    rollout: dict[str, Any] = field(default_factory=dict)
 
     def to_body(self) -> dict[str, Any]:
         return asdict(self)
@@ -194,6 +205,7 @@ class Welcome:
             compact_batches=optional_bool(body, "compact_batches", "welcome field",
                                           default=False),
             compact_obs=optional_bool(body, "compact_obs", "welcome field", default=False),
+            rollout=option_map(body, "rollout", "welcome"),
         )
 
 

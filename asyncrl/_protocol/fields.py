@@ -89,6 +89,19 @@ def printable_tree(value: Any, *, limit: int = MAX_TREE_TEXT) -> Any:
     return value
 
 
+def option_map(body: Any, name: str, what: str, *, most: int = 64) -> dict[str, Any]:
+    """``body[name]`` if present (else ``{}``: a field added later, which an older peer
+    leaves out): a map of at most ``most`` named options (rollout options), printable."""
+    value = _map(body, what).get(name, {})
+    if not isinstance(value, dict) or len(value) > most \
+            or not all(isinstance(k, str) and 0 < len(k) <= 64 for k in value):
+        raise ProtocolError(f"{what} message field {name!r} must be a map of at most {most} "
+                            f"option names (1 to 64 characters) to values, got "
+                            f"{type(value).__name__}"
+                            + (f" of {len(value)}" if isinstance(value, dict) else ""))
+    return dict(printable_tree(value))
+
+
 def read_model_id(body: Any, what: str) -> str:
     value: str = required(body, "model_id", str, what)
     if not 0 < len(value) <= MAX_MODEL_ID:
@@ -148,5 +161,6 @@ def bounded_list(body: Any, name: str, most: int, what: str) -> list[Any]:
 
 
 __all__ = ["MAX_KEY", "MAX_MODEL_ID", "MAX_RELAY_MEMBERS", "MAX_TREE_TEXT", "bounded_int",
-           "bounded_list", "is_int", "is_key", "is_peer", "optional_int", "optional_text",
-           "peer_map", "printable_tree", "read_model_id", "read_version", "required", "text"]
+           "bounded_list", "is_int", "is_key", "is_peer", "option_map", "optional_int",
+           "optional_text", "peer_map", "printable_tree", "read_model_id", "read_version",
+           "required", "text"]

@@ -55,9 +55,16 @@ def normalise_info_keys(keys: Any) -> InfoKeys | None:
     ((('episode',), None), (('stats', 'x'), None))
     >>> normalise_info_keys({"is_success": "bool", "pos": ((2,), "float32")})
     ((('is_success',), ((), 'bool')), (('pos',), ((2,), 'float32')))
+    >>> normalise_info_keys(normalise_info_keys(["episode"]))   # its own output: the same
+    ((('episode',), None),)
     """
     if keys is None:
         return None
+    if isinstance(keys, tuple) and keys and all(
+            isinstance(e, tuple) and len(e) == 2 and isinstance(e[0], tuple) for e in keys):
+        # Already normalised (options copied with dataclasses.replace): no key is a
+        # tuple holding a tuple, so this is checked again as the map it stands for.
+        keys = dict(keys)
     specs: Mapping[Any, Any] = keys if isinstance(keys, Mapping) else {}
     names = normalise_keys("info_keys", list(specs) if specs else keys)
     assert names is not None
@@ -268,6 +275,8 @@ def attach_info_reader(pool: Any, keys: InfoKeys | None, random: Any) -> InfoRea
     its draws stay as they were) picks the step's actions; the pool is reset after.
     """
     if not keys:
+        if getattr(pool, "info_reader", None) is not None:
+            pool.info_reader = None  # an earlier admission's: this run reads no info
         return None
     if not pool.reads_info:
         raise ValueError(

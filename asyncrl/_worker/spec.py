@@ -2,8 +2,9 @@
 
 A :class:`WorkerSpec` travels to spawned local workers through multiprocessing
 (pickle between our own processes). A remote host builds the same object from
-import paths given on its command line, with the default rollout options: code
-never travels over the network.
+import paths given on its command line: code never travels over the network.
+Its rollout options are the trainer's, which its welcome carries as data (see
+:meth:`~asyncrl._rollout.options.RolloutOptions.from_wire`), over its own devices.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ class WorkerSpec:
     policy: Any = None
     policy_factory: Callable[[], Any] | str | None = None
     #: TorchRL's rollout options and the worker's devices, checked when the collector
-    #: built them (a remote host: from its command line, checked there).
+    #: built them (a remote host: from its command line, checked there). The welcome's
+    #: options replace all but the devices when the worker is admitted.
     rollout: RolloutOptions = field(default_factory=RolloutOptions)
     weight_sync_schemes: dict[str, Any] = field(default_factory=dict)
     torch_threads: int = 1
@@ -67,8 +69,9 @@ def host_rollout_options(device: Any = None, info_keys: Any = None) -> RolloutOp
 
     What ``asyncrl worker --device --info-key`` and the Ray launchers build where the
     workers run. The trainer's devices do not travel: ``storing_device`` is the
-    trainer's business, and this host's envs step on its CPU. ``info_keys`` are the
-    env info entries its batches carry: the trainer checks them against its own
-    ``info_keys`` (a host without them is refused at its first batch, by name).
+    trainer's business, and this host's envs step on its CPU. Every other option comes
+    from the trainer in the welcome; ``info_keys`` given here must then equal the
+    trainer's (the hello says them, and a host that differs is refused naming both):
+    they are a check, and what a trainer before travelling options gets.
     """
     return RolloutOptions(policy_device=check_device("--device", device), info_keys=info_keys)

@@ -42,6 +42,7 @@ from .._protocol import (
 )
 from .._rollout.env_ids import EnvIdSource, is_unknown_env_id
 from .._rollout.loop import Rollout
+from .._rollout.options import RolloutOptions
 from .._rollout.reach import user_env
 from .._spawn.child import remove_orphaned_socket_dir, wait_parent_gone
 from .._spawn.exit_codes import (
@@ -319,7 +320,8 @@ class Worker:
                           slot=self.slot, token=self.token,
                           relay=self._relay.hello_name, group=self.group[0],
                           group_size=self.group[1], drops_next_obs=True,
-                          env_missing=self._env_missing)
+                          env_missing=self._env_missing,
+                          rollout=self.spec.rollout.to_wire())
             try:
                 welcome = await self._hello_until_welcome(hello)
                 break
@@ -344,10 +346,13 @@ class Worker:
             self._weights.follow(self.instance)
             # Receivers that join a process group (broadcast scheme) need the index.
             self._weights.admitted(welcome.index)
+            # The run's rollout options, over this host's devices (and its own options,
+            # for a coordinator before they travelled): built anew at every admission.
+            options = RolloutOptions.from_wire(welcome.rollout, base=self.spec.rollout)
             self.rollout = Rollout(
                 self.env_pool, self.policy, welcome.share_frames,
                 worker_index=welcome.index, init_random_frames=welcome.init_random_frames,
-                options=self.spec.rollout, next_observations=not welcome.compact_obs,
+                options=options, next_observations=not welcome.compact_obs,
             )
         except Exception as exc:
             await self._report_and_exit(exc)

@@ -156,10 +156,10 @@ class InfoCheck:
             value = share.get(path, None)
             if value is None:
                 raise CollectorError(
-                    f"{worker}'s batch lacks {path}, which info_keys asked for: a remote "
-                    "host reads the info entries it is told to, not the trainer's; start it "
-                    "with asyncrl worker --info-key KEY per entry (launch_workers/"
-                    "launch_hosts: info_keys=[...])")
+                    f"{worker}'s batch lacks {path}, which info_keys asked for and its "
+                    "welcome told it to read: a host that does not apply the trainer's "
+                    "rollout options is refused when it joins, so this one misbehaves; "
+                    "check the asyncrl release and the env it runs")
             leaves = [(path, value)] if isinstance(value, torch.Tensor) else [
                 ((*path, *((k,) if isinstance(k, str) else k)), v)
                 for k, v in value.items(include_nested=True, leaves_only=True)]

@@ -90,8 +90,9 @@ def launch_workers(
     ``device`` is where each worker's policy runs (``asyncrl worker --device``),
     checked in the actor on its node: for ``"cuda"`` give the actors a GPU
     (``num_gpus=1``), else the run fails with the checker's message.
-    ``info_keys``: the env info entries each batch carries, as the collector's own
-    ``info_keys`` (``asyncrl worker --info-key``).
+    The collector's rollout options (``max_frames_per_traj``, ``info_keys``, ...) reach
+    every actor in its welcome; ``info_keys`` given here (``asyncrl worker --info-key``)
+    must equal the collector's own, or the workers are refused naming both.
 
     ``max_restarts``: how many times Ray restarts an actor whose process died
     (-1: always, 0: never, as RLlib restarts failed env runners); the restarted

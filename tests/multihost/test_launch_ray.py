@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import anyio
 import pytest
+import torch
 
 from asyncrl import MultiAsyncCollector, MultiSyncCollector
 
@@ -41,7 +42,7 @@ async def test_ray_actors_collect_and_end_when_closed(local_ray) -> None:
     with anyio.fail_after(180):
         async with MultiSyncCollector("CartPole-v1", num_workers=0, remote_workers=2,
                                       listen="tcp://127.0.0.1:0", frames_per_batch=100,
-                                      total_frames=200) as collector:
+                                      total_frames=200, max_frames_per_traj=4) as collector:
             workers = launch_workers(collector.endpoint, num_workers=2, env="CartPole-v1")
             try:
                 batches = [b async for b in collector]
@@ -55,6 +56,10 @@ async def test_ray_actors_collect_and_end_when_closed(local_ray) -> None:
         assert _alive_pids(workers) == []  # closing waited for the processes
     assert [o.exit_code for o in outcomes] == [0, 0]
     assert [tuple(b.shape) for b in batches] == [(2, 50), (2, 50)]
+    # The trainer's rollout options reach the actors in their welcome (CartPole's
+    # random episodes last about 20 steps: without the option most are longer than 4).
+    ids = torch.cat([b["collector", "traj_ids"].flatten() for b in batches])
+    assert int(torch.unique(ids, return_counts=True)[1].max()) <= 4
 
 
 @pytest.mark.parametrize("anyio_backend", ["trio"])  # end to end: one backend per test

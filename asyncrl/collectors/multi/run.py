@@ -238,7 +238,7 @@ def _make_coordinator(run: MultiRun, losses: LossHandling, hub: Hub, token: str,
                         for model_id, scheme in run.schemes.items()},
         max_remote_workers=run.remote_workers, specs=specs, publish=run.publish,
         paused=paused, shared_memory_batches=run.shared_memory_batches,
-        compact_obs=run.compact_obs, info_keys=config.rollout.info_keys,
+        compact_obs=run.compact_obs, rollout=config.rollout,
     )
     # A remote host that lacks the run's gymnasium id is told where it comes from.
     coordinator.state.admission.env_source = run.spec.env_source

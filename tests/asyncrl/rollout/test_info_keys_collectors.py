@@ -96,5 +96,5 @@ def test_the_trainer_checks_each_workers_info_entries() -> None:
                                              r"as torch.float32 .* first batch had torch.float64"):
         check.check("worker 2", share(torch.float32))
     with pytest.raises(CollectorError, match=r"worker 3's batch lacks \('next', 'episode'\).*"
-                                             "asyncrl worker --info-key"):
+                                             "welcome told it to read"):
         check.check("worker 3", TensorDict({}, [2, 3]))
