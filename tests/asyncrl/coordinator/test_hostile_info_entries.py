@@ -25,6 +25,7 @@ from asyncrl import MultiAsyncCollector
 from asyncrl._coordinator.info_entries import MAX_INFO_NUMEL, InfoEntries
 from asyncrl._protocol import PROTOCOL, Batch, Collect, Hello, Refuse, Welcome
 from asyncrl._rollout.envs import make_env_pool
+from asyncrl._rollout.options import RolloutOptions
 from asyncrl._worker.simulated import make_share
 from tests.asyncrl.coordinator.test_hostile_peers import recv_kind
 from transports import Link, random_identity
@@ -45,7 +46,9 @@ def cartpole_specs() -> dict[str, Any]:
 
 async def join(link: Link, specs: dict[str, Any]) -> int:
     await link.send(Hello(protocol=PROTOCOL, name=link.identity.decode(), host="test",
-                          pid=os.getpid(), specs=specs, slot=-1).to_body(), kind=Hello.KIND)
+                          pid=os.getpid(), specs=specs, slot=-1,
+                          # a host of this release: it runs with the welcome's options
+                          rollout=RolloutOptions().to_wire()).to_body(), kind=Hello.KIND)
     message = await recv_kind(link, Welcome.KIND, Refuse.KIND)
     assert message.kind == Welcome.KIND, message.body
     return Welcome.from_body(message.body).index
