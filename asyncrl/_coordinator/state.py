@@ -128,8 +128,17 @@ class CoordinatorState:
         problems = self.rounds.batch_problems(worker, batch, self.admission.specs,
                                               dropped=self.compact_obs)
         if problems:
-            return self.losses.bad_batch(worker, batch, problems)  # never counted
+            return self.losses.bad_batch(worker, batch.request, problems)  # never counted
         return self.rounds.deliver(worker, batch)
+
+    def undecodable_batch(self, peer: bytes, body: Any, problem: str) -> list[Action]:
+        """A live worker's batch that could not even be decoded (a :class:`ProtocolError`
+        from :func:`~asyncrl._protocol.decode`): a bad batch, refused as any other."""
+        worker = self.roster.live(peer)
+        if worker is None:
+            return []
+        request = body.get("request") if isinstance(body, dict) else None
+        return self.losses.bad_batch(worker, request if type(request) is int else -1, [problem])
 
     def progress(self, peer: bytes, progress: Progress) -> None:
         """A live worker's step count (see :mod:`asyncrl._protocol.progress`): it steps."""

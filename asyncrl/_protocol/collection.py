@@ -70,11 +70,27 @@ class Batch:
         return body
 
     @classmethod
-    def from_body(cls, body: Any) -> Self:
+    def from_body(cls, body: Any, *, max_frames: int | None = None) -> Self:
+        """``max_frames``: the most frames this side asked for (the worker's share); the
+        batch size the peer claims is checked against it before anything is built from it."""
         frames = required(body, "frames", TensorDictBase, "batch")
+        if max_frames is not None:
+            _check_claim(list(frames.batch_size), max_frames)
         if body.get("next") is not None:
             frames = rebuild(frames, body["next"])
         return cls(request=required(body, "request", int, "batch"), frames=frames)
+
+
+def _check_claim(size: list[int], max_frames: int) -> None:
+    """A peer's batch size is a claim: nothing is allocated from it (a patch's rebuild, the
+    checks' positions) unless it fits the share this side asked for."""
+    claimed = 1
+    for dim in size:
+        claimed *= dim
+    if any(dim > max_frames for dim in size) or claimed > max_frames:
+        raise ProtocolError(f"batch claims batch size {size[:8]} ({claimed} frames); this "
+                            f"worker's share is at most {max_frames} frames per batch, and "
+                            "no dimension may exceed it")
 
 
 @dataclass(slots=True)
