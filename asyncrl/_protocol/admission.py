@@ -10,19 +10,21 @@ write into the trainer's log.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, ClassVar, Self
+from typing import Annotated, Any, ClassVar, Self
+
+from msgspec import Meta
 
 from transports import ProtocolError
 
+from .decoding import Text, Tree, read
 from .fields import (
     MAX_RELAY_MEMBERS,
-    is_peer,
+    Peer,
     optional_bool,
     optional_int,
     optional_text,
     printable_tree,
     required,
-    text,
 )
 
 PROTOCOL = 2  # 2: the welcome says share_frames (was frames_per_batch)
@@ -38,23 +40,23 @@ class Hello:
 
     KIND: ClassVar[str] = "hello"
     protocol: int
-    name: str
-    host: str
+    name: Annotated[str, Text(200)]
+    host: Annotated[str, Text(200)]
     pid: int
-    specs: dict[str, Any]
+    specs: Annotated[dict[str, Any], Tree()]
     slot: int = -1  # the index a locally spawned worker was started for; -1: any
-    token: str = ""  # proves a local worker was spawned by this coordinator
+    token: Annotated[str, Text(200)] = ""  # proves a local worker was spawned by this coordinator
     #: The upstream identity of this host's relay ("": none). Weights go through it
     #: only if that relay also lists this worker (see :class:`RelayHello`).
-    relay: str = ""
+    relay: Annotated[str, Text(255)] = ""
     #: Counts the hellos of one join: a hello that reached a coordinator which died
     #: before answering is said again, and only the welcome for the latest counts.
     attempt: int = 0
     #: The worker host this worker belongs to ("": none) and how many workers it
     #: brings: the coordinator admits a host's workers together or not at all (see
     #: asyncrl._coordinator.host_groups). Optional: a coordinator before it ignores them.
-    group: str = ""
-    group_size: int = 0
+    group: Annotated[str, Text(MAX_GROUP)] = ""
+    group_size: int = 0  # bounded with group, in from_body: one message says the pair
     #: This worker drops the ``("next", K)`` twins itself when its welcome says
     #: ``compact_obs``; the coordinator then refuses a batch that carries one. A worker
     #: before it lacks the field (False): the coordinator drops them on receipt.
@@ -65,24 +67,13 @@ class Hello:
 
     @classmethod
     def from_body(cls, body: Any) -> Self:
-        group = optional_text(body, "group", "hello", limit=MAX_GROUP)
-        group_size = optional_int(body, "group_size", "hello")
-        if not 0 <= group_size <= MAX_RELAY_MEMBERS or bool(group) != (group_size > 0):
+        hello = read(cls, body, "hello")
+        if not 0 <= hello.group_size <= MAX_RELAY_MEMBERS \
+                or bool(hello.group) != (hello.group_size > 0):
             raise ProtocolError(f"hello group_size must be 1 to {MAX_RELAY_MEMBERS} with a "
-                                f"group (0 without), got {group_size} with group {group!r}")
-        return cls(
-            protocol=required(body, "protocol", int, "hello"),
-            name=text(body, "name", "hello", limit=200),
-            host=text(body, "host", "hello", limit=200),
-            pid=required(body, "pid", int, "hello"),
-            specs=printable_tree(required(body, "specs", dict, "hello")),
-            slot=required(body, "slot", int, "hello"),
-            token=text(body, "token", "hello", limit=200),
-            relay=optional_text(body, "relay", "hello", limit=255),
-            attempt=optional_int(body, "attempt", "hello"),
-            group=group, group_size=group_size,
-            drops_next_obs=optional_bool(body, "drops_next_obs", "hello field", default=False),
-        )
+                                f"group (0 without), got {hello.group_size} with group "
+                                f"{hello.group!r}")
+        return hello
 
 
 @dataclass(slots=True)
@@ -96,29 +87,17 @@ class RelayHello:
 
     KIND: ClassVar[str] = "relay_hello"
     protocol: int
-    name: str
-    host: str
+    name: Annotated[str, Text(255)]
+    host: Annotated[str, Text(200)]
     pid: int
-    members: list[bytes]
+    members: Annotated[list[Peer], Meta(max_length=MAX_RELAY_MEMBERS)]
 
     def to_body(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_body(cls, body: Any) -> Self:
-        members = required(body, "members", list, "relay_hello")
-        if len(members) > MAX_RELAY_MEMBERS:
-            raise ProtocolError(f"relay_hello lists {len(members)} members; at most "
-                                f"{MAX_RELAY_MEMBERS} are allowed")
-        if not all(is_peer(m) for m in members):
-            raise ProtocolError("relay_hello members must be peer identities (1 to 255 bytes)")
-        return cls(
-            protocol=required(body, "protocol", int, "relay_hello"),
-            name=text(body, "name", "relay_hello", limit=255),
-            host=text(body, "host", "relay_hello", limit=200),
-            pid=required(body, "pid", int, "relay_hello"),
-            members=members,
-        )
+        return read(cls, body, "relay_hello")
 
 
 @dataclass(slots=True)
@@ -199,7 +178,7 @@ class Refuse:
     """
 
     KIND: ClassVar[str] = "refuse"
-    reason: str
+    reason: Annotated[str, Text(MAX_REASON)]
     full: bool = False
 
     def to_body(self) -> dict[str, Any]:
@@ -207,8 +186,7 @@ class Refuse:
 
     @classmethod
     def from_body(cls, body: Any) -> Self:
-        full = optional_bool(body, "full", "refuse message field", default=False)
-        return cls(reason=text(body, "reason", "refuse", limit=MAX_REASON), full=full)
+        return read(cls, body, "refuse")
 
 
 @dataclass(slots=True)
@@ -246,14 +224,14 @@ class Rejoin:
     """
 
     KIND: ClassVar[str] = "rejoin"
-    reason: str = ""
+    reason: Annotated[str, Text(1000)] = ""
 
     def to_body(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_body(cls, body: Any) -> Self:
-        return cls(reason=optional_text(body, "reason", "rejoin", limit=1000))
+        return read(cls, body, "rejoin")
 
 
 @dataclass(slots=True)
@@ -266,14 +244,14 @@ class Leaving:
     """
 
     KIND: ClassVar[str] = "leaving"
-    reason: str = ""
+    reason: Annotated[str, Text(1000)] = ""
 
     def to_body(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_body(cls, body: Any) -> Self:
-        return cls(reason=optional_text(body, "reason", "leaving", limit=1000))
+        return read(cls, body, "leaving")
 
 
 __all__ = ["MAX_REASON", "PROTOCOL", "Closing", "Hello", "Leaving", "Refuse", "Rejoin",

@@ -9,7 +9,9 @@ metric label downstream gets safe text without having to remember.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
+
+from msgspec import Meta
 
 from transports import ProtocolError, printable
 
@@ -21,6 +23,9 @@ MAX_MODEL_ID = 1024
 MAX_KEY = 1024
 #: Longest string (a key or a value) a nested map from a peer (env specs, scheme configs) keeps.
 MAX_TREE_TEXT = 1024
+
+#: A peer identity in a message's declaration (see :mod:`.decoding`): 1 to 255 bytes.
+Peer = Annotated[bytes, Meta(min_length=1, max_length=255)]
 
 
 def _map(body: Any, what: str) -> dict[str, Any]:
@@ -147,6 +152,6 @@ def bounded_list(body: Any, name: str, most: int, what: str) -> list[Any]:
     return value
 
 
-__all__ = ["MAX_KEY", "MAX_MODEL_ID", "MAX_RELAY_MEMBERS", "MAX_TREE_TEXT", "bounded_int",
+__all__ = ["MAX_KEY", "MAX_MODEL_ID", "MAX_RELAY_MEMBERS", "MAX_TREE_TEXT", "Peer", "bounded_int",
            "bounded_list", "is_int", "is_key", "is_peer", "optional_int", "optional_text",
            "peer_map", "printable_tree", "read_model_id", "read_version", "required", "text"]
