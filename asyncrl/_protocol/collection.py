@@ -115,8 +115,8 @@ class ErrorReport:
 
     @classmethod
     def from_body(cls, body: Any) -> Self:
-        return cls(error=ErrorPayload.from_body(body, "error message"),
-                   **read_fields(cls, body, "error"))
+        fields = read_fields(cls, body, "error")  # first: a body that is no map says so
+        return cls(error=ErrorPayload.from_body(body, "error message"), **fields)
 
 
 @dataclass(slots=True)
