@@ -40,13 +40,12 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Callable
 from functools import cache
 from typing import (
     Annotated,
     Any,
     Literal,
-    Protocol,
-    Self,
     TypeVar,
     get_args,
     get_origin,
@@ -59,7 +58,7 @@ from transports import ProtocolError, printable, printable_block, printable_line
 
 from .fields import printable_tree
 
-__all__ = ["Decodable", "Text", "Tree", "clean", "decode", "read", "read_fields"]
+__all__ = ["Text", "Tree", "clean", "decode", "read", "read_fields"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -89,28 +88,22 @@ class Tree:
         return printable_tree(value, limit=self.limit)
 
 
-class Decodable(Protocol):
-    KIND: str
-
-    @classmethod
-    def from_body(cls, body: Any) -> Self: ...
-
-
-M = TypeVar("M", bound=Decodable)
+M = TypeVar("M")
 T = TypeVar("T")
 
 
 def decode(kind: type[M], body: Any, **bounds: Any) -> M:
     """``kind.from_body(body, **bounds)``: a ``kind`` message, or :class:`ProtocolError`."""
+    from_body: Callable[..., M] = getattr(kind, "from_body")  # noqa: B009 (each kind's own)
+    name = getattr(kind, "KIND", kind.__name__)
     try:
-        message: M = kind.from_body(body, **bounds)
+        return from_body(body, **bounds)
     except ProtocolError:
         raise
     except Exception as exc:  # a hostile body, whatever tripped on it
-        raise ProtocolError(f"{kind.KIND} message could not be decoded: "
+        raise ProtocolError(f"{name} message could not be decoded: "
                             f"{type(exc).__name__}: {printable(str(exc), limit=300)} "
-                            f"(expected a well-formed {kind.KIND} body)") from exc
-    return message
+                            f"(expected a well-formed {name} body)") from exc
 
 
 def read(cls: type[T], body: Any, what: str) -> T:
@@ -130,7 +123,8 @@ def read_fields(cls: type, body: Any, what: str) -> dict[str, Any]:
 
 def clean(message: T) -> T:
     """``message`` (built from checked values) with its texts made printable."""
-    for name, marker in _plan(type(message))[1]:
+    kind: type = type(message)
+    for name, marker in _plan(kind)[1]:
         object.__setattr__(message, name, marker.clean(getattr(message, name)))
     return message
 
