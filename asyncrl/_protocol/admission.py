@@ -107,15 +107,14 @@ class RelayWelcome:
     KIND: ClassVar[str] = "relay_welcome"
     members: int
     #: The coordinator's hub instance: weight versions are numbered per instance.
-    instance: str = ""
+    instance: Annotated[str, Text(64)] = ""
 
     def to_body(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_body(cls, body: Any) -> Self:
-        return cls(members=required(body, "members", int, "relay_welcome"),
-                   instance=optional_text(body, "instance", "relay_welcome", limit=64))
+        return read(cls, body, "relay_welcome")
 
 
 @dataclass(slots=True)

@@ -233,6 +233,7 @@ def _valid_bodies() -> dict[str, tuple[Any, dict[str, Any]]]:
         Refuse,
         Rejoin,
         RelayHello,
+        RelayWelcome,
         SharedBatch,
         WorkerLog,
     )
@@ -248,6 +249,7 @@ def _valid_bodies() -> dict[str, tuple[Any, dict[str, Any]]]:
         Leaving("SIGTERM"), Rejoin("silent"), Refuse("full", full=True),
         WorkerLog([LogEntry(20, "user", "m", "")], dropped=1),
         Progress(1, 40), Collect(1, 2), Preempt(1), Control("seed", {"seed": 3}),
+        RelayWelcome(2, "abc"),
     ]
     return {type(m).__name__: (type(m), m.to_body()) for m in messages}
 
