@@ -16,6 +16,11 @@ grows while decoding.
 
     python -m benchmarks.codec            # full run (1 MB and 256 MB)
     python -m benchmarks.codec --quick    # smoke run (1 MB and 16 MB)
+    python -m benchmarks.codec --messages # only: decoding each message kind's body
+
+``--messages`` times :func:`asyncrl._protocol.decode` on each kind's body as the
+hub hands it over (encoded and decoded by the codec first): the validation a
+trainer or worker pays per message, on top of the codec.
 """
 
 from __future__ import annotations
@@ -271,6 +276,68 @@ def _load_average() -> str:
         return "unknown"
 
 
+def message_bodies() -> dict[str, tuple[type, Any, dict[str, Any]]]:
+    """``{label: (kind, body as the hub hands it over, bounds)}`` of typical messages."""
+    from asyncrl._protocol import (
+        Batch,
+        Collect,
+        ErrorReport,
+        Hello,
+        Leaving,
+        LogEntry,
+        Progress,
+        RelayHello,
+        SharedBatch,
+        Welcome,
+        WorkerLog,
+        compact,
+    )
+    from asyncrl._worker.simulated import make_share, make_specs
+
+    share = make_share(256, 4)
+    share["observation"] = torch.randn(1, 256, 64)  # 256 B per frame: compacted
+    share["next", "observation"] = torch.roll(share["observation"], -1, 1)
+    wire, patch = compact(share)
+    error = ErrorReport.from_body({"type": "builtins.ValueError", "message": "bad obs",
+                                   "traceback": "Traceback:\n  x\n" * 20, "fatal": True})
+    messages = {
+        "hello": (Hello(2, "w0", "host-a", 123, make_specs(4), token="t" * 32), {}),
+        "relay_hello": (RelayHello(2, "relay", "host-a", 1, [b"w%d" % i for i in range(8)]), {}),
+        "welcome": (Welcome(0, 256, schemes={"policy": {"kind": "zmq"}}), {}),
+        "collect": (Collect(3, 1), {}),
+        "batch (256 frames)": (Batch(3, share), {"max_frames": 256}),
+        "batch (compact)": (Batch(3, wire, patch), {"max_frames": 256}),
+        "shared_batch": (SharedBatch(3, "asyncrl_1_ab", 0, 256), {}),
+        "error": (error, {}),
+        "leaving": (Leaving("SIGTERM"), {}),
+        "log (64 records)": (WorkerLog([LogEntry(20, "asyncrl.worker", f"step {i}")
+                                        for i in range(64)]), {}),
+        "progress": (Progress(3, 1200), {}),
+    }
+    return {label: (type(m), transports.decode(transports.encode(m.to_body())), bounds)
+            for label, (m, bounds) in messages.items()}
+
+
+def message_report(repeat: int) -> str:
+    """A Markdown table: median and p90 microseconds to decode each kind's body."""
+    from asyncrl._protocol import decode
+
+    lines = ["| message | decode median (us) | p90 (us) |", "|---|---:|---:|"]
+    for label, (kind, body, bounds) in message_bodies().items():
+        times = []
+        for _ in range(repeat):
+            # A batch's rebuild writes into its frames: each decode gets its own (made
+            # before the clock starts; the tensors are shared, not copied).
+            bodies = [{**body, "frames": body["frames"].clone(recurse=False)}
+                      if "frames" in body else body for _ in range(100)]
+            start = time.perf_counter()
+            for one in bodies:
+                decode(kind, one, **bounds)
+            times.append((time.perf_counter() - start) / 100 * 1e6)
+        lines.append(f"| {label} | {statistics.median(times):.2f} | {_p90(times):.2f} |")
+    return "\n".join(lines)
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.codec", description=__doc__.split("\n\n")[0]
@@ -278,6 +345,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--repeat", type=int, default=None,
                         help="timed repetitions on the large payload, x10 on 1 MB "
                              "(default 15, or 3 with --quick)")
+    parser.add_argument("--messages", action="store_true",
+                        help="only time decoding each message kind's body")
     parser.add_argument("--quick", action="store_true",
                         help="smoke run: 1 MB and 16 MB instead of 256 MB")
     args = parser.parse_args(argv)
@@ -294,6 +363,10 @@ def main(argv: list[str] | None = None) -> int:
     command = shlex.join(["python", "-m", "benchmarks.codec",
                           *(sys.argv[1:] if argv is None else argv)])
     sizes = [(1 * MB, args.repeat * 10), ((16 if args.quick else 256) * MB, args.repeat)]
+    if args.messages:
+        print(f"$ {command}\n\nMachine: {machine_note()}\n")
+        print(message_report(max(args.repeat, 5) * 4))
+        return 0
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     warnings.filterwarnings("ignore", category=UserWarning, module="torch")
     results: list[Result] = []

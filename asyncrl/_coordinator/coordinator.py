@@ -47,6 +47,7 @@ from .._protocol import (
     SharedBatch,
     Welcome,
     WorkerLog,
+    decode,
 )
 from .actions import Action, CatchUp, Expel, Send
 from .checks import check_specs
@@ -342,9 +343,9 @@ class Coordinator:
                     elif item.event in ("joined", "returned"):
                         await self._perform(self.state.returned(item.peer))
                 elif item.kind == Hello.KIND:
-                    await self._on_hello(item.peer, Hello.from_body(item.body))
+                    await self._on_hello(item.peer, decode(Hello, item.body))
                 elif item.kind == RelayHello.KIND:
-                    relay_hello = RelayHello.from_body(item.body)
+                    relay_hello = decode(RelayHello, item.body)
                     actions = self.state.relay_hello(item.peer, relay_hello)
                     self._note_refusals(actions, relay_hello.name, relay_hello.host,
                                         relay_hello.pid)
@@ -361,11 +362,11 @@ class Coordinator:
                     self._on_log(item)
                 elif item.kind == Progress.KIND:  # it steps: slow is not hung
                     await self._perform(self.state.progress(item.peer,
-                                                            Progress.from_body(item.body)))
+                                                            decode(Progress, item.body)))
                 else:
                     self._limited_log.warning("unknown-kind", "ignored a %r message from %r",
                                               item.kind, item.peer)
-            except ProtocolError as exc:
+            except ProtocolError as exc:  # every decode raises only this (see decode())
                 self._limited_log.warning("bad-message", "dropped a bad %r message from %r: %s",
                                           getattr(item, "kind", "?"), item.peer, exc)
 
@@ -387,7 +388,14 @@ class Coordinator:
         worker = self.state.workers.get(message.peer)
         if worker is None or not worker.alive:
             return  # a stranger's, or a lost worker's late batch: not even read
-        batch = self.shared.from_socket(worker, message.body)  # decoded and counted
+        try:  # decoded against its share (what we asked for), then counted
+            batch = self.shared.from_socket(worker, message.body,
+                                            max_frames=self.state.rounds.share_of(worker.index))
+        except ProtocolError as exc:  # an admitted worker's batch: it is a bad batch
+            body = message.body
+            request = body.get("request") if isinstance(body, dict) else None
+            await self._refuse_batch(worker, request if type(request) is int else -1, exc)
+            return
         await self._deliver(worker, batch)
         if worker.alive and (offer := self.shared.offer(worker, batch.frames)) is not None:
             try:  # its next batches go through shared memory
@@ -399,15 +407,19 @@ class Coordinator:
         worker = self.state.workers.get(message.peer)
         if worker is None or not worker.alive:
             return  # a stranger's, or a lost worker's late notice: not even read
-        notice = SharedBatch.from_body(message.body)
+        notice = decode(SharedBatch, message.body)
         try:  # sync: into the round's batch
             batch = self.shared.receive(worker, notice, self.state.rounds.round)
         except SlotError as exc:  # shrunk or torn: refused as any bad batch, segment unlinked
-            actions = self.state.unreadable_batch(worker.peer, notice.request, str(exc))
-            self._note_refusals(actions, worker.name, worker.host, worker.pid)
-            await self._perform(actions, "refused for a bad batch")
+            await self._refuse_batch(worker, notice.request, exc)
             return
         await self._deliver(worker, batch)
+
+    async def _refuse_batch(self, worker: WorkerInfo, request: int, error: Exception) -> None:
+        """A batch that could not be read whole (undecodable, or a slot shrunk or torn)."""
+        actions = self.state.bad_batch(worker.peer, request, str(error))
+        self._note_refusals(actions, worker.name, worker.host, worker.pid)
+        await self._perform(actions, "refused for a bad batch")
 
     async def _deliver(self, worker: WorkerInfo, batch: Batch) -> None:
         actions = self.state.batch(worker.peer, batch)
@@ -419,7 +431,7 @@ class Coordinator:
         worker = self.state.workers.get(message.peer)
         if worker is None or not worker.alive:
             return  # a stranger's (or a lost worker's) log: not even read
-        self.worker_logs.emit(worker, WorkerLog.from_body(message.body))
+        self.worker_logs.emit(worker, decode(WorkerLog, message.body))
 
     async def _on_lost(self, peer: bytes, reason: str = "") -> None:
         self.worker_logs.forget(peer)
@@ -437,7 +449,7 @@ class Coordinator:
             self._on_lost_hook(worker)
 
     async def _on_error(self, message: Message) -> None:
-        report = ErrorReport.from_body(message.body)
+        report = decode(ErrorReport, message.body)
         speaker = reporter(report, self.workers.get(message.peer), self.workers.values(),
                            self._token)
         if speaker is None:  # only an admitted worker, or one spawned here, stops the run
@@ -465,7 +477,7 @@ class Coordinator:
         group), it is a departure, whatever ``on_worker_loss``: no failure, and what
         it owed goes to the others (see :meth:`CoordinatorState.departed`).
         """
-        leaving = Leaving.from_body(message.body)
+        leaving = decode(Leaving, message.body)
         worker = self.workers.get(message.peer)
         if worker is None or not worker.alive:
             return  # a stranger's, or a worker already gone: no say in the run

@@ -18,7 +18,7 @@ from collections import OrderedDict
 from transports import peer_name
 
 from .._errors import WorkerLostError
-from .._protocol import Batch, Refuse, Rejoin
+from .._protocol import Refuse, Rejoin
 from .actions import Action, Expel, Send
 from .loss_policy import LossOutcome, LossPolicy
 from .records import LOSS_WORDS, Roster, WorkerInfo
@@ -204,12 +204,12 @@ class Losses:
         return [Send(worker.peer, Refuse(f"dropped: {what}")),
                 *self._apply_loss(worker, f"was refused: {what}")]
 
-    def bad_batch(self, worker: WorkerInfo, batch: Batch, problems: list[str]) -> list[Action]:
+    def bad_batch(self, worker: WorkerInfo, request: int, problems: list[str]) -> list[Action]:
         """A batch that is not what was asked: tell the worker, drop it, apply on_worker_loss."""
         what = "; ".join(problems)
         log.error("worker %d (%s on %s) sent a bad batch for request %d, dropped it: %s",
-                  worker.index, worker.name, worker.host, batch.request, what)
-        reason = f"your batch for request {batch.request} was rejected: {what}"
+                  worker.index, worker.name, worker.host, request, what)
+        reason = f"your batch for request {request} was rejected: {what}"
         worker.rejoin_asked = True  # refused for cause: never invited back
         failure = self.policy.bad_batch(worker, what)
         if failure is not None:

@@ -63,7 +63,7 @@ from tensordict import TensorDict, TensorDictBase
 from transports import ProtocolError, SharedMemoryFullError, SharedTensorFile
 
 from .._observe.statistics import BatchArrivals
-from .._protocol import Batch, BatchSlots, SharedBatch
+from .._protocol import Batch, BatchSlots, SharedBatch, decode
 from .._protocol.shared_batches import MAX_BATCH_SLOTS
 from .records import Round, WorkerInfo
 from .round_gather import Key, RoundGather
@@ -176,9 +176,10 @@ class SharedBatches:
         """The run's totals (``CollectorStatistics``' fields of the same names)."""
         return {**self.arrivals.as_dict(), "shared_memory_fallbacks": self.fallbacks}
 
-    def from_socket(self, worker: WorkerInfo, body: Any) -> Batch:
-        """A batch message's body, decoded (hostile input) and counted as a socket batch."""
-        batch = Batch.from_body(body)
+    def from_socket(self, worker: WorkerInfo, body: Any, *, max_frames: int) -> Batch:
+        """A batch message's body, decoded (hostile input: at most ``max_frames``, the
+        worker's share, whatever it claims) and counted as a socket batch."""
+        batch = decode(Batch, body, max_frames=max_frames)
         self._count(worker, shared_memory=False, nbytes=_tensor_bytes(body))
         return batch
 

@@ -30,7 +30,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable
 from typing import Any
 
-from tensordict import TensorDict, TensorDictBase
+from tensordict import TensorDictBase
 
 from .._errors import WorkerLostError
 from .._protocol import Batch, Hello, Progress, RelayHello, drop_twins
@@ -136,16 +136,18 @@ class CoordinatorState:
         problems = self.rounds.batch_problems(worker, batch, self.admission.specs,
                                               dropped=self.compact_obs)
         if problems:
-            return self.losses.bad_batch(worker, batch, problems)  # never counted
+            return self.losses.bad_batch(worker, batch.request, problems)  # never counted
         return self.rounds.deliver(worker, batch)
 
-    def unreadable_batch(self, peer: bytes, request: int, problem: str) -> list[Action]:
-        """A batch that could not be read whole (its shared-memory slot shrunk, or written
-        during the trainer's copy): refused as any bad batch, never counted."""
+    def bad_batch(self, peer: bytes, request: int, problem: str) -> list[Action]:
+        """A live worker's batch that could not be read whole: not decodable (a
+        :class:`ProtocolError` from :func:`~asyncrl._protocol.decode`), or its shared-memory
+        slot shrunk or written during the trainer's copy. Refused as any bad batch, never
+        counted (``request``: -1 when the body named none)."""
         worker = self.roster.live(peer)
         if worker is None:
             return []
-        return self.losses.bad_batch(worker, Batch(request, TensorDict({}, [])), [problem])
+        return self.losses.bad_batch(worker, request, [problem])
 
     def progress(self, peer: bytes, progress: Progress) -> list[Action]:
         """A live worker's step count (see :mod:`asyncrl._protocol.progress`): it steps,

@@ -13,8 +13,8 @@ By concept: :mod:`.admission` (hello, welcome, refuse, rejoin, leaving, a
 relay's hello), :mod:`.collection` (collect, preempt, batch, error, control),
 :mod:`.logs` (forwarded log records), :mod:`.progress` (a collecting worker's
 step count), :mod:`.shared_batches` (a local worker's batches in shared memory),
-:mod:`.weights` (weight meta, chunks and acks), and :mod:`.fields`, the validators
-they share.
+:mod:`.weights` (weight meta, chunks and acks), :mod:`.fields`, the validators
+they share, and :mod:`.decoding`, where a body becomes a message or a ProtocolError.
 """
 
 from .admission import MAX_REASON as MAX_REASON
@@ -35,6 +35,7 @@ from .collection import Preempt as Preempt
 from .compact_frames import compact as compact
 from .compact_frames import drop_twins as drop_twins
 from .compact_frames import rebuild as rebuild
+from .decoding import decode as decode
 from .fields import MAX_KEY as MAX_KEY
 from .fields import MAX_MODEL_ID as MAX_MODEL_ID
 from .fields import MAX_RELAY_MEMBERS as MAX_RELAY_MEMBERS
@@ -67,5 +68,6 @@ __all__ = [
     "Batch", "BatchSlots", "Closing", "Collect", "Control", "ErrorReport", "Hello", "Leaving",
     "LogEntry", "Preempt", "Progress", "Refuse", "Rejoin", "RelayAck", "RelayAttached",
     "RelayHello", "RelayWelcome", "SharedBatch", "WeightChunk",
-    "WeightMeta", "WeightsApplied", "Welcome", "WorkerLog", "compact", "drop_twins", "rebuild",
+    "WeightMeta", "WeightsApplied", "Welcome", "WorkerLog", "compact", "decode", "drop_twins",
+    "rebuild",
 ]

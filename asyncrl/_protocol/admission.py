@@ -10,21 +10,25 @@ write into the trainer's log.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, ClassVar, Self
+from typing import Annotated, Any, ClassVar, Self
+
+from msgspec import Meta
 
 from transports import ProtocolError
 
+from .decoding import Text, Tree, read
 from .env_source import read_env_source
 from .fields import (
+    MAX_OPTION_NAME,
+    MAX_OPTIONS,
     MAX_RELAY_MEMBERS,
-    is_peer,
+    Peer,
     option_map,
     optional_bool,
     optional_int,
     optional_text,
     printable_tree,
     required,
-    text,
 )
 
 PROTOCOL = 2  # 2: the welcome says share_frames (was frames_per_batch)
@@ -42,23 +46,23 @@ class Hello:
 
     KIND: ClassVar[str] = "hello"
     protocol: int
-    name: str
-    host: str
+    name: Annotated[str, Text(200)]
+    host: Annotated[str, Text(200)]
     pid: int
-    specs: dict[str, Any]
+    specs: Annotated[dict[str, Any], Tree()]
     slot: int = -1  # the index a locally spawned worker was started for; -1: any
-    token: str = ""  # proves a local worker was spawned by this coordinator
+    token: Annotated[str, Text(200)] = ""  # proves a local worker was spawned by this coordinator
     #: The upstream identity of this host's relay ("": none). Weights go through it
     #: only if that relay also lists this worker (see :class:`RelayHello`).
-    relay: str = ""
+    relay: Annotated[str, Text(255)] = ""
     #: Counts the hellos of one join: a hello that reached a coordinator which died
     #: before answering is said again, and only the welcome for the latest counts.
     attempt: int = 0
     #: The worker host this worker belongs to ("": none) and how many workers it
     #: brings: the coordinator admits a host's workers together or not at all (see
     #: asyncrl._coordinator.host_groups). Optional: a coordinator before it ignores them.
-    group: str = ""
-    group_size: int = 0
+    group: Annotated[str, Text(MAX_GROUP)] = ""
+    group_size: int = 0  # bounded with group, in from_body: one message says the pair
     #: This worker drops the ``("next", K)`` twins itself when its welcome says
     #: ``compact_obs``; the coordinator then refuses a batch that carries one. A worker
     #: before it lacks the field (False): the coordinator drops them on receipt.
@@ -66,38 +70,26 @@ class Hello:
     #: A remote host's gymnasium id that it could not make (unknown to its registry:
     #: registered by the trainer at run time), its ``specs`` then empty: the refusal
     #: carries where the trainer's id comes from (``Refuse.env_source``). "": none.
-    env_missing: str = ""
+    env_missing: Annotated[str, Text(MAX_ENV_ID)] = ""
     #: This host's own rollout options (``RolloutOptions.to_wire()``: what its command
     #: line set): it runs with the welcome's value of each option named here. A host
     #: before it lacks the field ({}): the coordinator refuses it when the run's options
     #: are not the defaults, and a host flag that differs from the run's is refused.
-    rollout: dict[str, Any] = field(default_factory=dict)
+    rollout: Annotated[dict[Annotated[str, Meta(min_length=1, max_length=MAX_OPTION_NAME)], Any],
+                       Meta(max_length=MAX_OPTIONS), Tree()] = field(default_factory=dict)
 
     def to_body(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_body(cls, body: Any) -> Self:
-        group = optional_text(body, "group", "hello", limit=MAX_GROUP)
-        group_size = optional_int(body, "group_size", "hello")
-        if not 0 <= group_size <= MAX_RELAY_MEMBERS or bool(group) != (group_size > 0):
+        hello = read(cls, body, "hello")
+        if not 0 <= hello.group_size <= MAX_RELAY_MEMBERS \
+                or bool(hello.group) != (hello.group_size > 0):
             raise ProtocolError(f"hello group_size must be 1 to {MAX_RELAY_MEMBERS} with a "
-                                f"group (0 without), got {group_size} with group {group!r}")
-        return cls(
-            protocol=required(body, "protocol", int, "hello"),
-            name=text(body, "name", "hello", limit=200),
-            host=text(body, "host", "hello", limit=200),
-            pid=required(body, "pid", int, "hello"),
-            specs=printable_tree(required(body, "specs", dict, "hello")),
-            slot=required(body, "slot", int, "hello"),
-            token=text(body, "token", "hello", limit=200),
-            relay=optional_text(body, "relay", "hello", limit=255),
-            attempt=optional_int(body, "attempt", "hello"),
-            group=group, group_size=group_size,
-            drops_next_obs=optional_bool(body, "drops_next_obs", "hello field", default=False),
-            env_missing=optional_text(body, "env_missing", "hello", limit=MAX_ENV_ID),
-            rollout=option_map(body, "rollout", "hello"),
-        )
+                                f"group (0 without), got {hello.group_size} with group "
+                                f"{hello.group!r}")
+        return hello
 
 
 @dataclass(slots=True)
@@ -111,29 +103,17 @@ class RelayHello:
 
     KIND: ClassVar[str] = "relay_hello"
     protocol: int
-    name: str
-    host: str
+    name: Annotated[str, Text(255)]
+    host: Annotated[str, Text(200)]
     pid: int
-    members: list[bytes]
+    members: Annotated[list[Peer], Meta(max_length=MAX_RELAY_MEMBERS)]
 
     def to_body(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_body(cls, body: Any) -> Self:
-        members = required(body, "members", list, "relay_hello")
-        if len(members) > MAX_RELAY_MEMBERS:
-            raise ProtocolError(f"relay_hello lists {len(members)} members; at most "
-                                f"{MAX_RELAY_MEMBERS} are allowed")
-        if not all(is_peer(m) for m in members):
-            raise ProtocolError("relay_hello members must be peer identities (1 to 255 bytes)")
-        return cls(
-            protocol=required(body, "protocol", int, "relay_hello"),
-            name=text(body, "name", "relay_hello", limit=255),
-            host=text(body, "host", "relay_hello", limit=200),
-            pid=required(body, "pid", int, "relay_hello"),
-            members=members,
-        )
+        return read(cls, body, "relay_hello")
 
 
 @dataclass(slots=True)
@@ -143,15 +123,14 @@ class RelayWelcome:
     KIND: ClassVar[str] = "relay_welcome"
     members: int
     #: The coordinator's hub instance: weight versions are numbered per instance.
-    instance: str = ""
+    instance: Annotated[str, Text(64)] = ""
 
     def to_body(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_body(cls, body: Any) -> Self:
-        return cls(members=required(body, "members", int, "relay_welcome"),
-                   instance=optional_text(body, "instance", "relay_welcome", limit=64))
+        return read(cls, body, "relay_welcome")
 
 
 @dataclass(slots=True)
@@ -219,7 +198,7 @@ class Refuse:
     """
 
     KIND: ClassVar[str] = "refuse"
-    reason: str
+    reason: Annotated[str, Text(MAX_REASON)]
     full: bool = False
     #: The answer to a hello's ``env_missing``: where the trainer's id is registered
     #: (:func:`~asyncrl._protocol.env_source.read_env_source`'s fields); the worker
@@ -234,10 +213,10 @@ class Refuse:
 
     @classmethod
     def from_body(cls, body: Any) -> Self:
-        full = optional_bool(body, "full", "refuse message field", default=False)
-        source = body.get("env_source") if isinstance(body, dict) else None
-        return cls(reason=text(body, "reason", "refuse", limit=MAX_REASON), full=full,
-                   env_source=None if source is None else read_env_source(source))
+        refuse = read(cls, body, "refuse")
+        if refuse.env_source is not None:
+            refuse.env_source = read_env_source(refuse.env_source)
+        return refuse
 
 
 @dataclass(slots=True)
@@ -275,14 +254,14 @@ class Rejoin:
     """
 
     KIND: ClassVar[str] = "rejoin"
-    reason: str = ""
+    reason: Annotated[str, Text(1000)] = ""
 
     def to_body(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_body(cls, body: Any) -> Self:
-        return cls(reason=optional_text(body, "reason", "rejoin", limit=1000))
+        return read(cls, body, "rejoin")
 
 
 @dataclass(slots=True)
@@ -295,14 +274,14 @@ class Leaving:
     """
 
     KIND: ClassVar[str] = "leaving"
-    reason: str = ""
+    reason: Annotated[str, Text(1000)] = ""
 
     def to_body(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_body(cls, body: Any) -> Self:
-        return cls(reason=optional_text(body, "reason", "leaving", limit=1000))
+        return read(cls, body, "leaving")
 
 
 __all__ = ["MAX_REASON", "PROTOCOL", "Closing", "Hello", "Leaving", "Refuse", "Rejoin",

@@ -5,14 +5,15 @@ answers (a batch, an error report).
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, ClassVar, Self
+from typing import Annotated, Any, ClassVar, Self
 
+from msgspec import Meta
 from tensordict import TensorDictBase
 
 from transports import ErrorPayload, ProtocolError
 
-from .compact_frames import Patch, rebuild
-from .fields import optional_int, optional_text, required
+from .compact_frames import rebuild
+from .decoding import Text, read, read_fields
 
 
 @dataclass(slots=True)
@@ -21,17 +22,14 @@ class Collect:
 
     KIND: ClassVar[str] = "collect"
     request: int
-    credits: int = 1
+    credits: Annotated[int, Meta(ge=1, le=1 << 20)] = 1
 
     def to_body(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_body(cls, body: Any) -> Self:
-        credits = required(body, "credits", int, "collect")
-        if not 0 < credits <= 1 << 20:
-            raise ProtocolError(f"collect credits must be in 1..2**20, got {credits}")
-        return cls(request=required(body, "request", int, "collect"), credits=credits)
+        return read(cls, body, "collect")
 
 
 @dataclass(slots=True)
@@ -46,7 +44,7 @@ class Preempt:
 
     @classmethod
     def from_body(cls, body: Any) -> Self:
-        return cls(request=required(body, "request", int, "preempt"))
+        return read(cls, body, "preempt")
 
 
 @dataclass(slots=True)
@@ -61,7 +59,7 @@ class Batch:
     KIND: ClassVar[str] = "batch"
     request: int
     frames: TensorDictBase
-    next: Patch | None = None
+    next: Any = None  # a Patch or None: its shape is rebuild()'s to check (from a peer)
 
     def to_body(self) -> dict[str, Any]:
         body = {"request": self.request, "frames": self.frames}
@@ -70,11 +68,27 @@ class Batch:
         return body
 
     @classmethod
-    def from_body(cls, body: Any) -> Self:
-        frames = required(body, "frames", TensorDictBase, "batch")
-        if body.get("next") is not None:
-            frames = rebuild(frames, body["next"])
-        return cls(request=required(body, "request", int, "batch"), frames=frames)
+    def from_body(cls, body: Any, *, max_frames: int | None = None) -> Self:
+        """``max_frames``: the most frames this side asked for (the worker's share); the
+        batch size the peer claims is checked against it before anything is built from it."""
+        batch = read(cls, body, "batch")
+        if max_frames is not None:
+            _check_claim(list(batch.frames.batch_size), max_frames)
+        if batch.next is not None:
+            batch.frames, batch.next = rebuild(batch.frames, batch.next), None
+        return batch
+
+
+def _check_claim(size: list[int], max_frames: int) -> None:
+    """A peer's batch size is a claim: nothing is allocated from it (a patch's rebuild, the
+    checks' positions) unless it fits the share this side asked for."""
+    claimed = 1
+    for dim in size:
+        claimed *= dim
+    if any(dim > max_frames for dim in size) or claimed > max_frames:
+        raise ProtocolError(f"batch claims batch size {size[:8]} ({claimed} frames); this "
+                            f"worker's share is at most {max_frames} frames per batch, and "
+                            "no dimension may exceed it")
 
 
 @dataclass(slots=True)
@@ -86,12 +100,14 @@ class ErrorReport:
     """
 
     KIND: ClassVar[str] = "error"
+    #: On the wire the payload's fields sit beside the report's (read by ErrorPayload).
+    WIRE: ClassVar[dict[str, Any]] = {"error": None}
     error: ErrorPayload
     fatal: bool = True
     #: A local worker that fails before its hello (building its env or policy) is not
     #: admitted yet: its slot and spawn token vouch for the report instead.
     slot: int = -1
-    token: str = ""
+    token: Annotated[str, Text(200)] = ""
 
     def to_body(self) -> dict[str, Any]:
         return {**self.error.to_body(), "fatal": self.fatal, "slot": self.slot,
@@ -99,12 +115,8 @@ class ErrorReport:
 
     @classmethod
     def from_body(cls, body: Any) -> Self:
-        return cls(
-            error=ErrorPayload.from_body(body, "error message"),
-            fatal=required(body, "fatal", bool, "error"),
-            slot=optional_int(body, "slot", "error", default=-1),
-            token=optional_text(body, "token", "error", limit=200),
-        )
+        fields = read_fields(cls, body, "error")  # first: a body that is no map says so
+        return cls(error=ErrorPayload.from_body(body, "error message"), **fields)
 
 
 @dataclass(slots=True)
@@ -128,11 +140,11 @@ class Control:
 
     @classmethod
     def from_body(cls, body: Any) -> Self:
-        op = required(body, "op", str, "control")
-        if op not in cls.OPS:
-            raise ProtocolError(f"unknown control operation {op!r}; expected one of "
-                                f"{sorted(cls.OPS)}")
-        return cls(op=op, args=required(body, "args", dict, "control"))
+        control = read(cls, body, "control")
+        if control.op not in cls.OPS:
+            raise ProtocolError(f"unknown control operation {control.op[:40]!r}; expected one "
+                                f"of {sorted(cls.OPS)}")
+        return control
 
 
 __all__ = ["Batch", "Collect", "Control", "ErrorReport", "Preempt"]

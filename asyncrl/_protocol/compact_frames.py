@@ -201,21 +201,46 @@ def _check_positions(at: torch.Tensor, n: int, t: int, what: str) -> None:
         raise ProtocolError(f"{what} 'at' must be increasing positions in [0, {n * t}) "
                             f"({n} envs x {t} steps), got {at.numel()} from {int(at.min())} "
                             f"to {int(at.max())}")
-    last = torch.arange(1, n + 1) * t - 1  # each env's last step: it has no follower here
-    if t and not bool(torch.isin(last, at).all()):
-        raise ProtocolError(f"{what} 'at' must hold every env's last step {last.tolist()[:8]}: "
-                            "its next observation cannot be rebuilt from the batch")
+    # Each env's last step has no follower here, so 'at' must hold all n of them. Counted,
+    # not listed: the batch size is the peer's claim, and nothing is allocated from it
+    # (increasing positions in range: exactly n of them end an env's row iff all do).
+    if t and int((at % t == t - 1).sum()) != n:
+        last = [k * t + t - 1 for k in range(min(n, 8))]
+        raise ProtocolError(f"{what} 'at' must hold every env's last step {last}"
+                            f"{'...' if n > 8 else ''}: its next observation cannot be "
+                            "rebuilt from the batch")
+
+
+def _entry(frames: TensorDictBase, path: Key) -> tuple[Any, Key | None]:
+    """``frames[path]`` (None: absent) and the first proper prefix of ``path`` that holds
+    a tensor, not a map (None: there is none). Never raises: the path is a peer's."""
+    node: Any = frames
+    for depth, part in enumerate(path):
+        if not isinstance(node, TensorDictBase):
+            return None, path[:depth]
+        node = node.get(part, None)
+        if node is None:
+            return None, None
+    return node, None
 
 
 def _check_key(frames: TensorDictBase, rows: TensorDictBase, path: Key, what: str) -> None:
-    now, row = frames.get(path, None), rows.get(path)
+    row = rows.get(path)
     if path[0] in ("next", "collector") or path in _NOT_OBSERVATIONS:
         raise ProtocolError(f"{what} rows {path}: not an observation key")
+    now, blocked = _entry(frames, path)
+    twin, twin_blocked = _entry(frames, ("next", *path))
+    if blocked is not None or twin_blocked is not None:
+        raise ProtocolError(f"{what} rows {path}: the frames' {blocked or twin_blocked} is a "
+                            "tensor, not a map: a row key cannot nest under it")
     if not isinstance(now, torch.Tensor):
         raise ProtocolError(f"{what} rows {path}: the frames have no {path} to rebuild "
                             f"('next', *{path}) from")
-    if frames.get(("next", *path), None) is not None:
+    if twin is not None:
         raise ProtocolError(f"{what} rows {path}: the frames hold ('next', *{path}) already")
-    if row.dtype != now.dtype or row.shape[1:] != now.shape[2:]:
-        raise ProtocolError(f"{what} rows {path}: {row.dtype} {list(row.shape[1:])} per "
-                            f"row, expected {now.dtype} {list(now.shape[2:])} (as {path})")
+    if not isinstance(row, torch.Tensor) or row.dtype != now.dtype \
+            or row.shape[1:] != now.shape[2:]:
+        got = f"{row.dtype} {list(row.shape[1:])}" if isinstance(row, torch.Tensor) \
+            else type(row).__name__
+        raise ProtocolError(f"{what} rows {path}: {got} per row, expected {now.dtype} "
+                            f"{list(now.shape[2:])} (as {path})")

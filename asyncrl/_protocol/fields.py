@@ -9,7 +9,9 @@ metric label downstream gets safe text without having to remember.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
+
+from msgspec import Meta
 
 from transports import ProtocolError, printable
 
@@ -21,6 +23,9 @@ MAX_MODEL_ID = 1024
 MAX_KEY = 1024
 #: Longest string (a key or a value) a nested map from a peer (env specs, scheme configs) keeps.
 MAX_TREE_TEXT = 1024
+
+#: A peer identity in a message's declaration (see :mod:`.decoding`): 1 to 255 bytes.
+Peer = Annotated[bytes, Meta(min_length=1, max_length=255)]
 
 
 def _map(body: Any, what: str) -> dict[str, Any]:
@@ -89,12 +94,17 @@ def printable_tree(value: Any, *, limit: int = MAX_TREE_TEXT) -> Any:
     return value
 
 
-def option_map(body: Any, name: str, what: str, *, most: int = 64) -> dict[str, Any]:
+#: Most named options (rollout options) a hello or a welcome may carry, and their longest name.
+MAX_OPTIONS = 64
+MAX_OPTION_NAME = 64
+
+
+def option_map(body: Any, name: str, what: str, *, most: int = MAX_OPTIONS) -> dict[str, Any]:
     """``body[name]`` if present (else ``{}``: a field added later, which an older peer
     leaves out): a map of at most ``most`` named options (rollout options), printable."""
     value = _map(body, what).get(name, {})
     if not isinstance(value, dict) or len(value) > most \
-            or not all(isinstance(k, str) and 0 < len(k) <= 64 for k in value):
+            or not all(isinstance(k, str) and 0 < len(k) <= MAX_OPTION_NAME for k in value):
         raise ProtocolError(f"{what} message field {name!r} must be a map of at most {most} "
                             f"option names (1 to 64 characters) to values, got "
                             f"{type(value).__name__}"
@@ -160,7 +170,7 @@ def bounded_list(body: Any, name: str, most: int, what: str) -> list[Any]:
     return value
 
 
-__all__ = ["MAX_KEY", "MAX_MODEL_ID", "MAX_RELAY_MEMBERS", "MAX_TREE_TEXT", "bounded_int",
-           "bounded_list", "is_int", "is_key", "is_peer", "option_map", "optional_int",
-           "optional_text", "peer_map", "printable_tree", "read_model_id", "read_version",
-           "required", "text"]
+__all__ = ["MAX_KEY", "MAX_MODEL_ID", "MAX_OPTIONS", "MAX_OPTION_NAME", "MAX_RELAY_MEMBERS",
+           "MAX_TREE_TEXT", "Peer", "bounded_int", "bounded_list", "is_int", "is_key", "is_peer",
+           "option_map", "optional_int", "optional_text", "peer_map", "printable_tree",
+           "read_model_id", "read_version", "required", "text"]

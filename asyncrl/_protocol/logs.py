@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Self
+from typing import Annotated, Any, ClassVar, NamedTuple, Self
 
-from transports import ProtocolError, printable, printable_block, printable_lines
+import msgspec
+from msgspec import Meta
 
-from .fields import optional_int, required
+from transports import ProtocolError
+
+from .decoding import Text, clean, read_fields
 
 #: Most records one ``log`` message may carry; the worker sends more as more messages.
 MAX_LOG_RECORDS = 64
@@ -15,6 +18,17 @@ MAX_LOG_RECORDS = 64
 MAX_LOG_MESSAGE = 4096
 MAX_LOG_LOGGER = 200
 MAX_LOG_TRACEBACK = 16384
+#: A record's level: ``logging``'s numbers (0 to 50, and custom levels up to 100).
+Level = Annotated[int, Meta(ge=0, le=100)]
+
+
+class WireRecord(NamedTuple):
+    """A record on the wire: ``[level, logger, message, traceback]``."""
+
+    level: Level
+    logger: str
+    message: str
+    traceback: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,24 +41,19 @@ class LogEntry:
     record can start a line that reads like one of the trainer's.
     """
 
-    level: int
-    logger: str
-    message: str
-    traceback: str = ""
+    level: Level
+    logger: Annotated[str, Text(MAX_LOG_LOGGER)]
+    message: Annotated[str, Text(MAX_LOG_MESSAGE, "lines")]
+    traceback: Annotated[str, Text(MAX_LOG_TRACEBACK, "block")] = ""
 
     @classmethod
     def from_wire(cls, item: Any) -> Self:
-        if not isinstance(item, list) or len(item) != 4:
-            raise ProtocolError("log message records must be [level, logger, message, "
-                                f"traceback] lists, got {type(item).__name__}")
-        level, logger, message, traceback = item
-        if type(level) is not int or not 0 <= level <= 100:
-            raise ProtocolError(f"log record level must be an int in 0..100, got {level!r}"[:200])
-        if not all(isinstance(v, str) for v in (logger, message, traceback)):
-            raise ProtocolError("log record logger, message and traceback must be strings")
-        return cls(level, printable(logger, limit=MAX_LOG_LOGGER),
-                   printable_lines(message, limit=MAX_LOG_MESSAGE),
-                   printable_block(traceback, limit=MAX_LOG_TRACEBACK))
+        try:
+            record = msgspec.convert(item, WireRecord, strict=True)
+        except msgspec.ValidationError as exc:
+            raise ProtocolError(f"log record must be [level 0..100, logger, message, "
+                                f"traceback]: {exc}") from None
+        return clean(cls(*record))
 
     def to_wire(self) -> list[Any]:
         return [self.level, self.logger, self.message, self.traceback]
@@ -56,22 +65,18 @@ class WorkerLog:
     :mod:`asyncrl._worker.log_forward`), and how many it dropped (rate, queue)."""
 
     KIND: ClassVar[str] = "log"
+    WIRE: ClassVar[dict[str, Any]] = {
+        "records": Annotated[list[WireRecord], Meta(max_length=MAX_LOG_RECORDS)]}
     records: list[LogEntry]
-    dropped: int = 0
+    dropped: Annotated[int, Meta(ge=0)] = 0
 
     def to_body(self) -> dict[str, Any]:
         return {"records": [r.to_wire() for r in self.records], "dropped": self.dropped}
 
     @classmethod
     def from_body(cls, body: Any) -> Self:
-        records = required(body, "records", list, "log")
-        if len(records) > MAX_LOG_RECORDS:
-            raise ProtocolError(f"log message carries {len(records)} records; at most "
-                                f"{MAX_LOG_RECORDS} are allowed")
-        dropped = optional_int(body, "dropped", "log")
-        if dropped < 0:
-            raise ProtocolError(f"log message field 'dropped' must be >= 0, got {dropped}")
-        return cls([LogEntry.from_wire(r) for r in records], dropped)
+        wire = read_fields(cls, body, "log")
+        return cls([clean(LogEntry(*record)) for record in wire["records"]], wire["dropped"])
 
 
 __all__ = ["MAX_LOG_LOGGER", "MAX_LOG_MESSAGE", "MAX_LOG_RECORDS", "MAX_LOG_TRACEBACK",

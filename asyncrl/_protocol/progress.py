@@ -10,11 +10,11 @@ batches, as before.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any, ClassVar, Self
+from typing import Annotated, Any, ClassVar, Self
 
-from transports import ProtocolError
+from msgspec import Meta
 
-from .fields import required
+from .decoding import read
 
 #: The largest step count a progress message may carry (an int64's range).
 MAX_STEPS = (1 << 63) - 1
@@ -35,17 +35,14 @@ class Progress:
 
     KIND: ClassVar[str] = "progress"
     request: int
-    steps: int
+    steps: Annotated[int, Meta(ge=0, le=MAX_STEPS)]
 
     def to_body(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_body(cls, body: Any) -> Self:
-        steps = required(body, "steps", int, "progress")
-        if not 0 <= steps <= MAX_STEPS:
-            raise ProtocolError(f"progress steps must be in 0..2**63-1, got {steps}")
-        return cls(request=required(body, "request", int, "progress"), steps=steps)
+        return read(cls, body, "progress")
 
 
 __all__ = ["MAX_STEPS", "Progress"]

@@ -11,11 +11,14 @@ layout, which the trainer wrote.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Self
+from typing import Annotated, Any, ClassVar, Self
+
+from msgspec import Meta
 
 from transports import ProtocolError
 
-from .fields import MAX_KEY, bounded_int, bounded_list, required
+from .decoding import read
+from .fields import MAX_KEY, bounded_list, required
 
 #: Most leaves a batch held in shared memory may have (a policy writes a handful).
 MAX_BATCH_KEYS = 4096
@@ -75,9 +78,9 @@ class SharedBatch:
 
     KIND: ClassVar[str] = "shared_batch"
     request: int
-    name: str
-    slot: int
-    steps: int
+    name: str  # checked by segment_name(): an asyncrl segment's
+    slot: Annotated[int, Meta(ge=0, le=MAX_BATCH_SLOTS - 1)]
+    steps: Annotated[int, Meta(ge=0, le=MAX_STEPS)]
 
     def to_body(self) -> dict[str, Any]:
         return {"request": self.request, "name": self.name, "slot": self.slot,
@@ -85,11 +88,9 @@ class SharedBatch:
 
     @classmethod
     def from_body(cls, body: Any) -> Self:
-        what = "shared_batch"
-        return cls(request=required(body, "request", int, what),
-                   name=segment_name(body, what),
-                   slot=bounded_int(body, "slot", 0, MAX_BATCH_SLOTS - 1, what),
-                   steps=bounded_int(body, "steps", 0, MAX_STEPS, what))
+        notice = read(cls, body, "shared_batch")
+        segment_name(body, "shared_batch")
+        return notice
 
 
 __all__ = ["MAX_BATCH_KEYS", "MAX_BATCH_SLOTS", "BatchSlots", "SharedBatch", "segment_name"]

@@ -39,6 +39,7 @@ from .._protocol import (
     Refuse,
     Rejoin,
     Welcome,
+    decode,
 )
 from .._rollout.env_ids import EnvIdSource, is_unknown_env_id
 from .._rollout.loop import Rollout
@@ -458,36 +459,36 @@ class Worker:
             message = await self._recv()
             try:
                 if message.kind == Collect.KIND:
-                    collect = Collect.from_body(message.body)
+                    collect = decode(Collect, message.body)
                     self._requests.extend([collect.request] * collect.credits)
                     self._request_ready.set()
                 elif message.kind == Rejoin.KIND:
-                    reason = Rejoin.from_body(message.body).reason
+                    reason = decode(Rejoin, message.body).reason
                     raise WorkerExit(EXIT_REJOIN, "the coordinator dropped this worker"
                                      + (f" ({reason})" if reason else ""))
                 elif message.kind == Preempt.KIND:
-                    request = Preempt.from_body(message.body).request
+                    request = decode(Preempt, message.body).request
                     self._preempted = request  # also cuts a batch not started yet
                     if self._current_request == request and self.rollout is not None:
                         self.rollout.request_stop()
                 elif message.kind == WEIGHTS_KIND:
                     self._weights.deliver(message)
                 elif message.kind == BatchSlots.KIND:
-                    self._outgoing.offered(BatchSlots.from_body(message.body))
+                    self._outgoing.offered(decode(BatchSlots, message.body))
                 elif message.kind == Control.KIND:
-                    control = Control.from_body(message.body)
+                    control = decode(Control, message.body)
                     if control.op == "close":
                         await self._on_close(message, control)
                         return
                     await self._control(message, control)
                 elif message.kind == Refuse.KIND:
                     # Dropped after joining (e.g. a batch that was not what was asked).
-                    reason = Refuse.from_body(message.body).reason
+                    reason = decode(Refuse, message.body).reason
                     raise WorkerExit(EXIT_REFUSED, f"the coordinator dropped this worker: "
                                      f"{reason}", final=True)
                 else:
                     log.warning("ignored a %r message", message.kind)
-            except ProtocolError as exc:
+            except ProtocolError as exc:  # every decode raises only this (see decode())
                 log.warning("dropped a malformed %r message: %s", message.kind, exc)
                 if message.needs_ack:
                     await self.link.ack(message, error=exc)

@@ -215,3 +215,105 @@ def test_a_hello_whose_body_is_no_map_is_a_protocol_error(body: object) -> None:
     # The optional fields (group, relay, attempt) are read first: they too check the map.
     with pytest.raises(ProtocolError, match=r"hello message body must be a map"):
         Hello.from_body(body)
+
+
+# -- every kind declared once, decoded in one place (asyncrl._protocol.decoding) ------------
+def _valid_bodies() -> dict[str, tuple[Any, dict[str, Any]]]:
+    """A valid body of each kind the trainer (and a worker) reads, as the codec hands it over."""
+    from tensordict import TensorDict
+
+    from asyncrl._protocol import (
+        Batch,
+        Collect,
+        Control,
+        Leaving,
+        LogEntry,
+        Preempt,
+        Progress,
+        Refuse,
+        Rejoin,
+        RelayHello,
+        RelayWelcome,
+        SharedBatch,
+        WorkerLog,
+    )
+
+    share = TensorDict({"observation": torch.zeros(1, 4, 3)}, batch_size=[1, 4])
+    messages = [
+        Hello(2, "w0", "host", 7, {"observation": {"shape": [3]}}, slot=0, token="t",
+              group="g", group_size=2),
+        RelayHello(2, "relay", "host", 7, [b"w0", b"w1"]),
+        Batch(1, share),
+        SharedBatch(1, "asyncrl_1_ab", 0, 4),
+        ErrorReport(ErrorPayload("builtins.KeyError", "obs", "tb"), fatal=False),
+        Leaving("SIGTERM"), Rejoin("silent"), Refuse("full", full=True),
+        WorkerLog([LogEntry(20, "user", "m", "")], dropped=1),
+        Progress(1, 40), Collect(1, 2), Preempt(1), Control("seed", {"seed": 3}),
+        RelayWelcome(2, "abc"),
+    ]
+    return {type(m).__name__: (type(m), m.to_body()) for m in messages}
+
+
+JUNK = [None, True, -1, 1 << 70, 1.5, "", "x\x1b[2J" * 300, b"\xff" * 300, [], [[1, "a"]],
+        {}, {"\x00": [None]}, {1: 2}]
+
+
+@pytest.mark.parametrize("name", sorted(_valid_bodies()))
+def test_every_kind_decodes_its_own_body_and_refuses_any_junk_field_with_a_protocol_error(
+        name: str) -> None:
+    from asyncrl._protocol import decode
+
+    kind, body = _valid_bodies()[name]
+    bounds = {"max_frames": 4} if name == "Batch" else {}
+    assert decode(kind, dict(body), **bounds).to_body().keys() == body.keys()
+    for field in [*body, "unknown_field"]:
+        for junk in JUNK:
+            try:  # what we check: nothing but a ProtocolError, whatever the field holds
+                decode(kind, {**body, field: junk}, **bounds)
+            except ProtocolError as exc:
+                assert kind.KIND in str(exc) or "batch field" in str(exc), str(exc)
+    for junk in JUNK:
+        if not isinstance(junk, dict):
+            with pytest.raises(ProtocolError, match="message body must be a map"):
+                decode(kind, junk, **bounds)
+
+
+@pytest.mark.parametrize(("body", "named"), [
+    ({"steps": 3}, "progress message field 'request' is missing"),
+    ({"request": "3", "steps": 3}, "progress message field 'request' must be int, got str"),
+    ({"request": True, "steps": 3}, "progress message field 'request' must be int, got bool"),
+    ({"request": 3, "steps": -1},
+     "progress message field 'steps' must be an int in 0..9223372036854775807, got -1"),
+    ({"request": 3, "steps": None}, "progress message field 'steps' must be an int in 0..9"),
+])
+def test_a_refusal_names_the_kind_the_field_what_was_expected_and_what_came(
+        body: Any, named: str) -> None:
+    from asyncrl._protocol import Progress, decode
+
+    with pytest.raises(ProtocolError) as caught:
+        decode(Progress, body)
+    assert named in str(caught.value)
+
+
+def test_a_peers_strings_are_printable_and_cut_where_they_are_declared() -> None:
+    from asyncrl._protocol import RelayHello, decode
+
+    hello = decode(Hello, {"protocol": 2, "name": "w\x1b[2J" + "n" * 500, "host": "h\u202e",
+                           "pid": 1, "specs": {"obs\x07": ["float32\n"]}})
+    assert hello.name.startswith("w\\x1b[2Jnnn") and len(hello.name) <= 200
+    assert hello.host == "h\\u202e"
+    assert hello.specs == {"obs\\x07": ["float32\\n"]}
+    with pytest.raises(ProtocolError, match=r"relay_hello message field 'members\[1\]' must be "
+                       r"bytes of length >= 1, got bytes of length 0"):
+        decode(RelayHello, {"protocol": 2, "name": "r", "host": "h", "pid": 1,
+                            "members": [b"w", b""]})
+    with pytest.raises(ProtocolError, match=r"field 'specs' must have str keys"):
+        decode(Hello, {"protocol": 2, "name": "w", "host": "h", "pid": 1, "specs": {1: 2}})
+
+
+def test_the_decoding_doctests() -> None:
+    import doctest
+
+    import asyncrl._protocol.decoding
+
+    assert doctest.testmod(asyncrl._protocol.decoding).failed == 0

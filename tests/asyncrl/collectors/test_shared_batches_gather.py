@@ -176,7 +176,7 @@ def test_counts_say_how_each_batch_came_and_who_a_full_dev_shm_kept_on_the_socke
     for index in range(WORKERS):
         b.deliver(index)
     body = Batch(1, b.share(2)).to_body()
-    b.shared.from_socket(b.infos[2], decode(encode(body)))
+    b.shared.from_socket(b.infos[2], decode(encode(body)), max_frames=b.share(2).numel())
     nbytes = sum(v.numel() * v.element_size()
                  for v in b.share(0).values(include_nested=True, leaves_only=True))
     assert b.shared.counts() == {"shared_memory_batches": 2, "shared_memory_bytes": 2 * nbytes,

@@ -20,9 +20,18 @@ from tensordict import TensorDict
 from asyncrl import MultiAsyncCollector
 from asyncrl._coordinator.coordinator import Coordinator, check_specs
 from asyncrl._errors import BadBatchError, rebuild_remote_exception
-from asyncrl._protocol import PROTOCOL, Batch, Collect, ErrorReport, Hello, Refuse, Welcome
+from asyncrl._protocol import (
+    PROTOCOL,
+    Batch,
+    Collect,
+    ErrorReport,
+    Hello,
+    Refuse,
+    Welcome,
+    decode,
+)
 from asyncrl._worker.simulated import make_share, make_specs
-from transports import ErrorPayload, Hub, Link, RemoteError, random_identity
+from transports import ErrorPayload, Hub, Link, ProtocolError, RemoteError, random_identity
 from transports._codec import encode_message
 
 pytestmark = pytest.mark.anyio
@@ -217,6 +226,104 @@ async def test_under_continue_a_rogue_is_dropped_and_the_others_go_on() -> None:
                     frames += batch.numel()
                 assert frames == 3 * FRAMES
                 tg.cancel_scope.cancel()
+
+
+def nested_patch_batch(index: int) -> tuple[TensorDict, dict[str, Any]]:
+    """A compact batch whose patch nests a key under the observation tensor."""
+    share = make_share(FRAMES, 4, worker_id=index)
+    wire = share.exclude(("next", "observation"))
+    rows = TensorDict({("observation", "x"): torch.zeros(1, 4)}, batch_size=[1])
+    return wire, {"at": torch.tensor([FRAMES - 1]), "rows": rows}
+
+
+def claimed_huge_batch(index: int) -> tuple[TensorDict, dict[str, Any]]:
+    """A batch of a few bytes claiming 50 million frames (zero-size leaves), with a patch."""
+    claim = [50_000_000, 1]
+    frames = TensorDict({"observation": torch.zeros(*claim, 0)}, batch_size=claim)
+    rows = TensorDict({"observation": torch.zeros(0, 0)}, batch_size=[0])
+    return frames, {"at": torch.zeros(0, dtype=torch.int64), "rows": rows}
+
+
+def _current_rss() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+@pytest.mark.parametrize("bad", [nested_patch_batch, claimed_huge_batch])
+async def test_a_malformed_compact_batch_drops_its_worker_and_the_run_goes_on(bad: Any) -> None:
+    # Before: the nested key raised ValueError out of the hub loop (the run ended), and
+    # the huge claim made the trainer allocate gigabytes before refusing the patch.
+    with anyio.fail_after(LIMIT):
+        async with Hub(inproc()) as hub, Link(hub.endpoint, identity=b"rogue") as rogue, \
+                Link(hub.endpoint, identity=b"good") as good:
+            sched = Coordinator(hub, sync=False, share_frames=[FRAMES, FRAMES],
+                                check_specs=check_specs, accept_remote=True,
+                                on_worker_loss="continue", batch_budget=3)
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(sched.run)
+                rogue_index = await join(rogue)
+                good_index = await join(good)
+                collect = Collect.from_body((await recv_kind(rogue, Collect.KIND)).body)
+                frames, patch = bad(rogue_index)
+                peak_rss_reset()
+                before, peak_before = _current_rss(), peak_rss()
+                await rogue.send(Batch(collect.request, frames, patch).to_body(),
+                                 kind=Batch.KIND)
+                refused = await recv_kind(rogue, Refuse.KIND)
+                grew = max(_current_rss() - before, peak_rss() - peak_before)
+                assert grew < 64 << 20, f"the trainer grew by {grew >> 20} MiB"
+                assert "rejected" in refused.body["reason"]
+                if bad is claimed_huge_batch:
+                    assert "batch size [50000000, 1] (50000000 frames)" in refused.body["reason"]
+                    assert f"at most {FRAMES} frames" in refused.body["reason"]
+                else:
+                    assert "('observation',) is a tensor, not a map" in refused.body["reason"]
+
+                async def serve_good() -> None:
+                    while True:
+                        request = Collect.from_body((await recv_kind(good, Collect.KIND)).body)
+                        share = make_share(FRAMES, 4, worker_id=good_index)
+                        await good.send(Batch(request.request, share).to_body(),
+                                        kind=Batch.KIND)
+
+                tg.start_soon(serve_good)
+                for _ in range(3):
+                    worker, batch = await sched.next_batch()
+                    assert worker.index == good_index
+                    assert bool((batch == make_share(FRAMES, 4, worker_id=good_index)).all())
+                assert [w.index for w in sched.live_workers] == [good_index]
+                tg.cancel_scope.cancel()
+
+
+def test_a_batch_size_over_the_share_is_refused_before_anything_is_built() -> None:
+    frames, patch = claimed_huge_batch(0)
+    body = Batch(1, frames, patch).to_body()
+    with pytest.raises(ProtocolError, match=r"batch size \[50000000, 1\] \(50000000 frames\); "
+                       r"this worker's share is at most 10 frames"):
+        decode(Batch, body, max_frames=FRAMES)
+    # Each dimension is bounded too: [0, 10**12] claims no frame but a huge row.
+    with pytest.raises(ProtocolError, match="no dimension may exceed it"):
+        decode(Batch, {"request": 1, "frames": TensorDict({}, [0, 10**12])}, max_frames=FRAMES)
+
+
+def test_any_exception_while_decoding_is_a_protocol_error() -> None:
+    frames, patch = nested_patch_batch(0)
+    with pytest.raises(ProtocolError, match="is a tensor, not a map"):
+        decode(Batch, Batch(1, frames, patch).to_body(), max_frames=FRAMES)
+
+    class Fragile:
+        KIND = "fragile"
+
+        @classmethod
+        def from_body(cls, body: Any) -> Fragile:
+            raise ValueError("tripped")
+
+    with pytest.raises(ProtocolError, match="fragile message could not be decoded: "
+                       "ValueError: tripped"):
+        decode(Fragile, {})
 
 
 @pytest.mark.parametrize("bad", [huge_empty_batch, wrong_obs_batch])

@@ -59,12 +59,17 @@ def test_a_log_message_round_trips_and_is_bounded() -> None:
 @pytest.mark.parametrize(("body", "error"), [
     ({"records": "no"}, "log message field 'records' must be list, got str"),
     ({"records": [[20, "x", "m", ""]] * (MAX_LOG_RECORDS + 1)},
-     f"log message carries {MAX_LOG_RECORDS + 1} records; at most {MAX_LOG_RECORDS}"),
-    ({"records": [[20, "x", "m"]]}, "log message records must be [level, logger, message, "),
-    ({"records": [[True, "x", "m", ""]]}, "log record level must be an int in 0..100, got True"),
-    ({"records": [[500, "x", "m", ""]]}, "log record level must be an int in 0..100, got 500"),
-    ({"records": [[20, b"x", "m", ""]]}, "log record logger, message and traceback must be str"),
-    ({"records": [], "dropped": -1}, "log message field 'dropped' must be >= 0, got -1"),
+     f"log message field 'records' must be list of length <= {MAX_LOG_RECORDS}, got list of "
+     f"length {MAX_LOG_RECORDS + 1}"),
+    ({"records": [[20, "x", "m"]]},
+     "log message field 'records[0]' must be list of length 4, got list of length 3"),
+    ({"records": [[True, "x", "m", ""]]},
+     "log message field 'records[0].level' must be an int in 0..100, got bool"),
+    ({"records": [[500, "x", "m", ""]]},
+     "log message field 'records[0].level' must be an int in 0..100, got 500"),
+    ({"records": [[20, b"x", "m", ""]]},
+     "log message field 'records[0].logger' must be str, got bytes"),
+    ({"records": [], "dropped": -1}, "log message field 'dropped' must be int >= 0, got -1"),
 ])
 def test_a_bad_log_message_is_a_protocol_error(body: Any, error: str) -> None:
     with pytest.raises(ProtocolError) as info:

@@ -1,0 +1,257 @@
+"""The one place a peer's message body becomes a typed message.
+
+Each message kind is declared once, as its dataclass: the fields' types are
+what the wire must hold, ``Annotated[int, msgspec.Meta(ge=..., le=...)]`` bounds
+them, and two markers of this module say what happens to a peer's text after it
+is checked: :class:`Text` (made printable, cut at a limit: see
+:mod:`transports._printable`) and :class:`Tree` (a nested map whose every string
+is made printable). :func:`read` checks a body against a kind's declaration
+(with msgspec, strictly: a bool is no int, a string no bytes; unknown fields are
+ignored, so a newer peer may add some) and turns msgspec's complaint into a
+:class:`transports.ProtocolError` naming the kind, the field, what was expected
+and what came. A kind whose wire form differs from its fields (a log record
+travels as a list) says so in its ``WIRE`` class variable: ``{field: wire type}``,
+``None`` for a field read elsewhere (an error report's payload).
+
+:func:`decode` is what a receiving loop calls: ``kind.from_body(body, **bounds)``,
+and whatever a body trips on while it is decoded (a TensorDict refusing a key
+path, a torch error on a hostile shape) is a :class:`ProtocolError` too: it
+costs the peer its message, never the loop that read it. Only the decoding is
+covered: what the caller does with a decoded message is its own logic, and its
+errors stay errors. ``bounds`` are what this side asked for (a batch's
+``max_frames``): sizes a peer claims are checked against them before anything
+is allocated from them.
+
+>>> from asyncrl._protocol import Collect, Hello
+>>> decode(Collect, {"request": 3, "credits": 2})
+Collect(request=3, credits=2)
+>>> try:
+...     decode(Collect, {"request": 3, "credits": 0})
+... except ProtocolError as exc:
+...     print(exc)
+collect message field 'credits' must be an int in 1..1048576, got 0
+>>> print(decode(Hello, {"protocol": 2, "name": "w\\x1b[2J", "host": "h", "pid": 1,
+...                      "specs": {}}).name)  # printable: the escape is shown, not run
+w\\x1b[2J
+
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Callable
+from functools import cache
+from typing import (
+    Annotated,
+    Any,
+    Literal,
+    TypeVar,
+    get_args,
+    get_origin,
+    get_type_hints,
+)
+
+import msgspec
+
+from transports import ProtocolError, printable, printable_block, printable_lines
+
+from .fields import printable_tree
+
+__all__ = ["Text", "Tree", "clean", "decode", "read", "read_fields"]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Text:
+    """A string field from a peer: printable, at most ``limit`` characters (cut, not
+    refused). ``style``: ``"line"`` (one line), ``"lines"`` (its line breaks kept,
+    continuation lines indented), ``"block"`` (every line indented: a traceback)."""
+
+    limit: int
+    style: Literal["line", "lines", "block"] = "line"
+
+    def clean(self, value: str) -> str:
+        if self.style == "lines":
+            return printable_lines(value, limit=self.limit)
+        if self.style == "block":
+            return printable_block(value, limit=self.limit)
+        return printable(value, limit=self.limit)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Tree:
+    """A nested map from a peer (env specs, scheme configs): every string in it printable."""
+
+    limit: int = 1024
+
+    def clean(self, value: Any) -> Any:
+        return printable_tree(value, limit=self.limit)
+
+
+M = TypeVar("M")
+T = TypeVar("T")
+
+
+def decode(kind: type[M], body: Any, **bounds: Any) -> M:
+    """``kind.from_body(body, **bounds)``: a ``kind`` message, or :class:`ProtocolError`."""
+    from_body: Callable[..., M] = getattr(kind, "from_body")  # noqa: B009 (each kind's own)
+    name = getattr(kind, "KIND", kind.__name__)
+    try:
+        return from_body(body, **bounds)
+    except ProtocolError:
+        raise
+    except Exception as exc:  # a hostile body, whatever tripped on it
+        raise ProtocolError(f"{name} message could not be decoded: "
+                            f"{type(exc).__name__}: {printable(str(exc), limit=300)} "
+                            f"(expected a well-formed {name} body)") from exc
+
+
+def read(cls: type[T], body: Any, what: str) -> T:
+    """``body`` checked against ``cls``'s declaration, its texts made printable (a kind
+    without a ``WIRE`` form: see :func:`read_fields` for those)."""
+    message: T = _convert(cls, body, what)
+    return message
+
+
+def read_fields(cls: type, body: Any, what: str) -> dict[str, Any]:
+    """For a kind with a ``WIRE`` form: ``{field: value}`` of ``body`` checked against
+    the declaration (the fields ``WIRE`` names as it declares them, left to the
+    caller; the others as ``cls`` declares them, their texts made printable)."""
+    fields: dict[str, Any] = _convert(cls, body, what)
+    return fields
+
+
+def clean(message: T) -> T:
+    """``message`` (built from checked values) with its texts made printable."""
+    kind: type = type(message)
+    for name, marker in _plan(kind)[1]:
+        object.__setattr__(message, name, marker.clean(getattr(message, name)))
+    return message
+
+
+def _convert(cls: type, body: Any, what: str) -> Any:
+    if not isinstance(body, dict):
+        raise ProtocolError(f"{what} message body must be a map, got {type(body).__name__}")
+    schema, cleaners = _plan(cls)
+    try:
+        message = msgspec.convert(body, schema, strict=True)
+    except msgspec.ValidationError as exc:
+        raise ProtocolError(_explain(str(exc), body, what, schema)) from None
+    if schema is not cls:
+        values = {name: getattr(message, name) for name in schema.__struct_fields__}
+        for name, marker in cleaners:
+            values[name] = marker.clean(values[name])
+        return values
+    for name, marker in cleaners:
+        object.__setattr__(message, name, marker.clean(getattr(message, name)))
+    return message
+
+
+@cache
+def _plan(cls: type) -> tuple[Any, tuple[tuple[str, Text | Tree], ...]]:
+    """What to convert a body into (``cls``, or a Struct of its ``WIRE`` form), and the
+    fields to clean after the check (for a ``WIRE`` form, those it does not name)."""
+    hints = get_type_hints(cls, include_extras=True)
+    fields = dataclasses.fields(cls)
+    cleaners = tuple((f.name, marker) for f in fields for marker in
+                     getattr(hints[f.name], "__metadata__", ()) if isinstance(marker, Text | Tree))
+    wire: dict[str, Any] | None = getattr(cls, "WIRE", None)
+    if wire is None:
+        return cls, cleaners
+    spec: list[Any] = []
+    for f in fields:
+        kind = wire.get(f.name, hints[f.name])
+        if kind is None:
+            continue  # read by the caller
+        if f.default is not dataclasses.MISSING:
+            spec.append((f.name, kind, f.default))
+        elif f.default_factory is not dataclasses.MISSING:
+            spec.append((f.name, kind, msgspec.field(default_factory=f.default_factory)))
+        else:
+            spec.append((f.name, kind))
+    schema = msgspec.defstruct(f"{cls.__name__}Wire", spec, kw_only=True)
+    return schema, tuple((name, marker) for name, marker in cleaners if name not in wire)
+
+
+_AT = re.compile(r"^(?P<head>.*?)(?: - at `(?P<at>[^`]*)`(?: in `(?P<inside>[^`]*)`)?)?$",
+                 re.DOTALL)
+_WORDS = {"object": "map", "array": "list", "null": "None"}
+_MISSING = object()
+
+
+def _explain(complaint: str, body: Any, what: str, schema: Any) -> str:
+    """msgspec's complaint in our words: ``<what> message field 'f' must be X, got Y``."""
+    match = _AT.match(complaint)
+    assert match is not None  # the pattern matches any text
+    head, at, inside = match["head"], match["at"] or "", match["inside"]
+    path = (inside if inside is not None else at).removeprefix("$").removeprefix(".")
+    kind, name = _walk(schema, path)
+    missing = re.fullmatch(r"Object missing required field `([^`]*)`", head)
+    if missing:
+        return f"{what} message field {(f'{name}.' if name else '') + missing[1]!r} is missing"
+    expected = re.fullmatch(r"Expected (.*?)(, got (`?)[^`]*\3)?", head, re.DOTALL)
+    if expected is None:
+        return f"{what} message field {name!r}: {head}"
+    want = _range(kind) or re.sub(r"`([^`]*)`", lambda m: " | ".join(
+        _WORDS.get(w, w) for w in m[1].split(" | ")), expected[1])
+    if inside is not None:
+        return f"{what} message field {name!r} must have {want} keys"
+    got = _described(_value_at(body, path), type_only=bool(expected[3]))
+    return f"{what} message {f'field {name!r}' if name else 'body'} must be {want}, got {got}"
+
+
+def _walk(schema: Any, path: str) -> tuple[Any, str]:
+    """The declared type at msgspec's ``path`` (None: not found) and the path in words
+    (a named tuple's position by its name: ``records[0].level``)."""
+    kind: Any = schema
+    words = ""
+    for index, key in re.findall(r"\[(\d+)\]|([^.\[\]]+)", path):
+        while get_origin(kind) is Annotated:
+            kind = get_args(kind)[0]
+        fields = getattr(kind, "_fields", None)  # a NamedTuple
+        if key:
+            words += f".{key}" if words else key
+            hints = get_type_hints(kind, include_extras=True) if isinstance(kind, type) else {}
+            kind = hints.get(key)
+        elif fields is not None and int(index) < len(fields):
+            words += f".{fields[int(index)]}"
+            kind = get_type_hints(kind, include_extras=True)[fields[int(index)]]
+        else:
+            words += f"[{index}]"
+            args = get_args(kind)
+            kind = args[0] if get_origin(kind) is list and args else None
+    return kind, words
+
+
+def _range(kind: Any) -> str:
+    """``"an int in 0..7"`` for an int declared with both bounds ("" otherwise): the
+    whole range, where msgspec names the side that was crossed."""
+    if get_origin(kind) is not Annotated or get_args(kind)[0] is not int:
+        return ""
+    for meta in get_args(kind)[1:]:
+        if isinstance(meta, msgspec.Meta) and meta.ge is not None and meta.le is not None:
+            return f"an int in {meta.ge}..{meta.le}"
+    return ""
+
+
+def _value_at(body: Any, path: str) -> Any:
+    value = body
+    for step in re.findall(r"\[(\d+)\]|([^.\[\]]+)", path):
+        index, key = step
+        try:
+            value = value[int(index)] if index else value[key]
+        except (KeyError, IndexError, TypeError):
+            return _MISSING
+    return value
+
+
+def _described(value: Any, *, type_only: bool) -> str:
+    if value is _MISSING:
+        return "something else"
+    if type_only:
+        return type(value).__name__
+    if isinstance(value, int | float):
+        return repr(value)[:40]
+    if isinstance(value, str | bytes | list | dict):
+        return f"{type(value).__name__} of length {len(value)}"
+    return type(value).__name__
