@@ -30,7 +30,8 @@ new weights to the workers. The endpoints:
   applied them: ``{"version": N}``;
 - ``POST /pause`` and ``POST /resume``: ``{"paused": true|false}``. These three
   need ``Authorization: Bearer <token>`` with the token in
-  ``ASYNCRL_CONTROL_TOKEN_FILE`` (401 without it); with no token file they answer
+  ``ASYNCRL_CONTROL_TOKEN_FILE`` (401 without it, 400 for several Authorization
+  headers, 503 while the file cannot be used); with no token file they answer
   loopback clients only (403 for the others). See examples/service_control.py.
 
 With ``ASYNCRL_CHECKPOINT`` (a file path) the run survives a restart: the policy,
@@ -418,8 +419,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--control-token-file", metavar="FILE",
                         help="POST /weights, /pause, /resume need 'Authorization: Bearer' with "
-                             "the token in FILE (re-read when it changes); without it they "
-                             "answer loopback clients only (ASYNCRL_CONTROL_TOKEN_FILE)")
+                             "the token in FILE (read at every control request: a rotated "
+                             "token applies at once; while FILE is unusable they answer 503); "
+                             "without it they answer loopback clients only "
+                             "(ASYNCRL_CONTROL_TOKEN_FILE)")
     parser.add_argument("--checkpoint", metavar="FILE",
                         help="save the run to FILE every ASYNCRL_CHECKPOINT_EVERY steps and at "
                              "SIGTERM, restore it at start (ASYNCRL_CHECKPOINT)")
@@ -437,7 +440,9 @@ def main(argv: list[str] | None = None) -> int:
 
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, stopped)
-    uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port)).run()
+    # h11, not httptools even where it is installed: h11 refuses a request whose headers
+    # pass 16 KiB (400), httptools reads headers without a bound.
+    uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, http="h11")).run()
     return 0
 
 

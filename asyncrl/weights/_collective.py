@@ -35,6 +35,8 @@ from urllib.parse import urlsplit
 import torch
 import torch.distributed as _dist
 
+from transports import ProtocolError
+
 from ._errors import WeightSyncError
 
 # torch.distributed's stores and process-group classes are untyped re-exports.
@@ -135,11 +137,16 @@ class FlatLayout:
     def describe(self) -> str:
         return json.dumps([[k, d, list(s)] for k, d, s, _ in self.entries])
 
+    def claims(self) -> dict[str, tuple[str, tuple[int, ...]]]:
+        """``{key: (dtype name, shape)}``: what :func:`read_layout` reads back from
+        :meth:`describe`."""
+        return {k: (d, s) for k, d, s, _ in self.entries}
+
     def difference(self, other_description: str) -> str:
         """Empty if the other side described the same layout, else what differs."""
         try:
-            theirs = {k: (d, tuple(s)) for k, d, s in json.loads(other_description)}
-        except (ValueError, TypeError):
+            theirs = read_layout(other_description)
+        except ProtocolError:
             return "the trainer's layout description is malformed"
         ours = {k: (d, s) for k, d, s, _ in self.entries}
         missing = sorted(set(theirs) - set(ours))
@@ -170,6 +177,49 @@ class FlatLayout:
             size = count * torch.empty((), dtype=dtype).element_size()
             out[key] = buffer[offset:offset + size].view(dtype).view(shape)
         return out
+
+
+#: Bounds of a layout description read from a peer (the tensor key, the number of dims;
+#: a dim may claim at most 2**48 elements): nothing is allocated from what it claims,
+#: but an error message quotes it.
+MAX_LAYOUT_KEY, MAX_DIMS, MAX_DIM = 1024, 64, 1 << 48
+#: The dtype names a layout may say: a fixed set (``getattr(torch, name)`` on a peer's
+#: name could import a submodule: ``torch.__getattr__`` loads some lazily).
+DTYPE_NAMES = frozenset(str(d).removeprefix("torch.") for d in vars(torch).values()
+                        if isinstance(d, torch.dtype))
+
+
+def read_layout(description: str) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """``{key: (dtype name, shape)}`` from a peer's :meth:`FlatLayout.describe`, checked.
+
+    Raises ``ProtocolError`` for anything but a JSON list of distinct
+    ``[key, dtype name, [dims]]`` entries within the bounds above, whatever the text
+    (deep nesting included).
+
+    >>> read_layout('[["bias", "float32", [2]]]')
+    {'bias': ('float32', (2,))}
+    """
+    try:
+        entries = json.loads(description)
+    except (ValueError, RecursionError) as exc:  # (a deeply nested text: RecursionError)
+        raise ProtocolError(f"a weight layout must be JSON, got {type(exc).__name__}: "
+                            f"{str(exc)[:200]}") from None
+    if not isinstance(entries, list):
+        raise ProtocolError(f"a weight layout must be a list, got {type(entries).__name__}")
+    claims: dict[str, tuple[str, tuple[int, ...]]] = {}
+    for entry in entries:
+        if not (isinstance(entry, list) and len(entry) == 3 and isinstance(entry[0], str)
+                and 0 < len(entry[0]) <= MAX_LAYOUT_KEY and isinstance(entry[1], str)
+                and entry[1] in DTYPE_NAMES
+                and isinstance(entry[2], list) and len(entry[2]) <= MAX_DIMS
+                and all(type(d) is int and 0 <= d <= MAX_DIM for d in entry[2])):
+            raise ProtocolError(
+                f"a weight layout entry must be [key (1 to {MAX_LAYOUT_KEY} characters), a "
+                f"torch dtype name, [at most {MAX_DIMS} dims in 0..2**48]], got {entry!r:.200}")
+        if entry[0] in claims:
+            raise ProtocolError(f"a weight layout names {entry[0][:200]!r} twice")
+        claims[entry[0]] = (entry[1], tuple(entry[2]))
+    return claims
 
 
 class Group:

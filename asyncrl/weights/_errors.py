@@ -34,7 +34,8 @@ class ModelPathError(WeightSyncError, LookupError):
 
 
 class WeightMismatchError(WeightSyncError, ValueError):
-    """Weights do not fit their destination: keys are missing, unexpected or mis-shaped.
+    """Weights do not fit their destination: keys are missing, unexpected or mis-shaped
+    (or of another dtype, where the bytes are copied as they are: Ray's flat buffer).
 
     Nothing was applied when this is raised.
     """
@@ -45,11 +46,13 @@ class WeightMismatchError(WeightSyncError, ValueError):
         missing: Sequence[str] = (),
         unexpected: Sequence[str] = (),
         wrong_shape: Sequence[tuple[str, tuple[int, ...], tuple[int, ...]]] = (),
+        wrong_dtype: Sequence[tuple[str, str, str]] = (),
         what: str = "weights",
     ) -> None:
         self.missing = sorted(missing)
         self.unexpected = sorted(unexpected)
         self.wrong_shape = sorted(wrong_shape)
+        self.wrong_dtype = sorted(wrong_dtype)  #: ``(key, expected, got)`` dtype names
         parts = []
         if self.missing:
             parts.append(f"missing keys (in the destination, not in the {what}): "
@@ -61,6 +64,9 @@ class WeightMismatchError(WeightSyncError, ValueError):
             shown = [f"{key} (expected {list(exp)}, got {list(got)})"
                      for key, exp, got in self.wrong_shape]
             parts.append("wrongly shaped keys: " + _listing(shown))
+        if self.wrong_dtype:
+            parts.append("keys of another dtype: " + _listing(
+                [f"{key} (expected {exp}, got {got})" for key, exp, got in self.wrong_dtype]))
         super().__init__(
             f"{what} do not match the destination model; nothing was applied. "
             + "; ".join(parts)

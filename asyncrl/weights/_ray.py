@@ -19,7 +19,18 @@ it asks the store for the version's ref (an actor call, not awaited); at the
 next step boundary it gets the buffer (``ray.get``: Ray moves it to this node
 once, every worker of the node then maps the same copy), checks its size,
 copies it into the model and acks with the version. Newest wins as in every
-scheme: a pending version replaced by a newer one is never fetched.
+scheme: a pending version replaced by a newer one is never fetched, and a version
+older than or equal to the one held is acked with that one, never applied.
+
+**What a worker checks.** Ray unpickles what it moves, so the trust boundary is Ray's
+cluster: whoever can run code on it can run code in the workers. Still, before
+asking Ray anything, the message is checked (``ProtocolError``): its fields and
+bounds, the trainer's layout read back (:func:`read_layout`: bounded JSON) and held
+against this model with the check every receiver makes (``check_compatible``:
+missing, unexpected or mis-shaped keys, plus dtypes since bytes are copied as they
+are: ``WeightMismatchError``), its size against the model's. The fetched object must
+be a flat, contiguous ``uint8`` array of exactly that size, copied through this
+model's own layout: a claim never decides what is allocated or written where.
 
 **Lifetime.** The sender keeps a version's ref (and the store keeps its copy)
 while it is the latest (a late joiner gets it) or a message announcing it is
@@ -32,20 +43,20 @@ from __future__ import annotations
 import os
 import uuid
 import warnings
-from typing import Any
+from typing import Any, NamedTuple
 
 import anyio
 import torch
 
 from transports import Message, ProtocolError, Ticket, copy_into
 
-from ._collective import FlatLayout
+from ._collective import FlatLayout, read_layout
 from ._errors import WeightSyncError
 from ._in_flight import Queued
 from ._receiver import PendingUpdate, WeightReceiver
 from ._scheme import WeightSyncScheme
 from ._sender import THREAD_COPY_BYTES, WeightSender, WorkerIds
-from ._strategy import WeightFormat, WeightStrategy, flat_tensors
+from ._strategy import WeightFormat, WeightStrategy, check_compatible, flat_tensors
 
 __all__ = ["RayWeightReceiver", "RayWeightSender", "RayWeightSyncScheme"]
 
@@ -279,14 +290,21 @@ class RayWeightReceiver(WeightReceiver):
             raise ProtocolError(
                 "Ray weights must be {'store': 'asyncrl-weights-...', 'namespace': str, "
                 f"'version': int >= 1, 'nbytes': int, 'layout': str}}, got {body!r:.200}")
-        if body["layout"] != self._described:
-            raise WeightSyncError(f"the trainer's weights of {self.model_id!r} do not fit this "
-                                  "worker's model: "
-                                  f"{self.layout.difference(body['layout']) or 'layout differs'}")
+        if body["layout"] != self._described:  # (the same text: the same layout)
+            self._check_layout(body["layout"])
         if body["nbytes"] != self.layout.nbytes:
             raise ProtocolError(f"Ray weights of {body['nbytes']} bytes for a layout of "
                                 f"{self.layout.nbytes}")
         return int(body["version"])
+
+    def _check_layout(self, description: str) -> None:
+        """The trainer's layout against this model: the check every receiver makes
+        (``check_compatible``: keys and shapes), and dtypes, since the bytes are copied as
+        they are. ``ProtocolError`` for a malformed description."""
+        claims = read_layout(description)
+        check_compatible(self._targets, {k: _Claim(shape, getattr(torch, dtype))
+                                         for k, (dtype, shape) in claims.items()},
+                         what=f"the trainer's weights of {self.model_id[:100]!r}", dtypes=True)
 
     def _apply(self, update: PendingUpdate) -> int:
         ray = _ray()
@@ -295,8 +313,13 @@ class RayWeightReceiver(WeightReceiver):
             if refs is None:
                 raise WeightSyncError(f"version {update.version} of {self.model_id!r} is no "
                                       "longer in the trainer's weight store")
+            if not (isinstance(refs, list) and len(refs) == 1
+                    and isinstance(refs[0], ray.ObjectRef)):
+                raise ProtocolError(f"the weight store answered {type(refs).__name__} "
+                                    f"{refs!r:.100} for version {update.version} of "
+                                    f"{self.model_id!r}, expected [ObjectRef]")
             buffer = ray.get(refs[0], timeout=self.timeout)
-        except WeightSyncError:
+        except (WeightSyncError, ProtocolError):
             raise
         except Exception as exc:
             raise WeightSyncError(
@@ -311,9 +334,14 @@ class RayWeightReceiver(WeightReceiver):
         import numpy as np
 
         if not (isinstance(buffer, np.ndarray) and buffer.dtype == np.uint8
-                and buffer.ndim == 1 and buffer.size == max(self.layout.nbytes, 1)):
+                and buffer.ndim == 1 and buffer.size == max(self.layout.nbytes, 1)
+                and buffer.flags.c_contiguous):
+            what = (f"{buffer.dtype} array of shape {list(buffer.shape)}"
+                    + ("" if buffer.flags.c_contiguous else ", not contiguous")
+                    if isinstance(buffer, np.ndarray) else type(buffer).__name__)
             raise ProtocolError(f"version {version} of {self.model_id!r} in Ray's object store "
-                                f"is not a flat uint8 buffer of {self.layout.nbytes} bytes")
+                                f"is not a flat uint8 buffer of {self.layout.nbytes} bytes: "
+                                f"a {what[:200]} came")
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # read-only: we only read it
             flat = torch.from_numpy(buffer)
@@ -321,6 +349,13 @@ class RayWeightReceiver(WeightReceiver):
         with torch.no_grad():
             for key, target in self._targets.items():
                 copy_into(target, views[key])
+
+
+class _Claim(NamedTuple):
+    """A tensor as the trainer's layout describes it (what ``check_compatible`` reads)."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
 
 
 class RayWeightSyncScheme(WeightSyncScheme):

@@ -93,8 +93,13 @@ def check_compatible(
     *,
     strict: bool = True,
     what: str = "weights",
+    dtypes: bool = False,
 ) -> None:
-    """Raise :class:`WeightMismatchError` unless ``sources`` fit ``targets``."""
+    """Raise :class:`WeightMismatchError` unless ``sources`` fit ``targets``.
+
+    ``dtypes``: a source's ``dtype`` must be its target's too (bytes copied as they
+    are: no conversion); else dtypes are converted, as ``load_state_dict`` does.
+    """
     missing = [k for k in targets if k not in sources] if strict else []
     unexpected = [k for k in sources if k not in targets] if strict else []
     wrong = [
@@ -102,9 +107,14 @@ def check_compatible(
         for k, v in sources.items()
         if k in targets and tuple(targets[k].shape) != tuple(_shape(v))
     ]
-    if missing or unexpected or wrong:
+    wrong_dtype = [
+        (k, _dtype_name(targets[k].dtype), _dtype_name(getattr(v, "dtype", None)))
+        for k, v in sources.items()
+        if dtypes and k in targets and getattr(v, "dtype", None) != targets[k].dtype
+    ]
+    if missing or unexpected or wrong or wrong_dtype:
         raise WeightMismatchError(missing=missing, unexpected=unexpected, wrong_shape=wrong,
-                                  what=what)
+                                  wrong_dtype=wrong_dtype, what=what)
 
 
 def flat_tensors(obj: Any, *, live: bool = False) -> dict[str, torch.Tensor]:
@@ -177,6 +187,10 @@ def _unflatten(flat: Mapping[str, torch.Tensor]) -> dict[str, Any]:
             raise ValueError(f"key {key!r} is both a tensor and a prefix of other keys")
         node[leaf] = value
     return nested
+
+
+def _dtype_name(dtype: Any) -> str:
+    return str(dtype).removeprefix("torch.")
 
 
 def _shape(value: Any) -> tuple[int, ...]:

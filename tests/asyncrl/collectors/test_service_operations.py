@@ -4,8 +4,12 @@ threshold, and a checkpoint that carries a run over a trainer restart (#36 items
 
 from __future__ import annotations
 
+import json
+import logging
 import os
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -21,6 +25,8 @@ pytest.importorskip("httpx")
 pytest.importorskip("prometheus_client")
 
 import httpx
+from starlette.requests import Request
+from starlette.responses import JSONResponse
 
 from examples.service import Settings
 from examples.service_checkpoint import Checkpoint, RunState
@@ -66,6 +72,100 @@ def test_a_token_file_that_is_empty_missing_or_huge_is_refused_at_start(tmp_path
     (tmp_path / "huge").write_text("x" * 5000)
     with pytest.raises(ValueError, match="more than 4096 bytes"):
         ControlToken(tmp_path / "huge")
+
+
+def _post(*authorization: bytes, client: str = "10.1.2.3") -> Request:
+    """A control request as Starlette hands it over: header values are raw bytes."""
+    return Request({"type": "http", "method": "POST", "path": "/pause", "query_string": b"",
+                    "headers": [(b"authorization", value) for value in authorization],
+                    "client": (client, 40000)})
+
+
+def _answer(refusal: JSONResponse | None) -> tuple[int, str] | None:
+    return None if refusal is None else (refusal.status_code,
+                                         json.loads(bytes(refusal.body))["error"])
+
+
+def test_a_deleted_token_file_refuses_control_until_a_token_is_back(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    _secret_volume(tmp_path, "first-token", 1)
+    token = ControlToken(tmp_path / "token")
+    good = b"Bearer first-token"
+    assert _answer(token.refusal(_post(good))) is None
+    shutil.rmtree(tmp_path / "..gen1")  # the Secret's data is gone: revoked, not kept
+    caplog.set_level(logging.INFO, logger="examples.service")
+    for _ in range(20):  # what an unauthenticated client can send: one line in the log
+        assert _answer(token.refusal(_post(good))) == (
+            503, "control is refused: the service cannot use its control token file (its log "
+                 "says why); it is read again at every request")
+        assert _answer(token.refusal(_post(b"Bearer guess"))) is not None
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "cannot read the control token file" in warnings[0], warnings
+    _secret_volume(tmp_path, "second-token", 2)
+    assert _answer(token.refusal(_post(good)))[0] == 401  # type: ignore[index]
+    assert _answer(token.refusal(_post(b"Bearer second-token"))) is None
+    assert "can be used again" in caplog.records[-1].getMessage()
+
+
+@pytest.mark.parametrize("content", ["", "x" * 5000, "two words", "t\u00f8ken"],
+                         ids=["empty", "huge", "spaces", "non-ascii"])
+def test_a_token_file_that_turns_unusable_mid_run_refuses_control(
+        tmp_path: Path, content: str) -> None:
+    path = tmp_path / "token"
+    path.write_text("first-token\n")
+    token = ControlToken(path)
+    path.write_text(content)
+    assert _answer(token.refusal(_post(b"Bearer first-token")))[0] == 503  # type: ignore[index]
+    assert token.broken is not None and str(path) in token.broken
+
+
+def test_a_token_rewritten_in_place_applies_at_the_next_request(tmp_path: Path) -> None:
+    """Same inode, same size, same mtime (a rewrite within one clock tick): still read."""
+    path = tmp_path / "token"
+    path.write_text("aaaa-1111\n")
+    token = ControlToken(path)
+    stamp = path.stat()
+    with path.open("r+") as file:
+        file.write("bbbb-2222\n")
+    os.utime(path, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
+    assert _answer(token.refusal(_post(b"Bearer bbbb-2222"))) is None
+    assert _answer(token.refusal(_post(b"Bearer aaaa-1111")))[0] == 401  # type: ignore[index]
+
+
+def test_a_token_file_that_is_not_one_rfc6750_token_is_refused_at_start(tmp_path: Path) -> None:
+    """A token with spaces or non-ASCII bytes could never be sent as one header value."""
+    for content in ("two words", "t\u00f8ken", "tab\there"):
+        (tmp_path / "token").write_text(content)
+        with pytest.raises(ValueError, match="does not hold one RFC 6750 token"):
+            ControlToken(tmp_path / "token")
+
+
+def test_several_authorization_headers_are_refused_whichever_comes_first(
+        tmp_path: Path) -> None:
+    (tmp_path / "token").write_text("t0ken")
+    token = ControlToken(tmp_path / "token")
+    for headers in ((b"Bearer t0ken", b"Bearer wrong"), (b"Bearer wrong", b"Bearer t0ken"),
+                    (b"Bearer t0ken", b"Bearer t0ken")):
+        assert _answer(token.refusal(_post(*headers))) == (
+            400, "expected one Authorization header, got 2")
+
+
+@pytest.mark.parametrize("value", [
+    b"Bearer t\xc3\xb8ken", b"Bearer t\xf8ken", "Bearer t0ken\u00e9".encode("latin-1"),
+    b"Bearer " + b"t0ken" * 200_000, b"Bearer t0ken" + b" " * 100_000, b"t0ken",
+    b"Bearer", b"Bearer ", b"Basic t0ken", b"Bearer\tt0ken", b"Bearer t0ken t0ken",
+    b"Bearer t0ken\x00", b"\xff" * 64],
+    ids=["utf8", "latin1", "trailing-latin1", "1MB", "100KB-spaces", "no-scheme", "scheme-only",
+         "empty-token", "basic", "tab", "two-tokens", "nul", "binary"])
+def test_a_malformed_authorization_header_is_refused_as_malformed(
+        tmp_path: Path, value: bytes) -> None:
+    (tmp_path / "token").write_text("t0ken")
+    token = ControlToken(tmp_path / "token")
+    status, error = _answer(token.refusal(_post(value)))  # type: ignore[misc]
+    assert status == 401
+    assert error.endswith(f"the one sent ({len(value)} characters) is not 'Bearer ' and one "
+                          "RFC 6750 token"), error
+    assert _answer(token.refusal(_post(b"bEaReR   t0ken  "))) is None  # RFC: 1*SP, any case
 
 
 def test_the_readiness_threshold_is_a_count_or_a_share_of_the_expected_workers() -> None:
@@ -224,6 +324,60 @@ def test_sigterm_saves_the_run_and_the_next_start_continues_it(tmp_path: Path) -
         else:  # the second run went on from the first one's counts and versions
             assert f"run restored from {path}: {first.frames} frames" in output, output
             assert saved.frames > first.frames and saved.policy_version > first.policy_version
+
+
+def test_slow_and_oversized_clients_do_not_stall_collection(tmp_path: Path) -> None:
+    """20 clients dripping a control request's headers a byte at a time, 5 whose body
+    never comes, and 64 KiB of headers: the service (uvicorn, one event loop with the
+    collector) keeps yielding batches and answering /status while they hang."""
+    (tmp_path / "token").write_text("t0ken")
+    port = _free_port()
+    env = {**os.environ, **SMALL, "PYTHONPATH": str(ROOT)}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "examples.service", "--port", str(port),
+         "--control-token-file", str(tmp_path / "token")], cwd=ROOT, env=env,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    attackers: list[socket.socket] = []
+    try:
+        before = _poll(port, process, version=1, frames=0)["batches"]
+        dripping = [_connect(port, b"POST /pause HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ")
+                    for _ in range(20)]
+        bodiless = [_connect(port, b"POST /weights HTTP/1.1\r\nHost: x\r\nAuthorization: "
+                             b"Bearer t0ken-no\r\nContent-Length: 1000000000\r\n\r\nab")
+                    for _ in range(5)]
+        attackers += dripping + bodiless
+        with _connect(port, b"POST /pause HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+                      + b"a" * (1 << 16)) as huge:
+            assert huge.recv(64).startswith(b"HTTP/1.1 400"), "h11 bounds the headers"
+        deadline, drips, batches = time.monotonic() + LIMIT, 0, before
+        # Ten batches while every slow client hangs, over at least 40 rounds of drips.
+        while batches < before + 10 or drips < 40:
+            assert time.monotonic() < deadline, f"{batches - before} batches during the attack"
+            for client in dripping:
+                client.sendall(b"a")  # raises if the service dropped it: the attack is live
+            drips += 1
+            batches = _get(f"http://127.0.0.1:{port}/status")["batches"]
+            time.sleep(0.05)
+        assert drips > 1 and process.poll() is None
+        for client in bodiless:  # answered without reading the body it never got
+            assert client.recv(64).startswith(b"HTTP/1.1 401")
+    finally:
+        for client in attackers:
+            client.close()
+        process.send_signal(signal.SIGTERM)
+        try:
+            output, _ = process.communicate(timeout=60)
+        finally:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.communicate()
+    assert process.returncode == 0 and "Traceback" not in output, output
+
+
+def _connect(port: int, data: bytes) -> socket.socket:
+    client = socket.create_connection(("127.0.0.1", port), timeout=10)
+    client.sendall(data)
+    return client
 
 
 def _poll(port: int, process: subprocess.Popen[str], *, version: int, frames: int
