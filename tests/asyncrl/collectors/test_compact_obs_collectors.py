@@ -131,9 +131,9 @@ async def test_workers_compact_only_when_the_welcome_offers_it(
     patches: list[bool] = []
     from_body = collection.Batch.from_body.__func__  # type: ignore[attr-defined]
 
-    def recording(cls: Any, body: Any) -> Any:
+    def recording(cls: Any, body: Any, **bounds: Any) -> Any:
         patches.append(body.get("next") is not None)
-        return from_body(cls, body)
+        return from_body(cls, body, **bounds)
 
     monkeypatch.setattr(collection.Batch, "from_body", classmethod(recording))
     batches = []
