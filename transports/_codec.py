@@ -18,14 +18,17 @@ import math
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgpack
 import numpy as np
-import torch
-from tensordict import NonTensorData, NonTensorStack, TensorDict, TensorDictBase
 
 from ._errors import ProtocolError
+from ._torch_free import TORCH_FREE
+
+if TYPE_CHECKING or not TORCH_FREE:  # a torch-free process: numpy arrays only
+    import torch
+    from tensordict import NonTensorData, NonTensorStack, TensorDict, TensorDictBase
 
 __all__ = [
     "DEFAULT_MAX_BYTES",
@@ -49,7 +52,7 @@ _EXT_TENSOR = 1
 _EXT_TENSORDICT = 2
 _EXT_NDARRAY = 3
 
-_TORCH_DTYPES: dict[str, torch.dtype] = {
+_TORCH_DTYPES: dict[str, torch.dtype] = {} if TORCH_FREE else {
     name: getattr(torch, name)
     for name in (
         "bool", "uint8", "int8", "int16", "int32", "int64", "uint16", "uint32", "uint64",
@@ -137,10 +140,11 @@ def _check_plain_meta(meta: dict[str, Any]) -> None:
 
 def _pack(obj: Any, frames: list[Any]) -> bytes:
     def default(value: Any) -> Any:
-        if isinstance(value, torch.Tensor):
-            return _tensor_ext(value, frames)
-        if isinstance(value, TensorDictBase):
-            return msgpack.ExtType(_EXT_TENSORDICT, _pack(_tensordict_body(value), frames))
+        if not TORCH_FREE:  # (a torch-free process holds no tensor to send)
+            if isinstance(value, torch.Tensor):
+                return _tensor_ext(value, frames)
+            if isinstance(value, TensorDictBase):
+                return msgpack.ExtType(_EXT_TENSORDICT, _pack(_tensordict_body(value), frames))
         if isinstance(value, np.ndarray):
             return _ndarray_ext(value, frames)
         if isinstance(value, np.generic):
@@ -337,10 +341,14 @@ class _BodyDecoder:
 
     def ext(self, ext: msgpack.ExtType, depth: int) -> Any:
         if ext.code == _EXT_TENSOR:
-            return self.tensor(ext.data)
+            # A torch-free process takes a tensor as the numpy array of the same bytes.
+            return self.ndarray(ext.data) if TORCH_FREE else self.tensor(ext.data)
         if ext.code == _EXT_NDARRAY:
             return self.ndarray(ext.data)
         if ext.code == _EXT_TENSORDICT:
+            if TORCH_FREE:
+                raise ProtocolError("a TensorDict came to a torch-free process (an env "
+                                    "worker): it takes numpy arrays and msgpack values only")
             return self.tensordict(ext.data, depth)
         raise ProtocolError(f"unknown extension type {ext.code}")
 

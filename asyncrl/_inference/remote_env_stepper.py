@@ -20,7 +20,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import anyio
+import numpy as np
 import torch
+from tensordict import TensorDict, TensorDictBase
 
 from transports import (
     CurveClient,
@@ -35,7 +37,14 @@ from .._errors import JoinTimeout, RefusedError
 from .._rollout.env_pools import EnvPool
 from .._rollout.policies import torch_dtype
 from .._worker.log_forward import LogForwarder
-from .env_stepper import ERROR, REFUSED, EnvStepper, EnvWorkerConfig, build_pool
+from .env_stepper import (
+    ERROR,
+    REFUSED,
+    EnvStepper,
+    EnvWorkerConfig,
+    build_pool,
+)
+from .env_stepper import dtype_name as _name
 
 log = logging.getLogger("asyncrl.env_worker")
 
@@ -83,15 +92,22 @@ class InlineBlock:
         self.tensors = {k: torch.zeros(shape, dtype=dtype) for k, (dtype, shape) in layout.items()}
         self.version = 0
 
-    def write(self, tensors: Mapping[str, torch.Tensor], *, version: int = 0,
-              slot: int = 0) -> None:
+    def write(self, tensors: Mapping[str, Any], *, version: int = 0, slot: int = 0) -> None:
+        """Copy ``tensors`` in (tensors, or an env worker's numpy arrays)."""
         for key, dst in self.tensors.items():
-            dst.copy_(tensors[key])
+            src = tensors[key]
+            dst.copy_(src if isinstance(src, torch.Tensor) else torch.from_numpy(src))
         self.version = version
 
-    def read_into(self, dst: Mapping[str, torch.Tensor], slot: int = 0) -> int:
+    def read_into(self, dst: Mapping[str, Any], slot: int = 0) -> int:
+        """Copy out into ``dst`` (tensors, or an env worker's numpy arrays: a dtype numpy
+        lacks, bfloat16, lands as its bytes, :func:`~.env_stepper.numpy_dtype`)."""
         for key, out in dst.items():
-            out.copy_(self.tensors[key])
+            src = self.tensors[key]
+            if isinstance(out, np.ndarray):
+                np.copyto(out, _bytes_view(src) if out.dtype != _numpy_of(src) else src.numpy())
+            else:
+                out.copy_(src)
         return self.version
 
     def fill(self, body: Any, what: str, version: int = 0) -> None:
@@ -120,8 +136,35 @@ def pool_layout(pool: EnvPool) -> dict[str, Any]:
             "action": [dtype_name(torch_dtype(spec.dtype)), list(spec.shape)]}
 
 
+def _numpy_of(tensor: torch.Tensor) -> Any:
+    try:
+        return torch.empty(0, dtype=tensor.dtype).numpy().dtype
+    except TypeError:  # numpy lacks it
+        return None
+
+
+def _bytes_view(tensor: torch.Tensor) -> np.ndarray:
+    """A 2-byte float's bits as uint16 (how an env worker holds bfloat16)."""
+    return tensor.view(torch.int16).numpy().view(np.uint16)
+
+
 class RemoteStepper(EnvStepper):
     """An :class:`EnvStepper` whose observations and actions travel in the messages."""
+
+    _chunk: TensorDictBase | None = None
+
+    def chunk_body(self) -> Any:
+        """The chunk as a TensorDict ``[E, C]`` over the buffers (cloned per message)."""
+        if self._chunk is None:
+            rows, steps = next(iter(self._data.values())).shape[:2]
+            chunk = TensorDict({}, batch_size=[rows, steps])
+            for path, array in self._data.items():
+                tensor = torch.from_numpy(array)
+                if _name(self.layout[path][0]) == "bfloat16":
+                    tensor = tensor.view(torch.bfloat16)  # its bytes, held as uint16
+                chunk.set(path[0] if len(path) == 1 else path, tensor)
+            self._chunk = chunk
+        return self._chunk.clone()
 
     def request_body(self) -> Any:
         return self.obs_block.tensors  # type: ignore[attr-defined]

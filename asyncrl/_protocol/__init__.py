@@ -14,8 +14,13 @@ relay's hello), :mod:`.collection` (collect, preempt, batch, error, control),
 :mod:`.logs` (forwarded log records), :mod:`.progress` (a collecting worker's
 step count), :mod:`.shared_batches` (a local worker's batches in shared memory),
 :mod:`.weights` (weight meta, chunks and acks), and :mod:`.fields`, the validators
-they share.
+they share. In a torch-free process (an env worker of central inference:
+``transports.TORCH_FREE``) the collection messages, which carry TensorDicts, are absent.
 """
+
+from typing import TYPE_CHECKING as _TYPE_CHECKING
+
+from transports import TORCH_FREE as _TORCH_FREE
 
 from .admission import MAX_REASON as MAX_REASON
 from .admission import PROTOCOL as PROTOCOL
@@ -27,14 +32,16 @@ from .admission import Rejoin as Rejoin
 from .admission import RelayHello as RelayHello
 from .admission import RelayWelcome as RelayWelcome
 from .admission import Welcome as Welcome
-from .collection import Batch as Batch
-from .collection import Collect as Collect
-from .collection import Control as Control
-from .collection import ErrorReport as ErrorReport
-from .collection import Preempt as Preempt
-from .compact_frames import compact as compact
-from .compact_frames import drop_twins as drop_twins
-from .compact_frames import rebuild as rebuild
+
+if _TYPE_CHECKING or not _TORCH_FREE:  # (batches are TensorDicts: not in an env worker)
+    from .collection import Batch as Batch
+    from .collection import Collect as Collect
+    from .collection import Control as Control
+    from .collection import ErrorReport as ErrorReport
+    from .collection import Preempt as Preempt
+    from .compact_frames import compact as compact
+    from .compact_frames import drop_twins as drop_twins
+    from .compact_frames import rebuild as rebuild
 from .fields import MAX_KEY as MAX_KEY
 from .fields import MAX_MODEL_ID as MAX_MODEL_ID
 from .fields import MAX_RELAY_MEMBERS as MAX_RELAY_MEMBERS
