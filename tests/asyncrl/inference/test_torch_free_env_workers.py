@@ -1,0 +1,128 @@
+"""Env workers of central inference run without torch and tensordict (issue #45, item 2).
+
+A local env worker steps envs and moves numpy arrays through shared memory; it
+is forked from a fork server of its own started with ``ASYNCRL_TORCH_FREE=1``
+(``asyncrl._spawn.torch_free``), not from the one forked at ``import asyncrl``,
+which holds torch. What a user relies on: the same frames as before, from
+processes that import neither.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import multiprocessing as mp
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import anyio
+import pytest
+import torch
+
+from asyncrl import AsyncBatchedCollector
+from asyncrl._spawn.torch_free import start_torch_free
+
+pytestmark = pytest.mark.anyio
+LIMIT = 90
+
+#: Run in the child: what it imported once the env worker's entry module is in.
+REPORT = """
+import json, sys
+import asyncrl._inference.env_stepper
+heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "tensordict"))
+with open({path!r}, "w") as f:
+    json.dump({{"heavy": heavy, "entry": "asyncrl._inference.env_stepper" in sys.modules,
+               "main": getattr(sys.modules.get("__mp_main__"), "__file__", None)}}, f)
+"""
+
+
+def _start_and_wait(code: str) -> int | None:
+    process = mp.get_context("forkserver").Process(target=exec, args=(code,))
+    start_torch_free(process)
+    process.join(60)
+    return process.exitcode
+
+
+async def test_the_local_env_worker_entry_imports_neither_torch_nor_tensordict(
+        tmp_path: Path) -> None:
+    report = tmp_path / "modules.json"
+    with anyio.fail_after(LIMIT):
+        code = await anyio.to_thread.run_sync(
+            _start_and_wait, REPORT.format(path=str(report)))
+    assert code == 0
+    seen = json.loads(report.read_text())
+    assert seen["heavy"] == [], f"a torch-free env worker imported {seen['heavy']}"
+    assert seen["entry"] is True
+    # The child's main module is the marker script, not this test run's.
+    assert seen["main"].endswith("asyncrl/_spawn/torch_free_main.py")
+
+
+def _maps_torch(pid: int) -> bool:
+    return "libtorch" in Path(f"/proc/{pid}/maps").read_text()
+
+
+async def test_local_env_workers_of_named_envs_hold_no_torch_and_collect_every_frame() -> None:
+    frames = []
+    with anyio.fail_after(LIMIT):
+        async with AsyncBatchedCollector(["CartPole-v1"] * 2, frames_per_batch=40,
+                                         total_frames=120) as collector:
+            async for batch in collector:
+                frames.append(batch)
+                pids = collector.worker_pids
+                assert len(pids) == 2
+                assert not any(_maps_torch(pid) for pid in pids)
+    data = torch.cat(frames, 0)
+    assert data.numel() == 120
+    assert set(data["collector", "worker_id"].tolist()) == {0, 1}
+    assert data["observation"].dtype == torch.float32 and data["observation"].shape == (120, 4)
+    # Within a trajectory, each step's observation is the previous step's next one.
+    for tid in data["collector", "traj_ids"].unique().tolist():
+        traj = data[data["collector", "traj_ids"] == tid]
+        assert torch.equal(traj["observation"][1:], traj["next", "observation"][:-1])
+        done = traj["next", "done"].view(-1)
+        assert not done[:-1].any()  # an episode that ended starts a new trajectory
+
+
+async def test_env_workers_of_a_callable_are_forked_with_torch_as_before() -> None:
+    # A callable may come from the user's script, which a torch-free child never runs.
+    import gymnasium as gym
+
+    with anyio.fail_after(LIMIT):
+        async with AsyncBatchedCollector([functools.partial(gym.make, "CartPole-v1")],
+                                         frames_per_batch=20, total_frames=20) as collector:
+            async for _ in collector:
+                assert all(_maps_torch(pid) for pid in collector.worker_pids)
+
+
+def test_a_torch_free_codec_takes_tensors_as_arrays_and_refuses_tensordicts() -> None:
+    from tensordict import TensorDict
+
+    from transports import encode
+
+    tensor_frames = encode({"a": torch.arange(3, dtype=torch.int16)})
+    td_frames = encode(TensorDict({"x": torch.zeros(2)}, [2]))
+    blobs = [[bytes(memoryview(f)) for f in frames] for frames in (tensor_frames, td_frames)]
+    code = """
+import sys, pickle
+from transports import decode, ProtocolError
+assert "torch" not in sys.modules
+tensors, td = pickle.loads(sys.stdin.buffer.read())
+out = decode(tensors)["a"]
+print(type(out).__name__, out.dtype, out.tolist())
+try:
+    decode(td)
+except ProtocolError as exc:
+    print("refused:", exc)
+assert "torch" not in sys.modules and "tensordict" not in sys.modules
+"""
+    result = subprocess.run([sys.executable, "-c", code], input=pickle.dumps(blobs),
+                            capture_output=True, timeout=60,
+                            env={**os.environ, "ASYNCRL_TORCH_FREE": "1"})
+    assert result.returncode == 0, result.stderr.decode()
+    lines = result.stdout.decode().splitlines()
+    assert lines[0] == "ndarray int16 [0, 1, 2]"
+    assert lines[1] == ("refused: a TensorDict came to a torch-free process (an env worker): "
+                        "it takes numpy arrays and msgpack values only")
