@@ -42,6 +42,18 @@ if _TYPE_CHECKING or not _TORCH_FREE:  # (batches are TensorDicts: not in an env
     from .compact_frames import compact as compact
     from .compact_frames import drop_twins as drop_twins
     from .compact_frames import rebuild as rebuild
+else:
+
+    def __getattr__(name: str) -> object:
+        # An env that imports torch-side asyncrl (asyncrl.testing's envs) gets them here.
+        import importlib
+
+        for module in (".collection", ".compact_frames"):
+            value = getattr(importlib.import_module(module, __name__), name, __getattr__)
+            if value is not __getattr__:
+                return value
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 from .fields import MAX_KEY as MAX_KEY
 from .fields import MAX_MODEL_ID as MAX_MODEL_ID
 from .fields import MAX_RELAY_MEMBERS as MAX_RELAY_MEMBERS

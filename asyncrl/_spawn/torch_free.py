@@ -42,7 +42,7 @@ def torch_free_process() -> bool:
 
 
 def _is_env_worker_command(argv: list[str]) -> bool:
-    """``asyncrl env-worker ...`` or ``python -m asyncrl env-worker ...``.
+    """``asyncrl env-worker ...``, ``python -m asyncrl[.cli] env-worker ...``.
 
     >>> _is_env_worker_command(["/venv/bin/python", "/venv/bin/asyncrl", "env-worker"])
     True
@@ -54,7 +54,8 @@ def _is_env_worker_command(argv: list[str]) -> bool:
     for i, arg in enumerate(argv[:-1]):
         if argv[i + 1] != COMMAND:
             continue
-        if os.path.basename(arg) == "asyncrl" or (arg == "asyncrl" and argv[i - 1:i] == ["-m"]):
+        if os.path.basename(arg) == "asyncrl" or (
+                arg in ("asyncrl", "asyncrl.cli") and argv[i - 1:i] == ["-m"]):
             return True
     return False
 
