@@ -228,6 +228,9 @@ class EnvStepper:
                                             config.create_env_kwargs))
             self.pool = pools[0]  # a remote worker's (it has one split)
             self.pools = pools
+            # (a local worker's shared memory, or a remote one's InlineArrays)
+            self.obs_block: Any
+            self.act_block: Any
             if blocks is None:
                 self.obs_block = SharedArrayBlock.attach(config.obs_block)
                 self.act_block = SharedArrayBlock.attach(config.act_block)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+from collections.abc import Sequence
 from multiprocessing import forkserver, spawn
 from multiprocessing.process import BaseProcess
 
@@ -123,7 +124,7 @@ def _install() -> None:
                 data["init_main_from_path"] = MAIN_SCRIPT
             return data
 
-        def connect_to_new_process(fds: list[int]) -> tuple[int, int]:
+        def connect_to_new_process(fds: Sequence[int]) -> tuple[int, int]:
             if getattr(_starting, "torch_free", False):
                 return _server.connect_to_new_process(fds)  # type: ignore[no-any-return]
             return connect(fds)  # type: ignore[no-any-return]
