@@ -68,6 +68,7 @@ PRELOAD = ("asyncrl._inference.env_stepper", "gymnasium")
 
 _starting = threading.local()
 _install_lock = threading.Lock()
+_installed = False
 # A second fork server beside multiprocessing's (which holds torch: .early), started
 # torch-free on first use; its children share its pages (numpy, ZeroMQ, gymnasium).
 _server = forkserver.ForkServer()
@@ -97,7 +98,7 @@ def _ensure_server() -> None:
     from .threads import _environment, thread_environment  # (the trainer's side: torch)
 
     with _install_lock:
-        if _server._forkserver_pid is None:  # type: ignore[attr-defined]
+        if vars(_server).get("_forkserver_pid") is None:  # (multiprocessing's field)
             # Its environment is inherited when it starts (held briefly, under the lock
             # the other fork server's start takes too).
             with _environment({**thread_environment(1), VARIABLE: "1"}):
@@ -111,10 +112,12 @@ def _install() -> None:
     # spawn.get_preparation_data, and reaches its one fork server through
     # forkserver.connect_to_new_process: both wrapped once, changed only for this
     # thread's start.
+    global _installed
     with _install_lock:
-        original = spawn.get_preparation_data
-        if getattr(original, "_asyncrl_torch_free", False):
+        if _installed:
             return
+        _installed = True
+        original = spawn.get_preparation_data
         connect = forkserver.connect_to_new_process
 
         def preparation_data(name: str) -> dict[str, object]:
@@ -129,6 +132,5 @@ def _install() -> None:
                 return _server.connect_to_new_process(fds)  # type: ignore[no-any-return]
             return connect(fds)  # type: ignore[no-any-return]
 
-        preparation_data._asyncrl_torch_free = True  # type: ignore[attr-defined]
         spawn.get_preparation_data = preparation_data
         forkserver.connect_to_new_process = connect_to_new_process
