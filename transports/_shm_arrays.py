@@ -6,18 +6,6 @@ segment, its header and its slots' control words are the same as
 :mod:`._shm`'s; only the views differ. A dtype numpy lacks (``bfloat16``) is
 viewed as the unsigned integer of its size: the bytes are carried, never
 interpreted, which is all an env worker does with a policy output.
-
->>> from transports import SharedTensorBlock
->>> import torch
->>> block = SharedTensorBlock.create({"o": torch.zeros(2, 3),
-...                                   "h": torch.ones(2, dtype=torch.bfloat16)})
->>> arrays = SharedArrayBlock.attach(block.name)
->>> arrays.layout
-{'o': ('float32', (2, 3)), 'h': ('bfloat16', (2,))}
->>> arrays.slot_views(1)["o"][:] = 7
->>> float(block.slot_views(1)["o"].sum()), arrays.slot_views(0)["h"].dtype.name
-(42.0, 'uint16')
->>> arrays.close(); block.close(); block.unlink()
 """
 
 from __future__ import annotations
@@ -58,6 +46,18 @@ class SharedArrayBlock:
     ``layout`` gives ``{key: (dtype name, shape)}``; :meth:`slot_views` the
     slot's arrays (in the shared memory itself); :meth:`control` its live
     ``[seq, version]`` words. Writes follow the block's seqlock, by the caller.
+
+    >>> from transports import SharedTensorBlock
+    >>> import torch
+    >>> block = SharedTensorBlock.create({"o": torch.zeros(2, 3),
+    ...                                   "h": torch.ones(2, dtype=torch.bfloat16)})
+    >>> arrays = SharedArrayBlock.attach(block.name)
+    >>> arrays.layout
+    {'o': ('float32', (2, 3)), 'h': ('bfloat16', (2,))}
+    >>> arrays.slot_views(1)["o"][:] = 7
+    >>> float(block.slot_views(1)["o"].sum()), arrays.slot_views(0)["h"].dtype.name
+    (42.0, 'uint16')
+    >>> arrays.close(); block.close(); block.unlink()
     """
 
     def __init__(self, name: str, mapped: Any, layout: list[tuple[str, Any, tuple[int, ...], int]],
