@@ -21,6 +21,7 @@ import sys
 import threading
 from collections.abc import Sequence
 from multiprocessing import forkserver, spawn
+from multiprocessing.context import ForkServerProcess
 from multiprocessing.process import BaseProcess
 
 #: The variable (transports reads it at its import: one name for both packages).
@@ -76,7 +77,8 @@ _server.set_forkserver_preload(list(PRELOAD))
 
 
 def start_torch_free(process: BaseProcess) -> None:
-    """``process.start()`` for a process of the ``forkserver`` context, torch-free.
+    """``process.start()`` for a process of the ``forkserver`` (or ``spawn``) context,
+    torch-free.
 
     The process is forked from a fork server of its own that runs with
     ``ASYNCRL_TORCH_FREE=1`` (started on first use) instead of multiprocessing's, and
@@ -86,7 +88,8 @@ def start_torch_free(process: BaseProcess) -> None:
     from the user's ``__main__`` (the caller checks: gym ids and import paths only).
     """
     _install()
-    _ensure_server()
+    if isinstance(process, ForkServerProcess):  # (a spawned one needs no server)
+        _ensure_server()
     _starting.torch_free = True
     try:
         process.start()

@@ -40,19 +40,21 @@ with open({path!r}, "w") as f:
 """
 
 
-def _start_and_wait(code: str) -> int | None:
-    process = mp.get_context("forkserver").Process(target=exec, args=(code,))
+def _start_and_wait(code: str, method: str) -> int | None:
+    process = mp.get_context(method).Process(target=exec, args=(code,))
     start_torch_free(process)
     process.join(60)
     return process.exitcode
 
 
+# forkserver: the torch-free fork server; spawn: the fallback when it cannot start one.
+@pytest.mark.parametrize("method", ["forkserver", "spawn"])
 async def test_the_local_env_worker_entry_imports_neither_torch_nor_tensordict(
-        tmp_path: Path) -> None:
+        tmp_path: Path, method: str) -> None:
     report = tmp_path / "modules.json"
     with anyio.fail_after(LIMIT):
         code = await anyio.to_thread.run_sync(
-            _start_and_wait, REPORT.format(path=str(report)))
+            _start_and_wait, REPORT.format(path=str(report)), method)
     assert code == 0
     seen = json.loads(report.read_text())
     assert seen["heavy"] == [], f"a torch-free env worker imported {seen['heavy']}"
