@@ -3,10 +3,11 @@
 An env worker of central inference steps envs and moves numpy arrays through
 shared memory and ZeroMQ; torch and tensordict would cost it ~100 MB of its own
 and seconds of import. In such a process ``import transports`` imports neither:
-the codec sends numpy arrays and receives a tensor frame as a numpy array (a
-TensorDict or a dtype numpy lacks is refused), and same-host blocks are attached
-as :class:`~transports._shm_arrays.SharedArrayBlock`. ``SharedTensorBlock``,
-``SharedTensorFile`` and ``copy_into`` are then absent from :mod:`transports`.
+the codec sends its numpy arrays as tensors (its peer, a trainer, has torch) and
+receives a tensor frame as a numpy array (a TensorDict or a dtype numpy lacks is
+refused), and same-host blocks are attached as
+:class:`~transports._shm_arrays.SharedArrayBlock`. ``SharedTensorFile`` is imported
+only when asked for (it imports torch); ``SharedTensorBlock`` is there but needs torch.
 
 Read once, at import: the process is torch-free or not for its whole life.
 """
