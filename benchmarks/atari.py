@@ -67,10 +67,10 @@ import torch
 from torch import nn
 
 from benchmarks import ROOT
+from benchmarks.atari_env import make_atari
 from benchmarks.pixels import interleave, snapshot
 from benchmarks.pixels_throughput import cpu_seconds
 
-ENV_ID = "ALE/Breakout-v5"
 OBS_SHAPE = (4, 84, 84)
 N_ACTIONS = 4  # Breakout's minimal action set
 N_ENVS = 8
@@ -86,19 +86,6 @@ ATARI = ("ale_py", "cv2")  # gymnasium's AtariPreprocessing resizes with OpenCV
 
 
 # -- the workload ------------------------------------------------------------------------------
-def make_atari() -> Any:
-    """Breakout, preprocessed and stacked as CleanRL's gymnasium Atari scripts do."""
-    import ale_py
-    import gymnasium as gym
-    from gymnasium.wrappers import AtariPreprocessing, FrameStackObservation
-
-    gym.register_envs(ale_py)
-    env = gym.make(ENV_ID, frameskip=1)
-    env = AtariPreprocessing(env, frame_skip=4, screen_size=84, grayscale_obs=True,
-                             noop_max=30)
-    return FrameStackObservation(env, 4)
-
-
 def make_envpool(num_envs: int = N_ENVS, num_threads: int = 2) -> Any:
     """EnvPool's Breakout with :data:`ENVPOOL_OPTIONS`."""
     import envpool
@@ -278,7 +265,10 @@ def run_asyncrl(meter: Meter, kind: str, compact_obs: bool = False) -> None:
 
     def open_collector() -> Any:
         if kind == "batched":
-            return AsyncBatchedCollector(make_atari, policy=make_policy(), num_envs=N_ENVS,
+            # named by import path, from a module without torch: its env workers are then
+            # torch-free (docs/inference.md, memory)
+            return AsyncBatchedCollector("benchmarks.atari_env:make_atari", policy=make_policy(),
+                                         num_envs=N_ENVS,
                                          frames_per_batch=meter.frames_per_batch,
                                          num_threads=1)
         cls = MultiSyncCollector if kind == "sync" else MultiAsyncCollector

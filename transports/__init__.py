@@ -2,8 +2,11 @@
 
 * :func:`encode` / :func:`decode`: a msgpack header plus raw tensor frames, zero
   copy both ways, never pickle; hostile input raises :class:`ProtocolError`.
+  :class:`ArrayDict`: numpy arrays sent as a TensorDict (by a process without torch).
 * :class:`Hub` (many identified peers) and :class:`Link` (one upstream): async
   ZeroMQ channels over anyio (asyncio and trio) with acks, heartbeats and goodbyes.
+* :class:`SharedArrayBlock`: such a block attached as numpy arrays, for a process without
+  torch (``ASYNCRL_TORCH_FREE=1``, an env worker: :mod:`transports._torch_free`).
 * :class:`SharedTensorBlock`: same-host tensors in shared memory, read whole or not at all;
   its pages are reserved when it is made (:class:`SharedMemoryFullError` if ``/dev/shm`` is full).
   :class:`SharedTensorFile`: such a block read by its creator through the file descriptor
@@ -24,12 +27,17 @@ Everything else (``transports._name``) is private: asyncrl itself imports only t
 """
 
 import logging as _logging
+from typing import TYPE_CHECKING as _TYPE_CHECKING
 
-# First, before anything imports tensordict: it imports tensordict without torch._dynamo.
-from . import _lazy_dynamo as _lazy_dynamo
+from ._torch_free import TORCH_FREE as TORCH_FREE
+
+if _TYPE_CHECKING or not TORCH_FREE:
+    # First, before anything imports tensordict: it imports tensordict without torch._dynamo.
+    from . import _lazy_dynamo as _lazy_dynamo
 from ._channel import ChannelStatistics as ChannelStatistics
 from ._codec import DEFAULT_MAX_BYTES as DEFAULT_MAX_BYTES
 from ._codec import PROTOCOL_VERSION as PROTOCOL_VERSION
+from ._codec import ArrayDict as ArrayDict
 from ._codec import decode as decode
 from ._codec import encode as encode
 from ._curve import CurveClient as CurveClient
@@ -65,11 +73,23 @@ from ._shm import SharedMemoryFullError as SharedMemoryFullError
 from ._shm import SharedTensorBlock as SharedTensorBlock
 from ._shm import TornReadError as TornReadError
 from ._shm import copy_into as copy_into
-from ._shm_file import SharedTensorFile as SharedTensorFile
+from ._shm_arrays import SharedArrayBlock as SharedArrayBlock
 from ._socket import shutdown as shutdown
 from ._types import Message as Message
 from ._types import PeerEvent as PeerEvent
 from ._types import Ticket as Ticket
+
+if _TYPE_CHECKING or not TORCH_FREE:  # (ASYNCRL_TORCH_FREE=1: an env worker, no torch)
+    from ._shm_file import SharedTensorFile as SharedTensorFile
+else:
+
+    def __getattr__(name: str) -> object:
+        if name == "SharedTensorFile":  # (imports torch: asked for, it is the caller's)
+            from ._shm_file import SharedTensorFile
+
+            return SharedTensorFile
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 # A library never configures logging: the application does.
 _logging.getLogger("transports").addHandler(_logging.NullHandler())
@@ -78,6 +98,8 @@ __all__ = [
     "DEFAULT_MAX_BYTES",
     "PROTOCOL_VERSION",
     "STRANGER_MAX_BYTES",
+    "TORCH_FREE",
+    "ArrayDict",
     "AuthorizedKeys",
     "ChannelStatistics",
     "ClosedResourceError",
@@ -96,6 +118,7 @@ __all__ = [
     "ProtocolError",
     "RateLimitedLog",
     "RemoteError",
+    "SharedArrayBlock",
     "SharedMemoryFullError",
     "SharedTensorBlock",
     "SharedTensorFile",

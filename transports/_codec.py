@@ -18,18 +18,22 @@ import math
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgpack
 import numpy as np
-import torch
-from tensordict import NonTensorData, NonTensorStack, TensorDict, TensorDictBase
 
 from ._errors import ProtocolError
+from ._torch_free import TORCH_FREE
+
+if TYPE_CHECKING or not TORCH_FREE:  # a torch-free process: numpy arrays only
+    import torch
+    from tensordict import NonTensorData, NonTensorStack, TensorDict, TensorDictBase
 
 __all__ = [
     "DEFAULT_MAX_BYTES",
     "PROTOCOL_VERSION",
+    "ArrayDict",
     "Decoded",
     "decode",
     "decode_message",
@@ -49,7 +53,7 @@ _EXT_TENSOR = 1
 _EXT_TENSORDICT = 2
 _EXT_NDARRAY = 3
 
-_TORCH_DTYPES: dict[str, torch.dtype] = {
+_TORCH_DTYPES: dict[str, torch.dtype] = {} if TORCH_FREE else {
     name: getattr(torch, name)
     for name in (
         "bool", "uint8", "int8", "int16", "int32", "int64", "uint16", "uint32", "uint64",
@@ -135,14 +139,19 @@ def _check_plain_meta(meta: dict[str, Any]) -> None:
         raise TypeError(f"cannot encode message meta: {exc}") from exc
 
 
-def _pack(obj: Any, frames: list[Any]) -> bytes:
+def _pack(obj: Any, frames: list[Any], *, as_tensors: bool = TORCH_FREE) -> bytes:
+    # as_tensors: numpy arrays travel as tensors (a torch-free process's, an ArrayDict's)
     def default(value: Any) -> Any:
-        if isinstance(value, torch.Tensor):
-            return _tensor_ext(value, frames)
-        if isinstance(value, TensorDictBase):
-            return msgpack.ExtType(_EXT_TENSORDICT, _pack(_tensordict_body(value), frames))
+        if not TORCH_FREE:  # (a torch-free process holds no tensor to send)
+            if isinstance(value, torch.Tensor):
+                return _tensor_ext(value, frames)
+            if isinstance(value, TensorDictBase):
+                return msgpack.ExtType(_EXT_TENSORDICT, _pack(_tensordict_body(value), frames))
+        if isinstance(value, ArrayDict):
+            return msgpack.ExtType(_EXT_TENSORDICT,
+                                   _pack(value.body(), frames, as_tensors=True))
         if isinstance(value, np.ndarray):
-            return _ndarray_ext(value, frames)
+            return _ndarray_ext(value, frames, _EXT_TENSOR if as_tensors else _EXT_NDARRAY)
         if isinstance(value, np.generic):
             return value.item()
         if isinstance(value, tuple):
@@ -183,14 +192,43 @@ def _tensor_ext(tensor: torch.Tensor, frames: list[Any]) -> msgpack.ExtType:
     return msgpack.ExtType(_EXT_TENSOR, msgpack.packb([len(frames) - 1, name, shape]))
 
 
-def _ndarray_ext(array: np.ndarray, frames: list[Any]) -> msgpack.ExtType:
+def _ndarray_ext(array: np.ndarray, frames: list[Any], code: int = _EXT_NDARRAY
+                 ) -> msgpack.ExtType:
+    # (as _EXT_TENSOR: torch's dtype names are numpy's for every dtype numpy has)
     name = array.dtype.name
     if name not in _NUMPY_DTYPES or array.dtype.byteorder == ">":
         raise TypeError(f"cannot encode a numpy array of dtype {array.dtype}")
     shape = list(array.shape)  # np.ascontiguousarray turns a 0-d array into shape (1,)
     array = np.ascontiguousarray(array)
     frames.append(array.reshape(-1).view(np.uint8))
-    return msgpack.ExtType(_EXT_NDARRAY, msgpack.packb([len(frames) - 1, name, shape]))
+    return msgpack.ExtType(code, msgpack.packb([len(frames) - 1, name, shape]))
+
+
+class ArrayDict:
+    """A TensorDict's wire form made of numpy arrays: what a torch-free process sends.
+
+    ``entries`` maps str keys to arrays whose shapes start with ``batch_size``, or to
+    mappings of the same (nested entries, as ``("next", "observation")``). It is encoded
+    exactly as a TensorDict of the same tensors: the receiver, which has torch, decodes
+    a TensorDict; a torch-free receiver refuses it (:func:`decode`).
+
+    >>> frames = encode(ArrayDict([2], {"x": np.zeros((2, 3), np.float32),
+    ...                                 "next": {"r": np.ones(2, np.int64)}}))
+    >>> td = decode(frames)
+    >>> td.batch_size, td["next", "r"].tolist()
+    (torch.Size([2]), [1, 1])
+    """
+
+    __slots__ = ("batch_size", "entries")
+
+    def __init__(self, batch_size: Sequence[int], entries: Mapping[str, Any]) -> None:
+        self.batch_size = [int(d) for d in batch_size]
+        self.entries = entries
+
+    def body(self) -> list[Any]:
+        entries = {key: ArrayDict(self.batch_size, value) if isinstance(value, Mapping)
+                   else value for key, value in self.entries.items()}
+        return [self.batch_size, None, entries]
 
 
 def _tensordict_body(td: TensorDictBase) -> list[Any]:
@@ -337,10 +375,14 @@ class _BodyDecoder:
 
     def ext(self, ext: msgpack.ExtType, depth: int) -> Any:
         if ext.code == _EXT_TENSOR:
-            return self.tensor(ext.data)
+            # A torch-free process takes a tensor as the numpy array of the same bytes.
+            return self.ndarray(ext.data) if TORCH_FREE else self.tensor(ext.data)
         if ext.code == _EXT_NDARRAY:
             return self.ndarray(ext.data)
         if ext.code == _EXT_TENSORDICT:
+            if TORCH_FREE:
+                raise ProtocolError("a TensorDict came to a torch-free process (an env "
+                                    "worker): it takes numpy arrays and msgpack values only")
             return self.tensordict(ext.data, depth)
         raise ProtocolError(f"unknown extension type {ext.code}")
 

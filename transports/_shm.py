@@ -54,14 +54,17 @@ import os
 import secrets
 from collections.abc import Mapping
 from multiprocessing import resource_tracker
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import msgpack
 import numpy as np
-import torch
 
 from ._codec import _TORCH_DTYPES, _TORCH_NAMES
 from ._errors import ProtocolError, TransportError
+from ._torch_free import TORCH_FREE
+
+if TYPE_CHECKING or not TORCH_FREE:  # a torch-free process attaches SharedArrayBlocks
+    import torch
 
 try:
     import _posixshmem
@@ -527,7 +530,10 @@ def _plan(tensors: Mapping[str, torch.Tensor]
     return layout, max(offset, _ALIGN)
 
 
-def _read_header(buffer: Any, size: int) -> dict[str, Any]:
+def _read_header(buffer: Any, size: int, dtypes: Mapping[str, Any] | None = None
+                 ) -> dict[str, Any]:
+    """The segment's layout (each dtype looked up by name in ``dtypes``: torch's by default)
+    and sizes, checked against ``size``; ProtocolError if malformed."""
     if size < _CTRL_INTS * 8:
         raise ProtocolError(f"shared-memory segment of {size} bytes is too small for a block")
     head = np.frombuffer(buffer, dtype=np.int64, count=9)
@@ -547,12 +553,14 @@ def _read_header(buffer: Any, size: int) -> dict[str, Any]:
                                   use_list=True)
     except Exception as exc:
         raise ProtocolError(f"block layout is not valid msgpack: {exc}") from None
-    return {"layout": _check_layout(entries, slot_size), "data_offset": data_offset,
+    return {"layout": _check_layout(entries, slot_size,
+                                    _TORCH_DTYPES if dtypes is None else dtypes),
+            "data_offset": data_offset,
             "slot_size": slot_size, "slots": slots}
 
 
-def _check_layout(entries: Any, slot_size: int
-                  ) -> list[tuple[str, torch.dtype, tuple[int, ...], int]]:
+def _check_layout(entries: Any, slot_size: int, dtypes: Mapping[str, Any]
+                  ) -> list[tuple[str, Any, tuple[int, ...], int]]:
     if not isinstance(entries, list):
         raise ProtocolError("block layout must be a list")
     layout = []
@@ -561,7 +569,7 @@ def _check_layout(entries: Any, slot_size: int
         if not (isinstance(entry, list) and len(entry) == 4 and isinstance(entry[0], str)):
             raise ProtocolError(f"block layout entry {entry!r} is not [key, dtype, shape, offset]")
         key, dtype_name, shape, offset = entry
-        dtype = _TORCH_DTYPES.get(dtype_name) if isinstance(dtype_name, str) else None
+        dtype = dtypes.get(dtype_name) if isinstance(dtype_name, str) else None
         if dtype is None or not isinstance(shape, list) or len(shape) > 32 or not all(
                 type(d) is int and 0 <= d < (1 << 48) for d in shape):
             raise ProtocolError(f"block layout entry {key!r} has a bad dtype or shape")

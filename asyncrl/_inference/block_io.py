@@ -1,7 +1,9 @@
 """A local request or answer block's slot as plain arrays: no call into the block per step.
 
 A local env worker and the inference loop exchange each step through two
-one-slot :class:`transports.SharedTensorBlock` s (:mod:`.doorbell`). The
+one-slot :class:`transports.SharedTensorBlock` s (:mod:`.doorbell`); the env worker,
+torch-free, attaches them as :class:`transports.SharedArrayBlock` s (numpy views of
+the same slots). The
 block's own ``write`` / ``read_into`` check keys, shapes and the slot on every
 call and go through ``copy_into``'s dtype tests: 10-20 µs of Python per step on
 this project's 2-core VM, as much as a Pendulum step. Here the checks are made
@@ -31,10 +33,12 @@ slot, and nobody asks.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:  # torch only where a tensor was given: an env worker has none
+    import torch
 
 __all__ = ["Copy", "SlotArrays", "array_of", "copier"]
 
@@ -42,8 +46,13 @@ __all__ = ["Copy", "SlotArrays", "array_of", "copier"]
 Copy = tuple[Callable[[Any, Any], Any], Any, Any]
 
 
-def array_of(tensor: torch.Tensor) -> Any:
-    """``tensor`` as a numpy array sharing its memory, or itself when numpy lacks its dtype."""
+def array_of(tensor: torch.Tensor | np.ndarray) -> Any:
+    """``tensor`` as a numpy array sharing its memory, or itself when numpy lacks its dtype.
+
+    A numpy array (a torch-free env worker's) is its own array.
+    """
+    if isinstance(tensor, np.ndarray):
+        return tensor
     try:
         return tensor.numpy()
     except (TypeError, RuntimeError):  # bfloat16 and friends, or a tensor numpy can't view
@@ -51,6 +60,8 @@ def array_of(tensor: torch.Tensor) -> Any:
 
 
 def _torch_copy(dst: torch.Tensor, src: Any) -> None:
+    import torch  # (dst is a tensor: this process has torch)
+
     dst.copy_(src if isinstance(src, torch.Tensor) else torch.from_numpy(src))
 
 
@@ -58,6 +69,8 @@ def _numpy_copy(dst: np.ndarray, src: Any) -> None:
     if isinstance(src, np.ndarray):
         np.copyto(dst, src)
     else:  # a tensor numpy could not view (array_of gave it back as is)
+        import torch
+
         torch.from_numpy(dst).copy_(src)
 
 

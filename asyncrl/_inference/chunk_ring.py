@@ -13,7 +13,8 @@ So a chunk costs no encoding, no ZeroMQ message, no decoding and no credit
 message: measured on 2 cores, those cost the trainer's event loop about 0.5 ms
 per chunk of Python, which the central inference thread (sharing the GIL) waited
 for (benchmarks/LOG.md). The layout is fixed when the ring is made
-(:func:`chunk_layout`, the same function the worker allocates its buffers with):
+(:func:`~.chunk_writer.chunk_layout`, the same function the worker allocates its
+buffers with; the worker's end, torch-free, is :mod:`.chunk_writer`):
 a chunk cannot come with other keys, shapes or dtypes.
 
 The slots follow the request blocks' seqlock (:mod:`.block_io`): the writer
@@ -41,7 +42,6 @@ saw the chunk's number reads a slot nobody writes meanwhile.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -50,15 +50,10 @@ from tensordict import TensorDict, TensorDictBase
 from transports import SharedTensorBlock
 
 from .._errors import BadBatchError
-from .block_io import Copy, SlotArrays, array_of
+from .chunk_writer import ChunkWriter, Layout, Path, chunk_layout
 
 __all__ = ["ChunkReader", "ChunkRing", "ChunkWriter", "TornChunkError", "chunk_buffers",
            "chunk_layout"]
-
-Path = tuple[str, ...]
-#: A chunk entry per env and step: ``path -> (dtype, shape)``.
-Layout = dict[Path, tuple[torch.dtype, tuple[int, ...]]]
-
 
 class TornChunkError(BadBatchError, RuntimeError):
     """A chunk slot was rewritten while the trainer read it (its writer broke the protocol).
@@ -67,33 +62,8 @@ class TornChunkError(BadBatchError, RuntimeError):
     """
 
 
-def chunk_layout(obs: Sequence[tuple[Path, torch.dtype, tuple[int, ...]]],
-                 outputs: Any) -> Layout:
-    """Every entry of a chunk, per env and step, in TorchRL's key order.
-
-    ``obs`` is each observation's path, dtype and per-env shape; ``outputs`` the
-    policy's :class:`~asyncrl._inference.inference_loop.OutputLayout` (``action`` and extras).
-    Ended episodes are reset in place, so the root ``done`` flags stay False.
-    """
-    layout: Layout = {}
-    for path, dtype, shape in obs:
-        layout[tuple(path)] = (dtype, tuple(shape))
-        layout[("next", *path)] = (dtype, tuple(shape))
-    layout[("action",)] = (outputs.action[0], tuple(outputs.action[1]))
-    for path, dtype, shape in outputs.extras:
-        layout[tuple(path)] = (dtype, tuple(shape))
-    for name in ("done", "terminated", "truncated"):
-        layout[(name,)] = (torch.bool, (1,))
-    layout[("next", "reward")] = (torch.float32, (1,))
-    for name in ("done", "terminated", "truncated"):
-        layout[("next", name)] = (torch.bool, (1,))
-    for name in ("traj_ids", "policy_version", "worker_id"):
-        layout[("collector", name)] = (torch.int64, ())
-    return layout
-
-
 def chunk_buffers(layout: Layout, *, rows: int, steps: int) -> dict[Path, torch.Tensor]:
-    """Zeroed ``[rows, steps, *shape]`` tensors of ``layout`` (a worker records into them)."""
+    """Zeroed ``[rows, steps, *shape]`` tensors of ``layout`` (torch dtypes)."""
     return {path: torch.zeros((rows, steps, *shape), dtype=dtype)
             for path, (dtype, shape) in layout.items()}
 
@@ -148,54 +118,6 @@ class ChunkRing:
             if not block.closed:
                 block.close()
                 block.unlink()
-
-
-class ChunkWriter:
-    """The worker's end: :meth:`publish` copies its buffers into the next slot.
-
-    ``buffers`` are the worker's chunk buffers (``[E, C, *shape]`` per path, the
-    ring's layout and order); the copies are made once, here.
-    """
-
-    def __init__(self, names: tuple[str, str], buffers: Mapping[Path, torch.Tensor]) -> None:
-        self.block = SharedTensorBlock.attach(names[0])
-        self.taken_block = SharedTensorBlock.attach(names[1])
-        try:
-            sources = [array_of(t) for t in buffers.values()]
-            self._slots = [SlotArrays(self.block, k) for k in range(int(self.block.slots))]
-            self._copies: list[list[Copy]] = [s.copies_from(sources) for s in self._slots]
-            for _, dst, src in self._copies[0]:
-                if tuple(dst.shape) != tuple(src.shape) or str(dst.dtype) != str(src.dtype):
-                    raise ValueError(f"chunk buffer {tuple(src.shape)} {src.dtype} does not "
-                                     f"match the ring's {tuple(dst.shape)} {dst.dtype}")
-            self._taken: Any = self.taken_block.slot_views(0)["taken"].numpy()
-        except BaseException:
-            self.close()
-            raise
-        #: Chunks published so far.
-        self.published = 0
-
-    def has_room(self) -> bool:
-        """Whether the next chunk has a free slot (the trainer took the one it replaces)."""
-        return self.published - int(self._taken[0]) < len(self._slots)
-
-    def publish(self) -> int:
-        """Copy the buffers into the next slot (:meth:`has_room` must be true); its number."""
-        number = self.published + 1
-        k = (number - 1) % len(self._slots)
-        self._slots[k].publish(self._copies[k], version=number)
-        self.published = number
-        return number
-
-    def close(self) -> None:
-        """Let the mappings go (idempotent)."""
-        for slot in getattr(self, "_slots", []):
-            slot.release()
-        self._slots, self._copies = [], []
-        self._taken = None
-        for block in (getattr(self, "block", None), getattr(self, "taken_block", None)):
-            if block is not None and not block.closed:
-                block.close()
 
 
 class ChunkReader:

@@ -17,6 +17,11 @@ equal splits, each asking on a block slot of its own: while the loop computes on
 split's actions the worker steps another, so the env worker and the policy
 overlap instead of taking turns. Every split steps once per column of the chunk.
 
+Torch-free: neither this module nor what it imports needs torch or tensordict (a
+local env worker is spawned with none: :mod:`asyncrl._spawn.torch_free`). Its
+buffers are numpy arrays; it attaches the trainer's blocks as numpy views
+(:class:`transports.SharedArrayBlock`). An env that needs torch imports it itself.
+
 The stepping runs in a thread of its own (:meth:`EnvStepper.run_local`): it
 sleeps in a system call, GIL released, while it waits for an answer, so the
 process's event loop stays free for the trainer's link (heartbeats, ``close``).
@@ -28,15 +33,14 @@ A remote env worker
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
 import numpy as np
-import torch
-from tensordict import TensorDict
 
 from transports import (
     CurveClient,
@@ -44,7 +48,7 @@ from transports import (
     Link,
     PeerLostError,
     ProtocolError,
-    SharedTensorBlock,
+    SharedArrayBlock,
 )
 
 from .._errors import RefusedError
@@ -52,14 +56,11 @@ from .._rollout.env_ids import EnvIdSource
 from .._rollout.env_pools import EnvPool
 from .._rollout.envs import make_env_pool
 from .._rollout.gym_pools import GymEnvListPool
-from .._rollout.policies import torch_dtype
 from .._rollout.traj_ids import TrajectoryIds
 from .._spawn.child import exit_process, wait_parent_gone
-from .._spawn.threads import use_torch_threads
-from .block_io import SlotArrays, array_of
-from .chunk_ring import ChunkWriter, chunk_buffers, chunk_layout
+from .block_io import SlotArrays
+from .chunk_writer import ChunkWriter, Layout, chunk_layout
 from .doorbell import DEFAULT_SPIN, EventFd, no_wakeup_preemption, spin_then_block
-from .inference_loop import OutputLayout
 
 log = logging.getLogger("asyncrl.env_worker")
 
@@ -69,6 +70,34 @@ OBS, ACT, CHUNK, ERROR, CLOSE = "obs", "act", "chunk", "error", "close"
 REFUSED = "refused"
 
 Path = tuple[str, ...]
+
+
+def dtype_name(dtype: Any) -> str:
+    """A dtype's name, whoever made it: ``torch.float32``, ``np.dtype("float32")``, ``"float32"``.
+
+    >>> dtype_name("bfloat16"), dtype_name(np.dtype(np.uint8))
+    ('bfloat16', 'uint8')
+    """
+    return str(dtype).removeprefix("torch.")
+
+
+def numpy_dtype(dtype: Any) -> np.dtype:
+    """The numpy dtype an env worker holds ``dtype`` in (bfloat16's bytes: uint16)."""
+    return SharedArrayBlock.storage_dtype(dtype_name(dtype))
+
+
+def chunk_arrays(layout: Layout, *, rows: int, steps: int) -> dict[Path, np.ndarray]:
+    """Zeroed ``[rows, steps, *shape]`` numpy arrays of ``layout`` (a worker records into them)."""
+    return {path: np.zeros((rows, steps, *shape), dtype=numpy_dtype(dtype))
+            for path, (dtype, shape) in layout.items()}
+
+
+@dataclass(frozen=True)
+class _Outputs:
+    """The policy's outputs as :func:`chunk_layout` reads them (the trainer's OutputLayout)."""
+
+    action: tuple[Any, tuple[int, ...]]
+    extras: list[tuple[Path, Any, tuple[int, ...]]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -199,9 +228,12 @@ class EnvStepper:
                                             config.create_env_kwargs))
             self.pool = pools[0]  # a remote worker's (it has one split)
             self.pools = pools
+            # (a local worker's shared memory, or a remote one's InlineArrays)
+            self.obs_block: Any
+            self.act_block: Any
             if blocks is None:
-                self.obs_block = SharedTensorBlock.attach(config.obs_block)
-                self.act_block = SharedTensorBlock.attach(config.act_block)
+                self.obs_block = SharedArrayBlock.attach(config.obs_block)
+                self.act_block = SharedArrayBlock.attach(config.act_block)
             else:
                 self.obs_block, self.act_block = blocks
             self._check_layout()
@@ -219,23 +251,24 @@ class EnvStepper:
         if slots != len(self.pools):
             raise ValueError(f"this worker steps its envs in {len(self.pools)} splits, the "
                              f"server's blocks have {slots}: give both the same splits")
-        got = {f"o{i}": (torch_dtype(a.dtype.name), tuple(a.shape))
-               for i, a in enumerate(pool.obs_arrays)}
+        got = {f"o{i}": (a.dtype.name, tuple(a.shape)) for i, a in enumerate(pool.obs_arrays)}
+        layout = {k: (dtype_name(d), tuple(s)) for k, (d, s) in layout.items()}
         if got != layout or len(self.config.obs_paths) != len(pool.obs_arrays):
             raise ValueError(f"this worker's envs give observations {got}, the server expects "
                              f"{layout}: every env must have the same observation space")
-        act = self.act_block.layout["action"]
+        dtype, shape = self.act_block.layout["action"]
         spec = pool.specs.action
-        if act != (torch_dtype(spec.dtype), (pool.num_envs, *spec.shape)):
+        act = (dtype_name(dtype), tuple(shape))
+        if act != (np.dtype(spec.dtype).name, (pool.num_envs, *spec.shape)):
             raise ValueError(f"this worker's envs take actions {spec}, the server sends {act}")
 
     def _allocate(self) -> None:
         pool, c = self.pool, self.config
         n, t = sum(p.num_envs for p in self.pools), c.chunk_steps
-        self.obs_src = {f"o{i}": torch.from_numpy(a) for i, a in enumerate(pool.obs_arrays)}
-        self.act_dst = {k: torch.empty(shape, dtype=dtype)
+        self.obs_src = {f"o{i}": a for i, a in enumerate(pool.obs_arrays)}
+        self.act_dst = {k: np.empty(shape, dtype=numpy_dtype(dtype))
                         for k, (dtype, shape) in self.act_block.layout.items()}
-        self.act_np = self.act_dst["action"].numpy()
+        self.act_np = self.act_dst["action"]
 
         # The policy's outputs: "action", then the extras, as the answer block has them.
         self._output_keys = ["action"] + [f"x{j}" for j in range(len(c.extra_paths))]
@@ -243,15 +276,17 @@ class EnvStepper:
                            self._output_keys, strict=True))
         act = self.act_block.layout
         layout = chunk_layout(
-            [(tuple(p), torch_dtype(a.dtype.name), tuple(a.shape[1:]))
+            [(tuple(p), a.dtype, tuple(a.shape[1:]))
              for p, a in zip(c.obs_paths, pool.obs_arrays, strict=True)],
-            OutputLayout(action=(act["action"][0], tuple(act["action"][1][1:])),
-                         extras=[(path, act[key][0], tuple(act[key][1][1:]))
-                                 for path, key in outputs[1:]]))
+            _Outputs(action=(act["action"][0], tuple(act["action"][1][1:])),
+                     extras=[(path, act[key][0], tuple(act[key][1][1:]))
+                             for path, key in outputs[1:]]),
+            dtype_of=np.dtype)
+        self.layout = layout
         # The chunk buffers, in the layout's order (a local worker's ring has the same).
-        data = self._data = chunk_buffers(layout, rows=n, steps=t)
-        self._next_done = data[("next", "done")].numpy()[..., 0]
-        data[("collector", "worker_id")].fill_(c.slot)
+        data = self._data = chunk_arrays(layout, rows=n, steps=t)
+        self._next_done = data[("next", "done")][..., 0]
+        data[("collector", "worker_id")].fill(c.slot)
         self._traj_ids = TrajectoryIds(n, tag=c.slot if c.traj_tag is None else c.traj_tag)
         # Each split records into its own rows of the buffers (numpy views: no copy).
         self._splits: list[_Split] = []
@@ -260,22 +295,17 @@ class EnvStepper:
             split = _Split(p, first, self._traj_ids)
             rows = split.rows
             for path, src in zip(c.obs_paths, p.obs_arrays, strict=True):
-                split.pre.append((data[tuple(path)].numpy()[rows], src))
-                split.post.append((data[("next", *path)].numpy()[rows], src))
-            split.post += [(data[("next", "reward")].numpy()[rows, ..., 0], p.reward),
-                           (data[("next", "terminated")].numpy()[rows, ..., 0], p.terminated),
-                           (data[("next", "truncated")].numpy()[rows, ..., 0], p.truncated)]
-            # numpy assignment is cheaper; torch for dtypes numpy lacks (bfloat16)
-            split.outputs = [(array_of(data[path][rows]), array_of(self.act_dst[key]))
-                             for path, key in outputs]
+                split.pre.append((data[tuple(path)][rows], src))
+                split.post.append((data[("next", *path)][rows], src))
+            split.post += [(data[("next", "reward")][rows, ..., 0], p.reward),
+                           (data[("next", "terminated")][rows, ..., 0], p.terminated),
+                           (data[("next", "truncated")][rows, ..., 0], p.truncated)]
+            split.outputs = [(data[path][rows], self.act_dst[key]) for path, key in outputs]
             split.act_np = self.act_np
-            split.version = data[("collector", "policy_version")].numpy()[rows]
-            split.traj = data[("collector", "traj_ids")].numpy()[rows]
+            split.version = data[("collector", "policy_version")][rows]
+            split.traj = data[("collector", "traj_ids")][rows]
             self._splits.append(split)
             first += p.num_envs
-        self._chunk = TensorDict({}, batch_size=[n, t])
-        for path, tensor in data.items():
-            self._chunk.set(path[0] if len(path) == 1 else path, tensor)
         self._idx = [(slice(None), i) for i in range(t)]
         self._t = 0  # the step's column in the chunk
         self._stopping = False
@@ -302,7 +332,7 @@ class EnvStepper:
                 raise ProtocolError(f"an env worker expects {ACT!r} or {CLOSE!r} messages, "
                                     f"got {message.kind!r}")
             if self._step(self.read_answer(message.body, act_read)):
-                await link.send(self._chunk.clone(), kind=CHUNK)
+                await link.send(self.chunk_body(), kind=CHUNK)
             step += 1
 
     def run_local(self) -> None:
@@ -323,7 +353,7 @@ class EnvStepper:
                 for split in splits]
         ring, stopped, spin = request.ring, self._is_stopping, c.spin
         idx, full = self._idx, c.chunk_steps
-        use_torch_threads(1)  # as the process's main thread (OpenMP counts are per thread)
+        _one_torch_thread()  # as the process's main thread (OpenMP counts are per thread)
         no_wakeup_preemption()  # the loop rings all the workers it answered, then they run
         step = 0
         try:
@@ -412,8 +442,8 @@ class EnvStepper:
 
     def _finish_chunk(self) -> None:
         data = self._data
-        np.logical_or(data["next", "terminated"].numpy()[..., 0],
-                      data["next", "truncated"].numpy()[..., 0], out=self._next_done)
+        np.logical_or(data["next", "terminated"][..., 0], data["next", "truncated"][..., 0],
+                      out=self._next_done)
 
     def request_body(self) -> Any:
         """What an ``obs`` message carries: nothing, the observations are in shared memory."""
@@ -422,6 +452,10 @@ class EnvStepper:
     def read_answer(self, body: Any, read: Callable[[Any, int], int]) -> int:
         """Copy the policy's outputs into ``act_dst``; return their policy version."""
         return read(self.act_dst, 0)
+
+    def chunk_body(self) -> Any:
+        """What a ``chunk`` message carries (a remote worker's: :meth:`run`)."""
+        raise NotImplementedError("a local env worker hands its chunks over through its ring")
 
     def close(self) -> None:
         for pool in self.pools:
@@ -520,11 +554,19 @@ async def watch_parent(parent_pid: int | None, scope: anyio.CancelScope) -> None
     scope.cancel()
 
 
+def _one_torch_thread() -> None:
+    """One torch thread for the calling thread, if an env imported torch (else nothing)."""
+    if "torch" in sys.modules:
+        from .._spawn.threads import use_torch_threads
+
+        use_torch_threads(1)
+
+
 def env_worker_main(endpoint: str, identity: bytes, config: EnvWorkerConfig, backend: str,
                     parent_pid: int) -> None:
     """Entry point of an env worker process (started by ``WorkerProcesses``)."""
     logging.basicConfig(level=logging.WARNING, format="env worker %(process)d: %(message)s")
-    torch.set_num_threads(1)
+    _one_torch_thread()
     run: Callable[[], Any] = lambda: run_env_worker(endpoint, identity, config, parent_pid)  # noqa: E731
     exit_process(anyio.run(run, backend=backend))
 
@@ -539,7 +581,10 @@ __all__ = [
     "EnvStepper",
     "EnvWorkerConfig",
     "build_pool",
+    "chunk_arrays",
+    "dtype_name",
     "env_worker_main",
+    "numpy_dtype",
     "run_env_worker",
     "serve_linked",
     "watch_parent",

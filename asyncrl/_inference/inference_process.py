@@ -54,7 +54,7 @@ from .._spawn.child import ending_error, exit_process
 from .doorbell import DEFAULT_SPIN, EventFd
 from .env_stepper import CLOSE, ERROR, serve_linked
 from .inference_loop import InferenceLoop, OutputLayout, WorkerBlocks
-from .remote_env_stepper import InlineBlock
+from .inline_blocks import InlineBlock
 
 log = logging.getLogger("asyncrl.inference")
 

@@ -5,7 +5,7 @@ listens on the network and up to K ``asyncrl env-worker`` processes join it.
 A remote worker's hello states its envs' layouts; :class:`RemoteEnvWorkers`
 refuses any that differ from this collector's (or that come when every remote
 slot is taken), otherwise it admits the peer, gives it a slot and two
-:class:`~asyncrl._inference.remote_env_stepper.InlineBlock` s the inference loop reads and
+:class:`~asyncrl._inference.inline_blocks.InlineBlock` s the inference loop reads and
 writes like shared memory. Every ``obs`` message and chunk is checked against
 what was agreed before it reaches the loop or a batch.
 
@@ -46,14 +46,8 @@ from .._protocol import WorkerLog
 from .chunk_buffer import SlotCounts
 from .env_stepper import CHUNK, ERROR, OBS, REFUSED
 from .inference_loop import OutputLayout, WorkerBlocks
-from .remote_env_stepper import (
-    HELLO,
-    JOIN_PROTOCOL,
-    WELCOME,
-    InlineBlock,
-    describe,
-    dtype_name,
-)
+from .inline_blocks import InlineBlock, describe, dtype_name
+from .remote_env_stepper import HELLO, JOIN_PROTOCOL, WELCOME
 from .remote_members import RemoteMembers
 from .remote_slots import RemoteSlots
 

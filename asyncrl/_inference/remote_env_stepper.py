@@ -8,7 +8,12 @@ local env worker (:class:`~asyncrl._inference.env_stepper.EnvStepper`), except t
 observations travel inline in each ``obs`` message and the policy outputs come
 back inline in each ``act`` answer (msgpack header + raw tensor frames, never
 pickle). Both ends check every tensor against the layouts agreed at join
-(:class:`InlineBlock`).
+(:class:`InlineArrays` here, :class:`~.inline_blocks.InlineBlock` in the collector).
+
+Torch-free, as a local env worker: ``asyncrl env-worker`` imports neither torch nor
+tensordict (:mod:`asyncrl._spawn.torch_free`). Tensors arrive as numpy arrays and
+its arrays leave as tensors (:mod:`transports._torch_free`); a chunk leaves as a
+TensorDict built of its buffers (:class:`transports.ArrayDict`).
 """
 
 from __future__ import annotations
@@ -20,9 +25,10 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import anyio
-import torch
+import numpy as np
 
 from transports import (
+    ArrayDict,
     CurveClient,
     ErrorPayload,
     Link,
@@ -33,9 +39,15 @@ from transports import (
 
 from .._errors import JoinTimeout, RefusedError
 from .._rollout.env_pools import EnvPool
-from .._rollout.policies import torch_dtype
 from .._worker.log_forward import LogForwarder
-from .env_stepper import ERROR, REFUSED, EnvStepper, EnvWorkerConfig, build_pool
+from .env_stepper import (
+    ERROR,
+    REFUSED,
+    EnvStepper,
+    EnvWorkerConfig,
+    build_pool,
+    numpy_dtype,
+)
 
 log = logging.getLogger("asyncrl.env_worker")
 
@@ -44,24 +56,18 @@ HELLO, WELCOME = "env-hello", "env-welcome"
 #: The join protocol's version (in the hello; a different one is refused).
 JOIN_PROTOCOL = 1
 
-Layout = dict[str, tuple[torch.dtype, tuple[int, ...]]]
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
-def parse_dtype(name: Any) -> torch.dtype:
-    dtype = getattr(torch, name, None) if isinstance(name, str) else None
-    if not isinstance(dtype, torch.dtype):
-        raise ValueError(f"not a torch dtype: {name!r}")
-    return dtype
+#: An inline block's layout: ``key -> (dtype name, shape)``.
+Layout = dict[str, tuple[str, tuple[int, ...]]]
+#: The dtypes an answer may carry (what a SharedArrayBlock can hold).
+DTYPES = frozenset({"bool", "uint8", "int8", "int16", "int32", "int64", "uint16", "uint32",
+                    "uint64", "float16", "float32", "float64", "complex64", "complex128",
+                    "bfloat16"})
 
 
 def describe(value: Any) -> str:
     """A short, bounded description of what came (for error messages)."""
-    if isinstance(value, torch.Tensor):
-        return f"{dtype_name(value.dtype)}{list(value.shape)}"
+    if isinstance(value, np.ndarray) or type(value).__module__.startswith("torch"):
+        return f"{str(value.dtype).removeprefix('torch.')}{list(value.shape)}"
     if isinstance(value, Mapping):
         keys = list(value)[:8]
         return "{" + ", ".join(f"{str(k)[:32]!s}: {describe(value[k])}" for k in keys) + (
@@ -69,40 +75,54 @@ def describe(value: Any) -> str:
     return type(value).__name__
 
 
-class InlineBlock:
-    """A shared-memory block's interface over tensors that travel in messages.
+def _as_array(value: Any) -> Any:
+    """A tensor (a worker run where torch is, a test's) as the array of its bytes."""
+    if isinstance(value, np.ndarray) or not type(value).__module__.startswith("torch"):
+        return value
+    import torch  # (it is loaded: a tensor came)
 
-    ``write`` copies into preallocated tensors (the loop allocates nothing per
-    step); :meth:`fill` first checks what came from the network against the
-    layout agreed at join: the same keys, dtypes and shapes, or a ValueError
-    naming what was expected and what came.
+    if value.dtype == torch.bfloat16:
+        return value.view(torch.int16).numpy().view(np.uint16)
+    return value.numpy()
+
+
+class InlineArrays:
+    """The worker's end of an inline block: numpy arrays that travel in messages.
+
+    The collector sends tensors, which a torch-free process decodes as numpy arrays
+    (:mod:`transports._torch_free`); the arrays it sends travel as tensors.
+    ``write`` / ``read_into`` copy into and out of preallocated arrays (nothing is
+    allocated per step); :meth:`fill` first checks what came from the network
+    against the layout agreed at join: the same keys, dtypes and shapes, or a
+    ValueError naming what was expected and what came.
     """
 
     def __init__(self, layout: Layout) -> None:
         self.layout = dict(layout)
-        self.tensors = {k: torch.zeros(shape, dtype=dtype) for k, (dtype, shape) in layout.items()}
+        self.tensors = {k: np.zeros(shape, dtype=numpy_dtype(dtype))
+                        for k, (dtype, shape) in layout.items()}
         self.version = 0
 
-    def write(self, tensors: Mapping[str, torch.Tensor], *, version: int = 0,
-              slot: int = 0) -> None:
+    def write(self, arrays: Mapping[str, Any], *, version: int = 0, slot: int = 0) -> None:
         for key, dst in self.tensors.items():
-            dst.copy_(tensors[key])
+            np.copyto(dst, arrays[key])
         self.version = version
 
-    def read_into(self, dst: Mapping[str, torch.Tensor], slot: int = 0) -> int:
+    def read_into(self, dst: Mapping[str, Any], slot: int = 0) -> int:
         for key, out in dst.items():
-            out.copy_(self.tensors[key])
+            np.copyto(out, self.tensors[key])
         return self.version
 
     def fill(self, body: Any, what: str, version: int = 0) -> None:
-        """Check ``body`` (``{key: tensor}``) against the layout, then copy it in."""
-        expected = {k: f"{dtype_name(d)}{list(s)}" for k, (d, s) in self.layout.items()}
-        ok = isinstance(body, Mapping) and set(body) == set(self.layout) and all(
-            isinstance(body[k], torch.Tensor) and body[k].dtype == d and tuple(body[k].shape) == s
-            for k, (d, s) in self.layout.items())
+        """Check ``body`` (``{key: array}``) against the layout, then copy it in."""
+        expected = {k: f"{d}{list(s)}" for k, (d, s) in self.layout.items()}
+        arrays = {k: _as_array(v) for k, v in body.items()} if isinstance(body, Mapping) else None
+        ok = arrays is not None and set(arrays) == set(self.layout) and all(
+            isinstance(arrays[k], np.ndarray) and arrays[k].dtype == self.tensors[k].dtype
+            and tuple(arrays[k].shape) == s for k, (_, s) in self.layout.items())
         if not ok:
             raise ValueError(f"{what}: expected {expected}, got {describe(body)}")
-        self.write(body, version=version)
+        self.write(arrays, version=version)  # type: ignore[arg-type]
 
     def close(self) -> None:
         pass
@@ -115,13 +135,27 @@ def pool_layout(pool: EnvPool) -> dict[str, Any]:
     """What a hello says about this host's envs: count, observations, action (per env)."""
     spec = pool.specs.action
     return {"protocol": JOIN_PROTOCOL, "envs": pool.num_envs,
-            "obs": [[dtype_name(torch_dtype(a.dtype.name)), list(a.shape[1:])]
-                    for a in pool.obs_arrays],
-            "action": [dtype_name(torch_dtype(spec.dtype)), list(spec.shape)]}
+            "obs": [[a.dtype.name, list(a.shape[1:])] for a in pool.obs_arrays],
+            "action": [np.dtype(spec.dtype).name, list(spec.shape)]}
 
 
 class RemoteStepper(EnvStepper):
     """An :class:`EnvStepper` whose observations and actions travel in the messages."""
+
+    _chunk: ArrayDict | None = None
+
+    def chunk_body(self) -> Any:
+        """The chunk ``[E, C]``, sent as a TensorDict of its buffers (encoded at once)."""
+        if self._chunk is None:
+            rows, steps = next(iter(self._data.values())).shape[:2]
+            entries: dict[str, Any] = {}
+            for path, array in self._data.items():
+                node = entries
+                for key in path[:-1]:
+                    node = node.setdefault(key, {})
+                node[path[-1]] = array
+            self._chunk = ArrayDict([rows, steps], entries)
+        return self._chunk
 
     def request_body(self) -> Any:
         return self.obs_block.tensors  # type: ignore[attr-defined]
@@ -135,27 +169,32 @@ class RemoteStepper(EnvStepper):
 
 
 def welcome_config(body: Any, pool: EnvPool, *, heartbeat_interval: float,
-                   peer_timeout: float) -> tuple[EnvWorkerConfig, InlineBlock, InlineBlock]:
+                   peer_timeout: float) -> tuple[EnvWorkerConfig, InlineArrays, InlineArrays]:
     """The stepper's config and its two inline blocks, from the collector's welcome."""
     try:
         slot, steps = int(body["slot"]), int(body["chunk_steps"])
         tag = int(body.get("traj_tag", slot))  # (a collector before slot reuse sent none)
         obs_paths = [tuple(str(k) for k in p) for p in body["obs_paths"]]
         extra_paths = [tuple(str(k) for k in p) for p in body["extra_paths"]]
-        act = {str(k): (parse_dtype(d), tuple(int(x) for x in s)) for k, (d, s) in
+        act = {str(k): (_dtype(d), tuple(int(x) for x in s)) for k, (d, s) in
                body["act"].items()}
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise ProtocolError(f"malformed welcome from the collector: {exc!r}") from None
     if not 0 < steps <= 1 << 16 or not 0 <= slot < 1 << 20 or not 0 <= tag < 1 << 31:
         raise ProtocolError(f"welcome: slot {slot} / traj_tag {tag} / chunk_steps {steps} "
                             "out of range")
-    obs = {f"o{i}": (torch_dtype(a.dtype.name), tuple(a.shape))
-           for i, a in enumerate(pool.obs_arrays)}
+    obs = {f"o{i}": (a.dtype.name, tuple(a.shape)) for i, a in enumerate(pool.obs_arrays)}
     config = EnvWorkerConfig(slot=slot, factories=[], create_env_kwargs={}, obs_block="",
                              act_block="", obs_paths=obs_paths, extra_paths=extra_paths,
                              chunk_steps=steps, heartbeat_interval=heartbeat_interval,
                              peer_timeout=peer_timeout, traj_tag=tag)
-    return config, InlineBlock(obs), InlineBlock(act)
+    return config, InlineArrays(obs), InlineArrays(act)
+
+
+def _dtype(name: Any) -> str:
+    if not (isinstance(name, str) and name in DTYPES):
+        raise ValueError(f"not a dtype an env worker holds: {str(name)[:40]!r}")
+    return name
 
 
 async def run_remote_env_worker(connect: str, env: Any, *, envs: int = 1,
@@ -248,5 +287,5 @@ async def _step_forwarding_logs(stepper: RemoteStepper, link: Link,
         raise failure
 
 
-__all__ = ["HELLO", "JOIN_PROTOCOL", "REFUSED", "WELCOME", "InlineBlock", "JoinTimeout",
-           "RemoteStepper", "parse_dtype", "pool_layout", "run_remote_env_worker"]
+__all__ = ["DTYPES", "HELLO", "JOIN_PROTOCOL", "REFUSED", "WELCOME", "InlineArrays",
+           "JoinTimeout", "RemoteStepper", "describe", "pool_layout", "run_remote_env_worker"]

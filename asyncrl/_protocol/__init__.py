@@ -15,7 +15,13 @@ relay's hello), :mod:`.collection` (collect, preempt, batch, error, control),
 step count), :mod:`.shared_batches` (a local worker's batches in shared memory),
 :mod:`.weights` (weight meta, chunks and acks), :mod:`.fields`, the validators
 they share, and :mod:`.decoding`, where a body becomes a message or a ProtocolError.
+In a torch-free process (an env worker of central inference:
+``transports.TORCH_FREE``) the collection messages, which carry TensorDicts, are absent.
 """
+
+from typing import TYPE_CHECKING as _TYPE_CHECKING
+
+from transports import TORCH_FREE as _TORCH_FREE
 
 from .admission import MAX_REASON as MAX_REASON
 from .admission import PROTOCOL as PROTOCOL
@@ -27,14 +33,28 @@ from .admission import Rejoin as Rejoin
 from .admission import RelayHello as RelayHello
 from .admission import RelayWelcome as RelayWelcome
 from .admission import Welcome as Welcome
-from .collection import Batch as Batch
-from .collection import Collect as Collect
-from .collection import Control as Control
-from .collection import ErrorReport as ErrorReport
-from .collection import Preempt as Preempt
-from .compact_frames import compact as compact
-from .compact_frames import drop_twins as drop_twins
-from .compact_frames import rebuild as rebuild
+
+if _TYPE_CHECKING or not _TORCH_FREE:  # (batches are TensorDicts: not in an env worker)
+    from .collection import Batch as Batch
+    from .collection import Collect as Collect
+    from .collection import Control as Control
+    from .collection import ErrorReport as ErrorReport
+    from .collection import Preempt as Preempt
+    from .compact_frames import compact as compact
+    from .compact_frames import drop_twins as drop_twins
+    from .compact_frames import rebuild as rebuild
+else:
+
+    def __getattr__(name: str) -> object:
+        # An env that imports torch-side asyncrl (asyncrl.testing's envs) gets them here.
+        import importlib
+
+        for module in (".collection", ".compact_frames"):
+            value = getattr(importlib.import_module(module, __name__), name, __getattr__)
+            if value is not __getattr__:
+                return value
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 from .decoding import decode as decode
 from .fields import MAX_KEY as MAX_KEY
 from .fields import MAX_MODEL_ID as MAX_MODEL_ID

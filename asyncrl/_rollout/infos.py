@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from .._errors import SpecMismatchError
-from .plain_policies import normalise_keys
+from .keys import normalise_keys
 
 __all__ = ["InfoReader", "InfoSpec", "normalise_info_keys"]
 

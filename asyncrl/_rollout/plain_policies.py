@@ -20,42 +20,16 @@ first (dry) call, before any frame, with the argument that fixes it.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TypeAlias
+from typing import Any
 
 import torch
 from tensordict import TensorDictBase
 from tensordict.nn import TensorDictModuleBase
 from torch import nn
 
-__all__ = ["PlainCall", "check_plain_policy", "normalise_keys", "normalise_method"]
+from .keys import NestedKey, normalise_keys
 
-NestedKey: TypeAlias = str | tuple[str, ...]
-
-
-def normalise_keys(name: str, keys: Any) -> tuple[NestedKey, ...] | None:
-    """``keys`` as a tuple of TensorDict keys (a str or a tuple of str each), or None."""
-    if keys is None:
-        return None
-    if isinstance(keys, str):
-        keys = (keys,)
-    if not isinstance(keys, Sequence) or not keys:
-        raise TypeError(f"{name} must be a non-empty list of keys (str, or tuples of str for "
-                        f"nested keys), got {keys!r}")
-    out: list[NestedKey] = []
-    for key in keys:
-        if isinstance(key, list):
-            key = tuple(key)
-        if not (isinstance(key, str) and key) and not (
-                isinstance(key, tuple) and key and all(isinstance(k, str) and k for k in key)):
-            raise TypeError(f"{name}: {key!r} is not a key: give a str, or a tuple of str for "
-                            "a nested key")
-        out.append(key[0] if isinstance(key, tuple) and len(key) == 1 else key)
-    if len(set(out)) != len(out):
-        raise ValueError(f"{name} names a key twice: {list(out)}")
-    if name == "policy_out_keys" and "action" not in out:
-        raise ValueError(f"policy_out_keys={list(out)} has no 'action': the rollout steps the "
-                         "env with the output written to 'action'; name that output 'action'")
-    return tuple(out)
+__all__ = ["NestedKey", "PlainCall", "check_plain_policy", "normalise_keys", "normalise_method"]
 
 
 def normalise_method(method: Any) -> str | None:

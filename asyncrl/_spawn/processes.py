@@ -12,6 +12,7 @@ process is started (fork server or spawn) in :mod:`.forkserver`; the child's sid
 from __future__ import annotations
 
 import logging
+import multiprocessing as mp
 import signal
 import threading
 import time
@@ -26,6 +27,7 @@ import anyio
 from .forkserver import worker_context
 from .main_module import without_unavailable_main
 from .threads import child_thread_environment
+from .torch_free import start_torch_free
 
 log = logging.getLogger("asyncrl.collectors")
 
@@ -46,7 +48,8 @@ class WorkerProcesses:
     is chosen here (``identity(slot)``), not in the child: a death seen on the
     process sentinel maps to its peer on the hub. ``threads`` sizes the native
     pools of a spawned child (set in the environment while it starts; a forked
-    one inherits the fork server's single thread).
+    one inherits the fork server's single thread). ``torch_free``: each child is
+    forked from a fork server without torch or tensordict (:mod:`.torch_free`).
 
     >>> workers = WorkerProcesses(2, main, lambda slot, ident: (slot,),  # doctest: +SKIP
     ...                           identity=lambda slot: random_identity(f"w{slot}"))
@@ -58,9 +61,11 @@ class WorkerProcesses:
     def __init__(self, count: int, target: Callable[..., None], args: ArgsFor, *,
                  identity: Callable[[int], bytes], start_method: str = "forkserver",
                  threads: int | None = None, daemon: bool = True,
-                 name: str = "asyncrl-worker") -> None:
+                 name: str = "asyncrl-worker", torch_free: bool = False) -> None:
         self.count = count
-        self.start_method = start_method
+        # A torch-free child comes from a fork server of its own (.torch_free)
+        self.torch_free = torch_free
+        self.start_method = "forkserver" if torch_free else start_method
         self.threads = threads
         self.slots: dict[int, BaseProcess] = {}  # the current process of each slot
         self.processes: list[BaseProcess] = []  # every process ever started, for stop()
@@ -112,13 +117,18 @@ class WorkerProcesses:
         args = self._args(slot, identity)
         method = self.start_method
         while True:
-            context = worker_context(method)  # may start the fork server (not in _environment)
+            # (may start the fork server, not in _environment; a torch-free start does not
+            # need multiprocessing's: its own is started by start_torch_free)
+            context = mp.get_context(method) if self.torch_free else worker_context(method)
             process = context.Process(  # type: ignore[attr-defined]
                 target=self._target, args=args, name=f"{self._name}-{slot}",
                 daemon=self._daemon)
             try:
-                with self._environment(), without_unavailable_main():
-                    process.start()
+                if self.torch_free:
+                    start_torch_free(process)
+                else:
+                    with self._environment(), without_unavailable_main():
+                        process.start()
                 break
             except (OSError, EOFError) as exc:
                 if method == "spawn":

@@ -52,6 +52,7 @@ from ..._inference.remote_env_hosts import RemoteEnvWorkers, hub_keys
 from ..._inference.remote_members import RemoteMembers
 from ..._inference.served_weights import ServedWeights, given_weights
 from ..._observe.statistics import WorkerStatistics
+from ..._protocol.env_source import is_plain
 from ..._rollout.env_ids import EnvIdSource
 from ..._rollout.policies import ExplorationType
 from ..._spawn.forkserver import check_start_method
@@ -362,7 +363,23 @@ class AsyncBatchedCollector(BaseCollector[RB]):
 
         return WorkerProcesses(self.num_workers, env_worker_main, args,
                                identity=lambda slot: self._peer_of[slot],
-                               start_method=self.start_method, name="asyncrl-env-worker")
+                               start_method=self.start_method, name="asyncrl-env-worker",
+                               torch_free=self._torch_free_workers())
+
+    def _torch_free_workers(self) -> bool:
+        """Whether the env workers can run without torch (spawned, ~100 MB less each).
+
+        Yes when the envs are named (gym ids, import paths resolved in the worker) and
+        their kwargs are plain data. A callable goes to workers forked as before: it may
+        come from the user's script, which a torch-free child does not run, and its
+        module most often imports torch anyway (a spawned child would import it again,
+        seconds per worker). ``ASYNCRL_TORCH_FREE_ENV_WORKERS=0`` forks them in any case
+        (a faster start: no fresh interpreter per worker).
+        """
+        if os.environ.get("ASYNCRL_TORCH_FREE_ENV_WORKERS", "1") == "0":
+            return False
+        return (all(isinstance(f, str) for group in self.groups for f in group)
+                and is_plain(dict(self.create_env_kwargs)))
 
     async def _close(self) -> None:
         self._closing = True
