@@ -186,6 +186,7 @@ class WireFuzz(RuleBasedStateMachine):
         super().__init__()
         self.peers: list[Peer] = []
         self.refusable: list[str] = []  # what was sent that the trainer must refuse
+        self.last = "nothing yet"  # the message of the step last taken
         self.start = self.live.target.report()
         check_health(self.start, "before the example")
 
@@ -221,6 +222,10 @@ class WireFuzz(RuleBasedStateMachine):
             message = mutate_body(data.draw, message)
         if known_hole(message) is not None:
             return  # tested apart (see KNOWN_HOLES)
+        try:
+            message.frames()
+        except (TypeError, ValueError, OverflowError):
+            return  # nothing msgpack can carry (the codec refuses it on our side)
         acks_valid(message)
         verdict = local_verdict(message)
         admitted = peer.welcome is not None and peer.refused is None
@@ -229,6 +234,7 @@ class WireFuzz(RuleBasedStateMachine):
             self.refusable.append(f"{message.note}: {verdict[:100]}")
         if message.kind == Batch.KIND and verdict is None and peer.requests:
             peer.requests.pop(0)
+        self.last = f"{message.kind!r} made as {message.note}"[:300]
         peer.send(message)
 
     @rule(data=st.data())
@@ -236,6 +242,7 @@ class WireFuzz(RuleBasedStateMachine):
         """Frames that are not our wire format at all."""
         peer = self.peer(data.draw)
         frames = data.draw(st.lists(st.binary(max_size=200), min_size=1, max_size=4))
+        self.last = f"garbage frames {frames!r:.200}"
         peer.socket.send_multipart(frames)
         try:
             decode_message(frames)
@@ -244,7 +251,7 @@ class WireFuzz(RuleBasedStateMachine):
 
     @invariant()
     def healthy(self) -> None:
-        check_health(self.live.target.report(), "after a step")
+        check_health(self.live.target.report(), f"after sending {self.last}")
 
     def teardown(self) -> None:
         try:
@@ -269,3 +276,75 @@ def test_the_wire_fuzzer_neither_ends_the_run_nor_spoils_an_honest_workers_frame
         # No shrinking: the target is live, so a replay meets another state; the first
         # failure, with the step that caused it, is the report.
         phases=[Phase.explicit, Phase.generate]))
+
+
+# -- the fuzzer's starting points and its findings, as explicit examples ---------------------
+LAYOUT = [[["observation"], "float64", [20, 3]], [["next", "observation"], "float64", [20, 3]],
+          [["next", "reward"], "float32", [20, 1]], [["next", "done"], "bool", [20, 1]],
+          [["next", "terminated"], "bool", [20, 1]], [["next", "truncated"], "bool", [20, 1]],
+          [["action"], "int64", [20]], [["done"], "bool", [20, 1]],
+          [["terminated"], "bool", [20, 1]], [["truncated"], "bool", [20, 1]],
+          [["collector", "traj_ids"], "int64", [20]], [["collector", "worker_id"], "int64", [20]],
+          [["collector", "policy_version"], "int64", [20]]]  # what the target's batches hold
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_kinds_valid_instance_decodes(kind: str) -> None:
+    """The fuzzer starts from valid messages: each decodes as its receiver reads it."""
+    message = valid_messages(LAYOUT, identity_specs(), b"fuzz-0", 1)[kind]()
+    assert local_verdict(message) is None
+    acks_valid(message)
+
+
+def nested_patch() -> Message:
+    """Known hole (a): a compact batch whose ``next`` rows nest a key under the
+    observation tensor."""
+    body = compact_batch(LAYOUT, 1)
+    rows = torch.zeros(len(body["next"]["at"]), 3, dtype=torch.float64)
+    return Message(Batch.KIND, patch_rows(body, ("observation", "x"), rows),
+                   note=" next rows ('observation', 'x')")
+
+
+@pytest.mark.xfail(strict=False, reason=KNOWN_HOLES["next-nested-key"])
+def test_a_next_patch_nesting_a_key_under_an_observation_is_a_protocol_error() -> None:
+    assert local_verdict(nested_patch()) is not None
+
+
+def join_free_place(live: Live, name: bytes) -> Peer:
+    """A peer admitted to the target's remote place (free once the starter is lost)."""
+    for _ in range(20):
+        peer = Peer(live.target.endpoint, name + str(next(live.names)).encode())
+        if peer.join(live.specs, timeout=3):
+            peer.read(1.0)  # its first credits
+            return peer
+        peer.close()
+    raise AssertionError("no free remote place in 60 s")
+
+
+def assert_refused_and_unharmed(live: Live, message: Message) -> None:
+    start = live.target.report()
+    peer = join_free_place(live, b"fuzz-hole-")
+    try:
+        peer.send(message)
+        end = live.target.progressed(after=live.target.report()["honest"])
+        check_health(end, f"after {message.note}")
+        assert sum(end["reactions"].values()) > sum(start["reactions"].values()), (
+            f"no refusal seen for {message.note}")
+    finally:
+        peer.close()
+
+
+@pytest.mark.xfail(strict=False, reason=KNOWN_HOLES["next-nested-key"])
+@pytest.mark.parametrize("live", ["asyncio"], indirect=True)
+def test_a_next_patch_nesting_a_key_under_an_observation_ends_no_run(live: Live) -> None:
+    assert_refused_and_unharmed(live, nested_patch())
+
+
+@pytest.mark.xfail(strict=False, reason=KNOWN_HOLES["huge-claim"])
+@pytest.mark.parametrize("live", ["trio"], indirect=True)
+def test_a_huge_claimed_batch_of_zero_size_leaves_costs_no_memory(live: Live) -> None:
+    """Known hole (b), at 5e6 claimed frames (the issue saw 2.5 GB at 5e7): a few hundred
+    bytes must not cost the trainer more than the fuzzer's 64 MB."""
+    body = claim_batch(compact_batch(LAYOUT, 1), 5_000_000)
+    assert_refused_and_unharmed(live, Message(Batch.KIND, body,
+                                              note=" batch_size [5_000_000, 1] zero-size"))

@@ -376,8 +376,8 @@ ODD_VALUES = st.one_of(
     st.sampled_from([-1, 0, 1 << 31, 1 << 62, -(1 << 62), 50_000_000]),
     st.floats(allow_nan=True, allow_infinity=True),
     st.text(max_size=40), st.just("x" * 70_000), st.just("\x1b[2J\x00" * 100),
-    st.binary(max_size=300), st.lists(st.integers(), max_size=5),
-    st.dictionaries(st.text(max_size=5), st.integers(), max_size=3),
+    st.binary(max_size=300), st.lists(st.integers(-(1 << 63), (1 << 63) - 1), max_size=5),
+    st.dictionaries(st.text(max_size=5), st.integers(-9, 1 << 40), max_size=3),
     st.integers(min_value=10, max_value=60).map(lambda d: _nested(d)),
 )
 
