@@ -19,6 +19,8 @@ CI runs a few dozen short examples per backend with a fixed seed;
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import itertools
 import os
 import shutil
@@ -87,6 +89,13 @@ DECODERS: dict[str, Any] = {
 READ_FROM_ANYONE = {Hello.KIND, RelayHello.KIND, ErrorReport.KIND, Leaving.KIND,
                     Progress.KIND}
 TRANSPORT_KINDS = {"ack", "ping", "bye"}
+#: What the fuzzer did, for ``pytest -s`` (coverage of a run: how much was read as an
+#: admitted worker's, how much refused).
+STATS: collections.Counter[str] = collections.Counter()
+#: The first failure, with the steps before it: hypothesis replays a failing example to
+#: confirm it, and against a live target the replay meets another state (it fails at
+#: another step, or not), which it reports as flaky data generation instead.
+FIRST_FAILURE: list[str] = []
 
 
 def known_hole(message: Message) -> str | None:
@@ -123,7 +132,7 @@ def local_verdict(message: Message) -> str | None:
         decoder.from_body(decoded.body)
     except ProtocolError as exc:
         return str(exc)
-    except Exception as exc:  # noqa: BLE001 - exactly what this oracle looks for
+    except Exception as exc:
         raise AssertionError(
             f"{decoder.__name__}.from_body raised {type(exc).__name__}: {exc} (expected "
             f"ProtocolError) for {message.kind!r} message made as{message.note}") from exc
@@ -139,7 +148,7 @@ def acks_valid(message: Message) -> None:
             decoder.from_body(message.body)
         except ProtocolError:
             pass
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             raise AssertionError(f"{decoder.__name__}.from_body raised "
                                  f"{type(exc).__name__}: {exc} for{message.note}") from exc
 
@@ -187,6 +196,7 @@ class WireFuzz(RuleBasedStateMachine):
         self.peers: list[Peer] = []
         self.refusable: list[str] = []  # what was sent that the trainer must refuse
         self.last = "nothing yet"  # the message of the step last taken
+        self.history: list[str] = []
         self.start = self.live.target.report()
         check_health(self.start, "before the example")
 
@@ -196,6 +206,7 @@ class WireFuzz(RuleBasedStateMachine):
             self.peers.append(Peer(self.live.target.endpoint, name))
             if len(self.peers) > 3:
                 self.peers.pop(0).close()
+            STATS["strangers"] += 1
         return draw(st.sampled_from(self.peers))
 
     @rule(data=st.data())
@@ -204,7 +215,7 @@ class WireFuzz(RuleBasedStateMachine):
         name = f"fuzz-{next(self.live.names)}".encode()
         peer = Peer(self.live.target.endpoint, name)
         self.peers.append(peer)
-        peer.join(self.live.specs, timeout=3)
+        STATS["joins welcomed" if peer.join(self.live.specs, timeout=3) else "joins refused"] += 1
         if len(self.peers) > 3:
             self.peers.pop(0).close()
 
@@ -226,15 +237,22 @@ class WireFuzz(RuleBasedStateMachine):
             message.frames()
         except (TypeError, ValueError, OverflowError):
             return  # nothing msgpack can carry (the codec refuses it on our side)
-        acks_valid(message)
-        verdict = local_verdict(message)
+        self.last = f"{message.kind!r} made as {message.note}"[:300]
+        with self.noted():
+            acks_valid(message)
+            verdict = local_verdict(message)
         admitted = peer.welcome is not None and peer.refused is None
         if verdict is not None and (message.kind in READ_FROM_ANYONE or admitted
                                     or verdict.startswith(("header", "unknown"))):
             self.refusable.append(f"{message.note}: {verdict[:100]}")
+        STATS["sent"] += 1
+        STATS["sent as admitted" if admitted else "sent as stranger"] += 1
+        STATS["refusable"] += verdict is not None
+        STATS[f"kind {message.kind[:12]!r}"] += 1
         if message.kind == Batch.KIND and verdict is None and peer.requests:
             peer.requests.pop(0)
         self.last = f"{message.kind!r} made as {message.note}"[:300]
+        self.history.append(("admitted " if admitted else "stranger ") + self.last)
         peer.send(message)
 
     @rule(data=st.data())
@@ -243,6 +261,7 @@ class WireFuzz(RuleBasedStateMachine):
         peer = self.peer(data.draw)
         frames = data.draw(st.lists(st.binary(max_size=200), min_size=1, max_size=4))
         self.last = f"garbage frames {frames!r:.200}"
+        self.history.append(self.last)
         peer.socket.send_multipart(frames)
         try:
             decode_message(frames)
@@ -251,16 +270,31 @@ class WireFuzz(RuleBasedStateMachine):
 
     @invariant()
     def healthy(self) -> None:
-        check_health(self.live.target.report(), f"after sending {self.last}")
+        with self.noted():
+            check_health(self.live.target.report(), f"after sending {self.last}")
+
+    @contextlib.contextmanager
+    def noted(self) -> Iterator[None]:
+        """Keep the first failure and the steps that led to it (see FIRST_FAILURE)."""
+        try:
+            yield
+        except Exception as exc:
+            if not FIRST_FAILURE:
+                steps = "\n  ".join(self.history[-12:])
+                FIRST_FAILURE.append(f"{type(exc).__name__}: {exc}\nlast steps:\n  {steps}")
+            raise
 
     def teardown(self) -> None:
+        noted = self.noted()
         try:
-            end = self.live.target.progressed(after=self.start["honest"])
-            check_health(end, "after the example")
-            reacted = sum(end["reactions"].values()) - sum(self.start["reactions"].values())
-            assert reacted > 0 or not self.refusable, (
-                f"the target showed no refusal (no warning, no rate-limited log) for "
-                f"{len(self.refusable)} bad message(s), e.g. {self.refusable[:3]}")
+            with noted:
+                end = self.live.target.progressed(after=self.start["honest"])
+                check_health(end, "after the example")
+                reacted = (sum(end["reactions"].values())
+                           - sum(self.start["reactions"].values()))
+                assert reacted > 0 or not self.refusable, (
+                    f"the target showed no refusal (no warning, no rate-limited log) for "
+                    f"{len(self.refusable)} bad message(s), e.g. {self.refusable[:3]}")
         finally:
             for peer in self.peers:
                 peer.close()
@@ -270,6 +304,18 @@ class WireFuzz(RuleBasedStateMachine):
 def test_the_wire_fuzzer_neither_ends_the_run_nor_spoils_an_honest_workers_frames(
         live: Live) -> None:
     machine = type("WireFuzzLive", (WireFuzz,), {"live": live})
+    FIRST_FAILURE.clear()
+    try:
+        fuzz(machine)
+    except Exception as exc:
+        if FIRST_FAILURE:
+            raise AssertionError(FIRST_FAILURE[0]) from exc
+        raise
+    print(f"wire fuzz on {live.target.process.args[-1]}: {dict(sorted(STATS.items()))}")
+    print(f"target at the end: {live.target.report()}")
+
+
+def fuzz(machine: type[RuleBasedStateMachine]) -> None:
     run_state_machine_as_test(machine, settings=settings(
         max_examples=EXAMPLES, stateful_step_count=STEPS, deadline=None, derandomize=True,
         database=None, suppress_health_check=list(HealthCheck),
@@ -312,13 +358,12 @@ def test_a_next_patch_nesting_a_key_under_an_observation_is_a_protocol_error() -
 
 def join_free_place(live: Live, name: bytes) -> Peer:
     """A peer admitted to the target's remote place (free once the starter is lost)."""
-    for _ in range(20):
-        peer = Peer(live.target.endpoint, name + str(next(live.names)).encode())
-        if peer.join(live.specs, timeout=3):
-            peer.read(1.0)  # its first credits
-            return peer
-        peer.close()
-    raise AssertionError("no free remote place in 60 s")
+    peer = Peer(live.target.endpoint, name + str(next(live.names)).encode())
+    if peer.join(live.specs, timeout=30):
+        peer.read(1.0)  # its first credits
+        return peer
+    peer.close()
+    raise AssertionError(f"no free remote place in 30 s: {peer.refused}")
 
 
 def assert_refused_and_unharmed(live: Live, message: Message) -> None:

@@ -40,8 +40,8 @@ from asyncrl._protocol import (
     RelayAck,
     RelayHello,
     SharedBatch,
-    Welcome,
     WeightsApplied,
+    Welcome,
     WorkerLog,
 )
 from asyncrl._protocol import compact as compact_frames
@@ -204,7 +204,7 @@ class Peer:
             frames = self.socket.recv_multipart()
             try:
                 decoded = decode_message(frames)
-            except Exception:  # noqa: BLE001 - the target's bytes are not under test here
+            except Exception:
                 continue
             if decoded.kind == Welcome.KIND:
                 self.welcome = Welcome.from_body(decoded.body)
@@ -217,12 +217,17 @@ class Peer:
                 self.requests.extend([collect.request] * collect.credits)
 
     def join(self, specs: dict[str, Any], timeout: float = 10.0) -> bool:
-        """Say a valid hello and wait for the answer: True if welcomed."""
-        self.send(Message(Hello.KIND, hello(specs, self.identity)))
+        """Say a valid hello, again while refused as full, until welcomed or ``timeout``."""
         deadline = time.monotonic() + timeout
-        while self.welcome is None and self.refused is None and time.monotonic() < deadline:
-            self.read(0.2)
-            self.send(Message("ping", None))  # liveness: any message keeps us heard
+        while self.welcome is None and time.monotonic() < deadline:
+            self.refused = None
+            self.send(Message(Hello.KIND, hello(specs, self.identity)))
+            while self.welcome is None and self.refused is None \
+                    and time.monotonic() < deadline:
+                self.read(0.2)
+                self.send(Message("ping", None))  # liveness: any message keeps us heard
+            if self.refused is not None and time.monotonic() < deadline:
+                time.sleep(0.3)  # full: a place frees when its holder is lost (1.5 s)
         return self.welcome is not None
 
     def close(self) -> None:
@@ -283,7 +288,8 @@ def valid_messages(layout: list[list[Any]], specs: dict[str, Any], identity: byt
         "relay_hello": lambda: Message(RelayHello.KIND, RelayHello(
             protocol=PROTOCOL, name="relay", host="fuzz", pid=1,
             members=[identity]).to_body()),
-        "batch": lambda: Message(Batch.KIND, Batch(request, frames_from(layout, worker=worker)).to_body()),
+        "batch": lambda: Message(Batch.KIND, Batch(
+            request, frames_from(layout, worker=worker)).to_body()),
         "batch_next": lambda: Message(Batch.KIND, compact_batch(layout, request, worker)),
         "shared_batch": lambda: Message(SharedBatch.KIND, SharedBatch(
             request, "asyncrl_1_fuzz", 0, 20).to_body()),
@@ -457,7 +463,7 @@ def patch_rows(body: dict[str, Any], key: Key, value: torch.Tensor) -> dict[str,
     rows: Any = TensorDict({}, batch_size=[len(at)])
     try:
         rows.set(key, value)
-    except Exception:  # noqa: BLE001 - a value that does not fit: nested maps carry it
+    except Exception:
         node: dict[str, Any] = {}
         rows = node
         for part in key[:-1]:
@@ -483,6 +489,21 @@ def claim_batch(body: dict[str, Any], n: int) -> dict[str, Any]:
     return out
 
 
-__all__ = ["DROP", "KINDS", "identity_specs", "MAX_GAP", "RSS_GROWTH_MB", "Message", "Peer", "Target",
-           "TargetEnded", "check_health", "claim_batch", "compact_batch", "frames_from",
-           "mutate_body", "patch_rows", "valid_messages"]
+__all__ = [
+    "DROP",
+    "KINDS",
+    "MAX_GAP",
+    "RSS_GROWTH_MB",
+    "Message",
+    "Peer",
+    "Target",
+    "TargetEnded",
+    "check_health",
+    "claim_batch",
+    "compact_batch",
+    "frames_from",
+    "identity_specs",
+    "mutate_body",
+    "patch_rows",
+    "valid_messages",
+]

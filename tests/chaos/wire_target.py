@@ -131,8 +131,9 @@ async def main() -> None:
 
     try:
         async with MultiAsyncCollector(identity_env, policy, num_workers=1, remote_workers=1,
-                                       listen="tcp://127.0.0.1:0", frames_per_batch=20, on_worker_loss="continue",
-                                       total_frames=-1, **LIVENESS) as c, \
+                                       listen="tcp://127.0.0.1:0", frames_per_batch=20,
+                                       on_worker_loss="continue", total_frames=-1,
+                                       **LIVENESS) as c, \
                 anyio.create_task_group() as tg:
             tg.start_soon(gauges.tick)
             tg.start_soon(commands, tg.cancel_scope)
