@@ -166,7 +166,7 @@ class Live:
         starter = Peer(self.target.endpoint, b"fuzz-starter")
         try:  # the run waits for its remote place to fill before its first batch
             assert starter.join(self.specs, timeout=60), f"starter refused: {starter.refused}"
-            self.layout: list[list[Any]] = self.target.wait("ready")["layout"]
+            self.layout: list[list[Any]] = self.target.wait("ready", 90)["layout"]
         finally:
             starter.close()  # silent from now on: lost in 1.5 s, its place free again
         self.names = itertools.count()

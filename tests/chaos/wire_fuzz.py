@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import signal
 import subprocess
 import sys
 import threading
@@ -59,7 +60,7 @@ RSS_GROWTH_MB = 64
 #: The longest its event loop may go without running its ticker.
 MAX_GAP = 0.5
 #: Bound on each wait for the target (2 shared cores, a spawned worker, torch imports).
-WAIT = 60.0
+WAIT = 30.0
 SCRIPT = Path(__file__).with_name("wire_target.py")
 
 Key = tuple[str, ...]
@@ -74,9 +75,11 @@ class Message:
     meta: dict[str, Any] = field(default_factory=dict)
     seq: int = 0
     note: str = ""  # how it was made (a valid kind, then the mutations applied)
+    ack: bool = False  # asks the receiver for an ack (weights, control)
 
     def frames(self) -> list[Any]:
-        return encode_message(self.body, kind=self.kind, seq=self.seq, meta=self.meta or None)
+        return encode_message(self.body, kind=self.kind, seq=self.seq, meta=self.meta or None,
+                              ack=self.ack)
 
 
 class TargetEnded(AssertionError):
@@ -95,7 +98,7 @@ class Target:
         self.stderr: list[str] = []
         threading.Thread(target=self._read, daemon=True).start()
         threading.Thread(target=self._read_stderr, daemon=True).start()
-        self.endpoint: str = self.wait("listening")["endpoint"]
+        self.endpoint: str = self.wait("listening", 90)["endpoint"]
         self.ready: dict[str, Any] = {}
 
     def _read(self) -> None:
@@ -117,7 +120,7 @@ class Target:
                 got = self.events.get(timeout=max(0.0, deadline - time.monotonic()))
             except queue.Empty:
                 raise TargetEnded(f"the target sent no {event!r} within {timeout:.0f} s; "
-                                  f"its stderr ends: {self.stderr[-15:]}") from None
+                                  f"its stacks:\n{self.stacks()}") from None
             if got["event"] == event:
                 return got
             if got["event"] in ("ended", "exit"):
@@ -125,6 +128,15 @@ class Target:
                                   f"{got.get('error', 'its process exited')}\n"
                                   f"{got.get('traceback', '')}\n"
                                   f"stderr ends: {self.stderr[-15:]}")
+
+    def stacks(self) -> str:
+        """Every thread's stack in the target (faulthandler on SIGUSR1), from its stderr."""
+        if self.process.poll() is not None:
+            return "\n".join(self.stderr[-40:])
+        seen = len(self.stderr)
+        os.kill(self.process.pid, signal.SIGUSR1)
+        time.sleep(1.0)
+        return "\n".join(self.stderr[max(0, seen - 5):][-80:])
 
     def command(self, line: str, event: str) -> dict[str, Any]:
         assert self.process.stdin is not None
@@ -136,7 +148,7 @@ class Target:
         return self.wait(event)
 
     def report(self) -> dict[str, Any]:
-        return self.command("report", "report")
+        return self.command("report", "report")  # the loop answers: a stall shows here too
 
     def progressed(self, after: int, timeout: float = WAIT) -> dict[str, Any]:
         """A report once the honest worker delivered more than ``after`` batches."""
@@ -443,6 +455,11 @@ def mutate_body(draw: st.DrawFn, message: Message) -> Message:
                                              "weights", "bye", "rejoin", "\x00", "batch_slots",
                                              "refuse", "hello\n"]))
         message.note += f" kind={message.kind!r:.20}"
+    elif how == "meta" and message.meta and draw(st.booleans()):
+        path = draw(st.sampled_from([*_leaves(message.meta), ("chunk",)]))
+        value = draw(ODD_VALUES)
+        message.meta = _set(message.meta, path, value)
+        message.note += f" meta {path}={value!r:.40}"
     else:
         message.meta = {"error": True} if draw(st.booleans()) else {"x": [1] * 1000}
         message.seq = draw(st.integers(min_value=-(1 << 63), max_value=(1 << 64) - 1))

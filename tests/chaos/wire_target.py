@@ -18,14 +18,17 @@ the target's alone:
 
 Reads commands on stdin, one a line, and answers each with one JSON line on stdout:
 ``report`` (the numbers above), ``baseline`` (reset the peaks). End of stdin ends it;
-a run that ends by itself prints ``{"event": "ended", "error": ...}``.
+a run that ends by itself prints ``{"event": "ended", "error": ...}``. SIGUSR1 dumps every
+thread's stack to stderr (a target that stopped answering shows where it is stuck).
 """
 
 from __future__ import annotations
 
 import collections
+import faulthandler
 import json
 import logging
+import signal
 import sys
 import time
 import traceback
@@ -163,4 +166,5 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
+    faulthandler.register(signal.SIGUSR1)  # a fuzzer that gets no answer asks for the stacks
     anyio.run(main, backend=sys.argv[1])
