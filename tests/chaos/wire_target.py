@@ -8,11 +8,12 @@ fuzzer's hostile peer can take), and trains on it for ever as ``helpers.train`` 
 a new weight version after every batch. Its own process, so that what it measures is
 the target's alone:
 
-- ``max_gap``: the longest its event loop went without running a 10 ms ticker (a stall);
+- ``max_busy``: the longest its event loop's thread was busy between two ticks of a
+  10 ms ticker (a stall), ``max_gap`` the longest wall-clock gap (see :class:`Gauges`);
 - ``rss_growth_mb``: VmHWM (peak resident memory) minus VmRSS at the baseline (taken
   once the honest worker delivered; VmHWM reset there through ``/proc/self/clear_refs``);
-- ``problems``: what :func:`~asyncrl.testing.frame_identity_problems` and
-  :func:`~asyncrl.testing.version_problems` find in the honest worker's batches;
+- ``problems``: frames of the honest worker lost, repeated or acting with the weights
+  of another version than their stamp (see :class:`Honest`);
 - ``reactions``: every refusal it made, by reason: each :class:`transports.RateLimitedLog`
   call (counted before the rate limit, which only spares the log) and each warning.
 
@@ -37,14 +38,14 @@ from typing import Any
 
 import anyio
 import anyio.to_thread
+import torch
 
 from asyncrl import MultiAsyncCollector
-from asyncrl.testing import ValuePolicy, frame_identity_problems, identity_env, version_problems
+from asyncrl.testing import ValuePolicy, identity_env
 from transports import RateLimitedLog
 
 LIVENESS: dict[str, Any] = {"heartbeat_interval": 0.2, "peer_timeout": 1.5}
 TICK = 0.01
-KEEP = 400  # honest batches kept for the checks (a few MB): a stream may begin late
 
 reactions: collections.Counter[str] = collections.Counter()
 warnings: collections.deque[str] = collections.deque(maxlen=20)
@@ -72,8 +73,17 @@ def _status(field: str) -> int:
 
 
 class Gauges:
+    """The event loop's longest stall and the peak memory since the last :meth:`reset`.
+
+    A stall is the event loop's own thread busy between two ticks of a 10 ms ticker:
+    the CPU time that thread spent in the gap (``max_busy``), which a machine whose
+    cores are shared cannot inflate (a process the scheduler leaves waiting spends
+    none); ``max_gap`` is the wall-clock gap, which it can (the looser bound catches a
+    loop blocked without spending CPU, in a lock or a sleep).
+    """
+
     def __init__(self) -> None:
-        self.max_gap = 0.0
+        self.max_gap = self.max_busy = 0.0
         self.baseline_kib = _status("VmRSS")
 
     def reset(self) -> None:
@@ -81,16 +91,51 @@ class Gauges:
             Path("/proc/self/clear_refs").write_text("5")
         except OSError:
             pass
-        self.max_gap = 0.0
+        self.max_gap = self.max_busy = 0.0
         self.baseline_kib = _status("VmRSS")
 
     async def tick(self) -> None:
-        last = time.monotonic()
+        last, last_cpu = time.monotonic(), time.thread_time()
         while True:
             await anyio.sleep(TICK)
-            now = time.monotonic()
+            now, cpu = time.monotonic(), time.thread_time()
             self.max_gap = max(self.max_gap, now - last - TICK)
-            last = now
+            self.max_busy = max(self.max_busy, cpu - last_cpu)
+            last, last_cpu = now, cpu
+
+
+class Honest:
+    """The honest worker's batches, checked as they come (no list to re-read in the loop).
+
+    Within each env (pid, instance of :class:`~asyncrl.testing.IdentityEnv`) the steps
+    continue from one batch to the next with no gap or repeat; each frame's action is
+    the :class:`~asyncrl.testing.ValuePolicy` value of the version it is stamped with.
+    """
+
+    def __init__(self) -> None:
+        self.last: dict[tuple[int, int], int] = {}
+        self.values: dict[int, float] = {}
+        self.problems: list[str] = []
+
+    def check(self, batch: Any, index: int) -> None:
+        ids = batch["next", "observation"].reshape(-1, 3).to(torch.float64).round().long()
+        for pid, instance, step in ids.tolist():
+            last = self.last.get((pid, instance))
+            if last is not None and step != last + 1:
+                self.problem(f"batch {index}: env {instance} of pid {pid} went from step "
+                             f"{last} to {step}")
+            self.last[(pid, instance)] = step
+        versions = batch["collector", "policy_version"].reshape(-1).tolist()
+        actions = batch["action"].reshape(-1).tolist()
+        for version, action in zip(versions, actions, strict=True):
+            if round(self.values.get(int(version), float("nan"))) != int(action):
+                self.problem(f"batch {index}: a frame stamped version {version} acted "
+                             f"{action}, expected {self.values.get(int(version))}")
+                break
+
+    def problem(self, text: str) -> None:
+        if len(self.problems) < 20:
+            self.problems.append(text)
 
 
 def _layout(batch: Any) -> list[list[Any]]:
@@ -109,17 +154,16 @@ async def main() -> None:
     logging.getLogger().addHandler(_Warnings())
     logging.getLogger().setLevel(logging.INFO)
     gauges = Gauges()
-    honest: collections.deque[Any] = collections.deque(maxlen=KEEP)
+    honest = Honest()
     counts = {"batches": 0, "honest": 0, "others": 0}
     policy = ValuePolicy(0.0)
-    values: dict[int, float | None] = {}
+    values = honest.values
 
     def report() -> dict[str, Any]:
-        problems = frame_identity_problems(list(honest))
-        problems += version_problems(list(honest), values)
         return {"event": "report", **counts, "max_gap": round(gauges.max_gap, 3),
+                "max_busy": round(gauges.max_busy, 3),
                 "rss_growth_mb": round((_status("VmHWM") - gauges.baseline_kib) / 1024, 1),
-                "rss_mb": round(_status("VmRSS") / 1024, 1), "problems": problems[:5],
+                "rss_mb": round(_status("VmRSS") / 1024, 1), "problems": honest.problems[:5],
                 "reactions": dict(reactions), "warnings": list(warnings)[-5:]}
 
     async def commands(scope: anyio.CancelScope) -> None:
@@ -145,8 +189,8 @@ async def main() -> None:
             async for batch in c:
                 counts["batches"] += 1
                 if set(batch["collector", "worker_id"].flatten().tolist()) == {0}:
+                    honest.check(batch, counts["honest"])
                     counts["honest"] += 1
-                    honest.append(batch)
                 else:
                     counts["others"] += 1
                 policy.value.data.fill_(c.policy_version + 1)
