@@ -25,6 +25,7 @@ import itertools
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -262,6 +263,7 @@ class WireFuzz(RuleBasedStateMachine):
         frames = data.draw(st.lists(st.binary(max_size=200), min_size=1, max_size=4))
         self.last = f"garbage frames {frames!r:.200}"
         self.history.append(self.last)
+        peer.connect()
         peer.socket.send_multipart(frames)
         try:
             decode_message(frames)
@@ -284,12 +286,24 @@ class WireFuzz(RuleBasedStateMachine):
                 FIRST_FAILURE.append(f"{type(exc).__name__}: {exc}\nlast steps:\n  {steps}")
             raise
 
+    def reacted(self, report: dict[str, Any], timeout: float = 10.0) -> dict[str, Any]:
+        """A report once the target reacted to something this example sent (the last
+        messages may still be on their way), or the last one after ``timeout``."""
+        deadline = time.monotonic() + timeout
+        before = sum(self.start["reactions"].values())
+        while (self.refusable and sum(report["reactions"].values()) == before
+               and time.monotonic() < deadline):
+            time.sleep(0.2)
+            report = self.live.target.report()
+        return report
+
     def teardown(self) -> None:
         noted = self.noted()
         try:
             with noted:
                 end = self.live.target.progressed(after=self.start["honest"])
                 check_health(end, "after the example")
+                end = self.reacted(end)
                 reacted = (sum(end["reactions"].values())
                            - sum(self.start["reactions"].values()))
                 assert reacted > 0 or not self.refusable, (

@@ -204,10 +204,23 @@ class Peer:
         self.socket.setsockopt(zmq.IDENTITY, identity)
         self.socket.connect(endpoint)
         self.requests: list[int] = []  # collect requests not answered yet
+        self.connected = False
         self.welcome: Welcome | None = None
         self.refused: str | None = None
 
+    def connect(self, timeout: float = 10.0) -> None:
+        """Wait until the target hears us: it pings a stranger back at its first message
+        (else what we send could still sit in our queue when the example ends)."""
+        deadline = time.monotonic() + timeout
+        while not self.connected and time.monotonic() < deadline:
+            self.socket.send_multipart(Message("ping", None).frames())
+            if self.socket.poll(200):
+                self.connected = True
+                self.read()
+
     def send(self, message: Message) -> None:
+        if not self.connected:
+            self.connect()
         try:
             self.socket.send_multipart(message.frames())
         except zmq.Again:

@@ -103,6 +103,7 @@ class FakeHub:
         self.batches = 0
         self.requests = 0
         self.version = 0
+        self.welcomed = False  # the latest hello was answered
 
     def send(self, message: Message) -> None:
         if self.peer is None:
@@ -128,8 +129,9 @@ class FakeHub:
                 except Exception:
                     continue
                 self.kinds[decoded.kind] += 1
-                if decoded.kind == Hello.KIND:
+                if decoded.kind == Hello.KIND:  # the first, or joining again (a rejoin)
                     self.peer, self.hello = peer, Hello.from_body(decoded.body)
+                    self.welcomed = False
                 elif decoded.kind in (Batch.KIND, SharedBatch.KIND):
                     self.batches += 1
             if time.monotonic() >= deadline:
@@ -141,6 +143,7 @@ class FakeHub:
         while self.hello is None and time.monotonic() < deadline:
             self.pump(0.2)
         assert self.hello is not None, f"no hello from the worker in {timeout:.0f} s"
+        self.welcomed = True
         self.send(Message(Welcome.KIND, Welcome(
             index=0, share_frames=20, schemes=SCHEMES, attempt=self.hello.attempt,
             instance=INSTANCE, compact_batches=True).to_body()))
@@ -152,6 +155,8 @@ class FakeHub:
 
     def delivers(self, timeout: float = 30.0) -> bool:
         """Ask for a batch; True once one more came within ``timeout``."""
+        if not self.welcomed:  # it was told to rejoin, and did
+            self.welcome()
         before = self.batches
         self.collect()
         deadline = time.monotonic() + timeout
