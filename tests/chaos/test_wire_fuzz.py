@@ -222,7 +222,9 @@ class WireFuzz(RuleBasedStateMachine):
         if len(self.peers) > 3:
             self.peers.pop(0).close()
 
-    @rule(data=st.data(), kind=st.sampled_from(KINDS), mutations=st.integers(0, 3))
+    # Batches weigh more: the biggest decoder, and the one that allocates from a claim.
+    @rule(data=st.data(), kind=st.sampled_from([*KINDS, *["batch", "batch_next"] * 4]),
+          mutations=st.integers(0, 3))
     def send(self, data: st.DataObject, kind: str, mutations: int) -> None:
         """A valid message of ``kind``, then ``mutations`` mutations of it."""
         peer = self.peer(data.draw)
