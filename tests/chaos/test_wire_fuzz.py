@@ -218,7 +218,8 @@ class WireFuzz(RuleBasedStateMachine):
         name = f"fuzz-{next(self.live.names)}".encode()
         peer = Peer(self.live.target.endpoint, name)
         self.peers.append(peer)
-        STATS["joins welcomed" if peer.join(self.live.specs, timeout=3) else "joins refused"] += 1
+        welcomed = peer.join(self.live.specs, timeout=2, retry=False)
+        STATS["joins welcomed" if welcomed else "joins refused"] += 1
         if len(self.peers) > 3:
             self.peers.pop(0).close()
 
@@ -290,7 +291,7 @@ class WireFuzz(RuleBasedStateMachine):
                 FIRST_FAILURE.append(f"{type(exc).__name__}: {exc}\nlast steps:\n  {steps}")
             raise
 
-    def reacted(self, report: dict[str, Any], timeout: float = 10.0) -> dict[str, Any]:
+    def reacted(self, report: dict[str, Any], timeout: float = 3.0) -> dict[str, Any]:
         """A report once the target reacted to something this example sent (the last
         messages may still be on their way), or the last one after ``timeout``."""
         deadline = time.monotonic() + timeout

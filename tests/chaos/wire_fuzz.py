@@ -248,8 +248,9 @@ class Peer:
                 collect = Collect.from_body(decoded.body)
                 self.requests.extend([collect.request] * collect.credits)
 
-    def join(self, specs: dict[str, Any], timeout: float = 10.0) -> bool:
-        """Say a valid hello, again while refused as full, until welcomed or ``timeout``."""
+    def join(self, specs: dict[str, Any], timeout: float = 10.0, *, retry: bool = True) -> bool:
+        """Say a valid hello, again while refused as full (``retry``), until welcomed or
+        ``timeout``."""
         deadline = time.monotonic() + timeout
         while self.welcome is None and time.monotonic() < deadline:
             self.refused = None
@@ -258,7 +259,9 @@ class Peer:
                     and time.monotonic() < deadline:
                 self.read(0.2)
                 self.send(Message("ping", None))  # liveness: any message keeps us heard
-            if self.refused is not None and time.monotonic() < deadline:
+            if self.refused is not None:
+                if not retry:
+                    return False
                 time.sleep(0.3)  # full: a place frees when its holder is lost (1.5 s)
         return self.welcome is not None
 
