@@ -34,7 +34,13 @@ import pytest
 import torch
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    rule,
+    run_state_machine_as_test,
+)
 from tensordict import TensorDict
 
 from asyncrl._protocol import (
@@ -67,10 +73,10 @@ from .wire_fuzz import (
 )
 
 pytestmark = [pytest.mark.chaos]
-EXAMPLES = int(os.environ.get("WIRE_FUZZ_EXAMPLES", "12"))
+EXAMPLES = int(os.environ.get("WIRE_FUZZ_EXAMPLES", "40"))
 #: CI draws the same examples every run; ``WIRE_FUZZ_RANDOM=1`` draws new ones (a campaign).
 DERANDOMIZE = not os.environ.get("WIRE_FUZZ_RANDOM")
-STEPS = int(os.environ.get("WIRE_FUZZ_STEPS", "12"))
+STEPS = int(os.environ.get("WIRE_FUZZ_STEPS", "15"))
 
 #: Holes fixed on other branches: the fuzzer leaves these inputs to their own regression
 #: tests below (xfail here) so that this branch stays green. Empty it once they are merged.
@@ -203,12 +209,23 @@ class WireFuzz(RuleBasedStateMachine):
         self.start = self.live.target.report()
         check_health(self.start, "before the example")
 
+    @initialize()
+    def admitted(self) -> None:
+        """Each example starts with a peer in the remote place (the last example's peers
+        said goodbye): most of what follows is read as an admitted worker's."""
+        peer = Peer(self.live.target.endpoint, f"fuzz-{next(self.live.names)}".encode())
+        self.peers.append(peer)
+        STATS["joins welcomed" if peer.join(self.live.specs, timeout=5) else
+              f"joins refused: {(peer.refused or 'no answer')[:50]}"] += 1
+
     def peer(self, draw: Any) -> Peer:
+        if self.peers and draw(st.booleans()):
+            return self.peers[0]  # the admitted one (if its place is still its own)
         if not self.peers or draw(st.integers(0, 9)) == 0:
             name = f"fuzz-{next(self.live.names)}".encode()
             self.peers.append(Peer(self.live.target.endpoint, name))
             if len(self.peers) > 3:
-                self.peers.pop(0).close()
+                self.peers.pop(1).close()
             STATS["strangers"] += 1
         return draw(st.sampled_from(self.peers))
 
@@ -219,9 +236,10 @@ class WireFuzz(RuleBasedStateMachine):
         peer = Peer(self.live.target.endpoint, name)
         self.peers.append(peer)
         welcomed = peer.join(self.live.specs, timeout=2, retry=False)
-        STATS["joins welcomed" if welcomed else "joins refused"] += 1
+        STATS["joins welcomed" if welcomed else
+              f"joins refused: {(peer.refused or 'no answer')[:50]}"] += 1
         if len(self.peers) > 3:
-            self.peers.pop(0).close()
+            self.peers.pop(1).close()
 
     # Batches weigh more: the biggest decoder, and the one that allocates from a claim.
     @rule(data=st.data(), kind=st.sampled_from([*KINDS, *["batch", "batch_next"] * 4]),

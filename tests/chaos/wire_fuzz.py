@@ -266,7 +266,13 @@ class Peer:
         return self.welcome is not None
 
     def close(self) -> None:
-        self.socket.close(linger=0)
+        """Say goodbye (the target frees its place at once, not after peer_timeout)."""
+        if self.connected:
+            try:
+                self.socket.send_multipart(Message("bye", None).frames(), zmq.NOBLOCK)
+            except zmq.ZMQError:
+                pass
+        self.socket.close(linger=200)
 
 
 # -- valid messages --------------------------------------------------------------------------
