@@ -73,7 +73,7 @@ from .wire_fuzz import (
 )
 
 pytestmark = [pytest.mark.chaos]
-EXAMPLES = int(os.environ.get("WIRE_FUZZ_EXAMPLES", "40"))
+EXAMPLES = int(os.environ.get("WIRE_FUZZ_EXAMPLES", "25"))
 #: CI draws the same examples every run; ``WIRE_FUZZ_RANDOM=1`` draws new ones (a campaign).
 DERANDOMIZE = not os.environ.get("WIRE_FUZZ_RANDOM")
 STEPS = int(os.environ.get("WIRE_FUZZ_STEPS", "15"))

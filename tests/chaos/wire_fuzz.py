@@ -457,8 +457,10 @@ def mutate_body(draw: st.DrawFn, message: Message) -> Message:
     body, the kind or the header's meta replaced."""
     body = message.body
     patched = isinstance(body, dict) and isinstance(body.get("next"), dict)
+    claims = isinstance(body, dict) and isinstance(body.get("frames"), TensorDict)
     how = draw(st.sampled_from(["field", "field", "field", "tensor", "body", "kind", "meta",
-                                "claim", *["patch"] * (4 if patched else 0)]))
+                                *["claim"] * (3 if claims else 0),
+                                *["patch"] * (4 if patched else 0)]))
     paths = list(_leaves(body))
     if how == "field" and paths:
         path = draw(st.sampled_from(paths))
