@@ -1,0 +1,455 @@
+"""Chaos: a wire fuzzer against a live trainer (hypothesis, stateful, real sockets).
+
+A trainer runs in its own process (``wire_target.py``: an honest local worker, one place
+for a remote worker on a tcp ``listen=`` without keys, a new weight version after every
+batch). Hypothesis drives hostile peers at it from this process: raw DEALER sockets that
+join (a valid hello), then send valid and mutated instances of every kind a worker, a
+relay or a stranger can send (hello, relay_hello, batch, a compact batch's ``next`` patch,
+shared_batch, error, leaving, log, progress, weight acks, pings; unknown kinds; broken
+headers). After every step: the honest worker's frames are exact, the target's peak RSS
+grew by at most 64 MB, its event loop never stalled more than 0.5 s. After every example:
+the run went on (the honest worker delivers again), and if a message the decoders refuse
+was read, the target reacted (a refusal, a warning, a rate-limited log). Every mutated
+body is also decoded here by its class's ``from_body``, which may raise ProtocolError and
+nothing else.
+
+CI runs a few dozen short examples per backend with a fixed seed;
+``WIRE_FUZZ_EXAMPLES=500 pytest tests/chaos/test_wire_fuzz.py`` runs longer.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import itertools
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import HealthCheck, Phase, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    rule,
+    run_state_machine_as_test,
+)
+from tensordict import TensorDict
+
+from asyncrl._protocol import (
+    Batch,
+    ErrorReport,
+    Hello,
+    Leaving,
+    Progress,
+    RelayAck,
+    RelayHello,
+    SharedBatch,
+    WeightsApplied,
+    WorkerLog,
+)
+from transports import ProtocolError
+from transports._codec import decode_message
+
+from .wire_fuzz import (
+    KINDS,
+    Message,
+    Peer,
+    Target,
+    check_health,
+    claim_batch,
+    compact_batch,
+    identity_specs,
+    mutate_body,
+    patch_rows,
+    valid_messages,
+)
+
+pytestmark = [pytest.mark.chaos]
+EXAMPLES = int(os.environ.get("WIRE_FUZZ_EXAMPLES", "25"))
+#: CI draws the same examples every run; ``WIRE_FUZZ_RANDOM=1`` draws new ones (a campaign).
+DERANDOMIZE = not os.environ.get("WIRE_FUZZ_RANDOM")
+STEPS = int(os.environ.get("WIRE_FUZZ_STEPS", "15"))
+
+#: Holes fixed on other branches: the fuzzer leaves these inputs to their own regression
+#: tests below (xfail here) so that this branch stays green. Empty it once they are merged.
+KNOWN_HOLES = {
+    "next-nested-key": "known hole, fixed on branch wire: a compact batch's next patch "
+                       "nesting a key under an observation tensor raises ValueError and "
+                       "ends Coordinator.run()",
+    "huge-claim": "known hole, fixed on branch wire: a batch claiming batch_size "
+                  "[50_000_000, 1] with zero-size leaves allocates GBs",
+}
+#: Which class decodes each kind the trainer's hub dispatches (the rest: the hub's own).
+DECODERS: dict[str, Any] = {
+    Hello.KIND: Hello, RelayHello.KIND: RelayHello, Batch.KIND: Batch,
+    SharedBatch.KIND: SharedBatch, ErrorReport.KIND: ErrorReport, Leaving.KIND: Leaving,
+    WorkerLog.KIND: WorkerLog, Progress.KIND: Progress,
+}
+#: Kinds the coordinator decodes whoever sends them (a batch, a log, a shared batch are
+#: read only from an admitted worker).
+READ_FROM_ANYONE = {Hello.KIND, RelayHello.KIND, ErrorReport.KIND, Leaving.KIND,
+                    Progress.KIND}
+TRANSPORT_KINDS = {"ack", "ping", "bye"}
+#: What the fuzzer did, for ``pytest -s`` (coverage of a run: how much was read as an
+#: admitted worker's, how much refused).
+STATS: collections.Counter[str] = collections.Counter()
+#: The first failure, with the steps before it: hypothesis replays a failing example to
+#: confirm it, and against a live target the replay meets another state (it fails at
+#: another step, or not), which it reports as flaky data generation instead.
+FIRST_FAILURE: list[str] = []
+
+
+def known_hole(message: Message) -> str | None:
+    """The hole of :data:`KNOWN_HOLES` that ``message`` would hit (its inputs are tested
+    apart, see below), or None."""
+    hole = _hole(message)
+    return hole if hole in KNOWN_HOLES else None
+
+
+def _hole(message: Message) -> str | None:
+    body = message.body
+    if message.kind != Batch.KIND or not isinstance(body, dict):
+        return None
+    frames, patch = body.get("frames"), body.get("next")
+    if isinstance(frames, TensorDict) and frames.batch_size.numel() >= 100_000:
+        return "huge-claim"
+    if isinstance(patch, dict):
+        rows = patch.get("rows")
+        keys = (rows.keys(include_nested=True, leaves_only=True)
+                if isinstance(rows, TensorDict) else [])
+        if isinstance(rows, dict) or any(isinstance(k, tuple) and len(k) > 1 for k in keys):
+            return "next-nested-key"
+    return None
+
+
+def local_verdict(message: Message) -> str | None:
+    """Decode ``message`` here as the trainer would: None if valid, else why refused.
+
+    Raises AssertionError when a decoder raises anything but ProtocolError: a crash
+    waiting for the message to reach a loop that catches only ProtocolError.
+    """
+    try:
+        decoded = decode_message(message.frames())
+    except ProtocolError as exc:
+        return f"header: {exc}"
+    decoder = DECODERS.get(decoded.kind)
+    if decoder is None:
+        return None if decoded.kind in TRANSPORT_KINDS else f"unknown kind {decoded.kind!r}"
+    try:
+        decoder.from_body(decoded.body)
+    except ProtocolError as exc:
+        return str(exc)
+    except Exception as exc:
+        raise AssertionError(
+            f"{decoder.__name__}.from_body raised {type(exc).__name__}: {exc} (expected "
+            f"ProtocolError) for {message.kind!r} message made as{message.note}") from exc
+    return None
+
+
+def acks_valid(message: Message) -> None:
+    """Acks are decoded by the weight sender: only ProtocolError may come out of them."""
+    if message.kind != "ack" or not isinstance(message.body, dict):
+        return
+    for decoder in (WeightsApplied, RelayAck):
+        try:
+            decoder.from_body(message.body)
+        except ProtocolError:
+            pass
+        except Exception as exc:
+            raise AssertionError(f"{decoder.__name__}.from_body raised "
+                                 f"{type(exc).__name__}: {exc} for{message.note}") from exc
+
+
+# -- the live target -----------------------------------------------------------------------
+class Live:
+    """A started target whose run began (a starter peer joined, the honest worker delivered)."""
+
+    def __init__(self, backend: str, root: Path) -> None:
+        env = dict(os.environ, TMPDIR=str(root))
+        here = str(Path(__file__).resolve().parents[2])
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [here, env.get("PYTHONPATH")]))
+        self.target = Target(backend, env)
+        self.specs = identity_specs()
+        starter = Peer(self.target.endpoint, b"fuzz-starter")
+        try:  # the run waits for its remote place to fill before its first batch
+            assert starter.join(self.specs, timeout=60), f"starter refused: {starter.refused}"
+            self.layout: list[list[Any]] = self.target.wait("ready", 90)["layout"]
+        finally:
+            starter.close()  # silent from now on: lost in 1.5 s, its place free again
+        self.names = itertools.count()
+
+    def close(self) -> None:
+        self.target.close()
+
+
+@pytest.fixture
+def live(request: pytest.FixtureRequest) -> Iterator[Live]:
+    root = Path(tempfile.mkdtemp(prefix="fuzz-", dir="/tmp"))
+    target = Live(request.param, root)
+    try:
+        yield target
+    finally:
+        target.close()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+class WireFuzz(RuleBasedStateMachine):
+    """Hostile peers against ``live``: join, send valid and mutated messages, check."""
+
+    live: Live
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.peers: list[Peer] = []
+        self.refusable: list[str] = []  # what was sent that the trainer must refuse
+        self.last = "nothing yet"  # the message of the step last taken
+        self.history: list[str] = []
+        self.start = self.live.target.report()
+        check_health(self.start, "before the example")
+
+    @initialize()
+    def admitted(self) -> None:
+        """Each example starts with a peer in the remote place (the last example's peers
+        said goodbye): most of what follows is read as an admitted worker's."""
+        peer = Peer(self.live.target.endpoint, f"fuzz-{next(self.live.names)}".encode())
+        self.peers.append(peer)
+        STATS["joins welcomed" if peer.join(self.live.specs, timeout=5) else
+              f"joins refused: {(peer.refused or 'no answer')[:50]}"] += 1
+
+    def peer(self, draw: Any) -> Peer:
+        if self.peers and draw(st.booleans()):
+            return self.peers[0]  # the admitted one (if its place is still its own)
+        if not self.peers or draw(st.integers(0, 9)) == 0:
+            name = f"fuzz-{next(self.live.names)}".encode()
+            self.peers.append(Peer(self.live.target.endpoint, name))
+            if len(self.peers) > 3:
+                self.peers.pop(1).close()
+            STATS["strangers"] += 1
+        return draw(st.sampled_from(self.peers))
+
+    @rule(data=st.data())
+    def join(self, data: st.DataObject) -> None:
+        """A new peer says a valid hello (admitted if the remote place is free)."""
+        name = f"fuzz-{next(self.live.names)}".encode()
+        peer = Peer(self.live.target.endpoint, name)
+        self.peers.append(peer)
+        welcomed = peer.join(self.live.specs, timeout=2, retry=False)
+        STATS["joins welcomed" if welcomed else
+              f"joins refused: {(peer.refused or 'no answer')[:50]}"] += 1
+        if len(self.peers) > 3:
+            self.peers.pop(1).close()
+
+    # Batches weigh more: the biggest decoder, and the one that allocates from a claim.
+    @rule(data=st.data(), kind=st.sampled_from([*KINDS, *["batch", "batch_next"] * 4]),
+          mutations=st.integers(0, 3))
+    def send(self, data: st.DataObject, kind: str, mutations: int) -> None:
+        """A valid message of ``kind``, then ``mutations`` mutations of it."""
+        peer = self.peer(data.draw)
+        peer.read()
+        request = peer.requests[0] if peer.requests else 1
+        index = peer.welcome.index if peer.welcome is not None else 1
+        message = valid_messages(self.live.layout, self.live.specs, peer.identity, request,
+                                 index)[kind]()
+        message.note = kind
+        for _ in range(mutations):
+            message = mutate_body(data.draw, message)
+        if known_hole(message) is not None:
+            return  # tested apart (see KNOWN_HOLES)
+        try:
+            message.frames()
+        except (TypeError, ValueError, OverflowError):
+            return  # nothing msgpack can carry (the codec refuses it on our side)
+        self.last = f"{message.kind!r} made as {message.note}"[:300]
+        with self.noted():
+            acks_valid(message)
+            verdict = local_verdict(message)
+        admitted = peer.welcome is not None and peer.refused is None
+        if verdict is not None and (message.kind in READ_FROM_ANYONE or admitted
+                                    or verdict.startswith(("header", "unknown"))):
+            self.refusable.append(f"{message.note}: {verdict[:100]}")
+        STATS["sent"] += 1
+        STATS["sent as admitted" if admitted else "sent as stranger"] += 1
+        STATS["refusable"] += verdict is not None
+        STATS[f"kind {message.kind[:12]!r}"] += 1
+        if message.kind == Batch.KIND and verdict is None and peer.requests:
+            peer.requests.pop(0)
+        self.last = f"{message.kind!r} made as {message.note}"[:300]
+        self.history.append(("admitted " if admitted else "stranger ") + self.last)
+        peer.send(message)
+
+    @rule(data=st.data())
+    def garbage(self, data: st.DataObject) -> None:
+        """Frames that are not our wire format at all."""
+        peer = self.peer(data.draw)
+        frames = data.draw(st.lists(st.binary(max_size=200), min_size=1, max_size=4))
+        self.last = f"garbage frames {frames!r:.200}"
+        self.history.append(self.last)
+        peer.connect()
+        peer.socket.send_multipart(frames)
+        try:
+            decode_message(frames)
+        except ProtocolError:
+            self.refusable.append(f"garbage frames {frames!r:.60}")
+
+    @invariant()
+    def healthy(self) -> None:
+        with self.noted():
+            check_health(self.live.target.report(), f"after sending {self.last}")
+
+    @contextlib.contextmanager
+    def noted(self) -> Iterator[None]:
+        """Keep the first failure and the steps that led to it (see FIRST_FAILURE)."""
+        try:
+            yield
+        except Exception as exc:
+            if not FIRST_FAILURE:
+                steps = "\n  ".join(self.history[-12:])
+                FIRST_FAILURE.append(f"{type(exc).__name__}: {exc}\nlast steps:\n  {steps}")
+            raise
+
+    def reacted(self, report: dict[str, Any], timeout: float = 3.0) -> dict[str, Any]:
+        """A report once the target reacted to something this example sent (the last
+        messages may still be on their way), or the last one after ``timeout``."""
+        deadline = time.monotonic() + timeout
+        before = sum(self.start["reactions"].values())
+        while (self.refusable and sum(report["reactions"].values()) == before
+               and time.monotonic() < deadline):
+            time.sleep(0.2)
+            report = self.live.target.report()
+        return report
+
+    def teardown(self) -> None:
+        noted = self.noted()
+        try:
+            with noted:
+                end = self.live.target.progressed(after=self.start["honest"])
+                check_health(end, "after the example")
+                end = self.reacted(end)
+                reacted = (sum(end["reactions"].values())
+                           - sum(self.start["reactions"].values()))
+                assert reacted > 0 or not self.refusable, (
+                    f"the target showed no refusal (no warning, no rate-limited log) for "
+                    f"{len(self.refusable)} bad message(s), e.g. {self.refusable[:3]}")
+        finally:
+            for peer in self.peers:
+                peer.close()
+
+
+@pytest.mark.parametrize("live", ["asyncio", "trio"], indirect=True)
+def test_the_wire_fuzzer_neither_ends_the_run_nor_spoils_an_honest_workers_frames(
+        live: Live) -> None:
+    machine = type("WireFuzzLive", (WireFuzz,), {"live": live})
+    FIRST_FAILURE.clear()
+    try:
+        fuzz(machine)
+    except Exception as exc:
+        if FIRST_FAILURE:
+            raise AssertionError(FIRST_FAILURE[0]) from exc
+        raise
+    print(f"wire fuzz on {live.target.process.args[-1]}: {dict(sorted(STATS.items()))}")
+    print(f"target at the end: {live.target.report()}")
+
+
+def fuzz(machine: type[RuleBasedStateMachine]) -> None:
+    run_state_machine_as_test(machine, settings=settings(
+        max_examples=EXAMPLES, stateful_step_count=STEPS, deadline=None,
+        derandomize=DERANDOMIZE,
+        database=None, suppress_health_check=list(HealthCheck),
+        # No shrinking: the target is live, so a replay meets another state; the first
+        # failure, with the step that caused it, is the report.
+        phases=[Phase.explicit, Phase.generate]))
+
+
+# -- the fuzzer's starting points and its findings, as explicit examples ---------------------
+LAYOUT = [[["observation"], "float64", [20, 3]], [["next", "observation"], "float64", [20, 3]],
+          [["next", "reward"], "float32", [20, 1]], [["next", "done"], "bool", [20, 1]],
+          [["next", "terminated"], "bool", [20, 1]], [["next", "truncated"], "bool", [20, 1]],
+          [["action"], "int64", [20]], [["done"], "bool", [20, 1]],
+          [["terminated"], "bool", [20, 1]], [["truncated"], "bool", [20, 1]],
+          [["collector", "traj_ids"], "int64", [20]], [["collector", "worker_id"], "int64", [20]],
+          [["collector", "policy_version"], "int64", [20]]]  # what the target's batches hold
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_kinds_valid_instance_decodes(kind: str) -> None:
+    """The fuzzer starts from valid messages: each decodes as its receiver reads it."""
+    message = valid_messages(LAYOUT, identity_specs(), b"fuzz-0", 1)[kind]()
+    assert local_verdict(message) is None
+    acks_valid(message)
+
+
+def nested_patch() -> Message:
+    """Known hole (a): a compact batch whose ``next`` rows nest a key under the
+    observation tensor."""
+    body = compact_batch(LAYOUT, 1)
+    rows = torch.zeros(len(body["next"]["at"]), 3, dtype=torch.float64)
+    return Message(Batch.KIND, patch_rows(body, ("observation", "x"), rows),
+                   note=" next rows ('observation', 'x')")
+
+
+@pytest.mark.xfail(strict=False, reason=KNOWN_HOLES["next-nested-key"])
+def test_a_next_patch_nesting_a_key_under_an_observation_is_a_protocol_error() -> None:
+    assert local_verdict(nested_patch()) is not None
+
+
+def join_free_place(live: Live, name: bytes) -> Peer:
+    """A peer admitted to the target's remote place (free once the starter is lost)."""
+    peer = Peer(live.target.endpoint, name + str(next(live.names)).encode())
+    if peer.join(live.specs, timeout=30):
+        peer.read(1.0)  # its first credits
+        return peer
+    peer.close()
+    raise AssertionError(f"no free remote place in 30 s: {peer.refused}")
+
+
+def assert_refused_and_unharmed(live: Live, message: Message) -> None:
+    start = live.target.report()
+    peer = join_free_place(live, b"fuzz-hole-")
+    try:
+        peer.send(message)
+        end = live.target.progressed(after=live.target.report()["honest"])
+        check_health(end, f"after {message.note}")
+        assert sum(end["reactions"].values()) > sum(start["reactions"].values()), (
+            f"no refusal seen for {message.note}")
+    finally:
+        peer.close()
+
+
+@pytest.mark.xfail(strict=False, reason=KNOWN_HOLES["next-nested-key"])
+@pytest.mark.parametrize("live", ["asyncio"], indirect=True)
+def test_a_next_patch_nesting_a_key_under_an_observation_ends_no_run(live: Live) -> None:
+    assert_refused_and_unharmed(live, nested_patch())
+
+
+@pytest.mark.xfail(strict=False, reason=KNOWN_HOLES["huge-claim"])
+@pytest.mark.parametrize("live", ["trio"], indirect=True)
+def test_a_huge_claimed_batch_of_zero_size_leaves_costs_no_memory(live: Live) -> None:
+    """Known hole (b), at 5e6 claimed frames (the issue saw 2.5 GB at 5e7): a few hundred
+    bytes must not cost the trainer more than the fuzzer's 64 MB."""
+    body = claim_batch(compact_batch(LAYOUT, 1), 5_000_000)
+    assert_refused_and_unharmed(live, Message(Batch.KIND, body,
+                                              note=" batch_size [5_000_000, 1] zero-size"))
+
+
+@pytest.mark.xfail(strict=False, reason=KNOWN_HOLES["huge-claim"] + " (found by the fuzzer: "
+                   "at [2**40, 1] the same positions fail to allocate, a RuntimeError, not a "
+                   "ProtocolError, which ends the run)")
+@pytest.mark.parametrize("live", ["asyncio"], indirect=True)
+def test_a_batch_claiming_2_to_the_40_frames_ends_no_run(live: Live) -> None:
+    body = claim_batch(compact_batch(LAYOUT, 1), 1 << 40)
+    assert_refused_and_unharmed(live, Message(Batch.KIND, body,
+                                              note=" batch_size [2**40, 1] zero-size"))
+
+
+@pytest.mark.xfail(strict=False, reason=KNOWN_HOLES["huge-claim"])
+def test_a_batch_claiming_2_to_the_40_frames_is_a_protocol_error() -> None:
+    message = Message(Batch.KIND, claim_batch(compact_batch(LAYOUT, 1), 1 << 40))
+    assert local_verdict(message) is not None
