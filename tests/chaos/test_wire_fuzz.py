@@ -78,15 +78,11 @@ EXAMPLES = int(os.environ.get("WIRE_FUZZ_EXAMPLES", "25"))
 DERANDOMIZE = not os.environ.get("WIRE_FUZZ_RANDOM")
 STEPS = int(os.environ.get("WIRE_FUZZ_STEPS", "15"))
 
-#: Holes fixed on other branches: the fuzzer leaves these inputs to their own regression
-#: tests below (xfail here) so that this branch stays green. Empty it once they are merged.
-KNOWN_HOLES = {
-    "next-nested-key": "known hole, fixed on branch wire: a compact batch's next patch "
-                       "nesting a key under an observation tensor raises ValueError and "
-                       "ends Coordinator.run()",
-    "huge-claim": "known hole, fixed on branch wire: a batch claiming batch_size "
-                  "[50_000_000, 1] with zero-size leaves allocates GBs",
-}
+#: Holes the fuzzer leaves to their own regression tests (below) while they are open:
+#: ``{name: reason}``, the names :func:`_hole` gives. Empty: (a) a ``next`` patch nesting a
+#: key under an observation and (b) a huge claimed batch of zero-size leaves are fixed
+#: (issue 43), so the fuzzer draws them too.
+KNOWN_HOLES: dict[str, str] = {}
 #: Which class decodes each kind the trainer's hub dispatches (the rest: the hub's own).
 DECODERS: dict[str, Any] = {
     Hello.KIND: Hello, RelayHello.KIND: RelayHello, Batch.KIND: Batch,
@@ -387,7 +383,7 @@ def test_every_kinds_valid_instance_decodes(kind: str) -> None:
 
 
 def nested_patch() -> Message:
-    """Known hole (a): a compact batch whose ``next`` rows nest a key under the
+    """Hole (a) of issue 43 (fixed): a compact batch whose ``next`` rows nest a key under the
     observation tensor."""
     body = compact_batch(LAYOUT, 1)
     rows = torch.zeros(len(body["next"]["at"]), 3, dtype=torch.float64)
@@ -395,7 +391,6 @@ def nested_patch() -> Message:
                    note=" next rows ('observation', 'x')")
 
 
-@pytest.mark.xfail(strict=False, reason=KNOWN_HOLES["next-nested-key"])
 def test_a_next_patch_nesting_a_key_under_an_observation_is_a_protocol_error() -> None:
     assert local_verdict(nested_patch()) is not None
 
@@ -423,25 +418,20 @@ def assert_refused_and_unharmed(live: Live, message: Message) -> None:
         peer.close()
 
 
-@pytest.mark.xfail(strict=False, reason=KNOWN_HOLES["next-nested-key"])
 @pytest.mark.parametrize("live", ["asyncio"], indirect=True)
 def test_a_next_patch_nesting_a_key_under_an_observation_ends_no_run(live: Live) -> None:
     assert_refused_and_unharmed(live, nested_patch())
 
 
-@pytest.mark.xfail(strict=False, reason=KNOWN_HOLES["huge-claim"])
 @pytest.mark.parametrize("live", ["trio"], indirect=True)
 def test_a_huge_claimed_batch_of_zero_size_leaves_costs_no_memory(live: Live) -> None:
-    """Known hole (b), at 5e6 claimed frames (the issue saw 2.5 GB at 5e7): a few hundred
-    bytes must not cost the trainer more than the fuzzer's 64 MB."""
+    """Hole (b) of issue 43 (fixed), at 5e6 claimed frames (the issue saw 2.5 GB at 5e7):
+    a few hundred bytes must not cost the trainer more than the fuzzer's 64 MB."""
     body = claim_batch(compact_batch(LAYOUT, 1), 5_000_000)
     assert_refused_and_unharmed(live, Message(Batch.KIND, body,
                                               note=" batch_size [5_000_000, 1] zero-size"))
 
 
-@pytest.mark.xfail(strict=False, reason=KNOWN_HOLES["huge-claim"] + " (found by the fuzzer: "
-                   "at [2**40, 1] the same positions fail to allocate, a RuntimeError, not a "
-                   "ProtocolError, which ends the run)")
 @pytest.mark.parametrize("live", ["asyncio"], indirect=True)
 def test_a_batch_claiming_2_to_the_40_frames_ends_no_run(live: Live) -> None:
     body = claim_batch(compact_batch(LAYOUT, 1), 1 << 40)
@@ -449,7 +439,6 @@ def test_a_batch_claiming_2_to_the_40_frames_ends_no_run(live: Live) -> None:
                                               note=" batch_size [2**40, 1] zero-size"))
 
 
-@pytest.mark.xfail(strict=False, reason=KNOWN_HOLES["huge-claim"])
 def test_a_batch_claiming_2_to_the_40_frames_is_a_protocol_error() -> None:
     message = Message(Batch.KIND, claim_batch(compact_batch(LAYOUT, 1), 1 << 40))
     assert local_verdict(message) is not None
