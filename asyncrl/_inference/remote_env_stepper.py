@@ -158,13 +158,13 @@ class RemoteStepper(EnvStepper):
         return self._chunk
 
     def request_body(self) -> Any:
-        return self.obs_block.tensors  # type: ignore[attr-defined]
+        return self.obs_block.tensors
 
     def read_answer(self, body: Any, read: Callable[[Any, int], int]) -> int:
         version = body.get("v") if isinstance(body, Mapping) else None
         if not isinstance(version, int) or isinstance(version, bool) or version < 0:
             raise ProtocolError(f"an 'act' answer needs a policy version 'v', got {describe(body)}")
-        self.act_block.fill(body.get("a"), "the collector's answer", version)  # type: ignore[attr-defined]
+        self.act_block.fill(body.get("a"), "the collector's answer", version)
         return read(self.act_dst, 0)
 
 

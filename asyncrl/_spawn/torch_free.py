@@ -132,8 +132,8 @@ def _install() -> None:
 
         def connect_to_new_process(fds: Sequence[int]) -> tuple[int, int]:
             if getattr(_starting, "torch_free", False):
-                return _server.connect_to_new_process(fds)  # type: ignore[no-any-return]
-            return connect(fds)  # type: ignore[no-any-return]
+                return _server.connect_to_new_process(fds)
+            return connect(fds)
 
         spawn.get_preparation_data = preparation_data
         forkserver.connect_to_new_process = connect_to_new_process
