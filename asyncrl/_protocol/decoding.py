@@ -89,12 +89,17 @@ class Tree:
 
 
 M = TypeVar("M")
+#: How a kind reads a peer's body: its own ``from_body``; a weights meta (which travels
+#: beside a body) ``from_meta``; a control's arguments ``from_args``.
+_READERS = ("from_body", "from_meta", "from_args")
 T = TypeVar("T")
 
 
 def decode(kind: type[M], body: Any, **bounds: Any) -> M:
-    """``kind.from_body(body, **bounds)``: a ``kind`` message, or :class:`ProtocolError`."""
-    from_body: Callable[..., M] = getattr(kind, "from_body")  # noqa: B009 (each kind's own)
+    """``kind.from_body(body, **bounds)``: a ``kind`` message, or :class:`ProtocolError`
+    (a weights meta is read by ``from_meta``, a control's arguments by ``from_args``)."""
+    from_body: Callable[..., M] = next(getattr(kind, reader) for reader in _READERS
+                                       if hasattr(kind, reader))
     name = getattr(kind, "KIND", kind.__name__)
     try:
         return from_body(body, **bounds)
