@@ -299,8 +299,8 @@ def message_bodies() -> dict[str, tuple[type, Any, dict[str, Any]]]:
         WorkerLog,
         compact,
     )
-    from transports import ErrorPayload
     from asyncrl._worker.simulated import make_share, make_specs
+    from transports import ErrorPayload
 
     share = make_share(256, 4)
     share["observation"] = torch.randn(1, 256, 64)  # 256 B per frame: compacted

@@ -182,6 +182,8 @@ _AT = re.compile(r"^(?P<head>.*?)(?: - at `(?P<at>[^`]*)`(?: in `(?P<inside>[^`]
                  re.DOTALL)
 _WORDS = {"object": "map", "array": "list", "null": "None"}
 _MISSING = object()
+#: One step of msgspec's path: ``[3]`` (a list's), ``[...]`` (a map's value), ``name``.
+_STEP = re.compile(r"\[(\d+|\.\.\.)\]|([^.\[\]]+)")
 
 
 def _explain(complaint: str, body: Any, what: str, schema: Any) -> str:
@@ -194,14 +196,16 @@ def _explain(complaint: str, body: Any, what: str, schema: Any) -> str:
     missing = re.fullmatch(r"Object missing required field `([^`]*)`", head)
     if missing:
         return f"{what} message field {(f'{name}.' if name else '') + missing[1]!r} is missing"
-    expected = re.fullmatch(r"Expected (.*?)(, got (`?)[^`]*\3)?", head, re.DOTALL)
+    expected = re.fullmatch(r"Expected (.*?)(, got (`?)([^`]*)\3)?", head, re.DOTALL)
     if expected is None:
         return f"{what} message field {name!r}: {head}"
     want = _range(kind) or re.sub(r"`([^`]*)`", lambda m: " | ".join(
         _WORDS.get(w, w) for w in m[1].split(" | ")), expected[1])
     if inside is not None:
         return f"{what} message field {name!r} must have {want} keys"
-    got = _described(_value_at(body, path), type_only=bool(expected[3]))
+    value = _value_at(body, path)
+    got = (_WORDS.get(expected[4], expected[4]) if value is _MISSING and expected[3]
+           else _described(value, type_only=bool(expected[3])))
     return f"{what} message {f'field {name!r}' if name else 'body'} must be {want}, got {got}"
 
 
@@ -210,11 +214,15 @@ def _walk(schema: Any, path: str) -> tuple[Any, str]:
     (a named tuple's position by its name: ``records[0].level``)."""
     kind: Any = schema
     words = ""
-    for index, key in re.findall(r"\[(\d+)\]|([^.\[\]]+)", path):
+    for index, key in re.findall(_STEP, path):
         while get_origin(kind) is Annotated:
             kind = get_args(kind)[0]
         fields = getattr(kind, "_fields", None)  # a NamedTuple
-        if key:
+        if index == "...":  # a value in a map (msgspec does not say under which key)
+            words += "[...]"
+            args = get_args(kind)
+            kind = args[1] if get_origin(kind) is dict and len(args) == 2 else None
+        elif key:
             words += f".{key}" if words else key
             hints = get_type_hints(kind, include_extras=True) if isinstance(kind, type) else {}
             kind = hints.get(key)
@@ -241,8 +249,10 @@ def _range(kind: Any) -> str:
 
 def _value_at(body: Any, path: str) -> Any:
     value = body
-    for step in re.findall(r"\[(\d+)\]|([^.\[\]]+)", path):
+    for step in re.findall(_STEP, path):
         index, key = step
+        if index == "...":
+            return _MISSING
         try:
             value = value[int(index)] if index else value[key]
         except (KeyError, IndexError, TypeError):
