@@ -224,6 +224,7 @@ def _valid_bodies() -> dict[str, tuple[Any, dict[str, Any]]]:
 
     from asyncrl._protocol import (
         Batch,
+        BatchSlots,
         Closing,
         Collect,
         Control,
@@ -255,6 +256,7 @@ def _valid_bodies() -> dict[str, tuple[Any, dict[str, Any]]]:
         Welcome(0, 8, 2, {"policy": {"kind": "zmq"}}, 1, "abc", True, True,
                 {"max_frames_per_traj": 5}),
         Closing(finished=False),
+        BatchSlots("asyncrl_1_ab", [("observation",), ("next", "reward")]),
     ]
     return {type(m).__name__: (type(m), _wire_form(m)) for m in messages}
 
