@@ -11,7 +11,8 @@ ignored, so a newer peer may add some) and turns msgspec's complaint into a
 :class:`transports.ProtocolError` naming the kind, the field, what was expected
 and what came. A kind whose wire form differs from its fields (a log record
 travels as a list) says so in its ``WIRE`` class variable: ``{field: wire type}``,
-``None`` for a field read elsewhere (an error report's payload).
+``None`` for a field read elsewhere (an error report's payload), ``Required[T]`` for
+a field the wire must carry though its dataclass has a default (a relay ack's failures).
 
 :func:`decode` is what a receiving loop calls: ``kind.from_body(body, **bounds)``,
 and whatever a body trips on while it is decoded (a TensorDict refusing a key
@@ -40,12 +41,14 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import types
 from collections.abc import Callable
 from functools import cache
 from typing import (
     Annotated,
     Any,
     Literal,
+    Required,
     TypeVar,
     get_args,
     get_origin,
@@ -139,7 +142,8 @@ def _convert(cls: type, body: Any, what: str) -> Any:
         raise ProtocolError(f"{what} message body must be a map, got {type(body).__name__}")
     schema, cleaners = _plan(cls)
     try:
-        message = msgspec.convert(body, schema, strict=True)
+        # bytes as builtin: a peer identity is bytes, never a base64 string msgspec decodes
+        message = msgspec.convert(body, schema, strict=True, builtin_types=(bytes, bytearray))
     except msgspec.ValidationError as exc:
         raise ProtocolError(_explain(str(exc), body, what, schema)) from None
     if schema is not cls:
@@ -168,7 +172,9 @@ def _plan(cls: type) -> tuple[Any, tuple[tuple[str, Text | Tree], ...]]:
         kind = wire.get(f.name, hints[f.name])
         if kind is None:
             continue  # read by the caller
-        if f.default is not dataclasses.MISSING:
+        if get_origin(kind) is Required:  # on the wire, though the dataclass has a default
+            spec.append((f.name, get_args(kind)[0]))
+        elif f.default is not dataclasses.MISSING:
             spec.append((f.name, kind, f.default))
         elif f.default_factory is not dataclasses.MISSING:
             spec.append((f.name, kind, msgspec.field(default_factory=f.default_factory)))
@@ -215,8 +221,7 @@ def _walk(schema: Any, path: str) -> tuple[Any, str]:
     kind: Any = schema
     words = ""
     for index, key in re.findall(_STEP, path):
-        while get_origin(kind) is Annotated:
-            kind = get_args(kind)[0]
+        kind = _bare(kind)
         fields = getattr(kind, "_fields", None)  # a NamedTuple
         if index == "...":  # a value in a map (msgspec does not say under which key)
             words += "[...]"
@@ -232,8 +237,23 @@ def _walk(schema: Any, path: str) -> tuple[Any, str]:
         else:
             words += f"[{index}]"
             args = get_args(kind)
-            kind = args[0] if get_origin(kind) is list and args else None
+            if get_origin(kind) is tuple and args and args[-1] is not Ellipsis:
+                kind = args[int(index)] if int(index) < len(args) else None
+            else:
+                kind = args[0] if get_origin(kind) in (list, tuple) and args else None
     return kind, words
+
+
+def _bare(kind: Any) -> Any:
+    """``kind`` without its ``Annotated`` markers, an optional one without its None."""
+    while True:
+        if get_origin(kind) is Annotated:
+            kind = get_args(kind)[0]
+        elif isinstance(kind, types.UnionType) and type(None) in get_args(kind) \
+                and len(get_args(kind)) == 2:
+            kind = next(arg for arg in get_args(kind) if arg is not type(None))
+        else:
+            return kind
 
 
 def _range(kind: Any) -> str:
