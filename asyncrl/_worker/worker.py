@@ -22,7 +22,15 @@ from typing import Any
 import anyio
 import anyio.abc
 
-from transports import CurveClient, ErrorPayload, Link, Message, PeerLostError, ProtocolError
+from transports import (
+    CurveClient,
+    ErrorPayload,
+    Link,
+    Message,
+    PeerLostError,
+    ProtocolError,
+    RateLimitedLog,
+)
 
 from .._errors import WorkerExit
 from .._protocol import (
@@ -136,6 +144,8 @@ class Worker:
         self._weights = WeightApplier(link, relay=relay_link, busy=self._busy.locked)
         self._relay = RelayMembership(relay_link, relay_name, self._weights)
         self._pending_early: list[Message] = []  # weights that came before the welcome
+        # What the network makes us log is rate-limited (a malformed message is dropped).
+        self._limited_log = RateLimitedLog(log)
         self._progress = ProgressReport(link, self.collecting)  # slow is not hung
         self._exit: WorkerExit | None = None
         self._outgoing = OutgoingBatches()  # shared-memory slots, or the wire (compact?)
@@ -425,14 +435,22 @@ class Worker:
     async def _await_welcome(self, attempt: int) -> Welcome:
         while True:
             message = await self._recv()
+            if message.kind in (Welcome.KIND, Refuse.KIND):
+                try:  # a malformed answer is dropped: the hello is said again after a while
+                    answer = decode(Welcome if message.kind == Welcome.KIND else Refuse,
+                                    message.body)
+                except ProtocolError as exc:
+                    self._limited_log.warning("bad-answer", "dropped a malformed %r message: %s",
+                                              message.kind, exc)
+                    continue
             if message.kind == Welcome.KIND:
-                welcome = Welcome.from_body(message.body)
+                welcome = answer
                 if welcome.attempt == attempt:
                     return welcome
                 log.info("ignored the welcome of an earlier hello (attempt %d)", welcome.attempt)
                 continue
             if message.kind == Refuse.KIND:
-                refuse = Refuse.from_body(message.body)
+                refuse = answer
                 # Where our own --env id comes from (any other id: the plain refusal).
                 if refuse.env_source is not None and self._env_missing \
                         and refuse.env_source["env_id"] == self._env_missing:
@@ -489,7 +507,8 @@ class Worker:
                 else:
                     log.warning("ignored a %r message", message.kind)
             except ProtocolError as exc:  # every decode raises only this (see decode())
-                log.warning("dropped a malformed %r message: %s", message.kind, exc)
+                self._limited_log.warning("bad-message", "dropped a malformed %r message: %s",
+                                          message.kind, exc)
                 if message.needs_ack:
                     await self.link.ack(message, error=exc)
 
@@ -499,7 +518,7 @@ class Worker:
         if self.rollout is not None:
             self.rollout.request_stop()  # end a running batch at its next step
         try:
-            finished = Closing.from_args(control.args).finished
+            finished = decode(Closing, control.args).finished
         except ProtocolError as exc:  # hostile or broken: the bounded wait is the safe side
             log.warning("a close with a malformed argument (%s): taken as a trainer that "
                         "stops before the end", exc)
