@@ -88,7 +88,8 @@ def test_a_hello_without_the_field_is_a_worker_that_does_not_drop() -> None:
     assert hello(drops=True).drops_next_obs is True
     body = hello(drops=True).to_body()
     body["drops_next_obs"] = 1
-    with pytest.raises(ProtocolError, match=r"hello message field 'drops_next_obs' must be bool, got int"):
+    with pytest.raises(ProtocolError,
+                       match=r"hello message field 'drops_next_obs' must be bool, got int"):
         Hello.from_body(body)
 
 
