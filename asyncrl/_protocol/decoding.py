@@ -140,9 +140,9 @@ def clean(message: T) -> T:
 def _convert(cls: type, body: Any, what: str) -> Any:
     if not isinstance(body, dict):
         raise ProtocolError(f"{what} message body must be a map, got {type(body).__name__}")
-    schema, cleaners = _plan(cls)
+    schema, cleaners, options = _plan(cls)
     try:
-        message = msgspec.convert(body, schema, strict=True, **_options(schema))
+        message = msgspec.convert(body, schema, strict=True, **options)
     except msgspec.ValidationError as exc:
         raise ProtocolError(_explain(str(exc), body, what, schema)) from None
     if schema is not cls:
@@ -155,7 +155,6 @@ def _convert(cls: type, body: Any, what: str) -> Any:
     return message
 
 
-@cache
 def _options(schema: Any) -> dict[str, Any]:
     """``msgspec.convert``'s options for ``schema``: where it declares bytes (a peer
     identity), bytes are builtin, so that a string is refused, never read as base64
@@ -177,16 +176,17 @@ def _holds_bytes(kind: Any, seen: set[Any]) -> bool:
 
 
 @cache
-def _plan(cls: type) -> tuple[Any, tuple[tuple[str, Text | Tree], ...]]:
-    """What to convert a body into (``cls``, or a Struct of its ``WIRE`` form), and the
-    fields to clean after the check (for a ``WIRE`` form, those it does not name)."""
+def _plan(cls: type) -> tuple[Any, tuple[tuple[str, Text | Tree], ...], dict[str, Any]]:
+    """What to convert a body into (``cls``, or a Struct of its ``WIRE`` form), the
+    fields to clean after the check (for a ``WIRE`` form, those it does not name), and
+    ``msgspec.convert``'s options for it."""
     hints = get_type_hints(cls, include_extras=True)
     fields = dataclasses.fields(cls)
     cleaners = tuple((f.name, marker) for f in fields for marker in
                      getattr(hints[f.name], "__metadata__", ()) if isinstance(marker, Text | Tree))
     wire: dict[str, Any] | None = getattr(cls, "WIRE", None)
     if wire is None:
-        return cls, cleaners
+        return cls, cleaners, _options(cls)
     spec: list[Any] = []
     for f in fields:
         kind = wire.get(f.name, hints[f.name])
@@ -201,7 +201,8 @@ def _plan(cls: type) -> tuple[Any, tuple[tuple[str, Text | Tree], ...]]:
         else:
             spec.append((f.name, kind))
     schema = msgspec.defstruct(f"{cls.__name__}Wire", spec, kw_only=True)
-    return schema, tuple((name, marker) for name, marker in cleaners if name not in wire)
+    return (schema, tuple((name, marker) for name, marker in cleaners if name not in wire),
+            _options(schema))
 
 
 _AT = re.compile(r"^(?P<head>.*?)(?: - at `(?P<at>[^`]*)`(?: in `(?P<inside>[^`]*)`)?)?$",
