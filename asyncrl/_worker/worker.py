@@ -17,7 +17,7 @@ from collections import deque
 from collections.abc import Callable
 from contextlib import AsyncExitStack
 from functools import partial
-from typing import Any
+from typing import Any, NoReturn
 
 import anyio
 import anyio.abc
@@ -435,35 +435,34 @@ class Worker:
     async def _await_welcome(self, attempt: int) -> Welcome:
         while True:
             message = await self._recv()
-            if message.kind in (Welcome.KIND, Refuse.KIND):
-                try:  # a malformed answer is dropped: the hello is said again after a while
-                    answer = decode(Welcome if message.kind == Welcome.KIND else Refuse,
-                                    message.body)
-                except ProtocolError as exc:
-                    self._limited_log.warning("bad-answer", "dropped a malformed %r message: %s",
-                                              message.kind, exc)
+            try:  # a malformed answer is dropped: the hello is said again after a while
+                if message.kind == Welcome.KIND:
+                    welcome = decode(Welcome, message.body)
+                    if welcome.attempt == attempt:
+                        return welcome
+                    log.info("ignored the welcome of an earlier hello (attempt %d)",
+                             welcome.attempt)
                     continue
-            if message.kind == Welcome.KIND:
-                welcome = answer
-                if welcome.attempt == attempt:
-                    return welcome
-                log.info("ignored the welcome of an earlier hello (attempt %d)", welcome.attempt)
+                if message.kind == Refuse.KIND:
+                    self._refused(decode(Refuse, message.body))
+            except ProtocolError as exc:
+                self._limited_log.warning("bad-answer", "dropped a malformed %r message: %s",
+                                          message.kind, exc)
                 continue
-            if message.kind == Refuse.KIND:
-                refuse = answer
-                # Where our own --env id comes from (any other id: the plain refusal).
-                if refuse.env_source is not None and self._env_missing \
-                        and refuse.env_source["env_id"] == self._env_missing:
-                    raise _EnvOffered(EnvIdSource(**refuse.env_source))
-                if refuse.full and self.join_timeout is not None:
-                    raise RunFull(refuse.reason)
-                raise WorkerExit(EXIT_REFUSED,
-                                 f"the coordinator refused this worker: {refuse.reason}")
             if message.kind == WEIGHTS_KIND:
                 # Weights may precede the welcome for a late joiner: keep them.
                 self._pending_early.append(message)
                 continue
             log.warning("ignored %r message before the welcome", message.kind)
+
+    def _refused(self, refuse: Refuse) -> NoReturn:
+        # Where our own --env id comes from (any other id: the plain refusal).
+        if refuse.env_source is not None and self._env_missing \
+                and refuse.env_source["env_id"] == self._env_missing:
+            raise _EnvOffered(EnvIdSource(**refuse.env_source))
+        if refuse.full and self.join_timeout is not None:
+            raise RunFull(refuse.reason)
+        raise WorkerExit(EXIT_REFUSED, f"the coordinator refused this worker: {refuse.reason}")
 
     # -- messages ------------------------------------------------------------------
     async def _recv(self) -> Message:
