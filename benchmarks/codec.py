@@ -280,19 +280,27 @@ def message_bodies() -> dict[str, tuple[type, Any, dict[str, Any]]]:
     """``{label: (kind, body as the hub hands it over, bounds)}`` of typical messages."""
     from asyncrl._protocol import (
         Batch,
+        BatchSlots,
+        Closing,
         Collect,
         ErrorReport,
         Hello,
         Leaving,
         LogEntry,
         Progress,
+        RelayAck,
+        RelayAttached,
         RelayHello,
         SharedBatch,
+        WeightChunk,
+        WeightMeta,
+        WeightsApplied,
         Welcome,
         WorkerLog,
         compact,
     )
     from asyncrl._worker.simulated import make_share, make_specs
+    from transports import ErrorPayload
 
     share = make_share(256, 4)
     share["observation"] = torch.randn(1, 256, 64)  # 256 B per frame: compacted
@@ -313,9 +321,31 @@ def message_bodies() -> dict[str, tuple[type, Any, dict[str, Any]]]:
         "log (64 records)": (WorkerLog([LogEntry(20, "asyncrl.worker", f"step {i}")
                                         for i in range(64)]), {}),
         "progress": (Progress(3, 1200), {}),
+        "welcome (rollout)": (Welcome(0, 256, schemes={"policy": {"kind": "zmq"}},
+                                      instance="ab" * 8, rollout={"max_frames_per_traj": 100,
+                                                                  "split_trajs": False}), {}),
+        "batch_slots (32 keys)": (BatchSlots("asyncrl_1_ab", [("next", f"k{i}")
+                                                              for i in range(32)]), {}),
+        "weights ack": (WeightsApplied("policy", 7), {}),
+        "relay ack (8 members)": (RelayAck("policy", {b"w%d" % i: 7 for i in range(6)}, {
+            b"w6": RelayAck.lost("gone"), b"w7": ErrorPayload("builtins.ValueError", "x")}), {}),
+        "relay_attached": (RelayAttached(), {}),
     }
-    return {label: (type(m), transports.decode(transports.encode(m.to_body())), bounds)
-            for label, (m, bounds) in messages.items()}
+    bodies = {label: (type(m), transports.decode(transports.encode(m.to_body())), bounds)
+              for label, (m, bounds) in messages.items()}
+    # Read beside a body: a weights message's meta, a close control's arguments.
+    layout = tuple((f"layer{i}.weight", "float32", (256, 256)) for i in range(64))
+    metas = {
+        "weights meta": WeightMeta("policy", 7, "ab" * 8),
+        "weights meta (relayed, 8)": WeightMeta("policy", 7, "ab" * 8,
+                                                tuple(b"w%d" % i for i in range(8))),
+        "weights meta (chunk 0, 64 tensors)": WeightMeta("policy", 7, "ab" * 8, chunk=WeightChunk(
+            0, 4, tuple((key, 0, 1 << 18) for key, _, _ in layout[:16]), layout)),
+    }
+    for label, meta in metas.items():
+        bodies[label] = (WeightMeta, transports.decode(transports.encode(meta.to_meta())), {})
+    bodies["close arguments"] = (Closing, {"finished": False}, {})
+    return bodies
 
 
 def message_report(repeat: int) -> str:
@@ -329,7 +359,8 @@ def message_report(repeat: int) -> str:
             # A batch's rebuild writes into its frames: each decode gets its own (made
             # before the clock starts; the tensors are shared, not copied).
             bodies = [{**body, "frames": body["frames"].clone(recurse=False)}
-                      if "frames" in body else body for _ in range(100)]
+                      if isinstance(body, dict) and "frames" in body else body
+                      for _ in range(100)]
             start = time.perf_counter()
             for one in bodies:
                 decode(kind, one, **bounds)

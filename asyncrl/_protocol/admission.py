@@ -23,12 +23,6 @@ from .fields import (
     MAX_OPTIONS,
     MAX_RELAY_MEMBERS,
     Peer,
-    option_map,
-    optional_bool,
-    optional_int,
-    optional_text,
-    printable_tree,
-    required,
 )
 
 PROTOCOL = 2  # 2: the welcome says share_frames (was frames_per_batch)
@@ -38,6 +32,10 @@ MAX_REASON = 16384
 MAX_GROUP = 64
 #: Longest gymnasium id a hello may name.
 MAX_ENV_ID = 200
+#: Rollout options by name (``RolloutOptions.to_wire()``), in a hello or a welcome: a small
+#: map whose names are short; the values are ``RolloutOptions.from_wire``'s to check.
+RolloutMap = Annotated[dict[Annotated[str, Meta(min_length=1, max_length=MAX_OPTION_NAME)], Any],
+                       Meta(max_length=MAX_OPTIONS), Tree()]
 
 
 @dataclass(slots=True)
@@ -75,8 +73,7 @@ class Hello:
     #: line set): it runs with the welcome's value of each option named here. A host
     #: before it lacks the field ({}): the coordinator refuses it when the run's options
     #: are not the defaults, and a host flag that differs from the run's is refused.
-    rollout: Annotated[dict[Annotated[str, Meta(min_length=1, max_length=MAX_OPTION_NAME)], Any],
-                       Meta(max_length=MAX_OPTIONS), Tree()] = field(default_factory=dict)
+    rollout: RolloutMap = field(default_factory=dict)
 
     def to_body(self) -> dict[str, Any]:
         return asdict(self)
@@ -140,15 +137,15 @@ class Welcome:
     KIND: ClassVar[str] = "welcome"
     index: int
     #: This worker's share of a batch: the frames it collects per batch it sends.
-    share_frames: int
+    share_frames: Annotated[int, Meta(ge=1, le=1 << 31)]
     init_random_frames: int = 0
     #: ``{model_id: scheme.to_config()}``: how weights reach this worker (remote hosts
     #: build their receivers from it; code never travels).
-    schemes: dict[str, Any] = field(default_factory=dict)
+    schemes: Annotated[dict[str, dict[str, Any]], Tree()] = field(default_factory=dict)
     attempt: int = 0  # the hello's attempt this welcome answers
     #: The coordinator's hub instance. Weight versions are numbered per instance: a
     #: worker welcomed by a new one (a restarted trainer) starts counting afresh.
-    instance: str = ""
+    instance: Annotated[str, Text(64)] = ""
     #: The coordinator rebuilds compact batches (``compact_frames.py``): a worker sends
     #: them only when told so, so a worker and a coordinator of the releases before
     #: (which lack the field) still talk, each way round, during a rolling update.
@@ -161,31 +158,14 @@ class Welcome:
     #: The run's rollout options this worker runs with (``RolloutOptions.to_wire()``,
     #: the options its hello names; checked by ``RolloutOptions.from_wire``). Data,
     #: never code; without the field (a coordinator before it) a worker keeps its own.
-    rollout: dict[str, Any] = field(default_factory=dict)
+    rollout: RolloutMap = field(default_factory=dict)
 
     def to_body(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_body(cls, body: Any) -> Self:
-        frames = required(body, "share_frames", int, "welcome")
-        if not 0 < frames <= 1 << 31:
-            raise ProtocolError(f"welcome share_frames must be in 1..2**31, got {frames}")
-        schemes = required(body, "schemes", dict, "welcome")
-        if not all(isinstance(k, str) and isinstance(v, dict) for k, v in schemes.items()):
-            raise ProtocolError("welcome schemes must map model ids to scheme configs")
-        return cls(
-            index=required(body, "index", int, "welcome"),
-            share_frames=frames,
-            init_random_frames=required(body, "init_random_frames", int, "welcome"),
-            schemes=printable_tree(schemes),
-            attempt=optional_int(body, "attempt", "welcome"),
-            instance=optional_text(body, "instance", "welcome", limit=64),
-            compact_batches=optional_bool(body, "compact_batches", "welcome field",
-                                          default=False),
-            compact_obs=optional_bool(body, "compact_obs", "welcome field", default=False),
-            rollout=option_map(body, "rollout", "welcome"),
-        )
+        return read(cls, body, "welcome")
 
 
 @dataclass(slots=True)
@@ -233,6 +213,7 @@ class Closing:
     (Closing(finished=False), Closing(finished=True))
     """
 
+    KIND: ClassVar[str] = "control close"
     finished: bool = True
 
     def to_args(self) -> dict[str, Any]:
@@ -240,7 +221,8 @@ class Closing:
 
     @classmethod
     def from_args(cls, args: Any) -> Self:
-        return cls(optional_bool(args, "finished", "control close argument", default=True))
+        """``args``: the control's arguments (None: none, finished as ever)."""
+        return cls() if args is None else read(cls, args, "control close")
 
 
 @dataclass(slots=True)

@@ -11,7 +11,8 @@ ignored, so a newer peer may add some) and turns msgspec's complaint into a
 :class:`transports.ProtocolError` naming the kind, the field, what was expected
 and what came. A kind whose wire form differs from its fields (a log record
 travels as a list) says so in its ``WIRE`` class variable: ``{field: wire type}``,
-``None`` for a field read elsewhere (an error report's payload).
+``None`` for a field read elsewhere (an error report's payload), ``Required[T]`` for
+a field the wire must carry though its dataclass has a default (a relay ack's failures).
 
 :func:`decode` is what a receiving loop calls: ``kind.from_body(body, **bounds)``,
 and whatever a body trips on while it is decoded (a TensorDict refusing a key
@@ -40,12 +41,14 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import types
 from collections.abc import Callable
 from functools import cache
 from typing import (
     Annotated,
     Any,
     Literal,
+    Required,
     TypeVar,
     get_args,
     get_origin,
@@ -89,12 +92,17 @@ class Tree:
 
 
 M = TypeVar("M")
+#: How a kind reads a peer's body: its own ``from_body``; a weights meta (which travels
+#: beside a body) ``from_meta``; a control's arguments ``from_args``.
+_READERS = ("from_body", "from_meta", "from_args")
 T = TypeVar("T")
 
 
 def decode(kind: type[M], body: Any, **bounds: Any) -> M:
-    """``kind.from_body(body, **bounds)``: a ``kind`` message, or :class:`ProtocolError`."""
-    from_body: Callable[..., M] = getattr(kind, "from_body")  # noqa: B009 (each kind's own)
+    """``kind.from_body(body, **bounds)``: a ``kind`` message, or :class:`ProtocolError`
+    (a weights meta is read by ``from_meta``, a control's arguments by ``from_args``)."""
+    from_body: Callable[..., M] = next(getattr(kind, reader) for reader in _READERS
+                                       if hasattr(kind, reader))
     name = getattr(kind, "KIND", kind.__name__)
     try:
         return from_body(body, **bounds)
@@ -132,9 +140,9 @@ def clean(message: T) -> T:
 def _convert(cls: type, body: Any, what: str) -> Any:
     if not isinstance(body, dict):
         raise ProtocolError(f"{what} message body must be a map, got {type(body).__name__}")
-    schema, cleaners = _plan(cls)
+    schema, cleaners, options = _plan(cls)
     try:
-        message = msgspec.convert(body, schema, strict=True)
+        message = msgspec.convert(body, schema, strict=True, **options)
     except msgspec.ValidationError as exc:
         raise ProtocolError(_explain(str(exc), body, what, schema)) from None
     if schema is not cls:
@@ -147,36 +155,62 @@ def _convert(cls: type, body: Any, what: str) -> Any:
     return message
 
 
+def _options(schema: Any) -> dict[str, Any]:
+    """``msgspec.convert``'s options for ``schema``: where it declares bytes (a peer
+    identity), bytes are builtin, so that a string is refused, never read as base64
+    (msgspec's default). Only there: the option costs each convert a fifth of a microsecond."""
+    return {"builtin_types": (bytes, bytearray)} if _holds_bytes(schema, set()) else {}
+
+
+def _holds_bytes(kind: Any, seen: set[Any]) -> bool:
+    if kind in (bytes, bytearray):
+        return True
+    if isinstance(kind, type) and (dataclasses.is_dataclass(kind) or hasattr(kind, "_fields")
+                                   or hasattr(kind, "__struct_fields__")):
+        if kind in seen:
+            return False
+        seen.add(kind)
+        return any(_holds_bytes(hint, seen)
+                   for hint in get_type_hints(kind, include_extras=True).values())
+    return any(_holds_bytes(arg, seen) for arg in get_args(kind) if arg is not Ellipsis)
+
+
 @cache
-def _plan(cls: type) -> tuple[Any, tuple[tuple[str, Text | Tree], ...]]:
-    """What to convert a body into (``cls``, or a Struct of its ``WIRE`` form), and the
-    fields to clean after the check (for a ``WIRE`` form, those it does not name)."""
+def _plan(cls: type) -> tuple[Any, tuple[tuple[str, Text | Tree], ...], dict[str, Any]]:
+    """What to convert a body into (``cls``, or a Struct of its ``WIRE`` form), the
+    fields to clean after the check (for a ``WIRE`` form, those it does not name), and
+    ``msgspec.convert``'s options for it."""
     hints = get_type_hints(cls, include_extras=True)
     fields = dataclasses.fields(cls)
     cleaners = tuple((f.name, marker) for f in fields for marker in
                      getattr(hints[f.name], "__metadata__", ()) if isinstance(marker, Text | Tree))
     wire: dict[str, Any] | None = getattr(cls, "WIRE", None)
     if wire is None:
-        return cls, cleaners
+        return cls, cleaners, _options(cls)
     spec: list[Any] = []
     for f in fields:
         kind = wire.get(f.name, hints[f.name])
         if kind is None:
             continue  # read by the caller
-        if f.default is not dataclasses.MISSING:
+        if get_origin(kind) is Required:  # on the wire, though the dataclass has a default
+            spec.append((f.name, get_args(kind)[0]))
+        elif f.default is not dataclasses.MISSING:
             spec.append((f.name, kind, f.default))
         elif f.default_factory is not dataclasses.MISSING:
             spec.append((f.name, kind, msgspec.field(default_factory=f.default_factory)))
         else:
             spec.append((f.name, kind))
     schema = msgspec.defstruct(f"{cls.__name__}Wire", spec, kw_only=True)
-    return schema, tuple((name, marker) for name, marker in cleaners if name not in wire)
+    return (schema, tuple((name, marker) for name, marker in cleaners if name not in wire),
+            _options(schema))
 
 
 _AT = re.compile(r"^(?P<head>.*?)(?: - at `(?P<at>[^`]*)`(?: in `(?P<inside>[^`]*)`)?)?$",
                  re.DOTALL)
 _WORDS = {"object": "map", "array": "list", "null": "None"}
 _MISSING = object()
+#: One step of msgspec's path: ``[3]`` (a list's), ``[...]`` (a map's value), ``name``.
+_STEP = re.compile(r"\[(\d+|\.\.\.)\]|([^.\[\]]+)")
 
 
 def _explain(complaint: str, body: Any, what: str, schema: Any) -> str:
@@ -189,14 +223,16 @@ def _explain(complaint: str, body: Any, what: str, schema: Any) -> str:
     missing = re.fullmatch(r"Object missing required field `([^`]*)`", head)
     if missing:
         return f"{what} message field {(f'{name}.' if name else '') + missing[1]!r} is missing"
-    expected = re.fullmatch(r"Expected (.*?)(, got (`?)[^`]*\3)?", head, re.DOTALL)
+    expected = re.fullmatch(r"Expected (.*?)(, got (`?)([^`]*)\3)?", head, re.DOTALL)
     if expected is None:
         return f"{what} message field {name!r}: {head}"
     want = _range(kind) or re.sub(r"`([^`]*)`", lambda m: " | ".join(
         _WORDS.get(w, w) for w in m[1].split(" | ")), expected[1])
     if inside is not None:
         return f"{what} message field {name!r} must have {want} keys"
-    got = _described(_value_at(body, path), type_only=bool(expected[3]))
+    value = _value_at(body, path)
+    got = (_WORDS.get(expected[4], expected[4]) if value is _MISSING and expected[3]
+           else _described(value, type_only=bool(expected[3])))
     return f"{what} message {f'field {name!r}' if name else 'body'} must be {want}, got {got}"
 
 
@@ -205,11 +241,14 @@ def _walk(schema: Any, path: str) -> tuple[Any, str]:
     (a named tuple's position by its name: ``records[0].level``)."""
     kind: Any = schema
     words = ""
-    for index, key in re.findall(r"\[(\d+)\]|([^.\[\]]+)", path):
-        while get_origin(kind) is Annotated:
-            kind = get_args(kind)[0]
+    for index, key in re.findall(_STEP, path):
+        kind = _bare(kind)
         fields = getattr(kind, "_fields", None)  # a NamedTuple
-        if key:
+        if index == "...":  # a value in a map (msgspec does not say under which key)
+            words += "[...]"
+            args = get_args(kind)
+            kind = args[1] if get_origin(kind) is dict and len(args) == 2 else None
+        elif key:
             words += f".{key}" if words else key
             hints = get_type_hints(kind, include_extras=True) if isinstance(kind, type) else {}
             kind = hints.get(key)
@@ -219,8 +258,23 @@ def _walk(schema: Any, path: str) -> tuple[Any, str]:
         else:
             words += f"[{index}]"
             args = get_args(kind)
-            kind = args[0] if get_origin(kind) is list and args else None
+            if get_origin(kind) is tuple and args and args[-1] is not Ellipsis:
+                kind = args[int(index)] if int(index) < len(args) else None
+            else:
+                kind = args[0] if get_origin(kind) in (list, tuple) and args else None
     return kind, words
+
+
+def _bare(kind: Any) -> Any:
+    """``kind`` without its ``Annotated`` markers, an optional one without its None."""
+    while True:
+        if get_origin(kind) is Annotated:
+            kind = get_args(kind)[0]
+        elif isinstance(kind, types.UnionType) and type(None) in get_args(kind) \
+                and len(get_args(kind)) == 2:
+            kind = next(arg for arg in get_args(kind) if arg is not type(None))
+        else:
+            return kind
 
 
 def _range(kind: Any) -> str:
@@ -236,8 +290,10 @@ def _range(kind: Any) -> str:
 
 def _value_at(body: Any, path: str) -> Any:
     value = body
-    for step in re.findall(r"\[(\d+)\]|([^.\[\]]+)", path):
+    for step in re.findall(_STEP, path):
         index, key = step
+        if index == "...":
+            return _MISSING
         try:
             value = value[int(index)] if index else value[key]
         except (KeyError, IndexError, TypeError):

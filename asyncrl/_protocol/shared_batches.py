@@ -18,7 +18,7 @@ from msgspec import Meta
 from transports import ProtocolError
 
 from .decoding import read
-from .fields import MAX_KEY, bounded_list, required
+from .fields import MAX_KEY, required
 
 #: Most leaves a batch held in shared memory may have (a policy writes a handful).
 MAX_BATCH_KEYS = 4096
@@ -40,15 +40,9 @@ def segment_name(body: Any, what: str) -> str:
     return name
 
 
-def _paths(body: Any, what: str) -> list[tuple[str, ...]]:
-    paths = []
-    for entry in bounded_list(body, "keys", MAX_BATCH_KEYS, what):
-        if not (isinstance(entry, list) and 0 < len(entry) <= 8
-                and all(isinstance(p, str) and 0 < len(p) <= MAX_KEY for p in entry)):
-            raise ProtocolError(f"{what} field 'keys' must hold key paths (lists of 1 to 8 "
-                                f"strings), got {str(entry)[:60]}")
-        paths.append(tuple(entry))
-    return paths
+#: A leaf's key path in a batch: 1 to 8 names of 1 to MAX_KEY characters.
+KeyPath = Annotated[tuple[Annotated[str, Meta(min_length=1, max_length=MAX_KEY)], ...],
+                    Meta(min_length=1, max_length=8)]
 
 
 @dataclass(slots=True)
@@ -60,15 +54,17 @@ class BatchSlots:
     """
 
     KIND: ClassVar[str] = "batch_slots"
-    name: str
-    keys: list[tuple[str, ...]]
+    name: Annotated[str, Meta(max_length=MAX_SEGMENT_NAME)]  # and segment_name()'s check
+    keys: Annotated[list[KeyPath], Meta(max_length=MAX_BATCH_KEYS)]
 
     def to_body(self) -> dict[str, Any]:
         return {"name": self.name, "keys": [list(k) for k in self.keys]}
 
     @classmethod
     def from_body(cls, body: Any) -> Self:
-        return cls(name=segment_name(body, "batch_slots"), keys=_paths(body, "batch_slots"))
+        slots = read(cls, body, "batch_slots")
+        segment_name(body, "batch_slots")
+        return slots
 
 
 @dataclass(slots=True)

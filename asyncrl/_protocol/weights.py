@@ -6,22 +6,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Self
+from typing import Annotated, Any, ClassVar, Required, Self
+
+from msgspec import Meta
 
 from transports import ErrorPayload, ProtocolError, printable
 
-from .fields import (
-    MAX_KEY,
-    MAX_RELAY_MEMBERS,
-    bounded_int,
-    bounded_list,
-    is_int,
-    is_key,
-    is_peer,
-    peer_map,
-    read_model_id,
-    read_version,
-)
+from .decoding import Text, read, read_fields
+from .fields import MAX_KEY, MAX_MODEL_ID, MAX_RELAY_MEMBERS, Peer
 
 #: The kind of a weights message: the sender writes it, workers and relays route on it.
 WEIGHTS_KIND = "weights"
@@ -38,9 +30,19 @@ MAX_CHUNK_PARTS = 4096
 #: Most tensors a streamed model may have.
 MAX_LAYOUT_KEYS = 1 << 16
 
-
-#: The kind of a weights message: the sender writes it, workers and relays route on it.
-WEIGHTS_KIND = "weights"
+#: A model id (an attribute path such as ``"actor.module"``), printable once read.
+ModelId = Annotated[str, Meta(min_length=1, max_length=MAX_MODEL_ID), Text(MAX_MODEL_ID)]
+#: A weight version: versions count from 1 (0 is "none yet" and never travels).
+Version = Annotated[int, Meta(ge=1)]
+#: A tensor's key (a dotted state-dict path) in a chunk.
+Key = Annotated[str, Meta(min_length=1, max_length=MAX_KEY)]
+#: A byte offset or a size in a chunk: below 2**62, as every size this side computes.
+Offset = Annotated[int, Meta(ge=0, lt=1 << 62)]
+#: ``[key, byte offset in that tensor, bytes]``: one piece of a chunk.
+Part = tuple[Key, Offset, Annotated[int, Meta(ge=1, lt=1 << 62)]]
+#: ``[key, dtype name, shape]``: one tensor of a streamed version's layout.
+Entry = tuple[Key, Annotated[str, Meta(max_length=16)],
+              Annotated[tuple[Offset, ...], Meta(max_length=32)]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,10 +54,11 @@ class WeightMeta:
     message to a host's relay also names the members it delivers to (``relay_to``).
     """
 
-    model_id: str
-    version: int
-    instance: str = ""
-    relay_to: tuple[bytes, ...] = ()
+    KIND: ClassVar[str] = WEIGHTS_KIND
+    model_id: ModelId
+    version: Version
+    instance: Annotated[str, Meta(max_length=MAX_INSTANCE), Text(MAX_INSTANCE)] = ""
+    relay_to: Annotated[tuple[Peer, ...], Meta(max_length=MAX_RELAY_MEMBERS)] = ()
     #: Set when the version travels as a stream of chunk messages (see :class:`WeightChunk`).
     chunk: WeightChunk | None = None
 
@@ -71,19 +74,10 @@ class WeightMeta:
 
     @classmethod
     def from_meta(cls, meta: Any) -> Self:
-        if not isinstance(meta, dict):
-            raise ProtocolError(f"weights message meta must be a map, got {type(meta).__name__}")
-        model_id, version = read_model_id(meta, "weights"), read_version(meta, "weights")
-        instance = meta.get("instance", "")
-        if not isinstance(instance, str):
-            raise ProtocolError(f"weights message field 'instance' must be str, "
-                                f"got {type(instance).__name__}")
-        if len(instance) > MAX_INSTANCE:
-            raise ProtocolError(f"weights message field 'instance' must be at most "
-                                f"{MAX_INSTANCE} characters, got {len(instance)}")
-        chunk = WeightChunk.from_meta(meta[CHUNK]) if CHUNK in meta else None
-        return cls(model_id, version, printable(instance, limit=MAX_INSTANCE),
-                   _relay_to(meta.get(RELAY_TO, [])), chunk)
+        weights = read(cls, meta, WEIGHTS_KIND)
+        if weights.chunk is not None:
+            object.__setattr__(weights, "chunk", weights.chunk.checked())
+        return weights
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,10 +93,11 @@ class WeightChunk:
     stream. Validated here for shape; the receiver checks it against its model.
     """
 
-    index: int
-    count: int
-    parts: tuple[tuple[str, int, int], ...]
-    layout: tuple[tuple[str, str, tuple[int, ...]], ...] = ()
+    KIND: ClassVar[str] = "weights chunk"
+    index: Annotated[int, Meta(ge=0, le=MAX_CHUNKS - 1)]
+    count: Annotated[int, Meta(ge=1, le=MAX_CHUNKS)]
+    parts: Annotated[tuple[Part, ...], Meta(max_length=MAX_CHUNK_PARTS)]
+    layout: Annotated[tuple[Entry, ...], Meta(max_length=MAX_LAYOUT_KEYS)] = ()
 
     @property
     def last(self) -> bool:
@@ -117,44 +112,25 @@ class WeightChunk:
 
     @classmethod
     def from_meta(cls, raw: Any) -> Self:
-        what = "weights chunk"
-        if not isinstance(raw, dict):
-            raise ProtocolError(f"{what} field {CHUNK!r} must be a map, got {type(raw).__name__}")
-        count = bounded_int(raw, "count", 1, MAX_CHUNKS, what)
-        index = bounded_int(raw, "index", 0, count - 1, what)
-        parts = bounded_list(raw, "parts", MAX_CHUNK_PARTS, what)
-        if not all(isinstance(p, list) and len(p) == 3 and is_key(p[0])
-                   and is_int(p[1], 0) and is_int(p[2], 1) for p in parts):
-            raise ProtocolError(f"{what} field 'parts' must list [key, byte offset >= 0, "
-                                f"bytes >= 1] triples (keys of 1 to {MAX_KEY} characters)")
-        layout = bounded_list(raw, "layout", MAX_LAYOUT_KEYS, what) if "layout" in raw else []
-        if (index == 0) != bool(layout):
+        return read(cls, raw, cls.KIND).checked()
+
+    def checked(self) -> Self:
+        """This chunk (as its declaration read it) if its fields agree, its keys printable."""
+        what = self.KIND
+        if self.index >= self.count:
+            raise ProtocolError(f"{what} message field 'index' must be an int in "
+                                f"0..{self.count - 1} (its count is {self.count}), "
+                                f"got {self.index}")
+        if (self.index == 0) != bool(self.layout):
             raise ProtocolError(f"{what}: the layout comes with chunk 0 and only with it "
-                                f"(chunk {index}, {'a' if layout else 'no'} layout)")
-        if not all(isinstance(e, list) and len(e) == 3 and is_key(e[0])
-                   and isinstance(e[1], str) and len(e[1]) <= 16 and isinstance(e[2], list)
-                   and len(e[2]) <= 32 and all(is_int(d, 0) for d in e[2]) for e in layout):
-            raise ProtocolError(f"{what} field 'layout' must list [key, dtype name, shape] "
-                                "triples")
-        return cls(index, count, tuple((_key(k), o, n) for k, o, n in parts),
-                   tuple((_key(k), printable(d, limit=16), tuple(s)) for k, d, s in layout))
+                                f"(chunk {self.index}, {'a' if self.layout else 'no'} layout)")
+        return type(self)(self.index, self.count,
+                          tuple((_key(k), o, n) for k, o, n in self.parts),
+                          tuple((_key(k), printable(d, limit=16), s) for k, d, s in self.layout))
 
 
 def _key(key: str) -> str:
     return printable(key, limit=MAX_KEY)
-
-
-def _relay_to(members: Any) -> tuple[bytes, ...]:
-    if not isinstance(members, list):
-        raise ProtocolError(f"weights message field {RELAY_TO!r} must be a list of peer "
-                            f"identities, got {type(members).__name__}")
-    if len(members) > MAX_RELAY_MEMBERS:
-        raise ProtocolError(f"weights message field {RELAY_TO!r} lists {len(members)} members; "
-                            f"at most {MAX_RELAY_MEMBERS} are allowed")
-    if not all(is_peer(m) for m in members):
-        raise ProtocolError(f"weights message field {RELAY_TO!r} must list peer identities "
-                            "(1 to 255 bytes)")
-    return tuple(members)
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,8 +144,9 @@ class WeightsApplied:
     no message; absent (False) from older workers and from every other scheme.
     """
 
-    model_id: str
-    version: int
+    KIND: ClassVar[str] = "weights ack"
+    model_id: ModelId
+    version: Version
     published: bool = False
 
     def to_body(self) -> dict[str, Any]:
@@ -180,8 +157,7 @@ class WeightsApplied:
 
     @classmethod
     def from_body(cls, body: Any) -> Self:
-        return cls(read_model_id(body, "weights ack"), read_version(body, "weights ack"),
-                   body.get("published") is True)
+        return read(cls, body, cls.KIND)
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,7 +171,12 @@ class RelayAck:
 
     #: ``failed[member].type`` of a member the relay does not reach (lost, never attached).
     LOST_TYPE: ClassVar[str] = "transports.PeerLostError"
-    model_id: str
+    KIND: ClassVar[str] = "relay ack"
+    #: Maps on the wire, both required; each failure is read by ErrorPayload.
+    WIRE: ClassVar[dict[str, Any]] = {
+        "versions": Annotated[dict[Peer, int], Meta(max_length=MAX_RELAY_MEMBERS)],
+        "failed": Required[Annotated[dict[Peer, Any], Meta(max_length=MAX_RELAY_MEMBERS)]]}
+    model_id: ModelId
     versions: Mapping[bytes, int]
     failed: Mapping[bytes, ErrorPayload] = field(default_factory=dict)
 
@@ -210,13 +191,10 @@ class RelayAck:
 
     @classmethod
     def from_body(cls, body: Any) -> Self:
-        versions = peer_map(body, "versions", "relay ack")
-        if not all(type(v) is int for v in versions.values()):
-            raise ProtocolError("relay ack message field 'versions' must map members to int "
-                                "versions")
+        fields = read_fields(cls, body, cls.KIND)
         failed = {member: ErrorPayload.from_body(failure, "relay ack failure")
-                  for member, failure in peer_map(body, "failed", "relay ack").items()}
-        return cls(read_model_id(body, "relay ack"), versions, failed)
+                  for member, failure in fields.pop("failed").items()}
+        return cls(**fields, failed=failed)
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,10 +208,8 @@ class RelayAttached:
 
     @classmethod
     def from_body(cls, body: Any) -> Self:
-        if body is not None and not isinstance(body, dict):  # a map: fields of a later version
-            raise ProtocolError(f"relay_attached message body must be nil or a map, got "
-                                f"{type(body).__name__}")
-        return cls()
+        # nil as ever; a map: fields of a later version (ignored, as every kind's)
+        return cls() if body is None else read(cls, body, cls.KIND)
 
 
 __all__ = ["CHUNK", "MAX_CHUNKS", "MAX_CHUNK_PARTS", "MAX_INSTANCE", "MAX_LAYOUT_KEYS",

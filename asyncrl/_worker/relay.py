@@ -43,6 +43,7 @@ from transports import (
     PeerEvent,
     PeerLostError,
     ProtocolError,
+    RateLimitedLog,
     TaskGroupResource,
     Ticket,
     peer_name,
@@ -61,6 +62,7 @@ from .._protocol import (
     RelayWelcome,
     WeightMeta,
     WeightsApplied,
+    decode,
 )
 from .join_backoff import JOIN_BACKOFF, full_pause
 
@@ -125,6 +127,8 @@ class HostRelay(TaskGroupResource):
         #: never (as ``asyncrl worker --join-timeout``; any other refusal is final).
         self.join_timeout = join_timeout
         self._in_flight = anyio.Semaphore(max_in_flight)
+        # Both sides' input is hostile: what a peer makes the relay log is rate-limited.
+        self._limited_log = RateLimitedLog(log)
         self._background = anyio.CancelScope()
         self._stopped = anyio.Event()
         self._began = False  # _run ran its first line (so it will set _stopped)
@@ -250,7 +254,7 @@ class HostRelay(TaskGroupResource):
             if message.kind == RelayWelcome.KIND:
                 self._registered, self.refused = True, None
                 try:
-                    instance = RelayWelcome.from_body(message.body).instance
+                    instance = decode(RelayWelcome, message.body).instance
                 except ProtocolError as exc:  # never crash on what the network sent
                     log.warning("relay: a malformed welcome (%s); taking it as one from an "
                                 "unnamed coordinator instance", exc)
@@ -264,7 +268,7 @@ class HostRelay(TaskGroupResource):
                 return None
             if message.kind == Refuse.KIND:
                 try:
-                    return Refuse.from_body(message.body)
+                    return decode(Refuse, message.body)
                 except ProtocolError as exc:
                     return Refuse(f"a malformed refusal: {exc}")
             await self._on_upstream(link, message)
@@ -272,12 +276,14 @@ class HostRelay(TaskGroupResource):
     async def _on_upstream(self, link: Link, message: Message) -> None:
         if message.kind != WEIGHTS_KIND:
             if message.kind != RelayWelcome.KIND:  # a duplicate welcome is harmless
-                log.warning("relay: ignored a %r message from the coordinator", message.kind)
+                self._limited_log.warning("upstream-kind", "relay: ignored a %r message from "
+                                          "the coordinator", message.kind)
             return
         try:
             targets, meta = self._targets(message)
         except ProtocolError as exc:
-            log.warning("relay: refused a malformed weight message: %s", exc)
+            self._limited_log.warning("bad-weights", "relay: refused a malformed weight "
+                                      "message: %s", exc)
             if message.needs_ack:
                 await link.ack(message, error=exc)
             return
@@ -327,7 +333,7 @@ class HostRelay(TaskGroupResource):
 
     def _targets(self, message: Message) -> tuple[list[bytes], WeightMeta]:
         """The members to deliver ``message`` to, and the meta they get with it."""
-        meta = WeightMeta.from_meta(message.meta)
+        meta = decode(WeightMeta, message.meta)
         if not meta.relay_to:
             raise ProtocolError(f"relayed weights need a {RELAY_TO!r} list of 1 to "
                                 f"{MAX_RELAY_MEMBERS} member identities")
@@ -354,7 +360,7 @@ class HostRelay(TaskGroupResource):
                   for member, error in ticket.errors.items()}
         for member, result in ticket.acks.items():
             try:
-                versions[member] = WeightsApplied.from_body(result).version
+                versions[member] = decode(WeightsApplied, result).version
             except ProtocolError as exc:  # the trainer hears of it; never a crash here
                 failed[member] = ErrorPayload.from_exception(exc)
         for member in ticket.lost:
@@ -383,13 +389,15 @@ class HostRelay(TaskGroupResource):
             if isinstance(item, PeerEvent):
                 await self._on_member_event(item)
             else:
-                log.warning("relay: ignored a %r message from %r", item.kind, item.peer)
+                self._limited_log.warning("member-kind", "relay: ignored a %r message from %r",
+                                          item.kind, item.peer)
 
     async def _on_member_event(self, event: PeerEvent) -> None:
         assert self.hub is not None
         who = peer_name(event.peer)
         if event.peer not in self.members:
-            log.warning("relay: %s connected but is not one of this host's workers", who)
+            self._limited_log.warning("stranger", "relay: %s connected but is not one of this "
+                                      "host's workers", who)
             return
         if event.event == "joined":
             try:

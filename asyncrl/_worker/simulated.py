@@ -20,7 +20,7 @@ from tensordict import TensorDict
 
 from transports import Link, PeerLostError
 
-from .._protocol import PROTOCOL, Batch, Collect, Hello, Welcome
+from .._protocol import PROTOCOL, Batch, Collect, Hello, Welcome, decode
 from .._rollout.env_specs import ArraySpec, EnvSpecs
 
 
@@ -108,9 +108,9 @@ async def sim_worker(endpoint: str, name: str, *, frames: int, obs_dim: int = 4,
         with contextlib.suppress(PeerLostError):
             async for message in link:
                 if message.kind == Welcome.KIND:
-                    record.index = Welcome.from_body(message.body).index
+                    record.index = decode(Welcome, message.body).index
                 elif message.kind == Collect.KIND:
-                    collect = Collect.from_body(message.body)
+                    collect = decode(Collect, message.body)
                     record.granted += collect.credits
                     pending.extend([collect.request] * collect.credits)
                     record.max_outstanding = max(record.max_outstanding, len(pending))

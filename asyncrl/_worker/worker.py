@@ -17,12 +17,20 @@ from collections import deque
 from collections.abc import Callable
 from contextlib import AsyncExitStack
 from functools import partial
-from typing import Any
+from typing import Any, NoReturn
 
 import anyio
 import anyio.abc
 
-from transports import CurveClient, ErrorPayload, Link, Message, PeerLostError, ProtocolError
+from transports import (
+    CurveClient,
+    ErrorPayload,
+    Link,
+    Message,
+    PeerLostError,
+    ProtocolError,
+    RateLimitedLog,
+)
 
 from .._errors import WorkerExit
 from .._protocol import (
@@ -136,6 +144,8 @@ class Worker:
         self._weights = WeightApplier(link, relay=relay_link, busy=self._busy.locked)
         self._relay = RelayMembership(relay_link, relay_name, self._weights)
         self._pending_early: list[Message] = []  # weights that came before the welcome
+        # What the network makes us log is rate-limited (a malformed message is dropped).
+        self._limited_log = RateLimitedLog(log)
         self._progress = ProgressReport(link, self.collecting)  # slow is not hung
         self._exit: WorkerExit | None = None
         self._outgoing = OutgoingBatches()  # shared-memory slots, or the wire (compact?)
@@ -425,27 +435,34 @@ class Worker:
     async def _await_welcome(self, attempt: int) -> Welcome:
         while True:
             message = await self._recv()
-            if message.kind == Welcome.KIND:
-                welcome = Welcome.from_body(message.body)
-                if welcome.attempt == attempt:
-                    return welcome
-                log.info("ignored the welcome of an earlier hello (attempt %d)", welcome.attempt)
+            try:  # a malformed answer is dropped: the hello is said again after a while
+                if message.kind == Welcome.KIND:
+                    welcome = decode(Welcome, message.body)
+                    if welcome.attempt == attempt:
+                        return welcome
+                    log.info("ignored the welcome of an earlier hello (attempt %d)",
+                             welcome.attempt)
+                    continue
+                if message.kind == Refuse.KIND:
+                    self._refused(decode(Refuse, message.body))
+            except ProtocolError as exc:
+                self._limited_log.warning("bad-answer", "dropped a malformed %r message: %s",
+                                          message.kind, exc)
                 continue
-            if message.kind == Refuse.KIND:
-                refuse = Refuse.from_body(message.body)
-                # Where our own --env id comes from (any other id: the plain refusal).
-                if refuse.env_source is not None and self._env_missing \
-                        and refuse.env_source["env_id"] == self._env_missing:
-                    raise _EnvOffered(EnvIdSource(**refuse.env_source))
-                if refuse.full and self.join_timeout is not None:
-                    raise RunFull(refuse.reason)
-                raise WorkerExit(EXIT_REFUSED,
-                                 f"the coordinator refused this worker: {refuse.reason}")
             if message.kind == WEIGHTS_KIND:
                 # Weights may precede the welcome for a late joiner: keep them.
                 self._pending_early.append(message)
                 continue
             log.warning("ignored %r message before the welcome", message.kind)
+
+    def _refused(self, refuse: Refuse) -> NoReturn:
+        # Where our own --env id comes from (any other id: the plain refusal).
+        if refuse.env_source is not None and self._env_missing \
+                and refuse.env_source["env_id"] == self._env_missing:
+            raise _EnvOffered(EnvIdSource(**refuse.env_source))
+        if refuse.full and self.join_timeout is not None:
+            raise RunFull(refuse.reason)
+        raise WorkerExit(EXIT_REFUSED, f"the coordinator refused this worker: {refuse.reason}")
 
     # -- messages ------------------------------------------------------------------
     async def _recv(self) -> Message:
@@ -489,7 +506,8 @@ class Worker:
                 else:
                     log.warning("ignored a %r message", message.kind)
             except ProtocolError as exc:  # every decode raises only this (see decode())
-                log.warning("dropped a malformed %r message: %s", message.kind, exc)
+                self._limited_log.warning("bad-message", "dropped a malformed %r message: %s",
+                                          message.kind, exc)
                 if message.needs_ack:
                     await self.link.ack(message, error=exc)
 
@@ -499,7 +517,7 @@ class Worker:
         if self.rollout is not None:
             self.rollout.request_stop()  # end a running batch at its next step
         try:
-            finished = Closing.from_args(control.args).finished
+            finished = decode(Closing, control.args).finished
         except ProtocolError as exc:  # hostile or broken: the bounded wait is the safe side
             log.warning("a close with a malformed argument (%s): taken as a trainer that "
                         "stops before the end", exc)

@@ -22,7 +22,7 @@ from typing import Any
 
 from transports import PeerLostError, ProtocolError, RemoteError, Ticket, peer_name
 
-from .._protocol import RelayAck, WeightsApplied
+from .._protocol import RelayAck, WeightsApplied, decode
 
 __all__ = ["FormerPeers", "Lane", "Part", "Queued", "Sent", "first_error", "gone_part",
            "parse_relay_ack", "timeout_error"]
@@ -101,7 +101,7 @@ class Sent:
                     if peer not in own:
                         continue
                     try:
-                        version = WeightsApplied.from_body(result).version
+                        version = decode(WeightsApplied, result).version
                     except ProtocolError as exc:
                         errors.append(malformed_ack(peer, exc))
                         continue
@@ -250,7 +250,7 @@ def parse_relay_ack(result: Any, members: dict[bytes, int], relay: bytes, sent: 
     """
     via = peer_name(relay)
     try:
-        ack = RelayAck.from_body(result)
+        ack = decode(RelayAck, result)
     except ProtocolError as exc:
         ack, why = RelayAck("", {}), f"; its ack is malformed: {exc}"
     else:

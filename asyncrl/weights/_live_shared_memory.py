@@ -22,7 +22,7 @@ from torch import nn
 
 from transports import ProtocolError, SharedTensorBlock, Ticket, copy_into
 
-from .._protocol import WeightsApplied
+from .._protocol import WeightsApplied, decode
 from ._in_flight import Part, Queued, Sent
 from ._receiver import PendingUpdate
 from ._shared_memory import (
@@ -160,7 +160,7 @@ class LiveSharedMemWeightSender(SharedMemWeightSender):
         if result is None:
             return False
         try:
-            return WeightsApplied.from_body(result).published
+            return decode(WeightsApplied, result).published
         except ProtocolError:
             return False
 

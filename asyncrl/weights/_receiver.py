@@ -12,7 +12,7 @@ from tensordict import TensorDictBase
 
 from transports import Message, ProtocolError
 
-from .._protocol import WEIGHTS_KIND, WeightMeta, WeightsApplied
+from .._protocol import WEIGHTS_KIND, WeightMeta, WeightsApplied, decode
 from ._errors import WeightSyncError
 from ._strategy import WeightStrategy, as_strategy
 
@@ -310,7 +310,7 @@ class WeightReceiver:
 
     def _read_meta(self, message: Message) -> WeightMeta:
         """``message``'s meta, checked: meant for this receiver, from the instance followed."""
-        meta = WeightMeta.from_meta(message.meta)
+        meta = decode(WeightMeta, message.meta)
         # Weights stamped by another coordinator instance than the one we follow (a
         # relay forwarding what the dead trainer sent): their version means nothing here.
         if self.instance and meta.instance and meta.instance != self.instance:

@@ -46,7 +46,7 @@ from transports import (
     copy_into,
 )
 
-from .._protocol import WeightsApplied
+from .._protocol import WeightsApplied, decode
 from ._in_flight import Queued
 from ._receiver import PendingUpdate, WeightReceiver
 from ._scheme import WeightSyncScheme
@@ -310,7 +310,7 @@ async def _first_done(tickets: list[Ticket]) -> None:
 
 def _applied_version(result: Any) -> int:
     try:
-        return WeightsApplied.from_body(result).version
+        return decode(WeightsApplied, result).version
     except ProtocolError:
         return 0
 

@@ -27,5 +27,5 @@ def test_a_close_without_the_argument_means_finished_as_before(args) -> None:
 
 @pytest.mark.parametrize("value", ["no", 0, 1, None, [False]])
 def test_a_malformed_finished_is_refused_naming_the_field(value) -> None:
-    with pytest.raises(ProtocolError, match="control close argument 'finished' must be bool"):
+    with pytest.raises(ProtocolError, match="control close message field 'finished' must be bool"):
         Closing.from_args({"finished": value})

@@ -103,6 +103,23 @@ async def test_a_worker_closed_by_its_coordinator_exits_0_after_a_batch() -> Non
     assert await _run_against(script) == EXIT_OK
 
 
+async def test_a_malformed_welcome_or_refusal_while_joining_is_dropped_not_the_end() -> None:
+    """The join loop drops what it cannot decode (decode(): a ProtocolError) and waits on;
+    the coordinator's next, well-formed welcome admits the worker."""
+    async def script(hub: Hub) -> None:
+        hello = Hello.from_body((await _next(hub, Hello.KIND)).body)
+        await hub.send(b"w", {"index": 0, "share_frames": "4"}, kind=Welcome.KIND)
+        await hub.send(b"w", {"reason": 7}, kind=Refuse.KIND)
+        await hub.send(b"w", [1, 2], kind=Welcome.KIND)
+        await hub.send(b"w", Welcome(index=0, share_frames=4, attempt=hello.attempt).to_body(),
+                       kind=Welcome.KIND)
+        await hub.send(b"w", Collect(request=7, credits=1).to_body(), kind=Collect.KIND)
+        assert Batch.from_body((await _next(hub, Batch.KIND)).body).request == 7
+        await hub.send(b"w", Control("close").to_body(), kind=Control.KIND)
+
+    assert await _run_against(script) == EXIT_OK
+
+
 async def test_a_refused_worker_exits_4() -> None:
     async def script(hub: Hub) -> None:
         await _next(hub, Hello.KIND)
