@@ -206,9 +206,15 @@ def test_a_malformed_notice_body_names_the_field(change: dict[str, Any], error: 
         SharedBatch.from_body(body)
 
 
-@pytest.mark.parametrize("keys", [[["a"] * 9], [[]], [[1]], "k", [["x" * 2000]]])
-def test_a_malformed_offer_is_refused(keys: Any) -> None:
-    with pytest.raises(ProtocolError, match="'keys' must"):
+@pytest.mark.parametrize(("keys", "error"), [
+    ([["a"] * 9], r"'keys\[0\]' must be list of length <= 8, got list of length 9"),
+    ([[]], r"'keys\[0\]' must be list of length >= 1, got list of length 0"),
+    ([[1]], r"'keys\[0\]\[0\]' must be str, got int"),
+    ("k", r"'keys' must be list"),
+    ([["x" * 2000]], r"'keys\[0\]\[0\]' must be str of length <= 1024, got str of length 2000"),
+])
+def test_a_malformed_offer_is_refused(keys: Any, error: str) -> None:
+    with pytest.raises(ProtocolError, match=error):
         BatchSlots.from_body({"name": "asyncrl_1_ab", "keys": keys})
 
 
