@@ -8,4 +8,7 @@ asyncrl itself.
 
 import os
 
-os.environ["ASYNCRL_TORCH_FREE"] = "1"
+# Only as a child's main module: an import (tests/test_layout.py imports every module)
+# must not make the importing process torch-free, nor every process it starts after.
+if __name__ in ("__mp_main__", "__main__"):
+    os.environ["ASYNCRL_TORCH_FREE"] = "1"
