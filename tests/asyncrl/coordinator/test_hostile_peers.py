@@ -9,12 +9,16 @@ from __future__ import annotations
 import logging
 import os
 import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
 import pytest
 import torch
 import zmq
+from anyio.abc import TaskGroup
 from tensordict import TensorDict
 
 from asyncrl import MultiAsyncCollector
@@ -195,37 +199,59 @@ async def test_a_bad_batch_is_never_counted(bad: Any) -> None:
     print(caught.value)
 
 
+@dataclass
+class RogueAndGood:
+    """A coordinator under ``on_worker_loss="continue"`` with two admitted remote workers,
+    the rogue holding its first credit (``collect``)."""
+
+    sched: Coordinator
+    tg: TaskGroup
+    rogue: Link
+    good: Link
+    rogue_index: int
+    good_index: int
+    collect: Collect
+
+    def serve_good(self) -> None:
+        """The honest worker answers every request with an exact share, from now on."""
+        async def serve() -> None:
+            while True:
+                request = Collect.from_body((await recv_kind(self.good, Collect.KIND)).body)
+                share = make_share(FRAMES, 4, worker_id=self.good_index)
+                await self.good.send(Batch(request.request, share).to_body(), kind=Batch.KIND)
+
+        self.tg.start_soon(serve)
+
+
+@asynccontextmanager
+async def rogue_and_good() -> AsyncIterator[RogueAndGood]:
+    async with Hub(inproc()) as hub, Link(hub.endpoint, identity=b"rogue") as rogue, \
+            Link(hub.endpoint, identity=b"good") as good:
+        sched = Coordinator(hub, sync=False, share_frames=[FRAMES, FRAMES],
+                            check_specs=check_specs, accept_remote=True,
+                            on_worker_loss="continue", batch_budget=3)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(sched.run)
+            rogue_index = await join(rogue)
+            good_index = await join(good)
+            collect = Collect.from_body((await recv_kind(rogue, Collect.KIND)).body)
+            yield RogueAndGood(sched, tg, rogue, good, rogue_index, good_index, collect)
+            tg.cancel_scope.cancel()
+
+
 async def test_under_continue_a_rogue_is_dropped_and_the_others_go_on() -> None:
     with anyio.fail_after(LIMIT):
-        async with Hub(inproc()) as hub, Link(hub.endpoint, identity=b"rogue") as rogue, \
-                Link(hub.endpoint, identity=b"good") as good:
-            sched = Coordinator(hub, sync=False, share_frames=[FRAMES, FRAMES],
-                              check_specs=check_specs, accept_remote=True,
-                              on_worker_loss="continue", batch_budget=3)
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(sched.run)
-                rogue_index = await join(rogue)
-                good_index = await join(good)
-                collect = Collect.from_body((await recv_kind(rogue, Collect.KIND)).body)
-                await rogue.send(Batch(collect.request, huge_empty_batch(0)).to_body(),
+        async with rogue_and_good() as run:
+            await run.rogue.send(Batch(run.collect.request, huge_empty_batch(0)).to_body(),
                                  kind=Batch.KIND)
-                await recv_kind(rogue, Refuse.KIND)
-
-                async def serve_good() -> None:
-                    while True:
-                        request = Collect.from_body((await recv_kind(good, Collect.KIND)).body)
-                        share = make_share(FRAMES, 4, worker_id=good_index)
-                        await good.send(Batch(request.request, share).to_body(),
-                                        kind=Batch.KIND)
-
-                tg.start_soon(serve_good)
-                frames = 0
-                for _ in range(3):  # the budget: the rogue's credit went back to it
-                    worker, batch = await sched.next_batch()
-                    assert worker.index == good_index != rogue_index
-                    frames += batch.numel()
-                assert frames == 3 * FRAMES
-                tg.cancel_scope.cancel()
+            await recv_kind(run.rogue, Refuse.KIND)
+            run.serve_good()
+            frames = 0
+            for _ in range(3):  # the budget: the rogue's credit went back to it
+                worker, batch = await run.sched.next_batch()
+                assert worker.index == run.good_index != run.rogue_index
+                frames += batch.numel()
+            assert frames == 3 * FRAMES
 
 
 def nested_patch_batch(index: int) -> tuple[TensorDict, dict[str, Any]]:
@@ -257,45 +283,27 @@ async def test_a_malformed_compact_batch_drops_its_worker_and_the_run_goes_on(ba
     # Before: the nested key raised ValueError out of the hub loop (the run ended), and
     # the huge claim made the trainer allocate gigabytes before refusing the patch.
     with anyio.fail_after(LIMIT):
-        async with Hub(inproc()) as hub, Link(hub.endpoint, identity=b"rogue") as rogue, \
-                Link(hub.endpoint, identity=b"good") as good:
-            sched = Coordinator(hub, sync=False, share_frames=[FRAMES, FRAMES],
-                                check_specs=check_specs, accept_remote=True,
-                                on_worker_loss="continue", batch_budget=3)
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(sched.run)
-                rogue_index = await join(rogue)
-                good_index = await join(good)
-                collect = Collect.from_body((await recv_kind(rogue, Collect.KIND)).body)
-                frames, patch = bad(rogue_index)
-                peak_rss_reset()
-                before, peak_before = _current_rss(), peak_rss()
-                await rogue.send(Batch(collect.request, frames, patch).to_body(),
+        async with rogue_and_good() as run:
+            frames, patch = bad(run.rogue_index)
+            peak_rss_reset()
+            before, peak_before = _current_rss(), peak_rss()
+            await run.rogue.send(Batch(run.collect.request, frames, patch).to_body(),
                                  kind=Batch.KIND)
-                refused = await recv_kind(rogue, Refuse.KIND)
-                grew = max(_current_rss() - before, peak_rss() - peak_before)
-                assert grew < 64 << 20, f"the trainer grew by {grew >> 20} MiB"
-                assert "rejected" in refused.body["reason"]
-                if bad is claimed_huge_batch:
-                    assert "batch size [50000000, 1] (50000000 frames)" in refused.body["reason"]
-                    assert f"at most {FRAMES} frames" in refused.body["reason"]
-                else:
-                    assert "('observation',) is a tensor, not a map" in refused.body["reason"]
-
-                async def serve_good() -> None:
-                    while True:
-                        request = Collect.from_body((await recv_kind(good, Collect.KIND)).body)
-                        share = make_share(FRAMES, 4, worker_id=good_index)
-                        await good.send(Batch(request.request, share).to_body(),
-                                        kind=Batch.KIND)
-
-                tg.start_soon(serve_good)
-                for _ in range(3):
-                    worker, batch = await sched.next_batch()
-                    assert worker.index == good_index
-                    assert bool((batch == make_share(FRAMES, 4, worker_id=good_index)).all())
-                assert [w.index for w in sched.live_workers] == [good_index]
-                tg.cancel_scope.cancel()
+            refused = await recv_kind(run.rogue, Refuse.KIND)
+            grew = max(_current_rss() - before, peak_rss() - peak_before)
+            assert grew < 64 << 20, f"the trainer grew by {grew >> 20} MiB"
+            assert "rejected" in refused.body["reason"]
+            if bad is claimed_huge_batch:
+                assert "batch size [50000000, 1] (50000000 frames)" in refused.body["reason"]
+                assert f"at most {FRAMES} frames" in refused.body["reason"]
+            else:
+                assert "('observation',) is a tensor, not a map" in refused.body["reason"]
+            run.serve_good()
+            for _ in range(3):
+                worker, batch = await run.sched.next_batch()
+                assert worker.index == run.good_index
+                assert bool((batch == make_share(FRAMES, 4, worker_id=run.good_index)).all())
+            assert [w.index for w in run.sched.live_workers] == [run.good_index]
 
 
 def test_a_batch_size_over_the_share_is_refused_before_anything_is_built() -> None:
