@@ -68,6 +68,7 @@ from .wire_fuzz import (
     compact_batch,
     identity_specs,
     mutate_body,
+    noting_first_failure,
     patch_rows,
     valid_messages,
 )
@@ -300,16 +301,9 @@ class WireFuzz(RuleBasedStateMachine):
         with self.noted():
             check_health(self.live.target.report(), f"after sending {self.last}")
 
-    @contextlib.contextmanager
-    def noted(self) -> Iterator[None]:
+    def noted(self) -> contextlib.AbstractContextManager[None]:
         """Keep the first failure and the steps that led to it (see FIRST_FAILURE)."""
-        try:
-            yield
-        except Exception as exc:
-            if not FIRST_FAILURE:
-                steps = "\n  ".join(self.history[-12:])
-                FIRST_FAILURE.append(f"{type(exc).__name__}: {exc}\nlast steps:\n  {steps}")
-            raise
+        return noting_first_failure(self.history, FIRST_FAILURE)
 
     def reacted(self, report: dict[str, Any], timeout: float = 3.0) -> dict[str, Any]:
         """A report once the target reacted to something this example sent (the last

@@ -26,7 +26,7 @@ from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
-from .wire_fuzz import RSS_GROWTH_MB, mutate_body
+from .wire_fuzz import RSS_GROWTH_MB, mutate_body, noting_first_failure
 from .wire_hub import WORKER_KINDS, FakeHub, WorkerProcess, worker_messages
 
 pytestmark = [pytest.mark.chaos]
@@ -107,15 +107,9 @@ class WorkerFuzz(RuleBasedStateMachine):
         self.hub, self.worker = self.session.ready()
         self.history: list[str] = []
 
-    @contextlib.contextmanager
-    def noted(self) -> Iterator[None]:
-        try:
-            yield
-        except Exception as exc:
-            if not FIRST_FAILURE:
-                steps = "\n  ".join(self.history[-12:])
-                FIRST_FAILURE.append(f"{type(exc).__name__}: {exc}\nlast steps:\n  {steps}")
-            raise
+    def noted(self) -> contextlib.AbstractContextManager[None]:
+        """Keep the first failure and the steps that led to it (see FIRST_FAILURE)."""
+        return noting_first_failure(self.history, FIRST_FAILURE)
 
     @rule(data=st.data(), kind=st.sampled_from(WORKER_KINDS), mutations=st.integers(0, 3))
     def send(self, data: st.DataObject, kind: str, mutations: int) -> None:

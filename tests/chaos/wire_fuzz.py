@@ -10,6 +10,7 @@ stranger can send a trainer (each class's ``to_body()``), :data:`MUTATIONS` brea
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
@@ -563,3 +564,16 @@ __all__ = [
     "patch_rows",
     "valid_messages",
 ]
+
+
+@contextlib.contextmanager
+def noting_first_failure(history: list[str], failures: list[str]) -> Iterator[None]:
+    """Keep the first failure in ``failures`` with the steps that led to it: hypothesis
+    replays a failing example, and against a live target the replay meets another state."""
+    try:
+        yield
+    except Exception as exc:
+        if not failures:
+            steps = "\n  ".join(history[-12:])
+            failures.append(f"{type(exc).__name__}: {exc}\nlast steps:\n  {steps}")
+        raise
