@@ -19,17 +19,16 @@ Hosted in a dedicated process or a Ray actor is not built yet (docs/served_modul
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import shutil
 import socket
 import tempfile
+import threading
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import anyio
-import anyio.abc
 import torch
 from torch import nn
 
@@ -118,9 +117,7 @@ class ServedModule:
         self._bells: list[EventFd] = []
         self._directory: str | None = None
         self._handle: ServedModuleHandle | None = None
-        self._stack: contextlib.AsyncExitStack | None = None
-        self._scope: anyio.CancelScope | None = None
-        self._ended: anyio.Event | None = None
+        self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self._closed = False
 
@@ -171,19 +168,20 @@ class ServedModule:
         await self.aclose()
 
     async def open(self) -> None:
-        """Make the blocks and bells and start serving (in this task's scope)."""
-        if self._stack is not None or self._closed:
+        """Make the blocks and bells and start serving (a thread of this process)."""
+        if self._thread is not None or self._closed:
             raise ServedModuleError(f"served module {self.name!r} was opened already; "
                                     "make a new ServedModule to serve again")
         if self.name in ServedModule._open:
             raise ServedModuleError(f"a served module named {self.name!r} is open already in "
                                     "this process: give each one its own name (model id)")
-        stack = self._stack = contextlib.AsyncExitStack()
         try:
-            self._make()
-            tg = await stack.enter_async_context(anyio.create_task_group())
-            self._scope, self._ended = anyio.CancelScope(), anyio.Event()
-            tg.start_soon(self._serve)
+            await anyio.to_thread.run_sync(self._make)  # a first call of the module
+            # A thread of its own, not a task: the module outlives no task group of the
+            # caller's, and aclose() may come from any task.
+            self._thread = threading.Thread(target=self._serve, daemon=True,
+                                            name=f"asyncrl-served-{self.name}")
+            self._thread.start()
         except BaseException:
             await self.aclose()
             raise
@@ -245,20 +243,17 @@ class ServedModule:
         example = {p: v.to(device) if device is not None else v for p, v in obs.items()}
         return discover_outputs(self._adapter(), example, (out.dtype, tuple(out.shape[1:])))
 
-    async def _serve(self) -> None:
+    def _serve(self) -> None:
         """Serve until closed; a module error fails every call from then on, with its text."""
-        assert self._scope is not None and self._ended is not None and self._loop is not None
+        assert self._loop is not None
         try:
-            with self._scope:
-                await self._loop.run()
+            self._loop.serve()
         except Exception as exc:
             self._error = exc
             log.error("served module %r raised %s: %s; it serves no more calls", self.name,
                       type(exc).__name__, exc)
             self._set_status(FAILED, f"{type(exc).__name__}: {exc} (raised by the module in "
                              f"the trainer's process, pid {os.getpid()})")
-        finally:
-            self._ended.set()
 
     def _set_status(self, state: int, message: str = "") -> None:
         if self._status_views:
@@ -300,17 +295,16 @@ class ServedModule:
         with anyio.CancelScope(shield=True):
             if self._error is None:
                 self._set_status(CLOSED)
-            if self._scope is not None and self._ended is not None:
-                self._scope.cancel()
-                with anyio.move_on_after(_CLOSE_TIMEOUT):
-                    await self._ended.wait()
-            loop = self._loop
-            if loop is not None:
+            loop, thread = self._loop, self._thread
+            if loop is not None:  # stops the thread, waits (bounded) for its call to end
                 await anyio.to_thread.run_sync(loop.close, _CLOSE_TIMEOUT)
-        try:
-            if self._stack is not None:  # its task group: the serving task ended above
-                await self._stack.aclose()
-        finally:
+            if thread is not None:
+                await anyio.to_thread.run_sync(thread.join, _CLOSE_TIMEOUT)
+                if thread.is_alive():  # a call that long: its memory stays mapped till exit
+                    log.warning("served module %r: a call still runs after %s s; its "
+                                "shared memory is left to the process's exit", self.name,
+                                _CLOSE_TIMEOUT)
+                    return
             self._release()
 
     def _release(self) -> None:
