@@ -113,7 +113,7 @@ class ServedObservation(_Served):
         super().__init__(env, handle)
         _, dtype, shape = handle.output
         self.observation_space = gym.spaces.Box(-np.inf, np.inf, shape=shape,
-                                                dtype=np.dtype(dtype))  # type: ignore[arg-type]
+                                                dtype=np.dtype(dtype))
 
     def _encode(self, obs: Any, info: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
         out, version = self.client([obs])

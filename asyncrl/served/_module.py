@@ -189,7 +189,8 @@ class ServedModule:
 
     def _make(self) -> None:
         self._served = PolicyCopy.build(self.module, None, self.device)
-        obs = {(k,): v.unsqueeze(0) for k, v in self.example.items()}
+        obs: dict[tuple[str, ...], torch.Tensor] = {(k,): v.unsqueeze(0)
+                                                    for k, v in self.example.items()}
         outputs = self._output_layout(obs)
         directory = self._directory = tempfile.mkdtemp(prefix="asyncrl-served-")  # 0700
         with open(os.path.join(directory, CLAIMS_FILE), "wb") as claims:

@@ -60,8 +60,8 @@ async def test_a_module_that_raises_stops_the_collector_with_its_error() -> None
     with anyio.fail_after(120):
         async with ServedModule(Raises(), name="r", example=EXAMPLE) as served:
             # the worker's error, re-raised with its type: the module's message, the worker
-            with pytest.raises(ServedModuleError, match="(?s)observation out of range.*"
-                                                        "raised in worker 0"):
+            with pytest.raises(ServedModuleError, match=r"(?s)observation out of range.*"
+                                                        r"raised in worker 0"):
                 async with MultiSyncCollector(functools.partial(rewarded_env, served.handle),
                                               num_workers=1, frames_per_batch=16,
                                               total_frames=64) as collector:
