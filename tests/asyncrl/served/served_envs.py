@@ -77,3 +77,12 @@ class Slow(nn.Module):
         if float(self.delay) > 0:
             time.sleep(float(self.delay))
         return next_observation[:, :1]
+
+
+def torchrl_env(handle: ServedModuleHandle) -> Any:
+    """StepEnv as a TorchRL GymWrapper, its reward from the served module (a transform)."""
+    from torchrl.envs import GymWrapper, TransformedEnv
+
+    from asyncrl.served import ServedModuleTransform
+
+    return TransformedEnv(GymWrapper(StepEnv()), ServedModuleTransform(handle))
