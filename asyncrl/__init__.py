@@ -66,6 +66,7 @@ if _TYPE_CHECKING or not _TORCH_FREE:
     from .served import ServedModuleTimeout as ServedModuleTimeout
     from .served import ServedObservation as ServedObservation
     from .served import ServedReward as ServedReward
+
     # registers the "served" weight-sync scheme (TorchRL's RayModuleTransformScheme's)
     from .served._scheme import ServedModuleScheme as _ServedModuleScheme  # noqa: F401
 else:

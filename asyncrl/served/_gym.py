@@ -103,6 +103,9 @@ class ServedObservation(_Served):
 
     The module takes one input (the env's observation) and its output is the new
     observation; the observation space becomes an unbounded ``Box`` of its shape.
+
+    >>> env = ServedObservation(gym.make("CartPole-v1"), encoder.handle)   # doctest: +SKIP
+    >>> obs, info = env.reset()             # the encoder's output, its version in info
     """
 
     def __init__(self, env: gym.Env[Any, Any], handle: ServedModuleHandle) -> None:

@@ -69,8 +69,8 @@ def test_a_scheme_bound_to_torchrls_ray_actor_is_refused_naming_the_served_trans
 
     scheme = RayModuleTransformScheme()
     scheme._set_transform(object())  # what RayModuleTransform(weight_sync_scheme=) does
-    with pytest.raises(TypeError, match="bound to TorchRL's RayModuleTransform.*"
-                                        "ServedModuleTransform"):
+    with pytest.raises(TypeError, match=r"bound to TorchRL's RayModuleTransform.*"
+                                        r"ServedModuleTransform"):
         as_weight_sync_schemes({NAME: scheme})
 
 
