@@ -64,3 +64,18 @@ async def test_torchrl_spelling_and_weights_dict_reach_the_served_module() -> No
                 with pytest.raises(ValueError, match="served once for every worker"):
                     await collector.update_policy_weights(Scale(1.0), model_id=NAME,
                                                           worker_ids=[0])
+
+
+async def test_torch_free_env_workers_of_central_inference_call_it_too() -> None:
+    # AsyncBatchedCollector's env workers import no torch: the client needs numpy only.
+    from asyncrl import AsyncBatchedCollector
+
+    with anyio.fail_after(120):
+        async with served_scale(2.0) as served:
+            async with AsyncBatchedCollector(functools.partial(rewarded_env, served.handle),
+                                             num_envs=2, frames_per_batch=32,
+                                             total_frames=64) as collector:
+                async for batch in collector:
+                    t = batch["next", "observation"][..., 0]
+                    assert torch.equal(batch["next", "reward"].squeeze(-1), 2 * t)
+            assert served.statistics().observations >= 64
