@@ -126,7 +126,7 @@ class ServedModuleClient:
     its slots anyway.
 
     >>> client = ServedModuleClient(served.handle)          # doctest: +SKIP
-    >>> reward, version = client({"observation": obs, "action": action})
+    >>> reward, version = client({"observation": obs, "action": action})  # doctest: +SKIP
     """
 
     def __init__(self, handle: ServedModuleHandle) -> None:

@@ -9,8 +9,8 @@ puts it in every frame as ``("next", "served_versions", name)``, beside the rewa
 explains.
 
 >>> env = ServedReward(gym.make("CartPole-v1"), served.handle)     # doctest: +SKIP
->>> obs, reward, terminated, truncated, info = env.step(env.action_space.sample())
->>> info["served_versions"]["env.transform[0]"]                     # the weights' version
+>>> obs, reward, terminated, truncated, info = env.step(env.action_space.sample())  # doctest: +SKIP
+>>> info["served_versions"]["env.transform[0]"]  # doctest: +SKIP
 0
 """
 
@@ -105,7 +105,7 @@ class ServedObservation(_Served):
     observation; the observation space becomes an unbounded ``Box`` of its shape.
 
     >>> env = ServedObservation(gym.make("CartPole-v1"), encoder.handle)   # doctest: +SKIP
-    >>> obs, info = env.reset()             # the encoder's output, its version in info
+    >>> obs, info = env.reset()  # doctest: +SKIP
     """
 
     def __init__(self, env: gym.Env[Any, Any], handle: ServedModuleHandle) -> None:

@@ -91,7 +91,7 @@ class ServedModuleScheme(WeightSyncScheme):
 
     >>> collector = MultiSyncCollector(make_env, policy, ...,           # doctest: +SKIP
     ...     weight_sync_schemes={"env.transform[0]": ServedModuleScheme(served)})
-    >>> await collector.update_policy_weights(reward_model, model_id="env.transform[0]")
+    >>> await collector.update_policy_weights(model, model_id="env.transform[0]")  # doctest: +SKIP
     """
 
     name = "served"

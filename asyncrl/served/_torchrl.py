@@ -50,7 +50,7 @@ class ServedModuleTransform(Transform):  # type: ignore[misc]
 
     >>> env = TransformedEnv(GymEnv("CartPole-v1"),                   # doctest: +SKIP
     ...                      ServedModuleTransform(served.handle))
-    >>> env.rollout(3)["next", "served_versions", "env.transform[0]"]
+    >>> env.rollout(3)["next", "served_versions", "env.transform[0]"]  # doctest: +SKIP
     """
 
     def __init__(self, handle: ServedModuleHandle, *,
