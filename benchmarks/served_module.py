@@ -37,7 +37,7 @@ import numpy as np
 from benchmarks.pixels import descendants, pss_kb
 
 
-@functools.lru_cache(maxsize=None)  # one copy per process (per worker, in ``copied``)
+@functools.cache  # one copy per process (per worker, in ``copied``)
 def shared_copy(hidden: int) -> Any:
     return reward_model(hidden)
 
