@@ -79,3 +79,24 @@ async def test_torch_free_env_workers_of_central_inference_call_it_too() -> None
                     t = batch["next", "observation"][..., 0]
                     assert torch.equal(batch["next", "reward"].squeeze(-1), 2 * t)
             assert served.statistics().observations >= 64
+
+
+async def test_async_batches_mixing_versions_record_each_frames_own() -> None:
+    from asyncrl import MultiAsyncCollector
+
+    with anyio.fail_after(120):
+        async with served_scale(clients=4) as served:
+            async with MultiAsyncCollector(
+                    functools.partial(rewarded_env, served.handle), num_workers=2,
+                    envs_per_worker=2, frames_per_batch=32, total_frames=32 * 8,
+                    info_keys=[served.handle.info_key],
+                    weight_sync_schemes={NAME: ServedModuleScheme(served)}) as collector:
+                seen: set[int] = set()
+                async for batch in collector:
+                    t = batch["next", "observation"][..., 0]
+                    version = batch[VERSIONS]
+                    assert torch.equal(batch["next", "reward"].squeeze(-1), t * (version + 1))
+                    seen.update(version.unique().tolist())
+                    await collector.update_policy_weights(
+                        {"scale": torch.tensor([float(served.version + 2)])}, model_id=NAME)
+                assert len(seen) > 2 and max(seen) <= served.version

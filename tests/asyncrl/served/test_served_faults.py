@@ -192,3 +192,15 @@ async def test_inputs_of_the_wrong_shape_are_refused_before_the_call() -> None:
                 client({"observation": np.zeros(3, np.float32)})
             assert (await call(client, 2.0))[0].tolist() == [2.0]
             client.close()
+
+
+async def test_weights_that_do_not_fit_are_refused_and_the_module_serves_on() -> None:
+    with anyio.fail_after(30):
+        async with ServedModule(Scale(2.0), name="s", example=EXAMPLE) as served:
+            client = ServedModuleClient(served.handle)
+            with pytest.raises(RuntimeError, match="scale"):
+                await served.update({"weight": torch.ones(3)})
+            assert served.version == 0 and served.error is None
+            out, version = await call(client, 2.0)
+            assert out.tolist() == [4.0] and version == 0
+            client.close()
