@@ -204,3 +204,34 @@ async def test_weights_that_do_not_fit_are_refused_and_the_module_serves_on() ->
             out, version = await call(client, 2.0)
             assert out.tolist() == [4.0] and version == 0
             client.close()
+
+
+async def test_calls_waiting_together_are_answered_by_one_call_of_the_module() -> None:
+    with anyio.fail_after(30):
+        async with ServedModule(Slow(), name="b", example=EXAMPLE, clients=4) as served:
+            await served.update({"delay": torch.tensor([0.3])})
+            clients = [ServedModuleClient(served.handle) for _ in range(4)]
+            answers: dict[int, list[float]] = {}
+
+            async def ask(i: int) -> None:
+                answers[i] = (await call(clients[i], float(i + 1)))[0].tolist()
+
+            async with anyio.create_task_group() as tg:
+                for i in range(4):
+                    tg.start_soon(ask, i)
+            assert answers == {i: [float(i + 1)] for i in range(4)}  # each its own row
+            # the first call holds the module 0.3 s: the others wait, then go in one call
+            assert max(served.statistics().batch_sizes) >= 2
+            for client in clients:
+                client.close()
+
+
+def test_a_client_on_another_host_is_refused_naming_both_hosts() -> None:
+    elsewhere = ServedModuleHandle(name="m", host="trainer-host", pid=1, directory="/x",
+                                   status="s", blocks=(("a", "b"),),
+                                   inputs=(("next_observation", "float32", (3,)),),
+                                   output=("output", "float32", (1,)), call_timeout=1.0,
+                                   spin=0.0)
+    with pytest.raises(ServedModuleError, match="served on host 'trainer-host'; this process "
+                                                "runs on"):
+        ServedModuleClient(elsewhere)
