@@ -5,6 +5,12 @@ rollout runs in a thread (``anyio.to_thread``) so that the event loop keeps
 answering heartbeats, control messages and weight updates while envs step.
 Weights are applied at step boundaries by the rollout's ``before_step`` hook,
 never while the policy runs.
+
+This module is the worker's state machine: build, join, serve (collect, dispatch
+the coordinator's messages), and join again or exit. Its parts live beside it: the
+hello said until welcomed (:mod:`.join`), a lost coordinator (:mod:`.reconnect`),
+control operations (:mod:`.control`), how a batch leaves (:mod:`.outgoing`),
+progress reports (:mod:`.progress`) and weights (:class:`~asyncrl.weights.WeightApplier`).
 """
 
 from __future__ import annotations
