@@ -15,7 +15,8 @@ shared-memory slot) and the encoding of a remote worker's batch message.
 
 Two views, per frame (one env step of one env):
 
-1. **timers**, no profiler, medians over ``--batches`` batches: the batch, then the env pool
+1. **timers** (the thread's CPU time: the machine may be busy with other work), no
+   profiler, medians over ``--batches`` batches: the batch, then the env pool
    alone (``step_inplace`` with the last actions, resets where done), the policy alone (the
    ``TensorDictModule`` on the rollout's step TensorDict, as the rollout calls it) and the
    bare CNN alone (``NatureCNN.forward`` on the observation tensor, no TensorDict): the
@@ -90,25 +91,33 @@ class AtariWorker:
         self.obs = self.probe.collect()["observation"][:, 0].clone()  # a real frame stack
 
     def time_parts(self) -> dict[str, float]:
-        """Seconds per batch of each part, measured apart, no profiler."""
-        t0 = time.perf_counter()
-        batch = self.probe.collect()
-        t1 = time.perf_counter()
-        frames = batch.clone()
-        t2 = time.perf_counter()
-        self.probe.encode(frames)
-        t3 = time.perf_counter()
-        return {"batch": t1 - t0, "clone": t2 - t1, "encode": t3 - t2,
-                "env": self.probe.time_env(), "policy": self.probe.time_policy(),
-                "cnn": self.time_cnn()}
+        """CPU seconds of this thread per batch of each part, measured apart, no profiler.
 
-    def time_cnn(self) -> float:
-        """Seconds for :attr:`steps` bare CNN calls on a batch of the envs' observations."""
+        CPU time, not wall time: on a machine shared with other work the parts are timed
+        at different moments, and wall time would charge each the others' load.
+        """
+        clock = time.thread_time
+        t0 = clock()
+        batch = self.probe.collect()
+        t1 = clock()
+        frames = batch.clone()
+        t2 = clock()
+        self.probe.encode(frames)
+        t3 = clock()
+        self.probe.time_env()
+        t4 = clock()
+        self.probe.time_policy()
+        t5 = clock()
+        self.time_cnn()
+        t6 = clock()
+        return {"batch": t1 - t0, "clone": t2 - t1, "encode": t3 - t2, "env": t4 - t3,
+                "policy": t5 - t4, "cnn": t6 - t5}
+
+    def time_cnn(self) -> None:
+        """:attr:`steps` bare CNN calls on a batch of the envs' observations."""
         with torch.no_grad():
-            start = time.perf_counter()
             for _ in range(self.steps):
                 self.cnn(self.obs)
-            return time.perf_counter() - start
 
     def close(self) -> None:
         self.probe.close()
@@ -128,7 +137,7 @@ def direct_table(samples: list[dict[str, float]], frames: int) -> list[str]:
         ("encode the batch message (a remote worker's wire path)", med["encode"]),
     ]
     total = med["batch"] + med["clone"] + med["encode"]
-    lines = ["| part | share | µs / frame |", "|---|---:|---:|"]
+    lines = ["| part | share | CPU µs / frame |", "|---|---:|---:|"]
     lines += [f"| {name} | {100 * sec / total:.1f}% | {1e6 * sec / frames:.1f} |"
               for name, sec in rows]
     lines.append(f"| **total per credit** | 100% | **{1e6 * total / frames:.1f}** |")
@@ -179,22 +188,23 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     worker = AtariWorker(args.envs, args.frames_per_batch)
     try:
-        def run() -> tuple[list[dict[str, float]], float, pstats.Stats]:
+        def run() -> tuple[list[dict[str, float]], float, float, pstats.Stats]:
             torch.set_num_threads(1)  # per thread (OpenMP), as the worker sets it
             worker.probe.credit()  # warm-up: first calls pay for lazy initialisation
             samples = [worker.time_parts() for _ in range(args.batches)]
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
             for _ in range(args.batches):
                 worker.probe.credit()
             plain = (time.perf_counter() - t0) / args.batches
+            cpu = (time.thread_time() - c0) / args.batches
             profiler = cProfile.Profile()
             profiler.enable()
             for _ in range(args.batches):
                 worker.probe.credit()
             profiler.disable()
-            return samples, plain, pstats.Stats(profiler)
+            return samples, plain, cpu, pstats.Stats(profiler)
 
-        samples, plain, stats = in_thread(run, True)
+        samples, plain, cpu, stats = in_thread(run, True)
     finally:
         worker.close()
     frames = args.frames_per_batch
@@ -204,8 +214,10 @@ def main(argv: list[str] | None = None) -> int:
           f"thread; python {platform.python_version()}, torch {torch.__version__}, "
           f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the end; medians "
           f"of {args.batches} batches ({args.batches * frames:,} frames per view)")
-    print(f"\nOne credit (collect + clone + encode), no profiler: {1e6 * plain / frames:.1f} µs "
-          f"per frame, {frames / plain:,.0f} frames/s for this worker alone\n")
+    print(f"\nOne credit (collect + clone + encode), no profiler: {1e6 * cpu / frames:.1f} CPU "
+          f"µs per frame ({frames / cpu:,.0f} frames per CPU-second); wall "
+          f"{1e6 * plain / frames:.1f} µs per frame ({frames / plain:,.0f} frames/s for this "
+          "worker alone, as loaded)\n")
     print("\n".join(direct_table(samples, frames)))
     print(f"\ncProfile over {args.batches} credits (the profiler slows Python-heavy code):\n")
     print("\n".join(profile_table(stats, frames * args.batches, args.top)))
