@@ -1,13 +1,11 @@
 """The rollout hot loop: step an `EnvPool` with a policy into preallocated buffers.
 
-Layout: every buffer is a torch tensor of shape ``[N, T, ...]`` (env first,
-time last: TorchRL's layout for a batched env, contiguous for the codec),
-written through numpy views with a precomputed ``(slice(None), t)`` index per
-step, so a step creates no TensorDict, tensor, dict or list of ours. The step
-TensorDict given to the policy is built once; its observation entries *share
-memory with the env pool's buffers*, so a step result is visible to the policy
-without a copy. ``traj_ids``, ``policy_version`` and ``("next", "done")`` are
-filled once per batch and patched only where they change.
+A step creates no TensorDict, tensor, dict or list of ours: it calls the policy on
+the step TensorDict, copies fixed ``(destination, source)`` pairs into ``[N, T]``
+buffers and steps the pool in place. What those buffers are and which pairs a step
+writes is planned once, at construction (:mod:`asyncrl._rollout.buffers`); this
+module runs batches over that plan, resets the episodes that end, and stops at a
+step boundary when asked.
 """
 
 from __future__ import annotations
@@ -19,32 +17,23 @@ from typing import Any
 
 import numpy as np
 import torch
-from tensordict import TensorDict, TensorDictBase
+from tensordict import TensorDictBase
 from torch import nn
 
 from .._errors import SpecMismatchError
-from .device_policy import DevicePolicyCall, check_policy_device
-from .devices import HOST
+from .buffers import Observations, RolloutBuffers
+from .device_policy import check_policy_device
 from .env_pools import EnvPool, check_action_dtype
 from .envs import make_env_pool
-from .infos import attach_info_reader, info_buffers
+from .infos import attach_info_reader
 from .options import RolloutOptions
-from .policies import PolicyAdapter, RandomPolicy, torch_dtype
+from .policies import PolicyAdapter, RandomPolicy
 from .recurrent import RecurrentCarry, describe_states, find_state_keys
 from .traj_ids import TrajectoryIds
 
 __all__ = ["Rollout", "RolloutOptions"]
 
-_RESERVED_ROOT = frozenset({"action", "done", "terminated", "truncated", "next", "collector"})
 _DEFAULT_OPTIONS = RolloutOptions()
-
-
-def _td_key(path: tuple[str, ...]) -> str | tuple[str, ...]:
-    return path[0] if len(path) == 1 else path
-
-
-def _as_tuple(key: str | tuple[str, ...]) -> tuple[str, ...]:
-    return (key,) if isinstance(key, str) else tuple(key)
 
 
 class Rollout:
@@ -132,12 +121,8 @@ class Rollout:
         self._carry = (
             RecurrentCarry(describe_states(policy, state_keys), n) if state_keys else None
         )
-        owned = self._carry.paths if self._carry is not None else frozenset()
-        keep = [j for j, p in enumerate(pool.obs_paths) if p not in owned]
-        self._obs_paths = tuple(pool.obs_paths[j] for j in keep)
-        self._obs_arrays = [pool.obs_arrays[j] for j in keep]
-        self._obs_keys = [_td_key(p) for p in self._obs_paths]
-        _check_obs_keys(self._obs_paths)
+        observations = Observations.of(
+            pool, self._carry.paths if self._carry is not None else frozenset())
         check_policy_device(policy, options.policy_device)
         if self._carry is not None and options.devices.moves_observations:
             # The carry keeps the state in host buffers the policy reads in place; a copy
@@ -150,7 +135,7 @@ class Rollout:
             policy,
             action_spec=specs.action,
             exploration_type=options.exploration_type,
-            observation_keys=self._obs_keys,
+            observation_keys=observations.keys,
             in_keys=options.policy_in_keys,
             out_keys=options.policy_out_keys,
             method=options.policy_method,
@@ -176,182 +161,14 @@ class Rollout:
         self._stop_armed = False
         self._saved_before_step: Callable[[], None] | None = None
 
-        self._info = attach_info_reader(pool, options.info_keys, RandomPolicy(specs.action))
+        info = attach_info_reader(pool, options.info_keys, RandomPolicy(specs.action))
         pool.reset()
-        self._build_step_td()
-        try:
-            extras = self._discover_extras()
-        except KeyError as exc:  # a recurrent state nothing could size: say so
-            if self._carry is not None:
-                self._carry.explain_missing(exc)
-            raise
-        self._allocate(extras)
-
-    # -- construction helpers ------------------------------------------------------------
-
-    def _build_step_td(self) -> None:
-        pool, n = self.env_pool, self.num_envs
-        act = pool.specs.action
-        # Observation tensors are views of the pool's buffers: env writes land there.
-        self._obs_t = [torch.from_numpy(a) for a in self._obs_arrays]
-        # Pinned when a CUDA policy writes it: the action's copy back is then a plain DMA.
-        self._act_t = torch.zeros((n, *act.shape), dtype=torch_dtype(act.dtype),
-                                  pin_memory=self.options.devices.pins_host_buffers)
-        self._act_np = self._act_t.numpy()
-        entries: dict[Any, torch.Tensor] = dict(zip(self._obs_keys, self._obs_t, strict=True))
-        entries["action"] = self._act_t
-        self._step_td = TensorDict(entries, batch_size=[n])
-        if self._carry is not None:
-            self._carry.install(self._step_td)
-        # What the policy reads and writes: this td itself (a host policy, no copy), or
-        # device copies of it (policy_device: see DevicePolicyCall).
-        self._call: Callable[[TensorDictBase], Any] = self._adapter
-        self._policy_td, self._policy_obs = self._step_td, self._obs_t
-        self._policy_act = self._act_t
-        if self.options.devices.moves_observations and not self._adapter.is_random:
-            call = DevicePolicyCall(self._adapter, self._obs_keys, self._obs_t,
-                                    self.options.policy_device or HOST, action=self._act_t)
-            self._call, self._policy_td = call, call.td
-            self._policy_obs, self._policy_act = call.inputs, call.action
-
-    def _discover_extras(self) -> list[tuple[tuple[str, ...], tuple[int, ...], torch.dtype]]:
-        """Dry policy call on the reset observation: which keys does it write?"""
-        if self._adapter.is_random:
-            return []
-        td = self._policy_td
-        # Without our "action" entry, a policy that writes none is caught here.
-        del td["action"]
-        with self._adapter.exploration():
-            td = self._call(self._step_td)
-        for key, tensor in zip(self._obs_keys, self._policy_obs, strict=True):
-            if not _same_memory(td.get(key), tensor):
-                raise ValueError(
-                    f"the policy replaced the observation entry {key!r}: policies must "
-                    "not write observation keys (write a new key instead)"
-                )
-        n, act = self.num_envs, self.env_pool.specs.action
-        action = td.get("action", None)
-        if not isinstance(action, torch.Tensor) or tuple(action.shape) != (n, *act.shape):
-            got = None if action is None else tuple(getattr(action, "shape", ()))
-            raise ValueError(
-                f"the policy must write 'action' of shape {(n, *act.shape)} "
-                f"(num_envs, *action_spec.shape); it wrote {got}"
-            )
-        check_action_dtype(act, action.dtype, action.detach())
-        td.set("action", self._policy_act)  # in-place writers then fill ours: no copy
-        carried: frozenset[tuple[str, ...]] = frozenset()
-        if self._carry is not None:
-            self._carry.bind(td)
-            carried = self._carry.paths
-        obs_paths = set(self._obs_paths)
-        extras = []
-        for key in td.keys(include_nested=True, leaves_only=True):
-            path = _as_tuple(key)
-            if path in obs_paths or path == ("action",) or path in carried:
-                continue
-            extras.append(self._check_extra(path, td.get(key)))
-        return extras
-
-    def _check_extra(
-        self, path: tuple[str, ...], value: Any
-    ) -> tuple[tuple[str, ...], tuple[int, ...], torch.dtype]:
-        if path[0] in _RESERVED_ROOT:
-            hint = (
-                " (a recurrent state K is read at K and written at ('next', *K))"
-                if path[0] == "next" else ""
-            )
-            raise ValueError(f"the policy wrote the reserved key {path!r}{hint}")
-        if not isinstance(value, torch.Tensor) or value.shape[:1] != (self.num_envs,):
-            raise ValueError(
-                f"the policy wrote {path!r} as {type(value).__name__} of shape "
-                f"{tuple(getattr(value, 'shape', ()))}: expected a tensor with leading dim "
-                f"{self.num_envs}"
-            )
-        return path, tuple(value.shape[1:]), value.dtype
-
-    def _allocate(self, extras: list[tuple[tuple[str, ...], tuple[int, ...], torch.dtype]]) -> None:
-        n, t = self.num_envs, self.steps_per_batch
-        specs = self.env_pool.specs
-
-        # Pinned when they feed a CUDA device (the batch's copy to storing_device, the
-        # extras a CUDA policy writes): DMA copies without the driver's staging.
-        pin = self.options.devices.pins_host_buffers
-
-        def buf(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-            return torch.zeros((n, t, *shape), dtype=dtype, pin_memory=pin)
-
-        data: dict[Any, torch.Tensor] = {}
-        obs_bufs, next_bufs = [], []
-        for path, spec in specs.flat_observation().items():
-            if path not in self._obs_paths:
-                continue  # carried by the recurrent policy's state instead
-            dtype = torch_dtype(spec.dtype)
-            obs_bufs.append(data.setdefault(path, buf(spec.shape, dtype)))
-            if self.next_observations:
-                next_bufs.append(data.setdefault(("next", *path), buf(spec.shape, dtype)))
-        act = specs.action
-        data[("action",)] = action = buf(act.shape, torch_dtype(act.dtype))
-        extra_bufs = [data.setdefault(p, buf(s, d)) for p, s, d in extras]
-        for name in ("done", "terminated", "truncated"):
-            # Root done state of the current obs: always False, as every finished
-            # episode is reset before its next frame.
-            data[(name,)] = buf((1,), torch.bool)
-        for name in ("reward", "done", "terminated", "truncated"):
-            data[("next", name)] = buf((1,), torch.float32 if name == "reward" else torch.bool)
-        for name in ("traj_ids", "worker_id", "policy_version"):
-            data[("collector", name)] = buf((), torch.int64)
-        data[("collector", "worker_id")].fill_(self.worker_index)
-        if self._carry is not None:
-            self._carry.allocate(data, t)
-        # Info entries of each step (a frame that ends an episode: the terminal step's).
-        info_pairs = [(data.setdefault(p, b).numpy(), src)
-                      for p, b, src in info_buffers(self._info, buf)]
-        self._data = data
-        self._template = _nest(data, [n, t])
-        self._idx = [(slice(None), i) for i in range(t)]
-        self._plan(obs_bufs, next_bufs, action, extras, extra_bufs)
-        self._post += info_pairs
-
-    def _plan(
-        self,
-        obs_bufs: list[torch.Tensor],
-        next_bufs: list[torch.Tensor],
-        action: torch.Tensor,
-        extras: list[tuple[tuple[str, ...], tuple[int, ...], torch.dtype]],
-        extra_bufs: list[torch.Tensor],
-    ) -> None:
-        """Fixed (destination, source) pairs written at every step."""
-        pool, d = self.env_pool, self._data
-        nxt = {
-            k: d[("next", k)].numpy()[..., 0] for k in ("reward", "done", "terminated", "truncated")
-        }
-        trunc_src = self._trunc if self.options.max_frames_per_traj else pool.truncated
-        # traj_ids, policy_version and ("next", "done") are not written per step:
-        # they are filled per batch and patched where they change (resets, updates).
-        self._traj = d[("collector", "traj_ids")].numpy()
-        self._pre = [(b.numpy(), a) for b, a in zip(obs_bufs, self._obs_arrays, strict=True)]
-        self._pre.append((action.numpy(), self._act_np))
-        self._post = [(b.numpy(), a) for b, a in zip(next_bufs, self._obs_arrays, strict=True)
-                      ] if next_bufs else []
-        self._post += [
-            (nxt["reward"], pool.reward),
-            (nxt["terminated"], pool.terminated),
-            (nxt["truncated"], trunc_src),
-        ]
-        # numpy writes are ~2x cheaper than torch indexing; keep torch for dtypes
-        # numpy lacks (bfloat16) and for tensors the policy leaves off the CPU.
-        call = self._call if isinstance(self._call, DevicePolicyCall) else None
-        self._flush_extras: Callable[[], None] | None = None if call is None else call.flush
-        if call is not None:  # written on the policy's device; to the host once per batch
-            extra_bufs = call.twin_buffers(extra_bufs)
-        as_numpy = [_numpy_ok(dt) and call is None for _, _, dt in extras]
-        self._extras = [
-            (_td_key(p), b.numpy() if np_ok else b, np_ok)
-            for (p, _, _), b, np_ok in zip(extras, extra_bufs, as_numpy, strict=True)
-        ]
-        self._pv = d[("collector", "policy_version")].numpy()
-        self._next_done, self._next_trunc = nxt["done"], nxt["truncated"]
-        self._next_term = nxt["terminated"]
+        #: The batch buffers and what each step writes where, planned once.
+        self.buffers = RolloutBuffers(
+            pool, self._adapter, self._carry, observations, options=options,
+            steps=self.steps_per_batch, worker_index=worker_index, info=info,
+            next_observations=self.next_observations,
+            truncated=self._trunc if options.max_frames_per_traj else pool.truncated)
 
     # -- collection ------------------------------------------------------------------------
 
@@ -376,8 +193,9 @@ class Rollout:
         n_random = t_total
         if not self._adapter.is_random:
             n_random = min(t_total, max(0, math.ceil((self.init_random_frames - self._frames) / n)))
-        self._pv.fill(self.policy_version)
-        self._traj[...] = self._traj_ids.current[:, None]
+        buffers = self.buffers
+        buffers.pv.fill(self.policy_version)
+        buffers.traj[...] = self._traj_ids.current[:, None]
         try:
             with self._adapter.exploration():
                 steps = self._run(
@@ -385,17 +203,17 @@ class Rollout:
                 )
         finally:
             self._disarm_stop()
-        if self._flush_extras is not None:
-            self._flush_extras()
-        np.logical_or(self._next_term, self._next_trunc, out=self._next_done)
+        if buffers.flush_extras is not None:
+            buffers.flush_extras()
+        np.logical_or(buffers.next_terminated, buffers.next_truncated, out=buffers.next_done)
         self._frames += steps * n
         self._traj_fresh = False
         if options.set_truncated and steps:
             # Mark the batch end as a truncation for value bootstrapping; the env
             # itself goes on (TorchRL's set_truncated).
-            self._next_trunc[:, steps - 1] = True
-            self._next_done[:, steps - 1] = True
-        out = self._template.copy()  # fresh structure: keys a consumer adds don't stick
+            buffers.next_truncated[:, steps - 1] = True
+            buffers.next_done[:, steps - 1] = True
+        out = buffers.template.copy()  # fresh structure: keys a consumer adds don't stick
         if steps < t_total:
             out = out[:, :steps]
         device = options.storing_device
@@ -425,10 +243,12 @@ class Rollout:
 
     def _run(self, n_random: int, n_steps: int) -> int:
         """The hot loop; returns the number of steps run. Its names are bound up front."""
-        pool, idx, pre, post = self.env_pool, self._idx, self._pre, self._post
+        buffers = self.buffers
+        pool, idx, pre, post = self.env_pool, buffers.idx, buffers.pre, buffers.post
         step_env, sample = pool.step_inplace, self._random.sample_into
-        policy, step_td, act_t, act_np = self._call, self._step_td, self._act_t, self._act_np
-        extras, done, limit = self._extras, self._done, self.options.max_frames_per_traj
+        step_td, act_t, act_np = buffers.step_td, buffers.act_t, buffers.act_np
+        policy, extras, pv, done = buffers.call, buffers.extras, buffers.pv, self._done
+        limit = self.options.max_frames_per_traj
         carry = self._carry
         version = self.policy_version
         t = 0
@@ -438,7 +258,7 @@ class Rollout:
                     self.before_step()
                     if self.policy_version != version:
                         version = self.policy_version
-                        self._pv[:, t:] = version
+                        pv[:, t:] = version
                 i = idx[t]
                 if t < n_random:
                     sample(act_np)
@@ -489,7 +309,7 @@ class Rollout:
         # Episode ends are rare next to steps: allocations here are fine.
         self.env_pool.reset_where(mask)
         self._new_trajectories(mask)
-        self._traj[mask, t + 1 :] = self._traj_ids.current[mask, None]
+        self.buffers.traj[mask, t + 1 :] = self._traj_ids.current[mask, None]
         if self._carry is not None:
             self._carry.reset(mask)
 
@@ -551,32 +371,6 @@ def _raise_stop() -> None:
     raise _StopCollect
 
 
-_NUMPY_DTYPES = frozenset({torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32,
-                           torch.int64, torch.float16, torch.float32, torch.float64})
-
-
-def _numpy_ok(dtype: torch.dtype) -> bool:
-    return dtype in _NUMPY_DTYPES
-
-
-def _same_memory(a: Any, b: torch.Tensor) -> bool:
-    """``a`` is ``b`` or a view of the same memory (TorchRL's RNN modules re-set views)."""
-    return a is b or (
-        isinstance(a, torch.Tensor)
-        and a.data_ptr() == b.data_ptr()
-        and a.shape == b.shape
-        and a.stride() == b.stride()
-        and a.dtype == b.dtype
-    )
-
-
-def _nest(flat: dict[Any, torch.Tensor], batch_size: list[int]) -> TensorDict:
-    out = TensorDict({}, batch_size=batch_size)
-    for path, tensor in flat.items():
-        out.set(_td_key(path), tensor)
-    return out
-
-
 def _check_args(frames_per_batch: int, n: int, worker_index: int, init_random: int | None) -> None:
     if not isinstance(frames_per_batch, int) or frames_per_batch <= 0:
         raise ValueError(f"frames_per_batch must be a positive int, got {frames_per_batch!r}")
@@ -590,11 +384,3 @@ def _check_args(frames_per_batch: int, n: int, worker_index: int, init_random: i
         raise ValueError(f"worker_index must be an int in [0, 2**31), got {worker_index!r}")
     if init_random is not None and init_random < 0:
         raise ValueError(f"init_random_frames must be >= 0, got {init_random}")
-
-
-def _check_obs_keys(paths: tuple[tuple[str, ...], ...]) -> None:
-    for path in paths:
-        if path[0] in _RESERVED_ROOT or path == ("reward",):
-            raise ValueError(
-                f"observation key {path!r} clashes with a batch key; rename the Dict sub-space"
-            )

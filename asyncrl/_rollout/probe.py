@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 from tensordict import TensorDictBase
@@ -13,20 +13,6 @@ from transports import encode
 from .._protocol import Batch
 from .envs import make_env_pool
 from .loop import Rollout
-from .policies import PolicyAdapter
-
-
-class _Internals(NamedTuple):
-    actions: np.ndarray  # the last actions, as the env pool gets them
-    adapter: PolicyAdapter  # the policy as the rollout calls it
-    step_td: TensorDictBase  # the TensorDict the policy reads and writes each step
-
-
-def _internals(rollout: Rollout) -> _Internals:
-    """What the rollout steps with. ``Rollout`` keeps them private (only the hot loop should
-    touch them); the probe reads them to time the env and the policy alone, with the very
-    objects a worker uses."""
-    return _Internals(rollout._act_np, rollout._adapter, rollout._step_td)  # noqa: SLF001
 
 
 class RolloutProbe:
@@ -70,7 +56,7 @@ class RolloutProbe:
 
     def time_env(self) -> float:
         """Seconds for :attr:`steps` env steps alone (last actions; finished envs reset)."""
-        pool, action = self._rollout.env_pool, _internals(self._rollout).actions
+        pool, action = self._rollout.env_pool, self._rollout.buffers.act_np  # the last actions
         done = np.zeros(pool.num_envs, dtype=bool)
         start = time.perf_counter()
         for _ in range(self.steps):
@@ -82,8 +68,8 @@ class RolloutProbe:
 
     def time_policy(self) -> float:
         """Seconds for :attr:`steps` policy calls alone, on the rollout's step TensorDict."""
-        internals = _internals(self._rollout)
-        adapter, td = internals.adapter, internals.step_td
+        # The policy as the rollout calls it, on the TensorDict it reads and writes each step.
+        adapter, td = self._rollout.stepped_policy, self._rollout.buffers.step_td
         with adapter.exploration():  # entered once per batch, as the rollout does
             start = time.perf_counter()
             for _ in range(self.steps):

@@ -1,7 +1,9 @@
-"""Waiting for a coordinator again: after a crash, a cut link, or a trainer that only stops.
+"""A coordinator lost: how the worker ends, or how it waits for one again.
 
-A worker whose coordinator went away joins again once one answers, within a
-bound, or exits with code 3 naming it. Three cases, three bounds:
+The link's loss of its hub is read first for what the hub said (:func:`hub_lost`):
+a finished run's goodbye is exit 0, a revoked or denied key a final refusal. A
+worker whose coordinator otherwise went away joins again once one answers, within
+a bound, or exits with code 3 naming it. Three cases, three bounds:
 
 - ``--reconnect``, the coordinator went silent or died: any coordinator at the
   address (it, or a restarted one), within ``reconnect_timeout``;
@@ -21,11 +23,29 @@ import anyio
 from transports import Link, PeerLostError
 
 from .._errors import WorkerExit
-from .._spawn.exit_codes import EXIT_COORDINATOR_LOST
+from .._spawn.exit_codes import EXIT_COORDINATOR_LOST, EXIT_OK, EXIT_REFUSED
+from .join import denied, unreachable
 
 log = logging.getLogger("asyncrl.worker")
 
-__all__ = ["await_next_trainer", "ride_out", "wait_for_coordinator"]
+__all__ = ["await_next_trainer", "hub_lost", "ride_out", "wait_for_coordinator"]
+
+
+def hub_lost(link: Link, error: PeerLostError, *, welcomed: bool) -> WorkerExit:
+    """How a worker ends when ``link`` lost its hub, by what the hub said (or did not)."""
+    if link.hub_finished:  # whatever our state: joining, rejoining, admitted
+        log.info("the run at %s is over (its trainer closed it): exiting", link.endpoint)
+        return WorkerExit(EXIT_OK, "the run is over", final=True)
+    if link.key_revoked:  # told so by the hub: a refusal, and final
+        return WorkerExit(EXIT_REFUSED, f"the coordinator at {link.endpoint} revoked this "
+                          "host's CURVE key (asyncrl keys revoke): it is refused from now on",
+                          final=True)
+    if (refused := denied(link)) is not None:
+        return refused
+    if not welcomed:  # maybe never reached
+        return WorkerExit(EXIT_COORDINATOR_LOST, unreachable(link))
+    return WorkerExit(EXIT_COORDINATOR_LOST,
+                      f"the coordinator at {link.endpoint} is gone ({error})")
 
 
 async def wait_for_coordinator(link: Link, timeout: float) -> None:

@@ -64,7 +64,7 @@ from .._protocol import (
     WeightsApplied,
     decode,
 )
-from .join_backoff import JOIN_BACKOFF, full_pause
+from .join import JOIN_BACKOFF, full_pause
 
 log = logging.getLogger("asyncrl.relay")
 

@@ -5,6 +5,12 @@ rollout runs in a thread (``anyio.to_thread``) so that the event loop keeps
 answering heartbeats, control messages and weight updates while envs step.
 Weights are applied at step boundaries by the rollout's ``before_step`` hook,
 never while the policy runs.
+
+This module is the worker's state machine: build, join, serve (collect, dispatch
+the coordinator's messages), and join again or exit. Its parts live beside it: the
+hello said until welcomed (:mod:`.join`), a lost coordinator (:mod:`.reconnect`),
+control operations (:mod:`.control`), how a batch leaves (:mod:`.outgoing`),
+progress reports (:mod:`.progress`) and weights (:class:`~asyncrl.weights.WeightApplier`).
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ from collections import deque
 from collections.abc import Callable
 from contextlib import AsyncExitStack
 from functools import partial
-from typing import Any, NoReturn
+from typing import Any
 
 import anyio
 import anyio.abc
@@ -46,7 +52,6 @@ from .._protocol import (
     Preempt,
     Refuse,
     Rejoin,
-    Welcome,
     decode,
 )
 from .._rollout.env_ids import EnvIdSource, is_unknown_env_id
@@ -57,7 +62,6 @@ from .._spawn.child import remove_orphaned_socket_dir, wait_parent_gone
 from .._spawn.exit_codes import (
     EXIT_COORDINATOR_LOST,
     EXIT_ERROR,
-    EXIT_JOIN_TIMEOUT,
     EXIT_OK,
     EXIT_REFUSED,
     EXIT_REJOIN,
@@ -66,24 +70,15 @@ from .._spawn.stop_signals import STOP_SIGNALS, ignore_stop_signals
 from .._spawn.threads import use_torch_threads
 from ..weights import WeightApplier
 from .control import TOUCHES_WEIGHTS, run_control
-from .join_backoff import JOIN_BACKOFF, RunFull, full_pause
+from .join import EnvOffered, Joining
 from .log_forward import LogForwarder
 from .outgoing import OutgoingBatches
 from .progress import ProgressReport
-from .reconnect import await_next_trainer, ride_out, wait_for_coordinator
+from .reconnect import await_next_trainer, hub_lost, ride_out, wait_for_coordinator
 from .relay_member import RelayMembership
 from .spec import WorkerSpec
-from .unanswered import cancel_when_denied, denied, hub_lost, no_welcome, unreachable
 
 log = logging.getLogger("asyncrl.worker")
-
-
-class _EnvOffered(Exception):
-    """A refusal that says where the trainer's gymnasium id comes from: import, hello again."""
-
-    def __init__(self, source: EnvIdSource) -> None:
-        super().__init__(source.env_id)
-        self.source = source
 
 
 def error_report(error: BaseException, *, fatal: bool = True, slot: int = -1,
@@ -116,8 +111,6 @@ class Worker:
         #: connection went down (a cut link) waits for that same coordinator to come
         #: back before it exits (0: it exits at once).
         self.give_up_after = give_up_after
-        #: Bound on one join, hello to welcome (None: none); see :meth:`_join`.
-        self.join_timeout = join_timeout
         #: Stop cleanly on SIGTERM/SIGINT (a process's main thread only: signal handlers).
         self.handle_signals = handle_signals
         self._leaving = False  # a signal asked us to stop: told the coordinator, awaiting close
@@ -143,9 +136,11 @@ class Worker:
         # Weights come from the coordinator or the relay, and are acked the way they came.
         self._weights = WeightApplier(link, relay=relay_link, busy=self._busy.locked)
         self._relay = RelayMembership(relay_link, relay_name, self._weights)
-        self._pending_early: list[Message] = []  # weights that came before the welcome
         # What the network makes us log is rate-limited (a malformed message is dropped).
         self._limited_log = RateLimitedLog(log)
+        # Bound on one join, hello to welcome (join_timeout; None: none).
+        self._joining = Joining(link, self._recv, join_timeout=join_timeout,
+                                limited_log=self._limited_log)
         self._progress = ProgressReport(link, self.collecting)  # slow is not hung
         self._exit: WorkerExit | None = None
         self._outgoing = OutgoingBatches()  # shared-memory slots, or the wire (compact?)
@@ -334,9 +329,9 @@ class Worker:
                           env_missing=self._env_missing,
                           rollout=self.spec.rollout.to_wire())
             try:
-                welcome = await self._hello_until_welcome(hello)
+                welcome = await self._joining.hello_until_welcome(hello)
                 break
-            except _EnvOffered as offer:
+            except EnvOffered as offer:
                 await self._take_env_source(offer.source)
         self.index = welcome.index
         self._outgoing.welcomed(welcome)  # compact batches, compact_obs
@@ -369,9 +364,9 @@ class Worker:
             await self._report_and_exit(exc)
         assert self.rollout is not None
         self._weights.attach(self.rollout)
-        for message in self._pending_early:
+        for message in self._joining.early:
             self._weights.deliver(message)  # idle: applied now
-        self._pending_early.clear()
+        self._joining.early.clear()
         await self._weights.flush_acks()
 
     async def _take_env_source(self, source: EnvIdSource) -> None:
@@ -385,84 +380,6 @@ class Worker:
         except Exception as exc:
             raise WorkerExit(EXIT_REFUSED, f"the coordinator refused this worker: {exc}") \
                 from None
-
-    async def _hello_until_welcome(self, hello: Hello) -> Welcome:
-        """Say hello until welcomed: again when no answer came, or (with a backoff) when
-        refused only because the run was full; within ``join_timeout`` s if given."""
-        deadline = None if self.join_timeout is None else anyio.current_time() + self.join_timeout
-        backoff = JOIN_BACKOFF
-        while True:
-            sent = False
-            with anyio.move_on_after(self.link.peer_timeout):
-                # A send blocks while no connection is up (e.g. a failing CURVE handshake):
-                # a handshake the hub denied ends the wait at once.
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(cancel_when_denied, self.link, tg.cancel_scope)
-                    await self.link.send(hello.to_body(), kind=Hello.KIND)
-                    sent = True
-                    tg.cancel_scope.cancel()
-            if not sent:
-                raise denied(self.link) or WorkerExit(EXIT_COORDINATOR_LOST, unreachable(self.link))
-            # A coordinator answers at once; one that stays alive (its heartbeats
-            # come) but silent got our hello just before it died and a successor
-            # took its place: say hello again (a gone one ends the wait first).
-            wait = 2 * self.link.peer_timeout
-            if deadline is not None:
-                wait = min(wait, max(0.0, deadline - anyio.current_time()))
-            welcome = None
-            try:
-                with anyio.move_on_after(wait):
-                    welcome = await self._await_welcome(hello.attempt)
-            except RunFull as full:
-                pause, after = full_pause(backoff)  # jittered: not all at once
-                if deadline is not None and anyio.current_time() + pause > deadline:
-                    raise WorkerExit(EXIT_REFUSED, f"the coordinator refused this worker: "
-                                     f"{full} (still full after --join-timeout "
-                                     f"{self.join_timeout} s)") from None
-                log.warning("the run is full (%s); asking again in %.1f s", full, pause)
-                await anyio.sleep(pause)
-                backoff = after
-                hello.attempt += 1
-                continue
-            if welcome is not None:
-                return welcome
-            if deadline is not None and anyio.current_time() >= deadline:
-                raise WorkerExit(EXIT_JOIN_TIMEOUT, no_welcome(self.link, self.join_timeout))
-            log.warning("no welcome from %s within %s s; saying hello again",
-                        self.link.endpoint, 2 * self.link.peer_timeout)
-            hello.attempt += 1
-
-    async def _await_welcome(self, attempt: int) -> Welcome:
-        while True:
-            message = await self._recv()
-            try:  # a malformed answer is dropped: the hello is said again after a while
-                if message.kind == Welcome.KIND:
-                    welcome = decode(Welcome, message.body)
-                    if welcome.attempt == attempt:
-                        return welcome
-                    log.info("ignored the welcome of an earlier hello (attempt %d)",
-                             welcome.attempt)
-                    continue
-                if message.kind == Refuse.KIND:
-                    self._refused(decode(Refuse, message.body))
-            except ProtocolError as exc:
-                self._limited_log.warning("bad-answer", "dropped a malformed %r message: %s",
-                                          message.kind, exc)
-                continue
-            if message.kind == WEIGHTS_KIND:
-                # Weights may precede the welcome for a late joiner: keep them.
-                self._pending_early.append(message)
-                continue
-            log.warning("ignored %r message before the welcome", message.kind)
-
-    def _refused(self, refuse: Refuse) -> NoReturn:
-        # Where our own --env id comes from (any other id: the plain refusal).
-        if refuse.env_source is not None and self._env_missing \
-                and refuse.env_source["env_id"] == self._env_missing:
-            raise _EnvOffered(EnvIdSource(**refuse.env_source))
-        if refuse.full and self.join_timeout is not None:
-            raise RunFull(refuse.reason)
-        raise WorkerExit(EXIT_REFUSED, f"the coordinator refused this worker: {refuse.reason}")
 
     # -- messages ------------------------------------------------------------------
     async def _recv(self) -> Message:

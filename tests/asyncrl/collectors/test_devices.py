@@ -291,12 +291,13 @@ def test_cuda_rollout_buffers_are_pinned() -> None:
                  options=RolloutOptions(storing_device="cuda")) as rollout:
         batch = rollout.collect()
         assert batch.device == torch.device("cuda", 0) or batch.device.type == "cuda"
-        assert rollout._data[("observation",)].is_pinned()
+        assert rollout.buffers.data[("observation",)].is_pinned()
     with Rollout(make_env_pool(counting, num_envs=2), DeviceProbe(1.0).cuda(), 8,
                  options=RolloutOptions(policy_device="cuda:0")) as rollout:
         batch = rollout.collect()
         assert batch.device is None and batch["probe", "input"].eq(1).all()
-        assert rollout._act_t.is_pinned() and rollout._data[("probe", "value")].is_pinned()
+        buffers = rollout.buffers
+        assert buffers.act_t.is_pinned() and buffers.data[("probe", "value")].is_pinned()
 
 
 # -- remote workers: `asyncrl worker --device` --------------------------------------------------

@@ -164,7 +164,7 @@ def test_a_group_that_never_fills_frees_its_places_within_the_hold() -> None:
 
 
 def test_a_refused_host_is_admitted_before_it_stops_asking() -> None:
-    from asyncrl._worker.join_backoff import JOIN_BACKOFF_MAX
+    from asyncrl._worker.join import JOIN_BACKOFF_MAX
     from asyncrl.cli import build_parser
 
     join_timeout = build_parser().parse_args(

@@ -19,6 +19,7 @@ from gymnasium import spaces
 from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import TensorDictModule, TensorDictModuleBase
 
+import asyncrl._rollout.buffers
 import asyncrl._rollout.loop
 from asyncrl._rollout.envs import make_env_pool
 from asyncrl._rollout.loop import Rollout, RolloutOptions
@@ -268,8 +269,8 @@ def test_without_next_observations_the_batch_is_the_full_one_less_its_twins(env:
                      next_observations=keep) as r:
             r.set_seed(0)
             batches.append(torch.cat([r.collect().clone(), r.collect().clone()], 1))
-            stored = {key for key in r._data if key[0] == "next"}  # its buffers
-            observed = {("next", *path) for path in r._obs_paths}
+            stored = {key for key in r.buffers.data if key[0] == "next"}  # its buffers
+            observed = {("next", *path) for path in r.buffers.observations.paths}
             assert bool(stored & observed) is keep, stored
     full, compact = batches
     assert twin_keys(full) and not twin_keys(compact)
@@ -555,6 +556,7 @@ def test_close_is_idempotent_and_collect_after_close_fails() -> None:
         r.collect()
 
 
-def test_doctests() -> None:
-    result = doctest.testmod(asyncrl._rollout.loop)
+@pytest.mark.parametrize("module", [asyncrl._rollout.loop, asyncrl._rollout.buffers])
+def test_doctests(module: Any) -> None:
+    result = doctest.testmod(module)
     assert result.failed == 0 and result.attempted > 0
