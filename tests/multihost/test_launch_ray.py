@@ -30,11 +30,19 @@ def local_ray():
 
 
 def _alive_pids(workers) -> list[int]:
+    pids = [actor_info(a).get("Pid") for a in workers.actors]
+    return [p for p in pids if p and _running(p)]
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` is a live process (not a zombie): one read, since it may exit at any moment."""
     from pathlib import Path
 
-    pids = [actor_info(a).get("Pid") for a in workers.actors]
-    return [p for p in pids if p and Path(f"/proc/{p}").exists()
-            and Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[0] not in "ZX"]
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] not in "ZX"
 
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])  # end to end: one backend per test
