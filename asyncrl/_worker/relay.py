@@ -392,19 +392,26 @@ class HostRelay(TaskGroupResource):
     async def _serve_members(self) -> None:
         assert self.hub is not None
         async for item in self.hub:
-            if isinstance(item, PeerEvent):
+            if item.peer not in self.members:
+                self._refuse_stranger(item.peer)
+            elif isinstance(item, PeerEvent):
                 await self._on_member_event(item)
             else:
                 self._limited_log.warning("member-kind", "relay: ignored a %r message from %r",
                                           item.kind, item.peer)
 
+    def _refuse_stranger(self, peer: bytes) -> None:
+        """A peer that is not one of this host's workers: refused and dropped (the hub
+        forgets it: no pings, no place among the peers); if it speaks again, again."""
+        assert self.hub is not None
+        error = ProtocolError(f"{peer_name(peer)} is not one of this host's workers "
+                              f"({len(self.members)} members): refused")
+        self._limited_log.warning("stranger", "relay: %s", error)
+        self.hub.expel(peer)
+
     async def _on_member_event(self, event: PeerEvent) -> None:
         assert self.hub is not None
         who = peer_name(event.peer)
-        if event.peer not in self.members:
-            self._limited_log.warning("stranger", "relay: %s connected but is not one of this "
-                                      "host's workers", who)
-            return
         if event.event == "joined":
             try:
                 await self.hub.send(event.peer, RelayAttached().to_body(), kind=RelayAttached.KIND)

@@ -96,6 +96,7 @@ async def main(upstream: str, token: str) -> None:
                 "rss_growth_mb": round((_status("VmHWM") - gauges.baseline_kib) / 1024, 1),
                 "registered": bool(stats and stats.registered),
                 "attached": stats.attached if stats else 0,
+                "peers": len(relay.hub.peers) if relay is not None and relay.hub else 0,
                 "probes": {m.link.identity.decode(): {str(v): ok for v, ok in m.probes.items()}
                            for m in members},
                 "others": sum(m.others for m in members),

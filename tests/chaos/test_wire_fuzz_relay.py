@@ -6,10 +6,12 @@ this process (:class:`Upstream`) that welcomes it, pings it as a hub does, and s
 valid and mutated weights messages (whole, chunked, naming strangers, of another
 instance) and other kinds. A stranger (:class:`~tests.chaos.wire_fuzz.Peer`) connects to
 the relay's own endpoint, where only members belong, and sends what the fuzzer makes of
-every kind. After each example an honest version (a *probe*) goes through the relay.
+every kind: it is refused (a ``ProtocolError`` logged, rate-limited) and dropped. After
+each example an honest version (a *probe*) goes through the relay.
 
 It asserts: a malformed weights message from upstream is refused with a ``ProtocolError``
-(the error ack names it), never a crash; the stranger gets nothing and costs a warning;
+(the error ack names it), never a crash; the stranger gets nothing, costs a warning and
+is dropped (the relay's hub keeps its members only);
 every probe reaches both members exactly and the relay acks the version of each; the
 relay's peak RSS grows by at most 64 MB and its event loop never stalls more than 0.5 s.
 ``WIRE_FUZZ_EXAMPLES`` and ``WIRE_FUZZ_STEPS`` run longer, as for the other fuzzers.
@@ -348,6 +350,10 @@ class RelayFuzz(RuleBasedStateMachine):
             self.session.upstream.pump(0.2)
             self.session.probe()
             check(self.session.target.report(), "after the example")
+            deadline = time.monotonic() + WAIT  # the stranger was dropped: members only
+            while (peers := self.session.target.report()["peers"]) != len(MEMBERS):
+                assert time.monotonic() < deadline, f"the relay keeps {peers} peers"
+                self.session.upstream.pump(0.1)
 
 
 @pytest.mark.parametrize("session", ["asyncio", "trio"], indirect=True)
