@@ -8,7 +8,9 @@
 * :class:`SharedArrayBlock`: such a block attached as numpy arrays, for a process without
   torch (``ASYNCRL_TORCH_FREE=1``, an env worker: :mod:`transports._torch_free`).
 * :class:`SharedTensorBlock`: same-host tensors in shared memory, read whole or not at all;
-  its pages are reserved when it is made (:class:`SharedMemoryFullError` if ``/dev/shm`` is full).
+  sealed by default (a memfd nobody can shrink: no SIGBUS from another process), its pages
+  reserved when it is made (:class:`SharedMemoryFullError` if ``/dev/shm`` is full, for a
+  ``sealed=False`` one).
   :class:`SharedTensorFile`: such a block read by its creator through the file descriptor
   only, for a writer it does not trust (a shrunk segment is a ProtocolError, never a SIGBUS).
 * :class:`LocalHub` / :class:`LocalLink`: the same send/ack contract in memory (in-process

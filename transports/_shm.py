@@ -26,15 +26,34 @@ bytes needed and free and the fix, instead of a SIGBUS in whichever process
 first touches a page that tmpfs cannot supply (``ftruncate`` alone reserves
 nothing). A segment that could not be reserved is unlinked at once.
 
-A creator whose writer is less trusted than itself (the trainer and a local
-worker's batch slots) never maps the segment: :class:`~transports.SharedTensorFile`
+A process that maps a segment another process can write is also one that other
+process can kill: ``ftruncate`` needs only a read-write descriptor, and a mapped
+page past the new end is a SIGBUS, which Python cannot catch. So a block is
+**sealed** by default: :meth:`SharedTensorBlock.create` makes it a ``memfd``
+(Linux), reserves its pages, and adds ``F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL``
+before anyone else can open it. The kernel then refuses every change of its size,
+from any descriptor, for its whole life (``EPERM``), and nobody can add or lift a
+seal. A hole punched into it reads as zeros and is filled again on the next
+touch from kernel memory that has no size limit of its own, so nothing a writer
+does to it reaches a mapping as a signal: neither the trainer that made it nor
+the other workers that read it. Such a block has no ``/dev/shm`` name: its name
+``asyncrl_<pid>_<hex>_fd<n>`` says where others open it, ``/proc/<pid>/fd/<n>``
+of the creator (same host, same PID namespace, same user); :meth:`attach` checks
+that the descriptor there is that memfd and that it is sealed. It lives while its
+creator holds it or anyone maps it, so a crashed run leaves nothing behind, and it
+is not bounded by the size of ``/dev/shm`` (it is charged to the creator's memory).
+
+``sealed=False`` makes a plain ``/dev/shm`` segment (``shm_open``), for a creator
+that maps it and trusts every writer. A creator whose writer is less trusted than
+itself and that must keep a ``/dev/shm`` name (the trainer and a local worker's batch
+slots) never maps the segment: :class:`~transports.SharedTensorFile`
 (``_shm_file.py``) reads it through its descriptor, so a writer that shrinks it
 causes a short read there, not a SIGBUS.
 
-Readers never register the segment with Python's ``resource_tracker`` (Python
-3.11 would unlink a segment it merely attached to when the reader exits): they
-map it with ``shm_open`` directly. The creator registers it, so a crashed
-trainer's segment is still removed. POSIX only.
+Readers never register a ``/dev/shm`` segment with Python's ``resource_tracker``
+(Python 3.11 would unlink a segment it merely attached to when the reader exits):
+they map it with ``shm_open`` directly. The creator registers it, so a crashed
+trainer's segment is still removed. POSIX only (sealed blocks: Linux).
 
 Every tensor view keeps the mapping alive: ``close()`` drops the block's own
 references and the segment is unmapped when the last view goes, never under a
@@ -51,7 +70,9 @@ import errno
 import math
 import mmap
 import os
+import re
 import secrets
+import weakref
 from collections.abc import Mapping
 from multiprocessing import resource_tracker
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -70,6 +91,10 @@ try:
     import _posixshmem
 except ImportError:  # pragma: no cover - Windows
     _posixshmem = None
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None  # type: ignore[assignment]
 
 __all__ = ["NAME_PREFIX", "SHM_DIR", "SharedMemoryFullError", "SharedTensorBlock",
            "TornReadError", "copy_into"]
@@ -83,6 +108,11 @@ MAX_LAYOUT_BYTES = 16 << 20
 _ALIGN = 64
 _CTRL_INTS = 16  # bytes [0, 128): header and the latest slot
 _SLOT_STRIDE = 8  # int64s per slot control line (64 bytes)
+#: A sealed block's name: its memfd's label, then the creator's descriptor number.
+_SEALED_NAME = re.compile(r"(asyncrl_(\d{1,10})_[0-9a-f]{1,64})_fd(\d{1,10})\Z")
+#: Seals every sealed block carries: its size is fixed for life, and so are its seals.
+SEALS = (getattr(fcntl, "F_SEAL_SHRINK", 2) | getattr(fcntl, "F_SEAL_GROW", 4)
+         | getattr(fcntl, "F_SEAL_SEAL", 1))
 
 
 class TornReadError(TransportError):
@@ -138,9 +168,11 @@ class SharedTensorBlock:
 
     def __init__(self, name: str, mapped: mmap.mmap, *, owner: bool,
                  layout: list[tuple[str, torch.dtype, tuple[int, ...], int]],
-                 data_offset: int, slot_size: int, slots: int) -> None:
+                 data_offset: int, slot_size: int, slots: int, fd: int = -1) -> None:
         self.name = name
         self.owner = owner
+        #: Closes the creator's memfd (a sealed block): the name others open it by.
+        self._fd_closer = weakref.finalize(self, os.close, fd) if fd >= 0 else None
         self.slots = slots
         self.slot_size = slot_size
         self._mm: mmap.mmap | None = mapped
@@ -152,14 +184,35 @@ class SharedTensorBlock:
     # -- construction -----------------------------------------------------------------------
     @classmethod
     def create(cls, tensors: Mapping[str, torch.Tensor], *, slots: int = 2,
-               name: str | None = None) -> SharedTensorBlock:
-        """A new segment sized for ``tensors`` (their dtypes and shapes; values are not copied)."""
+               name: str | None = None, sealed: bool = True) -> SharedTensorBlock:
+        """A new segment sized for ``tensors`` (their dtypes and shapes; values are not copied).
+
+        ``sealed`` (the default): a memfd whose size nobody can change (see the module
+        docstring); ``sealed=False``: a ``/dev/shm`` segment called ``name`` (a fresh
+        one by default), for a creator that trusts every process that can open it.
+        """
         plan = plan_segment(tensors, slots)
-        name = name or new_name()
-        mapped = _map(name, create=plan.size)
+        if sealed:
+            if name is not None:
+                raise ValueError("a sealed block has no /dev/shm name to choose: its name says "
+                                 "where others open it; pass sealed=False to name a segment")
+            name, fd = create_sealed(plan.size)
+            try:
+                mapped = mmap.mmap(fd, plan.size)
+            except BaseException:
+                os.close(fd)
+                raise
+        else:
+            name, fd = name or new_name(), -1
+            mapped = _map(name, create=plan.size)
         mapped[:len(plan.header)] = plan.header
-        return cls(name, mapped, owner=True, layout=plan.layout,
+        return cls(name, mapped, owner=True, layout=plan.layout, fd=fd,
                    data_offset=plan.data_offset, slot_size=plan.slot_size, slots=slots)
+
+    @property
+    def sealed(self) -> bool:
+        """True for a memfd block whose size nobody can change (see the module docstring)."""
+        return _SEALED_NAME.match(self.name) is not None
 
     @classmethod
     def attach(cls, name: str) -> SharedTensorBlock:
@@ -317,15 +370,23 @@ class SharedTensorBlock:
         self._views = []
         self._ctrl = None  # type: ignore[assignment]
         self._mm = None
+        if self._fd_closer is not None:  # a sealed block: nobody attaches any more
+            self._fd_closer()
 
     def unlink(self) -> None:
-        """Remove the segment's name (creator only; idempotent). Mappings stay valid."""
+        """Remove the segment's name (creator only; idempotent). Mappings stay valid.
+
+        A sealed block's name is the creator's descriptor: closing it is the unlink.
+        """
         if not self.owner:
             raise TransportError(f"only the creator unlinks {self.name}")
         if self._unlinked:
             return
         self._unlinked = True
-        remove_segment(self.name)
+        if self._fd_closer is not None:
+            self._fd_closer()
+        else:
+            remove_segment(self.name)
 
     def __enter__(self) -> SharedTensorBlock:
         return self
@@ -416,9 +477,63 @@ def _map(name: str, *, create: int = 0) -> mmap.mmap:
         os.close(fd)
 
 
+def create_sealed(size: int) -> tuple[str, int]:
+    """A new memfd of ``size`` bytes, its pages reserved and :data:`SEALS` added: its
+    name (``asyncrl_<pid>_<hex>_fd<n>``) and its descriptor, the caller's to close."""
+    memfd_create = getattr(os, "memfd_create", None)
+    if memfd_create is None or fcntl is None:  # pragma: no cover - not Linux
+        raise TransportError("sealed shared-memory blocks need Linux (memfd_create); pass "
+                             "sealed=False for a /dev/shm segment")
+    label = new_name()
+    fd: int = memfd_create(label, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        _reserve(fd, size, label, directory="memory (memfd)")
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, SEALS)  # before any other process can open it
+    except BaseException:
+        os.close(fd)
+        raise
+    return f"{label}_fd{fd}", fd
+
+
+def _open_sealed(name: str) -> int | None:
+    """A read-write descriptor of the sealed block ``name`` (None: not a sealed block's name).
+
+    Opened through the creator's ``/proc/<pid>/fd/<n>``, then checked to be that memfd
+    (a descriptor number is reused once closed) and to carry :data:`SEALS`.
+    """
+    match = _SEALED_NAME.match(name)
+    if match is None:
+        return None
+    label, pid, number = match.group(1), match.group(2), match.group(3)
+    try:
+        fd = os.open(f"/proc/{pid}/fd/{number}", os.O_RDWR | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise TransportError(
+            f"shared-memory block {name!r} cannot be opened through /proc/{pid}/fd/{number} "
+            f"({exc.strerror}): a sealed block is opened from its creator's process, on the "
+            "same host, in the same PID namespace, by the same user") from None
+    try:
+        if os.readlink(f"/proc/self/fd/{fd}") != f"/memfd:{label} (deleted)":
+            raise FileNotFoundError(name)  # the creator closed it and reused the number
+        if fcntl is None or fcntl.fcntl(fd, fcntl.F_GET_SEALS) & SEALS != SEALS:
+            raise ProtocolError(f"shared-memory block {name!r} is not sealed: its size could "
+                                "change under a mapping")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 def open_segment(name: str, *, create: int = 0) -> int:
     """A read-write descriptor of ``/dev/shm/name``: a new segment of ``create`` bytes (its
-    pages reserved, its name registered with the resource tracker), or the existing one."""
+    pages reserved, its name registered with the resource tracker), or the existing one
+    (a sealed block's too, named as :func:`create_sealed` names it)."""
+    if not create:
+        sealed = _open_sealed(name)
+        if sealed is not None:
+            return sealed
     if _posixshmem is None:  # pragma: no cover
         raise TransportError("shared-memory blocks need a POSIX system")
     flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
@@ -445,7 +560,7 @@ def remove_segment(name: str) -> None:
     resource_tracker.unregister("/" + name, "shared_memory")
 
 
-def _reserve(fd: int, size: int, name: str) -> None:
+def _reserve(fd: int, size: int, name: str, directory: str = SHM_DIR) -> None:
     """Size the segment and reserve its pages now; :class:`SharedMemoryFullError` if no room.
 
     tmpfs hands out pages on first touch; one it cannot supply is a SIGBUS in
@@ -459,13 +574,14 @@ def _reserve(fd: int, size: int, name: str) -> None:
             return
         except OSError as exc:
             if exc.errno == errno.ENOSPC:
-                raise SharedMemoryFullError(name, needed=size, free=free) from None
+                raise SharedMemoryFullError(name, needed=size, free=free,
+                                            directory=directory) from None
             if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
                 raise
     # No way to reserve here (not Linux, or a filesystem without fallocate): at least
     # refuse what plainly does not fit.
     if 0 <= free < size:
-        raise SharedMemoryFullError(name, needed=size, free=free)
+        raise SharedMemoryFullError(name, needed=size, free=free, directory=directory)
     os.ftruncate(fd, size)
 
 

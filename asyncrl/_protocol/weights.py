@@ -21,6 +21,8 @@ WEIGHTS_KIND = "weights"
 RELAY_TO = "relay_to"
 #: Longest coordinator instance name (a hub's is 16 hex digits).
 MAX_INSTANCE = 64
+#: Longest codec name in a weights meta (``WeightMeta.codec``).
+MAX_CODEC = 32
 #: Meta key of a chunk of a streamed weight version.
 CHUNK = "chunk"
 #: Most chunks one version may be cut into.
@@ -61,6 +63,8 @@ class WeightMeta:
     relay_to: Annotated[tuple[Peer, ...], Meta(max_length=MAX_RELAY_MEMBERS)] = ()
     #: Set when the version travels as a stream of chunk messages (see :class:`WeightChunk`).
     chunk: WeightChunk | None = None
+    #: The codec the tensors are in (``asyncrl.weights._codec``); ``""``: full tensors.
+    codec: Annotated[str, Meta(max_length=MAX_CODEC), Text(MAX_CODEC)] = ""
 
     def to_meta(self) -> dict[str, Any]:
         meta: dict[str, Any] = {"model_id": self.model_id, "version": self.version}
@@ -70,6 +74,8 @@ class WeightMeta:
             meta[RELAY_TO] = list(self.relay_to)
         if self.chunk is not None:
             meta[CHUNK] = self.chunk.to_meta()
+        if self.codec:
+            meta["codec"] = self.codec
         return meta
 
     @classmethod

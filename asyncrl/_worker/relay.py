@@ -280,7 +280,7 @@ class HostRelay(TaskGroupResource):
                                           "the coordinator", message.kind)
             return
         try:
-            targets, meta = self._targets(message)
+            targets, meta, forward = self._targets(message)
         except ProtocolError as exc:
             self._limited_log.warning("bad-weights", "relay: refused a malformed weight "
                                       "message: %s", exc)
@@ -292,7 +292,7 @@ class HostRelay(TaskGroupResource):
         if not message.needs_ack:
             # A chunk of a streamed version (only its last one is acked): forwarded at
             # once, in order, so members copy it while the next is on its way here.
-            await self._forward_chunk(targets, message, meta)
+            await self._forward_chunk(targets, message, meta, forward)
             return
         await self._in_flight.acquire()  # bounds the forwards awaiting their members' acks
         try:
@@ -301,7 +301,7 @@ class HostRelay(TaskGroupResource):
             attached = [m for m in targets if m in hub.peers]
             # The same frames go to every member: the relay never copies the weights.
             ticket = await hub.send_async(attached, message.body, kind=WEIGHTS_KIND,
-                                          meta=meta.to_meta())
+                                          meta=forward)
         except BaseException:
             self._in_flight.release()
             raise
@@ -313,7 +313,7 @@ class HostRelay(TaskGroupResource):
         self._tasks.start_soon(self._ack_when_delivered, link, receipt, meta, ticket, missing)
 
     async def _forward_chunk(self, targets: list[bytes], message: Message,
-                             meta: WeightMeta) -> None:
+                             meta: WeightMeta, forward: dict[str, Any]) -> None:
         """Hand a chunk to each attached member; one that is not misses the stream.
 
         Its member then refuses the stream's last chunk (it lacks the ones before),
@@ -326,13 +326,18 @@ class HostRelay(TaskGroupResource):
             if member not in self.hub.peers:
                 continue
             try:
-                await self.hub.send(member, message.body, kind=WEIGHTS_KIND,
-                                    meta=meta.to_meta())
+                await self.hub.send(member, message.body, kind=WEIGHTS_KIND, meta=forward)
             except PeerLostError:
                 pass  # gone: the last chunk's ticket reports it
 
-    def _targets(self, message: Message) -> tuple[list[bytes], WeightMeta]:
-        """The members to deliver ``message`` to, and the meta they get with it."""
+    def _targets(self, message: Message
+                 ) -> tuple[list[bytes], WeightMeta, dict[str, Any]]:
+        """The members to deliver ``message`` to, its meta as read, and the meta they get.
+
+        The members get the meta whole, as the trainer wrote it (a field this relay
+        does not know, a codec's, travels on), less ``relay_to`` and stamped with the
+        instance: the relay reads what it routes by, never rebuilds the rest.
+        """
         meta = decode(WeightMeta, message.meta)
         if not meta.relay_to:
             raise ProtocolError(f"relayed weights need a {RELAY_TO!r} list of 1 to "
@@ -346,8 +351,9 @@ class HostRelay(TaskGroupResource):
             raise ProtocolError(f"relayed weights from coordinator instance {instance!r}, "
                                 f"but this relay registered with {self.instance!r}")
         # Stamped with the instance: members drop what another instance than theirs sent.
-        forward = WeightMeta(meta.model_id, meta.version, instance, chunk=meta.chunk)
-        return list(dict.fromkeys(meta.relay_to)), forward
+        forward = {key: value for key, value in message.meta.items() if key != RELAY_TO}
+        forward["instance"] = instance
+        return list(dict.fromkeys(meta.relay_to)), meta, forward
 
     async def _ack_when_delivered(self, link: Link, message: Message, meta: WeightMeta,
                                   ticket: Ticket, missing: list[bytes]) -> None:
@@ -386,19 +392,26 @@ class HostRelay(TaskGroupResource):
     async def _serve_members(self) -> None:
         assert self.hub is not None
         async for item in self.hub:
-            if isinstance(item, PeerEvent):
+            if item.peer not in self.members:
+                self._refuse_stranger(item.peer)
+            elif isinstance(item, PeerEvent):
                 await self._on_member_event(item)
             else:
                 self._limited_log.warning("member-kind", "relay: ignored a %r message from %r",
                                           item.kind, item.peer)
 
+    def _refuse_stranger(self, peer: bytes) -> None:
+        """A peer that is not one of this host's workers: refused and dropped (the hub
+        forgets it: no pings, no place among the peers); if it speaks again, again."""
+        assert self.hub is not None
+        error = ProtocolError(f"{peer_name(peer)} is not one of this host's workers "
+                              f"({len(self.members)} members): refused")
+        self._limited_log.warning("stranger", "relay: %s", error)
+        self.hub.expel(peer)
+
     async def _on_member_event(self, event: PeerEvent) -> None:
         assert self.hub is not None
         who = peer_name(event.peer)
-        if event.peer not in self.members:
-            self._limited_log.warning("stranger", "relay: %s connected but is not one of this "
-                                      "host's workers", who)
-            return
         if event.event == "joined":
             try:
                 await self.hub.send(event.peer, RelayAttached().to_body(), kind=RelayAttached.KIND)

@@ -231,6 +231,8 @@ class CudaIpcWeightSender(SharedMemWeightSender):
     weights; required for a CPU learner).
     """
 
+    takes_codecs = False  # it shares the model's own memory: identity only
+
     def __init__(self, model_id: str, hub: Any, *, device: str | None = None,
                  **kwargs: Any) -> None:
         super().__init__(model_id, hub, **kwargs)

@@ -94,6 +94,7 @@ class DistributedWeightSender(WeightSender):
     """
 
     relayable = False  # every member receives the collective itself
+    takes_codecs = False  # the collective writes into the workers' models
 
     def __init__(self, model_id: str, hub: Any, *, backend: str, init_method: str,
                  world_size: int, timeout: float, join_timeout: float, algorithm: str = "broadcast",

@@ -1,10 +1,9 @@
-"""A weight send while it waits for its acknowledgements, and each worker's lane.
+"""A weight send while it waits for its acknowledgements.
 
 A :class:`Sent` is one version sent to some workers: one hub message per
 :class:`Part` (to workers directly, or to one relay for its members), read
-into ``{worker_id: version applied}`` and errors once nothing is pending. A
-:class:`Lane` is what is on its way to one worker (newest wins: at most one
-message in transit and one :class:`Queued` version). The
+into ``{worker_id: version applied}`` and errors once nothing is pending. What
+is on its way to each worker (newest wins) is :mod:`._newest`'s. The
 :class:`~asyncrl.weights.WeightSender` owns them.
 
 A send to a host's relay names the members in its
@@ -24,7 +23,7 @@ from transports import PeerLostError, ProtocolError, RemoteError, Ticket, peer_n
 
 from .._protocol import RelayAck, WeightsApplied, decode
 
-__all__ = ["FormerPeers", "Lane", "Part", "Queued", "Sent", "first_error", "gone_part",
+__all__ = ["FormerPeers", "Part", "Sent", "first_error", "gone_part",
            "parse_relay_ack", "timeout_error"]
 
 
@@ -133,34 +132,6 @@ class Sent:
                 if gone:
                     errors.append(PeerLostError(gone, "(removed while their relay delivered)"))
         return applied, errors
-
-
-@dataclass(eq=False)
-class Queued:
-    """The newest version for one worker, waiting while its previous one is in transit."""
-
-    version: int
-    payload: Any
-    extra: dict[str, Any]
-    direct: bool
-    sends: list[Sent]  # the sends it answers for: its own, and those it superseded
-
-
-@dataclass(eq=False)
-class Lane:
-    """What is on its way to one worker: at most one message in transit, one queued.
-
-    A message is in transit from the moment it is handed to the hub until its
-    peer (the worker, or the relay that carries it) acknowledged it, failed, or
-    was lost. A newer version replaces the queued one: never sent, never held.
-    """
-
-    ticket: Ticket | None = None
-    peer: bytes | None = None  # who ``ticket`` waits for: the worker or its relay
-    queued: Queued | None = None
-
-    def busy(self) -> bool:
-        return self.ticket is not None and self.peer in self.ticket.pending
 
 
 class FormerPeers:

@@ -19,6 +19,8 @@ __all__ = ["InProcessWeightSyncScheme"]
 class _InProcessSender(WeightSender):
     """Skips the snapshot when every receiver steps with the sender's own model object."""
 
+    takes_codecs = False  # it shares the model's own memory: identity only
+
     def __init__(self, *args: Any, stepping_models: Callable[[], list[Any]],
                  **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -23,7 +23,8 @@ from torch import nn
 from transports import ProtocolError, SharedTensorBlock, Ticket, copy_into
 
 from .._protocol import WeightsApplied, decode
-from ._in_flight import Part, Queued, Sent
+from ._in_flight import Part, Sent
+from ._newest import Queued
 from ._receiver import PendingUpdate
 from ._shared_memory import (
     SharedBuffer,
@@ -56,6 +57,8 @@ class LiveSharedMemWeightSender(SharedMemWeightSender):
     acknowledgement is complete when the send returns. Weaker guarantee: see
     :class:`~asyncrl.weights.LiveSharedMemWeightSyncScheme`.
     """
+
+    takes_codecs = False  # it shares the model's own memory: identity only
 
     def __init__(self, model_id: str, hub: Any, **kwargs: Any) -> None:
         # Per worker: its peer and the ticket of the last message it got (before the base

@@ -52,7 +52,7 @@ from transports import Message, ProtocolError, Ticket, copy_into
 
 from ._collective import FlatLayout, read_layout
 from ._errors import WeightSyncError
-from ._in_flight import Queued
+from ._newest import Queued
 from ._receiver import PendingUpdate, WeightReceiver
 from ._scheme import WeightSyncScheme
 from ._sender import THREAD_COPY_BYTES, WeightSender, WorkerIds
@@ -126,6 +126,7 @@ class RayWeightSender(WeightSender):
     """
 
     relayable = False  # the message is tiny; Ray itself moves the bytes once per node
+    takes_codecs = False  # what Ray moves is applied as it is
 
     def __init__(self, model_id: str, hub: Any, *, timeout: float = 60.0, **kwargs: Any) -> None:
         super().__init__(model_id, hub, snapshot=False, **kwargs)
@@ -202,8 +203,7 @@ class RayWeightSender(WeightSender):
     def _release(self) -> None:
         """Drop the refs of versions nobody can fetch any more (see the module docstring)."""
         used = {self._version, max(self._refs, default=0)}
-        used.update(lane.queued.version for lane in self._lanes.values()
-                    if lane.queued is not None)
+        used.update(queued.version for queued in self._lanes.queued())
         for version, tickets in list(self._tickets.items()):
             tickets[:] = [t for t in tickets if t.pending]
             if tickets:

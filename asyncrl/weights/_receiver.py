@@ -13,8 +13,10 @@ from tensordict import TensorDictBase
 from transports import Message, ProtocolError
 
 from .._protocol import WEIGHTS_KIND, WeightMeta, WeightsApplied, decode
+from ._codec import FULL_TENSORS, WeightCodec
 from ._errors import WeightSyncError
-from ._strategy import WeightStrategy, as_strategy
+from ._newest import Offer, offer
+from ._strategy import WeightStrategy, as_strategy, flat_tensors
 
 __all__ = ["AckRoute", "Acker", "PendingUpdate", "WeightAck", "WeightReceiver",
            "WeightReceiverGroup"]
@@ -125,6 +127,8 @@ class WeightReceiver:
         self.strategy = as_strategy(strategy)
         self.on_apply = on_apply
         self.link = link
+        #: What the tensors come as (:mod:`._codec`); the scheme sets its own.
+        self.codec: WeightCodec = FULL_TENSORS
         #: Called on the event loop when an update that could not be applied on arrival
         #: (its bytes were still coming, e.g. by broadcast) can be (the applier sets it).
         self.on_ready: Callable[[], None] | None = None
@@ -209,19 +213,16 @@ class WeightReceiver:
     def _offer(self, version: int, payload: Any, message: Message, route: AckRoute) -> None:
         """Keep ``payload`` as the pending update unless a newer version is held or pending."""
         with self._lock:
-            dropped = None
-            if version <= self._version:  # already hold this version or newer
+            pending = self._pending
+            decision = offer(version, self._version, None if pending is None else pending.version)
+            dropped = payload
+            if decision is Offer.HELD:
                 self._queue_ack(message, route, self._version, None)
-                dropped = payload
-            elif self._pending is not None and version <= self._pending.version:
-                # out of order: the pending one supersedes it
+            else:  # acked with the version applied next: this one, or the pending newer one
                 self._waiting.append((message, route))
-                dropped = payload
-            else:
-                if self._pending is not None:
-                    dropped = self._pending.payload
-                self._pending = PendingUpdate(version, payload)
-                self._waiting.append((message, route))
+                if decision is Offer.NEWEST:
+                    dropped = pending.payload if pending is not None else None
+                    self._pending = PendingUpdate(version, payload)
             if dropped is not None:
                 self._discard(dropped)
 
@@ -257,7 +258,7 @@ class WeightReceiver:
                 self._pending, self._waiting = None, []
             if update is None:
                 return False
-            if update.version <= self._version:  # a newer one was applied meanwhile
+            if offer(update.version, self._version, None) is Offer.HELD:  # applied meanwhile
                 self._ack_all(waiting, self._version, None)
                 return False
             try:
@@ -300,8 +301,14 @@ class WeightReceiver:
 
     def _apply(self, update: PendingUpdate) -> int:
         """Copy ``update`` into the model and return the version now held."""
-        self.strategy.apply_weights(self.model, update.payload)
+        self.strategy.apply_weights(self.model, self._decoded(update.payload))
         return update.version
+
+    def _decoded(self, received: Any) -> Any:
+        """What came, as full tensors for the model (itself: the identity codec)."""
+        if self.codec.identity:
+            return received
+        return self.codec.decode(flat_tensors(received), flat_tensors(self.model, live=True))
 
     # -- internals ------------------------------------------------------------------------------
     def _check_meta(self, message: Message) -> int:
@@ -320,6 +327,11 @@ class WeightReceiver:
         if meta.model_id != self.model_id:
             raise ProtocolError(f"weights for model {meta.model_id[:100]!r} reached the "
                                 f"receiver of {self.model_id!r}")
+        if meta.codec != self.codec.name:
+            raise WeightSyncError(
+                f"weights for {self.model_id!r} are encoded as {meta.codec or 'full tensors'!r}"
+                f", but this worker's scheme decodes {self.codec.name or 'full tensors'!r}: "
+                "give the worker the trainer's scheme")
         if meta.chunk is not None and not self.takes_chunks:
             raise WeightSyncError(
                 f"weights for {self.model_id!r} came in chunks, but this worker's scheme for "

@@ -6,13 +6,16 @@ Each scheme lives in a module of its own with its sender and receiver:
 workers), :mod:`._distributed` (torch.distributed), :mod:`._ray` (Ray's object
 store), :mod:`._in_process` and
 :mod:`._no_weights`. The sender and receiver they build on are in
-:mod:`._sender` and :mod:`._receiver`.
+:mod:`._sender` and :mod:`._receiver`; what the tensors travel as is the
+scheme's codec (:mod:`._codec`), and what is dropped for something newer is
+:mod:`._newest`'s, whatever the transport.
 """
 
 from __future__ import annotations
 
 from typing import Any, ClassVar
 
+from ._codec import FULL_TENSORS, WeightCodec
 from ._errors import NotInitializedError
 from ._paths import resolve_model_path
 from ._receiver import WeightReceiver
@@ -44,6 +47,9 @@ class WeightSyncScheme:
     #: breaks it and no replacement can join (a collector then refuses any
     #: ``on_worker_loss`` but ``"raise"``).
     fixed_membership: ClassVar[bool] = False
+    #: What the tensors travel as (:mod:`._codec`): a scheme that sends deltas or another
+    #: dtype sets its codec here, and its sender and receiver use it.
+    codec: ClassVar[WeightCodec] = FULL_TENSORS
     _sender_class: ClassVar[type[WeightSender]] = WeightSender
     _receiver_class: ClassVar[type[WeightReceiver]] = WeightReceiver
     _registry: ClassVar[dict[str, type[WeightSyncScheme]]] = {}
@@ -73,10 +79,16 @@ class WeightSyncScheme:
         ``workers`` is ``{worker_id: peer}`` or a callable returning it (the
         scheduler's live workers); ``model`` is what ``send()`` without weights sends.
         """
+        if not (self.codec.identity or self._sender_class.takes_codecs):
+            raise ValueError(f"{type(self).__name__} moves the model's own tensors "
+                             f"({self._sender_class.__name__}): it cannot send them encoded "
+                             f"as {self.codec.name!r}; use the identity codec, or a scheme "
+                             "built on ZmqWeightSyncScheme or SharedMemWeightSyncScheme")
         self.model_id = model_id
         self._sender = self._sender_class(
             model_id, hub, model=model, strategy=self.strategy, workers=workers,
             max_interval=self.max_interval, **self._sender_options())
+        self._sender.codec = self.codec
         return self._sender
 
     def get_sender(self) -> WeightSender:
@@ -103,6 +115,7 @@ class WeightSyncScheme:
         target = self._resolve(model_id, model, root)
         self._receiver = self._receiver_class(model_id, target, strategy=self.strategy,
                                               on_apply=on_apply, **self._receiver_options())
+        self._receiver.codec = self.codec
         return self._receiver
 
     init_on_receiver = init_on_worker  # TorchRL's name

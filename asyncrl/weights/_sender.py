@@ -6,7 +6,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 import anyio
 
@@ -17,7 +17,9 @@ from .._observe.latency import LatencyHistogram
 from .._observe.tracing import ENABLED as TRACING
 from .._observe.tracing import record_span
 from .._protocol import WEIGHTS_KIND, WeightMeta
-from ._in_flight import FormerPeers, Lane, Part, Queued, Sent, first_error, gone_part, timeout_error
+from ._codec import FULL_TENSORS, WeightCodec
+from ._in_flight import FormerPeers, Part, Sent, first_error, gone_part, timeout_error
+from ._newest import Lanes, Queued
 from ._staging import Stage, free_stage
 from ._strategy import WeightStrategy, as_strategy, flat_tensors
 
@@ -53,7 +55,8 @@ class WeightSender:
     newest wins, so a worker that had not applied version *k* when *k + 1*
     arrived applies only *k + 1* and acks both sends with *k + 1*.
 
-    Newest wins in the trainer's memory too: each worker has at most one
+    Newest wins in the trainer's memory too (:mod:`._newest`, the one place of
+    that rule): each worker has at most one
     message in transit (handed to ZeroMQ, not acknowledged yet) and one
     queued here. A newer version replaces the queued one, which is never
     transmitted; both sends are then acknowledged with the newer version. The
@@ -63,7 +66,8 @@ class WeightSender:
 
     The weights are snapshotted when sent (the model may train on right away)
     into reused buffers (no allocation per send; CUDA weights through one
-    pinned staging copy) and encoded once per group of workers. The scheduler tells the
+    pinned staging copy), in the scheme's codec (:mod:`._codec`: full tensors
+    by default), and encoded once per group of workers. The scheduler tells the
     sender who the workers are (``add_worker`` / ``remove_worker``) and, for
     ``max_interval``, when each delivered a batch (``note_batch``).
 
@@ -73,6 +77,10 @@ class WeightSender:
     >>> # version = await sender.send_async()      # queued
     >>> # await sender.wait_ack(timeout=30)        # {0: version}
     """
+
+    #: False for senders whose transport shares or writes the model's own memory: they
+    #: carry the identity codec only (see :mod:`._codec`).
+    takes_codecs: ClassVar[bool] = True
 
     def __init__(self, model_id: str, hub: HubLike, *, model: Any = None,
                  strategy: WeightStrategy | str = "tensordict",
@@ -86,6 +94,8 @@ class WeightSender:
         self.strategy = as_strategy(strategy)
         self.max_interval = max_interval
         self.snapshot = snapshot
+        #: What the tensors travel as (:mod:`._codec`); the scheme sets its own.
+        self.codec: WeightCodec = FULL_TENSORS
         self._version = 0
         self._base = 0  # the version a restored run continues from (continue_from)
         self._latest: Any = None
@@ -99,7 +109,7 @@ class WeightSender:
         self._closed = False
         self._preparing = 0  # the version being written (shared memory: readable already)
         self._routes: RelayRoutes | None = None
-        self._lanes: dict[int, Lane] = {}  # per worker: in transit and queued
+        self._lanes = Lanes()  # per worker: in transit and queued (newest wins)
         # A send queued for a worker before it left fails naming its hub identity, which
         # tells a departure from a loss (the scheduler's ``workers`` forgets it at once).
         self._former = FormerPeers()
@@ -167,9 +177,7 @@ class WeightSender:
         self._workers[worker_id] = peer
         self._since[worker_id] = self.max_interval  # due for its first update
         self._acked.pop(worker_id, None)
-        lane = self._lanes.get(worker_id)
-        if lane is not None:
-            lane.ticket = None  # a new incarnation: nothing of its own is in transit
+        self._lanes.renew(worker_id)  # a new incarnation: nothing of its own is in transit
 
     def remove_worker(self, worker_id: int) -> None:
         """Stop serving ``worker_id``; its pending acks fail with ``PeerLostError``."""
@@ -306,29 +314,19 @@ class WeightSender:
         for as long as their hub is open; cancel it to stop.
         """
         while not self._closed:
-            ahead = self._ahead_of_a_queued_version()
+            ahead = self._lanes.ahead()
             if ahead is None:  # nothing queued: sleep until something is
                 self._wake = anyio.Event()
-                if self._ahead_of_a_queued_version() is None:
+                if self._lanes.ahead() is None:
                     await self._wake.wait()
             elif ahead == "send":
                 async with self._get_lock():
                     await self._dispatch()
-                if self._ahead_of_a_queued_version() == "send":
+                if self._lanes.ahead() == "send":
                     await anyio.sleep(0.05)  # not sendable yet: never spin
             else:
                 assert isinstance(ahead, Ticket)
                 await ahead.done.wait()
-
-    def _ahead_of_a_queued_version(self) -> Ticket | str | None:
-        """What a queued version waits for: a ticket in transit, ``"send"`` (nothing), or None."""
-        ahead: Ticket | str | None = None
-        for lane in self._lanes.values():
-            if lane.queued is not None:
-                if not lane.busy():
-                    return "send"
-                ahead = lane.ticket
-        return ahead
 
     @translating
     async def wait_ack(self, timeout: float | None = None) -> dict[int, int]:
@@ -382,7 +380,16 @@ class WeightSender:
     # -- for subclasses ----------------------------------------------------------------------------
     async def _prepare(self, source: Any, version: int) -> tuple[Any, dict[str, Any]]:
         """Turn ``source`` into the message body for ``version`` (snapshot, shm write...)."""
-        weights = self.strategy.extract_weights(source)
+        return await self._snapshot(self._encoded(self.strategy.extract_weights(source)))
+
+    def _encoded(self, weights: Any) -> Any:
+        """``weights`` as the codec sends them (themselves: the identity codec)."""
+        if self.codec.identity:
+            return weights
+        return dict(self.codec.encode(flat_tensors(weights)))
+
+    async def _snapshot(self, weights: Any) -> tuple[Any, dict[str, Any]]:
+        """A private copy of ``weights`` in a reused stage (unless ``snapshot=False``)."""
         if not self.snapshot:
             return weights, {}
         flat = flat_tensors(weights)
@@ -414,10 +421,8 @@ class WeightSender:
         its send is answered by this one's acknowledgement (newest wins).
         """
         sent = Sent(version, [], extra.get("slot"), extra, waiting=set(worker_ids))
+        self._lanes.queue(worker_ids, version, payload, extra, direct, sent)
         for worker_id in worker_ids:
-            lane = self._lanes.setdefault(worker_id, Lane())
-            older = lane.queued.sends if lane.queued is not None else []
-            lane.queued = Queued(version, payload, extra, direct, [*older, sent])
             self._since[worker_id] = 0
         self._prune()
         self._outstanding.append(sent)
@@ -435,16 +440,9 @@ class WeightSender:
         # been lost while this send waited for the lock or copied the weights.
         workers = self.workers
         self._former.remember(workers)  # a worker gone by the next dispatch is named by it
-        groups: dict[tuple[int, bool], list[int]] = {}
-        for worker_id, lane in list(self._lanes.items()):
-            queued = lane.queued
-            if queued is None or lane.busy():
-                continue
-            if worker_id not in workers:  # gone before it went out: lost, like any other
-                del self._lanes[worker_id]
-                self._fail_queued(worker_id, queued)
-                continue
-            groups.setdefault((queued.version, queued.direct), []).append(worker_id)
+        groups, gone = self._lanes.ready(workers)
+        for worker_id, queued in gone:  # gone before it went out: lost, like any other
+            self._fail_queued(worker_id, queued)
         for (_, direct), worker_ids in groups.items():
             await self._transmit(worker_ids, workers, direct=direct or not self.relayable)
 
@@ -465,7 +463,7 @@ class WeightSender:
         # Versions are numbered per coordinator instance: a worker (or relay) that
         # follows another instance drops this message instead of comparing numbers.
         meta = WeightMeta(self.model_id, queued.version,
-                          instance if isinstance(instance, str) else "")
+                          instance if isinstance(instance, str) else "", codec=self.codec.name)
         if peers:
             ticket = await self._send_payload(list(peers), queued.payload, meta)
             self._in_flight(ticket, peers, None, queued)
@@ -487,13 +485,10 @@ class WeightSender:
         views: dict[int, dict[bytes, int]] = {}  # id(send) -> its members in this message
         sends: dict[int, Sent] = {}
         for member, worker_id in members.items():
-            lane = self._lanes[worker_id]
-            assert lane.queued is not None
-            for sent in lane.queued.sends:
+            for sent in self._lanes.hand_over(worker_id, ticket, relay or member).sends:
                 views.setdefault(id(sent), {})[member] = worker_id
                 sends[id(sent)] = sent
                 sent.waiting.discard(worker_id)
-            lane.ticket, lane.peer, lane.queued = ticket, relay or member, None
         for key, view in views.items():
             sends[key].parts.append(Part(ticket, view, relay))
 
@@ -519,17 +514,12 @@ class WeightSender:
         for part in sent.parts:
             if part.pending:
                 return part.ticket
-        for worker_id in sent.waiting:
-            lane = self._lanes.get(worker_id)
-            if lane is not None and lane.busy():
-                return lane.ticket
-        return None
+        return self._lanes.blocking(sent.waiting)
 
     def _free_stage(self, weights: Any, flat: Mapping[str, Any]) -> Stage:
         """A snapshot buffer nothing reads any more (reused), else a new one."""
         used = {id(self._latest_stage)}
-        used.update(id(lane.queued.extra.get("stage")) for lane in self._lanes.values()
-                    if lane.queued is not None)
+        used.update(id(queued.extra.get("stage")) for queued in self._lanes.queued())
         stage, self._stages = free_stage(self._stages, used, weights, flat)
         return stage
 

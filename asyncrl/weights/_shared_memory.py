@@ -47,7 +47,7 @@ from transports import (
 )
 
 from .._protocol import WeightsApplied, decode
-from ._in_flight import Queued
+from ._newest import Queued
 from ._receiver import PendingUpdate, WeightReceiver
 from ._scheme import WeightSyncScheme
 from ._sender import THREAD_COPY_BYTES, WeightSender
@@ -182,6 +182,8 @@ class SharedMemWeightSender(WeightSender):
 
     async def _prepare(self, source: Any, version: int) -> tuple[Any, dict[str, Any]]:
         flat = flat_tensors(source)
+        if not self.codec.identity:
+            flat = dict(self.codec.encode(flat))
         buffer = await self._free_buffer(flat)
         buffer.version, buffer.tickets = 0, []  # nobody reads it: see _free_buffer
         if buffer.block.nbytes > THREAD_COPY_BYTES:
@@ -230,8 +232,7 @@ class SharedMemWeightSender(WeightSender):
         """
         peers = set(self.workers.values())
         used = {self._version}
-        used.update(lane.queued.version for lane in self._lanes.values()
-                    if lane.queued is not None)
+        used.update(queued.version for queued in self._lanes.queued())
         newest: dict[bytes, int] = {}
         for buffer in self._buffers:
             for ticket in buffer.tickets:
@@ -352,6 +353,11 @@ class SharedMemWeightReceiver(WeightReceiver):
     def _apply(self, update: PendingUpdate) -> int:
         name, slot, seq = update.payload
         block = self._attach(name)
+        if not self.codec.identity:  # what came is not the model's tensors: decode, copy
+            version, received = block.read(slot, seq)
+            self.strategy.apply_weights(self.model, self._decoded(received))
+            self._blocks.use(block.name)
+            return version
         targets = flat_tensors(self.model, live=True)
         layout = block.layout
         check_compatible(targets, {k: SimpleNamespace(shape=s) for k, (_, s) in layout.items()},

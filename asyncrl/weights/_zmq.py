@@ -56,6 +56,7 @@ from ._chunks import (
     total_nbytes,
 )
 from ._errors import WeightSyncError
+from ._newest import Offer, offer
 from ._receiver import AckRoute, PendingUpdate, WeightReceiver
 from ._scheme import WeightSyncScheme
 from ._sender import WeightSender
@@ -93,11 +94,11 @@ class StreamingWeightSender(WeightSender):
         handing it to ZeroMQ, so the copy of the next chunk overlaps the wire;
         :meth:`_prepared` completes the copy before ``send_async`` returns.
         """
-        weights = self.strategy.extract_weights(source)
+        weights = self._encoded(self.strategy.extract_weights(source))
         flat = flat_tensors(weights)
         if not (self.snapshot and self.chunk_bytes and streamable(flat)
                 and total_nbytes(flat) > self.chunk_bytes):
-            return await super()._prepare(source, version)
+            return await self._snapshot(weights)
         stage = self._free_stage(weights, flat)
         filling = ChunkFilling(stage.payload, flat, flat_tensors(stage.payload),
                            plan_chunks(flat, self.chunk_bytes))
@@ -136,9 +137,8 @@ class StreamingWeightSender(WeightSender):
 
     def _filling_of(self, payload: Any) -> ChunkFilling | None:
         """The snapshot being filled for ``payload``, if it is not complete yet."""
-        for lane in self._lanes.values():
-            queued = lane.queued
-            if queued is not None and queued.payload is payload:
+        for queued in self._lanes.queued():
+            if queued.payload is payload:
                 filling = queued.extra.get("filling")
                 if isinstance(filling, ChunkFilling) and not filling.done:
                     return filling
@@ -288,7 +288,13 @@ class StreamedWeightReceiver(WeightReceiver):
                 self._release(other)  # an older version on another route: superseded
         targets = flat_tensors(self.model, live=True)
         try:
-            check_layout(chunk.layout, targets, f"streamed weights of {self.model_id!r}")
+            if self.codec.identity:  # else what comes is the codec's: its decode checks it
+                check_layout(chunk.layout, targets, f"streamed weights of {self.model_id!r}")
+            elif self.in_place:
+                raise WeightSyncError(
+                    f"in_place=True writes the chunks of {self.model_id!r} into the model as "
+                    f"they come, but they are encoded as {self.codec.name!r}: use a receive "
+                    "buffer (in_place=False) with this codec")
         except Exception as exc:
             stream.error = exc
             return stream
@@ -374,10 +380,11 @@ class StreamedWeightReceiver(WeightReceiver):
             return
         newer = self._newest_known()
         with self._lock:  # skipped: answered by what is held, pending or on its way
-            if version <= self._version:
+            decision = offer(version, self._version, newer)
+            if decision is Offer.HELD:
                 self._queue_ack(message, route, self._version, None)
                 return
-            if version <= newer:  # acked with the version applied next (or its failure)
+            if decision is Offer.SUPERSEDED:  # acked with the version applied next (or failed)
                 self._waiting.append((message, route))
                 return
         self._ack_all([(message, route)], None, WeightSyncError(
@@ -476,6 +483,11 @@ class StreamedWeightReceiver(WeightReceiver):
         if not isinstance(staged, Staged):
             return super()._apply(update)
         targets = flat_tensors(self.model, live=True)
+        if not self.codec.identity:  # what came is not the model's tensors: decode, copy
+            self.strategy.apply_weights(self.model, self._decoded(staged.buffers))
+            with self._lock:
+                self._keep_spare(staged)
+            return update.version
         check_layout(staged.layout, targets, f"streamed weights of {self.model_id!r}")
         share = self.zero_copy and isinstance(self.model, nn.Module)
         freed: dict[str, torch.Tensor] = {}

@@ -401,3 +401,38 @@ async def test_chunks_of_a_streamed_version_go_through_the_relay_in_order(
     assert order == [(v, i, i == 5) for v in (1, 2) for i in range(6)]
     assert sender.copies_sent == 2  # one message stream per version to the host
     assert relay.statistics().received == 2 and relay.statistics().delivered == 2
+
+
+async def test_the_relay_forwards_the_weights_meta_whole() -> None:
+    """A field the relay does not know (a newer trainer's ``delta``) and every field it
+    does (the codec, the chunk) reach the member as the trainer wrote them: only
+    ``relay_to`` is taken off, and the instance stamped (#44.6: before, the relay
+    rebuilt the meta field by field)."""
+    from asyncrl._protocol import RelayWelcome
+
+    meta = {"model_id": "policy", "version": 4, "codec": "delta", "delta": {"base": 3},
+            "chunk": {"index": 0, "count": 1, "parts": [["w", 0, 8]],
+                      "layout": [["w", "float32", [2]]]}}
+    with anyio.fail_after(LIMIT):
+        async with Hub("tcp://127.0.0.1:0", heartbeat_interval=0.2, peer_timeout=2.0) as hub, \
+                HostRelay(hub.endpoint, [b"m0"], heartbeat_interval=0.2,
+                          peer_timeout=2.0) as relay, \
+                Link(relay.endpoint, identity=b"m0", heartbeat_interval=0.2,
+                     peer_timeout=2.0) as member:
+            joined = await hub.recv()
+            assert (await hub.recv()).kind == "relay_hello"
+            await hub.send(joined.peer, RelayWelcome(1, hub.instance).to_body(),
+                           kind=RelayWelcome.KIND)
+            assert (await member.recv()).kind == "relay_attached"
+            while not relay.statistics().registered:
+                await anyio.sleep(0.01)
+            ticket = await hub.send_async([joined.peer], [torch.arange(8, dtype=torch.uint8)],
+                                          kind=WEIGHTS_KIND, meta={**meta, RELAY_TO: [b"m0"]})
+            got = await member.recv()
+            while got.kind != WEIGHTS_KIND:  # (attached again after a slow heartbeat)
+                got = await member.recv()
+            await member.ack(got, {"model_id": "policy", "version": 4})
+            answer = await hub.wait_ack(ticket, timeout=30)
+    assert got.kind == WEIGHTS_KIND and got.meta == {**meta, "instance": hub.instance}
+    assert torch.equal(got.body[0], torch.arange(8, dtype=torch.uint8))
+    assert answer[joined.peer]["versions"] == {b"m0": 4}

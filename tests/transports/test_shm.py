@@ -33,12 +33,21 @@ def tensors(value: float = 0.0) -> dict[str, torch.Tensor]:
 
 
 def shm_exists(name: str) -> bool:
-    return Path("/dev/shm", name).exists()
+    """Whether the segment ``name`` can still be attached: a /dev/shm name, or a sealed
+    block's memfd still held at ``/proc/<pid>/fd/<n>``."""
+    if "_fd" not in name:
+        return Path("/dev/shm", name).exists()
+    label, number = name.rsplit("_fd", 1)
+    pid = label.split("_")[1]
+    try:
+        return os.readlink(f"/proc/{pid}/fd/{number}") == f"/memfd:{label} (deleted)"
+    except OSError:
+        return False
 
 
-@pytest.fixture
-def block() -> SharedTensorBlock:
-    with SharedTensorBlock.create(tensors()) as created:
+@pytest.fixture(params=[True, False], ids=["sealed", "dev_shm"])
+def block(request: pytest.FixtureRequest) -> SharedTensorBlock:
+    with SharedTensorBlock.create(tensors(), sealed=request.param) as created:
         yield created
 
 
@@ -109,8 +118,9 @@ def _attach_and_exit(name: str) -> None:
     reader.close()
 
 
-def test_close_and_unlink_are_idempotent_and_remove_the_segment() -> None:
-    created = SharedTensorBlock.create({"w": torch.zeros(4)})
+@pytest.mark.parametrize("sealed", [True, False])
+def test_close_and_unlink_are_idempotent_and_remove_the_segment(sealed: bool) -> None:
+    created = SharedTensorBlock.create({"w": torch.zeros(4)}, sealed=sealed)
     name = created.name
     assert name.startswith(NAME_PREFIX) and shm_exists(name)
     created.close()
@@ -148,7 +158,8 @@ def test_attach_refuses_foreign_names(name: object) -> None:
                                     "entry_bounds", "dtype", "tiny"])
 def test_attach_rejects_malformed_segments(damage: str) -> None:
     name = f"{NAME_PREFIX}test_{os.getpid()}_{damage}"
-    good = SharedTensorBlock.create({"a": torch.zeros(8), "b": torch.zeros(2, 2)}, name=name)
+    good = SharedTensorBlock.create({"a": torch.zeros(8), "b": torch.zeros(2, 2)}, name=name,
+                                    sealed=False)
     header = np.frombuffer(good._mm, dtype=np.int64, count=9)
     layout_offset = int(header[2])
     if damage == "magic":

@@ -54,9 +54,11 @@ def test_a_block_larger_than_a_small_dev_shm_fails_at_creation_and_leaves_nothin
         from transports import SharedMemoryFullError
         from transports._shm import SharedTensorBlock
 
-        fits = SharedTensorBlock.create({"w": torch.zeros(256 * 1024)}, slots=1)  # 1 MiB
+        fits = SharedTensorBlock.create({"w": torch.zeros(256 * 1024)}, slots=1,  # 1 MiB
+                                        sealed=False)
         try:
-            SharedTensorBlock.create({"w": torch.zeros(2 * 1024 * 1024)}, slots=1)  # 8 MiB
+            SharedTensorBlock.create({"w": torch.zeros(2 * 1024 * 1024)}, slots=1,  # 8 MiB
+                                     sealed=False)
             raised = None
         except SharedMemoryFullError as exc:
             raised = {"message": str(exc), "needed": exc.needed, "free": exc.free}
@@ -87,7 +89,8 @@ def test_blocks_that_fit_fill_a_small_dev_shm_to_the_last_page_without_sigbus() 
         import json, torch
         from transports._shm import SharedTensorBlock
 
-        blocks = [SharedTensorBlock.create({"w": torch.zeros(256 * 1024)}, slots=1)
+        blocks = [SharedTensorBlock.create({"w": torch.zeros(256 * 1024)}, slots=1,
+                                           sealed=False)
                   for _ in range(3)]
         versions = []
         for i, block in enumerate(blocks):
@@ -113,7 +116,7 @@ def test_no_room_to_reserve_raises_the_full_error_and_unlinks_the_segment(
     before = _our_segments()
     monkeypatch.setattr(os, "posix_fallocate", _no_room)
     with pytest.raises(SharedMemoryFullError) as caught:
-        SharedTensorBlock.create({"w": torch.zeros(1024)})
+        SharedTensorBlock.create({"w": torch.zeros(1024)}, sealed=False)
     error = caught.value
     assert isinstance(error, TransportError) and error.needed > 4096 and error.free > 0
     assert error.directory == "/dev/shm" and "/dev/shm is too small" in str(error)
@@ -128,7 +131,7 @@ def test_another_reservation_failure_propagates_and_unlinks_the_segment(
     before = _our_segments()
     monkeypatch.setattr(os, "posix_fallocate", failing, raising=False)
     with pytest.raises(OSError, match="disk on fire"):
-        SharedTensorBlock.create({"w": torch.zeros(1024)})
+        SharedTensorBlock.create({"w": torch.zeros(1024)}, sealed=False)
     assert _our_segments() == before
 
 
@@ -144,7 +147,7 @@ def test_without_fallocate_a_plainly_too_big_block_is_refused_from_the_free_spac
     monkeypatch.setattr(os, "fstatvfs", lambda fd: Tiny())
     before = _our_segments()
     with pytest.raises(SharedMemoryFullError, match="4096 bytes"):
-        SharedTensorBlock.create({"w": torch.zeros(1024)})
+        SharedTensorBlock.create({"w": torch.zeros(1024)}, sealed=False)
     assert _our_segments() == before
 
 

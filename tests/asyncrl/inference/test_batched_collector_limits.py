@@ -15,14 +15,11 @@ from torch import nn
 from asyncrl import AsyncBatchedCollector, WorkerLostError
 from asyncrl.testing import CountingEnv, ValuePolicy, failing_env_at_step
 from tests.asyncrl.process_checks import pid_alive
+from tests.transports.test_shm import shm_exists
 
 pytestmark = pytest.mark.anyio
 LIMIT = 90
 counting3 = functools.partial(CountingEnv, length=3)
-
-
-def shm_exists(name: str) -> bool:
-    return os.path.exists(f"/dev/shm/{name}")
 
 
 class SlowPolicy(nn.Module):
