@@ -22,6 +22,8 @@
   ValueError); :func:`check_resolves`: does its host name resolve.
 * Errors: :class:`TransportError` and its family; :class:`ErrorPayload` is the one wire form
   of an exception. :class:`ClosedResourceError` is also anyio's.
+* :mod:`declared <transports._declared>`: a message declared once (a dataclass, msgspec
+  bounds) and read by one mechanism; asyncrl's kinds and :class:`ErrorPayload` use it.
 * A peer's text made safe to print: :func:`printable` (one line), :func:`printable_lines`,
   :func:`printable_block` (multi-line, indented), :func:`peer_name` (an identity's bytes).
 
@@ -36,6 +38,7 @@ from ._torch_free import TORCH_FREE as TORCH_FREE
 if _TYPE_CHECKING or not TORCH_FREE:
     # First, before anything imports tensordict: it imports tensordict without torch._dynamo.
     from . import _lazy_dynamo as _lazy_dynamo
+from . import _declared as declared
 from ._channel import ChannelStatistics as ChannelStatistics
 from ._codec import DEFAULT_MAX_BYTES as DEFAULT_MAX_BYTES
 from ._codec import PROTOCOL_VERSION as PROTOCOL_VERSION
@@ -47,8 +50,8 @@ from ._curve import CurveServer as CurveServer
 from ._endpoints import Endpoint as Endpoint
 from ._endpoints import check_resolves as check_resolves
 from ._endpoints import parse_endpoint as parse_endpoint
+from ._error_payload import ErrorPayload as ErrorPayload
 from ._errors import ClosedResourceError as ClosedResourceError
-from ._errors import ErrorPayload as ErrorPayload
 from ._errors import PeerLostError as PeerLostError
 from ._errors import ProtocolError as ProtocolError
 from ._errors import RemoteError as RemoteError
@@ -131,6 +134,7 @@ __all__ = [
     "add_host",
     "check_resolves",
     "copy_into",
+    "declared",
     "decode",
     "encode",
     "generate_keys",

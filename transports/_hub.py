@@ -18,7 +18,8 @@ from ._channel import ACK, BYE, BYE_FINISHED, BYE_REVOKED, PING, Channel, Channe
 from ._codec import encode_message
 from ._descriptors import raise_open_files_limit
 from ._disconnects import DisconnectWatch
-from ._errors import ErrorPayload, PeerLostError, ProtocolError, RemoteError
+from ._error_payload import ErrorPayload
+from ._errors import PeerLostError, ProtocolError, RemoteError
 from ._printable import peer_name
 from ._trust import tighten_for_curve, warn_if_exposed
 from ._types import Message, PeerEvent, Ticket

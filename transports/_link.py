@@ -16,7 +16,8 @@ from zmq.utils.monitor import parse_monitor_message
 from ._channel import ACK, BYE, BYE_FINISHED, BYE_REVOKED, PING, Channel, ChannelStatistics
 from ._codec import encode_message
 from ._disconnects import stop_monitor
-from ._errors import ErrorPayload, PeerLostError
+from ._error_payload import ErrorPayload
+from ._errors import PeerLostError
 from ._types import Message, PeerEvent
 
 HUB = b""

@@ -16,7 +16,8 @@ import anyio
 import msgpack
 
 from ._codec import decode_message, encode_message
-from ._errors import ErrorPayload, PeerLostError
+from ._error_payload import ErrorPayload
+from ._errors import PeerLostError
 from ._printable import peer_name
 from ._types import Message, Ticket
 
