@@ -6,7 +6,9 @@ and the coordinator's refusal carries the trainer's :class:`EnvIdSource` data
 (``asyncrl._rollout.env_ids``): the module to import and the registration's
 fields. Only plain data: a module *name* the host imports from what it has
 installed (never the trainer's script), an entry point as an import path, and
-kwargs of text, numbers, lists and maps, bounded.
+kwargs of text, numbers, lists and maps, bounded. Declared once
+(:class:`EnvSource`, :class:`EnvSourceSpec`) and read by the one mechanism
+(``transports.declared``), its cross-field rules in ``__post_init__``: all at decode.
 
 >>> body = {"env_id": "CartPole-v1", "module": "gymnasium.envs.classic_control.cartpole",
 ...         "package": "gymnasium", "spec": {}}
@@ -22,11 +24,14 @@ env_source module must be a dotted module name (not a script
 from __future__ import annotations
 
 import re
-from typing import Any
+from dataclasses import asdict, dataclass, field
+from typing import Annotated, Any
 
-from transports import ProtocolError
+from msgspec import Meta
 
-__all__ = ["MAIN_MODULES", "is_plain", "read_env_source"]
+from transports import ProtocolError, declared
+
+__all__ = ["MAIN_MODULES", "EnvSource", "EnvSourceSpec", "is_plain", "read_env_source"]
 
 #: A script's module: another host cannot import it.
 MAIN_MODULES = ("__main__", "__mp_main__")
@@ -34,37 +39,74 @@ _MODULE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 _IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 _PACKAGE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _MAX_NAME = 200
-#: The registration's fields that travel, with their plain types (``gymnasium.register``'s).
-_SPEC_FIELDS: dict[str, tuple[type, ...]] = {
-    "entry_point": (str,), "reward_threshold": (int, float, type(None)),
-    "nondeterministic": (bool,), "max_episode_steps": (int, type(None)),
-    "order_enforce": (bool,), "disable_env_checker": (bool,), "kwargs": (dict,),
-    "vector_entry_point": (str, type(None)),
-}
 _MAX_DEPTH = 8
 _MAX_ITEMS = 256
 _MAX_TEXT = 4096
+Name = Annotated[str, Meta(max_length=_MAX_NAME)]
+
+
+@dataclass(frozen=True, slots=True)
+class EnvSourceSpec:
+    """The registration's fields that travel, with ``gymnasium.register``'s plain types;
+    the import paths and the kwargs checked in ``__post_init__`` (at decode)."""
+
+    entry_point: Name
+    reward_threshold: int | float | None
+    nondeterministic: bool
+    max_episode_steps: int | None
+    order_enforce: bool
+    disable_env_checker: bool
+    kwargs: dict[str, Any]
+    vector_entry_point: Name | None
+
+    def __post_init__(self) -> None:
+        for name in ("entry_point", "vector_entry_point"):
+            path = getattr(self, name)
+            if path is not None and not _IMPORT_PATH.match(path):
+                raise ProtocolError(f"env_source spec {name} must be an import path "
+                                    f"'pkg.mod:attr', got {path!r:.80}")
+        if not is_plain(self.kwargs):
+            raise ProtocolError(f"env_source spec kwargs must be plain data (text, numbers, "
+                                f"lists, maps with text keys; at most {_MAX_ITEMS} items, "
+                                f"depth {_MAX_DEPTH})")
+
+
+@dataclass(frozen=True, slots=True)
+class EnvSource:
+    """A refusal's ``env_source``, declared: where the trainer's gymnasium id is registered.
+
+    ``spec`` is empty (only the module is imported) or has every field of
+    :class:`EnvSourceSpec`; its entry point must be in ``module``. Every rule runs at
+    decode (``__post_init__``), so a hostile source is refused before anything is imported.
+    """
+
+    env_id: Annotated[str, Meta(min_length=1, max_length=_MAX_NAME)]
+    module: Name
+    package: Name
+    spec: dict[str, Any] = field(default_factory=dict)  # {}: none; else an EnvSourceSpec
+
+    def __post_init__(self) -> None:
+        if not self.env_id.isprintable():
+            raise ProtocolError(f"env_source env_id must be a printable text of 1 to "
+                                f"{_MAX_NAME} characters, got {self.env_id!r:.80}")
+        if not _MODULE.match(self.module) or self.module in MAIN_MODULES:
+            raise ProtocolError(f"env_source module must be a dotted module name (not a "
+                                f"script's __main__), got {self.module!r:.80}")
+        if self.package and not _PACKAGE.match(self.package):
+            raise ProtocolError(f"env_source package must be a distribution name, got "
+                                f"{self.package!r:.80}")
+        if self.spec:  # all of gymnasium's fields, declared, or none
+            spec = declared.read(EnvSourceSpec, self.spec, "env_source spec")
+            if spec.entry_point.partition(":")[0] != self.module:
+                raise ProtocolError(f"env_source spec entry_point {spec.entry_point!r:.80} is "
+                                    f"not in its module {self.module!r}")
+            object.__setattr__(self, "spec", asdict(spec))
 
 
 def read_env_source(body: Any) -> dict[str, Any]:
-    """``{"env_id", "module", "package", "spec"}`` checked; anything else: ProtocolError."""
-    if not isinstance(body, dict):
-        raise ProtocolError(f"env_source must be a map, got {type(body).__name__}")
-    env_id, module, package = (body.get(k) for k in ("env_id", "module", "package"))
-    if not isinstance(env_id, str) or not 0 < len(env_id) <= _MAX_NAME \
-            or not env_id.isprintable():
-        raise ProtocolError(f"env_source env_id must be a printable text of 1 to {_MAX_NAME} "
-                            f"characters, got {env_id!r:.80}")
-    if not isinstance(module, str) or len(module) > _MAX_NAME or not _MODULE.match(module) \
-            or module in MAIN_MODULES:
-        raise ProtocolError(f"env_source module must be a dotted module name (not a "
-                            f"script's __main__), got {module!r:.80}")
-    if not isinstance(package, str) or (package and (
-            len(package) > _MAX_NAME or not _PACKAGE.match(package))):
-        raise ProtocolError(f"env_source package must be a distribution name, got "
-                            f"{package!r:.80}")
-    return {"env_id": env_id, "module": module, "package": package,
-            "spec": _read_spec(body.get("spec", {}), module)}
+    """``{"env_id", "module", "package", "spec"}`` of ``body`` read as :class:`EnvSource`;
+    anything else: ProtocolError (a spec's fields beyond gymnasium's are not kept)."""
+    return asdict(declared.read(EnvSource, body, "env_source"))
 
 
 def is_plain(value: Any, depth: int = 0) -> bool:
@@ -81,32 +123,3 @@ def is_plain(value: Any, depth: int = 0) -> bool:
         return len(value) <= _MAX_ITEMS and all(
             isinstance(k, str) and is_plain(v, depth + 1) for k, v in value.items())
     return False
-
-
-def _read_spec(spec: Any, module: str) -> dict[str, Any]:
-    if not isinstance(spec, dict):
-        raise ProtocolError(f"env_source spec must be a map, got {type(spec).__name__}")
-    if not spec:
-        return {}  # only the module is imported
-    if set(spec) != set(_SPEC_FIELDS):
-        raise ProtocolError(f"env_source spec must have the fields {sorted(_SPEC_FIELDS)}, "
-                            f"got {sorted(map(str, spec))[:20]}")
-    for name, kinds in _SPEC_FIELDS.items():
-        value = spec[name]
-        if not isinstance(value, kinds) or (bool not in kinds and isinstance(value, bool)):
-            raise ProtocolError(f"env_source spec {name} must be "
-                                f"{' or '.join(k.__name__ for k in kinds)}, got "
-                                f"{type(value).__name__}")
-    for name in ("entry_point", "vector_entry_point"):
-        path = spec[name]
-        if path is not None and (len(path) > _MAX_NAME or not _IMPORT_PATH.match(path)):
-            raise ProtocolError(f"env_source spec {name} must be an import path "
-                                f"'pkg.mod:attr', got {path!r:.80}")
-    if spec["entry_point"].partition(":")[0] != module:
-        raise ProtocolError(f"env_source spec entry_point {spec['entry_point']!r:.80} is not "
-                            f"in its module {module!r}")
-    if not is_plain(spec["kwargs"]):
-        raise ProtocolError(f"env_source spec kwargs must be plain data (text, numbers, lists, "
-                            f"maps with text keys; at most {_MAX_ITEMS} items, depth "
-                            f"{_MAX_DEPTH})")
-    return dict(spec)

@@ -78,17 +78,19 @@ def test_a_refusal_without_a_source_reads_as_before() -> None:
 BAD: list[tuple[str, Any, str]] = [
     ("module", "__main__", "not a script's __main__"),
     ("module", "os; rm", "a dotted module name"),
-    ("module", 3, "a dotted module name"),
-    ("env_id", "", "a printable text of 1 to 200"),
+    ("module", 3, "^env_source field 'module' must be str, got int$"),
+    ("module", "m" * 201, "field 'module' must be str of length <= 200"),
+    ("env_id", "", "field 'env_id' must be str of length >= 1, got str of length 0"),
     ("env_id", "x\x1b[2J", "a printable text"),
     ("package", "ale py", "a distribution name"),
-    ("spec", [], "spec must be a map"),
-    ("spec", {"entry_point": "m:X"}, "must have the fields"),
+    ("spec", [], "field 'spec' must be map, got list"),
+    ("spec", {"entry_point": "m:X"}, "spec field 'reward_threshold' is missing"),
     ("spec", {**SOURCE.spec, "entry_point": "elsewhere:CountingEnv"}, "is not in its module"),
     ("spec", {**SOURCE.spec, "entry_point": "not a path"}, "must be an import path"),
-    ("spec", {**SOURCE.spec, "max_episode_steps": True}, "max_episode_steps must be int"),
+    ("spec", {**SOURCE.spec, "max_episode_steps": True},
+     r"spec field 'max_episode_steps' must be int \| None, got bool"),
     ("spec", {**SOURCE.spec, "kwargs": {"k": b"bytes"}}, "kwargs must be plain data"),
-    ("spec", {**SOURCE.spec, "kwargs": {1: 2}}, "kwargs must be plain data"),
+    ("spec", {**SOURCE.spec, "kwargs": {1: 2}}, "spec field 'kwargs' must have str keys"),
 ]
 
 
@@ -100,6 +102,12 @@ def test_a_hostile_env_source_is_refused_before_anything_is_imported(
         read_env_source(body)
     with pytest.raises(ProtocolError):
         Refuse.from_body({"reason": "r", "env_source": body})
+
+
+def test_a_spec_field_beyond_gymnasiums_is_not_kept() -> None:
+    # Declared fields only (a newer trainer may send more): nothing else reaches register().
+    body = {**SOURCE.to_body(), "spec": {**SOURCE.spec, "additional_wrappers": "os:system"}}
+    assert read_env_source(body) == SOURCE.to_body()
 
 
 def test_a_hellos_missing_id_is_bounded_and_printable() -> None:

@@ -110,6 +110,11 @@ async def test_a_malformed_welcome_or_refusal_while_joining_is_dropped_not_the_e
         hello = Hello.from_body((await _next(hub, Hello.KIND)).body)
         await hub.send(b"w", {"index": 0, "share_frames": "4"}, kind=Welcome.KIND)
         await hub.send(b"w", {"reason": 7}, kind=Refuse.KIND)
+        # A refusal whose env_source breaks its declaration (a script's module): dropped
+        # at decode, before the worker imports anything or exits refused.
+        await hub.send(b"w", {"reason": "r", "env_source": {
+            "env_id": "Counting-v0", "module": "__main__", "package": "", "spec": {}}},
+            kind=Refuse.KIND)
         await hub.send(b"w", [1, 2], kind=Welcome.KIND)
         await hub.send(b"w", Welcome(index=0, share_frames=4, attempt=hello.attempt).to_body(),
                        kind=Welcome.KIND)
