@@ -12,7 +12,7 @@ from tensordict import TensorDictBase
 
 from transports import ErrorPayload, ProtocolError
 
-from .compact_frames import rebuild
+from .compact_frames import CompactPatch, Patch, rebuild
 from .decoding import Text, read, read_fields
 
 
@@ -57,9 +57,12 @@ class Batch:
     """
 
     KIND: ClassVar[str] = "batch"
+    #: On the wire ``next`` is declared as a :class:`CompactPatch` (read at decode); as
+    #: written, the dict :func:`compact` made. A decoded batch has none left (rebuilt).
+    WIRE: ClassVar[dict[str, Any]] = {"next": CompactPatch | None}
     request: int
     frames: TensorDictBase
-    next: Any = None  # a Patch or None: its shape is rebuild()'s to check (from a peer)
+    next: Patch | None = None
 
     def to_body(self) -> dict[str, Any]:
         body = {"request": self.request, "frames": self.frames}
@@ -71,12 +74,13 @@ class Batch:
     def from_body(cls, body: Any, *, max_frames: int | None = None) -> Self:
         """``max_frames``: the most frames this side asked for (the worker's share); the
         batch size the peer claims is checked against it before anything is built from it."""
-        batch = read(cls, body, "batch")
+        fields = read_fields(cls, body, "batch")
+        frames, patch = fields.pop("frames"), fields.pop("next")
         if max_frames is not None:
-            _check_claim(list(batch.frames.batch_size), max_frames)
-        if batch.next is not None:
-            batch.frames, batch.next = rebuild(batch.frames, batch.next), None
-        return batch
+            _check_claim(list(frames.batch_size), max_frames)
+        if patch is not None:  # the one place a patch is checked against its frames, then used
+            frames = rebuild(frames, patch)
+        return cls(frames=frames, **fields)
 
 
 def _check_claim(size: list[int], max_frames: int) -> None:

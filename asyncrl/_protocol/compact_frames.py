@@ -44,19 +44,46 @@ True
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from transports import ProtocolError
+from transports import ProtocolError, declared
 
-__all__ = ["MIN_BYTES", "Patch", "compact", "compactable_keys", "drop_twins", "rebuild",
-           "twin_keys"]
+__all__ = ["MIN_BYTES", "CompactPatch", "Patch", "compact", "compactable_keys", "drop_twins",
+           "rebuild", "twin_keys"]
 
 Key = tuple[str, ...]
-#: ``{"at": Tensor, "rows": TensorDict}``: the shipped ``("next", K)`` rows.
+#: ``{"at": Tensor, "rows": TensorDict}``: the shipped ``("next", K)`` rows (as written).
 Patch = dict[str, Any]
+_WHAT = "batch field 'next'"
+
+
+@dataclass(frozen=True, slots=True)
+class CompactPatch:
+    """A patch as it arrives, declared (``Batch``'s wire form reads ``next`` as one): a
+    tensor of positions and a TensorDict of one row per position. What it must match in
+    the frames (range, every env's last step, keys, dtypes, shapes) is :func:`rebuild`'s
+    check, which runs before anything is allocated.
+
+    >>> CompactPatch(torch.tensor([1]), TensorDict({}, [1])).at.tolist()
+    [1]
+    """
+
+    at: torch.Tensor
+    rows: TensorDictBase
+
+    def __post_init__(self) -> None:
+        at, rows = self.at, self.rows
+        if at.dtype != torch.int64 or at.ndim != 1:
+            raise ProtocolError(f"{_WHAT} 'at' must be a 1-d int64 tensor, got {at.dtype} "
+                                f"{list(at.shape)}")
+        if list(rows.batch_size) != [at.numel()]:
+            raise ProtocolError(f"{_WHAT} 'rows' must be a TensorDict of batch size "
+                                f"[{at.numel()}] (one row per position in 'at'), got "
+                                f"{list(rows.batch_size)}")
 
 #: Keys smaller than this per frame are shipped whole: below it the per-batch compare,
 #: gather and shift cost more than the bytes they save (Pendulum's 12-byte observation).
@@ -154,12 +181,16 @@ def _differ(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return (a.view(_WIDE[wide]) != b.view(_WIDE[wide])).any(-1)
 
 
-def rebuild(frames: TensorDictBase, patch: Any) -> TensorDictBase:
+def rebuild(frames: TensorDictBase, patch: CompactPatch | Patch) -> TensorDictBase:
     """``frames`` with ``("next", K)`` rebuilt for every key of ``patch`` (from a peer: checked).
 
-    Raises :class:`transports.ProtocolError` naming what came and what was
-    expected when the patch does not fit the frames.
+    ``patch``: as :meth:`Batch.from_body <asyncrl._protocol.Batch.from_body>` decoded
+    it, or its wire form (read here as a :class:`CompactPatch`). Raises
+    :class:`transports.ProtocolError` naming what came and what was expected when
+    the patch does not fit the frames; nothing is allocated before that check.
     """
+    if not isinstance(patch, CompactPatch):
+        patch = declared.read(CompactPatch, patch, _WHAT)
     at, rows = _checked(frames, patch)
     n, t = frames.batch_size
     for key in rows.keys(include_nested=True, leaves_only=True):
@@ -172,26 +203,17 @@ def rebuild(frames: TensorDictBase, patch: Any) -> TensorDictBase:
     return frames
 
 
-def _checked(frames: TensorDictBase, patch: Any) -> tuple[torch.Tensor, TensorDictBase]:
-    what = "batch field 'next'"
-    if not isinstance(patch, dict) or set(patch) != {"at", "rows"}:
-        got = sorted(map(str, patch)) if isinstance(patch, dict) else type(patch).__name__
-        raise ProtocolError(f"{what} must be a map with 'at' and 'rows', got {got}")
-    at, rows = patch["at"], patch["rows"]
+def _checked(frames: TensorDictBase, patch: CompactPatch) -> tuple[torch.Tensor, TensorDictBase]:
+    """The patch against the frames this side received (their batch size already bounded by
+    the share this side asked for: ``Batch.from_body``)."""
+    at, rows = patch.at, patch.rows
     if frames.batch_dims != 2:
-        raise ProtocolError(f"{what}: frames of batch size {list(frames.batch_size)}, "
+        raise ProtocolError(f"{_WHAT}: frames of batch size {list(frames.batch_size)}, "
                             "expected [envs, steps]")
     n, t = frames.batch_size
-    if not isinstance(at, torch.Tensor) or at.dtype != torch.int64 or at.ndim != 1:
-        got = f"{at.dtype} {list(at.shape)}" if isinstance(at, torch.Tensor) else type(at).__name__
-        raise ProtocolError(f"{what} 'at' must be a 1-d int64 tensor, got {got}")
-    if not isinstance(rows, TensorDictBase) or list(rows.batch_size) != [at.numel()]:
-        got = list(rows.batch_size) if isinstance(rows, TensorDictBase) else type(rows).__name__
-        raise ProtocolError(f"{what} 'rows' must be a TensorDict of batch size "
-                            f"[{at.numel()}] (one row per position in 'at'), got {got}")
-    _check_positions(at, n, t, what)
+    _check_positions(at, n, t, _WHAT)
     for key in rows.keys(include_nested=True, leaves_only=True):
-        _check_key(frames, rows, _path(key), what)
+        _check_key(frames, rows, _path(key), _WHAT)
     return at, rows
 
 

@@ -197,10 +197,10 @@ def _replace(**fields: Any) -> Any:
 
 
 HOSTILE = {
-    "not a map": (lambda p: [1, 2], "must be a map with 'at' and 'rows'"),
-    "extra field": (lambda p: {**p, "x": 1}, "must be a map with 'at' and 'rows'"),
+    "not a map": (lambda p: [1, 2], "batch message field 'next' must be map | None, got list"),
+    "rows missing": (lambda p: {"at": p["at"]}, "batch message field 'next.rows' is missing"),
     "at as floats": (_replace(at=lambda p: p["at"].float()), "1-d int64 tensor"),
-    "at not a tensor": (_replace(at=[0, 1]), "1-d int64 tensor"),
+    "at not a tensor": (_replace(at=[0, 1]), "field 'next.at' must be Tensor, got list"),
     "rows too few": (_replace(rows=lambda p: p["rows"][:2]), "batch size [6]"),
     "out of range": (_replace(at=lambda p: p["at"] + 1), "increasing positions in [0, 6)"),
     "negative": (_replace(at=lambda p: p["at"] - 1), "increasing positions in [0, 6)"),
@@ -229,6 +229,20 @@ def test_a_hostile_patch_is_a_protocol_error_naming_what_came(name: str) -> None
     with pytest.raises(ProtocolError) as info:
         Batch.from_body(body)
     assert words in str(info.value), str(info.value)
+
+
+def test_a_patch_field_beyond_at_and_rows_is_ignored_as_in_every_declared_kind() -> None:
+    # A newer worker may add one; nothing reads it (the declared fields are all that is kept).
+    wire, patch = compact_pair()
+    want = rebuild(wire.clone(), patch)
+    body = decode(encode({"request": 1, "frames": wire, "next": {**patch, "x": [1] * 9}}))
+    assert_identical(Batch.from_body(body).frames, want)
+
+
+def test_a_wire_patch_given_to_rebuild_is_read_by_the_same_declaration() -> None:
+    wire, patch = compact_pair()
+    with pytest.raises(ProtocolError, match=r"^batch field 'next' field 'rows' is missing$"):
+        rebuild(wire, {"at": patch["at"]})
 
 
 def test_a_patch_for_frames_that_hold_the_twin_already_is_refused() -> None:

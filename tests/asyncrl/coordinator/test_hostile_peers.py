@@ -270,6 +270,13 @@ def claimed_huge_batch(index: int) -> tuple[TensorDict, dict[str, Any]]:
     return frames, {"at": torch.zeros(0, dtype=torch.int64), "rows": rows}
 
 
+def float_positions_batch(index: int) -> tuple[TensorDict, dict[str, Any]]:
+    """A compact batch whose patch header breaks its declaration: positions as floats."""
+    wire, patch = nested_patch_batch(index)
+    rows = TensorDict({"observation": torch.zeros(1, 4)}, batch_size=[1])
+    return wire, {"at": torch.tensor([FRAMES - 1.0]), "rows": rows}
+
+
 def _current_rss() -> int:
     with open("/proc/self/status") as f:
         for line in f:
@@ -278,7 +285,7 @@ def _current_rss() -> int:
     raise AssertionError("no VmRSS")
 
 
-@pytest.mark.parametrize("bad", [nested_patch_batch, claimed_huge_batch])
+@pytest.mark.parametrize("bad", [nested_patch_batch, claimed_huge_batch, float_positions_batch])
 async def test_a_malformed_compact_batch_drops_its_worker_and_the_run_goes_on(bad: Any) -> None:
     # Before: the nested key raised ValueError out of the hub loop (the run ended), and
     # the huge claim made the trainer allocate gigabytes before refusing the patch.
@@ -296,6 +303,9 @@ async def test_a_malformed_compact_batch_drops_its_worker_and_the_run_goes_on(ba
             if bad is claimed_huge_batch:
                 assert "batch size [50000000, 1] (50000000 frames)" in refused.body["reason"]
                 assert f"at most {FRAMES} frames" in refused.body["reason"]
+            elif bad is float_positions_batch:  # the header, declared (CompactPatch)
+                assert "batch field 'next' 'at' must be a 1-d int64 tensor, got torch.float32" \
+                    in refused.body["reason"]
             else:
                 assert "('observation',) is a tensor, not a map" in refused.body["reason"]
             run.serve_good()
@@ -304,6 +314,24 @@ async def test_a_malformed_compact_batch_drops_its_worker_and_the_run_goes_on(ba
                 assert worker.index == run.good_index
                 assert bool((batch == make_share(FRAMES, 4, worker_id=run.good_index)).all())
             assert [w.index for w in run.sched.live_workers] == [run.good_index]
+
+
+async def test_a_malformed_error_report_is_dropped_naming_the_field_and_the_run_goes_on(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # The payload is transports' ErrorPayload, declared like every kind: a bad field is a
+    # ProtocolError at decode (logged, rate-limited), never the end of the run.
+    with anyio.fail_after(LIMIT), caplog.at_level(logging.WARNING, "asyncrl.coordinator"):
+        async with rogue_and_good() as run:
+            body = {**forged_error("builtins.ValueError"), "type": 3}
+            await run.rogue.send(body, kind=ErrorReport.KIND)
+            share = make_share(FRAMES, 4, worker_id=run.rogue_index)
+            await run.rogue.send(Batch(run.collect.request, share).to_body(), kind=Batch.KIND)
+            worker, batch = await run.sched.next_batch()  # the sender's next message: read
+            assert worker.index == run.rogue_index
+            assert bool((batch == share).all())
+            assert {w.index for w in run.sched.live_workers} == {run.rogue_index,
+                                                                  run.good_index}
+    assert "error message field 'type' must be str, got int" in caplog.text
 
 
 def test_a_batch_size_over_the_share_is_refused_before_anything_is_built() -> None:
