@@ -15,6 +15,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 import zmq
@@ -168,6 +169,16 @@ class FakeHub:
         self.socket.close(linger=0)
 
 
+#: A refusal's env_source as a trainer sends it (an id this worker did not ask for).
+ENV_SOURCE: dict[str, Any] = {
+    "env_id": "CartPole-v1", "module": "gymnasium.envs.classic_control.cartpole",
+    "package": "gymnasium", "spec": {
+        "entry_point": "gymnasium.envs.classic_control.cartpole:CartPoleEnv",
+        "reward_threshold": 475.0, "nondeterministic": False, "max_episode_steps": 500,
+        "order_enforce": True, "disable_env_checker": False, "kwargs": {"render_mode": None},
+        "vector_entry_point": "gymnasium.envs.classic_control.cartpole:CartPoleVectorEnv"}}
+
+
 def worker_messages(hub: FakeHub) -> dict[str, Callable[[], Message]]:
     """A factory of one valid message per kind a worker reads from its coordinator."""
 
@@ -202,6 +213,9 @@ def worker_messages(hub: FakeHub) -> dict[str, Callable[[], Message]]:
         "ping": lambda: Message("ping", None, meta={"hub": INSTANCE}),
         # These end the worker when valid (as they should): rarer in the fuzzer's draws.
         "refuse": lambda: Message(Refuse.KIND, Refuse("fuzzed").to_body()),
+        # Its env_source declared (asyncrl._protocol.env_source): mutated, dropped at decode.
+        "refuse_env_source": lambda: Message(Refuse.KIND, Refuse(
+            "fuzzed", env_source=ENV_SOURCE).to_body()),
         "rejoin": lambda: Message(Rejoin.KIND, Rejoin("fuzzed").to_body()),
     }
 
@@ -209,6 +223,6 @@ def worker_messages(hub: FakeHub) -> dict[str, Callable[[], Message]]:
 #: Kinds the fuzzer draws, the ones that end a worker when valid (refuse, rejoin) once.
 WORKER_KINDS = ["welcome", "collect", "preempt", "control_seed", "control_state_dict",
                 "control_getattr", "batch_slots", "weights", "weights_chunk",
-                "relay_attached", "ping"] * 3 + ["refuse", "rejoin"]
+                "relay_attached", "ping"] * 3 + ["refuse", "refuse_env_source", "rejoin"]
 
 __all__ = ["INSTANCE", "WORKER_KINDS", "FakeHub", "WorkerProcess", "worker_messages"]

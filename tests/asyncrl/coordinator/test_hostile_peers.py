@@ -272,7 +272,7 @@ def claimed_huge_batch(index: int) -> tuple[TensorDict, dict[str, Any]]:
 
 def float_positions_batch(index: int) -> tuple[TensorDict, dict[str, Any]]:
     """A compact batch whose patch header breaks its declaration: positions as floats."""
-    wire, patch = nested_patch_batch(index)
+    wire, _ = nested_patch_batch(index)
     rows = TensorDict({"observation": torch.zeros(1, 4)}, batch_size=[1])
     return wire, {"at": torch.tensor([FRAMES - 1.0]), "rows": rows}
 
