@@ -24,7 +24,7 @@ env_source module must be a dotted module name (not a script
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Annotated, Any
 
 from msgspec import Meta
@@ -100,13 +100,18 @@ class EnvSource:
             if spec.entry_point.partition(":")[0] != self.module:
                 raise ProtocolError(f"env_source spec entry_point {spec.entry_point!r:.80} is "
                                     f"not in its module {self.module!r}")
-            object.__setattr__(self, "spec", asdict(spec))
+            object.__setattr__(self, "spec", _fields(spec))
 
 
 def read_env_source(body: Any) -> dict[str, Any]:
     """``{"env_id", "module", "package", "spec"}`` of ``body`` read as :class:`EnvSource`;
     anything else: ProtocolError (a spec's fields beyond gymnasium's are not kept)."""
-    return asdict(declared.read(EnvSource, body, "env_source"))
+    return _fields(declared.read(EnvSource, body, "env_source"))
+
+
+def _fields(message: Any) -> dict[str, Any]:
+    """A declared message's ``{field: value}``, as read (``asdict`` would copy them again)."""
+    return {name: getattr(message, name) for name in message.__dataclass_fields__}
 
 
 def is_plain(value: Any, depth: int = 0) -> bool:
