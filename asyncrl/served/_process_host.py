@@ -1,0 +1,254 @@
+"""A served module hosted in a dedicated process (``ServedModule(..., server_backend="process")``).
+
+The process is central inference's own: :class:`~asyncrl._inference.process_server.
+ProcessPolicyServer` starts it (:mod:`asyncrl._spawn`'s :class:`~asyncrl._spawn.processes.
+WorkerProcesses`, fork server by default) and it runs :mod:`asyncrl._inference.
+inference_process`'s :class:`~asyncrl._inference.inference_process.InferenceServer`:
+the same :class:`~asyncrl._inference.inference_loop.InferenceLoop` as the thread host,
+over the blocks and named-pipe bells the trainer made (a :class:`~._bells.FifoBell`
+pickles as its path). Weights go to it as a state dict over a private hub
+(``ipc://`` in the module's 0700 directory) and are acknowledged with the version once
+the next call uses them.
+
+:class:`ProcessHost` is the trainer's side. Its hub, the process watcher and the
+messages run on an event loop of their own, in a thread (anyio's blocking portal): a
+served module is opened and closed by any task, and outlives no task group of the
+caller's; and a host that dies is seen at once, and its callers failed with the
+reason, even while the trainer's event loop is busy in a training step.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future
+from contextlib import AbstractContextManager
+from typing import Any
+
+import anyio
+import anyio.abc
+from anyio.from_thread import BlockingPortal, start_blocking_portal
+from torch import nn
+
+from transports import Hub
+
+from .._errors import CollectorError, WorkerLostError
+from .._inference.inference_loop import InferenceStatistics, WorkerBlocks
+from .._inference.inference_process import ServerConfig
+from .._inference.policy_server import ServerHooks
+from .._inference.process_server import ProcessPolicyServer
+from .._spawn.child import ending_error
+from .._spawn.processes import describe_exit
+from ._errors import ServedModuleError, ServedModuleTimeout
+
+__all__ = ["ProcessHost"]
+
+log = logging.getLogger("asyncrl.served")
+
+#: Seconds a host that exited with code 1 (it failed and reports why) is given for its
+#: report to arrive before its exit is the reason.
+_REPORT_GRACE = 1.0
+
+
+class ProcessHost:
+    """The trainer's side of a served module's host process: start, update, watch, stop.
+
+    ``on_fail(message)`` is called (from the portal's thread) once, when the host fails
+    for good (the module raised, the process died or stuck): the served module writes
+    its status, so that every caller fails at once with ``message``.
+
+    >>> host = ProcessHost("rm", config, blocks, shadow, "forkserver", on_fail)  # doctest: +SKIP
+    >>> pid = host.start("asyncio", "ipc:///tmp/asyncrl-served-x/hub")   # blocking: a thread
+    >>> version = await host.update(state_dict, timeout=60.0)
+    >>> host.close()                                                    # blocking, idempotent
+    """
+
+    def __init__(self, name: str, config: ServerConfig, blocks: Mapping[int, WorkerBlocks],
+                 shadow: nn.Module | None, start_method: str,
+                 on_fail: Callable[[str], None]) -> None:
+        self.name = name
+        self.server = ProcessPolicyServer(config, blocks=blocks, start_method=start_method,
+                                          shadow=shadow)
+        self._on_fail = on_fail
+        #: Why the host serves no more (the module's error, or a ServedModuleError).
+        self.error: BaseException | None = None
+        self.reason = ""
+        self._closing = False
+        self._portal_cm: AbstractContextManager[BlockingPortal] | None = None
+        self._portal: BlockingPortal | None = None
+        self._future: Future[None] | None = None
+        self._stop: anyio.Event | None = None
+        self._tg: anyio.abc.TaskGroup | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self.server.pid
+
+    @property
+    def version(self) -> int:
+        return self.server.version
+
+    def statistics(self) -> InferenceStatistics:
+        """The host's latest report (at most ``STATS_INTERVAL`` seconds old)."""
+        return self.server.statistics()
+
+    # -- life (blocking: call these in a worker thread) ---------------------------------------
+    def start(self, backend: str, endpoint: str) -> int:
+        """Start the portal, its hub and the process; return the host's pid once it serves."""
+        self._portal_cm = start_blocking_portal(backend, name=f"asyncrl-served-{self.name}")
+        self._portal = self._portal_cm.__enter__()
+        try:
+            self._future, _ = self._portal.start_task(self._run, backend, endpoint)
+        except BaseException as exc:
+            self.close()
+            raise ending_error(exc) from None
+        pid = self.server.pid
+        if pid is None:  # it died between its "ready" and now: its exit says why
+            self.close()
+            raise ServedModuleError(f"served module {self.name!r}: its host process ended "
+                                    f"as it started: {self.reason or 'no reason reported'}")
+        return pid
+
+    async def _run(self, backend: str, endpoint: str, *,
+                   task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        self._stop = anyio.Event()
+        config = self.server.config
+        async with Hub(endpoint, heartbeat_interval=config.heartbeat_interval,
+                       peer_timeout=config.peer_timeout) as hub, \
+                anyio.create_task_group() as tg:
+            self._tg = tg
+            tg.start_soon(self._dispatch, hub)
+            hooks = ServerHooks(fail=self._fail, closing=lambda: self._closing, answered=None)
+            try:
+                await self.server.start(tg, hub, backend, hooks)
+            except BaseException:
+                self._closing = True
+                with anyio.CancelScope(shield=True):
+                    await self.server.close()
+                raise
+            task_status.started()
+            await self._stop.wait()
+            await self.server.close()  # "close", then SIGTERM / SIGKILL what is left: bounded
+            tg.cancel_scope.cancel()
+
+    async def _dispatch(self, hub: Hub) -> None:
+        async for item in hub:  # the socket is private (0700 directory): the host only
+            if self.server.owns(item.peer):
+                await self.server.receive(item)
+
+    def close(self) -> None:
+        """Stop the process, the hub and the portal (idempotent; bounded: a few seconds)."""
+        portal_cm, self._portal_cm = self._portal_cm, None
+        portal, self._portal = self._portal, None
+        if portal_cm is None or portal is None:
+            return
+        try:
+            if self._stop is not None and self._future is not None and not self._future.done():
+                portal.call(self._request_stop)
+                try:
+                    self._future.result(timeout=30)
+                except Exception as exc:  # the hub or the watcher failed: logged, it is over
+                    log.warning("served module %r: its host's loop ended with %r", self.name,
+                                exc)
+        finally:
+            portal_cm.__exit__(None, None, None)
+
+    def _request_stop(self) -> None:
+        self._closing = True
+        assert self._stop is not None
+        self._stop.set()
+
+    # -- failures (on the portal's loop) ------------------------------------------------------
+    def _fail(self, error: BaseException) -> None:
+        if self._closing or self.error is not None:
+            return
+        if isinstance(error, WorkerLostError):
+            processes = self.server.processes
+            code = processes.exitcodes[0] if processes is not None and processes.processes \
+                else None
+            if code == 1 and self._tg is not None:  # it failed: its own report is the reason
+                self._tg.start_soon(self._fail_unless_reported, error)
+                return
+        self._failed(error)
+
+    async def _fail_unless_reported(self, error: BaseException) -> None:
+        await anyio.sleep(_REPORT_GRACE)
+        if self.error is None and not self._closing:
+            self._failed(error)
+
+    def _failed(self, error: BaseException) -> None:
+        if self.error is not None:
+            return
+        pid = self._pid_seen()
+        if isinstance(error, WorkerLostError):
+            processes = self.server.processes
+            code = processes.exitcodes[0] if processes is not None and processes.processes \
+                else None
+            if code is not None:
+                reason = f"its host process (pid {pid}) {describe_exit(code)}"
+            else:
+                reason = (f"its host process (pid {pid}) went silent for "
+                          f"{self.server.config.peer_timeout} s: it is stuck")
+            error = ServedModuleError(reason)
+        else:
+            reason = (f"{type(error).__name__}: {error} (raised by the module in its host "
+                      f"process, pid {pid})")
+        self.fail_with(error, reason)
+
+    def _pid_seen(self) -> int | None:
+        processes = self.server.processes
+        return processes.processes[0].pid if processes is not None and processes.processes \
+            else None
+
+    def fail_with(self, error: BaseException, reason: str) -> None:
+        """The host serves no more: record why, wake whoever waits, tell the callers."""
+        if self.error is not None:
+            return
+        self.error, self.reason = error, reason
+        log.error("served module %r: %s; it serves no more calls", self.name, reason)
+        self.server.abort(error)
+        self._on_fail(reason)
+
+    # -- weights -----------------------------------------------------------------------------
+    async def update(self, weights: Any, timeout: float) -> int:
+        """Load ``weights`` in the host between two calls; the new version, acknowledged.
+
+        Past ``timeout`` seconds (a call stuck in the module), the host is stopped: it
+        serves no more, and :class:`ServedModuleTimeout` says so.
+        """
+        portal = self._portal
+        if portal is None:
+            raise ServedModuleError(f"served module {self.name!r} is closed")
+        return await anyio.to_thread.run_sync(portal.call, self._update, weights, timeout)
+
+    async def _update(self, weights: Any, timeout: float) -> int:
+        if self.error is not None:
+            raise self._gone()
+        with anyio.move_on_after(timeout):
+            try:
+                return await self.server.update(weights)
+            except CollectorError as exc:  # the host could not load them: it serves on
+                raise ServedModuleError(f"served module {self.name!r}: {exc}") from None
+            except (ServedModuleError, WorkerLostError):
+                raise self._gone() from None
+            except Exception as exc:
+                if exc is self.error:
+                    raise self._gone() from None
+                raise  # the trainer's check of the weights (load_state_dict's error)
+        error = ServedModuleTimeout(
+            f"served module {self.name!r}: update() waited {timeout} s (update_timeout) for "
+            "the call under way in its host process to end; the module is stuck, so the "
+            "host was stopped and serves no more calls: fix the module (or raise "
+            "ServedModule(..., update_timeout=) for calls that long), and open a new one")
+        self.fail_with(error, f"it was stuck in a call for more than update_timeout="
+                              f"{timeout} s; its host process was stopped")
+        processes = self.server.processes
+        if processes is not None:
+            await processes.stop(grace=0.0)
+        raise error
+
+    def _gone(self) -> ServedModuleError:
+        error = ServedModuleError(f"served module {self.name!r} failed and serves no more: "
+                                  f"{self.reason}")
+        error.__cause__ = self.error
+        return error
