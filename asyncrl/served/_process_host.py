@@ -67,8 +67,9 @@ class ProcessHost:
                  shadow: nn.Module | None, start_method: str,
                  on_fail: Callable[[str], None]) -> None:
         self.name = name
-        self.server = ProcessPolicyServer(config, blocks=blocks, start_method=start_method,
-                                          shadow=shadow)
+        self.config = config
+        self._server_args = (blocks, start_method, shadow)
+        self._server: ProcessPolicyServer | None = None  # made on the portal's loop (its events)
         self._on_fail = on_fail
         #: Why the host serves no more (the module's error, or a ServedModuleError).
         self.error: BaseException | None = None
@@ -81,16 +82,23 @@ class ProcessHost:
         self._tg: anyio.abc.TaskGroup | None = None
 
     @property
+    def server(self) -> ProcessPolicyServer:
+        assert self._server is not None, "ProcessHost.start() makes the server"
+        return self._server
+
+    @property
     def pid(self) -> int | None:
-        return self.server.pid
+        return None if self._server is None else self._server.pid
 
     @property
     def version(self) -> int:
-        return self.server.version
+        return self.config.version if self._server is None else self._server.version
 
     def statistics(self) -> InferenceStatistics:
         """The host's latest report (at most ``STATS_INTERVAL`` seconds old)."""
-        return self.server.statistics()
+        if self._server is None:
+            return InferenceStatistics(0, 0, {})
+        return self._server.statistics()
 
     # -- life (blocking: call these in a worker thread) ---------------------------------------
     def start(self, backend: str, endpoint: str) -> int:
@@ -102,7 +110,7 @@ class ProcessHost:
         except BaseException as exc:
             self.close()
             raise ending_error(exc) from None
-        pid = self.server.pid
+        pid = self.pid
         if pid is None:  # it died between its "ready" and now: its exit says why
             self.close()
             raise ServedModuleError(f"served module {self.name!r}: its host process ended "
@@ -112,7 +120,10 @@ class ProcessHost:
     async def _run(self, backend: str, endpoint: str, *,
                    task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         self._stop = anyio.Event()
-        config = self.server.config
+        blocks, start_method, shadow = self._server_args
+        self._server = ProcessPolicyServer(self.config, blocks=blocks,
+                                           start_method=start_method, shadow=shadow)
+        config = self.config
         async with Hub(endpoint, heartbeat_interval=config.heartbeat_interval,
                        peer_timeout=config.peer_timeout) as hub, \
                 anyio.create_task_group() as tg:
