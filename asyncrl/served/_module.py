@@ -291,6 +291,7 @@ class ServedModule:
         from ._process_host import ProcessHost  # its imports (the hub) only when asked for
 
         assert self._directory is not None and self._handle is not None
+        assert self._config is not None
         token = anyio.lowlevel.current_token().__class__.__module__
         backend = "trio" if "trio" in token else "asyncio"
         shadow = self._served if isinstance(self._served, nn.Module) else None

@@ -44,6 +44,12 @@ def shm_names(served: ServedModule) -> list[str]:
     return [handle.status, *(n for pair in handle.blocks for n in pair)]
 
 
+def left_behind(directory: str, names: list[str]) -> list[str]:
+    """What of a module's directory and shared memory still exists."""
+    paths = [directory, *(f"/dev/shm/{n}" for n in names)]
+    return [p for p in paths if os.path.exists(p)]
+
+
 async def test_a_process_host_serves_from_its_own_process_versioned_and_closes_clean() -> None:
     with anyio.fail_after(60):
         served = ServedModule(Scale(2.0), name="p", example=EXAMPLE, server_backend="process")
@@ -68,8 +74,7 @@ async def test_a_process_host_serves_from_its_own_process_versioned_and_closes_c
         assert not process_alive(pid)  # stopped and reaped: no zombie either
         await served.aclose()  # idempotent
         assert repr(served) == "ServedModule('p', closed, version=2)"
-        assert not os.path.exists(directory)
-        assert not [n for n in names if os.path.exists(f"/dev/shm/{n}")]
+        assert left_behind(directory, names) == []
 
 
 async def test_weights_by_model_id_reach_a_process_host_and_every_frame_records_them() -> None:
