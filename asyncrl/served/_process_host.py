@@ -58,9 +58,9 @@ class ProcessHost:
     its status, so that every caller fails at once with ``message``.
 
     >>> host = ProcessHost("rm", config, blocks, shadow, "forkserver", on_fail)  # doctest: +SKIP
-    >>> pid = host.start("asyncio", "ipc:///tmp/asyncrl-served-x/hub")   # blocking: a thread
-    >>> version = await host.update(state_dict, timeout=60.0)
-    >>> host.close()                                                    # blocking, idempotent
+    >>> pid = host.start("asyncio", "ipc:///tmp/d/hub")  # blocking (a thread)  # doctest: +SKIP
+    >>> version = await host.update(state_dict, timeout=60.0)                 # doctest: +SKIP
+    >>> host.close()                                     # blocking, idempotent # doctest: +SKIP
     """
 
     def __init__(self, name: str, config: ServerConfig, blocks: Mapping[int, WorkerBlocks],
