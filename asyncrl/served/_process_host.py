@@ -20,14 +20,14 @@ reason, even while the trainer's event loop is busy in a training step.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
-from contextlib import AbstractContextManager
 from typing import Any
 
 import anyio
 import anyio.abc
-from anyio.from_thread import BlockingPortal, start_blocking_portal
+from anyio.from_thread import BlockingPortal
 from torch import nn
 
 from transports import Hub
@@ -48,6 +48,31 @@ log = logging.getLogger("asyncrl.served")
 #: Seconds a host that exited with code 1 (it failed and reports why) is given for its
 #: report to arrive before its exit is the reason.
 _REPORT_GRACE = 1.0
+
+
+def start_portal(backend: str, name: str) -> tuple[BlockingPortal, threading.Thread]:
+    """An event loop in a daemon thread, and its portal (blocking: call it in a thread).
+
+    Not anyio's ``start_blocking_portal``: its thread belongs to an executor that the
+    interpreter joins at exit, so a module the user forgot to close would hang the exit;
+    a daemon thread does not (the host process then sees its parent gone and exits).
+    """
+    made: Future[BlockingPortal] = Future()
+
+    async def serve() -> None:
+        try:
+            async with BlockingPortal() as portal:
+                made.set_result(portal)
+                await portal.sleep_until_stopped()
+        except BaseException as exc:
+            if not made.done():
+                made.set_exception(exc)
+            raise
+
+    thread = threading.Thread(target=anyio.run, args=(serve,), kwargs={"backend": backend},
+                              name=name, daemon=True)
+    thread.start()
+    return made.result(), thread
 
 
 class ProcessHost:
@@ -75,7 +100,7 @@ class ProcessHost:
         self.error: BaseException | None = None
         self.reason = ""
         self._closing = False
-        self._portal_cm: AbstractContextManager[BlockingPortal] | None = None
+        self._thread: threading.Thread | None = None
         self._portal: BlockingPortal | None = None
         self._future: Future[None] | None = None
         self._stop: anyio.Event | None = None
@@ -103,8 +128,7 @@ class ProcessHost:
     # -- life (blocking: call these in a worker thread) ---------------------------------------
     def start(self, backend: str, endpoint: str) -> int:
         """Start the portal, its hub and the process; return the host's pid once it serves."""
-        self._portal_cm = start_blocking_portal(backend, name=f"asyncrl-served-{self.name}")
-        self._portal = self._portal_cm.__enter__()
+        self._portal, self._thread = start_portal(backend, f"asyncrl-served-{self.name}")
         try:
             self._future, _ = self._portal.start_task(self._run, backend, endpoint)
         except BaseException as exc:
@@ -149,9 +173,8 @@ class ProcessHost:
 
     def close(self) -> None:
         """Stop the process, the hub and the portal (idempotent; bounded: a few seconds)."""
-        portal_cm, self._portal_cm = self._portal_cm, None
         portal, self._portal = self._portal, None
-        if portal_cm is None or portal is None:
+        if portal is None:
             return
         try:
             if self._stop is not None and self._future is not None and not self._future.done():
@@ -162,12 +185,16 @@ class ProcessHost:
                     log.warning("served module %r: its host's loop ended with %r", self.name,
                                 exc)
         finally:
-            portal_cm.__exit__(None, None, None)
+            portal.call(portal.stop, True)  # (an update waiting has been woken: see below)
+            if self._thread is not None:
+                self._thread.join(10)
 
     def _request_stop(self) -> None:
         self._closing = True
         assert self._stop is not None
         self._stop.set()
+        if self._server is not None:  # an update waiting for its acknowledgement ends
+            self._server.abort(ServedModuleError(f"served module {self.name!r} was closed"))
 
     # -- failures (on the portal's loop) ------------------------------------------------------
     def _fail(self, error: BaseException) -> None:
@@ -233,17 +260,15 @@ class ProcessHost:
         return await anyio.to_thread.run_sync(portal.call, self._update, weights, timeout)
 
     async def _update(self, weights: Any, timeout: float) -> int:
-        if self.error is not None:
+        if self.error is not None or self._closing:
             raise self._gone()
         with anyio.move_on_after(timeout):
             try:
                 return await self.server.update(weights)
             except CollectorError as exc:  # the host could not load them: it serves on
                 raise ServedModuleError(f"served module {self.name!r}: {exc}") from None
-            except (ServedModuleError, WorkerLostError):
-                raise self._gone() from None
             except Exception as exc:
-                if exc is self.error:
+                if exc is self.error or isinstance(exc, ServedModuleError) or self._closing:
                     raise self._gone() from None
                 raise  # the trainer's check of the weights (load_state_dict's error)
         error = ServedModuleTimeout(
@@ -259,6 +284,9 @@ class ProcessHost:
         raise error
 
     def _gone(self) -> ServedModuleError:
+        if self.error is None:
+            return ServedModuleError(f"served module {self.name!r} was closed while update() "
+                                     "waited: the weights may not have been loaded")
         error = ServedModuleError(f"served module {self.name!r} failed and serves no more: "
                                   f"{self.reason}")
         error.__cause__ = self.error

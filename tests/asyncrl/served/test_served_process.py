@@ -219,3 +219,70 @@ def test_the_host_is_a_thread_or_a_process_and_nothing_else() -> None:
         ServedModule(Scale(), example=EXAMPLE, start_method="spawn")
     with pytest.raises(ValueError, match="update_timeout=0"):
         ServedModule(Scale(), example=EXAMPLE, update_timeout=0)
+
+
+FORGOTTEN = """
+import anyio, torch
+from asyncrl.served import ServedModule
+from tests.asyncrl.served.served_envs import Scale
+
+async def main():
+    served = ServedModule(Scale(), example={"next_observation": torch.zeros(3)},
+                          server_backend="process")
+    await served.open()  # and never closed
+    h = served.handle
+    print(served.pid, h.directory, h.status, *(n for pair in h.blocks for n in pair),
+          flush=True)
+
+anyio.run(main)
+"""
+
+
+def test_a_process_host_never_closed_lets_the_trainer_exit_and_ends_with_it() -> None:
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = str(Path(__file__).resolve().parents[3])
+    done = subprocess.run([sys.executable, "-c", FORGOTTEN], capture_output=True, text=True,
+                          timeout=120, cwd=root, env={**os.environ, "PYTHONPATH": root})
+    assert done.returncode == 0, done.stderr[-2000:]  # exited: no thread held it
+    pid, directory, *names = done.stdout.split()
+    try:
+        deadline = time.monotonic() + 20
+        while process_alive(int(pid)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not process_alive(int(pid))  # the host saw its parent gone and exited
+    finally:  # what a trainer that never closed its module leaves (its shared memory)
+        shutil.rmtree(directory, ignore_errors=True)
+        for name in names:
+            Path(f"/dev/shm/{name}").unlink(missing_ok=True)
+
+
+async def test_closing_a_process_host_during_an_update_ends_the_update_at_once() -> None:
+    with anyio.fail_after(60):
+        served = ServedModule(Slow(), name="cu", example=EXAMPLE, call_timeout=0.5,
+                              update_timeout=30, server_backend="process")
+        await served.open()
+        client = ServedModuleClient(served.handle)
+        await served.update({"delay": torch.tensor([5.0])})
+        with pytest.raises(ServedModuleTimeout):
+            await call(client, 1.0)  # the host is now inside a 5 s call
+        errors: list[BaseException] = []
+
+        async def update() -> None:
+            try:
+                await served.update({"delay": torch.tensor([0.0])})
+            except ServedModuleError as exc:
+                errors.append(exc)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(update)
+            await anyio.sleep(0.5)
+            started = time.monotonic()
+            await served.aclose()
+        assert time.monotonic() - started < 15  # not update_timeout (30 s)
+        assert len(errors) == 1 and "was closed while update() waited" in str(errors[0])
+        assert not process_alive(served.pid)
+        client.close()
