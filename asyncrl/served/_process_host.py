@@ -133,6 +133,9 @@ class ProcessHost:
             self._future, _ = self._portal.start_task(self._run, backend, endpoint)
         except BaseException as exc:
             self.close()
+            if self.error is not None:  # it failed (and said why, or how it ended)
+                raise ServedModuleError(f"served module {self.name!r}: its host process did "
+                                        f"not start serving: {self.reason}") from self.error
             raise ending_error(exc) from None
         pid = self.pid
         if pid is None:  # it died between its "ready" and now: its exit says why
@@ -224,6 +227,10 @@ class ProcessHost:
                 else None
             if code is not None:
                 reason = f"its host process (pid {pid}) {describe_exit(code)}"
+                if code > 0:  # it ended on an error it could not report
+                    reason += (" before it could say why (its stderr has the traceback: a "
+                               "module that cannot be unpickled there, a class defined in a "
+                               "script without a __main__ guard...)")
             else:
                 reason = (f"its host process (pid {pid}) went silent for "
                           f"{self.server.config.peer_timeout} s: it is stuck")

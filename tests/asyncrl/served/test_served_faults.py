@@ -41,7 +41,7 @@ async def call(client: ServedModuleClient, t: float) -> tuple[np.ndarray, int]:
 
 
 async def test_a_module_that_raises_fails_the_call_with_its_error_and_serves_no_more() -> None:
-    with anyio.fail_after(30):
+    with anyio.fail_after(90):
         async with ServedModule(Raises(), name="r", example=EXAMPLE) as served:
             client = ServedModuleClient(served.handle)
             assert (await call(client, 2.0))[0].tolist() == [2.0]
@@ -75,7 +75,7 @@ async def test_a_module_that_raises_stops_the_collector_with_its_error() -> None
 @BACKENDS
 async def test_a_call_not_answered_in_time_fails_and_the_next_call_gets_its_own_answer(
         server_backend: str) -> None:
-    with anyio.fail_after(60):
+    with anyio.fail_after(90):
         async with ServedModule(Slow(), name="slow", example=EXAMPLE, call_timeout=0.5,
                                 server_backend=server_backend) as served:
             client = ServedModuleClient(served.handle)
@@ -91,7 +91,7 @@ async def test_a_call_not_answered_in_time_fails_and_the_next_call_gets_its_own_
 
 
 async def test_closing_the_module_fails_its_callers_at_once() -> None:
-    with anyio.fail_after(30):
+    with anyio.fail_after(90):
         async with ServedModule(Slow(), name="c", example=EXAMPLE, call_timeout=20) as served:
             client = ServedModuleClient(served.handle)
             await served.update({"delay": torch.tensor([0.5])})
@@ -125,7 +125,7 @@ def _call_forever(handle: ServedModuleHandle) -> None:
 @BACKENDS
 async def test_a_caller_lost_mid_call_frees_its_slot_and_no_answer_goes_astray(
         server_backend: str) -> None:
-    with anyio.fail_after(60):
+    with anyio.fail_after(90):
         async with ServedModule(Slow(), name="lost", example=EXAMPLE, clients=1,
                                 server_backend=server_backend) as served:
             await served.update({"delay": torch.tensor([0.3])})
@@ -163,7 +163,7 @@ async def test_a_killed_host_fails_the_call_after_call_timeout_never_a_hang() ->
     host.start()
     handle: ServedModuleHandle | None = None
     try:
-        with anyio.fail_after(60):
+        with anyio.fail_after(90):
             handle = await anyio.to_thread.run_sync(queue.get, True, 50)
             assert handle is not None
             client = ServedModuleClient(handle)
@@ -191,7 +191,7 @@ async def test_a_killed_host_fails_the_call_after_call_timeout_never_a_hang() ->
 
 @BACKENDS
 async def test_inputs_of_the_wrong_shape_are_refused_before_the_call(server_backend: str) -> None:
-    with anyio.fail_after(30):
+    with anyio.fail_after(90):
         async with ServedModule(Scale(), name="s", example=EXAMPLE,
                                 server_backend=server_backend) as served:
             client = ServedModuleClient(served.handle)
@@ -207,7 +207,7 @@ async def test_inputs_of_the_wrong_shape_are_refused_before_the_call(server_back
 @BACKENDS
 async def test_weights_that_do_not_fit_are_refused_and_the_module_serves_on(
         server_backend: str) -> None:
-    with anyio.fail_after(30):
+    with anyio.fail_after(90):
         async with ServedModule(Scale(2.0), name="s", example=EXAMPLE,
                                 server_backend=server_backend) as served:
             client = ServedModuleClient(served.handle)
@@ -222,7 +222,7 @@ async def test_weights_that_do_not_fit_are_refused_and_the_module_serves_on(
 @BACKENDS
 async def test_calls_waiting_together_are_answered_by_one_call_of_the_module(
         server_backend: str) -> None:
-    with anyio.fail_after(30):
+    with anyio.fail_after(90):
         async with ServedModule(Slow(), name="b", example=EXAMPLE, clients=4,
                                 server_backend=server_backend) as served:
             await served.update({"delay": torch.tensor([0.3])})

@@ -51,7 +51,7 @@ def left_behind(directory: str, names: list[str]) -> list[str]:
 
 
 async def test_a_process_host_serves_from_its_own_process_versioned_and_closes_clean() -> None:
-    with anyio.fail_after(60):
+    with anyio.fail_after(90):
         served = ServedModule(Scale(2.0), name="p", example=EXAMPLE, server_backend="process")
         async with served:
             pid, handle = served.pid, served.handle
@@ -100,7 +100,7 @@ async def test_weights_by_model_id_reach_a_process_host_and_every_frame_records_
 
 
 async def test_a_killed_host_process_fails_callers_at_once_and_the_update_with_its_exit() -> None:
-    with anyio.fail_after(60):
+    with anyio.fail_after(90):
         async with ServedModule(Scale(), name="k", example=EXAMPLE, call_timeout=30,
                                 server_backend="process") as served:
             pid = served.pid
@@ -127,7 +127,7 @@ async def test_a_killed_host_process_fails_callers_at_once_and_the_update_with_i
 async def test_a_module_that_raises_in_its_host_process_fails_callers_with_its_error() -> None:
     from .served_envs import Raises
 
-    with anyio.fail_after(60):
+    with anyio.fail_after(90):
         async with ServedModule(Raises(), name="r", example=EXAMPLE,
                                 server_backend="process") as served:
             client = ServedModuleClient(served.handle)
@@ -149,7 +149,7 @@ async def test_a_module_that_raises_in_its_host_process_fails_callers_with_its_e
 
 async def test_closing_a_process_host_fails_its_callers_and_cancelled_close_leaves_nothing(
 ) -> None:
-    with anyio.fail_after(60):
+    with anyio.fail_after(90):
         served = ServedModule(Slow(), name="c", example=EXAMPLE, call_timeout=20,
                               server_backend="process")
         await served.open()
@@ -181,7 +181,7 @@ async def test_closing_a_process_host_fails_its_callers_and_cancelled_close_leav
 @pytest.mark.parametrize("server_backend", ["thread", "process"])
 async def test_an_update_waits_for_a_stuck_call_at_most_update_timeout(
         server_backend: str) -> None:
-    with anyio.fail_after(60):
+    with anyio.fail_after(90):
         async with ServedModule(Slow(), name="u", example=EXAMPLE, call_timeout=0.5,
                                 update_timeout=1.0, server_backend=server_backend) as served:
             client = ServedModuleClient(served.handle)
@@ -261,7 +261,7 @@ def test_a_process_host_never_closed_lets_the_trainer_exit_and_ends_with_it() ->
 
 
 async def test_closing_a_process_host_during_an_update_ends_the_update_at_once() -> None:
-    with anyio.fail_after(60):
+    with anyio.fail_after(90):
         served = ServedModule(Slow(), name="cu", example=EXAMPLE, call_timeout=0.5,
                               update_timeout=30, server_backend="process")
         await served.open()
@@ -286,3 +286,17 @@ async def test_closing_a_process_host_during_an_update_ends_the_update_at_once()
         assert len(errors) == 1 and "was closed while update() waited" in str(errors[0])
         assert not process_alive(served.pid)
         client.close()
+
+
+async def test_a_module_its_host_cannot_build_fails_open_saying_so_and_leaves_nothing() -> None:
+    from .served_envs import HomeOnly
+
+    with anyio.fail_after(90):
+        served = ServedModule(HomeOnly(), name="h", example=EXAMPLE, server_backend="process")
+        with pytest.raises(ServedModuleError, match=r"'h': its host process did not start "
+                                                    r"serving: its host process \(pid \d+\) "
+                                                    r"exited with code 1 before it could say "
+                                                    r"why \(its stderr has the traceback"):
+            await served.open()
+        assert repr(served) == "ServedModule('h', closed, version=0)"
+        await served.aclose()
