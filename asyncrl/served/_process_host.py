@@ -151,23 +151,28 @@ class ProcessHost:
         self._server = ProcessPolicyServer(self.config, blocks=blocks,
                                            start_method=start_method, shadow=shadow)
         config = self.config
-        async with Hub(endpoint, heartbeat_interval=config.heartbeat_interval,
-                       peer_timeout=config.peer_timeout) as hub, \
-                anyio.create_task_group() as tg:
-            self._tg = tg
-            tg.start_soon(self._dispatch, hub)
-            hooks = ServerHooks(fail=self._fail, closing=lambda: self._closing, answered=None)
-            try:
+        try:
+            async with Hub(endpoint, heartbeat_interval=config.heartbeat_interval,
+                           peer_timeout=config.peer_timeout) as hub, \
+                    anyio.create_task_group() as tg:
+                self._tg = tg
+                tg.start_soon(self._dispatch, hub)
+                hooks = ServerHooks(fail=self._fail, closing=lambda: self._closing,
+                                    answered=None)
                 await self.server.start(tg, hub, backend, hooks)
-            except BaseException:
-                self._closing = True
-                with anyio.CancelScope(shield=True):
-                    await self.server.close()
-                raise
-            task_status.started()
-            await self._stop.wait()
-            await self.server.close()  # "close", then SIGTERM / SIGKILL what is left: bounded
-            tg.cancel_scope.cancel()
+                task_status.started()
+                await self._stop.wait()
+                await self.server.close()  # "close", then SIGTERM / SIGKILL what is left
+                tg.cancel_scope.cancel()
+        except Exception as exc:  # this loop failed (its start, hub, watcher): nobody watches
+            if not self._closing:
+                cause = ending_error(exc)
+                self._failed(ServedModuleError(f"{type(cause).__name__}: {cause}"))
+            raise
+        finally:  # whatever ended this loop, the host process ends with it (idempotent)
+            self._closing = True
+            with anyio.CancelScope(shield=True):
+                await self.server.close()
 
     async def _dispatch(self, hub: Hub) -> None:
         async for item in hub:  # the socket is private (0700 directory): the host only
@@ -235,6 +240,8 @@ class ProcessHost:
                 reason = (f"its host process (pid {pid}) went silent for "
                           f"{self.server.config.peer_timeout} s: it is stuck")
             error = ServedModuleError(reason)
+        elif isinstance(error, ServedModuleError):
+            reason = str(error)
         else:
             reason = (f"{type(error).__name__}: {error} (raised by the module in its host "
                       f"process, pid {pid})")
