@@ -530,16 +530,23 @@ class InferenceLoop:
         return action
 
     # -- weights, back-pressure, pause ------------------------------------------------------
-    async def update(self, apply: Callable[[], None]) -> int:
+    async def update(self, apply: Callable[[], None], timeout: float | None = None) -> int:
         """Run ``apply`` (which changes the weights) between two calls; return the new version.
 
-        Returns once the change is made: the next call uses the new weights.
+        Returns once the change is made: the next call uses the new weights. ``timeout``:
+        seconds to wait for the call under way to end (None: as long as it takes); past
+        it, :class:`TimeoutError`, and nothing is changed.
         """
         def locked() -> int:
-            with self._lock:
+            if not self._lock.acquire(timeout=-1 if timeout is None else timeout):
+                raise TimeoutError(f"the call under way did not end within {timeout} s; "
+                                   "the weights were not loaded")
+            try:
                 apply()
                 self.version += 1
                 return self.version
+            finally:
+                self._lock.release()
 
         return await anyio.to_thread.run_sync(locked)
 
