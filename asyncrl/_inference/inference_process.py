@@ -48,11 +48,13 @@ from torch import nn
 
 from transports import CurveClient, ErrorPayload, Link, Message, PeerLostError, SharedTensorBlock
 
+from .._protocol import EnvClose
+from .._protocol.central_inference import ERROR_KIND
 from .._rollout.policies import ExplorationType, PolicyAdapter
 from .._spawn.absent_modules import remember_absent_modules
 from .._spawn.child import ending_error, exit_process
 from .doorbell import DEFAULT_SPIN, EventFd
-from .env_stepper import CLOSE, ERROR, serve_linked
+from .env_stepper import serve_linked
 from .inference_loop import InferenceLoop, OutputLayout, WorkerBlocks
 from .inline_blocks import InlineBlock
 
@@ -155,7 +157,7 @@ class InferenceServer:
     async def _orders(self, trainer: Link) -> None:
         while True:
             message = await trainer.recv()
-            if message.kind == CLOSE:
+            if message.kind == EnvClose.KIND:
                 return
             if message.kind in (HOLD, GO):
                 self.loop.set_room(message.kind == GO)
@@ -258,7 +260,7 @@ async def report_error(trainer: Link, exc: BaseException) -> int:
     log.debug("the inference process failed", exc_info=exc)
     with anyio.move_on_after(2):
         try:
-            await trainer.send(ErrorPayload.from_exception(exc).to_body(), kind=ERROR)
+            await trainer.send(ErrorPayload.from_exception(exc).to_body(), kind=ERROR_KIND)
         except Exception:  # the trainer is gone
             pass
     return 1

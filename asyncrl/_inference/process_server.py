@@ -26,8 +26,9 @@ from torch import nn
 from transports import ErrorPayload, Hub, Message, PeerEvent, ProtocolError, random_identity
 
 from .._errors import BadBatchError, CollectorError, WorkerLostError, rebuild_remote_exception
+from .._protocol import EnvClose
+from .._protocol.central_inference import ERROR_KIND
 from .._spawn.processes import WorkerProcesses, describe_exit
-from .env_stepper import CLOSE, ERROR
 from .inference_loop import InferenceStatistics
 from .inference_process import (
     APPLIED,
@@ -190,7 +191,7 @@ class ProcessPolicyServer(PolicyServer):
                 return None
             return WorkerLostError(f"the inference process went silent for {peer_timeout} s "
                                    "(peer_timeout): it is stuck")
-        if item.kind == ERROR:
+        if item.kind == ERROR_KIND:
             try:
                 payload = ErrorPayload.from_body(item.body, "inference process error")
             except ProtocolError as exc:
@@ -303,7 +304,7 @@ class ProcessPolicyServer(PolicyServer):
         if hub is not None and self.pid is not None:
             with anyio.move_on_after(1):
                 try:
-                    await hub.send(self.identity, None, kind=CLOSE)
+                    await hub.send(self.identity, None, kind=EnvClose.KIND)
                 except Exception:  # gone already
                     pass
         if self.processes is not None:

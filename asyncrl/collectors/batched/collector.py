@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import shutil
 import tempfile
 from collections.abc import Callable, Mapping
@@ -39,19 +40,23 @@ from transports import (
     random_identity,
 )
 
+from ..._coordinator.admission import Admission
+from ..._coordinator.records import Roster
 from ..._errors import BadBatchError, CollectorError, WorkerLostError, rebuild_remote_exception
 from ..._inference.chunk_buffer import ChunkBuffer, SlotCounts
 from ..._inference.chunk_ring import TornChunkError
 from ..._inference.doorbell import spin_for
-from ..._inference.env_stepper import CLOSE, ERROR, EnvWorkerConfig, env_worker_main
-from ..._inference.env_worker_statistics import env_worker_statistics
+from ..._inference.env_admission import env_admission
+from ..._inference.env_stepper import EnvWorkerConfig, env_worker_main
+from ..._inference.env_worker_statistics import RemoteRows, env_worker_statistics
 from ..._inference.inference_loop import InferenceStatistics, OutputLayout, auto_chunk_steps
 from ..._inference.local_channels import LocalChannels, probe_env
 from ..._inference.policy_server import PolicyCopy, PolicyServer, ServerHooks, ServingSetup
-from ..._inference.remote_env_hosts import RemoteEnvWorkers, hub_keys
-from ..._inference.remote_members import RemoteMembers
+from ..._inference.remote_env_hosts import RemoteEnvWorkers, env_layout, hub_keys
 from ..._inference.served_weights import ServedWeights, given_weights
 from ..._observe.statistics import WorkerStatistics
+from ..._protocol import EnvClose
+from ..._protocol.central_inference import ERROR_KIND
 from ..._protocol.env_source import is_plain
 from ..._rollout.env_ids import EnvIdSource
 from ..._rollout.policies import ExplorationType
@@ -218,7 +223,12 @@ class AsyncBatchedCollector(BaseCollector[RB]):
                             start_method=self.start_method)
         self._server: PolicyServer | None = None
         self._remote: RemoteEnvWorkers | None = None
-        self._members = RemoteMembers(self._publish)
+        self._remote_rows = RemoteRows(self._publish)
+        #: Every env worker, local and remote, is admitted into this one roster (the one
+        #: admission, made once the layouts are known: _build_server).
+        self._roster = Roster()
+        self._admission: Admission | None = None
+        self._token = secrets.token_hex(16)  # a local env worker's hello proves its spawn
         self._admitted: set[bytes] = set()
         super().__init__(total_frames=total_frames, frames_per_batch=self.frames_per_batch,
                          split_trajs=split_trajs, postproc=self._postprocess,
@@ -302,6 +312,10 @@ class AsyncBatchedCollector(BaseCollector[RB]):
         policy, outputs = PolicyCopy.make(
             self.policy, self.policy_factory, device=self._server_type.copy_device(self.device),
             action_spec=spec, exploration_type=self.exploration_type, obs=obs)
+        admission = self._admission = env_admission(
+            self._roster, env_layout(obs, outputs, 1), max_envs=self.batching.max_batch_size,
+            first_remote_index=self.num_workers, remote_workers=self.remote_workers,
+            token=self._token, env_id=self._probe_factory)
         channels = self._channels
         channels.make([len(g) for g in self.groups], obs, outputs, splits=self.batching.splits,
                       chunk_steps=self.chunk_steps, capacity=self._frames.capacity,
@@ -316,7 +330,8 @@ class AsyncBatchedCollector(BaseCollector[RB]):
                 chunk_steps=self.chunk_steps, max_envs=self.batching.max_batch_size,
                 blocks=channels.blocks, submit=self._submit_remote,
                 on_chunk=self._on_chunk, register=self._register_remote,
-                version=lambda: self.policy_version, members=self._members)
+                version=lambda: self.policy_version, rows=self._remote_rows,
+                admission=admission, roster=self._roster)
         server = self._server = self._server_type.create(self._serving_setup(obs, outputs),
                                                          policy)
         self._weights.server = server
@@ -388,7 +403,7 @@ class AsyncBatchedCollector(BaseCollector[RB]):
             with anyio.move_on_after(1):
                 for peer in list(self._peer_of.values()):
                     try:
-                        await hub.send(peer, None, kind=CLOSE)
+                        await hub.send(peer, None, kind=EnvClose.KIND)
                     except Exception:  # gone already
                         pass
         if self._workers is not None:
@@ -432,7 +447,7 @@ class AsyncBatchedCollector(BaseCollector[RB]):
             if hub.admission and item.peer not in self._admitted:
                 self._admitted.add(item.peer)  # our own child: full message sizes
                 hub.admit(item.peer)
-            if item.kind == ERROR:  # (its chunks come through its ring)
+            if item.kind == ERROR_KIND:  # (its chunks come through its ring)
                 self._on_error(slot, item)
 
     async def _read_local_chunks(self) -> None:
@@ -511,10 +526,10 @@ class AsyncBatchedCollector(BaseCollector[RB]):
 
     def _worker_statistics(self) -> list[WorkerStatistics]:
         """The local env workers (pid, state, what each sent: chunks, frames; when heard),
-        then every remote env host admitted (:mod:`asyncrl._inference.remote_members`)."""
+        then every remote env host admitted (:mod:`asyncrl._inference.env_worker_statistics`)."""
         rows = [] if self._workers is None else env_worker_statistics(
             self._workers, self._peer_of, self._frames.counts, self._hub)
-        return rows + self._members.rows(self._frames.counts, self._hub)
+        return rows + self._remote_rows.rows(self._frames.counts, self._hub)
 
     def _room_for_more(self) -> bool:
         """Whether the env workers may be answered: room for frames, and not paused."""
