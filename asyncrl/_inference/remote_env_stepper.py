@@ -1,14 +1,15 @@
 """A remote env worker of central inference: the env-stepping loop over TCP, no shared memory.
 
-``asyncrl env-worker --connect tcp://HOST:PORT --env ID_OR_IMPORT_PATH --envs N``
+``asyncrl worker --role env --connect tcp://HOST:PORT --env ID_OR_IMPORT_PATH --envs N``
 runs :func:`run_remote_env_worker`: it builds its envs here (the env is a gym id
 or an import path resolved on this host: code never travels), says the one
 ``hello`` (``role="env"``) with their observation and action layouts, and once
-welcomed steps exactly as a local env worker (:class:`~asyncrl._inference.env_stepper.EnvStepper`), except that the
-observations travel inline in each ``obs`` message and the policy outputs come
-back inline in each ``act`` answer (msgpack header + raw tensor frames, never
-pickle). Both ends check every tensor against the layouts agreed at join
-(:class:`InlineArrays` here, :class:`~.inline_blocks.InlineBlock` in the collector).
+welcomed steps exactly as a local env worker
+(:class:`~asyncrl._inference.env_stepper.EnvStepper`), except that the observations
+travel inline in each ``obs`` message and the policy outputs come back inline in each
+``act`` answer (msgpack header + raw tensor frames, never pickle). Both ends decode
+every message by its declared kind (:mod:`asyncrl._protocol.central_inference`),
+bounded by the layouts agreed at join.
 
 Torch-free, as a local env worker: ``asyncrl env-worker`` imports neither torch nor
 tensordict (:mod:`asyncrl._spawn.torch_free`). Tensors arrive as numpy arrays and
