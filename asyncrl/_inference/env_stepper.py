@@ -33,6 +33,8 @@ A remote env worker
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import sys
 import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -52,7 +54,17 @@ from transports import (
 )
 
 from .._errors import RefusedError
-from .._protocol import Actions, EnvChunk, EnvClose, Observations, Refuse, decode
+from .._protocol import (
+    PROTOCOL,
+    Actions,
+    EnvChunk,
+    EnvClose,
+    EnvWelcome,
+    Hello,
+    Observations,
+    Refuse,
+    decode,
+)
 from .._protocol.central_inference import ERROR_KIND
 from .._rollout.env_ids import EnvIdSource
 from .._rollout.env_pools import EnvPool
@@ -136,6 +148,8 @@ class EnvWorkerConfig:
     #: Where the trainer's gymnasium ids are registered (run-time registrations: the
     #: fork server never ran its main()); imported before the envs are built.
     env_sources: Sequence[EnvIdSource] = ()
+    #: Proves to the collector's admission that this worker was spawned by it (its hello).
+    token: str = ""
 
 
 def build_pool(factories: Sequence[Any], kwargs: Mapping[str, Any]) -> EnvPool:
@@ -494,9 +508,33 @@ async def serve_linked(endpoint: str, identity: bytes, config: Any, parent_pid: 
         return code
 
 
+async def join_locally(link: Link, config: EnvWorkerConfig) -> bool:
+    """A local env worker's join: the one hello (``role="env"``, its slot and spawn
+    token), then its welcome. False: the collector closed before it came."""
+    hello = Hello(protocol=PROTOCOL, name=link.identity.decode(errors="replace"),
+                  host=socket.gethostname()[:200], pid=os.getpid(), specs={},
+                  slot=config.slot, token=config.token, role="env")
+    await link.send(hello.to_body(), kind=Hello.KIND)
+    message = await link.recv()
+    if message.kind == EnvClose.KIND:
+        return False
+    if message.kind == Refuse.KIND:
+        raise RefusedError(f"the collector refused env worker {config.slot}: "
+                           f"{decode(Refuse, message.body).reason}")
+    if message.kind != EnvWelcome.KIND:
+        raise ProtocolError(f"expected {EnvWelcome.KIND!r} or {Refuse.KIND!r}, got "
+                            f"{str(message.kind)[:64]!r}")
+    welcome = decode(EnvWelcome, message.body)
+    if welcome.slot != config.slot:
+        raise ProtocolError(f"welcomed as slot {welcome.slot}, spawned for {config.slot}")
+    return True
+
+
 async def _serve(link: Link, config: EnvWorkerConfig) -> int:
     stepper: EnvStepper | None = None
     try:
+        if not await join_locally(link, config):
+            return 0
         stepper = await anyio.to_thread.run_sync(EnvStepper, config)
         await _step_locally(stepper, link, config)
         return 0

@@ -40,6 +40,7 @@ from transports import (
     random_identity,
 )
 
+from ..._coordinator.actions import Send
 from ..._coordinator.admission import Admission
 from ..._coordinator.records import Roster
 from ..._errors import BadBatchError, CollectorError, WorkerLostError, rebuild_remote_exception
@@ -55,8 +56,8 @@ from ..._inference.policy_server import PolicyCopy, PolicyServer, ServerHooks, S
 from ..._inference.remote_env_hosts import RemoteEnvWorkers, env_layout, hub_keys
 from ..._inference.served_weights import ServedWeights, given_weights
 from ..._observe.statistics import WorkerStatistics
-from ..._protocol import EnvClose
-from ..._protocol.central_inference import ERROR_KIND
+from ..._protocol import EnvClose, EnvWelcome, Hello, Refuse, decode
+from ..._protocol.central_inference import ERROR_KIND, dtype_name
 from ..._protocol.env_source import is_plain
 from ..._rollout.env_ids import EnvIdSource
 from ..._rollout.policies import ExplorationType
@@ -373,7 +374,7 @@ class AsyncBatchedCollector(BaseCollector[RB]):
                 spin=self._spin, chunk_ring=channels.rings[slot].names,
                 chunk_bell=channels.chunk_bell, room_bell=channels.room_bells[slot],
                 splits=self.batching.splits, curve=self._local_keys,
-                env_sources=sources)
+                env_sources=sources, token=self._token)
             return (endpoint, identity, config, backend, parent)
 
         return WorkerProcesses(self.num_workers, env_worker_main, args,
@@ -444,11 +445,40 @@ class AsyncBatchedCollector(BaseCollector[RB]):
                         f"{self._heartbeat[1]} s (peer_timeout): it is stuck or its host is gone"))
                 continue
             slot = found
-            if hub.admission and item.peer not in self._admitted:
-                self._admitted.add(item.peer)  # our own child: full message sizes
-                hub.admit(item.peer)
-            if item.kind == ERROR_KIND:  # (its chunks come through its ring)
+            if self._roster.live(item.peer) is None:  # not joined yet: its hello, or nothing
+                await self._join_local(hub, item, slot)
+            elif item.kind == ERROR_KIND:  # (its chunks come through its ring)
                 self._on_error(slot, item)
+
+    async def _join_local(self, hub: Hub, message: Message, slot: int) -> None:
+        """A local env worker's hello: through the one admission (its slot, its spawn
+        token), into the one roster, welcomed. Our own child: whatever else it sends
+        first, or a refusal, is a fault of this collector's making and ends the run."""
+        assert self._admission is not None
+        if message.kind == ERROR_KIND:  # (it failed before its hello: say why)
+            self._on_error(slot, message)
+            return
+        try:
+            if message.kind != Hello.KIND:
+                raise ProtocolError(f"expected its {Hello.KIND!r} first, got "
+                                    f"{str(message.kind)[:64]!r}")
+            hello = decode(Hello, message.body)
+            refusal = self._admission.refusal(message.peer, hello)
+            if refusal:
+                raise ProtocolError("; ".join(a.message.reason for a in refusal if isinstance(
+                    a, Send) and isinstance(a.message, Refuse)))
+        except ProtocolError as exc:
+            self._fail(BadBatchError(f"env worker {slot} could not join: {exc}"))
+            return
+        worker = self._admission.admit(message.peer, hello)
+        if hub.admission:
+            hub.admit(message.peer)  # our own child: full message sizes
+        act = self._channels.blocks[slot].act.layout  # type: ignore[attr-defined]
+        welcome = EnvWelcome(
+            slot=slot, traj_tag=slot, chunk_steps=self.chunk_steps, obs_paths=[], extra_paths=[],
+            act={k: (dtype_name(d), list(s)) for k, (d, s) in act.items()},  # type: ignore[misc]
+            index=worker.index, attempt=hello.attempt)
+        await hub.send(message.peer, welcome.to_body(), kind=EnvWelcome.KIND)
 
     async def _read_local_chunks(self) -> None:
         """Take the local env workers' chunks from their rings whenever the chunk bell rings."""
