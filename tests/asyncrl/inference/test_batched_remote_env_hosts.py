@@ -28,9 +28,9 @@ def start_env_host(endpoint: str, envs: int, backend: str,
                    *extra: str) -> subprocess.Popen[str]:
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     return subprocess.Popen(
-        [sys.executable, "-m", "asyncrl.cli", "env-worker", "--connect", endpoint,
-         "--env", "asyncrl.testing:CountingEnv", "--envs", str(envs), "--backend", backend,
-         *extra], env=env, stderr=subprocess.PIPE, text=True)
+        [sys.executable, "-m", "asyncrl.cli", "worker", "--role", "env", "--connect", endpoint,
+         "--env", "asyncrl.testing:CountingEnv", "--envs-per-worker", str(envs),
+         "--backend", backend, *extra], env=env, stderr=subprocess.PIPE, text=True)
 
 
 async def wait_exit(process: subprocess.Popen[str], timeout: float = 30) -> tuple[int, str]:
