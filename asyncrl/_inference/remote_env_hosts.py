@@ -29,6 +29,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -84,9 +85,9 @@ class _EnvHost:
 def env_layout(obs: dict[Path, torch.Tensor], outputs: OutputLayout, envs: int) -> EnvLayout:
     """The layout of ``envs`` of this collector's envs (a hello's ``specs``, ``role="env"``)."""
     dtype, shape = outputs.action
-    return EnvLayout(envs=envs, obs=[(dtype_name(t.dtype), list(t.shape[1:]))
-                                     for t in obs.values()],  # type: ignore[misc]
-                     action=(dtype_name(dtype), list(shape)))  # type: ignore[arg-type]
+    entries: list[Any] = [(dtype_name(t.dtype), list(t.shape[1:])) for t in obs.values()]
+    action: Any = (dtype_name(dtype), list(shape))
+    return EnvLayout(envs=envs, obs=entries, action=action)
 
 
 class RemoteEnvWorkers:
@@ -233,7 +234,7 @@ class RemoteEnvWorkers:
         block = self.blocks[slot].obs
         request = decode(Observations, message.body, layout={
             k: (dtype_name(d), s) for k, (d, s) in block.layout.items()})
-        block.write(request.arrays)  # type: ignore[attr-defined]
+        block.write(request.arrays)  # type: ignore[call-arg]
         self.slots.waiting.add(slot)
         await self._submit(slot)
 

@@ -160,7 +160,7 @@ def welcome_config(welcome: EnvWelcome, pool: EnvPool, *, heartbeat_interval: fl
                    peer_timeout: float) -> tuple[EnvWorkerConfig, InlineArrays, InlineArrays]:
     """The stepper's config and its two inline blocks, from the collector's welcome."""
     obs = {f"o{i}": (a.dtype.name, tuple(a.shape)) for i, a in enumerate(pool.obs_arrays)}
-    act = {k: (d, tuple(s)) for k, (d, s) in welcome.act.items()}
+    act = {k: (str(d), tuple(s)) for k, (d, s) in welcome.act.items()}
     config = EnvWorkerConfig(slot=welcome.slot, factories=[], create_env_kwargs={},
                              obs_block="", act_block="",
                              obs_paths=[tuple(p) for p in welcome.obs_paths],
@@ -198,14 +198,16 @@ async def run_remote_env_worker(connect: str, env: Any, *, envs: int = 1,
     try:
         async with Link(connect, identity=identity, heartbeat_interval=interval,
                         peer_timeout=peer_timeout, curve=curve) as link:
-            with anyio.move_on_after(join_timeout) as waited:
-                welcome, pool = await _join(link, pool, env, envs, kwargs, missing)
-            if waited.cancelled_caught:
+            joined: tuple[EnvWelcome, EnvPool] | None = None
+            with anyio.move_on_after(join_timeout):
+                joined = await _join(link, pool, env, envs, kwargs, missing)
+            if joined is None:
                 raise JoinTimeout(
                     f"no welcome from {connect} within --join-timeout {join_timeout} s: "
                     "something accepts connections there but does not answer as an "
                     "AsyncBatchedCollector (a different service on that port, a trainer "
                     "whose event loop is blocked, or one whose remote_workers stayed full)")
+            welcome, pool = joined
             config, obs, act = welcome_config(welcome, pool, heartbeat_interval=interval,
                                               peer_timeout=peer_timeout)
             stepper = RemoteStepper(config, pool=pool, blocks=(obs, act))

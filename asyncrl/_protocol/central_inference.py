@@ -205,13 +205,14 @@ def _arrays(body: Any, layout: Mapping[str, tuple[str, tuple[int, ...]]], what: 
     if not isinstance(body, Mapping):
         raise ProtocolError(f"{what} must be a map {expected}, got {type(body).__name__}")
     if set(body) != set(layout):
-        got = sorted(printable(str(k), limit=32) for k in list(body)[:8])
-        raise ProtocolError(f"{what} must hold exactly {expected}, got keys {got}")
+        keys = sorted(printable(str(k), limit=32) for k in list(body)[:8])
+        raise ProtocolError(f"{what} must hold exactly {expected}, got keys {keys}")
     arrays = {k: body[k] if convert is None else convert(body[k]) for k in layout}
     bad = {k: problem for k, (d, s) in layout.items()
            if (problem := array_problem(arrays[k], d, s))}
     if bad:
-        got = ", ".join(f"{k!r}: {p}" for k, p in list(bad.items())[:8])
+        got = ", ".join(f"{printable(str(k), limit=32)!r}: {p}"
+                        for k, p in list(bad.items())[:8])
         raise ProtocolError(f"{what} must hold exactly {expected}, got {{{got}}}")
     return arrays
 
@@ -307,11 +308,11 @@ class EnvChunk:
 
         lead = next((s[:2] for _, s in schema.values()), ())
         if not isinstance(body, TensorDictBase) or tuple(body.batch_size) != tuple(lead):
-            got = list(body.batch_size) if isinstance(body, TensorDictBase) \
+            size = list(body.batch_size) if isinstance(body, TensorDictBase) \
                 else type(body).__name__
             raise ProtocolError(f"chunk message must be a TensorDict of batch size "
-                                f"{list(lead)}, got {got}")
-        got = {(k,) if isinstance(k, str) else tuple(k): body.get(k)
+                                f"{list(lead)}, got {size}")
+        got: dict[tuple[str, ...], Any] = {(k,) if isinstance(k, str) else tuple(k): body.get(k)
                for k in body.keys(include_nested=True, leaves_only=True)}
         bad = sorted(printable(str(p), limit=200) for p in set(schema) ^ set(got))[:8] or sorted(
             f"{p}: expected {dtype_name(d)}{list(s)}, got "

@@ -473,7 +473,7 @@ class AsyncBatchedCollector(BaseCollector[RB]):
         worker = self._admission.admit(message.peer, hello)
         if hub.admission:
             hub.admit(message.peer)  # our own child: full message sizes
-        act = self._channels.blocks[slot].act.layout  # type: ignore[attr-defined]
+        act = self._channels.blocks[slot].act.layout
         welcome = EnvWelcome(
             slot=slot, traj_tag=slot, chunk_steps=self.chunk_steps, obs_paths=[], extra_paths=[],
             act={k: (dtype_name(d), list(s)) for k, (d, s) in act.items()},  # type: ignore[misc]
