@@ -16,7 +16,6 @@ errors and close, and a remote env host's requests and chunks.
 from __future__ import annotations
 
 import logging
-import os
 import secrets
 import shutil
 import tempfile
@@ -48,7 +47,6 @@ from ..._inference.chunk_buffer import ChunkBuffer, SlotCounts
 from ..._inference.chunk_ring import TornChunkError
 from ..._inference.doorbell import spin_for
 from ..._inference.env_admission import env_admission
-from ..._inference.env_stepper import EnvWorkerConfig, env_worker_main
 from ..._inference.env_worker_statistics import RemoteRows, env_worker_statistics
 from ..._inference.inference_loop import InferenceStatistics, OutputLayout, auto_chunk_steps
 from ..._inference.local_channels import LocalChannels, probe_env
@@ -58,8 +56,6 @@ from ..._inference.served_weights import ServedWeights, given_weights
 from ..._observe.statistics import WorkerStatistics
 from ..._protocol import EnvClose, EnvWelcome, Hello, Refuse, decode
 from ..._protocol.central_inference import ERROR_KIND, dtype_name
-from ..._protocol.env_source import is_plain
-from ..._rollout.env_ids import EnvIdSource
 from ..._rollout.policies import ExplorationType
 from ..._spawn.forkserver import check_start_method
 from ..._spawn.processes import WorkerProcesses, describe_exit
@@ -81,6 +77,7 @@ from .arguments import (
     refuse_torchrl_only,
     split_envs,
 )
+from .local_workers import LocalEnvWorkers
 
 log = logging.getLogger("asyncrl.collectors")
 
@@ -242,6 +239,10 @@ class AsyncBatchedCollector(BaseCollector[RB]):
         # (remote env hosts only: at least one env per remote worker)
         self.chunk_steps = self.batching.chunk_steps or auto_chunk_steps(
             self.frames_per_batch, self.num_envs or self.remote_workers)
+        self._local = LocalEnvWorkers(
+            groups=self.groups, create_env_kwargs=self.create_env_kwargs,
+            chunk_steps=self.chunk_steps, heartbeat=self._heartbeat, spin=self._spin,
+            splits=self.batching.splits, start_method=self.start_method, token=self._token)
         # Set once open:
         self._channels = LocalChannels()  # the local env workers' blocks, bells, rings
         self._workers: WorkerProcesses | None = None
@@ -289,7 +290,9 @@ class AsyncBatchedCollector(BaseCollector[RB]):
                 async with Hub(endpoint, heartbeat_interval=interval,
                                peer_timeout=timeout, **limits) as hub:
                     self._hub = hub
-                    self._workers = self._make_workers(hub.endpoint, backend, obs_paths, outputs)
+                    self._workers = self._local.processes(
+                        hub.endpoint, backend, obs_paths, outputs, self._channels,
+                        self._peer_of, self._local_keys)
                     async with anyio.create_task_group() as tg:
                         tg.start_soon(self._dispatch, hub)
                         tg.start_soon(self._read_local_chunks)
@@ -353,49 +356,6 @@ class AsyncBatchedCollector(BaseCollector[RB]):
             spin=self._spin, first_remote_slot=self.num_workers if self.remote_workers else None,
             heartbeat=self._heartbeat, start_method=self.start_method,
             local_keys=self._local_keys)
-
-    def _make_workers(self, endpoint: str, backend: str, obs_paths: list[Path],
-                      outputs: OutputLayout) -> WorkerProcesses:
-        interval, timeout = self._heartbeat
-        extra_paths = [p for p, _, _ in outputs.extras]
-        parent = os.getpid()
-        channels = self._channels
-        ids = {f for group in self.groups for f in group if isinstance(f, str)}
-        sources = tuple(s for s in map(EnvIdSource.of, sorted(ids)) if s is not None)
-
-        def args(slot: int, identity: bytes) -> tuple[Any, ...]:
-            blocks = channels.blocks[slot]
-            config = EnvWorkerConfig(
-                slot=slot, factories=self.groups[slot], create_env_kwargs=self.create_env_kwargs,
-                obs_block=blocks.obs.name, act_block=blocks.act.name, obs_paths=obs_paths,
-                extra_paths=extra_paths, chunk_steps=self.chunk_steps,
-                heartbeat_interval=interval, peer_timeout=timeout,
-                request_bell=channels.request_bell, answer_bell=channels.answer_bells[slot],
-                spin=self._spin, chunk_ring=channels.rings[slot].names,
-                chunk_bell=channels.chunk_bell, room_bell=channels.room_bells[slot],
-                splits=self.batching.splits, curve=self._local_keys,
-                env_sources=sources, token=self._token)
-            return (endpoint, identity, config, backend, parent)
-
-        return WorkerProcesses(self.num_workers, env_worker_main, args,
-                               identity=lambda slot: self._peer_of[slot],
-                               start_method=self.start_method, name="asyncrl-env-worker",
-                               torch_free=self._torch_free_workers())
-
-    def _torch_free_workers(self) -> bool:
-        """Whether the env workers can run without torch (spawned, ~100 MB less each).
-
-        Yes when the envs are named (gym ids, import paths resolved in the worker) and
-        their kwargs are plain data. A callable goes to workers forked as before: it may
-        come from the user's script, which a torch-free child does not run, and its
-        module most often imports torch anyway (a spawned child would import it again,
-        seconds per worker). ``ASYNCRL_TORCH_FREE_ENV_WORKERS=0`` forks them in any case
-        (a faster start: no fresh interpreter per worker).
-        """
-        if os.environ.get("ASYNCRL_TORCH_FREE_ENV_WORKERS", "1") == "0":
-            return False
-        return (all(isinstance(f, str) for group in self.groups for f in group)
-                and is_plain(dict(self.create_env_kwargs)))
 
     async def _close(self) -> None:
         self._closing = True
