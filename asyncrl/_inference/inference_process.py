@@ -76,8 +76,10 @@ from .._spawn.absent_modules import remember_absent_modules
 from .._spawn.child import ending_error, exit_process
 from .doorbell import DEFAULT_SPIN, EventFd
 from .env_stepper import serve_linked
-from .inference_loop import InferenceLoop, OutputLayout, WorkerBlocks
+from .inference_loop import InferenceLoop
 from .inline_blocks import InlineBlock
+from .outputs import OutputLayout
+from .worker_blocks import WorkerBlocks
 
 log = logging.getLogger("asyncrl.inference")
 

@@ -62,9 +62,10 @@ from .._protocol import (
 )
 from .chunk_buffer import SlotCounts
 from .env_worker_statistics import RemoteRows
-from .inference_loop import OutputLayout, WorkerBlocks
 from .inline_blocks import InlineBlock, dtype_name
+from .outputs import OutputLayout
 from .slot_occupants import SlotOccupants
+from .worker_blocks import WorkerBlocks
 
 log = logging.getLogger("asyncrl.collectors")
 

@@ -43,13 +43,14 @@ from ..._coordinator.actions import Send
 from ..._coordinator.admission import Admission
 from ..._coordinator.records import Roster
 from ..._errors import BadBatchError, CollectorError, WorkerLostError, rebuild_remote_exception
-from ..._inference.chunk_buffer import ChunkBuffer, SlotCounts
+from ..._inference.chunk_buffer import ChunkBuffer, SlotCounts, auto_chunk_steps
 from ..._inference.chunk_ring import TornChunkError
 from ..._inference.doorbell import spin_for
 from ..._inference.env_admission import env_admission
 from ..._inference.env_worker_statistics import RemoteRows, env_worker_statistics
-from ..._inference.inference_loop import InferenceStatistics, OutputLayout, auto_chunk_steps
+from ..._inference.inference_loop import InferenceStatistics
 from ..._inference.local_channels import LocalChannels, probe_env
+from ..._inference.outputs import OutputLayout
 from ..._inference.policy_server import PolicyCopy, PolicyServer, ServerHooks, ServingSetup
 from ..._inference.remote_env_hosts import RemoteEnvWorkers, env_layout, hub_keys
 from ..._inference.served_weights import ServedWeights, given_weights

@@ -24,8 +24,8 @@ from typing import Any
 from transports import CurveClient
 
 from ..._inference.env_stepper import EnvWorkerConfig, env_worker_main
-from ..._inference.inference_loop import OutputLayout
 from ..._inference.local_channels import LocalChannels
+from ..._inference.outputs import OutputLayout
 from ..._protocol.env_source import is_plain
 from ..._rollout.env_ids import EnvIdSource
 from ..._spawn.processes import WorkerProcesses
