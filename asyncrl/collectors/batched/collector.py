@@ -102,8 +102,8 @@ class AsyncBatchedCollector(BaseCollector[RB]):
     envs share a process and a request, or ``worker_num_splits`` equal requests
     (Sample Factory's double buffering: one split steps while the policy serves
     another); with ``listen="tcp://HOST:PORT"`` and
-    ``remote_workers=K``, up to K ``asyncrl env-worker`` processes on other hosts
-    join at a time (a dropped one's slot goes to the next to join; their
+    ``remote_workers=K``, up to K ``asyncrl worker --role env`` processes on other
+    hosts join at a time (a dropped one's slot goes to the next to join; their
     observations travel inline, checked; ``num_envs=0``: remote env hosts only;
     each host is a row of ``statistics()`` and its joins, departures and losses
     are ``events()``; ``curve_keys``: a directory made by
