@@ -439,7 +439,10 @@ class AsyncBatchedCollector(BaseCollector[RB]):
             slot=slot, traj_tag=slot, chunk_steps=self.chunk_steps, obs_paths=[], extra_paths=[],
             act={k: (dtype_name(d), list(s)) for k, (d, s) in act.items()},  # type: ignore[misc]
             index=worker.index, attempt=hello.attempt)
-        await hub.send(message.peer, welcome.to_body(), kind=EnvWelcome.KIND)
+        try:
+            await hub.send(message.peer, welcome.to_body(), kind=EnvWelcome.KIND)
+        except Exception as exc:  # gone meanwhile (stopped, or died): its exit says the rest
+            log.debug("could not welcome env worker %d: %r", slot, exc)
 
     async def _read_local_chunks(self) -> None:
         """Take the local env workers' chunks from their rings whenever the chunk bell rings."""
