@@ -234,6 +234,8 @@ async def run_remote_env_worker(connect: str, env: Any, *, envs: int = 1,
             pool.close()
 
 
+#: How a collector of a release before the one hello refuses it (its own join's kind).
+_OLDER_REFUSAL = "refused"
 #: Pauses between two hellos of a host refused because the run is full (s), doubled
 #: up to the last (jittered by a quarter): a place frees when a worker leaves.
 _FULL_BACKOFF = (0.5, 8.0)
@@ -256,6 +258,10 @@ async def _join(link: Link, pool: EnvPool | None, env: Any, envs: int,
         if message.kind == EnvWelcome.KIND:
             assert pool is not None  # (a hello without envs is refused, never welcomed)
             return decode(EnvWelcome, message.body), pool
+        if message.kind == _OLDER_REFUSAL:  # a collector of a release before the one hello
+            raise RefusedError(f"the collector at {link.endpoint} speaks the older join of "
+                               "env workers ('env-hello'): run the same asyncrl release on "
+                               f"the trainer and here (it said: {str(message.body)[:500]})")
         if message.kind != Refuse.KIND:
             raise ProtocolError(f"expected {EnvWelcome.KIND!r} or {Refuse.KIND!r}, got "
                                 f"{str(message.kind)[:64]!r}")
