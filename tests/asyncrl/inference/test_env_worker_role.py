@@ -85,3 +85,26 @@ def test_env_worker_is_an_alias_that_says_so() -> None:
     done = subprocess.run([sys.executable, "-m", "asyncrl", "worker", "--help"],
                           capture_output=True, text=True, timeout=60)
     assert "--role {rollout,env}" in done.stdout
+
+
+async def test_an_env_worker_names_a_collector_of_the_older_join() -> None:
+    # A trainer of the release before the one hello answers it with its own 'refused'.
+    from asyncrl._errors import RefusedError
+    from asyncrl._inference.remote_env_stepper import run_remote_env_worker
+    from transports import Hub, Message
+
+    with anyio.fail_after(LIMIT):
+        async with Hub("tcp://127.0.0.1:0", heartbeat_interval=0.5) as hub:
+            async def old_collector() -> None:
+                async for item in hub:
+                    if isinstance(item, Message) and item.kind == Hello.KIND:
+                        await hub.send(item.peer, "remote env worker refused: a remote env "
+                                       "worker must first send 'env-hello', got 'hello'",
+                                       kind="refused")
+                        return
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(old_collector)
+                with pytest.raises(RefusedError, match="speaks the older join of env workers"):
+                    await run_remote_env_worker(hub.endpoint, "asyncrl.testing:CountingEnv",
+                                                join_timeout=30)
