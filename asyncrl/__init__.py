@@ -4,7 +4,8 @@ This module is the public face: the collectors (every name of
 :mod:`asyncrl.collectors`, the same objects), their errors (one tree under
 :class:`AsyncRLError`; the wire's errors a user catches, ``RemoteError``,
 ``PeerLostError``..., are asyncrl's subclasses of the :mod:`transports` classes
-of the same name), and the random policy. Weight sync lives in
+of the same name), the random policy, and served modules (one copy of a reward
+model or encoder for every env: :mod:`asyncrl.served`). Weight sync lives in
 :mod:`asyncrl.weights`, test doubles in :mod:`asyncrl.testing`; every other
 module is private (``asyncrl._name``).
 
@@ -60,9 +61,17 @@ if _TYPE_CHECKING or not _TORCH_FREE:
     from .collectors import Pausing as Pausing
     from .collectors import Started as Started
     from .collectors import UpdateRatio as UpdateRatio
+    from .served import ServedModule as ServedModule
+    from .served import ServedModuleError as ServedModuleError
+    from .served import ServedModuleTimeout as ServedModuleTimeout
+    from .served import ServedObservation as ServedObservation
+    from .served import ServedReward as ServedReward
+
+    # registers the "served" weight-sync scheme (TorchRL's RayModuleTransformScheme's)
+    from .served._scheme import ServedModuleScheme as _ServedModuleScheme  # noqa: F401
 else:
     _FACE = ("._errors", "._observe.events", "._observe.progress", "._observe.statistics",
-             "._rollout.policies", ".collectors")
+             "._rollout.policies", ".collectors", ".served")
 
     def __getattr__(name: str) -> _Any:
         import importlib
@@ -108,6 +117,11 @@ __all__ = [
     "RandomPolicy",
     "RefusedError",
     "RemoteError",
+    "ServedModule",
+    "ServedModuleError",
+    "ServedModuleTimeout",
+    "ServedObservation",
+    "ServedReward",
     "SpecMismatchError",
     "Started",
     "TransportError",

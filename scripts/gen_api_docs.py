@@ -32,8 +32,8 @@ TABLE_START = "<!-- generated: torchrl-arguments (python scripts/gen_api_docs.py
 TABLE_END = "<!-- end generated: torchrl-arguments -->"
 #: The faces, in the order of the page; a face that does not import (an optional
 #: extra missing) is listed with the reason.
-FACES = ("asyncrl", "asyncrl.collectors", "asyncrl.weights", "asyncrl.metrics",
-         "asyncrl.testing", "transports")
+FACES = ("asyncrl", "asyncrl.collectors", "asyncrl.weights", "asyncrl.served",
+         "asyncrl.metrics", "asyncrl.testing", "transports")
 
 
 def render() -> str:

@@ -37,7 +37,7 @@ FLOORS: list[set[str]] = [
     {"asyncrl._spawn", "asyncrl._observe"},
     {"asyncrl._rollout", "asyncrl.weights"},
     {"asyncrl._worker", "asyncrl._coordinator", "asyncrl._inference"},
-    {"asyncrl.collectors", "asyncrl.launch", "asyncrl.testing"},
+    {"asyncrl.collectors", "asyncrl.launch", "asyncrl.testing", "asyncrl.served"},
     {"asyncrl.collectors.multi", "asyncrl.collectors.batched"},
     {"asyncrl", "asyncrl.cli", "asyncrl._cli_env", "asyncrl.__main__", "asyncrl.metrics",
      "asyncrl.collectors.__init__"},

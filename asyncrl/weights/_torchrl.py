@@ -15,7 +15,11 @@ TorchRL 0.14                        asyncrl
 ``RayWeightSyncScheme`` (gloo)      :class:`RayWeightSyncScheme` (same strategy; with
                                     ``backend="nccl"`` refused, naming the
                                     :class:`DistributedWeightSyncScheme`)
-``RPC`` / ``RayModuleTransform``    refused: :class:`ZmqWeightSyncScheme` crosses hosts
+``RayModuleTransformScheme``        ``asyncrl.served.ServedModuleScheme`` (the module
+                                    served once by the trainer, found by model id;
+                                    one bound to TorchRL's ``RayModuleTransform`` refused,
+                                    naming ``ServedModuleTransform``)
+``RPCWeightSyncScheme``             refused: :class:`ZmqWeightSyncScheme` crosses hosts
 ==================================  =============================================
 
 ``sync=False`` (TorchRL: do not wait for the workers) is refused: asyncrl's
@@ -52,7 +56,10 @@ _TRANSLATED: dict[str, type[WeightSyncScheme]] = {
     "RayWeightSyncScheme": RayWeightSyncScheme,
 }
 
-_ACROSS_HOSTS = ("RPCWeightSyncScheme", "RayModuleTransformScheme")
+_ACROSS_HOSTS = ("RPCWeightSyncScheme",)
+#: TorchRL's scheme for a module served by a Ray actor: asyncrl's served module's scheme
+#: (registered by ``asyncrl.served``, a floor above: found by its registered name).
+_SERVED = "RayModuleTransformScheme"
 
 
 def as_weight_sync_schemes(schemes: Mapping[str, Any] | None) -> dict[str, WeightSyncScheme]:
@@ -93,7 +100,10 @@ def from_torchrl_scheme(model_id: str, scheme: Any) -> WeightSyncScheme:
                         "SharedMemWeightSyncScheme) instead")
     # The most derived class TorchRL gave it decides (TorchRL's MultiProcess scheme
     # derives from its SharedMem one: their meanings differ).
-    name = next((n for n in names if n in _TRANSLATED or n in _ACROSS_HOSTS), names[0])
+    name = next((n for n in names if n in _TRANSLATED or n in _ACROSS_HOSTS or n == _SERVED),
+                names[0])
+    if name == _SERVED:
+        return _served_scheme(where, scheme)
     if name in _ACROSS_HOSTS:
         raise TypeError(f"{where}: TorchRL's {name} has no asyncrl counterpart; asyncrl's "
                         "ZmqWeightSyncScheme() already reaches workers on other hosts "
@@ -118,6 +128,24 @@ def from_torchrl_scheme(model_id: str, scheme: Any) -> WeightSyncScheme:
                         f"DistributedWeightSyncScheme(backend={scheme._backend!r}) (Ray's "
                         "object store, RayWeightSyncScheme(), holds CPU bytes)")
     return translated(strategy)
+
+
+def _served_scheme(where: str, scheme: Any) -> WeightSyncScheme:
+    """TorchRL's ``RayModuleTransformScheme`` as asyncrl's ``ServedModuleScheme``."""
+    if getattr(scheme, "_ray_transform", None) is not None:
+        raise TypeError(f"{where}: this RayModuleTransformScheme is bound to TorchRL's "
+                        "RayModuleTransform (a Ray actor that asyncrl does not drive); serve "
+                        "the module with asyncrl.ServedModule and call it through "
+                        "asyncrl.served.ServedModuleTransform(served.handle) (or "
+                        "asyncrl.ServedReward for gymnasium), then pass "
+                        "RayModuleTransformScheme() unbound or ServedModuleScheme(served)")
+    _refuse_options(where, "RayModuleTransformScheme", scheme)
+    try:  # the backend is how TorchRL moves bytes to its actor: none move here
+        return WeightSyncScheme.from_config({"scheme": "served", "strategy": _strategy(scheme)})
+    except ValueError:
+        raise TypeError(f"{where}: TorchRL's RayModuleTransformScheme translates to "
+                        "asyncrl.served.ServedModuleScheme; import asyncrl.served (or asyncrl) "
+                        "first") from None
 
 
 def _strategy(scheme: Any) -> Any:

@@ -1,0 +1,19 @@
+"""The served module's errors, in asyncrl's tree (:class:`~asyncrl.AsyncRLError`)."""
+
+from __future__ import annotations
+
+from .._errors import AsyncRLError
+
+__all__ = ["ServedModuleError", "ServedModuleTimeout"]
+
+
+class ServedModuleError(AsyncRLError):
+    """A call to a served module failed: the module raised, it was closed, or no slot was free.
+
+    Raised in the env's step (the process that called), so the collector reports it as
+    that worker's error, with this message.
+    """
+
+
+class ServedModuleTimeout(ServedModuleError, TimeoutError):
+    """A served module did not answer a call within its ``call_timeout``."""

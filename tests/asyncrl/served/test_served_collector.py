@@ -1,0 +1,102 @@
+"""A served module called by the envs of every local worker, updated by model id."""
+
+from __future__ import annotations
+
+import functools
+
+import anyio
+import pytest
+import torch
+
+from asyncrl import MultiSyncCollector
+from asyncrl.served import ServedModule, ServedModuleScheme
+
+from .served_envs import Scale, rewarded_env
+
+pytestmark = pytest.mark.anyio
+
+NAME = "env.transform[0]"
+VERSIONS = ("next", "served_versions", NAME)
+
+
+def served_scale(scale: float = 1.0, **kwargs: object) -> ServedModule:
+    return ServedModule(Scale(scale), name=NAME, example={"next_observation": torch.zeros(3)},
+                        **kwargs)  # type: ignore[arg-type]
+
+
+async def test_every_frame_records_the_version_that_computed_its_reward() -> None:
+    with anyio.fail_after(120):
+        async with served_scale(clients=8) as served:
+            async with MultiSyncCollector(
+                    functools.partial(rewarded_env, served.handle), num_workers=2,
+                    envs_per_worker=2, frames_per_batch=64, total_frames=64 * 4,
+                    info_keys=[served.handle.info_key],
+                    weight_sync_schemes={NAME: ServedModuleScheme(served)}) as collector:
+                seen = []
+                async for batch in collector:
+                    t = batch["next", "observation"][..., 0]
+                    version = batch[VERSIONS]
+                    # scale of version v is v + 1 (set below): the reward says which one
+                    assert torch.equal(batch["next", "reward"].squeeze(-1), t * (version + 1))
+                    seen.append(int(version.max()))
+                    new = {"scale": torch.tensor([float(collector.weight_sender(NAME).version
+                                                        + 2)])}
+                    await collector.update_policy_weights(new, model_id=NAME)
+                assert seen == [0, 1, 2, 3]  # sync mode: each batch after the update
+                assert served.version == 4
+                assert served.statistics().observations >= 64 * 4
+
+
+async def test_torchrl_spelling_and_weights_dict_reach_the_served_module() -> None:
+    with anyio.fail_after(120):
+        async with served_scale() as served:
+            async with MultiSyncCollector(
+                    functools.partial(rewarded_env, served.handle), num_workers=1,
+                    frames_per_batch=16, total_frames=32,
+                    weight_sync_schemes={NAME: ServedModuleScheme()}) as collector:
+                await collector.update_policy_weights(weights_dict={NAME: Scale(5.0)})
+                assert served.version == 1
+                assert collector.weight_sender(NAME).version == 1
+                async for batch in collector:
+                    t = batch["next", "observation"][..., 0]
+                    assert torch.equal(batch["next", "reward"].squeeze(-1), 5 * t)
+                    break
+                with pytest.raises(ValueError, match="served once for every worker"):
+                    await collector.update_policy_weights(Scale(1.0), model_id=NAME,
+                                                          worker_ids=[0])
+
+
+async def test_torch_free_env_workers_of_central_inference_call_it_too() -> None:
+    # AsyncBatchedCollector's env workers import no torch: the client needs numpy only.
+    from asyncrl import AsyncBatchedCollector
+
+    with anyio.fail_after(120):
+        async with served_scale(2.0) as served:
+            async with AsyncBatchedCollector(functools.partial(rewarded_env, served.handle),
+                                             num_envs=2, frames_per_batch=32,
+                                             total_frames=64) as collector:
+                async for batch in collector:
+                    t = batch["next", "observation"][..., 0]
+                    assert torch.equal(batch["next", "reward"].squeeze(-1), 2 * t)
+            assert served.statistics().observations >= 64
+
+
+async def test_async_batches_mixing_versions_record_each_frames_own() -> None:
+    from asyncrl import MultiAsyncCollector
+
+    with anyio.fail_after(120):
+        async with served_scale(clients=4) as served:
+            async with MultiAsyncCollector(
+                    functools.partial(rewarded_env, served.handle), num_workers=2,
+                    envs_per_worker=2, frames_per_batch=32, total_frames=32 * 8,
+                    info_keys=[served.handle.info_key],
+                    weight_sync_schemes={NAME: ServedModuleScheme(served)}) as collector:
+                seen: set[int] = set()
+                async for batch in collector:
+                    t = batch["next", "observation"][..., 0]
+                    version = batch[VERSIONS]
+                    assert torch.equal(batch["next", "reward"].squeeze(-1), t * (version + 1))
+                    seen.update(version.unique().tolist())
+                    await collector.update_policy_weights(
+                        {"scale": torch.tensor([float(served.version + 2)])}, model_id=NAME)
+                assert len(seen) > 2 and max(seen) <= served.version
