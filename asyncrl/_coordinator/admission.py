@@ -14,7 +14,7 @@ from typing import Any
 
 from transports import peer_name
 
-from .._protocol import Hello, Refuse, RelayHello, RelayWelcome, Welcome
+from .._protocol import Hello, Refuse, RelayHello, RelayWelcome, Role, Welcome
 from .._rollout.env_ids import EnvIdSource
 from .._rollout.options import RolloutOptions
 from .actions import Action, CatchUp, Send
@@ -25,6 +25,18 @@ from .records import RelayInfo, Roster, WorkerInfo
 __all__ = ["Admission"]
 
 log = logging.getLogger("asyncrl.coordinator")
+
+#: Why a hello of another role than the run's is refused, by the run's role.
+_ROLE_PROBLEMS: dict[str, str] = {
+    "rollout": "role: this trainer runs a MultiSyncCollector / MultiAsyncCollector, whose "
+               "workers step their envs with a copy of the policy; this is an env worker "
+               "(role {role!r}) of central inference: start it as 'asyncrl worker' without "
+               "--role env, or the trainer with AsyncBatchedCollector",
+    "env": "role: this trainer runs an AsyncBatchedCollector (central inference), whose "
+           "remote hosts only step envs; this is a worker of role {role!r}: start it as "
+           "'asyncrl worker --role env' (or the trainer with a MultiSyncCollector / "
+           "MultiAsyncCollector)",
+}
 
 
 class Admission:
@@ -75,6 +87,9 @@ class Admission:
         self.env_source: EnvIdSource | None = None
         #: The run's rollout options as every welcome carries them (the devices stay home).
         self._rollout = (rollout or RolloutOptions()).to_wire()
+        #: The role this run admits (:attr:`Hello.role`): ``"rollout"`` workers of a
+        #: MultiCollector, or ``"env"`` workers of central inference (AsyncBatchedCollector).
+        self.role: Role = "rollout"
 
     # -- workers ---------------------------------------------------------------------------
     def repeated(self, peer: bytes, hello: Hello) -> WorkerInfo | None:
@@ -164,6 +179,8 @@ class Admission:
 
     # -- rules -----------------------------------------------------------------------------
     def _admission_problems(self, hello: Hello) -> list[str]:
+        if hello.role != self.role:  # nothing else of it means anything here
+            return [_ROLE_PROBLEMS[self.role].format(role=hello.role)]
         taken = hello.slot >= 0 and any(
             w.index == hello.slot and w.alive for w in self._roster.workers.values())
         problems = hello_problems(hello, token=self._token, accept_remote=self._accept_remote,

@@ -7,7 +7,7 @@ it through a :class:`~._client.ServedModuleClient` (the gymnasium wrappers of
 machinery, not a second runtime: the calls are batched by the same
 :class:`~asyncrl._inference.inference_loop.InferenceLoop` that batches a policy for
 :class:`~asyncrl.AsyncBatchedCollector`, over the same shared-memory blocks
-(:func:`~asyncrl._inference.inference_loop.make_blocks`, one slot of one row per
+(:func:`~asyncrl._inference.worker_blocks.make_blocks`, one slot of one row per
 client) and the same seqlock; only the bells are named pipes
 (:mod:`._bells`), because the callers are spawned later by a collector that knows
 nothing of the module. Weights go in between two calls under the loop's version
@@ -40,17 +40,12 @@ from torch import nn
 from transports import SharedTensorBlock
 
 from .._inference.doorbell import EventFd, spin_for
-from .._inference.inference_loop import (
-    InferenceLoop,
-    InferenceStatistics,
-    OutputLayout,
-    WorkerBlocks,
-    discover_outputs,
-    make_blocks,
-)
+from .._inference.inference_loop import InferenceLoop, InferenceStatistics
 from .._inference.inference_process import ServerConfig
+from .._inference.outputs import OutputLayout, discover_outputs
 from .._inference.policy_server import PolicyCopy
 from .._inference.served_weights import weight_loader
+from .._inference.worker_blocks import WorkerBlocks, make_blocks
 from .._rollout.policies import PolicyAdapter
 from .._spawn.forkserver import check_start_method
 from ._bells import FifoBell, make_fifo

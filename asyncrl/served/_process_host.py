@@ -33,10 +33,11 @@ from torch import nn
 from transports import Hub
 
 from .._errors import CollectorError, WorkerLostError
-from .._inference.inference_loop import InferenceStatistics, WorkerBlocks
+from .._inference.inference_loop import InferenceStatistics
 from .._inference.inference_process import ServerConfig
 from .._inference.policy_server import ServerHooks
 from .._inference.process_server import ProcessPolicyServer
+from .._inference.worker_blocks import WorkerBlocks
 from .._spawn.child import ending_error
 from .._spawn.processes import describe_exit
 from ._errors import ServedModuleError, ServedModuleTimeout

@@ -282,11 +282,11 @@ async def test_a_malformed_log_from_a_remote_env_host_is_refused(anyio_backend: 
                 CountingEnv, num_envs=1, policy=ValuePolicy(1.0), frames_per_batch=8,
                 listen="tcp://127.0.0.1:0", remote_workers=1) as collector:
             async with Link(collector.endpoint, identity=b"h", heartbeat_interval=0.5) as link:
-                await link.send(hello([2]), kind="env-hello")
-                assert (await link.recv()).kind == "env-welcome"
+                await link.send(hello([2]), kind="hello")
+                assert (await link.recv()).kind == "env_welcome"
                 await link.send({"records": "no"}, kind=WorkerLog.KIND)
                 answer = await link.recv()
-                assert answer.kind == "refused"
+                assert answer.kind == "refuse"
             assert collector.remote_refusals == [
-                "remote env worker b'h' (slot 1) refused: log: log message field 'records' "
+                "remote env worker b'h' (slot 1) refused: log message field 'records' "
                 "must be list, got str"]
