@@ -50,7 +50,9 @@ from .._protocol import (
     decode,
 )
 from .actions import Action, CatchUp, Expel, Send
+from .admission import AdmissionTerms
 from .checks import check_specs
+from .config import CoordinatorConfig
 from .error_reports import reporter
 from .records import LOSS_WORDS, RelayInfo, WorkerInfo
 from .registry import WorkerRegistry
@@ -85,26 +87,24 @@ class Coordinator:
     def __init__(
         self,
         hub: Hub,
+        config: CoordinatorConfig,
+        terms: AdmissionTerms | None = None,
         *,
         on_join: Callable[[WorkerInfo], Awaitable[None]] | None = None,
         on_lost: Callable[[WorkerInfo], None] | None = None,
         on_leaving: Callable[[WorkerInfo, str], None] | None = None,
         publish: Callable[[CollectorEvent], None] | None = None,
         paused: bool = False,
-        shared_memory_batches: bool = False,
-        **rules: Any,
     ) -> None:
-        """``rules`` are :class:`CoordinatorState`'s arguments (``sync``,
-        ``share_frames``, ``prefetch``, ``token``, ``on_worker_loss``...); the
-        hub's coordinator instance and peer timeout are added from ``hub``;
-        ``publish`` receives the registry's events (joined, lost, refused);
-        ``shared_memory_batches``: local workers' batches come through shared memory
-        (see :mod:`asyncrl._coordinator.shared_batches`)."""
+        """``config``: the run's rules (read whole by the state and the batch sink);
+        ``terms``: what newcomers are checked against and told; the hub's coordinator
+        instance and peer timeout are taken from ``hub``; ``publish`` receives the
+        registry's events (joined, lost, refused)."""
         self.hub = hub
+        self.config = config
         self.state = CoordinatorState(
-            instance=getattr(hub, "instance", ""), peer_timeout=getattr(hub, "peer_timeout", None),
-            **rules)
-        self._token: str = rules.get("token", "")  # vouches for a worker's report before hello
+            config, terms, instance=getattr(hub, "instance", ""),
+            peer_timeout=getattr(hub, "peer_timeout", None))
         self._senders: list[WeightSender] = []
         # Newcomers whose catch-up weights are not handed to the hub yet: a collect order
         # for one of them (a round started by another task meanwhile) waits for them.
@@ -126,8 +126,7 @@ class Coordinator:
         self.worker_logs = WorkerLogs()
         self.state.paused = paused  # pause() before the collector opened
         #: Local workers' batch segments (unlinked when a worker goes, and at the end).
-        self.shared = SharedBatches(enabled=shared_memory_batches, share_frames=list(
-            rules.get("share_frames") or [0]), slots=1 + rules.get("prefetch", 1))
+        self.shared = SharedBatches(config)
 
     # -- views of the state ----------------------------------------------------------------
     @property
@@ -390,7 +389,7 @@ class Coordinator:
             return  # a stranger's, or a lost worker's late batch: not even read
         try:  # decoded against its share (what we asked for), then counted
             batch = self.shared.from_socket(worker, message.body,
-                                            max_frames=self.state.rounds.share_of(worker.index))
+                                            max_frames=self.config.share_of(worker.index))
         except ProtocolError as exc:  # an admitted worker's batch: it is a bad batch
             body = message.body
             request = body.get("request") if isinstance(body, dict) else None
@@ -451,7 +450,7 @@ class Coordinator:
     async def _on_error(self, message: Message) -> None:
         report = decode(ErrorReport, message.body)
         speaker = reporter(report, self.workers.get(message.peer), self.workers.values(),
-                           self._token)
+                           self.state.admission.terms.token)
         if speaker is None:  # only an admitted worker, or one spawned here, stops the run
             self._limited_log.warning(
                 "stranger-error", "ignored an error report from %r, which is not an admitted "

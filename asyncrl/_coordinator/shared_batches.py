@@ -65,6 +65,7 @@ from transports import ProtocolError, SharedMemoryFullError, SharedTensorFile
 from .._observe.statistics import BatchArrivals
 from .._protocol import Batch, BatchSlots, SharedBatch, decode
 from .._protocol.shared_batches import MAX_BATCH_SLOTS
+from .config import CoordinatorConfig
 from .records import Round, WorkerInfo
 from .round_gather import Key, RoundGather
 
@@ -92,21 +93,28 @@ class _Segment:
 class SharedBatches:
     """Segments of the local workers, by peer.
 
-    >>> shared = SharedBatches(enabled=True, share_frames=[4])
+    ``config`` (a :class:`~.config.CoordinatorConfig`) says whether local workers'
+    batches go through shared memory (``shared_memory_batches``), each worker's share,
+    ``prefetch`` (slots) and, in sync mode, how a round's shares are joined.
+
+    >>> from .config import CoordinatorConfig
+    >>> shared = SharedBatches(CoordinatorConfig(sync=False, share_frames=[4],
+    ...                                          shared_memory_batches=True))
     >>> shared.names(), shared.slots
     ([], 2)
     >>> shared.close()
     """
 
-    def __init__(self, *, enabled: bool, share_frames: list[int], slots: int = SLOTS) -> None:
-        self.enabled = enabled
+    def __init__(self, config: CoordinatorConfig) -> None:
+        self.enabled = config.shared_memory_batches
         #: Slots of each segment: ``prefetch + 1``, at least 2, at most 8.
-        self.slots = max(SLOTS, min(slots, MAX_BATCH_SLOTS))
-        self._share_frames = share_frames
+        self.slots = max(SLOTS, min(1 + config.prefetch, MAX_BATCH_SLOTS))
+        self._share_frames = config.share_frames
         self._local: set[bytes] = set()
         self._segments: dict[bytes, _Segment] = {}
         #: Sync mode: the round's batch, gathered as notices arrive (None: copied out).
-        self.gather: RoundGather | None = None
+        self.gather = RoundGather(config.cat_results, share_frames=list(config.share_frames)) \
+            if config.sync and config.shared_memory_batches else None
         #: Every worker's batches by how they came, and the local workers a full
         #: ``/dev/shm`` kept on the socket (``statistics()``).
         self.arrivals = BatchArrivals()

@@ -34,10 +34,10 @@ from tensordict import TensorDictBase
 
 from .._errors import WorkerLostError
 from .._protocol import Batch, Hello, Progress, RelayHello, drop_twins
-from .._rollout.options import RolloutOptions
 from .actions import Action, CatchUp, Expel, Outbound, Send
-from .admission import Admission
-from .loss_policy import LossPolicy, OnWorkerLoss
+from .admission import Admission, AdmissionTerms
+from .config import CoordinatorConfig
+from .loss_policy import LossPolicy
 from .losses import Losses
 from .records import RelayInfo, Roster, Round, WorkerInfo
 from .rounds import Rounds
@@ -50,55 +50,23 @@ class CoordinatorState:
     free slot, ``check_specs``, ``max_remote_workers``); only a live admitted
     worker's batch counts, once :class:`BatchChecker` found it to be what was asked.
 
-    >>> state = CoordinatorState(sync=True, share_frames=[8, 8], on_worker_loss="continue")
+    >>> state = CoordinatorState(CoordinatorConfig(sync=True, share_frames=[8, 8],
+    ...                                            loss_policy=LossPolicy("continue")))
     >>> state.live_workers, state.loss_policy.fails_run
     ([], False)
     """
 
-    def __init__(
-        self,
-        *,
-        sync: bool,
-        share_frames: list[int],
-        prefetch: int = 1,
-        preemptive_threshold: float | None = None,
-        init_random_frames: int = 0,
-        check_specs: Callable[[dict[str, Any], Hello], list[str]] | None = None,
-        token: str = "",
-        accept_remote: bool = False,
-        on_worker_loss: OnWorkerLoss = "raise",
-        batch_budget: int | None = None,
-        first_remote_index: int | None = None,
-        scheme_configs: dict[str, Any] | None = None,
-        max_remote_workers: int | None = None,
-        specs: dict[str, Any] | None = None,
-        instance: str = "",
-        peer_timeout: float | None = None,
-        compact_obs: bool = False,
-        rollout: RolloutOptions | None = None,
-    ) -> None:
-        """``compact_obs``: TorchRL's; batches are checked (and counted) without the
-        ``("next", K)`` twins, which workers are told to drop before they send.
-        ``rollout``: the options every worker runs with (its welcome carries them; its
-        ``info_keys`` are what ``"next"`` may hold besides the flags and twins)."""
+    def __init__(self, config: CoordinatorConfig, terms: AdmissionTerms | None = None, *,
+                 instance: str = "", peer_timeout: float | None = None) -> None:
+        """``config``: the run's rules, read whole by each part; ``terms``: what newcomers
+        are checked against (see :class:`AdmissionTerms`); ``instance`` and
+        ``peer_timeout``: the hub's."""
+        self.config = config
         self.roster = Roster()
-        first_remote_index = len(share_frames) if first_remote_index is None \
-            else first_remote_index
-        self.rounds = Rounds(self.roster, sync=sync, share_frames=share_frames,
-                             prefetch=prefetch, preemptive_threshold=preemptive_threshold,
-                             batch_budget=batch_budget,
-                             info_keys=(rollout or RolloutOptions()).info_keys,
-                             first_remote_index=first_remote_index)
-        self.admission = Admission(
-            self.roster, share_of=self.rounds.share_of,
-            first_remote_index=first_remote_index,
-            check_specs=check_specs, token=token, accept_remote=accept_remote,
-            init_random_frames=init_random_frames, scheme_configs=scheme_configs,
-            max_remote_workers=max_remote_workers, specs=specs, instance=instance,
-            rollout=rollout)
-        self.losses = Losses(self.roster, self.rounds, LossPolicy.check(on_worker_loss),
+        self.rounds = Rounds(self.roster, config)
+        self.admission = Admission(self.roster, config, terms, instance=instance)
+        self.losses = Losses(self.roster, self.rounds, config.loss_policy,
                              peer_timeout=peer_timeout)
-        self.compact_obs = self.admission.compact_obs = compact_obs
 
     # -- what peers say ------------------------------------------------------------------------
     def hello(self, peer: bytes, hello: Hello) -> list[Action]:
@@ -131,10 +99,11 @@ class CoordinatorState:
             return []  # a stranger's, or a lost worker's late batch: never half-delivered
         if not self.rounds.expects(worker, batch):
             return []  # collected before this worker was (re)admitted: never half-delivered
-        if self.compact_obs and not worker.drops_next_obs:  # an earlier release sends them
+        compact_obs = self.config.compact_obs
+        if compact_obs and not worker.drops_next_obs:  # an earlier release sends them
             batch.frames = drop_twins(batch.frames)
         problems = self.rounds.batch_problems(worker, batch, self.admission.specs,
-                                              dropped=self.compact_obs)
+                                              dropped=compact_obs)
         if problems:
             return self.losses.bad_batch(worker, batch.request, problems)  # never counted
         return self.rounds.deliver(worker, batch)
@@ -244,19 +213,11 @@ class CoordinatorState:
 
     @property
     def sync(self) -> bool:
-        return self.rounds.sync
+        return self.config.sync
 
     @property
     def prefetch(self) -> int:
-        return self.rounds.prefetch
-
-    @property
-    def share_frames(self) -> list[int]:
-        return self.rounds.share_frames
-
-    @share_frames.setter
-    def share_frames(self, value: list[int]) -> None:
-        self.rounds.share_frames = value
+        return self.config.prefetch
 
     @property
     def specs(self) -> dict[str, Any] | None:

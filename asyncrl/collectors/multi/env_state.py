@@ -151,7 +151,7 @@ def _ceiling(coordinator: Coordinator, worker: WorkerInfo) -> Ceiling:
     """How far ``worker``'s counts may have grown: from the frames it collected (see
     :class:`Ceiling`), which the coordinator counted, not the worker."""
     record = coordinator.registry.record(worker)
-    share = coordinator.state.rounds.share_of(worker.index)
+    share = coordinator.config.share_of(worker.index)
     return Ceiling(delivered=record.frames if record is not None else 0,
                    owed=worker.ahead * share, share=share)
 

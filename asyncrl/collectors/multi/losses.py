@@ -69,13 +69,13 @@ class WorkerLosses:
             # grace is a safety margin).
             hub = run.hub
             connected = hub is not None and (peer in hub.peers or peer in coordinator.workers)
-            await coordinator.settle(peer, run.peer_timeout + 1.0 if connected else 1.0)
+            await coordinator.settle(peer, run.config.peer_timeout + 1.0 if connected else 1.0)
         if run.closing or coordinator.failed:
             return False
         worker = coordinator.workers.get(peer)
         if worker is not None and worker.delivered:
             self._restart_streak[slot] = 0
-        policy = run.config.loss_policy
+        policy = run.config.coordinator.loss_policy
         error = self._death(slot, pid, exitcode)
         streak = self._restart_streak.get(slot, 0)
         crash_loop = policy.restart_refused(slot, streak, run.max_restarts(), error)
@@ -121,7 +121,7 @@ class WorkerLosses:
         """A worker went silent for ``peer_timeout``: "restart" replaces a local one."""
         run = self._run
         workers = run.workers
-        if not run.config.loss_policy.respawns or workers is None or run.closing:
+        if not run.config.coordinator.loss_policy.respawns or workers is None or run.closing:
             return
         process = workers.slots.get(worker.index)
         if process is not None and process.pid == worker.pid and process.is_alive():
@@ -141,13 +141,13 @@ class WorkerLosses:
         # The coordinator hears of the loss on its own path (the process's exit status,
         # the hub's silence): let it apply on_worker_loss first, so that the error the
         # user sees names the cause, and "continue" really continues.
-        timeout = run.peer_timeout + 1.0
+        timeout = run.config.peer_timeout + 1.0
         with anyio.move_on_after(timeout):
             for peer in error.peers:
                 await coordinator.settle(peer, timeout)
         coordinator.raise_if_failed()
         departed = all(coordinator.has_left(peer) for peer in error.peers)
-        policy = run.config.loss_policy
+        policy = run.config.coordinator.loss_policy
         if policy.fails_weight_update(departed=departed):
             # The coordinator did not (yet) name the loss: one class whatever the timing.
             lost = [_describe(coordinator.workers.get(peer), peer) for peer in error.peers]

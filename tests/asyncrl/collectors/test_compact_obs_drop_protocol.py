@@ -35,6 +35,7 @@ from asyncrl._protocol import (
 )
 from asyncrl._worker.outgoing import OutgoingBatches
 from asyncrl._worker.simulated import make_share, make_specs, sim_worker
+from tests.asyncrl.coordinator.rules import rules
 from transports import Hub, Link, ProtocolError
 
 FRAMES, OBS = 8, 64  # 256 bytes per observation: compact batches compact it
@@ -57,8 +58,9 @@ def hello(*, drops: bool | None) -> Hello:
 
 
 def state(*, compact_obs: bool, sync: bool = False, workers: int = 1) -> CoordinatorState:
-    return CoordinatorState(sync=sync, share_frames=[FRAMES] * workers, accept_remote=True,
-                            compact_obs=compact_obs, first_remote_index=0)
+    return CoordinatorState(*rules(sync=sync, share_frames=[FRAMES] * workers,
+                                   accept_remote=True, compact_obs=compact_obs,
+                                   first_remote_index=0))
 
 
 def admit(s: CoordinatorState, peer: bytes, *, drops: bool | None) -> Welcome:
@@ -238,8 +240,8 @@ async def test_an_old_and_a_new_worker_deliver_one_layout_over_the_socket(
     welcomes: list[Welcome] = []
     with anyio.fail_after(60):
         async with Hub(f"inproc://compact-obs-{uuid.uuid4().hex}") as hub:
-            coordinator = Coordinator(hub, sync=True, share_frames=[FRAMES] * 2,
-                                      accept_remote=True, compact_obs=True)
+            coordinator = Coordinator(hub, *rules(sync=True, share_frames=[FRAMES] * 2,
+                                                  accept_remote=True, compact_obs=True))
             async with anyio.create_task_group() as tg:
                 tg.start_soon(coordinator.run)
                 await tg.start(partial(sim_worker, hub.endpoint, "old", frames=FRAMES,

@@ -61,7 +61,7 @@ class FakeWorkers:
         for worker in self.live_workers:
             self.registry.joined(worker)
             self.registry.delivered(worker, frames)
-        self.state = SimpleNamespace(rounds=SimpleNamespace(share_of=lambda index: SHARE))
+        self.config = SimpleNamespace(share_of=lambda index: SHARE)
         self.loaded: dict[int, dict[str, Any]] = {}
 
     async def control(self, worker: WorkerInfo, op: str, **args: Any) -> Any:

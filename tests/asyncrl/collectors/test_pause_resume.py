@@ -29,6 +29,7 @@ from asyncrl import (
 from asyncrl._coordinator.coordinator import Coordinator, check_specs
 from asyncrl._worker.simulated import SimRecord, sim_worker
 from asyncrl.testing import CountingEnv, ParamPolicy
+from tests.asyncrl.coordinator.rules import rules
 from transports import Hub
 
 pytestmark = pytest.mark.anyio
@@ -62,9 +63,9 @@ async def test_async_pause_grants_nothing_and_holds_what_was_in_flight() -> None
     prefetch, workers = 2, 2
     with anyio.fail_after(LIMIT):
         async with Hub(f"inproc://pause-{uuid.uuid4().hex}") as hub:
-            coordinator = Coordinator(hub, sync=False, share_frames=[FRAMES] * workers,
-                                      prefetch=prefetch, check_specs=check_specs,
-                                      accept_remote=True)
+            coordinator = Coordinator(hub, *rules(sync=False, share_frames=[FRAMES] * workers,
+                                                  prefetch=prefetch, check_specs=check_specs,
+                                                  accept_remote=True))
             async with anyio.create_task_group() as tg:
                 tg.start_soon(coordinator.run)
                 records = [await tg.start(_sim, hub.endpoint, SimRecord(f"sim-{i}"))
@@ -99,8 +100,8 @@ async def test_sync_pause_starts_no_round() -> None:
     workers = 2
     with anyio.fail_after(LIMIT):
         async with Hub(f"inproc://pause-{uuid.uuid4().hex}") as hub:
-            coordinator = Coordinator(hub, sync=True, share_frames=[FRAMES] * workers,
-                                      check_specs=check_specs, accept_remote=True)
+            coordinator = Coordinator(hub, *rules(sync=True, share_frames=[FRAMES] * workers,
+                                                  check_specs=check_specs, accept_remote=True))
             async with anyio.create_task_group() as tg:
                 tg.start_soon(coordinator.run)
                 records = [await tg.start(_sim, hub.endpoint, SimRecord(f"sim-{i}"))

@@ -26,6 +26,7 @@ from asyncrl._protocol import Batch
 from asyncrl._worker.batch_slots import SlotWriter
 from asyncrl.collectors._assemble import assemble
 from tests.asyncrl.collectors.test_shared_batches import differences, offered, pixel_share, wire
+from tests.asyncrl.coordinator.rules import shm_config
 from transports import SharedMemoryFullError, decode, encode
 
 STEPS, WORKERS = 4, 3
@@ -36,7 +37,7 @@ class Bench:
 
     def __init__(self, cat_results: Any, envs: int, socket: tuple[int, ...] = ()) -> None:
         share_frames = [envs * STEPS] * WORKERS
-        self.shared = SharedBatches(enabled=True, share_frames=share_frames)
+        self.shared = SharedBatches(shm_config(share_frames=share_frames))
         self.shared.gather = RoundGather(cat_results, share_frames=share_frames)
         self.cat_results, self.envs = cat_results, envs
         self.infos = [WorkerInfo(i, f"w{i}".encode(), f"w{i}", "h", 10 + i)
@@ -189,7 +190,7 @@ def test_counts_say_how_each_batch_came_and_who_a_full_dev_shm_kept_on_the_socke
         raise SharedMemoryFullError("asyncrl_1_ab", needed=30 << 20, free=1 << 20)
 
     monkeypatch.setattr(asyncrl._coordinator.shared_batches.SharedTensorFile, "create", full)
-    shared = SharedBatches(enabled=True, share_frames=[8] * 3)
+    shared = SharedBatches(shm_config(share_frames=[8] * 3))
     for index, (peer, local) in enumerate(((b"a", True), (b"b", True), (b"r", False))):
         shared.admitted(peer, local=local)  # the remote one is no fallback
         assert shared.offer(WorkerInfo(index, peer, "w", "h", 1), b.share(0)) is None

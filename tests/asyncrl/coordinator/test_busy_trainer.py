@@ -307,15 +307,17 @@ class Coordinator:
         from asyncrl._coordinator.coordinator import Coordinator
         from asyncrl.testing import ParamPolicy
         from asyncrl.weights import WeightSender
+        from tests.asyncrl.coordinator.rules import rules
 
         self.hub = hub
         self.sender = WeightSender("policy", hub, model=ParamPolicy(),
                                    workers=lambda: {w.index: w.peer
                                                     for w in self.scheduler.live_workers})
         self.scheduler = Coordinator(
-            hub, sync=sync, share_frames=[4], prefetch=2, accept_remote=True,
-            on_worker_loss=loss, on_join=on_join or self.catch_up, batch_budget=budget,
-            token=token, first_remote_index=1)
+            hub, *rules(sync=sync, share_frames=[4], prefetch=2, accept_remote=True,
+                        on_worker_loss=loss, batch_budget=budget, token=token,
+                        first_remote_index=1),
+            on_join=on_join or self.catch_up)
 
     async def catch_up(self, worker: object) -> None:
         await self.sender.on_worker_joined(worker.index)  # type: ignore[attr-defined]
@@ -426,7 +428,6 @@ async def test_a_repeated_hello_while_admitted_is_welcomed_again_the_same(slot: 
     """A trainer busy when a worker joined: the worker said hello twice before any answer."""
     async with Hub(f"inproc://{uuid.uuid4().hex}", **FAST) as hub:
         coordinator = Coordinator(hub, token="secret")
-        coordinator.scheduler.state.share_frames = [4]  # slot 0 is a local worker's
         with anyio.fail_after(30):
             async with Link(hub.endpoint, identity=b"w", **FAST) as link, \
                     anyio.create_task_group() as tg:
@@ -517,7 +518,6 @@ async def test_a_worker_that_said_hello_twice_to_a_busy_trainer_joins_once_and_c
     async with Hub("tcp://127.0.0.1:0", **FAST) as hub:
         coordinator = Coordinator(hub, token="secret")
         scheduler = coordinator.scheduler
-        scheduler.state.share_frames = [4]
 
         async def worker() -> None:
             codes.append(await run_worker(hub.endpoint, WorkerSpec(CountingEnv), identity=b"w",

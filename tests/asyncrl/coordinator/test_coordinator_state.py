@@ -28,6 +28,7 @@ from asyncrl._protocol import (
     RelayWelcome,
     Welcome,
 )
+from tests.asyncrl.coordinator.rules import rules
 
 FRAMES = 8
 TOKEN = "spawn-token"
@@ -36,9 +37,9 @@ INSTANCE = "hub-instance"
 
 def state(**options: Any) -> CoordinatorState:
     defaults: dict[str, Any] = {
-        "sync": False, "share_frames": [FRAMES], "accept_remote": True,
-        "token": TOKEN, "instance": INSTANCE, "peer_timeout": 5.0}
-    return CoordinatorState(**{**defaults, **options})
+        "sync": False, "share_frames": [FRAMES], "accept_remote": True, "token": TOKEN}
+    return CoordinatorState(*rules(**{**defaults, **options}), instance=INSTANCE,
+                            peer_timeout=5.0)
 
 
 def hello(*, slot: int = -1, token: str = "", protocol: int = PROTOCOL, pid: int = 0,

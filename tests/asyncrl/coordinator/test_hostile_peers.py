@@ -35,6 +35,7 @@ from asyncrl._protocol import (
     decode,
 )
 from asyncrl._worker.simulated import make_share, make_specs
+from tests.asyncrl.coordinator.rules import rules
 from transports import ErrorPayload, Hub, Link, ProtocolError, RemoteError, random_identity
 from transports._codec import encode_message
 
@@ -69,8 +70,8 @@ async def join(link: Link) -> int:
 
 
 def scheduler(hub: Hub, *, sync: bool = False, **options: Any) -> Coordinator:
-    return Coordinator(hub, sync=sync, share_frames=[FRAMES], check_specs=check_specs,
-                     accept_remote=True, **options)
+    return Coordinator(hub, *rules(sync=sync, share_frames=[FRAMES], check_specs=check_specs,
+                                   accept_remote=True, **options))
 
 
 def inproc() -> str:
@@ -227,9 +228,9 @@ class RogueAndGood:
 async def rogue_and_good() -> AsyncIterator[RogueAndGood]:
     async with Hub(inproc()) as hub, Link(hub.endpoint, identity=b"rogue") as rogue, \
             Link(hub.endpoint, identity=b"good") as good:
-        sched = Coordinator(hub, sync=False, share_frames=[FRAMES, FRAMES],
-                            check_specs=check_specs, accept_remote=True,
-                            on_worker_loss="continue", batch_budget=3)
+        sched = Coordinator(hub, *rules(sync=False, share_frames=[FRAMES, FRAMES],
+                                        check_specs=check_specs, accept_remote=True,
+                                        on_worker_loss="continue", batch_budget=3))
         async with anyio.create_task_group() as tg:
             tg.start_soon(sched.run)
             rogue_index = await join(rogue)

@@ -15,6 +15,7 @@ import pytest
 from asyncrl._coordinator.coordinator import Coordinator, check_specs
 from asyncrl._worker.simulated import SimRecord, sim_worker
 from asyncrl.collectors._assemble import assemble
+from tests.asyncrl.coordinator.rules import rules
 from transports import Hub
 
 WORKERS = 64
@@ -37,8 +38,9 @@ async def _worker(endpoint: str, record: SimRecord, *,
 
 
 def _scheduler(hub: Hub, *, sync: bool, prefetch: int = 1) -> Coordinator:
-    return Coordinator(hub, sync=sync, share_frames=[FRAMES] * WORKERS, prefetch=prefetch,
-                     check_specs=check_specs, accept_remote=True)
+    return Coordinator(hub, *rules(sync=sync, share_frames=[FRAMES] * WORKERS,
+                                   prefetch=prefetch, check_specs=check_specs,
+                                   accept_remote=True))
 
 
 @pytest.mark.anyio

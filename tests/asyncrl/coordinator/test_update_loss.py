@@ -43,8 +43,9 @@ class SilentCoordinator:
 
 
 def losses(on_worker_loss: str, coordinator: Any) -> WorkerLosses:
-    run = SimpleNamespace(coordinator=coordinator, peer_timeout=0.05,
-                          config=SimpleNamespace(loss_policy=LossPolicy.check(on_worker_loss)))
+    run = SimpleNamespace(coordinator=coordinator, config=SimpleNamespace(
+        peer_timeout=0.05,
+        coordinator=SimpleNamespace(loss_policy=LossPolicy.check(on_worker_loss))))
     return WorkerLosses(run)  # type: ignore[arg-type]
 
 
