@@ -51,12 +51,13 @@ from .._protocol import (
 )
 from .actions import Action, CatchUp, Expel, Send
 from .admission import AdmissionTerms
+from .batch_sink import BatchSink
 from .checks import check_specs
 from .config import CoordinatorConfig
 from .error_reports import reporter
 from .records import LOSS_WORDS, RelayInfo, WorkerInfo
 from .registry import WorkerRegistry
-from .shared_batches import SharedBatches, SlotError
+from .shared_batches import SlotError
 from .state import CoordinatorState
 from .worker_logs import WorkerLogs
 
@@ -102,9 +103,12 @@ class Coordinator:
         registry's events (joined, lost, refused)."""
         self.hub = hub
         self.config = config
+        #: The decisions (admission, rounds, losses: use its parts directly).
         self.state = CoordinatorState(
             config, terms, instance=getattr(hub, "instance", ""),
             peer_timeout=getattr(hub, "peer_timeout", None))
+        #: Every admitted worker and relay (the state's :class:`Roster`, the same object).
+        self.roster = self.state.roster
         self._senders: list[WeightSender] = []
         # Newcomers whose catch-up weights are not handed to the hub yet: a collect order
         # for one of them (a round started by another task meanwhile) waits for them.
@@ -124,45 +128,17 @@ class Coordinator:
         self.registry = WorkerRegistry(publish)
         #: Admitted workers' log records, re-emitted into the ``asyncrl.worker`` logger.
         self.worker_logs = WorkerLogs()
-        self.state.paused = paused  # pause() before the collector opened
-        #: Local workers' batch segments (unlinked when a worker goes, and at the end).
-        self.shared = SharedBatches(config)
+        self.state.rounds.paused = paused  # pause() before the collector opened
+        #: Every batch from its arrival to the round's batch: decoded or read from its
+        #: shared-memory slot, compacted, counted, gathered and joined.
+        self.batches = BatchSink(config)
 
-    # -- views of the state ----------------------------------------------------------------
-    @property
-    def workers(self) -> dict[bytes, WorkerInfo]:
-        return self.state.workers
-
-    @property
-    def live_workers(self) -> list[WorkerInfo]:
-        return self.state.live_workers
-
-    @property
-    def relays(self) -> dict[bytes, RelayInfo]:
-        return self.state.relays
-
-    @property
-    def specs(self) -> dict[str, Any] | None:
-        """The env specs every worker must match (the first worker's, unless given)."""
-        return self.state.specs
-
-    def worker_peers(self) -> dict[int, bytes]:
-        """``{worker index: peer}`` of the live workers: a weight sender's ``workers``."""
-        return self.state.worker_peers()
-
-    def relay_routes(self) -> dict[int, bytes]:
-        """``{worker index: relay peer}``: live workers whose weights go through a relay."""
-        return self.state.relay_routes()
-
-    @property
-    def failed(self) -> bool:
-        return self.state.failure is not None
-
+    # -- the run's failure ------------------------------------------------------------------
     @property
     def run_failed(self) -> bool:
         """The run failed: not closed, not stopped on a signal (a worker's fatal error,
         a loss under ``on_worker_loss="raise"``, a replacement that never came...)."""
-        failure = self.state.failure
+        failure = self.state.losses.failure
         return failure is not None and failure is not self._close_error \
             and not isinstance(failure, CollectorStopped)
 
@@ -172,27 +148,27 @@ class Coordinator:
 
     def fail(self, error: BaseException) -> None:
         """Make every waiting and future trainer call raise ``error``."""
-        self.state.fail(error)
+        self.state.losses.fail(error)
         self._notify()
 
     def attach(self, sender: WeightSender) -> None:
         """Serve ``sender``: relay routes, newcomers' catch-up, delivered-batch counts.
 
-        Its ``workers`` should be :meth:`worker_peers` (the live workers).
+        Its ``workers`` should be ``roster.worker_peers`` (the live workers).
         """
         if sender.relayable:
-            sender.set_relay_routes(self.state.relay_routes)
+            sender.set_relay_routes(self.state.roster.relay_routes)
         self._senders.append(sender)
 
     # -- trainer-facing ----------------------------------------------------------------------
     async def wait_for_workers(self, count: int) -> None:
         """Return once ``count`` workers (less those lost before joining) were admitted."""
-        self.state.expected = count
-        while self.state.missing_workers() > 0:
+        self.state.losses.expected = count
+        while self.state.losses.missing_workers() > 0:
             self._raise_failure()
             await self._wait_change()
         self._raise_failure()
-        if not self.live_workers:
+        if not self.roster.live_workers:
             raise WorkerLostError("every worker was lost before it joined")
 
     async def next_round(self, max_frames: int | None = None
@@ -205,11 +181,11 @@ class Coordinator:
         await self._wait_resumed()  # paused: no new round is asked for
         round_, orders = self.state.start_round(max_frames)
         await self._perform(orders)
-        while not round_.complete or self.state.paused:  # a round done while paused is held
+        while not round_.complete or self.state.rounds.paused:  # a round done while paused is held
             self._raise_failure()
             await self._wait_change()
         self._raise_failure()
-        shares = self.state.end_round(round_)
+        shares = self.state.rounds.end_round(round_)
         for worker, frames in shares:
             self._count_batch(worker, frames.numel())
         return shares
@@ -218,7 +194,7 @@ class Coordinator:
         """Async mode: the next batch any worker delivered; grants that worker a credit."""
         while True:
             await self._wait_resumed()  # paused: delivered batches are held, not handed over
-            taken = self.state.take()
+            taken = self.state.rounds.take()
             if taken is None:
                 await self._wait_change()
                 continue
@@ -232,17 +208,13 @@ class Coordinator:
         handed to the trainer; what workers were already asked for is collected and
         held. Resumed: the held batches are handed over and credits are topped up."""
         if paused:
-            self.state.paused = True
+            self.state.rounds.paused = True
             self._notify()
-        elif self.sync:
-            self.state.paused = False
+        elif self.config.sync:
+            self.state.rounds.paused = False
             self._notify()
         else:
-            await self._perform(self.state.resume())
-
-    @property
-    def sync(self) -> bool:
-        return self.state.sync
+            await self._perform(self.state.rounds.resume())
 
     def heard(self, peer: bytes) -> float | None:
         """``time.monotonic()`` when the hub last heard ``peer`` (None: not connected)."""
@@ -276,7 +248,7 @@ class Coordinator:
             self.hub.finish()
         told = []
         with anyio.move_on_after(2):
-            for worker in self.live_workers:
+            for worker in self.roster.live_workers:
                 try:
                     await self.hub.send(worker.peer, Control(
                         "close", Closing(finished).to_args()).to_body(), kind=Control.KIND)
@@ -284,7 +256,7 @@ class Coordinator:
                     continue  # gone already: its process's owner takes care of it
                 told.append(worker.peer)
         with anyio.move_on_after(grace):
-            while any(peer not in self.state.gone for peer in told):
+            while any(peer not in self.state.losses.gone for peer in told):
                 await self._wait_change()
 
     async def settle(self, peer: bytes, timeout: float) -> None:
@@ -298,12 +270,9 @@ class Coordinator:
         state = self.state
         with anyio.move_on_after(timeout):
             # (a departed worker's late message can take it off ``gone``: ``left`` stays)
-            while peer not in state.gone and not state.has_left(peer) and state.failure is None:
+            losses = state.losses
+            while peer not in losses.gone and not losses.has_left(peer) and losses.failure is None:
                 await self._wait_change()
-
-    def has_left(self, peer: bytes) -> bool:
-        """``peer`` left the run cleanly (it said so): a departure, not a loss."""
-        return self.state.has_left(peer)
 
     async def worker_exited(self, peer: bytes, error: WorkerLostError, *,
                             replaceable: bool) -> None:
@@ -312,7 +281,8 @@ class Coordinator:
         ``replaceable``: something can take its place (it is respawned, or remote
         workers may join); without it ``"wait"`` would wait forever, so it fails.
         """
-        await self._perform(self.state.exited(peer, error, replaceable=replaceable), str(error))
+        await self._perform(self.state.losses.exited(peer, error, replaceable=replaceable),
+                            str(error))
 
     async def worker_stalled(self, worker: WorkerInfo, seconds: float) -> None:
         """``worker`` owed work and delivered nothing for ``seconds`` (see
@@ -320,7 +290,7 @@ class Coordinator:
         ``on_worker_loss`` (``"restart"``: the ``on_lost`` hook ends its process)."""
         if self._closing or not worker.alive:
             return
-        await self._perform(self.state.stalled(worker.peer, seconds),
+        await self._perform(self.state.losses.stalled(worker.peer, seconds),
                             f"owed work and delivered nothing for {seconds:.1f} s (the env "
                             "step or the policy did not return)")
         if self._on_lost_hook is not None:
@@ -331,7 +301,7 @@ class Coordinator:
         try:
             await self._read_hub()
         finally:
-            self.shared.close()  # no segment outlives the run
+            self.batches.shared.close()  # no segment outlives the run
 
     async def _read_hub(self) -> None:
         async for item in self.hub:
@@ -340,12 +310,12 @@ class Coordinator:
                     if item.event == "lost":
                         await self._on_lost(item.peer, item.reason)
                     elif item.event in ("joined", "returned"):
-                        await self._perform(self.state.returned(item.peer))
+                        await self._perform(self.state.losses.returned(item.peer))
                 elif item.kind == Hello.KIND:
                     await self._on_hello(item.peer, decode(Hello, item.body))
                 elif item.kind == RelayHello.KIND:
                     relay_hello = decode(RelayHello, item.body)
-                    actions = self.state.relay_hello(item.peer, relay_hello)
+                    actions = self.state.admission.relay_hello(item.peer, relay_hello)
                     self._note_refusals(actions, relay_hello.name, relay_hello.host,
                                         relay_hello.pid)
                     await self._perform(actions)
@@ -374,9 +344,9 @@ class Coordinator:
             actions = self.state.hello(peer, hello)
             self._note_refusals(actions, hello.name, hello.host, hello.pid)
             await self._perform(actions, "replaced by its own new hello")
-            worker = self.state.workers.get(peer)
+            worker = self.state.roster.workers.get(peer)
             if worker is not None and worker.alive:  # a spawn slot is vouched for by the token
-                self.shared.admitted(peer, local=hello.slot >= 0)
+                self.batches.shared.admitted(peer, local=hello.slot >= 0)
             if current is not None and current.is_recording():
                 trace_admission(current, hello, actions)
                 # The version it was caught up to (0: its initial weights).
@@ -384,31 +354,30 @@ class Coordinator:
                     (s.version for s in self._senders if s.model_id == "policy"), 0))
 
     async def _on_batch(self, message: Message) -> None:
-        worker = self.state.workers.get(message.peer)
+        worker = self.state.roster.workers.get(message.peer)
         if worker is None or not worker.alive:
             return  # a stranger's, or a lost worker's late batch: not even read
         try:  # decoded against its share (what we asked for), then counted
-            batch = self.shared.from_socket(worker, message.body,
-                                            max_frames=self.config.share_of(worker.index))
+            batch = self.batches.from_socket(worker, message.body)
         except ProtocolError as exc:  # an admitted worker's batch: it is a bad batch
             body = message.body
             request = body.get("request") if isinstance(body, dict) else None
             await self._refuse_batch(worker, request if type(request) is int else -1, exc)
             return
         await self._deliver(worker, batch)
-        if worker.alive and (offer := self.shared.offer(worker, batch.frames)) is not None:
+        if worker.alive and (offer := self.batches.shared.offer(worker, batch.frames)) is not None:
             try:  # its next batches go through shared memory
                 await self.hub.send(worker.peer, offer.to_body(), kind=BatchSlots.KIND)
             except PeerLostError:
                 await self._on_lost(worker.peer)
 
     async def _on_shared_batch(self, message: Message) -> None:
-        worker = self.state.workers.get(message.peer)
+        worker = self.state.roster.workers.get(message.peer)
         if worker is None or not worker.alive:
             return  # a stranger's, or a lost worker's late notice: not even read
         notice = decode(SharedBatch, message.body)
         try:  # sync: into the round's batch
-            batch = self.shared.receive(worker, notice, self.state.rounds.round)
+            batch = self.batches.from_slot(worker, notice, self.state.rounds.round)
         except SlotError as exc:  # shrunk or torn: refused as any bad batch, segment unlinked
             await self._refuse_batch(worker, notice.request, exc)
             return
@@ -427,21 +396,21 @@ class Coordinator:
         await self._perform(actions, "refused for a bad batch")
 
     def _on_log(self, message: Message) -> None:
-        worker = self.state.workers.get(message.peer)
+        worker = self.state.roster.workers.get(message.peer)
         if worker is None or not worker.alive:
             return  # a stranger's (or a lost worker's) log: not even read
         self.worker_logs.emit(worker, decode(WorkerLog, message.body))
 
     async def _on_lost(self, peer: bytes, reason: str = "") -> None:
         self.worker_logs.forget(peer)
-        self.shared.forget(peer)  # a dead worker's segment is unlinked
+        self.batches.shared.forget(peer)  # a dead worker's segment is unlinked
         if self._closing:  # told to close: its goodbye is no loss (and no warning)
-            self.state.gone[peer] = None
+            self.state.losses.gone[peer] = None
             self._notify()
             return
-        worker = self.state.workers.get(peer)
+        worker = self.state.roster.workers.get(peer)
         was_alive = worker is not None and worker.alive
-        await self._perform(self.state.lost(peer, reason), LOSS_WORDS.get(
+        await self._perform(self.state.losses.lost(peer, reason), LOSS_WORDS.get(
             reason, "stopped answering (silent or disconnected)"))
         if was_alive and self._on_lost_hook is not None:
             assert worker is not None
@@ -449,7 +418,8 @@ class Coordinator:
 
     async def _on_error(self, message: Message) -> None:
         report = decode(ErrorReport, message.body)
-        speaker = reporter(report, self.workers.get(message.peer), self.workers.values(),
+        workers = self.roster.workers
+        speaker = reporter(report, workers.get(message.peer), workers.values(),
                            self.state.admission.terms.token)
         if speaker is None:  # only an admitted worker, or one spawned here, stops the run
             self._limited_log.warning(
@@ -477,7 +447,7 @@ class Coordinator:
         it owed goes to the others (see :meth:`CoordinatorState.departed`).
         """
         leaving = decode(Leaving, message.body)
-        worker = self.workers.get(message.peer)
+        worker = self.roster.workers.get(message.peer)
         if worker is None or not worker.alive:
             return  # a stranger's, or a worker already gone: no say in the run
         if self._on_leaving_hook is not None:
@@ -486,7 +456,7 @@ class Coordinator:
             reason = leaving.reason or "no reason given"
             log.info("worker %d (%s on %s) is leaving (%s): its unfinished work goes to the "
                      "others", worker.index, worker.name, worker.host, reason)
-            await self._perform(self.state.departed(message.peer), f"it left ({reason})",
+            await self._perform(self.state.losses.departed(message.peer), f"it left ({reason})",
                                 left=True)
         self._notify()
         # It waits for this before it says goodbye (see Worker._watch_signals).
@@ -513,7 +483,7 @@ class Coordinator:
                 if isinstance(action, Expel):
                     self.hub.expel(action.peer)
                     self.worker_logs.forget(action.peer)
-                    self.shared.forget(action.peer)
+                    self.batches.shared.forget(action.peer)
                     self.registry.check_lost(lost_reason, left=left)
                 elif isinstance(action, CatchUp):
                     await self._catch_up(action.worker, waits[action.worker.peer])
@@ -576,13 +546,13 @@ class Coordinator:
 
     async def _wait_resumed(self) -> None:
         self._raise_failure()
-        while self.state.paused:
+        while self.state.rounds.paused:
             await self._wait_change()
             self._raise_failure()
 
     def _raise_failure(self) -> None:
-        if self.state.failure is not None:
-            raise self.state.failure
+        if self.state.losses.failure is not None:
+            raise self.state.losses.failure
 
     def _notify(self) -> None:
         self._changed.set()

@@ -24,7 +24,7 @@ from ..._rollout.plain_policies import NestedKey
 from ..._spawn.forkserver import worker_context
 from ..._worker.spec import WorkerSpec
 from ...weights import WeightSender
-from .._assemble import InfoCheck, assemble, drop_env_dim
+from .._assemble import InfoCheck, drop_env_dim
 from .._base import RB, BaseCollector
 from .._config import constructor_arguments
 from .._docs import add_parameters, share_parameters, show_init_signature
@@ -324,7 +324,7 @@ class MultiCollector(BaseCollector[RB]):
     def statistics(self) -> CollectorStatistics:
         stats = super().statistics()
         coordinator = self._run.coordinator  # how batches came: shared memory, the socket
-        return stats if coordinator is None else replace(stats, **coordinator.shared.counts())
+        return stats if coordinator is None else replace(stats, **coordinator.batches.counts())
 
     def _worker_statistics(self) -> list[WorkerStatistics]:
         """Every admitted worker (lost ones too), then local processes still joining."""
@@ -336,8 +336,8 @@ class MultiCollector(BaseCollector[RB]):
             (slot, process.pid, socket.gethostname()) for slot, process in workers.slots.items()
             if process.pid is not None and process.is_alive()]
         return coordinator.registry.statistics(
-            heard=coordinator.heard, routes=coordinator.relay_routes(), joining=joining,
-            waiting=coordinator.state.waiting_for())
+            heard=coordinator.heard, routes=coordinator.roster.relay_routes(), joining=joining,
+            waiting=coordinator.state.losses.waiting_for())
 
     def _run_failed(self) -> bool:
         coordinator = self._run.coordinator
@@ -347,8 +347,8 @@ class MultiCollector(BaseCollector[RB]):
         coordinator = self._run.coordinator
         if coordinator is None:
             return False
-        state = coordinator.state
-        return (state.expected > 0 and state.missing_workers() > 0) or bool(state.waiting_for())
+        losses = coordinator.state.losses
+        return (losses.expected > 0 and losses.missing_workers() > 0) or bool(losses.waiting_for())
 
     async def _wait_ready(self) -> None:
         await self._ensure_ready()
@@ -356,7 +356,7 @@ class MultiCollector(BaseCollector[RB]):
     def _not_ready_message(self, timeout: float | None) -> str:
         expected = self.num_workers + self.remote_workers
         coordinator = self._run.coordinator
-        joined = 0 if coordinator is None else len(coordinator.live_workers)
+        joined = 0 if coordinator is None else len(coordinator.roster.live_workers)
         return (f"{joined} of {expected} workers joined within {timeout} s "
                 f"({self.num_workers} local, {self.remote_workers} remote expected); "
                 "statistics() shows who is still joining")
@@ -428,7 +428,7 @@ class MultiCollector(BaseCollector[RB]):
         sampling repeats too.
         """
         coordinator = await self._ensure_ready()
-        for worker in coordinator.live_workers:
+        for worker in coordinator.roster.live_workers:
             seed = await coordinator.control(worker, "seed", seed=seed, static_seed=static_seed)
         return seed
 
@@ -436,7 +436,7 @@ class MultiCollector(BaseCollector[RB]):
     async def reset(self, reset_idx: Sequence[bool] | None = None) -> None:
         """Reset the envs of every worker (or of the workers flagged in ``reset_idx``)."""
         coordinator = await self._ensure_ready()
-        for worker in coordinator.live_workers:
+        for worker in coordinator.roster.live_workers:
             if reset_idx is None or reset_idx[worker.index]:
                 await coordinator.control(worker, "reset")
         self._trajectories_reset(partial=reset_idx is not None)
@@ -486,7 +486,7 @@ class MultiCollector(BaseCollector[RB]):
     async def _getattr(self, op: str, attr: str) -> Any:
         coordinator = await self._ensure_ready()
         try:
-            return await coordinator.control(coordinator.live_workers[0], op, attr=attr)
+            return await coordinator.control(coordinator.roster.live_workers[0], op, attr=attr)
         except RemoteError as exc:  # the worker's AttributeError / TypeError, as such
             raise rebuild_remote_exception(exc) from exc
 
@@ -532,8 +532,7 @@ class MultiSyncCollector(MultiCollector[RB]):
         round_ = await coordinator.next_round(left)
         for worker, frames in round_:
             self._info_check.check(f"worker {worker.index}", frames)
-        return self.devices.store(assemble([frames for _, frames in round_], self.cat_results,
-                                           gather=coordinator.shared.gather))
+        return self.devices.store(coordinator.batches.join([frames for _, frames in round_]))
 
 
 class MultiAsyncCollector(MultiCollector[RB]):

@@ -138,7 +138,7 @@ async def run_background(run: MultiRun, losses: LossHandling, name: str, paused:
                 for model_id, scheme in run.schemes.items():
                     model = run.policy if model_id == "policy" else None
                     sender = run.senders[model_id] = scheme.init_on_sender(
-                        model_id, model=model, hub=hub, workers=coordinator.worker_peers)
+                        model_id, model=model, hub=hub, workers=coordinator.roster.worker_peers)
                     sender.on_applied = run.on_weights_applied  # events, metrics
                     coordinator.attach(sender)  # relay routes, catch-up, batch counts
                 workers = run.workers = local_worker_processes(

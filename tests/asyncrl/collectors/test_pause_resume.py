@@ -76,18 +76,18 @@ async def test_async_pause_grants_nothing_and_holds_what_was_in_flight() -> None
                 await coordinator.set_paused(True)
 
                 def granted() -> int:  # credits the coordinator gave, delivered or not
-                    return sum(w.delivered + w.credits for w in coordinator.live_workers)
+                    return sum(w.delivered + w.credits for w in coordinator.roster.live_workers)
 
                 before = granted()
                 # The workers finish what they were asked for (credits already on their
                 # way included), then idle.
                 await eventually(lambda: sum(r.granted for r in records) == before
                                  and all(r.sent == r.granted for r in records), "idle")
-                await eventually(lambda: sum(w.queued for w in coordinator.live_workers)
-                                 == sum(w.ahead for w in coordinator.live_workers), "held")
+                await eventually(lambda: sum(w.queued for w in coordinator.roster.live_workers)
+                                 == sum(w.ahead for w in coordinator.roster.live_workers), "held")
                 assert await nothing_within(coordinator.next_batch)  # nothing handed over
                 assert granted() == before == sum(r.granted for r in records)  # none new
-                held = len(coordinator.state.ready)
+                held = len(coordinator.state.rounds.ready)
                 assert 0 < held <= workers * prefetch
                 await coordinator.set_paused(False)
                 for _ in range(held + 2):  # the held batches first, then new ones

@@ -338,7 +338,7 @@ async def test_hostile_notices_are_dropped_and_the_run_goes_on(caplog: Any) -> N
                 # One line for the four (rate-limited: hostile input writes few lines).
                 assert len(dropped) == 1 and "asyncrl_1_forged" in dropped[0], dropped
                 assert "a worker writes only into the segment the trainer offered" in dropped[0]
-                assert [w.index for w in sched.live_workers] == [index]  # not even refused
+                assert [w.index for w in sched.roster.live_workers] == [index]  # not even refused
                 writer.detach()
                 tg.cancel_scope.cancel()
     assert segments() - before == set()  # the run's end unlinks it

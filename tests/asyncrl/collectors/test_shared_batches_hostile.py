@@ -33,6 +33,7 @@ import torch
 from tensordict import TensorDict
 
 import asyncrl._coordinator.shared_batches
+from asyncrl._coordinator.batch_sink import BatchSink
 from asyncrl._coordinator.coordinator import Coordinator, check_specs
 from asyncrl._coordinator.shared_batches import SharedBatches, SlotError
 from asyncrl._protocol import (
@@ -173,7 +174,8 @@ def rewrite(block: SharedTensorBlock, slot: int, value: int, request: int) -> No
 
 def test_a_slot_rewritten_during_the_copy_is_refused_naming_the_slot(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    shared = SharedBatches(shm_config(share_frames=[FRAMES]))
+    sink = BatchSink(shm_config(share_frames=[FRAMES]))
+    shared = sink.shared
     info = worker()
     offer, writer = offered(shared, pixel_share(5), info)
     hostile = SharedTensorBlock.attach(offer.name)  # the env's own mapping of the segment
@@ -195,10 +197,11 @@ def test_a_slot_rewritten_during_the_copy_is_refused_naming_the_slot(
         with pytest.raises(SlotError, match=rf"shared batch in slot 0 of {offer.name} was "
                                             r"rewritten while the trainer copied it "
                                             r"\(sequence number 2 -> 4\); refused"):
-            shared.receive(info, notice)
+            sink.from_slot(info, notice)
         monkeypatch.undo()
         # Nothing was counted: the refused batch never reached the statistics.
-        assert shared.counts()["shared_memory_batches"] == 0
+        assert sink.counts()["shared_memory_batches"] == 0
+        assert info.arrivals.shared_memory_batches == 0
     finally:
         hostile.close()
         writer.detach()
@@ -308,7 +311,7 @@ async def test_a_worker_that_shrinks_its_segment_is_refused_and_the_run_goes_on(
                 _, batch = await sched.next_batch()
                 assert differences(batch, make_share(FRAMES, 4, worker_id=indexes[honest],
                                                      seq=9)) == []
-                assert [w.index for w in sched.live_workers] == [indexes[honest]]
+                assert [w.index for w in sched.roster.live_workers] == [indexes[honest]]
                 writer.detach()
                 tg.cancel_scope.cancel()
     assert segments() - before == set()

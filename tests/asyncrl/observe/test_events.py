@@ -98,7 +98,7 @@ async def test_the_coordinator_publishes_joined_refused_and_lost() -> None:
                 assert len(joined) == 2 and len(refused) == 1
                 assert {e.name for e in joined} | {refused[0].name} == {"sim-a", "sim-b", "sim-c"}
                 assert "remote_workers" in refused[0].reason and refused[0].worker is None
-                victim = coordinator.live_workers[0]
+                victim = coordinator.roster.live_workers[0]
                 await coordinator.worker_exited(victim.peer, WorkerLostError("it died"),
                                                 replaceable=False)
                 lost = [e for e in events if e.kind == "lost"]
