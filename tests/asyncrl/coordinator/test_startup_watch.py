@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from asyncrl._coordinator.registry import WorkerRegistry
-from asyncrl._coordinator.state import CoordinatorState, WorkerInfo
+from asyncrl._coordinator.state import CoordinatorState
 from asyncrl._coordinator.watchdog import StartupWatch
 from asyncrl._errors import CollectorError
 
