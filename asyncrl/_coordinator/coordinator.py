@@ -52,9 +52,8 @@ from .._protocol import (
 from .actions import Action, CatchUp, Expel, Send
 from .admission import AdmissionTerms
 from .batch_sink import BatchSink
-from .checks import check_specs
+from .checks import check_specs, reporter
 from .config import CoordinatorConfig
-from .error_reports import reporter
 from .records import LOSS_WORDS, RelayInfo, WorkerInfo
 from .registry import WorkerRegistry
 from .shared_batches import SlotError
