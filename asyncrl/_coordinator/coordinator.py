@@ -2,9 +2,13 @@
 
 The decisions (admission, credits, rounds, loss) are :class:`CoordinatorState`'s
 plain methods, which return the sends to make; this module is the I/O around
-them, and owns every protocol message the trainer sends a worker except the
-weights (the :class:`~asyncrl.weights.WeightSender` sends those): welcomes and
-refusals, orders, control operations and the close broadcast.
+them: the hub-reading task (each message decoded once, batches through the
+:class:`~asyncrl._coordinator.batch_sink.BatchSink`) and the trainer's calls
+(rounds, batches, control operations, the close broadcast). What the state
+decided is sent by the :class:`~asyncrl._coordinator.outbox.Outbox`, in order:
+welcomes and refusals, orders, and newcomers' catch-ups; every protocol message
+the trainer sends a worker goes through one of the two except the weights (the
+:class:`~asyncrl.weights.WeightSender` sends those).
 
 One task reads the hub and updates state; the trainer's calls wait on events
 that state changes set. There is no polling and no timeout used as a
@@ -35,7 +39,6 @@ from .._protocol import (
     Batch,
     BatchSlots,
     Closing,
-    Collect,
     Control,
     ErrorReport,
     Hello,
@@ -43,17 +46,17 @@ from .._protocol import (
     Progress,
     Refuse,
     RelayHello,
-    RelayWelcome,
     SharedBatch,
     Welcome,
     WorkerLog,
     decode,
 )
-from .actions import Action, CatchUp, Expel, Send
+from .actions import Action, Send
 from .admission import AdmissionTerms
 from .batch_sink import BatchSink
 from .checks import check_specs, reporter
 from .config import CoordinatorConfig
+from .outbox import Outbox
 from .records import LOSS_WORDS, RelayInfo, WorkerInfo
 from .registry import WorkerRegistry
 from .shared_batches import SlotError
@@ -61,7 +64,7 @@ from .state import CoordinatorState
 from .worker_logs import WorkerLogs
 
 if TYPE_CHECKING:
-    from ..weights import WeightSender
+    pass
 
 log = logging.getLogger("asyncrl.coordinator")
 
@@ -108,14 +111,6 @@ class Coordinator:
             peer_timeout=getattr(hub, "peer_timeout", None))
         #: Every admitted worker and relay (the state's :class:`Roster`, the same object).
         self.roster = self.state.roster
-        self._senders: list[WeightSender] = []
-        # Newcomers whose catch-up weights are not handed to the hub yet: a collect order
-        # for one of them (a round started by another task meanwhile) waits for them.
-        self._catching_up: dict[bytes, anyio.Event] = {}
-        self._on_join = on_join  # awaited after the senders caught a newcomer up
-        #: Awaited for each newcomer after its catch-up weights, before its first order
-        #: (the env state of the worker it replaces); each sends, none waits for an ack.
-        self.catch_up_hooks: list[Callable[[WorkerInfo], Awaitable[None]]] = []
         self._on_lost_hook = on_lost  # e.g. "restart": end a silent local process
         self._on_leaving_hook = on_leaving  # a worker stops on a signal (SIGTERM)
         # Peers are hostile until admitted: what they make us log is rate-limited.
@@ -131,6 +126,11 @@ class Coordinator:
         #: Every batch from its arrival to the round's batch: decoded or read from its
         #: shared-memory slot, compacted, counted, gathered and joined.
         self.batches = BatchSink(config)
+        #: Performs what the state decided, in order; serves the attached weight senders
+        #: (``outbox.attach(sender)``) and the newcomers' ``outbox.catch_up_hooks``.
+        self.outbox = Outbox(hub, self.roster, self.registry, self.worker_logs,
+                             self.batches.shared, lost=self._on_lost, changed=self._notify,
+                             on_join=on_join)
 
     # -- the run's failure ------------------------------------------------------------------
     @property
@@ -149,15 +149,6 @@ class Coordinator:
         """Make every waiting and future trainer call raise ``error``."""
         self.state.losses.fail(error)
         self._notify()
-
-    def attach(self, sender: WeightSender) -> None:
-        """Serve ``sender``: relay routes, newcomers' catch-up, delivered-batch counts.
-
-        Its ``workers`` should be ``roster.worker_peers`` (the live workers).
-        """
-        if sender.relayable:
-            sender.set_relay_routes(self.state.roster.relay_routes)
-        self._senders.append(sender)
 
     # -- trainer-facing ----------------------------------------------------------------------
     async def wait_for_workers(self, count: int) -> None:
@@ -179,14 +170,14 @@ class Coordinator:
         """
         await self._wait_resumed()  # paused: no new round is asked for
         round_, orders = self.state.start_round(max_frames)
-        await self._perform(orders)
+        await self.outbox.perform(orders)
         while not round_.complete or self.state.rounds.paused:  # a round done while paused is held
             self._raise_failure()
             await self._wait_change()
         self._raise_failure()
         shares = self.state.rounds.end_round(round_)
         for worker, frames in shares:
-            self._count_batch(worker, frames.numel())
+            self.outbox.count_batch(worker, frames.numel())
         return shares
 
     async def next_batch(self) -> tuple[WorkerInfo, TensorDictBase]:
@@ -198,8 +189,8 @@ class Coordinator:
                 await self._wait_change()
                 continue
             worker, frames, orders = taken
-            await self._perform(orders)
-            self._count_batch(worker, frames.numel())
+            await self.outbox.perform(orders)
+            self.outbox.count_batch(worker, frames.numel())
             return worker, frames
 
     async def set_paused(self, paused: bool) -> None:
@@ -213,7 +204,7 @@ class Coordinator:
             self.state.rounds.paused = False
             self._notify()
         else:
-            await self._perform(self.state.rounds.resume())
+            await self.outbox.perform(self.state.rounds.resume())
 
     def heard(self, peer: bytes) -> float | None:
         """``time.monotonic()`` when the hub last heard ``peer`` (None: not connected)."""
@@ -280,8 +271,8 @@ class Coordinator:
         ``replaceable``: something can take its place (it is respawned, or remote
         workers may join); without it ``"wait"`` would wait forever, so it fails.
         """
-        await self._perform(self.state.losses.exited(peer, error, replaceable=replaceable),
-                            str(error))
+        await self.outbox.perform(self.state.losses.exited(peer, error, replaceable=replaceable),
+                                  str(error))
 
     async def worker_stalled(self, worker: WorkerInfo, seconds: float) -> None:
         """``worker`` owed work and delivered nothing for ``seconds`` (see
@@ -289,9 +280,9 @@ class Coordinator:
         ``on_worker_loss`` (``"restart"``: the ``on_lost`` hook ends its process)."""
         if self._closing or not worker.alive:
             return
-        await self._perform(self.state.losses.stalled(worker.peer, seconds),
-                            f"owed work and delivered nothing for {seconds:.1f} s (the env "
-                            "step or the policy did not return)")
+        await self.outbox.perform(self.state.losses.stalled(worker.peer, seconds),
+                                  f"owed work and delivered nothing for {seconds:.1f} s (the "
+                                  "env step or the policy did not return)")
         if self._on_lost_hook is not None:
             self._on_lost_hook(worker)
 
@@ -309,15 +300,15 @@ class Coordinator:
                     if item.event == "lost":
                         await self._on_lost(item.peer, item.reason)
                     elif item.event in ("joined", "returned"):
-                        await self._perform(self.state.losses.returned(item.peer))
+                        await self.outbox.perform(self.state.losses.returned(item.peer))
                 elif item.kind == Hello.KIND:
                     await self._on_hello(item.peer, decode(Hello, item.body))
                 elif item.kind == RelayHello.KIND:
                     relay_hello = decode(RelayHello, item.body)
                     actions = self.state.admission.relay_hello(item.peer, relay_hello)
-                    self._note_refusals(actions, relay_hello.name, relay_hello.host,
+                    self.outbox.note_refusals(actions, relay_hello.name, relay_hello.host,
                                         relay_hello.pid)
-                    await self._perform(actions)
+                    await self.outbox.perform(actions)
                 elif item.kind == Batch.KIND:
                     await self._on_batch(item)
                 elif item.kind == SharedBatch.KIND:
@@ -329,8 +320,8 @@ class Coordinator:
                 elif item.kind == WorkerLog.KIND:
                     self._on_log(item)
                 elif item.kind == Progress.KIND:  # it steps: slow is not hung
-                    await self._perform(self.state.progress(item.peer,
-                                                            decode(Progress, item.body)))
+                    progress = decode(Progress, item.body)
+                    await self.outbox.perform(self.state.progress(item.peer, progress))
                 else:
                     self._limited_log.warning("unknown-kind", "ignored a %r message from %r",
                                               item.kind, item.peer)
@@ -341,8 +332,8 @@ class Coordinator:
     async def _on_hello(self, peer: bytes, hello: Hello) -> None:
         with span("asyncrl.admission") as current:  # a shared no-op without the otel extra
             actions = self.state.hello(peer, hello)
-            self._note_refusals(actions, hello.name, hello.host, hello.pid)
-            await self._perform(actions, "replaced by its own new hello")
+            self.outbox.note_refusals(actions, hello.name, hello.host, hello.pid)
+            await self.outbox.perform(actions, "replaced by its own new hello")
             worker = self.state.roster.workers.get(peer)
             if worker is not None and worker.alive:  # a spawn slot is vouched for by the token
                 self.batches.shared.admitted(peer, local=hello.slot >= 0)
@@ -350,7 +341,7 @@ class Coordinator:
                 trace_admission(current, hello, actions)
                 # The version it was caught up to (0: its initial weights).
                 current.set_attribute("asyncrl.version", next(
-                    (s.version for s in self._senders if s.model_id == "policy"), 0))
+                    (s.version for s in self.outbox.senders if s.model_id == "policy"), 0))
 
     async def _on_batch(self, message: Message) -> None:
         worker = self.state.roster.workers.get(message.peer)
@@ -385,14 +376,14 @@ class Coordinator:
     async def _refuse_batch(self, worker: WorkerInfo, request: int, error: Exception) -> None:
         """A batch that could not be read whole (undecodable, or a slot shrunk or torn)."""
         actions = self.state.bad_batch(worker.peer, request, str(error))
-        self._note_refusals(actions, worker.name, worker.host, worker.pid)
-        await self._perform(actions, "refused for a bad batch")
+        self.outbox.note_refusals(actions, worker.name, worker.host, worker.pid)
+        await self.outbox.perform(actions, "refused for a bad batch")
 
     async def _deliver(self, worker: WorkerInfo, batch: Batch) -> None:
         actions = self.state.batch(worker.peer, batch)
         if actions:
-            self._note_refusals(actions, worker.name, worker.host, worker.pid)
-        await self._perform(actions, "refused for a bad batch")
+            self.outbox.note_refusals(actions, worker.name, worker.host, worker.pid)
+        await self.outbox.perform(actions, "refused for a bad batch")
 
     def _on_log(self, message: Message) -> None:
         worker = self.state.roster.workers.get(message.peer)
@@ -409,7 +400,7 @@ class Coordinator:
             return
         worker = self.state.roster.workers.get(peer)
         was_alive = worker is not None and worker.alive
-        await self._perform(self.state.losses.lost(peer, reason), LOSS_WORDS.get(
+        await self.outbox.perform(self.state.losses.lost(peer, reason), LOSS_WORDS.get(
             reason, "stopped answering (silent or disconnected)"))
         if was_alive and self._on_lost_hook is not None:
             assert worker is not None
@@ -455,8 +446,8 @@ class Coordinator:
             reason = leaving.reason or "no reason given"
             log.info("worker %d (%s on %s) is leaving (%s): its unfinished work goes to the "
                      "others", worker.index, worker.name, worker.host, reason)
-            await self._perform(self.state.losses.departed(message.peer), f"it left ({reason})",
-                                left=True)
+            await self.outbox.perform(self.state.losses.departed(message.peer),
+                                      f"it left ({reason})", left=True)
         self._notify()
         # It waits for this before it says goodbye (see Worker._watch_signals).
         try:
@@ -464,85 +455,7 @@ class Coordinator:
         except Exception:
             pass  # gone already: its process's owner takes care of it
 
-    # -- doing what the state decided -------------------------------------------------------
-    async def _perform(self, actions: list[Action], lost_reason: str = "", *,
-                       left: bool = False) -> None:
-        """Take the actions a state change returned, in order (the state is current already).
-
-        ``lost_reason``: why a worker this change dropped (an :class:`Expel`) was lost;
-        ``left``: it left cleanly (a departure, not a loss).
-        """
-        self._notify()
-        # Before any await: an order from another task (a round starting) must not
-        # overtake a newcomer's catch-up. (Its own orders come after it in this list.)
-        waits = {a.worker.peer: anyio.Event() for a in actions if isinstance(a, CatchUp)}
-        self._catching_up.update(waits)
-        try:
-            for action in actions:
-                if isinstance(action, Expel):
-                    self.hub.expel(action.peer)
-                    self.worker_logs.forget(action.peer)
-                    self.batches.shared.forget(action.peer)
-                    self.registry.check_lost(lost_reason, left=left)
-                elif isinstance(action, CatchUp):
-                    await self._catch_up(action.worker, waits[action.worker.peer])
-                elif action.worker is None or action.worker.alive:
-                    if action.worker is not None and isinstance(action.message, Welcome):
-                        self.registry.joined(action.worker)
-                    await self._send(action)
-                # else: an order to a worker lost since (by another task, during an await)
-        finally:
-            for peer, caught in waits.items():  # (a failure before its catch-up ran)
-                self._caught_up(peer, caught)
-
-    def _caught_up(self, peer: bytes, caught: anyio.Event) -> None:
-        """``peer``'s catch-up is handed to the hub (or will never be): its orders may go."""
-        if self._catching_up.get(peer) is caught:
-            del self._catching_up[peer]
-        caught.set()
-
-    async def _send(self, send: Send) -> None:
-        kind = send.message.KIND
-        if kind == Collect.KIND and (caught := self._catching_up.get(send.peer)) is not None:
-            await caught.wait()  # the latest weights go first, on the same socket
-            if send.worker is not None and not send.worker.alive:
-                return  # lost during its catch-up
-        if kind in (Welcome.KIND, RelayWelcome.KIND):
-            # Admitted before it is told so: its first batch may be large (see Hub.admit).
-            self.hub.admit(send.peer)
-        try:
-            await self.hub.send(send.peer, send.message.to_body(), kind=kind)
-        except PeerLostError:
-            await self._on_lost(send.peer)
-        if kind == Refuse.KIND:
-            self.hub.expel(send.peer)  # a stranger again: small messages only, no say in the run
-
-    async def _catch_up(self, worker: WorkerInfo, caught: anyio.Event) -> None:
-        """The latest weights before its first frame; each await may see it lost."""
-        for sender in self._senders:
-            if not worker.alive:
-                break  # lost while it joined (its process died, or its welcome bounced)
-            await sender.on_worker_joined(worker.index)
-        for hook in self.catch_up_hooks:
-            if worker.alive:
-                await hook(worker)
-        self._caught_up(worker.peer, caught)  # handed to the hub: its orders may follow
-        if worker.alive:
-            log.info("worker %d joined (%s, pid %d on %s)", worker.index, worker.name,
-                     worker.pid, worker.host)
-        if self._on_join is not None and worker.alive:
-            await self._on_join(worker)
-
-    def _note_refusals(self, actions: list[Action], name: str, host: str, pid: int) -> None:
-        for action in actions:
-            if isinstance(action, Send) and isinstance(action.message, Refuse):
-                self.registry.refused(name, host, action.message.reason, pid)
-
-    def _count_batch(self, worker: WorkerInfo, frames: int) -> None:
-        self.registry.delivered(worker, frames)
-        for sender in self._senders:
-            sender.note_batch(worker.index)  # max_interval counts delivered batches
-
+    # -- waiting on the state -----------------------------------------------------------
     async def _wait_resumed(self) -> None:
         self._raise_failure()
         while self.state.rounds.paused:

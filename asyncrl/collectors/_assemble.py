@@ -24,6 +24,7 @@ __all__ = ["MASK_KEY", "InfoCheck", "assemble", "drop_env_dim", "split_trajector
 def drop_env_dim(batch: TensorDictBase) -> TensorDictBase:
     """One worker's ``[envs, time]`` batch in TorchRL's layout: ``[time]`` for one env.
 
+    >>> from tensordict import TensorDict
     >>> drop_env_dim(TensorDict({"x": torch.ones(1, 3)}, [1, 3])).batch_size
     torch.Size([3])
     >>> drop_env_dim(TensorDict({"x": torch.ones(2, 3)}, [2, 3])).batch_size
@@ -40,6 +41,7 @@ def split_trajectories(
     Trajectories are runs of equal ``traj_ids`` along the flattened (env-major)
     batch; the mask is written next to the ids (``("collector", "mask")``).
 
+    >>> from tensordict import TensorDict
     >>> ids = torch.tensor([[0, 0, 1], [2, 2, 2]])
     >>> td = TensorDict({("collector", "traj_ids"): ids, "x": torch.ones(2, 3)}, [2, 3])
     >>> out = split_trajectories(td)

@@ -125,7 +125,7 @@ class WorkerEnvState:
     def _hook(self, coordinator: Coordinator) -> None:
         if self._hooked is not coordinator:  # one coordinator per open collector
             self._hooked = coordinator
-            coordinator.catch_up_hooks.append(self._carry)
+            coordinator.outbox.catch_up_hooks.append(self._carry)
 
     async def _carry(self, worker: WorkerInfo) -> None:
         """Called by the coordinator for a newcomer, before its first collect order."""

@@ -140,7 +140,7 @@ async def run_background(run: MultiRun, losses: LossHandling, name: str, paused:
                     sender = run.senders[model_id] = scheme.init_on_sender(
                         model_id, model=model, hub=hub, workers=coordinator.roster.worker_peers)
                     sender.on_applied = run.on_weights_applied  # events, metrics
-                    coordinator.attach(sender)  # relay routes, catch-up, batch counts
+                    coordinator.outbox.attach(sender)  # relay routes, catch-up, batch counts
                 workers = run.workers = local_worker_processes(
                     hub.endpoint, run.worker_specs, run.num_workers, token=token,
                     backend=backend,

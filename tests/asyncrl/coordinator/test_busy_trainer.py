@@ -588,7 +588,7 @@ async def test_a_round_started_during_a_catch_up_orders_the_newcomer_after_its_w
 
         coordinator = Coordinator(hub, sync=True, on_join=no_join_hook)
         scheduler = coordinator.scheduler
-        scheduler.attach(coordinator.sender)  # as MultiCollector wires it: catch-up first
+        scheduler.outbox.attach(coordinator.sender)  # as MultiCollector wires it: catch-up first
         await coordinator.sender.send_async()  # version 1, for nobody yet
         held, release = anyio.Event(), anyio.Event()
 
@@ -608,8 +608,9 @@ async def test_a_round_started_during_a_catch_up_orders_the_newcomer_after_its_w
                 tg.start_soon(scheduler.next_round)  # the trainer's loop, another task
                 # Until the round's order for the newcomer waits behind its catch-up (an
                 # order that did not wait would already be on its way: this never ends).
-                while (b"w" not in scheduler._catching_up or scheduler._catching_up[
-                        b"w"].statistics().tasks_waiting == 0):
+                catching_up = scheduler.outbox._catching_up
+                while (b"w" not in catching_up
+                       or catching_up[b"w"].statistics().tasks_waiting == 0):
                     await anyio.sleep(0.01)
                 release.set()
                 kinds = []
