@@ -82,9 +82,9 @@ class Coordinator:
     the port can say hello as a remote worker; use CURVE keys on a network you
     do not trust.
 
-    Weight senders are :meth:`attach`-ed: the coordinator tells them who the
-    workers are and which go through a relay, catches each newcomer up before
-    its first order, and counts delivered batches for ``max_interval``.
+    Weight senders are attached to its ``outbox`` (``outbox.attach``), which tells
+    them who the workers are and which go through a relay, catches each newcomer
+    up before its first order, and counts delivered batches for ``max_interval``.
     """
 
     def __init__(
