@@ -27,7 +27,8 @@ from typing import Any
 
 from transports import ProtocolError
 
-from .._coordinator.admission import Admission
+from .._coordinator.admission import Admission, AdmissionTerms
+from .._coordinator.config import CoordinatorConfig
 from .._coordinator.records import Roster
 from .._protocol import EnvLayout, Hello
 from .._rollout.env_ids import EnvIdSource
@@ -60,11 +61,12 @@ def env_admission(roster: Roster, ours: EnvLayout, *, max_envs: int, first_remot
     up to ``remote_workers`` remote ones at a time take indices after them. ``env_id``:
     the collector's env, whose registration a remote host that lacks it is offered.
     """
-    admission = Admission(roster, share_of=lambda index: 0,  # (its welcome is EnvWelcome)
-                          first_remote_index=first_remote_index,
-                          check_specs=layout_check(ours, max_envs=max_envs), token=token,
-                          accept_remote=remote_workers > 0,
-                          max_remote_workers=remote_workers, specs=ours.to_specs())
-    admission.role = "env"
-    admission.env_source = EnvIdSource.of(env_id) if isinstance(env_id, str) else None
-    return admission
+    # No share: an env worker's welcome is EnvWelcome, which carries no frames per batch.
+    config = CoordinatorConfig(sync=False, share_frames=(0,), role="env",
+                               first_remote_index=first_remote_index,
+                               accept_remote=remote_workers > 0,
+                               max_remote_workers=remote_workers)
+    terms = AdmissionTerms(token=token, specs=ours.to_specs(),
+                           check_specs=layout_check(ours, max_envs=max_envs),
+                           env_source=EnvIdSource.of(env_id) if isinstance(env_id, str) else None)
+    return Admission(roster, config, terms)

@@ -35,6 +35,7 @@ from asyncrl._protocol import (
 )
 from asyncrl._worker.log_forward import LogForwarder
 from asyncrl._worker.simulated import make_specs
+from tests.asyncrl.coordinator.rules import rules
 from tests.multihost.processes import wait_exit
 from transports import Hub, Link, ProtocolError
 
@@ -158,8 +159,8 @@ async def test_a_strangers_log_is_dropped_and_an_admitted_workers_is_kept(
     body = WorkerLog([LogEntry(logging.WARNING, "user", "from a peer", "")]).to_body()
     with anyio.fail_after(LIMIT):
         async with Hub(endpoint) as hub, anyio.create_task_group() as tg:
-            coordinator = Coordinator(hub, sync=False, share_frames=[10],
-                                      check_specs=check_specs, accept_remote=True)
+            coordinator = Coordinator(hub, *rules(sync=False, share_frames=[10],
+                                                  check_specs=check_specs, accept_remote=True))
             tg.start_soon(coordinator.run)
             async with Link(endpoint) as stranger, Link(endpoint) as worker:
                 await stranger.send(body, kind=WorkerLog.KIND)
