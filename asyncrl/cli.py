@@ -1,4 +1,9 @@
-"""``asyncrl`` command line: ``asyncrl worker``, ``asyncrl keys``, ``asyncrl bench``."""
+"""``asyncrl`` command line: ``asyncrl worker``, ``asyncrl keys``, ``asyncrl bench``.
+
+``asyncrl worker`` serves both roles a remote host can have: ``--role rollout`` (the
+default: workers of a MultiCollector) and ``--role env`` (an env worker of an
+AsyncBatchedCollector); ``asyncrl env-worker`` is the latter's older name, kept as an alias.
+"""
 
 from __future__ import annotations
 
@@ -74,6 +79,15 @@ def _version() -> str:
         return "0.0.0+unknown"
 
 
+#: What ``asyncrl worker --role`` runs (the hello's ``role``).
+ROLES = ("rollout", "env")
+#: ``asyncrl worker`` options an env worker (``--role env``) has no use for, with their
+#: defaults: given otherwise, they are refused naming the role (never ignored).
+ROLLOUT_ONLY: dict[str, Any] = {
+    "policy": None, "device": None, "info_key": None, "workers": 1, "threads": 1,
+    "reconnect": False, "give_up_after": 120.0, "no_relay": False, "log_file": None,
+}
+
 #: Default bound of ``--workers`` (``--max-workers``): a typo such as 100000000 is an
 #: error at start, not a host that builds worker identities until it is killed.
 MAX_WORKERS = 1024
@@ -118,7 +132,12 @@ def _worker_parser(sub: Any) -> None:
         description="Run K worker processes on this host that join the coordinator at "
                     "--connect. Env and policy are import paths resolved on this host: code "
                     "never travels over the network. SIGTERM (docker stop, systemd) and "
-                    "Ctrl-C stop them cleanly.",
+                    "Ctrl-C stop them cleanly. With --role env, one env worker of an "
+                    "AsyncBatchedCollector (central inference) instead: it steps "
+                    "--envs-per-worker envs and the trainer's policy acts for them (no "
+                    "--policy, --device, --info-key, --threads, --workers, --reconnect, "
+                    "--give-up-after, --no-relay or --log-file there). Both roles say the "
+                    "same hello; a trainer of the other kind refuses it naming the role.",
         epilog=WORKER_EXIT_CODES, formatter_class=_HelpFormatter,
     )
     p.add_argument("--connect", required=True, metavar="tcp://HOST:PORT",
@@ -127,6 +146,11 @@ def _worker_parser(sub: Any) -> None:
     p.add_argument("--env", required=True, metavar="ID_OR_IMPORT_PATH",
                    default=argparse.SUPPRESS,
                    help="a gymnasium id (CartPole-v1) or 'pkg.mod:factory'; required")
+    p.add_argument("--role", choices=ROLES, default="rollout",
+                   help="'rollout': workers of a MultiSyncCollector / MultiAsyncCollector, "
+                        "each with its own copy of the policy; 'env': an env worker of an "
+                        "AsyncBatchedCollector (central inference: listen= and "
+                        "remote_workers=), as 'asyncrl env-worker' runs it")
     p.add_argument("--policy", metavar="pkg.mod:factory", default=None,
                    help="import path of a function returning the policy; without it, "
                         "random actions")
@@ -271,7 +295,23 @@ def main(argv: list[str] | None = None) -> int:
         return keys_command(args)
     if args.command == "env-worker":
         return run_env_worker_command(args)
+    if args.role == "env":
+        return _run_env_role(args)
     return run_workers(args)
+
+
+def _run_env_role(args: argparse.Namespace) -> int:
+    """``asyncrl worker --role env``: one env worker of an AsyncBatchedCollector."""
+    given = [f"--{name.replace('_', '-')}" for name, default in ROLLOUT_ONLY.items()
+             if getattr(args, name) != default]
+    if given:
+        print(f"asyncrl worker: {', '.join(given)} cannot apply to --role env: an env worker "
+              "of central inference steps its envs only (the trainer's policy acts for them, "
+              "on the trainer's device); drop them, or join a MultiSyncCollector / "
+              "MultiAsyncCollector with --role rollout", file=sys.stderr)
+        return 2
+    args.envs = args.envs_per_worker  # the envs this env worker steps, as one request
+    return run_env_worker_command(args, command="asyncrl worker --role env")
 
 
 def run_benchmark(name: str, argv: list[str], roots: list[str] | None = None) -> int:

@@ -61,6 +61,8 @@ import torch
 from tensordict import TensorDictBase
 
 # The coordinator is timed on its own, without MultiCollector around it: internal.
+from asyncrl._coordinator.admission import AdmissionTerms
+from asyncrl._coordinator.config import CoordinatorConfig
 from asyncrl._coordinator.coordinator import Coordinator, check_specs
 from asyncrl._worker.simulated import SimRecord, sim_worker
 from asyncrl.collectors._assemble import assemble
@@ -142,10 +144,9 @@ async def measure(case: Case, hosts: list[HostProcess], *, workdir: str, frames:
     row = Row(case)
     endpoint = f"inproc://scaling-{tag}" if inproc else f"ipc://{workdir}/hub-{tag}"
     async with Hub(endpoint) as hub:
-        scheduler = Coordinator(hub, sync=case.mode == "sync",
-                              share_frames=[frames] * case.workers,
-                              prefetch=case.prefetch, check_specs=check_specs,
-                              accept_remote=True)
+        scheduler = Coordinator(hub, CoordinatorConfig(
+            sync=case.mode == "sync", share_frames=[frames] * case.workers,
+            prefetch=case.prefetch, accept_remote=True), AdmissionTerms(check_specs=check_specs))
         async with anyio.create_task_group() as tg:
             tg.start_soon(scheduler.run)
             if inproc:

@@ -10,6 +10,8 @@ hidden layers):
 
 - ``served``: one ``ServedModule`` in the trainer's process; every env calls it through
   ``asyncrl.ServedReward`` (its calls batched across envs);
+- ``served-process``: the same, hosted in a process of its own
+  (``server_backend="process"``);
 - ``copied``: each worker process builds its own copy of the model (one per worker,
   shared by its envs' wrappers) and each env calls it at every step.
 
@@ -17,7 +19,7 @@ Each case runs in a fresh interpreter; repeats alternate the cases. Reported per
 ``start_s`` (from opening the module / collector to the first batch), ``frames_s``
 (frames per second over the batches after the first), ``pss_mb`` (the summed
 proportional set size of the trainer and every process below it, read after the last
-batch while they are alive). Medians over the repeats, and ratios served / copied.
+batch while they are alive). Medians over the repeats, and ratios to ``copied``.
 """
 
 from __future__ import annotations
@@ -35,6 +37,9 @@ import gymnasium as gym
 import numpy as np
 
 from benchmarks.pixels import descendants, pss_kb
+
+#: The cases, in the order each repeat runs them (``copied``, the reference, last).
+CASES = ("served", "served-process", "copied")
 
 
 @functools.cache  # one copy per process (per worker, in ``copied``)
@@ -91,11 +96,12 @@ async def run_case(case: str, args: argparse.Namespace) -> dict[str, float]:
     torch.set_num_threads(1)
     start = time.monotonic()
     async with contextlib.AsyncExitStack() as stack:
-        if case == "served":
+        if case.startswith("served"):
             served = await stack.enter_async_context(ServedModule(
                 reward_model(args.hidden), name="reward",
                 example={"next_observation": torch.zeros(4)},
-                clients=args.workers * args.envs_per_worker, threads=1))
+                clients=args.workers * args.envs_per_worker, threads=1,
+                server_backend="process" if case == "served-process" else "thread"))
             factory = functools.partial(served_env, served.handle)
         else:
             factory = functools.partial(copied_env, args.hidden)
@@ -131,12 +137,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--frames-per-batch", type=int, default=512)
     p.add_argument("--batches", type=int, default=6)
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--case", choices=["served", "copied"], help=argparse.SUPPRESS)
+    p.add_argument("--case", choices=CASES, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.case:
         child(args)
         return 0
-    rows: dict[str, list[dict[str, float]]] = {"served": [], "copied": []}
+    rows: dict[str, list[dict[str, float]]] = {case: [] for case in CASES}
     passed = [a for a in (argv if argv is not None else sys.argv[1:])]
     for _ in range(args.repeats):
         for case in rows:
@@ -152,9 +158,11 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---|---|---|")
     for case, m in med.items():
         print(f"| {case} | {m['start_s']:.1f} | {m['frames_s']:.0f} | {m['pss_mb']:.0f} |")
-    s, c = med["served"], med["copied"]
-    print(f"| served / copied | {s['start_s'] / c['start_s']:.2f}x | "
-          f"{s['frames_s'] / c['frames_s']:.2f}x | {s['pss_mb'] / c['pss_mb']:.2f}x |")
+    c = med["copied"]
+    for case in CASES[:-1]:
+        s = med[case]
+        print(f"| {case} / copied | {s['start_s'] / c['start_s']:.2f}x | "
+              f"{s['frames_s'] / c['frames_s']:.2f}x | {s['pss_mb'] / c['pss_mb']:.2f}x |")
     return 0
 
 

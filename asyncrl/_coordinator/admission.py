@@ -9,72 +9,92 @@ free slot, ``check_specs``, ``max_remote_workers``). Plain methods that update t
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from transports import peer_name
 
-from .._protocol import Hello, Refuse, RelayHello, RelayWelcome, Welcome
+from .._protocol import Hello, Refuse, RelayHello, RelayWelcome, Role, Welcome
 from .._rollout.env_ids import EnvIdSource
-from .._rollout.options import RolloutOptions
 from .actions import Action, CatchUp, Send
 from .checks import hello_problems, relay_hello_problems, rollout_problems
+from .config import CoordinatorConfig
 from .host_groups import HostGroups
 from .records import RelayInfo, Roster, WorkerInfo
 
-__all__ = ["Admission"]
+__all__ = ["Admission", "AdmissionTerms"]
 
 log = logging.getLogger("asyncrl.coordinator")
+
+#: Why a hello of another role than the run's is refused, by the run's role.
+_ROLE_PROBLEMS: dict[str, str] = {
+    "rollout": "role: this trainer runs a MultiSyncCollector / MultiAsyncCollector, whose "
+               "workers step their envs with a copy of the policy; this is an env worker "
+               "(role {role!r}) of central inference: start it as 'asyncrl worker' without "
+               "--role env, or the trainer with AsyncBatchedCollector",
+    "env": "role: this trainer runs an AsyncBatchedCollector (central inference), whose "
+           "remote hosts only step envs; this is a worker of role {role!r}: start it as "
+           "'asyncrl worker --role env' (or the trainer with a MultiSyncCollector / "
+           "MultiAsyncCollector)",
+}
+
+
+@dataclass(frozen=True)
+class AdmissionTerms:
+    """What a newcomer is checked against and told, known once the run opened.
+
+    ``token``: the spawn token a local worker proves itself with ("" without local
+    workers); ``specs``: the env specs every worker must match (None: the first
+    admitted worker's); ``check_specs``: how a hello's specs are judged against them;
+    ``scheme_configs``: the weight schemes every welcome carries; ``env_source``:
+    where the run's gymnasium id is registered, offered to a host that lacks it.
+
+    >>> AdmissionTerms(token="secret").specs is None
+    True
+    """
+
+    token: str = ""
+    specs: dict[str, Any] | None = None
+    check_specs: Callable[[dict[str, Any], Hello], list[str]] | None = None
+    scheme_configs: Mapping[str, Any] = field(default_factory=dict)
+    env_source: EnvIdSource | None = None
 
 
 class Admission:
     """Admits workers and relays into a :class:`Roster`, or refuses them naming why.
 
-    ``share_of(index)`` is the share a worker admitted with ``index`` collects (its
-    welcome says it); remote workers get indices from ``first_remote_index`` on.
+    It reads the run's rules from ``config`` (a :class:`~.config.CoordinatorConfig`:
+    each index's share, the first remote index, ``accept_remote``,
+    ``max_remote_workers``, ``compact_obs``, the rollout options) and what is known
+    once the run opened from ``terms``.
 
-    >>> admission = Admission(Roster(), share_of=lambda index: 8, first_remote_index=1)
+    >>> from .config import CoordinatorConfig
+    >>> config = CoordinatorConfig(sync=False, share_frames=[8], accept_remote=True)
+    >>> admission = Admission(Roster(), config)
     >>> admission.specs is None   # the first admitted worker's specs become the reference
     True
     """
 
-    def __init__(
-        self,
-        roster: Roster,
-        *,
-        share_of: Callable[[int], int],
-        first_remote_index: int,
-        check_specs: Callable[[dict[str, Any], Hello], list[str]] | None = None,
-        token: str = "",
-        accept_remote: bool = False,
-        init_random_frames: int = 0,
-        scheme_configs: dict[str, Any] | None = None,
-        max_remote_workers: int | None = None,
-        specs: dict[str, Any] | None = None,
-        instance: str = "",
-        groups: HostGroups | None = None,
-        rollout: RolloutOptions | None = None,
-    ) -> None:
+    def __init__(self, roster: Roster, config: CoordinatorConfig,
+                 terms: AdmissionTerms | None = None, *, instance: str = "",
+                 groups: HostGroups | None = None) -> None:
         self._roster = roster
-        self._share_of = share_of
-        self._check_specs = check_specs
-        self._token = token
-        self._accept_remote = accept_remote
-        self.init_random_frames = init_random_frames
-        self._scheme_configs = dict(scheme_configs or {})
+        self.config = config
+        self.terms = terms = terms or AdmissionTerms()
         self._instance = instance  # the hub's: weight versions are numbered per instance
-        self.specs = specs  # the reference every hello must match (None: the first one's)
+        self.specs = terms.specs  # the reference every hello must match (None: the first one's)
         # Remote workers (and rejoining ones) get fresh indices after the local slots.
-        self._next_index = self._first_remote_index = first_remote_index
-        self._max_remote = max_remote_workers  # None: any number
+        self._next_index = self._first_remote_index = config.remote_start
+        self._accept_remote = config.accept_remote
+        self._max_remote = config.max_remote_workers  # None: any number
         #: Places held for the siblings of admitted workers: a host joins whole.
         self.groups = groups or HostGroups()
-        #: TorchRL's ``compact_obs``: welcomes tell workers to drop the ``("next", K)`` twins.
-        self.compact_obs = False
-        #: Where the run's gymnasium id is registered: offered to a host that lacks it.
-        self.env_source: EnvIdSource | None = None
         #: The run's rollout options as every welcome carries them (the devices stay home).
-        self._rollout = (rollout or RolloutOptions()).to_wire()
+        self._rollout = config.rollout.to_wire()
+        #: The role this run admits (:attr:`Hello.role`): ``"rollout"`` workers of a
+        #: MultiCollector, or ``"env"`` workers of central inference (AsyncBatchedCollector).
+        self.role: Role = config.role
 
     # -- workers ---------------------------------------------------------------------------
     def repeated(self, peer: bytes, hello: Hello) -> WorkerInfo | None:
@@ -119,10 +139,11 @@ class Admission:
         defaults, as :meth:`refusal` made sure)."""
         rollout = {name: v for name, v in self._rollout.items() if name in hello.rollout}
         return Send(worker.peer, Welcome(
-            index=worker.index, share_frames=self._share_of(worker.index),
-            init_random_frames=self.init_random_frames, schemes=self._scheme_configs,
-            attempt=hello.attempt, instance=self._instance, compact_batches=True,
-            compact_obs=self.compact_obs, rollout=rollout), worker)
+            index=worker.index, share_frames=self.config.share_of(worker.index),
+            init_random_frames=self.config.init_random_frames,
+            schemes=dict(self.terms.scheme_configs), attempt=hello.attempt,
+            instance=self._instance, compact_batches=True,
+            compact_obs=self.config.compact_obs, rollout=rollout), worker)
 
     def welcome_again(self, worker: WorkerInfo, hello: Hello) -> list[Action]:
         """Answer a hello from a worker this coordinator has admitted already.
@@ -164,9 +185,11 @@ class Admission:
 
     # -- rules -----------------------------------------------------------------------------
     def _admission_problems(self, hello: Hello) -> list[str]:
+        if hello.role != self.role:  # nothing else of it means anything here
+            return [_ROLE_PROBLEMS[self.role].format(role=hello.role)]
         taken = hello.slot >= 0 and any(
             w.index == hello.slot and w.alive for w in self._roster.workers.values())
-        problems = hello_problems(hello, token=self._token, accept_remote=self._accept_remote,
+        problems = hello_problems(hello, token=self.terms.token, accept_remote=self._accept_remote,
                                   slot_taken=taken)
         if hello.env_missing and not problems:  # no specs to judge: it had no env to build
             return [self._env_missing_problem(hello)]
@@ -174,8 +197,9 @@ class Admission:
         # impostor: a local worker's bad specs fail the run, and a stranger must not be
         # able to do that.
         if not problems:
-            if self._check_specs is not None and self.specs is not None:
-                problems += self._check_specs(self.specs, hello)
+            check_specs = self.terms.check_specs
+            if check_specs is not None and self.specs is not None:
+                problems += check_specs(self.specs, hello)
             problems += rollout_problems(self._rollout, hello)
         if hello.slot < 0 and not problems:
             problems += self._remote_capacity_problems(hello)
@@ -191,7 +215,7 @@ class Admission:
         and only for the id this collector makes; a script's own env (``__main__``)
         cannot be imported elsewhere: the refusal says what to do instead.
         """
-        source = self.env_source
+        source = self.terms.env_source
         if source is None or source.env_id != hello.env_missing:
             reason = (f"{problem}: it is not this collector's id or the trainer does not know "
                       "where it is registered; start the host with --env 'pkg.mod:factory' "

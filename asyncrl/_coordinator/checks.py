@@ -1,21 +1,29 @@
-"""What the coordinator checks of what a worker sends: its handshake and its batches.
+"""What the coordinator checks of what a worker sends: handshake, batches, error reports.
 
 Nothing a worker sends is taken on trust: a remote host may run other code, an
 older asyncrl, or be hostile. These checks are pure functions of the data, so
 the coordinator's state stays about state and the checks are tested on their own.
+
+Anyone can connect to a listening port and send an ``error`` message: a report
+stops the run only from a live, admitted worker, or from a local worker that
+failed before it could join (its env did not build), which proves it was spawned
+here with the spawn token only the trainer and its children know (:func:`reporter`).
 """
 
 from __future__ import annotations
 
+import secrets
+from collections.abc import Iterable
 from typing import Any
 
 import torch
 from tensordict import TensorDictBase, is_leaf_nontensor
 
-from .._protocol import PROTOCOL, Hello, RelayHello
+from .._protocol import PROTOCOL, ErrorReport, Hello, RelayHello
 from .._protocol.compact_frames import twin_keys
 from .._rollout.options import RolloutOptions
 from .info_entries import InfoEntries
+from .records import WorkerInfo
 
 #: Keys of TorchRL's batch layout every share must hold (observations come from the specs).
 REQUIRED_KEYS: tuple[tuple[str, ...], ...] = (
@@ -224,5 +232,29 @@ def check_specs(reference: dict[str, Any], hello: Hello) -> list[str]:
     return [f"specs: {line}" for line in ours.describe_mismatch(theirs)]
 
 
+# -- error reports ----------------------------------------------------------------------------
+def reporter(report: ErrorReport, sender: WorkerInfo | None, workers: Iterable[WorkerInfo],
+             token: str) -> tuple[WorkerInfo | None, str] | None:
+    """The worker a report speaks for and its name in messages; None: a stranger's report.
+
+    ``sender``: the worker admitted as the report's peer, if any; ``token``: this
+    run's spawn token ("" without local workers).
+    """
+    if sender is not None and sender.alive:
+        return sender, f"{sender.index} ({sender.name})"
+    if spawned_here(report, workers, token):
+        return None, f"{report.slot} (failed before joining)"
+    return None
+
+
+def spawned_here(report: ErrorReport, workers: Iterable[WorkerInfo], token: str) -> bool:
+    """A local worker's report sent before it was admitted (its env failed to build)."""
+    if report.slot < 0 or not token or not report.token:
+        return False
+    if any(w.index == report.slot and w.alive for w in workers):
+        return False  # that slot's worker is live and speaks for itself
+    return secrets.compare_digest(report.token.encode(), token.encode())
+
+
 __all__ = ["REQUIRED_KEYS", "BatchChecker", "check_specs", "hello_problems", "relay_hello_problems",
-           "rollout_problems"]
+           "reporter", "rollout_problems", "spawned_here"]

@@ -2,9 +2,13 @@
 
 The decisions (admission, credits, rounds, loss) are :class:`CoordinatorState`'s
 plain methods, which return the sends to make; this module is the I/O around
-them, and owns every protocol message the trainer sends a worker except the
-weights (the :class:`~asyncrl.weights.WeightSender` sends those): welcomes and
-refusals, orders, control operations and the close broadcast.
+them: the hub-reading task (each message decoded once, batches through the
+:class:`~asyncrl._coordinator.batch_sink.BatchSink`) and the trainer's calls
+(rounds, batches, control operations, the close broadcast). What the state
+decided is sent by the :class:`~asyncrl._coordinator.outbox.Outbox`, in order:
+welcomes and refusals, orders, and newcomers' catch-ups; every protocol message
+the trainer sends a worker goes through one of the two except the weights (the
+:class:`~asyncrl.weights.WeightSender` sends those).
 
 One task reads the hub and updates state; the trainer's calls wait on events
 that state changes set. There is no polling and no timeout used as a
@@ -35,7 +39,6 @@ from .._protocol import (
     Batch,
     BatchSlots,
     Closing,
-    Collect,
     Control,
     ErrorReport,
     Hello,
@@ -43,23 +46,25 @@ from .._protocol import (
     Progress,
     Refuse,
     RelayHello,
-    RelayWelcome,
     SharedBatch,
     Welcome,
     WorkerLog,
     decode,
 )
-from .actions import Action, CatchUp, Expel, Send
-from .checks import check_specs
-from .error_reports import reporter
+from .actions import Action, Send
+from .admission import AdmissionTerms
+from .batch_sink import BatchSink
+from .checks import check_specs, reporter
+from .config import CoordinatorConfig
+from .outbox import Outbox
 from .records import LOSS_WORDS, RelayInfo, WorkerInfo
 from .registry import WorkerRegistry
-from .shared_batches import SharedBatches, SlotError
+from .shared_batches import SlotError
 from .state import CoordinatorState
 from .worker_logs import WorkerLogs
 
 if TYPE_CHECKING:
-    from ..weights import WeightSender
+    pass
 
 log = logging.getLogger("asyncrl.coordinator")
 
@@ -77,42 +82,35 @@ class Coordinator:
     the port can say hello as a remote worker; use CURVE keys on a network you
     do not trust.
 
-    Weight senders are :meth:`attach`-ed: the coordinator tells them who the
-    workers are and which go through a relay, catches each newcomer up before
-    its first order, and counts delivered batches for ``max_interval``.
+    Weight senders are attached to its ``outbox`` (``outbox.attach``), which tells
+    them who the workers are and which go through a relay, catches each newcomer
+    up before its first order, and counts delivered batches for ``max_interval``.
     """
 
     def __init__(
         self,
         hub: Hub,
+        config: CoordinatorConfig,
+        terms: AdmissionTerms | None = None,
         *,
         on_join: Callable[[WorkerInfo], Awaitable[None]] | None = None,
         on_lost: Callable[[WorkerInfo], None] | None = None,
         on_leaving: Callable[[WorkerInfo, str], None] | None = None,
         publish: Callable[[CollectorEvent], None] | None = None,
         paused: bool = False,
-        shared_memory_batches: bool = False,
-        **rules: Any,
     ) -> None:
-        """``rules`` are :class:`CoordinatorState`'s arguments (``sync``,
-        ``share_frames``, ``prefetch``, ``token``, ``on_worker_loss``...); the
-        hub's coordinator instance and peer timeout are added from ``hub``;
-        ``publish`` receives the registry's events (joined, lost, refused);
-        ``shared_memory_batches``: local workers' batches come through shared memory
-        (see :mod:`asyncrl._coordinator.shared_batches`)."""
+        """``config``: the run's rules (read whole by the state and the batch sink);
+        ``terms``: what newcomers are checked against and told; the hub's coordinator
+        instance and peer timeout are taken from ``hub``; ``publish`` receives the
+        registry's events (joined, lost, refused)."""
         self.hub = hub
+        self.config = config
+        #: The decisions (admission, rounds, losses: use its parts directly).
         self.state = CoordinatorState(
-            instance=getattr(hub, "instance", ""), peer_timeout=getattr(hub, "peer_timeout", None),
-            **rules)
-        self._token: str = rules.get("token", "")  # vouches for a worker's report before hello
-        self._senders: list[WeightSender] = []
-        # Newcomers whose catch-up weights are not handed to the hub yet: a collect order
-        # for one of them (a round started by another task meanwhile) waits for them.
-        self._catching_up: dict[bytes, anyio.Event] = {}
-        self._on_join = on_join  # awaited after the senders caught a newcomer up
-        #: Awaited for each newcomer after its catch-up weights, before its first order
-        #: (the env state of the worker it replaces); each sends, none waits for an ack.
-        self.catch_up_hooks: list[Callable[[WorkerInfo], Awaitable[None]]] = []
+            config, terms, instance=getattr(hub, "instance", ""),
+            peer_timeout=getattr(hub, "peer_timeout", None))
+        #: Every admitted worker and relay (the state's :class:`Roster`, the same object).
+        self.roster = self.state.roster
         self._on_lost_hook = on_lost  # e.g. "restart": end a silent local process
         self._on_leaving_hook = on_leaving  # a worker stops on a signal (SIGTERM)
         # Peers are hostile until admitted: what they make us log is rate-limited.
@@ -124,46 +122,22 @@ class Coordinator:
         self.registry = WorkerRegistry(publish)
         #: Admitted workers' log records, re-emitted into the ``asyncrl.worker`` logger.
         self.worker_logs = WorkerLogs()
-        self.state.paused = paused  # pause() before the collector opened
-        #: Local workers' batch segments (unlinked when a worker goes, and at the end).
-        self.shared = SharedBatches(enabled=shared_memory_batches, share_frames=list(
-            rules.get("share_frames") or [0]), slots=1 + rules.get("prefetch", 1))
+        self.state.rounds.paused = paused  # pause() before the collector opened
+        #: Every batch from its arrival to the round's batch: decoded or read from its
+        #: shared-memory slot, compacted, counted, gathered and joined.
+        self.batches = BatchSink(config)
+        #: Performs what the state decided, in order; serves the attached weight senders
+        #: (``outbox.attach(sender)``) and the newcomers' ``outbox.catch_up_hooks``.
+        self.outbox = Outbox(hub, self.roster, self.registry, self.worker_logs,
+                             self.batches.shared, lost=self._on_lost, changed=self._notify,
+                             on_join=on_join)
 
-    # -- views of the state ----------------------------------------------------------------
-    @property
-    def workers(self) -> dict[bytes, WorkerInfo]:
-        return self.state.workers
-
-    @property
-    def live_workers(self) -> list[WorkerInfo]:
-        return self.state.live_workers
-
-    @property
-    def relays(self) -> dict[bytes, RelayInfo]:
-        return self.state.relays
-
-    @property
-    def specs(self) -> dict[str, Any] | None:
-        """The env specs every worker must match (the first worker's, unless given)."""
-        return self.state.specs
-
-    def worker_peers(self) -> dict[int, bytes]:
-        """``{worker index: peer}`` of the live workers: a weight sender's ``workers``."""
-        return self.state.worker_peers()
-
-    def relay_routes(self) -> dict[int, bytes]:
-        """``{worker index: relay peer}``: live workers whose weights go through a relay."""
-        return self.state.relay_routes()
-
-    @property
-    def failed(self) -> bool:
-        return self.state.failure is not None
-
+    # -- the run's failure ------------------------------------------------------------------
     @property
     def run_failed(self) -> bool:
         """The run failed: not closed, not stopped on a signal (a worker's fatal error,
         a loss under ``on_worker_loss="raise"``, a replacement that never came...)."""
-        failure = self.state.failure
+        failure = self.state.losses.failure
         return failure is not None and failure is not self._close_error \
             and not isinstance(failure, CollectorStopped)
 
@@ -173,27 +147,18 @@ class Coordinator:
 
     def fail(self, error: BaseException) -> None:
         """Make every waiting and future trainer call raise ``error``."""
-        self.state.fail(error)
+        self.state.losses.fail(error)
         self._notify()
-
-    def attach(self, sender: WeightSender) -> None:
-        """Serve ``sender``: relay routes, newcomers' catch-up, delivered-batch counts.
-
-        Its ``workers`` should be :meth:`worker_peers` (the live workers).
-        """
-        if sender.relayable:
-            sender.set_relay_routes(self.state.relay_routes)
-        self._senders.append(sender)
 
     # -- trainer-facing ----------------------------------------------------------------------
     async def wait_for_workers(self, count: int) -> None:
         """Return once ``count`` workers (less those lost before joining) were admitted."""
-        self.state.expected = count
-        while self.state.missing_workers() > 0:
+        self.state.losses.expected = count
+        while self.state.losses.missing_workers() > 0:
             self._raise_failure()
             await self._wait_change()
         self._raise_failure()
-        if not self.live_workers:
+        if not self.roster.live_workers:
             raise WorkerLostError("every worker was lost before it joined")
 
     async def next_round(self, max_frames: int | None = None
@@ -205,27 +170,27 @@ class Coordinator:
         """
         await self._wait_resumed()  # paused: no new round is asked for
         round_, orders = self.state.start_round(max_frames)
-        await self._perform(orders)
-        while not round_.complete or self.state.paused:  # a round done while paused is held
+        await self.outbox.perform(orders)
+        while not round_.complete or self.state.rounds.paused:  # a round done while paused is held
             self._raise_failure()
             await self._wait_change()
         self._raise_failure()
-        shares = self.state.end_round(round_)
+        shares = self.state.rounds.end_round(round_)
         for worker, frames in shares:
-            self._count_batch(worker, frames.numel())
+            self.outbox.count_batch(worker, frames.numel())
         return shares
 
     async def next_batch(self) -> tuple[WorkerInfo, TensorDictBase]:
         """Async mode: the next batch any worker delivered; grants that worker a credit."""
         while True:
             await self._wait_resumed()  # paused: delivered batches are held, not handed over
-            taken = self.state.take()
+            taken = self.state.rounds.take()
             if taken is None:
                 await self._wait_change()
                 continue
             worker, frames, orders = taken
-            await self._perform(orders)
-            self._count_batch(worker, frames.numel())
+            await self.outbox.perform(orders)
+            self.outbox.count_batch(worker, frames.numel())
             return worker, frames
 
     async def set_paused(self, paused: bool) -> None:
@@ -233,17 +198,13 @@ class Coordinator:
         handed to the trainer; what workers were already asked for is collected and
         held. Resumed: the held batches are handed over and credits are topped up."""
         if paused:
-            self.state.paused = True
+            self.state.rounds.paused = True
             self._notify()
-        elif self.sync:
-            self.state.paused = False
+        elif self.config.sync:
+            self.state.rounds.paused = False
             self._notify()
         else:
-            await self._perform(self.state.resume())
-
-    @property
-    def sync(self) -> bool:
-        return self.state.sync
+            await self.outbox.perform(self.state.rounds.resume())
 
     def heard(self, peer: bytes) -> float | None:
         """``time.monotonic()`` when the hub last heard ``peer`` (None: not connected)."""
@@ -277,7 +238,7 @@ class Coordinator:
             self.hub.finish()
         told = []
         with anyio.move_on_after(2):
-            for worker in self.live_workers:
+            for worker in self.roster.live_workers:
                 try:
                     await self.hub.send(worker.peer, Control(
                         "close", Closing(finished).to_args()).to_body(), kind=Control.KIND)
@@ -285,7 +246,7 @@ class Coordinator:
                     continue  # gone already: its process's owner takes care of it
                 told.append(worker.peer)
         with anyio.move_on_after(grace):
-            while any(peer not in self.state.gone for peer in told):
+            while any(peer not in self.state.losses.gone for peer in told):
                 await self._wait_change()
 
     async def settle(self, peer: bytes, timeout: float) -> None:
@@ -299,12 +260,9 @@ class Coordinator:
         state = self.state
         with anyio.move_on_after(timeout):
             # (a departed worker's late message can take it off ``gone``: ``left`` stays)
-            while peer not in state.gone and not state.has_left(peer) and state.failure is None:
+            losses = state.losses
+            while peer not in losses.gone and not losses.has_left(peer) and losses.failure is None:
                 await self._wait_change()
-
-    def has_left(self, peer: bytes) -> bool:
-        """``peer`` left the run cleanly (it said so): a departure, not a loss."""
-        return self.state.has_left(peer)
 
     async def worker_exited(self, peer: bytes, error: WorkerLostError, *,
                             replaceable: bool) -> None:
@@ -313,7 +271,8 @@ class Coordinator:
         ``replaceable``: something can take its place (it is respawned, or remote
         workers may join); without it ``"wait"`` would wait forever, so it fails.
         """
-        await self._perform(self.state.exited(peer, error, replaceable=replaceable), str(error))
+        await self.outbox.perform(self.state.losses.exited(peer, error, replaceable=replaceable),
+                                  str(error))
 
     async def worker_stalled(self, worker: WorkerInfo, seconds: float) -> None:
         """``worker`` owed work and delivered nothing for ``seconds`` (see
@@ -321,9 +280,9 @@ class Coordinator:
         ``on_worker_loss`` (``"restart"``: the ``on_lost`` hook ends its process)."""
         if self._closing or not worker.alive:
             return
-        await self._perform(self.state.stalled(worker.peer, seconds),
-                            f"owed work and delivered nothing for {seconds:.1f} s (the env "
-                            "step or the policy did not return)")
+        await self.outbox.perform(self.state.losses.stalled(worker.peer, seconds),
+                                  f"owed work and delivered nothing for {seconds:.1f} s (the "
+                                  "env step or the policy did not return)")
         if self._on_lost_hook is not None:
             self._on_lost_hook(worker)
 
@@ -332,7 +291,7 @@ class Coordinator:
         try:
             await self._read_hub()
         finally:
-            self.shared.close()  # no segment outlives the run
+            self.batches.shared.close()  # no segment outlives the run
 
     async def _read_hub(self) -> None:
         async for item in self.hub:
@@ -341,15 +300,15 @@ class Coordinator:
                     if item.event == "lost":
                         await self._on_lost(item.peer, item.reason)
                     elif item.event in ("joined", "returned"):
-                        await self._perform(self.state.returned(item.peer))
+                        await self.outbox.perform(self.state.losses.returned(item.peer))
                 elif item.kind == Hello.KIND:
                     await self._on_hello(item.peer, decode(Hello, item.body))
                 elif item.kind == RelayHello.KIND:
                     relay_hello = decode(RelayHello, item.body)
-                    actions = self.state.relay_hello(item.peer, relay_hello)
-                    self._note_refusals(actions, relay_hello.name, relay_hello.host,
+                    actions = self.state.admission.relay_hello(item.peer, relay_hello)
+                    self.outbox.note_refusals(actions, relay_hello.name, relay_hello.host,
                                         relay_hello.pid)
-                    await self._perform(actions)
+                    await self.outbox.perform(actions)
                 elif item.kind == Batch.KIND:
                     await self._on_batch(item)
                 elif item.kind == SharedBatch.KIND:
@@ -361,8 +320,8 @@ class Coordinator:
                 elif item.kind == WorkerLog.KIND:
                     self._on_log(item)
                 elif item.kind == Progress.KIND:  # it steps: slow is not hung
-                    await self._perform(self.state.progress(item.peer,
-                                                            decode(Progress, item.body)))
+                    progress = decode(Progress, item.body)
+                    await self.outbox.perform(self.state.progress(item.peer, progress))
                 else:
                     self._limited_log.warning("unknown-kind", "ignored a %r message from %r",
                                               item.kind, item.peer)
@@ -373,43 +332,42 @@ class Coordinator:
     async def _on_hello(self, peer: bytes, hello: Hello) -> None:
         with span("asyncrl.admission") as current:  # a shared no-op without the otel extra
             actions = self.state.hello(peer, hello)
-            self._note_refusals(actions, hello.name, hello.host, hello.pid)
-            await self._perform(actions, "replaced by its own new hello")
-            worker = self.state.workers.get(peer)
+            self.outbox.note_refusals(actions, hello.name, hello.host, hello.pid)
+            await self.outbox.perform(actions, "replaced by its own new hello")
+            worker = self.state.roster.workers.get(peer)
             if worker is not None and worker.alive:  # a spawn slot is vouched for by the token
-                self.shared.admitted(peer, local=hello.slot >= 0)
+                self.batches.shared.admitted(peer, local=hello.slot >= 0)
             if current is not None and current.is_recording():
                 trace_admission(current, hello, actions)
                 # The version it was caught up to (0: its initial weights).
                 current.set_attribute("asyncrl.version", next(
-                    (s.version for s in self._senders if s.model_id == "policy"), 0))
+                    (s.version for s in self.outbox.senders if s.model_id == "policy"), 0))
 
     async def _on_batch(self, message: Message) -> None:
-        worker = self.state.workers.get(message.peer)
+        worker = self.state.roster.workers.get(message.peer)
         if worker is None or not worker.alive:
             return  # a stranger's, or a lost worker's late batch: not even read
         try:  # decoded against its share (what we asked for), then counted
-            batch = self.shared.from_socket(worker, message.body,
-                                            max_frames=self.state.rounds.share_of(worker.index))
+            batch = self.batches.from_socket(worker, message.body)
         except ProtocolError as exc:  # an admitted worker's batch: it is a bad batch
             body = message.body
             request = body.get("request") if isinstance(body, dict) else None
             await self._refuse_batch(worker, request if type(request) is int else -1, exc)
             return
         await self._deliver(worker, batch)
-        if worker.alive and (offer := self.shared.offer(worker, batch.frames)) is not None:
+        if worker.alive and (offer := self.batches.shared.offer(worker, batch.frames)) is not None:
             try:  # its next batches go through shared memory
                 await self.hub.send(worker.peer, offer.to_body(), kind=BatchSlots.KIND)
             except PeerLostError:
                 await self._on_lost(worker.peer)
 
     async def _on_shared_batch(self, message: Message) -> None:
-        worker = self.state.workers.get(message.peer)
+        worker = self.state.roster.workers.get(message.peer)
         if worker is None or not worker.alive:
             return  # a stranger's, or a lost worker's late notice: not even read
         notice = decode(SharedBatch, message.body)
         try:  # sync: into the round's batch
-            batch = self.shared.receive(worker, notice, self.state.rounds.round)
+            batch = self.batches.from_slot(worker, notice, self.state.rounds.round)
         except SlotError as exc:  # shrunk or torn: refused as any bad batch, segment unlinked
             await self._refuse_batch(worker, notice.request, exc)
             return
@@ -418,31 +376,31 @@ class Coordinator:
     async def _refuse_batch(self, worker: WorkerInfo, request: int, error: Exception) -> None:
         """A batch that could not be read whole (undecodable, or a slot shrunk or torn)."""
         actions = self.state.bad_batch(worker.peer, request, str(error))
-        self._note_refusals(actions, worker.name, worker.host, worker.pid)
-        await self._perform(actions, "refused for a bad batch")
+        self.outbox.note_refusals(actions, worker.name, worker.host, worker.pid)
+        await self.outbox.perform(actions, "refused for a bad batch")
 
     async def _deliver(self, worker: WorkerInfo, batch: Batch) -> None:
         actions = self.state.batch(worker.peer, batch)
         if actions:
-            self._note_refusals(actions, worker.name, worker.host, worker.pid)
-        await self._perform(actions, "refused for a bad batch")
+            self.outbox.note_refusals(actions, worker.name, worker.host, worker.pid)
+        await self.outbox.perform(actions, "refused for a bad batch")
 
     def _on_log(self, message: Message) -> None:
-        worker = self.state.workers.get(message.peer)
+        worker = self.state.roster.workers.get(message.peer)
         if worker is None or not worker.alive:
             return  # a stranger's (or a lost worker's) log: not even read
         self.worker_logs.emit(worker, decode(WorkerLog, message.body))
 
     async def _on_lost(self, peer: bytes, reason: str = "") -> None:
         self.worker_logs.forget(peer)
-        self.shared.forget(peer)  # a dead worker's segment is unlinked
+        self.batches.shared.forget(peer)  # a dead worker's segment is unlinked
         if self._closing:  # told to close: its goodbye is no loss (and no warning)
-            self.state.gone[peer] = None
+            self.state.losses.gone[peer] = None
             self._notify()
             return
-        worker = self.state.workers.get(peer)
+        worker = self.state.roster.workers.get(peer)
         was_alive = worker is not None and worker.alive
-        await self._perform(self.state.lost(peer, reason), LOSS_WORDS.get(
+        await self.outbox.perform(self.state.losses.lost(peer, reason), LOSS_WORDS.get(
             reason, "stopped answering (silent or disconnected)"))
         if was_alive and self._on_lost_hook is not None:
             assert worker is not None
@@ -450,8 +408,9 @@ class Coordinator:
 
     async def _on_error(self, message: Message) -> None:
         report = decode(ErrorReport, message.body)
-        speaker = reporter(report, self.workers.get(message.peer), self.workers.values(),
-                           self._token)
+        workers = self.roster.workers
+        speaker = reporter(report, workers.get(message.peer), workers.values(),
+                           self.state.admission.terms.token)
         if speaker is None:  # only an admitted worker, or one spawned here, stops the run
             self._limited_log.warning(
                 "stranger-error", "ignored an error report from %r, which is not an admitted "
@@ -478,7 +437,7 @@ class Coordinator:
         it owed goes to the others (see :meth:`CoordinatorState.departed`).
         """
         leaving = decode(Leaving, message.body)
-        worker = self.workers.get(message.peer)
+        worker = self.roster.workers.get(message.peer)
         if worker is None or not worker.alive:
             return  # a stranger's, or a worker already gone: no say in the run
         if self._on_leaving_hook is not None:
@@ -487,8 +446,8 @@ class Coordinator:
             reason = leaving.reason or "no reason given"
             log.info("worker %d (%s on %s) is leaving (%s): its unfinished work goes to the "
                      "others", worker.index, worker.name, worker.host, reason)
-            await self._perform(self.state.departed(message.peer), f"it left ({reason})",
-                                left=True)
+            await self.outbox.perform(self.state.losses.departed(message.peer),
+                                      f"it left ({reason})", left=True)
         self._notify()
         # It waits for this before it says goodbye (see Worker._watch_signals).
         try:
@@ -496,94 +455,16 @@ class Coordinator:
         except Exception:
             pass  # gone already: its process's owner takes care of it
 
-    # -- doing what the state decided -------------------------------------------------------
-    async def _perform(self, actions: list[Action], lost_reason: str = "", *,
-                       left: bool = False) -> None:
-        """Take the actions a state change returned, in order (the state is current already).
-
-        ``lost_reason``: why a worker this change dropped (an :class:`Expel`) was lost;
-        ``left``: it left cleanly (a departure, not a loss).
-        """
-        self._notify()
-        # Before any await: an order from another task (a round starting) must not
-        # overtake a newcomer's catch-up. (Its own orders come after it in this list.)
-        waits = {a.worker.peer: anyio.Event() for a in actions if isinstance(a, CatchUp)}
-        self._catching_up.update(waits)
-        try:
-            for action in actions:
-                if isinstance(action, Expel):
-                    self.hub.expel(action.peer)
-                    self.worker_logs.forget(action.peer)
-                    self.shared.forget(action.peer)
-                    self.registry.check_lost(lost_reason, left=left)
-                elif isinstance(action, CatchUp):
-                    await self._catch_up(action.worker, waits[action.worker.peer])
-                elif action.worker is None or action.worker.alive:
-                    if action.worker is not None and isinstance(action.message, Welcome):
-                        self.registry.joined(action.worker)
-                    await self._send(action)
-                # else: an order to a worker lost since (by another task, during an await)
-        finally:
-            for peer, caught in waits.items():  # (a failure before its catch-up ran)
-                self._caught_up(peer, caught)
-
-    def _caught_up(self, peer: bytes, caught: anyio.Event) -> None:
-        """``peer``'s catch-up is handed to the hub (or will never be): its orders may go."""
-        if self._catching_up.get(peer) is caught:
-            del self._catching_up[peer]
-        caught.set()
-
-    async def _send(self, send: Send) -> None:
-        kind = send.message.KIND
-        if kind == Collect.KIND and (caught := self._catching_up.get(send.peer)) is not None:
-            await caught.wait()  # the latest weights go first, on the same socket
-            if send.worker is not None and not send.worker.alive:
-                return  # lost during its catch-up
-        if kind in (Welcome.KIND, RelayWelcome.KIND):
-            # Admitted before it is told so: its first batch may be large (see Hub.admit).
-            self.hub.admit(send.peer)
-        try:
-            await self.hub.send(send.peer, send.message.to_body(), kind=kind)
-        except PeerLostError:
-            await self._on_lost(send.peer)
-        if kind == Refuse.KIND:
-            self.hub.expel(send.peer)  # a stranger again: small messages only, no say in the run
-
-    async def _catch_up(self, worker: WorkerInfo, caught: anyio.Event) -> None:
-        """The latest weights before its first frame; each await may see it lost."""
-        for sender in self._senders:
-            if not worker.alive:
-                break  # lost while it joined (its process died, or its welcome bounced)
-            await sender.on_worker_joined(worker.index)
-        for hook in self.catch_up_hooks:
-            if worker.alive:
-                await hook(worker)
-        self._caught_up(worker.peer, caught)  # handed to the hub: its orders may follow
-        if worker.alive:
-            log.info("worker %d joined (%s, pid %d on %s)", worker.index, worker.name,
-                     worker.pid, worker.host)
-        if self._on_join is not None and worker.alive:
-            await self._on_join(worker)
-
-    def _note_refusals(self, actions: list[Action], name: str, host: str, pid: int) -> None:
-        for action in actions:
-            if isinstance(action, Send) and isinstance(action.message, Refuse):
-                self.registry.refused(name, host, action.message.reason, pid)
-
-    def _count_batch(self, worker: WorkerInfo, frames: int) -> None:
-        self.registry.delivered(worker, frames)
-        for sender in self._senders:
-            sender.note_batch(worker.index)  # max_interval counts delivered batches
-
+    # -- waiting on the state -----------------------------------------------------------
     async def _wait_resumed(self) -> None:
         self._raise_failure()
-        while self.state.paused:
+        while self.state.rounds.paused:
             await self._wait_change()
             self._raise_failure()
 
     def _raise_failure(self) -> None:
-        if self.state.failure is not None:
-            raise self.state.failure
+        if self.state.losses.failure is not None:
+            raise self.state.losses.failure
 
     def _notify(self) -> None:
         self._changed.set()

@@ -35,8 +35,10 @@ REMEMBERED = 1024
 class Losses:
     """Who was lost or left, whose place a replacement is to take, and the run's failure.
 
+    >>> from .config import CoordinatorConfig
     >>> roster = Roster()
-    >>> losses = Losses(roster, Rounds(roster, sync=False, share_frames=[8]), LossPolicy())
+    >>> config = CoordinatorConfig(sync=False, share_frames=[8])
+    >>> losses = Losses(roster, Rounds(roster, config), config.loss_policy)
     >>> losses.lost(b"stranger")   # never admitted: nothing to do
     []
     """
@@ -87,7 +89,7 @@ class Losses:
         rounds = self._rounds
         if not self.vacant or rounds.paused or self.failure is not None:
             return []
-        if rounds.sync:
+        if rounds.config.sync:
             round_ = rounds.round
             blocked = round_ is not None and round_.replacements > 0 and not round_.complete
         else:
@@ -150,7 +152,7 @@ class Losses:
         if due is not None:
             what = (f"owed a batch and delivered nothing for {seconds:.1f} s, although its "
                     f"progress reports {worker.steps - worker.steps_from} steps of it: at "
-                    f"that rate its share of {self._rounds.share_of(worker.index)} frames "
+                    f"that rate its share of {self._rounds.config.share_of(worker.index)} frames "
                     f"was due after {due:.1f} s (a step is at least one frame); a share "
                     "later than that by sample_timeout is a stall")
         log.warning("worker %d (%s, pid %d on %s) %s", worker.index, worker.name, worker.pid,

@@ -135,9 +135,4 @@ class Roster:
         return routes
 
 
-def share_of(share_frames: list[int], index: int) -> int:
-    """The share (frames per batch it sends) of the worker admitted with ``index``."""
-    return share_frames[index % len(share_frames)]
-
-
-__all__ = ["LOSS_WORDS", "RelayInfo", "Roster", "Round", "WorkerInfo", "share_of"]
+__all__ = ["LOSS_WORDS", "RelayInfo", "Roster", "Round", "WorkerInfo"]

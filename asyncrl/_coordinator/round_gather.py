@@ -1,7 +1,7 @@
-"""A sync round's batch gathered with one copy: each shared-memory share straight into its place.
+"""A sync round's batch: gathered with one copy as its shares arrive, or joined at its end.
 
-``MultiSyncCollector`` joins the workers' shares of a round
-(:func:`asyncrl.collectors._assemble.assemble`). Shares copied out of their
+:func:`assemble` joins the workers' shares of a round in TorchRL's layout
+(``cat_results``), padding short shares with a mask. Shares copied out of their
 shared-memory slots first and joined after would copy every frame twice; here
 the round's batch is allocated at the round's first shared-memory notice, in
 the layout ``assemble`` gives for ``cat_results`` (all targets delivering whole
@@ -29,6 +29,7 @@ from tensordict import TensorDict, TensorDictBase
 
 from transports import copy_into
 
+from .._errors import CollectorError
 from .records import Round, WorkerInfo
 
 #: Where padding is marked (TorchRL's key): True for a real frame, False for a pad.
@@ -37,6 +38,71 @@ MASK_KEY = ("collector", "mask")
 Key = tuple[str, ...]
 #: Copies a share into the views it is given (by key): a slot read through its descriptor.
 Fill = Callable[[dict[Key, torch.Tensor]], None]
+
+
+def assemble(shares: list[TensorDictBase], cat_results: str | int | None, *,
+             gather: RoundGather | None = None) -> TensorDictBase:
+    """Join the workers' ``[envs, time]`` shares in TorchRL's layout.
+
+    ``cat_results`` is ``"stack"`` or the dim to concatenate along (None: 0).
+    Workers with more than one env keep the env dim (a batched env in TorchRL):
+    ``"stack"`` gives ``[workers, envs, time]``, 0 / -2 ``[workers * envs,
+    time]``, 1 / -1 ``[envs, workers * time]``. Workers with one env have no env
+    dim (an unbatched env in TorchRL): ``"stack"`` gives ``[workers, time]``,
+    any dim ``[workers * time]``. Unequal lengths (preemption) are zero-padded
+    with ``("collector", "mask")`` when stacked or joined along envs; joined
+    along time they are simply concatenated (TorchRL drops the missing frames).
+
+    ``gather``: the round's batch, already gathered from shared memory with one
+    copy per frame (:mod:`asyncrl._coordinator.round_gather`), is the result when
+    these shares are the ones it planned for; otherwise they are joined here.
+
+    >>> full = TensorDict({"x": torch.ones(2, 3)}, [2, 3])
+    >>> cut = TensorDict({"x": torch.ones(2, 1)}, [2, 1])  # a preempted share
+    >>> batch = assemble([full, cut], 0)
+    >>> batch.batch_size, batch["collector", "mask"].sum().item()
+    (torch.Size([4, 3]), 8)
+    >>> one_env = TensorDict({"x": torch.ones(1, 3)}, [1, 3])
+    >>> assemble([one_env, one_env], "stack").batch_size, assemble([one_env] * 2, 0).batch_size
+    (torch.Size([2, 3]), torch.Size([6]))
+    """
+    if not shares:
+        raise CollectorError("no share to assemble")
+    if gather is not None and (gathered := gather.finish(shares)) is not None:
+        return gathered
+    single_env = all(s.shape[0] == 1 for s in shares)
+    along_time = join_mode(cat_results, single_env) == "time"
+    lengths = {s.shape[-1] for s in shares}
+    if len(lengths) > 1 and not along_time:
+        shares = _pad_time(shares, max(lengths))
+    if cat_results == "stack":
+        batch = torch.stack(shares, 0)
+        return batch.squeeze(1) if single_env else batch
+    if along_time:
+        batch = torch.cat(shares, -1)
+        return batch.squeeze(0) if single_env else batch
+    return torch.cat(shares, 0)
+
+
+def _pad_time(shares: list[TensorDictBase], length: int) -> list[TensorDictBase]:
+    padded = []
+    for share in shares:
+        n, t = share.shape[0], share.shape[-1]
+        out = share.new_zeros((*share.shape[:-1], length)) if hasattr(share, "new_zeros") \
+            else _zeros_like(share, length)
+        out[..., :t] = share
+        mask = torch.zeros((n, length), dtype=torch.bool)
+        mask[..., :t] = True
+        out.set(MASK_KEY, mask)
+        padded.append(out)
+    return padded
+
+
+def _zeros_like(share: TensorDictBase, length: int) -> TensorDictBase:
+    return TensorDict(
+        {k: torch.zeros((*v.shape[:1], length, *v.shape[2:]), dtype=v.dtype)
+         for k, v in share.items(include_nested=True, leaves_only=True)},
+        batch_size=[share.shape[0], length])
 
 
 def join_mode(cat_results: str | int | None, single_env: bool) -> str:
@@ -232,4 +298,4 @@ def _pad(plan: _Plan, lengths: list[int]) -> None:
     plan.batch.set(MASK_KEY, mask)
 
 
-__all__ = ["MASK_KEY", "RoundGather", "join_mode"]
+__all__ = ["MASK_KEY", "RoundGather", "assemble", "join_mode"]

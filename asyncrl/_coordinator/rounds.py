@@ -29,7 +29,8 @@ from .._errors import WorkerLostError
 from .._protocol import Batch, Collect, Preempt, Progress
 from .actions import Action, Send
 from .checks import BatchChecker
-from .records import Roster, Round, WorkerInfo, share_of
+from .config import CoordinatorConfig
+from .records import Roster, Round, WorkerInfo
 
 __all__ = ["Rounds"]
 
@@ -39,21 +40,19 @@ log = logging.getLogger("asyncrl.coordinator")
 class Rounds:
     """Sync rounds and async credits over the live workers of a :class:`Roster`.
 
-    >>> rounds = Rounds(Roster(), sync=True, share_frames=[8, 8])
-    >>> rounds.share_of(3)
+    It reads ``sync``, the shares, ``prefetch``, ``preemptive_threshold``, the batch
+    budget and the rollout's ``info_keys`` from ``config``.
+
+    >>> from .config import CoordinatorConfig
+    >>> rounds = Rounds(Roster(), CoordinatorConfig(sync=True, share_frames=[8, 8]))
+    >>> rounds.config.share_of(3)
     8
     """
 
-    def __init__(self, roster: Roster, *, sync: bool, share_frames: list[int],
-                 prefetch: int = 1, preemptive_threshold: float | None = None,
-                 batch_budget: int | None = None, info_keys: Any = None,
-                 first_remote_index: int = 0) -> None:
+    def __init__(self, roster: Roster, config: CoordinatorConfig) -> None:
         self._roster = roster
-        self.sync = sync
-        self.share_frames = share_frames
-        self.prefetch = prefetch
-        self.preemptive_threshold = preemptive_threshold
-        self.budget = batch_budget  # async: credits still allowed to be granted
+        self.config = config
+        self.budget = config.batch_budget  # async: credits still allowed to be granted
         self.round: Round | None = None
         self._request = 0
         self.paused = False
@@ -61,13 +60,10 @@ class Rounds:
         # bound it (live workers x prefetch, plus what a lost worker had delivered).
         self.ready: deque[tuple[WorkerInfo, TensorDictBase]] = deque()
         self.clock: Callable[[], float] = time.monotonic  # owed_since's clock (tests set it)
-        self._checker = BatchChecker(info_keys, first_remote_index=first_remote_index)
+        self._checker = BatchChecker(config.rollout.info_keys,
+                                     first_remote_index=config.remote_start)
         # Peers are hostile until admitted: what they make us log is rate-limited.
         self._limited_log = RateLimitedLog(log)
-
-    def share_of(self, index: int) -> int:
-        """The share (frames per batch it sends) of the worker admitted with ``index``."""
-        return share_of(self.share_frames, index)
 
     # -- what the trainer asks -------------------------------------------------------------
     def start_round(self, max_frames: int | None = None,
@@ -87,13 +83,13 @@ class Rounds:
             if max_frames is not None and frames >= max_frames:
                 break
             targets[worker.peer] = worker
-            frames += self.share_of(worker.index)
+            frames += self.config.share_of(worker.index)
         replacements = 0
         for _ in range(missing):
             if max_frames is not None and frames >= max_frames:
                 break
             replacements += 1
-            frames += self.share_frames[0]
+            frames += self.config.share_frames[0]
         if not targets and not replacements:
             raise WorkerLostError("no live worker to collect from")
         round_ = self.round = Round(self._request, targets, replacements=replacements)
@@ -113,7 +109,7 @@ class Rounds:
         worker, frames = self.ready.popleft()
         worker.queued -= 1
         actions: list[Action] = []
-        if worker.alive and not self.paused and worker.ahead < self.prefetch:
+        if worker.alive and not self.paused and worker.ahead < self.config.prefetch:
             self._grant(worker, actions)
         return worker, frames, actions
 
@@ -133,7 +129,7 @@ class Rounds:
         the one it collects. A step is at least one frame, so that is at most
         ``(delivered + 1) x share`` steps.
         """
-        share = self.share_of(worker.index)
+        share = self.config.share_of(worker.index)
         most = (worker.delivered + 1) * share
         if progress.steps > most:
             return (f"its progress says {progress.steps} env steps, more than its "
@@ -161,26 +157,26 @@ class Rounds:
         took = worker.stepped_at - worker.owed_since
         if worker.steps_from < 0 or steps <= 0 or took <= 0:
             return None
-        return worker.owed_since + self.share_of(worker.index) * took / steps
+        return worker.owed_since + self.config.share_of(worker.index) * took / steps
 
     def _collecting(self, worker: WorkerInfo) -> int | None:
         """The request a share ``worker`` owes is collected for (async: its index)."""
-        if not self.sync:
+        if not self.config.sync:
             return worker.index
         return None if self.round is None else self.round.request
 
     def expects(self, worker: WorkerInfo, batch: Batch) -> bool:
         """Async: a batch collected before ``worker`` was (re)admitted is not its own."""
-        return self.sync or batch.request == worker.index
+        return self.config.sync or batch.request == worker.index
 
     def batch_problems(self, worker: WorkerInfo, batch: Batch, specs: dict[str, Any] | None,
                        *, dropped: bool = False) -> list[str]:
         """What is wrong with ``batch`` given what ``worker`` was asked for ([] if nothing);
         ``dropped``: compact_obs, the ``("next", K)`` twins must be absent."""
-        frames = self.share_of(worker.index)
+        frames = self.config.share_of(worker.index)
         round_ = self.round
         # Only a share the coordinator cut short (preemptive_threshold) may hold fewer steps.
-        shorter = (self.sync and round_ is not None and round_.preempted
+        shorter = (self.config.sync and round_ is not None and round_.preempted
                    and batch.request == round_.request)
         return self._checker.problems(batch.frames, specs=specs, frames=frames,
                                       worker_index=worker.index, shorter_ok=shorter,
@@ -195,7 +191,7 @@ class Rounds:
         worker.owed_since = now if worker.credits else None
         worker.steps_from = -1  # the next share's steps count from its own first report
         worker.delivered += 1
-        if self.sync:
+        if self.config.sync:
             return self._on_share(worker, batch)  # completes the round once it is whole
         worker.queued += 1
         self.ready.append((worker, batch.frames))
@@ -207,7 +203,7 @@ class Rounds:
         replacement (``on_worker_loss="wait"``), and credits."""
         actions: list[Action] = []
         round_ = self.round
-        if self.sync and round_ is not None and round_.replacements > 0:
+        if self.config.sync and round_ is not None and round_.replacements > 0:
             round_.replacements -= 1
             round_.targets[worker.peer] = worker
             actions.append(self._grant_share(worker, round_))
@@ -216,7 +212,7 @@ class Rounds:
     def owed_orders(self, worker: WorkerInfo) -> list[Action]:
         """The orders ``worker`` holds now, sent again (it said hello again while admitted)."""
         round_ = self.round
-        if not self.sync:
+        if not self.config.sync:
             if worker.credits:
                 return [Send(worker.peer, Collect(worker.index, worker.credits), worker)]
             return []
@@ -245,7 +241,7 @@ class Rounds:
                 elif replace:
                     round_.replacements += 1
             actions += self._check_round(round_)
-        if not self.sync:
+        if not self.config.sync:
             # Its unfinished batches will never come: give their credits to the others,
             # so total_frames is still met exactly.
             if self.budget is not None:
@@ -257,10 +253,10 @@ class Rounds:
     def top_up(self) -> list[Action]:
         """Async mode: bring every live worker back to ``prefetch`` credits (budget allowing)."""
         actions: list[Action] = []
-        if self.sync or self.paused:
+        if self.config.sync or self.paused:
             return actions
         for worker in self._roster.live_workers:
-            while worker.ahead < self.prefetch and self._grant(worker, actions):
+            while worker.ahead < self.config.prefetch and self._grant(worker, actions):
                 pass
         return actions
 
@@ -291,7 +287,7 @@ class Rounds:
                 and not any(round_.owed.values()):
             round_.complete = True
             return []
-        threshold = self.preemptive_threshold
+        threshold = self.config.preemptive_threshold
         if (threshold is not None and not round_.preempted
                 and len(round_.shares) >= math.ceil(threshold * len(round_.targets))):
             round_.preempted = True

@@ -24,12 +24,10 @@ the socket's copies, the codec and the receive buffers (measured in
 ``benchmarks/pixels_throughput.py``).
 
 In sync mode (``MultiSyncCollector``) a notice's share is copied from its slot
-straight into its place in the round's batch (:mod:`.round_gather`): one copy of
-each frame from the worker's slot to the batch the trainer gets.
-
-Every batch is counted at receipt by how it came (``statistics()``: shared memory
-or the socket, batches and tensor bytes, per worker and in all), and so is each
-local worker a full ``/dev/shm`` kept on the socket.
+straight into its place in the round's batch (:mod:`.round_gather`, placed by the
+:class:`~.batch_sink.BatchSink` that owns these segments): one copy of each frame
+from the worker's slot to the batch the trainer gets. Each local worker a full
+``/dev/shm`` kept on the socket is counted here (``statistics()``).
 
 A notice is hostile input: its segment must be the one made for that worker,
 its slot in range and written (``held``), its steps at most the layout's ``T``;
@@ -52,21 +50,24 @@ batch and its segment unlinked; a batch is never delivered torn.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from tensordict import TensorDict, TensorDictBase
 
 from transports import ProtocolError, SharedMemoryFullError, SharedTensorFile
 
-from .._observe.statistics import BatchArrivals
-from .._protocol import Batch, BatchSlots, SharedBatch, decode
+from .._protocol import Batch, BatchSlots, SharedBatch
 from .._protocol.shared_batches import MAX_BATCH_SLOTS
-from .records import Round, WorkerInfo
-from .round_gather import Key, RoundGather
+from .config import CoordinatorConfig
+from .records import WorkerInfo
+from .round_gather import Fill, Key
+
+#: Where a slot's share goes: ``place(shapes, device, fill)`` fills views of a batch made
+#: elsewhere and returns the share as those views, or None (the share gets its own memory).
+Place = Callable[[dict[Key, torch.Tensor], str | None, Fill], TensorDictBase | None]
 
 log = logging.getLogger("asyncrl.coordinator")
 
@@ -92,24 +93,26 @@ class _Segment:
 class SharedBatches:
     """Segments of the local workers, by peer.
 
-    >>> shared = SharedBatches(enabled=True, share_frames=[4])
+    ``config`` (a :class:`~.config.CoordinatorConfig`) says whether local workers'
+    batches go through shared memory (``shared_memory_batches``), each worker's share
+    and ``prefetch`` (slots).
+
+    >>> from .config import CoordinatorConfig
+    >>> shared = SharedBatches(CoordinatorConfig(sync=False, share_frames=[4],
+    ...                                          shared_memory_batches=True))
     >>> shared.names(), shared.slots
     ([], 2)
     >>> shared.close()
     """
 
-    def __init__(self, *, enabled: bool, share_frames: list[int], slots: int = SLOTS) -> None:
-        self.enabled = enabled
+    def __init__(self, config: CoordinatorConfig) -> None:
+        self.enabled = config.shared_memory_batches
         #: Slots of each segment: ``prefetch + 1``, at least 2, at most 8.
-        self.slots = max(SLOTS, min(slots, MAX_BATCH_SLOTS))
-        self._share_frames = share_frames
+        self.slots = max(SLOTS, min(1 + config.prefetch, MAX_BATCH_SLOTS))
+        self._share_frames = config.share_frames
         self._local: set[bytes] = set()
         self._segments: dict[bytes, _Segment] = {}
-        #: Sync mode: the round's batch, gathered as notices arrive (None: copied out).
-        self.gather: RoundGather | None = None
-        #: Every worker's batches by how they came, and the local workers a full
-        #: ``/dev/shm`` kept on the socket (``statistics()``).
-        self.arrivals = BatchArrivals()
+        #: The local workers a full ``/dev/shm`` kept on the socket (``statistics()``).
         self.fallbacks = 0
         self._full = False  # /dev/shm was full: the run went to the socket
 
@@ -172,21 +175,11 @@ class SharedBatches:
         return shares[index] if 0 <= index < len(shares) else shares[0]
 
     # -- receipt -------------------------------------------------------------------------------
-    def counts(self) -> dict[str, Any]:
-        """The run's totals (``CollectorStatistics``' fields of the same names)."""
-        return {**self.arrivals.as_dict(), "shared_memory_fallbacks": self.fallbacks}
-
-    def from_socket(self, worker: WorkerInfo, body: Any, *, max_frames: int) -> Batch:
-        """A batch message's body, decoded (hostile input: at most ``max_frames``, the
-        worker's share, whatever it claims) and counted as a socket batch."""
-        batch = decode(Batch, body, max_frames=max_frames)
-        self._count(worker, shared_memory=False, nbytes=_tensor_bytes(body))
-        return batch
-
-    def receive(self, worker: WorkerInfo, notice: SharedBatch, round_: Round | None = None
+    def receive(self, worker: WorkerInfo, notice: SharedBatch, place: Place | None = None
                 ) -> Batch:
         """The batch a notice points at, copied out of its slot (which is then free again):
-        into its place in ``round_``'s batch when :attr:`gather` planned it.
+        into the views ``place`` gives (a round's batch, see :class:`~.round_gather.RoundGather`),
+        or into memory of its own when it gives none.
 
         Raises :class:`ProtocolError` for a notice that does not match what this
         trainer made for ``worker``, and :class:`SlotError` for a slot whose contents
@@ -231,20 +224,13 @@ class SharedBatches:
                                 f"while the trainer copied it (sequence number {seq} -> "
                                 f"{after}); refused")
 
-        frames = None
-        if self.gather is not None and round_ is not None and round_.request == notice.request:
-            frames = self.gather.take(round_, worker, shapes, segment.device, fill)
+        frames = None if place is None else place(shapes, segment.device, fill)
         if frames is None:
             frames = _gather(segment.envs, notice.steps, shapes, segment.device, fill)
         # After the copy: the worker may write the slot again.
         with _untrusted(slot):
             block.write_word(slot, "held", 0)
-        self._count(worker, shared_memory=True, nbytes=_tensor_bytes(shapes))
         return Batch(notice.request, frames)
-
-    def _count(self, worker: WorkerInfo, *, shared_memory: bool, nbytes: int) -> None:
-        worker.arrivals.add(shared_memory=shared_memory, nbytes=nbytes)
-        self.arrivals.add(shared_memory=shared_memory, nbytes=nbytes)
 
 
 def _layout(frames: TensorDictBase, share: int
@@ -288,23 +274,9 @@ def _untrusted(slot: int) -> Iterator[None]:
         raise SlotError(f"shared batch in slot {slot} refused: {exc}") from None
 
 
-def _tensor_bytes(value: Any, depth: int = 0) -> int:
-    """Tensor bytes in a decoded message body (our codec bounds its depth already)."""
-    if isinstance(value, torch.Tensor):
-        return value.numel() * value.element_size()
-    if isinstance(value, TensorDictBase):
-        return sum(_tensor_bytes(leaf, depth + 1) for leaf in value.values(
-            include_nested=True, leaves_only=True))
-    if depth < 16 and isinstance(value, Mapping):
-        return sum(_tensor_bytes(item, depth + 1) for item in value.values())
-    if depth < 16 and isinstance(value, Sequence) and not isinstance(value, str | bytes):
-        return sum(_tensor_bytes(item, depth + 1) for item in value)
-    return 0
-
-
 def _drop(segment: _Segment) -> None:
     segment.block.close()
     segment.block.unlink()
 
 
-__all__ = ["SLOTS", "SharedBatches", "SlotError"]
+__all__ = ["SLOTS", "Place", "SharedBatches", "SlotError"]

@@ -14,9 +14,13 @@ loss are decided in one place, and are tested without a hub or a socket.
 :class:`~asyncrl._coordinator.rounds.Rounds` (sync rounds, async credits: what each
 worker owes) and :class:`~asyncrl._coordinator.losses.Losses` (losses, departures,
 vacancies and the run's failure, by the
-:class:`~asyncrl._coordinator.loss_policy.LossPolicy`). An event that concerns more
-than one (a hello that fills a vacancy and a round's missing share) is put together
-here.
+:class:`~asyncrl._coordinator.loss_policy.LossPolicy`), each built from the one
+:class:`~asyncrl._coordinator.config.CoordinatorConfig`. The parts are its public
+attributes: an event that concerns one part is that part's method
+(``state.losses.lost(peer)``, ``state.rounds.take()``, ``state.roster.live_workers``),
+with no forwarding method here; only an event that concerns more than one (a hello
+that fills a vacancy and a round's missing share, a batch checked by the rounds and
+refused by the losses, a round that waits for replacements) is put together here.
 
 The state is current before a send goes out, so a send may find its worker lost
 meanwhile (another task handled an event while an earlier send awaited): an order
@@ -26,18 +30,10 @@ no longer alive; whatever it owed was released by the loss itself.
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
-from collections.abc import Callable
-from typing import Any
-
-from tensordict import TensorDictBase
-
-from .._errors import WorkerLostError
-from .._protocol import Batch, Hello, Progress, RelayHello, drop_twins
-from .._rollout.options import RolloutOptions
+from .._protocol import Batch, Hello, Progress
 from .actions import Action, CatchUp, Expel, Outbound, Send
-from .admission import Admission
-from .loss_policy import LossPolicy, OnWorkerLoss
+from .admission import Admission, AdmissionTerms
+from .config import CoordinatorConfig
 from .losses import Losses
 from .records import RelayInfo, Roster, Round, WorkerInfo
 from .rounds import Rounds
@@ -50,55 +46,24 @@ class CoordinatorState:
     free slot, ``check_specs``, ``max_remote_workers``); only a live admitted
     worker's batch counts, once :class:`BatchChecker` found it to be what was asked.
 
-    >>> state = CoordinatorState(sync=True, share_frames=[8, 8], on_worker_loss="continue")
-    >>> state.live_workers, state.loss_policy.fails_run
+    >>> from .loss_policy import LossPolicy
+    >>> state = CoordinatorState(CoordinatorConfig(sync=True, share_frames=[8, 8],
+    ...                                            loss_policy=LossPolicy("continue")))
+    >>> state.roster.live_workers, state.losses.policy.fails_run
     ([], False)
     """
 
-    def __init__(
-        self,
-        *,
-        sync: bool,
-        share_frames: list[int],
-        prefetch: int = 1,
-        preemptive_threshold: float | None = None,
-        init_random_frames: int = 0,
-        check_specs: Callable[[dict[str, Any], Hello], list[str]] | None = None,
-        token: str = "",
-        accept_remote: bool = False,
-        on_worker_loss: OnWorkerLoss = "raise",
-        batch_budget: int | None = None,
-        first_remote_index: int | None = None,
-        scheme_configs: dict[str, Any] | None = None,
-        max_remote_workers: int | None = None,
-        specs: dict[str, Any] | None = None,
-        instance: str = "",
-        peer_timeout: float | None = None,
-        compact_obs: bool = False,
-        rollout: RolloutOptions | None = None,
-    ) -> None:
-        """``compact_obs``: TorchRL's; batches are checked (and counted) without the
-        ``("next", K)`` twins, which workers are told to drop before they send.
-        ``rollout``: the options every worker runs with (its welcome carries them; its
-        ``info_keys`` are what ``"next"`` may hold besides the flags and twins)."""
+    def __init__(self, config: CoordinatorConfig, terms: AdmissionTerms | None = None, *,
+                 instance: str = "", peer_timeout: float | None = None) -> None:
+        """``config``: the run's rules, read whole by each part; ``terms``: what newcomers
+        are checked against (see :class:`AdmissionTerms`); ``instance`` and
+        ``peer_timeout``: the hub's."""
+        self.config = config
         self.roster = Roster()
-        first_remote_index = len(share_frames) if first_remote_index is None \
-            else first_remote_index
-        self.rounds = Rounds(self.roster, sync=sync, share_frames=share_frames,
-                             prefetch=prefetch, preemptive_threshold=preemptive_threshold,
-                             batch_budget=batch_budget,
-                             info_keys=(rollout or RolloutOptions()).info_keys,
-                             first_remote_index=first_remote_index)
-        self.admission = Admission(
-            self.roster, share_of=self.rounds.share_of,
-            first_remote_index=first_remote_index,
-            check_specs=check_specs, token=token, accept_remote=accept_remote,
-            init_random_frames=init_random_frames, scheme_configs=scheme_configs,
-            max_remote_workers=max_remote_workers, specs=specs, instance=instance,
-            rollout=rollout)
-        self.losses = Losses(self.roster, self.rounds, LossPolicy.check(on_worker_loss),
+        self.rounds = Rounds(self.roster, config)
+        self.admission = Admission(self.roster, config, terms, instance=instance)
+        self.losses = Losses(self.roster, self.rounds, config.loss_policy,
                              peer_timeout=peer_timeout)
-        self.compact_obs = self.admission.compact_obs = compact_obs
 
     # -- what peers say ------------------------------------------------------------------------
     def hello(self, peer: bytes, hello: Hello) -> list[Action]:
@@ -120,10 +85,6 @@ class CoordinatorState:
         # on_worker_loss="wait": the newcomer delivers a lost worker's share.
         return actions + self.rounds.newcomer(worker)
 
-    def relay_hello(self, peer: bytes, hello: RelayHello) -> list[Action]:
-        """A host's relay: register it for the members that name it, or refuse it."""
-        return self.admission.relay_hello(peer, hello)
-
     def batch(self, peer: bytes, batch: Batch) -> list[Action]:
         """A batch: counted if it is what its live worker was asked for, else refused."""
         worker = self.roster.live(peer)
@@ -131,10 +92,9 @@ class CoordinatorState:
             return []  # a stranger's, or a lost worker's late batch: never half-delivered
         if not self.rounds.expects(worker, batch):
             return []  # collected before this worker was (re)admitted: never half-delivered
-        if self.compact_obs and not worker.drops_next_obs:  # an earlier release sends them
-            batch.frames = drop_twins(batch.frames)
+        # compact_obs: the batch sink dropped the twins of a worker that did not.
         problems = self.rounds.batch_problems(worker, batch, self.admission.specs,
-                                              dropped=self.compact_obs)
+                                              dropped=self.config.compact_obs)
         if problems:
             return self.losses.bad_batch(worker, batch.request, problems)  # never counted
         return self.rounds.deliver(worker, batch)
@@ -158,169 +118,11 @@ class CoordinatorState:
         problem = self.rounds.progressed(worker, progress)
         return self.losses.refused(worker, problem) if problem else []
 
-    def returned(self, peer: bytes) -> list[Action]:
-        """A peer the hub had lost speaks again: if it was our worker, tell it to rejoin."""
-        return self.losses.returned(peer)
-
-    def lost(self, peer: bytes, reason: str = "") -> list[Action]:
-        """The hub lost ``peer``: apply ``on_worker_loss`` (see :meth:`Losses.lost`)."""
-        return self.losses.lost(peer, reason)
-
-    def stalled(self, peer: bytes, seconds: float) -> list[Action]:
-        """``peer`` owed work and delivered nothing for ``seconds``: a loss."""
-        return self.losses.stalled(peer, seconds)
-
-    def exited(self, peer: bytes, error: WorkerLostError, *, replaceable: bool) -> list[Action]:
-        """A local worker's process ended without being told to (see :meth:`Losses.exited`)."""
-        return self.losses.exited(peer, error, replaceable=replaceable)
-
-    def departed(self, peer: bytes) -> list[Action]:
-        """A worker leaves cleanly: no failure (see :meth:`Losses.departed`)."""
-        return self.losses.departed(peer)
-
     # -- what the trainer asks -------------------------------------------------------------
     def start_round(self, max_frames: int | None = None) -> tuple[Round, list[Action]]:
         """Sync mode: a new round asking one share of each live worker, in index order,
         and waiting for the replacements of workers lost before it (``"wait"``)."""
         return self.rounds.start_round(max_frames, self.losses.awaited_replacements())
-
-    def end_round(self, round_: Round) -> list[tuple[WorkerInfo, TensorDictBase]]:
-        """The shares of a complete round, ordered by worker index."""
-        return self.rounds.end_round(round_)
-
-    def take(self) -> tuple[WorkerInfo, TensorDictBase, list[Action]] | None:
-        """Async mode: the oldest delivered batch (None: none yet), and its worker's new credit."""
-        return self.rounds.take()
-
-    def resume(self) -> list[Action]:
-        """Async mode: hand the credits withheld while ``paused`` back to every worker."""
-        return self.rounds.resume()
-
-    def fail(self, error: BaseException) -> None:
-        """The run's failure (the first one stays)."""
-        self.losses.fail(error)
-
-    def missing_workers(self) -> int:
-        """Workers still to join of the ``expected`` ones (less those lost before joining)."""
-        return self.losses.missing_workers()
-
-    def waiting_for(self) -> list[WorkerInfo]:
-        """The lost workers the trainer is blocked on (see :meth:`Losses.waiting_for`)."""
-        return self.losses.waiting_for()
-
-    def stalled_workers(self, now: float, timeout: float,
-                        awake_since: float = 0.0) -> list[tuple[WorkerInfo, float]]:
-        """Live workers that owe work and delivered nothing for more than ``timeout`` s."""
-        return self.losses.stalled_workers(now, timeout, awake_since)
-
-    def has_left(self, peer: bytes) -> bool:
-        """``peer`` left the run cleanly (a departure, not a loss)."""
-        return self.losses.has_left(peer)
-
-    def worker_peers(self) -> dict[int, bytes]:
-        """``{worker index: peer}`` of the live workers (whom a weight sender serves)."""
-        return self.roster.worker_peers()
-
-    def relay_routes(self) -> dict[int, bytes]:
-        """``{worker index: relay peer}``: live workers whose weights go through a relay."""
-        return self.roster.relay_routes()
-
-    # -- the books, read (and a few set) by the coordinator and the tests -----------------------
-    @property
-    def live_workers(self) -> list[WorkerInfo]:
-        return self.roster.live_workers
-
-    @property
-    def workers(self) -> dict[bytes, WorkerInfo]:
-        return self.roster.workers
-
-    @property
-    def relays(self) -> dict[bytes, RelayInfo]:
-        return self.roster.relays
-
-    @property
-    def loss_policy(self) -> LossPolicy:
-        return self.losses.policy
-
-    @property
-    def sync(self) -> bool:
-        return self.rounds.sync
-
-    @property
-    def prefetch(self) -> int:
-        return self.rounds.prefetch
-
-    @property
-    def share_frames(self) -> list[int]:
-        return self.rounds.share_frames
-
-    @share_frames.setter
-    def share_frames(self, value: list[int]) -> None:
-        self.rounds.share_frames = value
-
-    @property
-    def specs(self) -> dict[str, Any] | None:
-        return self.admission.specs
-
-    @property
-    def round(self) -> Round | None:
-        return self.rounds.round
-
-    @property
-    def ready(self) -> deque[tuple[WorkerInfo, TensorDictBase]]:
-        return self.rounds.ready
-
-    @property
-    def budget(self) -> int | None:
-        return self.rounds.budget
-
-    @property
-    def paused(self) -> bool:
-        return self.rounds.paused
-
-    @paused.setter
-    def paused(self, value: bool) -> None:
-        self.rounds.paused = value
-
-    @property
-    def clock(self) -> Callable[[], float]:
-        return self.rounds.clock
-
-    @clock.setter
-    def clock(self, value: Callable[[], float]) -> None:
-        self.rounds.clock = value
-
-    @property
-    def failure(self) -> BaseException | None:
-        return self.losses.failure
-
-    @property
-    def gone(self) -> OrderedDict[bytes, None]:
-        return self.losses.gone
-
-    @property
-    def left(self) -> OrderedDict[bytes, None]:
-        return self.losses.left
-
-    @property
-    def vacant(self) -> OrderedDict[int, WorkerInfo]:
-        return self.losses.vacant
-
-    @property
-    def written_off(self) -> int:
-        return self.losses.written_off
-
-    @property
-    def departures(self) -> int:
-        return self.losses.departures
-
-    @property
-    def expected(self) -> int:
-        return self.losses.expected
-
-    @expected.setter
-    def expected(self, value: int) -> None:
-        self.losses.expected = value
 
 
 # The records and actions live in their own modules; importers of this one still find them.

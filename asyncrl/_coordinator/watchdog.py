@@ -96,7 +96,7 @@ class StallWatchdog:
     async def check(self, now: float) -> None:
         """Mark every worker that owed work for more than the timeout as lost."""
         state = self.coordinator.state
-        for worker, seconds in state.stalled_workers(now, self.timeout, self._awake_since):
+        for worker, seconds in state.losses.stalled_workers(now, self.timeout, self._awake_since):
             await self.coordinator.worker_stalled(worker, seconds)
         self.warn_slow_batches()
 
@@ -109,7 +109,7 @@ class StallWatchdog:
         """
         if self._warned_slow:
             return
-        for worker in self.coordinator.state.live_workers:
+        for worker in self.coordinator.state.roster.live_workers:
             if worker.last_batch is None:
                 continue
             owed, delivered = worker.last_batch
@@ -154,7 +154,7 @@ class BoundedWait:
 
     def finished(self) -> bool:
         """Nothing more to watch (the run failed, or a one-time wait is over)."""
-        return self.coordinator.state.failure is not None
+        return self.coordinator.state.losses.failure is not None
 
     def awaited(self) -> str:
         """What the trainer is blocked on now, in words ("": nothing, it progresses)."""
@@ -173,7 +173,7 @@ class BoundedWait:
 
     def check(self, now: float) -> None:
         """Note, warn about or end the wait the trainer is in (if any) at ``now``."""
-        awaited = self.awaited() if self.coordinator.state.failure is None else ""
+        awaited = self.awaited() if self.coordinator.state.losses.failure is None else ""
         if not awaited:
             if self.since is not None:
                 self.ended(now - self.since)
@@ -210,25 +210,25 @@ class ReplacementWatch(BoundedWait):
     """
 
     def awaited(self) -> str:
-        waiting = self.coordinator.state.waiting_for()
+        waiting = self.coordinator.state.losses.waiting_for()
         if not waiting:
             return ""
         slots = ", ".join(f"worker {w.index} ({w.name}, pid {w.pid} on {w.host})"
                           for w in waiting)
-        policy = self.coordinator.state.loss_policy
+        policy = self.coordinator.state.losses.policy
         return f"a replacement of {slots} (on_worker_loss={policy.on_worker_loss!r})"
 
     def event(self, awaited: str) -> CollectorEvent:
-        first = self.coordinator.state.waiting_for()[0]
+        first = self.coordinator.state.losses.waiting_for()[0]
         return dataclasses.replace(super().event(awaited), worker=first.index,
                                    name=first.name, host=first.host, pid=first.pid)
 
     def failure(self, awaited: str, waited: float) -> BaseException:
         state = self.coordinator.state
         slots = ", ".join(f"worker {w.index} ({w.name}, pid {w.pid} on {w.host})"
-                          for w in state.waiting_for())
+                          for w in state.losses.waiting_for())
         assert self.timeout is not None
-        return state.loss_policy.replacement_timed_out(slots, self.timeout, waited)
+        return state.losses.policy.replacement_timed_out(slots, self.timeout, waited)
 
     def ended(self, waited: float) -> None:
         log.info("a replacement joined after %.1f s: the run goes on", waited)
@@ -265,13 +265,13 @@ class StartupWatch(BoundedWait):
 
     def awaited(self) -> str:
         state = self.coordinator.state
-        if self.filled or state.expected == 0:  # filled, or the trainer did not ask yet
+        if self.filled or state.losses.expected == 0:  # filled, or the trainer did not ask yet
             return ""
-        missing = state.missing_workers()
+        missing = state.losses.missing_workers()
         if missing <= 0:
             self.filled = True
             return ""
-        live = {w.index for w in self.coordinator.live_workers}
+        live = {w.index for w in self.coordinator.roster.live_workers}
         places = []
         slots = [str(i) for i in range(self.local_workers) if i not in live]
         if slots:
@@ -285,7 +285,7 @@ class StartupWatch(BoundedWait):
         refused = self.coordinator.registry.refusals()
         seen = f"; hellos refused so far: {'; '.join(refused)}" if refused else \
             "; no host was refused" if self.remote_workers else ""
-        return (f"{missing} of {state.expected} worker(s) to join: "
+        return (f"{missing} of {state.losses.expected} worker(s) to join: "
                 f"{' and '.join(places) or 'workers lost before they joined'}{seen}")
 
     def failure(self, awaited: str, waited: float) -> BaseException:

@@ -11,6 +11,7 @@ them. ``buffered`` and ``full`` are what back-pressure reads.
 from __future__ import annotations
 
 import collections
+import math
 import time
 from collections.abc import Sequence
 from typing import Any, NamedTuple
@@ -157,4 +158,9 @@ class ChunkBuffer:
         return torch.cat(pieces, 0) if len(pieces) > 1 else pieces[0]
 
 
-__all__ = ["ChunkBuffer", "SlotCounts"]
+def auto_chunk_steps(frames_per_batch: int, num_envs: int) -> int:
+    """Steps per chunk: up to 64 (TorchRL's figure), at most one batch's share per env."""
+    return max(1, min(64, math.ceil(frames_per_batch / num_envs)))
+
+
+__all__ = ["ChunkBuffer", "SlotCounts", "auto_chunk_steps"]

@@ -24,7 +24,7 @@ only after the trainer has taken the chunk in it (``taken``), so a reader that
 saw the chunk's number reads a slot nobody writes meanwhile.
 
 >>> import torch
->>> from asyncrl._inference.inference_loop import OutputLayout
+>>> from asyncrl._inference.outputs import OutputLayout
 >>> layout = chunk_layout([(("observation",), torch.float32, (3,))],
 ...                       OutputLayout(action=(torch.float32, (1,))))
 >>> ring = ChunkRing.create(layout, rows=2, steps=4, slots=2)

@@ -33,7 +33,7 @@ def chunk_layout(obs: Sequence[tuple[Path, Any, tuple[int, ...]]], outputs: Any,
     """Every entry of a chunk, per env and step, in TorchRL's key order.
 
     ``obs`` is each observation's path, dtype and per-env shape; ``outputs`` the
-    policy's :class:`~asyncrl._inference.inference_loop.OutputLayout` (``action`` and extras).
+    policy's :class:`~asyncrl._inference.outputs.OutputLayout` (``action`` and extras).
     The flags, reward and collector entries get ``dtype_of("bool")``, ``("float32")`` and
     ``("int64")``: torch's dtypes by default, numpy's in an env worker. Ended episodes are
     reset in place, so the root ``done`` flags stay False.

@@ -1,4 +1,5 @@
-"""``asyncrl env-worker``: a remote env host of an AsyncBatchedCollector (central inference)."""
+"""``asyncrl worker --role env`` (alias ``asyncrl env-worker``): a remote env host of an
+AsyncBatchedCollector (central inference)."""
 
 from __future__ import annotations
 
@@ -18,8 +19,11 @@ from .._spawn.stop_signals import wait_stop_signal
 def add_parser(sub: Any) -> None:
     p = sub.add_parser(
         "env-worker",
-        help="step envs for an AsyncBatchedCollector (central inference) over the network",
-        description="Join the AsyncBatchedCollector listening at --connect (its listen= and "
+        help="an alias of 'asyncrl worker --role env': step envs for an "
+             "AsyncBatchedCollector (central inference) over the network",
+        description="An alias of 'asyncrl worker --role env' (--envs is its "
+                    "--envs-per-worker). "
+                    "Join the AsyncBatchedCollector listening at --connect (its listen= and "
                     "remote_workers=) and step --envs envs for it: observations go to its "
                     "inference loop, actions come back, transitions go to its batches. The env "
                     "is a gym id or an import path resolved on this host: code never travels. "
@@ -47,12 +51,12 @@ def add_parser(sub: Any) -> None:
     add_probe_options(p)
 
 
-def run_env_worker_command(args: argparse.Namespace) -> int:
+def run_env_worker_command(args: argparse.Namespace, command: str = "asyncrl env-worker") -> int:
     from .._errors import RefusedError
     from .._spawn.exit_codes import EXIT_JOIN_TIMEOUT
     from .remote_env_stepper import JoinTimeout, run_remote_env_worker
 
-    logging.basicConfig(level=logging.WARNING, format="asyncrl env-worker: %(message)s")
+    logging.basicConfig(level=logging.WARNING, format=f"{command}: %(message)s")
     forwarder = stderr = None
     if not args.no_forward_logs:
         from .._worker.log_forward import forward_logs
@@ -60,7 +64,7 @@ def run_env_worker_command(args: argparse.Namespace) -> int:
         # Records go to the collector once welcomed; those never sent, to stderr at exit.
         forwarder, stderr = forward_logs(logging.getLogger().handlers[0])
     if args.envs < 1 or not args.peer_timeout > 0 or not args.join_timeout > 0:
-        print(f"asyncrl env-worker: --envs must be >= 1 and the timeouts > 0, got {args.envs}, "
+        print(f"{command}: --envs must be >= 1 and the timeouts > 0, got {args.envs}, "
               f"{args.peer_timeout} and {args.join_timeout}", file=sys.stderr)
         return 2
     from transports import check_resolves, parse_endpoint
@@ -68,7 +72,7 @@ def run_env_worker_command(args: argparse.Namespace) -> int:
     try:  # a name that does not resolve is a typo, not a trainer still starting
         check_resolves(parse_endpoint(args.connect, argument="--connect"))
     except OSError as exc:
-        print(f"asyncrl env-worker: --connect: {exc}", file=sys.stderr)
+        print(f"{command}: --connect: {exc}", file=sys.stderr)
         return 2
     app_dir = os.path.abspath(args.app_dir)
     if app_dir not in sys.path:
@@ -107,13 +111,13 @@ def run_env_worker_command(args: argparse.Namespace) -> int:
             if forwarder is not None and stderr is not None:
                 forwarder.write_undelivered(stderr)
     except JoinTimeout as exc:
-        print(f"asyncrl env-worker: {exc}", file=sys.stderr)
+        print(f"{command}: {exc}", file=sys.stderr)
         return EXIT_JOIN_TIMEOUT
     except RefusedError as exc:
-        print(f"asyncrl env-worker: {exc}", file=sys.stderr)
+        print(f"{command}: {exc}", file=sys.stderr)
         return 1
     except Exception as exc:
-        print(f"asyncrl env-worker: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(f"{command}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     from transports import shutdown
 

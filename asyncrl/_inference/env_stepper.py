@@ -33,6 +33,8 @@ A remote env worker
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import sys
 import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -52,6 +54,18 @@ from transports import (
 )
 
 from .._errors import RefusedError
+from .._protocol import (
+    PROTOCOL,
+    Actions,
+    EnvChunk,
+    EnvClose,
+    EnvWelcome,
+    Hello,
+    Observations,
+    Refuse,
+    decode,
+)
+from .._protocol.central_inference import ERROR_KIND
 from .._rollout.env_ids import EnvIdSource
 from .._rollout.env_pools import EnvPool
 from .._rollout.envs import make_env_pool
@@ -63,11 +77,6 @@ from .chunk_writer import ChunkWriter, Layout, chunk_layout
 from .doorbell import DEFAULT_SPIN, EventFd, no_wakeup_preemption, spin_then_block
 
 log = logging.getLogger("asyncrl.env_worker")
-
-#: Message kinds between an env worker and the collector (the hub).
-OBS, ACT, CHUNK, ERROR, CLOSE = "obs", "act", "chunk", "error", "close"
-#: The collector refused a remote env worker (the body says why).
-REFUSED = "refused"
 
 Path = tuple[str, ...]
 
@@ -139,6 +148,8 @@ class EnvWorkerConfig:
     #: Where the trainer's gymnasium ids are registered (run-time registrations: the
     #: fork server never ran its main()); imported before the envs are built.
     env_sources: Sequence[EnvIdSource] = ()
+    #: Proves to the collector's admission that this worker was spawned by it (its hello).
+    token: str = ""
 
 
 def build_pool(factories: Sequence[Any], kwargs: Mapping[str, Any]) -> EnvPool:
@@ -315,24 +326,27 @@ class EnvStepper:
     async def run(self, link: Link) -> None:
         """Step over ``link`` (a remote worker: ``obs`` / ``act`` messages) until close.
 
-        Ends when the collector says close (or goes away: PeerLostError).
+        Ends when the collector says close (or goes away: PeerLostError). Each answer
+        is decoded by its declared kind (:mod:`asyncrl._protocol.central_inference`);
+        any other kind is a ProtocolError, a refusal a RefusedError naming its reason.
         """
         obs_write, act_read = self.obs_block.write, self.act_block.read_into
         step = 0
         while True:
             obs_write(self.obs_src, version=step, slot=0)
-            await link.send(self.request_body(), kind=OBS)
+            await link.send(self.request_body(), kind=Observations.KIND)
             message = await link.recv()
-            if message.kind == CLOSE:
+            if message.kind == EnvClose.KIND:
                 return
-            if message.kind == REFUSED:
+            if message.kind == Refuse.KIND:
                 raise RefusedError(f"the collector refused this env worker: "
-                                   f"{str(message.body)[:2000]}")
-            if message.kind != ACT:
-                raise ProtocolError(f"an env worker expects {ACT!r} or {CLOSE!r} messages, "
-                                    f"got {message.kind!r}")
+                                   f"{decode(Refuse, message.body).reason}")
+            if message.kind != Actions.KIND:
+                raise ProtocolError(f"an env worker expects {Actions.KIND!r}, "
+                                    f"{EnvClose.KIND!r} or {Refuse.KIND!r} messages, got "
+                                    f"{str(message.kind)[:64]!r}")
             if self._step(self.read_answer(message.body, act_read)):
-                await link.send(self.chunk_body(), kind=CHUNK)
+                await link.send(self.chunk_body(), kind=EnvChunk.KIND)
             step += 1
 
     def run_local(self) -> None:
@@ -494,9 +508,33 @@ async def serve_linked(endpoint: str, identity: bytes, config: Any, parent_pid: 
         return code
 
 
+async def join_locally(link: Link, config: EnvWorkerConfig) -> bool:
+    """A local env worker's join: the one hello (``role="env"``, its slot and spawn
+    token), then its welcome. False: the collector closed before it came."""
+    hello = Hello(protocol=PROTOCOL, name=link.identity.decode(errors="replace"),
+                  host=socket.gethostname()[:200], pid=os.getpid(), specs={},
+                  slot=config.slot, token=config.token, role="env")
+    await link.send(hello.to_body(), kind=Hello.KIND)
+    message = await link.recv()
+    if message.kind == EnvClose.KIND:
+        return False
+    if message.kind == Refuse.KIND:
+        raise RefusedError(f"the collector refused env worker {config.slot}: "
+                           f"{decode(Refuse, message.body).reason}")
+    if message.kind != EnvWelcome.KIND:
+        raise ProtocolError(f"expected {EnvWelcome.KIND!r} or {Refuse.KIND!r}, got "
+                            f"{str(message.kind)[:64]!r}")
+    welcome = decode(EnvWelcome, message.body)
+    if welcome.slot != config.slot:
+        raise ProtocolError(f"welcomed as slot {welcome.slot}, spawned for {config.slot}")
+    return True
+
+
 async def _serve(link: Link, config: EnvWorkerConfig) -> int:
     stepper: EnvStepper | None = None
     try:
+        if not await join_locally(link, config):
+            return 0
         stepper = await anyio.to_thread.run_sync(EnvStepper, config)
         await _step_locally(stepper, link, config)
         return 0
@@ -505,7 +543,7 @@ async def _serve(link: Link, config: EnvWorkerConfig) -> int:
     except Exception as exc:
         log.debug("env worker %d failed", config.slot, exc_info=True)
         with anyio.move_on_after(2):
-            await link.send(ErrorPayload.from_exception(exc).to_body(), kind=ERROR)
+            await link.send(ErrorPayload.from_exception(exc).to_body(), kind=ERROR_KIND)
         return 1
     finally:
         if stepper is not None:
@@ -537,7 +575,7 @@ async def _read_trainer(link: Link, scope: anyio.CancelScope, stepper: EnvSteppe
     try:
         while True:
             message = await link.recv()
-            if message.kind == CLOSE:
+            if message.kind == EnvClose.KIND:
                 break
     except PeerLostError:
         pass
@@ -572,12 +610,6 @@ def env_worker_main(endpoint: str, identity: bytes, config: EnvWorkerConfig, bac
 
 
 __all__ = [
-    "ACT",
-    "CHUNK",
-    "CLOSE",
-    "ERROR",
-    "OBS",
-    "REFUSED",
     "EnvStepper",
     "EnvWorkerConfig",
     "build_pool",

@@ -33,12 +33,10 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import math
 import os
 import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import anyio
@@ -46,14 +44,14 @@ import torch
 from tensordict import TensorDict
 from tensordict.nn import set_interaction_type
 
-from transports import SharedTensorBlock
-
 from .._rollout.policies import PolicyAdapter
 from .._spawn.threads import use_torch_threads
 from .block_io import SlotArrays, array_of, copier
 from .device_batch import DeviceBatch
 from .doorbell import DEFAULT_SPIN, EventFd, spin_then_block
 from .graphed_batch import GraphedDeviceBatch
+from .outputs import OutputLayout, key_of
+from .worker_blocks import SPLIT_BITS, WorkerBlocks, lane
 
 Path = tuple[str, ...]
 #: A call longer than this (seconds) is followed by ``sched_yield()``: the env workers it
@@ -62,92 +60,12 @@ Path = tuple[str, ...]
 #: next call gathers them all instead of serving a lone request at once (a 50 ms policy,
 #: 4 env workers on 2 cores: 2.0 observations per call without it, 2.6 with it).
 YIELD_AFTER = 1e-3
-#: A lane is ``slot << SPLIT_BITS | split``: one split of a worker's envs (a block slot).
-SPLIT_BITS = 8
-MAX_SPLITS = 1 << SPLIT_BITS
-
-
-def lane(slot: int, split: int = 0) -> int:
-    """The lane of a worker's split (a remote worker asks on its split 0 only)."""
-    return slot << SPLIT_BITS | split
-_RESERVED_ROOT = frozenset({"action", "done", "terminated", "truncated", "next", "collector"})
-
-
 class InferenceStatistics(NamedTuple):
     """What the loop did: policy calls, observations served, calls per batch size."""
 
     calls: int
     observations: int
     batch_sizes: dict[int, int]
-
-
-@dataclass
-class OutputLayout:
-    """What the policy writes for a batch of ``n``: ``action`` and the extras, per row."""
-
-    action: tuple[torch.dtype, tuple[int, ...]]
-    extras: list[tuple[Path, torch.dtype, tuple[int, ...]]] = field(default_factory=list)
-
-    def block_tensors(self, rows: int) -> dict[str, torch.Tensor]:
-        dtype, shape = self.action
-        out = {"action": torch.zeros((rows, *shape), dtype=dtype)}
-        for j, (_, dt, sh) in enumerate(self.extras):
-            out[f"x{j}"] = torch.zeros((rows, *sh), dtype=dt)
-        return out
-
-
-def _key(path: Path) -> Any:
-    return path[0] if len(path) == 1 else path
-
-
-def discover_outputs(adapter: PolicyAdapter, obs: dict[Path, torch.Tensor],
-                     action: tuple[torch.dtype, tuple[int, ...]]) -> OutputLayout:
-    """Call the policy once on ``obs`` (batch of 1): which keys, shapes and dtypes does it write?"""
-    td = TensorDict({_key(p): v for p, v in obs.items()}, batch_size=[1])
-    with adapter.exploration():
-        td = adapter(td)
-    dtype, shape = action
-    got = td.get("action", None)
-    if not isinstance(got, torch.Tensor) or tuple(got.shape) != (1, *shape):
-        raise ValueError(f"the policy must write 'action' of shape (batch, *{shape}); for a "
-                         f"batch of 1 it wrote {None if got is None else tuple(got.shape)}")
-    if got.dtype.is_floating_point and not dtype.is_floating_point:
-        raise ValueError(f"the policy writes {got.dtype} actions, the env takes {dtype}: "
-                         "round or sample integer actions in the policy (never cast silently)")
-    extras = []
-    for key in td.keys(include_nested=True, leaves_only=True):
-        path = (key,) if isinstance(key, str) else tuple(key)
-        if path in obs or path == ("action",):
-            continue
-        if path[0] in _RESERVED_ROOT:
-            raise ValueError(f"the policy wrote the reserved key {path!r}")
-        value = td.get(key)
-        if not isinstance(value, torch.Tensor) or value.shape[:1] != (1,):
-            raise ValueError(f"the policy wrote {path!r} as {type(value).__name__}: expected a "
-                             "tensor with the batch as its first dimension")
-        extras.append((path, value.dtype, tuple(value.shape[1:])))
-    return OutputLayout(action=action, extras=extras)
-
-
-@dataclass
-class WorkerBlocks:
-    """One env worker's request and response blocks, and its number of envs (``rows``).
-
-    A block has one slot per split of the worker's envs, each of ``rows / splits`` rows.
-    """
-
-    rows: int
-    obs: SharedTensorBlock
-    act: SharedTensorBlock
-
-    @property
-    def splits(self) -> int:
-        return int(getattr(self.obs, "slots", 1))
-
-    def close(self) -> None:
-        for block in (self.obs, self.act):
-            block.close()
-            block.unlink()
 
 
 class InferenceLoop:
@@ -230,13 +148,13 @@ class InferenceLoop:
         # Pinned for a GPU policy: the copy of a call's rows to the device is a DMA.
         self._obs = {f"o{i}": torch.zeros((capacity, *shape), dtype=dtype, pin_memory=on_gpu)
                      for i, (dtype, shape) in enumerate(obs_spec)}
-        self._batch = TensorDict({_key(p): self._obs[f"o{i}"]
+        self._batch = TensorDict({key_of(p): self._obs[f"o{i}"]
                                   for i, p in enumerate(self.obs_paths)},
                                  batch_size=[capacity])
         self._keys = ["action"] + [f"x{j}" for j in range(len(self.outputs.extras))]
         # A policy on another device: its device buffers are made once (.device_batch);
         # with static_batch_size, one CUDA graph of that many rows (.graphed_batch).
-        gathered = {_key(p): self._obs[f"o{i}"] for i, p in enumerate(self.obs_paths)}
+        gathered = {key_of(p): self._obs[f"o{i}"] for i, p in enumerate(self.obs_paths)}
         self._device_batch: DeviceBatch | GraphedDeviceBatch | None = None
         if static_batch_size is not None:
             if not on_gpu:
@@ -248,7 +166,7 @@ class InferenceLoop:
                                                     static=static_batch_size)
         elif device is not None and device.type != "cpu":
             self._device_batch = DeviceBatch(gathered, device, capacity=capacity)
-        self._output_keys = ["action"] + [_key(p) for p, _, _ in self.outputs.extras]
+        self._output_keys = ["action"] + [key_of(p) for p, _, _ in self.outputs.extras]
         # The exploration type, set around each call by one reused context (the loop's
         # thread only): adapter.exploration() builds an ExitStack and two contexts per call.
         kind = adapter.exploration_type
@@ -530,16 +448,23 @@ class InferenceLoop:
         return action
 
     # -- weights, back-pressure, pause ------------------------------------------------------
-    async def update(self, apply: Callable[[], None]) -> int:
+    async def update(self, apply: Callable[[], None], timeout: float | None = None) -> int:
         """Run ``apply`` (which changes the weights) between two calls; return the new version.
 
-        Returns once the change is made: the next call uses the new weights.
+        Returns once the change is made: the next call uses the new weights. ``timeout``:
+        seconds to wait for the call under way to end (None: as long as it takes); past
+        it, :class:`TimeoutError`, and nothing is changed.
         """
         def locked() -> int:
-            with self._lock:
+            if not self._lock.acquire(timeout=-1 if timeout is None else timeout):
+                raise TimeoutError(f"the call under way did not end within {timeout} s; "
+                                   "the weights were not loaded")
+            try:
                 apply()
                 self.version += 1
                 return self.version
+            finally:
+                self._lock.release()
 
         return await anyio.to_thread.run_sync(locked)
 
@@ -560,40 +485,4 @@ class InferenceLoop:
             await anyio.to_thread.run_sync(wait_for_the_call)
 
 
-def make_blocks(rows_per_worker: Sequence[int], obs: dict[Path, torch.Tensor],
-                outputs: OutputLayout, splits: int = 1) -> dict[int, WorkerBlocks]:
-    """Create each worker's two blocks: one slot per split of its envs (``rows / splits``
-    rows each), where a request and its answer alternate."""
-    blocks: dict[int, WorkerBlocks] = {}
-    try:
-        for slot, rows in enumerate(rows_per_worker):
-            if splits > MAX_SPLITS:
-                raise ValueError(f"{splits} splits: a lane has room for {MAX_SPLITS}")
-            if rows % splits:
-                raise ValueError(f"{rows} envs do not split in {splits} equal parts")
-            per_split = rows // splits
-            example = {f"o{i}": torch.zeros((per_split, *t.shape[1:]), dtype=t.dtype)
-                       for i, t in enumerate(obs.values())}
-            obs_block = SharedTensorBlock.create(example, slots=splits)
-            try:
-                act_block = SharedTensorBlock.create(outputs.block_tensors(per_split),
-                                                     slots=splits)
-            except BaseException:
-                obs_block.close()
-                obs_block.unlink()
-                raise
-            blocks[slot] = WorkerBlocks(rows, obs_block, act_block)
-    except BaseException:
-        for b in blocks.values():
-            b.close()
-        raise
-    return blocks
-
-
-def auto_chunk_steps(frames_per_batch: int, num_envs: int) -> int:
-    """Steps per chunk: up to 64 (TorchRL's figure), at most one batch's share per env."""
-    return max(1, min(64, math.ceil(frames_per_batch / num_envs)))
-
-
-__all__ = ["MAX_SPLITS", "SPLIT_BITS", "InferenceLoop", "InferenceStatistics", "OutputLayout",
-           "WorkerBlocks", "auto_chunk_steps", "discover_outputs", "lane", "make_blocks"]
+__all__ = ["InferenceLoop", "InferenceStatistics"]

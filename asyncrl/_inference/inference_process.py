@@ -14,6 +14,8 @@ step, and the policy's Python (its forward, a sampling distribution) never
 waits for the trainer's GIL. The trainer talks to this process over its own
 hub, as a peer (:class:`transports.Link`):
 
+Their kinds are declared in :mod:`asyncrl._protocol.inference_process`:
+
 ====================  =====================================================
 trainer -> here       ``weights`` (a state dict: answered ``applied`` with the
                       new version once the next call uses it), ``hold`` /
@@ -46,24 +48,41 @@ import anyio
 import torch
 from torch import nn
 
-from transports import CurveClient, ErrorPayload, Link, Message, PeerLostError, SharedTensorBlock
+from transports import (
+    CurveClient,
+    ErrorPayload,
+    Link,
+    Message,
+    PeerLostError,
+    ProtocolError,
+    SharedTensorBlock,
+)
 
+from .._protocol import Actions, EnvClose, decode
+from .._protocol.central_inference import ERROR_KIND, dtype_name
+from .._protocol.inference_process import (
+    RemoteAnswer,
+    RemoteRequest,
+    ServerApplied,
+    ServerGo,
+    ServerHeld,
+    ServerHold,
+    ServerReady,
+    ServerStatistics,
+    ServerWeights,
+)
 from .._rollout.policies import ExplorationType, PolicyAdapter
 from .._spawn.absent_modules import remember_absent_modules
 from .._spawn.child import ending_error, exit_process
 from .doorbell import DEFAULT_SPIN, EventFd
-from .env_stepper import CLOSE, ERROR, serve_linked
-from .inference_loop import InferenceLoop, OutputLayout, WorkerBlocks
+from .env_stepper import serve_linked
+from .inference_loop import InferenceLoop
 from .inline_blocks import InlineBlock
+from .outputs import OutputLayout
+from .worker_blocks import WorkerBlocks
 
 log = logging.getLogger("asyncrl.inference")
 
-#: Message kinds between the trainer and the inference process.
-READY, WEIGHTS, APPLIED, HOLD, GO, STATS = "ready", "weights", "applied", "hold", "go", "stats"
-#: A remote env host's request (trainer -> here) and its answer (here -> trainer).
-REMOTE_OBS, REMOTE_ACT = "remote-obs", "remote-act"
-#: The answer to ``hold``: from now on, at most the call under way answers env workers.
-HELD = "held"
 #: Seconds between two statistics reports while the loop serves.
 STATS_INTERVAL = 0.2
 
@@ -135,13 +154,13 @@ class InferenceServer:
 
     async def serve(self, trainer: Link) -> int:
         """Serve until the trainer says close (0), goes away (0) or this fails (1, reported)."""
-        await trainer.send({"version": self.loop.version}, kind=READY)
+        await trainer.send(ServerReady(self.loop.version).to_body(), kind=ServerReady.KIND)
         try:
             async with anyio.create_task_group() as tg:
                 async def reply(slot: int, version: int) -> None:  # a remote host's answer
-                    await trainer.send({"slot": slot, "v": version,
-                                        "a": self.blocks[slot].act.tensors},  # type: ignore[attr-defined]
-                                       kind=REMOTE_ACT)
+                    answer = Actions(version, self.blocks[slot].act.tensors)  # type: ignore[attr-defined]
+                    await trainer.send(RemoteAnswer(slot, answer).to_body(),
+                                       kind=RemoteAnswer.KIND)
 
                 remote = self.config.first_remote_slot is not None
                 tg.start_soon(self.loop.run, reply if remote else None)
@@ -155,26 +174,28 @@ class InferenceServer:
     async def _orders(self, trainer: Link) -> None:
         while True:
             message = await trainer.recv()
-            if message.kind == CLOSE:
+            if message.kind == EnvClose.KIND:
                 return
-            if message.kind in (HOLD, GO):
-                self.loop.set_room(message.kind == GO)
-                if message.kind == HOLD:
+            if message.kind in (ServerHold.KIND, ServerGo.KIND):
+                self.loop.set_room(message.kind == ServerGo.KIND)
+                if message.kind == ServerHold.KIND:
                     await self.loop.held()  # the call under way (if any) has answered
-                    await trainer.send(None, kind=HELD)
-            elif message.kind == WEIGHTS:
-                await trainer.send(await self._load(message), kind=APPLIED)
-            elif message.kind == REMOTE_OBS:
+                    await trainer.send(None, kind=ServerHeld.KIND)
+            elif message.kind == ServerWeights.KIND:
+                applied = await self._load(message)
+                await trainer.send(applied.to_body(), kind=ServerApplied.KIND)
+            elif message.kind == RemoteRequest.KIND:
                 self._remote_request(message.body)
 
     def _remote_request(self, body: Any) -> None:
         """A remote host's observations (checked by the trainer): into its slot's block,
         made again for an occupant with another number of envs; then a request."""
-        first = self.config.first_remote_slot
-        slot = body["slot"]
-        if first is None or not isinstance(slot, int) or slot < first:
-            raise ValueError(f"remote-obs for slot {slot!r}: not a remote slot")
-        obs = body["obs"]
+        first, spec = self.config.first_remote_slot, self.config.obs_spec or ()
+        request = decode(RemoteRequest, body, first_slot=(1 << 21) if first is None else first,
+                         max_rows=self.config.max_batch_size, layout=lambda rows: {
+                             f"o{i}": (dtype_name(d), (rows, *s)) for i, (d, s)
+                             in enumerate(spec)})
+        slot, obs = request.slot, request.obs.arrays
         rows = int(obs["o0"].shape[0])
         blocks = self.blocks.get(slot)
         if blocks is None or blocks.rows != rows:  # its request is answered: safe to swap
@@ -183,18 +204,18 @@ class InferenceServer:
                    for k, t in self.config.outputs.block_tensors(rows).items()}
             blocks = WorkerBlocks(rows, InlineBlock(layout), InlineBlock(act))  # type: ignore[arg-type]
             self.blocks[slot] = blocks
-        blocks.obs.fill(obs, "remote-obs")  # type: ignore[attr-defined]
+        blocks.obs.write(obs)  # type: ignore[call-arg]
         self.loop.submit(slot)
 
-    async def _load(self, message: Message) -> dict[str, Any]:
-        state = message.body
+    async def _load(self, message: Message) -> ServerApplied:
         policy = self.policy
         if not isinstance(policy, nn.Module):
-            return {"error": f"the served policy is a {type(policy).__name__}, which has no "
-                             "weights to update"}
-        if not isinstance(state, dict) or not all(
-                isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items()):
-            return {"error": "weights must be a state dict of tensors"}
+            return ServerApplied(error=f"the served policy is a {type(policy).__name__}, which "
+                                       "has no weights to update")
+        try:
+            state = decode(ServerWeights, message.body).state
+        except ProtocolError as exc:
+            return ServerApplied(error=str(exc))
 
         def apply() -> None:
             with torch.no_grad():
@@ -203,8 +224,8 @@ class InferenceServer:
         try:
             version = await self.loop.update(apply)
         except Exception as exc:  # a mismatch is the caller's error, not the run's
-            return {"error": f"{type(exc).__name__}: {exc}"}
-        return {"version": version}
+            return ServerApplied(error=f"{type(exc).__name__}: {exc}")
+        return ServerApplied(version=version)
 
     async def _report(self, trainer: Link) -> None:
         sent = -1
@@ -213,8 +234,9 @@ class InferenceServer:
             stats = self.loop.statistics()
             if stats.calls != sent:
                 sent = stats.calls
-                await trainer.send({"calls": stats.calls, "observations": stats.observations,
-                                    "sizes": sorted(stats.batch_sizes.items())}, kind=STATS)
+                report = ServerStatistics(stats.calls, stats.observations,
+                                          sorted(stats.batch_sizes.items()))
+                await trainer.send(report.to_body(), kind=ServerStatistics.KIND)
 
     def close(self) -> None:
         loop: InferenceLoop | None = getattr(self, "loop", None)  # None: failed to build
@@ -258,7 +280,7 @@ async def report_error(trainer: Link, exc: BaseException) -> int:
     log.debug("the inference process failed", exc_info=exc)
     with anyio.move_on_after(2):
         try:
-            await trainer.send(ErrorPayload.from_exception(exc).to_body(), kind=ERROR)
+            await trainer.send(ErrorPayload.from_exception(exc).to_body(), kind=ERROR_KIND)
         except Exception:  # the trainer is gone
             pass
     return 1
@@ -275,6 +297,4 @@ def inference_server_main(trainer_endpoint: str, identity: bytes, config: Server
     exit_process(anyio.run(run, backend=backend))
 
 
-__all__ = ["APPLIED", "GO", "HELD", "HOLD", "READY", "REMOTE_ACT", "REMOTE_OBS", "STATS",
-           "WEIGHTS", "InferenceServer",
-           "ServerConfig", "inference_server_main", "run_inference_server"]
+__all__ = ["InferenceServer", "ServerConfig", "inference_server_main", "run_inference_server"]

@@ -1,7 +1,7 @@
 """The local env workers' shared memory and doorbells, made together and closed together.
 
 Each local env worker (a slot) has two blocks, its observations and the policy's
-outputs (:func:`~asyncrl._inference.inference_loop.make_blocks`), an answer bell
+outputs (:func:`~asyncrl._inference.worker_blocks.make_blocks`), an answer bell
 the inference loop rings, a chunk ring it writes its transitions into
 (:mod:`.chunk_ring`, read by the trainer) and a room bell the trainer rings when
 it took chunks from that ring. Every worker rings the one request bell (the
@@ -25,7 +25,8 @@ from .chunk_buffer import ChunkBuffer
 from .chunk_ring import ChunkReader, ChunkRing, chunk_layout
 from .doorbell import EventFd
 from .env_stepper import build_pool
-from .inference_loop import OutputLayout, WorkerBlocks, make_blocks
+from .outputs import OutputLayout
+from .worker_blocks import WorkerBlocks, make_blocks
 
 Path = tuple[str, ...]
 

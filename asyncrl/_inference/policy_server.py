@@ -27,7 +27,9 @@ from transports import CurveClient, Hub, Message, PeerEvent
 
 from .._rollout.policies import ExplorationType, PolicyAdapter, torch_dtype
 from .doorbell import EventFd
-from .inference_loop import InferenceStatistics, OutputLayout, WorkerBlocks, discover_outputs
+from .inference_loop import InferenceStatistics
+from .outputs import OutputLayout, discover_outputs
+from .worker_blocks import WorkerBlocks
 
 Path = tuple[str, ...]
 

@@ -26,22 +26,22 @@ from torch import nn
 from transports import ErrorPayload, Hub, Message, PeerEvent, ProtocolError, random_identity
 
 from .._errors import BadBatchError, CollectorError, WorkerLostError, rebuild_remote_exception
-from .._spawn.processes import WorkerProcesses, describe_exit
-from .env_stepper import CLOSE, ERROR
-from .inference_loop import InferenceStatistics
-from .inference_process import (
-    APPLIED,
-    GO,
-    HELD,
-    HOLD,
-    READY,
-    REMOTE_ACT,
-    REMOTE_OBS,
-    STATS,
-    WEIGHTS,
-    ServerConfig,
-    inference_server_main,
+from .._protocol import EnvClose, Observations, decode
+from .._protocol.central_inference import ERROR_KIND, dtype_name
+from .._protocol.inference_process import (
+    RemoteAnswer,
+    RemoteRequest,
+    ServerApplied,
+    ServerGo,
+    ServerHeld,
+    ServerHold,
+    ServerReady,
+    ServerStatistics,
+    ServerWeights,
 )
+from .._spawn.processes import WorkerProcesses, describe_exit
+from .inference_loop import InferenceStatistics
+from .inference_process import ServerConfig, inference_server_main
 from .policy_server import PolicyCopy, PolicyServer, ServerHooks, ServingSetup
 from .served_weights import weight_loader
 
@@ -76,7 +76,7 @@ class ProcessPolicyServer(PolicyServer):
         self._ready = anyio.Event()
         self._held = anyio.Event()  # the process answered the last "hold"
         self._applied: anyio.Event | None = None
-        self._answer: dict[str, Any] = {}
+        self._answer: ServerApplied | None = None
         self._error: BaseException | None = None
         self._update_lock = anyio.Lock()
         self._room = True
@@ -164,7 +164,7 @@ class ProcessPolicyServer(PolicyServer):
     async def receive(self, item: Message | PeerEvent) -> None:
         """A message (or event) from the process: a remote answer, or one for :meth:`handle`."""
         assert self._hooks is not None
-        if isinstance(item, Message) and item.kind == REMOTE_ACT:
+        if isinstance(item, Message) and item.kind == RemoteAnswer.KIND:
             await self._remote_answered(item.body)
             return
         error = self.check(item, peer_timeout=self.config.peer_timeout)
@@ -174,13 +174,22 @@ class ProcessPolicyServer(PolicyServer):
     async def _remote_answered(self, body: Any) -> None:
         """The process answered remote slot ``body["slot"]``: on to its host."""
         assert self._hooks is not None and self._hooks.answered is not None
+        first = self.config.first_remote_slot
+
+        def layout(slot: int) -> dict[str, tuple[str, tuple[int, ...]]] | None:
+            blocks = self._blocks.get(slot)
+            if first is None or slot < first or blocks is None:
+                return None
+            return {k: (dtype_name(d), tuple(s)) for k, (d, s) in blocks.act.layout.items()}
+
         try:
-            slot, version = int(body["slot"]), int(body["v"])
-            self._blocks[slot].act.fill(body["a"], "the inference process's answer", version)
-        except (KeyError, TypeError, ValueError) as exc:  # our own child: a bug, stop the run
+            answer = decode(RemoteAnswer, body, layout=layout)
+        except ProtocolError as exc:  # our own child: a bug, stop the run
             self._hooks.fail(BadBatchError(f"the inference process sent a malformed remote "
-                                           f"answer: {exc!r}"))
+                                           f"answer: {exc}"))
             return
+        slot, version = answer.slot, answer.answer.version
+        self._blocks[slot].act.write(answer.answer.arrays, version=version)
         await self._hooks.answered(slot, version)
 
     def check(self, item: Message | PeerEvent, *, peer_timeout: float) -> BaseException | None:
@@ -190,14 +199,17 @@ class ProcessPolicyServer(PolicyServer):
                 return None
             return WorkerLostError(f"the inference process went silent for {peer_timeout} s "
                                    "(peer_timeout): it is stuck")
-        if item.kind == ERROR:
+        if item.kind == ERROR_KIND:
             try:
                 payload = ErrorPayload.from_body(item.body, "inference process error")
             except ProtocolError as exc:
                 return BadBatchError(f"the inference process sent a malformed error report: "
                                      f"{exc}")
             return rebuild_remote_exception(payload, peer="the inference process")
-        self.handle(item)
+        try:
+            self.handle(item)
+        except ProtocolError as exc:  # our own child: a bug, stop the run
+            return BadBatchError(f"the inference process sent a malformed message: {exc}")
         return None
 
     @staticmethod
@@ -211,21 +223,19 @@ class ProcessPolicyServer(PolicyServer):
     def handle(self, message: Message) -> None:
         """A message from the process other than an error (ready, applied, statistics)."""
         body = message.body
-        if message.kind == READY:
+        if message.kind == ServerReady.KIND:
+            decode(ServerReady, body)
             self._ready.set()
-        elif message.kind == HELD:
+        elif message.kind == ServerHeld.KIND:
+            decode(ServerHeld, body)
             self._held.set()
-        elif message.kind == APPLIED and isinstance(body, dict):
-            self._answer = body
+        elif message.kind == ServerApplied.KIND:
+            self._answer = decode(ServerApplied, body)
             if self._applied is not None:
                 self._applied.set()
-        elif message.kind == STATS and isinstance(body, dict):
-            try:
-                self._stats = InferenceStatistics(
-                    int(body["calls"]), int(body["observations"]),
-                    {int(size): int(count) for size, count in body["sizes"]})
-            except (KeyError, TypeError, ValueError):  # our own child: a bug, not an attack
-                log.warning("the inference process sent malformed statistics: %.200r", body)
+        elif message.kind == ServerStatistics.KIND:
+            stats = decode(ServerStatistics, body)
+            self._stats = InferenceStatistics(stats.calls, stats.observations, dict(stats.sizes))
 
     def abort(self, error: BaseException) -> None:
         """The run failed (or the process ended): wake whoever waits on the process."""
@@ -249,16 +259,16 @@ class ProcessPolicyServer(PolicyServer):
             if self._error is not None:
                 raise self._error
             self._applied = anyio.Event()
-            await hub.send(self.identity, state, kind=WEIGHTS)
+            await hub.send(self.identity, state, kind=ServerWeights.KIND)
             await self._applied.wait()
             self._applied = None
             if self._error is not None:
                 raise self._error
-            answer, self._answer = self._answer, {}
-            if "error" in answer:
+            answer, self._answer = self._answer, None
+            if answer is None or answer.version is None:
                 raise CollectorError(f"the inference process could not load the weights: "
-                                     f"{str(answer['error'])[:2000]}")
-            self._version = int(answer["version"])
+                                     f"{answer.error if answer is not None else 'no answer'}")
+            self._version = answer.version
             return self._version
 
     def _state_dict(self, weights: Any) -> dict[str, torch.Tensor]:
@@ -277,7 +287,8 @@ class ProcessPolicyServer(PolicyServer):
         if self._error is not None or self._hub is None:
             return  # the run failed: nobody serves, and nobody waits for an answer
         obs = self._blocks[slot].obs.tensors
-        await self._hub.send(self.identity, {"slot": slot, "obs": dict(obs)}, kind=REMOTE_OBS)
+        request = RemoteRequest(slot, Observations(dict(obs)))
+        await self._hub.send(self.identity, request.to_body(), kind=RemoteRequest.KIND)
 
     async def set_room(self, room: bool, *, wait: bool = False) -> None:
         """Back-pressure: no answers to the env workers while the trainer's buffer is full.
@@ -291,7 +302,7 @@ class ProcessPolicyServer(PolicyServer):
         if not room:
             self._held = anyio.Event()
         try:
-            await hub.send(self.identity, None, kind=GO if room else HOLD)
+            await hub.send(self.identity, None, kind=ServerGo.KIND if room else ServerHold.KIND)
         except Exception:  # the process is gone: its exit fails the run
             return
         if wait and not room:
@@ -303,7 +314,7 @@ class ProcessPolicyServer(PolicyServer):
         if hub is not None and self.pid is not None:
             with anyio.move_on_after(1):
                 try:
-                    await hub.send(self.identity, None, kind=CLOSE)
+                    await hub.send(self.identity, None, kind=EnvClose.KIND)
                 except Exception:  # gone already
                     pass
         if self.processes is not None:

@@ -1,14 +1,15 @@
 """A remote env worker of central inference: the env-stepping loop over TCP, no shared memory.
 
-``asyncrl env-worker --connect tcp://HOST:PORT --env ID_OR_IMPORT_PATH --envs N``
+``asyncrl worker --role env --connect tcp://HOST:PORT --env ID_OR_IMPORT_PATH --envs N``
 runs :func:`run_remote_env_worker`: it builds its envs here (the env is a gym id
-or an import path resolved on this host: code never travels), sends a ``hello``
-with their observation and action layouts, and once welcomed steps exactly as a
-local env worker (:class:`~asyncrl._inference.env_stepper.EnvStepper`), except that the
-observations travel inline in each ``obs`` message and the policy outputs come
-back inline in each ``act`` answer (msgpack header + raw tensor frames, never
-pickle). Both ends check every tensor against the layouts agreed at join
-(:class:`InlineArrays` here, :class:`~.inline_blocks.InlineBlock` in the collector).
+or an import path resolved on this host: code never travels), says the one
+``hello`` (``role="env"``) with their observation and action layouts, and once
+welcomed steps exactly as a local env worker
+(:class:`~asyncrl._inference.env_stepper.EnvStepper`), except that the observations
+travel inline in each ``obs`` message and the policy outputs come back inline in each
+``act`` answer (msgpack header + raw tensor frames, never pickle). Both ends decode
+every message by its declared kind (:mod:`asyncrl._protocol.central_inference`),
+bounded by the layouts agreed at join.
 
 Torch-free, as a local env worker: ``asyncrl env-worker`` imports neither torch nor
 tensordict (:mod:`asyncrl._spawn.torch_free`). Tensors arrive as numpy arrays and
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import socket
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -38,30 +40,25 @@ from transports import (
 )
 
 from .._errors import JoinTimeout, RefusedError
+from .._protocol import (
+    PROTOCOL,
+    Actions,
+    EnvLayout,
+    EnvWelcome,
+    Hello,
+    Refuse,
+    decode,
+)
+from .._protocol.central_inference import ERROR_KIND
+from .._rollout.env_ids import EnvIdSource, is_unknown_env_id
 from .._rollout.env_pools import EnvPool
 from .._worker.log_forward import LogForwarder
-from .env_stepper import (
-    ERROR,
-    REFUSED,
-    EnvStepper,
-    EnvWorkerConfig,
-    build_pool,
-    numpy_dtype,
-)
+from .env_stepper import EnvStepper, EnvWorkerConfig, build_pool, numpy_dtype
 
 log = logging.getLogger("asyncrl.env_worker")
 
-#: Join messages: a remote env worker's hello, the collector's welcome or refusal.
-HELLO, WELCOME = "env-hello", "env-welcome"
-#: The join protocol's version (in the hello; a different one is refused).
-JOIN_PROTOCOL = 1
-
 #: An inline block's layout: ``key -> (dtype name, shape)``.
 Layout = dict[str, tuple[str, tuple[int, ...]]]
-#: The dtypes an answer may carry (what a SharedArrayBlock can hold).
-DTYPES = frozenset({"bool", "uint8", "int8", "int16", "int32", "int64", "uint16", "uint32",
-                    "uint64", "float16", "float32", "float64", "complex64", "complex128",
-                    "bfloat16"})
 
 
 def describe(value: Any) -> str:
@@ -92,9 +89,8 @@ class InlineArrays:
     The collector sends tensors, which a torch-free process decodes as numpy arrays
     (:mod:`transports._torch_free`); the arrays it sends travel as tensors.
     ``write`` / ``read_into`` copy into and out of preallocated arrays (nothing is
-    allocated per step); :meth:`fill` first checks what came from the network
-    against the layout agreed at join: the same keys, dtypes and shapes, or a
-    ValueError naming what was expected and what came.
+    allocated per step); what came from the network was decoded against the layout
+    agreed at join first (:class:`~asyncrl._protocol.Actions`, :meth:`storage_layout`).
     """
 
     def __init__(self, layout: Layout) -> None:
@@ -113,16 +109,9 @@ class InlineArrays:
             np.copyto(out, self.tensors[key])
         return self.version
 
-    def fill(self, body: Any, what: str, version: int = 0) -> None:
-        """Check ``body`` (``{key: array}``) against the layout, then copy it in."""
-        expected = {k: f"{d}{list(s)}" for k, (d, s) in self.layout.items()}
-        arrays = {k: _as_array(v) for k, v in body.items()} if isinstance(body, Mapping) else None
-        ok = arrays is not None and set(arrays) == set(self.layout) and all(
-            isinstance(arrays[k], np.ndarray) and arrays[k].dtype == self.tensors[k].dtype
-            and tuple(arrays[k].shape) == s for k, (_, s) in self.layout.items())
-        if not ok:
-            raise ValueError(f"{what}: expected {expected}, got {describe(body)}")
-        self.write(arrays, version=version)  # type: ignore[arg-type]
+    def storage_layout(self) -> dict[str, tuple[str, tuple[int, ...]]]:
+        """What an answer must hold, as this end stores it (bfloat16's bytes: uint16)."""
+        return {k: (t.dtype.name, tuple(t.shape)) for k, t in self.tensors.items()}
 
     def close(self) -> None:
         pass
@@ -131,12 +120,12 @@ class InlineArrays:
         pass
 
 
-def pool_layout(pool: EnvPool) -> dict[str, Any]:
+def pool_layout(pool: EnvPool) -> EnvLayout:
     """What a hello says about this host's envs: count, observations, action (per env)."""
     spec = pool.specs.action
-    return {"protocol": JOIN_PROTOCOL, "envs": pool.num_envs,
-            "obs": [[a.dtype.name, list(a.shape[1:])] for a in pool.obs_arrays],
-            "action": [np.dtype(spec.dtype).name, list(spec.shape)]}
+    return EnvLayout(envs=pool.num_envs,
+                     obs=[(a.dtype.name, list(a.shape[1:])) for a in pool.obs_arrays],  # type: ignore[misc]
+                     action=(np.dtype(spec.dtype).name, list(spec.shape)))  # type: ignore[arg-type]
 
 
 class RemoteStepper(EnvStepper):
@@ -161,40 +150,25 @@ class RemoteStepper(EnvStepper):
         return self.obs_block.tensors
 
     def read_answer(self, body: Any, read: Callable[[Any, int], int]) -> int:
-        version = body.get("v") if isinstance(body, Mapping) else None
-        if not isinstance(version, int) or isinstance(version, bool) or version < 0:
-            raise ProtocolError(f"an 'act' answer needs a policy version 'v', got {describe(body)}")
-        self.act_block.fill(body.get("a"), "the collector's answer", version)
+        answer = decode(Actions, body, layout=self.act_block.storage_layout(),
+                        convert=_as_array)
+        self.act_block.write(answer.arrays, version=answer.version)
         return read(self.act_dst, 0)
 
 
-def welcome_config(body: Any, pool: EnvPool, *, heartbeat_interval: float,
+def welcome_config(welcome: EnvWelcome, pool: EnvPool, *, heartbeat_interval: float,
                    peer_timeout: float) -> tuple[EnvWorkerConfig, InlineArrays, InlineArrays]:
     """The stepper's config and its two inline blocks, from the collector's welcome."""
-    try:
-        slot, steps = int(body["slot"]), int(body["chunk_steps"])
-        tag = int(body.get("traj_tag", slot))  # (a collector before slot reuse sent none)
-        obs_paths = [tuple(str(k) for k in p) for p in body["obs_paths"]]
-        extra_paths = [tuple(str(k) for k in p) for p in body["extra_paths"]]
-        act = {str(k): (_dtype(d), tuple(int(x) for x in s)) for k, (d, s) in
-               body["act"].items()}
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise ProtocolError(f"malformed welcome from the collector: {exc!r}") from None
-    if not 0 < steps <= 1 << 16 or not 0 <= slot < 1 << 20 or not 0 <= tag < 1 << 31:
-        raise ProtocolError(f"welcome: slot {slot} / traj_tag {tag} / chunk_steps {steps} "
-                            "out of range")
     obs = {f"o{i}": (a.dtype.name, tuple(a.shape)) for i, a in enumerate(pool.obs_arrays)}
-    config = EnvWorkerConfig(slot=slot, factories=[], create_env_kwargs={}, obs_block="",
-                             act_block="", obs_paths=obs_paths, extra_paths=extra_paths,
-                             chunk_steps=steps, heartbeat_interval=heartbeat_interval,
-                             peer_timeout=peer_timeout, traj_tag=tag)
+    act = {k: (str(d), tuple(s)) for k, (d, s) in welcome.act.items()}
+    config = EnvWorkerConfig(slot=welcome.slot, factories=[], create_env_kwargs={},
+                             obs_block="", act_block="",
+                             obs_paths=[tuple(p) for p in welcome.obs_paths],
+                             extra_paths=[tuple(p) for p in welcome.extra_paths],
+                             chunk_steps=welcome.chunk_steps,
+                             heartbeat_interval=heartbeat_interval, peer_timeout=peer_timeout,
+                             traj_tag=welcome.traj_tag)
     return config, InlineArrays(obs), InlineArrays(act)
-
-
-def _dtype(name: Any) -> str:
-    if not (isinstance(name, str) and name in DTYPES):
-        raise ValueError(f"not a dtype an env worker holds: {str(name)[:40]!r}")
-    return name
 
 
 async def run_remote_env_worker(connect: str, env: Any, *, envs: int = 1,
@@ -214,30 +188,27 @@ async def run_remote_env_worker(connect: str, env: Any, *, envs: int = 1,
     """
     interval = min(1.0, peer_timeout / 4)
     curve = CurveClient.load(curve_keys)  # None: ASYNCRL_CURVE_* variables, if set
-    pool = await anyio.to_thread.run_sync(build_pool, [env] * envs, dict(create_env_kwargs or {}))
+    kwargs = dict(create_env_kwargs or {})
+    # A gymnasium id this host's packages do not register (the trainer registers it at
+    # run time): the hello names it, and the refusal says which module registers it.
+    missing = env if is_unknown_env_id(env) else ""
+    pool = None if missing else await anyio.to_thread.run_sync(build_pool, [env] * envs, kwargs)
     stepper: EnvStepper | None = None
     identity = random_identity(f"{socket.gethostname()}-{os.getpid()}-env")
     try:
         async with Link(connect, identity=identity, heartbeat_interval=interval,
                         peer_timeout=peer_timeout, curve=curve) as link:
-            # Who we are, for the collector's statistics() and events() (not a credential).
-            await link.send({**pool_layout(pool), "host": socket.gethostname()[:255],
-                             "pid": os.getpid()}, kind=HELLO)
-            message = None
+            joined: tuple[EnvWelcome, EnvPool] | None = None
             with anyio.move_on_after(join_timeout):
-                message = await link.recv()
-            if message is None:
+                joined = await _join(link, pool, env, envs, kwargs, missing)
+            if joined is None:
                 raise JoinTimeout(
                     f"no welcome from {connect} within --join-timeout {join_timeout} s: "
                     "something accepts connections there but does not answer as an "
-                    "AsyncBatchedCollector (a different service on that port, or a trainer "
-                    "whose event loop is blocked)")
-            if message.kind == REFUSED:
-                raise RefusedError(f"the collector at {connect} refused this env worker: "
-                                   f"{str(message.body)[:2000]}")
-            if message.kind != WELCOME:
-                raise ProtocolError(f"expected {WELCOME!r} or {REFUSED!r}, got {message.kind!r}")
-            config, obs, act = welcome_config(message.body, pool, heartbeat_interval=interval,
+                    "AsyncBatchedCollector (a different service on that port, a trainer "
+                    "whose event loop is blocked, or one whose remote_workers stayed full)")
+            welcome, pool = joined
+            config, obs, act = welcome_config(welcome, pool, heartbeat_interval=interval,
                                               peer_timeout=peer_timeout)
             stepper = RemoteStepper(config, pool=pool, blocks=(obs, act))
             if on_admission is not None:
@@ -251,15 +222,71 @@ async def run_remote_env_worker(connect: str, env: Any, *, envs: int = 1,
                 raise
             except Exception as exc:
                 with anyio.move_on_after(2):
-                    await link.send(ErrorPayload.from_exception(exc).to_body(), kind=ERROR)
+                    await link.send(ErrorPayload.from_exception(exc).to_body(),
+                                    kind=ERROR_KIND)
                 raise
     finally:
         if on_admission is not None:
             on_admission(False)
         if stepper is not None:
             stepper.close()
-        else:
+        elif pool is not None:
             pool.close()
+
+
+#: How a collector of a release before the one hello refuses it (its own join's kind).
+_OLDER_REFUSAL = "refused"
+#: Pauses between two hellos of a host refused because the run is full (s), doubled
+#: up to the last (jittered by a quarter): a place frees when a worker leaves.
+_FULL_BACKOFF = (0.5, 8.0)
+
+
+async def _join(link: Link, pool: EnvPool | None, env: Any, envs: int,
+                kwargs: dict[str, Any], missing: str) -> tuple[EnvWelcome, EnvPool]:
+    """The one hello (``role="env"``) until welcomed: again after a refusal for a full
+    run (with a backoff), and once more after importing where the trainer's id is
+    registered (``missing``: an id this host lacks). Any other refusal: RefusedError."""
+    pause, attempt = _FULL_BACKOFF[0], 0
+    while True:
+        # Who we are, for the collector's statistics() and events() (not a credential).
+        hello = Hello(protocol=PROTOCOL, name=link.identity.decode(errors="replace"),
+                      host=socket.gethostname()[:200], pid=os.getpid(), role="env",
+                      specs={} if pool is None else pool_layout(pool).to_specs(),
+                      env_missing=missing, attempt=attempt)
+        await link.send(hello.to_body(), kind=Hello.KIND)
+        message = await link.recv()
+        if message.kind == EnvWelcome.KIND:
+            assert pool is not None  # (a hello without envs is refused, never welcomed)
+            return decode(EnvWelcome, message.body), pool
+        if message.kind == _OLDER_REFUSAL:  # a collector of a release before the one hello
+            raise RefusedError(f"the collector at {link.endpoint} speaks the older join of "
+                               "env workers ('env-hello'): run the same asyncrl release on "
+                               f"the trainer and here (it said: {str(message.body)[:500]})")
+        if message.kind != Refuse.KIND:
+            raise ProtocolError(f"expected {EnvWelcome.KIND!r} or {Refuse.KIND!r}, got "
+                                f"{str(message.kind)[:64]!r}")
+        refuse = decode(Refuse, message.body)
+        attempt += 1
+        if refuse.env_source is not None and missing \
+                and refuse.env_source["env_id"] == missing:
+            source = EnvIdSource(**refuse.env_source)
+            log.info("gymnasium id %r is registered by module %r: importing it",
+                     source.env_id, source.module)
+            missing = ""  # asked once: a second refusal is final
+            try:
+                await anyio.to_thread.run_sync(source.ensure)
+                pool = await anyio.to_thread.run_sync(build_pool, [env] * envs, kwargs)
+            except Exception as exc:
+                raise RefusedError(f"the collector at {link.endpoint} refused this env "
+                                   f"worker: {exc}") from None
+        elif refuse.full:
+            log.warning("the collector at %s is full (%s): asking again in %.1f s",
+                        link.endpoint, refuse.reason, pause)
+            await anyio.sleep(pause * random.uniform(0.75, 1.25))
+            pause = min(2 * pause, _FULL_BACKOFF[1])
+        else:
+            raise RefusedError(f"the collector at {link.endpoint} refused this env worker: "
+                               f"{refuse.reason}")
 
 
 async def _step_forwarding_logs(stepper: RemoteStepper, link: Link,
@@ -287,5 +314,5 @@ async def _step_forwarding_logs(stepper: RemoteStepper, link: Link,
         raise failure
 
 
-__all__ = ["DTYPES", "HELLO", "JOIN_PROTOCOL", "REFUSED", "WELCOME", "InlineArrays",
-           "JoinTimeout", "RemoteStepper", "describe", "pool_layout", "run_remote_env_worker"]
+__all__ = ["InlineArrays", "JoinTimeout", "RemoteStepper", "describe", "pool_layout",
+           "run_remote_env_worker"]

@@ -13,8 +13,10 @@ By concept: :mod:`.admission` (hello, welcome, refuse, rejoin, leaving, a
 relay's hello), :mod:`.collection` (collect, preempt, batch, error, control),
 :mod:`.logs` (forwarded log records), :mod:`.progress` (a collecting worker's
 step count), :mod:`.shared_batches` (a local worker's batches in shared memory),
-:mod:`.weights` (weight meta, chunks and acks), :mod:`.fields`, the validators
-they share, and :mod:`.decoding`, where a body becomes a message or a ProtocolError.
+:mod:`.weights` (weight meta, chunks and acks), :mod:`.central_inference` (an env
+worker's layout, welcome, observations, actions and chunks: AsyncBatchedCollector),
+:mod:`.fields`, the validators they share, and :mod:`.decoding`, where a body becomes
+a message or a ProtocolError.
 In a torch-free process (an env worker of central inference:
 ``transports.TORCH_FREE``) the collection messages, which carry TensorDicts, are absent.
 """
@@ -32,7 +34,14 @@ from .admission import Refuse as Refuse
 from .admission import Rejoin as Rejoin
 from .admission import RelayHello as RelayHello
 from .admission import RelayWelcome as RelayWelcome
+from .admission import Role as Role
 from .admission import Welcome as Welcome
+from .central_inference import Actions as Actions
+from .central_inference import EnvChunk as EnvChunk
+from .central_inference import EnvClose as EnvClose
+from .central_inference import EnvLayout as EnvLayout
+from .central_inference import EnvWelcome as EnvWelcome
+from .central_inference import Observations as Observations
 
 if _TYPE_CHECKING or not _TORCH_FREE:  # (batches are TensorDicts: not in an env worker)
     from .collection import Batch as Batch
@@ -82,12 +91,54 @@ from .weights import WeightMeta as WeightMeta
 from .weights import WeightsApplied as WeightsApplied
 
 __all__ = [
-    "CHUNK", "MAX_CHUNKS", "MAX_CHUNK_PARTS", "MAX_INSTANCE", "MAX_KEY", "MAX_LAYOUT_KEYS",
-    "MAX_LOG_LOGGER", "MAX_LOG_MESSAGE", "MAX_LOG_RECORDS", "MAX_LOG_TRACEBACK",
-    "MAX_MODEL_ID", "MAX_REASON", "MAX_RELAY_MEMBERS", "PROTOCOL", "RELAY_TO", "WEIGHTS_KIND",
-    "Batch", "BatchSlots", "Closing", "Collect", "Control", "ErrorReport", "Hello", "Leaving",
-    "LogEntry", "Preempt", "Progress", "Refuse", "Rejoin", "RelayAck", "RelayAttached",
-    "RelayHello", "RelayWelcome", "SharedBatch", "WeightChunk",
-    "WeightMeta", "WeightsApplied", "Welcome", "WorkerLog", "compact", "decode", "drop_twins",
+    "CHUNK",
+    "MAX_CHUNKS",
+    "MAX_CHUNK_PARTS",
+    "MAX_INSTANCE",
+    "MAX_KEY",
+    "MAX_LAYOUT_KEYS",
+    "MAX_LOG_LOGGER",
+    "MAX_LOG_MESSAGE",
+    "MAX_LOG_RECORDS",
+    "MAX_LOG_TRACEBACK",
+    "MAX_MODEL_ID",
+    "MAX_REASON",
+    "MAX_RELAY_MEMBERS",
+    "PROTOCOL",
+    "RELAY_TO",
+    "WEIGHTS_KIND",
+    "Actions",
+    "Batch",
+    "BatchSlots",
+    "Closing",
+    "Collect",
+    "Control",
+    "EnvChunk",
+    "EnvClose",
+    "EnvLayout",
+    "EnvWelcome",
+    "ErrorReport",
+    "Hello",
+    "Leaving",
+    "LogEntry",
+    "Observations",
+    "Preempt",
+    "Progress",
+    "Refuse",
+    "Rejoin",
+    "RelayAck",
+    "RelayAttached",
+    "RelayHello",
+    "RelayWelcome",
+    "Role",
+    "SharedBatch",
+    "WeightChunk",
+    "WeightMeta",
+    "WeightsApplied",
+    "Welcome",
+    "WorkerLog",
+    "compact",
+    "decode",
+    "drop_twins",
     "rebuild",
 ]

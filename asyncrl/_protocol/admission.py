@@ -10,7 +10,7 @@ write into the trainer's log.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Annotated, Any, ClassVar, Self
+from typing import Annotated, Any, ClassVar, Literal, Self
 
 from msgspec import Meta
 
@@ -34,6 +34,8 @@ MAX_GROUP = 64
 MAX_ENV_ID = 200
 #: Rollout options by name (``RolloutOptions.to_wire()``), in a hello or a welcome: a small
 #: map whose names are short; the values are ``RolloutOptions.from_wire``'s to check.
+#: What a peer does once admitted (:attr:`Hello.role`).
+Role = Literal["rollout", "env"]
 RolloutMap = Annotated[dict[Annotated[str, Meta(min_length=1, max_length=MAX_OPTION_NAME)], Any],
                        Meta(max_length=MAX_OPTIONS), Tree()]
 
@@ -74,6 +76,12 @@ class Hello:
     #: before it lacks the field ({}): the coordinator refuses it when the run's options
     #: are not the defaults, and a host flag that differs from the run's is refused.
     rollout: RolloutMap = field(default_factory=dict)
+    #: What this peer does once admitted: ``"rollout"`` (a worker of a MultiCollector: it
+    #: steps its envs with its own copy of the policy) or ``"env"`` (an env worker of
+    #: central inference, AsyncBatchedCollector: it steps envs and asks the trainer's
+    #: policy; its ``specs`` are then :class:`~.central_inference.EnvLayout`'s). A peer
+    #: before the field lacks it: a rollout worker, as every peer then was.
+    role: Role = "rollout"
 
     def to_body(self) -> dict[str, Any]:
         return asdict(self)
@@ -266,5 +274,16 @@ class Leaving:
         return read(cls, body, "leaving")
 
 
-__all__ = ["MAX_REASON", "PROTOCOL", "Closing", "Hello", "Leaving", "Refuse", "Rejoin",
-           "RelayHello", "RelayWelcome", "Welcome"]
+__all__ = [
+    "MAX_REASON",
+    "PROTOCOL",
+    "Closing",
+    "Hello",
+    "Leaving",
+    "Refuse",
+    "Rejoin",
+    "RelayHello",
+    "RelayWelcome",
+    "Role",
+    "Welcome",
+]

@@ -10,8 +10,8 @@ fork server, and ``import transports`` no tensordict.
 Two ways in: a local env worker is forked from a fork server of its own, started
 torch-free, not from multiprocessing's (forked at ``import asyncrl``, it holds torch),
 with a main module that imports nothing of the user's (:func:`start_torch_free`);
-``asyncrl env-worker`` (the remote command) sets it for itself, here, before anything
-imports transports.
+``asyncrl worker --role env`` (the remote command; ``asyncrl env-worker``, its alias)
+sets it for itself, here, before anything imports transports.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from multiprocessing import forkserver, spawn
 from multiprocessing.context import ForkServerProcess
 from multiprocessing.process import BaseProcess
@@ -43,8 +43,9 @@ def torch_free_process() -> bool:
     return False
 
 
-def _is_env_worker_command(argv: list[str]) -> bool:
-    """``asyncrl env-worker ...``, ``python -m asyncrl[.cli] env-worker ...``.
+def _is_env_worker_command(argv: list[str], environ: Mapping[str, str] | None = None) -> bool:
+    """``asyncrl env-worker ...``, ``python -m asyncrl[.cli] env-worker ...``, and the same
+    with ``worker ... --role env`` (or ``ASYNCRL_ROLE=env``, its variable).
 
     >>> _is_env_worker_command(["/venv/bin/python", "/venv/bin/asyncrl", "env-worker"])
     True
@@ -52,14 +53,29 @@ def _is_env_worker_command(argv: list[str]) -> bool:
     True
     >>> _is_env_worker_command(["python", "-m", "asyncrl", "worker", "--connect", "env-worker"])
     False
+    >>> _is_env_worker_command(["asyncrl", "worker", "--role", "env", "--envs-per-worker", "2"])
+    True
+    >>> _is_env_worker_command(["asyncrl", "worker", "--role=env"], {})
+    True
     """
+    environ = os.environ if environ is None else environ
     for i, arg in enumerate(argv[:-1]):
-        if argv[i + 1] != COMMAND:
+        if argv[i + 1] not in (COMMAND, "worker"):
             continue
         if os.path.basename(arg) == "asyncrl" or (
                 arg in ("asyncrl", "asyncrl.cli") and argv[i - 1:i] == ["-m"]):
-            return True
+            return argv[i + 1] == COMMAND or _role_env(argv[i + 2:], environ)
     return False
+
+
+def _role_env(options: list[str], environ: Mapping[str, str]) -> bool:
+    """``--role env`` among ``asyncrl worker``'s options (else its variable says so)."""
+    for k, option in enumerate(options):
+        if option == "--role" and k + 1 < len(options):
+            return options[k + 1] == "env"
+        if option.startswith("--role="):
+            return option == "--role=env"
+    return bool(environ.get("ASYNCRL_ROLE") == "env")
 
 
 #: The main module a torch-free child runs instead of the user's (it marks the process).

@@ -5,8 +5,13 @@ normalised, or raises a TypeError / ValueError that names the argument, what
 came and what is expected: a wrong argument fails in the constructor, in the
 trainer, not deep inside the first batch or in every worker. The collectors'
 ``__init__`` only call these, build their config objects and store them.
-The rollout's own six options are checked by
-:class:`~asyncrl._rollout.options.RolloutOptions`.
+
+A constructor hands its arguments over whole (:func:`constructor_arguments`), and
+each config object takes its own fields from them by name: the rollout's options
+(:func:`check_rollout`: every field of :class:`~asyncrl._rollout.options.RolloutOptions`
+a collector's signature has, and the devices), so an option the rollout reads is
+written in the signatures, in ``RolloutOptions`` and where it is used, and no layer
+in between lists it.
 """
 
 from __future__ import annotations
@@ -14,13 +19,60 @@ from __future__ import annotations
 import math
 import numbers
 import warnings
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
 from typing import Any
 
 from transports import parse_endpoint
 
+from .._rollout.devices import DeviceLayout
+from .._rollout.options import HOST_FIELDS, RolloutOptions
+from .._rollout.plain_policies import check_plain_policy
 from .._spawn.forkserver import check_start_method
+
+#: The device arguments (TorchRL's names) :meth:`DeviceLayout.resolve` takes.
+DEVICE_ARGUMENTS = ("device", "policy_device", "env_device", "storing_device")
+#: The rollout options a collector takes by their own names (the devices come resolved).
+ROLLOUT_ARGUMENTS = tuple(f.name for f in fields(RolloutOptions) if f.name not in HOST_FIELDS)
+
+
+def constructor_arguments(frame: Mapping[str, Any]) -> dict[str, Any]:
+    """A collector constructor's arguments by name, from its ``locals()`` taken first thing.
+
+    What its config objects are checked from: each takes its own fields by name.
+
+    >>> def init(self, frames_per_batch, **torchrl_options):
+    ...     return constructor_arguments(locals())
+    >>> init(None, 8, use_buffers=True)
+    {'frames_per_batch': 8}
+    """
+    return {name: value for name, value in frame.items()
+            if name not in ("self", "__class__", "torchrl_options")}
+
+
+def check_rollout(arguments: Mapping[str, Any], *,
+                  worker_devices: bool) -> tuple[DeviceLayout, RolloutOptions]:
+    """The devices (TorchRL 0.14's rules) and the rollout's options a collector was given.
+
+    Every field of :class:`RolloutOptions` the constructor takes is read by its name
+    (those it lacks keep their defaults); the devices are resolved by
+    :class:`DeviceLayout`, and the rollout gets a worker's part of them
+    (``worker_devices``: batches leave a worker as host bytes) or all three. A plain
+    ``policy`` is checked against the keys and method it is to be called with.
+
+    >>> devices, rollout = check_rollout({"max_frames_per_traj": 5, "device": "cpu"},
+    ...                                  worker_devices=True)
+    >>> rollout.max_frames_per_traj, rollout.policy_device, rollout.storing_device
+    (5, device(type='cpu'), None)
+    """
+    devices = DeviceLayout.resolve(**{name: arguments.get(name) for name in DEVICE_ARGUMENTS})
+    placed = devices.for_worker() if worker_devices else devices
+    options: dict[str, Any] = {name: arguments[name] for name in ROLLOUT_ARGUMENTS
+                               if name in arguments}
+    rollout = RolloutOptions(**options | placed.as_options())
+    check_plain_policy(arguments.get("policy"), in_keys=rollout.policy_in_keys,
+                       out_keys=rollout.policy_out_keys, method=rollout.policy_method)
+    return devices, rollout
 
 
 def check_int(name: str, value: Any, *, minimum: int) -> int:
@@ -217,14 +269,18 @@ def compact_obs_option(collector: str, value: Any) -> bool:
 
 
 __all__ = [
+    "DEVICE_ARGUMENTS",
+    "ROLLOUT_ARGUMENTS",
     "ThreadOptions",
     "WorkerLayout",
     "check_cat_results",
     "check_in_process_frames",
     "check_int",
     "check_preemptive_threshold",
+    "check_rollout",
     "check_total_frames",
     "compact_obs_option",
+    "constructor_arguments",
     "normalise_total_frames",
     "split_frames",
 ]

@@ -161,7 +161,7 @@ class LocalSpecsCheck:
         problems = check_specs(reference, hello)
         coordinator = self._coordinator()
         if problems and hello.slot >= 0 and coordinator is not None:
-            first = next(iter(coordinator.workers.values()), None)
+            first = next(iter(coordinator.roster.workers.values()), None)
             name = ("the env built in the trainer from the first create_env_fn"
                     if self._remote or first is None else f"worker {first.index}")
             coordinator.fail(local_specs_error(hello.slot, name, problems))

@@ -11,19 +11,23 @@ import torch
 from tensordict import TensorDictBase
 
 from .._errors import CollectorError
-from .._rollout.devices import DeviceLayout, place_policy
+from .._rollout.devices import place_policy
 from .._rollout.env_state import env_roots, load_env_state, read_env_state
 from .._rollout.envs import make_env_pool
 from .._rollout.loop import Rollout
-from .._rollout.options import RolloutOptions
-from .._rollout.plain_policies import NestedKey, check_plain_policy
+from .._rollout.plain_policies import NestedKey
 from .._rollout.reach import env_attr, policy_attr
 from .._rollout.seeding import seed_global_rngs
 from .._worker.spec import WorkerSpec
 from ..weights import InProcessWeightSyncScheme, WeightApplier, WeightSender
 from ._assemble import drop_env_dim
 from ._base import RB, BaseCollector
-from ._config import check_in_process_frames, compact_obs_option
+from ._config import (
+    check_in_process_frames,
+    check_rollout,
+    compact_obs_option,
+    constructor_arguments,
+)
 from ._docs import add_parameters, show_init_signature
 from ._env_statistics import EnvStatistics
 from ._parameters import IN_PROCESS_PARAMETERS
@@ -126,20 +130,12 @@ class Collector(BaseCollector[RB]):
         compact_obs: bool = False,
         **torchrl_options: Any,
     ) -> None:
+        arguments = constructor_arguments(locals())  # first: only the arguments
         check_torchrl_options(type(self).__name__, torchrl_options, IN_PROCESS_COLLECTOR,
                               known=inspect.signature(Collector.__init__).parameters)
         frames_per_batch, envs_per_worker = check_in_process_frames(frames_per_batch,
                                                                     envs_per_worker)
-        devices = DeviceLayout.resolve(device=device, policy_device=policy_device,
-                                       env_device=env_device, storing_device=storing_device)
-        rollout = RolloutOptions(
-            max_frames_per_traj=max_frames_per_traj, reset_at_each_iter=reset_at_each_iter,
-            reset_when_done=reset_when_done, set_truncated=set_truncated,
-            exploration_type=exploration_type, policy_in_keys=policy_in_keys,
-            policy_out_keys=policy_out_keys, policy_method=policy_method,
-            info_keys=info_keys, **devices.as_options())
-        check_plain_policy(policy, in_keys=rollout.policy_in_keys,
-                           out_keys=rollout.policy_out_keys, method=rollout.policy_method)
+        devices, rollout = check_rollout(arguments, worker_devices=False)
         #: policy / env / storing devices (batches are stored on ``storing_device``).
         self.devices = devices
 

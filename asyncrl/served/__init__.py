@@ -1,7 +1,8 @@
 """Served modules: one copy of a module (a reward model, an encoder) for every env, synced.
 
-A :class:`ServedModule` is hosted once per trainer (a thread of its process, batched
-like central inference's policy); envs in every local worker call it through
+A :class:`ServedModule` is hosted once per trainer (a thread of its process, or a
+process of its own with ``server_backend="process"``; batched like central inference's
+policy); envs in every local worker call it through
 :class:`ServedReward` / :class:`ServedObservation` (gymnasium wrappers) or
 :class:`ServedModuleTransform` (TorchRL's ``TransformedEnv``; needs torchrl), each
 holding the module's :class:`ServedModuleHandle` (plain data). Its weights are updated

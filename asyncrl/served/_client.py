@@ -241,9 +241,11 @@ class ServedModuleClient:
 
     def _late(self, what: str) -> ServedModuleTimeout:
         handle = self.handle
+        serving = ("its host process" if handle.server_backend == "process"
+                   else "the trainer's process")
         return ServedModuleTimeout(
             f"served module {handle.name!r} (pid {handle.pid}) did not send {what} within "
-            f"call_timeout={handle.call_timeout} s (slot {self.slot}); the trainer's process "
+            f"call_timeout={handle.call_timeout} s (slot {self.slot}); {serving} "
             "may be blocked, paused or gone: check it, or raise ServedModule(..., "
             "call_timeout=) for a slow module")
 

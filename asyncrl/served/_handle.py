@@ -32,7 +32,7 @@ class ServedModuleHandle:
 
     name: str  # the model id its weights are updated by, e.g. "env.transform[0]"
     host: str  # the trainer's host name (blocks and bells are this host's)
-    pid: int  # the serving process
+    pid: int  # the serving process (the trainer's, or the host process's)
     directory: str  # the bells' and the claim file's directory
     status: str  # the status block's name (serving, closed, failed, and why)
     blocks: tuple[tuple[str, str], ...]  # per client slot: (request block, answer block)
@@ -40,6 +40,8 @@ class ServedModuleHandle:
     output: Field
     call_timeout: float  # seconds a call may wait for its answer
     spin: float  # seconds a caller spins before it sleeps on its bell
+    #: "thread" (``pid`` is the trainer's) or "process" (``pid`` is its host process's)
+    server_backend: str = "thread"
 
     @property
     def clients(self) -> int:

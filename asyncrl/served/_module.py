@@ -7,18 +7,23 @@ it through a :class:`~._client.ServedModuleClient` (the gymnasium wrappers of
 machinery, not a second runtime: the calls are batched by the same
 :class:`~asyncrl._inference.inference_loop.InferenceLoop` that batches a policy for
 :class:`~asyncrl.AsyncBatchedCollector`, over the same shared-memory blocks
-(:func:`~asyncrl._inference.inference_loop.make_blocks`, one slot of one row per
+(:func:`~asyncrl._inference.worker_blocks.make_blocks`, one slot of one row per
 client) and the same seqlock; only the bells are named pipes
 (:mod:`._bells`), because the callers are spawned later by a collector that knows
 nothing of the module. Weights go in between two calls under the loop's version
 lock (:meth:`ServedModule.update`), so every answer carries the version that
 computed it.
 
-Hosted in a dedicated process or a Ray actor is not built yet (docs/served_modules.md).
+With ``server_backend="process"`` the same loop runs in a dedicated process of central
+inference's (:mod:`._process_host`): the trainer keeps the blocks, bells and status
+(and a CPU copy that checks weights), the process serves. A Ray actor host is not built
+yet (docs/served_modules.md).
 """
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import logging
 import os
 import shutil
@@ -35,20 +40,17 @@ from torch import nn
 from transports import SharedTensorBlock
 
 from .._inference.doorbell import EventFd, spin_for
-from .._inference.inference_loop import (
-    InferenceLoop,
-    InferenceStatistics,
-    OutputLayout,
-    WorkerBlocks,
-    discover_outputs,
-    make_blocks,
-)
+from .._inference.inference_loop import InferenceLoop, InferenceStatistics
+from .._inference.inference_process import ServerConfig
+from .._inference.outputs import OutputLayout, discover_outputs
 from .._inference.policy_server import PolicyCopy
 from .._inference.served_weights import weight_loader
+from .._inference.worker_blocks import WorkerBlocks, make_blocks
 from .._rollout.policies import PolicyAdapter
+from .._spawn.forkserver import check_start_method
 from ._bells import FifoBell, make_fifo
 from ._client import CLAIMS_FILE, REQUEST_BELL, answer_bell
-from ._errors import ServedModuleError
+from ._errors import ServedModuleError, ServedModuleTimeout
 from ._handle import ServedModuleHandle
 from ._status import CLOSED, FAILED, MESSAGE_BYTES, write_status
 
@@ -58,6 +60,8 @@ log = logging.getLogger("asyncrl.served")
 
 #: Seconds :meth:`ServedModule.aclose` waits for a call under way to end.
 _CLOSE_TIMEOUT = 10.0
+#: Where the module is served: a thread of the trainer's process, or a process of its own.
+SERVER_BACKENDS = ("thread", "process")
 
 
 class ServedModule:
@@ -70,7 +74,11 @@ class ServedModule:
     model_id=name)`` with ``weight_sync_schemes={name: ServedModuleScheme(served)}``,
     or :meth:`update`). ``clients``: how many envs may call it at once (one slot
     each); ``call_timeout``: seconds a call waits for its answer before the env step
-    fails (:class:`~asyncrl.served.ServedModuleTimeout`).
+    fails (:class:`~asyncrl.served.ServedModuleTimeout`); ``update_timeout``: seconds
+    :meth:`update` waits for the call under way before it fails.
+    ``server_backend``: ``"thread"`` (a thread of the trainer's process) or
+    ``"process"`` (a dedicated process, off the trainer's GIL; ``start_method`` and
+    ``threads`` are its own; see docs/served_modules.md).
 
     Open it before the collector whose envs call it, and close it after.
 
@@ -89,7 +97,8 @@ class ServedModule:
     def __init__(self, module: Any, *, example: Mapping[str, Any], name: str = "served",
                  clients: int = 64, max_batch_size: int | None = None,
                  call_timeout: float = 10.0, device: torch.device | str | None = None,
-                 threads: int | None = None) -> None:
+                 threads: int | None = None, server_backend: str = "thread",
+                 update_timeout: float = 60.0, start_method: str | None = None) -> None:
         if not callable(module):
             raise TypeError(f"ServedModule serves a callable (an nn.Module), got "
                             f"{type(module).__name__}")
@@ -101,6 +110,16 @@ class ServedModule:
             raise ValueError(f"clients={clients}: at least one env must be able to call")
         if not call_timeout > 0:
             raise ValueError(f"call_timeout={call_timeout}: a call must be bounded (> 0 s)")
+        if not update_timeout > 0:
+            raise ValueError(f"update_timeout={update_timeout}: an update must be bounded "
+                             "(> 0 s)")
+        if server_backend not in SERVER_BACKENDS:
+            raise ValueError(f"server_backend={server_backend!r}: expected one of "
+                             f"{SERVER_BACKENDS} (a thread of the trainer's process, or a "
+                             "dedicated process)")
+        if start_method is not None and server_backend != "process":
+            raise ValueError(f"start_method={start_method!r} starts a host process: give "
+                             "server_backend='process' with it, or leave it out")
         self.name = name
         self.module = module  # the user's, which update(None) copies from
         self.example = {str(k): torch.as_tensor(v) for k, v in example.items()}
@@ -109,7 +128,12 @@ class ServedModule:
         self.call_timeout = float(call_timeout)
         self.device = None if device is None else torch.device(device)
         self.threads = threads
-        self._served: Any = None  # the copy the loop calls
+        self.server_backend = server_backend
+        self.update_timeout = float(update_timeout)
+        self.start_method = check_start_method(start_method)
+        self._served: Any = None  # the copy the loop calls (a process host: the checking copy)
+        self._host: Any = None  # the ProcessHost (server_backend="process")
+        self._config: ServerConfig | None = None  # what the host process is given
         self._loop: InferenceLoop | None = None
         self._blocks: dict[int, WorkerBlocks] = {}
         self._status: SharedTensorBlock | None = None
@@ -122,8 +146,8 @@ class ServedModule:
         self._closed = False
 
     def __repr__(self) -> str:
-        state = ("closed" if self._closed else "failed" if self._error is not None
-                 else "serving" if self._loop is not None else "not open")
+        state = ("closed" if self._closed else "failed" if self.error is not None
+                 else "serving" if self._handle is not None else "not open")
         return f"ServedModule({self.name!r}, {state}, version={self.version})"
 
     # -- what a caller and the trainer read ------------------------------------------------
@@ -138,15 +162,27 @@ class ServedModule:
     @property
     def version(self) -> int:
         """The version of the weights the next call uses (0: the module's own)."""
+        if self._host is not None:
+            return int(self._host.version)
         return 0 if self._loop is None else self._loop.version
 
     @property
     def error(self) -> BaseException | None:
-        """What the module raised, once it failed (it then serves no more calls)."""
+        """What the module raised, once it failed (it then serves no more calls); with a
+        host process, also its death (a :class:`ServedModuleError` saying how)."""
+        if self._host is not None:
+            return self._host.error  # type: ignore[no-any-return]
         return self._error
+
+    @property
+    def pid(self) -> int:
+        """The id of the process that serves (the trainer's, or the host process's)."""
+        return self.handle.pid
 
     def statistics(self) -> InferenceStatistics:
         """Batched calls so far, envs served, calls per batch size."""
+        if self._host is not None:
+            return self._host.statistics()  # type: ignore[no-any-return]
         return InferenceStatistics(0, 0, {}) if self._loop is None else self._loop.statistics()
 
     @classmethod
@@ -168,8 +204,8 @@ class ServedModule:
         await self.aclose()
 
     async def open(self) -> None:
-        """Make the blocks and bells and start serving (a thread of this process)."""
-        if self._thread is not None or self._closed:
+        """Make the blocks and bells and start serving (a thread, or the host process)."""
+        if self._thread is not None or self._host is not None or self._closed:
             raise ServedModuleError(f"served module {self.name!r} was opened already; "
                                     "make a new ServedModule to serve again")
         if self.name in ServedModule._open:
@@ -177,18 +213,23 @@ class ServedModule:
                                     "this process: give each one its own name (model id)")
         try:
             await anyio.to_thread.run_sync(self._make)  # a first call of the module
-            # A thread of its own, not a task: the module outlives no task group of the
-            # caller's, and aclose() may come from any task.
-            self._thread = threading.Thread(target=self._serve, daemon=True,
-                                            name=f"asyncrl-served-{self.name}")
-            self._thread.start()
+            if self.server_backend == "process":
+                await self._start_host()
+            else:
+                # A thread of its own, not a task: the module outlives no task group of
+                # the caller's, and aclose() may come from any task.
+                self._thread = threading.Thread(target=self._serve, daemon=True,
+                                                name=f"asyncrl-served-{self.name}")
+                self._thread.start()
         except BaseException:
             await self.aclose()
             raise
         ServedModule._open[self.name] = self
 
     def _make(self) -> None:
-        self._served = PolicyCopy.build(self.module, None, self.device)
+        # A host process builds its own copy on the device; this one (on the CPU) finds
+        # the output's layout and checks the weights of every update before they travel.
+        self._served = PolicyCopy.build(self.module, None, self._copy_device)
         obs: dict[tuple[str, ...], torch.Tensor] = {(k,): v.unsqueeze(0)
                                                     for k, v in self.example.items()}
         outputs = self._output_layout(obs)
@@ -210,11 +251,23 @@ class ServedModule:
             answers[slot] = FifoBell(path)
             self._bells.append(answers[slot])
         spin = spin_for(self.clients + 1)
-        self._loop = InferenceLoop(
-            self._adapter(), self._blocks, obs_paths=list(obs), outputs=outputs,
-            device=self.device, max_batch_size=self.max_batch_size, min_batch_size=1,
-            server_timeout=0.0, request_bell=request, answer_bells=answers, spin=spin,
-            threads=self.threads)
+        if self.server_backend == "process":
+            self._config = ServerConfig(
+                blocks={slot: (b.rows, b.obs.name, b.act.name) for slot, b in
+                        self._blocks.items()},
+                request_bell=request, answer_bells=answers,
+                policy=copy.deepcopy(self._served), policy_factory=None, action_spec=None,
+                exploration_type=None, obs_paths=list(obs), outputs=outputs,
+                device=self.device, max_batch_size=self.max_batch_size, min_batch_size=1,
+                server_timeout=0.0, version=0, threads=self.threads or 1,
+                obs_spec=[(v.dtype, tuple(v.shape)) for v in self.example.values()],
+                spin=spin)
+        else:
+            self._loop = InferenceLoop(
+                self._adapter(), self._blocks, obs_paths=list(obs), outputs=outputs,
+                device=self.device, max_batch_size=self.max_batch_size, min_batch_size=1,
+                server_timeout=0.0, request_bell=request, answer_bells=answers, spin=spin,
+                threads=self.threads)
         self._handle = ServedModuleHandle(
             name=self.name, host=socket.gethostname(), pid=os.getpid(), directory=directory,
             status=status.name,
@@ -224,13 +277,36 @@ class ServedModule:
             output=("output", str(outputs.action[0]).removeprefix("torch."), outputs.action[1]),
             call_timeout=self.call_timeout, spin=spin)
 
+    @property
+    def _copy_device(self) -> torch.device | None:
+        return None if self.server_backend == "process" else self.device
+
+    async def _start_host(self) -> None:
+        """Start the host process (its hub: a socket in the module's private directory)."""
+        from ._process_host import ProcessHost  # its imports (the hub) only when asked for
+
+        assert self._directory is not None and self._handle is not None
+        assert self._config is not None
+        token = anyio.lowlevel.current_token().__class__.__module__
+        backend = "trio" if "trio" in token else "asyncio"
+        shadow = self._served if isinstance(self._served, nn.Module) else None
+        self._host = ProcessHost(self.name, self._config, self._blocks, shadow,
+                                 self.start_method, self._host_failed)
+        pid = await anyio.to_thread.run_sync(self._host.start, backend,
+                                             f"ipc://{self._directory}/hub")
+        self._handle = dataclasses.replace(self._handle, pid=pid, server_backend="process")
+
+    def _host_failed(self, reason: str) -> None:
+        self._set_status(FAILED, reason)
+
     def _adapter(self) -> PolicyAdapter:
         return PolicyAdapter(self._served, exploration_type=None,
                              observation_keys=list(self.example))
 
     def _output_layout(self, obs: dict[tuple[str, ...], torch.Tensor]) -> OutputLayout:
         """Call the module once on the example (a batch of one): its output's layout."""
-        inputs = [v.to(self.device) if self.device is not None else v for v in obs.values()]
+        device = self._copy_device
+        inputs = [v.to(device) if device is not None else v for v in obs.values()]
         with torch.no_grad():
             out = self._served(*inputs)
         if not isinstance(out, torch.Tensor) or out.dim() < 1 or out.shape[0] != 1:
@@ -240,7 +316,6 @@ class ServedModule:
                 f"served module {self.name!r} must return one tensor with the batch first; on "
                 f"the example (a batch of 1) it returned {got}: wrap a TensorDictModule's "
                 "network (module.module), or return a [batch, ...] tensor")
-        device = self.device
         example = {p: v.to(device) if device is not None else v for p, v in obs.items()}
         return discover_outputs(self._adapter(), example, (out.dtype, tuple(out.shape[1:])))
 
@@ -268,11 +343,23 @@ class ServedModule:
         Returns the new version once the next call uses it: that is the acknowledgement
         (every answer from then on carries it). ``weights``: an ``nn.Module``, a state
         dict or a TensorDict of parameters.
+
+        Bounded: a call under way that does not end within ``update_timeout`` seconds
+        fails the update with :class:`ServedModuleTimeout`. A thread host then loads
+        nothing and serves on at its version (a thread cannot be stopped: its stuck call
+        may still end); a host process is stopped (it is stuck) and the module fails.
         """
         loop = self._loop
-        if loop is None or self._closed:
+        if (loop is None and self._host is None) or self._closed:
             raise ServedModuleError(f"served module {self.name!r} is not open: update it "
                                     "inside 'async with ServedModule(...)'")
+        if self._host is not None:
+            version = int(await self._host.update(
+                self.module if weights is None else weights, self.update_timeout))
+            log.info("served module %r: version %d in use (host pid %s)", self.name, version,
+                     self._host.pid)
+            return version
+        assert loop is not None
         if self._error is not None:
             raise ServedModuleError(f"served module {self.name!r} failed and serves no "
                                     f"more: {type(self._error).__name__}: {self._error}"
@@ -282,7 +369,16 @@ class ServedModule:
         if not isinstance(self._served, nn.Module):
             raise ServedModuleError(f"served module {self.name!r} is a "
                                     f"{type(self._served).__name__}, which has no weights")
-        version = await loop.update(weight_loader(self._served, weights))
+        try:
+            version = await loop.update(weight_loader(self._served, weights),
+                                        timeout=self.update_timeout)
+        except TimeoutError:
+            raise ServedModuleTimeout(
+                f"served module {self.name!r}: update() waited {self.update_timeout} s "
+                "(update_timeout) for the call under way to end; the weights were not "
+                f"loaded and it serves on at version {loop.version}: a call that long is a "
+                "stuck module (fix it) or a slow one (raise ServedModule(..., "
+                "update_timeout=))") from None
         log.info("served module %r: version %d in use", self.name, version)
         return version
 
@@ -294,8 +390,11 @@ class ServedModule:
         if ServedModule._open.get(self.name) is self:
             del ServedModule._open[self.name]
         with anyio.CancelScope(shield=True):
-            if self._error is None:
+            if self.error is None:
                 self._set_status(CLOSED)
+            host = self._host
+            if host is not None:  # stops the process (bounded: SIGTERM, then SIGKILL)
+                await anyio.to_thread.run_sync(host.close)
             loop, thread = self._loop, self._thread
             if loop is not None:  # stops the thread, waits (bounded) for its call to end
                 await anyio.to_thread.run_sync(loop.close, _CLOSE_TIMEOUT)

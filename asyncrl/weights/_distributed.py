@@ -89,7 +89,7 @@ class DistributedWeightSender(WeightSender):
 
     >>> scheme = DistributedWeightSyncScheme(world_size=3)                 # doctest: +SKIP
     >>> sender = scheme.init_on_sender("policy", hub=hub, model=policy,
-    ...                                workers=coordinator.worker_peers)   # doctest: +SKIP
+    ...                                workers=coordinator.roster.worker_peers)   # doctest: +SKIP
     >>> await sender.send(timeout=30)   # version over ZeroMQ, bytes by broadcast  # doctest: +SKIP
     """
 

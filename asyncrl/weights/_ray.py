@@ -121,7 +121,7 @@ class RayWeightSender(WeightSender):
 
     >>> scheme = RayWeightSyncScheme()                                 # doctest: +SKIP
     >>> sender = scheme.init_on_sender("policy", hub=hub, model=policy,
-    ...                                workers=coordinator.worker_peers)   # doctest: +SKIP
+    ...                                workers=coordinator.roster.worker_peers)   # doctest: +SKIP
     >>> await sender.send(timeout=30)   # one ray.put; the version over ZeroMQ  # doctest: +SKIP
     """
 

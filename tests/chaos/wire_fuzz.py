@@ -91,11 +91,13 @@ class TargetEnded(AssertionError):
 
 
 class Target:
-    """``wire_target.py`` in its own process; ``report()`` asks it for its numbers."""
+    """``wire_target.py`` (or another ``script`` that speaks its commands: the inference
+    fuzzer's ``inference_target.py``) in its own process; ``report()`` asks it for its
+    numbers."""
 
-    def __init__(self, backend: str, env: dict[str, str]) -> None:
+    def __init__(self, backend: str, env: dict[str, str], script: Path = SCRIPT) -> None:
         self.process = subprocess.Popen(
-            [sys.executable, str(SCRIPT), backend], stdin=subprocess.PIPE,
+            [sys.executable, str(script), backend], stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
             start_new_session=True)
         self.events: queue.Queue[dict[str, Any]] = queue.Queue()
@@ -457,7 +459,9 @@ def mutate_body(draw: st.DrawFn, message: Message) -> Message:
     """One mutation of ``message``: a field dropped or replaced, a tensor swapped, the
     body, the kind or the header's meta replaced."""
     body = message.body
-    patched = isinstance(body, dict) and isinstance(body.get("next"), dict)
+    # (a compact batch's patch: a chunk's leaves as plain maps have a "next" map too)
+    patched = isinstance(body, dict) and isinstance(body.get("next"), dict) \
+        and "at" in body["next"]
     claims = isinstance(body, dict) and isinstance(body.get("frames"), TensorDict)
     how = draw(st.sampled_from(["field", "field", "field", "tensor", "body", "kind", "meta",
                                 *["claim"] * (3 if claims else 0),

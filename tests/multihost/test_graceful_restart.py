@@ -122,16 +122,16 @@ async def test_a_host_stopped_by_sigterm_leaves_only_info_records_and_a_killed_o
                 assert coordinator is not None
                 # Both admitted (tests/asyncrl/worker/test_worker_exits.py stops one
                 # that is still starting).
-                await wait_until(lambda: len(coordinator.relays) == 1
-                                 and len(coordinator.live_workers) == 2)
+                await wait_until(lambda: len(coordinator.roster.relays) == 1
+                                 and len(coordinator.roster.live_workers) == 2)
                 caplog.clear()
                 if how == "sigterm":
                     host.send_signal(signal.SIGTERM)  # the pod stops: workers, then its relay
                     assert await anyio.to_thread.run_sync(host.wait, LIMIT) == 0
                 else:
                     os.killpg(host.pid, signal.SIGKILL)
-                await wait_until(lambda: not coordinator.live_workers
-                                 and not coordinator.relays)
+                await wait_until(lambda: not coordinator.roster.live_workers
+                                 and not coordinator.roster.relays)
                 await anyio.sleep(1.0)  # late records (the goodbyes' echoes) have come
                 records = [(r.levelname, r.name, r.getMessage()) for r in caplog.records]
     finally:

@@ -35,7 +35,7 @@ def _alive_pids(workers) -> list[int]:
 
 
 def _running(pid: int) -> bool:
-    """Whether ``pid`` is a live process (not a zombie): one read, since it may exit at any moment."""
+    """Whether ``pid`` is alive and not a zombie: read once, as it may exit at any moment."""
     from pathlib import Path
 
     try:

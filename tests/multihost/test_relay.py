@@ -42,9 +42,9 @@ async def wait_for_routes(collector: MultiSyncCollector | MultiAsyncCollector,
                           count: int) -> dict[int, bytes]:
     scheduler = collector._run.coordinator
     assert scheduler is not None
-    while len(scheduler.relay_routes()) < count:
+    while len(scheduler.roster.relay_routes()) < count:
         await anyio.sleep(0.02)
-    return scheduler.relay_routes()
+    return scheduler.roster.relay_routes()
 
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])  # end to end: one backend per test
@@ -140,9 +140,9 @@ async def test_a_lost_relay_sends_its_workers_back_to_direct_weights() -> None:
             await relay.aclose()  # says goodbye: the coordinator forgets it at once
             scheduler = c._run.coordinator
             assert scheduler is not None
-            while scheduler.relays:
+            while scheduler.roster.relays:
                 await anyio.sleep(0.02)
-            assert scheduler.relay_routes() == {}
+            assert scheduler.roster.relay_routes() == {}
             applied = await sender.send(timeout=30)
             assert sender.acked_versions == {0: applied, 1: applied} == {0: 2, 1: 2}
             assert sender.copies_sent == 3  # one via the relay, then one per worker
@@ -294,7 +294,7 @@ async def test_killing_the_host_process_takes_its_workers_and_relay_down(
                     await anyio.sleep(0.05)
                 scheduler = collector._run.coordinator
                 assert scheduler is not None
-                while scheduler.live_workers or scheduler.relays:
+                while scheduler.roster.live_workers or scheduler.roster.relays:
                     await anyio.sleep(0.05)
             finally:
                 kill_group(host)

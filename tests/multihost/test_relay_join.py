@@ -45,7 +45,7 @@ async def test_a_relay_refused_because_the_run_is_full_registers_once_a_place_fr
                 await first.aclose()  # says goodbye: its place is free at once
                 await registered(second)
                 assert second.refused is None
-                assert set(scheduler.relays) == {second.name}
+                assert set(scheduler.roster.relays) == {second.name}
 
 
 async def fake_coordinator(answers: list[Refuse | None], join_timeout: float | None,

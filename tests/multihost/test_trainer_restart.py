@@ -59,7 +59,7 @@ def worker_values(state: dict) -> list[float]:
 async def wait_for_routes(collector: MultiSyncCollector, count: int) -> None:
     scheduler = collector._run.coordinator
     assert scheduler is not None
-    while len(scheduler.relay_routes()) < count:
+    while len(scheduler.roster.relay_routes()) < count:
         await anyio.sleep(0.02)
 
 

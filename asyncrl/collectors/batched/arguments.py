@@ -13,11 +13,11 @@ from typing import Any
 
 import torch
 
-from ..._inference.inference_loop import MAX_SPLITS
 from ..._inference.policy_server import PolicyServer
 from ..._inference.process_server import ProcessPolicyServer
 from ..._inference.remote_env_hosts import check_listen
 from ..._inference.thread_server import ThreadPolicyServer
+from ..._inference.worker_blocks import MAX_SPLITS
 from .._config import check_int
 
 #: TorchRL arguments of ``AsyncBatchedCollector`` that asyncrl does not take, and what to use.

@@ -16,7 +16,7 @@ errors and close, and a remote env host's requests and chunks.
 from __future__ import annotations
 
 import logging
-import os
+import secrets
 import shutil
 import tempfile
 from collections.abc import Callable, Mapping
@@ -39,21 +39,24 @@ from transports import (
     random_identity,
 )
 
+from ..._coordinator.actions import Send
+from ..._coordinator.admission import Admission
+from ..._coordinator.records import Roster
 from ..._errors import BadBatchError, CollectorError, WorkerLostError, rebuild_remote_exception
-from ..._inference.chunk_buffer import ChunkBuffer, SlotCounts
+from ..._inference.chunk_buffer import ChunkBuffer, SlotCounts, auto_chunk_steps
 from ..._inference.chunk_ring import TornChunkError
 from ..._inference.doorbell import spin_for
-from ..._inference.env_stepper import CLOSE, ERROR, EnvWorkerConfig, env_worker_main
-from ..._inference.env_worker_statistics import env_worker_statistics
-from ..._inference.inference_loop import InferenceStatistics, OutputLayout, auto_chunk_steps
+from ..._inference.env_admission import env_admission
+from ..._inference.env_worker_statistics import RemoteRows, env_worker_statistics
+from ..._inference.inference_loop import InferenceStatistics
 from ..._inference.local_channels import LocalChannels, probe_env
+from ..._inference.outputs import OutputLayout
 from ..._inference.policy_server import PolicyCopy, PolicyServer, ServerHooks, ServingSetup
-from ..._inference.remote_env_hosts import RemoteEnvWorkers, hub_keys
-from ..._inference.remote_members import RemoteMembers
+from ..._inference.remote_env_hosts import RemoteEnvWorkers, env_layout, hub_keys
 from ..._inference.served_weights import ServedWeights, given_weights
 from ..._observe.statistics import WorkerStatistics
-from ..._protocol.env_source import is_plain
-from ..._rollout.env_ids import EnvIdSource
+from ..._protocol import EnvClose, EnvWelcome, Hello, Refuse, decode
+from ..._protocol.central_inference import ERROR_KIND, dtype_name
 from ..._rollout.policies import ExplorationType
 from ..._spawn.forkserver import check_start_method
 from ..._spawn.processes import WorkerProcesses, describe_exit
@@ -75,6 +78,7 @@ from .arguments import (
     refuse_torchrl_only,
     split_envs,
 )
+from .local_workers import LocalEnvWorkers
 
 log = logging.getLogger("asyncrl.collectors")
 
@@ -98,8 +102,8 @@ class AsyncBatchedCollector(BaseCollector[RB]):
     envs share a process and a request, or ``worker_num_splits`` equal requests
     (Sample Factory's double buffering: one split steps while the policy serves
     another); with ``listen="tcp://HOST:PORT"`` and
-    ``remote_workers=K``, up to K ``asyncrl env-worker`` processes on other hosts
-    join at a time (a dropped one's slot goes to the next to join; their
+    ``remote_workers=K``, up to K ``asyncrl worker --role env`` processes on other
+    hosts join at a time (a dropped one's slot goes to the next to join; their
     observations travel inline, checked; ``num_envs=0``: remote env hosts only;
     each host is a row of ``statistics()`` and its joins, departures and losses
     are ``events()``; ``curve_keys``: a directory made by
@@ -218,7 +222,12 @@ class AsyncBatchedCollector(BaseCollector[RB]):
                             start_method=self.start_method)
         self._server: PolicyServer | None = None
         self._remote: RemoteEnvWorkers | None = None
-        self._members = RemoteMembers(self._publish)
+        self._remote_rows = RemoteRows(self._publish)
+        #: Every env worker, local and remote, is admitted into this one roster (the one
+        #: admission, made once the layouts are known: _build_server).
+        self._roster = Roster()
+        self._admission: Admission | None = None
+        self._token = secrets.token_hex(16)  # a local env worker's hello proves its spawn
         self._admitted: set[bytes] = set()
         super().__init__(total_frames=total_frames, frames_per_batch=self.frames_per_batch,
                          split_trajs=split_trajs, postproc=self._postprocess,
@@ -231,6 +240,10 @@ class AsyncBatchedCollector(BaseCollector[RB]):
         # (remote env hosts only: at least one env per remote worker)
         self.chunk_steps = self.batching.chunk_steps or auto_chunk_steps(
             self.frames_per_batch, self.num_envs or self.remote_workers)
+        self._local = LocalEnvWorkers(
+            groups=self.groups, create_env_kwargs=self.create_env_kwargs,
+            chunk_steps=self.chunk_steps, heartbeat=self._heartbeat, spin=self._spin,
+            splits=self.batching.splits, start_method=self.start_method, token=self._token)
         # Set once open:
         self._channels = LocalChannels()  # the local env workers' blocks, bells, rings
         self._workers: WorkerProcesses | None = None
@@ -278,7 +291,9 @@ class AsyncBatchedCollector(BaseCollector[RB]):
                 async with Hub(endpoint, heartbeat_interval=interval,
                                peer_timeout=timeout, **limits) as hub:
                     self._hub = hub
-                    self._workers = self._make_workers(hub.endpoint, backend, obs_paths, outputs)
+                    self._workers = self._local.processes(
+                        hub.endpoint, backend, obs_paths, outputs, self._channels,
+                        self._peer_of, self._local_keys)
                     async with anyio.create_task_group() as tg:
                         tg.start_soon(self._dispatch, hub)
                         tg.start_soon(self._read_local_chunks)
@@ -302,6 +317,10 @@ class AsyncBatchedCollector(BaseCollector[RB]):
         policy, outputs = PolicyCopy.make(
             self.policy, self.policy_factory, device=self._server_type.copy_device(self.device),
             action_spec=spec, exploration_type=self.exploration_type, obs=obs)
+        admission = self._admission = env_admission(
+            self._roster, env_layout(obs, outputs, 1), max_envs=self.batching.max_batch_size,
+            first_remote_index=self.num_workers, remote_workers=self.remote_workers,
+            token=self._token, env_id=self._probe_factory)
         channels = self._channels
         channels.make([len(g) for g in self.groups], obs, outputs, splits=self.batching.splits,
                       chunk_steps=self.chunk_steps, capacity=self._frames.capacity,
@@ -316,7 +335,8 @@ class AsyncBatchedCollector(BaseCollector[RB]):
                 chunk_steps=self.chunk_steps, max_envs=self.batching.max_batch_size,
                 blocks=channels.blocks, submit=self._submit_remote,
                 on_chunk=self._on_chunk, register=self._register_remote,
-                version=lambda: self.policy_version, members=self._members)
+                version=lambda: self.policy_version, rows=self._remote_rows,
+                admission=admission, roster=self._roster)
         server = self._server = self._server_type.create(self._serving_setup(obs, outputs),
                                                          policy)
         self._weights.server = server
@@ -338,49 +358,6 @@ class AsyncBatchedCollector(BaseCollector[RB]):
             heartbeat=self._heartbeat, start_method=self.start_method,
             local_keys=self._local_keys)
 
-    def _make_workers(self, endpoint: str, backend: str, obs_paths: list[Path],
-                      outputs: OutputLayout) -> WorkerProcesses:
-        interval, timeout = self._heartbeat
-        extra_paths = [p for p, _, _ in outputs.extras]
-        parent = os.getpid()
-        channels = self._channels
-        ids = {f for group in self.groups for f in group if isinstance(f, str)}
-        sources = tuple(s for s in map(EnvIdSource.of, sorted(ids)) if s is not None)
-
-        def args(slot: int, identity: bytes) -> tuple[Any, ...]:
-            blocks = channels.blocks[slot]
-            config = EnvWorkerConfig(
-                slot=slot, factories=self.groups[slot], create_env_kwargs=self.create_env_kwargs,
-                obs_block=blocks.obs.name, act_block=blocks.act.name, obs_paths=obs_paths,
-                extra_paths=extra_paths, chunk_steps=self.chunk_steps,
-                heartbeat_interval=interval, peer_timeout=timeout,
-                request_bell=channels.request_bell, answer_bell=channels.answer_bells[slot],
-                spin=self._spin, chunk_ring=channels.rings[slot].names,
-                chunk_bell=channels.chunk_bell, room_bell=channels.room_bells[slot],
-                splits=self.batching.splits, curve=self._local_keys,
-                env_sources=sources)
-            return (endpoint, identity, config, backend, parent)
-
-        return WorkerProcesses(self.num_workers, env_worker_main, args,
-                               identity=lambda slot: self._peer_of[slot],
-                               start_method=self.start_method, name="asyncrl-env-worker",
-                               torch_free=self._torch_free_workers())
-
-    def _torch_free_workers(self) -> bool:
-        """Whether the env workers can run without torch (spawned, ~100 MB less each).
-
-        Yes when the envs are named (gym ids, import paths resolved in the worker) and
-        their kwargs are plain data. A callable goes to workers forked as before: it may
-        come from the user's script, which a torch-free child does not run, and its
-        module most often imports torch anyway (a spawned child would import it again,
-        seconds per worker). ``ASYNCRL_TORCH_FREE_ENV_WORKERS=0`` forks them in any case
-        (a faster start: no fresh interpreter per worker).
-        """
-        if os.environ.get("ASYNCRL_TORCH_FREE_ENV_WORKERS", "1") == "0":
-            return False
-        return (all(isinstance(f, str) for group in self.groups for f in group)
-                and is_plain(dict(self.create_env_kwargs)))
-
     async def _close(self) -> None:
         self._closing = True
         hub = self._hub
@@ -388,7 +365,7 @@ class AsyncBatchedCollector(BaseCollector[RB]):
             with anyio.move_on_after(1):
                 for peer in list(self._peer_of.values()):
                     try:
-                        await hub.send(peer, None, kind=CLOSE)
+                        await hub.send(peer, None, kind=EnvClose.KIND)
                     except Exception:  # gone already
                         pass
         if self._workers is not None:
@@ -429,11 +406,43 @@ class AsyncBatchedCollector(BaseCollector[RB]):
                         f"{self._heartbeat[1]} s (peer_timeout): it is stuck or its host is gone"))
                 continue
             slot = found
-            if hub.admission and item.peer not in self._admitted:
-                self._admitted.add(item.peer)  # our own child: full message sizes
-                hub.admit(item.peer)
-            if item.kind == ERROR:  # (its chunks come through its ring)
+            if self._roster.live(item.peer) is None:  # not joined yet: its hello, or nothing
+                await self._join_local(hub, item, slot)
+            elif item.kind == ERROR_KIND:  # (its chunks come through its ring)
                 self._on_error(slot, item)
+
+    async def _join_local(self, hub: Hub, message: Message, slot: int) -> None:
+        """A local env worker's hello: through the one admission (its slot, its spawn
+        token), into the one roster, welcomed. Our own child: whatever else it sends
+        first, or a refusal, is a fault of this collector's making and ends the run."""
+        assert self._admission is not None
+        if message.kind == ERROR_KIND:  # (it failed before its hello: say why)
+            self._on_error(slot, message)
+            return
+        try:
+            if message.kind != Hello.KIND:
+                raise ProtocolError(f"expected its {Hello.KIND!r} first, got "
+                                    f"{str(message.kind)[:64]!r}")
+            hello = decode(Hello, message.body)
+            refusal = self._admission.refusal(message.peer, hello)
+            if refusal:
+                raise ProtocolError("; ".join(a.message.reason for a in refusal if isinstance(
+                    a, Send) and isinstance(a.message, Refuse)))
+        except ProtocolError as exc:
+            self._fail(BadBatchError(f"env worker {slot} could not join: {exc}"))
+            return
+        worker = self._admission.admit(message.peer, hello)
+        if hub.admission:
+            hub.admit(message.peer)  # our own child: full message sizes
+        act = self._channels.blocks[slot].act.layout
+        welcome = EnvWelcome(
+            slot=slot, traj_tag=slot, chunk_steps=self.chunk_steps, obs_paths=[], extra_paths=[],
+            act={k: (dtype_name(d), list(s)) for k, (d, s) in act.items()},  # type: ignore[misc]
+            index=worker.index, attempt=hello.attempt)
+        try:
+            await hub.send(message.peer, welcome.to_body(), kind=EnvWelcome.KIND)
+        except Exception as exc:  # gone meanwhile (stopped, or died): its exit says the rest
+            log.debug("could not welcome env worker %d: %r", slot, exc)
 
     async def _read_local_chunks(self) -> None:
         """Take the local env workers' chunks from their rings whenever the chunk bell rings."""
@@ -511,10 +520,10 @@ class AsyncBatchedCollector(BaseCollector[RB]):
 
     def _worker_statistics(self) -> list[WorkerStatistics]:
         """The local env workers (pid, state, what each sent: chunks, frames; when heard),
-        then every remote env host admitted (:mod:`asyncrl._inference.remote_members`)."""
+        then every remote env host admitted (:mod:`asyncrl._inference.env_worker_statistics`)."""
         rows = [] if self._workers is None else env_worker_statistics(
             self._workers, self._peer_of, self._frames.counts, self._hub)
-        return rows + self._members.rows(self._frames.counts, self._hub)
+        return rows + self._remote_rows.rows(self._frames.counts, self._hub)
 
     def _room_for_more(self) -> bool:
         """Whether the env workers may be answered: room for frames, and not paused."""

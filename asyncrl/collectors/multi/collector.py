@@ -20,20 +20,20 @@ from ..._coordinator.coordinator import Coordinator
 from ..._coordinator.loss_policy import OnWorkerLoss
 from ..._errors import CollectorError, rebuild_remote_exception
 from ..._observe.statistics import CollectorStatistics, WorkerStatistics
-from ..._rollout.plain_policies import NestedKey, check_plain_policy
+from ..._rollout.plain_policies import NestedKey
 from ..._spawn.forkserver import worker_context
 from ..._worker.spec import WorkerSpec
 from ...weights import WeightSender
-from .._assemble import InfoCheck, assemble, drop_env_dim
+from .._assemble import InfoCheck, drop_env_dim
 from .._base import RB, BaseCollector
-from .._config import check_timeout, compact_obs_option
+from .._config import constructor_arguments
 from .._docs import add_parameters, share_parameters, show_init_signature
 from .._parameters import MULTI_PARAMETERS
 from .._staleness import StalePolicyWatch
 from .._started import started_at_call
 from .._torchrl_args import MULTI_COLLECTOR, check_torchrl_options
 from .._updates import weight_updates
-from .config import MultiConfig, default_schemes
+from .config import MultiConfig, config_view, default_schemes
 from .env_state import WorkerEnvState
 from .losses import WorkerLosses
 from .run import MultiRun, run_background
@@ -210,53 +210,19 @@ class MultiCollector(BaseCollector[RB]):
         start_method: str | None = None,
         **torchrl_options: Any,
     ) -> None:
+        arguments = constructor_arguments(locals())  # first: only the arguments
         check_torchrl_options(type(self).__name__, torchrl_options, MULTI_COLLECTOR,
                               known=inspect.signature(MultiCollector.__init__).parameters)
-        config = MultiConfig.check(
-            sync=self.sync, create_env_fn=create_env_fn, num_workers=num_workers,
-            remote_workers=remote_workers, envs_per_worker=envs_per_worker, listen=listen,
-            frames_per_batch=frames_per_batch, total_frames=total_frames, prefetch=prefetch,
-            on_worker_loss=on_worker_loss, cat_results=cat_results,
-            preemptive_threshold=preemptive_threshold,
-            threads=(num_threads, num_sub_threads, start_method),
-            devices={"device": device, "policy_device": policy_device,
-                     "env_device": env_device, "storing_device": storing_device},
-            rollout={"max_frames_per_traj": max_frames_per_traj,
-                     "reset_at_each_iter": reset_at_each_iter,
-                     "reset_when_done": reset_when_done, "set_truncated": set_truncated,
-                     "exploration_type": exploration_type, "policy_in_keys": policy_in_keys,
-                     "policy_out_keys": policy_out_keys, "policy_method": policy_method,
-                     "info_keys": info_keys})
-        check_plain_policy(policy, in_keys=config.rollout.policy_in_keys,
-                           out_keys=config.rollout.policy_out_keys,
-                           method=config.rollout.policy_method)
-        #: policy / env / storing devices; batches are moved to ``storing_device`` here.
-        self.devices = config.devices
-        self.num_workers = config.layout.num_workers
-        self.remote_workers = config.layout.remote_workers
-        self.envs_per_worker = config.layout.envs_per_worker
-        self.prefetch = config.prefetch
-        self.cat_results = config.cat_results
-        self.preemptive_threshold = config.preemptive_threshold
-        self.on_worker_loss = config.on_worker_loss
-        self.listen = listen
-        self.curve_keys = curve_keys  # a directory made by `asyncrl keys generate`
-        # Largest message a listening hub takes (None: derived from what is asked, see
-        # multi/run.py); ZeroMQ holds a whole message before anyone sees its sender.
-        self.max_message_bytes = max_message_bytes
-        self.backend = backend
-        self.num_threads = config.threads.num_threads
-        self.num_sub_threads = config.threads.num_sub_threads
-        self.start_method = config.threads.start_method
-        self.share_frames = config.share_frames
+        #: The arguments, checked once (:class:`~.config.MultiConfig`, frozen): the run and
+        #: the coordinator read it whole; the attributes below are views of it.
+        self.config = config = MultiConfig.check(type(self).__name__, self.sync, arguments)
         super().__init__(total_frames=total_frames, frames_per_batch=config.frames_per_batch,
                          split_trajs=split_trajs, postproc=postproc,
                          replay_buffer=replay_buffer, update_at_each_batch=update_at_each_batch,
                          trajs_per_batch=trajs_per_batch, traj_format=traj_format,
                          extend_buffer=extend_buffer, discard_partial_trajs=reset_at_each_iter)
         self.frames_per_batch = config.frames_per_batch
-        self.compact_obs = compact_obs_option(type(self).__name__, compact_obs)
-        self.init_random_frames = int(init_random_frames or 0)
+        self.compact_obs = config.coordinator.compact_obs
         self.policy = policy
         self._info_check = InfoCheck(config.rollout.info_keys)  # what workers send, checked
         self.weight_sync_schemes = default_schemes(weight_sync_schemes, policy)
@@ -268,15 +234,7 @@ class MultiCollector(BaseCollector[RB]):
             schemes=self.weight_sync_schemes)
         self._run = MultiRun(
             config, spec=spec, worker_specs=worker_specs, schemes=self.weight_sync_schemes,
-            policy=policy, listen=listen, curve_keys=curve_keys,
-            max_message_bytes=max_message_bytes, backend=backend,
-            shared_memory_batches=shared_memory_batches, compact_obs=self.compact_obs,
-            heartbeat=(heartbeat_interval, peer_timeout),
-            sample_timeout=check_timeout("sample_timeout", sample_timeout),
-            replacement_timeout=check_timeout("replacement_timeout", replacement_timeout),
-            startup_timeout=check_timeout("startup_timeout", startup_timeout),
-            init_random_frames=self.init_random_frames, total_frames=self.total_frames,
-            publish=self._publish, on_weights_applied=self._on_weights_applied,
+            policy=policy, publish=self._publish, on_weights_applied=self._on_weights_applied,
             max_restarts=lambda: self.max_restarts)
         self._losses = WorkerLosses(self._run)  # on_worker_loss, applied
         self._env_state = WorkerEnvState()  # env state read, merged, carried to replacements
@@ -285,6 +243,25 @@ class MultiCollector(BaseCollector[RB]):
             # Started now (a few ms: it imports in its own process), it is warm by the
             # time the collector is opened, if the trainer has anything else to set up.
             worker_context(config.threads.start_method)
+
+    # -- the arguments, as checked (views of ``config``) ------------------------------------
+    num_workers = config_view(lambda c: c.layout.num_workers)
+    remote_workers = config_view(lambda c: c.layout.remote_workers)
+    envs_per_worker = config_view(lambda c: c.layout.envs_per_worker)
+    share_frames = config_view(lambda c: list(c.coordinator.share_frames))
+    prefetch = config_view(lambda c: c.coordinator.prefetch)
+    cat_results = config_view(lambda c: c.coordinator.cat_results)
+    preemptive_threshold = config_view(lambda c: c.coordinator.preemptive_threshold)
+    on_worker_loss = config_view(lambda c: c.coordinator.loss_policy.on_worker_loss)
+    init_random_frames = config_view(lambda c: c.init_random_frames)
+    devices = config_view(lambda c: c.devices)
+    listen = config_view(lambda c: c.listen)
+    curve_keys = config_view(lambda c: c.curve_keys)
+    max_message_bytes = config_view(lambda c: c.max_message_bytes)
+    backend = config_view(lambda c: c.backend)
+    num_threads = config_view(lambda c: c.threads.num_threads)
+    num_sub_threads = config_view(lambda c: c.threads.num_sub_threads)
+    start_method = config_view(lambda c: c.threads.start_method)
 
     def _create_async_state(self) -> None:
         super()._create_async_state()
@@ -347,7 +324,7 @@ class MultiCollector(BaseCollector[RB]):
     def statistics(self) -> CollectorStatistics:
         stats = super().statistics()
         coordinator = self._run.coordinator  # how batches came: shared memory, the socket
-        return stats if coordinator is None else replace(stats, **coordinator.shared.counts())
+        return stats if coordinator is None else replace(stats, **coordinator.batches.counts())
 
     def _worker_statistics(self) -> list[WorkerStatistics]:
         """Every admitted worker (lost ones too), then local processes still joining."""
@@ -359,8 +336,8 @@ class MultiCollector(BaseCollector[RB]):
             (slot, process.pid, socket.gethostname()) for slot, process in workers.slots.items()
             if process.pid is not None and process.is_alive()]
         return coordinator.registry.statistics(
-            heard=coordinator.heard, routes=coordinator.relay_routes(), joining=joining,
-            waiting=coordinator.state.waiting_for())
+            heard=coordinator.heard, routes=coordinator.roster.relay_routes(), joining=joining,
+            waiting=coordinator.state.losses.waiting_for())
 
     def _run_failed(self) -> bool:
         coordinator = self._run.coordinator
@@ -370,8 +347,8 @@ class MultiCollector(BaseCollector[RB]):
         coordinator = self._run.coordinator
         if coordinator is None:
             return False
-        state = coordinator.state
-        return (state.expected > 0 and state.missing_workers() > 0) or bool(state.waiting_for())
+        losses = coordinator.state.losses
+        return (losses.expected > 0 and losses.missing_workers() > 0) or bool(losses.waiting_for())
 
     async def _wait_ready(self) -> None:
         await self._ensure_ready()
@@ -379,7 +356,7 @@ class MultiCollector(BaseCollector[RB]):
     def _not_ready_message(self, timeout: float | None) -> str:
         expected = self.num_workers + self.remote_workers
         coordinator = self._run.coordinator
-        joined = 0 if coordinator is None else len(coordinator.live_workers)
+        joined = 0 if coordinator is None else len(coordinator.roster.live_workers)
         return (f"{joined} of {expected} workers joined within {timeout} s "
                 f"({self.num_workers} local, {self.remote_workers} remote expected); "
                 "statistics() shows who is still joining")
@@ -451,7 +428,7 @@ class MultiCollector(BaseCollector[RB]):
         sampling repeats too.
         """
         coordinator = await self._ensure_ready()
-        for worker in coordinator.live_workers:
+        for worker in coordinator.roster.live_workers:
             seed = await coordinator.control(worker, "seed", seed=seed, static_seed=static_seed)
         return seed
 
@@ -459,7 +436,7 @@ class MultiCollector(BaseCollector[RB]):
     async def reset(self, reset_idx: Sequence[bool] | None = None) -> None:
         """Reset the envs of every worker (or of the workers flagged in ``reset_idx``)."""
         coordinator = await self._ensure_ready()
-        for worker in coordinator.live_workers:
+        for worker in coordinator.roster.live_workers:
             if reset_idx is None or reset_idx[worker.index]:
                 await coordinator.control(worker, "reset")
         self._trajectories_reset(partial=reset_idx is not None)
@@ -509,7 +486,7 @@ class MultiCollector(BaseCollector[RB]):
     async def _getattr(self, op: str, attr: str) -> Any:
         coordinator = await self._ensure_ready()
         try:
-            return await coordinator.control(coordinator.live_workers[0], op, attr=attr)
+            return await coordinator.control(coordinator.roster.live_workers[0], op, attr=attr)
         except RemoteError as exc:  # the worker's AttributeError / TypeError, as such
             raise rebuild_remote_exception(exc) from exc
 
@@ -555,8 +532,7 @@ class MultiSyncCollector(MultiCollector[RB]):
         round_ = await coordinator.next_round(left)
         for worker, frames in round_:
             self._info_check.check(f"worker {worker.index}", frames)
-        return self.devices.store(assemble([frames for _, frames in round_], self.cat_results,
-                                           gather=coordinator.shared.gather))
+        return self.devices.store(coordinator.batches.join([frames for _, frames in round_]))
 
 
 class MultiAsyncCollector(MultiCollector[RB]):

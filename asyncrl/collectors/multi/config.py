@@ -1,20 +1,25 @@
-"""MultiCollector's constructor arguments, checked and normalised, one object for the run.
+"""MultiCollector's constructor arguments, checked once: one frozen object for the run.
 
 :meth:`MultiConfig.check` runs every check of the arguments in the order the
-constructor always did (the first wrong argument is the one reported), and
-:meth:`MultiConfig.worker_specs` builds what each local worker gets, once the
-weight-sync schemes are known. The constructor stores the results.
+constructor always did (the first wrong argument is the one reported) and builds
+one :class:`MultiConfig`, which the collector keeps (``collector.config``) and
+passes whole: to its run (:mod:`.run`), which hands the coordinator its part
+(:class:`~asyncrl._coordinator.config.CoordinatorConfig`, the rollout's options
+inside, as every welcome carries them) whole in turn. :meth:`MultiConfig.worker_specs`
+builds what each local worker gets, once the weight-sync schemes are known.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Generic, TypeVar, overload
 
 import torch
 
-from ..._coordinator.loss_policy import LossPolicy, OnWorkerLoss
+from ..._coordinator.config import CoordinatorConfig
+from ..._coordinator.loss_policy import LossPolicy
 from ..._rollout.devices import DeviceLayout
 from ..._rollout.env_ids import EnvIdSource
 from ..._rollout.options import RolloutOptions
@@ -27,84 +32,117 @@ from .._config import (
     check_cat_results,
     check_int,
     check_preemptive_threshold,
+    check_rollout,
+    check_timeout,
     check_total_frames,
+    compact_obs_option,
     split_frames,
 )
 from .._env_factories import check_picklable, travelling, worker_envs
 
-__all__ = ["MultiConfig", "default_schemes"]
+__all__ = ["MultiConfig", "config_view", "default_schemes"]
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
 class MultiConfig:
     """A MultiCollector's checked arguments: who collects, how much, how, and where.
 
-    >>> config = MultiConfig.check(sync=True, create_env_fn="CartPole-v1", num_workers=2,
-    ...                            frames_per_batch=100, ...)   # doctest: +SKIP
-    >>> config.share_frames, config.frames_per_batch          # doctest: +SKIP
-    ([50, 50], 100)
+    >>> from asyncrl import MultiSyncCollector
+    >>> config = MultiSyncCollector("CartPole-v1", num_workers=2, frames_per_batch=100).config
+    >>> config.coordinator.share_frames, config.frames_per_batch, config.rollout.set_truncated
+    ((50, 50), 100, False)
     """
 
-    sync: bool
     layout: WorkerLayout
     threads: ThreadOptions
-    #: Each worker's frames per batch (a share of a sync batch, or an async batch).
-    share_frames: list[int]
-    prefetch: int
-    cat_results: str | int
-    preemptive_threshold: float | None
-    #: What a lost worker does to the run (``on_worker_loss``), every decision of it.
-    loss_policy: LossPolicy
+    #: policy / env / storing devices; batches are moved to ``storing_device`` here.
     devices: DeviceLayout
-    #: The rollout's options each worker runs with (devices: the worker's).
-    rollout: RolloutOptions
+    #: The coordinator's part, passed to it whole: sync, each worker's share, prefetch,
+    #: how shares are joined, ``on_worker_loss``... and the rollout's options.
+    coordinator: CoordinatorConfig
+    #: ``init_random_frames`` of the whole run (each worker's part is the coordinator's).
+    init_random_frames: int
+    #: Where remote workers connect (None: a private ipc socket, local workers only).
+    listen: str | None
+    #: A directory made by ``asyncrl keys generate`` (None: ``ASYNCRL_CURVE_*`` when listening).
+    curve_keys: str | None
+    #: Largest message a listening hub takes (None: derived from what is asked, see
+    #: multi/run.py); ZeroMQ holds a whole message before anyone sees its sender.
+    max_message_bytes: int | None
+    backend: str | None
+    heartbeat_interval: float
+    peer_timeout: float
+    #: Seconds a worker may owe work and deliver nothing before it is lost (None: never).
+    sample_timeout: float | None
+    #: ``"wait"`` / ``"restart"``: seconds the trainer waits for a lost worker's
+    #: replacement before the run fails (None: no bound).
+    replacement_timeout: float | None
+    #: Seconds the trainer's first call waits for every worker to join (None: no bound).
+    startup_timeout: float | None
 
     @property
-    def on_worker_loss(self) -> OnWorkerLoss:
-        """The collector's ``on_worker_loss``, as the user spelled it."""
-        return self.loss_policy.on_worker_loss
+    def rollout(self) -> RolloutOptions:
+        """The options every worker's rollout runs with (devices: the worker's)."""
+        return self.coordinator.rollout
 
     @property
     def frames_per_batch(self) -> int:
         """Frames per yielded batch: every share of a sync round, or one worker's batch."""
-        return sum(self.share_frames) if self.sync else self.share_frames[0]
+        shares = self.coordinator.share_frames
+        return sum(shares) if self.coordinator.sync else shares[0]
 
     @classmethod
-    def check(cls, *, sync: bool, create_env_fn: Any, num_workers: Any, remote_workers: Any,
-              envs_per_worker: Any, listen: str | None, frames_per_batch: Any,
-              total_frames: Any, prefetch: Any, on_worker_loss: Any, cat_results: Any,
-              preemptive_threshold: float | None, threads: tuple[Any, Any, str | None],
-              devices: Mapping[str, Any], rollout: Mapping[str, Any]) -> MultiConfig:
-        """The constructor's arguments as it got them (no defaults here: its own apply).
-
-        ``threads`` is ``(num_threads, num_sub_threads, start_method)``; ``devices``
-        and ``rollout`` the keyword arguments of :meth:`DeviceLayout.resolve` and
-        :class:`RolloutOptions` (which gets the worker's devices added).
-        """
-        layout = WorkerLayout.check(create_env_fn, num_workers=num_workers,
-                                    remote_workers=remote_workers,
-                                    envs_per_worker=envs_per_worker, listen=listen)
-        prefetch = check_int("prefetch", prefetch, minimum=1)
-        loss_policy = LossPolicy.check(on_worker_loss)
-        check_total_frames(total_frames)
-        thread_options = ThreadOptions.check(*threads)
-        cat_results = check_cat_results(cat_results)
-        preemptive_threshold = check_preemptive_threshold(preemptive_threshold)
-        share_frames = split_frames(frames_per_batch, layout.total, layout.envs_per_worker,
-                                         sync=sync)
-        device_layout = DeviceLayout.resolve(**devices)
-        options: dict[str, Any] = {**rollout, **device_layout.for_worker().as_options()}
-        rollout_options = RolloutOptions(**options)
-        return cls(sync=sync, layout=layout, threads=thread_options,
-                   share_frames=share_frames, prefetch=prefetch,
-                   cat_results=cat_results, preemptive_threshold=preemptive_threshold,
-                   loss_policy=loss_policy, devices=device_layout, rollout=rollout_options)
+    def check(cls, collector: str, sync: bool, arguments: Mapping[str, Any]) -> MultiConfig:
+        """Every argument of the constructor as it got them (``constructor_arguments(locals())``:
+        no defaults here, its own apply); ``collector``: its class name, for messages."""
+        a = arguments
+        layout = WorkerLayout.check(a["create_env_fn"], num_workers=a["num_workers"],
+                                    remote_workers=a["remote_workers"],
+                                    envs_per_worker=a["envs_per_worker"],
+                                    listen=a["listen"])
+        prefetch = check_int("prefetch", a["prefetch"], minimum=1)
+        loss_policy = LossPolicy.check(a["on_worker_loss"])
+        total_frames = check_total_frames(a["total_frames"])
+        threads = ThreadOptions.check(a["num_threads"], a["num_sub_threads"],
+                                      a["start_method"])
+        cat_results = check_cat_results(a["cat_results"])
+        preemptive_threshold = check_preemptive_threshold(a["preemptive_threshold"])
+        share_frames = split_frames(a["frames_per_batch"], layout.total, layout.envs_per_worker,
+                                    sync=sync)
+        devices, rollout = check_rollout(a, worker_devices=True)
+        compact_obs = compact_obs_option(collector, a["compact_obs"])
+        shared_memory_batches = a["shared_memory_batches"]
+        if not isinstance(shared_memory_batches, bool):
+            raise TypeError(f"shared_memory_batches must be True or False, got "
+                            f"{shared_memory_batches!r}")
+        init_random_frames = int(a["init_random_frames"] or 0)
+        coordinator = CoordinatorConfig(
+            sync=sync, share_frames=tuple(share_frames), prefetch=prefetch,
+            preemptive_threshold=preemptive_threshold, cat_results=cat_results,
+            init_random_frames=init_random_frames // max(1, layout.total),
+            loss_policy=loss_policy, accept_remote=layout.remote_workers > 0,
+            max_remote_workers=layout.remote_workers, first_remote_index=layout.num_workers,
+            batch_budget=_batch_budget(sync, total_frames, share_frames),
+            compact_obs=compact_obs, shared_memory_batches=shared_memory_batches,
+            rollout=rollout)
+        return cls(layout=layout, threads=threads, devices=devices, coordinator=coordinator,
+                   init_random_frames=init_random_frames, listen=a["listen"],
+                   curve_keys=a["curve_keys"], max_message_bytes=a["max_message_bytes"],
+                   backend=a["backend"], heartbeat_interval=a["heartbeat_interval"],
+                   peer_timeout=a["peer_timeout"],
+                   sample_timeout=check_timeout("sample_timeout", a["sample_timeout"]),
+                   replacement_timeout=check_timeout("replacement_timeout",
+                                                     a["replacement_timeout"]),
+                   startup_timeout=check_timeout("startup_timeout",
+                                                 a["startup_timeout"]))
 
     def plan_schemes(self, schemes: dict[str, WeightSyncScheme]) -> None:
         """Tell each weight scheme how the run goes, before any worker starts; a scheme
         that cannot serve it raises ValueError saying which can."""
         for model_id, scheme in schemes.items():
-            self.loss_policy.check_scheme(model_id, scheme)
+            self.coordinator.loss_policy.check_scheme(model_id, scheme)
             scheme.plan(workers=self.layout.total, remote_workers=self.layout.remote_workers)
 
     def worker_specs(self, *, policy: Any, policy_factory: Any, create_env_kwargs: Any,
@@ -134,6 +172,48 @@ class MultiConfig:
                                        envs[:layout.num_workers]),
                             start_method=self.threads.start_method)
         return spec, local
+
+
+class config_view(Generic[T]):
+    """A collector's read-only attribute read from its ``config`` (TorchRL's attribute
+    names, kept as views: the checked value lives in one place).
+
+    >>> from asyncrl import MultiSyncCollector
+    >>> MultiSyncCollector("CartPole-v1", num_workers=2, frames_per_batch=8).num_workers
+    2
+    """
+
+    def __init__(self, read: Callable[[MultiConfig], T]) -> None:
+        self._read = read
+        self._name = ""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._name = name
+
+    def __set__(self, instance: object, value: object) -> None:
+        # Set, it would change nothing the run reads: refused rather than ignored.
+        name = type(instance).__name__
+        raise AttributeError(f"{name}.{self._name} is read from the checked arguments "
+                             f"(collector.config) and cannot be changed: pass "
+                             f"{self._name}=... to {name}(...)")
+
+    @overload
+    def __get__(self, instance: None, owner: type) -> config_view[T]: ...
+    @overload
+    def __get__(self, instance: object, owner: type) -> T: ...
+
+    def __get__(self, instance: object, owner: type) -> T | config_view[T]:
+        if instance is None:
+            return self
+        return self._read(instance.config)  # type: ignore[attr-defined]
+
+
+def _batch_budget(sync: bool, total_frames: int | None, share_frames: list[int]) -> int | None:
+    """Async: the batches ``total_frames`` allows (rounded up to whole batches, as the
+    collector rounds it); None: sync (rounds are sized by the trainer), or endless."""
+    if sync or total_frames is None or total_frames <= 0:
+        return None
+    return math.ceil(total_frames / share_frames[0])
 
 
 def default_schemes(weight_sync_schemes: Mapping[str, Any] | None,

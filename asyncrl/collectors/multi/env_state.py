@@ -53,7 +53,7 @@ class WorkerEnvState:
     async def state_dict(self, coordinator: Coordinator) -> dict[str, Any]:
         self._hook(coordinator)
         answers = {}
-        for worker in coordinator.live_workers:
+        for worker in coordinator.roster.live_workers:
             answer = await coordinator.control(worker, "state_dict")
             self._remember(worker, answer.get("env_state_dict"))
             answers[f"worker{worker.index}"] = answer
@@ -63,7 +63,7 @@ class WorkerEnvState:
         """Every live worker's entry is checked before any is written; a worker whose write
         fails is named, with the workers that hold the new state (the others are written)."""
         self._hook(coordinator)
-        workers = list(coordinator.live_workers)
+        workers = list(coordinator.roster.live_workers)
         states = {worker.index: _entry(state_dict, worker.index) for worker in workers}
         failed = await _write_each(coordinator, workers, lambda worker: states[worker.index])
         for worker in workers:
@@ -75,7 +75,7 @@ class WorkerEnvState:
 
     async def getattr_env(self, coordinator: Coordinator, attr: str,
                           worker_ids: Sequence[int] | None) -> Any:
-        live = coordinator.live_workers
+        live = coordinator.roster.live_workers
         if worker_ids is None:
             return await _getattr(coordinator, live[0], attr)
         by_index = {worker.index: worker for worker in live}
@@ -91,7 +91,7 @@ class WorkerEnvState:
         A worker whose statistics are refused (see :func:`refusal`) is named in one
         warning, left out of the merge and not written back to; the others merge."""
         self._hook(coordinator)
-        workers = list(coordinator.live_workers)
+        workers = list(coordinator.roster.live_workers)
         states: dict[Hashable, tuple[int, Any]] = {}
         for worker in workers:
             answer = await coordinator.control(worker, "state_dict", env_only=True)
@@ -125,7 +125,7 @@ class WorkerEnvState:
     def _hook(self, coordinator: Coordinator) -> None:
         if self._hooked is not coordinator:  # one coordinator per open collector
             self._hooked = coordinator
-            coordinator.catch_up_hooks.append(self._carry)
+            coordinator.outbox.catch_up_hooks.append(self._carry)
 
     async def _carry(self, worker: WorkerInfo) -> None:
         """Called by the coordinator for a newcomer, before its first collect order."""
@@ -151,7 +151,7 @@ def _ceiling(coordinator: Coordinator, worker: WorkerInfo) -> Ceiling:
     """How far ``worker``'s counts may have grown: from the frames it collected (see
     :class:`Ceiling`), which the coordinator counted, not the worker."""
     record = coordinator.registry.record(worker)
-    share = coordinator.state.rounds.share_of(worker.index)
+    share = coordinator.config.share_of(worker.index)
     return Ceiling(delivered=record.frames if record is not None else 0,
                    owed=worker.ahead * share, share=share)
 

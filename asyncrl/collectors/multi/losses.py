@@ -55,7 +55,7 @@ class WorkerLosses:
         """A local worker's process ended (reaped); returns True to respawn its slot."""
         run = self._run
         coordinator = run.coordinator
-        if run.closing or coordinator is None or coordinator.failed:
+        if run.closing or coordinator is None or coordinator.state.losses.failure is not None:
             return False
         pid, exitcode = process.pid, process.exitcode
         # statistics() and events() show it lost with its exit code, whatever follows.
@@ -68,14 +68,15 @@ class WorkerLosses:
             # on its way. A peer the hub never heard from has nothing on its way (the
             # grace is a safety margin).
             hub = run.hub
-            connected = hub is not None and (peer in hub.peers or peer in coordinator.workers)
-            await coordinator.settle(peer, run.peer_timeout + 1.0 if connected else 1.0)
-        if run.closing or coordinator.failed:
+            connected = hub is not None and (peer in hub.peers
+                                             or peer in coordinator.roster.workers)
+            await coordinator.settle(peer, run.config.peer_timeout + 1.0 if connected else 1.0)
+        if run.closing or coordinator.state.losses.failure is not None:
             return False
-        worker = coordinator.workers.get(peer)
+        worker = coordinator.roster.workers.get(peer)
         if worker is not None and worker.delivered:
             self._restart_streak[slot] = 0
-        policy = run.config.loss_policy
+        policy = run.config.coordinator.loss_policy
         error = self._death(slot, pid, exitcode)
         streak = self._restart_streak.get(slot, 0)
         crash_loop = policy.restart_refused(slot, streak, run.max_restarts(), error)
@@ -85,7 +86,7 @@ class WorkerLosses:
         log.warning("%s", error)
         await coordinator.worker_exited(peer, error,
                                         replaceable=policy.respawns or run.remote_workers > 0)
-        if not policy.respawns or coordinator.failed:
+        if not policy.respawns or coordinator.state.losses.failure is not None:
             return False
         self._restart_streak[slot] = streak + 1
         log.warning("restarting worker slot %d", slot)
@@ -121,7 +122,7 @@ class WorkerLosses:
         """A worker went silent for ``peer_timeout``: "restart" replaces a local one."""
         run = self._run
         workers = run.workers
-        if not run.config.loss_policy.respawns or workers is None or run.closing:
+        if not run.config.coordinator.loss_policy.respawns or workers is None or run.closing:
             return
         process = workers.slots.get(worker.index)
         if process is not None and process.pid == worker.pid and process.is_alive():
@@ -141,16 +142,16 @@ class WorkerLosses:
         # The coordinator hears of the loss on its own path (the process's exit status,
         # the hub's silence): let it apply on_worker_loss first, so that the error the
         # user sees names the cause, and "continue" really continues.
-        timeout = run.peer_timeout + 1.0
+        timeout = run.config.peer_timeout + 1.0
         with anyio.move_on_after(timeout):
             for peer in error.peers:
                 await coordinator.settle(peer, timeout)
         coordinator.raise_if_failed()
-        departed = all(coordinator.has_left(peer) for peer in error.peers)
-        policy = run.config.loss_policy
+        departed = all(coordinator.state.losses.has_left(peer) for peer in error.peers)
+        policy = run.config.coordinator.loss_policy
         if policy.fails_weight_update(departed=departed):
             # The coordinator did not (yet) name the loss: one class whatever the timing.
-            lost = [_describe(coordinator.workers.get(peer), peer) for peer in error.peers]
+            lost = [_describe(coordinator.roster.workers.get(peer), peer) for peer in error.peers]
             raise policy.lost_during_update(lost, error) from error
         log.info("weights applied by every worker still in the run; %s: %s",
                  "left meanwhile" if departed else "lost",

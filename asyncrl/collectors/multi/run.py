@@ -24,8 +24,8 @@ import torch
 
 from transports import CurveServer, Hub
 
+from ..._coordinator.admission import AdmissionTerms
 from ..._coordinator.coordinator import Coordinator, WorkerInfo
-from ..._coordinator.round_gather import RoundGather
 from ..._coordinator.watchdog import ReplacementWatch, StallWatchdog, StartupWatch
 from ..._observe.events import CollectorEvent
 from ..._rollout.envs import make_env_pool
@@ -56,37 +56,19 @@ class MultiRun:
     True
     """
 
+    #: The collector's arguments, checked (the coordinator gets its part whole).
     config: MultiConfig
     #: The spec every worker shares, and one per local worker (its own env factory).
     spec: WorkerSpec
     worker_specs: list[WorkerSpec]
     schemes: dict[str, WeightSyncScheme]
     policy: Any
-    listen: str | None
-    curve_keys: str | None
-    max_message_bytes: int | None
-    backend: str | None
-    #: ``(heartbeat_interval, peer_timeout)``.
-    heartbeat: tuple[float, float]
-    init_random_frames: int
-    total_frames: int
     #: The collector's event stream and weights-applied hook (events, metrics).
     publish: Callable[[CollectorEvent], None]
     on_weights_applied: Callable[[str, int, float], None]
     #: ``on_worker_loss="restart"``'s bound: the collector's ``max_restarts`` at the time
     #: of a loss (a user may change it while the run goes on).
     max_restarts: Callable[[], int] = lambda: 3
-    #: Seconds a worker may owe work and deliver nothing before it is lost (None: never).
-    sample_timeout: float | None = 60.0
-    #: ``"wait"`` / ``"restart"``: seconds the trainer waits for a lost worker's
-    #: replacement before the run fails (None: no bound).
-    replacement_timeout: float | None = 300.0
-    #: Seconds the trainer's first call waits for every worker to join (None: no bound).
-    startup_timeout: float | None = 300.0
-    #: Local workers' batches through shared memory (the wire for remote ones).
-    shared_memory_batches: bool = True
-    #: TorchRL's ``compact_obs``: workers drop the ``("next", K)`` twins before sending.
-    compact_obs: bool = False
     # -- while open ------------------------------------------------------------------
     hub: Hub | None = None
     coordinator: Coordinator | None = None
@@ -97,11 +79,6 @@ class MultiRun:
     background_done: anyio.Event | None = None
     closing: bool = False
 
-    def __post_init__(self) -> None:
-        if not isinstance(self.shared_memory_batches, bool):
-            raise TypeError(f"shared_memory_batches must be True or False, got "
-                            f"{self.shared_memory_batches!r}")
-
     @property
     def num_workers(self) -> int:
         return self.config.layout.num_workers
@@ -109,10 +86,6 @@ class MultiRun:
     @property
     def remote_workers(self) -> int:
         return self.config.layout.remote_workers
-
-    @property
-    def peer_timeout(self) -> float:
-        return self.heartbeat[1]
 
 
 class LossHandling(Protocol):
@@ -135,22 +108,24 @@ async def run_background(run: MultiRun, losses: LossHandling, name: str, paused:
     ``name`` is the collector's class name (for the log line); ``paused``: whether it
     was paused before it opened.
     """
-    backend = run.backend or anyio.lowlevel.current_token().__class__.__module__
+    config = run.config
+    backend = config.backend or anyio.lowlevel.current_token().__class__.__module__
     backend = "trio" if "trio" in backend else "asyncio"
-    endpoint = run.listen
+    endpoint = config.listen
     if endpoint is None or run.num_workers:
         # Private (0700): the coordinator's socket (unless `listen`) and the local
         # workers' spec; removed at close, or by the workers if the trainer dies.
         run.tmpdir = tempfile.mkdtemp(prefix="asyncrl-")
     if endpoint is None:
         endpoint = f"ipc://{run.tmpdir}/coordinator"
-    interval, timeout = run.heartbeat
+    interval, timeout = config.heartbeat_interval, config.peer_timeout
     token = secrets.token_hex(16)
     assert run.background is not None and run.background_done is not None
     try:
         with run.background:
             # A directory, or when listening without one, ASYNCRL_CURVE_* variables.
-            curve = CurveServer.load(run.curve_keys) if run.curve_keys or run.listen else None
+            curve = CurveServer.load(config.curve_keys) \
+                if config.curve_keys or config.listen else None
             local_keys = None
             if curve is not None:  # local workers get a key of their own, for this hub only
                 curve, local_keys = curve.with_local_client()
@@ -163,26 +138,27 @@ async def run_background(run: MultiRun, losses: LossHandling, name: str, paused:
                 for model_id, scheme in run.schemes.items():
                     model = run.policy if model_id == "policy" else None
                     sender = run.senders[model_id] = scheme.init_on_sender(
-                        model_id, model=model, hub=hub, workers=coordinator.worker_peers)
+                        model_id, model=model, hub=hub, workers=coordinator.roster.worker_peers)
                     sender.on_applied = run.on_weights_applied  # events, metrics
-                    coordinator.attach(sender)  # relay routes, catch-up, batch counts
+                    coordinator.outbox.attach(sender)  # relay routes, catch-up, batch counts
                 workers = run.workers = local_worker_processes(
                     hub.endpoint, run.worker_specs, run.num_workers, token=token,
                     backend=backend,
                     options={"heartbeat_interval": interval, "peer_timeout": timeout,
                              "curve_keys": local_keys,
                              "log_config": _logs.capture()},
-                    directory=run.tmpdir or "", start_method=run.config.threads.start_method)
+                    directory=run.tmpdir or "", start_method=config.threads.start_method)
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(coordinator.run)  # hellos are answered while others spawn
-                    if run.sample_timeout is not None:  # a hung env or policy is a loss
-                        tg.start_soon(StallWatchdog(coordinator, run.sample_timeout).run)
+                    if config.sample_timeout is not None:  # a hung env or policy is a loss
+                        tg.start_soon(StallWatchdog(coordinator, config.sample_timeout).run)
                     tg.start_soon(StartupWatch(  # the first fill says it, and ends
-                        coordinator, run.startup_timeout, local_workers=run.num_workers,
-                        remote_workers=run.remote_workers, listen=run.listen,
+                        coordinator, config.startup_timeout, local_workers=run.num_workers,
+                        remote_workers=run.remote_workers, listen=config.listen,
                         endpoint=hub.endpoint).run)
-                    if run.config.loss_policy.waits_for_replacements:  # says it, and ends
-                        tg.start_soon(ReplacementWatch(coordinator, run.replacement_timeout).run)
+                    if config.coordinator.loss_policy.waits_for_replacements:  # says so, ends
+                        tg.start_soon(ReplacementWatch(coordinator,
+                                                       config.replacement_timeout).run)
                     for sender in run.senders.values():
                         tg.start_soon(sender.run)  # queued versions go out once acked
                     await tg.start(workers.run, losses.process_died)
@@ -213,42 +189,22 @@ async def reference_specs(spec: WorkerSpec) -> dict[str, Any] | None:
 
 
 def _hub_limits(run: MultiRun, specs: dict[str, Any] | None) -> dict[str, Any]:
-    if run.listen is None:
+    if run.config.listen is None:
         # A private ipc socket: only our own workers can reach it, and their process
         # watcher sees each death at once, with its exit code (no route probes).
         return {"disconnect_grace": None}
     policy = run.policy if isinstance(run.policy, torch.nn.Module) else None
-    return listening_hub_limits(specs, frames=max(run.config.share_frames), policy=policy,
-                                max_message_bytes=run.max_message_bytes)
+    return listening_hub_limits(specs, frames=max(run.config.coordinator.share_frames),
+                                policy=policy, max_message_bytes=run.config.max_message_bytes)
 
 
 def _make_coordinator(run: MultiRun, losses: LossHandling, hub: Hub, token: str,
                       specs: dict[str, Any] | None, paused: bool) -> Coordinator:
-    config = run.config
-    coordinator = Coordinator(
-        hub, sync=config.sync, share_frames=config.share_frames,
-        prefetch=config.prefetch, preemptive_threshold=config.preemptive_threshold,
-        init_random_frames=run.init_random_frames // max(1, config.layout.total),
+    terms = AdmissionTerms(
+        token=token, specs=specs,
         check_specs=LocalSpecsCheck(lambda: run.coordinator, bool(run.remote_workers)),
-        token=token, accept_remote=run.remote_workers > 0,
-        on_worker_loss=config.on_worker_loss, on_lost=losses.silent,
-        on_leaving=losses.leaving,
-        batch_budget=_batch_budget(run), first_remote_index=run.num_workers,
-        scheme_configs={model_id: scheme.to_config()
-                        for model_id, scheme in run.schemes.items()},
-        max_remote_workers=run.remote_workers, specs=specs, publish=run.publish,
-        paused=paused, shared_memory_batches=run.shared_memory_batches,
-        compact_obs=run.compact_obs, rollout=config.rollout,
-    )
-    # A remote host that lacks the run's gymnasium id is told where it comes from.
-    coordinator.state.admission.env_source = run.spec.env_source
-    if config.sync and run.shared_memory_batches:  # shares copied once, into the round's batch
-        coordinator.shared.gather = RoundGather(config.cat_results,
-                                                share_frames=list(config.share_frames))
-    return coordinator
-
-
-def _batch_budget(run: MultiRun) -> int | None:
-    if run.config.sync or run.total_frames < 0:
-        return None
-    return run.total_frames // run.config.frames_per_batch
+        scheme_configs={model_id: scheme.to_config() for model_id, scheme in run.schemes.items()},
+        # A remote host that lacks the run's gymnasium id is told where it comes from.
+        env_source=run.spec.env_source)
+    return Coordinator(hub, run.config.coordinator, terms, on_lost=losses.silent,
+                       on_leaving=losses.leaving, publish=run.publish, paused=paused)

@@ -125,3 +125,50 @@ def test_thread_options_default_to_the_fork_server() -> None:
     assert ThreadOptions.check(4, 2, "spawn") == ThreadOptions(4, 2, "spawn")
     with pytest.raises(ValueError, match="start_method='fork' is not supported"):
         ThreadOptions.check(None, 1, "fork")
+
+
+# -- one configuration, passed whole ----------------------------------------------------------
+def test_every_rollout_option_is_an_argument_of_both_collectors() -> None:
+    """A rollout option a constructor lacked would keep its default silently: each
+    collector takes every field of RolloutOptions (its devices resolved first)."""
+    import inspect
+
+    from asyncrl import Collector, MultiCollector
+    from asyncrl.collectors._config import DEVICE_ARGUMENTS, ROLLOUT_ARGUMENTS
+
+    for collector in (Collector, MultiCollector):
+        parameters = inspect.signature(collector.__init__).parameters
+        missing = [name for name in (*ROLLOUT_ARGUMENTS, *DEVICE_ARGUMENTS)
+                   if name not in parameters]
+        assert missing == [], f"{collector.__name__} lacks {missing}"
+
+
+def test_the_arguments_become_one_frozen_config_the_coordinator_gets_whole() -> None:
+    import dataclasses
+
+    from asyncrl import MultiAsyncCollector
+    from asyncrl._coordinator.loss_policy import LossPolicy
+
+    collector = MultiAsyncCollector(
+        "CartPole-v1", num_workers=2, frames_per_batch=8, total_frames=24, prefetch=3,
+        max_frames_per_traj=5, set_truncated=True, exploration_type="mode",
+        on_worker_loss="continue", init_random_frames=6, compact_obs=True)
+    config = collector.config
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.listen = "tcp://0.0.0.0:0"  # type: ignore[misc]
+    rules = config.coordinator
+    assert (rules.sync, rules.share_frames, rules.prefetch, rules.batch_budget) == (
+        False, (8, 8), 3, 3)
+    assert (rules.init_random_frames, rules.compact_obs, rules.loss_policy) == (
+        3, True, LossPolicy("continue"))
+    rollout = rules.rollout
+    assert (rollout.max_frames_per_traj, rollout.set_truncated,
+            rollout.exploration_type.name) == (5, True, "MODE")
+    # The collector's attributes read the same object: nothing is copied back.
+    assert (collector.num_workers, collector.prefetch, collector.on_worker_loss,
+            collector.init_random_frames) == (2, 3, "continue", 6)
+    with pytest.raises(AttributeError) as info:
+        collector.prefetch = 4  # type: ignore[misc]
+    assert str(info.value) == (
+        "MultiAsyncCollector.prefetch is read from the checked arguments (collector.config) "
+        "and cannot be changed: pass prefetch=... to MultiAsyncCollector(...)")

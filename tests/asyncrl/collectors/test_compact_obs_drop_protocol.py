@@ -21,6 +21,7 @@ import pytest
 import torch
 from tensordict import TensorDict, TensorDictBase
 
+from asyncrl._coordinator.batch_sink import BatchSink
 from asyncrl._coordinator.coordinator import Coordinator
 from asyncrl._coordinator.state import CoordinatorState, Send
 from asyncrl._protocol import (
@@ -35,6 +36,7 @@ from asyncrl._protocol import (
 )
 from asyncrl._worker.outgoing import OutgoingBatches
 from asyncrl._worker.simulated import make_share, make_specs, sim_worker
+from tests.asyncrl.coordinator.rules import rules
 from transports import Hub, Link, ProtocolError
 
 FRAMES, OBS = 8, 64  # 256 bytes per observation: compact batches compact it
@@ -57,8 +59,9 @@ def hello(*, drops: bool | None) -> Hello:
 
 
 def state(*, compact_obs: bool, sync: bool = False, workers: int = 1) -> CoordinatorState:
-    return CoordinatorState(sync=sync, share_frames=[FRAMES] * workers, accept_remote=True,
-                            compact_obs=compact_obs, first_remote_index=0)
+    return CoordinatorState(*rules(sync=sync, share_frames=[FRAMES] * workers,
+                                   accept_remote=True, compact_obs=compact_obs,
+                                   first_remote_index=0))
 
 
 def admit(s: CoordinatorState, peer: bytes, *, drops: bool | None) -> Welcome:
@@ -121,10 +124,10 @@ def test_a_worker_welcomed_by_a_trainer_before_the_field_sends_the_compact_form(
 def test_a_dropped_batch_is_counted_as_it_came() -> None:
     s = state(compact_obs=True)
     admit(s, b"a", drops=True)
-    s.workers[b"a"].credits = 1
+    s.roster.workers[b"a"].credits = 1
     frames = drop_twins(make_share(FRAMES, OBS))
     assert s.batch(b"a", received(frames)) == []
-    (_, delivered), = s.ready
+    (_, delivered), = s.rounds.ready
     assert keys_of(delivered) == keys_of(frames)
 
 
@@ -137,7 +140,7 @@ def test_a_twin_smuggled_in_is_refused_naming_the_worker_and_the_key(
     refuse = actions[0].message
     assert isinstance(refuse, Refuse)
     assert "('next', 'observation'): sent, but compact_obs=True drops it" in refuse.reason
-    assert not s.workers[b"a"].alive and not s.ready
+    assert not s.roster.workers[b"a"].alive and not s.rounds.ready
     assert "worker 0 (w on h) sent a bad batch" in caplog.text
 
 
@@ -177,13 +180,19 @@ def test_without_compact_obs_a_batch_without_twins_is_refused_as_before() -> Non
 
 
 # -- releases mixed -----------------------------------------------------------------------------
+def sunk(s: CoordinatorState, peer: bytes, frames: TensorDictBase, request: int = 0) -> Batch:
+    """``frames`` as the coordinator's batch sink hands them on (decoded, compacted)."""
+    body = Batch.from_body(Batch(request, frames).to_body()).to_body()
+    return BatchSink(s.config).from_socket(s.roster.workers[peer], body)
+
+
 def test_a_worker_of_the_release_before_has_its_twins_dropped_on_receipt() -> None:
     s = state(compact_obs=True)
     assert admit(s, b"old", drops=None).compact_obs is True  # it ignores the field
-    s.workers[b"old"].credits = 1
+    s.roster.workers[b"old"].credits = 1
     full = make_share(FRAMES, OBS)
-    assert s.batch(b"old", received(full.clone())) == []
-    (_, delivered), = s.ready
+    assert s.batch(b"old", sunk(s, b"old", full.clone())) == []
+    (_, delivered), = s.rounds.ready
     assert keys_of(delivered) == keys_of(full) - TWINS
     for key in keys_of(delivered):
         assert torch.equal(delivered[key], full[key])
@@ -194,13 +203,14 @@ def test_a_sync_round_of_an_old_and_a_new_worker_has_one_layout() -> None:
     admit(s, b"old", drops=None)
     admit(s, b"new", drops=True)
     round_, _ = s.start_round()
-    old, new = s.workers[b"old"], s.workers[b"new"]
-    assert s.batch(b"old", received(make_share(FRAMES, OBS, worker_id=old.index),
-                                    round_.request)) == []
-    assert s.batch(b"new", received(drop_twins(make_share(FRAMES, OBS, worker_id=new.index)),
-                                    round_.request)) == []
+    old, new = s.roster.workers[b"old"], s.roster.workers[b"new"]
+    assert s.batch(b"old", sunk(s, b"old", make_share(FRAMES, OBS, worker_id=old.index),
+                                round_.request)) == []
+    assert s.batch(b"new", sunk(s, b"new", drop_twins(make_share(FRAMES, OBS,
+                                                                   worker_id=new.index)),
+                                round_.request)) == []
     assert round_.complete
-    shares = [frames for _, frames in s.end_round(round_)]
+    shares = [frames for _, frames in s.rounds.end_round(round_)]
     assert len(shares) == 2 and keys_of(shares[0]) == keys_of(shares[1])
     assert not TWINS & keys_of(shares[0])
     torch.stack(shares)  # the assembly stacks them: one layout
@@ -238,8 +248,8 @@ async def test_an_old_and_a_new_worker_deliver_one_layout_over_the_socket(
     welcomes: list[Welcome] = []
     with anyio.fail_after(60):
         async with Hub(f"inproc://compact-obs-{uuid.uuid4().hex}") as hub:
-            coordinator = Coordinator(hub, sync=True, share_frames=[FRAMES] * 2,
-                                      accept_remote=True, compact_obs=True)
+            coordinator = Coordinator(hub, *rules(sync=True, share_frames=[FRAMES] * 2,
+                                                  accept_remote=True, compact_obs=True))
             async with anyio.create_task_group() as tg:
                 tg.start_soon(coordinator.run)
                 await tg.start(partial(sim_worker, hub.endpoint, "old", frames=FRAMES,

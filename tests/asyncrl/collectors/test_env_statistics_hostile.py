@@ -54,14 +54,15 @@ class FakeWorkers:
                  frames: int = FRAMES) -> None:
         self.states = states
         self.fail_load = fail_load or {}
-        self.live_workers = [WorkerInfo(index=i, peer=b"w%d" % i, name=f"worker-{i}",
-                                        host="h", pid=100 + i) for i in range(len(states))]
-        self.catch_up_hooks: list[Any] = []
+        live = [WorkerInfo(index=i, peer=b"w%d" % i, name=f"worker-{i}", host="h", pid=100 + i)
+                for i in range(len(states))]
+        self.outbox = SimpleNamespace(catch_up_hooks=[])
         self.registry = WorkerRegistry()
-        for worker in self.live_workers:
+        self.roster = SimpleNamespace(live_workers=live)
+        for worker in live:
             self.registry.joined(worker)
             self.registry.delivered(worker, frames)
-        self.state = SimpleNamespace(rounds=SimpleNamespace(share_of=lambda index: SHARE))
+        self.config = SimpleNamespace(share_of=lambda index: SHARE)
         self.loaded: dict[int, dict[str, Any]] = {}
 
     async def control(self, worker: WorkerInfo, op: str, **args: Any) -> Any:

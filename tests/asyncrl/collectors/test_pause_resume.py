@@ -29,6 +29,7 @@ from asyncrl import (
 from asyncrl._coordinator.coordinator import Coordinator, check_specs
 from asyncrl._worker.simulated import SimRecord, sim_worker
 from asyncrl.testing import CountingEnv, ParamPolicy
+from tests.asyncrl.coordinator.rules import rules
 from transports import Hub
 
 pytestmark = pytest.mark.anyio
@@ -62,9 +63,9 @@ async def test_async_pause_grants_nothing_and_holds_what_was_in_flight() -> None
     prefetch, workers = 2, 2
     with anyio.fail_after(LIMIT):
         async with Hub(f"inproc://pause-{uuid.uuid4().hex}") as hub:
-            coordinator = Coordinator(hub, sync=False, share_frames=[FRAMES] * workers,
-                                      prefetch=prefetch, check_specs=check_specs,
-                                      accept_remote=True)
+            coordinator = Coordinator(hub, *rules(sync=False, share_frames=[FRAMES] * workers,
+                                                  prefetch=prefetch, check_specs=check_specs,
+                                                  accept_remote=True))
             async with anyio.create_task_group() as tg:
                 tg.start_soon(coordinator.run)
                 records = [await tg.start(_sim, hub.endpoint, SimRecord(f"sim-{i}"))
@@ -75,18 +76,18 @@ async def test_async_pause_grants_nothing_and_holds_what_was_in_flight() -> None
                 await coordinator.set_paused(True)
 
                 def granted() -> int:  # credits the coordinator gave, delivered or not
-                    return sum(w.delivered + w.credits for w in coordinator.live_workers)
+                    return sum(w.delivered + w.credits for w in coordinator.roster.live_workers)
 
                 before = granted()
                 # The workers finish what they were asked for (credits already on their
                 # way included), then idle.
                 await eventually(lambda: sum(r.granted for r in records) == before
                                  and all(r.sent == r.granted for r in records), "idle")
-                await eventually(lambda: sum(w.queued for w in coordinator.live_workers)
-                                 == sum(w.ahead for w in coordinator.live_workers), "held")
+                await eventually(lambda: sum(w.queued for w in coordinator.roster.live_workers)
+                                 == sum(w.ahead for w in coordinator.roster.live_workers), "held")
                 assert await nothing_within(coordinator.next_batch)  # nothing handed over
                 assert granted() == before == sum(r.granted for r in records)  # none new
-                held = len(coordinator.state.ready)
+                held = len(coordinator.state.rounds.ready)
                 assert 0 < held <= workers * prefetch
                 await coordinator.set_paused(False)
                 for _ in range(held + 2):  # the held batches first, then new ones
@@ -99,8 +100,8 @@ async def test_sync_pause_starts_no_round() -> None:
     workers = 2
     with anyio.fail_after(LIMIT):
         async with Hub(f"inproc://pause-{uuid.uuid4().hex}") as hub:
-            coordinator = Coordinator(hub, sync=True, share_frames=[FRAMES] * workers,
-                                      check_specs=check_specs, accept_remote=True)
+            coordinator = Coordinator(hub, *rules(sync=True, share_frames=[FRAMES] * workers,
+                                                  check_specs=check_specs, accept_remote=True))
             async with anyio.create_task_group() as tg:
                 tg.start_soon(coordinator.run)
                 records = [await tg.start(_sim, hub.endpoint, SimRecord(f"sim-{i}"))

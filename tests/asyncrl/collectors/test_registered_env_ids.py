@@ -41,9 +41,9 @@ def register_at_run_time(**kwargs: object) -> str:
 
 
 @contextmanager
-def remote_host(endpoint: str, env_id: str) -> Iterator[subprocess.Popen[str]]:
+def remote_host(endpoint: str, env_id: str, *extra: str) -> Iterator[subprocess.Popen[str]]:
     host = subprocess.Popen([sys.executable, "-m", "asyncrl.cli", "worker", "--connect",
-                             endpoint, "--env", env_id, "--no-forward-logs"],
+                             endpoint, "--env", env_id, "--no-forward-logs", *extra],
                             stderr=subprocess.PIPE, text=True)
     try:
         yield host
@@ -154,3 +154,21 @@ async def test_ale_registered_in_the_trainer_collects_in_local_and_remote_worker
     batch = torch.cat(batches)
     assert batch["observation"].shape[-3:] == (210, 160, 3)
     assert set(batch["collector", "worker_id"].reshape(-1).tolist()) == {0, 1}
+
+
+async def test_a_remote_env_worker_imports_where_the_trainers_id_comes_from() -> None:
+    # Central inference's env workers pass the one admission: the refusal of a hello that
+    # names the id it lacks carries where the trainer's id is registered, as it does for
+    # a MultiCollector's workers (issue 47: 'asyncrl env-worker' hosts lacked it).
+    env_id = register_at_run_time(kwargs={"start": 50.0}, max_episode_steps=2)
+    collector = AsyncBatchedCollector(env_id, num_envs=0, remote_workers=1,
+                                      listen="tcp://127.0.0.1:0", frames_per_batch=4,
+                                      total_frames=8)
+    with anyio.fail_after(LIMIT):
+        async with collector:
+            with remote_host(collector.endpoint, env_id, "--role", "env") as host:
+                batches = [b.clone() async for b in collector]
+                await collector.aclose()
+                assert await anyio.to_thread.run_sync(host.wait) == 0
+    steps = torch.cat([observed_steps(b) for b in batches]).tolist()
+    assert sorted(set(steps)) == [50.0, 51.0] and len(steps) == 8

@@ -36,6 +36,7 @@ from asyncrl._protocol import (
 )
 from asyncrl._worker.batch_slots import SlotWriter
 from asyncrl._worker.simulated import make_share, make_specs
+from tests.asyncrl.coordinator.rules import rules, run_config, shm_config
 from transports import Hub, Link, ProtocolError, SharedMemoryFullError, decode, encode
 
 FRAMES = 10
@@ -101,7 +102,7 @@ def segments() -> set[str]:
 # -- the copy is exact --------------------------------------------------------------------
 @pytest.mark.parametrize("steps", [5, 3, 0])
 def test_a_batch_through_a_slot_is_bit_identical_to_the_wire(steps: int) -> None:
-    shared = SharedBatches(enabled=True, share_frames=[FRAMES])
+    shared = SharedBatches(shm_config(share_frames=[FRAMES]))
     info = worker()
     _, writer = offered(shared, pixel_share(5), info)
     try:
@@ -119,7 +120,7 @@ def test_a_batch_through_a_slot_is_bit_identical_to_the_wire(steps: int) -> None
 
 
 def test_an_async_worker_gets_a_slot_per_batch_it_may_have_unread() -> None:
-    shared = SharedBatches(enabled=True, share_frames=[FRAMES], slots=1 + 3)  # prefetch=3
+    shared = SharedBatches(shm_config(share_frames=[FRAMES], prefetch=3))
     info = worker()
     _, writer = offered(shared, pixel_share(5), info)
     try:
@@ -134,7 +135,7 @@ def test_an_async_worker_gets_a_slot_per_batch_it_may_have_unread() -> None:
 
 
 def test_the_gathered_batch_owns_its_memory() -> None:
-    shared = SharedBatches(enabled=True, share_frames=[FRAMES])
+    shared = SharedBatches(shm_config(share_frames=[FRAMES]))
     info = worker()
     _, writer = offered(shared, pixel_share(5), info)
     try:
@@ -148,7 +149,7 @@ def test_the_gathered_batch_owns_its_memory() -> None:
 
 
 def test_a_batch_that_no_longer_fits_goes_back_to_the_wire(caplog: Any) -> None:
-    shared = SharedBatches(enabled=True, share_frames=[FRAMES])
+    shared = SharedBatches(shm_config(share_frames=[FRAMES]))
     _, writer = offered(shared, pixel_share(5), worker())
     changed = pixel_share(5)
     changed["extra"] = torch.zeros(2, 5)
@@ -169,7 +170,7 @@ def test_a_batch_that_no_longer_fits_goes_back_to_the_wire(caplog: Any) -> None:
 ])
 def test_a_hostile_notice_is_refused_with_what_was_expected(change: dict[str, Any],
                                                             error: str) -> None:
-    shared = SharedBatches(enabled=True, share_frames=[FRAMES])
+    shared = SharedBatches(shm_config(share_frames=[FRAMES]))
     info = worker()
     _, writer = offered(shared, pixel_share(5), info)
     notice = writer.write(pixel_share(5), 0)
@@ -185,7 +186,7 @@ def test_a_hostile_notice_is_refused_with_what_was_expected(change: dict[str, An
 
 
 def test_a_notice_from_a_worker_never_offered_a_segment_is_refused() -> None:
-    shared = SharedBatches(enabled=True, share_frames=[FRAMES])
+    shared = SharedBatches(shm_config(share_frames=[FRAMES]))
     with pytest.raises(ProtocolError, match=r"worker 3's segment is none"):
         shared.receive(worker(3, b"x"), SharedBatch(0, "asyncrl_1_ab", 0, 1))
 
@@ -220,7 +221,7 @@ def test_a_malformed_offer_is_refused(keys: Any, error: str) -> None:
 
 # -- lifetime and fallbacks ----------------------------------------------------------------
 def test_segments_are_unlinked_when_a_worker_goes_and_at_close() -> None:
-    shared = SharedBatches(enabled=True, share_frames=[FRAMES, FRAMES])
+    shared = SharedBatches(shm_config(share_frames=[FRAMES, FRAMES]))
     before = segments()
     a, b = worker(0, b"a"), worker(1, b"b")
     offer_a, writer_a = offered(shared, pixel_share(5), a)
@@ -240,10 +241,10 @@ def test_segments_are_unlinked_when_a_worker_goes_and_at_close() -> None:
 
 
 def test_remote_workers_and_a_disabled_run_stay_on_the_wire() -> None:
-    on = SharedBatches(enabled=True, share_frames=[FRAMES])
+    on = SharedBatches(shm_config(share_frames=[FRAMES]))
     on.admitted(b"r", local=False)
     assert on.offer(worker(0, b"r"), pixel_share(5)) is None
-    off = SharedBatches(enabled=False, share_frames=[FRAMES])
+    off = SharedBatches(run_config(share_frames=[FRAMES]))
     off.admitted(b"l", local=True)
     assert off.offer(worker(0, b"l"), pixel_share(5)) is None
 
@@ -254,7 +255,7 @@ def test_a_full_dev_shm_falls_back_to_the_wire_with_one_warning(monkeypatch: Any
         raise SharedMemoryFullError("asyncrl_1_ab", needed=30 << 20, free=1 << 20)
 
     monkeypatch.setattr(asyncrl._coordinator.shared_batches.SharedTensorFile, "create", full)
-    shared = SharedBatches(enabled=True, share_frames=[FRAMES, FRAMES])
+    shared = SharedBatches(shm_config(share_frames=[FRAMES, FRAMES]))
     with caplog.at_level(logging.WARNING, logger="asyncrl.coordinator"):
         for index, peer in enumerate((b"a", b"b")):
             shared.admitted(peer, local=True)
@@ -268,7 +269,7 @@ def test_a_full_dev_shm_falls_back_to_the_wire_with_one_warning(monkeypatch: Any
 def test_a_slot_the_trainer_never_read_sends_that_batch_over_the_wire(monkeypatch: Any,
                                                                        caplog: Any) -> None:
     monkeypatch.setattr(asyncrl._worker.batch_slots, "HELD_WAIT", 0.05)
-    shared = SharedBatches(enabled=True, share_frames=[FRAMES])
+    shared = SharedBatches(shm_config(share_frames=[FRAMES]))
     _, writer = offered(shared, pixel_share(5), worker())
     assert writer.write(pixel_share(5), 0) is not None
     assert writer.write(pixel_share(5), 1) is not None
@@ -302,8 +303,9 @@ async def test_hostile_notices_are_dropped_and_the_run_goes_on(caplog: Any) -> N
     with anyio.fail_after(60):
         async with Hub(f"inproc://shm-{uuid.uuid4().hex}") as hub, \
                 Link(hub.endpoint, identity=b"local") as peer:
-            sched = Coordinator(hub, sync=False, share_frames=[FRAMES], check_specs=check_specs,
-                                token=TOKEN, shared_memory_batches=True, prefetch=1)
+            sched = Coordinator(hub, *rules(sync=False, share_frames=[FRAMES],
+                                            check_specs=check_specs, token=TOKEN,
+                                            shared_memory_batches=True, prefetch=1))
             async with anyio.create_task_group() as tg:
                 tg.start_soon(sched.run)
                 await peer.send(Hello(protocol=PROTOCOL, name="local", host="h", pid=os.getpid(),
@@ -336,7 +338,7 @@ async def test_hostile_notices_are_dropped_and_the_run_goes_on(caplog: Any) -> N
                 # One line for the four (rate-limited: hostile input writes few lines).
                 assert len(dropped) == 1 and "asyncrl_1_forged" in dropped[0], dropped
                 assert "a worker writes only into the segment the trainer offered" in dropped[0]
-                assert [w.index for w in sched.live_workers] == [index]  # not even refused
+                assert [w.index for w in sched.roster.live_workers] == [index]  # not even refused
                 writer.detach()
                 tg.cancel_scope.cancel()
     assert segments() - before == set()  # the run's end unlinks it

@@ -1,8 +1,9 @@
 """A sync round's batch gathered from the workers' slots with one copy, as ``assemble`` lays it out.
 
-Without processes: :class:`SharedBatches` with a :class:`RoundGather`, the workers'
-:class:`SlotWriter` and a :class:`Round`. Each case checks the batch bit for bit
-against ``assemble`` of the same shares taken off the wire (today's path), and
+Without processes: a :class:`BatchSink` (its :class:`SharedBatches` and
+:class:`RoundGather`), the workers' :class:`SlotWriter` and a :class:`Round`. Each
+case checks the batch bit for bit against ``assemble`` of the same shares taken off
+the wire (today's path), and
 whether it was gathered with one copy (the shares are views of the batch) or,
 for a round that did not go as planned, joined by ``assemble``.
 """
@@ -15,17 +16,18 @@ from typing import Any
 import pytest
 from tensordict import TensorDictBase
 
+import asyncrl._coordinator.batch_sink
 import asyncrl._coordinator.round_gather
 import asyncrl._coordinator.shared_batches
 import asyncrl._worker.batch_slots
 from asyncrl import CollectorStatistics
+from asyncrl._coordinator.batch_sink import BatchSink
 from asyncrl._coordinator.records import Round, WorkerInfo
-from asyncrl._coordinator.round_gather import RoundGather
-from asyncrl._coordinator.shared_batches import SharedBatches
 from asyncrl._protocol import Batch
 from asyncrl._worker.batch_slots import SlotWriter
 from asyncrl.collectors._assemble import assemble
 from tests.asyncrl.collectors.test_shared_batches import differences, offered, pixel_share, wire
+from tests.asyncrl.coordinator.rules import shm_config
 from transports import SharedMemoryFullError, decode, encode
 
 STEPS, WORKERS = 4, 3
@@ -36,8 +38,9 @@ class Bench:
 
     def __init__(self, cat_results: Any, envs: int, socket: tuple[int, ...] = ()) -> None:
         share_frames = [envs * STEPS] * WORKERS
-        self.shared = SharedBatches(enabled=True, share_frames=share_frames)
-        self.shared.gather = RoundGather(cat_results, share_frames=share_frames)
+        self.sink = BatchSink(shm_config(sync=True, cat_results=cat_results,
+                                         share_frames=share_frames))
+        self.shared = self.sink.shared
         self.cat_results, self.envs = cat_results, envs
         self.infos = [WorkerInfo(i, f"w{i}".encode(), f"w{i}", "h", 10 + i)
                       for i in range(WORKERS)]
@@ -58,7 +61,7 @@ class Bench:
         else:
             notice = writer.write(share, self.round.request)
             assert notice is not None
-            frames = self.shared.receive(info, notice, self.round).frames
+            frames = self.sink.from_slot(info, notice, self.round).frames
         self.round.shares[info.peer] = frames
 
     def batch(self) -> tuple[TensorDictBase, TensorDictBase, bool]:
@@ -67,7 +70,7 @@ class Bench:
         today = assemble([self.share(i.index, s.shape[1]) for i, s in zip(
             [i for i in self.infos if i.peer in self.round.shares], shares, strict=True)],
             self.cat_results)
-        got = assemble(shares, self.cat_results, gather=self.shared.gather)
+        got = self.sink.join(shares)
         first = next(s for i, s in zip(self.infos, shares, strict=False) if i.index in self.writers)
         one_copy = first["pixels"].untyped_storage().data_ptr() == \
             got["pixels"].untyped_storage().data_ptr()
@@ -151,11 +154,11 @@ def test_a_stale_or_second_share_is_copied_out_as_before(bench: Any) -> None:
     b.deliver(0)
     stale = b.writers[1].write(b.share(1), request=0)  # an earlier round's
     assert stale is not None
-    frames = b.shared.receive(b.infos[1], stale, b.round).frames
+    frames = b.sink.from_slot(b.infos[1], stale, b.round).frames
     assert differences(frames, b.share(1)) == []
     again = b.writers[0].write(b.share(0), b.round.request)  # worker 0 already delivered
     assert again is not None
-    frames = b.shared.receive(b.infos[0], again, b.round).frames
+    frames = b.sink.from_slot(b.infos[0], again, b.round).frames
     assert differences(frames, b.share(0)) == []
     assert frames["pixels"].untyped_storage().data_ptr() != \
         b.round.shares[b"w0"]["pixels"].untyped_storage().data_ptr()
@@ -176,10 +179,10 @@ def test_counts_say_how_each_batch_came_and_who_a_full_dev_shm_kept_on_the_socke
     for index in range(WORKERS):
         b.deliver(index)
     body = Batch(1, b.share(2)).to_body()
-    b.shared.from_socket(b.infos[2], decode(encode(body)), max_frames=b.share(2).numel())
+    b.sink.from_socket(b.infos[2], decode(encode(body)))
     nbytes = sum(v.numel() * v.element_size()
                  for v in b.share(0).values(include_nested=True, leaves_only=True))
-    assert b.shared.counts() == {"shared_memory_batches": 2, "shared_memory_bytes": 2 * nbytes,
+    assert b.sink.counts() == {"shared_memory_batches": 2, "shared_memory_bytes": 2 * nbytes,
                                  "socket_batches": 1, "socket_bytes": nbytes,
                                  "shared_memory_fallbacks": 0}
     assert [(i.arrivals.shared_memory_batches, i.arrivals.socket_batches) for i in b.infos] \
@@ -189,15 +192,16 @@ def test_counts_say_how_each_batch_came_and_who_a_full_dev_shm_kept_on_the_socke
         raise SharedMemoryFullError("asyncrl_1_ab", needed=30 << 20, free=1 << 20)
 
     monkeypatch.setattr(asyncrl._coordinator.shared_batches.SharedTensorFile, "create", full)
-    shared = SharedBatches(enabled=True, share_frames=[8] * 3)
+    sink = BatchSink(shm_config(share_frames=[8] * 3))
     for index, (peer, local) in enumerate(((b"a", True), (b"b", True), (b"r", False))):
-        shared.admitted(peer, local=local)  # the remote one is no fallback
-        assert shared.offer(WorkerInfo(index, peer, "w", "h", 1), b.share(0)) is None
-    assert shared.counts()["shared_memory_fallbacks"] == 2
+        sink.shared.admitted(peer, local=local)  # the remote one is no fallback
+        assert sink.shared.offer(WorkerInfo(index, peer, "w", "h", 1), b.share(0)) is None
+    assert sink.counts()["shared_memory_fallbacks"] == 2
 
 
 def test_doctests() -> None:
     assert doctest.testmod(asyncrl._coordinator.round_gather).failed == 0
+    assert doctest.testmod(asyncrl._coordinator.batch_sink).failed == 0
 
 
 def test_prometheus_exports_the_arrival_counts() -> None:

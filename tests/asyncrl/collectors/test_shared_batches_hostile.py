@@ -33,6 +33,7 @@ import torch
 from tensordict import TensorDict
 
 import asyncrl._coordinator.shared_batches
+from asyncrl._coordinator.batch_sink import BatchSink
 from asyncrl._coordinator.coordinator import Coordinator, check_specs
 from asyncrl._coordinator.shared_batches import SharedBatches, SlotError
 from asyncrl._protocol import (
@@ -57,6 +58,7 @@ from tests.asyncrl.collectors.test_shared_batches import (
     segments,
     worker,
 )
+from tests.asyncrl.coordinator.rules import rules, shm_config
 from transports import Hub, Link, SharedTensorBlock, SharedTensorFile
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -90,8 +92,9 @@ def test_a_segment_shrunk_after_the_slot_was_marked_written_is_a_refused_batch()
         from tests.asyncrl.collectors.test_shared_batches import (FRAMES, differences,
                                                                    offered, pixel_share, worker)
         from tests.asyncrl.collectors.test_shared_batches_hostile import shrink
+        from tests.asyncrl.coordinator.rules import shm_config
 
-        shared = SharedBatches(enabled=True, share_frames=[FRAMES, FRAMES])
+        shared = SharedBatches(shm_config(share_frames=[FRAMES, FRAMES]))
         out = {}
         for case, size in (("empty", 0), ("inside the slot", 4096 + 100)):
             bad, honest = worker(0, b"bad"), worker(1, b"honest")
@@ -127,8 +130,9 @@ def test_a_segment_shrunk_during_the_copy_is_a_refused_batch() -> None:
         from tests.asyncrl.collectors.test_shared_batches import (FRAMES, offered,
                                                                    pixel_share, worker)
         from tests.asyncrl.collectors.test_shared_batches_hostile import shrink
+        from tests.asyncrl.coordinator.rules import shm_config
 
-        shared = shared_batches.SharedBatches(enabled=True, share_frames=[FRAMES])
+        shared = shared_batches.SharedBatches(shm_config(share_frames=[FRAMES]))
         info = worker()
         offer, writer = offered(shared, pixel_share(5), info)
         notice = writer.write(pixel_share(5, seed=1), 0)
@@ -170,7 +174,8 @@ def rewrite(block: SharedTensorBlock, slot: int, value: int, request: int) -> No
 
 def test_a_slot_rewritten_during_the_copy_is_refused_naming_the_slot(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    shared = SharedBatches(enabled=True, share_frames=[FRAMES])
+    sink = BatchSink(shm_config(share_frames=[FRAMES]))
+    shared = sink.shared
     info = worker()
     offer, writer = offered(shared, pixel_share(5), info)
     hostile = SharedTensorBlock.attach(offer.name)  # the env's own mapping of the segment
@@ -192,10 +197,11 @@ def test_a_slot_rewritten_during_the_copy_is_refused_naming_the_slot(
         with pytest.raises(SlotError, match=rf"shared batch in slot 0 of {offer.name} was "
                                             r"rewritten while the trainer copied it "
                                             r"\(sequence number 2 -> 4\); refused"):
-            shared.receive(info, notice)
+            sink.from_slot(info, notice)
         monkeypatch.undo()
         # Nothing was counted: the refused batch never reached the statistics.
-        assert shared.counts()["shared_memory_batches"] == 0
+        assert sink.counts()["shared_memory_batches"] == 0
+        assert info.arrivals.shared_memory_batches == 0
     finally:
         hostile.close()
         writer.detach()
@@ -216,7 +222,7 @@ def test_a_slot_rewritten_over_and_over_is_never_delivered_torn() -> None:
     (before the fix most of them mixed two writes)."""
     share = TensorDict({"pixels": torch.zeros(8, 64, 4, 84, 84, dtype=torch.uint8),
                         "reward": torch.zeros(8, 64, 1)}, batch_size=[8, 64])
-    shared = SharedBatches(enabled=True, share_frames=[8 * 64])
+    shared = SharedBatches(shm_config(share_frames=[8 * 64]))
     info = worker()
     offer, writer = offered(shared, share, info)
     hostile = SharedTensorBlock.attach(offer.name)
@@ -263,9 +269,10 @@ async def test_a_worker_that_shrinks_its_segment_is_refused_and_the_run_goes_on(
         async with Hub(f"inproc://shm-{uuid.uuid4().hex}") as hub, \
                 Link(hub.endpoint, identity=b"bad") as bad, \
                 Link(hub.endpoint, identity=b"honest") as honest:
-            sched = Coordinator(hub, sync=False, share_frames=[FRAMES, FRAMES],
-                                check_specs=check_specs, token=TOKEN, prefetch=1,
-                                shared_memory_batches=True, on_worker_loss="continue")
+            sched = Coordinator(hub, *rules(sync=False, share_frames=[FRAMES, FRAMES],
+                                            check_specs=check_specs, token=TOKEN, prefetch=1,
+                                            shared_memory_batches=True,
+                                            on_worker_loss="continue"))
             async with anyio.create_task_group() as tg:
                 tg.start_soon(sched.run)
                 indexes = {}
@@ -304,7 +311,7 @@ async def test_a_worker_that_shrinks_its_segment_is_refused_and_the_run_goes_on(
                 _, batch = await sched.next_batch()
                 assert differences(batch, make_share(FRAMES, 4, worker_id=indexes[honest],
                                                      seq=9)) == []
-                assert [w.index for w in sched.live_workers] == [indexes[honest]]
+                assert [w.index for w in sched.roster.live_workers] == [indexes[honest]]
                 writer.detach()
                 tg.cancel_scope.cancel()
     assert segments() - before == set()

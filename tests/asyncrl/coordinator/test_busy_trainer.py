@@ -307,15 +307,17 @@ class Coordinator:
         from asyncrl._coordinator.coordinator import Coordinator
         from asyncrl.testing import ParamPolicy
         from asyncrl.weights import WeightSender
+        from tests.asyncrl.coordinator.rules import rules
 
         self.hub = hub
         self.sender = WeightSender("policy", hub, model=ParamPolicy(),
                                    workers=lambda: {w.index: w.peer
-                                                    for w in self.scheduler.live_workers})
+                                                    for w in self.scheduler.roster.live_workers})
         self.scheduler = Coordinator(
-            hub, sync=sync, share_frames=[4], prefetch=2, accept_remote=True,
-            on_worker_loss=loss, on_join=on_join or self.catch_up, batch_budget=budget,
-            token=token, first_remote_index=1)
+            hub, *rules(sync=sync, share_frames=[4], prefetch=2, accept_remote=True,
+                        on_worker_loss=loss, batch_budget=budget, token=token,
+                        first_remote_index=1),
+            on_join=on_join or self.catch_up)
 
     async def catch_up(self, worker: object) -> None:
         await self.sender.on_worker_joined(worker.index)  # type: ignore[attr-defined]
@@ -391,7 +393,7 @@ async def test_a_worker_lost_during_its_admission_does_not_crash_the_scheduler(
             async def send(peer: bytes, body: object, *, kind: str = "data",
                            meta: dict | None = None) -> None:
                 if kind == "welcome" and peer == b"doomed":
-                    await lose(scheduler.workers[peer])  # gone just as it was welcomed
+                    await lose(scheduler.roster.workers[peer])  # gone just as it was welcomed
                     return
                 await real_send(peer, body, kind=kind, meta=meta)
 
@@ -409,15 +411,15 @@ async def test_a_worker_lost_during_its_admission_does_not_crash_the_scheduler(
                 await lost.wait()
                 # The scheduler task is alive and admits the next worker normally.
                 welcome = await admit(coordinator, survivor)
-                assert [w.peer for w in scheduler.live_workers] == [b"next"]
-                assert welcome.body["index"] == scheduler.live_workers[0].index
-                assert scheduler.state.failure is None
+                assert [w.peer for w in scheduler.roster.live_workers] == [b"next"]
+                assert welcome.body["index"] == scheduler.roster.live_workers[0].index
+                assert scheduler.state.losses.failure is None
                 # The lost worker was granted nothing: its credits are not a leak.
                 # (The survivor's grant follows its welcome and catch-up: wait for it.)
-                while scheduler.state.budget > 10 - scheduler.state.prefetch:
+                while scheduler.state.rounds.budget > 10 - scheduler.state.config.prefetch:
                     await anyio.sleep(0.01)
                 await anyio.sleep(0.1)  # a leak would show as a second grant here
-                assert scheduler.state.budget == 10 - scheduler.state.prefetch
+                assert scheduler.state.rounds.budget == 10 - scheduler.state.config.prefetch
                 tg.cancel_scope.cancel()
 
 
@@ -426,7 +428,6 @@ async def test_a_repeated_hello_while_admitted_is_welcomed_again_the_same(slot: 
     """A trainer busy when a worker joined: the worker said hello twice before any answer."""
     async with Hub(f"inproc://{uuid.uuid4().hex}", **FAST) as hub:
         coordinator = Coordinator(hub, token="secret")
-        coordinator.scheduler.state.share_frames = [4]  # slot 0 is a local worker's
         with anyio.fail_after(30):
             async with Link(hub.endpoint, identity=b"w", **FAST) as link, \
                     anyio.create_task_group() as tg:
@@ -447,7 +448,7 @@ async def test_a_repeated_hello_while_admitted_is_welcomed_again_the_same(slot: 
                 credits = await next_order(link)
                 assert credits.kind == "collect"
                 assert credits.body == {"request": welcomes[0]["index"], "credits": 2}
-                workers = coordinator.scheduler.live_workers
+                workers = coordinator.scheduler.roster.live_workers
                 assert len(workers) == 1 and workers[0].credits == 2
                 tg.cancel_scope.cancel()
 
@@ -500,10 +501,10 @@ async def test_a_worker_found_gone_while_a_round_is_asked_for_does_not_break_the
                     await anyio.sleep(0.01)
                 with anyio.move_on_after(1):
                     await scheduler.next_round()  # waits for w2's share: no error
-                assert scheduler.state.round is not None
-                assert list(scheduler.state.round.targets) == [b"w2"]
+                assert scheduler.state.rounds.round is not None
+                assert list(scheduler.state.rounds.round.targets) == [b"w2"]
                 assert (await next_order(survivor)).kind == "collect"
-                assert scheduler.state.failure is None
+                assert scheduler.state.losses.failure is None
 
 
 async def test_a_worker_that_said_hello_twice_to_a_busy_trainer_joins_once_and_collects() -> None:
@@ -517,7 +518,6 @@ async def test_a_worker_that_said_hello_twice_to_a_busy_trainer_joins_once_and_c
     async with Hub("tcp://127.0.0.1:0", **FAST) as hub:
         coordinator = Coordinator(hub, token="secret")
         scheduler = coordinator.scheduler
-        scheduler.state.share_frames = [4]
 
         async def worker() -> None:
             codes.append(await run_worker(hub.endpoint, WorkerSpec(CountingEnv), identity=b"w",
@@ -532,7 +532,7 @@ async def test_a_worker_that_said_hello_twice_to_a_busy_trainer_joins_once_and_c
                 who, batch = await scheduler.next_batch()
                 assert who.index == 0 and batch.numel() == 4
                 assert batch["collector", "worker_id"].unique().tolist() == [0]
-                assert [w.index for w in scheduler.live_workers] == [0]
+                assert [w.index for w in scheduler.roster.live_workers] == [0]
                 await hub.send(b"w", Control("close").to_body(), kind=Control.KIND)
                 while not codes:
                     await anyio.sleep(0.05)
@@ -562,7 +562,7 @@ async def test_a_replacement_lost_during_its_admission_leaves_the_share_to_the_n
                 await admit(coordinator, first)
                 tg.start_soon(scheduler.next_round)
                 assert (await next_order(first)).kind == "collect"
-                round_ = scheduler.state.round
+                round_ = scheduler.state.rounds.round
                 assert round_ is not None
                 await scheduler._on_lost(b"first")  # its share is owed by the next to join
                 assert round_.replacements == 1
@@ -588,7 +588,7 @@ async def test_a_round_started_during_a_catch_up_orders_the_newcomer_after_its_w
 
         coordinator = Coordinator(hub, sync=True, on_join=no_join_hook)
         scheduler = coordinator.scheduler
-        scheduler.attach(coordinator.sender)  # as MultiCollector wires it: catch-up first
+        scheduler.outbox.attach(coordinator.sender)  # as MultiCollector wires it: catch-up first
         await coordinator.sender.send_async()  # version 1, for nobody yet
         held, release = anyio.Event(), anyio.Event()
 
@@ -608,8 +608,9 @@ async def test_a_round_started_during_a_catch_up_orders_the_newcomer_after_its_w
                 tg.start_soon(scheduler.next_round)  # the trainer's loop, another task
                 # Until the round's order for the newcomer waits behind its catch-up (an
                 # order that did not wait would already be on its way: this never ends).
-                while (b"w" not in scheduler._catching_up or scheduler._catching_up[
-                        b"w"].statistics().tasks_waiting == 0):
+                catching_up = scheduler.outbox._catching_up
+                while (b"w" not in catching_up
+                       or catching_up[b"w"].statistics().tasks_waiting == 0):
                     await anyio.sleep(0.01)
                 release.set()
                 kinds = []

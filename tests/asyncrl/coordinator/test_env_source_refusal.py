@@ -18,6 +18,7 @@ from asyncrl._coordinator.state import CoordinatorState, Send
 from asyncrl._protocol import PROTOCOL, Hello, Refuse
 from asyncrl._protocol.env_source import read_env_source
 from asyncrl._rollout.env_ids import EnvIdSource
+from tests.asyncrl.coordinator.rules import rules
 from transports import ProtocolError, decode, encode
 
 SOURCE = EnvIdSource("Counting-v0", "tests.asyncrl.collectors.runtime_envs", "", {
@@ -28,10 +29,7 @@ SOURCE = EnvIdSource("Counting-v0", "tests.asyncrl.collectors.runtime_envs", "",
 
 
 def state(source: EnvIdSource | None = SOURCE, **options: Any) -> CoordinatorState:
-    s = CoordinatorState(**{"sync": False, "share_frames": [8], "accept_remote": True,
-                            **options})
-    s.admission.env_source = source
-    return s
+    return CoordinatorState(*rules(**{"accept_remote": True, "env_source": source, **options}))
 
 
 def missing(env_id: str = "Counting-v0", protocol: int = PROTOCOL) -> Hello:

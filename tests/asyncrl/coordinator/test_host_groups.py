@@ -57,7 +57,7 @@ def test_two_hosts_racing_for_two_places_one_joins_whole_the_other_is_refused_wh
            "the workers of hosts joining now" in b0.reason
     assert "this host's 2 workers still to join need 2 free places at once (a host joins " \
            "whole or not at all), and 0 are free" in b0.reason
-    assert sorted(w.group for w in s.live_workers) == ["A", "A"]
+    assert sorted(w.group for w in s.roster.live_workers) == ["A", "A"]
 
 
 def test_a_host_refused_whole_joins_whole_once_its_places_are_free() -> None:
@@ -65,16 +65,16 @@ def test_a_host_refused_whole_joins_whole_once_its_places_are_free() -> None:
     for peer in (b"a0", b"a1"):
         answer(s, peer, grouped("A", 1))
     assert isinstance(answer(s, b"b0", grouped("B", 2)), Refuse)
-    s.departed(b"a0")  # one place free: still not enough for B's two
+    s.losses.departed(b"a0")  # one place free: still not enough for B's two
     assert isinstance(answer(s, b"b0", grouped("B", 2, attempt=1)), Refuse)
-    s.departed(b"a1")
+    s.losses.departed(b"a1")
     assert isinstance(answer(s, b"b1", grouped("B", 2, attempt=1)), Welcome)
     # A stranger cannot take the place held for b0 meanwhile ...
     stranger = answer(s, b"x", hello(pid=3))
     assert isinstance(stranger, Refuse) and stranger.full
     # ... and b0 takes it.
     assert isinstance(answer(s, b"b0", grouped("B", 2, attempt=2)), Welcome)
-    assert sorted(w.group for w in s.live_workers) == ["B", "B"]
+    assert sorted(w.group for w in s.roster.live_workers) == ["B", "B"]
 
 
 def test_a_held_place_is_freed_after_the_hold_when_the_sibling_never_comes() -> None:
@@ -91,7 +91,7 @@ def test_a_host_that_lost_one_worker_needs_one_place_to_make_it_whole_again() ->
     for peer in (b"a0", b"a1"):
         answer(s, peer, grouped("A", 1))
     answer(s, b"x", hello(pid=3))  # the third place
-    s.lost(b"a1", "silent")
+    s.losses.lost(b"a1", "silent")
     assert isinstance(answer(s, b"a1", grouped("A", 1, attempt=1)), Welcome)
 
 
@@ -146,11 +146,11 @@ def test_a_stranger_whose_only_worker_leaves_holds_no_place(leaves: str) -> None
     s = run(4)  # the attack: remote_workers=4, no keys, one hello saying group_size=4
     assert isinstance(answer(s, b"x", grouped("X", 66, size=4)), Welcome)
     assert s.admission.groups.held() == 3
-    getattr(s, leaves)(b"x", *(("silent",) if leaves == "lost" else
+    getattr(s.losses, leaves)(b"x", *(("silent",) if leaves == "lost" else
                                (61.0,) if leaves == "stalled" else ()))
     assert honest_host_joins(s)  # at once: nothing is held for a group with nobody left
     assert s.admission.groups.held() == 0
-    assert sorted(w.group for w in s.live_workers) == ["H", "H"]
+    assert sorted(w.group for w in s.roster.live_workers) == ["H", "H"]
 
 
 def test_a_group_that_never_fills_frees_its_places_within_the_hold() -> None:
@@ -189,11 +189,11 @@ def test_a_group_cannot_renew_a_hold_it_lost() -> None:
 def test_a_group_whose_workers_left_cannot_hold_again_by_saying_hello_again() -> None:
     s = run(4)
     answer(s, b"x", grouped("X", 66, size=4))
-    s.departed(b"x")
+    s.losses.departed(b"x")
     for attempt, peer in enumerate((b"x", b"x2", b"x3"), start=1):  # again and again
         assert isinstance(answer(s, peer, grouped("X", 66 + attempt, size=4, attempt=attempt)),
                           Welcome)
-        s.departed(peer)
+        s.losses.departed(peer)
         assert s.admission.groups.held() == 0
     assert honest_host_joins(s)
 
@@ -215,7 +215,7 @@ def test_whatever_hellos_a_stranger_sends_an_honest_host_joins_within_the_hold(
     for tick in range(int(HOLD + QUIET + 10) * 4):  # every 0.25 s
         clock.now = tick / 4
         if stranger is not None and rng.random() < 0.3:
-            getattr(s, rng.choice(["departed", "lost"]))(stranger)
+            getattr(s.losses, rng.choice(["departed", "lost"]))(stranger)
             stranger = None
         if stranger is None:
             peer = f"x{tick}".encode()

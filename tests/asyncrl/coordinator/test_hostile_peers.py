@@ -35,6 +35,7 @@ from asyncrl._protocol import (
     decode,
 )
 from asyncrl._worker.simulated import make_share, make_specs
+from tests.asyncrl.coordinator.rules import rules
 from transports import ErrorPayload, Hub, Link, ProtocolError, RemoteError, random_identity
 from transports._codec import encode_message
 
@@ -69,8 +70,8 @@ async def join(link: Link) -> int:
 
 
 def scheduler(hub: Hub, *, sync: bool = False, **options: Any) -> Coordinator:
-    return Coordinator(hub, sync=sync, share_frames=[FRAMES], check_specs=check_specs,
-                     accept_remote=True, **options)
+    return Coordinator(hub, *rules(sync=sync, share_frames=[FRAMES], check_specs=check_specs,
+                                   accept_remote=True, **options))
 
 
 def inproc() -> str:
@@ -152,7 +153,7 @@ async def test_remote_workers_is_a_limit_and_a_lost_worker_frees_its_place() -> 
                         assert refused.kind == Refuse.KIND
                         assert "at most 1 remote worker" in refused.body["reason"]
                 # "first" said goodbye: its place is free.
-                while sched.live_workers:
+                while sched.roster.live_workers:
                     await anyio.sleep(0.05)
                 async with Link(hub.endpoint, identity=b"third") as third:
                     await join(third)
@@ -193,8 +194,8 @@ async def test_a_bad_batch_is_never_counted(bad: Any) -> None:
                     await sched.next_batch()
                 refused = await recv_kind(rogue, Refuse.KIND)
                 assert "rejected" in refused.body["reason"]
-                assert not sched.live_workers
-                assert len(sched.state.ready) == 0
+                assert not sched.roster.live_workers
+                assert len(sched.state.rounds.ready) == 0
                 tg.cancel_scope.cancel()
     print(caught.value)
 
@@ -227,9 +228,9 @@ class RogueAndGood:
 async def rogue_and_good() -> AsyncIterator[RogueAndGood]:
     async with Hub(inproc()) as hub, Link(hub.endpoint, identity=b"rogue") as rogue, \
             Link(hub.endpoint, identity=b"good") as good:
-        sched = Coordinator(hub, sync=False, share_frames=[FRAMES, FRAMES],
-                            check_specs=check_specs, accept_remote=True,
-                            on_worker_loss="continue", batch_budget=3)
+        sched = Coordinator(hub, *rules(sync=False, share_frames=[FRAMES, FRAMES],
+                                        check_specs=check_specs, accept_remote=True,
+                                        on_worker_loss="continue", batch_budget=3))
         async with anyio.create_task_group() as tg:
             tg.start_soon(sched.run)
             rogue_index = await join(rogue)
@@ -313,7 +314,7 @@ async def test_a_malformed_compact_batch_drops_its_worker_and_the_run_goes_on(ba
                 worker, batch = await run.sched.next_batch()
                 assert worker.index == run.good_index
                 assert bool((batch == make_share(FRAMES, 4, worker_id=run.good_index)).all())
-            assert [w.index for w in run.sched.live_workers] == [run.good_index]
+            assert [w.index for w in run.sched.roster.live_workers] == [run.good_index]
 
 
 async def test_a_malformed_error_report_is_dropped_naming_the_field_and_the_run_goes_on(
@@ -373,7 +374,7 @@ async def test_a_rogue_remote_worker_does_not_complete_the_run_with_bogus_frames
                                        total_frames=100, on_worker_loss=on_worker_loss) as c, \
                 Link(c.endpoint, identity=random_identity("rogue")) as rogue:
             assert c._run.coordinator is not None
-            specs = c._run.coordinator.specs
+            specs = c._run.coordinator.state.admission.specs
             await rogue.send(Hello(protocol=PROTOCOL, name="rogue", host="test", pid=1,
                                    specs=specs).to_body(), kind=Hello.KIND)
             welcome = await recv_kind(rogue, Welcome.KIND, Refuse.KIND)

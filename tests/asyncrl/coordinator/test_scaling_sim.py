@@ -15,6 +15,7 @@ import pytest
 from asyncrl._coordinator.coordinator import Coordinator, check_specs
 from asyncrl._worker.simulated import SimRecord, sim_worker
 from asyncrl.collectors._assemble import assemble
+from tests.asyncrl.coordinator.rules import rules
 from transports import Hub
 
 WORKERS = 64
@@ -37,8 +38,9 @@ async def _worker(endpoint: str, record: SimRecord, *,
 
 
 def _scheduler(hub: Hub, *, sync: bool, prefetch: int = 1) -> Coordinator:
-    return Coordinator(hub, sync=sync, share_frames=[FRAMES] * WORKERS, prefetch=prefetch,
-                     check_specs=check_specs, accept_remote=True)
+    return Coordinator(hub, *rules(sync=sync, share_frames=[FRAMES] * WORKERS,
+                                   prefetch=prefetch, check_specs=check_specs,
+                                   accept_remote=True))
 
 
 @pytest.mark.anyio
@@ -51,7 +53,7 @@ async def test_sync_rounds_hold_one_share_per_worker() -> None:
                 tg.start_soon(scheduler.run)
                 records = await _start_workers(tg, hub.endpoint)
                 await scheduler.wait_for_workers(WORKERS)
-                admitted = {w.index for w in scheduler.live_workers}
+                admitted = {w.index for w in scheduler.roster.live_workers}
                 assert len(admitted) == WORKERS
                 for r in range(rounds):
                     shares = await scheduler.next_round()
@@ -84,7 +86,7 @@ async def test_async_batches_respect_credits() -> None:
                 tg.start_soon(scheduler.run)
                 records = await _start_workers(tg, hub.endpoint)
                 await scheduler.wait_for_workers(WORKERS)
-                admitted = {w.index for w in scheduler.live_workers}
+                admitted = {w.index for w in scheduler.roster.live_workers}
                 for _ in range(batches):
                     worker, frames = await scheduler.next_batch()
                     assert worker.index in admitted
@@ -92,7 +94,7 @@ async def test_async_batches_respect_credits() -> None:
                     assert bool((frames["collector", "worker_id"] == worker.index).all())
                     seq = int(frames["collector", "traj_ids"][0, 0])
                     seen.setdefault(worker.index, []).append(seq)
-                    assert all(w.credits <= prefetch for w in scheduler.workers.values())
+                    assert all(w.credits <= prefetch for w in scheduler.roster.workers.values())
                 tg.cancel_scope.cancel()
     assert sum(len(s) for s in seen.values()) == batches
     for seqs in seen.values():

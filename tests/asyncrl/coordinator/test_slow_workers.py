@@ -30,7 +30,7 @@ def test_a_worker_that_reports_steps_is_not_stalled_however_long_its_batch() -> 
     for step in range(1, 40):  # a step a second, for 39 s of one batch
         clock.now = 100.0 + step
         assert not s.progress(b"a", Progress(a.index, steps=step))
-        assert s.stalled_workers(clock.now, 10.0) == []
+        assert s.losses.stalled_workers(clock.now, 10.0) == []
     assert a.stepped_at == 139.0 and a.steps == 39
 
 
@@ -42,12 +42,12 @@ def test_a_worker_whose_steps_stop_is_stalled_from_its_last_step() -> None:
     clock.now = 110.0
     s.progress(b"a", Progress(a.index, steps=7))  # the same count: no step since
     clock.now = 114.0
-    assert s.stalled_workers(clock.now, 10.0) == []
+    assert s.losses.stalled_workers(clock.now, 10.0) == []
     clock.now = 114.5
-    assert s.stalled_workers(clock.now, 10.0) == [(a, 14.5)]
-    s.stalled(b"a", 14.5)
-    message = str(s.failure)
-    assert isinstance(s.failure, WorkerLostError)
+    assert s.losses.stalled_workers(clock.now, 10.0) == [(a, 14.5)]
+    s.losses.stalled(b"a", 14.5)
+    message = str(s.losses.failure)
+    assert isinstance(s.losses.failure, WorkerLostError)
     assert "delivered nothing for 14.5 s, no step for 10.5 s" in message, message
     assert "the env step or the policy did not return (sample_timeout)" in message, message
 
@@ -60,14 +60,14 @@ def test_a_step_before_the_owed_batch_does_not_count_for_it() -> None:
     clock.now = 106.0
     s.batch(b"a", Batch(a.index, share(a.index)))  # owes its second from 106 on
     clock.now = 116.5
-    assert s.stalled_workers(clock.now, 10.0) == [(a, 10.5)]
+    assert s.losses.stalled_workers(clock.now, 10.0) == [(a, 10.5)]
 
 
 def test_progress_of_a_stranger_or_a_lost_worker_changes_nothing() -> None:
     s, _ = clocked(on_worker_loss="continue")
     a = admit(s, b"a")
     s.progress(b"stranger", Progress(0, steps=5))
-    s.lost(b"a")
+    s.losses.lost(b"a")
     s.progress(b"a", Progress(a.index, steps=5))
     assert a.stepped_at is None and a.steps == -1
 
@@ -121,7 +121,7 @@ def test_progress_that_rises_past_what_its_batches_hold_refuses_the_worker() -> 
     for step in range(1, 26):  # 25 s watched
         clock.now = 100.0 + step
         actions = s.progress(b"a", Progress(a.index, steps=step))
-        if actions or s.stalled_workers(clock.now, 3.0):
+        if actions or s.losses.stalled_workers(clock.now, 3.0):
             break
     assert clock.now == 109.0 and not a.alive  # its 9th step: one more than a share holds
     refuse = actions[0].message
@@ -129,7 +129,7 @@ def test_progress_that_rises_past_what_its_batches_hold_refuses_the_worker() -> 
     assert refuse.reason == ("dropped: its progress says 9 env steps, more than its 0 "
                              "delivered batch(es) and the one it collects can hold (8: 8 "
                              "frames each, a step at least one frame)")
-    assert isinstance(actions[1], Expel) and s.written_off == 1
+    assert isinstance(actions[1], Expel) and s.losses.written_off == 1
     assert a.rejoin_asked  # refused for cause: never invited back
 
 
@@ -137,10 +137,10 @@ def test_a_refused_progress_under_raise_fails_the_run_naming_the_worker() -> Non
     s, _ = clocked()
     a = admit(s, b"a")
     s.progress(b"a", Progress(a.index, steps=10**6))
-    assert isinstance(s.failure, WorkerLostError)
-    assert f"worker {a.index} (w, pid {a.pid}" in str(s.failure), s.failure
+    assert isinstance(s.losses.failure, WorkerLostError)
+    assert f"worker {a.index} (w, pid {a.pid}" in str(s.losses.failure), s.losses.failure
     assert "was refused: its progress says 1000000 env steps, more than its 0 delivered " \
-        "batch(es)" in str(s.failure), s.failure
+        "batch(es)" in str(s.losses.failure), s.losses.failure
 
 
 def test_a_share_whose_steps_rise_past_its_frames_but_which_never_comes_is_a_stall() -> None:
@@ -152,20 +152,20 @@ def test_a_share_whose_steps_rise_past_its_frames_but_which_never_comes_is_a_sta
     for _ in range(2):
         s.batch(b"a", Batch(a.index, share(a.index, 64)))
         owed = clock.now = clock.now + 5.0
-        assert s.take() is not None  # the trainer takes it: its next credit, owed from now
+        assert s.rounds.take() is not None  # the trainer takes it: its next credit, owed from now
     assert (a.delivered, a.credits, a.owed_since) == (2, 1, owed)
     stalled: list[Any] = []
     for tick in range(1, 25 * 4):  # the watchdog looks every 0.25 s, for 25 s
         clock.now = owed + tick / 4
         if tick % 4 == 0:  # a report a second
             assert not s.progress(b"a", Progress(a.index, steps=1 + 10 * (tick // 4 - 1)))
-        stalled = s.stalled_workers(clock.now, 3.0)
+        stalled = s.losses.stalled_workers(clock.now, 3.0)
         if stalled:
             break
     assert stalled == [(a, clock.now - owed)]
     assert owed + 9.4 < clock.now <= owed + 11.0, clock.now - owed
-    s.stalled(b"a", stalled[0][1])
-    assert not a.alive and s.written_off == 1
+    s.losses.stalled(b"a", stalled[0][1])
+    assert not a.alive and s.losses.written_off == 1
     assert "although its progress reports" in a.lost_because, a.lost_because
     assert "its share of 64 frames was due after" in a.lost_because, a.lost_because
 
@@ -181,7 +181,7 @@ def test_a_slow_worker_that_steps_evenly_is_never_due_before_its_share_ends() ->
             clock.now += 2.5
             steps += 1
             assert not s.progress(b"a", Progress(a.index, steps=steps))  # not refused
-            assert s.stalled_workers(clock.now, 3.0) == []
+            assert s.losses.stalled_workers(clock.now, 3.0) == []
         s.batch(b"a", Batch(a.index, share(a.index, 64)))
     assert a.alive and a.delivered == 3
 

@@ -30,7 +30,7 @@ class Clock:
 
 def clocked(**options: Any) -> tuple[CoordinatorState, Clock]:
     s = state(**options)
-    clock = s.clock = Clock()
+    clock = s.rounds.clock = Clock()
     return s, clock
 
 
@@ -50,19 +50,19 @@ def test_only_a_worker_that_owed_longer_than_the_timeout_is_stalled() -> None:
     a, b = admit(s, b"a"), admit(s, b"b")
     clock.now = 109.0
     s.batch(b"b", Batch(b.index, share(b.index)))  # b delivered; its next credit waits
-    assert s.stalled_workers(clock.now, 10.0) == []
+    assert s.losses.stalled_workers(clock.now, 10.0) == []
     clock.now = 110.5
-    assert s.stalled_workers(clock.now, 10.0) == [(a, 10.5)]
+    assert s.losses.stalled_workers(clock.now, 10.0) == [(a, 10.5)]
     # Time while the trainer's loop did not run does not count.
-    assert s.stalled_workers(clock.now, 10.0, awake_since=105.0) == []
+    assert s.losses.stalled_workers(clock.now, 10.0, awake_since=105.0) == []
 
 
 def test_a_stall_under_raise_fails_the_run_naming_slot_pid_time_and_cause() -> None:
     s, _ = clocked()
     a = admit(s, b"a")
-    assert s.stalled(b"a", 61.0) == [Expel(b"a")]
-    assert isinstance(s.failure, WorkerLostError) and not a.alive
-    message = str(s.failure)
+    assert s.losses.stalled(b"a", 61.0) == [Expel(b"a")]
+    assert isinstance(s.losses.failure, WorkerLostError) and not a.alive
+    message = str(s.losses.failure)
     assert f"worker {a.index} (w, pid {a.pid} on test-host)" in message, message
     assert "delivered nothing for 61.0 s" in message, message
     assert "the env step or the policy did not return" in message, message
@@ -72,21 +72,21 @@ def test_a_stalled_workers_credits_go_to_the_others_so_total_frames_stays_exact(
     s, _ = clocked(prefetch=1, batch_budget=3, on_worker_loss="continue")
     a, b = admit(s, b"a"), admit(s, b"b")
     s.batch(b"b", Batch(b.index, share(b.index)))
-    s.take()  # b's next credit
-    assert (a.credits, b.credits, s.budget) == (1, 1, 0)
+    s.rounds.take()  # b's next credit
+    assert (a.credits, b.credits, s.rounds.budget) == (1, 1, 0)
     s.batch(b"b", Batch(b.index, share(b.index)))
-    s.take()  # the budget is spent: b idles while a holds the last credit hostage
-    assert (b.credits, s.budget) == (0, 0)
-    assert s.stalled(b"a", 61.0) == [Expel(b"a"), Send(b"b", Collect(b.index, 1))]
-    assert s.failure is None and s.written_off == 1
+    s.rounds.take()  # the budget is spent: b idles while a holds the last credit hostage
+    assert (b.credits, s.rounds.budget) == (0, 0)
+    assert s.losses.stalled(b"a", 61.0) == [Expel(b"a"), Send(b"b", Collect(b.index, 1))]
+    assert s.losses.failure is None and s.losses.written_off == 1
 
 
 def test_a_stalled_share_leaves_a_continue_round_that_completes_without_it() -> None:
     s, (w0, _) = sync_state(2, on_worker_loss="continue")
     round_, _ = s.start_round()
     s.batch(b"w0", Batch(1, share(0)))
-    assert s.stalled(b"w1", 61.0) == [Expel(b"w1")]
-    assert round_.complete and [w for w, _ in s.end_round(round_)] == [w0]
+    assert s.losses.stalled(b"w1", 61.0) == [Expel(b"w1")]
+    assert round_.complete and [w for w, _ in s.rounds.end_round(round_)] == [w0]
 
 
 class Stop(Exception):
@@ -100,7 +100,7 @@ class FakeCoordinator:
 
     async def worker_stalled(self, worker: WorkerInfo, seconds: float) -> None:
         self.stalled.append((worker, seconds))
-        self.state.stalled(worker.peer, seconds)
+        self.state.losses.stalled(worker.peer, seconds)
 
 
 @pytest.mark.anyio
@@ -156,33 +156,33 @@ class WaitingCoordinator:
         self.registry = Published()
 
     def fail(self, error: BaseException) -> None:
-        self.state.fail(error)
+        self.state.losses.fail(error)
 
 
 def test_a_waiting_round_names_the_lost_worker_until_a_newcomer_takes_its_place() -> None:
     s, (_, w1) = sync_state(2, on_worker_loss="wait")
     s.start_round()
-    assert s.waiting_for() == []
-    s.lost(b"w1")
-    assert s.waiting_for() == [w1]
+    assert s.losses.waiting_for() == []
+    s.losses.lost(b"w1")
+    assert s.losses.waiting_for() == [w1]
     s.hello(b"new", hello())
-    assert s.waiting_for() == [] and not s.vacant
+    assert s.losses.waiting_for() == [] and not s.losses.vacant
 
 
 def test_an_async_run_waits_only_once_no_worker_is_left() -> None:
     s, _ = clocked(on_worker_loss="wait")
     a, b = admit(s, b"a"), admit(s, b"b")
-    s.lost(b"a")
-    assert s.waiting_for() == []  # b still collects
-    s.lost(b"b")
-    assert s.waiting_for() == [a, b]
+    s.losses.lost(b"a")
+    assert s.losses.waiting_for() == []  # b still collects
+    s.losses.lost(b"b")
+    assert s.losses.waiting_for() == [a, b]
 
 
 def test_the_wait_is_announced_once_warned_about_and_fails_after_the_timeout(
         caplog: pytest.LogCaptureFixture) -> None:
     s, (_, w1) = sync_state(2, on_worker_loss="wait")
     s.start_round()
-    s.lost(b"w1")
+    s.losses.lost(b"w1")
     coordinator = WaitingCoordinator(s)
     watch = ReplacementWatch(coordinator, 9.0, clock=Clock())  # type: ignore[arg-type]
     assert watch.warn_every == 3.0
@@ -194,10 +194,10 @@ def test_the_wait_is_announced_once_warned_about_and_fails_after_the_timeout(
     assert "the run fails after 9.0 s" in event.reason
     warnings = [r.getMessage() for r in caplog.records if "waiting" in r.getMessage()]
     assert len(warnings) == 3, warnings  # at 0, 3.5 and 7 s
-    assert s.failure is None
+    assert s.losses.failure is None
     watch.check(9.5)
-    assert isinstance(s.failure, WorkerLostError)
-    message = str(s.failure)
+    assert isinstance(s.losses.failure, WorkerLostError)
+    message = str(s.losses.failure)
     assert f"worker 1 (w, pid {w1.pid} on test-host) was lost" in message, message
     assert "replacement_timeout=9.0 s" in message, message
 
@@ -205,10 +205,10 @@ def test_the_wait_is_announced_once_warned_about_and_fails_after_the_timeout(
 def test_a_replacement_that_joins_ends_the_wait() -> None:
     s, _ = sync_state(2, on_worker_loss="wait")
     s.start_round()
-    s.lost(b"w1")
+    s.losses.lost(b"w1")
     watch = ReplacementWatch(WaitingCoordinator(s), 9.0)  # type: ignore[arg-type]
     watch.check(0.0)
     assert watch.since == 0.0
     s.hello(b"new", hello())
     watch.check(20.0)
-    assert watch.since is None and s.failure is None
+    assert watch.since is None and s.losses.failure is None

@@ -28,8 +28,10 @@ class SilentCoordinator:
     """Hears nothing of the loss: it never fails the run, nobody left."""
 
     def __init__(self, failure: BaseException | None = None) -> None:
-        self.workers = {b"w1": WorkerInfo(1, b"w1", "host-b-0", "host-b", 4242)}
+        self.roster = SimpleNamespace(
+            workers={b"w1": WorkerInfo(1, b"w1", "host-b-0", "host-b", 4242)})
         self.failure = failure
+        self.state = SimpleNamespace(losses=self)
 
     async def settle(self, peer: bytes, timeout: float) -> None:
         await anyio.lowlevel.checkpoint()
@@ -43,8 +45,9 @@ class SilentCoordinator:
 
 
 def losses(on_worker_loss: str, coordinator: Any) -> WorkerLosses:
-    run = SimpleNamespace(coordinator=coordinator, peer_timeout=0.05,
-                          config=SimpleNamespace(loss_policy=LossPolicy.check(on_worker_loss)))
+    run = SimpleNamespace(coordinator=coordinator, config=SimpleNamespace(
+        peer_timeout=0.05,
+        coordinator=SimpleNamespace(loss_policy=LossPolicy.check(on_worker_loss))))
     return WorkerLosses(run)  # type: ignore[arg-type]
 
 

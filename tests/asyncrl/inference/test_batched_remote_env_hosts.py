@@ -14,6 +14,7 @@ import torch
 from tensordict import TensorDict
 
 from asyncrl import AsyncBatchedCollector
+from asyncrl._protocol import PROTOCOL, EnvLayout, Hello
 from asyncrl.testing import CountingEnv, ValuePolicy, version_problems
 from tests.asyncrl.counting_frames import check_counting_frames
 from transports import Link, generate_keys
@@ -27,9 +28,9 @@ def start_env_host(endpoint: str, envs: int, backend: str,
                    *extra: str) -> subprocess.Popen[str]:
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     return subprocess.Popen(
-        [sys.executable, "-m", "asyncrl.cli", "env-worker", "--connect", endpoint,
-         "--env", "asyncrl.testing:CountingEnv", "--envs", str(envs), "--backend", backend,
-         *extra], env=env, stderr=subprocess.PIPE, text=True)
+        [sys.executable, "-m", "asyncrl.cli", "worker", "--role", "env", "--connect", endpoint,
+         "--env", "asyncrl.testing:CountingEnv", "--envs-per-worker", str(envs),
+         "--backend", backend, *extra], env=env, stderr=subprocess.PIPE, text=True)
 
 
 async def wait_exit(process: subprocess.Popen[str], timeout: float = 30) -> tuple[int, str]:
@@ -76,7 +77,10 @@ async def test_a_remote_env_host_joins_local_env_workers(anyio_backend: str) -> 
 
 
 def hello(obs_shape: list[int], envs: int = 1, dtype: str = "float32") -> dict[str, Any]:
-    return {"protocol": 1, "envs": envs, "obs": [[dtype, obs_shape]], "action": ["int64", []]}
+    """The one hello of an env worker (``role="env"``) whose envs give ``obs_shape``."""
+    layout = EnvLayout(envs=envs, obs=[(dtype, obs_shape)], action=("int64", []))  # type: ignore[list-item]
+    return Hello(protocol=PROTOCOL, name="test", host="test-host", pid=1, role="env",
+                 specs=layout.to_specs()).to_body()
 
 
 async def test_hostile_remote_env_workers_are_refused_and_the_run_goes_on() -> None:
@@ -86,32 +90,33 @@ async def test_hostile_remote_env_workers_are_refused_and_the_run_goes_on() -> N
                 listen="tcp://127.0.0.1:0", remote_workers=2) as collector:
             async with Link(collector.endpoint, identity=b"wrong-spec",
                             heartbeat_interval=0.5) as wrong:
-                await wrong.send(hello([3]), kind="env-hello")
+                await wrong.send(hello([3]), kind="hello")
                 answer = await wrong.recv()
-            assert answer.kind == "refused"
-            assert "expected {'protocol': 1, 'envs': 1, 'obs': [['float32', [2]]]" in answer.body
-            assert "'obs': [['float32', [3]]]" in answer.body
+            assert answer.kind == "refuse"
+            assert ("envs: this collector's observations are [('float32', [2])], the worker's "
+                    "[('float32', [3])]") in answer.body["reason"]
 
             async with Link(collector.endpoint, identity=b"no-hello",
                             heartbeat_interval=0.5) as rude:
                 await rude.send({"o0": torch.zeros(1, 2)}, kind="obs")
                 answer = await rude.recv()
-            assert answer.kind == "refused" and "must first send 'env-hello'" in answer.body
+            assert answer.kind == "refuse"
+            assert "must first send 'hello' (role 'env'), got 'obs'" in answer.body["reason"]
 
             async with Link(collector.endpoint, identity=b"bad-obs",
                             heartbeat_interval=0.5) as bad:
-                await bad.send(hello([2]), kind="env-hello")
+                await bad.send(hello([2]), kind="hello")
                 welcome = await bad.recv()
-                assert welcome.kind == "env-welcome" and welcome.body["slot"] == 1
+                assert welcome.kind == "env_welcome" and welcome.body["slot"] == 1
                 await bad.send({"o0": torch.zeros(1, 2)}, kind="obs")  # a good one
                 answer = await bad.recv()
                 assert answer.kind == "act" and answer.body["v"] == 0
                 assert answer.body["a"]["action"].tolist() == [1]
                 await bad.send({"o0": torch.zeros(1, 3, dtype=torch.float64)}, kind="obs")
                 answer = await bad.recv()
-            assert answer.kind == "refused"
-            assert ("observations: expected {'o0': 'float32[1, 2]'}, got {o0: float64[1, 3]}"
-                    in answer.body)
+            assert answer.kind == "refuse"
+            assert ("obs message must hold exactly {'o0': float32[1, 2]}, got {'o0': "
+                    "float64[1, 3]}") in answer.body["reason"]
             # the local worker's frames keep coming, the policy never saw the bad request
             batches = [await collector.__anext__() for _ in range(3)]
             assert all((b["collector", "worker_id"] == 0).all() for b in batches)
@@ -126,34 +131,35 @@ async def test_a_malformed_chunk_is_refused_before_it_reaches_a_batch() -> None:
                 listen="tcp://127.0.0.1:0", remote_workers=2) as collector:
             async with Link(collector.endpoint, identity=b"bad-chunk",
                             heartbeat_interval=0.5) as bad:
-                await bad.send(hello([2]), kind="env-hello")
+                await bad.send(hello([2]), kind="hello")
                 welcome = await bad.recv()
                 steps = welcome.body["chunk_steps"]
                 chunk = TensorDict({"observation": torch.zeros(1, steps, 2)},
                                    batch_size=[1, steps])
                 await bad.send(chunk, kind="chunk")
                 answer = await bad.recv()
-            assert answer.kind == "refused"
-            assert "chunk: wrong entries" in answer.body and "('action',)" in answer.body
+            assert answer.kind == "refuse"
+            assert "chunk message: wrong entries" in answer.body["reason"]
+            assert "('action',)" in answer.body["reason"]
             batches = [await collector.__anext__() for _ in range(2)]
             assert all((b["collector", "worker_id"] == 0).all() for b in batches)
             # a well-formed chunk that claims a version no answer carried
             async with Link(collector.endpoint, identity=b"forged-version",
                             heartbeat_interval=0.5) as forger:
-                await forger.send(hello([2]), kind="env-hello")
+                await forger.send(hello([2]), kind="hello")
                 welcome = await forger.recv()
                 # the slot the refused worker left, with a new traj tag (1 + 3 slots)
                 assert (welcome.body["slot"], welcome.body["traj_tag"]) == (1, 4)
                 chunk = TensorDict({}, batch_size=[1, steps])
-                for path, (dtype, shape) in collector._remote._schema(1).items():
+                for path, (dtype, shape) in collector._remote.schema(1).items():
                     chunk.set(path, torch.zeros(shape, dtype=dtype))
                 chunk["collector", "traj_ids"].fill_(4 << 32)
                 chunk["collector", "policy_version"].fill_(99)
                 await forger.send(chunk, kind="chunk")
                 answer = await forger.recv()
-            assert answer.kind == "refused"
+            assert answer.kind == "refuse"
             assert "policy_version') must be versions it was answered with (0..0), got up to 99" \
-                in answer.body
+                in answer.body["reason"]
             # refused workers' slots are free again; remote_workers is how many at a time
             async with (Link(collector.endpoint, identity=b"one", heartbeat_interval=0.5) as one,
                         Link(collector.endpoint, identity=b"two", heartbeat_interval=0.5) as two,
@@ -161,15 +167,17 @@ async def test_a_malformed_chunk_is_refused_before_it_reaches_a_batch() -> None:
                              heartbeat_interval=0.5) as late):
                 slots = []
                 for link in (one, two):
-                    await link.send(hello([2]), kind="env-hello")
+                    await link.send(hello([2]), kind="hello")
                     welcome = await link.recv()
-                    assert welcome.kind == "env-welcome"
+                    assert welcome.kind == "env_welcome"
                     slots.append(welcome.body["slot"])
                 assert slots == [1, 2]
-                await late.send(hello([2]), kind="env-hello")
+                await late.send(hello([2]), kind="hello")
                 answer = await late.recv()
-            assert answer.kind == "refused"
-            assert "all 2 remote_workers slots are taken" in answer.body
+            assert answer.kind == "refuse"
+            assert answer.body["full"]  # it may ask again once a place is free
+            assert ("remote_workers: this collector takes at most 2 remote worker(s) and 2 "
+                    "already joined") in answer.body["reason"]
 
 
 # A host that dies is dropped (lost: its connection closed) while the local env

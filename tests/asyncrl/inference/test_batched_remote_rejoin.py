@@ -16,7 +16,7 @@ from tensordict import TensorDict
 from torch import nn
 
 from asyncrl import AsyncBatchedCollector
-from asyncrl._inference.remote_slots import MAX_TAG, RemoteSlots
+from asyncrl._inference.slot_occupants import MAX_TAG, SlotOccupants
 from asyncrl.testing import CountingEnv, ValuePolicy, version_problems
 from tests.asyncrl.inference.test_batched_remote_env_hosts import (
     hello,
@@ -132,7 +132,7 @@ def obs(value: float) -> dict[str, torch.Tensor]:
 def chunk_of(collector: AsyncBatchedCollector, steps: int, *, value: float,
              tag: int) -> TensorDict:
     chunk = TensorDict({}, batch_size=[1, steps])
-    for path, (dtype, shape) in collector._remote._schema(1).items():  # type: ignore[union-attr]
+    for path, (dtype, shape) in collector._remote.schema(1).items():  # type: ignore[union-attr]
         chunk.set(path, torch.zeros(shape, dtype=dtype))
     chunk["observation"][..., 0] = value
     chunk["collector", "traj_ids"].fill_(tag << 32)
@@ -148,24 +148,24 @@ async def test_a_request_left_in_the_loop_is_answered_to_nobody_before_the_slot_
             await held_back(collector)  # a slow trainer: requests wait in the loop
             async with Link(collector.endpoint, identity=b"old", heartbeat_interval=0.5) as old, \
                     Link(collector.endpoint, identity=b"new", heartbeat_interval=0.5) as new:
-                await old.send(hello([2]), kind="env-hello")
+                await old.send(hello([2]), kind="hello")
                 welcome = await old.recv()
                 assert (welcome.body["slot"], welcome.body["traj_tag"]) == (1, 1)
                 steps = welcome.body["chunk_steps"]
                 await old.send(obs(111), kind="obs")
                 await old.send(obs(112), kind="obs")  # breaks the agreement: dropped
                 answer = await old.recv()
-                assert answer.kind == "refused"
-                assert "sent a second request before its answer" in answer.body
+                assert answer.kind == "refuse"
+                assert "sent a second request before its answer" in answer.body["reason"]
 
                 # its slot still has a request in the loop: the newcomer waits for it
-                await new.send(hello([2]), kind="env-hello")
+                await new.send(hello([2]), kind="hello")
                 with anyio.move_on_after(1):
                     early = await new.recv()
                     pytest.fail(f"welcomed before the old request was answered: {early}")
                 taken: list[TensorDict] = []  # room again: the loop answers nobody
                 welcome = await take_until_answered(collector, new, taken)
-                assert welcome.kind == "env-welcome"
+                assert welcome.kind == "env_welcome"
                 assert (welcome.body["slot"], welcome.body["traj_tag"]) == (1, 3)
                 await new.send(obs(222), kind="obs")
                 # its own answer first: not the old one's (111); once there is room
@@ -178,8 +178,9 @@ async def test_a_request_left_in_the_loop_is_answered_to_nobody_before_the_slot_
                 await old.send(chunk_of(collector, steps, value=555, tag=1), kind="chunk")
                 for kind in ("obs", "chunk"):
                     answer = await old.recv()
-                    assert answer.kind == "refused", answer
-                    assert f"must first send 'env-hello', got {kind!r}" in answer.body
+                    assert answer.kind == "refuse", answer
+                    assert f"must first send 'hello' (role 'env'), got {kind!r}" \
+                        in answer.body["reason"]
 
                 while not any((b["collector", "worker_id"] == 1).any() for b in taken):
                     taken.append(await collector.__anext__())
@@ -187,9 +188,9 @@ async def test_a_request_left_in_the_loop_is_answered_to_nobody_before_the_slot_
                     "remote env worker b'old' (slot 1) refused: sent a second request before "
                     "its answer",
                     "remote env worker b'old' refused: a remote env worker must first send "
-                    "'env-hello', got 'obs'",
+                    "'hello' (role 'env'), got 'obs'",
                     "remote env worker b'old' refused: a remote env worker must first send "
-                    "'env-hello', got 'chunk'"]
+                    "'hello' (role 'env'), got 'chunk'"]
     frames = torch.cat(taken, 0)
     remote = frames[frames["collector", "worker_id"] == 1]
     assert remote["observation"][:, 0].tolist() == [333.0] * steps
@@ -206,18 +207,19 @@ async def test_a_hello_waiting_for_a_slot_must_not_speak_first(anyio_backend: st
             await held_back(collector)
             async with Link(collector.endpoint, identity=b"old", heartbeat_interval=0.5) as old, \
                     Link(collector.endpoint, identity=b"eager", heartbeat_interval=0.5) as eager:
-                await old.send(hello([2]), kind="env-hello")
-                assert (await old.recv()).kind == "env-welcome"
+                await old.send(hello([2]), kind="hello")
+                assert (await old.recv()).kind == "env_welcome"
                 await old.send(obs(1), kind="obs")
                 await old.send({"o0": torch.zeros(1, 3)}, kind="obs")  # bad and early: dropped
-                assert (await old.recv()).kind == "refused"
-                await eager.send(hello([2]), kind="env-hello")  # queued for slot 1
+                assert (await old.recv()).kind == "refuse"
+                await eager.send(hello([2]), kind="hello")  # queued for slot 1
                 await eager.send(obs(2), kind="obs")
                 answer = await eager.recv()
-                assert answer.kind == "refused" and "sent 'obs' before its welcome" in answer.body
+                assert answer.kind == "refuse"
+                assert "sent 'obs' before its welcome" in answer.body["reason"]
                 async with Link(collector.endpoint, identity=b"later",
                                 heartbeat_interval=0.5) as later:
-                    await later.send(hello([2]), kind="env-hello")
+                    await later.send(hello([2]), kind="hello")
                     # welcomed once the old request is answered (room again): slot 1 is free
                     welcome = await take_until_answered(collector, later, [])
                     assert (welcome.body["slot"], welcome.body["traj_tag"]) == (1, 3)
@@ -235,14 +237,15 @@ async def test_the_old_occupants_unfinished_trajectory_is_not_continued_by_the_n
                 listen="tcp://127.0.0.1:0", remote_workers=1,
                 yield_completed_trajectories=True) as collector:
             async with Link(collector.endpoint, identity=b"old", heartbeat_interval=0.5) as old:
-                await old.send(hello([2]), kind="env-hello")
+                await old.send(hello([2]), kind="hello")
                 steps = (await old.recv()).body["chunk_steps"]
                 await old.send(chunk_of(collector, steps, value=700, tag=1), kind="chunk")
                 await old.send(None, kind="hello?")  # breaks the agreement: dropped
                 answer = await old.recv()
-                assert answer.kind == "refused" and "unexpected message kind" in answer.body
+                assert answer.kind == "refuse"
+                assert "unexpected message kind" in answer.body["reason"]
             async with Link(collector.endpoint, identity=b"new", heartbeat_interval=0.5) as new:
-                await new.send(hello([2]), kind="env-hello")
+                await new.send(hello([2]), kind="hello")
                 welcome = await new.recv()
                 assert (welcome.body["slot"], welcome.body["traj_tag"]) == (1, 3)
                 chunk = chunk_of(collector, steps, value=800, tag=3)
@@ -258,7 +261,7 @@ async def test_the_old_occupants_unfinished_trajectory_is_not_continued_by_the_n
 
 
 def test_traj_tags_never_repeat_and_name_the_slot_modulo_the_slots() -> None:
-    slots = RemoteSlots(first=2, count=2)  # slots 2 and 3 after 2 local workers: 4 in all
+    slots = SlotOccupants(first=2, count=2)  # slots 2 and 3 after 2 local workers: 4 in all
     tags = []
     for n in range(3):
         peer = f"p{n}".encode()

@@ -24,7 +24,8 @@ from torch import nn
 
 from asyncrl import AsyncBatchedCollector
 from asyncrl._inference.env_stepper import EnvStepper, EnvWorkerConfig
-from asyncrl._inference.inference_loop import OutputLayout, make_blocks
+from asyncrl._inference.outputs import OutputLayout
+from asyncrl._inference.worker_blocks import make_blocks
 from asyncrl._rollout.traj_ids import TrajectoryIds
 from asyncrl.testing import CountingEnv, ValuePolicy
 from tests.asyncrl.counting_frames import check_counting_frames

@@ -18,7 +18,9 @@ from torch import nn
 from asyncrl._inference.block_io import SlotArrays
 from asyncrl._inference.device_batch import DeviceBatch
 from asyncrl._inference.doorbell import EventFd
-from asyncrl._inference.inference_loop import InferenceLoop, discover_outputs, lane, make_blocks
+from asyncrl._inference.inference_loop import InferenceLoop
+from asyncrl._inference.outputs import discover_outputs
+from asyncrl._inference.worker_blocks import lane, make_blocks
 from asyncrl._rollout.policies import PolicyAdapter
 
 OBS = ("observation",)

@@ -22,7 +22,7 @@ from asyncrl._inference.chunk_ring import (
     chunk_buffers,
     chunk_layout,
 )
-from asyncrl._inference.inference_loop import OutputLayout
+from asyncrl._inference.outputs import OutputLayout
 
 OBS = ("observation",)
 LAYOUT = chunk_layout([(OBS, torch.float32, (3,))],

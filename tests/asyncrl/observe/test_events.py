@@ -22,6 +22,7 @@ from asyncrl._coordinator.coordinator import Coordinator, check_specs
 from asyncrl._observe.events import EventFanout
 from asyncrl._worker.simulated import SimRecord, sim_worker
 from asyncrl.testing import CountingEnv, ParamPolicy
+from tests.asyncrl.coordinator.rules import rules
 from transports import Hub
 
 pytestmark = pytest.mark.anyio
@@ -81,9 +82,10 @@ async def test_the_coordinator_publishes_joined_refused_and_lost() -> None:
     events: list[CollectorEvent] = []
     with anyio.fail_after(LIMIT):
         async with Hub(f"inproc://events-{uuid.uuid4().hex}") as hub:
-            coordinator = Coordinator(hub, sync=False, share_frames=[8, 8],
-                                      check_specs=check_specs, accept_remote=True,
-                                      max_remote_workers=2, on_worker_loss="continue",
+            coordinator = Coordinator(hub, *rules(sync=False, share_frames=[8, 8],
+                                                  check_specs=check_specs, accept_remote=True,
+                                                  max_remote_workers=2,
+                                                  on_worker_loss="continue"),
                                       publish=events.append)
             async with anyio.create_task_group() as tg:
                 tg.start_soon(coordinator.run)
@@ -96,7 +98,7 @@ async def test_the_coordinator_publishes_joined_refused_and_lost() -> None:
                 assert len(joined) == 2 and len(refused) == 1
                 assert {e.name for e in joined} | {refused[0].name} == {"sim-a", "sim-b", "sim-c"}
                 assert "remote_workers" in refused[0].reason and refused[0].worker is None
-                victim = coordinator.live_workers[0]
+                victim = coordinator.roster.live_workers[0]
                 await coordinator.worker_exited(victim.peer, WorkerLostError("it died"),
                                                 replaceable=False)
                 lost = [e for e in events if e.kind == "lost"]

@@ -35,6 +35,7 @@ from asyncrl._protocol import (
 )
 from asyncrl._worker.log_forward import LogForwarder
 from asyncrl._worker.simulated import make_specs
+from tests.asyncrl.coordinator.rules import rules
 from tests.multihost.processes import wait_exit
 from transports import Hub, Link, ProtocolError
 
@@ -158,8 +159,8 @@ async def test_a_strangers_log_is_dropped_and_an_admitted_workers_is_kept(
     body = WorkerLog([LogEntry(logging.WARNING, "user", "from a peer", "")]).to_body()
     with anyio.fail_after(LIMIT):
         async with Hub(endpoint) as hub, anyio.create_task_group() as tg:
-            coordinator = Coordinator(hub, sync=False, share_frames=[10],
-                                      check_specs=check_specs, accept_remote=True)
+            coordinator = Coordinator(hub, *rules(sync=False, share_frames=[10],
+                                                  check_specs=check_specs, accept_remote=True))
             tg.start_soon(coordinator.run)
             async with Link(endpoint) as stranger, Link(endpoint) as worker:
                 await stranger.send(body, kind=WorkerLog.KIND)
@@ -282,11 +283,11 @@ async def test_a_malformed_log_from_a_remote_env_host_is_refused(anyio_backend: 
                 CountingEnv, num_envs=1, policy=ValuePolicy(1.0), frames_per_batch=8,
                 listen="tcp://127.0.0.1:0", remote_workers=1) as collector:
             async with Link(collector.endpoint, identity=b"h", heartbeat_interval=0.5) as link:
-                await link.send(hello([2]), kind="env-hello")
-                assert (await link.recv()).kind == "env-welcome"
+                await link.send(hello([2]), kind="hello")
+                assert (await link.recv()).kind == "env_welcome"
                 await link.send({"records": "no"}, kind=WorkerLog.KIND)
                 answer = await link.recv()
-                assert answer.kind == "refused"
+                assert answer.kind == "refuse"
             assert collector.remote_refusals == [
-                "remote env worker b'h' (slot 1) refused: log: log message field 'records' "
+                "remote env worker b'h' (slot 1) refused: log message field 'records' "
                 "must be list, got str"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -86,3 +87,16 @@ def torchrl_env(handle: ServedModuleHandle) -> Any:
     from asyncrl.served import ServedModuleTransform
 
     return TransformedEnv(GymWrapper(StepEnv()), ServedModuleTransform(handle))
+
+
+class HomeOnly(Scale):
+    """A Scale that cannot be unpickled outside the process that made it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.home = os.getpid()
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        if self.home != os.getpid():
+            raise RuntimeError("HomeOnly cannot be built in another process")

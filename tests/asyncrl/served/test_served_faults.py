@@ -26,6 +26,9 @@ from .served_envs import Raises, Scale, Slow, rewarded_env
 
 pytestmark = pytest.mark.anyio
 
+#: Where the module is hosted: both hosts keep each promise below.
+BACKENDS = pytest.mark.parametrize("server_backend", ["thread", "process"])
+
 EXAMPLE = {"next_observation": torch.zeros(3)}
 
 
@@ -38,7 +41,7 @@ async def call(client: ServedModuleClient, t: float) -> tuple[np.ndarray, int]:
 
 
 async def test_a_module_that_raises_fails_the_call_with_its_error_and_serves_no_more() -> None:
-    with anyio.fail_after(30):
+    with anyio.fail_after(90):
         async with ServedModule(Raises(), name="r", example=EXAMPLE) as served:
             client = ServedModuleClient(served.handle)
             assert (await call(client, 2.0))[0].tolist() == [2.0]
@@ -69,10 +72,12 @@ async def test_a_module_that_raises_stops_the_collector_with_its_error() -> None
                         pass
 
 
-async def test_a_call_not_answered_in_time_fails_and_the_next_call_gets_its_own_answer() -> None:
-    with anyio.fail_after(60):
-        async with ServedModule(Slow(), name="slow", example=EXAMPLE,
-                                call_timeout=0.5) as served:
+@BACKENDS
+async def test_a_call_not_answered_in_time_fails_and_the_next_call_gets_its_own_answer(
+        server_backend: str) -> None:
+    with anyio.fail_after(90):
+        async with ServedModule(Slow(), name="slow", example=EXAMPLE, call_timeout=0.5,
+                                server_backend=server_backend) as served:
             client = ServedModuleClient(served.handle)
             await served.update({"delay": torch.tensor([1.0])})
             with pytest.raises(ServedModuleTimeout,
@@ -86,7 +91,7 @@ async def test_a_call_not_answered_in_time_fails_and_the_next_call_gets_its_own_
 
 
 async def test_closing_the_module_fails_its_callers_at_once() -> None:
-    with anyio.fail_after(30):
+    with anyio.fail_after(90):
         async with ServedModule(Slow(), name="c", example=EXAMPLE, call_timeout=20) as served:
             client = ServedModuleClient(served.handle)
             await served.update({"delay": torch.tensor([0.5])})
@@ -117,9 +122,12 @@ def _call_forever(handle: ServedModuleHandle) -> None:
         client(obs(99.0))
 
 
-async def test_a_caller_lost_mid_call_frees_its_slot_and_no_answer_goes_astray() -> None:
-    with anyio.fail_after(60):
-        async with ServedModule(Slow(), name="lost", example=EXAMPLE, clients=1) as served:
+@BACKENDS
+async def test_a_caller_lost_mid_call_frees_its_slot_and_no_answer_goes_astray(
+        server_backend: str) -> None:
+    with anyio.fail_after(90):
+        async with ServedModule(Slow(), name="lost", example=EXAMPLE, clients=1,
+                                server_backend=server_backend) as served:
             await served.update({"delay": torch.tensor([0.3])})
             process = mp.get_context("forkserver").Process(target=_call_forever,
                                                            args=(served.handle,))
@@ -155,7 +163,7 @@ async def test_a_killed_host_fails_the_call_after_call_timeout_never_a_hang() ->
     host.start()
     handle: ServedModuleHandle | None = None
     try:
-        with anyio.fail_after(60):
+        with anyio.fail_after(90):
             handle = await anyio.to_thread.run_sync(queue.get, True, 50)
             assert handle is not None
             client = ServedModuleClient(handle)
@@ -181,9 +189,11 @@ async def test_a_killed_host_fails_the_call_after_call_timeout_never_a_hang() ->
             shutil.rmtree(handle.directory, ignore_errors=True)
 
 
-async def test_inputs_of_the_wrong_shape_are_refused_before_the_call() -> None:
-    with anyio.fail_after(30):
-        async with ServedModule(Scale(), name="s", example=EXAMPLE) as served:
+@BACKENDS
+async def test_inputs_of_the_wrong_shape_are_refused_before_the_call(server_backend: str) -> None:
+    with anyio.fail_after(90):
+        async with ServedModule(Scale(), name="s", example=EXAMPLE,
+                                server_backend=server_backend) as served:
             client = ServedModuleClient(served.handle)
             with pytest.raises(ServedModuleError, match=r"input 'next_observation' has shape "
                                                         r"\(4,\), expected \(3,\)"):
@@ -194,9 +204,12 @@ async def test_inputs_of_the_wrong_shape_are_refused_before_the_call() -> None:
             client.close()
 
 
-async def test_weights_that_do_not_fit_are_refused_and_the_module_serves_on() -> None:
-    with anyio.fail_after(30):
-        async with ServedModule(Scale(2.0), name="s", example=EXAMPLE) as served:
+@BACKENDS
+async def test_weights_that_do_not_fit_are_refused_and_the_module_serves_on(
+        server_backend: str) -> None:
+    with anyio.fail_after(90):
+        async with ServedModule(Scale(2.0), name="s", example=EXAMPLE,
+                                server_backend=server_backend) as served:
             client = ServedModuleClient(served.handle)
             with pytest.raises(RuntimeError, match="scale"):
                 await served.update({"weight": torch.ones(3)})
@@ -206,9 +219,12 @@ async def test_weights_that_do_not_fit_are_refused_and_the_module_serves_on() ->
             client.close()
 
 
-async def test_calls_waiting_together_are_answered_by_one_call_of_the_module() -> None:
-    with anyio.fail_after(30):
-        async with ServedModule(Slow(), name="b", example=EXAMPLE, clients=4) as served:
+@BACKENDS
+async def test_calls_waiting_together_are_answered_by_one_call_of_the_module(
+        server_backend: str) -> None:
+    with anyio.fail_after(90):
+        async with ServedModule(Slow(), name="b", example=EXAMPLE, clients=4,
+                                server_backend=server_backend) as served:
             await served.update({"delay": torch.tensor([0.3])})
             clients = [ServedModuleClient(served.handle) for _ in range(4)]
             answers: dict[int, list[float]] = {}
@@ -220,6 +236,8 @@ async def test_calls_waiting_together_are_answered_by_one_call_of_the_module() -
                 for i in range(4):
                     tg.start_soon(ask, i)
             assert answers == {i: [float(i + 1)] for i in range(4)}  # each its own row
+            while served.statistics().observations < 4:  # a host process reports each 0.2 s
+                await anyio.sleep(0.05)
             # the first call holds the module 0.3 s: the others wait, then go in one call
             assert max(served.statistics().batch_sizes) >= 2
             for client in clients:

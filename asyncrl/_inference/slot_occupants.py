@@ -1,15 +1,18 @@
-"""The remote slots of AsyncBatchedCollector: who holds each, when one is free again.
+"""Who occupies each remote slot of the inference loop, and when a slot is free again.
 
-``remote_workers=K`` means up to K remote env workers *at a time*: a dropped
-worker's slot is free again for the next hello (a restarted host, or a new one).
-Two things of the old occupant must not reach the new one:
+Who may join is the one admission's to say (:class:`asyncrl._coordinator.admission.Admission`:
+``remote_workers=K`` is up to K remote env workers *at a time*, its roster holds them);
+where an admitted env worker sits is central inference's own: a slot of the inference
+loop, with the blocks the loop reads and writes. A dropped worker's slot is free again
+for the next admitted one (a restarted host, or a new one). Two things of the old
+occupant must not reach the new one:
 
 * its request still in the inference loop. The loop reads a slot's blocks and
   answers the slot, not a peer; a slot dropped with a request in the loop is
   *draining* until that answer comes (it goes to nobody), and only then is it
-  given again, with fresh blocks. A hello that finds no other slot waits for it
-  (``queued``); the loop answers within one call, or when the trainer takes the
-  batches that hold it back.
+  given again, with fresh blocks. An admitted worker that finds no other slot waits
+  for it (``queued``: admitted, not welcomed yet); the loop answers within one call,
+  or when the trainer takes the batches that hold it back.
 * its trajectory ids. Every occupant gets a *traj tag*, the high 32 bits of its
   ``("collector", "traj_ids")``: a slot's first occupant gets the slot number (as a
   local worker), the n-th one ``slot + (n - 1) * slots``, ``slots`` being the
@@ -21,11 +24,10 @@ from __future__ import annotations
 
 from typing import Any
 
-#: Trajectory ids are ``tag << 32 | counter`` in an int64: tags stay below 2**31.
-MAX_TAG = (1 << 31) - 1
+from .._protocol.central_inference import MAX_TAG
 
 
-class RemoteSlots:
+class SlotOccupants:
     """Slots ``first .. first + count - 1``: occupants, requests in the loop, traj tags."""
 
     def __init__(self, first: int, count: int) -> None:
@@ -43,8 +45,9 @@ class RemoteSlots:
         self._admissions: dict[int, int] = {}
 
     def place(self, peer: bytes, hello: Any) -> tuple[int, bool] | None:
-        """A slot for a new peer: ``(slot, True)`` free now, ``(slot, False)`` queued
-        behind a draining one (see :meth:`answered`), None when every slot is held."""
+        """A slot for a newly admitted peer: ``(slot, True)`` free now, ``(slot, False)``
+        queued behind a draining one (see :meth:`answered`), None when every slot is held
+        (the admission, which counts the live workers, lets no more in than there are slots)."""
         for slot in range(self.first, self.first + self.count):
             if slot not in self.peer_at and slot not in self.draining:
                 return slot, True
@@ -105,4 +108,4 @@ class RemoteSlots:
         return None
 
 
-__all__ = ["MAX_TAG", "RemoteSlots"]
+__all__ = ["MAX_TAG", "SlotOccupants"]
