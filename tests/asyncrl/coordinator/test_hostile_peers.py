@@ -330,7 +330,7 @@ async def test_a_malformed_error_report_is_dropped_naming_the_field_and_the_run_
             worker, batch = await run.sched.next_batch()  # the sender's next message: read
             assert worker.index == run.rogue_index
             assert bool((batch == share).all())
-            assert {w.index for w in run.sched.live_workers} == {run.rogue_index,
+            assert {w.index for w in run.sched.roster.live_workers} == {run.rogue_index,
                                                                   run.good_index}
     assert "error message field 'type' must be str, got int" in caplog.text
 
