@@ -16,7 +16,7 @@ from .._observe.tracing import span, trace_batch
 from .._protocol import drop_twins
 from .._spawn.threads import TrainerThreads
 from ._assemble import MASK_KEY, split_trajectories
-from ._config import normalise_total_frames
+from ._config import compact_obs_option, normalise_total_frames
 from ._operations import CollectorOperations
 from ._staleness import StalePolicyWatch
 from ._started import Kind, Started, StartedCalls, not_open, started_at_call
@@ -45,8 +45,33 @@ class BaseCollector(CollectorOperations, TaskGroupResource, TorchRLHabits, Gener
     sync_updates: bool = True
     #: Warns once when the trainer's policy changes but its workers' does not (`_staleness`).
     _stale_watch: StalePolicyWatch | None = None
-    #: TorchRL's ``compact_obs``: batches without ``("next", K)`` for observation / state keys.
-    compact_obs: bool = False
+    _compact_obs = False
+
+    @property
+    def compact_obs(self) -> bool:
+        """TorchRL's ``compact_obs``: batches without the ``("next", K)`` twins of
+        observation / state keys (:func:`~asyncrl._protocol.compact_frames.drop_twins`).
+
+        Set after construction, it takes effect from the next batch, by the same rule
+        (iteration drops the twins); except that a collector whose workers were told
+        ``compact_obs=True`` cannot give the twins back: setting it False there is refused.
+        """
+        return self._compact_obs
+
+    @compact_obs.setter
+    def compact_obs(self, value: bool) -> None:
+        name = type(self).__name__
+        value = compact_obs_option(name, value)
+        if not value and self._workers_drop_twins():
+            raise CollectorError(
+                f"{name}.compact_obs = False after {name}(compact_obs=True): its workers "
+                "were told in their welcome to drop the ('next', K) twins, which cannot be "
+                f"rebuilt; pass compact_obs=False to {name}(...) instead")
+        self._compact_obs = value
+
+    def _workers_drop_twins(self) -> bool:
+        """Workers were told ``compact_obs=True`` when they were admitted (multi-process)."""
+        return False
 
     def __init__(
         self,
@@ -261,8 +286,10 @@ class BaseCollector(CollectorOperations, TaskGroupResource, TorchRLHabits, Gener
             if current is not None and current.is_recording():
                 trace_batch(current, batch, frames, self.policy_version, self._lag)
             if self.compact_obs:  # the next frame's K (TorchRL rebuilds it when sampling)
-                # Workers told so dropped them before sending (then a no-op); the
-                # in-process collectors' batches and an attribute set late drop here.
+                # The compact-frame rule's last call site (``compact_frames.py`` lists the
+                # three): the in-process and batched collectors' batches, and a multi-process
+                # one's when compact_obs was set after construction; a no-op on the batches
+                # of workers told compact_obs (they dropped the twins before sending).
                 batch = drop_twins(batch)
             if self.split_trajs:
                 batch = split_trajectories(batch)

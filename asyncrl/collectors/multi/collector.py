@@ -222,7 +222,7 @@ class MultiCollector(BaseCollector[RB]):
                          trajs_per_batch=trajs_per_batch, traj_format=traj_format,
                          extend_buffer=extend_buffer, discard_partial_trajs=reset_at_each_iter)
         self.frames_per_batch = config.frames_per_batch
-        self.compact_obs = config.coordinator.compact_obs
+        self.compact_obs = config.coordinator.compact_obs  # as the welcomes will say
         self.policy = policy
         self._info_check = InfoCheck(config.rollout.info_keys)  # what workers send, checked
         self.weight_sync_schemes = default_schemes(weight_sync_schemes, policy)
@@ -272,6 +272,9 @@ class MultiCollector(BaseCollector[RB]):
     def _spec(self) -> WorkerSpec:
         """The spec every worker shares (as :class:`~asyncrl.Collector`'s own)."""
         return self._run.spec
+
+    def _workers_drop_twins(self) -> bool:
+        return self.config.coordinator.compact_obs  # every welcome says so (compact_obs=True)
 
     # -- life cycle ----------------------------------------------------------------------
     async def _open(self) -> None:

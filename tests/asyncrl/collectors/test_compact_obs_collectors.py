@@ -11,7 +11,7 @@ import pytest
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from asyncrl import AsyncBatchedCollector, Collector, MultiCollector
+from asyncrl import AsyncBatchedCollector, Collector, CollectorError, MultiCollector
 from asyncrl.testing import IdentityEnv, ValuePolicy, frame_identity_problems
 
 pytestmark = pytest.mark.anyio
@@ -108,6 +108,37 @@ def test_compact_obs_must_be_a_bool_on_every_collector() -> None:
                               compact_obs="yes")
     with pytest.raises(ValueError, match="compact_obs=True"):
         Collector(wide_identity_env, frames_per_batch=8, compact_obs="yes")
+
+
+@pytest.mark.parametrize("kind", ["MultiSyncCollector", "Collector"])
+async def test_compact_obs_set_after_construction_drops_by_the_same_rule(
+        anyio_backend: str, kind: str) -> None:
+    """The workers were told compact_obs=False: the collector drops the twins itself."""
+    common: dict[str, Any] = {"frames_per_batch": 8, "total_frames": 16}
+    collector: Any = Collector(wide_identity_env, **common) if kind == "Collector" else \
+        MultiCollector(wide_identity_env, sync=True, num_workers=2, **common)
+    collector.compact_obs = True
+    batch = await first_batch(collector)
+    keys = keys_of(batch)
+    assert ("next", "observation") not in keys
+    assert "observation" in keys and KEPT <= keys
+
+
+def test_compact_obs_false_after_workers_were_told_true_is_refused_naming_the_argument(
+        ) -> None:
+    collector = MultiCollector(wide_identity_env, sync=False, num_workers=2,
+                               frames_per_batch=8, compact_obs=True)
+    with pytest.raises(CollectorError, match=r"MultiAsyncCollector.compact_obs = False after "
+                       r"MultiAsyncCollector\(compact_obs=True\).*pass compact_obs=False to "
+                       r"MultiAsyncCollector\(\.\.\.\) instead"):
+        collector.compact_obs = False
+    assert collector.compact_obs is True
+    collector.compact_obs = True  # what the workers were told: nothing to refuse
+    in_process = Collector(wide_identity_env, frames_per_batch=8, compact_obs=True)
+    in_process.compact_obs = False  # no worker dropped anything: the batches keep them
+    assert in_process.compact_obs is False
+    with pytest.raises(ValueError, match=r"Collector\(compact_obs='yes'\): expected True"):
+        in_process.compact_obs = "yes"
 
 
 @pytest.mark.parametrize("offered", [True, False], ids=["offered", "not-offered"])
