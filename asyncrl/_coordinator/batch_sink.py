@@ -7,11 +7,13 @@ multi-process run:
   this worker was asked for (:func:`~asyncrl._protocol.decode`), whatever it claims;
   a shared-memory notice is read out of the worker's slot
   (:class:`~.shared_batches.SharedBatches`, which owns the segments);
-* **the compact-frame rule** (TorchRL's ``compact_obs``): workers told so drop the
-  ``("next", K)`` twins before sending; a worker of an earlier release does not,
-  and its twins are dropped here, on receipt, so that every share of a round has one
-  layout and the checks (:class:`~.checks.BatchChecker`, ``dropped=``) see what was
-  asked;
+* **the compact-frame rule** (TorchRL's ``compact_obs``, owned by
+  :mod:`~asyncrl._protocol.compact_frames`, whose module lists its three call sites):
+  workers told so drop the ``("next", K)`` twins before sending; a worker of an
+  earlier release does not, and its twins are dropped here, on receipt, so that every
+  share of a round has one layout and the checks (:class:`~.checks.BatchChecker`,
+  ``dropped=``) see what was asked. Only there: a worker that said it drops them
+  and sends one anyway is refused by those checks, not silently corrected;
 * **counting** by how each batch came (``statistics()``: shared memory or the socket,
   batches and tensor bytes, per worker and in all);
 * **gathering and assembly**: in sync mode with shared memory, each share is copied
@@ -95,6 +97,8 @@ class BatchSink:
         return {**self.arrivals.as_dict(), "shared_memory_fallbacks": self.shared.fallbacks}
 
     def _compact(self, worker: WorkerInfo, batch: Batch) -> Batch:
+        # The compact-frame rule's second call site (compact_frames.py): a worker that
+        # said it drops the twins is not corrected here but checked (BatchChecker).
         if self.config.compact_obs and not worker.drops_next_obs:  # an earlier release
             batch.frames = drop_twins(batch.frames)  # views: nothing is copied
         return batch

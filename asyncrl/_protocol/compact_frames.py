@@ -29,6 +29,29 @@ can call :func:`compact` / :func:`rebuild` or leave them out. With TorchRL's
 ``compact_obs=True`` nothing is rebuilt: a worker sends :func:`drop_twins`'s
 batch (the welcome said so), which has no ``("next", K)`` to compact.
 
+The compact-frame rule, owned here: which keys are twins (:func:`compactable_keys`,
+:func:`twin_keys`: each ``("next", K)`` whose root ``K`` has its dtype and shape,
+the done flags and ``"collector"`` excepted), what ``compact_obs=True`` makes of a batch
+(:func:`drop_twins`: a view without them, idempotent) and how the compact wire form
+is rebuilt (:func:`compact` / :func:`rebuild`). Nobody else decides which keys are
+twins; three places call :func:`drop_twins`, each where only it can:
+
+1. the worker (``_worker/outgoing.py``, another process), before the one copy it
+   sends, when its welcome said ``compact_obs``: the twins are never copied nor sent;
+2. the trainer's batch sink (``_coordinator/batch_sink.py``), on receipt, for a
+   worker whose hello did not say it drops them (an earlier release): before the
+   checks, which refuse a twin from a worker that said it drops them
+   (``_coordinator/checks.py``, with :func:`twin_keys`), and before a sync round's
+   shares are joined, so that they have one layout;
+3. every collector's iteration (``collectors/_base.py``), when ``compact_obs`` is
+   set: the in-process and batched collectors' batches, and a multi-process
+   collector's when ``compact_obs`` was set after construction (a no-op on the
+   batches of workers told so).
+
+The worker's rollout, told the same, does not even allocate the observations'
+twins (``_rollout/buffers.py``, ``next_observations=False``): a saving, not a
+decision; :func:`drop_twins` after it drops what it did not leave out.
+
 >>> import torch
 >>> from tensordict import TensorDict
 >>> obs = torch.arange(6.0).reshape(1, 6, 1)
@@ -128,9 +151,11 @@ def twin_keys(frames: TensorDictBase) -> list[Key]:
 def drop_twins(frames: TensorDictBase) -> TensorDictBase:
     """``frames`` without the entries of :func:`twin_keys` (no copy: the same tensors).
 
-    What a worker told ``compact_obs`` in its welcome sends (or writes into its
-    shared-memory slot) instead of the whole batch, and what the trainer makes of
-    a batch from a worker of an earlier release; so both are bit-identical.
+    TorchRL's ``compact_obs=True``, and the one way it is applied (see the module for
+    its three call sites): what a worker told ``compact_obs`` in its welcome sends (or
+    writes into its shared-memory slot) instead of the whole batch, what the trainer
+    makes of a batch from a worker of an earlier release, and what a collector yields;
+    so all are bit-identical. Idempotent: a batch without twins comes back as it is.
 
     >>> frames = TensorDict({"observation": torch.zeros(2, 3), ("next", "observation"):
     ...                      torch.ones(2, 3), ("next", "reward"): torch.ones(2, 1)}, [2])

@@ -8,6 +8,9 @@ trainer's welcome said it rebuilds compact batches, whole for a coordinator of a
 earlier release. With TorchRL's ``compact_obs=True`` (the welcome's ``compact_obs``)
 the ``("next", K)`` twins are dropped before either path: they are neither copied
 into the slot (whose layout, made from the first batch, then lacks them) nor sent.
+This is the compact-frame rule's first call site (of three: see
+:mod:`~asyncrl._protocol.compact_frames`); which keys are twins is decided there,
+by :func:`~asyncrl._protocol.compact_frames.drop_twins`, as at the other two.
 """
 
 from __future__ import annotations
