@@ -25,7 +25,6 @@ from ._base import RB, BaseCollector
 from ._config import (
     check_in_process_frames,
     check_rollout,
-    compact_obs_option,
     constructor_arguments,
 )
 from ._docs import add_parameters, show_init_signature
@@ -145,7 +144,7 @@ class Collector(BaseCollector[RB]):
                          trajs_per_batch=trajs_per_batch, traj_format=traj_format,
                          extend_buffer=extend_buffer, discard_partial_trajs=reset_at_each_iter)
         self.frames_per_batch = frames_per_batch
-        self.compact_obs = compact_obs_option(type(self).__name__, compact_obs)
+        self.compact_obs = compact_obs  # checked by the setter (BaseCollector)
         self.init_random_frames = int(init_random_frames or 0)
         self._spec = WorkerSpec(
             create_env_fn=create_env_fn, create_env_kwargs=create_env_kwargs,

@@ -61,7 +61,7 @@ from ..._rollout.policies import ExplorationType
 from ..._spawn.forkserver import check_start_method
 from ..._spawn.processes import WorkerProcesses, describe_exit
 from .._base import RB, BaseCollector
-from .._config import check_int, compact_obs_option
+from .._config import check_int
 from .._env_factories import check_picklable
 from .._limits import listening_hub_limits
 from .._started import started_at_call
@@ -184,7 +184,7 @@ class AsyncBatchedCollector(BaseCollector[RB]):
                 server_config, server_backend=server_backend,
                 max_batch_size=max_batch_size, min_batch_size=min_batch_size,
                 server_timeout=server_timeout, static_batch_size=static_batch_size)
-        self.compact_obs = compact_obs_option(type(self).__name__, compact_obs)
+        self.compact_obs = compact_obs  # checked by the setter (BaseCollector)
         refuse_torchrl_only(torchrl_options)
         check_policy(policy, policy_factory)
         self.frames_per_batch = check_int("frames_per_batch", frames_per_batch, minimum=1)
