@@ -77,6 +77,8 @@ def _entry(qualname: str, obj: Any) -> list[str]:
     if callable(obj):
         prefix = "async " if inspect.iscoroutinefunction(obj) else ""
         return [f"### `{prefix}{qualname}{_signature(obj)}`", "", _doc(obj), ""]
+    if inspect.ismodule(obj):  # its docstring, never its repr: that names this checkout's path
+        return [f"### module `{qualname}` (`{obj.__name__}`)", "", _doc(obj), ""]
     return [f"### `{qualname}` = `{obj!r}`", ""]
 
 
