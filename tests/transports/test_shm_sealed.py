@@ -105,7 +105,8 @@ def touch():  # the trainer trains the model that lives in the segment
 """,
     "inference": """
 from asyncrl._inference.chunk_ring import ChunkRing
-from asyncrl._inference.inference_loop import OutputLayout, make_blocks
+from asyncrl._inference.outputs import OutputLayout
+from asyncrl._inference.worker_blocks import make_blocks
 blocks = make_blocks([4], {("observation",): torch.zeros(4, 256, 256)},
                      OutputLayout((torch.int64, ())))
 ring = ChunkRing.create({("observation",): (torch.float32, (256, 256))}, rows=4, steps=8,
