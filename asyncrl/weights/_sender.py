@@ -264,7 +264,8 @@ class WeightSender:
         """Send and wait until every targeted worker applied; return the version.
 
         Raises asyncrl's ``RemoteError`` if a worker failed to apply, ``TimeoutError``
-        naming the silent workers, ``PeerLostError`` if one vanished."""
+        naming the silent workers, ``PeerLostError`` if one vanished.
+        """
         version = await self.send_async(weights, worker_ids)
         await self.wait_ack(timeout)
         return version
