@@ -106,9 +106,9 @@ class SharedTensorBlock:
                name: str | None = None, sealed: bool = True) -> SharedTensorBlock:
         """A new segment sized for ``tensors`` (their dtypes and shapes; values are not copied).
 
-        ``sealed`` (the default): a memfd whose size nobody can change (see the module
-        docstring); ``sealed=False``: a ``/dev/shm`` segment called ``name`` (a fresh
-        one by default), for a creator that trusts every process that can open it.
+        ``sealed`` (the default): a memfd whose size nobody can change (see
+        :mod:`._shm_segment`); ``sealed=False``: a ``/dev/shm`` segment called ``name`` (a
+        fresh one by default), for a creator that trusts every process that can open it.
         """
         plan = plan_segment(tensors, slots)
         if sealed:
@@ -130,7 +130,7 @@ class SharedTensorBlock:
 
     @property
     def sealed(self) -> bool:
-        """True for a memfd block whose size nobody can change (see the module docstring)."""
+        """True for a memfd block whose size nobody can change (see :mod:`._shm_segment`)."""
         return is_sealed_name(self.name)
 
     @classmethod
