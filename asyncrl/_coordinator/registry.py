@@ -44,7 +44,12 @@ class WorkerRecord:
 
 
 class WorkerRegistry:
-    """Admissions in order, live and lost; publishes ``joined`` / ``lost`` / ``refused``."""
+    """Admissions in order, live and lost; publishes ``joined`` / ``lost`` / ``refused``.
+
+    A MultiCollector's coordinator keeps one for its workers; AsyncBatchedCollector's
+    env hub (:mod:`asyncrl.collectors.batched.env_hub`) one for its env workers, whose
+    records (role ``"env"``) are collecting for as long as they are admitted.
+    """
 
     def __init__(self, publish: Callable[[CollectorEvent], None] | None = None, *,
                  max_lost: int = 1024, max_refusals: int = 4) -> None:

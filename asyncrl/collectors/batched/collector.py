@@ -11,6 +11,11 @@ through shared memory, requests and answers through eventfd doorbells
 transitions (:mod:`asyncrl._inference.chunk_ring`), which are cut here into
 batches of ``frames_per_batch``. ZeroMQ (one :class:`transports.Hub`) carries
 errors and close, and a remote env host's requests and chunks.
+
+This module is the collector's face: its arguments, opening (the server, the hub, the
+env worker processes), its batches, weights and properties. The env workers on the
+hub (their admission, their records in the registry behind ``statistics()`` and
+``events()``, what they send, how they end) are :mod:`.env_hub`'s.
 """
 
 from __future__ import annotations
@@ -88,8 +93,7 @@ class AsyncBatchedCollector(BaseCollector[RB]):
     ``remote_workers=K``, up to K ``asyncrl worker --role env`` processes on other
     hosts join at a time (a dropped one's slot goes to the next to join; their
     observations travel inline, checked; ``num_envs=0``: remote env hosts only;
-    each host is a row of ``statistics()`` and its joins, departures and losses
-    are ``events()``; ``curve_keys``: a directory made by
+    ``curve_keys``: a directory made by
     ``asyncrl keys generate`` encrypts and authenticates them); ``num_threads`` caps
     torch's threads in this process while open (default: the cores the env workers
     leave). ``server_backend="process"`` serves the policy from a dedicated process
@@ -103,6 +107,13 @@ class AsyncBatchedCollector(BaseCollector[RB]):
     the ``("next", K)`` twins of observation keys (TorchRL's meaning). With
     ``replay_buffer`` (anything with ``.extend(td)``), as in TorchRL, iteration writes
     each batch there and yields None; ``start()`` fills it in the background.
+
+    Every env worker, local or remote, is a row of ``statistics().workers`` and its
+    joins, refusals, departures and losses are ``events()``, as a MultiSyncCollector's
+    workers are (the same registry): index ``SLOT`` and name ``env-SLOT`` (the
+    ``worker_id`` of its frames), ``frames`` and ``batches`` what it sent (frames, chunks),
+    ``"collecting"`` from its admission, ``"lost"`` once its process ended (with its exit
+    code) or its host was lost, ``"left"`` when a host said goodbye.
 
     Processes: ``num_envs / envs_per_worker`` env workers; ``envs_per_worker=1`` by
     default, one process per env, as TorchRL's ``AsyncBatchedCollector`` steps each env
