@@ -20,7 +20,6 @@ hub (their admission, their records in the registry behind ``statistics()`` and
 
 from __future__ import annotations
 
-import logging
 import shutil
 import tempfile
 from collections.abc import Callable, Mapping
@@ -67,9 +66,6 @@ from .arguments import (
 )
 from .env_hub import EnvHub, FaceHooks
 from .local_workers import LocalEnvWorkers
-
-log = logging.getLogger("asyncrl.collectors")
-
 
 Path = tuple[str, ...]
 
