@@ -132,7 +132,7 @@ def obs(value: float) -> dict[str, torch.Tensor]:
 def chunk_of(collector: AsyncBatchedCollector, steps: int, *, value: float,
              tag: int) -> TensorDict:
     chunk = TensorDict({}, batch_size=[1, steps])
-    for path, (dtype, shape) in collector._remote.schema(1).items():  # type: ignore[union-attr]
+    for path, (dtype, shape) in collector._env_hub.remote.schema(1).items():  # type: ignore[union-attr]
         chunk.set(path, torch.zeros(shape, dtype=dtype))
     chunk["observation"][..., 0] = value
     chunk["collector", "traj_ids"].fill_(tag << 32)
