@@ -241,7 +241,7 @@ class ServedModuleClient:
 
     def _late(self, what: str) -> ServedModuleTimeout:
         handle = self.handle
-        serving = ("its host process" if handle.server_backend == "process"
+        serving = ("its host process" if handle.server_backend != "thread"
                    else "the trainer's process")
         return ServedModuleTimeout(
             f"served module {handle.name!r} (pid {handle.pid}) did not send {what} within "

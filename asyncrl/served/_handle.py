@@ -40,7 +40,8 @@ class ServedModuleHandle:
     output: Field
     call_timeout: float  # seconds a call may wait for its answer
     spin: float  # seconds a caller spins before it sleeps on its bell
-    #: "thread" (``pid`` is the trainer's) or "process" (``pid`` is its host process's)
+    #: "thread" (``pid`` is the trainer's), "process" or "ray" (its host process's, or
+    #: its Ray actor's)
     server_backend: str = "thread"
 
     @property

@@ -16,8 +16,8 @@ computed it.
 
 With ``server_backend="process"`` the same loop runs in a dedicated process of central
 inference's (:mod:`._process_host`): the trainer keeps the blocks, bells and status
-(and a CPU copy that checks weights), the process serves. A Ray actor host is not built
-yet (docs/served_modules.md).
+(and a CPU copy that checks weights), the process serves. With ``server_backend="ray"``
+that process is a Ray actor on the trainer's host (:mod:`._ray_host`).
 """
 
 from __future__ import annotations
@@ -60,8 +60,9 @@ log = logging.getLogger("asyncrl.served")
 
 #: Seconds :meth:`ServedModule.aclose` waits for a call under way to end.
 _CLOSE_TIMEOUT = 10.0
-#: Where the module is served: a thread of the trainer's process, or a process of its own.
-SERVER_BACKENDS = ("thread", "process")
+#: Where the module is served: a thread of the trainer's process, a process of its own,
+#: or a Ray actor (a process of its own that Ray places: :mod:`._ray_host`).
+SERVER_BACKENDS = ("thread", "process", "ray")
 
 
 class ServedModule:
@@ -78,7 +79,8 @@ class ServedModule:
     :meth:`update` waits for the call under way before it fails.
     ``server_backend``: ``"thread"`` (a thread of the trainer's process) or
     ``"process"`` (a dedicated process, off the trainer's GIL; ``start_method`` and
-    ``threads`` are its own; see docs/served_modules.md).
+    ``threads`` are its own) or ``"ray"`` (that process as a Ray actor, started with
+    ``ray_options``, e.g. ``{"num_gpus": 1}``; see docs/served_modules.md).
 
     Open it before the collector whose envs call it, and close it after.
 
@@ -98,7 +100,8 @@ class ServedModule:
                  clients: int = 64, max_batch_size: int | None = None,
                  call_timeout: float = 10.0, device: torch.device | str | None = None,
                  threads: int | None = None, server_backend: str = "thread",
-                 update_timeout: float = 60.0, start_method: str | None = None) -> None:
+                 update_timeout: float = 60.0, start_method: str | None = None,
+                 ray_options: Mapping[str, Any] | None = None) -> None:
         if not callable(module):
             raise TypeError(f"ServedModule serves a callable (an nn.Module), got "
                             f"{type(module).__name__}")
@@ -115,11 +118,14 @@ class ServedModule:
                              "(> 0 s)")
         if server_backend not in SERVER_BACKENDS:
             raise ValueError(f"server_backend={server_backend!r}: expected one of "
-                             f"{SERVER_BACKENDS} (a thread of the trainer's process, or a "
-                             "dedicated process)")
+                             f"{SERVER_BACKENDS} (a thread of the trainer's process, a "
+                             "dedicated process, or a Ray actor)")
         if start_method is not None and server_backend != "process":
             raise ValueError(f"start_method={start_method!r} starts a host process: give "
                              "server_backend='process' with it, or leave it out")
+        if ray_options is not None and server_backend != "ray":
+            raise ValueError(f"ray_options={dict(ray_options)} start a Ray actor: give "
+                             "server_backend='ray' with them, or leave them out")
         self.name = name
         self.module = module  # the user's, which update(None) copies from
         self.example = {str(k): torch.as_tensor(v) for k, v in example.items()}
@@ -131,6 +137,7 @@ class ServedModule:
         self.server_backend = server_backend
         self.update_timeout = float(update_timeout)
         self.start_method = check_start_method(start_method)
+        self.ray_options = None if ray_options is None else dict(ray_options)
         self._served: Any = None  # the copy the loop calls (a process host: the checking copy)
         self._host: Any = None  # the ProcessHost (server_backend="process")
         self._config: ServerConfig | None = None  # what the host process is given
@@ -213,7 +220,7 @@ class ServedModule:
                                     "this process: give each one its own name (model id)")
         try:
             await anyio.to_thread.run_sync(self._make)  # a first call of the module
-            if self.server_backend == "process":
+            if self.server_backend != "thread":
                 await self._start_host()
             else:
                 # A thread of its own, not a task: the module outlives no task group of
@@ -251,7 +258,7 @@ class ServedModule:
             answers[slot] = FifoBell(path)
             self._bells.append(answers[slot])
         spin = spin_for(self.clients + 1)
-        if self.server_backend == "process":
+        if self.server_backend != "thread":
             self._config = ServerConfig(
                 blocks={slot: (b.rows, b.obs.name, b.act.name) for slot, b in
                         self._blocks.items()},
@@ -279,7 +286,7 @@ class ServedModule:
 
     @property
     def _copy_device(self) -> torch.device | None:
-        return None if self.server_backend == "process" else self.device
+        return None if self.server_backend != "thread" else self.device
 
     async def _start_host(self) -> None:
         """Start the host process (its hub: a socket in the module's private directory)."""
@@ -290,11 +297,18 @@ class ServedModule:
         token = anyio.lowlevel.current_token().__class__.__module__
         backend = "trio" if "trio" in token else "asyncio"
         shadow = self._served if isinstance(self._served, nn.Module) else None
-        self._host = ProcessHost(self.name, self._config, self._blocks, shadow,
-                                 self.start_method, self._host_failed)
+        if self.server_backend == "ray":
+            from ._ray_host import RayHost  # Ray (an optional extra) only when asked for
+
+            self._host = RayHost(self.name, self._config, self._blocks, shadow,
+                                 self._host_failed, self.ray_options)
+        else:
+            self._host = ProcessHost(self.name, self._config, self._blocks, shadow,
+                                     self.start_method, self._host_failed)
         pid = await anyio.to_thread.run_sync(self._host.start, backend,
                                              f"ipc://{self._directory}/hub")
-        self._handle = dataclasses.replace(self._handle, pid=pid, server_backend="process")
+        self._handle = dataclasses.replace(self._handle, pid=pid,
+                                           server_backend=self.server_backend)
 
     def _host_failed(self, reason: str) -> None:
         self._set_status(FAILED, reason)

@@ -148,9 +148,7 @@ class ProcessHost:
     async def _run(self, backend: str, endpoint: str, *,
                    task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         self._stop = anyio.Event()
-        blocks, start_method, shadow = self._server_args
-        self._server = ProcessPolicyServer(self.config, blocks=blocks,
-                                           start_method=start_method, shadow=shadow)
+        self._server = self._make_server()
         config = self.config
         try:
             async with Hub(endpoint, heartbeat_interval=config.heartbeat_interval,
@@ -174,6 +172,12 @@ class ProcessHost:
             self._closing = True
             with anyio.CancelScope(shield=True):
                 await self.server.close()
+
+    def _make_server(self) -> ProcessPolicyServer:
+        """The trainer's side of the host process (a Ray actor's: :mod:`._ray_host`)."""
+        blocks, start_method, shadow = self._server_args
+        return ProcessPolicyServer(self.config, blocks=blocks, start_method=start_method,
+                                   shadow=shadow)
 
     async def _dispatch(self, hub: Hub) -> None:
         async for item in hub:  # the socket is private (0700 directory): the host only

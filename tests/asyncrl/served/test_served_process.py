@@ -211,10 +211,10 @@ async def test_an_update_waits_for_a_stuck_call_at_most_update_timeout(
             client.close()
 
 
-def test_the_host_is_a_thread_or_a_process_and_nothing_else() -> None:
-    with pytest.raises(ValueError, match=r"server_backend='ray': expected one of "
-                                         r"\('thread', 'process'\)"):
-        ServedModule(Scale(), example=EXAMPLE, server_backend="ray")
+def test_the_host_is_a_thread_a_process_or_a_ray_actor_and_nothing_else() -> None:
+    with pytest.raises(ValueError, match=r"server_backend='dask': expected one of "
+                                         r"\('thread', 'process', 'ray'\)"):
+        ServedModule(Scale(), example=EXAMPLE, server_backend="dask")
     with pytest.raises(ValueError, match="start_method='spawn' starts a host process"):
         ServedModule(Scale(), example=EXAMPLE, start_method="spawn")
     with pytest.raises(ValueError, match="update_timeout=0"):
