@@ -44,16 +44,17 @@ except ImportError as exc:  # pragma: no cover - depends on the optional extra
 from transports import Hub
 
 from .._errors import CollectorError
-from .._protocol import EnvClose
 from .._inference.inference_process import ServerConfig, run_inference_server
 from .._inference.policy_server import ServerHooks
 from .._inference.process_server import START_TIMEOUT, ProcessPolicyServer
 from .._inference.worker_blocks import WorkerBlocks
+from .._protocol import EnvClose
 from ..launch._ray_handle import actor_info, wait_actors_gone
 from ._errors import ServedModuleError
 from ._process_host import _REPORT_GRACE, ProcessHost
 
-__all__ = ["RayHost", "RayPolicyServer", "ServedModuleActor", "actor_options"]
+__all__ = ["RayHost", "RayPolicyServer", "ServedModuleActor", "actor_options",
+           "check_ray_options"]
 
 log = logging.getLogger("asyncrl.served")
 
@@ -84,6 +85,17 @@ class ServedModuleActor:
                              backend=backend))
 
 
+def check_ray_options(ray_options: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``ray_options`` as a dict, refused when they ask for what a served module cannot do."""
+    options = dict(ray_options or {})
+    if options.get("max_restarts", 0) != 0:
+        raise ValueError(f"ray_options={options}: a served module's actor is never restarted "
+                         "(a new one would serve the module's first weights under the "
+                         "version its callers last saw); leave max_restarts out, and open a "
+                         "new ServedModule if it dies")
+    return options
+
+
 def actor_options(ray_options: Mapping[str, Any] | None, threads: int) -> dict[str, Any]:
     """The actor's Ray options: ``ray_options`` over ``num_cpus=threads``, never restarted,
     pinned to this driver's node unless ``resources`` or ``scheduling_strategy`` place it.
@@ -92,15 +104,9 @@ def actor_options(ray_options: Mapping[str, Any] | None, threads: int) -> dict[s
     {'num_cpus': 2, 'resources': {'gpu_host': 1}, 'max_restarts': 0}
     >>> actor_options({"max_restarts": 3}, 1)
     Traceback (most recent call last):
-    ...
-    ValueError: ray_options={'max_restarts': 3}: a served module's actor is never restarted (a new one would serve the module's first weights under the version its callers last saw); leave max_restarts out, and open a new ServedModule if it dies
+    ValueError: ray_options={'max_restarts': 3}: a served module's actor is never restarted ...
     """
-    options = dict(ray_options or {})
-    if options.get("max_restarts", 0) != 0:
-        raise ValueError(f"ray_options={dict(ray_options or {})}: a served module's actor is "
-                         "never restarted (a new one would serve the module's first weights "
-                         "under the version its callers last saw); leave max_restarts out, "
-                         "and open a new ServedModule if it dies")
+    options = check_ray_options(ray_options)
     placed = "resources" in options or "scheduling_strategy" in options
     options = {"num_cpus": threads, **options, "max_restarts": 0}
     if not placed:
@@ -145,11 +151,6 @@ class RayPolicyServer(ProcessPolicyServer):
     async def start(self, tg: anyio.abc.TaskGroup, hub: Hub, backend: str,
                     hooks: ServerHooks) -> None:
         """Place the actor, check it is on this host, start serving; return once it serves."""
-        if not ray.is_initialized():
-            raise ServedModuleError(f"served module {self.name!r}: server_backend='ray' places "
-                                    "its host in the Ray cluster this process is connected "
-                                    "to, and there is none: call ray.init() (address=... "
-                                    "for a running cluster) before opening it")
         self._hub, self._hooks = hub, hooks
         options = actor_options(self._ray_options, self.config.threads)
         self.actor = ServedModuleActor.options(**options).remote()  # type: ignore[attr-defined]
@@ -267,7 +268,12 @@ class RayHost(ProcessHost):
                  shadow: nn.Module | None, on_fail: Callable[[str], None],
                  ray_options: Mapping[str, Any] | None) -> None:
         super().__init__(name, config, blocks, shadow, "forkserver", on_fail)
-        self.ray_options = ray_options
+        self.ray_options = check_ray_options(ray_options)
+        if not ray.is_initialized():
+            raise ServedModuleError(f"served module {name!r}: server_backend='ray' places its "
+                                    "host in the Ray cluster this process is connected to, "
+                                    "and there is none: call ray.init() (address=... for a "
+                                    "running cluster) before opening it")
 
     def _make_server(self) -> ProcessPolicyServer:
         blocks, _, shadow = self._server_args

@@ -57,6 +57,16 @@ def actor_of(served: ServedModule):
     return served._host.server.actor
 
 
+def exists(path: str) -> bool:
+    return os.path.exists(path)
+
+
+def left_behind(handle) -> list[str]:
+    """What of a module's directory and shared memory still exists."""
+    names = [handle.status, *(n for pair in handle.blocks for n in pair)]
+    return [p for p in [handle.directory, *(f"/dev/shm/{n}" for n in names)] if exists(p)]
+
+
 def gone(actor) -> bool:
     info = actor_info(actor)
     return info.get("State") == "DEAD" and not _ray_process_alive(int(info.get("Pid") or 0))
@@ -85,8 +95,7 @@ async def test_a_ray_actor_serves_versioned_calls_and_is_gone_once_closed(local_
             assert served.version == 1 and served.error is None
             client.close()
         assert gone(actor)  # killed, and its process waited for
-        directory = handle.directory
-        assert not os.path.exists(directory)
+        assert left_behind(handle) == []
         await served.aclose()  # idempotent
 
 
@@ -210,10 +219,20 @@ async def test_an_actor_on_another_host_is_refused_naming_the_way_out(local_ray,
                                  r"this host, 'trainer-host'.*server_backend='process'"):
             await served.open()
     assert gone(actor_of(served))  # stopped once refused
-    assert not os.path.exists(served._directory or "")
+    assert served._directory is not None and not exists(served._directory)
 
 
-def test_a_ray_host_needs_a_ray_cluster_and_options_belong_to_it(monkeypatch) -> None:
+def test_the_ray_hosts_docstring_examples_run_as_written() -> None:
+    import doctest
+
+    from asyncrl.served import _ray_host
+
+    result = doctest.testmod(_ray_host, optionflags=doctest.ELLIPSIS)
+    assert result.attempted and not result.failed
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_ray_options_belong_to_a_ray_host_which_is_never_restarted() -> None:
     with pytest.raises(ValueError, match=r"ray_options=\{'num_gpus': 1\} start a Ray actor: "
                                          r"give server_backend='ray'"):
         ServedModule(Scale(), example=EXAMPLE, ray_options={"num_gpus": 1})
@@ -221,12 +240,20 @@ def test_a_ray_host_needs_a_ray_cluster_and_options_belong_to_it(monkeypatch) ->
 
     with pytest.raises(ValueError, match="never restarted"):
         actor_options({"max_restarts": -1}, 1)
+    served = ServedModule(Scale(), example=EXAMPLE, server_backend="ray",
+                          ray_options={"max_restarts": 2})
+    with anyio.fail_after(60), pytest.raises(ValueError, match=r"ray_options=\{'max_restarts"
+                                                               r"': 2\}: .* never restarted"):
+        await served.open()  # before any actor starts
+    assert repr(served) == "ServedModule('served', closed, version=0)"
 
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_without_ray_init_a_ray_host_is_refused_saying_so(monkeypatch) -> None:
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
     served = ServedModule(Scale(), name="no", example=EXAMPLE, server_backend="ray")
-    with anyio.fail_after(60), pytest.raises(ServedModuleError, match=r"call ray.init\(\)"):
+    with anyio.fail_after(60), pytest.raises(ServedModuleError, match=r"^served module 'no': "
+                                                         r"server_backend='ray' .* there is "
+                                                         r"none: call ray.init\(\)"):
         await served.open()
     assert repr(served) == "ServedModule('no', closed, version=0)"
