@@ -77,7 +77,7 @@ class ServedModule:
     each); ``call_timeout``: seconds a call waits for its answer before the env step
     fails (:class:`~asyncrl.served.ServedModuleTimeout`); ``update_timeout``: seconds
     :meth:`update` waits for the call under way before it fails.
-    ``server_backend``: ``"thread"`` (a thread of the trainer's process) or
+    ``server_backend``: ``"thread"`` (a thread of the trainer's process),
     ``"process"`` (a dedicated process, off the trainer's GIL; ``start_method`` and
     ``threads`` are its own) or ``"ray"`` (that process as a Ray actor, started with
     ``ray_options``, e.g. ``{"num_gpus": 1}``; see docs/served_modules.md).

@@ -193,6 +193,27 @@ async def test_a_call_not_answered_in_time_fails_after_call_timeout(local_ray) -
 
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_an_actor_stuck_past_update_timeout_is_killed_and_the_module_fails(
+        local_ray) -> None:
+    with anyio.fail_after(120):
+        async with ServedModule(Slow(), name="u", example=EXAMPLE, call_timeout=0.5,
+                                update_timeout=1.0, server_backend="ray") as served:
+            actor = actor_of(served)
+            client = ServedModuleClient(served.handle)
+            await served.update({"delay": torch.tensor([4.0])})  # every call: 4 s
+            with pytest.raises(ServedModuleTimeout, match="did not send its answer"):
+                await call(client, 1.0)  # the module is now inside a 4 s call
+            with pytest.raises(ServedModuleTimeout,
+                               match=r"'u': update\(\) waited 1.0 s \(update_timeout\)"):
+                await served.update({"delay": torch.tensor([0.0])})
+            assert gone(actor)  # killed at once, not at close
+            with pytest.raises(ServedModuleError, match=r"stuck in a call for more than "
+                                                        r"update_timeout=1.0 s"):
+                await call(client, 5.0)
+            client.close()
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_an_actor_placed_by_resources_on_another_raylet_of_this_host_serves(
         local_ray) -> None:
     with anyio.fail_after(120):
