@@ -160,7 +160,7 @@ class RayPolicyServer(ProcessPolicyServer):
             "free"))
         self.processes = _ActorProcess(pid, self.kill)  # type: ignore[assignment]
         if host != socket.gethostname():
-            self.kill()
+            await anyio.to_thread.run_sync(self.kill)
             raise ServedModuleError(
                 f"served module {self.name!r}: Ray placed its actor on host {host!r} (node "
                 f"{self.node}); the envs and the trainer reach it through shared memory of "
@@ -188,13 +188,13 @@ class RayPolicyServer(ProcessPolicyServer):
         deadline = time.monotonic() + timeout
         while not await anyio.to_thread.run_sync(_done, ref):
             if time.monotonic() > deadline:
-                self.kill()
+                await anyio.to_thread.run_sync(self.kill)
                 raise ServedModuleError(f"served module {self.name!r}: its Ray actor was not "
                                         f"{late}")
         try:
             return ray.get(ref)
         except ray.exceptions.RayError as exc:
-            self.kill()
+            await anyio.to_thread.run_sync(self.kill)
             raise ServedModuleError(f"served module {self.name!r}: its Ray actor did not "
                                     f"start: {_first_line(exc)}") from None
 
