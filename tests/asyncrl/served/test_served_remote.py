@@ -1,0 +1,217 @@
+"""A served module called by the envs of remote hosts (``asyncrl worker --connect``).
+
+Their calls cross the network as declared messages (``asyncrl/_protocol/served.py``) on
+the link each worker was admitted on; the trainer checks every call against the
+module's layout, makes it through one of the module's slots (batched with the local
+envs' calls) and answers with the output and its version.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import anyio
+import pytest
+import torch
+
+from asyncrl import MultiAsyncCollector, MultiSyncCollector
+from asyncrl._protocol import ServedAnswer, ServedCall
+from asyncrl.served import ServedModule, ServedModuleScheme
+from asyncrl.served._remote_calls import RemoteCalls
+from transports import Link, Message
+
+from .served_envs import REMOTE_NAME, Scale, Slow, rewarded_env
+
+pytestmark = [pytest.mark.anyio, pytest.mark.parametrize("anyio_backend", ["asyncio"])]
+
+NAME = REMOTE_NAME
+VERSIONS = ("next", "served_versions", NAME)
+ENV = "tests.asyncrl.served.served_envs:remote_rewarded_env"
+LIMIT = 150
+
+
+@contextmanager
+def remote_host(endpoint: str) -> Iterator[subprocess.Popen[bytes]]:
+    host = subprocess.Popen([sys.executable, "-m", "asyncrl.cli", "worker", "--connect",
+                             endpoint, "--env", ENV, "--envs-per-worker", "2"])
+    try:
+        yield host
+    finally:
+        if host.poll() is None:
+            host.terminate()
+        try:
+            host.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            host.kill()
+            host.wait(timeout=10)
+
+
+def example() -> dict[str, torch.Tensor]:
+    return {"next_observation": torch.zeros(3)}
+
+
+def remote_calls(collector: Any) -> RemoteCalls:
+    calls: RemoteCalls = collector.weight_sender(NAME).remote_calls
+    return calls
+
+
+async def test_a_remote_hosts_envs_get_rewards_from_the_served_module() -> None:
+    with anyio.fail_after(LIMIT):
+        async with ServedModule(Scale(1.0), name=NAME, example=example(), clients=8) as served:
+            async with MultiSyncCollector(
+                    functools.partial(rewarded_env, served.handle), num_workers=1,
+                    remote_workers=1, listen="tcp://127.0.0.1:0", envs_per_worker=2,
+                    frames_per_batch=64, total_frames=64 * 3,
+                    info_keys=[served.handle.info_key],
+                    weight_sync_schemes={NAME: ServedModuleScheme(served)}) as collector:
+                with remote_host(collector.endpoint):
+                    seen = []
+                    async for batch in collector:
+                        t = batch["next", "observation"][..., 0]
+                        version = batch[VERSIONS]
+                        # the scale of version v is v + 1: the reward says which computed it
+                        assert torch.equal(batch["next", "reward"].squeeze(-1),
+                                           t * (version + 1))
+                        workers = batch["collector", "worker_id"].unique().tolist()
+                        assert sorted(workers) == [0, 1]  # the local worker and the remote one
+                        seen.append(sorted(version.unique().tolist()))
+                        new = {"scale": torch.tensor([float(served.version + 2)])}
+                        await collector.update_policy_weights(new, model_id=NAME)
+                assert seen == [[0], [1], [2]]  # sync: each batch after its update
+                calls = remote_calls(collector)
+                assert calls.answered >= 32 * 3  # the remote host's steps, over the wire
+                assert calls.refusals == []
+
+
+async def test_a_stranger_is_refused_and_the_run_goes_on() -> None:
+    with anyio.fail_after(LIMIT):
+        async with ServedModule(Scale(2.0), name=NAME, example=example(), clients=8) as served:
+            async with MultiSyncCollector(
+                    functools.partial(rewarded_env, served.handle), num_workers=1,
+                    remote_workers=1, listen="tcp://127.0.0.1:0", envs_per_worker=2,
+                    frames_per_batch=32, total_frames=32 * 2,
+                    weight_sync_schemes={NAME: ServedModuleScheme(served)}) as collector:
+                async with Link(collector.endpoint, identity=b"stranger") as stranger:
+                    call = ServedCall(NAME, 7, {"next_observation": torch.ones(3)})
+                    await stranger.send(call.to_body(), kind=ServedCall.KIND)
+                    answer: Message = await stranger.recv()
+                    assert answer.kind == ServedAnswer.KIND
+                    assert answer.body["call"] == 7 and "output" not in answer.body
+                    assert "not a live admitted worker" in answer.body["error"]
+                calls = remote_calls(collector)
+                assert calls.answered == 0
+                assert len(calls.refusals) == 1 and "stranger" in calls.refusals[0]
+                with remote_host(collector.endpoint):
+                    async for batch in collector:  # the run goes on
+                        t = batch["next", "observation"][..., 0]
+                        assert torch.equal(batch["next", "reward"].squeeze(-1), 2 * t)
+                assert calls.answered > 0
+
+
+class _Sent:
+    """A fake hub's send: what the trainer answered, kept."""
+
+    def __init__(self) -> None:
+        self.answers: list[dict[str, Any]] = []
+
+    async def __call__(self, peer: bytes, body: Any, kind: str) -> None:
+        assert kind == ServedAnswer.KIND
+        self.answers.append(body)
+
+
+@pytest.mark.parametrize("inputs, problem", [
+    ({"next_observation": torch.ones(4)}, r"float32\[4\]"),  # a shape the module lacks
+    ({"next_observation": torch.ones(3, dtype=torch.float64)}, r"float64\[3\]"),
+    ({"next_observation": torch.ones(3), "extra": torch.ones(1)}, "got keys"),
+    ({}, "got keys"),
+    ("not a map", "must be a map"),
+    ({"next_observation": torch.ones(1 << 20)}, r"float32\[1048576\]"),  # big: refused
+])
+async def test_a_malformed_call_from_an_admitted_worker_is_refused_never_reaching_the_module(
+        inputs: Any, problem: str) -> None:
+    with anyio.fail_after(60):
+        async with ServedModule(Scale(3.0), name=NAME, example=example(), clients=2) as served:
+            sent = _Sent()
+            calls = RemoteCalls(served, sent)
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(calls.run)
+                bad = Message(peer=b"w", kind=ServedCall.KIND, seq=0,
+                              body={"name": NAME, "call": 5, "inputs": inputs})
+                await calls.on_message(object(), bad)
+                assert len(sent.answers) == 1
+                refusal = sent.answers[0]
+                assert refusal["call"] == 5 and "output" not in refusal
+                assert refusal["error"].startswith("refused: served_call message field "
+                                                   "'inputs'")
+                assert re.search(problem, refusal["error"]), refusal["error"]
+                assert served.statistics().calls == 0  # the module never saw it
+                good = Message(peer=b"w", kind=ServedCall.KIND, seq=1, body={
+                    "name": NAME, "call": 6, "inputs": {"next_observation": torch.ones(3)}})
+                await calls.on_message(object(), good)  # the next call is served
+                while len(sent.answers) < 2:
+                    await anyio.sleep(0.01)
+                tg.cancel_scope.cancel()
+            answer = sent.answers[1]
+            assert answer["call"] == 6 and answer["version"] == 0 and "error" not in answer
+            assert answer["output"].tolist() == [3.0]
+
+
+async def test_a_remote_host_lost_mid_call_frees_its_slot_and_the_run_goes_on() -> None:
+    with anyio.fail_after(LIMIT):
+        async with ServedModule(Slow(), name=NAME, example=example(), clients=8) as served:
+            async with MultiAsyncCollector(
+                    functools.partial(rewarded_env, served.handle), num_workers=1,
+                    remote_workers=1, listen="tcp://127.0.0.1:0", envs_per_worker=2,
+                    frames_per_batch=16, total_frames=-1, on_worker_loss="continue",
+                    weight_sync_schemes={NAME: ServedModuleScheme(served)}) as collector:
+                calls = remote_calls(collector)
+                with remote_host(collector.endpoint) as host:
+                    async for batch in collector:
+                        if 1 in batch["collector", "worker_id"].tolist():
+                            break  # the remote host collects
+                    await served.update({"delay": torch.tensor([1.0])})  # each call: 1 s
+                    while calls.in_flight == 0:  # a remote call is in the module now
+                        await anyio.sleep(0.01)
+                    os.kill(host.pid, signal.SIGKILL)
+                    host.wait(timeout=30)
+                    while calls.in_flight:  # answered to nobody; the slot is free again
+                        await anyio.sleep(0.05)
+                await served.update({"delay": torch.tensor([0.0])})
+                answered = calls.answered
+                got = 0
+                async for batch in collector:  # the local worker carries on
+                    assert batch["collector", "worker_id"].unique().tolist() == [0]
+                    got += 1
+                    if got == 3:
+                        break
+                assert calls.answered >= answered  # nothing broke the gateway
+                assert calls.refusals == []
+
+
+async def test_the_served_module_killed_fails_the_remote_env_step_with_a_clear_error() -> None:
+    with anyio.fail_after(LIMIT):
+        async with ServedModule(Scale(1.0), name=NAME, example=example(), clients=8,
+                                server_backend="process") as served:
+            async with MultiSyncCollector(
+                    functools.partial(rewarded_env, served.handle), num_workers=0,
+                    remote_workers=1, listen="tcp://127.0.0.1:0", envs_per_worker=2,
+                    frames_per_batch=16, total_frames=-1,
+                    weight_sync_schemes={NAME: ServedModuleScheme(served)}) as collector:
+                with remote_host(collector.endpoint):
+                    async for _ in collector:
+                        break  # the remote host is served
+                    os.kill(served.pid, signal.SIGKILL)
+                    with pytest.raises(Exception) as caught:
+                        async for _ in collector:
+                            pass
+        text = str(caught.value)
+        assert f"served module {NAME!r} failed and serves no more calls" in text, text
+        assert "SIGKILL" in text or "killed" in text, text
