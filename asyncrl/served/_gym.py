@@ -84,7 +84,7 @@ class ServedReward(_Served):
     its handle: the worker's welcome says how to call it (checked at the first step).
 
     >>> env = ServedReward(gym.make("CartPole-v1"), served.handle)     # doctest: +SKIP
-    >>> env = ServedReward(gym.make("CartPole-v1"), "env.transform[0]")  # remote host  # doctest: +SKIP
+    >>> env = ServedReward(gym.make("CartPole-v1"), "env.transform[0]")  # doctest: +SKIP
     """
 
     def __init__(self, env: gym.Env[Any, Any], handle: ServedModuleHandle | str) -> None:

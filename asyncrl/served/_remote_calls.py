@@ -46,9 +46,10 @@ Send = Callable[[bytes, Any, str], Awaitable[None]]
 def route_of(served: ServedModule) -> ServedRoute:
     """How a remote worker calls ``served`` (its welcome's data)."""
     handle = served.handle
-    return ServedRoute(handle.name, [(n, d, list(s)) for n, d, s in handle.inputs],
-                       (handle.output[0], handle.output[1], list(handle.output[2])),
-                       handle.call_timeout)
+    return ServedRoute.from_config({  # checked as a worker will check it
+        "name": handle.name, "inputs": [[n, d, list(s)] for n, d, s in handle.inputs],
+        "output": [handle.output[0], handle.output[1], list(handle.output[2])],
+        "call_timeout": handle.call_timeout})
 
 
 def _as_array(value: Any) -> Any:

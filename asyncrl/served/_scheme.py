@@ -20,8 +20,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import anyio
-
 from .._protocol import ServedCall
 from ..weights import WeightReceiver, WeightSender, WeightSyncScheme
 from ..weights._sender import HubLike, WorkerIds, Workers

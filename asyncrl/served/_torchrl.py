@@ -27,9 +27,9 @@ except ImportError as exc:  # pragma: no cover - the optional extra is missing
                       "gymnasium envs use asyncrl.ServedReward / ServedObservation") from exc
 
 from ._client import ServedModuleClient
-from ._remote_client import RemoteServedClient, connect
 from ._errors import ServedModuleError
 from ._handle import ServedModuleHandle
+from ._remote_client import RemoteServedClient, connect
 
 __all__ = ["ServedModuleTransform"]
 
