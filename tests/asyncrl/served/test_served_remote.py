@@ -28,9 +28,16 @@ from asyncrl.served import ServedModule, ServedModuleScheme
 from asyncrl.served._remote_calls import RemoteCalls
 from transports import Link, Message
 
+from asyncrl._protocol import ServedRoute
+from asyncrl._worker.served_calls import ServedCallError, ServedCalls
+from asyncrl.served._remote_calls import ServedCallRouter
+from transports import ProtocolError
+
 from .served_envs import REMOTE_NAME, Scale, Slow, rewarded_env
 
-pytestmark = [pytest.mark.anyio, pytest.mark.parametrize("anyio_backend", ["asyncio"])]
+pytestmark = pytest.mark.anyio
+#: Tests that start processes run once; the trainer's end alone runs on both backends.
+processes = pytest.mark.parametrize("anyio_backend", ["asyncio"])
 
 NAME = REMOTE_NAME
 VERSIONS = ("next", "served_versions", NAME)
@@ -63,6 +70,7 @@ def remote_calls(collector: Any) -> RemoteCalls:
     return calls
 
 
+@processes
 async def test_a_remote_hosts_envs_get_rewards_from_the_served_module() -> None:
     with anyio.fail_after(LIMIT):
         async with ServedModule(Scale(1.0), name=NAME, example=example(), clients=8) as served:
@@ -91,6 +99,7 @@ async def test_a_remote_hosts_envs_get_rewards_from_the_served_module() -> None:
                 assert calls.refusals == []
 
 
+@processes
 async def test_a_stranger_is_refused_and_the_run_goes_on() -> None:
     with anyio.fail_after(LIMIT):
         async with ServedModule(Scale(2.0), name=NAME, example=example(), clients=8) as served:
@@ -164,6 +173,7 @@ async def test_a_malformed_call_from_an_admitted_worker_is_refused_never_reachin
             assert answer["output"].tolist() == [3.0]
 
 
+@processes
 async def test_a_remote_host_lost_mid_call_frees_its_slot_and_the_run_goes_on() -> None:
     with anyio.fail_after(LIMIT):
         async with ServedModule(Slow(), name=NAME, example=example(), clients=8) as served:
@@ -197,6 +207,7 @@ async def test_a_remote_host_lost_mid_call_frees_its_slot_and_the_run_goes_on() 
                 assert calls.refusals == []
 
 
+@processes
 async def test_the_served_module_killed_fails_the_remote_env_step_with_a_clear_error() -> None:
     with anyio.fail_after(LIMIT):
         async with ServedModule(Scale(1.0), name=NAME, example=example(), clients=8,
@@ -216,3 +227,90 @@ async def test_the_served_module_killed_fails_the_remote_env_step_with_a_clear_e
         text = str(caught.value)
         assert f"served module {NAME!r} failed and serves no more calls" in text, text
         assert "SIGKILL" in text or "killed" in text, text
+
+
+def _call(number: int, value: float = 1.0, name: str = NAME) -> Message:
+    return Message(peer=b"w", kind=ServedCall.KIND, seq=number, body={
+        "name": name, "call": number, "inputs": {"next_observation": torch.full((3,), value)}})
+
+
+async def _answers(sent: _Sent, count: int) -> None:
+    while len(sent.answers) < count:
+        await anyio.sleep(0.01)
+
+
+async def test_a_call_the_module_does_not_answer_in_time_is_answered_as_a_timeout() -> None:
+    with anyio.fail_after(60):
+        async with ServedModule(Slow(), name=NAME, example=example(), clients=2,
+                                call_timeout=0.5) as served:
+            sent = _Sent()
+            calls = RemoteCalls(served, sent)
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(calls.run)
+                await served.update({"delay": torch.tensor([1.5])})
+                await calls.on_message(object(), _call(1))
+                await _answers(sent, 1)
+                assert sent.answers[0]["timeout"] is True
+                assert "did not send its answer within call_timeout=0.5 s" in \
+                    sent.answers[0]["error"]
+                await served.update({"delay": torch.tensor([0.0])})
+                await calls.on_message(object(), _call(2, 4.0))  # its own answer, not the late one
+                await _answers(sent, 2)
+                tg.cancel_scope.cancel()
+            assert sent.answers[1]["output"].tolist() == [4.0]
+            assert calls.in_flight == 0
+
+
+async def test_more_calls_than_slots_wait_bounded_and_the_rest_are_answered_busy() -> None:
+    with anyio.fail_after(60):
+        async with ServedModule(Scale(1.0), name=NAME, example=example(), clients=1) as served:
+            sent = _Sent()
+            calls = RemoteCalls(served, sent)
+            # not served yet (run() is not running): one call waits, the next is "busy"
+            await calls.on_message(object(), _call(1))
+            await calls.on_message(object(), _call(2))
+            assert len(sent.answers) == 1 and sent.answers[0]["call"] == 2
+            assert "is busy: more calls wait than its 1 client slots" in sent.answers[0]["error"]
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(calls.run)
+                await _answers(sent, 2)
+                tg.cancel_scope.cancel()
+            assert sent.answers[1]["call"] == 1 and sent.answers[1]["output"].tolist() == [1.0]
+
+
+async def test_a_call_to_a_module_the_run_does_not_serve_is_refused_naming_those_it_does() -> None:
+    with anyio.fail_after(60):
+        async with ServedModule(Scale(1.0), name=NAME, example=example()) as served:
+            sent = _Sent()
+            router = ServedCallRouter(sent)
+            router.add(RemoteCalls(served, sent))
+            await router.on_message(object(), _call(3, name="other"))
+            assert sent.answers == [{"name": "other", "call": 3, "version": 0,
+                                     "error": "refused: served_call names module 'other'; "
+                                     "this run serves ['env.transform[0]'] (weight_sync_schemes "
+                                     "with a ServedModuleScheme)", "timeout": False}]
+
+
+def test_a_worker_refuses_a_malformed_answer_and_a_call_from_its_event_loop() -> None:
+    calls = ServedCalls(None)  # type: ignore[arg-type]  # nothing is sent here
+    route = ServedRoute(NAME, [("next_observation", "float32", [3])],
+                        ("output", "float32", [1]), 1.0)
+    assert calls.take({NAME: {"scheme": "served", "strategy": "tensordict",
+                              "route": route.to_config()},
+                       "policy": {"scheme": "zmq"}}) == {"policy": {"scheme": "zmq"}}
+    assert calls.routes == {NAME: route}
+    for body, problem in [
+            ({"name": NAME, "call": 1, "version": 0, "output": torch.ones(2)},
+             r"'output' must hold exactly \{'output': float32\[1\]\}"),
+            ({"name": "other", "call": 1, "version": 0, "output": torch.ones(1)},
+             "a module this worker does not call"),
+            ({"name": NAME, "call": -1, "version": 0, "output": torch.ones(1)}, "'call'"),
+            ([1, 2], "must be a map")]:
+        with pytest.raises(ProtocolError, match=problem):
+            calls.deliver(Message(peer=b"", kind=ServedAnswer.KIND, seq=0, body=body))
+    with pytest.raises(ServedCallError, match="from the rollout's thread only"):
+        calls.call(NAME, {"next_observation": torch.zeros(3).numpy()})  # not bound
+    with pytest.raises(ProtocolError, match="served route"):
+        calls.take({NAME: {"scheme": "served", "route": {"name": NAME, "inputs": [],
+                                                          "output": ["o", "float32", [1]],
+                                                          "call_timeout": 1.0}}})
