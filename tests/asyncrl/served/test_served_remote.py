@@ -23,15 +23,11 @@ import pytest
 import torch
 
 from asyncrl import MultiAsyncCollector, MultiSyncCollector
-from asyncrl._protocol import ServedAnswer, ServedCall
-from asyncrl.served import ServedModule, ServedModuleScheme
-from asyncrl.served._remote_calls import RemoteCalls
-from transports import Link, Message
-
-from asyncrl._protocol import ServedRoute
+from asyncrl._protocol import ServedAnswer, ServedCall, ServedRoute
 from asyncrl._worker.served_calls import ServedCallError, ServedCalls
-from asyncrl.served._remote_calls import ServedCallRouter
-from transports import ProtocolError
+from asyncrl.served import ServedModule, ServedModuleScheme
+from asyncrl.served._remote_calls import RemoteCalls, ServedCallRouter
+from transports import Link, Message, ProtocolError
 
 from .served_envs import REMOTE_NAME, Scale, Slow, rewarded_env
 
