@@ -21,6 +21,8 @@ from typing import Any
 import anyio
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from asyncrl import MultiAsyncCollector, MultiSyncCollector
 from asyncrl._protocol import ServedAnswer, ServedCall, ServedRoute
@@ -310,3 +312,25 @@ def test_a_worker_refuses_a_malformed_answer_and_a_call_from_its_event_loop() ->
         calls.take({NAME: {"scheme": "served", "route": {"name": NAME, "inputs": [],
                                                           "output": ["o", "float32", [1]],
                                                           "call_timeout": 1.0}}})
+
+
+_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20)
+    | st.binary(max_size=20) | st.builds(torch.ones, st.integers(0, 5)),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(
+        st.sampled_from(["name", "call", "inputs", "next_observation", "version", "output",
+                         "error", "timeout", "x"]), inner, max_size=5),
+    max_leaves=12)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(body=_values)
+def test_any_body_decodes_to_a_served_message_or_a_protocol_error(body: Any) -> None:
+    layout = {"next_observation": ("float32", (3,))}
+    for decode_one in (lambda: ServedCall.from_body(body, layout=layout),
+                       lambda: ServedAnswer.from_body(body, layout={"output": ("float32", (1,))}),
+                       lambda: ServedRoute.from_config(body)):
+        try:
+            decode_one()
+        except ProtocolError:
+            pass
