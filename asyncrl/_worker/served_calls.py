@@ -218,15 +218,23 @@ class ServedCalls:
                 failure.append(exc)
                 self.lost(f"the trainer's link failed: {exc}")
 
+        built: list[T] = []
+
+        def build_here() -> None:
+            try:
+                built.append(build())
+            except BaseException as exc:  # raised below as itself, not in a task group's
+                failure.insert(0, exc)
+
         async with anyio.create_task_group() as tg:
             tg.start_soon(read)
             try:
-                result = await anyio.to_thread.run_sync(build)
+                await anyio.to_thread.run_sync(build_here)
             finally:
                 tg.cancel_scope.cancel()
         if failure:
             raise failure[0]
-        return result
+        return built[0]
 
 
 def _map(body: Any) -> dict[str, Any]:

@@ -334,3 +334,22 @@ def test_any_body_decodes_to_a_served_message_or_a_protocol_error(body: Any) -> 
             decode_one()
         except ProtocolError:
             pass
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+async def test_a_rollout_that_fails_to_build_while_answers_are_read_raises_its_own_error(
+        ) -> None:
+    from collections import deque
+
+    calls = ServedCalls(None)  # type: ignore[arg-type]
+    calls.bind()
+
+    async def recv() -> Message:
+        await anyio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    def build() -> None:
+        raise ValueError("env would not build")
+
+    with anyio.fail_after(30), pytest.raises(ValueError, match="env would not build"):
+        await calls.run_answering(build, recv, deque())
