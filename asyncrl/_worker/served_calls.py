@@ -120,6 +120,13 @@ class ServedCalls:
                 others[model_id] = config
         return others
 
+    def close(self) -> None:
+        """Fail the waiting calls and take this link's routes out of the process's registry."""
+        self.lost("this worker is closing")
+        with _routes_lock:
+            for name in [n for n, (_, calls) in _routes.items() if calls is self]:
+                del _routes[name]
+
     def admitted(self) -> None:
         with self._lock:
             self._down = ""

@@ -293,6 +293,8 @@ class Worker:
         finally:
             self._outgoing.detach()
             self._close_envs()
+            if self.served_calls is not None:
+                self.served_calls.close()
 
     def _admitted_now(self) -> bool:
         return self._is_admitted

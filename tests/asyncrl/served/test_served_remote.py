@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 
 from asyncrl import MultiAsyncCollector, MultiSyncCollector
 from asyncrl._protocol import ServedAnswer, ServedCall, ServedRoute
-from asyncrl._worker.served_calls import ServedCallError, ServedCalls
+from asyncrl._worker.served_calls import ServedCallError, ServedCalls, route_for
 from asyncrl.served import ServedModule, ServedModuleScheme
 from asyncrl.served._remote_calls import RemoteCalls, ServedCallRouter
 from transports import Link, Message, ProtocolError
@@ -291,27 +291,31 @@ async def test_a_call_to_a_module_the_run_does_not_serve_is_refused_naming_those
 
 def test_a_worker_refuses_a_malformed_answer_and_a_call_from_its_event_loop() -> None:
     calls = ServedCalls(None)  # type: ignore[arg-type]  # nothing is sent here
-    route = ServedRoute(NAME, [("next_observation", "float32", [3])],
-                        ("output", "float32", [1]), 1.0)
-    assert calls.take({NAME: {"scheme": "served", "strategy": "tensordict",
-                              "route": route.to_config()},
-                       "policy": {"scheme": "zmq"}}) == {"policy": {"scheme": "zmq"}}
-    assert calls.routes == {NAME: route}
-    for body, problem in [
-            ({"name": NAME, "call": 1, "version": 0, "output": torch.ones(2)},
-             r"'output' must hold exactly \{'output': float32\[1\]\}"),
-            ({"name": "other", "call": 1, "version": 0, "output": torch.ones(1)},
-             "a module this worker does not call"),
-            ({"name": NAME, "call": -1, "version": 0, "output": torch.ones(1)}, "'call'"),
-            ([1, 2], "must be a map")]:
-        with pytest.raises(ProtocolError, match=problem):
-            calls.deliver(Message(peer=b"", kind=ServedAnswer.KIND, seq=0, body=body))
-    with pytest.raises(ServedCallError, match="from the rollout's thread only"):
-        calls.call(NAME, {"next_observation": torch.zeros(3).numpy()})  # not bound
-    with pytest.raises(ProtocolError, match="served route"):
-        calls.take({NAME: {"scheme": "served", "route": {"name": NAME, "inputs": [],
-                                                          "output": ["o", "float32", [1]],
-                                                          "call_timeout": 1.0}}})
+    try:
+        route = ServedRoute(NAME, [("next_observation", "float32", [3])],
+                            ("output", "float32", [1]), 1.0)
+        assert calls.take({NAME: {"scheme": "served", "strategy": "tensordict",
+                                  "route": route.to_config()},
+                           "policy": {"scheme": "zmq"}}) == {"policy": {"scheme": "zmq"}}
+        assert calls.routes == {NAME: route}
+        for body, problem in [
+                ({"name": NAME, "call": 1, "version": 0, "output": torch.ones(2)},
+                 r"'output' must hold exactly \{'output': float32\[1\]\}"),
+                ({"name": "other", "call": 1, "version": 0, "output": torch.ones(1)},
+                 "a module this worker does not call"),
+                ({"name": NAME, "call": -1, "version": 0, "output": torch.ones(1)}, "'call'"),
+                ([1, 2], "must be a map")]:
+            with pytest.raises(ProtocolError, match=problem):
+                calls.deliver(Message(peer=b"", kind=ServedAnswer.KIND, seq=0, body=body))
+        with pytest.raises(ServedCallError, match="from the rollout's thread only"):
+            calls.call(NAME, {"next_observation": torch.zeros(3).numpy()})  # not bound
+        with pytest.raises(ProtocolError, match="served route"):
+            calls.take({NAME: {"scheme": "served", "route": {"name": NAME, "inputs": [],
+                                                              "output": ["o", "float32", [1]],
+                                                              "call_timeout": 1.0}}})
+    finally:
+        calls.close()  # the route is this process's: other tests must not find it
+    assert route_for(NAME) is None
 
 
 _values = st.recursive(
