@@ -161,8 +161,9 @@ class ServedModuleClient:
             raise ServedModuleError(
                 f"served module {handle.name!r} is served on host {handle.host!r}; this "
                 f"process runs on {socket.gethostname()!r}: a served module reaches the "
-                "processes of its own host only (shared memory); copy the module into the "
-                "remote workers' envs, or run them on the trainer's host")
+                "processes of its own host only (shared memory); a remote worker's env calls "
+                "it by name over its link (ServedReward(env, name), the module registered in "
+                "its collector's weight_sync_schemes), or run the envs on the trainer's host")
         self.handle = handle
         self.slot = _Claims.claim(handle.directory, handle.clients, handle.name)
         self._closed = False
@@ -228,14 +229,17 @@ class ServedModuleClient:
 
     @property
     def name(self) -> str:
+        """The module's name (model id)."""
         return self.handle.name
 
     @property
     def input_names(self) -> tuple[str, ...]:
+        """The module's inputs, in order."""
         return self.handle.input_names
 
     @property
     def output_shape(self) -> tuple[int, ...]:
+        """One env's output's shape."""
         return tuple(self.handle.output[2])
 
     def _wait(self, ready: Any, deadline: float) -> bool:
@@ -248,7 +252,7 @@ class ServedModuleClient:
     async def call_async(self, inputs: Mapping[str, Any] | Sequence[Any]
                          ) -> tuple[np.ndarray, int]:
         """:meth:`__call__` for an event loop: the waits are the loop's, not a thread's
-        (the trainer's end of remote workers' calls, :mod:`._remote`)."""
+        (the trainer's end of remote workers' calls, :mod:`._remote_calls`)."""
         if self._closed:
             raise ServedModuleError(f"this client of served module {self.handle.name!r} "
                                     "is closed")

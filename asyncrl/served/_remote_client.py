@@ -42,14 +42,17 @@ class RemoteServedClient:
 
     @property
     def name(self) -> str:
+        """The module's name (model id)."""
         return self.route.name
 
     @property
     def input_names(self) -> tuple[str, ...]:
+        """The module's inputs, in order."""
         return tuple(n for n, _, _ in self._fields)
 
     @property
     def output_shape(self) -> tuple[int, ...]:
+        """One env's output's shape."""
         return tuple(self.route.output[2])
 
     @property
