@@ -357,3 +357,51 @@ async def test_a_rollout_that_fails_to_build_while_answers_are_read_raises_its_o
 
     with anyio.fail_after(30), pytest.raises(ValueError, match="env would not build"):
         await calls.run_answering(build, recv, deque())
+
+
+class _EchoLink:
+    """A worker's link whose trainer answers every call at once (its output: the input's
+    first element), or never (``silent``)."""
+
+    endpoint = "tcp://trainer:1"
+
+    def __init__(self, calls: ServedCalls | None = None, *, silent: bool = False) -> None:
+        self.calls = calls
+        self.silent = silent
+        self.sent: list[Any] = []
+
+    async def send(self, body: Any, *, kind: str) -> None:
+        assert kind == ServedCall.KIND
+        self.sent.append(body)
+        if self.silent or self.calls is None:
+            return
+        value = torch.as_tensor(body["inputs"]["next_observation"][:1])
+        self.calls.deliver(Message(peer=b"", kind=ServedAnswer.KIND, seq=0, body=ServedAnswer(
+            NAME, body["call"], version=4, output=value).to_body()))
+
+
+async def test_a_worker_call_goes_out_through_its_event_loop_and_waits_bounded() -> None:
+    link = _EchoLink()
+    calls = ServedCalls(link)  # type: ignore[arg-type]
+    link.calls = calls
+    calls.bind()
+    calls.add(ServedRoute(NAME, [("next_observation", "float32", [3])],
+                          ("output", "float32", [1]), 0.3))
+    try:
+        calls.admitted()
+        with anyio.fail_after(30):
+            output, version = await anyio.to_thread.run_sync(
+                calls.call, NAME, {"next_observation": torch.full((3,), 5.0).numpy()})
+            assert output.tolist() == [5.0] and version == 4
+            link.silent = True  # the trainer says nothing: the call ends at call_timeout
+            with pytest.raises(ServedCallError, match=r"within call_timeout=0\.3 s") as late:
+                await anyio.to_thread.run_sync(
+                    calls.call, NAME, {"next_observation": torch.ones(3).numpy()})
+            assert late.value.timeout
+            calls.lost("the trainer is gone")  # an admission that ended: refused at once
+            with pytest.raises(ServedCallError, match="the trainer is gone"):
+                await anyio.to_thread.run_sync(
+                    calls.call, NAME, {"next_observation": torch.ones(3).numpy()})
+        assert [b["call"] for b in link.sent] == [0, 1]
+    finally:
+        calls.close()
