@@ -465,10 +465,30 @@ class AsyncBatchedCollector(BaseCollector[RB]):
         (``TensorDict.from_module``). Every frame whose action the next calls choose
         is stamped with the new version (see :attr:`policy_version`).
 
+        ``model_id=name`` (or ``weights_dict={name: w}``) with any other name than
+        ``"policy"`` updates the :class:`~asyncrl.ServedModule` open under that name (a
+        reward model the envs call), as a MultiCollector's ``ServedModuleScheme`` does.
+
         >>> await collector.update_policy_weights(policy)   # doctest: +SKIP
         >>> collector.policy_version, collector.inference_statistics().calls  # doctest: +SKIP
         (1, 412)
         """
+        served = {k: w for k, w in (weights_dict or {}).items() if k != "policy"}
+        if model_id not in (None, "policy") or served:
+            from ...served._scheme import update_by_name
+
+            if model_id not in (None, "policy"):
+                if weights_dict is not None:
+                    raise TypeError("update_policy_weights: give model_id= or weights_dict=, "
+                                    "not both")
+                await update_by_name(model_id, given_weights(
+                    policy_or_weights, weights=weights, policy=policy), worker_ids=worker_ids)
+                return
+            for name, value in served.items():
+                await update_by_name(name, value, worker_ids=worker_ids)
+            if weights_dict is not None and "policy" not in weights_dict:
+                return
+            weights_dict = {"policy": weights_dict["policy"]} if weights_dict else None
         weights = given_weights(policy_or_weights, weights=weights, policy=policy,
                                 worker_ids=worker_ids, model_id=model_id,
                                 weights_dict=weights_dict)
