@@ -23,6 +23,7 @@ from asyncrl.served import (
     ServedModule,
     ServedModuleClient,
     ServedModuleError,
+    ServedModuleScheme,
     ServedModuleTimeout,
 )
 from asyncrl.weights._torchrl import as_weight_sync_schemes
@@ -127,11 +128,56 @@ async def test_ray_module_transform_scheme_updates_the_ray_hosted_module_by_mode
         assert gone(actor)
 
 
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # end to end: one backend
+async def test_workers_launched_on_another_raylet_call_the_ray_hosted_module_by_name(
+        local_ray) -> None:
+    """The module in a Ray actor on the trainer's node; workers that ``launch_workers``
+    started on the second raylet call it by name over their links (through the trainer),
+    a local worker through shared memory: one copy, one version per frame for both."""
+    from asyncrl.launch.ray import launch_workers
+
+    versions = ("next", "served_versions", NAME)
+    with anyio.fail_after(180):
+        async with ServedModule(Scale(1.0), name=NAME, example=EXAMPLE, clients=8,
+                                server_backend="ray") as served:
+            actor = actor_of(served)
+            async with MultiSyncCollector(
+                    functools.partial(rewarded_env, served.handle), num_workers=1,
+                    remote_workers=1, listen="tcp://127.0.0.1:0", envs_per_worker=2,
+                    frames_per_batch=64, total_frames=64 * 3,
+                    info_keys=[served.handle.info_key],
+                    weight_sync_schemes={NAME: ServedModuleScheme(served)}) as collector:
+                workers = launch_workers(
+                    collector.endpoint, num_workers=1, envs_per_worker=2, max_restarts=0,
+                    env="tests.asyncrl.served.served_envs:remote_rewarded_env",
+                    resources={"env_host": 1})
+                try:
+                    seen = []
+                    async for batch in collector:
+                        t = batch["next", "observation"][..., 0]
+                        version = batch[versions]
+                        assert torch.equal(batch["next", "reward"].squeeze(-1),
+                                           t * (version + 1))
+                        assert sorted(batch["collector", "worker_id"].unique().tolist()) \
+                            == [0, 1]  # the local worker and the one Ray launched
+                        seen.append(sorted(version.unique().tolist()))
+                        new = {"scale": torch.tensor([float(served.version + 2)])}
+                        await collector.update_policy_weights(new, model_id=NAME)
+                except BaseException:
+                    await workers.aclose()
+                    raise
+                assert seen == [[0], [1], [2]]
+                remote = collector.weight_sender(NAME).remote_calls
+                assert remote.answered >= 32 * 3 and remote.refusals == []
+            async with workers:  # the collector closed them: each returned 0
+                outcomes = await anyio.to_thread.run_sync(lambda: workers.wait(timeout=60))
+            assert [o.exit_code for o in outcomes] == [0]
+        assert gone(actor)
+
+
 def test_torchrls_scheme_translates_to_the_served_scheme_that_finds_a_ray_hosted_module(
 ) -> None:
     from torchrl.weight_update import RayModuleTransformScheme
-
-    from asyncrl.served import ServedModuleScheme
 
     scheme = as_weight_sync_schemes({NAME: RayModuleTransformScheme()})[NAME]
     assert isinstance(scheme, ServedModuleScheme) and scheme.served is None
