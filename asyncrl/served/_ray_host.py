@@ -269,6 +269,11 @@ class RayHost(ProcessHost):
                  ray_options: Mapping[str, Any] | None) -> None:
         super().__init__(name, config, blocks, shadow, "forkserver", on_fail)
         self.ray_options = check_ray_options(ray_options)
+        device = config.device
+        if device is not None and device.type == "cuda" and not self.ray_options.get("num_gpus"):
+            raise ValueError(f"served module {name!r} runs on {device} in a Ray actor, which "
+                             "sees no GPU unless it asks for one: give ray_options={'num_gpus': "
+                             "1} (or a fraction, to share the GPU with the trainer)")
         if not ray.is_initialized():
             raise ServedModuleError(f"served module {name!r}: server_backend='ray' places its "
                                     "host in the Ray cluster this process is connected to, "

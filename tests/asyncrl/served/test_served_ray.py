@@ -313,6 +313,11 @@ async def test_ray_options_belong_to_a_ray_host_which_is_never_restarted() -> No
                                                                r"': 2\}: .* never restarted"):
         await served.open()  # before any actor starts
     assert repr(served) == "ServedModule('served', closed, version=0)"
+    on_gpu = ServedModule(Scale(), example=EXAMPLE, server_backend="ray", device="cuda")
+    with anyio.fail_after(60), pytest.raises(ValueError, match=r"sees no GPU unless it asks "
+                                                               r"for one: give ray_options="
+                                                               r"\{'num_gpus': 1\}"):
+        await on_gpu.open()  # refused before any actor starts (a GPU or not here)
 
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
