@@ -103,6 +103,7 @@ async def test_a_ray_actor_serves_versioned_calls_and_is_gone_once_closed(local_
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])  # end to end: one backend
 async def test_ray_module_transform_scheme_updates_the_ray_hosted_module_by_model_id(
         local_ray) -> None:
+    pytest.importorskip("torchrl", reason="TorchRL's scheme needs torchrl")
     from torchrl.weight_update import RayModuleTransformScheme
 
     with anyio.fail_after(180):
@@ -177,6 +178,7 @@ async def test_workers_launched_on_another_raylet_call_the_ray_hosted_module_by_
 
 def test_torchrls_scheme_translates_to_the_served_scheme_that_finds_a_ray_hosted_module(
 ) -> None:
+    pytest.importorskip("torchrl", reason="TorchRL's scheme needs torchrl")
     from torchrl.weight_update import RayModuleTransformScheme
 
     scheme = as_weight_sync_schemes({NAME: RayModuleTransformScheme()})[NAME]
