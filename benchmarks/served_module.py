@@ -12,6 +12,9 @@ hidden layers):
   ``asyncrl.ServedReward`` (its calls batched across envs);
 - ``served-process``: the same, hosted in a process of its own
   (``server_backend="process"``);
+- ``served-ray`` (with ``--ray``): the same, hosted in a Ray actor
+  (``server_backend="ray"``) of a local Ray cluster the case starts (``ray.init``); its
+  PSS counts the actor's process, not Ray's own daemons (GCS, raylet, ...);
 - ``copied``: each worker process builds its own copy of the model (one per worker,
   shared by its envs' wrappers) and each env calls it at every step.
 
@@ -39,7 +42,8 @@ import numpy as np
 from benchmarks.pixels import descendants, pss_kb
 
 #: The cases, in the order each repeat runs them (``copied``, the reference, last).
-CASES = ("served", "served-process", "copied")
+CASES = ("served", "served-process", "served-ray", "copied")
+BACKENDS = {"served": "thread", "served-process": "process", "served-ray": "ray"}
 
 
 @functools.cache  # one copy per process (per worker, in ``copied``)
@@ -94,14 +98,20 @@ async def run_case(case: str, args: argparse.Namespace) -> dict[str, float]:
     from asyncrl import MultiSyncCollector, ServedModule
 
     torch.set_num_threads(1)
+    if case == "served-ray":
+        import ray
+
+        ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
     start = time.monotonic()
+    actor = -1
     async with contextlib.AsyncExitStack() as stack:
         if case.startswith("served"):
             served = await stack.enter_async_context(ServedModule(
                 reward_model(args.hidden), name="reward",
                 example={"next_observation": torch.zeros(4)},
                 clients=args.workers * args.envs_per_worker, threads=1,
-                server_backend="process" if case == "served-process" else "thread"))
+                server_backend=BACKENDS[case]))
+            actor = served.pid if case == "served-ray" else -1
             factory = functools.partial(served_env, served.handle)
         else:
             factory = functools.partial(copied_env, args.hidden)
@@ -119,8 +129,19 @@ async def run_case(case: str, args: argparse.Namespace) -> dict[str, float]:
                 frames += batch.numel()
         elapsed = time.monotonic() - steady
         me = os.getpid()
-        pss = sum(pss_kb(p) for p in [me, *descendants(me)]) / 1024
+        # Ray's daemons are this driver's children too: only its actor counts
+        pss = sum(pss_kb(p) for p in [me, *descendants(me)]
+                  if p == actor or not _ray_daemon(p)) / 1024
     return {"start_s": first, "frames_s": frames / elapsed, "pss_mb": pss}
+
+
+def _ray_daemon(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            line = f.read()
+    except OSError:
+        return False
+    return any(mark in line for mark in (b"/ray/", b"ray::", b"gcs_server", b"raylet"))
 
 
 def child(args: argparse.Namespace) -> None:
@@ -137,12 +158,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--frames-per-batch", type=int, default=512)
     p.add_argument("--batches", type=int, default=6)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--ray", action="store_true",
+                   help="add the served-ray case (a local Ray cluster, the ray extra)")
     p.add_argument("--case", choices=CASES, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.case:
         child(args)
         return 0
-    rows: dict[str, list[dict[str, float]]] = {case: [] for case in CASES}
+    cases = [c for c in CASES if args.ray or c != "served-ray"]
+    rows: dict[str, list[dict[str, float]]] = {case: [] for case in cases}
     passed = [a for a in (argv if argv is not None else sys.argv[1:])]
     for _ in range(args.repeats):
         for case in rows:
@@ -159,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     for case, m in med.items():
         print(f"| {case} | {m['start_s']:.1f} | {m['frames_s']:.0f} | {m['pss_mb']:.0f} |")
     c = med["copied"]
-    for case in CASES[:-1]:
+    for case in cases[:-1]:
         s = med[case]
         print(f"| {case} / copied | {s['start_s'] / c['start_s']:.2f}x | "
               f"{s['frames_s'] / c['frames_s']:.2f}x | {s['pss_mb'] / c['pss_mb']:.2f}x |")
