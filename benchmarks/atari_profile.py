@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import shlex
 import statistics
 import sys
 import time
@@ -42,7 +41,14 @@ import torch
 from asyncrl._rollout.probe import RolloutProbe
 from benchmarks.atari import make_cnn, make_policy
 from benchmarks.atari_env import ENV_ID, make_atari
-from benchmarks.profile_worker import Categories, Views, in_thread, measure_views, profile_table
+from benchmarks.profile_worker import (
+    Categories,
+    add_view_arguments,
+    command_line,
+    measure_views,
+    parts_table,
+    profile_table,
+)
 
 #: cProfile self time is charged to the first category whose needle is in the function's
 #: ``file:name`` (built-ins have no file: their name). Specific first.
@@ -127,12 +133,8 @@ def direct_table(samples: list[dict[str, float]], frames: int) -> list[str]:
          med["clone"]),
         ("encode the batch message (a remote worker's wire path)", med["encode"]),
     ]
-    total = med["batch"] + med["clone"] + med["encode"]
-    lines = ["| part | share | CPU µs / frame |", "|---|---:|---:|"]
-    lines += [f"| {name} | {100 * sec / total:.1f}% | {1e6 * sec / frames:.1f} |"
-              for name, sec in rows]
-    lines.append(f"| **total per credit** | 100% | **{1e6 * total / frames:.1f}** |")
-    return lines
+    return parts_table(rows, med["batch"] + med["clone"] + med["encode"], frames,
+                       "CPU µs / frame")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -141,23 +143,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--envs", type=int, default=4, help="envs in the worker (atari.py: 4)")
     p.add_argument("--frames-per-batch", type=int, default=512,
                    help="the worker's share (atari.py: 1,024 frames over 2 workers)")
-    p.add_argument("--batches", type=int, default=10, help="batches per view")
-    p.add_argument("--top", type=int, default=15, help="functions listed from cProfile")
+    add_view_arguments(p)
     return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    command = "python -m benchmarks.atari_profile " + shlex.join(
-        sys.argv[1:] if argv is None else argv)
+    command = command_line("atari_profile", argv)
     torch.set_num_threads(1)
     worker = AtariWorker(args.envs, args.frames_per_batch)
-    try:
-        def run() -> Views:
-            torch.set_num_threads(1)  # per thread (OpenMP), as the worker sets it
-            return measure_views(worker.probe.credit, worker.time_parts, args.batches)
-
-        views = in_thread(run, True)
+    try:  # one torch thread in the rollout's thread too, as the worker sets it
+        views = measure_views(worker.probe.credit, worker.time_parts, args.batches, threads=1)
     finally:
         worker.close()
     frames = args.frames_per_batch

@@ -118,22 +118,30 @@ class Views:
 
 
 def measure_views(credit: Callable[[], object], time_parts: Callable[[], dict[str, float]],
-                  batches: int) -> Views:
+                  batches: int, *, threads: int | None, use_thread: bool = True) -> Views:
     """Both views of a worker's credits: ``batches`` samples of ``time_parts()``, then
-    ``batches`` credits timed whole, then ``batches`` credits under cProfile."""
-    credit()  # warm-up: first calls pay for lazy initialisation
-    samples = [time_parts() for _ in range(batches)]
-    t0, c0 = time.perf_counter(), time.thread_time()
-    for _ in range(batches):
-        credit()
-    wall = (time.perf_counter() - t0) / batches
-    cpu = (time.thread_time() - c0) / batches
-    profiler = cProfile.Profile()
-    profiler.enable()
-    for _ in range(batches):
-        credit()
-    profiler.disable()
-    return Views(samples, wall, cpu, pstats.Stats(profiler))
+    ``batches`` credits timed whole, then ``batches`` credits under cProfile; in a fresh
+    thread as in a worker (``use_thread``), with ``threads`` torch threads set in it
+    (OpenMP keeps the count per thread; None: as they are)."""
+
+    def run() -> Views:
+        if threads is not None:
+            torch.set_num_threads(threads)
+        credit()  # warm-up: first calls pay for lazy initialisation
+        samples = [time_parts() for _ in range(batches)]
+        t0, c0 = time.perf_counter(), time.thread_time()
+        for _ in range(batches):
+            credit()
+        wall = (time.perf_counter() - t0) / batches
+        cpu = (time.thread_time() - c0) / batches
+        profiler = cProfile.Profile()
+        profiler.enable()
+        for _ in range(batches):
+            credit()
+        profiler.disable()
+        return Views(samples, wall, cpu, pstats.Stats(profiler))
+
+    return in_thread(run, use_thread)
 
 
 class Profiler:
@@ -173,11 +181,17 @@ def direct_table(samples: list[dict[str, float]], steps: int) -> list[str]:
             ("rollout bookkeeping (buffer writes, hooks; batch - env - policy)", bookkeeping),
             ("clone of the batch (the message's own copy)", med["clone"]),
             ("encode the batch message (header + frames for ZeroMQ)", med["encode"])]
-    total = med["batch"] + med["clone"] + med["encode"]
-    lines = ["| part | share | µs / step |", "|---|---:|---:|"]
-    lines += [f"| {name} | {100 * sec / total:.1f}% | {1e6 * sec / steps:.1f} |"
+    return parts_table(rows, med["batch"] + med["clone"] + med["encode"], steps)
+
+
+def parts_table(rows: list[tuple[str, float]], total: float, units: int,
+                unit: str = "µs / step") -> list[str]:
+    """Markdown rows of view 1: each part's share of a credit's ``total`` seconds and its
+    time per unit (``units`` of them in a batch)."""
+    lines = [f"| part | share | {unit} |", "|---|---:|---:|"]
+    lines += [f"| {name} | {100 * sec / total:.1f}% | {1e6 * sec / units:.1f} |"
               for name, sec in rows]
-    lines.append(f"| **total per credit** | 100% | **{1e6 * total / steps:.1f}** |")
+    lines.append(f"| **total per credit** | 100% | **{1e6 * total / units:.1f}** |")
     return lines
 
 
@@ -222,7 +236,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--envs-per-worker", type=int, default=1)
     p.add_argument("--frames-per-batch", type=int, default=512,
                    help="one worker's share (512: sync 2x1 at 1,024 frames per batch)")
-    p.add_argument("--batches", type=int, default=10, help="batches per view")
     p.add_argument("--threads", type=int, default=1,
                    help="torch intra-op threads (a worker's default is 1)")
     p.add_argument("--thread", action=argparse.BooleanOptionalAction, default=True,
@@ -232,23 +245,30 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="set --threads in the rollout thread too, as the worker does since "
                         "issue 11 (OpenMP's count is per thread; --no-threads-in-rollout-thread "
                         "reproduces the worker before it, which set it in its main thread only)")
-    p.add_argument("--top", type=int, default=15, help="functions listed from cProfile")
+    add_view_arguments(p)
     return p.parse_args(argv)
+
+
+def add_view_arguments(p: argparse.ArgumentParser) -> None:
+    """``--batches`` and ``--top``: how much the two views measure and list."""
+    p.add_argument("--batches", type=int, default=10, help="batches per view")
+    p.add_argument("--top", type=int, default=15, help="functions listed from cProfile")
+
+
+def command_line(module: str, argv: list[str] | None) -> str:
+    """The command that ran ``benchmarks.<module>`` (printed with its numbers)."""
+    return f"python -m benchmarks.{module} " + shlex.join(sys.argv[1:] if argv is None else argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    command = "python -m benchmarks.profile_worker " + shlex.join(
-        sys.argv[1:] if argv is None else argv)
+    command = command_line("profile_worker", argv)
     torch.set_num_threads(args.threads)
     prof = Profiler(args.env, args.policy, args.envs_per_worker, args.frames_per_batch)
     try:
-        def run() -> Views:
-            if args.threads_in_rollout_thread:  # OpenMP keeps the count per thread
-                torch.set_num_threads(args.threads)
-            return measure_views(prof.credit, prof.time_parts, args.batches)
-
-        views = in_thread(run, args.thread)
+        views = measure_views(prof.credit, prof.time_parts, args.batches,
+                              threads=args.threads if args.threads_in_rollout_thread else None,
+                              use_thread=args.thread)
     finally:
         prof.close()
     steps = prof.steps
