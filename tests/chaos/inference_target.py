@@ -32,9 +32,9 @@ from tests.chaos.measured import LIVENESS, HonestTrainer, run
 
 def _schema(collector: AsyncBatchedCollector) -> list[list[Any]]:
     """``[key path, dtype, shape]`` of each entry of a one-env chunk (a valid one's recipe)."""
-    assert collector._remote is not None
+    assert collector._env_hub.remote is not None
     return [[list(path), str(dtype).removeprefix("torch."), list(shape)]
-            for path, (dtype, shape) in collector._remote.schema(1).items()]
+            for path, (dtype, shape) in collector._env_hub.remote.schema(1).items()]
 
 
 async def main() -> None:
@@ -50,10 +50,11 @@ async def main() -> None:
             async for batch in c:
                 await trainer.train(c, batch, batch[batch["collector", "worker_id"] == 0])
                 if trainer.counts["honest"] == 1:
-                    assert c._remote is not None
+                    remote = c._env_hub.remote
+                    assert remote is not None
                     obs = {path: _row(dtype, shape) for path, (dtype, shape) in zip(
-                        c._remote.obs_paths, c._remote.obs_spec, strict=True)}
-                    layout = env_layout(obs, c._remote.outputs, 1)
+                        remote.obs_paths, remote.obs_spec, strict=True)}
+                    layout = env_layout(obs, remote.outputs, 1)
                     trainer.ready(specs=layout.to_specs(), schema=_schema(c))
 
 
