@@ -30,26 +30,29 @@ Two views, per frame (one env step of one env):
 from __future__ import annotations
 
 import argparse
-import cProfile
 import os
 import platform
-import pstats
-import shlex
 import statistics
 import sys
 import time
-from typing import Any
 
 import torch
 
 from asyncrl._rollout.probe import RolloutProbe
 from benchmarks.atari import make_cnn, make_policy
 from benchmarks.atari_env import ENV_ID, make_atari
-from benchmarks.profile_worker import in_thread
+from benchmarks.profile_worker import (
+    Categories,
+    add_view_arguments,
+    command_line,
+    measure_views,
+    parts_table,
+    profile_table,
+)
 
 #: cProfile self time is charged to the first category whose needle is in the function's
 #: ``file:name`` (built-ins have no file: their name). Specific first.
-CATEGORIES: tuple[tuple[str, tuple[str, ...]], ...] = (
+CATEGORIES: Categories = (
     ("env: the emulator (ale_py)", ("ale_py", "ALEInterface")),
     ("env: preprocessing (cv2 resize, frame stack, gymnasium wrappers)",
      ("cv2", "<resize>", "<cvtColor>", "gymnasium/", "asyncrl/_rollout/gym_pools.py",
@@ -71,12 +74,6 @@ CATEGORIES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("numpy (done flags, resets)", ("numpy", "copyto", "logical_or", "method 'any'")),
 )
 OTHER = "other (Python built-ins, dispatch)"
-
-
-def categorize(filename: str, funcname: str) -> str:
-    where = f"{filename}:{funcname}"
-    return next((label for label, needles in CATEGORIES if any(n in where for n in needles)),
-                OTHER)
 
 
 class AtariWorker:
@@ -136,38 +133,8 @@ def direct_table(samples: list[dict[str, float]], frames: int) -> list[str]:
          med["clone"]),
         ("encode the batch message (a remote worker's wire path)", med["encode"]),
     ]
-    total = med["batch"] + med["clone"] + med["encode"]
-    lines = ["| part | share | CPU µs / frame |", "|---|---:|---:|"]
-    lines += [f"| {name} | {100 * sec / total:.1f}% | {1e6 * sec / frames:.1f} |"
-              for name, sec in rows]
-    lines.append(f"| **total per credit** | 100% | **{1e6 * total / frames:.1f}** |")
-    return lines
-
-
-def profile_table(stats: pstats.Stats, frames: int, top: int) -> list[str]:
-    by_cat: dict[str, float] = {}
-    funcs = []
-    raw: dict[Any, Any] = stats.stats  # type: ignore[attr-defined]
-    for (filename, _line, funcname), (_cc, ncalls, tottime, _ct, _callers) in raw.items():
-        cat = categorize(filename, funcname)
-        by_cat[cat] = by_cat.get(cat, 0.0) + tottime
-        funcs.append((tottime, ncalls, short(filename), funcname, cat))
-    total = sum(by_cat.values()) or 1.0
-    lines = ["| where (cProfile self time) | share | µs / frame |", "|---|---:|---:|"]
-    for cat, sec in sorted(by_cat.items(), key=lambda kv: -kv[1]):
-        lines.append(f"| {cat} | {100 * sec / total:.1f}% | {1e6 * sec / frames:.1f} |")
-    lines += ["", f"Top {top} functions by self time:", "",
-              "| function | calls / frame | share | µs / frame | category |",
-              "|---|---:|---:|---:|---|"]
-    for tottime, ncalls, filename, funcname, cat in sorted(funcs, reverse=True)[:top]:
-        lines.append(f"| `{filename}:{funcname}` | {ncalls / frames:.2f} | "
-                     f"{100 * tottime / total:.1f}% | {1e6 * tottime / frames:.2f} | "
-                     f"{cat.split(' (')[0]} |")
-    return lines
-
-
-def short(filename: str) -> str:
-    return filename.split("site-packages/", 1)[1] if "site-packages/" in filename else filename
+    return parts_table(rows, med["batch"] + med["clone"] + med["encode"], frames,
+                       "CPU µs / frame")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -176,35 +143,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--envs", type=int, default=4, help="envs in the worker (atari.py: 4)")
     p.add_argument("--frames-per-batch", type=int, default=512,
                    help="the worker's share (atari.py: 1,024 frames over 2 workers)")
-    p.add_argument("--batches", type=int, default=10, help="batches per view")
-    p.add_argument("--top", type=int, default=15, help="functions listed from cProfile")
+    add_view_arguments(p)
     return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    command = "python -m benchmarks.atari_profile " + shlex.join(
-        sys.argv[1:] if argv is None else argv)
+    command = command_line("atari_profile", argv)
     torch.set_num_threads(1)
     worker = AtariWorker(args.envs, args.frames_per_batch)
-    try:
-        def run() -> tuple[list[dict[str, float]], float, float, pstats.Stats]:
-            torch.set_num_threads(1)  # per thread (OpenMP), as the worker sets it
-            worker.probe.credit()  # warm-up: first calls pay for lazy initialisation
-            samples = [worker.time_parts() for _ in range(args.batches)]
-            t0, c0 = time.perf_counter(), time.thread_time()
-            for _ in range(args.batches):
-                worker.probe.credit()
-            plain = (time.perf_counter() - t0) / args.batches
-            cpu = (time.thread_time() - c0) / args.batches
-            profiler = cProfile.Profile()
-            profiler.enable()
-            for _ in range(args.batches):
-                worker.probe.credit()
-            profiler.disable()
-            return samples, plain, cpu, pstats.Stats(profiler)
-
-        samples, plain, cpu, stats = in_thread(run, True)
+    try:  # one torch thread in the rollout's thread too, as the worker sets it
+        views = measure_views(worker.probe.credit, worker.time_parts, args.batches, threads=1)
     finally:
         worker.close()
     frames = args.frames_per_batch
@@ -214,13 +163,14 @@ def main(argv: list[str] | None = None) -> int:
           f"thread; python {platform.python_version()}, torch {torch.__version__}, "
           f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the end; medians "
           f"of {args.batches} batches ({args.batches * frames:,} frames per view)")
-    print(f"\nOne credit (collect + clone + encode), no profiler: {1e6 * cpu / frames:.1f} CPU "
-          f"µs per frame ({frames / cpu:,.0f} frames per CPU-second); wall "
-          f"{1e6 * plain / frames:.1f} µs per frame ({frames / plain:,.0f} frames/s for this "
-          "worker alone, as loaded)\n")
-    print("\n".join(direct_table(samples, frames)))
+    print(f"\nOne credit (collect + clone + encode), no profiler: {1e6 * views.cpu / frames:.1f} "
+          f"CPU µs per frame ({frames / views.cpu:,.0f} frames per CPU-second); wall "
+          f"{1e6 * views.wall / frames:.1f} µs per frame ({frames / views.wall:,.0f} frames/s "
+          "for this worker alone, as loaded)\n")
+    print("\n".join(direct_table(views.samples, frames)))
     print(f"\ncProfile over {args.batches} credits (the profiler slows Python-heavy code):\n")
-    print("\n".join(profile_table(stats, frames * args.batches, args.top)))
+    print("\n".join(profile_table(views.stats, frames * args.batches, args.top, per="frame",
+                                   categories=CATEGORIES, other=OTHER)))
     return 0
 
 

@@ -288,6 +288,7 @@ def message_bodies() -> dict[str, tuple[type, Any, dict[str, Any]]]:
         Leaving,
         LogEntry,
         Progress,
+        Refuse,
         RelayAck,
         RelayAttached,
         RelayHello,
@@ -299,6 +300,7 @@ def message_bodies() -> dict[str, tuple[type, Any, dict[str, Any]]]:
         WorkerLog,
         compact,
     )
+    from asyncrl._rollout.env_ids import EnvIdSource
     from asyncrl._worker.simulated import make_share, make_specs
     from transports import ErrorPayload
 
@@ -306,6 +308,9 @@ def message_bodies() -> dict[str, tuple[type, Any, dict[str, Any]]]:
     share["observation"] = torch.randn(1, 256, 64)  # 256 B per frame: compacted
     share["next", "observation"] = torch.roll(share["observation"], -1, 1)
     wire, patch = compact(share)
+    # What a trainer's refusal tells a host that lacks its gymnasium id (as admission makes it).
+    source = EnvIdSource.of("CartPole-v1")
+    assert source is not None
     error = ErrorReport.from_body({"type": "builtins.ValueError", "message": "bad obs",
                                    "traceback": "Traceback:\n  x\n" * 20, "fatal": True})
     messages = {
@@ -330,6 +335,10 @@ def message_bodies() -> dict[str, tuple[type, Any, dict[str, Any]]]:
         "relay ack (8 members)": (RelayAck("policy", {b"w%d" % i: 7 for i in range(6)}, {
             b"w6": RelayAck.lost("gone"), b"w7": ErrorPayload("builtins.ValueError", "x")}), {}),
         "relay_attached": (RelayAttached(), {}),
+        "refuse (full)": (Refuse("the trainer has no free place", full=True), {}),
+        "refuse (env_source, CartPole-v1)": (Refuse(
+            "this host lacks the gymnasium id 'CartPole-v1'",
+            env_source=source.with_package().to_body()), {}),
     }
     bodies = {label: (type(m), transports.decode(transports.encode(m.to_body())), bounds)
               for label, (m, bounds) in messages.items()}

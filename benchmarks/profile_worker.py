@@ -39,6 +39,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import torch
@@ -48,10 +49,12 @@ from benchmarks import ROOT
 from benchmarks.collect import make_policy
 
 T = TypeVar("T")
+#: ``(label, needles)`` rules that sort cProfile's self time (see :func:`categorize`).
+Categories = tuple[tuple[str, tuple[str, ...]], ...]
 
 #: cProfile self time is charged to a category by the first rule that matches the
 #: function's file (or, for built-ins, its name). Order matters: specific first.
-CATEGORIES: tuple[tuple[str, tuple[str, ...]], ...] = (
+CATEGORIES: Categories = (
     ("env (gymnasium + EnvPool)",
      ("gymnasium/", "asyncrl/_rollout/envs.py", "asyncrl/_rollout/env_specs.py")),
     # tensordict 0.14's TensorDictModule writes each output through TensorDict.from_any,
@@ -74,12 +77,13 @@ CATEGORIES: tuple[tuple[str, tuple[str, ...]], ...] = (
 OTHER = "other (torch dispatch, Python built-ins)"
 
 
-def categorize(filename: str, funcname: str) -> str:
+def categorize(filename: str, funcname: str, categories: Categories = CATEGORIES,
+               other: str = OTHER) -> str:
+    """The label of the first of ``categories`` whose needle is in ``file:name``, else
+    ``other``."""
     where = f"{filename}:{funcname}"
-    for label, needles in CATEGORIES:
-        if any(n in where for n in needles):
-            return label
-    return OTHER
+    return next((label for label, needles in categories if any(n in where for n in needles)),
+                other)
 
 
 def in_thread(fn: Callable[[], T], use_thread: bool) -> T:
@@ -101,6 +105,43 @@ def in_thread(fn: Callable[[], T], use_thread: bool) -> T:
     if errors:
         raise errors[0]
     return out[0]
+
+
+@dataclass
+class Views:
+    """What :func:`measure_views` took over its batches."""
+
+    samples: list[dict[str, float]]  # each batch's parts, timed apart (view 1)
+    wall: float  # seconds per credit, no profiler
+    cpu: float  # this thread's CPU seconds per credit, no profiler
+    stats: pstats.Stats  # cProfile over as many credits (view 2)
+
+
+def measure_views(credit: Callable[[], object], time_parts: Callable[[], dict[str, float]],
+                  batches: int, *, threads: int | None, use_thread: bool = True) -> Views:
+    """Both views of a worker's credits: ``batches`` samples of ``time_parts()``, then
+    ``batches`` credits timed whole, then ``batches`` credits under cProfile; in a fresh
+    thread as in a worker (``use_thread``), with ``threads`` torch threads set in it
+    (OpenMP keeps the count per thread; None: as they are)."""
+
+    def run() -> Views:
+        if threads is not None:
+            torch.set_num_threads(threads)
+        credit()  # warm-up: first calls pay for lazy initialisation
+        samples = [time_parts() for _ in range(batches)]
+        t0, c0 = time.perf_counter(), time.thread_time()
+        for _ in range(batches):
+            credit()
+        wall = (time.perf_counter() - t0) / batches
+        cpu = (time.thread_time() - c0) / batches
+        profiler = cProfile.Profile()
+        profiler.enable()
+        for _ in range(batches):
+            credit()
+        profiler.disable()
+        return Views(samples, wall, cpu, pstats.Stats(profiler))
+
+    return in_thread(run, use_thread)
 
 
 class Profiler:
@@ -140,32 +181,41 @@ def direct_table(samples: list[dict[str, float]], steps: int) -> list[str]:
             ("rollout bookkeeping (buffer writes, hooks; batch - env - policy)", bookkeeping),
             ("clone of the batch (the message's own copy)", med["clone"]),
             ("encode the batch message (header + frames for ZeroMQ)", med["encode"])]
-    total = med["batch"] + med["clone"] + med["encode"]
-    lines = ["| part | share | µs / step |", "|---|---:|---:|"]
-    lines += [f"| {name} | {100 * sec / total:.1f}% | {1e6 * sec / steps:.1f} |"
+    return parts_table(rows, med["batch"] + med["clone"] + med["encode"], steps)
+
+
+def parts_table(rows: list[tuple[str, float]], total: float, units: int,
+                unit: str = "µs / step") -> list[str]:
+    """Markdown rows of view 1: each part's share of a credit's ``total`` seconds and its
+    time per unit (``units`` of them in a batch)."""
+    lines = [f"| part | share | {unit} |", "|---|---:|---:|"]
+    lines += [f"| {name} | {100 * sec / total:.1f}% | {1e6 * sec / units:.1f} |"
               for name, sec in rows]
-    lines.append(f"| **total per credit** | 100% | **{1e6 * total / steps:.1f}** |")
+    lines.append(f"| **total per credit** | 100% | **{1e6 * total / units:.1f}** |")
     return lines
 
 
-def profile_table(stats: pstats.Stats, steps: int, top: int) -> list[str]:
+def profile_table(stats: pstats.Stats, units: int, top: int, *, per: str = "step",
+                  categories: Categories = CATEGORIES, other: str = OTHER) -> list[str]:
+    """cProfile's self time summed by ``categories``, then the ``top`` functions, each
+    per ``per`` (``units`` of them in ``stats``): markdown rows."""
     by_cat: dict[str, float] = {}
     funcs = []
     raw: dict[Any, Any] = stats.stats  # type: ignore[attr-defined]
     for (filename, _line, funcname), (_cc, ncalls, tottime, _ct, _callers) in raw.items():
-        cat = categorize(filename, funcname)
+        cat = categorize(filename, funcname, categories, other)
         by_cat[cat] = by_cat.get(cat, 0.0) + tottime
         funcs.append((tottime, ncalls, _short(filename), funcname, cat))
     total = sum(by_cat.values()) or 1.0
-    lines = ["| where (cProfile self time) | share | µs / step |", "|---|---:|---:|"]
+    lines = [f"| where (cProfile self time) | share | µs / {per} |", "|---|---:|---:|"]
     for cat, sec in sorted(by_cat.items(), key=lambda kv: -kv[1]):
-        lines.append(f"| {cat} | {100 * sec / total:.1f}% | {1e6 * sec / steps:.1f} |")
+        lines.append(f"| {cat} | {100 * sec / total:.1f}% | {1e6 * sec / units:.1f} |")
     lines += ["", f"Top {top} functions by self time:", "",
-              "| function | calls / step | share | µs / step | category |",
+              f"| function | calls / {per} | share | µs / {per} | category |",
               "|---|---:|---:|---:|---|"]
     for tottime, ncalls, filename, funcname, cat in sorted(funcs, reverse=True)[:top]:
-        lines.append(f"| `{filename}:{funcname}` | {ncalls / steps:.2f} | "
-                     f"{100 * tottime / total:.1f}% | {1e6 * tottime / steps:.2f} | "
+        lines.append(f"| `{filename}:{funcname}` | {ncalls / units:.2f} | "
+                     f"{100 * tottime / total:.1f}% | {1e6 * tottime / units:.2f} | "
                      f"{cat.split(' (')[0]} |")
     return lines
 
@@ -186,7 +236,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--envs-per-worker", type=int, default=1)
     p.add_argument("--frames-per-batch", type=int, default=512,
                    help="one worker's share (512: sync 2x1 at 1,024 frames per batch)")
-    p.add_argument("--batches", type=int, default=10, help="batches per view")
     p.add_argument("--threads", type=int, default=1,
                    help="torch intra-op threads (a worker's default is 1)")
     p.add_argument("--thread", action=argparse.BooleanOptionalAction, default=True,
@@ -196,34 +245,30 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="set --threads in the rollout thread too, as the worker does since "
                         "issue 11 (OpenMP's count is per thread; --no-threads-in-rollout-thread "
                         "reproduces the worker before it, which set it in its main thread only)")
-    p.add_argument("--top", type=int, default=15, help="functions listed from cProfile")
+    add_view_arguments(p)
     return p.parse_args(argv)
+
+
+def add_view_arguments(p: argparse.ArgumentParser) -> None:
+    """``--batches`` and ``--top``: how much the two views measure and list."""
+    p.add_argument("--batches", type=int, default=10, help="batches per view")
+    p.add_argument("--top", type=int, default=15, help="functions listed from cProfile")
+
+
+def command_line(module: str, argv: list[str] | None) -> str:
+    """The command that ran ``benchmarks.<module>`` (printed with its numbers)."""
+    return f"python -m benchmarks.{module} " + shlex.join(sys.argv[1:] if argv is None else argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    command = "python -m benchmarks.profile_worker " + shlex.join(
-        sys.argv[1:] if argv is None else argv)
+    command = command_line("profile_worker", argv)
     torch.set_num_threads(args.threads)
     prof = Profiler(args.env, args.policy, args.envs_per_worker, args.frames_per_batch)
     try:
-        def run() -> tuple[list[dict[str, float]], float, pstats.Stats]:
-            if args.threads_in_rollout_thread:  # OpenMP keeps the count per thread
-                torch.set_num_threads(args.threads)
-            prof.credit()  # warm-up: first calls pay for lazy initialisation
-            samples = [prof.time_parts() for _ in range(args.batches)]
-            t0 = time.perf_counter()
-            for _ in range(args.batches):
-                prof.credit()
-            plain = (time.perf_counter() - t0) / args.batches
-            profiler = cProfile.Profile()
-            profiler.enable()
-            for _ in range(args.batches):
-                prof.credit()
-            profiler.disable()
-            return samples, plain, pstats.Stats(profiler)
-
-        samples, plain, stats = in_thread(run, args.thread)
+        views = measure_views(prof.credit, prof.time_parts, args.batches,
+                              threads=args.threads if args.threads_in_rollout_thread else None,
+                              use_thread=args.thread)
     finally:
         prof.close()
     steps = prof.steps
@@ -236,11 +281,11 @@ def main(argv: list[str] | None = None) -> int:
           f"; python {platform.python_version()}, torch {torch.__version__}; "
           f"medians of {args.batches} batches")
     print(f"\nOne credit (collect + clone + encode), no profiler: "
-          f"{1e6 * plain / steps:.1f} µs per step, "
-          f"{args.frames_per_batch / plain:,.0f} frames/s for this worker alone\n")
-    print("\n".join(direct_table(samples, steps)))
+          f"{1e6 * views.wall / steps:.1f} µs per step, "
+          f"{args.frames_per_batch / views.wall:,.0f} frames/s for this worker alone\n")
+    print("\n".join(direct_table(views.samples, steps)))
     print(f"\ncProfile over {args.batches} credits (the profiler slows Python-heavy code):\n")
-    print("\n".join(profile_table(stats, steps * args.batches, args.top)))
+    print("\n".join(profile_table(views.stats, steps * args.batches, args.top)))
     return 0
 
 

@@ -67,6 +67,8 @@ True
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -215,6 +217,7 @@ def rebuild(frames: TensorDictBase, patch: CompactPatch | Patch) -> TensorDictBa
     the patch does not fit the frames; nothing is allocated before that check.
     """
     if not isinstance(patch, CompactPatch):
+        _check_parts(patch)
         patch = declared.read(CompactPatch, patch, _WHAT)
     at, rows = _checked(frames, patch)
     n, t = frames.batch_size
@@ -226,6 +229,27 @@ def rebuild(frames: TensorDictBase, patch: CompactPatch | Patch) -> TensorDictBa
         nxt.view(n * t, *now.shape[2:])[at] = rows.get(path)
         frames.set(("next", *path), nxt)
     return frames
+
+
+def _check_parts(patch: Any) -> None:
+    """A patch as a raw dict whose parts are not what :func:`compact` makes (positions as a
+    list, rows as a plain dict of tensors): say what to pass (the declaration would only name
+    the types)."""
+    if not isinstance(patch, dict):
+        return  # the declaration says what came
+    at, rows = patch.get("at"), patch.get("rows")
+    if at is not None and not isinstance(at, torch.Tensor):
+        raise ProtocolError(
+            f"{_WHAT} 'at' must be a 1-d int64 tensor of flat positions n * T + t, as "
+            f"compact() returns it; got a {type(at).__name__}: pass "
+            "torch.as_tensor(at, dtype=torch.int64), or compact()'s patch as it is")
+    if isinstance(rows, Mapping) and not isinstance(rows, TensorDictBase):
+        keys = [str(k)[:40] for k in itertools.islice(rows, 8)]
+        raise ProtocolError(
+            f"{_WHAT} 'rows' must be a TensorDict of one row per position in 'at', as "
+            f"compact() returns it; got a {type(rows).__name__} of keys {keys}"
+            f"{'...' if len(rows) > 8 else ''}: pass TensorDict(rows, batch_size=[len(at)]), "
+            "or compact()'s patch as it is")
 
 
 def _checked(frames: TensorDictBase, patch: CompactPatch) -> tuple[torch.Tensor, TensorDictBase]:

@@ -1,15 +1,15 @@
 """The relay fuzzer's target: a host relay and its two honest members, measured from inside.
 
-Usage: python relay_target.py BACKEND UPSTREAM
+Usage: python relay_target.py BACKEND UPSTREAM TOKEN
 
 Runs a :class:`~asyncrl._worker.relay.HostRelay` that joins the coordinator at UPSTREAM
 (the fuzzer's hostile one, see ``test_wire_fuzz_relay.py``) for members ``m0`` and
 ``m1``, each an honest :class:`transports.Link` on the relay's own endpoint, in this
-process, so that what it measures is the relay's alone (``wire_target.Gauges``: the
-event loop's longest stall, the peak memory since the baseline). A member acks every
-weights message with the version its meta names, and checks each *probe* (a weights
-message whose meta carries the session's ``probe`` token, which only the fuzzer's
-honest sends have): its body must be ``{"value": full((PROBE_SIZE,), version)}`` exactly
+process, so that what it measures is the relay's alone (``measured.py``: the event
+loop's longest stall, the peak memory since the baseline, every refusal counted). A
+member acks every weights message with the version its meta names, and checks each
+*probe* (a weights message whose meta carries TOKEN, which only the fuzzer's honest
+sends have): its body must be ``{"value": full((PROBE_SIZE,), version)}`` exactly
 (or, streamed, that tensor's bytes as the one part of one chunk).
 
 Commands on stdin, one a line, each answered with one JSON line on stdout: ``report``,
@@ -19,24 +19,21 @@ Commands on stdin, one a line, each answered with one JSON line on stdout: ``rep
 
 from __future__ import annotations
 
-import faulthandler
-import logging
-import signal
 import sys
-import traceback
+from pathlib import Path
 from typing import Any
 
 import anyio
-import anyio.to_thread
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script: the checkout
 
 from asyncrl._protocol import WEIGHTS_KIND, WeightsApplied
 from asyncrl._worker.relay import HostRelay
-from tests.chaos.wire_target import Gauges, _counted, _status, _Warnings, reactions, say, warnings
-from transports import Link, Message, RateLimitedLog
+from tests.chaos.measured import LIVENESS, Measured, run, say
+from transports import Link, Message
 
 MEMBERS = (b"m0", b"m1")
-LIVENESS: dict[str, Any] = {"heartbeat_interval": 0.2, "peer_timeout": 1.5}
 PROBE_SIZE = 256
 
 
@@ -82,55 +79,30 @@ class Member:
 
 
 async def main(upstream: str, token: str) -> None:
-    RateLimitedLog.log = _counted  # type: ignore[method-assign]
-    logging.getLogger().addHandler(_Warnings())
-    logging.getLogger().setLevel(logging.INFO)
-    gauges = Gauges()
     members: list[Member] = []
     relay: HostRelay | None = None
 
-    def report() -> dict[str, Any]:
+    def numbers() -> dict[str, Any]:
         stats = relay.statistics() if relay is not None else None
-        return {"event": "report", "max_gap": round(gauges.max_gap, 3),
-                "max_busy": round(gauges.max_busy, 3),
-                "rss_growth_mb": round((_status("VmHWM") - gauges.baseline_kib) / 1024, 1),
-                "registered": bool(stats and stats.registered),
+        return {"registered": bool(stats and stats.registered),
                 "attached": stats.attached if stats else 0,
                 "peers": len(relay.hub.peers) if relay is not None and relay.hub else 0,
                 "probes": {m.link.identity.decode(): {str(v): ok for v, ok in m.probes.items()}
                            for m in members},
-                "others": sum(m.others for m in members),
-                "reactions": dict(reactions), "warnings": list(warnings)[-5:]}
+                "others": sum(m.others for m in members)}
 
-    async def commands(scope: anyio.CancelScope) -> None:
-        while line := await anyio.to_thread.run_sync(sys.stdin.readline,
-                                                     abandon_on_cancel=True):
-            if line.strip() == "baseline":
-                gauges.reset()
-                say(event="baseline", rss_mb=round(gauges.baseline_kib / 1024, 1))
-            else:
-                say(**report())
-        scope.cancel()
-
-    try:
+    measured = Measured(numbers)
+    with measured.ending():
         async with HostRelay(upstream, MEMBERS, **LIVENESS) as relay, \
                 Link(relay.endpoint, identity=MEMBERS[0], **LIVENESS) as first, \
                 Link(relay.endpoint, identity=MEMBERS[1], **LIVENESS) as second, \
                 anyio.create_task_group() as tg:
             members.extend([Member(first, token), Member(second, token)])
-            tg.start_soon(gauges.tick)
-            tg.start_soon(commands, tg.cancel_scope)
+            measured.start(tg)
             for member in members:
                 tg.start_soon(member.serve)
             say(event="listening", endpoint=relay.endpoint)
-    except BaseException as exc:  # the fuzzer wants to know how the relay ended
-        if isinstance(exc, anyio.get_cancelled_exc_class()):
-            raise
-        say(event="ended", error=f"{type(exc).__name__}: {exc}",
-            traceback=traceback.format_exc()[-4000:])
-        raise SystemExit(1) from None
 
 
 if __name__ == "__main__":
-    faulthandler.register(signal.SIGUSR1)
-    anyio.run(main, sys.argv[2], sys.argv[3], backend=sys.argv[1])
+    run(main, sys.argv[2], sys.argv[3])

@@ -23,27 +23,16 @@ CI runs a few short examples per backend with a fixed seed (its cost: about a mi
 from __future__ import annotations
 
 import collections
-import contextlib
-import itertools
 import os
-import shutil
-import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import (
-    RuleBasedStateMachine,
-    initialize,
-    invariant,
-    rule,
-    run_state_machine_as_test,
-)
+from hypothesis.stateful import initialize, rule
 from tensordict import TensorDict
 
 from asyncrl._protocol import (
@@ -55,31 +44,22 @@ from asyncrl._protocol import (
     Hello,
     LogEntry,
     Observations,
-    Refuse,
     WorkerLog,
 )
 from transports import ErrorPayload, ProtocolError
 from transports._codec import decode_message
 
-from .wire_fuzz import (
-    Message,
-    Peer,
-    Target,
-    check_health,
-    mutate_body,
-    noting_first_failure,
-)
+from .live_fuzz import Live, check_health, fuzz, live_fixture
+from .wire_fuzz import Message, Peer, PeerFuzz, mutated, sendable
 
 pytestmark = [pytest.mark.chaos]
 EXAMPLES = int(os.environ.get("INFERENCE_FUZZ_EXAMPLES", "25"))
 STEPS = int(os.environ.get("INFERENCE_FUZZ_STEPS", "20"))
-DERANDOMIZE = not os.environ.get("WIRE_FUZZ_RANDOM")
 SCRIPT = Path(__file__).with_name("inference_target.py")
 TRANSPORT_KINDS = {"ack", "ping", "bye"}
 #: The kinds an env worker (or a stranger) sends central inference.
 KINDS = ["hello", "rollout_hello", "obs", "chunk", "error", "log", "ping"]
 STATS: collections.Counter[str] = collections.Counter()
-FIRST_FAILURE: list[str] = []
 
 
 # -- a hostile env worker ------------------------------------------------------------------
@@ -96,33 +76,21 @@ class EnvPeer(Peer):
     def admitted(self) -> bool:
         return self.env_welcome is not None and self.refused is None
 
-    def read(self, timeout: float = 0.0) -> None:
-        deadline = time.monotonic() + timeout
-        while True:
-            if not self.socket.poll(max(0, int((deadline - time.monotonic()) * 1000))):
-                return
-            try:
-                decoded = decode_message(self.socket.recv_multipart())
-            except Exception:
-                continue
-            if decoded.kind == EnvWelcome.KIND:
-                self.env_welcome = EnvWelcome.from_body(decoded.body)
-                return
-            if decoded.kind == Refuse.KIND:
-                self.refused = Refuse.from_body(decoded.body).reason
-                return
-            if decoded.kind == "act":
-                self.answers += 1
-
-    def join_env(self, specs: dict[str, Any], timeout: float) -> bool:
-        """One valid hello (``role="env"``): welcomed, or refused (the place is taken)."""
-        self.send(Message(Hello.KIND, env_hello(specs, self.identity)))
-        deadline = time.monotonic() + timeout
-        while self.env_welcome is None and self.refused is None \
-                and time.monotonic() < deadline:
-            self.read(0.2)
-            self.send(Message("ping", None))
+    @property
+    def welcomed(self) -> bool:
         return self.env_welcome is not None
+
+    def hello_message(self, specs: dict[str, Any]) -> Message:
+        return Message(Hello.KIND, env_hello(specs, self.identity))
+
+    def take(self, kind: str, body: Any) -> bool:
+        if kind == EnvWelcome.KIND:
+            self.env_welcome = EnvWelcome.from_body(body)
+            return True
+        if kind == "act":
+            self.answers += 1
+            return False
+        return super().take(kind, body)  # a refusal
 
 
 def env_hello(specs: dict[str, Any], identity: bytes, role: str = "env") -> dict[str, Any]:
@@ -207,47 +175,24 @@ def must_be_refused(message: Message, specs: dict[str, Any], schema: list[list[A
 
 
 # -- the live target -------------------------------------------------------------------------
-class Live:
+class InferenceLive(Live):
     """A started target whose honest env worker delivered its first batch."""
 
     def __init__(self, backend: str, root: Path) -> None:
-        env = dict(os.environ, TMPDIR=str(root))
-        here = str(Path(__file__).resolve().parents[2])
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [here, env.get("PYTHONPATH")]))
-        self.target = Target(backend, env, SCRIPT)
+        super().__init__(backend, root, SCRIPT)
         ready = self.target.wait("ready", 90)
         self.specs: dict[str, Any] = ready["specs"]
         self.schema: list[list[Any]] = ready["schema"]
-        self.names = itertools.count()
-
-    def close(self) -> None:
-        self.target.close()
 
 
-@pytest.fixture
-def live(request: pytest.FixtureRequest) -> Iterator[Live]:
-    root = Path(tempfile.mkdtemp(prefix="ifuzz-", dir="/tmp"))
-    target = Live(request.param, root)
-    try:
-        yield target
-    finally:
-        target.close()
-        shutil.rmtree(root, ignore_errors=True)
+live = live_fixture(InferenceLive, "ifuzz-")
 
 
-class InferenceFuzz(RuleBasedStateMachine):
+class InferenceFuzz(PeerFuzz):
     """Hostile env workers against ``live``: join, send valid and mutated messages, check."""
 
-    live: Live
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.peers: list[EnvPeer] = []
-        self.refusable: list[str] = []
-        self.last = "nothing yet"
-        self.history: list[str] = []
-        self.start = self.live.target.report()
-        check_health(self.start, "before the example")
+    live: InferenceLive
+    peers: list[EnvPeer]
 
     def new_peer(self) -> EnvPeer:
         peer = EnvPeer(self.live.target.endpoint,
@@ -260,12 +205,10 @@ class InferenceFuzz(RuleBasedStateMachine):
     @initialize()
     def admitted_peer(self) -> None:
         """Each example starts with a peer that asks for the remote place (free once the
-        last example's peers said goodbye): most of what follows is read as admitted."""
+        last example's peers said goodbye; full while the last holder is still leaving):
+        most of what follows is read as admitted."""
         peer = self.new_peer()
-        deadline = time.monotonic() + 10
-        while not peer.join_env(self.live.specs, timeout=2) and time.monotonic() < deadline:
-            peer.refused = None  # full: the last example's holder is still leaving
-            time.sleep(0.3)
+        peer.join(self.live.specs, timeout=10)
         STATS["joins welcomed" if peer.admitted else "joins refused"] += 1
 
     def peer(self, draw: Any) -> EnvPeer:
@@ -288,7 +231,7 @@ class InferenceFuzz(RuleBasedStateMachine):
             return  # the place is taken (by this example's own peer)
         peer = self.new_peer()
         self.history.append(f"join as {peer.identity!r}")
-        STATS["joins welcomed" if peer.join_env(self.live.specs, timeout=2) else
+        STATS["joins welcomed" if peer.join(self.live.specs, timeout=2, retry=False) else
               "joins refused"] += 1
 
     @rule(data=st.data(), kind=st.sampled_from([*KINDS, "obs", "obs", "chunk", "chunk"]),
@@ -300,14 +243,11 @@ class InferenceFuzz(RuleBasedStateMachine):
         if kind == "obs" and peer.admitted and peer.asked > peer.answers:
             peer.read(2.0)  # as an honest worker, its last request answered first
         tag = peer.env_welcome.traj_tag if peer.env_welcome is not None else 1
-        message = valid_messages(self.live.specs, self.live.schema, peer.identity, tag)[kind]()
-        message.note = kind
-        for _ in range(mutations):
-            message = mutate_body(data.draw, message)
-        try:
-            message.frames()
-        except (TypeError, ValueError, OverflowError):
-            return  # nothing msgpack can carry (the codec refuses it on our side)
+        message = mutated(data.draw, valid_messages(self.live.specs, self.live.schema,
+                                                    peer.identity, tag)[kind](),
+                          kind, mutations)
+        if not sendable(message):
+            return
         self.last = f"{message.kind!r} made as {message.note}"[:300]
         admitted = peer.admitted
         with self.noted():
@@ -323,63 +263,13 @@ class InferenceFuzz(RuleBasedStateMachine):
         self.history.append(("admitted " if admitted else "stranger ") + self.last)
         peer.send(message)
 
-    @rule(data=st.data())
-    def garbage(self, data: st.DataObject) -> None:
-        """Frames that are not our wire format at all."""
-        peer = self.peer(data.draw)
-        frames = data.draw(st.lists(st.binary(max_size=200), min_size=1, max_size=4))
-        self.last = f"garbage frames {frames!r:.200}"
-        self.history.append(self.last)
-        peer.connect()
-        peer.socket.send_multipart(frames)
-        try:
-            decode_message(frames)
-        except ProtocolError:
-            self.refusable.append(f"garbage frames {frames!r:.60}")
-
-    @invariant()
-    def healthy(self) -> None:
-        with self.noted():
-            check_health(self.live.target.report(), f"after sending {self.last}")
-
-    def noted(self) -> contextlib.AbstractContextManager[None]:
-        return noting_first_failure(self.history, FIRST_FAILURE)
-
-    def teardown(self) -> None:
-        try:
-            with self.noted():
-                end = self.live.target.progressed(after=self.start["honest"])
-                check_health(end, "after the example")
-                deadline = time.monotonic() + 3
-                before = sum(self.start["reactions"].values())
-                while self.refusable and sum(end["reactions"].values()) == before \
-                        and time.monotonic() < deadline:
-                    time.sleep(0.2)
-                    end = self.live.target.report()
-                assert sum(end["reactions"].values()) > before or not self.refusable, (
-                    f"the target showed no refusal (no warning, no rate-limited log) for "
-                    f"{len(self.refusable)} bad message(s), e.g. {self.refusable[:3]}")
-        finally:
-            for peer in self.peers:
-                peer.close()
-
 
 @pytest.mark.parametrize("live", ["asyncio", "trio"], indirect=True)
 def test_the_inference_fuzzer_neither_ends_the_run_nor_spoils_an_honest_workers_frames(
-        live: Live) -> None:
-    machine = type("InferenceFuzzLive", (InferenceFuzz,), {"live": live})
-    FIRST_FAILURE.clear()
+        live: InferenceLive) -> None:
     STATS.clear()
-    try:
-        run_state_machine_as_test(machine, settings=settings(
-            max_examples=EXAMPLES, stateful_step_count=STEPS, deadline=None,
-            derandomize=DERANDOMIZE, database=None, suppress_health_check=list(HealthCheck),
-            phases=[Phase.explicit, Phase.generate]))  # no shrinking: the target is live
-    except Exception as exc:
-        if FIRST_FAILURE:
-            raise AssertionError(FIRST_FAILURE[0]) from exc
-        raise
-    print(f"inference fuzz on {live.target.process.args[-1]}: {dict(sorted(STATS.items()))}")
+    fuzz(InferenceFuzz, examples=EXAMPLES, steps=STEPS, live=live)
+    print(f"inference fuzz on {live.target.backend}: {dict(sorted(STATS.items()))}")
     print(f"target at the end: {live.target.report()}")
 
 
@@ -429,11 +319,12 @@ def test_what_the_fuzzer_must_see_refused_is_a_protocol_error(message: Message) 
 
 
 @pytest.mark.parametrize("live", ["asyncio"], indirect=True)
-def test_a_huge_claimed_chunk_from_an_admitted_worker_costs_no_memory(live: Live) -> None:
+def test_a_huge_claimed_chunk_from_an_admitted_worker_costs_no_memory(
+        live: InferenceLive) -> None:
     start = live.target.report()
     peer = EnvPeer(live.target.endpoint, b"ifuzz-claim")
     try:
-        assert peer.join_env(live.specs, timeout=30), peer.refused
+        assert peer.join(live.specs, timeout=30, retry=False), peer.refused
         peer.send(claimed_chunk(5_000_000))
         end = live.target.progressed(after=live.target.report()["honest"])
         check_health(end, "after a chunk claiming [5_000_000, 10] zero-size entries")

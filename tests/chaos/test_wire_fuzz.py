@@ -20,27 +20,14 @@ CI runs a few dozen short examples per backend with a fixed seed;
 from __future__ import annotations
 
 import collections
-import contextlib
-import itertools
 import os
-import shutil
-import tempfile
-import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import (
-    RuleBasedStateMachine,
-    initialize,
-    invariant,
-    rule,
-    run_state_machine_as_test,
-)
+from hypothesis.stateful import initialize, rule
 from tensordict import TensorDict
 
 from asyncrl._protocol import (
@@ -58,25 +45,23 @@ from asyncrl._protocol import (
 from transports import ProtocolError
 from transports._codec import decode_message
 
+from .live_fuzz import Live, check_health, fuzz, live_fixture
 from .wire_fuzz import (
     KINDS,
     Message,
     Peer,
-    Target,
-    check_health,
+    PeerFuzz,
     claim_batch,
     compact_batch,
     identity_specs,
-    mutate_body,
-    noting_first_failure,
+    mutated,
     patch_rows,
+    sendable,
     valid_messages,
 )
 
 pytestmark = [pytest.mark.chaos]
 EXAMPLES = int(os.environ.get("WIRE_FUZZ_EXAMPLES", "25"))
-#: CI draws the same examples every run; ``WIRE_FUZZ_RANDOM=1`` draws new ones (a campaign).
-DERANDOMIZE = not os.environ.get("WIRE_FUZZ_RANDOM")
 STEPS = int(os.environ.get("WIRE_FUZZ_STEPS", "15"))
 
 #: Holes the fuzzer leaves to their own regression tests (below) while they are open:
@@ -98,10 +83,6 @@ TRANSPORT_KINDS = {"ack", "ping", "bye"}
 #: What the fuzzer did, for ``pytest -s`` (coverage of a run: how much was read as an
 #: admitted worker's, how much refused).
 STATS: collections.Counter[str] = collections.Counter()
-#: The first failure, with the steps before it: hypothesis replays a failing example to
-#: confirm it, and against a live target the replay meets another state (it fails at
-#: another step, or not), which it reports as flaky data generation instead.
-FIRST_FAILURE: list[str] = []
 
 
 def known_hole(message: Message) -> str | None:
@@ -166,14 +147,11 @@ def acks_valid(message: Message) -> None:
 
 
 # -- the live target -----------------------------------------------------------------------
-class Live:
-    """A started target whose run began (a starter peer joined, the honest worker delivered)."""
+class TrainerLive(Live):
+    """A started trainer whose run began (a starter peer joined, the honest worker delivered)."""
 
     def __init__(self, backend: str, root: Path) -> None:
-        env = dict(os.environ, TMPDIR=str(root))
-        here = str(Path(__file__).resolve().parents[2])
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [here, env.get("PYTHONPATH")]))
-        self.target = Target(backend, env)
+        super().__init__(backend, root)
         self.specs = identity_specs()
         starter = Peer(self.target.endpoint, b"fuzz-starter")
         try:  # the run waits for its remote place to fill before its first batch
@@ -181,36 +159,15 @@ class Live:
             self.layout: list[list[Any]] = self.target.wait("ready", 90)["layout"]
         finally:
             starter.close()  # silent from now on: lost in 1.5 s, its place free again
-        self.names = itertools.count()
-
-    def close(self) -> None:
-        self.target.close()
 
 
-@pytest.fixture
-def live(request: pytest.FixtureRequest) -> Iterator[Live]:
-    root = Path(tempfile.mkdtemp(prefix="fuzz-", dir="/tmp"))
-    target = Live(request.param, root)
-    try:
-        yield target
-    finally:
-        target.close()
-        shutil.rmtree(root, ignore_errors=True)
+live = live_fixture(TrainerLive, "fuzz-")
 
 
-class WireFuzz(RuleBasedStateMachine):
+class WireFuzz(PeerFuzz):
     """Hostile peers against ``live``: join, send valid and mutated messages, check."""
 
-    live: Live
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.peers: list[Peer] = []
-        self.refusable: list[str] = []  # what was sent that the trainer must refuse
-        self.last = "nothing yet"  # the message of the step last taken
-        self.history: list[str] = []
-        self.start = self.live.target.report()
-        check_health(self.start, "before the example")
+    live: TrainerLive
 
     @initialize()
     def admitted(self) -> None:
@@ -253,17 +210,13 @@ class WireFuzz(RuleBasedStateMachine):
         peer.read()
         request = peer.requests[0] if peer.requests else 1
         index = peer.welcome.index if peer.welcome is not None else 1
-        message = valid_messages(self.live.layout, self.live.specs, peer.identity, request,
-                                 index)[kind]()
-        message.note = kind
-        for _ in range(mutations):
-            message = mutate_body(data.draw, message)
+        message = mutated(data.draw, valid_messages(self.live.layout, self.live.specs,
+                                                    peer.identity, request, index)[kind](),
+                          kind, mutations)
         if known_hole(message) is not None:
             return  # tested apart (see KNOWN_HOLES)
-        try:
-            message.frames()
-        except (TypeError, ValueError, OverflowError):
-            return  # nothing msgpack can carry (the codec refuses it on our side)
+        if not sendable(message):
+            return
         self.last = f"{message.kind!r} made as {message.note}"[:300]
         with self.noted():
             acks_valid(message)
@@ -282,80 +235,13 @@ class WireFuzz(RuleBasedStateMachine):
         self.history.append(("admitted " if admitted else "stranger ") + self.last)
         peer.send(message)
 
-    @rule(data=st.data())
-    def garbage(self, data: st.DataObject) -> None:
-        """Frames that are not our wire format at all."""
-        peer = self.peer(data.draw)
-        frames = data.draw(st.lists(st.binary(max_size=200), min_size=1, max_size=4))
-        self.last = f"garbage frames {frames!r:.200}"
-        self.history.append(self.last)
-        peer.connect()
-        peer.socket.send_multipart(frames)
-        try:
-            decode_message(frames)
-        except ProtocolError:
-            self.refusable.append(f"garbage frames {frames!r:.60}")
-
-    @invariant()
-    def healthy(self) -> None:
-        with self.noted():
-            check_health(self.live.target.report(), f"after sending {self.last}")
-
-    def noted(self) -> contextlib.AbstractContextManager[None]:
-        """Keep the first failure and the steps that led to it (see FIRST_FAILURE)."""
-        return noting_first_failure(self.history, FIRST_FAILURE)
-
-    def reacted(self, report: dict[str, Any], timeout: float = 3.0) -> dict[str, Any]:
-        """A report once the target reacted to something this example sent (the last
-        messages may still be on their way), or the last one after ``timeout``."""
-        deadline = time.monotonic() + timeout
-        before = sum(self.start["reactions"].values())
-        while (self.refusable and sum(report["reactions"].values()) == before
-               and time.monotonic() < deadline):
-            time.sleep(0.2)
-            report = self.live.target.report()
-        return report
-
-    def teardown(self) -> None:
-        noted = self.noted()
-        try:
-            with noted:
-                end = self.live.target.progressed(after=self.start["honest"])
-                check_health(end, "after the example")
-                end = self.reacted(end)
-                reacted = (sum(end["reactions"].values())
-                           - sum(self.start["reactions"].values()))
-                assert reacted > 0 or not self.refusable, (
-                    f"the target showed no refusal (no warning, no rate-limited log) for "
-                    f"{len(self.refusable)} bad message(s), e.g. {self.refusable[:3]}")
-        finally:
-            for peer in self.peers:
-                peer.close()
-
 
 @pytest.mark.parametrize("live", ["asyncio", "trio"], indirect=True)
 def test_the_wire_fuzzer_neither_ends_the_run_nor_spoils_an_honest_workers_frames(
-        live: Live) -> None:
-    machine = type("WireFuzzLive", (WireFuzz,), {"live": live})
-    FIRST_FAILURE.clear()
-    try:
-        fuzz(machine)
-    except Exception as exc:
-        if FIRST_FAILURE:
-            raise AssertionError(FIRST_FAILURE[0]) from exc
-        raise
-    print(f"wire fuzz on {live.target.process.args[-1]}: {dict(sorted(STATS.items()))}")
+        live: TrainerLive) -> None:
+    fuzz(WireFuzz, examples=EXAMPLES, steps=STEPS, live=live)
+    print(f"wire fuzz on {live.target.backend}: {dict(sorted(STATS.items()))}")
     print(f"target at the end: {live.target.report()}")
-
-
-def fuzz(machine: type[RuleBasedStateMachine]) -> None:
-    run_state_machine_as_test(machine, settings=settings(
-        max_examples=EXAMPLES, stateful_step_count=STEPS, deadline=None,
-        derandomize=DERANDOMIZE,
-        database=None, suppress_health_check=list(HealthCheck),
-        # No shrinking: the target is live, so a replay meets another state; the first
-        # failure, with the step that caused it, is the report.
-        phases=[Phase.explicit, Phase.generate]))
 
 
 # -- the fuzzer's starting points and its findings, as explicit examples ---------------------
@@ -389,7 +275,7 @@ def test_a_next_patch_nesting_a_key_under_an_observation_is_a_protocol_error() -
     assert local_verdict(nested_patch()) is not None
 
 
-def join_free_place(live: Live, name: bytes) -> Peer:
+def join_free_place(live: TrainerLive, name: bytes) -> Peer:
     """A peer admitted to the target's remote place (free once the starter is lost)."""
     peer = Peer(live.target.endpoint, name + str(next(live.names)).encode())
     if peer.join(live.specs, timeout=30):
@@ -399,7 +285,7 @@ def join_free_place(live: Live, name: bytes) -> Peer:
     raise AssertionError(f"no free remote place in 30 s: {peer.refused}")
 
 
-def assert_refused_and_unharmed(live: Live, message: Message) -> None:
+def assert_refused_and_unharmed(live: TrainerLive, message: Message) -> None:
     start = live.target.report()
     peer = join_free_place(live, b"fuzz-hole-")
     try:
@@ -413,12 +299,12 @@ def assert_refused_and_unharmed(live: Live, message: Message) -> None:
 
 
 @pytest.mark.parametrize("live", ["asyncio"], indirect=True)
-def test_a_next_patch_nesting_a_key_under_an_observation_ends_no_run(live: Live) -> None:
+def test_a_next_patch_nesting_a_key_under_an_observation_ends_no_run(live: TrainerLive) -> None:
     assert_refused_and_unharmed(live, nested_patch())
 
 
 @pytest.mark.parametrize("live", ["trio"], indirect=True)
-def test_a_huge_claimed_batch_of_zero_size_leaves_costs_no_memory(live: Live) -> None:
+def test_a_huge_claimed_batch_of_zero_size_leaves_costs_no_memory(live: TrainerLive) -> None:
     """Hole (b) of issue 43 (fixed), at 5e6 claimed frames (the issue saw 2.5 GB at 5e7):
     a few hundred bytes must not cost the trainer more than the fuzzer's 64 MB."""
     body = claim_batch(compact_batch(LAYOUT, 1), 5_000_000)
@@ -427,7 +313,7 @@ def test_a_huge_claimed_batch_of_zero_size_leaves_costs_no_memory(live: Live) ->
 
 
 @pytest.mark.parametrize("live", ["asyncio"], indirect=True)
-def test_a_batch_claiming_2_to_the_40_frames_ends_no_run(live: Live) -> None:
+def test_a_batch_claiming_2_to_the_40_frames_ends_no_run(live: TrainerLive) -> None:
     body = claim_batch(compact_batch(LAYOUT, 1), 1 << 40)
     assert_refused_and_unharmed(live, Message(Batch.KIND, body,
                                               note=" batch_size [2**40, 1] zero-size"))

@@ -14,29 +14,22 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import subprocess
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
+from hypothesis.stateful import invariant, rule
 
-from .wire_fuzz import RSS_GROWTH_MB, mutate_body, noting_first_failure
+from .live_fuzz import RSS_GROWTH_MB, FuzzMachine, fuzz, live_fixture, target_env
+from .wire_fuzz import mutated, sendable
 from .wire_hub import WORKER_KINDS, FakeHub, WorkerProcess, worker_messages
 
 pytestmark = [pytest.mark.chaos]
 EXAMPLES = int(os.environ.get("WIRE_FUZZ_EXAMPLES", "8"))
-#: CI draws the same examples every run; ``WIRE_FUZZ_RANDOM=1`` draws new ones (a campaign).
-DERANDOMIZE = not os.environ.get("WIRE_FUZZ_RANDOM")
 STEPS = int(os.environ.get("WIRE_FUZZ_STEPS", "10"))
 #: Exit codes of a worker told to go (refused 4, coordinator gone 3): an explained end.
 EXPLAINED_EXITS = {0, 3, 4}
-FIRST_FAILURE: list[str] = []
 
 
 class Session:
@@ -44,9 +37,7 @@ class Session:
 
     def __init__(self, backend: str, root: Path) -> None:
         self.backend, self.root = backend, root
-        self.env = dict(os.environ, TMPDIR=str(root))
-        here = str(Path(__file__).resolve().parents[2])
-        self.env["PYTHONPATH"] = os.pathsep.join(filter(None, [here, self.env.get("PYTHONPATH")]))
+        self.env = target_env(root)
         self.hub: FakeHub | None = None
         self.worker: WorkerProcess | None = None
         self.started = 0
@@ -76,15 +67,7 @@ class Session:
         self.worker = self.hub = None
 
 
-@pytest.fixture
-def session(request: pytest.FixtureRequest) -> Iterator[Session]:
-    root = Path(tempfile.mkdtemp(prefix="fuzzw-", dir="/tmp"))
-    live = Session(request.param, root)
-    try:
-        yield live
-    finally:
-        live.close()
-        shutil.rmtree(root, ignore_errors=True)
+session = live_fixture(Session, "fuzzw-")
 
 
 def check_worker(worker: WorkerProcess, what: str) -> None:
@@ -99,28 +82,18 @@ def check_worker(worker: WorkerProcess, what: str) -> None:
         f"{what}: the worker crashed (exit {code}):\n{output[-3000:]}")
 
 
-class WorkerFuzz(RuleBasedStateMachine):
+class WorkerFuzz(FuzzMachine):
     session: Session
 
     def __init__(self) -> None:
         super().__init__()
         self.hub, self.worker = self.session.ready()
-        self.history: list[str] = []
-
-    def noted(self) -> contextlib.AbstractContextManager[None]:
-        """Keep the first failure and the steps that led to it (see FIRST_FAILURE)."""
-        return noting_first_failure(self.history, FIRST_FAILURE)
 
     @rule(data=st.data(), kind=st.sampled_from(WORKER_KINDS), mutations=st.integers(0, 3))
     def send(self, data: st.DataObject, kind: str, mutations: int) -> None:
-        message = worker_messages(self.hub)[kind]()
-        message.note = kind
-        for _ in range(mutations):
-            message = mutate_body(data.draw, message)
-        try:
-            message.frames()
-        except (TypeError, ValueError, OverflowError):
-            return  # nothing msgpack can carry
+        message = mutated(data.draw, worker_messages(self.hub)[kind](), kind, mutations)
+        if not sendable(message):
+            return
         self.history.append(f"{message.kind!r} made as {message.note}"[:300])
         if kind == "collect" and message.kind == "collect":
             self.hub.requests += 1
@@ -155,15 +128,5 @@ class WorkerFuzz(RuleBasedStateMachine):
 
 @pytest.mark.parametrize("session", ["asyncio", "trio"], indirect=True)
 def test_the_wire_fuzzer_crashes_no_worker_and_leaves_it_collecting(session: Session) -> None:
-    machine: Any = type("WorkerFuzzLive", (WorkerFuzz,), {"session": session})
-    FIRST_FAILURE.clear()
-    try:
-        run_state_machine_as_test(machine, settings=settings(
-            max_examples=EXAMPLES, stateful_step_count=STEPS, deadline=None,
-            derandomize=DERANDOMIZE, database=None, suppress_health_check=list(HealthCheck),
-            phases=[Phase.explicit, Phase.generate]))
-    except Exception as exc:
-        if FIRST_FAILURE:
-            raise AssertionError(FIRST_FAILURE[0]) from exc
-        raise
+    fuzz(WorkerFuzz, examples=EXAMPLES, steps=STEPS, session=session)
     print(f"worker fuzz on {session.backend}: {session.started} worker(s) started")

@@ -1,32 +1,27 @@
-"""The wire fuzzer's pieces: a live target process, a hostile peer, valid messages, mutations.
+"""The wire fuzzer's pieces: a hostile peer, valid messages, mutations, the peers' machine.
 
-:class:`Target` runs ``wire_target.py`` (a trainer measured from inside, see there) in its
-own process and asks it for reports; :class:`Peer` is a raw pyzmq DEALER that speaks the
-real wire format (:func:`transports._codec.encode_message`) from the test's thread, so
-that hypothesis's sync rules drive it directly while the target's event loop runs on.
-:func:`valid_messages` builds a valid instance of every kind a worker, a relay or a
-stranger can send a trainer (each class's ``to_body()``), :data:`MUTATIONS` breaks them.
+:class:`Peer` is a raw pyzmq DEALER that speaks the real wire format
+(:func:`transports._codec.encode_message`) from the test's thread, so that hypothesis's
+sync rules drive it directly while the target's event loop runs on (the target, its
+health and the run: ``live_fuzz.py``). :func:`valid_messages` builds a valid instance of
+every kind a worker, a relay or a stranger can send a trainer (each class's
+``to_body()``), :func:`mutate_body` breaks them (:func:`mutated`). :class:`PeerFuzz` is the
+state machine of hostile peers against a target that admits them (a trainer, a
+central-inference server).
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
-import queue
-import signal
-import subprocess
-import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
 import zmq
 from hypothesis import strategies as st
+from hypothesis.stateful import invariant, rule
 from tensordict import TensorDict
 
 from asyncrl._protocol import (
@@ -53,19 +48,10 @@ from asyncrl._rollout.env_specs import (
     observation_specs_from_space,
 )
 from asyncrl.testing import identity_env
-from transports import ErrorPayload
+from transports import ErrorPayload, ProtocolError
 from transports._codec import decode_message, encode_message
 
-#: What a target may add to its peak resident memory while attacked.
-RSS_GROWTH_MB = 64
-#: The longest its event loop's thread may be busy without running its ticker.
-MAX_GAP = 0.5
-#: The longest wall-clock gap between two ticks: looser, as a shared machine's scheduler
-#: can leave the target waiting for a core longer than MAX_GAP (see wire_target.Gauges).
-MAX_WALL_GAP = 5.0
-#: Bound on each wait for the target (2 shared cores, a spawned worker, torch imports).
-WAIT = 30.0
-SCRIPT = Path(__file__).with_name("wire_target.py")
+from .live_fuzz import FuzzMachine, Live, check_health
 
 Key = tuple[str, ...]
 
@@ -84,116 +70,6 @@ class Message:
     def frames(self) -> list[Any]:
         return encode_message(self.body, kind=self.kind, seq=self.seq, meta=self.meta or None,
                               ack=self.ack)
-
-
-class TargetEnded(AssertionError):
-    """The target process ended, or stopped answering: the run did not go on."""
-
-
-class Target:
-    """``wire_target.py`` (or another ``script`` that speaks its commands: the inference
-    fuzzer's ``inference_target.py``) in its own process; ``report()`` asks it for its
-    numbers."""
-
-    def __init__(self, backend: str, env: dict[str, str], script: Path = SCRIPT) -> None:
-        self.process = subprocess.Popen(
-            [sys.executable, str(script), backend], stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-            start_new_session=True)
-        self.events: queue.Queue[dict[str, Any]] = queue.Queue()
-        self.stderr: list[str] = []
-        threading.Thread(target=self._read, daemon=True).start()
-        threading.Thread(target=self._read_stderr, daemon=True).start()
-        self.endpoint: str = self.wait("listening", 90)["endpoint"]
-        self.ready: dict[str, Any] = {}
-
-    def _read(self) -> None:
-        assert self.process.stdout is not None
-        for line in self.process.stdout:
-            if line.startswith("{"):
-                self.events.put(json.loads(line))
-        self.events.put({"event": "exit"})
-
-    def _read_stderr(self) -> None:
-        assert self.process.stderr is not None
-        for line in self.process.stderr:
-            self.stderr = [*self.stderr[-200:], line.rstrip()]
-
-    def wait(self, event: str, timeout: float = WAIT) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                got = self.events.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                raise TargetEnded(f"the target sent no {event!r} within {timeout:.0f} s; "
-                                  f"its stacks:\n{self.stacks()}") from None
-            if got["event"] == event:
-                return got
-            if got["event"] in ("ended", "exit"):
-                raise TargetEnded(f"the target's run ended while waiting for {event!r}: "
-                                  f"{got.get('error', 'its process exited')}\n"
-                                  f"{got.get('traceback', '')}\n"
-                                  f"stderr ends: {self.stderr[-15:]}")
-
-    def stacks(self) -> str:
-        """Every thread's stack in the target (faulthandler on SIGUSR1), from its stderr."""
-        if self.process.poll() is not None:
-            return "\n".join(self.stderr[-40:])
-        seen = len(self.stderr)
-        os.kill(self.process.pid, signal.SIGUSR1)
-        time.sleep(1.0)
-        return "\n".join(self.stderr[max(0, seen - 5):][-80:])
-
-    def command(self, line: str, event: str) -> dict[str, Any]:
-        assert self.process.stdin is not None
-        try:
-            self.process.stdin.write(line + "\n")
-            self.process.stdin.flush()
-        except OSError:
-            pass  # gone: wait() says why
-        return self.wait(event)
-
-    def report(self) -> dict[str, Any]:
-        return self.command("report", "report")  # the loop answers: a stall shows here too
-
-    def progressed(self, after: int, timeout: float = WAIT) -> dict[str, Any]:
-        """A report once the honest worker delivered more than ``after`` batches."""
-        deadline = time.monotonic() + timeout
-        while True:
-            report = self.report()
-            if report["honest"] > after:
-                return report
-            if time.monotonic() > deadline:
-                raise TargetEnded(f"the honest worker delivered no batch in {timeout:.0f} s "
-                                  f"(still {report['honest']}): the run did not go on; "
-                                  f"last warnings {report['warnings']}")
-            time.sleep(0.2)
-
-    def close(self) -> None:
-        if self.process.stdin is not None:
-            try:
-                self.process.stdin.close()
-            except OSError:
-                pass
-        try:
-            self.process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, 9)
-            self.process.wait()
-
-
-def check_health(report: dict[str, Any], what: str) -> None:
-    """The honest worker's frames are exact, memory and event loop within bounds."""
-    assert not report["problems"], f"{what}: honest batches are wrong: {report['problems']}"
-    assert report["rss_growth_mb"] <= RSS_GROWTH_MB, (
-        f"{what}: the target's peak memory grew by {report['rss_growth_mb']} MB "
-        f"(at most {RSS_GROWTH_MB})")
-    assert report["max_busy"] <= MAX_GAP, (
-        f"{what}: the target's event loop was held {report['max_busy']} s of CPU time "
-        f"between two ticks (at most {MAX_GAP})")
-    assert report["max_gap"] <= MAX_WALL_GAP, (
-        f"{what}: the target's event loop stalled {report['max_gap']} s (at most "
-        f"{MAX_WALL_GAP} of wall-clock time)")
 
 
 class Peer:
@@ -229,36 +105,50 @@ class Peer:
         except zmq.Again:
             pass  # the hub stopped reading us (a limit): what a hostile peer earns
 
+    @property
+    def welcomed(self) -> bool:
+        return self.welcome is not None
+
+    def hello_message(self, specs: dict[str, Any]) -> Message:
+        """The valid hello this peer says."""
+        return Message(Hello.KIND, hello(specs, self.identity))
+
     def read(self, timeout: float = 0.0) -> None:
-        """Take in what came (welcome, refuse, collect), waiting at most ``timeout``."""
+        """Take in what came, waiting at most ``timeout`` (less: an answer to a hello)."""
         deadline = time.monotonic() + timeout
         while True:
             left = deadline - time.monotonic()
             if not self.socket.poll(max(0, int(left * 1000))):
                 return
-            frames = self.socket.recv_multipart()
             try:
-                decoded = decode_message(frames)
+                decoded = decode_message(self.socket.recv_multipart())
             except Exception:
                 continue
-            if decoded.kind == Welcome.KIND:
-                self.welcome = Welcome.from_body(decoded.body)
+            if self.take(decoded.kind, decoded.body):
                 return
-            if decoded.kind == Refuse.KIND:
-                self.refused = Refuse.from_body(decoded.body).reason
-                return
-            if decoded.kind == Collect.KIND:
-                collect = Collect.from_body(decoded.body)
-                self.requests.extend([collect.request] * collect.credits)
+
+    def take(self, kind: str, body: Any) -> bool:
+        """Note a message of the target's (a welcome, a refusal, credits); True for an
+        answer to a hello."""
+        if kind == Welcome.KIND:
+            self.welcome = Welcome.from_body(body)
+            return True
+        if kind == Refuse.KIND:
+            self.refused = Refuse.from_body(body).reason
+            return True
+        if kind == Collect.KIND:
+            collect = Collect.from_body(body)
+            self.requests.extend([collect.request] * collect.credits)
+        return False
 
     def join(self, specs: dict[str, Any], timeout: float = 10.0, *, retry: bool = True) -> bool:
         """Say a valid hello, again while refused as full (``retry``), until welcomed or
         ``timeout``."""
         deadline = time.monotonic() + timeout
-        while self.welcome is None and time.monotonic() < deadline:
+        while not self.welcomed and time.monotonic() < deadline:
             self.refused = None
-            self.send(Message(Hello.KIND, hello(specs, self.identity)))
-            while self.welcome is None and self.refused is None \
+            self.send(self.hello_message(specs))
+            while not self.welcomed and self.refused is None \
                     and time.monotonic() < deadline:
                 self.read(0.2)
                 self.send(Message("ping", None))  # liveness: any message keeps us heard
@@ -266,7 +156,7 @@ class Peer:
                 if not retry:
                     return False
                 time.sleep(0.3)  # full: a place frees when its holder is lost (1.5 s)
-        return self.welcome is not None
+        return self.welcomed
 
     def close(self) -> None:
         """Say goodbye (the target frees its place at once, not after peer_timeout)."""
@@ -550,34 +440,104 @@ def claim_batch(body: dict[str, Any], n: int) -> dict[str, Any]:
     return out
 
 
+def mutated(draw: st.DrawFn, message: Message, kind: str, mutations: int) -> Message:
+    """``message``, a valid ``kind``, after ``mutations`` of :func:`mutate_body` (its
+    ``note`` says how it was made)."""
+    message.note = kind
+    for _ in range(mutations):
+        message = mutate_body(draw, message)
+    return message
+
+
+def sendable(message: Message) -> bool:
+    """msgpack can carry ``message`` (else the codec refuses it on our side)."""
+    try:
+        message.frames()
+    except (TypeError, ValueError, OverflowError):
+        return False
+    return True
+
+
+# -- hostile peers against a target that admits them ------------------------------------------
+class PeerFuzz(FuzzMachine):
+    """Hostile peers (:meth:`peer` picks one for a step) against ``live``, a trainer or a
+    central-inference server. After every step the target is healthy (:func:`check_health`);
+    after every example the run went on (the honest worker delivers again), and if a message
+    it must refuse was sent (:attr:`refusable`) it reacted (a refusal, a warning, a
+    rate-limited log)."""
+
+    live: Live
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.peers: list[Any] = []
+        self.refusable: list[str] = []  # what was sent that the target must refuse
+        self.last = "nothing yet"  # the message of the step last taken
+        self.start = self.live.target.report()
+        check_health(self.start, "before the example")
+
+    def peer(self, draw: Any) -> Peer:
+        raise NotImplementedError
+
+    @rule(data=st.data())
+    def garbage(self, data: st.DataObject) -> None:
+        """Frames that are not our wire format at all."""
+        peer = self.peer(data.draw)
+        frames = data.draw(st.lists(st.binary(max_size=200), min_size=1, max_size=4))
+        self.last = f"garbage frames {frames!r:.200}"
+        self.history.append(self.last)
+        peer.connect()
+        peer.socket.send_multipart(frames)
+        try:
+            decode_message(frames)
+        except ProtocolError:
+            self.refusable.append(f"garbage frames {frames!r:.60}")
+
+    @invariant()
+    def healthy(self) -> None:
+        with self.noted():
+            check_health(self.live.target.report(), f"after sending {self.last}")
+
+    def reacted(self, report: dict[str, Any], timeout: float = 3.0) -> dict[str, Any]:
+        """A report once the target reacted to something this example sent (the last
+        messages may still be on their way), or the last one after ``timeout``."""
+        deadline = time.monotonic() + timeout
+        before = sum(self.start["reactions"].values())
+        while (self.refusable and sum(report["reactions"].values()) == before
+               and time.monotonic() < deadline):
+            time.sleep(0.2)
+            report = self.live.target.report()
+        return report
+
+    def teardown(self) -> None:
+        try:
+            with self.noted():
+                end = self.live.target.progressed(after=self.start["honest"])
+                check_health(end, "after the example")
+                end = self.reacted(end)
+                reacted = (sum(end["reactions"].values())
+                           - sum(self.start["reactions"].values()))
+                assert reacted > 0 or not self.refusable, (
+                    f"the target showed no refusal (no warning, no rate-limited log) for "
+                    f"{len(self.refusable)} bad message(s), e.g. {self.refusable[:3]}")
+        finally:
+            for peer in self.peers:
+                peer.close()
+
+
 __all__ = [
     "DROP",
     "KINDS",
-    "MAX_GAP",
-    "RSS_GROWTH_MB",
     "Message",
     "Peer",
-    "Target",
-    "TargetEnded",
-    "check_health",
+    "PeerFuzz",
     "claim_batch",
     "compact_batch",
     "frames_from",
     "identity_specs",
     "mutate_body",
+    "mutated",
     "patch_rows",
+    "sendable",
     "valid_messages",
 ]
-
-
-@contextlib.contextmanager
-def noting_first_failure(history: list[str], failures: list[str]) -> Iterator[None]:
-    """Keep the first failure in ``failures`` with the steps that led to it: hypothesis
-    replays a failing example, and against a live target the replay meets another state."""
-    try:
-        yield
-    except Exception as exc:
-        if not failures:
-            steps = "\n  ".join(history[-12:])
-            failures.append(f"{type(exc).__name__}: {exc}\nlast steps:\n  {steps}")
-        raise

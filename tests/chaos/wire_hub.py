@@ -1,9 +1,11 @@
-"""The worker side of the wire fuzzer: a hostile coordinator and the worker it talks to.
+"""The wire fuzzer's hostile coordinator (:class:`Router`), and the worker it talks to.
 
-:class:`FakeHub` is a raw ROUTER that plays the coordinator for one real ``asyncrl
-worker`` process (:class:`WorkerProcess`): it pings it as a hub does (so the worker hears
-a live coordinator), welcomes it, asks for batches and counts what comes back, and sends
-whatever the fuzzer makes of :func:`worker_messages` (each class's ``to_body()``).
+:class:`Router` is a raw ROUTER that plays the coordinator for one peer: it pings it as a
+hub does (so the peer hears a live coordinator) and hands what comes to :meth:`Router.take`.
+:class:`FakeHub` plays it for one real ``asyncrl worker`` process (:class:`WorkerProcess`):
+it welcomes it, asks for batches and counts what comes back, and sends whatever the fuzzer
+makes of :func:`worker_messages` (each class's ``to_body()``); the relay fuzzer's
+``Upstream`` plays it for a host relay.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from asyncrl._protocol import (
     WeightMeta,
     Welcome,
 )
-from transports._codec import decode_message
+from transports._codec import Decoded, decode_message
 
 from .wire_fuzz import Message
 
@@ -89,8 +91,8 @@ class WorkerProcess:
         self.process.wait()
 
 
-class FakeHub:
-    """A ROUTER that plays the coordinator for one worker."""
+class Router:
+    """A ROUTER that plays a coordinator for one peer (:attr:`peer`, once it said hello)."""
 
     def __init__(self) -> None:
         self.socket = zmq.Context.instance().socket(zmq.ROUTER)
@@ -99,12 +101,6 @@ class FakeHub:
         self.socket.bind("tcp://127.0.0.1:0")
         self.endpoint = self.socket.getsockopt_string(zmq.LAST_ENDPOINT)
         self.peer: bytes | None = None
-        self.hello: Hello | None = None
-        self.kinds: collections.Counter[str] = collections.Counter()
-        self.batches = 0
-        self.requests = 0
-        self.version = 0
-        self.welcomed = False  # the latest hello was answered
 
     def send(self, message: Message) -> None:
         if self.peer is None:
@@ -118,25 +114,46 @@ class FakeHub:
         self.send(Message("ping", None, meta={"hub": INSTANCE}))
 
     def pump(self, seconds: float = 0.0) -> None:
-        """Read what the worker sent for ``seconds`` (pinging it meanwhile)."""
+        """Read what the peer sent for ``seconds`` (pinging it meanwhile)."""
         deadline = time.monotonic() + seconds
         while True:
             self.ping()
             if self.socket.poll(max(0, min(200, int((deadline - time.monotonic()) * 1000)))):
                 frames = self.socket.recv_multipart()
-                peer, rest = frames[0], frames[1:]
                 try:
-                    decoded = decode_message(rest)
+                    decoded = decode_message(frames[1:])
                 except Exception:
                     continue
-                self.kinds[decoded.kind] += 1
-                if decoded.kind == Hello.KIND:  # the first, or joining again (a rejoin)
-                    self.peer, self.hello = peer, Hello.from_body(decoded.body)
-                    self.welcomed = False
-                elif decoded.kind in (Batch.KIND, SharedBatch.KIND):
-                    self.batches += 1
+                self.take(frames[0], decoded)
             if time.monotonic() >= deadline:
                 return
+
+    def take(self, peer: bytes, message: Decoded) -> None:
+        """A message ``peer`` sent."""
+
+    def close(self) -> None:
+        self.socket.close(linger=0)
+
+
+class FakeHub(Router):
+    """A ROUTER that plays the coordinator for one worker."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hello: Hello | None = None
+        self.kinds: collections.Counter[str] = collections.Counter()
+        self.batches = 0
+        self.requests = 0
+        self.version = 0
+        self.welcomed = False  # the latest hello was answered
+
+    def take(self, peer: bytes, message: Decoded) -> None:
+        self.kinds[message.kind] += 1
+        if message.kind == Hello.KIND:  # the first, or joining again (a rejoin)
+            self.peer, self.hello = peer, Hello.from_body(message.body)
+            self.welcomed = False
+        elif message.kind in (Batch.KIND, SharedBatch.KIND):
+            self.batches += 1
 
     def welcome(self, timeout: float = 60.0) -> None:
         """Wait for the worker's hello and welcome it."""
@@ -164,9 +181,6 @@ class FakeHub:
         while self.batches == before and time.monotonic() < deadline:
             self.pump(0.1)
         return self.batches > before
-
-    def close(self) -> None:
-        self.socket.close(linger=0)
 
 
 #: A refusal's env_source as a trainer sends it (an id this worker did not ask for).
@@ -225,4 +239,4 @@ WORKER_KINDS = ["welcome", "collect", "preempt", "control_seed", "control_state_
                 "control_getattr", "batch_slots", "weights", "weights_chunk",
                 "relay_attached", "ping"] * 3 + ["refuse", "refuse_env_source", "rejoin"]
 
-__all__ = ["INSTANCE", "WORKER_KINDS", "FakeHub", "WorkerProcess", "worker_messages"]
+__all__ = ["INSTANCE", "WORKER_KINDS", "FakeHub", "Router", "WorkerProcess", "worker_messages"]

@@ -245,6 +245,27 @@ def test_a_wire_patch_given_to_rebuild_is_read_by_the_same_declaration() -> None
         rebuild(wire, {"at": patch["at"]})
 
 
+def test_a_raw_dict_patch_given_to_rebuild_says_what_to_pass() -> None:
+    wire, patch = compact_pair()
+    rows = {"observation": patch["rows"]["observation"]}  # a plain dict, not a TensorDict
+    with pytest.raises(ProtocolError) as info:
+        rebuild(wire.clone(), {"at": patch["at"], "rows": rows})
+    assert str(info.value) == (
+        "batch field 'next' 'rows' must be a TensorDict of one row per position in 'at', as "
+        "compact() returns it; got a dict of keys ['observation']: pass "
+        "TensorDict(rows, batch_size=[len(at)]), or compact()'s patch as it is")
+    with pytest.raises(ProtocolError) as info:
+        rebuild(wire.clone(), {"at": patch["at"].tolist(), "rows": patch["rows"]})
+    assert str(info.value) == (
+        "batch field 'next' 'at' must be a 1-d int64 tensor of flat positions n * T + t, as "
+        "compact() returns it; got a list: pass torch.as_tensor(at, dtype=torch.int64), or "
+        "compact()'s patch as it is")
+    # Done as the text says, the same patch rebuilds the batch compact() was given.
+    fixed = {"at": torch.as_tensor(patch["at"].tolist(), dtype=torch.int64),
+             "rows": TensorDict(rows, batch_size=[len(patch["at"])])}
+    assert_identical(rebuild(wire.clone(), fixed), rebuild(wire.clone(), patch))
+
+
 def test_a_patch_for_frames_that_hold_the_twin_already_is_refused() -> None:
     wire, patch = compact_pair()
     wire.set(("next", "observation"), torch.zeros(2, 3, 4))
