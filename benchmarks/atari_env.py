@@ -49,7 +49,7 @@ def make_timed_atari() -> Any:
                          dtype=np.float64, mode="w+", shape=(len(COUNTERS),))
     clock = time.thread_time
 
-    class Timed(gym.Wrapper):  # type: ignore[type-arg]
+    class Timed(gym.Wrapper):
         def step(self, action: Any) -> Any:
             start = clock()
             out = self.env.step(action)

@@ -148,6 +148,13 @@ class Window:
         self.workers = {pid: process_threads(pid) for pid in pids}
 
 
+def renice(pids: list[int], nice: int) -> None:
+    """Every thread of ``pids`` to ``nice`` (Linux keeps a nice level per thread)."""
+    for pid in pids:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            os.setpriority(os.PRIO_PROCESS, int(tid), nice)
+
+
 def diff(a: tuple[float, ...], b: tuple[float, ...]) -> list[float]:
     return [y - x for x, y in zip(a, b, strict=True)]
 
@@ -165,7 +172,7 @@ def run(args: argparse.Namespace) -> tuple[Window, Window, TimedLoop, int]:
             super().__init__(*a, **k)
             loops.append(self)
 
-    thread_server.InferenceLoop = Recorded  # type: ignore[misc]  # what ThreadPolicyServer builds
+    setattr(thread_server, "InferenceLoop", Recorded)  # noqa: B010 (what ThreadPolicyServer builds)
     folder = os.environ[PROFILE_DIR]
     seen: dict[str, Any] = {}
 
@@ -173,11 +180,13 @@ def run(args: argparse.Namespace) -> tuple[Window, Window, TimedLoop, int]:
         async with AsyncBatchedCollector(
                 "benchmarks.atari_env:make_timed_atari", policy=make_policy(), num_envs=N_ENVS,
                 frames_per_batch=args.frames_per_batch, num_threads=1,
-                envs_per_worker=args.envs_per_worker,
-                worker_num_splits=args.splits) as collector:
+                envs_per_worker=args.envs_per_worker, worker_num_splits=args.splits,
+                min_batch_size=args.min_batch_size) as collector:
             batches, frames = 0, 0
             async for batch in collector:
                 batches += 1
+                if batches == 1 and args.worker_nice:
+                    renice(collector.worker_pids, args.worker_nice)
                 if batches == args.warmup:
                     seen["start"] = Window(loops[0], collector.worker_pids, folder)
                 elif batches > args.warmup:
@@ -245,7 +254,8 @@ def report(args: argparse.Namespace, start: Window, end: Window, loop: TimedLoop
     print(f"\n`python -m benchmarks.atari_server_profile {shlex.join(args.argv)}`\n")
     print(f"{ENV_ID}, Nature CNN in the trainer's inference thread, {N_ENVS} envs in "
           f"{n_workers} env workers ({args.envs_per_worker} per worker, {args.splits} "
-          f"split(s)); python {platform.python_version()}, torch {torch.__version__}, "
+          f"split(s), min_batch_size {args.min_batch_size}, env workers' nice "
+          f"{args.worker_nice}); python {platform.python_version()}, torch {torch.__version__}, "
           f"{len(os.sched_getaffinity(0))} cores, load average {os.getloadavg()[0]:.1f} at "
           f"the end; {frames:,} frames in {wall:.1f} s: **{fps:,.0f} frames/s** "
           f"({envs[0]:,.0f} env steps)")
@@ -306,6 +316,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                 description=(__doc__ or "").split("\n")[0])
     p.add_argument("--envs-per-worker", type=int, default=1)
     p.add_argument("--splits", type=int, default=1, help="worker_num_splits")
+    p.add_argument("--min-batch-size", type=int, default=None)
+    p.add_argument("--worker-nice", type=int, default=0,
+                   help="renice the env workers' threads (0: leave them)")
     p.add_argument("--seconds", type=float, default=12.0, help="the timed window")
     p.add_argument("--warmup", type=int, default=2, help="batches before it")
     p.add_argument("--frames-per-batch", type=int, default=1024)
