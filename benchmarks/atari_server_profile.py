@@ -255,7 +255,7 @@ def report(args: argparse.Namespace, start: Window, end: Window, loop: TimedLoop
     print(f"{ENV_ID}, Nature CNN in the trainer's inference thread, {N_ENVS} envs in "
           f"{n_workers} env workers ({args.envs_per_worker} per worker, {args.splits} "
           f"split(s), min_batch_size {args.min_batch_size}, env workers' nice "
-          f"{args.worker_nice}); python {platform.python_version()}, torch {torch.__version__}, "
+          f"{args.worker_nice}, yield after calls over {inference_loop.YIELD_AFTER * 1e3:g} ms); python {platform.python_version()}, torch {torch.__version__}, "
           f"{len(os.sched_getaffinity(0))} cores, load average {os.getloadavg()[0]:.1f} at "
           f"the end; {frames:,} frames in {wall:.1f} s: **{fps:,.0f} frames/s** "
           f"({envs[0]:,.0f} env steps)")
@@ -319,6 +319,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--min-batch-size", type=int, default=None)
     p.add_argument("--worker-nice", type=int, default=0,
                    help="renice the env workers' threads (0: leave them)")
+    p.add_argument("--yield-after", type=float, default=None,
+                   help="the loop's YIELD_AFTER in seconds (default: the module's)")
     p.add_argument("--seconds", type=float, default=12.0, help="the timed window")
     p.add_argument("--warmup", type=int, default=2, help="batches before it")
     p.add_argument("--frames-per-batch", type=int, default=1024)
@@ -332,6 +334,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(1)
+    if args.yield_after is not None:
+        inference_loop.YIELD_AFTER = args.yield_after
     try:
         start, end, loop, frames = run(args)
         report(args, start, end, loop, frames)
