@@ -255,7 +255,8 @@ def report(args: argparse.Namespace, start: Window, end: Window, loop: TimedLoop
     print(f"{ENV_ID}, Nature CNN in the trainer's inference thread, {N_ENVS} envs in "
           f"{n_workers} env workers ({args.envs_per_worker} per worker, {args.splits} "
           f"split(s), min_batch_size {args.min_batch_size}, env workers' nice "
-          f"{args.worker_nice}, yield after calls over {inference_loop.YIELD_AFTER * 1e3:g} ms); python {platform.python_version()}, torch {torch.__version__}, "
+          f"{args.worker_nice}, yield after calls over {inference_loop.YIELD_AFTER * 1e3:g} ms); "
+          f"python {platform.python_version()}, torch {torch.__version__}, "
           f"{len(os.sched_getaffinity(0))} cores, load average {os.getloadavg()[0]:.1f} at "
           f"the end; {frames:,} frames in {wall:.1f} s: **{fps:,.0f} frames/s** "
           f"({envs[0]:,.0f} env steps)")

@@ -39,5 +39,5 @@ def test_left_out_the_layout_follows_the_cores(monkeypatch) -> None:
 
 
 def test_splits_without_envs_per_worker_are_refused_naming_both() -> None:
-    with pytest.raises(ValueError, match="worker_num_splits=2 .* give envs_per_worker"):
+    with pytest.raises(ValueError, match=r"worker_num_splits=2 .* give envs_per_worker"):
         _check(envs_per_worker=None, worker_num_splits=2)
