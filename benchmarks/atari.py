@@ -31,7 +31,9 @@ alike). A case is skipped, with the reason printed, when what it needs does not 
   envs, without / with ``compact_obs=True``; ``asyncrl-sync``: ``MultiSyncCollector`` 2x4;
 - ``asyncrl-batched``: ``AsyncBatchedCollector``, 8 env workers, the CNN batched in the
   trainer's process; ``asyncrl-batched-2x4`` / ``-2x4s2`` / ``-4x2``: other layouts of it
-  (``envs_per_worker=4``, without / with ``worker_num_splits=2``; ``envs_per_worker=2``).
+  (``envs_per_worker=4``, without / with ``worker_num_splits=2``; ``envs_per_worker=2``);
+  ``asyncrl-batched-noyield``: the inference loop without its ``sched_yield()`` after calls
+  longer than ``YIELD_AFTER``.
 
 The three main-process loops store each step as CleanRL's does (observation, action,
 reward, done into preallocated ``[128, 8, ...]`` tensors; observations kept as uint8).
@@ -288,6 +290,14 @@ def run_asyncrl(meter: Meter, kind: str, compact_obs: bool = False,
     anyio.run(main)
 
 
+def run_batched_without_yield(meter: Meter) -> None:
+    """``asyncrl-batched`` with the inference loop's yield after long calls turned off."""
+    from asyncrl._inference import inference_loop
+
+    inference_loop.YIELD_AFTER = float("inf")
+    run_asyncrl(meter, kind="batched")
+
+
 # -- the floor -----------------------------------------------------------------------------------
 def run_floor(seconds: float) -> dict[str, Any]:
     """CPU ms per env step (one env, random actions) and per CNN frame at batch 1, 4, 8."""
@@ -360,6 +370,9 @@ CASES: dict[str, Case] = {
         "asyncrl AsyncBatchedCollector, 2 env workers x 4 envs in 2 splits", ATARI,
         functools.partial(run_asyncrl, kind="batched",
                           layout={"envs_per_worker": 4, "worker_num_splits": 2}), 8),
+    "asyncrl-batched-noyield": Case(
+        "asyncrl AsyncBatchedCollector, 8 env workers, no sched_yield after long calls", ATARI,
+        run_batched_without_yield, 8),
     "asyncrl-batched-4x2": Case(
         "asyncrl AsyncBatchedCollector, 4 env workers x 2 envs", ATARI,
         functools.partial(run_asyncrl, kind="batched", layout={"envs_per_worker": 2}), 8),
