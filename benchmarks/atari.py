@@ -262,7 +262,7 @@ def run_torchrl(meter: Meter) -> None:
 
 
 def run_asyncrl(meter: Meter, kind: str, compact_obs: bool = False,
-                layout: dict[str, int] | None = None) -> None:
+                layout: dict[str, Any] | None = None) -> None:
     import anyio
 
     from asyncrl import AsyncBatchedCollector, MultiAsyncCollector, MultiSyncCollector
