@@ -74,11 +74,11 @@ from ._printable import printable_block as printable_block
 from ._printable import printable_lines as printable_lines
 from ._ratelimit import RateLimitedLog as RateLimitedLog
 from ._resource import TaskGroupResource as TaskGroupResource
-from ._shm import SharedMemoryFullError as SharedMemoryFullError
 from ._shm import SharedTensorBlock as SharedTensorBlock
 from ._shm import TornReadError as TornReadError
 from ._shm import copy_into as copy_into
 from ._shm_arrays import SharedArrayBlock as SharedArrayBlock
+from ._shm_segment import SharedMemoryFullError as SharedMemoryFullError
 from ._socket import shutdown as shutdown
 from ._types import Message as Message
 from ._types import PeerEvent as PeerEvent

@@ -53,7 +53,9 @@ _EXT_TENSOR = 1
 _EXT_TENSORDICT = 2
 _EXT_NDARRAY = 3
 
-_TORCH_DTYPES: dict[str, torch.dtype] = {} if TORCH_FREE else {
+#: The torch dtypes a tensor may be held in, by name: on the wire and in a shared-memory
+#: block's layout (:mod:`._shm_format`), the same names.
+TORCH_DTYPES: dict[str, torch.dtype] = {} if TORCH_FREE else {
     name: getattr(torch, name)
     for name in (
         "bool", "uint8", "int8", "int16", "int32", "int64", "uint16", "uint32", "uint64",
@@ -61,7 +63,7 @@ _TORCH_DTYPES: dict[str, torch.dtype] = {} if TORCH_FREE else {
     )
     if hasattr(torch, name)
 }
-_TORCH_NAMES = {dtype: name for name, dtype in _TORCH_DTYPES.items()}
+TORCH_NAMES = {dtype: name for name, dtype in TORCH_DTYPES.items()}
 _NUMPY_DTYPES: dict[str, np.dtype] = {
     name: np.dtype(name)
     for name in (
@@ -172,7 +174,7 @@ def _pack(obj: Any, frames: list[Any], *, as_tensors: bool = TORCH_FREE) -> byte
 def _tensor_ext(tensor: torch.Tensor, frames: list[Any]) -> msgpack.ExtType:
     if tensor.layout != torch.strided:
         raise TypeError(f"cannot encode a {tensor.layout} tensor: only dense tensors travel")
-    name = _TORCH_NAMES.get(tensor.dtype)
+    name = TORCH_NAMES.get(tensor.dtype)
     if name is None:
         raise TypeError(f"cannot encode a tensor of dtype {tensor.dtype}")
     if tensor.device.type == "meta":
@@ -408,7 +410,7 @@ class _BodyDecoder:
         return self.buffers[index], dtype, shape
 
     def tensor(self, ref: bytes) -> torch.Tensor:
-        buf, dtype, shape = self.frame_for(ref, _TORCH_DTYPES)
+        buf, dtype, shape = self.frame_for(ref, TORCH_DTYPES)
         itemsize = dtype.itemsize
         _check_size(buf, shape, itemsize)
         if buf.nbytes == 0:

@@ -3,9 +3,10 @@
 A torch-free env worker (:mod:`._torch_free`) reads and writes the blocks the
 trainer made (requests, answers, its chunk ring) through these views. The
 segment, its header and its slots' control words are the same as
-:mod:`._shm`'s; only the views differ. A dtype numpy lacks (``bfloat16``) is
-viewed as the unsigned integer of its size: the bytes are carried, never
-interpreted, which is all an env worker does with a policy output.
+:mod:`._shm`'s (:mod:`._shm_format`); only the views differ. A dtype numpy
+lacks (``bfloat16``) is viewed as the unsigned integer of its size: the bytes
+are carried, never interpreted, which is all an env worker does with a policy
+output.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from typing import Any
 import numpy as np
 
 from ._errors import ProtocolError, TransportError
-from ._shm import _CTRL_INTS, _SLOT_STRIDE, NAME_PREFIX, _map, _read_header
+from ._shm_format import read_header, slot_control_offset
+from ._shm_segment import checked_name, map_segment
 
 __all__ = ["SharedArrayBlock"]
 
@@ -72,16 +74,13 @@ class SharedArrayBlock:
     @classmethod
     def attach(cls, name: str) -> SharedArrayBlock:
         """Map the block ``name`` (made by another process); ProtocolError if malformed."""
-        if not (isinstance(name, str) and name.startswith(NAME_PREFIX) and len(name) < 250
-                and "/" not in name):
-            raise ProtocolError(f"shared-memory name {name!r} is not an asyncrl block name")
         try:
-            mapped = _map(name)
+            mapped = map_segment(checked_name(name))
         except FileNotFoundError:
             raise TransportError(f"shared-memory block {name!r} does not exist: the trainer "
                                  "that created it has closed it") from None
         try:
-            header = _read_header(mapped, len(mapped), _ENTRIES)
+            header = read_header(mapped, len(mapped), _ENTRIES)
         except BaseException:
             mapped.close()  # no view exists yet
             raise
@@ -113,7 +112,7 @@ class SharedArrayBlock:
     def control(self, slot: int) -> memoryview:
         """``slot``'s control line as int64 words ``[seq, version]``, read live."""
         mapped = self._require_open()
-        start = (_CTRL_INTS + _SLOT_STRIDE * self._check_slot(slot)) * 8
+        start = slot_control_offset(self._check_slot(slot))
         return memoryview(mapped)[start:start + 16].cast("q")
 
     def close(self) -> None:

@@ -24,7 +24,7 @@ leaves ``/proc/PID/fd``.
 What it costs: the kernel's copy runs at about half memcpy's speed on these
 machines (a 58 MB pixel batch: see ``docs/data_plane.md``); it releases the GIL.
 
-The segment's format is :class:`~transports._shm.SharedTensorBlock`'s: the
+The segment's format is :class:`~transports.SharedTensorBlock`'s (:mod:`._shm_format`): the
 writer attaches with :meth:`SharedTensorBlock.attach` and writes through its
 mapping as before (a writer that shrinks the segment only hurts itself).
 """
@@ -39,7 +39,8 @@ from typing import Any
 import torch
 
 from ._errors import ProtocolError, TransportError
-from ._shm import new_name, open_segment, plan_segment, remove_segment, slot_control_offset
+from ._shm_format import plan_segment, slot_control_offset
+from ._shm_segment import new_name, open_segment, remove_segment
 
 __all__ = ["SharedTensorFile"]
 

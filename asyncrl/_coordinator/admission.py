@@ -129,7 +129,8 @@ class Admission:
                                  present=self._present(hello.group))
         worker = WorkerInfo(index, peer, hello.name, hello.host, hello.pid,
                             relay=hello.relay.encode() if hello.relay else None,
-                            group=hello.group, drops_next_obs=hello.drops_next_obs)
+                            group=hello.group, drops_next_obs=hello.drops_next_obs,
+                            role=hello.role)
         self._roster.workers[peer] = worker
         return worker
 

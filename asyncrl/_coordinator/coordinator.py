@@ -131,6 +131,11 @@ class Coordinator:
         self.outbox = Outbox(hub, self.roster, self.registry, self.worker_logs,
                              self.batches.shared, lost=self._on_lost, changed=self._notify,
                              on_join=on_join)
+        #: Message kinds served by another part of the trainer (a served module's calls:
+        #: ``asyncrl.served``): ``{kind: handler(worker or None, message)}``. The handler
+        #: is told the live admitted worker that sent it (None: a stranger or a lost one,
+        #: to refuse); it must return at once (its work goes to a task of its own).
+        self.services: dict[str, Callable[[WorkerInfo | None, Message], Awaitable[None]]] = {}
 
     # -- the run's failure ------------------------------------------------------------------
     @property
@@ -322,6 +327,8 @@ class Coordinator:
                 elif item.kind == Progress.KIND:  # it steps: slow is not hung
                     progress = decode(Progress, item.body)
                     await self.outbox.perform(self.state.progress(item.peer, progress))
+                elif (service := self.services.get(item.kind)) is not None:
+                    await service(self.roster.live(item.peer), item)
                 else:
                     self._limited_log.warning("unknown-kind", "ignored a %r message from %r",
                                               item.kind, item.peer)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from tensordict import TensorDictBase
 
 from .._observe.statistics import BatchArrivals
+from .._protocol import Role
 
 #: How a worker the hub lost went, by :class:`transports.PeerEvent` reason.
 LOSS_WORDS = {
@@ -39,6 +40,9 @@ class WorkerInfo:
     relay: bytes | None = None  # the relay its hello named (weights go through it if it agrees)
     group: str = ""  # its worker host's group ("": none): a host joins whole (host_groups)
     drops_next_obs: bool = False  # its hello: it drops the ("next", K) twins when told
+    #: What it does (its hello's): ``"rollout"`` (a MultiCollector's worker: it owes
+    #: batches) or ``"env"`` (central inference's env worker: it steps while admitted).
+    role: Role = "rollout"
     rejoin_asked: bool = False  # dropped, then told to rejoin (or refused: never to be)
     #: ``time.monotonic()`` since which it owes work (a credit, a share) and delivered
     #: nothing (None: it owes nothing); the stall watchdog reads it.

@@ -38,11 +38,18 @@ class WorkerRecord:
             return "left"
         if self.lost or not self.info.alive:
             return "lost"
+        if self.info.role == "env":  # central inference's env worker steps while admitted
+            return "collecting"
         return "collecting" if self.info.credits > 0 else "idle"
 
 
 class WorkerRegistry:
-    """Admissions in order, live and lost; publishes ``joined`` / ``lost`` / ``refused``."""
+    """Admissions in order, live and lost; publishes ``joined`` / ``lost`` / ``refused``.
+
+    A MultiCollector's coordinator keeps one for its workers; AsyncBatchedCollector's
+    env hub (:mod:`asyncrl.collectors.batched.env_hub`) one for its env workers, whose
+    records (role ``"env"``) are collecting for as long as they are admitted.
+    """
 
     def __init__(self, publish: Callable[[CollectorEvent], None] | None = None, *,
                  max_lost: int = 1024, max_refusals: int = 4) -> None:
@@ -92,13 +99,17 @@ class WorkerRegistry:
                 record.left = left
                 self._mark_lost(record, reason or "dropped by the coordinator")
 
-    def exited(self, pid: int, exit_code: int | None, reason: str = "") -> None:
-        """A local process ended: its admission (if any) is lost, with its exit code."""
+    def exited(self, pid: int, exit_code: int | None, reason: str = "", *,
+               announce: bool = True) -> None:
+        """A local process ended: its admission (if any) is lost, with its exit code
+        (``announce=False``: without a ``"lost"`` event, as for a process the collector
+        stopped while closing)."""
         for record in reversed(self._records.values()):
             if record.info.pid == pid and record.exit_code is None:
                 record.exit_code = exit_code
                 if not record.lost:
-                    self._mark_lost(record, reason or f"its process ended (exit code {exit_code})")
+                    self._mark_lost(record, reason or f"its process ended (exit code {exit_code})",
+                                    announce=announce)
                 return
 
     def delivered(self, info: WorkerInfo, frames: int, now: float | None = None) -> None:
@@ -112,12 +123,14 @@ class WorkerRegistry:
     def statistics(self, *, heard: Callable[[bytes], float | None] | None = None,
                    routes: Mapping[int, bytes] | None = None,
                    joining: Iterable[tuple[int, int, str]] = (),
-                   waiting: Iterable[WorkerInfo] = ()) -> list[WorkerStatistics]:
+                   waiting: Iterable[WorkerInfo] = (),
+                   joining_name: str = "worker") -> list[WorkerStatistics]:
         """One line per admission (lost ones too) and per local process still joining,
         ordered by worker index (a restarted slot: its admissions in order).
 
         ``heard(peer)``: ``time.monotonic()`` it was last heard (None: not connected);
-        ``joining``: ``(slot, pid, host)`` of local processes not admitted yet;
+        ``joining``: ``(slot, pid, host)`` of local processes not admitted yet (named
+        ``f"{joining_name}-{slot}"``: central inference's env workers are ``env-SLOT``);
         ``waiting``: lost workers whose replacement the trainer is blocked on (a
         ``"waiting"`` line each, beside their ``"lost"`` one).
         """
@@ -142,19 +155,20 @@ class WorkerRegistry:
                 if not gone else "", **info.arrivals.as_dict()))
         for slot, pid, host in joining:
             if pid not in live_pids and not any(r.info.pid == pid for r in self._records.values()):
-                lines.append(WorkerStatistics(index=slot, name=f"worker-{slot}", host=host,
+                lines.append(WorkerStatistics(index=slot, name=f"{joining_name}-{slot}", host=host,
                                               pid=pid, state="joining"))
         for info in waiting:
             lines.append(WorkerStatistics(index=info.index, name=info.name, host=info.host,
                                           pid=info.pid, state="waiting"))
         return sorted(lines, key=lambda line: line.index)  # stable: admission order per index
 
-    def _mark_lost(self, record: WorkerRecord, reason: str) -> None:
+    def _mark_lost(self, record: WorkerRecord, reason: str, *, announce: bool = True) -> None:
         record.lost = True
         info = record.info
-        self._publish(CollectorEvent("left" if record.left else "lost", worker=info.index,
-                                     name=info.name, host=info.host, pid=info.pid,
-                                     reason=reason, exit_code=record.exit_code))
+        if announce:
+            self._publish(CollectorEvent("left" if record.left else "lost", worker=info.index,
+                                         name=info.name, host=info.host, pid=info.pid,
+                                         reason=reason, exit_code=record.exit_code))
         self._lost += 1
         if self._lost > self._max_lost:  # bounded: forget the oldest lost admission
             for key, old in self._records.items():

@@ -42,12 +42,14 @@ from transports import (
     ProtocolError,
     RateLimitedLog,
     parse_endpoint,
+    peer_name,
     printable,
 )
 
 from .._coordinator.actions import Send
 from .._coordinator.admission import Admission
 from .._coordinator.records import Roster, WorkerInfo
+from .._coordinator.registry import WorkerRegistry
 from .._coordinator.worker_logs import WorkerLogs
 from .._protocol import (
     EnvChunk,
@@ -60,8 +62,6 @@ from .._protocol import (
     WorkerLog,
     decode,
 )
-from .chunk_buffer import SlotCounts
-from .env_worker_statistics import RemoteRows
 from .inline_blocks import InlineBlock, dtype_name
 from .outputs import OutputLayout
 from .slot_occupants import SlotOccupants
@@ -95,15 +95,18 @@ class RemoteEnvWorkers:
     """The remote slots ``first_slot ..`` of one collector, and what each must send.
 
     ``admission`` is the collector's one admission (its role ``"env"``) over ``roster``:
-    it judges every hello, this class places the admitted ones in the inference loop.
+    it judges every hello, this class places the admitted ones in the inference loop and
+    tells ``registry`` (``statistics()`` rows, events) who joined, was refused, left or
+    was lost. A host is named by its slot there (index ``SLOT``, name ``env-SLOT``: the
+    ``worker_id`` of its frames), as it is in its welcome.
     """
 
     def __init__(self, count: int, *, first_slot: int, obs: dict[Path, torch.Tensor],
                  outputs: OutputLayout, chunk_steps: int, max_envs: int,
                  blocks: dict[int, WorkerBlocks], submit: Callable[[int], Awaitable[None]],
                  on_chunk: Callable[[int, Message], None],
-                 register: Callable[[int, bytes | None], SlotCounts | None],
-                 version: Callable[[], int], rows: RemoteRows, admission: Admission,
+                 register: Callable[[int, WorkerInfo | None], None],
+                 version: Callable[[], int], registry: WorkerRegistry, admission: Admission,
                  roster: Roster) -> None:
         self.count = count
         self.first_slot = first_slot
@@ -117,8 +120,8 @@ class RemoteEnvWorkers:
         self._version = version
         self.admission = admission
         self.roster = roster  # the admission's
-        #: Who held each slot (statistics() rows, joined / left / lost events).
-        self.rows = rows
+        #: Every host admitted (statistics() rows, joined / refused / left / lost events).
+        self.registry = registry
         self.slots = SlotOccupants(first_slot, count)
         self.slot_of = self.slots.slot_of  # peer -> slot, welcomed peers only
         #: Why each refused or dropped remote worker was (most recent last).
@@ -185,7 +188,7 @@ class RemoteEnvWorkers:
         if refusal:
             for action in refusal:
                 if isinstance(action, Send) and isinstance(action.message, Refuse):
-                    await self._send_refusal(hub, peer, action.message)
+                    await self._send_refusal(hub, peer, action.message, hello)
                     if action.message.env_source is None:  # (else: an offer, hello again)
                         self._drop(hub, peer, f"refused: {action.message.reason}")
             return
@@ -217,7 +220,9 @@ class RemoteEnvWorkers:
         self.blocks[slot] = WorkerBlocks(envs, InlineBlock(obs), InlineBlock(act))  # type: ignore[arg-type]
         hub.admit(peer)
         tag = self.slots.occupy(peer, slot)
-        self._register(slot, peer)
+        # Named by its slot from now on, as its frames are (worker_id): its row, its events.
+        worker.index, worker.name = slot, f"env-{slot}"
+        self._register(slot, worker)
         welcome = EnvWelcome(
             slot=slot, traj_tag=tag, chunk_steps=self.chunk_steps,
             obs_paths=[list(p) for p in self.obs_paths],
@@ -227,7 +232,7 @@ class RemoteEnvWorkers:
         await hub.send(peer, welcome.to_body(), kind=EnvWelcome.KIND)
         log.info("remote env worker %r joined as slot %d (traj tag %d) with %d env(s)", peer,
                  slot, tag, envs)
-        self.rows.joined(slot, worker, envs=envs)
+        self.registry.joined(worker)
 
     async def _on_obs(self, message: Message, slot: int) -> None:
         if slot in self.slots.waiting:
@@ -254,12 +259,12 @@ class RemoteEnvWorkers:
 
     def _on_log(self, message: Message, slot: int) -> None:
         """Its records, into the trainer's ``asyncrl.worker`` logger (bounded, rate-limited)."""
-        host = self.rows.live.get(slot)
-        if host is None:
+        worker = self.roster.live(message.peer)
+        if worker is None:
             return
         records = decode(WorkerLog, message.body)
-        self.logs.emit(_EnvHost(host.info.peer, slot, f"env-{slot}", host.info.host,
-                                host.info.pid), records)
+        self.logs.emit(_EnvHost(worker.peer, slot, worker.name, worker.host, worker.pid),
+                       records)
 
     def _on_chunk_message(self, message: Message, slot: int) -> None:
         chunk = decode(EnvChunk, message.body, schema=self.schema(self.blocks[slot].rows),
@@ -282,9 +287,13 @@ class RemoteEnvWorkers:
                                                    f"{printable(reason, limit=2000)}"))
         self._drop(hub, peer, f"refused: {printable(reason, limit=2000)}")
 
-    async def _send_refusal(self, hub: Hub, peer: bytes, refuse: Refuse) -> None:
-        if not self._known(peer):
-            self.rows.refused(refuse.reason)
+    async def _send_refusal(self, hub: Hub, peer: bytes, refuse: Refuse,
+                            hello: Hello | None = None) -> None:
+        if not self._known(peer):  # (an admitted one is dropped: a loss, not a refusal)
+            if hello is None:  # it never said who it is
+                self.registry.refused(peer_name(peer), "", refuse.reason)
+            else:
+                self.registry.refused(hello.name, hello.host, refuse.reason, hello.pid)
         try:
             await hub.send(peer, refuse.to_body(), kind=Refuse.KIND)
         except Exception as exc:  # gone already
@@ -304,12 +313,12 @@ class RemoteEnvWorkers:
         hub.expel(peer)
         self.logs.forget(peer)
         if slot is not None:
-            sent = self._register(slot, None)
-            self.rows.end(slot, left=left, reason=reason, sent=sent)
+            self._register(slot, None)  # what it sent stays in its row
+            self.registry.check_lost(reason, left=left)
 
     def _forget(self, peer: bytes) -> WorkerInfo | None:
         """Take ``peer`` off the roster: lost, and forgotten (a host may come and go for
-        ever; its row lives on in :class:`RemoteRows`)."""
+        ever; its row lives on in the registry, which keeps the newest lost ones)."""
         worker = self.roster.workers.pop(peer, None)
         if worker is not None:
             worker.alive = False

@@ -15,6 +15,7 @@ relay's hello), :mod:`.collection` (collect, preempt, batch, error, control),
 step count), :mod:`.shared_batches` (a local worker's batches in shared memory),
 :mod:`.weights` (weight meta, chunks and acks), :mod:`.central_inference` (an env
 worker's layout, welcome, observations, actions and chunks: AsyncBatchedCollector),
+:mod:`.served` (a served module's route, calls and answers over a remote worker's link),
 :mod:`.fields`, the validators they share, and :mod:`.decoding`, where a body becomes
 a message or a ProtocolError.
 In a torch-free process (an env worker of central inference:
@@ -42,6 +43,9 @@ from .central_inference import EnvClose as EnvClose
 from .central_inference import EnvLayout as EnvLayout
 from .central_inference import EnvWelcome as EnvWelcome
 from .central_inference import Observations as Observations
+from .served import ServedAnswer as ServedAnswer
+from .served import ServedCall as ServedCall
+from .served import ServedRoute as ServedRoute
 
 if _TYPE_CHECKING or not _TORCH_FREE:  # (batches are TensorDicts: not in an env worker)
     from .collection import Batch as Batch
@@ -131,6 +135,9 @@ __all__ = [
     "RelayHello",
     "RelayWelcome",
     "Role",
+    "ServedAnswer",
+    "ServedCall",
+    "ServedRoute",
     "SharedBatch",
     "WeightChunk",
     "WeightMeta",

@@ -169,7 +169,8 @@ class EnvWelcome:
     obs_paths: Annotated[list[KeyPath], Meta(max_length=MAX_ENTRIES)]
     extra_paths: Annotated[list[KeyPath], Meta(max_length=MAX_ENTRIES)]
     act: Annotated[dict[Key, Entry], Meta(min_length=1, max_length=MAX_ENTRIES + 1)]
-    #: Its index in the collector's roster (never reused) and the hello's attempt.
+    #: Its index in the collector's roster (an env worker's is its slot: its
+    #: ``statistics()`` row's index) and the hello's attempt.
     index: int = 0
     attempt: int = 0
 

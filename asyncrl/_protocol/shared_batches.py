@@ -24,7 +24,7 @@ from .fields import MAX_KEY, required
 MAX_BATCH_KEYS = 4096
 #: Longest segment name (POSIX allows 255; ours are ``asyncrl_<pid>_<hex>``).
 MAX_SEGMENT_NAME = 200
-#: Most slots a batch segment may have (see :mod:`transports._shm`'s MAX_SLOTS).
+#: Most slots a batch segment may have (see :mod:`transports._shm_format`'s MAX_SLOTS).
 MAX_BATCH_SLOTS = 8
 #: Most steps a share may have (a bound only: the trainer checks against its layout).
 MAX_STEPS = 1 << 30

@@ -52,6 +52,7 @@ from .._protocol import (
     Preempt,
     Refuse,
     Rejoin,
+    ServedAnswer,
     decode,
 )
 from .._rollout.env_ids import EnvIdSource, is_unknown_env_id
@@ -76,6 +77,7 @@ from .outgoing import OutgoingBatches
 from .progress import ProgressReport
 from .reconnect import await_next_trainer, hub_lost, ride_out, wait_for_coordinator
 from .relay_member import RelayMembership
+from .served_calls import ServedCalls
 from .spec import WorkerSpec
 
 log = logging.getLogger("asyncrl.worker")
@@ -145,6 +147,10 @@ class Worker:
         self._exit: WorkerExit | None = None
         self._outgoing = OutgoingBatches()  # shared-memory slots, or the wire (compact?)
         self._env_missing = ""  # a host's --env id unknown here: asked of the coordinator
+        #: A remote worker's calls to the trainer's served modules, over this link (a
+        #: worker spawned by the collector calls them through shared memory).
+        self.served_calls = ServedCalls(link) if slot < 0 else None
+        self._backlog: deque[Message] = deque()  # read while the rollout was built
 
     @property
     def env(self) -> Any:
@@ -235,6 +241,8 @@ class Worker:
             await anyio.sleep(2 * self.link.heartbeat_interval + 1.0)
 
     async def _serve(self) -> int:
+        if self.served_calls is not None:
+            self.served_calls.bind()
         try:
             await self._build()
             while True:
@@ -245,6 +253,8 @@ class Worker:
                 else:
                     self._exit = None
                     self._admitted(True)
+                    if self.served_calls is not None:
+                        self.served_calls.admitted()
                     try:
                         async with anyio.create_task_group() as tg:
                             for task in (self._collect_loop, self._weights.send_acks,
@@ -253,6 +263,9 @@ class Worker:
                                 tg.start_soon(self._until_exit, task, tg.cancel_scope)
                     finally:
                         self._admitted(False)
+                        if self.served_calls is not None:
+                            self.served_calls.lost(f"this worker's admission by the trainer at "
+                                                   f"{self.link.endpoint} ended")
                 if self._exit is None:
                     return EXIT_OK
                 if self._exit.code == EXIT_REJOIN:
@@ -280,6 +293,8 @@ class Worker:
         finally:
             self._outgoing.detach()
             self._close_envs()
+            if self.served_calls is not None:
+                self.served_calls.close()
 
     def _admitted_now(self) -> bool:
         return self._is_admitted
@@ -345,8 +360,11 @@ class Worker:
             self.instance = welcome.instance
         self._next_trainer_planned = False
         try:
-            # Receivers for the models the coordinator syncs that our spec did not name.
-            self._weights.add_configs(welcome.schemes, root=self)
+            # Receivers for the models the coordinator syncs that our spec did not name
+            # (a remote worker calls a served module instead: its route is kept).
+            calls = self.served_calls
+            schemes = welcome.schemes if calls is None else calls.take(welcome.schemes)
+            self._weights.add_configs(schemes, root=self)
             # A restarted trainer numbers its versions from 1 again: before its
             # catch-up weights are read, forget what the old one's numbers meant.
             self._weights.follow(self.instance)
@@ -355,11 +373,19 @@ class Worker:
             # The run's rollout options, over this host's devices (and its own options,
             # for a coordinator before they travelled): built anew at every admission.
             options = RolloutOptions.from_wire(welcome.rollout, base=self.spec.rollout)
-            self.rollout = Rollout(
-                self.env_pool, self.policy, welcome.share_frames,
+            build = partial(
+                Rollout, self.env_pool, self.policy, welcome.share_frames,
                 worker_index=welcome.index, init_random_frames=welcome.init_random_frames,
-                options=options, next_observations=not welcome.compact_obs,
-            )
+                options=options, next_observations=not welcome.compact_obs)
+            if calls is not None and calls.routes:
+                # Its first (probing) step may call a served module over this link.
+                calls.admitted()
+                self.rollout = await calls.run_answering(build, self._recv_link,
+                                                          self._backlog)
+            else:
+                self.rollout = build()
+        except WorkerExit:
+            raise
         except Exception as exc:
             await self._report_and_exit(exc)
         assert self.rollout is not None
@@ -383,6 +409,11 @@ class Worker:
 
     # -- messages ------------------------------------------------------------------
     async def _recv(self) -> Message:
+        if self._backlog:
+            return self._backlog.popleft()
+        return await self._recv_link()
+
+    async def _recv_link(self) -> Message:
         try:
             return await self.link.recv()
         except PeerLostError as exc:
@@ -409,6 +440,8 @@ class Worker:
                     self._weights.deliver(message)
                 elif message.kind == BatchSlots.KIND:
                     self._outgoing.offered(decode(BatchSlots, message.body))
+                elif message.kind == ServedAnswer.KIND and self.served_calls is not None:
+                    self.served_calls.deliver(message)
                 elif message.kind == Control.KIND:
                     control = decode(Control, message.body)
                     if control.op == "close":

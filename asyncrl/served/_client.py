@@ -30,6 +30,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import anyio
 import numpy as np
 
 from transports import SharedArrayBlock, TransportError
@@ -116,6 +117,32 @@ class _Claims:
                 del cls._open[key]
 
 
+def fill_inputs(name: str, fields: Sequence[tuple[str, str, Sequence[int]]],
+                sources: Sequence[np.ndarray], inputs: Mapping[str, Any] | Sequence[Any]
+                ) -> None:
+    """Check one env's ``inputs`` (by name, or in ``fields``' order) and cast them into
+    ``sources`` (one array per input, of its dtype and shape)."""
+    names = [n for n, _, _ in fields]
+    if isinstance(inputs, Mapping):
+        missing = [n for n in names if n not in inputs]
+        if missing:
+            raise ServedModuleError(f"served module {name!r} takes inputs {names}; this call "
+                                    f"lacks {missing}")
+        values = [inputs[n] for n in names]
+    else:
+        values = list(inputs)
+        if len(values) != len(fields):
+            raise ServedModuleError(f"served module {name!r} takes {len(fields)} inputs "
+                                    f"{names}, got {len(values)}")
+    for source, value, (field, dtype, shape) in zip(sources, values, fields, strict=True):
+        array = np.asarray(value)
+        if array.size != source.size:
+            raise ServedModuleError(
+                f"served module {name!r}: input {field!r} has shape {tuple(array.shape)}, "
+                f"expected {tuple(shape)} ({dtype}, one env's values)")
+        np.copyto(source, array.reshape(source.shape), casting="same_kind")
+
+
 class ServedModuleClient:
     """One caller of a served module: ``output, version = client(inputs)``.
 
@@ -134,8 +161,9 @@ class ServedModuleClient:
             raise ServedModuleError(
                 f"served module {handle.name!r} is served on host {handle.host!r}; this "
                 f"process runs on {socket.gethostname()!r}: a served module reaches the "
-                "processes of its own host only (shared memory); copy the module into the "
-                "remote workers' envs, or run them on the trainer's host")
+                "processes of its own host only (shared memory); a remote worker's env calls "
+                "it by name over its link (ServedReward(env, name), the module registered in "
+                "its collector's weight_sync_schemes), or run the envs on the trainer's host")
         self.handle = handle
         self.slot = _Claims.claim(handle.directory, handle.clients, handle.name)
         self._closed = False
@@ -197,47 +225,77 @@ class ServedModuleClient:
         return output, int(answer[1])
 
     def _fill(self, inputs: Mapping[str, Any] | Sequence[Any]) -> None:
-        handle = self.handle
-        if isinstance(inputs, Mapping):
-            missing = [n for n in handle.input_names if n not in inputs]
-            if missing:
-                raise ServedModuleError(f"served module {handle.name!r} takes inputs "
-                                        f"{list(handle.input_names)}; this call lacks {missing}")
-            values = [inputs[n] for n in handle.input_names]
-        else:
-            values = list(inputs)
-            if len(values) != len(handle.inputs):
-                raise ServedModuleError(f"served module {handle.name!r} takes "
-                                        f"{len(handle.inputs)} inputs "
-                                        f"{list(handle.input_names)}, got {len(values)}")
-        for source, value, (name, dtype, shape) in zip(self._sources, values, handle.inputs,
-                                                       strict=True):
-            array = np.asarray(value)
-            if array.size != source.size:
-                raise ServedModuleError(
-                    f"served module {handle.name!r}: input {name!r} has shape "
-                    f"{tuple(array.shape)}, expected {shape} ({dtype}, one env's values)")
-            np.copyto(source, array.reshape(source.shape), casting="same_kind")
+        fill_inputs(self.handle.name, self.handle.inputs, self._sources, inputs)
+
+    @property
+    def name(self) -> str:
+        """The module's name (model id)."""
+        return self.handle.name
+
+    @property
+    def input_names(self) -> tuple[str, ...]:
+        """The module's inputs, in order."""
+        return self.handle.input_names
+
+    @property
+    def output_shape(self) -> tuple[int, ...]:
+        """One env's output's shape."""
+        return tuple(self.handle.output[2])
 
     def _wait(self, ready: Any, deadline: float) -> bool:
-        status = self._status
-
-        def stopped() -> bool:
-            return int(status["state"][0]) != SERVING
-
-        if spin_then_block(ready, self._answer_bell, spin=self.handle.spin, stopped=stopped,
-                           deadline=deadline):
+        if spin_then_block(ready, self._answer_bell, spin=self.handle.spin,
+                           stopped=self._stopped, deadline=deadline):
             return True
-        if stopped():
-            state, message = read_status(status)
-            name = self.handle.name
-            if state == CLOSED:
-                raise ServedModuleError(f"served module {name!r} was closed while this env "
-                                        "called it: close the collector before the "
-                                        "ServedModule it calls")
-            raise ServedModuleError(f"served module {name!r} failed and serves no more "
-                                    f"calls: {message}")
+        self._raise_if_stopped()
         return False
+
+    async def call_async(self, inputs: Mapping[str, Any] | Sequence[Any]
+                         ) -> tuple[np.ndarray, int]:
+        """:meth:`__call__` for an event loop: the waits are the loop's, not a thread's
+        (the trainer's end of remote workers' calls, :mod:`._remote_calls`)."""
+        if self._closed:
+            raise ServedModuleError(f"this client of served module {self.handle.name!r} "
+                                    "is closed")
+        self._fill(inputs)
+        deadline = time.monotonic() + self.handle.call_timeout
+        request, answer = self._request.word, self._answer.word
+        if not await self._wait_async(lambda: answer[0] == request[0], deadline):
+            raise self._late("the answer to this slot's previous call (which timed out)")
+        seq = self._request.publish(self._copies, version=0)
+        self._request_bell.ring()
+        if not await self._wait_async(lambda: answer[0] == seq, deadline):
+            raise self._late("its answer")
+        output = np.array(self._output, copy=True).reshape(self._shape)
+        return output, int(answer[1])
+
+    async def _wait_async(self, ready: Any, deadline: float) -> bool:
+        bell = self._answer_bell
+        while not ready():
+            self._raise_if_stopped()
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            # The server rings after each answer and at a change of status; the bound
+            # only covers a ring lost to a full pipe.
+            with anyio.move_on_after(min(remaining, 0.5)):
+                await anyio.wait_readable(bell.fd)
+            bell.wait(timeout=0)  # drain
+        return True
+
+    def _stopped(self) -> bool:
+        return int(self._status["state"][0]) != SERVING
+
+    def _raise_if_stopped(self) -> None:
+        if not self._stopped():
+            return
+        state, message = read_status(self._status)
+        name = self.handle.name
+        if state == CLOSED:
+            raise ServedModuleError(f"served module {name!r} was closed while this env "
+                                    "called it: close the collector before the "
+                                    "ServedModule it calls")
+        raise ServedModuleError(f"served module {name!r} failed and serves no more "
+                                f"calls: {message}")
 
     def _late(self, what: str) -> ServedModuleTimeout:
         handle = self.handle

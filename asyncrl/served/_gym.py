@@ -24,6 +24,7 @@ import numpy as np
 from ._client import ServedModuleClient
 from ._errors import ServedModuleError
 from ._handle import ServedModuleHandle
+from ._remote_client import RemoteServedClient, connect
 
 __all__ = ["ServedObservation", "ServedReward"]
 
@@ -32,23 +33,37 @@ REWARD_INPUTS = ("observation", "action", "next_observation", "reward")
 
 
 class _Served(gym.Wrapper[Any, Any, Any, Any]):
-    """Connects lazily (in the stepping process), closes with the env."""
+    """Connects lazily (in the stepping process), closes with the env.
 
-    def __init__(self, env: gym.Env[Any, Any], handle: ServedModuleHandle) -> None:
+    ``handle``: the module's handle, or its name (a remote host's env, which learns
+    the route in its worker's welcome: see :mod:`._remote_client`).
+    """
+
+    def __init__(self, env: gym.Env[Any, Any], handle: ServedModuleHandle | str) -> None:
         super().__init__(env)
         self.handle = handle
-        self._client: ServedModuleClient | None = None
+        self.name = handle if isinstance(handle, str) else handle.name
+        self._client: ServedModuleClient | RemoteServedClient | None = None
 
     @property
-    def client(self) -> ServedModuleClient:
+    def client(self) -> ServedModuleClient | RemoteServedClient:
         if self._client is None:
-            self._client = ServedModuleClient(self.handle)
+            client = connect(self.handle)
+            try:
+                self._check(client.input_names, client.output_shape)
+            except BaseException:
+                client.close()
+                raise
+            self._client = client
         return self._client
+
+    def _check(self, inputs: tuple[str, ...], output: tuple[int, ...]) -> None:
+        """Refuse a module whose inputs or output this wrapper cannot give or use."""
 
     def _record(self, info: dict[str, Any], version: int) -> dict[str, Any]:
         info = dict(info)
         versions = dict(info.get("served_versions", {}))
-        versions[self.handle.name] = version
+        versions[self.name] = version
         info["served_versions"] = versions
         return info
 
@@ -65,22 +80,29 @@ class ServedReward(_Served):
     The module's inputs are named among ``"observation"`` (before the step),
     ``"action"``, ``"next_observation"`` (after it) and ``"reward"`` (the env's own):
     the names of the ServedModule's ``example``. Its output (one number) is the reward.
+    On a remote host (``asyncrl worker --connect``) give the module's name instead of
+    its handle: the worker's welcome says how to call it (checked at the first step).
 
     >>> env = ServedReward(gym.make("CartPole-v1"), served.handle)     # doctest: +SKIP
+    >>> env = ServedReward(gym.make("CartPole-v1"), "env.transform[0]")  # doctest: +SKIP
     """
 
-    def __init__(self, env: gym.Env[Any, Any], handle: ServedModuleHandle) -> None:
-        unknown = [n for n in handle.input_names if n not in REWARD_INPUTS]
+    def __init__(self, env: gym.Env[Any, Any], handle: ServedModuleHandle | str) -> None:
+        super().__init__(env, handle)
+        if not isinstance(handle, str):
+            self._check(handle.input_names, tuple(handle.output[2]))
+        self._last: Any = None
+
+    def _check(self, inputs: tuple[str, ...], output: tuple[int, ...]) -> None:
+        unknown = [n for n in inputs if n not in REWARD_INPUTS]
         if unknown:
             raise ServedModuleError(f"ServedReward gives a module inputs named among "
-                                    f"{list(REWARD_INPUTS)}; served module {handle.name!r} "
+                                    f"{list(REWARD_INPUTS)}; served module {self.name!r} "
                                     f"takes {unknown}: rename its example's keys")
-        size = int(np.prod(handle.output[2]))
+        size = int(np.prod(output))
         if size != 1:
             raise ServedModuleError(f"ServedReward needs one number per step; served module "
-                                    f"{handle.name!r} returns shape {handle.output[2]}")
-        super().__init__(env, handle)
-        self._last: Any = None
+                                    f"{self.name!r} returns shape {output}")
 
     def reset(self, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
         obs, info = self.env.reset(**kwargs)
@@ -93,7 +115,8 @@ class ServedReward(_Served):
             raise ServedModuleError("ServedReward.step before reset: reset the env first")
         values = {"observation": self._last, "action": action, "next_observation": obs,
                   "reward": reward}
-        out, version = self.client({n: values[n] for n in self.handle.input_names})
+        client = self.client
+        out, version = client({n: values[n] for n in client.input_names})
         self._last = obs
         return obs, float(out.reshape(-1)[0]), terminated, truncated, self._record(info, version)
 
@@ -108,7 +131,13 @@ class ServedObservation(_Served):
     >>> obs, info = env.reset()  # doctest: +SKIP
     """
 
-    def __init__(self, env: gym.Env[Any, Any], handle: ServedModuleHandle) -> None:
+    def __init__(self, env: gym.Env[Any, Any], handle: ServedModuleHandle | str) -> None:
+        if isinstance(handle, str):
+            raise ServedModuleError(
+                f"ServedObservation({handle!r}): its observation space is the module's "
+                "output, needed before a remote worker's welcome names it; give the handle "
+                "(served.handle), on the trainer's host: remote hosts call a served module "
+                "through ServedReward only, for now")
         if len(handle.inputs) != 1:
             raise ServedModuleError(f"ServedObservation gives a module the observation only; "
                                     f"served module {handle.name!r} takes "

@@ -17,15 +17,18 @@ ServedModuleScheme(served=None)
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
+from .._protocol import ServedCall
 from ..weights import WeightReceiver, WeightSender, WeightSyncScheme
 from ..weights._sender import HubLike, WorkerIds, Workers
 from ..weights._strategy import WeightFormat, WeightStrategy
 from ._errors import ServedModuleError
 from ._module import ServedModule
+from ._remote_calls import RemoteCalls, ServedCallRouter, route_of
 
-__all__ = ["ServedModuleScheme", "ServedModuleSender"]
+__all__ = ["ServedModuleScheme", "ServedModuleSender", "serve_remote_calls", "update_by_name"]
 
 
 class _ServedElsewhere:
@@ -53,6 +56,15 @@ class ServedModuleSender(WeightSender):
         super().__init__(model_id, hub, model=served.module, strategy=strategy,
                          workers=workers, max_interval=max_interval)
         self.served = served
+        #: Remote workers' calls (over the collector's hub, from its admitted workers).
+        self.remote_calls = RemoteCalls(served, self.send_to_peer)
+
+    async def send_to_peer(self, peer: bytes, body: Any, kind: str) -> None:
+        await self.hub.send(peer, body, kind=kind)
+
+    async def run(self) -> None:
+        """Serve remote workers' calls (no version is ever queued: a send loads at once)."""
+        await self.remote_calls.run()
 
     @property
     def version(self) -> int:
@@ -97,15 +109,36 @@ class ServedModuleScheme(WeightSyncScheme):
     name = "served"
 
     def __init__(self, served: ServedModule | None = None,
-                 strategy: WeightFormat | WeightStrategy = "tensordict") -> None:
+                 strategy: WeightFormat | WeightStrategy = "tensordict", *,
+                 route: Mapping[str, Any] | None = None) -> None:
         super().__init__(strategy)
         self.served = served
+        #: How a remote worker calls the module (set from its welcome; the worker's
+        #: ``ServedCalls`` reads it there, checked): data, never code.
+        self.route = None if route is None else dict(route)
 
     def __repr__(self) -> str:
         return f"ServedModuleScheme(served={self.served!r})"
 
     def __getstate__(self) -> dict[str, Any]:
         return {**super().__getstate__(), "served": None}  # the trainer's alone
+
+    def to_config(self) -> dict[str, Any]:
+        """The welcome's form: with the route a remote worker's envs call the module by
+        (its layouts and ``call_timeout``; found by model id once the collector set it)."""
+        config = super().to_config()
+        served = self.served
+        if served is None and self.model_id is not None:
+            try:
+                served = ServedModule.named(self.model_id)
+            except KeyError:
+                return config  # init_on_sender will say so
+        if served is not None:
+            try:
+                config["route"] = route_of(served).to_config()
+            except ServedModuleError:  # not open: init_on_sender fails saying so
+                pass
+        return config
 
     def init_on_sender(self, model_id: str = "policy", *, hub: HubLike, model: Any = None,
                        workers: Workers | None = None) -> WeightSender:
@@ -131,3 +164,33 @@ def _named(model_id: str) -> ServedModule:
         return ServedModule.named(model_id)
     except KeyError as exc:
         raise ServedModuleError(str(exc.args[0])) from None
+
+
+def serve_remote_calls(services: dict[str, Any], senders: Mapping[str, WeightSender]) -> None:
+    """Route remote workers' ``served_call`` messages (the coordinator's ``services``) to
+    the served modules among ``senders`` (none: nothing is routed, and such a call is
+    ignored as any unknown kind)."""
+    served = [s for s in senders.values() if isinstance(s, ServedModuleSender)]
+    if not served:
+        return
+    router = ServedCallRouter(served[0].send_to_peer)
+    for sender in served:
+        router.add(sender.remote_calls)
+    services[ServedCall.KIND] = router.on_message
+
+
+async def update_by_name(model_id: str, weights: Any, *, worker_ids: Any = None) -> int:
+    """``update_policy_weights(weights, model_id=name)`` of a collector that takes no
+    ``weight_sync_schemes`` (``AsyncBatchedCollector``): the served module open in this
+    process under ``name`` loads ``weights`` (None: its ``module``'s); its new version."""
+    if worker_ids is not None:
+        raise ValueError(f"model {model_id!r} is served once for every worker: leave "
+                         "worker_ids out (there is one copy to update)")
+    try:
+        served = ServedModule.named(model_id)
+    except KeyError:
+        raise ValueError(f"model_id={model_id!r}: this collector serves 'policy', and no "
+                         f"served module is open in this process under {model_id!r} (open: "
+                         f"{sorted(ServedModule._open)}); open ServedModule(..., "  # noqa: SLF001
+                         f"name={model_id!r}) before updating it by model id") from None
+    return await served.update(weights)

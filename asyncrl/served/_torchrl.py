@@ -29,6 +29,7 @@ except ImportError as exc:  # pragma: no cover - the optional extra is missing
 from ._client import ServedModuleClient
 from ._errors import ServedModuleError
 from ._handle import ServedModuleHandle
+from ._remote_client import RemoteServedClient, connect
 
 __all__ = ["ServedModuleTransform"]
 
@@ -75,7 +76,7 @@ class ServedModuleTransform(Transform):  # type: ignore[misc]
         self.handle = handle
         self._sources = sources
         self.version_key = ("served_versions", handle.name)
-        self._client: ServedModuleClient | None = None
+        self._client: ServedModuleClient | RemoteServedClient | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -83,9 +84,9 @@ class ServedModuleTransform(Transform):  # type: ignore[misc]
         return state
 
     @property
-    def client(self) -> ServedModuleClient:
+    def client(self) -> ServedModuleClient | RemoteServedClient:
         if self._client is None:
-            self._client = ServedModuleClient(self.handle)
+            self._client = connect(self.handle)
         return self._client
 
     def _step(self, tensordict: TensorDictBase,

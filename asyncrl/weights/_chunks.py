@@ -21,7 +21,6 @@ refused with a :class:`~transports.ProtocolError` before it writes anything.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
@@ -29,16 +28,14 @@ import anyio.lowlevel
 import numpy as np
 import torch
 
-from transports import Message, ProtocolError
+from transports import ProtocolError
 
 from .._protocol import WeightChunk
 from ._errors import WeightMismatchError
-from ._receiver import AckRoute
 from ._sender import THREAD_COPY_BYTES
 
-__all__ = ["DEFAULT_CHUNK_BYTES", "ChunkAssembly", "ChunkFilling", "ChunkStream", "InPlace",
-           "Layout", "Staged", "chunk_bodies", "layout_of", "plan_chunks", "streamable",
-           "total_nbytes"]
+__all__ = ["DEFAULT_CHUNK_BYTES", "ChunkAssembly", "ChunkFilling", "Layout", "chunk_bodies",
+           "layout_of", "plan_chunks", "streamable", "total_nbytes"]
 
 #: Default size of one chunk: big enough that per-message costs vanish, small
 #: enough that the worker copies a chunk while the next one is on the wire.
@@ -236,40 +233,6 @@ def check_layout(layout: Layout, targets: Mapping[str, torch.Tensor], what: str)
 def empty_buffers(layout: Layout) -> dict[str, torch.Tensor]:
     """A receive buffer for ``layout``: one contiguous tensor per key (values unset)."""
     return {key: torch.empty(shape, dtype=_DTYPES[dtype]) for key, dtype, shape in layout}
-
-
-@dataclass(eq=False)
-class Staged:
-    """A complete version in a receive buffer, waiting for a step boundary."""
-
-    layout: Layout
-    buffers: dict[str, torch.Tensor]
-
-
-@dataclass(eq=False)
-class InPlace:
-    """A version already written into the model (``in_place``): nothing left to copy."""
-
-    version: int
-
-
-@dataclass(eq=False)
-class ChunkStream:
-    """The chunks of one version coming by one route."""
-
-    version: int
-    count: int
-    assembly: ChunkAssembly | None  # None: not written (stale, superseded or failed)
-    error: BaseException | None = None
-    next_index: int = 0
-    #: ``in_place``: its assembly writes into the model itself.
-    in_place: bool = False
-    #: ``in_place``: chunks that came before the model was held, in order.
-    backlog: list[tuple[WeightChunk, Any]] = field(default_factory=list)
-    #: ``in_place``: the last chunk's message and route, once it came (acked on completion).
-    last: tuple[Message, AckRoute] | None = None
-    #: ``in_place``: a chunk of it was written into the model.
-    written: bool = False
 
 
 def _nbytes(tensor: torch.Tensor) -> int:

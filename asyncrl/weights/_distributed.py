@@ -62,6 +62,9 @@ RECEIVE_BUFFERS = 2
 #: Seconds ``close()`` waits for the group's thread (idle, it wakes every WAKE_EVERY s).
 JOIN_ON_CLOSE = 2.0
 WAKE_EVERY = 0.1
+#: What a failed collective means for every later send (the sender's errors end with it).
+BROKEN_GROUP = ("A worker of the process group died or hung; the group is broken for good "
+                "(its membership is fixed), so no later send can succeed")
 #: The scheme's options at their defaults (left out of ``to_config()``), in config order.
 _DEFAULT_OPTIONS: dict[str, Any] = {
     "backend": "gloo", "init_method": None, "world_size": None, "timeout": 60.0,
@@ -228,9 +231,7 @@ class DistributedWeightSender(WeightSender):
         except Exception as exc:
             self._failure = WeightSyncError(
                 f"model {self.model_id!r}: the broadcast of version {self._version} "
-                f"failed ({str(exc).splitlines()[0][:300]}). A worker of the process group "
-                "died or hung; the group is broken for good (its membership is fixed), so no "
-                "later send can succeed")
+                f"failed ({str(exc).splitlines()[0][:300]}). {BROKEN_GROUP}")
             raise self._failure from exc
         self.broadcasts += 1
 
@@ -244,10 +245,7 @@ class DistributedWeightSender(WeightSender):
                 raise
             self._failure = WeightSyncError(
                 f"model {self.model_id!r}: the broadcast of version {self._version} (or an "
-                f"earlier one) failed at a worker ({exc.remote_message[:300]}). A worker of "
-                "the process group "
-                "died or hung; the group is broken for good (its membership is fixed), so no "
-                "later send can succeed")
+                f"earlier one) failed at a worker ({exc.remote_message[:300]}). {BROKEN_GROUP}")
             raise self._failure from exc
 
     def _check_members(self) -> None:

@@ -15,7 +15,6 @@ failure of every member, never a crash.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,8 +22,7 @@ from transports import PeerLostError, ProtocolError, RemoteError, Ticket, peer_n
 
 from .._protocol import RelayAck, WeightsApplied, decode
 
-__all__ = ["FormerPeers", "Part", "Sent", "first_error", "gone_part",
-           "parse_relay_ack", "timeout_error"]
+__all__ = ["Part", "Sent", "first_error", "gone_part", "parse_relay_ack", "timeout_error"]
 
 
 @dataclass(eq=False)
@@ -132,33 +130,6 @@ class Sent:
                 if gone:
                     errors.append(PeerLostError(gone, "(removed while their relay delivered)"))
         return applied, errors
-
-
-class FormerPeers:
-    """The hub identities of workers, kept once they are gone (the latest ``limit``).
-
-    >>> former = FormerPeers()
-    >>> former.remember({3: b"host-a/3"})
-    >>> former.peer_of(3), former.peer_of(4)
-    (b'host-a/3', b'worker-4')
-    """
-
-    def __init__(self, limit: int = 1024) -> None:
-        self.limit = limit
-        self._peers: dict[int, bytes] = {}  # oldest first
-
-    def remember(self, workers: Mapping[int, bytes]) -> None:
-        peers = self._peers
-        for worker_id, peer in workers.items():
-            if peers.get(worker_id) != peer:
-                peers.pop(worker_id, None)
-                peers[worker_id] = peer
-        while len(peers) > self.limit:
-            del peers[next(iter(peers))]
-
-    def peer_of(self, worker_id: int) -> bytes:
-        """``worker_id``'s last known identity (``worker-ID`` if it never had one here)."""
-        return self._peers.get(worker_id, f"worker-{worker_id}".encode())
 
 
 def gone_part(peer: bytes, worker_id: int) -> Part:

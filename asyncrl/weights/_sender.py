@@ -18,7 +18,7 @@ from .._observe.tracing import ENABLED as TRACING
 from .._observe.tracing import record_span
 from .._protocol import WEIGHTS_KIND, WeightMeta
 from ._codec import FULL_TENSORS, WeightCodec
-from ._in_flight import FormerPeers, Part, Sent, first_error, gone_part, timeout_error
+from ._in_flight import Part, Sent, first_error, gone_part, timeout_error
 from ._newest import Lanes, Queued
 from ._staging import Stage, free_stage
 from ._strategy import WeightStrategy, as_strategy, flat_tensors
@@ -46,6 +46,33 @@ class HubLike(Protocol):
                    meta: dict[str, Any] | None = ...) -> None: ...
 
 
+class FormerPeers:
+    """The hub identities of workers, kept once they are gone (the latest ``limit``).
+
+    >>> former = FormerPeers()
+    >>> former.remember({3: b"host-a/3"})
+    >>> former.peer_of(3), former.peer_of(4)
+    (b'host-a/3', b'worker-4')
+    """
+
+    def __init__(self, limit: int = 1024) -> None:
+        self.limit = limit
+        self._peers: dict[int, bytes] = {}  # oldest first
+
+    def remember(self, workers: Mapping[int, bytes]) -> None:
+        peers = self._peers
+        for worker_id, peer in workers.items():
+            if peers.get(worker_id) != peer:
+                peers.pop(worker_id, None)
+                peers[worker_id] = peer
+        while len(peers) > self.limit:
+            del peers[next(iter(peers))]
+
+    def peer_of(self, worker_id: int) -> bytes:
+        """``worker_id``'s last known identity (``worker-ID`` if it never had one here)."""
+        return self._peers.get(worker_id, f"worker-{worker_id}".encode())
+
+
 class WeightSender:
     """Sends the weights of one model id to workers; each send gets a new version.
 
@@ -56,13 +83,13 @@ class WeightSender:
     arrived applies only *k + 1* and acks both sends with *k + 1*.
 
     Newest wins in the trainer's memory too (:mod:`._newest`, the one place of
-    that rule): each worker has at most one
-    message in transit (handed to ZeroMQ, not acknowledged yet) and one
-    queued here. A newer version replaces the queued one, which is never
-    transmitted; both sends are then acknowledged with the newer version. The
-    queued version goes out as soon as the one in transit is acknowledged (by
-    :meth:`run`, which the collectors start; without it, when the sender is
-    next used: ``send_async``, ``send_latest``, ``wait_ack``).
+    that rule): each worker has at most one message in transit (handed to
+    ZeroMQ, not acknowledged yet) and one queued here. A newer version replaces
+    the queued one, which is never transmitted; both sends are then
+    acknowledged with the newer version. The queued version goes out as soon as
+    the one in transit is acknowledged (by :meth:`run`, which the collectors
+    start; without it, when the sender is next used: ``send_async``,
+    ``send_latest``, ``wait_ack``).
 
     The weights are snapshotted when sent (the model may train on right away)
     into reused buffers (no allocation per send; CUDA weights through one
@@ -219,9 +246,16 @@ class WeightSender:
         return None if self._version == self._base else (self._version, self._latest)
 
     def continue_from(self, version: int) -> None:
-        """Number sends on from ``version`` (a restored run's): the next is ``version + 1``."""
-        if self._version != self._base or version < 0:
-            raise RuntimeError(f"continue_from({version}) needs a version >= 0, before any send")
+        """Number sends on from ``version`` (a run restored from a checkpoint): the next
+        send is ``version + 1``. Only before the first send; joiners keep their own
+        weights until then, as with version 0.
+        """
+        if self._version != self._base:
+            raise RuntimeError(f"continue_from({version}) after version {self._version} was "
+                               "sent: call it before any send")
+        if version < 0:
+            raise RuntimeError(f"continue_from({version}) needs a version >= 0 (the version "
+                               "the restored run last sent)")
         self._version = self._base = version
 
     # -- sending ---------------------------------------------------------------------------------
@@ -230,7 +264,8 @@ class WeightSender:
         """Send and wait until every targeted worker applied; return the version.
 
         Raises asyncrl's ``RemoteError`` if a worker failed to apply, ``TimeoutError``
-        naming the silent workers, ``PeerLostError`` if one vanished."""
+        naming the silent workers, ``PeerLostError`` if one vanished.
+        """
         version = await self.send_async(weights, worker_ids)
         await self.wait_ack(timeout)
         return version

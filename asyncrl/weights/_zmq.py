@@ -30,7 +30,7 @@ once writing began leaves the model *torn*: the next step fails with a
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import anyio
@@ -44,10 +44,7 @@ from ._chunks import (
     DEFAULT_CHUNK_BYTES,
     ChunkAssembly,
     ChunkFilling,
-    ChunkStream,
-    InPlace,
     Layout,
-    Staged,
     check_layout,
     chunk_bodies,
     empty_buffers,
@@ -120,7 +117,8 @@ class StreamingWeightSender(WeightSender):
         for chunk in chunks[:-1]:
             if filling is not None:
                 await filling.upto(chunk.index)
-            body, chunk_meta = chunk_bodies(views, chunk), replace(meta, chunk=chunk).to_meta()
+            body = chunk_bodies(views, chunk)
+            chunk_meta = replace(meta, chunk=chunk).to_meta()
             for peer in list(live):
                 try:
                     await self.hub.send(peer, body, kind=WEIGHTS_KIND, meta=chunk_meta)
@@ -154,6 +152,40 @@ class StreamingWeightSender(WeightSender):
         if total_nbytes(views) <= self.chunk_bytes:
             return None
         return plan_chunks(views, self.chunk_bytes)
+
+
+@dataclass(eq=False)
+class Staged:
+    """A complete version in a receive buffer, waiting for a step boundary."""
+
+    layout: Layout
+    buffers: dict[str, torch.Tensor]
+
+
+@dataclass(eq=False)
+class InPlace:
+    """A version already written into the model (``in_place``): nothing left to copy."""
+
+    version: int
+
+
+@dataclass(eq=False)
+class ChunkStream:
+    """The chunks of one version coming by one route."""
+
+    version: int
+    count: int
+    assembly: ChunkAssembly | None  # None: not written (stale, superseded or failed)
+    error: BaseException | None = None
+    next_index: int = 0
+    #: ``in_place``: its assembly writes into the model itself.
+    in_place: bool = False
+    #: ``in_place``: chunks that came before the model was held, in order.
+    backlog: list[tuple[WeightChunk, Any]] = field(default_factory=list)
+    #: ``in_place``: the last chunk's message and route, once it came (acked on completion).
+    last: tuple[Message, AckRoute] | None = None
+    #: ``in_place``: a chunk of it was written into the model.
+    written: bool = False
 
 
 class StreamedWeightReceiver(WeightReceiver):
@@ -505,7 +537,8 @@ class StreamedWeightReceiver(WeightReceiver):
     def close(self) -> None:
         super().close()
         self._streams.clear()
-        self._hold, self._parked = None, False
+        self._hold = None
+        self._parked = False
         with self._lock:
             self._spare = None
 

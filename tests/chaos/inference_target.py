@@ -47,9 +47,9 @@ from transports import RateLimitedLog
 
 def _schema(collector: AsyncBatchedCollector) -> list[list[Any]]:
     """``[key path, dtype, shape]`` of each entry of a one-env chunk (a valid one's recipe)."""
-    assert collector._remote is not None
+    assert collector._env_hub.remote is not None
     return [[list(path), str(dtype).removeprefix("torch."), list(shape)]
-            for path, (dtype, shape) in collector._remote.schema(1).items()]
+            for path, (dtype, shape) in collector._env_hub.remote.schema(1).items()]
 
 
 async def main() -> None:
@@ -102,10 +102,10 @@ async def main() -> None:
                 values[c.policy_version] = policy.value.item()
                 if counts["honest"] == 1:
                     gauges.reset()
-                    assert c._remote is not None
+                    assert c._env_hub.remote is not None
                     obs = {path: _row(dtype, shape) for path, (dtype, shape) in zip(
-                        c._remote.obs_paths, c._remote.obs_spec, strict=True)}
-                    layout = env_layout(obs, c._remote.outputs, 1)
+                        c._env_hub.remote.obs_paths, c._env_hub.remote.obs_spec, strict=True)}
+                    layout = env_layout(obs, c._env_hub.remote.outputs, 1)
                     say(event="ready", rss_mb=round(gauges.baseline_kib / 1024, 1),
                         specs=layout.to_specs(), schema=_schema(c))
     except BaseException as exc:  # the fuzzer wants to know how the run ended

@@ -4,7 +4,7 @@ Before, a 30 MB policy sent by ``SharedMemWeightSyncScheme`` on a 50 MiB /dev/sh
 ended the trainer with "Bus error" (exit 135) and no Python error, and central
 inference with 2 MB observations lost an env worker "killed by SIGBUS". Then both
 raised :class:`SharedMemoryFullError` at creation. Since #43.6 their blocks are
-sealed memfds (``transports/_shm.py``), which do not live in /dev/shm at all: both
+sealed memfds (``transports/_shm_segment.py``), which do not live in /dev/shm at all: both
 runs work on a /dev/shm too small for them, and leave nothing there. (A /dev/shm
 segment that does not fit is still refused at creation: ``test_shm_full.py``.) Each
 case runs a trainer in a mount namespace with a small /dev/shm of its own

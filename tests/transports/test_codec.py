@@ -25,7 +25,7 @@ import transports
 from transports import PROTOCOL_VERSION, ProtocolError, _codec, decode, encode
 from transports._codec import Decoded, decode_message, encode_message
 
-TORCH_DTYPES = sorted(_codec._TORCH_DTYPES.values(), key=str)
+TORCH_DTYPES = sorted(_codec.TORCH_DTYPES.values(), key=str)
 NUMPY_DTYPES = sorted(_codec._NUMPY_DTYPES.values(), key=str)
 RECV_TIMEOUT_MS = 10_000
 
@@ -158,7 +158,7 @@ def send_recv(
 
 
 def test_whitelist_holds_the_documented_dtypes() -> None:
-    names = set(_codec._TORCH_DTYPES)
+    names = set(_codec.TORCH_DTYPES)
     assert {"bool", "bfloat16", "complex64", "complex128", "uint16", "uint32", "uint64"} <= names
     assert {"float16", "float32", "float64", "int8", "int16", "int32", "int64"} <= names
 

@@ -36,8 +36,8 @@ ROUNDTRIP = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 
-TORCH_DTYPES = sorted(_codec._TORCH_DTYPES.values(), key=str)
-DTYPE_NAMES = sorted(_codec._TORCH_DTYPES)
+TORCH_DTYPES = sorted(_codec.TORCH_DTYPES.values(), key=str)
+DTYPE_NAMES = sorted(_codec.TORCH_DTYPES)
 EXT_CODES = [_codec._EXT_TENSOR, _codec._EXT_TENSOR, _codec._EXT_TENSORDICT, _codec._EXT_TENSORDICT,
              _codec._EXT_NDARRAY, 0, 4, 127]  # mostly known codes, to get past the first check
 

@@ -19,7 +19,8 @@ import pytest
 import torch
 
 from transports import ProtocolError, TransportError
-from transports._shm import NAME_PREFIX, SharedTensorBlock, TornReadError
+from transports._shm import SharedTensorBlock, TornReadError
+from transports._shm_segment import NAME_PREFIX
 
 
 def tensors(value: float = 0.0) -> dict[str, torch.Tensor]:

@@ -27,7 +27,8 @@ import torch
 
 import transports
 from transports import SharedMemoryFullError, TransportError
-from transports._shm import NAME_PREFIX, SharedTensorBlock
+from transports._shm import SharedTensorBlock
+from transports._shm_segment import NAME_PREFIX
 
 ROOT = Path(__file__).resolve().parents[2]
 MIB = 1 << 20

@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 #: Runs in a separate process, given a block name: what a worker's env code could do to it.
 ATTACK = """
 import ctypes, json, os, sys
-from transports._shm import open_segment
+from transports._shm_segment import open_segment
 
 fd = open_segment(sys.argv[1])
 size = os.fstat(fd).st_size

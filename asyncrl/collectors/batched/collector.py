@@ -11,16 +11,18 @@ through shared memory, requests and answers through eventfd doorbells
 transitions (:mod:`asyncrl._inference.chunk_ring`), which are cut here into
 batches of ``frames_per_batch``. ZeroMQ (one :class:`transports.Hub`) carries
 errors and close, and a remote env host's requests and chunks.
+
+This module is the collector's face: its arguments, opening (the server, the hub, the
+env worker processes), its batches, weights and properties. The env workers on the
+hub (their admission, their records in the registry behind ``statistics()`` and
+``events()``, what they send, how they end) are :mod:`.env_hub`'s.
 """
 
 from __future__ import annotations
 
-import logging
-import secrets
 import shutil
 import tempfile
 from collections.abc import Callable, Mapping
-from multiprocessing.process import BaseProcess
 from typing import Any
 
 import anyio
@@ -29,37 +31,21 @@ import torch
 from tensordict import TensorDictBase
 from torch import nn
 
-from transports import (
-    CurveClient,
-    ErrorPayload,
-    Hub,
-    Message,
-    PeerEvent,
-    ProtocolError,
-    random_identity,
-)
+from transports import CurveClient, Hub
 
-from ..._coordinator.actions import Send
-from ..._coordinator.admission import Admission
-from ..._coordinator.records import Roster
-from ..._errors import BadBatchError, CollectorError, WorkerLostError, rebuild_remote_exception
-from ..._inference.chunk_buffer import ChunkBuffer, SlotCounts, auto_chunk_steps
-from ..._inference.chunk_ring import TornChunkError
+from ..._errors import CollectorError
+from ..._inference.chunk_buffer import ChunkBuffer, auto_chunk_steps
 from ..._inference.doorbell import spin_for
-from ..._inference.env_admission import env_admission
-from ..._inference.env_worker_statistics import RemoteRows, env_worker_statistics
 from ..._inference.inference_loop import InferenceStatistics
 from ..._inference.local_channels import LocalChannels, probe_env
 from ..._inference.outputs import OutputLayout
 from ..._inference.policy_server import PolicyCopy, PolicyServer, ServerHooks, ServingSetup
-from ..._inference.remote_env_hosts import RemoteEnvWorkers, env_layout, hub_keys
+from ..._inference.remote_env_hosts import hub_keys
 from ..._inference.served_weights import ServedWeights, given_weights
 from ..._observe.statistics import WorkerStatistics
-from ..._protocol import EnvClose, EnvWelcome, Hello, Refuse, decode
-from ..._protocol.central_inference import ERROR_KIND, dtype_name
 from ..._rollout.policies import ExplorationType
 from ..._spawn.forkserver import check_start_method
-from ..._spawn.processes import WorkerProcesses, describe_exit
+from ..._spawn.processes import WorkerProcesses
 from .._base import RB, BaseCollector
 from .._config import check_int
 from .._env_factories import check_picklable
@@ -78,10 +64,8 @@ from .arguments import (
     refuse_torchrl_only,
     split_envs,
 )
+from .env_hub import EnvHub, FaceHooks
 from .local_workers import LocalEnvWorkers
-
-log = logging.getLogger("asyncrl.collectors")
-
 
 Path = tuple[str, ...]
 
@@ -105,8 +89,7 @@ class AsyncBatchedCollector(BaseCollector[RB]):
     ``remote_workers=K``, up to K ``asyncrl worker --role env`` processes on other
     hosts join at a time (a dropped one's slot goes to the next to join; their
     observations travel inline, checked; ``num_envs=0``: remote env hosts only;
-    each host is a row of ``statistics()`` and its joins, departures and losses
-    are ``events()``; ``curve_keys``: a directory made by
+    ``curve_keys``: a directory made by
     ``asyncrl keys generate`` encrypts and authenticates them); ``num_threads`` caps
     torch's threads in this process while open (default: the cores the env workers
     leave). ``server_backend="process"`` serves the policy from a dedicated process
@@ -120,6 +103,13 @@ class AsyncBatchedCollector(BaseCollector[RB]):
     the ``("next", K)`` twins of observation keys (TorchRL's meaning). With
     ``replay_buffer`` (anything with ``.extend(td)``), as in TorchRL, iteration writes
     each batch there and yields None; ``start()`` fills it in the background.
+
+    Every env worker, local or remote, is a row of ``statistics().workers`` and its
+    joins, refusals, departures and losses are ``events()``, as a MultiSyncCollector's
+    workers are (the same registry): index ``SLOT`` and name ``env-SLOT`` (the
+    ``worker_id`` of its frames), ``frames`` and ``batches`` what it sent (frames, chunks),
+    ``"collecting"`` from its admission, ``"lost"`` once its process ended (with its exit
+    code) or its host was lost, ``"left"`` when a host said goodbye.
 
     Processes: ``num_envs / envs_per_worker`` env workers; ``envs_per_worker=1`` by
     default, one process per env, as TorchRL's ``AsyncBatchedCollector`` steps each env
@@ -221,14 +211,6 @@ class AsyncBatchedCollector(BaseCollector[RB]):
             check_picklable([("policy_factory", policy_factory), ("policy", policy)],
                             start_method=self.start_method)
         self._server: PolicyServer | None = None
-        self._remote: RemoteEnvWorkers | None = None
-        self._remote_rows = RemoteRows(self._publish)
-        #: Every env worker, local and remote, is admitted into this one roster (the one
-        #: admission, made once the layouts are known: _build_server).
-        self._roster = Roster()
-        self._admission: Admission | None = None
-        self._token = secrets.token_hex(16)  # a local env worker's hello proves its spawn
-        self._admitted: set[bytes] = set()
         super().__init__(total_frames=total_frames, frames_per_batch=self.frames_per_batch,
                          split_trajs=split_trajs, postproc=self._postprocess,
                          replay_buffer=replay_buffer)
@@ -240,26 +222,33 @@ class AsyncBatchedCollector(BaseCollector[RB]):
         # (remote env hosts only: at least one env per remote worker)
         self.chunk_steps = self.batching.chunk_steps or auto_chunk_steps(
             self.frames_per_batch, self.num_envs or self.remote_workers)
+        self._channels = LocalChannels()  # the local env workers' blocks, bells, rings
+        self._frames = ChunkBuffer(
+            chunk_steps=self.chunk_steps, trajectories=self.yield_completed_trajectories,
+            capacity=max(2 * self.frames_per_batch, 2 * self.num_envs * self.chunk_steps))
+        #: The env workers on the hub: admission, roster, registry (statistics() rows and
+        #: events), their messages, chunks, errors and exits.
+        self._env_hub = EnvHub(
+            num_workers=self.num_workers, chunk_steps=self.chunk_steps,
+            peer_timeout=peer_timeout, frames=self._frames, channels=self._channels,
+            publish=self._publish, face=FaceHooks(
+                fail=self._fail, wake=self._wake, closing=lambda: self._closing,
+                room=self._room_for_more, update_room=self._update_room))
         self._local = LocalEnvWorkers(
             groups=self.groups, create_env_kwargs=self.create_env_kwargs,
             chunk_steps=self.chunk_steps, heartbeat=self._heartbeat, spin=self._spin,
-            splits=self.batching.splits, start_method=self.start_method, token=self._token)
+            splits=self.batching.splits, start_method=self.start_method,
+            token=self._env_hub.token)
         # Set once open:
-        self._channels = LocalChannels()  # the local env workers' blocks, bells, rings
         self._workers: WorkerProcesses | None = None
         self._hub: Hub | None = None
         self._tmpdir: str | None = None
         self._local_keys: CurveClient | None = None  # its processes' key for a CURVE hub
-        self._slot_of: dict[bytes, int] = {}
-        self._peer_of: dict[int, bytes] = {}
         self._error: BaseException | None = None
         self._closing = False
         self._arrived: anyio.Event | None = None
         self._background: anyio.CancelScope | None = None
         self._background_done: anyio.Event | None = None
-        self._frames = ChunkBuffer(
-            chunk_steps=self.chunk_steps, trajectories=self.yield_completed_trajectories,
-            capacity=max(2 * self.frames_per_batch, 2 * self.num_envs * self.chunk_steps))
 
     # -- life cycle ----------------------------------------------------------------------------
     def _create_async_state(self) -> None:
@@ -290,18 +279,20 @@ class AsyncBatchedCollector(BaseCollector[RB]):
                     limits["curve"] = curve
                 async with Hub(endpoint, heartbeat_interval=interval,
                                peer_timeout=timeout, **limits) as hub:
-                    self._hub = hub
+                    self._hub = self._env_hub.hub = hub
+                    env_hub = self._env_hub
                     self._workers = self._local.processes(
                         hub.endpoint, backend, obs_paths, outputs, self._channels,
-                        self._peer_of, self._local_keys)
+                        env_hub.peer_of, self._local_keys)
                     async with anyio.create_task_group() as tg:
-                        tg.start_soon(self._dispatch, hub)
-                        tg.start_soon(self._read_local_chunks)
+                        tg.start_soon(env_hub.dispatch, hub)
+                        tg.start_soon(env_hub.read_local_chunks)
                         hooks = ServerHooks(
                             fail=self._fail, closing=lambda: self._closing,
-                            answered=self._reply_remote if self._remote is not None else None)
+                            answered=env_hub.reply_remote if env_hub.remote is not None
+                            else None)
                         await server.start(tg, hub, backend, hooks)
-                        await tg.start(self._workers.run, self._on_process_exit)
+                        await tg.start(self._workers.run, env_hub.on_process_exit)
                         task_status.started()
         finally:
             self._background_done.set()
@@ -317,29 +308,17 @@ class AsyncBatchedCollector(BaseCollector[RB]):
         policy, outputs = PolicyCopy.make(
             self.policy, self.policy_factory, device=self._server_type.copy_device(self.device),
             action_spec=spec, exploration_type=self.exploration_type, obs=obs)
-        admission = self._admission = env_admission(
-            self._roster, env_layout(obs, outputs, 1), max_envs=self.batching.max_batch_size,
-            first_remote_index=self.num_workers, remote_workers=self.remote_workers,
-            token=self._token, env_id=self._probe_factory)
-        channels = self._channels
-        channels.make([len(g) for g in self.groups], obs, outputs, splits=self.batching.splits,
-                      chunk_steps=self.chunk_steps, capacity=self._frames.capacity,
-                      flat=not self.yield_completed_trajectories)
-        for slot in range(self.num_workers):  # named here: the inference process knows them
-            ident = random_identity(f"env-{slot}")
-            self._slot_of[ident] = slot
-            self._peer_of[slot] = ident
-        if self.remote_workers:
-            self._remote = RemoteEnvWorkers(
-                self.remote_workers, first_slot=self.num_workers, obs=obs, outputs=outputs,
-                chunk_steps=self.chunk_steps, max_envs=self.batching.max_batch_size,
-                blocks=channels.blocks, submit=self._submit_remote,
-                on_chunk=self._on_chunk, register=self._register_remote,
-                version=lambda: self.policy_version, rows=self._remote_rows,
-                admission=admission, roster=self._roster)
+        self._channels.make(
+            [len(g) for g in self.groups], obs, outputs, splits=self.batching.splits,
+            chunk_steps=self.chunk_steps, capacity=self._frames.capacity,
+            flat=not self.yield_completed_trajectories)
+        self._env_hub.setup(obs, outputs, max_envs=self.batching.max_batch_size,
+                            remote_workers=self.remote_workers, env_id=self._probe_factory,
+                            submit_remote=self._submit_remote,
+                            version=lambda: self.policy_version)
         server = self._server = self._server_type.create(self._serving_setup(obs, outputs),
                                                          policy)
-        self._weights.server = server
+        self._weights.server = self._env_hub.server = server
         return list(obs), outputs, server
 
     def _serving_setup(self, obs: dict[Path, torch.Tensor],
@@ -363,13 +342,10 @@ class AsyncBatchedCollector(BaseCollector[RB]):
         hub = self._hub
         if hub is not None and self._server is not None:
             with anyio.move_on_after(1):
-                for peer in list(self._peer_of.values()):
-                    try:
-                        await hub.send(peer, None, kind=EnvClose.KIND)
-                    except Exception:  # gone already
-                        pass
+                await self._env_hub.say_close(hub)
         if self._workers is not None:
             await self._workers.stop(grace=2.0)
+            self._env_hub.processes_ended(self._workers)  # their rows: lost, exit codes
         if self._server is not None:  # a thread's loop has left once close() returns (or 5 s)
             await self._server.close()
         if self._background is not None:
@@ -382,116 +358,10 @@ class AsyncBatchedCollector(BaseCollector[RB]):
             shutil.rmtree(self._tmpdir, ignore_errors=True)
         self._wake()
 
-    # -- the hub: requests, chunks, errors -----------------------------------------------------
-    async def _dispatch(self, hub: Hub) -> None:
-        async for item in hub:
-            found = self._slot_of.get(item.peer)
-            if found is None and self._server is not None and self._server.owns(item.peer):
-                if hub.admission and item.peer not in self._admitted:
-                    self._admitted.add(item.peer)  # our own child: full message sizes
-                    hub.admit(item.peer)
-                await self._server.receive(item)
-                continue
-            if found is None:
-                if self._remote is not None and not self._closing:
-                    await self._remote.handle(hub, item)  # a remote env worker, or a stranger
-                    if self._server is not None and not self._room_for_more():
-                        # Back-pressure: no more answers until a batch is taken.
-                        await self._server.set_room(False)  # (a chunk filled the buffer)
-                continue  # without listen the socket is private: not one of ours
-            if isinstance(item, PeerEvent):
-                if item.event == "lost" and not self._closing and not self._server_gone():
-                    self._fail(WorkerLostError(
-                        f"env worker {found} went silent for "
-                        f"{self._heartbeat[1]} s (peer_timeout): it is stuck or its host is gone"))
-                continue
-            slot = found
-            if self._roster.live(item.peer) is None:  # not joined yet: its hello, or nothing
-                await self._join_local(hub, item, slot)
-            elif item.kind == ERROR_KIND:  # (its chunks come through its ring)
-                self._on_error(slot, item)
-
-    async def _join_local(self, hub: Hub, message: Message, slot: int) -> None:
-        """A local env worker's hello: through the one admission (its slot, its spawn
-        token), into the one roster, welcomed. Our own child: whatever else it sends
-        first, or a refusal, is a fault of this collector's making and ends the run."""
-        assert self._admission is not None
-        if message.kind == ERROR_KIND:  # (it failed before its hello: say why)
-            self._on_error(slot, message)
-            return
-        try:
-            if message.kind != Hello.KIND:
-                raise ProtocolError(f"expected its {Hello.KIND!r} first, got "
-                                    f"{str(message.kind)[:64]!r}")
-            hello = decode(Hello, message.body)
-            refusal = self._admission.refusal(message.peer, hello)
-            if refusal:
-                raise ProtocolError("; ".join(a.message.reason for a in refusal if isinstance(
-                    a, Send) and isinstance(a.message, Refuse)))
-        except ProtocolError as exc:
-            self._fail(BadBatchError(f"env worker {slot} could not join: {exc}"))
-            return
-        worker = self._admission.admit(message.peer, hello)
-        if hub.admission:
-            hub.admit(message.peer)  # our own child: full message sizes
-        act = self._channels.blocks[slot].act.layout
-        welcome = EnvWelcome(
-            slot=slot, traj_tag=slot, chunk_steps=self.chunk_steps, obs_paths=[], extra_paths=[],
-            act={k: (dtype_name(d), list(s)) for k, (d, s) in act.items()},  # type: ignore[misc]
-            index=worker.index, attempt=hello.attempt)
-        try:
-            await hub.send(message.peer, welcome.to_body(), kind=EnvWelcome.KIND)
-        except Exception as exc:  # gone meanwhile (stopped, or died): its exit says the rest
-            log.debug("could not welcome env worker %d: %r", slot, exc)
-
-    async def _read_local_chunks(self) -> None:
-        """Take the local env workers' chunks from their rings whenever the chunk bell rings."""
-        try:
-            await self._channels.read_chunks(self._frames, self._after_chunks)
-        except TornChunkError as exc:
-            self._fail(BadBatchError(str(exc)))
-
     async def _submit_remote(self, slot: int) -> None:
         """A remote env host's request (its observations, checked, in its inline block)."""
         if self._server is not None:
             await self._server.submit_remote(slot)
-
-    async def _reply_remote(self, slot: int, version: int) -> None:
-        """A remote env worker's answer, written in its block by the server (local ones are
-        rung by the loop itself)."""
-        assert self._hub is not None and self._remote is not None
-        await self._remote.reply(self._hub, slot, version)  # its occupant, or nobody
-
-    async def _after_chunks(self) -> None:
-        """Chunks came: back-pressure once the buffer is full, and wake a waiting batch."""
-        if not self._room_for_more():
-            await self._update_room()  # no more answers until a batch is taken
-        self._wake()
-
-    def _on_error(self, slot: int, message: Message) -> None:
-        try:
-            payload = ErrorPayload.from_body(message.body, "env worker error")
-        except ProtocolError as exc:
-            self._fail(BadBatchError(f"env worker {slot} sent a malformed error report: {exc}"))
-            return
-        self._fail(rebuild_remote_exception(payload, peer=f"env worker {slot}"))
-
-    def _on_chunk(self, slot: int, message: Message) -> None:
-        problem = self._frames.add(slot, message.body, self._channels.blocks[slot].rows)
-        if problem is not None:
-            self._fail(BadBatchError(problem))
-            return
-        self._wake()  # (back-pressure: the dispatcher holds the server once the buffer is full)
-
-    def _register_remote(self, slot: int, peer: bytes | None) -> SlotCounts | None:
-        """A new occupant of ``slot`` (or none); what the old one sent."""
-        sent = self._frames.counts.get(slot)
-        self._frames.forget(slot)  # a new occupant, or none: the old one's pieces are lost
-        if peer is not None:
-            self._peer_of[slot] = peer
-        else:
-            self._peer_of.pop(slot, None)
-        return sent
 
     # -- failures and wake-ups -----------------------------------------------------------------
     def _fail(self, error: BaseException) -> None:
@@ -505,25 +375,10 @@ class AsyncBatchedCollector(BaseCollector[RB]):
         if self._arrived is not None:
             self._arrived.set()
 
-    def _server_gone(self) -> bool:
-        # An env worker ends when the inference process does: the process's own
-        # report (its error, or its exit) is the cause the user must see.
-        return self._server is not None and self._server.gone
-
-    async def _on_process_exit(self, slot: int, process: BaseProcess) -> bool:
-        if not self._closing and not self._server_gone():
-            self._fail(WorkerLostError(
-                f"env worker {slot} (pid {process.pid}) {describe_exit(process.exitcode)} "
-                "while collecting; its envs are gone, so this collector stops. If it failed "
-                "before reporting an error, look at its stderr."))
-        return False
-
     def _worker_statistics(self) -> list[WorkerStatistics]:
-        """The local env workers (pid, state, what each sent: chunks, frames; when heard),
-        then every remote env host admitted (:mod:`asyncrl._inference.env_worker_statistics`)."""
-        rows = [] if self._workers is None else env_worker_statistics(
-            self._workers, self._peer_of, self._frames.counts, self._hub)
-        return rows + self._remote_rows.rows(self._frames.counts, self._hub)
+        """Every env worker admitted, local and remote, lost ones too, by slot; and the
+        local processes still joining (:meth:`.env_hub.EnvHub.rows`)."""
+        return self._env_hub.rows(self._workers, self._hub)
 
     def _room_for_more(self) -> bool:
         """Whether the env workers may be answered: room for frames, and not paused."""
@@ -610,10 +465,30 @@ class AsyncBatchedCollector(BaseCollector[RB]):
         (``TensorDict.from_module``). Every frame whose action the next calls choose
         is stamped with the new version (see :attr:`policy_version`).
 
+        ``model_id=name`` (or ``weights_dict={name: w}``) with any other name than
+        ``"policy"`` updates the :class:`~asyncrl.ServedModule` open under that name (a
+        reward model the envs call), as a MultiCollector's ``ServedModuleScheme`` does.
+
         >>> await collector.update_policy_weights(policy)   # doctest: +SKIP
         >>> collector.policy_version, collector.inference_statistics().calls  # doctest: +SKIP
         (1, 412)
         """
+        served = {k: w for k, w in (weights_dict or {}).items() if k != "policy"}
+        if model_id not in (None, "policy") or served:
+            from ...served._scheme import update_by_name
+
+            if model_id not in (None, "policy"):
+                if weights_dict is not None:
+                    raise TypeError("update_policy_weights: give model_id= or weights_dict=, "
+                                    "not both")
+                await update_by_name(model_id, given_weights(
+                    policy_or_weights, weights=weights, policy=policy), worker_ids=worker_ids)
+                return
+            for name, value in served.items():
+                await update_by_name(name, value, worker_ids=worker_ids)
+            if weights_dict is not None and "policy" not in weights_dict:
+                return
+            weights_dict = {"policy": weights_dict["policy"]} if weights_dict else None
         weights = given_weights(policy_or_weights, weights=weights, policy=policy,
                                 worker_ids=worker_ids, model_id=model_id,
                                 weights_dict=weights_dict)
@@ -639,7 +514,8 @@ class AsyncBatchedCollector(BaseCollector[RB]):
     @property
     def remote_refusals(self) -> list[str]:
         """Why each refused or dropped remote env worker was (the run went on without it)."""
-        return list(self._remote.refusals) if self._remote is not None else []
+        remote = self._env_hub.remote
+        return list(remote.refusals) if remote is not None else []
 
 
 __all__ = ["AsyncBatchedCollector"]

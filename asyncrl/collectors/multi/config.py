@@ -144,6 +144,8 @@ class MultiConfig:
         for model_id, scheme in schemes.items():
             self.coordinator.loss_policy.check_scheme(model_id, scheme)
             scheme.plan(workers=self.layout.total, remote_workers=self.layout.remote_workers)
+            if scheme.model_id is None:  # its welcome config may name it (a served module's)
+                scheme.model_id = model_id
 
     def worker_specs(self, *, policy: Any, policy_factory: Any, create_env_kwargs: Any,
                      schemes: dict[str, WeightSyncScheme]) -> tuple[WorkerSpec, list[WorkerSpec]]:

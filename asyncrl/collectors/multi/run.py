@@ -33,6 +33,7 @@ from ..._spawn import logs as _logs
 from ..._spawn.processes import WorkerProcesses
 from ..._worker.entry import local_worker_processes
 from ..._worker.spec import WorkerSpec
+from ...served._scheme import serve_remote_calls
 from ...weights import WeightSender, WeightSyncScheme
 from .._env_factories import LocalSpecsCheck
 from .._limits import listening_hub_limits
@@ -141,6 +142,8 @@ async def run_background(run: MultiRun, losses: LossHandling, name: str, paused:
                         model_id, model=model, hub=hub, workers=coordinator.roster.worker_peers)
                     sender.on_applied = run.on_weights_applied  # events, metrics
                     coordinator.outbox.attach(sender)  # relay routes, catch-up, batch counts
+                # Remote workers' calls to served modules, from admitted workers only.
+                serve_remote_calls(coordinator.services, run.senders)
                 workers = run.workers = local_worker_processes(
                     hub.endpoint, run.worker_specs, run.num_workers, token=token,
                     backend=backend,

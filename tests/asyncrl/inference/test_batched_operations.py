@@ -57,7 +57,8 @@ async def test_statistics_list_each_env_worker_with_what_it_sent() -> None:
             while True:
                 taken += (await collector.__anext__()).numel()
                 stats = collector.statistics()
-                if all(w.state == "collecting" for w in stats.workers):
+                # collecting from its admission; every one has sent a chunk:
+                if all(w.state == "collecting" and w.batches for w in stats.workers):
                     break
             assert [w.index for w in stats.workers] == [0, 1]
             assert [w.pid for w in stats.workers] == collector.worker_pids

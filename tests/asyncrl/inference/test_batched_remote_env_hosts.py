@@ -151,7 +151,7 @@ async def test_a_malformed_chunk_is_refused_before_it_reaches_a_batch() -> None:
                 # the slot the refused worker left, with a new traj tag (1 + 3 slots)
                 assert (welcome.body["slot"], welcome.body["traj_tag"]) == (1, 4)
                 chunk = TensorDict({}, batch_size=[1, steps])
-                for path, (dtype, shape) in collector._remote.schema(1).items():
+                for path, (dtype, shape) in collector._env_hub.remote.schema(1).items():
                     chunk.set(path, torch.zeros(shape, dtype=dtype))
                 chunk["collector", "traj_ids"].fill_(4 << 32)
                 chunk["collector", "policy_version"].fill_(99)

@@ -100,3 +100,13 @@ class HomeOnly(Scale):
         super().__setstate__(state)
         if self.home != os.getpid():
             raise RuntimeError("HomeOnly cannot be built in another process")
+
+
+#: The model id the remote-host tests serve under (a remote host's env names it).
+REMOTE_NAME = "env.transform[0]"
+
+
+def remote_rewarded_env() -> gym.Env:  # type: ignore[type-arg]
+    """A remote host's env (``asyncrl worker --env ...:remote_rewarded_env``): it names the
+    module, and its worker's welcome says how to call it."""
+    return ServedReward(StepEnv(), REMOTE_NAME)

@@ -100,3 +100,34 @@ async def test_async_batches_mixing_versions_record_each_frames_own() -> None:
                     await collector.update_policy_weights(
                         {"scale": torch.tensor([float(served.version + 2)])}, model_id=NAME)
                 assert len(seen) > 2 and max(seen) <= served.version
+
+
+async def test_async_batched_collector_updates_a_served_module_by_model_id() -> None:
+    from asyncrl import AsyncBatchedCollector
+
+    with anyio.fail_after(120):
+        async with served_scale(2.0) as served:
+            async with AsyncBatchedCollector(functools.partial(rewarded_env, served.handle),
+                                             num_envs=2, frames_per_batch=32,
+                                             total_frames=-1) as collector:
+                await collector.update_policy_weights({"scale": torch.tensor([5.0])},
+                                                      model_id=NAME)
+                assert served.version == 1  # returned once the next call uses it
+                await collector.update_policy_weights(weights_dict={NAME: Scale(7.0)})
+                assert served.version == 2
+                assert collector.policy_version == 0  # the policy was not touched
+                async for batch in collector:
+                    t = batch["next", "observation"][..., 0]
+                    if torch.equal(batch["next", "reward"].squeeze(-1), 7 * t):
+                        break  # every frame computed by version 2 (earlier ones drain first)
+                with pytest.raises(ValueError, match=r"no served module is open in this "
+                                                     r"process under 'env.transform\[9\]' "
+                                                     r"\(open: \['env.transform\[0\]'\]\)"):
+                    await collector.update_policy_weights(Scale(1.0), model_id="env.transform[9]")
+                with pytest.raises(ValueError, match="served once for every worker"):
+                    await collector.update_policy_weights(Scale(1.0), model_id=NAME,
+                                                          worker_ids=[0])
+                with pytest.raises(TypeError, match="model_id= or weights_dict="):
+                    await collector.update_policy_weights(model_id=NAME,
+                                                          weights_dict={NAME: Scale(1.0)})
+                assert served.version == 2
