@@ -30,7 +30,10 @@ alike). A case is skipped, with the reason printed, when what it needs does not 
 - ``asyncrl-async`` / ``asyncrl-async-compact``: ``MultiAsyncCollector`` 2 workers x 4
   envs, without / with ``compact_obs=True``; ``asyncrl-sync``: ``MultiSyncCollector`` 2x4;
 - ``asyncrl-batched``: ``AsyncBatchedCollector``, 8 env workers, the CNN batched in the
-  trainer's process.
+  trainer's process; ``asyncrl-batched-2x4`` / ``-2x4s2`` / ``-4x2``: other layouts of it
+  (``envs_per_worker=4``, without / with ``worker_num_splits=2``; ``envs_per_worker=2``);
+  ``asyncrl-batched-noyield``: the inference loop without its ``sched_yield()`` after calls
+  longer than ``YIELD_AFTER``.
 
 The three main-process loops store each step as CleanRL's does (observation, action,
 reward, done into preallocated ``[128, 8, ...]`` tensors; observations kept as uint8).
@@ -258,7 +261,8 @@ def run_torchrl(meter: Meter) -> None:
         collector.shutdown()
 
 
-def run_asyncrl(meter: Meter, kind: str, compact_obs: bool = False) -> None:
+def run_asyncrl(meter: Meter, kind: str, compact_obs: bool = False,
+                layout: dict[str, Any] | None = None) -> None:
     import anyio
 
     from asyncrl import AsyncBatchedCollector, MultiAsyncCollector, MultiSyncCollector
@@ -270,7 +274,7 @@ def run_asyncrl(meter: Meter, kind: str, compact_obs: bool = False) -> None:
             return AsyncBatchedCollector("benchmarks.atari_env:make_atari", policy=make_policy(),
                                          num_envs=N_ENVS,
                                          frames_per_batch=meter.frames_per_batch,
-                                         num_threads=1)
+                                         num_threads=1, **(layout or {}))
         cls = MultiSyncCollector if kind == "sync" else MultiAsyncCollector
         return cls(make_atari, make_policy(), num_workers=2, envs_per_worker=4,
                    frames_per_batch=meter.frames_per_batch, compact_obs=compact_obs,
@@ -284,6 +288,14 @@ def run_asyncrl(meter: Meter, kind: str, compact_obs: bool = False) -> None:
                     break
 
     anyio.run(main)
+
+
+def run_batched_without_yield(meter: Meter) -> None:
+    """``asyncrl-batched`` with the inference loop's yield after long calls turned off."""
+    from asyncrl._inference import inference_loop
+
+    inference_loop.YIELD_AFTER = float("inf")
+    run_asyncrl(meter, kind="batched")
 
 
 # -- the floor -----------------------------------------------------------------------------------
@@ -350,6 +362,20 @@ CASES: dict[str, Case] = {
                          functools.partial(run_asyncrl, kind="sync"), 4),
     "asyncrl-batched": Case("asyncrl AsyncBatchedCollector, 8 env workers", ATARI,
                             functools.partial(run_asyncrl, kind="batched"), 8),
+    # Other layouts of central inference: fewer env processes, each with several envs.
+    "asyncrl-batched-2x4": Case(
+        "asyncrl AsyncBatchedCollector, 2 env workers x 4 envs", ATARI,
+        functools.partial(run_asyncrl, kind="batched", layout={"envs_per_worker": 4}), 8),
+    "asyncrl-batched-2x4s2": Case(
+        "asyncrl AsyncBatchedCollector, 2 env workers x 4 envs in 2 splits", ATARI,
+        functools.partial(run_asyncrl, kind="batched",
+                          layout={"envs_per_worker": 4, "worker_num_splits": 2}), 8),
+    "asyncrl-batched-noyield": Case(
+        "asyncrl AsyncBatchedCollector, 8 env workers, no sched_yield after long calls", ATARI,
+        run_batched_without_yield, 8),
+    "asyncrl-batched-4x2": Case(
+        "asyncrl AsyncBatchedCollector, 4 env workers x 2 envs", ATARI,
+        functools.partial(run_asyncrl, kind="batched", layout={"envs_per_worker": 2}), 8),
 }
 FLOOR = "floor"
 BASELINES = ("envpool", "vector", "torchrl")

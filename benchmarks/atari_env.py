@@ -23,3 +23,46 @@ def make_atari() -> Any:
     env = AtariPreprocessing(env, frame_skip=4, screen_size=84, grayscale_obs=True,
                              noop_max=30)
     return FrameStackObservation(env, 4)
+
+
+#: Environment variable naming the folder where :func:`make_timed_atari` keeps its counters.
+PROFILE_DIR = "ATARI_PROFILE_DIR"
+#: A timed env's counters (float64, in a file per env): steps, step CPU-s, resets, reset
+#: CPU-s, and the native id of the thread that steps it.
+COUNTERS = ("steps", "step_cpu_s", "resets", "reset_cpu_s", "thread")
+
+
+def make_timed_atari() -> Any:
+    """:func:`make_atari`, its steps and resets timed in CPU seconds of the stepping thread.
+
+    For ``benchmarks.atari_server_profile``: the counters are stores into a file mapped in
+    ``$ATARI_PROFILE_DIR`` (no system call per step), read by the profile from outside.
+    """
+    import os
+    import threading
+    import time
+
+    import gymnasium as gym
+    import numpy as np
+
+    counters = np.memmap(os.path.join(os.environ[PROFILE_DIR], f"{os.getpid()}-{id(object())}"),
+                         dtype=np.float64, mode="w+", shape=(len(COUNTERS),))
+    clock = time.thread_time
+
+    class Timed(gym.Wrapper):
+        def step(self, action: Any) -> Any:
+            start = clock()
+            out = self.env.step(action)
+            counters[1] += clock() - start
+            counters[0] += 1
+            counters[4] = threading.get_native_id()
+            return out
+
+        def reset(self, **kwargs: Any) -> Any:
+            start = clock()
+            out = self.env.reset(**kwargs)
+            counters[3] += clock() - start
+            counters[2] += 1
+            return out
+
+    return Timed(make_atari())

@@ -370,6 +370,12 @@ class InferenceLoop:
 
     def _serve(self, lanes: list[int], version: int) -> int:
         """Gather, one policy call, scatter (under the version lock)."""
+        rows = self._gather(lanes)
+        self._scatter(lanes, self._compute(rows), version)
+        return rows
+
+    def _gather(self, lanes: list[int]) -> int:
+        """Copy each lane's observations into the batch's next rows; the rows filled."""
         row = 0
         for lane_ in lanes:
             n = self._rows(lane_)
@@ -387,17 +393,22 @@ class InferenceLoop:
                 for copy, dst, src in copies:
                     copy(dst, src)
             row += n
+        return row
+
+    def _compute(self, row: int) -> list[Any]:
+        """The policy on the batch's first ``row`` rows: its outputs, in ``_output_keys``."""
         device_batch = self._device_batch
         if isinstance(device_batch, DeviceBatch):
             with self._explore:  # no_grad is the thread's own (serve)
-                outputs = device_batch(row, self.adapter, self._output_keys,
-                                       tensor_call=self._tensor_call,
-                                       check=self._checked_action)
-        elif device_batch is not None:  # a CUDA graph: captured from the TensorDict path
+                return device_batch(row, self.adapter, self._output_keys,
+                                    tensor_call=self._tensor_call, check=self._checked_action)
+        if device_batch is not None:  # a CUDA graph: captured from the TensorDict path
             with self._explore:
-                outputs = device_batch(row, self.adapter, self._output_keys)
-        else:
-            outputs = self._call_policy(row)
+                return device_batch(row, self.adapter, self._output_keys)
+        return self._call_policy(row)
+
+    def _scatter(self, lanes: list[int], outputs: list[Any], version: int) -> None:
+        """Write each lane's rows of ``outputs`` into its answer block, as ``version``."""
         arrays = [array_of(o) for o in outputs]
         keys = self._keys
         row = 0
@@ -415,7 +426,6 @@ class InferenceLoop:
                     copy(dst, out[row:row + n])
                 act.end(seq, version)
             row += n
-        return row
 
     def _call_policy(self, row: int) -> list[Any]:
         """The policy on the batch's first ``row`` rows (on the host): its output tensors."""

@@ -75,7 +75,7 @@ from .._rollout.policies import ExplorationType, PolicyAdapter
 from .._spawn.absent_modules import remember_absent_modules
 from .._spawn.child import ending_error, exit_process
 from .doorbell import DEFAULT_SPIN, EventFd
-from .env_stepper import serve_linked
+from .env_worker import serve_linked
 from .inference_loop import InferenceLoop
 from .inline_blocks import InlineBlock
 from .outputs import OutputLayout

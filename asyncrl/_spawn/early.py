@@ -47,7 +47,7 @@ ENV_VARIABLE = "ASYNCRL_EARLY_FORK_SERVER"
 #: Imported once by the fork server, so that each worker starts warm (anyio's asyncio
 #: backend: imported by anyio.run, else by each worker after its fork).
 PRELOAD = ("torch", "tensordict", "gymnasium", "asyncrl._worker.worker", "asyncrl._rollout.envs",
-           "asyncrl._worker.entry", "asyncrl._inference.env_stepper", "anyio._backends._asyncio")
+           "asyncrl._worker.entry", "asyncrl._inference.env_worker", "anyio._backends._asyncio")
 
 #: Set in the fork server's own environment to its pid: it imports asyncrl again.
 _SERVER_MARK = "_ASYNCRL_FORK_SERVER_PID"

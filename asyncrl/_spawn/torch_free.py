@@ -81,7 +81,7 @@ def _role_env(options: list[str], environ: Mapping[str, str]) -> bool:
 #: The main module a torch-free child runs instead of the user's (it marks the process).
 MAIN_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch_free_main.py")
 #: What the torch-free fork server imports once, for every env worker it forks.
-PRELOAD = ("asyncrl._inference.env_stepper", "gymnasium")
+PRELOAD = ("asyncrl._inference.env_worker", "gymnasium")
 
 _starting = threading.local()
 _install_lock = threading.Lock()

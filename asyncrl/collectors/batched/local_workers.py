@@ -23,7 +23,8 @@ from typing import Any
 
 from transports import CurveClient
 
-from ..._inference.env_stepper import EnvWorkerConfig, env_worker_main
+from ..._inference.env_stepper import EnvWorkerConfig
+from ..._inference.env_worker import env_worker_main
 from ..._inference.local_channels import LocalChannels
 from ..._inference.outputs import OutputLayout
 from ..._protocol.env_source import is_plain

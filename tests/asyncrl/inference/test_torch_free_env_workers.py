@@ -32,10 +32,10 @@ LIMIT = 90
 #: Run in the child: what it imported once the env worker's entry module is in.
 REPORT = """
 import json, sys
-import asyncrl._inference.env_stepper
+import asyncrl._inference.env_worker
 heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "tensordict"))
 with open({path!r}, "w") as f:
-    json.dump({{"heavy": heavy, "entry": "asyncrl._inference.env_stepper" in sys.modules,
+    json.dump({{"heavy": heavy, "entry": "asyncrl._inference.env_worker" in sys.modules,
                "main": getattr(sys.modules.get("__mp_main__"), "__file__", None)}}, f)
 """
 
