@@ -10,7 +10,7 @@ this project's 2-core VM, as much as a Pendulum step. Here the checks are made
 once, when the arrays are made; a step then costs one ``np.copyto`` per tensor
 and two stores into the slot's control words.
 
-The protocol is the block's seqlock (``transports._shm``'s layout): the writer
+The protocol is the block's seqlock (``transports._shm_format``'s layout): the writer
 makes the slot's sequence number odd, copies, stores the version, makes the
 sequence number even again (two more than before). Request and answer
 alternate (a worker writes its observations only once its previous answer is

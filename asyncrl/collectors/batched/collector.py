@@ -120,7 +120,9 @@ class AsyncBatchedCollector(BaseCollector[RB]):
     (they share the fork server's imported pages; each holds its own env). With more
     envs than cores, set ``envs_per_worker=ceil(num_envs / cores)`` (one process per
     core) and ``worker_num_splits=2`` so that one half steps while the policy serves
-    the other; ``docs/gymnasium.md`` (Atari) says which collector suits which machine.
+    the other, or ``envs_per_worker=None`` to have that layout picked for the machine's
+    cores (``docs/inference.md``); ``docs/gymnasium.md`` (Atari) says which collector
+    suits which machine.
 
     >>> async with AsyncBatchedCollector("Pendulum-v1", num_envs=4,          # doctest: +SKIP
     ...                                  policy=policy, frames_per_batch=256,
@@ -144,8 +146,8 @@ class AsyncBatchedCollector(BaseCollector[RB]):
         min_batch_size: int | None = None,
         server_timeout: float | None = None,
         static_batch_size: int | None = None,
-        envs_per_worker: int = 1,
-        worker_num_splits: int = 1,
+        envs_per_worker: int | None = 1,
+        worker_num_splits: int | None = 1,
         transition_chunk_size: int | str = "auto",
         replay_buffer: RB | None = None,
         yield_completed_trajectories: bool = False,
