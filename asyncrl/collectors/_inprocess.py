@@ -258,10 +258,25 @@ class Collector(BaseCollector[RB]):
         Returns once the collector applied them: at once between batches, at the
         next step boundary while a batch is being collected. TorchRL's spellings
         (``weights=``, ``policy=``, ``weights_dict=``) are accepted.
+
+        ``model_id=name`` (or ``weights_dict={name: w}``) with any other name than
+        ``"policy"`` updates the :class:`~asyncrl.ServedModule` open in this process under
+        that name (a reward model the envs call), as a MultiCollector's
+        ``ServedModuleScheme`` does; ``info_keys=[served.handle.info_key]`` records its
+        version in every frame.
+
+        >>> await collector.update_policy_weights(reward_model, model_id=name)  # doctest: +SKIP
         """
-        for update in weight_updates(policy_or_weights, weights=weights, policy=policy,
-                                     worker_ids=worker_ids, model_id=model_id,
-                                     weights_dict=weights_dict):
+        from ..served._by_name import update_served_by_name
+
+        rest = await update_served_by_name(policy_or_weights, weights=weights, policy=policy,
+                                           worker_ids=worker_ids, model_id=model_id,
+                                           weights_dict=weights_dict)
+        if rest is None:
+            return  # served modules only
+        for update in weight_updates(rest.policy_or_weights, weights=rest.weights,
+                                     policy=rest.policy, worker_ids=rest.worker_ids,
+                                     model_id=rest.model_id, weights_dict=rest.weights_dict):
             await self._update_policy(update.model_id, update.weights)
 
     async def _update_policy(self, model_id: str, weights: Any) -> None:

@@ -28,7 +28,7 @@ from ._errors import ServedModuleError
 from ._module import ServedModule
 from ._remote_calls import RemoteCalls, ServedCallRouter, route_of
 
-__all__ = ["ServedModuleScheme", "ServedModuleSender", "serve_remote_calls", "update_by_name"]
+__all__ = ["ServedModuleScheme", "ServedModuleSender", "serve_remote_calls"]
 
 
 class _ServedElsewhere:
@@ -178,19 +178,3 @@ def serve_remote_calls(services: dict[str, Any], senders: Mapping[str, WeightSen
         router.add(sender.remote_calls)
     services[ServedCall.KIND] = router.on_message
 
-
-async def update_by_name(model_id: str, weights: Any, *, worker_ids: Any = None) -> int:
-    """``update_policy_weights(weights, model_id=name)`` of a collector that takes no
-    ``weight_sync_schemes`` (``AsyncBatchedCollector``): the served module open in this
-    process under ``name`` loads ``weights`` (None: its ``module``'s); its new version."""
-    if worker_ids is not None:
-        raise ValueError(f"model {model_id!r} is served once for every worker: leave "
-                         "worker_ids out (there is one copy to update)")
-    try:
-        served = ServedModule.named(model_id)
-    except KeyError:
-        raise ValueError(f"model_id={model_id!r}: this collector serves 'policy', and no "
-                         f"served module is open in this process under {model_id!r} (open: "
-                         f"{sorted(ServedModule._open)}); open ServedModule(..., "  # noqa: SLF001
-                         f"name={model_id!r}) before updating it by model id") from None
-    return await served.update(weights)

@@ -475,25 +475,16 @@ class AsyncBatchedCollector(BaseCollector[RB]):
         >>> collector.policy_version, collector.inference_statistics().calls  # doctest: +SKIP
         (1, 412)
         """
-        served = {k: w for k, w in (weights_dict or {}).items() if k != "policy"}
-        if model_id not in (None, "policy") or served:
-            from ...served._scheme import update_by_name
+        from ...served._by_name import update_served_by_name
 
-            if model_id not in (None, "policy"):
-                if weights_dict is not None:
-                    raise TypeError("update_policy_weights: give model_id= or weights_dict=, "
-                                    "not both")
-                await update_by_name(model_id, given_weights(
-                    policy_or_weights, weights=weights, policy=policy), worker_ids=worker_ids)
-                return
-            for name, value in served.items():
-                await update_by_name(name, value, worker_ids=worker_ids)
-            if weights_dict is not None and "policy" not in weights_dict:
-                return
-            weights_dict = {"policy": weights_dict["policy"]} if weights_dict else None
-        weights = given_weights(policy_or_weights, weights=weights, policy=policy,
-                                worker_ids=worker_ids, model_id=model_id,
-                                weights_dict=weights_dict)
+        rest = await update_served_by_name(policy_or_weights, weights=weights, policy=policy,
+                                           worker_ids=worker_ids, model_id=model_id,
+                                           weights_dict=weights_dict)
+        if rest is None:
+            return  # served modules only
+        weights = given_weights(rest.policy_or_weights, weights=rest.weights,
+                                policy=rest.policy, worker_ids=rest.worker_ids,
+                                model_id=rest.model_id, weights_dict=rest.weights_dict)
         await self._weights.update(weights, trained=self.policy, run_error=self._error)
 
     @property

@@ -131,3 +131,67 @@ async def test_async_batched_collector_updates_a_served_module_by_model_id() -> 
                     await collector.update_policy_weights(model_id=NAME,
                                                           weights_dict={NAME: Scale(1.0)})
                 assert served.version == 2
+
+
+async def test_in_process_collector_updates_a_served_module_by_model_id() -> None:
+    from asyncrl import Collector
+
+    with anyio.fail_after(120):
+        async with served_scale() as served:
+            async with Collector(functools.partial(rewarded_env, served.handle), None,
+                                 frames_per_batch=16, total_frames=16 * 4,
+                                 info_keys=[served.handle.info_key]) as collector:
+                seen = []
+                async for batch in collector:
+                    t = batch["next", "observation"][..., 0]
+                    version = batch[VERSIONS]
+                    # scale of version v is v + 1 (set below): the reward says which one
+                    assert torch.equal(batch["next", "reward"].squeeze(-1), t * (version + 1))
+                    seen.append(version.unique().tolist())
+                    if len(seen) == 1:
+                        await collector.update_policy_weights(Scale(2.0), model_id=NAME)
+                    elif len(seen) == 2:
+                        await collector.update_policy_weights(weights_dict={NAME: Scale(3.0)})
+                    else:  # TorchRL's spelling, a state dict
+                        await collector.update_policy_weights(
+                            weights={"scale": torch.tensor([4.0])}, model_id=NAME)
+                # between batches, an update is in use by the next batch's first frame
+                assert seen == [[0], [1], [2], [3]]
+                assert served.version == 4
+                assert collector.policy_version == 0  # the policy was not touched
+
+
+async def test_in_process_collector_refuses_what_the_batched_collector_refuses() -> None:
+    from asyncrl import Collector
+
+    with anyio.fail_after(120):
+        async with served_scale() as served:
+            async with Collector(functools.partial(rewarded_env, served.handle), None,
+                                 frames_per_batch=16, total_frames=-1) as collector:
+                with pytest.raises(ValueError, match=r"^model_id='env.transform\[9\]': this "
+                                   r"collector serves 'policy', and no served module is open "
+                                   r"in this process under 'env.transform\[9\]' \(open: "
+                                   r"\['env.transform\[0\]'\]\); open ServedModule\(\.\.\., "
+                                   r"name='env.transform\[9\]'\) before updating it by model "
+                                   r"id$"):
+                    await collector.update_policy_weights(Scale(1.0), model_id="env.transform[9]")
+                with pytest.raises(ValueError, match=r"^model 'env.transform\[0\]' is served "
+                                   r"once for every worker: leave worker_ids out \(there is "
+                                   r"one copy to update\)$"):
+                    await collector.update_policy_weights(Scale(1.0), model_id=NAME,
+                                                          worker_ids=[0])
+                with pytest.raises(TypeError, match=r"^update_policy_weights: give model_id= "
+                                   r"or weights_dict=, not both$"):
+                    await collector.update_policy_weights(model_id=NAME,
+                                                          weights_dict={NAME: Scale(1.0)})
+                with pytest.raises(TypeError, match=r"names its models itself; do not also "
+                                   r"pass policy_or_weights$"):
+                    await collector.update_policy_weights(Scale(1.0),
+                                                          weights_dict={NAME: Scale(1.0)})
+                # a weights_dict naming a closed module updates none of its models
+                with pytest.raises(ValueError, match=r"no served module is open"):
+                    await collector.update_policy_weights(
+                        weights_dict={NAME: Scale(1.0), "env.transform[9]": Scale(1.0)})
+                assert served.version == 0  # no refused call changed the module
+                await collector.update_policy_weights(model_id=NAME)  # the module's own
+                assert served.version == 1
