@@ -183,7 +183,10 @@ IN_PROCESS_COLLECTOR: Mapping[str, TorchRLArgument] = {
         _falsy,
         "the in-process Collector steps with the trainer's own policy object "
         "(InProcessWeightSyncScheme, built in): call update_policy_weights(), or use "
-        "weight_sender() for send_async / wait_ack"),
+        "weight_sender() for send_async / wait_ack; a served module (a "
+        "RayModuleTransformScheme's) needs no scheme here: "
+        "update_policy_weights(w, model_id=name) updates the ServedModule open in this "
+        "process under that name"),
 }
 
 

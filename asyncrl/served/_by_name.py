@@ -1,4 +1,4 @@
-"""``update_policy_weights(w, model_id=name)`` of a collector with no weight-sync scheme for ``name``.
+"""``update_policy_weights(w, model_id=name)`` of a collector with no scheme for ``name``.
 
 ``AsyncBatchedCollector`` and the in-process ``Collector`` take no
 ``weight_sync_schemes`` for a served module; a model id (or a ``weights_dict`` key)
@@ -9,8 +9,9 @@ no weights: the module's own ``module``; returns once the module's next call use
 them). What is left for the policy comes back for the collector to apply.
 
 >>> import anyio
->>> anyio.run(lambda: update_served_by_name(None, model_id="policy"))
-PolicyUpdate(policy_or_weights=None, weights=None, policy=None, worker_ids=None, model_id='policy', weights_dict=None)
+>>> rest = anyio.run(lambda: update_served_by_name(None, model_id="policy"))
+>>> rest.model_id, rest.weights_dict                # no served module named: all the policy's
+('policy', None)
 """
 
 from __future__ import annotations

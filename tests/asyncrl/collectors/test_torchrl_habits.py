@@ -135,8 +135,14 @@ async def test_in_process_update_policy_weights_takes_torchrl_keywords() -> None
             await collector.update_policy_weights(policy_or_weights=actor)
             await collector.update_policy_weights_(policy=actor)
             assert collector.policy_version == 2
-            with pytest.raises(KeyError, match="only the 'policy' model"):
-                await collector.update_policy_weights(weights_dict={"critic": actor})
+            # any other model id is a served module's (none open here), as with
+            # AsyncBatchedCollector; the policy is not touched by the refused call
+            with pytest.raises(ValueError, match=r"^model_id='critic': this collector serves "
+                               r"'policy', and no served module is open in this process "
+                               r"under 'critic' \(open: \[\]\)"):
+                await collector.update_policy_weights(weights_dict={"critic": actor,
+                                                                    "policy": actor})
+            assert collector.policy_version == 2
 
 
 # -- the blocking facade ---------------------------------------------------------------------

@@ -11,7 +11,7 @@ import torch
 from asyncrl import MultiSyncCollector
 from asyncrl.served import ServedModule, ServedModuleScheme
 
-from .served_envs import Scale, rewarded_env
+from .served_envs import Scale, StepEnv, rewarded_env
 
 pytestmark = pytest.mark.anyio
 
@@ -195,3 +195,13 @@ async def test_in_process_collector_refuses_what_the_batched_collector_refuses()
                 assert served.version == 0  # no refused call changed the module
                 await collector.update_policy_weights(model_id=NAME)  # the module's own
                 assert served.version == 1
+
+
+def test_in_process_collector_refuses_a_scheme_for_a_served_module_naming_model_id() -> None:
+    from asyncrl import Collector
+
+    with pytest.raises(TypeError, match=r"a served module \(a RayModuleTransformScheme's\) "
+                       r"needs no scheme here: update_policy_weights\(w, model_id=name\) "
+                       r"updates the ServedModule open in this process under that name"):
+        Collector(StepEnv, None, frames_per_batch=16,
+                  weight_sync_schemes={NAME: ServedModuleScheme()})
