@@ -241,7 +241,9 @@ class Collector(BaseCollector[RB]):
         """The :class:`~asyncrl.weights.WeightSender` of the policy (an ``nn.Module``)."""
         if model_id != "policy":
             raise KeyError(f"the in-process collector has only the 'policy' model, "
-                           f"not {model_id!r}")
+                           f"not {model_id!r} (a served module has no sender: "
+                           f"update_policy_weights(w, model_id={model_id!r}) updates the "
+                           "one open in this process)")
         if self._sender is None:
             raise KeyError("no weight sender: the collector is not open yet, or its policy is "
                            f"not an nn.Module ({type(self.policy).__name__}); "

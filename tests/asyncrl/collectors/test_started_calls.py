@@ -107,7 +107,9 @@ async def test_an_unawaited_update_that_fails_raises_from_the_next_batch() -> No
         async with Collector(CountingEnv, ValuePolicy(0.0), frames_per_batch=8) as c:
             await c.__anext__()
             c.update_policy_weights_(weights_dict={"critic": ValuePolicy(1.0)})
-            with pytest.raises(KeyError, match="only the 'policy' model"):
+            # no served module open under 'critic': the update fails
+            with pytest.raises(ValueError, match=r"^model_id='critic': this collector serves "
+                               r"'policy', and no served module is open"):
                 await c.__anext__()
             assert versions(await c.__anext__()) == [0]  # raised once; collection goes on
 
