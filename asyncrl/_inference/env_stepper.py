@@ -35,7 +35,7 @@ from __future__ import annotations
 import logging
 import sys
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,6 +44,7 @@ import numpy as np
 from transports import (
     CurveClient,
     Link,
+    Message,
     ProtocolError,
     SharedArrayBlock,
 )
@@ -313,19 +314,23 @@ class EnvStepper:
         self._finished = threading.Event()
         self._writer: ChunkWriter | None = None  # a local worker's (run_local)
 
-    async def run(self, link: Link) -> None:
+    async def run(self, link: Link, *, recv: Callable[[], Awaitable[Message]] | None = None,
+                  step: Callable[[int], Awaitable[bool]] | None = None) -> None:
         """Step over ``link`` (a remote worker: ``obs`` / ``act`` messages) until close.
 
         Ends when the collector says close (or goes away: PeerLostError). Each answer
         is decoded by its declared kind (:mod:`asyncrl._protocol.central_inference`);
         any other kind is a ProtocolError, a refusal a RefusedError naming its reason.
+        ``recv`` / ``step``: the link's next message and one step, when not
+        ``link.recv`` and a step on this loop (a host whose envs call a served module).
         """
         obs_write, act_read = self.obs_block.write, self.act_block.read_into
-        step = 0
+        receive = link.recv if recv is None else recv
+        count = 0
         while True:
-            obs_write(self.obs_src, version=step, slot=0)
+            obs_write(self.obs_src, version=count, slot=0)
             await link.send(self.request_body(), kind=Observations.KIND)
-            message = await link.recv()
+            message = await receive()
             if message.kind == EnvClose.KIND:
                 return
             if message.kind == Refuse.KIND:
@@ -335,9 +340,10 @@ class EnvStepper:
                 raise ProtocolError(f"an env worker expects {Actions.KIND!r}, "
                                     f"{EnvClose.KIND!r} or {Refuse.KIND!r} messages, got "
                                     f"{str(message.kind)[:64]!r}")
-            if self._step(self.read_answer(message.body, act_read)):
+            version = self.read_answer(message.body, act_read)
+            if self._step(version) if step is None else await step(version):
                 await link.send(self.chunk_body(), kind=EnvChunk.KIND)
-            step += 1
+            count += 1
 
     def run_local(self) -> None:
         """Step a local worker, in a thread, until :meth:`stop` (doorbells, no messages).

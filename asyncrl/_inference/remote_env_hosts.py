@@ -59,6 +59,7 @@ from .._protocol import (
     Hello,
     Observations,
     Refuse,
+    ServedCall,
     WorkerLog,
     decode,
 )
@@ -130,6 +131,11 @@ class RemoteEnvWorkers:
         self._limited = RateLimitedLog(log)
         #: Admitted hosts' log records, re-emitted into the trainer's ``asyncrl.worker``.
         self.logs = WorkerLogs()
+        #: The served modules an admitted host's envs may call (their routes' configs, in
+        #: its welcome) and the service its ``served_call`` messages go to, with the live
+        #: admitted worker that sent each (set by the collector once its hub is open).
+        self.served_routes: list[dict[str, Any]] = []
+        self.served_call: Callable[[WorkerInfo | None, Message], Awaitable[None]] | None = None
 
     async def handle(self, hub: Hub, item: Message | PeerEvent) -> None:
         """A message (or event) from a peer that is not a local env worker; never raises."""
@@ -170,6 +176,8 @@ class RemoteEnvWorkers:
                            f"{report.error.message}")
             elif item.kind == WorkerLog.KIND:
                 self._on_log(item, slot)
+            elif item.kind == ServedCall.KIND and self.served_call is not None:
+                await self.served_call(self.roster.live(item.peer), item)  # never raises
             else:
                 raise ProtocolError(f"unexpected message kind "
                                     f"{printable(str(item.kind), limit=64)!r}")
@@ -228,7 +236,7 @@ class RemoteEnvWorkers:
             obs_paths=[list(p) for p in self.obs_paths],
             extra_paths=[list(p) for p, _, _ in self.outputs.extras],
             act={k: (dtype_name(d), list(s)) for k, (d, s) in act.items()},  # type: ignore[misc]
-            index=worker.index, attempt=attempt)
+            index=worker.index, attempt=attempt, served=list(self.served_routes))
         await hub.send(peer, welcome.to_body(), kind=EnvWelcome.KIND)
         log.info("remote env worker %r joined as slot %d (traj tag %d) with %d env(s)", peer,
                  slot, tag, envs)

@@ -23,7 +23,8 @@ import logging
 import os
 import random
 import socket
-from collections.abc import Callable, Mapping
+from collections import deque
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import anyio
@@ -34,6 +35,7 @@ from transports import (
     CurveClient,
     ErrorPayload,
     Link,
+    Message,
     PeerLostError,
     ProtocolError,
     random_identity,
@@ -47,12 +49,15 @@ from .._protocol import (
     EnvWelcome,
     Hello,
     Refuse,
+    ServedAnswer,
+    ServedRoute,
     decode,
 )
 from .._protocol.central_inference import ERROR_KIND
 from .._rollout.env_ids import EnvIdSource, is_unknown_env_id
 from .._rollout.env_pools import EnvPool
 from .._worker.log_forward import LogForwarder
+from .._worker.served_calls import ServedCalls
 from .env_stepper import EnvStepper, EnvWorkerConfig, build_pool, numpy_dtype
 
 log = logging.getLogger("asyncrl.env_worker")
@@ -129,9 +134,38 @@ def pool_layout(pool: EnvPool) -> EnvLayout:
 
 
 class RemoteStepper(EnvStepper):
-    """An :class:`EnvStepper` whose observations and actions travel in the messages."""
+    """An :class:`EnvStepper` whose observations and actions travel in the messages.
+
+    ``served``: the calls of a host whose welcome named served modules: each step then
+    runs in a thread while this loop reads the link (an env's call waits for its
+    ``served_answer``: :meth:`ServedCalls.run_answering`).
+    """
 
     _chunk: ArrayDict | None = None
+    served: ServedCalls | None = None
+
+    async def run(self, link: Link, *, recv: Callable[[], Awaitable[Message]] | None = None,
+                  step: Callable[[int], Awaitable[bool]] | None = None) -> None:
+        served = self.served
+        if served is None:
+            await super().run(link, recv=recv, step=step)
+            return
+        backlog: deque[Message] = deque()  # what came while a step ran: act, close, ...
+
+        async def next_message() -> Message:
+            while True:
+                message = backlog.popleft() if backlog else await link.recv()
+                if message.kind != ServedAnswer.KIND:
+                    return message
+                try:  # a late answer (its call timed out) is dropped there
+                    served.deliver(message)
+                except ProtocolError as exc:
+                    log.warning("dropped a malformed served_answer: %s", exc)
+
+        async def step_answering(version: int) -> bool:
+            return await served.run_answering(lambda: self._step(version), link.recv, backlog)
+
+        await super().run(link, recv=next_message, step=step_answering)
 
     def chunk_body(self) -> Any:
         """The chunk ``[E, C]``, sent as a TensorDict of its buffers (encoded at once)."""
@@ -154,6 +188,19 @@ class RemoteStepper(EnvStepper):
                         convert=_as_array)
         self.act_block.write(answer.arrays, version=answer.version)
         return read(self.act_dst, 0)
+
+
+def served_calls(link: Link, welcome: EnvWelcome) -> ServedCalls | None:
+    """The calls to the served modules ``welcome`` names, over ``link`` (on its event
+    loop); None when it names none. A malformed route is a ProtocolError."""
+    if not welcome.served:
+        return None
+    calls = ServedCalls(link)
+    calls.bind()
+    for config in welcome.served:
+        calls.add(ServedRoute.from_config(config))
+    calls.admitted()
+    return calls
 
 
 def welcome_config(welcome: EnvWelcome, pool: EnvPool, *, heartbeat_interval: float,
@@ -194,6 +241,7 @@ async def run_remote_env_worker(connect: str, env: Any, *, envs: int = 1,
     missing = env if is_unknown_env_id(env) else ""
     pool = None if missing else await anyio.to_thread.run_sync(build_pool, [env] * envs, kwargs)
     stepper: EnvStepper | None = None
+    served: ServedCalls | None = None
     identity = random_identity(f"{socket.gethostname()}-{os.getpid()}-env")
     try:
         async with Link(connect, identity=identity, heartbeat_interval=interval,
@@ -211,6 +259,7 @@ async def run_remote_env_worker(connect: str, env: Any, *, envs: int = 1,
             config, obs, act = welcome_config(welcome, pool, heartbeat_interval=interval,
                                               peer_timeout=peer_timeout)
             stepper = RemoteStepper(config, pool=pool, blocks=(obs, act))
+            stepper.served = served = served_calls(link, welcome)
             if on_admission is not None:
                 on_admission(True)
             try:
@@ -228,6 +277,8 @@ async def run_remote_env_worker(connect: str, env: Any, *, envs: int = 1,
     finally:
         if on_admission is not None:
             on_admission(False)
+        if served is not None:
+            served.close()
         if stepper is not None:
             stepper.close()
         elif pool is not None:

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Self
 
 from msgspec import Meta
@@ -69,6 +69,8 @@ MAX_DIMS = 16
 MAX_ELEMENTS = 1 << 28
 #: Most observation keys (and policy outputs) a layout may have.
 MAX_ENTRIES = 256
+#: Most served modules one welcome names.
+MAX_SERVED = 64
 #: :class:`~asyncrl._protocol.collection.ErrorReport`'s kind, for a torch-free env worker.
 ERROR_KIND = "error"
 #: Trajectory ids are ``tag << 32 | counter`` in an int64: tags stay below 2**31.
@@ -173,10 +175,18 @@ class EnvWelcome:
     #: ``statistics()`` row's index) and the hello's attempt.
     index: int = 0
     attempt: int = 0
+    #: The served modules it may call over its link: each a
+    #: :class:`~asyncrl._protocol.served.ServedRoute`'s config (read there: the host
+    #: checks each with ``ServedRoute.from_config``). Left out of the body when empty,
+    #: and ignored by a host of an earlier release (unknown fields are).
+    served: Annotated[list[dict[str, Any]], Meta(max_length=MAX_SERVED)] = field(
+        default_factory=list)
 
     def to_body(self) -> dict[str, Any]:
         body = asdict(self)
         body["act"] = {k: [d, list(s)] for k, (d, s) in self.act.items()}
+        if not self.served:
+            del body["served"]
         return body
 
     @classmethod

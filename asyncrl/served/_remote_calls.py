@@ -33,7 +33,7 @@ from ._client import ServedModuleClient
 from ._errors import ServedModuleError, ServedModuleTimeout
 from ._module import ServedModule
 
-__all__ = ["RemoteCalls", "ServedCallRouter", "route_of"]
+__all__ = ["RemoteCalls", "ServedCallRouter", "open_module_calls", "route_of"]
 
 log = logging.getLogger("asyncrl.served")
 
@@ -184,8 +184,10 @@ class ServedCallRouter:
     >>> coordinator.services[ServedCall.KIND] = router.on_message     # doctest: +SKIP
     """
 
-    def __init__(self, send: Send) -> None:
+    def __init__(self, send: Send,
+                 how: str = "weight_sync_schemes with a ServedModuleScheme") -> None:
         self._send = send
+        self._how = how  # how a module becomes one this run serves (the refusal says it)
         self.modules: dict[str, RemoteCalls] = {}
         self._limited = RateLimitedLog(log)
 
@@ -201,7 +203,7 @@ class ServedCallRouter:
             return
         said = printable(str(name), limit=64)
         reason = (f"served_call names module {said!r}; this run serves "
-                  f"{sorted(self.modules)} (weight_sync_schemes with a ServedModuleScheme)")
+                  f"{sorted(self.modules)} ({self._how})")
         self._limited.warning("served-unknown", "refused a call from %r: %s", message.peer,
                               reason)
         try:
@@ -210,3 +212,21 @@ class ServedCallRouter:
                 error=f"refused: {reason}").to_body(), ServedAnswer.KIND)
         except Exception as exc:
             log.debug("could not refuse %r: %r", message.peer, exc)
+
+
+def open_module_calls(hub: Any) -> ServedCallRouter | None:
+    """Remote calls to every served module open in this process, answered over ``hub``
+    (a collector with no scheme for them: ``AsyncBatchedCollector``'s remote env hosts);
+    None when none is open. Run each of ``router.modules``' :meth:`RemoteCalls.run`."""
+    modules = list(ServedModule._open.values())  # noqa: SLF001
+    if not modules:
+        return None
+
+    async def send(peer: bytes, body: Any, kind: str) -> None:
+        await hub.send(peer, body, kind=kind)
+
+    router = ServedCallRouter(send, "the served modules open in the trainer's process as "
+                              "the collector opened")
+    for served in modules:
+        router.add(RemoteCalls(served, send))
+    return router

@@ -28,6 +28,7 @@ from typing import Any
 import anyio
 import anyio.lowlevel
 import torch
+from anyio.abc import TaskGroup
 from tensordict import TensorDictBase
 from torch import nn
 
@@ -40,7 +41,7 @@ from ..._inference.inference_loop import InferenceStatistics
 from ..._inference.local_channels import LocalChannels, probe_env
 from ..._inference.outputs import OutputLayout
 from ..._inference.policy_server import PolicyCopy, PolicyServer, ServerHooks, ServingSetup
-from ..._inference.remote_env_hosts import hub_keys
+from ..._inference.remote_env_hosts import RemoteEnvWorkers, hub_keys
 from ..._inference.served_weights import ServedWeights, given_weights
 from ..._observe.statistics import WorkerStatistics
 from ..._rollout.policies import ExplorationType
@@ -287,6 +288,8 @@ class AsyncBatchedCollector(BaseCollector[RB]):
                         hub.endpoint, backend, obs_paths, outputs, self._channels,
                         env_hub.peer_of, self._local_keys)
                     async with anyio.create_task_group() as tg:
+                        if env_hub.remote is not None:
+                            self._serve_remote_calls(env_hub.remote, hub, tg)
                         tg.start_soon(env_hub.dispatch, hub)
                         tg.start_soon(env_hub.read_local_chunks)
                         hooks = ServerHooks(
@@ -298,6 +301,20 @@ class AsyncBatchedCollector(BaseCollector[RB]):
                         task_status.started()
         finally:
             self._background_done.set()
+
+    @staticmethod
+    def _serve_remote_calls(remote: RemoteEnvWorkers, hub: Hub, tg: TaskGroup) -> None:
+        """Remote env hosts call the served modules open in this process now, over their
+        link (their welcome names them): as a MultiCollector's remote hosts do."""
+        from ...served._remote_calls import open_module_calls
+
+        router = open_module_calls(hub)
+        if router is None:
+            return
+        remote.served_routes = [calls.route.to_config() for calls in router.modules.values()]
+        remote.served_call = router.on_message
+        for calls in router.modules.values():
+            tg.start_soon(calls.run)
 
     def _build_server(self) -> tuple[list[Path], OutputLayout, PolicyServer]:
         """In a thread: one env for the layouts, the server's policy, the env workers'
