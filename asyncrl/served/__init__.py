@@ -20,6 +20,7 @@ from typing import Any as _Any
 from ._client import ServedModuleClient as ServedModuleClient
 from ._errors import ServedModuleError as ServedModuleError
 from ._errors import ServedModuleTimeout as ServedModuleTimeout
+from ._errors import UnknownModelError as UnknownModelError
 from ._handle import ServedModuleHandle as ServedModuleHandle
 
 if _TYPE_CHECKING:
@@ -35,7 +36,7 @@ _LAZY = {"ServedModule": "_module", "ServedModuleScheme": "_scheme",
 
 __all__ = ["ServedModule", "ServedModuleClient", "ServedModuleError", "ServedModuleHandle",
            "ServedModuleScheme", "ServedModuleTimeout", "ServedModuleTransform",
-           "ServedObservation", "ServedReward"]
+           "ServedObservation", "ServedReward", "UnknownModelError"]
 
 
 def __getattr__(name: str) -> _Any:

@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ._errors import UnknownModelError
 from ._module import ServedModule
 
 __all__ = ["PolicyUpdate", "update_by_name", "update_served_by_name"]
@@ -95,7 +96,7 @@ def _named(model_id: str) -> ServedModule:
     try:
         return ServedModule.named(model_id)
     except KeyError:
-        raise ValueError(f"model_id={model_id!r}: this collector serves 'policy', and no "
+        raise UnknownModelError(f"model_id={model_id!r}: this collector serves 'policy', and no "
                          f"served module is open in this process under {model_id!r} (open: "
                          f"{sorted(ServedModule._open)}); open ServedModule(..., "  # noqa: SLF001
                          f"name={model_id!r}) before updating it by model id") from None

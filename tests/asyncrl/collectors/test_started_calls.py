@@ -107,8 +107,8 @@ async def test_an_unawaited_update_that_fails_raises_from_the_next_batch() -> No
         async with Collector(CountingEnv, ValuePolicy(0.0), frames_per_batch=8) as c:
             await c.__anext__()
             c.update_policy_weights_(weights_dict={"critic": ValuePolicy(1.0)})
-            # no served module open under 'critic': the update fails
-            with pytest.raises(ValueError, match=r"^model_id='critic': this collector serves "
+            # no served module open under 'critic': the update fails (a KeyError, as before)
+            with pytest.raises(KeyError, match=r"^model_id='critic': this collector serves "
                                r"'policy', and no served module is open"):
                 await c.__anext__()
             assert versions(await c.__anext__()) == [0]  # raised once; collection goes on
