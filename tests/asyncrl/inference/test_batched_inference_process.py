@@ -116,10 +116,11 @@ async def test_collection_goes_on_while_a_training_step_holds_the_trainers_loop(
         async with AsyncBatchedCollector(counting3, num_envs=2, policy_factory=where_and_when,
                                          frames_per_batch=4, total_frames=-1,
                                          server_backend="process") as collector:
-            # Up to three training steps: on a loaded machine the workers' rings may be full
+            # Up to five training steps: on a loaded machine the workers' rings may be full
             # when one begins (the frames they hold were chosen before it), and then nothing
-            # is left to answer during that step; a server that needs this loop fails all three.
-            for _ in range(3):
+            # is left to answer during that step (three were too few once, under a full
+            # `-n 2` run beside benchmarks); a server that needs this loop fails all five.
+            for _ in range(5):
                 await collector.__anext__()
                 start = time.monotonic()
                 time.sleep(2.0)  # a blocking training step: this event loop does nothing
