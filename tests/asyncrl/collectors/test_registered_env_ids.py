@@ -16,8 +16,7 @@ import subprocess
 import sys
 import types
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 
 import anyio
 import gymnasium as gym
@@ -27,6 +26,7 @@ import torch
 from asyncrl import AsyncBatchedCollector, MultiAsyncCollector, MultiSyncCollector
 from asyncrl._rollout.env_ids import EnvIdSource
 from tests.asyncrl.collectors.runtime_envs import CountingEnv
+from tests.asyncrl.worker_hosts import worker_host
 
 pytestmark = [pytest.mark.anyio,
               pytest.mark.parametrize("anyio_backend", ["asyncio"])]  # processes: once is enough
@@ -40,21 +40,9 @@ def register_at_run_time(**kwargs: object) -> str:
     return env_id
 
 
-@contextmanager
-def remote_host(endpoint: str, env_id: str, *extra: str) -> Iterator[subprocess.Popen[str]]:
-    host = subprocess.Popen([sys.executable, "-m", "asyncrl.cli", "worker", "--connect",
-                             endpoint, "--env", env_id, "--no-forward-logs", *extra],
-                            stderr=subprocess.PIPE, text=True)
-    try:
-        yield host
-    finally:
-        if host.poll() is None:
-            host.terminate()
-        try:
-            host.communicate(timeout=30)
-        except subprocess.TimeoutExpired:
-            host.kill()
-            host.communicate(timeout=10)
+def remote_host(endpoint: str, env_id: str,
+                *extra: str) -> AbstractContextManager[subprocess.Popen[str]]:
+    return worker_host(endpoint, env_id, "--no-forward-logs", *extra, capture_stderr=True)
 
 
 def observed_steps(batch: torch.Tensor) -> torch.Tensor:

@@ -5,9 +5,7 @@ tests/multihost/test_rollout_options.py for a host whose flag differs)."""
 from __future__ import annotations
 
 import subprocess
-import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 
 import anyio
 import pytest
@@ -15,24 +13,14 @@ import pytest
 from asyncrl import MultiSyncCollector
 from tests.asyncrl.rollout.info_envs import make_step_info_env
 from tests.asyncrl.rollout.test_info_keys_collectors import check_rows
+from tests.asyncrl.worker_hosts import worker_host
 
 LIMIT = 120
 ENV = "tests.asyncrl.rollout.info_envs:make_step_info_env"
 
 
-@contextmanager
-def remote_host(endpoint: str, *flags: str) -> Iterator[subprocess.Popen[bytes]]:
-    host = subprocess.Popen([sys.executable, "-m", "asyncrl.cli", "worker", "--connect",
-                             endpoint, "--env", ENV, "--envs-per-worker", "2", *flags])
-    try:
-        yield host
-    finally:
-        host.terminate()
-        try:
-            host.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            host.kill()
-            host.wait(timeout=10)
+def remote_host(endpoint: str, *flags: str) -> AbstractContextManager[subprocess.Popen[bytes]]:
+    return worker_host(endpoint, ENV, "--envs-per-worker", "2", *flags)
 
 
 def remote_collector() -> MultiSyncCollector:

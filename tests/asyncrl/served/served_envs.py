@@ -54,6 +54,15 @@ class Scale(nn.Module):
         return next_observation[:, :1] * self.scale
 
 
+def checked_versions(batch: Any, name: str = "env.transform[0]") -> torch.Tensor:
+    """The served version each frame of ``batch`` records, asserting that its reward was
+    computed by that version (the tests set version v's scale to v + 1)."""
+    version = batch["next", "served_versions", name]
+    t = batch["next", "observation"][..., 0]
+    assert torch.equal(batch["next", "reward"].squeeze(-1), t * (version + 1))
+    return version
+
+
 class Raises(nn.Module):
     """Fine on the example (a batch of 1 at construction); raises on a marked observation."""
 

@@ -11,7 +11,7 @@ import torch
 from asyncrl import MultiSyncCollector
 from asyncrl.served import ServedModule, ServedModuleScheme
 
-from .served_envs import Scale, StepEnv, rewarded_env
+from .served_envs import Scale, StepEnv, checked_versions, rewarded_env
 
 pytestmark = pytest.mark.anyio
 
@@ -34,10 +34,7 @@ async def test_every_frame_records_the_version_that_computed_its_reward() -> Non
                     weight_sync_schemes={NAME: ServedModuleScheme(served)}) as collector:
                 seen = []
                 async for batch in collector:
-                    t = batch["next", "observation"][..., 0]
-                    version = batch[VERSIONS]
-                    # scale of version v is v + 1 (set below): the reward says which one
-                    assert torch.equal(batch["next", "reward"].squeeze(-1), t * (version + 1))
+                    version = checked_versions(batch)
                     seen.append(int(version.max()))
                     new = {"scale": torch.tensor([float(collector.weight_sender(NAME).version
                                                         + 2)])}
@@ -93,9 +90,7 @@ async def test_async_batches_mixing_versions_record_each_frames_own() -> None:
                     weight_sync_schemes={NAME: ServedModuleScheme(served)}) as collector:
                 seen: set[int] = set()
                 async for batch in collector:
-                    t = batch["next", "observation"][..., 0]
-                    version = batch[VERSIONS]
-                    assert torch.equal(batch["next", "reward"].squeeze(-1), t * (version + 1))
+                    version = checked_versions(batch)
                     seen.update(version.unique().tolist())
                     await collector.update_policy_weights(
                         {"scale": torch.tensor([float(served.version + 2)])}, model_id=NAME)
@@ -143,10 +138,7 @@ async def test_in_process_collector_updates_a_served_module_by_model_id() -> Non
                                  info_keys=[served.handle.info_key]) as collector:
                 seen = []
                 async for batch in collector:
-                    t = batch["next", "observation"][..., 0]
-                    version = batch[VERSIONS]
-                    # scale of version v is v + 1 (set below): the reward says which one
-                    assert torch.equal(batch["next", "reward"].squeeze(-1), t * (version + 1))
+                    version = checked_versions(batch)
                     seen.append(version.unique().tolist())
                     if len(seen) == 1:
                         await collector.update_policy_weights(Scale(2.0), model_id=NAME)

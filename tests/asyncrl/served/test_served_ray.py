@@ -28,7 +28,7 @@ from asyncrl.served import (
 )
 from asyncrl.weights._torchrl import as_weight_sync_schemes
 
-from .served_envs import Raises, Scale, Slow, rewarded_env
+from .served_envs import Raises, Scale, Slow, checked_versions, rewarded_env
 
 ray = pytest.importorskip("ray", reason="the ray extra is not installed")
 from asyncrl.launch._ray_handle import _ray_process_alive, actor_info  # noqa: E402
@@ -117,9 +117,7 @@ async def test_ray_module_transform_scheme_updates_the_ray_hosted_module_by_mode
                     weight_sync_schemes={NAME: RayModuleTransformScheme()}) as collector:
                 seen = []
                 async for batch in collector:
-                    t = batch["next", "observation"][..., 0]
-                    version = batch["next", "served_versions", NAME]
-                    assert torch.equal(batch["next", "reward"].squeeze(-1), t * (version + 1))
+                    version = checked_versions(batch)
                     seen.append(int(version.max()))
                     new = {"scale": torch.tensor([float(served.version + 2)])}
                     collector.update_policy_weights_(new, model_id=NAME)  # TorchRL's spelling
@@ -137,7 +135,6 @@ async def test_workers_launched_on_another_raylet_call_the_ray_hosted_module_by_
     a local worker through shared memory: one copy, one version per frame for both."""
     from asyncrl.launch.ray import launch_workers
 
-    versions = ("next", "served_versions", NAME)
     with anyio.fail_after(180):
         async with ServedModule(Scale(1.0), name=NAME, example=EXAMPLE, clients=8,
                                 server_backend="ray") as served:
@@ -155,10 +152,7 @@ async def test_workers_launched_on_another_raylet_call_the_ray_hosted_module_by_
                 try:
                     seen = []
                     async for batch in collector:
-                        t = batch["next", "observation"][..., 0]
-                        version = batch[versions]
-                        assert torch.equal(batch["next", "reward"].squeeze(-1),
-                                           t * (version + 1))
+                        version = checked_versions(batch)
                         assert sorted(batch["collector", "worker_id"].unique().tolist()) \
                             == [0, 1]  # the local worker and the one Ray launched
                         seen.append(sorted(version.unique().tolist()))

@@ -13,9 +13,7 @@ import os
 import re
 import signal
 import subprocess
-import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from typing import Any
 
 import anyio
@@ -29,9 +27,10 @@ from asyncrl._protocol import ServedAnswer, ServedCall, ServedRoute
 from asyncrl._worker.served_calls import ServedCallError, ServedCalls, route_for
 from asyncrl.served import ServedModule, ServedModuleScheme
 from asyncrl.served._remote_calls import RemoteCalls, ServedCallRouter
+from tests.asyncrl.worker_hosts import worker_host
 from transports import Link, Message, ProtocolError
 
-from .served_envs import REMOTE_NAME, Scale, Slow, rewarded_env
+from .served_envs import REMOTE_NAME, Scale, Slow, checked_versions, rewarded_env
 
 pytestmark = pytest.mark.anyio
 #: Tests that start processes run once; the trainer's end alone runs on both backends.
@@ -43,20 +42,8 @@ ENV = "tests.asyncrl.served.served_envs:remote_rewarded_env"
 LIMIT = 150
 
 
-@contextmanager
-def remote_host(endpoint: str) -> Iterator[subprocess.Popen[bytes]]:
-    host = subprocess.Popen([sys.executable, "-m", "asyncrl.cli", "worker", "--connect",
-                             endpoint, "--env", ENV, "--envs-per-worker", "2"])
-    try:
-        yield host
-    finally:
-        if host.poll() is None:
-            host.terminate()
-        try:
-            host.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            host.kill()
-            host.wait(timeout=10)
+def remote_host(endpoint: str) -> AbstractContextManager[subprocess.Popen[bytes]]:
+    return worker_host(endpoint, ENV, "--envs-per-worker", "2")
 
 
 def example() -> dict[str, torch.Tensor]:
@@ -81,11 +68,7 @@ async def test_a_remote_hosts_envs_get_rewards_from_the_served_module() -> None:
                 with remote_host(collector.endpoint):
                     seen = []
                     async for batch in collector:
-                        t = batch["next", "observation"][..., 0]
-                        version = batch[VERSIONS]
-                        # the scale of version v is v + 1: the reward says which computed it
-                        assert torch.equal(batch["next", "reward"].squeeze(-1),
-                                           t * (version + 1))
+                        version = checked_versions(batch, NAME)
                         workers = batch["collector", "worker_id"].unique().tolist()
                         assert sorted(workers) == [0, 1]  # the local worker and the remote one
                         seen.append(sorted(version.unique().tolist()))
