@@ -214,7 +214,8 @@ def welcome_config(welcome: EnvWelcome, pool: EnvPool, *, heartbeat_interval: fl
                              extra_paths=[tuple(p) for p in welcome.extra_paths],
                              chunk_steps=welcome.chunk_steps,
                              heartbeat_interval=heartbeat_interval, peer_timeout=peer_timeout,
-                             traj_tag=welcome.traj_tag)
+                             traj_tag=welcome.traj_tag,
+                             info_columns=[(tuple(p), d, tuple(sh)) for p, d, sh in welcome.infos])
     return config, InlineArrays(obs), InlineArrays(act)
 
 
