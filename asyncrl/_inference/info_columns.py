@@ -57,9 +57,10 @@ def learn_columns(pool: Any, info_keys: Any) -> list[InfoColumn]:
     else:
         from .._rollout.policies import RandomPolicy  # (the trainer has torch)
 
-        reader = attach_info_reader(pool, info_keys, RandomPolicy(pool.specs.action))
+        learned = attach_info_reader(pool, info_keys, RandomPolicy(pool.specs.action))
         pool.info_reader = None  # the layouts' env: it reads nothing more
-        assert reader is not None
+        assert learned is not None
+        reader = learned
     return [(path, arr.dtype.name, tuple(arr.shape[1:]))
             for path, arr in zip(reader.paths, reader.arrays, strict=True)]
 
