@@ -259,7 +259,14 @@ async def run_remote_env_worker(connect: str, env: Any, *, envs: int = 1,
             welcome, pool = joined
             config, obs, act = welcome_config(welcome, pool, heartbeat_interval=interval,
                                               peer_timeout=peer_timeout)
-            stepper = RemoteStepper(config, pool=pool, blocks=(obs, act))
+            try:  # (the welcome's info columns, say, on a TorchRL env: the collector hears why)
+                stepper = RemoteStepper(config, pool=pool, blocks=(obs, act))
+            except Exception as exc:
+                pool = None  # (closed by the stepper)
+                with anyio.move_on_after(2):
+                    await link.send(ErrorPayload.from_exception(exc).to_body(),
+                                    kind=ERROR_KIND)
+                raise
             stepper.served = served = served_calls(link, welcome)
             if on_admission is not None:
                 on_admission(True)
