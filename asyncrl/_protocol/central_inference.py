@@ -89,6 +89,12 @@ InfoDtype = Literal["bool", "uint8", "int8", "int16", "int32", "int64", "uint16"
 InfoEntry = tuple[KeyPath, InfoDtype, Shape]
 
 
+#: A chunk's flags and what the collector stamps: every chunk holds them.
+_FLAGS = ("done", "terminated", "truncated")
+#: What a chunk holds under ``"next"`` besides the observations' twins and the infos.
+_BATCH_NEXT = ("reward", *_FLAGS)
+
+
 def dtype_name(dtype: Any) -> str:
     """A dtype's name, whoever made it: ``torch.float32``, ``np.dtype("float32")``, ``"float32"``.
 
@@ -179,6 +185,12 @@ class EnvWelcome:
     >>> "infos" in EnvWelcome(slot=1, traj_tag=1, chunk_steps=4, obs_paths=[], extra_paths=[],
     ...                       act={"action": ("int64", [2])}).to_body()  # none: as before
     False
+    >>> welcome.infos = [(["observation", "x"], "float64", [])]
+    >>> try:
+    ...     EnvWelcome.from_body(welcome.to_body())
+    ... except ProtocolError as exc:
+    ...     print(exc)  # doctest: +ELLIPSIS
+    env_welcome message field 'infos' names ('observation', 'x'), which clashes with ...
     """
 
     KIND: ClassVar[str] = "env_welcome"
@@ -223,9 +235,16 @@ class EnvWelcome:
         _check_elements([s for _, s in welcome.act.values()], "env_welcome act")
         welcome.infos = [(list(p), d, list(s)) for p, d, s in welcome.infos]
         _check_elements([s for _, _, s in welcome.infos], "env_welcome infos")
+        taken = {tuple(p) for p in welcome.obs_paths} | {(k,) for k in _BATCH_NEXT}
         paths = [tuple(p) for p, _, _ in welcome.infos]
-        if len(set(paths)) != len(paths):
-            raise ProtocolError("env_welcome message field 'infos' names a path twice")
+        for i, path in enumerate(paths):
+            # ("next", *path) must be a leaf of its own: not a flag, not an observation's
+            # twin, not inside or around another info leaf.
+            if any(path[:len(other)] == other or other[:len(path)] == path
+                   for other in [*taken, *paths[:i]]):
+                raise ProtocolError(f"env_welcome message field 'infos' names "
+                                    f"{printable(str(path), limit=200)}, which clashes "
+                                    "with another entry under 'next'")
         return welcome
 
 
@@ -319,8 +338,7 @@ class EnvClose:
         return cls()
 
 
-#: A chunk's flags and what the collector stamps: every chunk holds them.
-_FLAGS = ("done", "terminated", "truncated")
+
 
 
 @dataclass(slots=True)
