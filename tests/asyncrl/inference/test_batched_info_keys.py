@@ -44,9 +44,16 @@ def check_steps(batch: TensorDict) -> int:
     return int(batch["next", "done"].sum())
 
 
+def double(reward: Any) -> Any:
+    return 2 * reward
+
+
 def episode_env() -> gym.Env:  # type: ignore[type-arg]
-    """StepInfoEnv (reward t at step t, episodes of LENGTHS) under RecordEpisodeStatistics."""
-    return gym.wrappers.RecordEpisodeStatistics(StepInfoEnv())
+    """StepInfoEnv (reward t at step t, episodes of LENGTHS) under RecordEpisodeStatistics,
+    its rewards doubled after (the batch's rewards are 2t, the episode's own return
+    is the sum of the t)."""
+    return gym.wrappers.TransformReward(gym.wrappers.RecordEpisodeStatistics(StepInfoEnv()),
+                                        double)
 
 
 async def test_every_frame_carries_its_own_steps_info() -> None:
@@ -67,10 +74,11 @@ async def test_split_env_workers_write_their_own_rows_of_info() -> None:
 
 
 async def test_record_episode_statistics_episode_is_in_the_frame_that_ends_it() -> None:
-    batches = await batches_of(AsyncBatchedCollector(
+    collector = AsyncBatchedCollector(
         episode_env, num_envs=2, frames_per_batch=32, total_frames=64,
-        info_keys=["episode"]))  # never in the first step: its known specs
-    ends = 0
+        info_keys=["episode"])  # never in the first step: its known specs
+    batches = await batches_of(collector)
+    ends, returns = 0, []
     for batch in batches:
         done = batch["next", "done"].squeeze(-1)
         t = batch["next", "observation"][..., 0].double()
@@ -81,8 +89,15 @@ async def test_record_episode_statistics_episode_is_in_the_frame_that_ends_it() 
         assert torch.equal(episode["r"], torch.where(done, t * (t + 1) / 2, 0.0))
         assert torch.equal(episode["l"], torch.where(done, t.long(), 0))
         assert set(episode["l"][done].tolist()) <= set(LENGTHS)
+        assert torch.equal(batch["next", "reward"].squeeze(-1), 2 * t.float())
         ends += int(done.sum())
+        returns += episode["r"][done].tolist()
     assert ends >= 8
+    # statistics() reports the env's own returns (RecordEpisodeStatistics'), not the sums
+    # of the doubled rewards, as the other collectors do
+    stats = collector.statistics()
+    assert stats.episodes == ends
+    assert stats.episode_return_mean == pytest.approx(sum(returns) / len(returns))
 
 
 async def test_given_specs_are_the_batchs_dtypes_and_absent_entries_are_zeros() -> None:
