@@ -146,12 +146,13 @@ def test_an_info_key_that_clashes_with_the_batch_is_refused_at_construction() ->
 
 # -- remote env hosts: the columns travel in the welcome -------------------------------------
 
-def start_env_host(endpoint: str, backend: str) -> subprocess.Popen[str]:
+def start_env_host(endpoint: str, backend: str,
+                   env_path: str = "tests.asyncrl.rollout.info_envs:make_step_info_env"
+                   ) -> subprocess.Popen[str]:
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     return subprocess.Popen(
         [sys.executable, "-m", "asyncrl.cli", "worker", "--role", "env", "--connect", endpoint,
-         "--env", "tests.asyncrl.rollout.info_envs:make_step_info_env",
-         "--envs-per-worker", "2", "--backend", backend],
+         "--env", env_path, "--envs-per-worker", "2", "--backend", backend],
         env=env, stderr=subprocess.PIPE, text=True)
 
 
@@ -214,3 +215,28 @@ async def test_a_host_whose_chunks_lack_the_info_columns_is_refused_and_the_run_
             batch = await collector.__anext__()  # the local worker's frames keep coming
             t = batch["next", "observation"][..., 0]
             assert torch.equal(batch["next", "steps"], t.long())
+
+
+async def test_a_remote_hosts_later_mismatch_drops_it_naming_the_key(
+        anyio_backend: str) -> None:
+    collector = AsyncBatchedCollector(
+        make_step_info_env, num_envs=1, frames_per_batch=8, total_frames=-1,
+        listen="tcp://127.0.0.1:0", remote_workers=1, info_keys=["steps"])
+    with anyio.fail_after(LIMIT):
+        async with collector:
+            host = start_env_host(collector.endpoint, anyio_backend,
+                                  "tests.asyncrl.rollout.info_envs:make_bad_step_info_env")
+            try:
+                async for batch in collector:  # the local worker's frames go on meanwhile
+                    t = batch["next", "observation"][..., 0]
+                    assert torch.equal(batch["next", "steps"], t.long())
+                    if collector.remote_refusals or host.poll() is not None:
+                        break
+            finally:
+                code = await anyio.to_thread.run_sync(host.wait)
+    assert host.stderr is not None
+    err = host.stderr.read()
+    assert code != 0 and "SpecMismatchError" in err, err
+    [refusal] = collector.remote_refusals
+    assert ("reported an error: asyncrl._errors.SpecMismatchError: info entry 'steps': the "
+            "first step gave int64 of shape (), this step gave float64 of shape ()") in refusal
