@@ -144,6 +144,17 @@ def test_an_info_key_that_clashes_with_the_batch_is_refused_at_construction() ->
                               info_keys=["reward"])
 
 
+def test_the_doctests_of_the_info_columns_and_the_welcome() -> None:
+    import doctest
+
+    from asyncrl._inference import info_columns
+    from asyncrl._protocol import central_inference
+
+    for module in (info_columns, central_inference):
+        result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
+        assert result.attempted > 0 and result.failed == 0, module.__name__
+
+
 # -- remote env hosts: the columns travel in the welcome -------------------------------------
 
 def start_env_host(endpoint: str, backend: str,
