@@ -29,11 +29,14 @@ def _torch_dtype(name: str) -> Any:
 
 
 def chunk_layout(obs: Sequence[tuple[Path, Any, tuple[int, ...]]], outputs: Any, *,
+                 infos: Sequence[tuple[Path, str, tuple[int, ...]]] = (),
                  dtype_of: Callable[[str], Any] = _torch_dtype) -> Layout:
     """Every entry of a chunk, per env and step, in TorchRL's key order.
 
     ``obs`` is each observation's path, dtype and per-env shape; ``outputs`` the
-    policy's :class:`~asyncrl._inference.outputs.OutputLayout` (``action`` and extras).
+    policy's :class:`~asyncrl._inference.outputs.OutputLayout` (``action`` and extras);
+    ``infos`` the info leaves asked (:mod:`.info_columns`: path, dtype name, per-env
+    shape), each at ``("next", *path)``.
     The flags, reward and collector entries get ``dtype_of("bool")``, ``("float32")`` and
     ``("int64")``: torch's dtypes by default, numpy's in an env worker. Ended episodes are
     reset in place, so the root ``done`` flags stay False.
@@ -51,6 +54,8 @@ def chunk_layout(obs: Sequence[tuple[Path, Any, tuple[int, ...]]], outputs: Any,
     layout[("next", "reward")] = (reward, (1,))
     for name in ("done", "terminated", "truncated"):
         layout[("next", name)] = (flag, (1,))
+    for path, dtype_name, shape in infos:
+        layout[("next", *path)] = (dtype_of(dtype_name), tuple(shape))
     for name in ("traj_ids", "policy_version", "worker_id"):
         layout[("collector", name)] = (count, ())
     return layout

@@ -66,6 +66,7 @@ from .._rollout.traj_ids import TrajectoryIds
 from .block_io import SlotArrays
 from .chunk_writer import ChunkWriter, Layout, chunk_layout
 from .doorbell import DEFAULT_SPIN, EventFd, no_wakeup_preemption, spin_then_block
+from .info_columns import InfoColumn, attach_columns
 
 log = logging.getLogger("asyncrl.env_worker")
 
@@ -141,6 +142,9 @@ class EnvWorkerConfig:
     env_sources: Sequence[EnvIdSource] = ()
     #: Proves to the collector's admission that this worker was spawned by it (its hello).
     token: str = ""
+    #: The info leaves (``info_keys``) its chunks hold, as the trainer fixed them
+    #: (:mod:`.info_columns`): read from each step's info, written at ``("next", *path)``.
+    info_columns: Sequence[InfoColumn] = ()
 
 
 def build_pool(factories: Sequence[Any], kwargs: Mapping[str, Any]) -> EnvPool:
@@ -283,7 +287,7 @@ class EnvStepper:
             _Outputs(action=(act["action"][0], tuple(act["action"][1][1:])),
                      extras=[(path, act[key][0], tuple(act[key][1][1:]))
                              for path, key in outputs[1:]]),
-            dtype_of=np.dtype)
+            infos=c.info_columns, dtype_of=np.dtype)
         self.layout = layout
         # The chunk buffers, in the layout's order (a local worker's ring has the same).
         data = self._data = chunk_arrays(layout, rows=n, steps=t)
@@ -302,6 +306,10 @@ class EnvStepper:
             split.post += [(data[("next", "reward")][rows, ..., 0], p.reward),
                            (data[("next", "terminated")][rows, ..., 0], p.terminated),
                            (data[("next", "truncated")][rows, ..., 0], p.truncated)]
+            if c.info_columns:  # the pool reads them at each step, before the copies
+                reader = attach_columns(p, c.info_columns)
+                split.post += [(data[("next", *path)][rows], arr)
+                               for path, arr in zip(reader.paths, reader.arrays, strict=True)]
             split.outputs = [(data[path][rows], self.act_dst[key]) for path, key in outputs]
             split.act_np = self.act_np
             split.version = data[("collector", "policy_version")][rows]

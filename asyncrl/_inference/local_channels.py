@@ -25,22 +25,25 @@ from .chunk_buffer import ChunkBuffer
 from .chunk_ring import ChunkReader, ChunkRing, chunk_layout
 from .doorbell import EventFd
 from .env_stepper import build_pool
+from .info_columns import InfoColumn, learn_columns
 from .outputs import OutputLayout
 from .worker_blocks import WorkerBlocks, make_blocks
 
 Path = tuple[str, ...]
 
 
-def probe_env(factory: Any, create_env_kwargs: Mapping[str, Any]
-              ) -> tuple[dict[Path, torch.Tensor], Any]:
+def probe_env(factory: Any, create_env_kwargs: Mapping[str, Any], info_keys: Any = None
+              ) -> tuple[dict[Path, torch.Tensor], Any, list[InfoColumn]]:
     """Build one env (in the trainer, once), reset it: its first observations (a batch
-    of one) by path, and its action spec: the layouts the channels are made for."""
+    of one) by path, its action spec and the info columns of ``info_keys`` (normalised;
+    :func:`~.info_columns.learn_columns`): the layouts the channels are made for."""
     probe = build_pool([factory], dict(create_env_kwargs))
     try:
+        infos = learn_columns(probe, info_keys)
         probe.reset()
         obs = {tuple(p): torch.from_numpy(a.copy())
                for p, a in zip(probe.obs_paths, probe.obs_arrays, strict=True)}
-        return obs, probe.specs.action
+        return obs, probe.specs.action, infos
     finally:
         probe.close()
 
@@ -66,15 +69,15 @@ class LocalChannels:
 
     def make(self, rows: Sequence[int], obs: Mapping[Path, torch.Tensor],
              outputs: OutputLayout, *, splits: int, chunk_steps: int, capacity: int,
-             flat: bool) -> None:
+             flat: bool, infos: Sequence[InfoColumn] = ()) -> None:
         """Make each worker's channels (``rows``: its number of envs). ``capacity``: the
         frames the trainer's buffer holds; ``flat``: chunks are read as ``[E * C]``
-        frames (not cut into trajectories)."""
+        frames (not cut into trajectories); ``infos``: the info columns of its chunks."""
         self.blocks.update(make_blocks(list(rows), dict(obs), outputs, splits=splits))
         self.request_bell = EventFd()
         self.answer_bells = {slot: EventFd() for slot in range(len(rows))}
         layout = chunk_layout([(p, t.dtype, tuple(t.shape[1:])) for p, t in obs.items()],
-                              outputs)
+                              outputs, infos=infos)
         self.chunk_bell = EventFd()
         for slot, envs in enumerate(rows):
             # Each worker's share of the trainer's buffer, in chunks (at least two: one

@@ -63,6 +63,7 @@ from .._protocol import (
     WorkerLog,
     decode,
 )
+from .info_columns import InfoColumn
 from .inline_blocks import InlineBlock, dtype_name
 from .outputs import OutputLayout
 from .slot_occupants import SlotOccupants
@@ -108,7 +109,7 @@ class RemoteEnvWorkers:
                  on_chunk: Callable[[int, Message], None],
                  register: Callable[[int, WorkerInfo | None], None],
                  version: Callable[[], int], registry: WorkerRegistry, admission: Admission,
-                 roster: Roster) -> None:
+                 roster: Roster, infos: Sequence[InfoColumn] = ()) -> None:
         self.count = count
         self.first_slot = first_slot
         self.obs_paths = list(obs)
@@ -116,6 +117,8 @@ class RemoteEnvWorkers:
         self.outputs = outputs
         self.chunk_steps = chunk_steps
         self.max_envs = max_envs
+        #: The info columns (``info_keys``) every chunk holds: in each welcome, whole.
+        self.infos = list(infos)
         self.blocks = blocks
         self._submit, self._on_chunk, self._register = submit, on_chunk, register
         self._version = version
@@ -236,7 +239,8 @@ class RemoteEnvWorkers:
             obs_paths=[list(p) for p in self.obs_paths],
             extra_paths=[list(p) for p, _, _ in self.outputs.extras],
             act={k: (dtype_name(d), list(s)) for k, (d, s) in act.items()},  # type: ignore[misc]
-            index=worker.index, attempt=attempt, served=list(self.served_routes))
+            index=worker.index, attempt=attempt, served=list(self.served_routes),
+            infos=[(list(p), d, list(s)) for p, d, s in self.infos])  # type: ignore[misc]
         await hub.send(peer, welcome.to_body(), kind=EnvWelcome.KIND)
         log.info("remote env worker %r joined as slot %d (traj tag %d) with %d env(s)", peer,
                  slot, tag, envs)
@@ -275,10 +279,25 @@ class RemoteEnvWorkers:
                        records)
 
     def _on_chunk_message(self, message: Message, slot: int) -> None:
-        chunk = decode(EnvChunk, message.body, schema=self.schema(self.blocks[slot].rows),
-                       tag=self.slots.tags[slot], max_version=self._version())
+        schema = self.schema(self.blocks[slot].rows)
+        try:
+            chunk = decode(EnvChunk, message.body, schema=schema, tag=self.slots.tags[slot],
+                           max_version=self._version())
+        except ProtocolError as exc:
+            raise ProtocolError(f"{exc}{self._infos_hint(message.body)}") from None
         chunk.data.get(("collector", "worker_id")).fill_(slot)  # whatever it claimed
         self._on_chunk(slot, message)
+
+    def _infos_hint(self, body: Any) -> str:
+        """Why a chunk may lack the asked info entries: a host that ignored its welcome's."""
+        keys = body.keys(include_nested=True, leaves_only=True) if hasattr(body, "keys") else []
+        got = {(k,) if isinstance(k, str) else tuple(k) for k in keys}
+        missing = [("next", *p) for p, _, _ in self.infos if ("next", *p) not in got]
+        if not missing:
+            return ""
+        return (f"; it lacks {missing[:8]}, the info entries this collector's info_keys "
+                "asked for in its welcome: a host of an earlier asyncrl release ignores "
+                "them, run the trainer's release there")
 
     def schema(self, rows: int) -> dict[Path, tuple[torch.dtype, tuple[int, ...]]]:
         """The entries (dtype, shape) of a chunk of ``rows`` envs, as an env worker writes them."""
@@ -287,7 +306,8 @@ class RemoteEnvWorkers:
             [(("action",), *self.outputs.action),
              *((tuple(p), d, tuple(s)) for p, d, s in self.outputs.extras)],
             rows=rows, steps=self.chunk_steps, flag=torch.bool, reward=torch.float32,
-            counter=torch.int64)
+            counter=torch.int64,
+            infos=[(p, getattr(torch, d), s) for p, d, s in self.infos])
 
     async def refuse(self, hub: Hub, peer: bytes, reason: str) -> None:
         """Tell ``peer`` why, then forget it (a stranger again if it comes back)."""

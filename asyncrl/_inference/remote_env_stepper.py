@@ -214,7 +214,8 @@ def welcome_config(welcome: EnvWelcome, pool: EnvPool, *, heartbeat_interval: fl
                              extra_paths=[tuple(p) for p in welcome.extra_paths],
                              chunk_steps=welcome.chunk_steps,
                              heartbeat_interval=heartbeat_interval, peer_timeout=peer_timeout,
-                             traj_tag=welcome.traj_tag)
+                             traj_tag=welcome.traj_tag,
+                             info_columns=[(tuple(p), d, tuple(sh)) for p, d, sh in welcome.infos])
     return config, InlineArrays(obs), InlineArrays(act)
 
 
@@ -258,7 +259,14 @@ async def run_remote_env_worker(connect: str, env: Any, *, envs: int = 1,
             welcome, pool = joined
             config, obs, act = welcome_config(welcome, pool, heartbeat_interval=interval,
                                               peer_timeout=peer_timeout)
-            stepper = RemoteStepper(config, pool=pool, blocks=(obs, act))
+            try:  # (the welcome's info columns, say, on a TorchRL env: the collector hears why)
+                stepper = RemoteStepper(config, pool=pool, blocks=(obs, act))
+            except Exception as exc:
+                pool = None  # (closed by the stepper)
+                with anyio.move_on_after(2):
+                    await link.send(ErrorPayload.from_exception(exc).to_body(),
+                                    kind=ERROR_KIND)
+                raise
             stepper.served = served = served_calls(link, welcome)
             if on_admission is not None:
                 on_admission(True)

@@ -41,7 +41,7 @@ obs message must hold exactly {'o0': float32[2, 3]}, got keys ['o0', 'o1']
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Self
 
@@ -81,6 +81,18 @@ Shape = Annotated[list[Dim], Meta(max_length=MAX_DIMS)]
 Key = Annotated[str, Meta(min_length=1, max_length=MAX_KEY)]
 KeyPath = Annotated[list[Key], Meta(min_length=1, max_length=MAX_DIMS)]
 Entry = tuple[DtypeName, Shape]
+#: The dtypes an info entry may have (numbers and bools: what ``info_keys`` reads).
+InfoDtype = Literal["bool", "uint8", "int8", "int16", "int32", "int64", "uint16", "uint32",
+                    "uint64", "float16", "float32", "float64"]
+#: One info leaf a worker writes per env and step: its key path under ``"next"``, its
+#: dtype and its per-env shape.
+InfoEntry = tuple[KeyPath, InfoDtype, Shape]
+
+
+#: A chunk's flags and what the collector stamps: every chunk holds them.
+_FLAGS = ("done", "terminated", "truncated")
+#: What a chunk holds under ``"next"`` besides the observations' twins and the infos.
+_BATCH_NEXT = ("reward", *_FLAGS)
 
 
 def dtype_name(dtype: Any) -> str:
@@ -161,7 +173,24 @@ class EnvWelcome:
     ``traj_tag``: the high 32 bits of its ``traj_ids`` (a slot's later occupants get
     fresh ones); ``chunk_steps``: steps per chunk; ``obs_paths`` / ``extra_paths``: the
     key paths of the observations and of the policy's extra outputs; ``act``: the
-    answer's layout, ``{key: (dtype, [envs, *shape])}``.
+    answer's layout, ``{key: (dtype, [envs, *shape])}``; ``infos``: the info leaves its
+    chunks must hold (the collector's ``info_keys``, their specs fixed by the trainer),
+    each ``(path, dtype, per-env shape)``, written as ``("next", *path)``.
+
+    >>> welcome = EnvWelcome(slot=1, traj_tag=1, chunk_steps=4, obs_paths=[["observation"]],
+    ...                      extra_paths=[], act={"action": ("int64", [2])},
+    ...                      infos=[(["episode", "r"], "float64", [])])
+    >>> EnvWelcome.from_body(welcome.to_body()).infos
+    [(['episode', 'r'], 'float64', [])]
+    >>> "infos" in EnvWelcome(slot=1, traj_tag=1, chunk_steps=4, obs_paths=[], extra_paths=[],
+    ...                       act={"action": ("int64", [2])}).to_body()  # none: as before
+    False
+    >>> welcome.infos = [(["observation", "x"], "float64", [])]
+    >>> try:
+    ...     EnvWelcome.from_body(welcome.to_body())
+    ... except ProtocolError as exc:
+    ...     print(exc)  # doctest: +ELLIPSIS
+    env_welcome message field 'infos' names ('observation', 'x'), which clashes with ...
     """
 
     KIND: ClassVar[str] = "env_welcome"
@@ -181,12 +210,18 @@ class EnvWelcome:
     #: and ignored by a host of an earlier release (unknown fields are).
     served: Annotated[list[dict[str, Any]], Meta(max_length=MAX_SERVED)] = field(
         default_factory=list)
+    #: The info leaves its chunks hold (``info_keys``). Left out of the body when empty; a
+    #: host of an earlier release ignores it, and its chunks (without them) are refused.
+    infos: Annotated[list[InfoEntry], Meta(max_length=MAX_ENTRIES)] = field(
+        default_factory=list)
 
     def to_body(self) -> dict[str, Any]:
         body = asdict(self)
         body["act"] = {k: [d, list(s)] for k, (d, s) in self.act.items()}
-        if not self.served:
-            del body["served"]
+        body["infos"] = [[list(p), d, list(s)] for p, d, s in self.infos]
+        for name in ("served", "infos"):
+            if not body[name]:
+                del body[name]
         return body
 
     @classmethod
@@ -198,6 +233,18 @@ class EnvWelcome:
             raise ProtocolError("env_welcome message field 'act' must hold 'action', got "
                                 f"{sorted(welcome.act)[:8]}")
         _check_elements([s for _, s in welcome.act.values()], "env_welcome act")
+        welcome.infos = [(list(p), d, list(s)) for p, d, s in welcome.infos]
+        _check_elements([s for _, _, s in welcome.infos], "env_welcome infos")
+        taken = {tuple(p) for p in welcome.obs_paths} | {(k,) for k in _BATCH_NEXT}
+        paths = [tuple(p) for p, _, _ in welcome.infos]
+        for i, path in enumerate(paths):
+            # ("next", *path) must be a leaf of its own: not a flag, not an observation's
+            # twin, not inside or around another info leaf.
+            if any(path[:len(other)] == other or other[:len(path)] == path
+                   for other in [*taken, *paths[:i]]):
+                raise ProtocolError(f"env_welcome message field 'infos' names "
+                                    f"{printable(str(path), limit=200)}, which clashes "
+                                    "with another entry under 'next'")
         return welcome
 
 
@@ -291,8 +338,7 @@ class EnvClose:
         return cls()
 
 
-#: A chunk's flags and what the collector stamps: every chunk holds them.
-_FLAGS = ("done", "terminated", "truncated")
+
 
 
 @dataclass(slots=True)
@@ -347,11 +393,13 @@ class EnvChunk:
     @staticmethod
     def schema(obs: list[tuple[tuple[str, ...], Any, tuple[int, ...]]],
                outputs: list[tuple[tuple[str, ...], Any, tuple[int, ...]]], *, rows: int,
-               steps: int, flag: Any, reward: Any, counter: Any
+               steps: int, flag: Any, reward: Any, counter: Any,
+               infos: Sequence[tuple[tuple[str, ...], Any, tuple[int, ...]]] = ()
                ) -> dict[tuple[str, ...], tuple[Any, tuple[int, ...]]]:
         """The entries of a ``[rows, steps]`` chunk: each observation (and its
         ``("next", ...)`` twin), each output (``("action",)`` first), the flags, the
-        reward and the collector's counters, as (dtype, shape) with the given dtypes."""
+        reward, each info leaf asked (``("next", *path)``) and the collector's counters,
+        as (dtype, shape) with the given dtypes."""
         lead = (rows, steps)
         schema: dict[tuple[str, ...], tuple[Any, tuple[int, ...]]] = {}
         for path, dtype, shape in obs:
@@ -361,6 +409,8 @@ class EnvChunk:
         for name in _FLAGS:
             schema[(name,)] = schema[("next", name)] = (flag, (*lead, 1))
         schema[("next", "reward")] = (reward, (*lead, 1))
+        for path, dtype, shape in infos:
+            schema[("next", *path)] = (dtype, (*lead, *shape))
         for name in ("traj_ids", "policy_version", "worker_id"):
             schema[("collector", name)] = (counter, lead)
         return schema

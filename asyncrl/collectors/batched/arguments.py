@@ -33,8 +33,6 @@ _REFUSED: dict[str, str] = {
     "driver_affinity": "pin the trainer with taskset/numactl",
     "reset_at_each_iter": "central inference has no per-batch boundary in the env workers; "
                           "use MultiSyncCollector(reset_at_each_iter=True)",
-    "info_keys": "central inference does not read env infos yet; use MultiSyncCollector / "
-                 "MultiAsyncCollector(info_keys=[...]) or Collector(info_keys=[...])",
     "policy_version_key": "versions are always stamped at ('collector', 'policy_version')",
 }
 #: TorchRL arguments accepted only with the value that says what asyncrl does anyway.

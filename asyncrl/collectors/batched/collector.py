@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import anyio
@@ -38,12 +38,15 @@ from ..._errors import CollectorError
 from ..._inference.chunk_buffer import ChunkBuffer, auto_chunk_steps
 from ..._inference.doorbell import spin_for
 from ..._inference.inference_loop import InferenceStatistics
+from ..._inference.info_columns import InfoColumn
 from ..._inference.local_channels import LocalChannels, probe_env
 from ..._inference.outputs import OutputLayout
 from ..._inference.policy_server import PolicyCopy, PolicyServer, ServerHooks, ServingSetup
 from ..._inference.remote_env_hosts import RemoteEnvWorkers, hub_keys
 from ..._inference.served_weights import ServedWeights, given_weights
 from ..._observe.statistics import WorkerStatistics
+from ..._rollout.infos import normalise_info_keys
+from ..._rollout.keys import NestedKey
 from ..._rollout.policies import ExplorationType
 from ..._spawn.forkserver import check_start_method
 from ..._spawn.processes import WorkerProcesses
@@ -104,6 +107,10 @@ class AsyncBatchedCollector(BaseCollector[RB]):
     the ``("next", K)`` twins of observation keys (TorchRL's meaning). With
     ``replay_buffer`` (anything with ``.extend(td)``), as in TorchRL, iteration writes
     each batch there and yields None; ``start()`` fills it in the background.
+    ``info_keys`` (as on the other collectors, ``docs/gymnasium.md``): the named entries
+    of the envs' ``info`` dicts, ``batch["next", k][t]`` the info of the step that
+    produced frame t; their specs are learned from one step of the env built for the
+    layouts (or given) and reach every env worker, remote hosts too in their welcome.
 
     Every env worker, local or remote, is a row of ``statistics().workers`` and its
     joins, refusals, departures and losses are ``events()``, as a MultiSyncCollector's
@@ -169,6 +176,7 @@ class AsyncBatchedCollector(BaseCollector[RB]):
         server_backend: str = "thread",
         server_config: Any = None,
         compact_obs: bool = False,
+        info_keys: Sequence[NestedKey] | Mapping[NestedKey, Any] | None = None,
         **torchrl_options: Any,
     ) -> None:
         if server_config is not None:
@@ -193,6 +201,8 @@ class AsyncBatchedCollector(BaseCollector[RB]):
             envs_per_worker=envs_per_worker, transition_chunk_size=transition_chunk_size,
             worker_num_splits=worker_num_splits, static_batch_size=static_batch_size)
         self.create_env_kwargs = check_env_kwargs(create_env_kwargs)
+        #: The info entries each frame records (normalised: ``((path, spec or None), ...)``).
+        self.info_keys = normalise_info_keys(info_keys)
         self.device = check_serving_device(device, self.batching.static_batch_size)
         self.policy = policy
         self.policy_factory = policy_factory
@@ -214,6 +224,7 @@ class AsyncBatchedCollector(BaseCollector[RB]):
             check_picklable([("policy_factory", policy_factory), ("policy", policy)],
                             start_method=self.start_method)
         self._server: PolicyServer | None = None
+        self._info_columns: list[InfoColumn] = []  # decided once open (_build_server)
         super().__init__(total_frames=total_frames, frames_per_batch=self.frames_per_batch,
                          split_trajs=split_trajs, postproc=self._postprocess,
                          replay_buffer=replay_buffer)
@@ -286,7 +297,7 @@ class AsyncBatchedCollector(BaseCollector[RB]):
                     env_hub = self._env_hub
                     self._workers = self._local.processes(
                         hub.endpoint, backend, obs_paths, outputs, self._channels,
-                        env_hub.peer_of, self._local_keys)
+                        env_hub.peer_of, self._local_keys, self._info_columns)
                     async with anyio.create_task_group() as tg:
                         if env_hub.remote is not None:
                             self._serve_remote_calls(env_hub.remote, hub, tg)
@@ -323,18 +334,20 @@ class AsyncBatchedCollector(BaseCollector[RB]):
         With ``server_backend="process"`` the policy built here (on the CPU) only finds
         the outputs' layout and checks weights; the loop runs in the inference process.
         """
-        obs, spec = probe_env(self._probe_factory, self.create_env_kwargs)
+        obs, spec, infos = probe_env(self._probe_factory, self.create_env_kwargs,
+                                     self.info_keys)
+        self._info_columns = infos
         policy, outputs = PolicyCopy.make(
             self.policy, self.policy_factory, device=self._server_type.copy_device(self.device),
             action_spec=spec, exploration_type=self.exploration_type, obs=obs)
         self._channels.make(
             [len(g) for g in self.groups], obs, outputs, splits=self.batching.splits,
             chunk_steps=self.chunk_steps, capacity=self._frames.capacity,
-            flat=not self.yield_completed_trajectories)
+            flat=not self.yield_completed_trajectories, infos=infos)
         self._env_hub.setup(obs, outputs, max_envs=self.batching.max_batch_size,
                             remote_workers=self.remote_workers, env_id=self._probe_factory,
                             submit_remote=self._submit_remote,
-                            version=lambda: self.policy_version)
+                            version=lambda: self.policy_version, infos=infos)
         server = self._server = self._server_type.create(self._serving_setup(obs, outputs),
                                                          policy)
         self._weights.server = self._env_hub.server = server

@@ -36,7 +36,7 @@ from __future__ import annotations
 import logging
 import secrets
 import socket
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
 from typing import Any
@@ -53,6 +53,7 @@ from ..._errors import BadBatchError, WorkerLostError, rebuild_remote_exception
 from ..._inference.chunk_buffer import ChunkBuffer
 from ..._inference.chunk_ring import TornChunkError
 from ..._inference.env_admission import env_admission
+from ..._inference.info_columns import InfoColumn
 from ..._inference.local_channels import LocalChannels
 from ..._inference.outputs import OutputLayout
 from ..._inference.policy_server import PolicyServer
@@ -128,7 +129,7 @@ class EnvHub:
     def setup(self, obs: dict[Path, torch.Tensor], outputs: OutputLayout, *, max_envs: int,
               remote_workers: int, env_id: Any,
               submit_remote: Callable[[int], Awaitable[None]],
-              version: Callable[[], int]) -> None:
+              version: Callable[[], int], infos: Sequence[InfoColumn] = ()) -> None:
         """The admission, the local workers' identities, the remote slots (in a thread:
         called while the server is built). ``max_envs``: the collector's
         ``max_batch_size``; ``env_id``: its env, offered to a host that lacks it."""
@@ -146,7 +147,8 @@ class EnvHub:
                 chunk_steps=self.chunk_steps, max_envs=max_envs,
                 blocks=self._channels.blocks, submit=submit_remote,
                 on_chunk=self._on_chunk, register=self._register_remote, version=version,
-                registry=self.registry, admission=self.admission, roster=self.roster)
+                registry=self.registry, admission=self.admission, roster=self.roster,
+                infos=infos)
 
     # -- what the hub receives ---------------------------------------------------------------
     async def dispatch(self, hub: Hub) -> None:

@@ -25,6 +25,7 @@ from transports import CurveClient
 
 from ..._inference.env_stepper import EnvWorkerConfig
 from ..._inference.env_worker import env_worker_main
+from ..._inference.info_columns import InfoColumn
 from ..._inference.local_channels import LocalChannels
 from ..._inference.outputs import OutputLayout
 from ..._protocol.env_source import is_plain
@@ -51,10 +52,11 @@ class LocalEnvWorkers:
 
     def processes(self, endpoint: str, backend: str, obs_paths: list[Path],
                   outputs: OutputLayout, channels: LocalChannels,
-                  identities: Mapping[int, bytes], curve: CurveClient | None
-                  ) -> WorkerProcesses:
+                  identities: Mapping[int, bytes], curve: CurveClient | None,
+                  infos: Sequence[InfoColumn] = ()) -> WorkerProcesses:
         """The processes (not started): each joins the hub at ``endpoint`` as
-        ``identities[slot]`` (with ``curve``, its key for a CURVE hub)."""
+        ``identities[slot]`` (with ``curve``, its key for a CURVE hub); ``infos``: the
+        info columns (``info_keys``) their chunks hold."""
         interval, timeout = self.heartbeat
         extra_paths = [p for p, _, _ in outputs.extras]
         parent = os.getpid()
@@ -71,7 +73,8 @@ class LocalEnvWorkers:
                 request_bell=channels.request_bell, answer_bell=channels.answer_bells[slot],
                 spin=self.spin, chunk_ring=channels.rings[slot].names,
                 chunk_bell=channels.chunk_bell, room_bell=channels.room_bells[slot],
-                splits=self.splits, curve=curve, env_sources=sources, token=self.token)
+                splits=self.splits, curve=curve, env_sources=sources, token=self.token,
+                info_columns=list(infos))
             return (endpoint, identity, config, backend, parent)
 
         return WorkerProcesses(len(self.groups), env_worker_main, args,

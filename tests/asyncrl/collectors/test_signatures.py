@@ -37,7 +37,7 @@ IN_PROCESS_KWARGS_ONLY = {
 #: ``AsyncBatchedCollector``: refused, or only TorchRL's value that says what it does anyway.
 BATCHED_KWARGS_ONLY = {
     "transport", "device_config", "weight_sync", "worker_affinity", "driver_affinity",
-    "reset_at_each_iter", "info_keys", "policy_version_key", "backend", "env_backend",
+    "reset_at_each_iter", "policy_version_key", "backend", "env_backend",
     "policy_backend", "env_exchange", "weight_sync_model_id"}
 
 COLLECTORS = [MultiSyncCollector, MultiAsyncCollector, MultiCollector, AsyncCollector,

@@ -62,3 +62,9 @@ class StepInfoFactory:
 
 def make_step_info_env() -> StepInfoEnv:
     return StepInfoEnv()
+
+
+def make_bad_step_info_env() -> StepInfoEnv:
+    """A StepInfoEnv whose ``steps`` turns float from its 6th step (a remote host's env:
+    an import path takes no arguments)."""
+    return StepInfoEnv(bad_at=6)

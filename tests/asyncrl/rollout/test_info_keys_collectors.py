@@ -47,10 +47,14 @@ async def test_worker_processes_send_the_info(collector_type: type) -> None:
     assert sum(check_rows(b) for b in batches) >= 4
 
 
-def test_central_inference_refuses_info_keys_naming_the_others() -> None:
-    with pytest.raises(TypeError, match=r"info_keys=.*MultiSyncCollector"):
-        AsyncBatchedCollector(make_step_info_env, frames_per_batch=8, num_envs=2,
-                              info_keys=["steps"])
+@pytest.mark.anyio
+async def test_central_inference_env_workers_send_the_info() -> None:
+    # (tests/asyncrl/inference/test_batched_info_keys.py: episode, specs, errors, hosts)
+    batches = await batches_of(AsyncBatchedCollector(
+        make_step_info_env, num_envs=2, frames_per_batch=24, total_frames=48,
+        info_keys=["steps", "stats"]))
+    assert len(batches) == 2
+    assert sum(check_rows(b) for b in batches) >= 4
 
 
 def normalized_pendulum() -> gym.Env:
