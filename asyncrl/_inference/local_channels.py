@@ -21,6 +21,8 @@ from typing import Any
 import anyio
 import torch
 
+from transports._shm_format import MAX_SLOTS
+
 from .chunk_buffer import ChunkBuffer
 from .chunk_ring import ChunkReader, ChunkRing, chunk_layout
 from .doorbell import EventFd
@@ -84,8 +86,10 @@ class LocalChannels:
             # being taken, one being written). Both server backends: the loop answers
             # without waiting for this event loop, so chunks not yet taken here are
             # bounded by the slots, not by the loop's room alone.
+            # A ring holds at most MAX_SLOTS chunks: a larger share (a big batch of short
+            # chunks) only waits in the worker, which a full ring stops until one is taken.
             share = capacity / len(rows)
-            slots = max(2, math.ceil(share / (envs * chunk_steps)))
+            slots = min(MAX_SLOTS, max(2, math.ceil(share / (envs * chunk_steps))))
             ring = self.rings[slot] = ChunkRing.create(layout, rows=envs, steps=chunk_steps,
                                                        slots=slots)
             self.readers[slot] = ChunkReader(ring, flat=flat)

@@ -175,3 +175,19 @@ async def test_update_policy_weights_refuses_worker_ids() -> None:
             await collector.update_policy_weights(weights=ValuePolicy(2.0))
             await collector.update_policy_weights(policy=ValuePolicy(3.0), model_id="policy")
             assert collector.policy_version == 2
+
+
+async def test_a_batch_many_chunks_long_fits_the_workers_rings() -> None:
+    # 500 frames per worker in chunks of a few steps is more chunks than a ring has
+    # slots (8): the ring holds what it can and the worker waits for room; the batches
+    # are whole and every trajectory counts up from 0 (it refused to open before).
+    with anyio.fail_after(LIMIT):
+        async with AsyncBatchedCollector(counting3, num_envs=2, policy=ValuePolicy(1.0),
+                                         frames_per_batch=1000, total_frames=2000) as collector:
+            batches = [b async for b in collector]
+    assert [b.batch_size for b in batches] == [torch.Size([1000])] * 2
+    for batch in batches:
+        steps = batch["observation"][:, 0]
+        next_steps = batch["next", "observation"][:, 0]
+        assert bool(((next_steps == steps + 1)).all())
+        assert set(steps.tolist()) == {0.0, 1.0, 2.0}
