@@ -120,6 +120,10 @@ async def test_an_env_worker_that_dies_shows_lost_with_its_exit_code() -> None:
         async with collector:
             pids = collector.worker_pids
             await collector.__anext__()
+            # Worker 0's frames can make the first batch before worker 1 has said hello
+            # (a loaded machine): kill worker 1 once it is in the registry.
+            while len(collector.statistics().workers) < 2:
+                await anyio.sleep(0.01)
             os.kill(pids[1], signal.SIGKILL)
             with pytest.raises(WorkerLostError, match=r"env worker 1 .*SIGKILL"):
                 for _ in range(10_000):
