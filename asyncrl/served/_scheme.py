@@ -17,7 +17,7 @@ ServedModuleScheme(served=None)
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from .._protocol import ServedCall
@@ -166,15 +166,19 @@ def _named(model_id: str) -> ServedModule:
         raise ServedModuleError(str(exc.args[0])) from None
 
 
-def serve_remote_calls(services: dict[str, Any], senders: Mapping[str, WeightSender]) -> None:
+def serve_remote_calls(services: dict[str, Any], senders: Mapping[str, WeightSender],
+                       publish: Callable[[Any], None] | None = None
+                       ) -> ServedCallRouter | None:
     """Route remote workers' ``served_call`` messages (the coordinator's ``services``) to
     the served modules among ``senders`` (none: nothing is routed, and such a call is
-    ignored as any unknown kind)."""
+    ignored as any unknown kind); refusals are counted in the router returned and
+    published as ``publish`` (the collector's events) says."""
     served = [s for s in senders.values() if isinstance(s, ServedModuleSender)]
     if not served:
-        return
-    router = ServedCallRouter(served[0].send_to_peer)
+        return None
+    router = ServedCallRouter(served[0].send_to_peer, publish=publish)
     for sender in served:
         router.add(sender.remote_calls)
     services[ServedCall.KIND] = router.on_message
+    return router
 

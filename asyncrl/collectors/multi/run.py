@@ -33,6 +33,7 @@ from ..._spawn import logs as _logs
 from ..._spawn.processes import WorkerProcesses
 from ..._worker.entry import local_worker_processes
 from ..._worker.spec import WorkerSpec
+from ...served._remote_calls import ServedCallRouter
 from ...served._scheme import serve_remote_calls
 from ...weights import WeightSender, WeightSyncScheme
 from .._env_factories import LocalSpecsCheck
@@ -75,6 +76,8 @@ class MultiRun:
     coordinator: Coordinator | None = None
     workers: WorkerProcesses | None = None
     senders: dict[str, WeightSender] = field(default_factory=dict)
+    #: Remote workers' calls to served modules (None: the run serves none).
+    served_router: ServedCallRouter | None = None
     tmpdir: str | None = None
     background: anyio.CancelScope | None = None
     background_done: anyio.Event | None = None
@@ -143,7 +146,8 @@ async def run_background(run: MultiRun, losses: LossHandling, name: str, paused:
                     sender.on_applied = run.on_weights_applied  # events, metrics
                     coordinator.outbox.attach(sender)  # relay routes, catch-up, batch counts
                 # Remote workers' calls to served modules, from admitted workers only.
-                serve_remote_calls(coordinator.services, run.senders)
+                run.served_router = serve_remote_calls(coordinator.services, run.senders,
+                                                       run.publish)
                 workers = run.workers = local_worker_processes(
                     hub.endpoint, run.worker_specs, run.num_workers, token=token,
                     backend=backend,
