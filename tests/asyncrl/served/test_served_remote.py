@@ -31,7 +31,14 @@ from asyncrl.served._remote_calls import RemoteCalls, ServedCallRouter
 from tests.asyncrl.worker_hosts import worker_host
 from transports import Link, Message, ProtocolError
 
-from .served_envs import REMOTE_NAME, Scale, Slow, checked_versions, rewarded_env
+from .served_envs import (
+    REMOTE_NAME,
+    Scale,
+    Slow,
+    checked_versions,
+    rewarded_env,
+    served_refusal,
+)
 
 pytestmark = pytest.mark.anyio
 #: Tests that start processes run once; the trainer's end alone runs on both backends.
@@ -90,6 +97,7 @@ async def test_a_stranger_is_refused_and_the_run_goes_on() -> None:
                     remote_workers=1, listen="tcp://127.0.0.1:0", envs_per_worker=2,
                     frames_per_batch=32, total_frames=32 * 2,
                     weight_sync_schemes={NAME: ServedModuleScheme(served)}) as collector:
+                events = collector.events()
                 async with Link(collector.endpoint, identity=b"stranger") as stranger:
                     call = ServedCall(NAME, 7, {"next_observation": torch.ones(3)})
                     await stranger.send(call.to_body(), kind=ServedCall.KIND)
@@ -100,6 +108,13 @@ async def test_a_stranger_is_refused_and_the_run_goes_on() -> None:
                 calls = remote_calls(collector)
                 assert calls.answered == 0
                 assert len(calls.refusals) == 1 and "stranger" in calls.refusals[0]
+                # as the collector's other refusals: counted by reason, and an event
+                assert collector.statistics().served_refusals == {"not admitted": 1}
+                refused = await served_refusal(events)
+                assert refused.name == "stranger"
+                assert refused.reason.startswith(
+                    "served_call refused (not admitted): served_call from a peer that is "
+                    "not a live admitted worker of this collector"), refused.reason
                 with remote_host(collector.endpoint):
                     async for batch in collector:  # the run goes on
                         t = batch["next", "observation"][..., 0]
