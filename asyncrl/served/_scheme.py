@@ -143,6 +143,12 @@ class ServedModuleScheme(WeightSyncScheme):
     def init_on_sender(self, model_id: str = "policy", *, hub: HubLike, model: Any = None,
                        workers: Workers | None = None) -> WeightSender:
         served = self.served if self.served is not None else _named(model_id)
+        if ServedModule._open.get(served.name) is not served:  # noqa: SLF001
+            raise ServedModuleError(
+                f"weight_sync_schemes[{model_id!r}]: served module {served.name!r} is not "
+                "open: open the ServedModule ('async with ServedModule(...)') before the "
+                "collector, which tells every worker how to call it when it joins (a module "
+                "opened later is offered to no worker)")
         if served.name != model_id:
             raise ServedModuleError(f"weight_sync_schemes[{model_id!r}] serves the module "
                                     f"named {served.name!r}: register it under its name")
