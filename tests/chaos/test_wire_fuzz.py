@@ -3,15 +3,17 @@
 A trainer runs in its own process (``wire_target.py``: an honest local worker, one place
 for a remote worker on a tcp ``listen=`` without keys, a new weight version after every
 batch). Hypothesis drives hostile peers at it from this process: raw DEALER sockets that
-join (a valid hello), then send valid and mutated instances of every kind a worker, a
-relay or a stranger can send (hello, relay_hello, batch, a compact batch's ``next`` patch,
+join (a valid hello), then send valid and mutated instances of every kind a worker, a relay
+or a stranger can send (hello, relay_hello, batch, a compact batch's ``next`` patch,
 shared_batch, error, leaving, log, progress, weight acks, pings; unknown kinds; broken
-headers). After every step: the honest worker's frames are exact, the target's peak RSS
-grew by at most 64 MB, its event loop never stalled more than 0.5 s. After every example:
-the run went on (the honest worker delivers again), and if a message the decoders refuse
-was read, the target reacted (a refusal, a warning, a rate-limited log). Every mutated
-body is also decoded here by its class's ``from_body``, which may raise ProtocolError and
-nothing else.
+headers), and ``served_call`` to the module the target serves (valid, NaN, of a wrong
+layout or dtype, claiming huge shapes, to an unknown module, mutated; from strangers and
+from the admitted peer: see :func:`served_calls`). After every step: the honest worker's
+frames are exact, the target's peak RSS grew by at most 64 MB, its event loop never stalled
+more than 0.5 s. After every example: the run went on (the honest worker delivers again),
+and if a message the decoders refuse was read, the target reacted (a refusal, a warning, a
+rate-limited log). Every mutated body is also decoded here by its class's ``from_body``,
+which may raise ProtocolError and nothing else.
 
 CI runs a few dozen short examples per backend with a fixed seed;
 ``WIRE_FUZZ_EXAMPLES=500 pytest tests/chaos/test_wire_fuzz.py`` runs longer.
@@ -21,9 +23,11 @@ from __future__ import annotations
 
 import collections
 import os
+import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import strategies as st
@@ -38,10 +42,13 @@ from asyncrl._protocol import (
     Progress,
     RelayAck,
     RelayHello,
+    ServedAnswer,
+    ServedCall,
     SharedBatch,
     WeightsApplied,
     WorkerLog,
 )
+from asyncrl._protocol.served import inline_inputs
 from transports import ProtocolError
 from transports._codec import decode_message
 
@@ -54,11 +61,13 @@ from .wire_fuzz import (
     claim_batch,
     compact_batch,
     identity_specs,
+    mutate_body,
     mutated,
     patch_rows,
     sendable,
     valid_messages,
 )
+from .wire_target import SERVED, SERVED_LAYOUT
 
 pytestmark = [pytest.mark.chaos]
 EXAMPLES = int(os.environ.get("WIRE_FUZZ_EXAMPLES", "25"))
@@ -78,11 +87,61 @@ DECODERS: dict[str, Any] = {
 #: Kinds the coordinator decodes whoever sends them (a batch, a log, a shared batch are
 #: read only from an admitted worker).
 READ_FROM_ANYONE = {Hello.KIND, RelayHello.KIND, ErrorReport.KIND, Leaving.KIND,
-                    Progress.KIND}
+                    Progress.KIND, ServedCall.KIND}
 TRANSPORT_KINDS = {"ack", "ping", "bye"}
 #: What the fuzzer did, for ``pytest -s`` (coverage of a run: how much was read as an
 #: admitted worker's, how much refused).
 STATS: collections.Counter[str] = collections.Counter()
+
+
+# -- served calls ----------------------------------------------------------------------------
+def _inline(dtype: str, shape: list[int], data: bytes) -> list[Any]:
+    return [dtype, shape, data]
+
+
+#: One call's ``next_observation`` input: valid (with NaN and inf too) and hostile forms.
+SERVED_INPUTS = st.one_of(
+    st.lists(st.floats(width=32, allow_nan=True, allow_infinity=True), min_size=3,
+             max_size=3).map(lambda v: inline_inputs({"x": np.array(v, np.float32)})["x"]),
+    st.just(_inline("float64", [3], b"\0" * 24)),  # wrong dtype
+    st.just(_inline("float32", [4], b"\0" * 16)),  # wrong shape
+    st.just(_inline("float32", [3], b"\0" * 8)),  # too few bytes for its claim
+    st.sampled_from([[1 << 40], [50_000_000], [1 << 20, 1 << 20], [-1], [1 << 62, 0]]).map(
+        lambda shape: _inline("float32", shape, b"\0" * 12)),  # huge claims, a few bytes
+    st.just(_inline("float32", [1 << 18], b"\0" * (1 << 20))),  # 1 MiB that came: no claim
+    st.just(torch.ones(3)),  # a tensor frame (an earlier worker's form)
+    st.just(_inline("bfloat16", [3], b"\0" * 6)),
+)
+
+
+@st.composite
+def served_calls(draw: st.DrawFn) -> Message:
+    """A ``served_call`` to the target's module: valid, or of a wrong layout, dtype or
+    name, or claiming a huge shape (then maybe mutated as every kind is)."""
+    inputs: Any = {"next_observation": draw(SERVED_INPUTS)}
+    if draw(st.integers(0, 5)) == 0:
+        inputs = draw(st.sampled_from([{}, {**inputs, "extra": inputs["next_observation"]},
+                                       "not a map", [inputs["next_observation"]]]))
+    name = draw(st.sampled_from([SERVED] * 6 + ["env.transform[9]", "", "[2J", 7]))
+    call = draw(st.sampled_from([1, 0, (1 << 63) - 1, -1, 1 << 64]))
+    return Message(ServedCall.KIND, {"name": name, "call": call, "inputs": inputs},
+                   note=f"served_call name={name!r} call={call} inputs={inputs!r:.60}")
+
+
+def served_verdict(body: Any) -> str | None:
+    """How the target's router and module end judge a ``served_call`` body from an admitted
+    peer: None if it is answered with an output, else why it is refused."""
+    name = body.get("name") if isinstance(body, dict) else None
+    if name != SERVED:
+        return f"unknown module {name!r}"
+    try:
+        ServedCall.from_body(body, layout=SERVED_LAYOUT)
+    except ProtocolError as exc:
+        return str(exc)
+    except Exception as exc:
+        raise AssertionError(f"ServedCall.from_body raised {type(exc).__name__}: {exc} "
+                             "(expected ProtocolError)") from exc
+    return None
 
 
 def known_hole(message: Message) -> str | None:
@@ -118,6 +177,8 @@ def local_verdict(message: Message) -> str | None:
         decoded = decode_message(message.frames())
     except ProtocolError as exc:
         return f"header: {exc}"
+    if decoded.kind == ServedCall.KIND:
+        return served_verdict(decoded.body)
     decoder = DECODERS.get(decoded.kind)
     if decoder is None:
         return None if decoded.kind in TRANSPORT_KINDS else f"unknown kind {decoded.kind!r}"
@@ -213,6 +274,21 @@ class WireFuzz(PeerFuzz):
         message = mutated(data.draw, valid_messages(self.live.layout, self.live.specs,
                                                     peer.identity, request, index)[kind](),
                           kind, mutations)
+        self.deliver(peer, message)
+
+    @rule(data=st.data(), message=served_calls(), mutations=st.integers(0, 2))
+    def call_served(self, data: st.DataObject, message: Message, mutations: int) -> None:
+        """A ``served_call`` to the target's module (valid or hostile, then ``mutations``
+        mutations), from the admitted peer or a stranger."""
+        peer = self.peer(data.draw)
+        peer.read()
+        for _ in range(mutations):
+            message = mutate_body(data.draw, message)
+        STATS["served calls"] += 1
+        self.deliver(peer, message)
+
+    def deliver(self, peer: Peer, message: Message) -> None:
+        """Send ``message`` from ``peer``, noting whether the target must refuse it."""
         if known_hole(message) is not None:
             return  # tested apart (see KNOWN_HOLES)
         if not sendable(message):
@@ -222,6 +298,8 @@ class WireFuzz(PeerFuzz):
             acks_valid(message)
             verdict = local_verdict(message)
         admitted = peer.welcome is not None and peer.refused is None
+        if verdict is None and message.kind == ServedCall.KIND and not admitted:
+            verdict = "a stranger's served_call"  # refused whatever it holds
         if verdict is not None and (message.kind in READ_FROM_ANYONE or admitted
                                     or verdict.startswith(("header", "unknown"))):
             self.refusable.append(f"{message.note}: {verdict[:100]}")
@@ -322,3 +400,58 @@ def test_a_batch_claiming_2_to_the_40_frames_ends_no_run(live: TrainerLive) -> N
 def test_a_batch_claiming_2_to_the_40_frames_is_a_protocol_error() -> None:
     message = Message(Batch.KIND, claim_batch(compact_batch(LAYOUT, 1), 1 << 40))
     assert local_verdict(message) is not None
+
+
+# -- served calls from the wire, explicitly ------------------------------------------------------
+def _served(call: int, value: Any, name: str = SERVED) -> Message:
+    inputs = inline_inputs({"next_observation": value}) if isinstance(value, np.ndarray) \
+        else {"next_observation": value}
+    return Message(ServedCall.KIND, {"name": name, "call": call, "inputs": inputs})
+
+
+def _answers(peer: Peer, count: int, timeout: float = 20.0) -> dict[int, Any]:
+    deadline = time.monotonic() + timeout
+    while len(peer.answers) < count and time.monotonic() < deadline:
+        peer.read(0.2)
+    assert len(peer.answers) >= count, f"{len(peer.answers)} answers of {count}: {peer.answers}"
+    return {answer["call"]: answer for answer in peer.answers}
+
+
+def _more(end: dict[str, int], start: dict[str, int]) -> dict[str, int]:
+    return {k: v - start.get(k, 0) for k, v in end.items() if v != start.get(k, 0)}
+
+
+@pytest.mark.parametrize("live", ["asyncio"], indirect=True)
+def test_served_calls_from_the_wire_are_answered_or_refused_and_counted(
+        live: TrainerLive) -> None:
+    """The admitted peer's valid call (NaN too) is answered by the module; a huge claimed
+    shape, an unknown module and a stranger's call are refused saying why and counted by
+    reason in the target's ``statistics().served_refusals``; the run goes on unharmed."""
+    start = live.target.report()
+    peer = join_free_place(live, b"fuzz-served-")
+    stranger = Peer(live.target.endpoint, b"fuzz-served-stranger")
+    try:
+        peer.send(_served(1, np.array([1.0, 2.0, 3.0], np.float32)))
+        peer.send(_served(2, ["float32", [1 << 40], b""]))
+        peer.send(_served(3, np.array([np.nan, 0.0, 0.0], np.float32)))
+        peer.send(_served(4, np.ones(3, np.float32), name="env.transform[9]"))
+        stranger.send(_served(5, np.ones(3, np.float32)))
+        answers, strangers = _answers(peer, 4), _answers(stranger, 1)
+        output = {"output": ("float32", (1,))}
+        assert ServedAnswer.from_body(answers[1], layout=output).output.tolist() == [14.5]
+        assert np.isnan(ServedAnswer.from_body(answers[3], layout=output).output).all()
+        assert answers[2]["error"] == (
+            "refused: served_call message field 'inputs' must hold exactly "
+            "{'next_observation': float32[3]}, got {'next_observation': float32[1099511627776]}")
+        assert answers[4]["error"].startswith(
+            "refused: served_call names module 'env.transform[9]'; this run serves "
+            f"[{SERVED!r}]"), answers[4]
+        assert "not a live admitted worker" in strangers[5]["error"], strangers
+        end = live.target.progressed(after=live.target.report()["honest"])
+        check_health(end, "after the served calls")
+        assert end["served"] > start["served"]  # the module computed the valid ones
+        assert _more(end["served_refusals"], start["served_refusals"]) == {
+            "malformed": 1, "unknown module": 1, "not admitted": 1}
+    finally:
+        peer.close()
+        stranger.close()
