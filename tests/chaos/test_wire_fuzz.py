@@ -22,6 +22,7 @@ CI runs a few dozen short examples per backend with a fixed seed;
 from __future__ import annotations
 
 import collections
+import copy
 import os
 import time
 from pathlib import Path
@@ -61,7 +62,6 @@ from .wire_fuzz import (
     claim_batch,
     compact_batch,
     identity_specs,
-    mutate_body,
     mutated,
     patch_rows,
     sendable,
@@ -99,10 +99,11 @@ def _inline(dtype: str, shape: list[int], data: bytes) -> list[Any]:
     return [dtype, shape, data]
 
 
-#: One call's ``next_observation`` input: valid (with NaN and inf too) and hostile forms.
-SERVED_INPUTS = st.one_of(
-    st.lists(st.floats(width=32, allow_nan=True, allow_infinity=True), min_size=3,
-             max_size=3).map(lambda v: inline_inputs({"x": np.array(v, np.float32)})["x"]),
+#: One call's valid ``next_observation`` input (NaN and inf too), and hostile forms.
+SERVED_INPUT = st.lists(st.floats(width=32, allow_nan=True, allow_infinity=True), min_size=3,
+                        max_size=3).map(
+    lambda v: inline_inputs({"x": np.array(v, np.float32)})["x"])
+HOSTILE_INPUTS = st.one_of(
     st.just(_inline("float64", [3], b"\0" * 24)),  # wrong dtype
     st.just(_inline("float32", [4], b"\0" * 16)),  # wrong shape
     st.just(_inline("float32", [3], b"\0" * 8)),  # too few bytes for its claim
@@ -118,14 +119,17 @@ SERVED_INPUTS = st.one_of(
 def served_calls(draw: st.DrawFn) -> Message:
     """A ``served_call`` to the target's module: valid, or of a wrong layout, dtype or
     name, or claiming a huge shape (then maybe mutated as every kind is)."""
-    inputs: Any = {"next_observation": draw(SERVED_INPUTS)}
-    if draw(st.integers(0, 5)) == 0:
+    valid = draw(st.integers(0, 9)) >= 4
+    inputs: Any = {"next_observation": draw(SERVED_INPUT if valid else HOSTILE_INPUTS)}
+    if draw(st.integers(0, 5)) == 5:
         inputs = draw(st.sampled_from([{}, {**inputs, "extra": inputs["next_observation"]},
                                        "not a map", [inputs["next_observation"]]]))
-    name = draw(st.sampled_from([SERVED] * 6 + ["env.transform[9]", "", "[2J", 7]))
-    call = draw(st.sampled_from([1, 0, (1 << 63) - 1, -1, 1 << 64]))
+    name = draw(st.sampled_from(["env.transform[9]", "", "\x1b[2J", 7])) \
+        if draw(st.integers(0, 4)) == 0 else SERVED
+    call = draw(st.sampled_from([0, (1 << 63) - 1, -1, 1 << 64, "1"])) \
+        if draw(st.integers(0, 4)) == 0 else draw(st.integers(1, 1 << 20))
     return Message(ServedCall.KIND, {"name": name, "call": call, "inputs": inputs},
-                   note=f"served_call name={name!r} call={call} inputs={inputs!r:.60}")
+                   note=f" name={name!r} call={call} inputs={inputs!r:.60}")
 
 
 def served_verdict(body: Any) -> str | None:
@@ -276,17 +280,6 @@ class WireFuzz(PeerFuzz):
                           kind, mutations)
         self.deliver(peer, message)
 
-    @rule(data=st.data(), message=served_calls(), mutations=st.integers(0, 2))
-    def call_served(self, data: st.DataObject, message: Message, mutations: int) -> None:
-        """A ``served_call`` to the target's module (valid or hostile, then ``mutations``
-        mutations), from the admitted peer or a stranger."""
-        peer = self.peer(data.draw)
-        peer.read()
-        for _ in range(mutations):
-            message = mutate_body(data.draw, message)
-        STATS["served calls"] += 1
-        self.deliver(peer, message)
-
     def deliver(self, peer: Peer, message: Message) -> None:
         """Send ``message`` from ``peer``, noting whether the target must refuse it."""
         if known_hole(message) is not None:
@@ -314,12 +307,44 @@ class WireFuzz(PeerFuzz):
         peer.send(message)
 
 
+class ServedWireFuzz(WireFuzz):
+    """:class:`WireFuzz` (its own rules unchanged, so that its examples stay the ones it
+    always drew) plus ``served_call`` messages to the module the target serves."""
+
+    @rule(data=st.data(), message=served_calls(), mutations=st.integers(0, 2))
+    def call_served(self, data: st.DataObject, message: Message, mutations: int) -> None:
+        """A served call (valid or hostile as :func:`served_calls` draws it), then
+        ``mutations`` mutations of it, from the admitted peer or a stranger."""
+        peer = self.peer(data.draw)
+        peer.read()
+        drawn = message.note
+        message.body = copy.deepcopy(message.body)  # mutated in place; st.just's are shared
+        message = mutated(data.draw, message, ServedCall.KIND, mutations)
+        message.note = ServedCall.KIND + drawn + message.note.removeprefix(ServedCall.KIND)
+        self.deliver(peer, message)
+
+
 @pytest.mark.parametrize("live", ["asyncio", "trio"], indirect=True)
 def test_the_wire_fuzzer_neither_ends_the_run_nor_spoils_an_honest_workers_frames(
         live: TrainerLive) -> None:
     fuzz(WireFuzz, examples=EXAMPLES, steps=STEPS, live=live)
     print(f"wire fuzz on {live.target.backend}: {dict(sorted(STATS.items()))}")
     print(f"target at the end: {live.target.report()}")
+
+
+@pytest.mark.parametrize("live", ["asyncio", "trio"], indirect=True)
+def test_served_calls_in_the_wire_fuzz_neither_end_the_run_nor_cost_memory(
+        live: TrainerLive) -> None:
+    """The same fuzzer and checks, with ``served_call`` messages among the rest."""
+    STATS.clear()
+    start = live.target.report()
+    fuzz(ServedWireFuzz, examples=EXAMPLES, steps=STEPS, live=live)
+    end = live.target.report()
+    print(f"served wire fuzz on {live.target.backend}: {dict(sorted(STATS.items()))}")
+    print(f"target at the end: {end}")
+    assert end["served"] > start["served"], "no valid call reached the module"
+    assert set(end["served_refusals"]) == {"not admitted", "malformed", "unknown module"}, (
+        f"the fuzz drew too few kinds of refusal: {end['served_refusals']}")
 
 
 # -- the fuzzer's starting points and its findings, as explicit examples ---------------------
