@@ -106,16 +106,19 @@ def _inline(dtype: str, shape: list[int], data: bytes) -> list[Any]:
 SERVED_INPUT = st.lists(st.floats(width=32, allow_nan=True, allow_infinity=True), min_size=3,
                         max_size=3).map(
     lambda v: inline_inputs({"x": np.array(v, np.float32)})["x"])
-HOSTILE_INPUTS = st.one_of(
-    st.just(_inline("float64", [3], b"\0" * 24)),  # wrong dtype
-    st.just(_inline("float32", [4], b"\0" * 16)),  # wrong shape
-    st.just(_inline("float32", [3], b"\0" * 8)),  # too few bytes for its claim
-    st.sampled_from([[1 << 40], [50_000_000], [1 << 20, 1 << 20], [-1], [1 << 62, 0]]).map(
-        lambda shape: _inline("float32", shape, b"\0" * 12)),  # huge claims, a few bytes
-    st.just(_inline("float32", [1 << 18], b"\0" * (1 << 20))),  # 1 MiB that came: no claim
-    st.just(torch.ones(3)),  # a tensor frame (an earlier worker's form)
-    st.just(_inline("bfloat16", [3], b"\0" * 6)),
-)
+#: Claims of a huge shape in a few bytes: 4 TiB, 200 MB (what a target that allocated
+#: from a claim would hold: the memory gauge sees it), 4 TiB in two dimensions, a negative
+#: and an overflowing dimension. Half of the hostile inputs.
+CLAIMS = [[1 << 40], [50_000_000], [1 << 20, 1 << 20], [-1], [1 << 62, 0]]
+HOSTILE_INPUTS = st.sampled_from([
+    *[_inline("float32", shape, b"\0" * 12) for shape in CLAIMS],
+    _inline("float64", [3], b"\0" * 24),  # wrong dtype
+    _inline("float32", [4], b"\0" * 16),  # wrong shape
+    _inline("float32", [3], b"\0" * 8),  # too few bytes for its claim
+    _inline("float32", [1 << 18], b"\0" * (1 << 20)),  # 1 MiB that came: no claim
+    torch.ones(3),  # a tensor frame (an earlier worker's form)
+    _inline("bfloat16", [3], b"\0" * 6),
+] + [_inline("float32", shape, b"\0" * 12) for shape in CLAIMS])
 
 
 @st.composite
@@ -461,10 +464,11 @@ def test_served_calls_from_the_wire_are_answered_or_refused_and_counted(
     try:
         peer.send(_served(1, np.array([1.0, 2.0, 3.0], np.float32)))
         peer.send(_served(2, ["float32", [1 << 40], b""]))
+        peer.send(_served(6, ["float32", [50_000_000], b"\0" * 12]))  # 200 MB claimed
         peer.send(_served(3, np.array([np.nan, 0.0, 0.0], np.float32)))
         peer.send(_served(4, np.ones(3, np.float32), name="env.transform[9]"))
         stranger.send(_served(5, np.ones(3, np.float32)))
-        answers, strangers = _answers(peer, 4), _answers(stranger, 1)
+        answers, strangers = _answers(peer, 5), _answers(stranger, 1)
         output = {"output": ("float32", (1,))}
         assert ServedAnswer.from_body(answers[1], layout=output).output.tolist() == [14.5]
         assert np.isnan(ServedAnswer.from_body(answers[3], layout=output).output).all()
@@ -474,12 +478,13 @@ def test_served_calls_from_the_wire_are_answered_or_refused_and_counted(
         assert answers[4]["error"].startswith(
             "refused: served_call names module 'env.transform[9]'; this run serves "
             f"[{SERVED!r}]"), answers[4]
+        assert answers[6]["error"].endswith("got {'next_observation': float32[50000000]}")
         assert "not a live admitted worker" in strangers[5]["error"], strangers
         end = live.target.progressed(after=live.target.report()["honest"])
         check_health(end, "after the served calls")
         assert end["served"] > start["served"]  # the module computed the valid ones
         assert _more(end["served_refusals"], start["served_refusals"]) == {
-            "malformed": 1, "unknown module": 1, "not admitted": 1}
+            "malformed": 2, "unknown module": 1, "not admitted": 1}
     finally:
         peer.close()
         stranger.close()
