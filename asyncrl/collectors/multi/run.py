@@ -207,10 +207,15 @@ def _hub_limits(run: MultiRun, specs: dict[str, Any] | None) -> dict[str, Any]:
 
 def _make_coordinator(run: MultiRun, losses: LossHandling, hub: Hub, token: str,
                       specs: dict[str, Any] | None, paused: bool) -> Coordinator:
+    configs = {model_id: scheme.to_config() for model_id, scheme in run.schemes.items()}
     terms = AdmissionTerms(
         token=token, specs=specs,
         check_specs=LocalSpecsCheck(lambda: run.coordinator, bool(run.remote_workers)),
-        scheme_configs={model_id: scheme.to_config() for model_id, scheme in run.schemes.items()},
+        # A served module's route travels apart (Welcome.served): a worker of a release
+        # before served modules, which knows no "served" scheme, still joins.
+        scheme_configs={m: c for m, c in configs.items() if c.get("scheme") != "served"},
+        served_routes=[c["route"] for c in configs.values()
+                       if c.get("scheme") == "served" and "route" in c],
         # A remote host that lacks the run's gymnasium id is told where it comes from.
         env_source=run.spec.env_source)
     return Coordinator(hub, run.config.coordinator, terms, on_lost=losses.silent,

@@ -18,11 +18,12 @@ import torch
 
 from asyncrl import MultiSyncCollector
 from asyncrl._protocol import ServedCall
+from asyncrl._worker.served_calls import ServedCalls
 from asyncrl.served import ServedModule, ServedModuleError, ServedModuleScheme
-from asyncrl.served._remote_calls import RemoteCalls, ServedCallRouter
+from asyncrl.served._remote_calls import RemoteCalls, ServedCallRouter, route_of
 from asyncrl.served._remote_client import connect
 from asyncrl.testing import identity_env
-from transports import Message
+from transports import Link, Message
 
 from .served_envs import Scale
 
@@ -82,3 +83,35 @@ async def test_a_call_to_a_module_opened_after_the_collector_is_refused_saying_s
                  "this collector, whose remote hosts learn the routes in their welcome: open "
                  "the ServedModule before the collector"}]
     assert router.refusals.counts() == {"unknown module": 1}
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_worker_of_the_release_before_served_modules_is_welcomed_by_a_trainer_serving_one(
+        ) -> None:
+    """A worker before served modules knows no "served" weight scheme: the route travels in
+    ``Welcome.served`` (a field such a worker ignores), never among the schemes it builds
+    receivers from, so it joins; a worker of this release reads its routes there."""
+    from asyncrl.weights import WeightSyncScheme
+    from tests.chaos.wire_fuzz import hello, identity_specs
+
+    with anyio.fail_after(60):
+        async with ServedModule(Scale(2.0), name=NAME, example=EXAMPLE) as served, \
+                MultiSyncCollector(identity_env, num_workers=0, remote_workers=1,
+                                   listen="tcp://127.0.0.1:0", frames_per_batch=8,
+                                   total_frames=8, weight_sync_schemes={
+                                       NAME: ServedModuleScheme(served)}) as collector, \
+                Link(collector.endpoint, identity=b"older") as link:
+            await link.send(hello(identity_specs(), b"older"), kind="hello")
+            welcome = await link.recv()
+            route = route_of(served).to_config()
+    assert welcome.kind == "welcome", welcome.body
+    before = set(WeightSyncScheme._registry) - {"served"}  # what such a worker can build
+    assert {config["scheme"] for config in welcome.body["schemes"].values()} <= before
+    assert welcome.body["served"] == [route]
+    calls = ServedCalls(None)  # type: ignore[arg-type]  # a worker of this release
+    try:
+        assert calls.take(welcome.body["schemes"], welcome.body["served"]) \
+            == welcome.body["schemes"]
+        assert calls.routes[NAME].to_config() == route
+    finally:
+        calls.close()
