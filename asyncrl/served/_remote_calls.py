@@ -258,7 +258,7 @@ class ServedCallRouter:
         said = printable(str(name), limit=64)
         reason = (f"served_call names module {said!r}; this run serves "
                   f"{sorted(self.modules)} ({self._how})")
-        if isinstance(name, str) and name in ServedModule._open:  # noqa: SLF001
+        if isinstance(name, str) and _open_now(name):
             reason += (f"; {said!r} is open in the trainer's process but was opened after "
                        "this collector, whose remote hosts learn the routes in their "
                        "welcome: open the ServedModule before the collector")
@@ -271,6 +271,14 @@ class ServedCallRouter:
                 error=f"refused: {reason}").to_body(), ServedAnswer.KIND)
         except Exception as exc:
             log.debug("could not refuse %r: %r", message.peer, exc)
+
+
+def _open_now(name: str) -> bool:
+    try:
+        ServedModule.named(name)
+    except KeyError:
+        return False
+    return True
 
 
 def open_module_calls(hub: Any, publish: Callable[[Any], None] | None = None

@@ -143,7 +143,7 @@ class ServedModuleScheme(WeightSyncScheme):
     def init_on_sender(self, model_id: str = "policy", *, hub: HubLike, model: Any = None,
                        workers: Workers | None = None) -> WeightSender:
         served = self.served if self.served is not None else _named(model_id)
-        if ServedModule._open.get(served.name) is not served:  # noqa: SLF001
+        if not _is_open(served):
             raise ServedModuleError(
                 f"weight_sync_schemes[{model_id!r}]: served module {served.name!r} is not "
                 "open: open the ServedModule ('async with ServedModule(...)') before the "
@@ -163,6 +163,13 @@ class ServedModuleScheme(WeightSyncScheme):
         self._receiver = WeightReceiver(model_id, _ServedElsewhere(model_id),
                                         strategy=self.strategy, on_apply=on_apply)
         return self._receiver
+
+
+def _is_open(served: ServedModule) -> bool:
+    try:
+        return ServedModule.named(served.name) is served
+    except KeyError:
+        return False
 
 
 def _named(model_id: str) -> ServedModule:
