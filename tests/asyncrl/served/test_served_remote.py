@@ -268,6 +268,7 @@ async def test_more_calls_than_slots_wait_bounded_and_the_rest_are_answered_busy
             await calls.on_message(object(), _call(2))
             assert len(sent.answers) == 1 and sent.answers[0]["call"] == 2
             assert "is busy: more calls wait than its 1 client slots" in sent.answers[0]["error"]
+            assert calls.refused == {"busy": 1}  # counted as the other refusals
             async with anyio.create_task_group() as tg:
                 tg.start_soon(calls.run)
                 await _answers(sent, 2)
