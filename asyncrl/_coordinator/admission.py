@@ -9,7 +9,7 @@ free slot, ``check_specs``, ``max_remote_workers``). Plain methods that update t
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,7 +48,8 @@ class AdmissionTerms:
     workers); ``specs``: the env specs every worker must match (None: the first
     admitted worker's); ``check_specs``: how a hello's specs are judged against them;
     ``scheme_configs``: the weight schemes every welcome carries; ``env_source``:
-    where the run's gymnasium id is registered, offered to a host that lacks it.
+    where the run's gymnasium id is registered, offered to a host that lacks it;
+    ``served_routes``: how a remote worker calls each served module.
 
     >>> AdmissionTerms(token="secret").specs is None
     True
@@ -59,6 +60,8 @@ class AdmissionTerms:
     check_specs: Callable[[dict[str, Any], Hello], list[str]] | None = None
     scheme_configs: Mapping[str, Any] = field(default_factory=dict)
     env_source: EnvIdSource | None = None
+    #: The served modules' routes every welcome carries (``Welcome.served``).
+    served_routes: Sequence[dict[str, Any]] = ()
 
 
 class Admission:
@@ -144,7 +147,8 @@ class Admission:
             init_random_frames=self.config.init_random_frames,
             schemes=dict(self.terms.scheme_configs), attempt=hello.attempt,
             instance=self._instance, compact_batches=True,
-            compact_obs=self.config.compact_obs, rollout=rollout), worker)
+            compact_obs=self.config.compact_obs, rollout=rollout,
+            served=list(self.terms.served_routes)), worker)
 
     def welcome_again(self, worker: WorkerInfo, hello: Hello) -> list[Action]:
         """Answer a hello from a worker this coordinator has admitted already.

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable
-from dataclasses import dataclass, fields
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 import torch
@@ -117,6 +117,9 @@ class CollectorStatistics:
     socket_bytes: int = 0
     #: Local workers kept on the socket because ``/dev/shm`` was full.
     shared_memory_fallbacks: int = 0
+    #: Remote hosts' calls to served modules refused, by reason (``"not admitted"``,
+    #: ``"malformed"``, ``"unknown module"``, ``"busy"``); see ``asyncrl.served``.
+    served_refusals: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass

@@ -16,6 +16,7 @@ from msgspec import Meta
 
 from transports import ProtocolError
 
+from .central_inference import MAX_SERVED
 from .decoding import Text, Tree, read
 from .env_source import read_env_source
 from .fields import (
@@ -167,9 +168,19 @@ class Welcome:
     #: the options its hello names; checked by ``RolloutOptions.from_wire``). Data,
     #: never code; without the field (a coordinator before it) a worker keeps its own.
     rollout: RolloutMap = field(default_factory=dict)
+    #: The served modules this worker may call over its link: each a
+    #: :class:`~asyncrl._protocol.served.ServedRoute`'s config (the worker checks each).
+    #: Not among ``schemes``: a worker of a release before served modules ignores this
+    #: field (unknown fields are) and joins; it fails only if its env calls one. Left out
+    #: of the body when empty.
+    served: Annotated[list[dict[str, Any]], Meta(max_length=MAX_SERVED)] = field(
+        default_factory=list)
 
     def to_body(self) -> dict[str, Any]:
-        return asdict(self)
+        body = asdict(self)
+        if not self.served:
+            del body["served"]
+        return body
 
     @classmethod
     def from_body(cls, body: Any) -> Self:

@@ -9,8 +9,11 @@ a live admitted worker to the module and sends the answer back the same way.
   config, ``Welcome.schemes[name]["route"]``): the module's name, the layout of its
   inputs and output, and ``call_timeout``. Data, never code; the worker checks it.
 - :class:`ServedCall` (worker -> coordinator): one env's inputs, inline, with a call
-  number the answer repeats. The trainer decodes it against the module's own layout
-  (dtype and shape of every input, exactly): a peer's claim never sizes anything.
+  number the answer repeats. Each input travels as ``[dtype, shape, raw bytes]`` in
+  the message's header, not as a tensor frame: the transport builds no array from it,
+  and the trainer checks dtype, shape and byte count against the module's own layout
+  before it makes an array (a view of those bytes): a peer's claim never sizes
+  anything, and a refusal names what was expected and what came.
 - :class:`ServedAnswer` (coordinator -> worker): the output and the version of the
   weights that computed it, or why there is none (``error``: the module failed, was
   closed, timed out, or the call was refused). The worker decodes it against the
@@ -26,6 +29,12 @@ True
 ... except ProtocolError as exc:
 ...     print(exc)
 served_call message field 'inputs' must hold exactly {'x': float32[4]}, got {'x': int}
+>>> huge = ServedCall("r", 1, {"x": ["float32", [1 << 40], b""]}).to_body()
+>>> try:  # a claim of 4 TiB in a message of a few bytes: refused before any array is made
+...     ServedCall.from_body(huge, layout={"x": ("float32", (4,))})
+... except ProtocolError as exc:
+...     print(str(exc).split(", got ")[1])
+{'x': float32[1099511627776]}
 """
 
 from __future__ import annotations
@@ -35,14 +44,16 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar, Self
 
+import numpy as np
 from msgspec import Meta
 
-from transports import ProtocolError
+from transports import ProtocolError, printable
 
 from .central_inference import MAX_ELEMENTS, DtypeName, Key, Shape, _arrays
 from .decoding import Text, read
 
-__all__ = ["MAX_CALL", "MAX_INPUTS", "ServedAnswer", "ServedCall", "ServedRoute"]
+__all__ = ["MAX_CALL", "MAX_CALL_BYTES", "MAX_INPUTS", "ServedAnswer", "ServedCall",
+           "ServedRoute", "inline_inputs"]
 
 #: Most inputs a served module may take.
 MAX_INPUTS = 64
@@ -52,6 +63,9 @@ MAX_CALL = (1 << 63) - 1
 MAX_NAME = 200
 #: Longest reason an answer without output carries.
 MAX_ERROR = 4000
+#: Most bytes one call's inputs may hold: they travel in the message's header, which
+#: the transport caps at 64 MiB (``transports._codec.MAX_HEADER_BYTES``).
+MAX_CALL_BYTES = 48 << 20
 
 Name = Annotated[str, Meta(min_length=1, max_length=MAX_NAME)]
 Field = tuple[Key, DtypeName, Shape]
@@ -82,6 +96,12 @@ class ServedRoute:
         if total > MAX_ELEMENTS:
             raise ProtocolError(f"served route: {total} elements in all, more than the "
                                 f"{MAX_ELEMENTS} a layout may hold")
+        sizes = [_nbytes(d, s) for _, d, s in self.inputs]
+        if sum(sizes) > MAX_CALL_BYTES:
+            raise ProtocolError(f"served route: one call's inputs hold {sum(sizes)} bytes, "
+                                f"more than the {MAX_CALL_BYTES} a call over the network may "
+                                "carry: give the module smaller inputs, or run the envs that "
+                                "call it on the trainer's host (shared memory)")
 
     def to_config(self) -> dict[str, Any]:
         return {"name": self.name, "inputs": [[n, d, list(s)] for n, d, s in self.inputs],
@@ -118,7 +138,11 @@ class ServedCall:
     inputs: Any
 
     def to_body(self) -> dict[str, Any]:
-        return {"name": self.name, "call": self.call, "inputs": self.inputs}
+        """The wire form: each array input as ``[dtype, shape, bytes]`` (see
+        :func:`inline_inputs`); an input already in that form (or anything else) as is."""
+        inputs = inline_inputs(self.inputs) if isinstance(self.inputs, Mapping) \
+            else self.inputs
+        return {"name": self.name, "call": self.call, "inputs": inputs}
 
     @classmethod
     def header(cls, body: Any) -> Self:
@@ -131,11 +155,12 @@ class ServedCall:
                     "served_call")
 
     @classmethod
-    def from_body(cls, body: Any, *, layout: Layout,
-                  convert: Callable[[Any], Any] | None = None) -> Self:
+    def from_body(cls, body: Any, *, layout: Layout) -> Self:
+        """The inputs are read-only numpy views of the message's bytes, made once each
+        input's dtype, shape and byte count matched ``layout``."""
         call = cls.header(body)
-        call.inputs = _arrays(body.get("inputs"), layout, "served_call message field "
-                              "'inputs'", convert)
+        call.inputs = _inline_arrays(body.get("inputs"), layout,
+                                     "served_call message field 'inputs'")
         return call
 
 
@@ -176,3 +201,70 @@ class ServedAnswer:
                                     "served_answer message field 'output'",
                                     convert)["output"]
         return answer
+
+
+def _nbytes(dtype: str, shape: Any) -> int:
+    return int(math.prod(shape)) * (2 if dtype == "bfloat16" else np.dtype(dtype).itemsize)
+
+
+def inline_inputs(inputs: Mapping[str, Any]) -> dict[str, Any]:
+    """``{name: [dtype, shape, bytes]}`` of each array (or tensor) of ``inputs``: what a
+    :class:`ServedCall` carries (a value that is neither is left as it is).
+
+    >>> inline_inputs({"x": np.ones(2, np.float32)})
+    {'x': ['float32', [2], b'\\x00\\x00\\x80?\\x00\\x00\\x80?']}
+    """
+    wire: dict[str, Any] = {}
+    for name, value in inputs.items():
+        if hasattr(value, "numpy") and not isinstance(value, np.ndarray):
+            value = value.detach().cpu().numpy() if hasattr(value, "detach") else value.numpy()
+        if isinstance(value, np.ndarray):
+            array = np.ascontiguousarray(value)
+            if array.dtype.byteorder == ">":
+                array = array.astype(array.dtype.newbyteorder("<"))
+            value = [array.dtype.name, list(array.shape), array.tobytes()]
+        wire[name] = value
+    return wire
+
+
+def _inline_arrays(body: Any, layout: Layout, what: str) -> dict[str, Any]:
+    """``{name: array}`` of a call's ``[dtype, shape, bytes]`` inputs, each checked against
+    ``layout`` (dtype, shape and byte count, exactly) before an array is made: a read-only
+    numpy view of the bytes the message carried, never an allocation a peer sized."""
+    expected = "{" + ", ".join(f"{k!r}: {d}{list(s)}" for k, (d, s) in layout.items()) + "}"
+    if not isinstance(body, Mapping):
+        raise ProtocolError(f"{what} must be a map {expected}, got {type(body).__name__}")
+    if set(body) != set(layout):
+        keys = sorted(printable(str(k), limit=32) for k in list(body)[:8])
+        raise ProtocolError(f"{what} must hold exactly {expected}, got keys {keys}")
+    bad = {k: problem for k, (d, s) in layout.items()
+           if (problem := _inline_problem(body[k], d, s))}
+    if bad:
+        got = ", ".join(f"{printable(str(k), limit=32)!r}: {p}" for k, p in list(bad.items())[:8])
+        raise ProtocolError(f"{what} must hold exactly {expected}, got {{{got}}}")
+    arrays = {}
+    for name, (dtype, shape) in layout.items():
+        if dtype == "bfloat16":  # numpy has no bfloat16 (a remote caller cannot make one either)
+            raise ProtocolError(f"{what}: input {name!r} is bfloat16, which a call over the "
+                                "network cannot carry")
+        arrays[name] = np.frombuffer(body[name][2], dtype=np.dtype(dtype)).reshape(shape)
+    return arrays
+
+
+def _inline_problem(value: Any, dtype: str, shape: tuple[int, ...]) -> str:
+    """Why ``value`` is not ``[dtype, shape, bytes of that size]`` ("" if it is); nothing is
+    made from what it claims."""
+    if not (isinstance(value, list) and len(value) == 3):
+        return f"a list of {len(value)}" if isinstance(value, list) else type(value).__name__
+    got_dtype, got_shape, data = value
+    if not isinstance(got_dtype, str) or not isinstance(got_shape, list) \
+            or not all(type(d) is int for d in got_shape[:64]) or len(got_shape) > 64:
+        return f"[{type(got_dtype).__name__}, {type(got_shape).__name__}, ...]"
+    said = f"{printable(got_dtype, limit=16)}{got_shape}"
+    if (got_dtype, tuple(got_shape)) != (dtype, tuple(shape)):
+        return said
+    if not isinstance(data, bytes):
+        return f"{said} whose data is {type(data).__name__}, not bytes"
+    if len(data) != _nbytes(dtype, shape):
+        return f"{said} in {len(data)} bytes (expected {_nbytes(dtype, shape)})"
+    return ""

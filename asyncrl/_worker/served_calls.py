@@ -22,7 +22,7 @@ import itertools
 import logging
 import threading
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -107,10 +107,14 @@ class ServedCalls:
         with _routes_lock:
             _routes[route.name] = (route, self)
 
-    def take(self, schemes: Mapping[str, Any]) -> dict[str, Any]:
-        """Take the routes a welcome's scheme configs give (``{"scheme": "served", "route":
-        ...}``; a malformed one raises :class:`ProtocolError`); return the other configs.
+    def take(self, schemes: Mapping[str, Any],
+             routes: Sequence[Any] = ()) -> dict[str, Any]:
+        """Take the routes a welcome gives (``Welcome.served``, and the scheme configs'
+        ``{"scheme": "served", "route": ...}`` of a trainer of the release before it; a
+        malformed one raises :class:`ProtocolError`); return the other scheme configs.
         A served module's weights never travel to a worker: it needs no receiver."""
+        for route in routes:
+            self.add(ServedRoute.from_config(route))
         others = {}
         for model_id, config in schemes.items():
             if isinstance(config, dict) and config.get("scheme") == "served":

@@ -363,7 +363,8 @@ class Worker:
             # Receivers for the models the coordinator syncs that our spec did not name
             # (a remote worker calls a served module instead: its route is kept).
             calls = self.served_calls
-            schemes = welcome.schemes if calls is None else calls.take(welcome.schemes)
+            schemes = welcome.schemes if calls is None else calls.take(welcome.schemes,
+                                                                       welcome.served)
             self._weights.add_configs(schemes, root=self)
             # A restarted trainer numbers its versions from 1 again: before its
             # catch-up weights are read, forget what the old one's numbers meant.

@@ -114,7 +114,8 @@ class CollectorOperations:
             frames_per_second=self._rate.rate(), batches=self._batches,
             policy_version=self.policy_version, policy_lag=self._lag, paused=self._paused,
             episodes=self._returns.episodes, episode_return_mean=self._returns.mean(),
-            workers=tuple(self._worker_statistics()), state=self._state())
+            workers=tuple(self._worker_statistics()), state=self._state(),
+            served_refusals=self._served_refusals())
 
     def _state(self) -> CollectorState:
         """The collector's state as a whole: failed first (it stays so once closed)."""
@@ -152,6 +153,11 @@ class CollectorOperations:
 
     def _worker_statistics(self) -> list[WorkerStatistics]:
         return []
+
+    def _served_refusals(self) -> dict[str, int]:
+        """Remote calls to served modules refused, by reason (a collector with remote
+        hosts that serves modules: see ``asyncrl.served``)."""
+        return {}
 
     # -- events -----------
     def events(self, maxlen: int = 1024) -> EventStream:

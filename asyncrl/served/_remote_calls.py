@@ -15,25 +15,33 @@ worker; a worker gone meanwhile gets nothing, and its slot serves the next call.
 
 Calls waiting here are bounded too: at most ``clients`` (the module's slots) are
 queued; past that a call is answered "busy" at once.
+
+Every refusal is counted by reason (:data:`REASONS`: ``"not admitted"``,
+``"malformed"``, ``"unknown module"``, ``"busy"``) in :class:`Refusals`, which the
+collector reads into ``statistics().served_refusals``; the first refusal of each reason
+from each peer is also a ``"refused"`` event of ``collector.events()`` (a flood of one
+peer's calls is counted, not published call by call).
 """
 
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Literal
 
 import anyio
-import numpy as np
 
-from transports import Message, ProtocolError, RateLimitedLog, printable
+from transports import Message, ProtocolError, RateLimitedLog, peer_name, printable
 
+from .._observe.events import CollectorEvent
 from .._protocol import ServedAnswer, ServedCall, ServedRoute, decode
 from ._client import ServedModuleClient
 from ._errors import ServedModuleError, ServedModuleTimeout
 from ._module import ServedModule
 
-__all__ = ["RemoteCalls", "ServedCallRouter", "open_module_calls", "route_of"]
+__all__ = ["REASONS", "Refusals", "RemoteCalls", "ServedCallRouter", "open_module_calls",
+           "route_of"]
 
 log = logging.getLogger("asyncrl.served")
 
@@ -41,6 +49,40 @@ log = logging.getLogger("asyncrl.served")
 _MAX_REFUSALS = 100
 
 Send = Callable[[bytes, Any, str], Awaitable[None]]
+Reason = Literal["not admitted", "malformed", "unknown module", "busy"]
+#: Why a remote call was refused: the keys of ``statistics().served_refusals``.
+REASONS: tuple[Reason, ...] = ("not admitted", "malformed", "unknown module", "busy")
+#: Peers whose first refusal of a reason was published (then counted only).
+_MAX_PUBLISHED = 1024
+
+
+class Refusals:
+    """The refused remote calls of a run, counted by reason (every module's together);
+    ``publish``: the collector's events (the first refusal of each reason per peer).
+
+    >>> refusals = Refusals()
+    >>> refusals.note("busy", b"w", "served module 'r' is busy")
+    >>> refusals.counts()
+    {'busy': 1}
+    """
+
+    def __init__(self, publish: Callable[[Any], None] | None = None) -> None:
+        self.publish = publish
+        self.counter: Counter[str] = Counter()
+        self._published: set[tuple[str, bytes]] = set()
+
+    def note(self, reason: Reason, peer: bytes, text: str) -> None:
+        self.counter[reason] += 1
+        if self.publish is None or (reason, peer) in self._published \
+                or len(self._published) >= _MAX_PUBLISHED:
+            return
+        self._published.add((reason, peer))
+        self.publish(CollectorEvent("refused", name=peer_name(peer),
+                                    reason=f"served_call refused ({reason}): {text}"))
+
+    def counts(self) -> dict[str, int]:
+        """``{reason: refused calls}``, the reasons seen so far."""
+        return {r: self.counter[r] for r in REASONS if self.counter[r]}
 
 
 def route_of(served: ServedModule) -> ServedRoute:
@@ -50,11 +92,6 @@ def route_of(served: ServedModule) -> ServedRoute:
         "name": handle.name, "inputs": [[n, d, list(s)] for n, d, s in handle.inputs],
         "output": [handle.output[0], handle.output[1], list(handle.output[2])],
         "call_timeout": handle.call_timeout})
-
-
-def _as_array(value: Any) -> Any:
-    return value.numpy() if hasattr(value, "numpy") and not isinstance(value, np.ndarray) \
-        else value
 
 
 class RemoteCalls:
@@ -68,8 +105,11 @@ class RemoteCalls:
     >>> coordinator.services[ServedCall.KIND] = calls.on_message      # doctest: +SKIP
     """
 
-    def __init__(self, served: ServedModule, send: Send) -> None:
+    def __init__(self, served: ServedModule, send: Send,
+                 refusals: Refusals | None = None) -> None:
         self.served = served
+        #: Counted by reason (shared with the other modules of the run by its router).
+        self.counted = refusals if refusals is not None else Refusals()
         self.route = route_of(served)
         self._layout = self.route.input_layout
         self._send = send
@@ -88,26 +128,36 @@ class RemoteCalls:
         """A ``served_call`` from ``message.peer``; ``worker``: the live admitted worker
         that sent it (None: refused). Never raises."""
         number = _call_number(message.body)
+        if worker is None:
+            await self._refuse(message.peer, number, "served_call from a peer that is not a "
+                               "live admitted worker of this collector: only the workers "
+                               "admitted to the run may call its served modules",
+                               "not admitted")
+            return
         try:
-            if worker is None:
-                raise ProtocolError("served_call from a peer that is not a live admitted "
-                                    "worker of this collector: only the workers admitted "
-                                    "to the run may call its served modules")
-            call = decode(ServedCall, message.body, layout=self._layout, convert=_as_array)
+            call = decode(ServedCall, message.body, layout=self._layout)
         except ProtocolError as exc:
-            await self._refuse(message.peer, number, str(exc))
+            await self._refuse(message.peer, number, str(exc), "malformed")
             return
         try:
             self._queue.send_nowait((message.peer, call))
         except anyio.WouldBlock:
-            await self._answer(message.peer, ServedAnswer(
-                self.route.name, call.call, error=f"served module {self.route.name!r} is "
-                f"busy: more calls wait than its {self.served.clients} client slots; give "
-                "ServedModule(..., clients=) at least the number of envs across all workers"))
+            busy = (f"served module {self.route.name!r} is busy: more calls wait than its "
+                    f"{self.served.clients} client slots; give ServedModule(..., clients=) at "
+                    "least the number of envs across all workers")
+            self.counted.note("busy", message.peer, busy)
+            await self._answer(message.peer, ServedAnswer(self.route.name, call.call,
+                                                          error=busy))
 
-    async def _refuse(self, peer: bytes, number: int, reason: str) -> None:
+    @property
+    def refused(self) -> dict[str, int]:
+        """Refused calls by reason (this module's and its router's others')."""
+        return self.counted.counts()
+
+    async def _refuse(self, peer: bytes, number: int, reason: str, why: Reason) -> None:
         where = f"served module {self.route.name!r} refused a call from {peer!r}: {reason}"
         self._limited.warning("served-refusal", "%s", where)
+        self.counted.note(why, peer, reason)
         self.refusals.append(where)
         del self.refusals[:-_MAX_REFUSALS]
         await self._answer(peer, ServedAnswer(self.route.name, number,
@@ -185,13 +235,17 @@ class ServedCallRouter:
     """
 
     def __init__(self, send: Send,
-                 how: str = "weight_sync_schemes with a ServedModuleScheme") -> None:
+                 how: str = "weight_sync_schemes with a ServedModuleScheme",
+                 publish: Callable[[Any], None] | None = None) -> None:
         self._send = send
         self._how = how  # how a module becomes one this run serves (the refusal says it)
         self.modules: dict[str, RemoteCalls] = {}
+        #: Every refused call of the run, by reason (``statistics().served_refusals``).
+        self.refusals = Refusals(publish)
         self._limited = RateLimitedLog(log)
 
     def add(self, calls: RemoteCalls) -> None:
+        calls.counted = self.refusals  # one count for the run
         self.modules[calls.route.name] = calls
 
     async def on_message(self, worker: Any, message: Message) -> None:
@@ -204,8 +258,13 @@ class ServedCallRouter:
         said = printable(str(name), limit=64)
         reason = (f"served_call names module {said!r}; this run serves "
                   f"{sorted(self.modules)} ({self._how})")
+        if isinstance(name, str) and _open_now(name):
+            reason += (f"; {said!r} is open in the trainer's process but was opened after "
+                       "this collector, whose remote hosts learn the routes in their "
+                       "welcome: open the ServedModule before the collector")
         self._limited.warning("served-unknown", "refused a call from %r: %s", message.peer,
                               reason)
+        self.refusals.note("unknown module", message.peer, reason)
         try:
             await self._send(message.peer, ServedAnswer(
                 said if isinstance(name, str) and name else "?", _call_number(message.body),
@@ -214,10 +273,20 @@ class ServedCallRouter:
             log.debug("could not refuse %r: %r", message.peer, exc)
 
 
-def open_module_calls(hub: Any) -> ServedCallRouter | None:
+def _open_now(name: str) -> bool:
+    try:
+        ServedModule.named(name)
+    except KeyError:
+        return False
+    return True
+
+
+def open_module_calls(hub: Any, publish: Callable[[Any], None] | None = None
+                      ) -> ServedCallRouter | None:
     """Remote calls to every served module open in this process, answered over ``hub``
     (a collector with no scheme for them: ``AsyncBatchedCollector``'s remote env hosts);
-    None when none is open. Run each of ``router.modules``' :meth:`RemoteCalls.run`."""
+    None when none is open. Run each of ``router.modules``' :meth:`RemoteCalls.run`.
+    ``publish``: the collector's events (refusals)."""
     modules = list(ServedModule._open.values())  # noqa: SLF001
     if not modules:
         return None
@@ -226,7 +295,7 @@ def open_module_calls(hub: Any) -> ServedCallRouter | None:
         await hub.send(peer, body, kind=kind)
 
     router = ServedCallRouter(send, "the served modules open in the trainer's process as "
-                              "the collector opened")
+                              "the collector opened", publish)
     for served in modules:
         router.add(RemoteCalls(served, send))
     return router

@@ -85,7 +85,10 @@ def connect(handle: ServedModuleHandle | str) -> ServedModuleClient | RemoteServ
     if isinstance(handle, str):
         raise ServedModuleError(
             f"served module {name!r} is not reachable from this process: a remote worker "
-            "reaches it once its welcome names it (the collector's weight_sync_schemes="
-            f"{{{name!r}: ServedModuleScheme(served)}}); an env of the trainer's host "
-            "needs the module's handle (served.handle), not its name")
+            "reaches the modules its welcome named (a MultiCollector's weight_sync_schemes="
+            f"{{{name!r}: ServedModuleScheme(served)}}; an AsyncBatchedCollector's, every "
+            "module open in the trainer's process when the collector opened: open the "
+            "ServedModule before the collector, a module opened later is offered to no "
+            "host); an env of the trainer's host needs the module's handle "
+            "(served.handle), not its name")
     return ServedModuleClient(handle)

@@ -17,7 +17,7 @@ ServedModuleScheme(served=None)
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from .._protocol import ServedCall
@@ -143,6 +143,12 @@ class ServedModuleScheme(WeightSyncScheme):
     def init_on_sender(self, model_id: str = "policy", *, hub: HubLike, model: Any = None,
                        workers: Workers | None = None) -> WeightSender:
         served = self.served if self.served is not None else _named(model_id)
+        if not _is_open(served):
+            raise ServedModuleError(
+                f"weight_sync_schemes[{model_id!r}]: served module {served.name!r} is not "
+                "open: open the ServedModule ('async with ServedModule(...)') before the "
+                "collector, which tells every worker how to call it when it joins (a module "
+                "opened later is offered to no worker)")
         if served.name != model_id:
             raise ServedModuleError(f"weight_sync_schemes[{model_id!r}] serves the module "
                                     f"named {served.name!r}: register it under its name")
@@ -159,6 +165,13 @@ class ServedModuleScheme(WeightSyncScheme):
         return self._receiver
 
 
+def _is_open(served: ServedModule) -> bool:
+    try:
+        return ServedModule.named(served.name) is served
+    except KeyError:
+        return False
+
+
 def _named(model_id: str) -> ServedModule:
     try:
         return ServedModule.named(model_id)
@@ -166,15 +179,19 @@ def _named(model_id: str) -> ServedModule:
         raise ServedModuleError(str(exc.args[0])) from None
 
 
-def serve_remote_calls(services: dict[str, Any], senders: Mapping[str, WeightSender]) -> None:
+def serve_remote_calls(services: dict[str, Any], senders: Mapping[str, WeightSender],
+                       publish: Callable[[Any], None] | None = None
+                       ) -> ServedCallRouter | None:
     """Route remote workers' ``served_call`` messages (the coordinator's ``services``) to
     the served modules among ``senders`` (none: nothing is routed, and such a call is
-    ignored as any unknown kind)."""
+    ignored as any unknown kind); refusals are counted in the router returned and
+    published as ``publish`` (the collector's events) says."""
     served = [s for s in senders.values() if isinstance(s, ServedModuleSender)]
     if not served:
-        return
-    router = ServedCallRouter(served[0].send_to_peer)
+        return None
+    router = ServedCallRouter(served[0].send_to_peer, publish=publish)
     for sender in served:
         router.add(sender.remote_calls)
     services[ServedCall.KIND] = router.on_message
+    return router
 

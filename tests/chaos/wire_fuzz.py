@@ -86,6 +86,7 @@ class Peer:
         self.connected = False
         self.welcome: Welcome | None = None
         self.refused: str | None = None
+        self.answers: list[Any] = []  # served_answer bodies (the last 100)
 
     def connect(self, timeout: float = 10.0) -> None:
         """Wait until the target hears us: it pings a stranger back at its first message
@@ -139,6 +140,8 @@ class Peer:
         if kind == Collect.KIND:
             collect = Collect.from_body(body)
             self.requests.extend([collect.request] * collect.credits)
+        if kind == "served_answer":
+            self.answers = [*self.answers[-99:], body]
         return False
 
     def join(self, specs: dict[str, Any], timeout: float = 10.0, *, retry: bool = True) -> bool:

@@ -9,6 +9,12 @@ a new weight version after every batch. Measured as ``measured.py`` says (the ev
 loop's longest stall, the peak memory since the baseline, the honest worker's frames
 exact, every refusal counted) and driven by the same commands on stdin; its ``ready``
 event carries the layout of an honest batch (what a valid batch of a peer holds).
+
+It also serves a module (:func:`reward_model`, a ``Linear(3, 1)`` reward model named
+:data:`SERVED`, ``weight_sync_schemes={SERVED: ServedModuleScheme(served)}``) that no
+honest env calls: its ``served_call`` messages are the fuzzer's alone. Each report
+carries ``served``: the calls the module answered and ``served_refusals`` (the
+collector's ``statistics().served_refusals``, by reason).
 """
 
 from __future__ import annotations
@@ -18,12 +24,28 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import torch
+from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script: the checkout
 
 from asyncrl import MultiAsyncCollector
+from asyncrl.served import ServedModule, ServedModuleScheme
 from asyncrl.testing import identity_env
 from tests.chaos.measured import LIVENESS, HonestTrainer, run
+
+#: The served module's name, and one call's inputs (``{name: (dtype, shape)}``).
+SERVED = "env.transform[0]"
+SERVED_LAYOUT = {"next_observation": ("float32", (3,))}
+
+
+def reward_model() -> nn.Module:
+    """``reward = next_observation . [1, 2, 3] + 0.5``: a fuzzer can check an answer."""
+    model = nn.Linear(3, 1)
+    with torch.no_grad():
+        model.weight.copy_(torch.tensor([[1.0, 2.0, 3.0]]))
+        model.bias.fill_(0.5)
+    return model
 
 
 def _layout(batch: Any) -> list[list[Any]]:
@@ -36,11 +58,19 @@ def _layout(batch: Any) -> list[list[Any]]:
 async def main() -> None:
     trainer = HonestTrainer()
     with trainer.measured.ending():
-        async with MultiAsyncCollector(identity_env, trainer.policy, num_workers=1,
-                                       remote_workers=1, listen="tcp://127.0.0.1:0",
-                                       frames_per_batch=20, on_worker_loss="continue",
-                                       total_frames=-1, **LIVENESS) as c, \
+        async with ServedModule(reward_model(), name=SERVED, clients=4, example={
+                    "next_observation": torch.zeros(3)}) as served, \
+                MultiAsyncCollector(identity_env, trainer.policy, num_workers=1,
+                                    remote_workers=1, listen="tcp://127.0.0.1:0",
+                                    frames_per_batch=20, on_worker_loss="continue",
+                                    total_frames=-1, weight_sync_schemes={
+                                        SERVED: ServedModuleScheme(served)},
+                                    **LIVENESS) as c, \
                 anyio.create_task_group() as tg:
+            fields = trainer.measured.fields
+            trainer.measured.fields = lambda: {
+                **fields(), "served": served.statistics().calls,
+                "served_refusals": dict(c.statistics().served_refusals)}
             trainer.measured.start(tg)
             trainer.started(c)
             async for batch in c:

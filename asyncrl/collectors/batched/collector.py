@@ -313,13 +313,12 @@ class AsyncBatchedCollector(BaseCollector[RB]):
         finally:
             self._background_done.set()
 
-    @staticmethod
-    def _serve_remote_calls(remote: RemoteEnvWorkers, hub: Hub, tg: TaskGroup) -> None:
+    def _serve_remote_calls(self, remote: RemoteEnvWorkers, hub: Hub, tg: TaskGroup) -> None:
         """Remote env hosts call the served modules open in this process now, over their
         link (their welcome names them): as a MultiCollector's remote hosts do."""
         from ...served._remote_calls import open_module_calls
 
-        router = open_module_calls(hub)
+        router = self._served_router = open_module_calls(hub, self._publish)
         if router is None:
             return
         remote.served_routes = [calls.route.to_config() for calls in router.modules.values()]
@@ -533,6 +532,10 @@ class AsyncBatchedCollector(BaseCollector[RB]):
         if self._hub is None:
             raise CollectorError("the collector is not open yet: use 'async with'")
         return self._hub.endpoint
+
+    def _served_refusals(self) -> dict[str, int]:
+        router = getattr(self, "_served_router", None)  # (set once remote hosts are served)
+        return router.refusals.counts() if router is not None else {}
 
     @property
     def remote_refusals(self) -> list[str]:

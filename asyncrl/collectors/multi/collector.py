@@ -329,6 +329,10 @@ class MultiCollector(BaseCollector[RB]):
         coordinator = self._run.coordinator  # how batches came: shared memory, the socket
         return stats if coordinator is None else replace(stats, **coordinator.batches.counts())
 
+    def _served_refusals(self) -> dict[str, int]:
+        router = self._run.served_router
+        return router.refusals.counts() if router is not None else {}
+
     def _worker_statistics(self) -> list[WorkerStatistics]:
         """Every admitted worker (lost ones too), then local processes still joining."""
         coordinator = self._run.coordinator

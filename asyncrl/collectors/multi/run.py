@@ -33,6 +33,7 @@ from ..._spawn import logs as _logs
 from ..._spawn.processes import WorkerProcesses
 from ..._worker.entry import local_worker_processes
 from ..._worker.spec import WorkerSpec
+from ...served._remote_calls import ServedCallRouter
 from ...served._scheme import serve_remote_calls
 from ...weights import WeightSender, WeightSyncScheme
 from .._env_factories import LocalSpecsCheck
@@ -75,6 +76,8 @@ class MultiRun:
     coordinator: Coordinator | None = None
     workers: WorkerProcesses | None = None
     senders: dict[str, WeightSender] = field(default_factory=dict)
+    #: Remote workers' calls to served modules (None: the run serves none).
+    served_router: ServedCallRouter | None = None
     tmpdir: str | None = None
     background: anyio.CancelScope | None = None
     background_done: anyio.Event | None = None
@@ -143,7 +146,8 @@ async def run_background(run: MultiRun, losses: LossHandling, name: str, paused:
                     sender.on_applied = run.on_weights_applied  # events, metrics
                     coordinator.outbox.attach(sender)  # relay routes, catch-up, batch counts
                 # Remote workers' calls to served modules, from admitted workers only.
-                serve_remote_calls(coordinator.services, run.senders)
+                run.served_router = serve_remote_calls(coordinator.services, run.senders,
+                                                       run.publish)
                 workers = run.workers = local_worker_processes(
                     hub.endpoint, run.worker_specs, run.num_workers, token=token,
                     backend=backend,
@@ -203,10 +207,15 @@ def _hub_limits(run: MultiRun, specs: dict[str, Any] | None) -> dict[str, Any]:
 
 def _make_coordinator(run: MultiRun, losses: LossHandling, hub: Hub, token: str,
                       specs: dict[str, Any] | None, paused: bool) -> Coordinator:
+    configs = {model_id: scheme.to_config() for model_id, scheme in run.schemes.items()}
     terms = AdmissionTerms(
         token=token, specs=specs,
         check_specs=LocalSpecsCheck(lambda: run.coordinator, bool(run.remote_workers)),
-        scheme_configs={model_id: scheme.to_config() for model_id, scheme in run.schemes.items()},
+        # A served module's route travels apart (Welcome.served): a worker of a release
+        # before served modules, which knows no "served" scheme, still joins.
+        scheme_configs={m: c for m, c in configs.items() if c.get("scheme") != "served"},
+        served_routes=[c["route"] for c in configs.values()
+                       if c.get("scheme") == "served" and "route" in c],
         # A remote host that lacks the run's gymnasium id is told where it comes from.
         env_source=run.spec.env_source)
     return Coordinator(hub, run.config.coordinator, terms, on_lost=losses.silent,

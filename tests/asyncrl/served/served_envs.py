@@ -119,3 +119,11 @@ def remote_rewarded_env() -> gym.Env:  # type: ignore[type-arg]
     """A remote host's env (``asyncrl worker --env ...:remote_rewarded_env``): it names the
     module, and its worker's welcome says how to call it."""
     return ServedReward(StepEnv(), REMOTE_NAME)
+
+
+async def served_refusal(events: Any) -> Any:
+    """The next ``"refused"`` event of a collector's ``events`` about a served call."""
+    async for event in events:
+        if event.kind == "refused" and event.reason.startswith("served_call refused"):
+            return event
+    raise AssertionError("the collector's events ended without a served_call refusal")

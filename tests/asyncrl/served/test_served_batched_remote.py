@@ -18,7 +18,7 @@ from asyncrl._protocol import PROTOCOL, EnvLayout, Hello, ServedCall
 from asyncrl.served import ServedModule
 from transports import Link
 
-from .served_envs import REMOTE_NAME, Scale, rewarded_env
+from .served_envs import REMOTE_NAME, Scale, rewarded_env, served_refusal
 
 pytestmark = pytest.mark.anyio
 ROOT = str(Path(__file__).resolve().parents[3])
@@ -86,6 +86,7 @@ async def test_a_hosts_calls_are_checked_and_a_strangers_refused() -> None:
         async with served, AsyncBatchedCollector(
                 functools.partial(rewarded_env, served.handle), num_envs=1,
                 frames_per_batch=8, listen="tcp://127.0.0.1:0", remote_workers=1) as collector:
+            events = collector.events()
             async with Link(collector.endpoint, identity=b"stranger",
                             heartbeat_interval=0.5) as stranger:
                 await stranger.send(ServedCall(REMOTE_NAME, 1, {
@@ -123,6 +124,11 @@ async def test_a_hosts_calls_are_checked_and_a_strangers_refused() -> None:
                 "refused: served_call names module 'env.transform[9]'; this run serves "
                 "['env.transform[0]'] (the served modules open in the trainer's process as "
                 "the collector opened)")
+            assert collector.statistics().served_refusals == {"malformed": 1,
+                                                              "unknown module": 1}
+            refused = await served_refusal(events)
+            assert (refused.name, refused.reason.split(":")[0]) == (
+                "host", "served_call refused (malformed)")
             # the local worker's frames keep coming, rewarded by the module
             batch = await collector.__anext__()
             t = batch["next", "observation"][..., 0]

@@ -17,6 +17,7 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 import anyio
+import numpy as np
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -30,7 +31,14 @@ from asyncrl.served._remote_calls import RemoteCalls, ServedCallRouter
 from tests.asyncrl.worker_hosts import worker_host
 from transports import Link, Message, ProtocolError
 
-from .served_envs import REMOTE_NAME, Scale, Slow, checked_versions, rewarded_env
+from .served_envs import (
+    REMOTE_NAME,
+    Scale,
+    Slow,
+    checked_versions,
+    rewarded_env,
+    served_refusal,
+)
 
 pytestmark = pytest.mark.anyio
 #: Tests that start processes run once; the trainer's end alone runs on both backends.
@@ -89,6 +97,7 @@ async def test_a_stranger_is_refused_and_the_run_goes_on() -> None:
                     remote_workers=1, listen="tcp://127.0.0.1:0", envs_per_worker=2,
                     frames_per_batch=32, total_frames=32 * 2,
                     weight_sync_schemes={NAME: ServedModuleScheme(served)}) as collector:
+                events = collector.events()
                 async with Link(collector.endpoint, identity=b"stranger") as stranger:
                     call = ServedCall(NAME, 7, {"next_observation": torch.ones(3)})
                     await stranger.send(call.to_body(), kind=ServedCall.KIND)
@@ -99,6 +108,13 @@ async def test_a_stranger_is_refused_and_the_run_goes_on() -> None:
                 calls = remote_calls(collector)
                 assert calls.answered == 0
                 assert len(calls.refusals) == 1 and "stranger" in calls.refusals[0]
+                # as the collector's other refusals: counted by reason, and an event
+                assert collector.statistics().served_refusals == {"not admitted": 1}
+                refused = await served_refusal(events)
+                assert refused.name == "stranger"
+                assert refused.reason.startswith(
+                    "served_call refused (not admitted): served_call from a peer that is "
+                    "not a live admitted worker of this collector"), refused.reason
                 with remote_host(collector.endpoint):
                     async for batch in collector:  # the run goes on
                         t = batch["next", "observation"][..., 0]
@@ -133,8 +149,8 @@ async def test_a_malformed_call_from_an_admitted_worker_is_refused_never_reachin
             calls = RemoteCalls(served, sent)
             async with anyio.create_task_group() as tg:
                 tg.start_soon(calls.run)
-                bad = Message(peer=b"w", kind=ServedCall.KIND, seq=0,
-                              body={"name": NAME, "call": 5, "inputs": inputs})
+                bad = Message(peer=b"w", kind=ServedCall.KIND, seq=0, body=ServedCall(
+                    NAME, 5, inputs).to_body())
                 await calls.on_message(object(), bad)
                 assert len(sent.answers) == 1
                 refusal = sent.answers[0]
@@ -143,8 +159,8 @@ async def test_a_malformed_call_from_an_admitted_worker_is_refused_never_reachin
                                                    "'inputs'")
                 assert re.search(problem, refusal["error"]), refusal["error"]
                 assert served.statistics().calls == 0  # the module never saw it
-                good = Message(peer=b"w", kind=ServedCall.KIND, seq=1, body={
-                    "name": NAME, "call": 6, "inputs": {"next_observation": torch.ones(3)}})
+                good = Message(peer=b"w", kind=ServedCall.KIND, seq=1, body=ServedCall(
+                    NAME, 6, {"next_observation": torch.ones(3)}).to_body())
                 await calls.on_message(object(), good)  # the next call is served
                 while len(sent.answers) < 2:
                     await anyio.sleep(0.01)
@@ -211,8 +227,8 @@ async def test_the_served_module_killed_fails_the_remote_env_step_with_a_clear_e
 
 
 def _call(number: int, value: float = 1.0, name: str = NAME) -> Message:
-    return Message(peer=b"w", kind=ServedCall.KIND, seq=number, body={
-        "name": name, "call": number, "inputs": {"next_observation": torch.full((3,), value)}})
+    return Message(peer=b"w", kind=ServedCall.KIND, seq=number, body=ServedCall(
+        name, number, {"next_observation": torch.full((3,), value)}).to_body())
 
 
 async def _answers(sent: _Sent, count: int) -> None:
@@ -252,6 +268,7 @@ async def test_more_calls_than_slots_wait_bounded_and_the_rest_are_answered_busy
             await calls.on_message(object(), _call(2))
             assert len(sent.answers) == 1 and sent.answers[0]["call"] == 2
             assert "is busy: more calls wait than its 1 client slots" in sent.answers[0]["error"]
+            assert calls.refused == {"busy": 1}  # counted as the other refusals
             async with anyio.create_task_group() as tg:
                 tg.start_soon(calls.run)
                 await _answers(sent, 2)
@@ -303,7 +320,10 @@ def test_a_worker_refuses_a_malformed_answer_and_a_call_from_its_event_loop() ->
 
 _values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20)
-    | st.binary(max_size=20) | st.builds(torch.ones, st.integers(0, 5)),
+    | st.binary(max_size=20) | st.builds(torch.ones, st.integers(0, 5))
+    | st.tuples(st.sampled_from(["float32", "float64", "bool", "x"]),  # an inline input
+                st.lists(st.integers(-2, 1 << 50), max_size=3),
+                st.binary(max_size=24)).map(list),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(
         st.sampled_from(["name", "call", "inputs", "next_observation", "version", "output",
                          "error", "timeout", "x"]), inner, max_size=5),
@@ -358,7 +378,8 @@ class _EchoLink:
         self.sent.append(body)
         if self.silent or self.calls is None:
             return
-        value = torch.as_tensor(body["inputs"]["next_observation"][:1])
+        dtype, _, data = body["inputs"]["next_observation"]  # [dtype, shape, bytes]
+        value = torch.as_tensor(np.frombuffer(data, dtype=dtype)[:1].copy())
         self.calls.deliver(Message(peer=b"", kind=ServedAnswer.KIND, seq=0, body=ServedAnswer(
             NAME, body["call"], version=4, output=value).to_body()))
 
