@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -39,10 +40,11 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from benchmarks import served_module_torchrl as torchrl_cases
 from benchmarks.pixels import descendants, pss_kb
 
 #: The cases, in the order each repeat runs them (``copied``, the reference, last).
-CASES = ("served", "served-process", "served-ray", "copied")
+CASES = ("served", "served-process", "served-ray", *torchrl_cases.CASES, "copied")
 BACKENDS = {"served": "thread", "served-process": "process", "served-ray": "ray"}
 
 
@@ -91,7 +93,6 @@ def served_env(handle: Any) -> gym.Env:  # type: ignore[type-arg]
 
 async def run_case(case: str, args: argparse.Namespace) -> dict[str, float]:
     import contextlib
-    import os
 
     import torch
 
@@ -104,6 +105,7 @@ async def run_case(case: str, args: argparse.Namespace) -> dict[str, float]:
         ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
     start = time.monotonic()
     actor = -1
+    served = None
     async with contextlib.AsyncExitStack() as stack:
         if case.startswith("served"):
             served = await stack.enter_async_context(ServedModule(
@@ -119,20 +121,83 @@ async def run_case(case: str, args: argparse.Namespace) -> dict[str, float]:
             factory, num_workers=args.workers, envs_per_worker=args.envs_per_worker,
             frames_per_batch=args.frames_per_batch,
             total_frames=args.frames_per_batch * (args.batches + 1)))
+        base = reward_model(args.hidden)  # the trainer's model (what it would train)
         first = steady = 0.0
-        frames = 0
+        frames = version = 0
+        batches = []
+        update_s = []
         async for batch in collector:
             now = time.monotonic()
             if not first:
                 first, steady = now - start, now
             else:
                 frames += batch.numel()
+            batches.append((batch["next", "observation"], batch["next", "reward"], version))
+            if served is not None and args.update_weights:
+                t0 = time.monotonic()
+                version += 1
+                await served.update(versioned(base, version))
+                update_s.append(time.monotonic() - t0)
         elapsed = time.monotonic() - steady
-        me = os.getpid()
-        # Ray's daemons are this driver's children too: only its actor counts
-        pss = sum(pss_kb(p) for p in [me, *descendants(me)]
-                  if p == actor or not _ray_daemon(p)) / 1024
-    return {"start_s": first, "frames_s": frames / elapsed, "pss_mb": pss}
+        pss = measure_pss(actor)
+    out = {"start_s": first, "frames_s": frames / elapsed, "pss_mb": pss,
+           **check_rewards(base, batches)}
+    if update_s:
+        out["update_ms"] = 1000 * statistics.median(update_s)
+    return out
+
+
+def versioned(base: Any, version: int) -> dict[str, Any]:
+    """The weights of ``version``: ``base``'s, its output bias raised by ``version``.
+
+    So a reward computed at version v is the base model's reward + v: the check reads
+    each frame's version back from its reward.
+    """
+    weights = {k: v.detach().clone() for k, v in base.state_dict().items()}
+    weights["6.bias"] += version
+    return weights
+
+
+def check_rewards(base: Any, batches: list[tuple[Any, Any, int]]) -> dict[str, float]:
+    """Check that every frame's reward is the model applied to its next observation.
+
+    ``batches``: (next observations, rewards, the version pushed before the batch came)
+    of each batch. A reward must be ``base(next_observation) + v`` for a version v the
+    module had while the batch was collected: one of those pushed up to the batch's
+    own, at most one behind the one pushed before the previous batch came (a sync
+    collector's workers may start the next batch before the update). Raises
+    ``AssertionError`` otherwise: the case did not do the work it is measured for.
+    Returns how many frames were checked and the share computed by the newest version.
+    """
+    import torch
+
+    checked = newest = 0
+    for obs, reward, version in batches:
+        with torch.no_grad():
+            expected = base(obs.reshape(-1, 4).float()).reshape(-1)
+        offset = reward.reshape(-1).float() - expected
+        v = offset.round()
+        err = (offset - v).abs().max().item()
+        if err > 1e-3 or v.min() < max(version - 1, 0) or v.max() > version:
+            raise AssertionError(
+                f"rewards are not the reward model's: largest distance to base + version "
+                f"{err:.2e}, versions {v.min().item():.0f}..{v.max().item():.0f} in a batch "
+                f"that came at version {version}")
+        checked += v.numel()
+        newest += int((v == version).sum())
+    return {"checked_frames": checked, "newest_version_share": newest / max(checked, 1)}
+
+
+def measure_pss(actor: int = -1) -> float:
+    """PSS (MB) of this process and every one below it, Ray's own daemons left out.
+
+    Ray's daemons (GCS, raylet, its idle workers, ...) are this driver's children too;
+    of Ray's processes only the actors count (``actor``, or any ``ray::Name`` but
+    ``ray::IDLE``): the asyncrl host's, TorchRL's transform and weight-sync actors.
+    """
+    me = os.getpid()
+    return sum(pss_kb(p) for p in [me, *descendants(me)]
+               if p == actor or not _ray_daemon(p)) / 1024
 
 
 def _ray_daemon(pid: int) -> bool:
@@ -141,17 +206,46 @@ def _ray_daemon(pid: int) -> bool:
             line = f.read()
     except OSError:
         return False
+    if line.startswith(b"ray::") and not line.startswith(b"ray::IDLE"):
+        return False  # an actor
     return any(mark in line for mark in (b"/ray/", b"ray::", b"gcs_server", b"raylet"))
 
 
 def child(args: argparse.Namespace) -> None:
-    import anyio
+    if args.case in torchrl_cases.CASES:
+        result = torchrl_cases.run_case(args.case, args)
+    else:
+        import anyio
 
-    print("RESULT", json.dumps(anyio.run(run_case, args.case, args)), flush=True)
+        result = anyio.run(run_case, args.case, args)
+    print("RESULT", json.dumps(result), flush=True)
+
+
+def pick_cases(args: argparse.Namespace) -> list[str]:
+    """The cases asked for, in run order; raises ValueError naming an unknown one."""
+    if args.cases:
+        asked = [c.strip() for c in args.cases.split(",") if c.strip()]
+        unknown = [c for c in asked if c not in CASES]
+        if unknown:
+            raise ValueError(f"unknown cases {unknown}; expected some of {', '.join(CASES)}")
+    else:
+        asked = ["served", "served-process", "copied"]
+        asked += ["served-ray"] if args.ray else []
+        asked += list(torchrl_cases.CASES) if args.torchrl else []
+    return [c for c in CASES if c in asked]
+
+
+def ratio_rows(med: dict[str, dict[str, float]]) -> list[tuple[str, str]]:
+    """(numerator, denominator) of each ratio row the medians allow."""
+    pairs = [(c, "copied") for c in CASES if c.startswith("served")]
+    pairs += [("torchrl-ray", "torchrl-copied"), ("served", "torchrl-ray"),
+              ("served-ray", "torchrl-ray"), ("copied", "torchrl-copied")]
+    return [(a, b) for a, b in pairs if a in med and b in med]
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks.served_module",
+                                description=__doc__.split("\n")[0])
     p.add_argument("--hidden", type=int, default=2048)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--envs-per-worker", type=int, default=4)
@@ -160,34 +254,68 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--ray", action="store_true",
                    help="add the served-ray case (a local Ray cluster, the ray extra)")
+    p.add_argument("--torchrl", action="store_true",
+                   help="add TorchRL's cases: torchrl-ray (its RayModuleTransform) and "
+                        "torchrl-copied (a ModuleTransform per env)")
+    p.add_argument("--cases", help="comma-separated cases to run instead: "
+                   + ", ".join(CASES))
+    p.add_argument("--update-weights", action="store_true",
+                   help="push new weights to the served module after every batch (served "
+                        "cases: ServedModule.update; torchrl-ray: RayModuleTransformScheme); "
+                        "a copy per worker or env cannot be updated")
     p.add_argument("--case", choices=CASES, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.case:
         child(args)
         return 0
-    cases = [c for c in CASES if args.ray or c != "served-ray"]
-    rows: dict[str, list[dict[str, float]]] = {case: [] for case in cases}
+    try:
+        cases = pick_cases(args)
+    except ValueError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    for case in [c for c in cases if c in torchrl_cases.CASES]:
+        why = torchrl_cases.missing(case)
+        if why is not None:
+            print(f"# {case} skipped: {why}", flush=True)
+            cases.remove(case)
+    if not cases:
+        print("no case can run here", file=sys.stderr)
+        return 2
     passed = [a for a in (argv if argv is not None else sys.argv[1:])]
+    command = "python -m benchmarks.served_module " + " ".join(passed)
+    print(f"# {command}\n# {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} "
+          "(1 min) at the start", flush=True)
+    rows: dict[str, list[dict[str, float]]] = {case: [] for case in cases}
+    failed: set[str] = set()  # not run again
     for _ in range(args.repeats):
-        for case in rows:
-            out = subprocess.run([sys.executable, "-m", "benchmarks.served_module", *passed,
-                                  "--case", case], capture_output=True, text=True, timeout=900,
-                                 check=True).stdout
-            line = next(x for x in out.splitlines() if x.startswith("RESULT "))
+        for case in [c for c in rows if c not in failed]:
+            done = subprocess.run([sys.executable, "-m", "benchmarks.served_module", *passed,
+                                   "--case", case], capture_output=True, text=True,
+                                  timeout=900)
+            line = next((x for x in done.stdout.splitlines() if x.startswith("RESULT ")), None)
+            if done.returncode or line is None:
+                print(f"# {case} failed (exit {done.returncode}):\n{done.stderr[-3000:]}",
+                      flush=True)
+                failed.add(case)
+                continue
             rows[case].append(json.loads(line[len("RESULT "):]))
             print(case, rows[case][-1], flush=True)
-    print("command: python -m benchmarks.served_module " + " ".join(passed))
-    med = {c: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for c, rs in rows.items()}
-    print("| case | start to first batch (s) | frames/s | PSS, all processes (MB) |")
-    print("|---|---|---|---|")
+    print(f"# load average {os.getloadavg()[0]:.1f} (1 min) at the end")
+    print(f"command: {command}")
+    med = {c: {k: statistics.median(r[k] for r in rs) for k in rs[0]}
+           for c, rs in rows.items() if rs}
+    print("| case | start to first batch (s) | frames/s | PSS, all processes (MB) | "
+          "update (ms) |")
+    print("|---|---|---|---|---|")
     for case, m in med.items():
-        print(f"| {case} | {m['start_s']:.1f} | {m['frames_s']:.0f} | {m['pss_mb']:.0f} |")
-    c = med["copied"]
-    for case in cases[:-1]:
-        s = med[case]
-        print(f"| {case} / copied | {s['start_s'] / c['start_s']:.2f}x | "
-              f"{s['frames_s'] / c['frames_s']:.2f}x | {s['pss_mb'] / c['pss_mb']:.2f}x |")
-    return 0
+        update = f"{m['update_ms']:.0f}" if "update_ms" in m else "-"
+        print(f"| {case} | {m['start_s']:.1f} | {m['frames_s']:.0f} | {m['pss_mb']:.0f} | "
+              f"{update} |")
+    for a, b in ratio_rows(med):
+        x, y = med[a], med[b]
+        print(f"| {a} / {b} | {x['start_s'] / y['start_s']:.2f}x | "
+              f"{x['frames_s'] / y['frames_s']:.2f}x | {x['pss_mb'] / y['pss_mb']:.2f}x | |")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
