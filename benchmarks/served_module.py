@@ -2,8 +2,9 @@
 
     python -m benchmarks.served_module                     # 3 repeats, interleaved
     python -m benchmarks.served_module --hidden 2048 --workers 2 --envs-per-worker 4 --repeats 3
+    python -m benchmarks.served_module --ray --torchrl --update-weights   # TorchRL beside
 
-Both cases collect CartPole-v1 with a random policy on a ``MultiSyncCollector``
+Every case collects CartPole-v1 with a random policy on a multi-process sync collector
 (``--workers`` x ``--envs-per-worker`` envs, ``--frames-per-batch``) whose reward comes
 from the same MLP reward model (``next_observation -> reward``, ``--hidden`` units, 3
 hidden layers):
@@ -13,16 +14,27 @@ hidden layers):
 - ``served-process``: the same, hosted in a process of its own
   (``server_backend="process"``);
 - ``served-ray`` (with ``--ray``): the same, hosted in a Ray actor
-  (``server_backend="ray"``) of a local Ray cluster the case starts (``ray.init``); its
-  PSS counts the actor's process, not Ray's own daemons (GCS, raylet, ...);
+  (``server_backend="ray"``) of a local Ray cluster the case starts (``ray.init``);
+- ``torchrl-ray`` and ``torchrl-copied`` (with ``--torchrl``): TorchRL's
+  ``MultiSyncCollector`` over ``SerialEnv`` workers, the reward from TorchRL's
+  ``RayModuleTransform`` (one Ray actor every env calls) or from a ``ModuleTransform``
+  on each env over its worker's copy (:mod:`benchmarks.served_module_torchrl`);
 - ``copied``: each worker process builds its own copy of the model (one per worker,
   shared by its envs' wrappers) and each env calls it at every step.
 
+``--cases`` picks cases by name instead. ``--update-weights``: after every batch the
+trainer pushes new weights to the served module (``ServedModule.update``, or
+``RayModuleTransformScheme.send`` for ``torchrl-ray``); copies are never updated.
+
 Each case runs in a fresh interpreter; repeats alternate the cases. Reported per case:
-``start_s`` (from opening the module / collector to the first batch), ``frames_s``
-(frames per second over the batches after the first), ``pss_mb`` (the summed
-proportional set size of the trainer and every process below it, read after the last
-batch while they are alive). Medians over the repeats, and ratios to ``copied``.
+``start_s`` (from opening the module / collector to the first batch; the Ray cases count
+from after ``ray.init``), ``frames_s`` (frames per second over the batches after the
+first, weight pushes included), ``pss_mb`` (the summed proportional set size of the
+trainer and every process below it, read after the last batch while they are alive;
+Ray's own daemons are left out, its actors counted: :func:`measure_pss`), ``update_ms``
+(median push). Every frame's reward is checked against the model applied to its next
+observation at a version the module had then (:func:`check_rewards`): a case that
+computes anything else fails. Medians over the repeats, and ratios.
 """
 
 from __future__ import annotations
@@ -191,24 +203,39 @@ def check_rewards(base: Any, batches: list[tuple[Any, Any, int]]) -> dict[str, f
 def measure_pss(actor: int = -1) -> float:
     """PSS (MB) of this process and every one below it, Ray's own daemons left out.
 
-    Ray's daemons (GCS, raylet, its idle workers, ...) are this driver's children too;
-    of Ray's processes only the actors count (``actor``, or any ``ray::Name`` but
-    ``ray::IDLE``): the asyncrl host's, TorchRL's transform and weight-sync actors.
+    Ray's daemons (GCS, raylet, dashboard, its agents and idle workers) are this
+    driver's children too; of Ray's processes only the actors count (``actor``, and
+    every other ``ray::Name`` process but Ray's own agents): the asyncrl host's,
+    TorchRL's transform actor and its weight-sync rendezvous actor.
     """
     me = os.getpid()
-    return sum(pss_kb(p) for p in [me, *descendants(me)]
-               if p == actor or not _ray_daemon(p)) / 1024
+    counted = [p for p in [me, *descendants(me)] if p == actor or not _ray_daemon(p)]
+    if os.environ.get("SERVED_BENCH_PSS"):  # which processes count, on stderr
+        for p in [me, *descendants(me)]:
+            print(f"PSS {pss_kb(p) // 1024:6d} MB {'counted' if p in counted else 'left  '} "
+                  f"{_cmdline(p)[:int(os.environ['SERVED_BENCH_PSS'])]!r}", file=sys.stderr)
+    return sum(pss_kb(p) for p in counted) / 1024
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
 
 
 def _ray_daemon(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            line = f.read()
-    except OSError:
-        return False
-    if line.startswith(b"ray::") and not line.startswith(b"ray::IDLE"):
-        return False  # an actor
-    return any(mark in line for mark in (b"/ray/", b"ray::", b"gcs_server", b"raylet"))
+    argv = _cmdline(pid).split(b"\0")
+    if argv[0].startswith(b"ray::"):  # a Ray worker process: its daemons' are named too
+        return argv[0] in RAY_DAEMON_WORKERS
+    # The program (or the script python runs) only: a process started after ray.init
+    # carries Ray's paths in its arguments (the fork server's sys.path, for one)
+    return any(b"/ray/" in arg for arg in argv[:3])
+
+
+#: Ray's own processes that are named like its workers (``ray::Name``): not actors.
+RAY_DAEMON_WORKERS = (b"ray::IDLE", b"ray::DashboardAgent", b"ray::RuntimeEnvAgent")
 
 
 def child(args: argparse.Namespace) -> None:

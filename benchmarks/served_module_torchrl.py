@@ -34,7 +34,7 @@ NAMESPACE = "asyncrl-served-bench"
 def missing(case: str) -> str | None:
     """Why ``case`` cannot run here (None: it can)."""
     try:
-        import torchrl.collectors  # noqa: F401
+        import torchrl.collectors
         import torchrl.envs  # noqa: F401
     except Exception as exc:  # not installed, or broken against this torch
         return f"torchrl is not importable ({type(exc).__name__}: {exc})"
