@@ -248,6 +248,17 @@ def child(args: argparse.Namespace) -> None:
     print("RESULT", json.dumps(result), flush=True)
 
 
+def run_one(case: str, passed: list[str]) -> dict[str, float] | str:
+    """One case in a fresh interpreter: its result, or why it failed."""
+    done = subprocess.run([sys.executable, "-m", "benchmarks.served_module", *passed,
+                           "--case", case], capture_output=True, text=True, timeout=900)
+    line = next((x for x in done.stdout.splitlines() if x.startswith("RESULT ")), None)
+    if done.returncode or line is None:
+        return f"exit {done.returncode}\n{done.stderr[-3000:]}"
+    result: dict[str, float] = json.loads(line[len("RESULT "):])
+    return result
+
+
 def pick_cases(args: argparse.Namespace) -> list[str]:
     """The cases asked for, in run order; raises ValueError naming an unknown one."""
     if args.cases:
@@ -316,17 +327,13 @@ def main(argv: list[str] | None = None) -> int:
     failed: set[str] = set()  # not run again
     for _ in range(args.repeats):
         for case in [c for c in rows if c not in failed]:
-            done = subprocess.run([sys.executable, "-m", "benchmarks.served_module", *passed,
-                                   "--case", case], capture_output=True, text=True,
-                                  timeout=900)
-            line = next((x for x in done.stdout.splitlines() if x.startswith("RESULT ")), None)
-            if done.returncode or line is None:
-                print(f"# {case} failed (exit {done.returncode}):\n{done.stderr[-3000:]}",
-                      flush=True)
+            result = run_one(case, passed)
+            if isinstance(result, str):
+                print(f"# {case} failed: {result}", flush=True)
                 failed.add(case)
                 continue
-            rows[case].append(json.loads(line[len("RESULT "):]))
-            print(case, rows[case][-1], flush=True)
+            rows[case].append(result)
+            print(case, result, flush=True)
     print(f"# load average {os.getloadavg()[0]:.1f} (1 min) at the end")
     print(f"command: {command}")
     med = {c: {k: statistics.median(r[k] for r in rs) for k in rs[0]}
