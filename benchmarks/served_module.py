@@ -15,16 +15,17 @@ hidden layers):
   (``server_backend="process"``);
 - ``served-ray`` (with ``--ray``): the same, hosted in a Ray actor
   (``server_backend="ray"``) of a local Ray cluster the case starts (``ray.init``);
-- ``torchrl-ray`` and ``torchrl-copied`` (with ``--torchrl``): TorchRL's
-  ``MultiSyncCollector`` over ``SerialEnv`` workers, the reward from TorchRL's
-  ``RayModuleTransform`` (one Ray actor every env calls) or from a ``ModuleTransform``
-  on each env over its worker's copy (:mod:`benchmarks.served_module_torchrl`);
+- ``torchrl-ray``, ``torchrl-ray-worker`` and ``torchrl-copied`` (with ``--torchrl``):
+  TorchRL's ``MultiSyncCollector`` over ``SerialEnv`` workers, the reward from TorchRL's
+  ``RayModuleTransform`` (one Ray actor every env calls, or every worker for its envs)
+  or from a ``ModuleTransform`` on each env over its worker's copy
+  (:mod:`benchmarks.served_module_torchrl`);
 - ``copied``: each worker process builds its own copy of the model (one per worker,
   shared by its envs' wrappers) and each env calls it at every step.
 
 ``--cases`` picks cases by name instead. ``--update-weights``: after every batch the
 trainer pushes new weights to the served module (``ServedModule.update``, or
-``RayModuleTransformScheme.send`` for ``torchrl-ray``); copies are never updated.
+``RayModuleTransformScheme.send`` for the ``torchrl-ray`` cases); copies are never updated.
 
 Each case runs in a fresh interpreter; repeats alternate the cases. Reported per case:
 ``start_s`` (from opening the module / collector to the first batch; the Ray cases count
@@ -104,6 +105,27 @@ def served_env(handle: Any) -> gym.Env:  # type: ignore[type-arg]
 
 
 async def run_case(case: str, args: argparse.Namespace) -> dict[str, float]:
+    """One asyncrl case in this (fresh) interpreter."""
+    if case != "served-ray":
+        return await _run_case(case, args)
+    import ray
+
+    ray_init()
+    try:
+        return await _run_case(case, args)
+    finally:
+        ray.shutdown()  # stops the cluster this case started
+
+
+def ray_init(**options: Any) -> Any:
+    """Start a Ray cluster of this case's own (never join one already on the machine)."""
+    import ray
+
+    return ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False,
+                    log_to_driver=False, **options)
+
+
+async def _run_case(case: str, args: argparse.Namespace) -> dict[str, float]:
     import contextlib
 
     import torch
@@ -111,10 +133,6 @@ async def run_case(case: str, args: argparse.Namespace) -> dict[str, float]:
     from asyncrl import MultiSyncCollector, ServedModule
 
     torch.set_num_threads(1)
-    if case == "served-ray":
-        import ray
-
-        ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
     start = time.monotonic()
     actor = -1
     served = None
@@ -276,8 +294,10 @@ def pick_cases(args: argparse.Namespace) -> list[str]:
 def ratio_rows(med: dict[str, dict[str, float]]) -> list[tuple[str, str]]:
     """(numerator, denominator) of each ratio row the medians allow."""
     pairs = [(c, "copied") for c in CASES if c.startswith("served")]
-    pairs += [("torchrl-ray", "torchrl-copied"), ("served", "torchrl-ray"),
-              ("served-ray", "torchrl-ray"), ("copied", "torchrl-copied")]
+    pairs += [(c, "torchrl-copied") for c in torchrl_cases.CASES[:-1]]
+    pairs += [("served", "torchrl-ray"), ("served-ray", "torchrl-ray"),
+              ("served", "torchrl-ray-worker"), ("served-ray", "torchrl-ray-worker"),
+              ("copied", "torchrl-copied")]
     return [(a, b) for a, b in pairs if a in med and b in med]
 
 
@@ -293,7 +313,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ray", action="store_true",
                    help="add the served-ray case (a local Ray cluster, the ray extra)")
     p.add_argument("--torchrl", action="store_true",
-                   help="add TorchRL's cases: torchrl-ray (its RayModuleTransform) and "
+                   help="add TorchRL's cases: torchrl-ray (its RayModuleTransform on "
+                        "each env), torchrl-ray-worker (on each worker's SerialEnv) and "
                         "torchrl-copied (a ModuleTransform per env)")
     p.add_argument("--cases", help="comma-separated cases to run instead: "
                    + ", ".join(CASES))

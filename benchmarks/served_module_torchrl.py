@@ -13,6 +13,9 @@ workload). The same reward MLP, CartPole-v1 (TorchRL's ``GymEnv``), a random pol
   pushes new weights through ``RayModuleTransformScheme`` after each batch.
   The workers join the case's Ray cluster by its address (not ``address="auto"``:
   other Ray clusters may run on the machine).
+- ``torchrl-ray-worker``: the same actor, its transform on each worker's ``SerialEnv``
+  instead of on each env: one call per worker step for all its envs (TorchRL's way to
+  batch the calls a worker makes; asyncrl batches across workers);
 - ``torchrl-copied``: each env's transform is a plain ``ModuleTransform`` over the
   worker's copy of the model (one copy per worker process, shared by its envs, as in
   the ``copied`` case).
@@ -26,7 +29,7 @@ import time
 from typing import Any
 
 #: TorchRL's cases, in the order each repeat runs them.
-CASES = ("torchrl-ray", "torchrl-copied")
+CASES = ("torchrl-ray", "torchrl-ray-worker", "torchrl-copied")
 #: The Ray namespace the trainer and the workers share (named actors live in one).
 NAMESPACE = "asyncrl-served-bench"
 
@@ -38,7 +41,7 @@ def missing(case: str) -> str | None:
         import torchrl.envs  # noqa: F401
     except Exception as exc:  # not installed, or broken against this torch
         return f"torchrl is not importable ({type(exc).__name__}: {exc})"
-    if case == "torchrl-ray":
+    if case.startswith("torchrl-ray"):
         try:
             import ray  # noqa: F401
         except Exception as exc:
@@ -71,24 +74,34 @@ def _no_second_actor() -> Any:
                        "name and would have started a second one")
 
 
-def _one_env(actor_name: str | None, hidden: int) -> Any:
-    from torchrl.envs import GymEnv, TransformedEnv
+def _transform(actor_name: str | None, hidden: int) -> Any:
     from torchrl.envs.transforms import ModuleTransform
 
     if actor_name is None:
-        transform = ModuleTransform(module=shared_module(hidden), no_grad=True)
-    else:
-        transform = ModuleTransform(module_factory=_no_second_actor, no_grad=True,
-                                    use_ray_service=True, actor_name=actor_name)
-    return TransformedEnv(GymEnv("CartPole-v1", categorical_action_encoding=True), transform)
+        return ModuleTransform(module=shared_module(hidden), no_grad=True)
+    return ModuleTransform(module_factory=_no_second_actor, no_grad=True,
+                           use_ray_service=True, actor_name=actor_name)
+
+
+def _cartpole() -> Any:
+    from torchrl.envs import GymEnv
+
+    return GymEnv("CartPole-v1", categorical_action_encoding=True)
+
+
+def _one_env(actor_name: str | None, hidden: int) -> Any:
+    from torchrl.envs import TransformedEnv
+
+    return TransformedEnv(_cartpole(), _transform(actor_name, hidden))
 
 
 def worker_env(envs: int, hidden: int, actor_name: str | None = None,
-               address: str | None = None) -> Any:
-    """A worker's envs: a ``SerialEnv`` of ``envs`` CartPoles, each with its transform."""
+               address: str | None = None, per_worker: bool = False) -> Any:
+    """A worker's envs: a ``SerialEnv`` of ``envs`` CartPoles, each with its transform
+    (``per_worker``: one transform on the ``SerialEnv``)."""
     import warnings
 
-    from torchrl.envs import SerialEnv
+    from torchrl.envs import SerialEnv, TransformedEnv
 
     warnings.filterwarnings("ignore", category=FutureWarning)  # use_ray_service's rename
     if address is not None:
@@ -97,6 +110,8 @@ def worker_env(envs: int, hidden: int, actor_name: str | None = None,
         if not ray.is_initialized():
             ray.init(address=address, namespace=NAMESPACE, log_to_driver=False)
         ray.get_actor(actor_name)  # ValueError now, not a second actor later
+    if per_worker:
+        return TransformedEnv(SerialEnv(envs, _cartpole), _transform(actor_name, hidden))
     one = functools.partial(_one_env, actor_name, hidden)
     return one() if envs == 1 else SerialEnv(envs, one)
 
@@ -119,37 +134,35 @@ def run_case(case: str, args: Any) -> dict[str, float]:
     import torch
     from torchrl.collectors import MultiSyncCollector
 
-    from benchmarks.served_module import check_rewards, measure_pss
+    from benchmarks.served_module import check_rewards, measure_pss, ray_init
 
     warnings.filterwarnings("ignore", category=FutureWarning)
     torch.set_num_threads(1)
     ray = None
     actor_name = address = None
-    if case == "torchrl-ray":
+    if case.startswith("torchrl-ray"):
         import ray
 
-        context = ray.init(num_cpus=os.cpu_count(), include_dashboard=False,
-                           log_to_driver=False, namespace=NAMESPACE)
+        context = ray_init(namespace=NAMESPACE)
         address = context.address_info["address"]
         actor_name = f"served-bench-reward-{os.getpid()}"
     try:
         start = time.monotonic()
         scheme = transform = None
-        if case == "torchrl-ray":
+        if ray is not None:
             from torchrl.envs.transforms import ModuleTransform
             from torchrl.weight_update import RayModuleTransformScheme
 
-            scheme = RayModuleTransformScheme() if args.update_weights else None
-            # The one actor every env calls; built here so the trainer owns it (and, with
-            # the scheme, is rank 0 of its weight group)
+            # The one actor every env calls, built here: the trainer owns it and, with the
+            # scheme, is rank 0 of its weight group
+            options = {}
+            if args.update_weights:
+                options["weight_sync_scheme"] = scheme = RayModuleTransformScheme()
             transform = ModuleTransform(
                 module_factory=functools.partial(reward_module, args.hidden), no_grad=True,
-                use_ray_service=True, actor_name=actor_name, weight_sync_scheme=scheme) \
-                if scheme is not None else ModuleTransform(
-                    module_factory=functools.partial(reward_module, args.hidden),
-                    no_grad=True, use_ray_service=True, actor_name=actor_name)
+                use_ray_service=True, actor_name=actor_name, **options)
         factory = functools.partial(worker_env, args.envs_per_worker, args.hidden,
-                                    actor_name, address)
+                                    actor_name, address, case == "torchrl-ray-worker")
         collector = MultiSyncCollector(
             [factory] * args.workers, None, frames_per_batch=args.frames_per_batch,
             total_frames=args.frames_per_batch * (args.batches + 1))

@@ -18,7 +18,7 @@ def test_unknown_cases_are_refused_before_anything_runs(monkeypatch, capsys) -> 
     assert served_module.main(["--cases", "served,torchrl-rpc"]) == 2
     err = capsys.readouterr().err
     assert "unknown cases ['torchrl-rpc']" in err
-    assert "torchrl-ray, torchrl-copied" in err
+    assert "torchrl-ray, torchrl-ray-worker, torchrl-copied" in err
 
 
 def test_cases_run_in_their_order_with_ratios_to_copied_and_torchrl(monkeypatch, capsys) -> None:
@@ -42,21 +42,23 @@ def test_the_default_cases_and_the_flags_that_add_to_them() -> None:
     args = argparse.Namespace(cases=None, ray=False, torchrl=False)
     assert served_module.pick_cases(args) == ["served", "served-process", "copied"]
     args.ray = args.torchrl = True
-    assert served_module.pick_cases(args) == ["served", "served-process", "served-ray",
-                                              "torchrl-ray", "torchrl-copied", "copied"]
+    assert served_module.pick_cases(args) == [
+        "served", "served-process", "served-ray", "torchrl-ray", "torchrl-ray-worker",
+        "torchrl-copied", "copied"]
 
 
 def test_a_torchrl_case_without_torchrl_or_ray_is_skipped_saying_why(monkeypatch, capsys) -> None:
     ran = []
     monkeypatch.setattr(served_module_torchrl, "missing",
                         lambda case: "ray is not importable (ModuleNotFoundError: ray)"
-                        if case == "torchrl-ray" else None)
+                        if case.startswith("torchrl-ray") else None)
     monkeypatch.setattr(served_module, "run_one",
                         lambda case, passed: ran.append(case) or dict(RESULT))
     assert served_module.main(["--torchrl", "--repeats", "1"]) == 0
     out = capsys.readouterr().out
     assert ran == ["served", "served-process", "torchrl-copied", "copied"]
-    assert "# torchrl-ray skipped: ray is not importable (ModuleNotFoundError: ray)" in out
+    for case in ("torchrl-ray", "torchrl-ray-worker"):
+        assert f"# {case} skipped: ray is not importable (ModuleNotFoundError: ray)" in out
 
 
 def test_only_skipped_cases_exit_2(monkeypatch, capsys) -> None:
