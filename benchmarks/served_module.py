@@ -36,6 +36,8 @@ Ray's own daemons are left out, its actors counted: :func:`measure_pss`), ``upda
 (median push). Every frame's reward is checked against the model applied to its next
 observation at a version the module had then (:func:`check_rewards`): a case that
 computes anything else fails. Medians over the repeats, and ratios.
+``SERVED_BENCH_PSS=N`` in the environment prints each process's PSS, counted or not, and
+the first N bytes of its command line (on stderr of ``--case CASE``).
 """
 
 from __future__ import annotations
