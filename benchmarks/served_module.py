@@ -194,10 +194,8 @@ def check_rewards(base: Any, batches: list[tuple[Any, Any, int]]) -> dict[str, f
     """Check that every frame's reward is the model applied to its next observation.
 
     ``batches``: (next observations, rewards, the version pushed before the batch came)
-    of each batch. A reward must be ``base(next_observation) + v`` for a version v the
-    module had while the batch was collected: one of those pushed up to the batch's
-    own, at most one behind the one pushed before the previous batch came (a sync
-    collector's workers may start the next batch before the update). Raises
+    of each batch. A reward must be ``base(next_observation) + v``, v that version or
+    the one before (workers may have begun the batch before the push). Raises
     ``AssertionError`` otherwise: the case did not do the work it is measured for.
     Returns how many frames were checked and the share computed by the newest version.
     """
