@@ -13,7 +13,7 @@ import pytest
 
 from asyncrl.cli import BENCHMARKS, main, run_benchmark
 
-MODULES = (*BENCHMARKS, "torchrl_faults", "mlp_before_after")
+MODULES = (*BENCHMARKS, "torchrl_faults", "mlp_before_after", "served_module")
 
 
 def test_bench_without_a_checkout_exits_2_with_the_command_to_run_from_a_clone(
