@@ -24,6 +24,7 @@ from typing import Any
 
 import anyio
 
+from .early import claim, release_unused
 from .forkserver import worker_context
 from .main_module import without_unavailable_main
 from .threads import child_thread_environment
@@ -68,6 +69,8 @@ class WorkerProcesses:
         # A torch-free child comes from a fork server of its own (.torch_free)
         self.torch_free = torch_free
         self.preload = tuple(preload)
+        if not torch_free and start_method == "forkserver":
+            claim()  # (before a torch-free start could stop it: .early)
         self.start_method = "forkserver" if torch_free else start_method
         self.threads = threads
         self.slots: dict[int, BaseProcess] = {}  # the current process of each slot
@@ -128,6 +131,7 @@ class WorkerProcesses:
                 daemon=self._daemon)
             try:
                 if self.torch_free:
+                    release_unused()  # (the fork server forked at import: unused here)
                     start_torch_free(process, self.preload)
                 else:
                     with self._environment(), without_unavailable_main():

@@ -43,7 +43,7 @@ def preload() -> None:
     for name in filter(None, os.environ.get(VARIABLE, "").split(",")):
         try:
             importlib.import_module(name)
-        except BaseException as exc:  # noqa: BLE001 -- the env worker imports it again and says why
+        except (Exception, SystemExit) as exc:  # the env worker imports it again, says why
             log.debug("the torch-free fork server did not preload %s: %r", name, exc)
     gc.collect()
     gc.freeze()
