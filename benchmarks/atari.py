@@ -70,7 +70,7 @@ import torch
 from torch import nn
 
 from benchmarks import ROOT
-from benchmarks.pixels import interleave, snapshot
+from benchmarks.pixels import by_role_mb, interleave, snapshot
 from benchmarks.pixels_throughput import cpu_seconds
 
 OBS_SHAPE = (4, 84, 84)
@@ -166,7 +166,8 @@ class Meter:
         memory = snapshot(set(workers()))  # while every process is alive
         self.result.update(fps=self.frames / wall, cpu_per_10k=cpu / self.frames * 1e4,
                            frames=self.frames, wall=wall, cpu=cpu,
-                           pss_mb=memory["total_mb"], processes=len(memory["processes"]))
+                           pss_mb=memory["total_mb"], processes=len(memory["processes"]),
+                           pss_by_role=by_role_mb(memory["processes"]))
         return True
 
 
@@ -496,6 +497,14 @@ def report(cases: list[str], results: dict[str, list[dict[str, Any]]]) -> None:
               f"| {of_floor} | {ratios}{_spread([r['cpu_per_10k'] for r in rows], '.1f')} | "
               f"{_spread([r['pss_mb'] for r in rows], '.0f')} | "
               f"{_spread([r['first_batch_s'] for r in rows], '.1f')} |")
+    for case, rows in done.items():  # where the memory is: PSS by process, median of the runs
+        roles = sorted({role for r in rows for role in r.get("pss_by_role", {})})
+        if roles:
+            def median(role: str, i: int, rows: list[dict[str, Any]] = rows) -> float:
+                return statistics.median(r["pss_by_role"].get(role, [0, 0.0])[i] for r in rows)
+
+            print(f"PSS of {case} by process (median MB): " + ", ".join(
+                f"{role} x{median(role, 0):.0f} {median(role, 1):.0f}" for role in roles))
     for case in cases:
         for row in results[case][:1]:
             if "skipped" in row:

@@ -24,14 +24,15 @@ from multiprocessing import forkserver, spawn
 from multiprocessing.context import ForkServerProcess
 from multiprocessing.process import BaseProcess
 
-from .torch_free_preload import VARIABLE as PRELOAD_VARIABLE
-
 #: The variable (transports reads it at its import: one name for both packages).
 VARIABLE = "ASYNCRL_TORCH_FREE"
+#: Comma-separated modules the torch-free fork server imports for its children, read by
+#: :mod:`.torch_free_preload` (never imported here: its import is the preload itself).
+PRELOAD_VARIABLE = "ASYNCRL_TORCH_FREE_PRELOAD"
 #: The ``asyncrl`` command that runs torch-free.
 COMMAND = "env-worker"
 
-__all__ = ["COMMAND", "MAIN_SCRIPT", "PRELOAD", "VARIABLE", "start_torch_free",
+__all__ = ["COMMAND", "MAIN_SCRIPT", "PRELOAD", "PRELOAD_VARIABLE", "VARIABLE", "start_torch_free",
            "torch_free_process"]
 
 
@@ -84,7 +85,8 @@ def _role_env(options: list[str], environ: Mapping[str, str]) -> bool:
 MAIN_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch_free_main.py")
 #: What the torch-free fork server imports once, for every env worker it forks (the
 #: last: the envs' own modules, then a freeze, :mod:`.torch_free_preload`).
-PRELOAD = ("asyncrl._inference.env_worker", "gymnasium", "asyncrl._spawn.torch_free_preload")
+PRELOAD = ("asyncrl._inference.env_worker", "gymnasium", "anyio._backends._asyncio",
+           "asyncrl._spawn.torch_free_preload")
 
 _starting = threading.local()
 _install_lock = threading.Lock()

@@ -5,7 +5,8 @@ The env workers of central inference are forked from a fork server of their own
 copy-on-write; whatever they import after, each holds a copy of its own. So it also
 imports the modules the envs are named from (an import path's module, a gymnasium
 id's entry point: ``ale_py.env`` for ``"ALE/Breakout-v5"``), listed in
-``ASYNCRL_TORCH_FREE_PRELOAD`` when it starts, and then freezes what it holds for
+``ASYNCRL_TORCH_FREE_PRELOAD`` when it starts (after the fork server's other preloads:
+this module is the last of them, and nothing else imports it), and then freezes what it holds for
 the garbage collector (:func:`gc.freeze`): a child's collection would otherwise
 write to every object's header, copying the pages they share one by one (the same
 as the torch fork server, :mod:`.early`). A module that fails to import is left to
@@ -23,8 +24,7 @@ import logging
 import os
 from multiprocessing import forkserver
 
-#: Comma-separated modules the torch-free fork server imports for its children.
-VARIABLE = "ASYNCRL_TORCH_FREE_PRELOAD"
+from .torch_free import PRELOAD_VARIABLE, VARIABLE
 
 log = logging.getLogger("asyncrl.collectors")
 
@@ -40,7 +40,7 @@ def _in_fork_server() -> bool:
 
 def preload() -> None:
     """Import the listed modules (each failure left to the children), then freeze."""
-    for name in filter(None, os.environ.get(VARIABLE, "").split(",")):
+    for name in filter(None, os.environ.get(PRELOAD_VARIABLE, "").split(",")):
         try:
             importlib.import_module(name)
         except (Exception, SystemExit) as exc:  # the env worker imports it again, says why
@@ -49,5 +49,5 @@ def preload() -> None:
     gc.freeze()
 
 
-if os.environ.get("ASYNCRL_TORCH_FREE") == "1" and _in_fork_server():
+if os.environ.get(VARIABLE) == "1" and _in_fork_server():
     preload()
