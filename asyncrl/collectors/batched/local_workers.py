@@ -27,7 +27,7 @@ from ..._inference.env_stepper import EnvWorkerConfig
 from ..._inference.env_worker import env_worker_main
 from ..._inference.local_channels import LocalChannels
 from ..._inference.outputs import OutputLayout
-from ..._protocol.env_source import is_plain
+from ..._protocol.env_source import MAIN_MODULES, is_plain
 from ..._rollout.env_ids import EnvIdSource
 from ..._spawn.processes import WorkerProcesses
 
@@ -90,7 +90,8 @@ class LocalEnvWorkers:
         """
         paths = {f.partition(":")[0] for group in self.groups for f in group
                  if isinstance(f, str) and ":" in f}
-        return sorted(paths | {s.module for s in sources})
+        # (not the trainer's script: a torch-free child never runs it)
+        return sorted((paths | {s.module for s in sources}) - set(MAIN_MODULES))
 
     def torch_free(self) -> bool:
         """Whether the env workers can run without torch (spawned, ~100 MB less each).
