@@ -9,9 +9,13 @@ fork server, and ``import transports`` no tensordict.
 
 Two ways in: a local env worker is forked from a fork server of its own, started
 torch-free, not from multiprocessing's (forked at ``import asyncrl``, it holds torch),
-with a main module that imports nothing of the user's (:func:`start_torch_free`);
-``asyncrl worker --role env`` (the remote command; ``asyncrl env-worker``, its alias)
-sets it for itself, here, before anything imports transports.
+with a main module that imports nothing of the user's (:func:`start_torch_free`); that
+fork server imports what every env worker needs (asyncrl's env worker, numpy, ZeroMQ,
+gymnasium, anyio, and the modules the envs are named from) once, frozen, so that its
+children share it (:mod:`.torch_free_preload`), and multiprocessing's, unused then, is
+stopped (:func:`.early.release_unused`). ``asyncrl worker --role env`` (the remote
+command; ``asyncrl env-worker``, its alias) sets it for itself, here, before anything
+imports transports.
 """
 
 from __future__ import annotations
