@@ -25,7 +25,7 @@ A process whose workers all come from elsewhere does not keep it: the env worker
 central inference are forked from a torch-free fork server of their own
 (:mod:`.torch_free`), and once the first of them starts while nothing has claimed this
 one (a per-worker collector's workers, an inference process: :func:`claim`), it is
-stopped (:func:`release_unused`): it held 30-35 MB of its own (the pages the trainer
+stopped (:func:`release_unused`): it held about 30 MB of its own (the pages the trainer
 wrote since the fork, what it imported after). A per-worker collector opened later in
 that process starts a fork server from its constructor, as with the variable off.
 """
