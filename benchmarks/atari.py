@@ -70,8 +70,7 @@ import torch
 from torch import nn
 
 from benchmarks import ROOT
-from benchmarks.atari_env import make_atari
-from benchmarks.pixels import interleave, snapshot
+from benchmarks.pixels import by_role_mb, interleave, snapshot
 from benchmarks.pixels_throughput import cpu_seconds
 
 OBS_SHAPE = (4, 84, 84)
@@ -89,6 +88,14 @@ ATARI = ("ale_py", "cv2")  # gymnasium's AtariPreprocessing resizes with OpenCV
 
 
 # -- the workload ------------------------------------------------------------------------------
+def atari_factory() -> Callable[[], Any]:
+    """``benchmarks.atari_env.make_atari``, imported when a case needs it: that module imports
+    ale-py and OpenCV at its top, which EnvPool's process would otherwise hold for nothing."""
+    from benchmarks.atari_env import make_atari
+
+    return make_atari
+
+
 def make_envpool(num_envs: int = N_ENVS, num_threads: int = 2) -> Any:
     """EnvPool's Breakout with :data:`ENVPOOL_OPTIONS`."""
     import envpool
@@ -159,7 +166,8 @@ class Meter:
         memory = snapshot(set(workers()))  # while every process is alive
         self.result.update(fps=self.frames / wall, cpu_per_10k=cpu / self.frames * 1e4,
                            frames=self.frames, wall=wall, cpu=cpu,
-                           pss_mb=memory["total_mb"], processes=len(memory["processes"]))
+                           pss_mb=memory["total_mb"], processes=len(memory["processes"]),
+                           pss_by_role=by_role_mb(memory["processes"]))
         return True
 
 
@@ -191,7 +199,7 @@ def cleanrl_loop(reset: Callable[[], Any], step: Callable[[Any], tuple[Any, Any,
 def run_vector(meter: Meter) -> None:
     import gymnasium as gym
 
-    envs = gym.vector.AsyncVectorEnv([make_atari] * N_ENVS, shared_memory=True)
+    envs = gym.vector.AsyncVectorEnv([atari_factory()] * N_ENVS, shared_memory=True)
     try:
         cleanrl_loop(lambda: envs.reset(seed=0)[0], lambda a: envs.step(a)[:4], meter)
     finally:
@@ -211,7 +219,7 @@ def puffer_env(**kwargs: Any) -> Any:
     PufferLib versions pass ``buf`` and ``seed``, handed on as they come)."""
     import pufferlib.emulation
 
-    return pufferlib.emulation.GymnasiumPufferEnv(env_creator=make_atari, **kwargs)
+    return pufferlib.emulation.GymnasiumPufferEnv(env_creator=atari_factory(), **kwargs)
 
 
 def run_pufferlib(meter: Meter) -> None:
@@ -239,7 +247,7 @@ def torchrl_env() -> Any:
     """:func:`make_atari` behind TorchRL's gym wrapper, integer actions."""
     from torchrl.envs import GymWrapper
 
-    return GymWrapper(make_atari(), categorical_action_encoding=True)
+    return GymWrapper(atari_factory()(), categorical_action_encoding=True)
 
 
 def run_torchrl(meter: Meter) -> None:
@@ -276,7 +284,7 @@ def run_asyncrl(meter: Meter, kind: str, compact_obs: bool = False,
                                          frames_per_batch=meter.frames_per_batch,
                                          num_threads=1, **(layout or {}))
         cls = MultiSyncCollector if kind == "sync" else MultiAsyncCollector
-        return cls(make_atari, make_policy(), num_workers=2, envs_per_worker=4,
+        return cls(atari_factory(), make_policy(), num_workers=2, envs_per_worker=4,
                    frames_per_batch=meter.frames_per_batch, compact_obs=compact_obs,
                    num_threads=1, num_sub_threads=1)
 
@@ -301,7 +309,7 @@ def run_batched_without_yield(meter: Meter) -> None:
 # -- the floor -----------------------------------------------------------------------------------
 def run_floor(seconds: float) -> dict[str, Any]:
     """CPU ms per env step (one env, random actions) and per CNN frame at batch 1, 4, 8."""
-    env = make_atari()
+    env = atari_factory()()
     env.reset(seed=0)
     env.action_space.seed(0)
     steps, start = 0, time.process_time()
@@ -489,6 +497,14 @@ def report(cases: list[str], results: dict[str, list[dict[str, Any]]]) -> None:
               f"| {of_floor} | {ratios}{_spread([r['cpu_per_10k'] for r in rows], '.1f')} | "
               f"{_spread([r['pss_mb'] for r in rows], '.0f')} | "
               f"{_spread([r['first_batch_s'] for r in rows], '.1f')} |")
+    for case, rows in done.items():  # where the memory is: PSS by process, median of the runs
+        roles = sorted({role for r in rows for role in r.get("pss_by_role", {})})
+        if roles:
+            def median(role: str, i: int, rows: list[dict[str, Any]] = rows) -> float:
+                return statistics.median(r["pss_by_role"].get(role, [0, 0.0])[i] for r in rows)
+
+            print(f"PSS of {case} by process (median MB): " + ", ".join(
+                f"{role} x{median(role, 0):.0f} {median(role, 1):.0f}" for role in roles))
     for case in cases:
         for row in results[case][:1]:
             if "skipped" in row:

@@ -9,15 +9,19 @@ from __future__ import annotations
 
 from typing import Any
 
+# At the top, as CleanRL's scripts import them: the env workers' torch-free fork server
+# imports this module once for all of them (asyncrl/_spawn/torch_free_preload.py), so
+# ale-py, gymnasium's wrappers and OpenCV (which AtariPreprocessing imports) are shared.
+import ale_py
+import cv2  # noqa: F401 -- imported by AtariPreprocessing when it is made
+import gymnasium as gym
+from gymnasium.wrappers import AtariPreprocessing, FrameStackObservation
+
 ENV_ID = "ALE/Breakout-v5"
 
 
 def make_atari() -> Any:
     """Breakout, preprocessed and stacked as CleanRL's gymnasium Atari scripts do."""
-    import ale_py
-    import gymnasium as gym
-    from gymnasium.wrappers import AtariPreprocessing, FrameStackObservation
-
     gym.register_envs(ale_py)
     env = gym.make(ENV_ID, frameskip=1)
     env = AtariPreprocessing(env, frame_skip=4, screen_size=84, grayscale_obs=True,

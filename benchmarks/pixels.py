@@ -195,12 +195,30 @@ def role(pid: int, trainer: int, workers: set[int], server: int | None) -> str:
         return "worker"
     if pid == server:
         return "fork server"
+    if pid == _torch_free_server():
+        return "torch-free fork server"
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             cmd = f.read().replace(b"\0", b" ").decode()
     except OSError:
         cmd = ""
     return "resource tracker" if "resource_tracker" in cmd else "env worker"
+
+
+def _torch_free_server() -> int | None:
+    """The pid of central inference's torch-free fork server, if this process runs one."""
+    module = sys.modules.get("asyncrl._spawn.torch_free")  # (never imported here for it)
+    server = getattr(module, "_server", None)
+    return vars(server).get("_forkserver_pid") if server is not None else None
+
+
+def by_role_mb(rows: list[dict[str, Any]]) -> dict[str, list[float]]:
+    """``snapshot``'s processes summed by role: ``{role: [count, PSS MB]}``."""
+    out: dict[str, list[float]] = {}
+    for row in rows:
+        count, total = out.get(row["role"], [0, 0.0])
+        out[row["role"]] = [count + 1, total + row["pss_mb"]]
+    return out
 
 
 def snapshot(workers: set[int]) -> dict[str, Any]:

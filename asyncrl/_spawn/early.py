@@ -20,6 +20,14 @@ asyncrl again), not inside a fork server, not for asyncrl's own command line
 collector's constructor then starts the fork server, as before. Nothing outlives
 the trainer: the server exits when the trainer's end of its pipe closes, and at a
 normal exit it is stopped and reaped once multiprocessing has ended its children.
+
+A process whose workers all come from elsewhere does not keep it: the env workers of
+central inference are forked from a torch-free fork server of their own
+(:mod:`.torch_free`), and once the first of them starts while nothing has claimed this
+one (a per-worker collector's workers, an inference process: :func:`claim`), it is
+stopped (:func:`release_unused`): it held about 30 MB of its own (the pages the trainer
+wrote since the fork, what it imported after). A per-worker collector opened later in
+that process starts a fork server from its constructor, as with the variable off.
 """
 
 from __future__ import annotations
@@ -53,6 +61,8 @@ PRELOAD = ("torch", "tensordict", "gymnasium", "asyncrl._worker.worker", "asyncr
 _SERVER_MARK = "_ASYNCRL_FORK_SERVER_PID"
 
 _started: tuple[int, int] | None = None  # (the trainer's pid, the fork server's pid)
+_claimed = False  # something in this process starts its workers from the fork server
+_claim_lock = threading.Lock()  # claim() against release_unused(), in starting threads
 
 
 def preload_modules(state: dict[str, Any]) -> list[str]:
@@ -99,6 +109,29 @@ def start_early_fork_server() -> bool:
     except Exception as exc:  # an optimisation: the old path still works
         log.debug("fork server not started at import: %r", exc)
         return False
+    return True
+
+
+def claim() -> None:
+    """Say that workers are to come from multiprocessing's fork server: it is kept."""
+    global _claimed
+    with _claim_lock:
+        _claimed = True
+
+
+def release_unused() -> bool:
+    """Stop the fork server started at import if nothing claimed it (True: stopped).
+
+    For a process whose workers come from the torch-free fork server only; the
+    fork server is started again, from a collector's constructor, if one wants it later.
+    """
+    global _started
+    with _claim_lock:
+        if _claimed or _started is None or os.getpid() != _started[0]:
+            return False
+        _stop()
+        _started = None
+    log.debug("fork server started at import stopped: this process's workers are torch-free")
     return True
 
 
@@ -271,5 +304,5 @@ def _flush_std_streams() -> None:
 
 os.register_at_fork(after_in_child=_forget_in_child)
 
-__all__ = ["ENV_VARIABLE", "PRELOAD", "early_start_refused", "preload_modules",
-           "start_early_fork_server"]
+__all__ = ["ENV_VARIABLE", "PRELOAD", "claim", "early_start_refused", "preload_modules",
+           "release_unused", "start_early_fork_server"]

@@ -24,7 +24,7 @@ from contextlib import suppress
 from multiprocessing import forkserver
 from multiprocessing.context import BaseContext
 
-from .early import PRELOAD, preload_modules
+from .early import PRELOAD, claim, preload_modules
 from .main_module import without_unavailable_main
 from .threads import child_thread_environment
 
@@ -54,6 +54,7 @@ def worker_context(start_method: str) -> BaseContext:
     """
     context = mp.get_context(start_method)
     if start_method == "forkserver":
+        claim()  # (kept from now on: .early)
         with without_unavailable_main():  # a script read from stdin: not preloaded
             _ensure_fork_server(context)
     return context

@@ -24,6 +24,7 @@ from typing import Any
 
 import anyio
 
+from .early import claim, release_unused
 from .forkserver import worker_context
 from .main_module import without_unavailable_main
 from .threads import child_thread_environment
@@ -49,7 +50,8 @@ class WorkerProcesses:
     process sentinel maps to its peer on the hub. ``threads`` sizes the native
     pools of a spawned child (set in the environment while it starts; a forked
     one inherits the fork server's single thread). ``torch_free``: each child is
-    forked from a fork server without torch or tensordict (:mod:`.torch_free`).
+    forked from a fork server without torch or tensordict (:mod:`.torch_free`), which
+    imports the modules in ``preload`` once for all of them when it starts.
 
     >>> workers = WorkerProcesses(2, main, lambda slot, ident: (slot,),  # doctest: +SKIP
     ...                           identity=lambda slot: random_identity(f"w{slot}"))
@@ -61,10 +63,14 @@ class WorkerProcesses:
     def __init__(self, count: int, target: Callable[..., None], args: ArgsFor, *,
                  identity: Callable[[int], bytes], start_method: str = "forkserver",
                  threads: int | None = None, daemon: bool = True,
-                 name: str = "asyncrl-worker", torch_free: bool = False) -> None:
+                 name: str = "asyncrl-worker", torch_free: bool = False,
+                 preload: Sequence[str] = ()) -> None:
         self.count = count
         # A torch-free child comes from a fork server of its own (.torch_free)
         self.torch_free = torch_free
+        self.preload = tuple(preload)
+        if not torch_free and start_method == "forkserver":
+            claim()  # (before a torch-free start could stop it: .early)
         self.start_method = "forkserver" if torch_free else start_method
         self.threads = threads
         self.slots: dict[int, BaseProcess] = {}  # the current process of each slot
@@ -125,7 +131,8 @@ class WorkerProcesses:
                 daemon=self._daemon)
             try:
                 if self.torch_free:
-                    start_torch_free(process)
+                    release_unused()  # (the fork server forked at import: unused here)
+                    start_torch_free(process, self.preload)
                 else:
                     with self._environment(), without_unavailable_main():
                         process.start()

@@ -9,9 +9,13 @@ fork server, and ``import transports`` no tensordict.
 
 Two ways in: a local env worker is forked from a fork server of its own, started
 torch-free, not from multiprocessing's (forked at ``import asyncrl``, it holds torch),
-with a main module that imports nothing of the user's (:func:`start_torch_free`);
-``asyncrl worker --role env`` (the remote command; ``asyncrl env-worker``, its alias)
-sets it for itself, here, before anything imports transports.
+with a main module that imports nothing of the user's (:func:`start_torch_free`); that
+fork server imports what every env worker needs (asyncrl's env worker, numpy, ZeroMQ,
+gymnasium, anyio, and the modules the envs are named from) once, frozen, so that its
+children share it (:mod:`.torch_free_preload`), and multiprocessing's, unused then, is
+stopped (:func:`.early.release_unused`). ``asyncrl worker --role env`` (the remote
+command; ``asyncrl env-worker``, its alias) sets it for itself, here, before anything
+imports transports.
 """
 
 from __future__ import annotations
@@ -26,10 +30,13 @@ from multiprocessing.process import BaseProcess
 
 #: The variable (transports reads it at its import: one name for both packages).
 VARIABLE = "ASYNCRL_TORCH_FREE"
+#: Comma-separated modules the torch-free fork server imports for its children, read by
+#: :mod:`.torch_free_preload` (never imported here: its import is the preload itself).
+PRELOAD_VARIABLE = "ASYNCRL_TORCH_FREE_PRELOAD"
 #: The ``asyncrl`` command that runs torch-free.
 COMMAND = "env-worker"
 
-__all__ = ["COMMAND", "MAIN_SCRIPT", "PRELOAD", "VARIABLE", "start_torch_free",
+__all__ = ["COMMAND", "MAIN_SCRIPT", "PRELOAD", "PRELOAD_VARIABLE", "VARIABLE", "start_torch_free",
            "torch_free_process"]
 
 
@@ -80,8 +87,10 @@ def _role_env(options: list[str], environ: Mapping[str, str]) -> bool:
 
 #: The main module a torch-free child runs instead of the user's (it marks the process).
 MAIN_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch_free_main.py")
-#: What the torch-free fork server imports once, for every env worker it forks.
-PRELOAD = ("asyncrl._inference.env_worker", "gymnasium")
+#: What the torch-free fork server imports once, for every env worker it forks (the
+#: last: the envs' own modules, then a freeze, :mod:`.torch_free_preload`).
+PRELOAD = ("asyncrl._inference.env_worker", "gymnasium", "anyio._backends._asyncio",
+           "asyncrl._spawn.torch_free_preload")
 
 _starting = threading.local()
 _install_lock = threading.Lock()
@@ -92,7 +101,7 @@ _server = forkserver.ForkServer()
 _server.set_forkserver_preload(list(PRELOAD))
 
 
-def start_torch_free(process: BaseProcess) -> None:
+def start_torch_free(process: BaseProcess, preload: Sequence[str] = ()) -> None:
     """``process.start()`` for a process of the ``forkserver`` (or ``spawn``) context,
     torch-free.
 
@@ -102,10 +111,12 @@ def start_torch_free(process: BaseProcess) -> None:
     would run again there). Only this thread's start is changed: other threads may
     start other processes meanwhile. What the child is given must therefore not come
     from the user's ``__main__`` (the caller checks: gym ids and import paths only).
+    ``preload``: the modules the envs come from, imported by that fork server when it
+    starts, once for all its children (:mod:`.torch_free_preload`).
     """
     _install()
     if isinstance(process, ForkServerProcess):  # (a spawned one needs no server)
-        _ensure_server()
+        _ensure_server(preload)
     _starting.torch_free = True
     try:
         process.start()
@@ -113,14 +124,15 @@ def start_torch_free(process: BaseProcess) -> None:
         _starting.torch_free = False
 
 
-def _ensure_server() -> None:
+def _ensure_server(preload: Sequence[str]) -> None:
     from .threads import _environment, thread_environment  # (the trainer's side: torch)
 
     with _install_lock:
         if vars(_server).get("_forkserver_pid") is None:  # (multiprocessing's field)
             # Its environment is inherited when it starts (held briefly, under the lock
             # the other fork server's start takes too).
-            with _environment({**thread_environment(1), VARIABLE: "1"}):
+            with _environment({**thread_environment(1), VARIABLE: "1",
+                               PRELOAD_VARIABLE: ",".join(preload)}):
                 _server.ensure_running()
         else:
             _server.ensure_running()  # (starts another if it died)

@@ -28,7 +28,7 @@ from ..._inference.env_worker import env_worker_main
 from ..._inference.info_columns import InfoColumn
 from ..._inference.local_channels import LocalChannels
 from ..._inference.outputs import OutputLayout
-from ..._protocol.env_source import is_plain
+from ..._protocol.env_source import MAIN_MODULES, is_plain
 from ..._rollout.env_ids import EnvIdSource
 from ..._spawn.processes import WorkerProcesses
 
@@ -80,7 +80,21 @@ class LocalEnvWorkers:
         return WorkerProcesses(len(self.groups), env_worker_main, args,
                                identity=lambda slot: identities[slot],
                                start_method=self.start_method, name="asyncrl-env-worker",
-                               torch_free=self.torch_free())
+                               torch_free=self.torch_free(),
+                               preload=self.env_modules(sources))
+
+    def env_modules(self, sources: Sequence[EnvIdSource] = ()) -> list[str]:
+        """The modules the envs come from (an import path's, a registered id's entry
+        point's), for the torch-free fork server to import once for all env workers.
+
+        >>> LocalEnvWorkers([["benchmarks.atari_env:make_atari"]], {}, 8, (1.0, 10.0), 0.0,
+        ...                 1, "spawn", "t").env_modules()
+        ['benchmarks.atari_env']
+        """
+        paths = {f.partition(":")[0] for group in self.groups for f in group
+                 if isinstance(f, str) and ":" in f}
+        # (not the trainer's script: a torch-free child never runs it)
+        return sorted((paths | {s.module for s in sources}) - set(MAIN_MODULES))
 
     def torch_free(self) -> bool:
         """Whether the env workers can run without torch (spawned, ~100 MB less each).
