@@ -121,8 +121,9 @@ async def test_an_env_worker_that_dies_shows_lost_with_its_exit_code() -> None:
             pids = collector.worker_pids
             await collector.__anext__()
             # Worker 0's frames can make the first batch before worker 1 has said hello
-            # (a loaded machine): kill worker 1 once it is in the registry.
-            while len(collector.statistics().workers) < 2:
+            # (a loaded machine): kill worker 1 once it is admitted (a process still
+            # joining has a "joining" row of its own, gone with its process).
+            while [r.state for r in collector.statistics().workers] != ["collecting"] * 2:
                 await anyio.sleep(0.01)
             os.kill(pids[1], signal.SIGKILL)
             with pytest.raises(WorkerLostError, match=r"env worker 1 .*SIGKILL"):
