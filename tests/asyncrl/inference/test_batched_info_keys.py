@@ -320,3 +320,37 @@ async def test_a_remote_hosts_later_mismatch_drops_it_naming_the_key(
     [refusal] = collector.remote_refusals
     assert ("reported an error: asyncrl._errors.SpecMismatchError: info entry 'steps': the "
             "first step gave int64 of shape (), this step gave float64 of shape ()") in refusal
+
+
+async def test_a_remote_host_that_cannot_write_the_columns_tells_the_trainer_why(
+        anyio_backend: str) -> None:
+    # its env is a TorchRL env (which reads its own info): its stepper cannot be built
+    # with the welcome's info columns, and the trainer hears why before the host exits
+    collector = AsyncBatchedCollector(
+        make_step_info_env, num_envs=1, frames_per_batch=8, total_frames=-1,
+        listen="tcp://127.0.0.1:0", remote_workers=1, info_keys=["steps"])
+    events = collector.events()
+    with anyio.fail_after(LIMIT):
+        async with collector:
+            host = start_env_host(collector.endpoint, anyio_backend,
+                                  "tests.asyncrl.rollout.info_envs:make_torchrl_step_info_env")
+            try:
+                async for batch in collector:  # the local worker's frames go on meanwhile
+                    t = batch["next", "observation"][..., 0]
+                    assert torch.equal(batch["next", "steps"], t.long())
+                    if collector.remote_refusals:
+                        break
+            finally:
+                code = await anyio.to_thread.run_sync(host.wait)
+        seen = [e async for e in events]
+    assert host.stderr is not None
+    err = host.stderr.read()
+    assert code != 0 and "ValueError: info_keys: TorchRLPool steps a TorchRL env" in err, err
+    why = ("reported an error: builtins.ValueError: info_keys: TorchRLPool steps a TorchRL "
+           "env, whose info TorchRL reads itself: register env.set_info_dict_reader("
+           "default_info_dict_reader([...])) and the entries come as observations")
+    [refusal] = collector.remote_refusals
+    assert refusal.startswith("remote env worker ") and refusal.endswith(why), refusal
+    [joined] = [e for e in seen if e.kind == "joined" and e.worker == 1]
+    [lost] = [e for e in seen if e.kind == "lost" and e.worker == 1]
+    assert lost.reason == why, lost.reason
