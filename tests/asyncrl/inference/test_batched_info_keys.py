@@ -354,3 +354,4 @@ async def test_a_remote_host_that_cannot_write_the_columns_tells_the_trainer_why
     [joined] = [e for e in seen if e.kind == "joined" and e.worker == 1]
     [lost] = [e for e in seen if e.kind == "lost" and e.worker == 1]
     assert lost.reason == why, lost.reason
+    assert (joined.name, joined.pid) == (lost.name, host.pid) == ("env-1", host.pid)  # admitted
