@@ -23,6 +23,10 @@ How batches reached the trainer: ``asyncrl_batches_arrived_total{channel}`` and
 ``asyncrl_shared_memory_fallbacks_total`` (local workers a full ``/dev/shm`` kept on
 the socket), all counters.
 
+Served modules: ``asyncrl_served_refusals_total{reason}`` (a counter), remote hosts'
+calls refused by reason (``statistics().served_refusals``: ``not admitted``,
+``malformed``, ``unknown module``, ``busy``; each 0 until it happens).
+
 Per live worker (labels ``worker``, its index, and ``host``): ``asyncrl_worker_pid``,
 ``asyncrl_worker_state{state}`` (1 for its state, 0 for the others),
 ``asyncrl_worker_frames_total``, ``asyncrl_worker_batches_total``,
@@ -64,7 +68,12 @@ except ImportError as exc:  # pragma: no cover - exercised with the extra missin
     ) from exc
 
 from ._observe.latency import LatencyHistogram
-from ._observe.statistics import CollectorState, WorkerState, WorkerStatistics
+from ._observe.statistics import (
+    SERVED_REFUSAL_REASONS,
+    CollectorState,
+    WorkerState,
+    WorkerStatistics,
+)
 
 STATES: tuple[WorkerState, ...] = ("joining", "collecting", "idle", "lost", "waiting", "left")
 COLLECTOR_STATES: tuple[CollectorState, ...] = get_args(CollectorState)
@@ -134,6 +143,7 @@ class CollectorMetrics(_PrometheusCollector):
         yield run_state
 
         yield from _arrivals(stats, names, values)
+        yield _served_refusals(stats, names, values)
         yield from self._worker_counts(stats.workers, names, values)
         yield from _per_worker(shown_workers(stats.workers, local_slots(self.collector)),
                                names, values)
@@ -304,6 +314,17 @@ def _arrivals(stats: Any, names: list[str], values: list[str]) -> Iterator[Metri
                                     "/dev/shm kept on the socket.", labels=names)
     fallbacks.add_metric(values, getattr(stats, "shared_memory_fallbacks", 0))
     yield from (batches, nbytes, fallbacks)
+
+
+def _served_refusals(stats: Any, names: list[str], values: list[str]) -> Metric:
+    """Remote calls to served modules refused, by reason: every known reason (0 until it
+    happens, so that a rate alert has a series), and any other the snapshot names."""
+    counts = dict(getattr(stats, "served_refusals", None) or {})
+    refused = CounterMetricFamily("asyncrl_served_refusals", "Remote hosts' calls to served "
+                                  "modules refused, by reason.", labels=[*names, "reason"])
+    for reason in [*SERVED_REFUSAL_REASONS, *sorted(set(counts) - set(SERVED_REFUSAL_REASONS))]:
+        refused.add_metric([*values, reason], counts.get(reason, 0))
+    return refused
 
 
 def _gauge(name: str, doc: str, names: list[str], values: list[str],

@@ -53,7 +53,7 @@ from .._protocol import (
     ServedRoute,
     decode,
 )
-from .._protocol.central_inference import ERROR_KIND
+from .._protocol.central_inference import ERROR_KIND, WRITES_INFOS
 from .._rollout.env_ids import EnvIdSource, is_unknown_env_id
 from .._rollout.env_pools import EnvPool
 from .._worker.log_forward import LogForwarder
@@ -311,7 +311,11 @@ async def _join(link: Link, pool: EnvPool | None, env: Any, envs: int,
         hello = Hello(protocol=PROTOCOL, name=link.identity.decode(errors="replace"),
                       host=socket.gethostname()[:200], pid=os.getpid(), role="env",
                       specs={} if pool is None else pool_layout(pool).to_specs(),
-                      env_missing=missing, attempt=attempt)
+                      env_missing=missing, attempt=attempt,
+                      # It writes the info columns its welcome names: said here, so that
+                      # a trainer with info_keys can tell a host of an earlier release
+                      # (which says nothing) at its hello, not at its first chunk.
+                      rollout=dict(WRITES_INFOS))
         await link.send(hello.to_body(), kind=Hello.KIND)
         message = await link.recv()
         if message.kind == EnvWelcome.KIND:

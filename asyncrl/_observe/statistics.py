@@ -13,7 +13,7 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import torch
 from tensordict import TensorDictBase
@@ -36,6 +36,11 @@ from tensordict import TensorDictBase
 WorkerState = Literal["joining", "collecting", "idle", "lost", "waiting", "left"]
 #: A collector's state as a whole (``statistics().state``), see :class:`CollectorStatistics`.
 CollectorState = Literal["starting", "running", "waiting", "paused", "failed", "closed"]
+#: Why a remote host's call to a served module was refused: the keys of
+#: :attr:`CollectorStatistics.served_refusals` (``asyncrl.served`` counts them; every one
+#: is a labelled series of ``asyncrl_served_refusals_total``, 0 until it happens).
+ServedRefusalReason = Literal["not admitted", "malformed", "unknown module", "busy"]
+SERVED_REFUSAL_REASONS: tuple[ServedRefusalReason, ...] = get_args(ServedRefusalReason)
 
 
 @dataclass(frozen=True)
@@ -118,7 +123,8 @@ class CollectorStatistics:
     #: Local workers kept on the socket because ``/dev/shm`` was full.
     shared_memory_fallbacks: int = 0
     #: Remote hosts' calls to served modules refused, by reason (``"not admitted"``,
-    #: ``"malformed"``, ``"unknown module"``, ``"busy"``); see ``asyncrl.served``.
+    #: ``"malformed"``, ``"unknown module"``, ``"busy"``: :data:`SERVED_REFUSAL_REASONS`);
+    #: see ``asyncrl.served``.
     served_refusals: Mapping[str, int] = field(default_factory=dict)
 
 
@@ -273,11 +279,13 @@ def policy_lag(batch: TensorDictBase, version: int) -> int:
 
 __all__ = [
     "RAW_RETURN_KEY",
+    "SERVED_REFUSAL_REASONS",
     "BatchArrivals",
     "CollectorState",
     "CollectorStatistics",
     "EpisodeReturns",
     "RateMeter",
+    "ServedRefusalReason",
     "WorkerState",
     "WorkerStatistics",
     "policy_lag",

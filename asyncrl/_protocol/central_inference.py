@@ -55,8 +55,9 @@ from .fields import MAX_KEY
 if TYPE_CHECKING:
     from tensordict import TensorDictBase
 
-__all__ = ["DTYPES", "ERROR_KIND", "MAX_DIMS", "MAX_ELEMENTS", "MAX_TAG", "Actions", "EnvChunk",
-           "EnvClose", "EnvLayout", "EnvWelcome", "Observations", "array_problem", "dtype_name"]
+__all__ = ["DTYPES", "ERROR_KIND", "MAX_DIMS", "MAX_ELEMENTS", "MAX_TAG", "WRITES_INFOS", "Actions",
+           "EnvChunk", "EnvClose", "EnvLayout", "EnvWelcome", "Observations", "array_problem",
+           "dtype_name"]
 
 #: The dtypes a block (shared memory, or inline) holds: what a layout may name.
 DTYPES = ("bool", "uint8", "int8", "int16", "int32", "int64", "uint16", "uint32", "uint64",
@@ -73,6 +74,12 @@ MAX_ENTRIES = 256
 MAX_SERVED = 64
 #: :class:`~asyncrl._protocol.collection.ErrorReport`'s kind, for a torch-free env worker.
 ERROR_KIND = "error"
+#: What an env host that writes the info columns its welcome names
+#: (:attr:`EnvWelcome.infos`) says in its hello's ``rollout`` (that option, applied from
+#: the welcome). A host of an earlier release says nothing there, so a collector with
+#: ``info_keys`` refuses it at its hello rather than at its first chunk; a collector of
+#: an earlier release sees the option at its default, as before.
+WRITES_INFOS: dict[str, Any] = {"info_keys": None}
 #: Trajectory ids are ``tag << 32 | counter`` in an int64: tags stay below 2**31.
 MAX_TAG = (1 << 31) - 1
 

@@ -28,13 +28,14 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Awaitable, Callable
-from typing import Any, Literal
+from typing import Any
 
 import anyio
 
 from transports import Message, ProtocolError, RateLimitedLog, peer_name, printable
 
 from .._observe.events import CollectorEvent
+from .._observe.statistics import SERVED_REFUSAL_REASONS, ServedRefusalReason
 from .._protocol import ServedAnswer, ServedCall, ServedRoute, decode
 from ._client import ServedModuleClient
 from ._errors import ServedModuleError, ServedModuleTimeout
@@ -49,9 +50,10 @@ log = logging.getLogger("asyncrl.served")
 _MAX_REFUSALS = 100
 
 Send = Callable[[bytes, Any, str], Awaitable[None]]
-Reason = Literal["not admitted", "malformed", "unknown module", "busy"]
-#: Why a remote call was refused: the keys of ``statistics().served_refusals``.
-REASONS: tuple[Reason, ...] = ("not admitted", "malformed", "unknown module", "busy")
+Reason = ServedRefusalReason
+#: Why a remote call was refused: the keys of ``statistics().served_refusals`` (declared
+#: with the statistics, which ``asyncrl.metrics`` exports by reason).
+REASONS: tuple[Reason, ...] = SERVED_REFUSAL_REASONS
 #: Peers whose first refusal of a reason was published (then counted only).
 _MAX_PUBLISHED = 1024
 

@@ -136,7 +136,7 @@ class EnvHub:
         self.admission = env_admission(
             self.roster, env_layout(obs, outputs, 1), max_envs=max_envs,
             first_remote_index=self.num_workers, remote_workers=remote_workers,
-            token=self.token, env_id=env_id)
+            token=self.token, env_id=env_id, infos=[path for path, _, _ in infos])
         for slot in range(self.num_workers):  # named here: the inference process knows them
             ident = random_identity(f"env-{slot}")
             self.slot_of[ident] = slot

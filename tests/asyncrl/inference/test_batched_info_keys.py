@@ -19,6 +19,7 @@ from tensordict import TensorDict
 
 from asyncrl import AsyncBatchedCollector, SpecMismatchError
 from asyncrl._protocol import PROTOCOL, EnvLayout, Hello
+from asyncrl._protocol.central_inference import WRITES_INFOS
 from tests.asyncrl.rollout.info_envs import LENGTHS, StepInfoEnv, make_step_info_env
 from transports import Link
 
@@ -113,6 +114,31 @@ async def test_given_specs_are_the_batchs_dtypes_and_absent_entries_are_zeros() 
         assert torch.equal(batch["next", "pos"], torch.zeros(16, 2))
 
 
+async def test_an_inference_process_batch_carries_each_frames_own_info() -> None:
+    # server_backend="process": the chunks reach the trainer through the inference
+    # process's rings, the info columns with them
+    batches = await batches_of(AsyncBatchedCollector(
+        make_step_info_env, num_envs=2, envs_per_worker=2, frames_per_batch=24,
+        total_frames=72, info_keys=["steps", "stats"], server_backend="process"))
+    assert len(batches) == 3
+    assert sum(check_steps(b) for b in batches) >= 6
+
+
+async def test_each_completed_trajectory_carries_its_own_steps_info() -> None:
+    trajectories = await batches_of(AsyncBatchedCollector(
+        make_step_info_env, num_envs=2, frames_per_batch=8, total_frames=48,
+        info_keys=["steps", "stats"], yield_completed_trajectories=True))
+    assert len(trajectories) >= 6
+    for trajectory in trajectories:
+        length = trajectory.numel()
+        assert length in LENGTHS
+        # one episode, whole: steps 1..L, its last frame the one that ends it
+        assert torch.equal(trajectory["next", "steps"], torch.arange(1, length + 1))
+        assert trajectory["next", "done"].squeeze(-1).tolist() == [False] * (length - 1) + [True]
+        assert check_steps(trajectory) == 1
+        assert trajectory["collector", "traj_ids"].unique().numel() == 1
+
+
 async def test_a_later_value_of_another_dtype_fails_the_run_naming_the_key() -> None:
     collector = AsyncBatchedCollector(
         functools.partial(StepInfoEnv, bad_at=6), num_envs=1, frames_per_batch=4,
@@ -189,10 +215,52 @@ async def test_a_remote_env_host_reads_the_info_keys_its_welcome_names(
     assert sum(check_steps(b) for b in batches) >= 8
 
 
-def step_env_hello() -> dict[str, Any]:
+def step_env_hello(*, writes_infos: bool = True) -> dict[str, Any]:
+    """A step env host's hello: of this release (it says it writes its welcome's info
+    columns), or of the release before (``writes_infos=False``: it says nothing)."""
     layout = EnvLayout(envs=1, obs=[("float32", [1])], action=("int64", []))  # type: ignore[list-item]
     return Hello(protocol=PROTOCOL, name="old-host", host="test-host", pid=1, role="env",
-                 specs=layout.to_specs()).to_body()
+                 specs=layout.to_specs(),
+                 rollout=dict(WRITES_INFOS) if writes_infos else {}).to_body()
+
+
+async def test_a_host_of_an_earlier_release_is_refused_at_its_hello_and_the_run_goes_on(
+        ) -> None:
+    collector = AsyncBatchedCollector(
+        make_step_info_env, num_envs=1, frames_per_batch=8, listen="tcp://127.0.0.1:0",
+        remote_workers=1, info_keys=["steps", "stats"])
+    events = collector.events()
+    with anyio.fail_after(LIMIT):
+        async with collector:
+            async with Link(collector.endpoint, identity=b"old-host",
+                            heartbeat_interval=0.5) as host:
+                await host.send(step_env_hello(writes_infos=False), kind="hello")
+                answer = await host.recv()  # never welcomed: no slot, no chunk
+            assert answer.kind == "refuse"
+            assert answer.body["reason"] == (
+                "infos: its chunks would lack [('next', 'stats', 'x'), ('next', 'steps')], the "
+                "info entries this collector's info_keys asks for in its welcome: a host of "
+                "an earlier asyncrl release ignores them (its hello does not say it writes "
+                "them), run the trainer's release there")
+            [refusal] = collector.remote_refusals
+            assert refusal.endswith("refused: " + answer.body["reason"])
+            batch = await collector.__anext__()  # the local worker's frames keep coming
+            assert check_steps(batch) >= 0
+        [refused] = [e async for e in events if e.kind == "refused"]
+    assert (refused.name, refused.host, refused.reason) == (
+        "old-host", "test-host", answer.body["reason"])
+
+
+async def test_without_info_keys_a_host_of_an_earlier_release_still_joins() -> None:
+    with anyio.fail_after(LIMIT):
+        async with AsyncBatchedCollector(
+                make_step_info_env, num_envs=1, frames_per_batch=8,
+                listen="tcp://127.0.0.1:0", remote_workers=1) as collector:
+            async with Link(collector.endpoint, identity=b"old-host",
+                            heartbeat_interval=0.5) as host:
+                await host.send(step_env_hello(writes_infos=False), kind="hello")
+                welcome = await host.recv()
+            assert welcome.kind == "env_welcome" and "infos" not in welcome.body
 
 
 async def test_a_host_whose_chunks_lack_the_info_columns_is_refused_and_the_run_goes_on(
@@ -208,7 +276,8 @@ async def test_a_host_whose_chunks_lack_the_info_columns_is_refused_and_the_run_
                 welcome = await host.recv()
                 assert welcome.kind == "env_welcome"
                 assert welcome.body["infos"] == [[["steps"], "int64", []]]
-                # a host of an earlier release ignores them: its chunk has every other entry
+                # a host that says it writes them but does not: its chunk has every
+                # other entry, and is refused whole
                 remote = collector._env_hub.remote
                 assert remote is not None
                 schema = remote.schema(1)
@@ -251,3 +320,38 @@ async def test_a_remote_hosts_later_mismatch_drops_it_naming_the_key(
     [refusal] = collector.remote_refusals
     assert ("reported an error: asyncrl._errors.SpecMismatchError: info entry 'steps': the "
             "first step gave int64 of shape (), this step gave float64 of shape ()") in refusal
+
+
+async def test_a_remote_host_that_cannot_write_the_columns_tells_the_trainer_why(
+        anyio_backend: str) -> None:
+    # its env is a TorchRL env (which reads its own info): its stepper cannot be built
+    # with the welcome's info columns, and the trainer hears why before the host exits
+    collector = AsyncBatchedCollector(
+        make_step_info_env, num_envs=1, frames_per_batch=8, total_frames=-1,
+        listen="tcp://127.0.0.1:0", remote_workers=1, info_keys=["steps"])
+    events = collector.events()
+    with anyio.fail_after(LIMIT):
+        async with collector:
+            host = start_env_host(collector.endpoint, anyio_backend,
+                                  "tests.asyncrl.rollout.info_envs:make_torchrl_step_info_env")
+            try:
+                async for batch in collector:  # the local worker's frames go on meanwhile
+                    t = batch["next", "observation"][..., 0]
+                    assert torch.equal(batch["next", "steps"], t.long())
+                    if collector.remote_refusals:
+                        break
+            finally:
+                code = await anyio.to_thread.run_sync(host.wait)
+        seen = [e async for e in events]
+    assert host.stderr is not None
+    err = host.stderr.read()
+    assert code != 0 and "ValueError: info_keys: TorchRLPool steps a TorchRL env" in err, err
+    why = ("reported an error: builtins.ValueError: info_keys: TorchRLPool steps a TorchRL "
+           "env, whose info TorchRL reads itself: register env.set_info_dict_reader("
+           "default_info_dict_reader([...])) and the entries come as observations")
+    [refusal] = collector.remote_refusals
+    assert refusal.startswith("remote env worker ") and refusal.endswith(why), refusal
+    [joined] = [e for e in seen if e.kind == "joined" and e.worker == 1]
+    [lost] = [e for e in seen if e.kind == "lost" and e.worker == 1]
+    assert lost.reason == why, lost.reason
+    assert (joined.name, joined.pid) == (lost.name, host.pid) == ("env-1", host.pid)  # admitted

@@ -102,6 +102,18 @@ def test_a_restarted_slot_keeps_one_series_for_its_newest_process() -> None:
     assert not any(line.startswith("asyncrl_worker_exit_code{") for line in lines)
 
 
+def test_served_refusals_are_a_counter_per_reason() -> None:
+    refused = CollectorStatistics(served_refusals={"busy": 3, "malformed": 1})
+    lines = scrape(Snapshot(refused), run="a")
+    assert sorted(line for line in lines if line.startswith("asyncrl_served_refusals")) == [
+        'asyncrl_served_refusals_total{reason="busy",run="a"} 3.0',
+        'asyncrl_served_refusals_total{reason="malformed",run="a"} 1.0',
+        'asyncrl_served_refusals_total{reason="not admitted",run="a"} 0.0',
+        'asyncrl_served_refusals_total{reason="unknown module",run="a"} 0.0',
+    ]
+    assert "# TYPE asyncrl_served_refusals_total counter" in lines
+
+
 def test_labels_tell_collectors_apart_and_unregister_stops_export() -> None:
     registry = CollectorRegistry()
     metrics = CollectorMetrics(Snapshot(STATS), registry=registry, labels={"run": "a"})

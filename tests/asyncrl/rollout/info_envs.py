@@ -68,3 +68,12 @@ def make_bad_step_info_env() -> StepInfoEnv:
     """A StepInfoEnv whose ``steps`` turns float from its 6th step (a remote host's env:
     an import path takes no arguments)."""
     return StepInfoEnv(bad_at=6)
+
+
+def make_torchrl_step_info_env() -> Any:
+    """A StepInfoEnv under TorchRL's GymWrapper: the layout of a StepInfoEnv (observation
+    float32[1], action int64), but a TorchRL env, which reads its own info (``info_keys``
+    is refused on it)."""
+    from torchrl.envs import GymWrapper
+
+    return GymWrapper(StepInfoEnv(), categorical_action_encoding=True)

@@ -22,10 +22,12 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry, generate_latest
 
 from asyncrl import MultiAsyncCollector, MultiSyncCollector
 from asyncrl._protocol import ServedAnswer, ServedCall, ServedRoute
 from asyncrl._worker.served_calls import ServedCallError, ServedCalls, route_for
+from asyncrl.metrics import CollectorMetrics
 from asyncrl.served import ServedModule, ServedModuleScheme
 from asyncrl.served._remote_calls import RemoteCalls, ServedCallRouter
 from tests.asyncrl.worker_hosts import worker_host
@@ -110,6 +112,11 @@ async def test_a_stranger_is_refused_and_the_run_goes_on() -> None:
                 assert len(calls.refusals) == 1 and "stranger" in calls.refusals[0]
                 # as the collector's other refusals: counted by reason, and an event
                 assert collector.statistics().served_refusals == {"not admitted": 1}
+                registry = CollectorRegistry()  # and in the Prometheus exposition
+                CollectorMetrics(collector, registry=registry)
+                lines = generate_latest(registry).decode().splitlines()
+                assert 'asyncrl_served_refusals_total{reason="not admitted"} 1.0' in lines
+                assert 'asyncrl_served_refusals_total{reason="busy"} 0.0' in lines
                 refused = await served_refusal(events)
                 assert refused.name == "stranger"
                 assert refused.reason.startswith(
