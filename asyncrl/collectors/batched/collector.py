@@ -104,7 +104,10 @@ class AsyncBatchedCollector(BaseCollector[RB]):
     the transitions of all envs together, in the order they complete (not per env nor
     per worker), every frame stamped with the version of the weights that chose its
     action (``("collector", "policy_version")``). ``compact_obs=True``: batches without
-    the ``("next", K)`` twins of observation keys (TorchRL's meaning). With
+    the ``("next", K)`` twins of observation keys (TorchRL's meaning, as on the other
+    collectors); the env workers, remote hosts too (their welcome says so), then neither
+    write them into their chunks nor hold them in their rings, and the trainer's chunk
+    buffer holds each observation once. With
     ``replay_buffer`` (anything with ``.extend(td)``), as in TorchRL, iteration writes
     each batch there and yields None; ``start()`` fills it in the background.
     ``info_keys`` (as on the other collectors, ``docs/gymnasium.md``): the named entries
