@@ -33,7 +33,8 @@ alike). A case is skipped, with the reason printed, when what it needs does not 
   trainer's process; ``asyncrl-batched-2x4`` / ``-2x4s2`` / ``-4x2``: other layouts of it
   (``envs_per_worker=4``, without / with ``worker_num_splits=2``; ``envs_per_worker=2``);
   ``asyncrl-batched-noyield``: the inference loop without its ``sched_yield()`` after calls
-  longer than ``YIELD_AFTER``.
+  longer than ``YIELD_AFTER``; ``asyncrl-batched-compact``: 8 env workers,
+  ``compact_obs=True`` (chunks, rings and batches without ``("next", "observation")``).
 
 The three main-process loops store each step as CleanRL's does (observation, action,
 reward, done into preallocated ``[128, 8, ...]`` tensors; observations kept as uint8).
@@ -381,6 +382,9 @@ CASES: dict[str, Case] = {
     "asyncrl-batched-noyield": Case(
         "asyncrl AsyncBatchedCollector, 8 env workers, no sched_yield after long calls", ATARI,
         run_batched_without_yield, 8),
+    "asyncrl-batched-compact": Case(
+        "asyncrl AsyncBatchedCollector, 8 env workers, compact_obs=True", ATARI,
+        functools.partial(run_asyncrl, kind="batched", layout={"compact_obs": True}), 8),
     "asyncrl-batched-4x2": Case(
         "asyncrl AsyncBatchedCollector, 4 env workers x 2 envs", ATARI,
         functools.partial(run_asyncrl, kind="batched", layout={"envs_per_worker": 2}), 8),

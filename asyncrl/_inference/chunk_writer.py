@@ -30,7 +30,8 @@ def _torch_dtype(name: str) -> Any:
 
 def chunk_layout(obs: Sequence[tuple[Path, Any, tuple[int, ...]]], outputs: Any, *,
                  infos: Sequence[tuple[Path, str, tuple[int, ...]]] = (),
-                 dtype_of: Callable[[str], Any] = _torch_dtype) -> Layout:
+                 dtype_of: Callable[[str], Any] = _torch_dtype,
+                 next_observations: bool = True) -> Layout:
     """Every entry of a chunk, per env and step, in TorchRL's key order.
 
     ``obs`` is each observation's path, dtype and per-env shape; ``outputs`` the
@@ -40,12 +41,15 @@ def chunk_layout(obs: Sequence[tuple[Path, Any, tuple[int, ...]]], outputs: Any,
     The flags, reward and collector entries get ``dtype_of("bool")``, ``("float32")`` and
     ``("int64")``: torch's dtypes by default, numpy's in an env worker. Ended episodes are
     reset in place, so the root ``done`` flags stay False.
+    ``next_observations=False`` (the collector's ``compact_obs=True``): no
+    ``("next", obs)`` twins, neither written by the worker nor held by the ring.
     """
     flag, reward, count = dtype_of("bool"), dtype_of("float32"), dtype_of("int64")
     layout: Layout = {}
     for path, dtype, shape in obs:
         layout[tuple(path)] = (dtype, tuple(shape))
-        layout[("next", *path)] = (dtype, tuple(shape))
+        if next_observations:
+            layout[("next", *path)] = (dtype, tuple(shape))
     layout[("action",)] = (outputs.action[0], tuple(outputs.action[1]))
     for path, dtype, shape in outputs.extras:
         layout[tuple(path)] = (dtype, tuple(shape))

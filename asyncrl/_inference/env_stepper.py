@@ -145,6 +145,9 @@ class EnvWorkerConfig:
     #: The info leaves (``info_keys``) its chunks hold, as the trainer fixed them
     #: (:mod:`.info_columns`): read from each step's info, written at ``("next", *path)``.
     info_columns: Sequence[InfoColumn] = ()
+    #: False under the collector's ``compact_obs=True``: its chunks hold no
+    #: ``("next", obs)`` twins (:func:`.chunk_writer.chunk_layout`), so it copies none.
+    next_observations: bool = True
 
 
 def build_pool(factories: Sequence[Any], kwargs: Mapping[str, Any]) -> EnvPool:
@@ -287,7 +290,7 @@ class EnvStepper:
             _Outputs(action=(act["action"][0], tuple(act["action"][1][1:])),
                      extras=[(path, act[key][0], tuple(act[key][1][1:]))
                              for path, key in outputs[1:]]),
-            infos=c.info_columns, dtype_of=np.dtype)
+            infos=c.info_columns, dtype_of=np.dtype, next_observations=c.next_observations)
         self.layout = layout
         # The chunk buffers, in the layout's order (a local worker's ring has the same).
         data = self._data = chunk_arrays(layout, rows=n, steps=t)
@@ -302,7 +305,8 @@ class EnvStepper:
             rows = split.rows
             for path, src in zip(c.obs_paths, p.obs_arrays, strict=True):
                 split.pre.append((data[tuple(path)][rows], src))
-                split.post.append((data[("next", *path)][rows], src))
+                if c.next_observations:
+                    split.post.append((data[("next", *path)][rows], src))
             split.post += [(data[("next", "reward")][rows, ..., 0], p.reward),
                            (data[("next", "terminated")][rows, ..., 0], p.terminated),
                            (data[("next", "truncated")][rows, ..., 0], p.truncated)]

@@ -71,15 +71,18 @@ class LocalChannels:
 
     def make(self, rows: Sequence[int], obs: Mapping[Path, torch.Tensor],
              outputs: OutputLayout, *, splits: int, chunk_steps: int, capacity: int,
-             flat: bool, infos: Sequence[InfoColumn] = ()) -> None:
+             flat: bool, infos: Sequence[InfoColumn] = (),
+             next_observations: bool = True) -> None:
         """Make each worker's channels (``rows``: its number of envs). ``capacity``: the
         frames the trainer's buffer holds; ``flat``: chunks are read as ``[E * C]``
-        frames (not cut into trajectories); ``infos``: the info columns of its chunks."""
+        frames (not cut into trajectories); ``infos``: the info columns of its chunks;
+        ``next_observations=False`` (``compact_obs=True``): its chunks hold no
+        ``("next", obs)`` twins."""
         self.blocks.update(make_blocks(list(rows), dict(obs), outputs, splits=splits))
         self.request_bell = EventFd()
         self.answer_bells = {slot: EventFd() for slot in range(len(rows))}
         layout = chunk_layout([(p, t.dtype, tuple(t.shape[1:])) for p, t in obs.items()],
-                              outputs, infos=infos)
+                              outputs, infos=infos, next_observations=next_observations)
         self.chunk_bell = EventFd()
         for slot, envs in enumerate(rows):
             # Each worker's share of the trainer's buffer, in chunks (at least two: one

@@ -109,7 +109,8 @@ class RemoteEnvWorkers:
                  on_chunk: Callable[[int, Message], None],
                  register: Callable[[int, WorkerInfo | None], None],
                  version: Callable[[], int], registry: WorkerRegistry, admission: Admission,
-                 roster: Roster, infos: Sequence[InfoColumn] = ()) -> None:
+                 roster: Roster, infos: Sequence[InfoColumn] = (),
+                 compact_obs: bool = False) -> None:
         self.count = count
         self.first_slot = first_slot
         self.obs_paths = list(obs)
@@ -119,6 +120,8 @@ class RemoteEnvWorkers:
         self.max_envs = max_envs
         #: The info columns (``info_keys``) every chunk holds: in each welcome, whole.
         self.infos = list(infos)
+        #: ``compact_obs=True``: chunks without the ``("next", obs)`` twins (in each welcome).
+        self.compact_obs = compact_obs
         self.blocks = blocks
         self._submit, self._on_chunk, self._register = submit, on_chunk, register
         self._version = version
@@ -240,7 +243,8 @@ class RemoteEnvWorkers:
             extra_paths=[list(p) for p, _, _ in self.outputs.extras],
             act={k: (dtype_name(d), list(s)) for k, (d, s) in act.items()},  # type: ignore[misc]
             index=worker.index, attempt=attempt, served=list(self.served_routes),
-            infos=[(list(p), d, list(s)) for p, d, s in self.infos])  # type: ignore[misc]
+            infos=[(list(p), d, list(s)) for p, d, s in self.infos],  # type: ignore[misc]
+            compact_obs=self.compact_obs)
         await hub.send(peer, welcome.to_body(), kind=EnvWelcome.KIND)
         log.info("remote env worker %r joined as slot %d (traj tag %d) with %d env(s)", peer,
                  slot, tag, envs)
@@ -284,7 +288,8 @@ class RemoteEnvWorkers:
             chunk = decode(EnvChunk, message.body, schema=schema, tag=self.slots.tags[slot],
                            max_version=self._version())
         except ProtocolError as exc:
-            raise ProtocolError(f"{exc}{self._infos_hint(message.body)}") from None
+            raise ProtocolError(f"{exc}{self._infos_hint(message.body)}"
+                                f"{self._twins_hint(message.body)}") from None
         chunk.data.get(("collector", "worker_id")).fill_(slot)  # whatever it claimed
         self._on_chunk(slot, message)
 
@@ -299,6 +304,17 @@ class RemoteEnvWorkers:
                 "asked for in its welcome: a host of an earlier asyncrl release ignores "
                 "them, run the trainer's release there")
 
+    def _twins_hint(self, body: Any) -> str:
+        """Why a chunk may hold ``("next", obs)`` under ``compact_obs``: an earlier release."""
+        keys = body.keys(include_nested=True, leaves_only=True) if hasattr(body, "keys") else []
+        got = {(k,) if isinstance(k, str) else tuple(k) for k in keys}
+        twins = [("next", *p) for p in self.obs_paths if ("next", *p) in got]
+        if not self.compact_obs or not twins:
+            return ""
+        return (f"; it holds {twins[:8]}, which this collector's compact_obs=True told it in "
+                "its welcome to leave out: a host of an earlier asyncrl release ignores "
+                "that, run the trainer's release there")
+
     def schema(self, rows: int) -> dict[Path, tuple[torch.dtype, tuple[int, ...]]]:
         """The entries (dtype, shape) of a chunk of ``rows`` envs, as an env worker writes them."""
         return EnvChunk.schema(
@@ -307,7 +323,8 @@ class RemoteEnvWorkers:
              *((tuple(p), d, tuple(s)) for p, d, s in self.outputs.extras)],
             rows=rows, steps=self.chunk_steps, flag=torch.bool, reward=torch.float32,
             counter=torch.int64,
-            infos=[(p, getattr(torch, d), s) for p, d, s in self.infos])
+            infos=[(p, getattr(torch, d), s) for p, d, s in self.infos],
+            next_observations=not self.compact_obs)
 
     async def refuse(self, hub: Hub, peer: bytes, reason: str) -> None:
         """Tell ``peer`` why, then forget it (a stranger again if it comes back)."""

@@ -215,7 +215,8 @@ def welcome_config(welcome: EnvWelcome, pool: EnvPool, *, heartbeat_interval: fl
                              chunk_steps=welcome.chunk_steps,
                              heartbeat_interval=heartbeat_interval, peer_timeout=peer_timeout,
                              traj_tag=welcome.traj_tag,
-                             info_columns=[(tuple(p), d, tuple(sh)) for p, d, sh in welcome.infos])
+                             info_columns=[(tuple(p), d, tuple(sh)) for p, d, sh in welcome.infos],
+                             next_observations=not welcome.compact_obs)
     return config, InlineArrays(obs), InlineArrays(act)
 
 

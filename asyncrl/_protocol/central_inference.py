@@ -221,12 +221,16 @@ class EnvWelcome:
     #: host of an earlier release ignores it, and its chunks (without them) are refused.
     infos: Annotated[list[InfoEntry], Meta(max_length=MAX_ENTRIES)] = field(
         default_factory=list)
+    #: The collector's ``compact_obs=True``: its chunks hold no ``("next", obs)`` twins.
+    #: Left out of the body when False; a host of an earlier release ignores it, and its
+    #: chunks (with the twins) are refused, saying so.
+    compact_obs: bool = False
 
     def to_body(self) -> dict[str, Any]:
         body = asdict(self)
         body["act"] = {k: [d, list(s)] for k, (d, s) in self.act.items()}
         body["infos"] = [[list(p), d, list(s)] for p, d, s in self.infos]
-        for name in ("served", "infos"):
+        for name in ("served", "infos", "compact_obs"):
             if not body[name]:
                 del body[name]
         return body
@@ -401,16 +405,20 @@ class EnvChunk:
     def schema(obs: list[tuple[tuple[str, ...], Any, tuple[int, ...]]],
                outputs: list[tuple[tuple[str, ...], Any, tuple[int, ...]]], *, rows: int,
                steps: int, flag: Any, reward: Any, counter: Any,
-               infos: Sequence[tuple[tuple[str, ...], Any, tuple[int, ...]]] = ()
+               infos: Sequence[tuple[tuple[str, ...], Any, tuple[int, ...]]] = (),
+               next_observations: bool = True
                ) -> dict[tuple[str, ...], tuple[Any, tuple[int, ...]]]:
         """The entries of a ``[rows, steps]`` chunk: each observation (and its
-        ``("next", ...)`` twin), each output (``("action",)`` first), the flags, the
-        reward, each info leaf asked (``("next", *path)``) and the collector's counters,
-        as (dtype, shape) with the given dtypes."""
+        ``("next", ...)`` twin, unless ``next_observations=False``: ``compact_obs``), each
+        output (``("action",)`` first), the flags, the reward, each info leaf asked
+        (``("next", *path)``) and the collector's counters, as (dtype, shape) with the
+        given dtypes."""
         lead = (rows, steps)
         schema: dict[tuple[str, ...], tuple[Any, tuple[int, ...]]] = {}
         for path, dtype, shape in obs:
-            schema[path] = schema[("next", *path)] = (dtype, (*lead, *shape))
+            schema[path] = (dtype, (*lead, *shape))
+            if next_observations:
+                schema[("next", *path)] = (dtype, (*lead, *shape))
         for path, dtype, shape in outputs:
             schema[path] = (dtype, (*lead, *shape))
         for name in _FLAGS:

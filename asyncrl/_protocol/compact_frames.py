@@ -44,13 +44,16 @@ twins; three places call :func:`drop_twins`, each where only it can:
    (``_coordinator/checks.py``, with :func:`twin_keys`), and before a sync round's
    shares are joined, so that they have one layout;
 3. every collector's iteration (``collectors/_base.py``), when ``compact_obs`` is
-   set: the in-process and batched collectors' batches, and a multi-process
-   collector's when ``compact_obs`` was set after construction (a no-op on the
-   batches of workers told so).
+   set: the in-process collector's batches, and a multi-process or batched
+   collector's when ``compact_obs`` was set after construction (after opening, for
+   the batched one; a no-op on the batches of workers told so).
 
 The worker's rollout, told the same, does not even allocate the observations'
 twins (``_rollout/buffers.py``, ``next_observations=False``): a saving, not a
-decision; :func:`drop_twins` after it drops what it did not leave out.
+decision; :func:`drop_twins` after it drops what it did not leave out. Nor do central
+inference's env workers write them (``_inference/chunk_writer.py``, ``chunk_layout``):
+their chunks leave out the observations' twins, the same entries this module names
+(iteration's :func:`drop_twins` drops anything else a chunk twins: a no-op otherwise).
 
 >>> import torch
 >>> from tensordict import TensorDict

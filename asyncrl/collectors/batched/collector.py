@@ -104,7 +104,10 @@ class AsyncBatchedCollector(BaseCollector[RB]):
     the transitions of all envs together, in the order they complete (not per env nor
     per worker), every frame stamped with the version of the weights that chose its
     action (``("collector", "policy_version")``). ``compact_obs=True``: batches without
-    the ``("next", K)`` twins of observation keys (TorchRL's meaning). With
+    the ``("next", K)`` twins of observation keys (TorchRL's meaning, as on the other
+    collectors); the env workers, remote hosts too (their welcome says so), then neither
+    write them into their chunks nor hold them in their rings, and the trainer's chunk
+    buffer holds each observation once. With
     ``replay_buffer`` (anything with ``.extend(td)``), as in TorchRL, iteration writes
     each batch there and yields None; ``start()`` fills it in the background.
     ``info_keys`` (as on the other collectors, ``docs/gymnasium.md``): the named entries
@@ -139,6 +142,8 @@ class AsyncBatchedCollector(BaseCollector[RB]):
     ...         train(batch)
     ...         await collector.update_policy_weights()   # returns once they are in use
     """
+
+    _drop_next_obs = False  # (read by the compact_obs setter, before __init__ sets it)
 
     def __init__(
         self,
@@ -297,7 +302,8 @@ class AsyncBatchedCollector(BaseCollector[RB]):
                     env_hub = self._env_hub
                     self._workers = self._local.processes(
                         hub.endpoint, backend, obs_paths, outputs, self._channels,
-                        env_hub.peer_of, self._local_keys, self._info_columns)
+                        env_hub.peer_of, self._local_keys, self._info_columns,
+                        next_observations=not self._drop_next_obs)
                     async with anyio.create_task_group() as tg:
                         if env_hub.remote is not None:
                             self._serve_remote_calls(env_hub.remote, hub, tg)
@@ -312,6 +318,9 @@ class AsyncBatchedCollector(BaseCollector[RB]):
                         task_status.started()
         finally:
             self._background_done.set()
+
+    def _workers_drop_twins(self) -> bool:
+        return self._drop_next_obs  # opened with compact_obs=True: no chunk holds the twins
 
     def _serve_remote_calls(self, remote: RemoteEnvWorkers, hub: Hub, tg: TaskGroup) -> None:
         """Remote env hosts call the served modules open in this process now, over their
@@ -336,17 +345,22 @@ class AsyncBatchedCollector(BaseCollector[RB]):
         obs, spec, infos = probe_env(self._probe_factory, self.create_env_kwargs,
                                      self.info_keys)
         self._info_columns = infos
+        # compact_obs as it is when opened: the env workers' chunks then hold no
+        # ("next", obs) twins, in their rings, messages and this process's chunk buffer.
+        self._drop_next_obs = self.compact_obs
         policy, outputs = PolicyCopy.make(
             self.policy, self.policy_factory, device=self._server_type.copy_device(self.device),
             action_spec=spec, exploration_type=self.exploration_type, obs=obs)
         self._channels.make(
             [len(g) for g in self.groups], obs, outputs, splits=self.batching.splits,
             chunk_steps=self.chunk_steps, capacity=self._frames.capacity,
-            flat=not self.yield_completed_trajectories, infos=infos)
+            flat=not self.yield_completed_trajectories, infos=infos,
+            next_observations=not self._drop_next_obs)
         self._env_hub.setup(obs, outputs, max_envs=self.batching.max_batch_size,
                             remote_workers=self.remote_workers, env_id=self._probe_factory,
                             submit_remote=self._submit_remote,
-                            version=lambda: self.policy_version, infos=infos)
+                            version=lambda: self.policy_version, infos=infos,
+                            compact_obs=self._drop_next_obs)
         server = self._server = self._server_type.create(self._serving_setup(obs, outputs),
                                                          policy)
         self._weights.server = self._env_hub.server = server

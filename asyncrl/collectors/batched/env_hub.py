@@ -129,10 +129,12 @@ class EnvHub:
     def setup(self, obs: dict[Path, torch.Tensor], outputs: OutputLayout, *, max_envs: int,
               remote_workers: int, env_id: Any,
               submit_remote: Callable[[int], Awaitable[None]],
-              version: Callable[[], int], infos: Sequence[InfoColumn] = ()) -> None:
+              version: Callable[[], int], infos: Sequence[InfoColumn] = (),
+              compact_obs: bool = False) -> None:
         """The admission, the local workers' identities, the remote slots (in a thread:
         called while the server is built). ``max_envs``: the collector's
-        ``max_batch_size``; ``env_id``: its env, offered to a host that lacks it."""
+        ``max_batch_size``; ``env_id``: its env, offered to a host that lacks it;
+        ``compact_obs``: the remote hosts' chunks hold no ``("next", obs)`` twins."""
         self.admission = env_admission(
             self.roster, env_layout(obs, outputs, 1), max_envs=max_envs,
             first_remote_index=self.num_workers, remote_workers=remote_workers,
@@ -148,7 +150,7 @@ class EnvHub:
                 blocks=self._channels.blocks, submit=submit_remote,
                 on_chunk=self._on_chunk, register=self._register_remote, version=version,
                 registry=self.registry, admission=self.admission, roster=self.roster,
-                infos=infos)
+                infos=infos, compact_obs=compact_obs)
 
     # -- what the hub receives ---------------------------------------------------------------
     async def dispatch(self, hub: Hub) -> None:

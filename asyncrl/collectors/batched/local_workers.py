@@ -53,10 +53,12 @@ class LocalEnvWorkers:
     def processes(self, endpoint: str, backend: str, obs_paths: list[Path],
                   outputs: OutputLayout, channels: LocalChannels,
                   identities: Mapping[int, bytes], curve: CurveClient | None,
-                  infos: Sequence[InfoColumn] = ()) -> WorkerProcesses:
+                  infos: Sequence[InfoColumn] = (), *,
+                  next_observations: bool = True) -> WorkerProcesses:
         """The processes (not started): each joins the hub at ``endpoint`` as
         ``identities[slot]`` (with ``curve``, its key for a CURVE hub); ``infos``: the
-        info columns (``info_keys``) their chunks hold."""
+        info columns (``info_keys``) their chunks hold; ``next_observations=False``
+        (``compact_obs=True``): their chunks hold no ``("next", obs)`` twins."""
         interval, timeout = self.heartbeat
         extra_paths = [p for p, _, _ in outputs.extras]
         parent = os.getpid()
@@ -74,7 +76,7 @@ class LocalEnvWorkers:
                 spin=self.spin, chunk_ring=channels.rings[slot].names,
                 chunk_bell=channels.chunk_bell, room_bell=channels.room_bells[slot],
                 splits=self.splits, curve=curve, env_sources=sources, token=self.token,
-                info_columns=list(infos))
+                info_columns=list(infos), next_observations=next_observations)
             return (endpoint, identity, config, backend, parent)
 
         return WorkerProcesses(len(self.groups), env_worker_main, args,
