@@ -4,10 +4,7 @@ are never written by the env workers, held by their rings nor sent by remote env
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
-from pathlib import Path
 from typing import Any
 
 import anyio
@@ -19,11 +16,11 @@ from asyncrl import AsyncBatchedCollector, CollectorError
 from asyncrl._protocol import PROTOCOL, EnvLayout, Hello
 from asyncrl.testing import CountingEnv, ValuePolicy
 from tests.asyncrl.rollout.info_envs import LENGTHS, make_step_info_env
+from tests.asyncrl.worker_hosts import env_host, wait_exit
 from transports import Link
 
 pytestmark = pytest.mark.anyio
 LIMIT = 120
-ROOT = str(Path(__file__).resolve().parents[3])
 LENGTH = 5  # CountingEnv's default episode length
 #: Every entry of a full batch of CountingEnv frames, but ("next", "observation").
 COMPACT_KEYS = {
@@ -152,11 +149,7 @@ async def test_compact_obs_false_after_an_open_with_true_is_refused() -> None:
 # -- remote env hosts: told in their welcome -------------------------------------------------
 
 def start_env_host(endpoint: str, backend: str) -> subprocess.Popen[str]:
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.Popen(
-        [sys.executable, "-m", "asyncrl.cli", "worker", "--role", "env", "--connect", endpoint,
-         "--env", "asyncrl.testing:CountingEnv", "--envs-per-worker", "2",
-         "--backend", backend], env=env, stderr=subprocess.PIPE, text=True)
+    return env_host(endpoint, "asyncrl.testing:CountingEnv", backend)
 
 
 async def test_a_remote_env_host_sends_compact_chunks(anyio_backend: str) -> None:
@@ -171,9 +164,7 @@ async def test_a_remote_env_host_sends_compact_chunks(anyio_backend: str) -> Non
                 frames = [b.clone() async for b in collector]
             finally:
                 await collector.aclose()
-                code = await anyio.to_thread.run_sync(host.wait)
-                assert host.stderr is not None
-                err = host.stderr.read()
+                code, err = await wait_exit(host)
     assert code == 0, err
     assert collector.remote_refusals == []
     assert len(frames) == 4

@@ -5,10 +5,7 @@ frame t), from local env workers and remote env hosts alike."""
 from __future__ import annotations
 
 import functools
-import os
 import subprocess
-import sys
-from pathlib import Path
 from typing import Any
 
 import anyio
@@ -21,11 +18,11 @@ from asyncrl import AsyncBatchedCollector, SpecMismatchError
 from asyncrl._protocol import PROTOCOL, EnvLayout, Hello
 from asyncrl._protocol.central_inference import WRITES_INFOS
 from tests.asyncrl.rollout.info_envs import LENGTHS, StepInfoEnv, make_step_info_env
+from tests.asyncrl.worker_hosts import env_host, wait_exit
 from transports import Link
 
 pytestmark = pytest.mark.anyio
 LIMIT = 120
-ROOT = str(Path(__file__).resolve().parents[3])
 
 
 async def batches_of(collector: AsyncBatchedCollector) -> list[TensorDict]:
@@ -186,11 +183,7 @@ def test_the_doctests_of_the_info_columns_and_the_welcome() -> None:
 def start_env_host(endpoint: str, backend: str,
                    env_path: str = "tests.asyncrl.rollout.info_envs:make_step_info_env"
                    ) -> subprocess.Popen[str]:
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.Popen(
-        [sys.executable, "-m", "asyncrl.cli", "worker", "--role", "env", "--connect", endpoint,
-         "--env", env_path, "--envs-per-worker", "2", "--backend", backend],
-        env=env, stderr=subprocess.PIPE, text=True)
+    return env_host(endpoint, env_path, backend)
 
 
 async def test_a_remote_env_host_reads_the_info_keys_its_welcome_names(
@@ -206,9 +199,7 @@ async def test_a_remote_env_host_reads_the_info_keys_its_welcome_names(
                 batches = [b.clone() async for b in collector]
             finally:
                 await collector.aclose()
-                code = await anyio.to_thread.run_sync(host.wait)
-                assert host.stderr is not None
-                err = host.stderr.read()
+                code, err = await wait_exit(host)
     assert code == 0, err
     assert collector.remote_refusals == []
     assert len(batches) == 4

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
-from pathlib import Path
 from typing import Any
 
 import anyio
@@ -17,27 +14,16 @@ from asyncrl import AsyncBatchedCollector
 from asyncrl._protocol import PROTOCOL, EnvLayout, Hello
 from asyncrl.testing import CountingEnv, ValuePolicy, version_problems
 from tests.asyncrl.counting_frames import check_counting_frames
+from tests.asyncrl.worker_hosts import env_host, wait_exit
 from transports import Link, generate_keys
 
 pytestmark = pytest.mark.anyio
 LIMIT = 120
-ROOT = str(Path(__file__).resolve().parents[4])
 
 
 def start_env_host(endpoint: str, envs: int, backend: str,
                    *extra: str) -> subprocess.Popen[str]:
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.Popen(
-        [sys.executable, "-m", "asyncrl.cli", "worker", "--role", "env", "--connect", endpoint,
-         "--env", "asyncrl.testing:CountingEnv", "--envs-per-worker", str(envs),
-         "--backend", backend, *extra], env=env, stderr=subprocess.PIPE, text=True)
-
-
-async def wait_exit(process: subprocess.Popen[str], timeout: float = 30) -> tuple[int, str]:
-    with anyio.fail_after(timeout):
-        code = await anyio.to_thread.run_sync(process.wait)
-    assert process.stderr is not None
-    return code, process.stderr.read()
+    return env_host(endpoint, "asyncrl.testing:CountingEnv", backend, *extra, envs=envs)
 
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])  # end to end: one backend per test

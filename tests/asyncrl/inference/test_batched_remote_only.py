@@ -25,7 +25,7 @@ from tensordict import TensorDict
 from asyncrl import AsyncBatchedCollector
 from asyncrl._observe.events import CollectorEvent
 from asyncrl.testing import IdentityEnv, ValuePolicy, frame_identity_problems, version_problems
-from tests.asyncrl.inference.test_batched_remote_env_hosts import ROOT, wait_exit
+from tests.asyncrl.worker_hosts import ROOT, wait_exit
 
 pytestmark = pytest.mark.anyio
 LIMIT = 120

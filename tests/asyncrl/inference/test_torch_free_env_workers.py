@@ -24,7 +24,7 @@ import torch
 
 from asyncrl import AsyncBatchedCollector
 from asyncrl._spawn.torch_free import start_torch_free
-from tests.asyncrl.inference.test_batched_remote_env_hosts import ROOT, wait_exit
+from tests.asyncrl.worker_hosts import ROOT, wait_exit
 
 pytestmark = pytest.mark.anyio
 LIMIT = 90

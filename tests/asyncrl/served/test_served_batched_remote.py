@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import functools
-import os
 import subprocess
-import sys
-from pathlib import Path
 
 import anyio
 import numpy as np
@@ -16,21 +13,16 @@ import torch
 from asyncrl import AsyncBatchedCollector
 from asyncrl._protocol import PROTOCOL, EnvLayout, Hello, ServedCall
 from asyncrl.served import ServedModule
+from tests.asyncrl.worker_hosts import env_host, wait_exit
 from transports import Link
 
 from .served_envs import REMOTE_NAME, Scale, rewarded_env, served_refusal
 
 pytestmark = pytest.mark.anyio
-ROOT = str(Path(__file__).resolve().parents[3])
 
 
 def start_env_host(endpoint: str, backend: str) -> subprocess.Popen[str]:
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.Popen(
-        [sys.executable, "-m", "asyncrl.cli", "worker", "--role", "env", "--connect", endpoint,
-         "--env", "tests.asyncrl.served.served_envs:remote_rewarded_env",
-         "--envs-per-worker", "2", "--backend", backend],
-        env=env, stderr=subprocess.PIPE, text=True)
+    return env_host(endpoint, "tests.asyncrl.served.served_envs:remote_rewarded_env", backend)
 
 
 async def test_a_remote_env_host_calls_the_module_and_sees_its_updates(
@@ -63,10 +55,7 @@ async def test_a_remote_env_host_calls_the_module_and_sees_its_updates(
                     assert scales[0] == {2.0}
                 finally:
                     await collector.aclose()
-                    with anyio.fail_after(30):
-                        code = await anyio.to_thread.run_sync(host.wait)
-                    assert host.stderr is not None
-                    err = host.stderr.read()
+                    code, err = await wait_exit(host)
             assert code == 0, err
             assert collector.remote_refusals == []
             assert served.version == 1

@@ -5,10 +5,7 @@ from local env workers and from a remote env host (the info_keys reach it in its
 from __future__ import annotations
 
 import functools
-import os
 import subprocess
-import sys
-from pathlib import Path
 
 import anyio
 import pytest
@@ -16,11 +13,11 @@ import torch
 
 from asyncrl import AsyncBatchedCollector
 from asyncrl.served import ServedModule
+from tests.asyncrl.worker_hosts import env_host, wait_exit
 
 from .served_envs import REMOTE_NAME, Scale, checked_versions, rewarded_env
 
 pytestmark = pytest.mark.anyio
-ROOT = str(Path(__file__).resolve().parents[3])
 NAME = REMOTE_NAME  # "env.transform[0]"
 MAX_BATCHES = 200  # the versions show long before (a bound, not a timing)
 
@@ -66,12 +63,7 @@ async def test_local_env_workers_record_the_version_of_each_frames_reward() -> N
 
 
 def start_env_host(endpoint: str, backend: str) -> subprocess.Popen[str]:
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.Popen(
-        [sys.executable, "-m", "asyncrl.cli", "worker", "--role", "env", "--connect", endpoint,
-         "--env", "tests.asyncrl.served.served_envs:remote_rewarded_env",
-         "--envs-per-worker", "2", "--backend", backend],
-        env=env, stderr=subprocess.PIPE, text=True)
+    return env_host(endpoint, "tests.asyncrl.served.served_envs:remote_rewarded_env", backend)
 
 
 async def test_a_remote_env_host_records_them_too(anyio_backend: str) -> None:
@@ -87,10 +79,7 @@ async def test_a_remote_env_host_records_them_too(anyio_backend: str) -> None:
                     seen = await collect_across_two_updates(collector, served)
                 finally:
                     await collector.aclose()
-                    with anyio.fail_after(30):
-                        code = await anyio.to_thread.run_sync(host.wait)
-                    assert host.stderr is not None
-                    err = host.stderr.read()
+                    code, err = await wait_exit(host)
     assert code == 0, err
     assert collector.remote_refusals == []
     assert sorted({v for batch in seen for v in batch}) == [0, 1, 2], seen
