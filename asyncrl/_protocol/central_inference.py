@@ -57,7 +57,7 @@ if TYPE_CHECKING:
 
 __all__ = ["DTYPES", "ERROR_KIND", "MAX_DIMS", "MAX_ELEMENTS", "MAX_TAG", "WRITES_INFOS", "Actions",
            "EnvChunk", "EnvClose", "EnvLayout", "EnvWelcome", "Observations", "array_problem",
-           "dtype_name"]
+           "checked_entries", "dtype_name"]
 
 #: The dtypes a block (shared memory, or inline) holds: what a layout may name.
 DTYPES = ("bool", "uint8", "int8", "int16", "int32", "int64", "uint16", "uint32", "uint64",
@@ -268,22 +268,31 @@ def array_problem(value: Any, dtype: str, shape: tuple[int, ...]) -> str:
     return "" if got == (dtype, tuple(shape)) else f"{got[0]}{list(got[1])}"
 
 
-def _arrays(body: Any, layout: Mapping[str, tuple[str, tuple[int, ...]]], what: str,
-            convert: Callable[[Any], Any] | None) -> dict[str, Any]:
+def checked_entries(body: Any, layout: Mapping[str, tuple[str, tuple[int, ...]]], what: str,
+                    convert: Callable[[Any], Any] | None = None,
+                    problem: Callable[[Any, str, tuple[int, ...]], str] = array_problem
+                    ) -> dict[str, Any]:
+    """``body``'s entries, exactly ``layout``'s keys, each (after ``convert``) without a
+    ``problem`` against its ``(dtype, shape)``; else one ProtocolError naming expected and got.
+
+    >>> checked_entries({"x": 1}, {"x": ("float32", (2,))}, "obs")
+    Traceback (most recent call last):
+    ...
+    transports._errors.ProtocolError: obs must hold exactly {'x': float32[2]}, got {'x': int}
+    """
     expected = "{" + ", ".join(f"{k!r}: {d}{list(s)}" for k, (d, s) in layout.items()) + "}"
     if not isinstance(body, Mapping):
         raise ProtocolError(f"{what} must be a map {expected}, got {type(body).__name__}")
     if set(body) != set(layout):
         keys = sorted(printable(str(k), limit=32) for k in list(body)[:8])
         raise ProtocolError(f"{what} must hold exactly {expected}, got keys {keys}")
-    arrays = {k: body[k] if convert is None else convert(body[k]) for k in layout}
-    bad = {k: problem for k, (d, s) in layout.items()
-           if (problem := array_problem(arrays[k], d, s))}
+    entries = {k: body[k] if convert is None else convert(body[k]) for k in layout}
+    bad = {k: found for k, (d, s) in layout.items() if (found := problem(entries[k], d, s))}
     if bad:
         got = ", ".join(f"{printable(str(k), limit=32)!r}: {p}"
                         for k, p in list(bad.items())[:8])
         raise ProtocolError(f"{what} must hold exactly {expected}, got {{{got}}}")
-    return arrays
+    return entries
 
 
 @dataclass(slots=True)
@@ -302,7 +311,7 @@ class Observations:
     @classmethod
     def from_body(cls, body: Any, *, layout: Mapping[str, tuple[str, tuple[int, ...]]],
                   convert: Callable[[Any], Any] | None = None) -> Self:
-        return cls(_arrays(body, layout, "obs message", convert))
+        return cls(checked_entries(body, layout, "obs message", convert))
 
 
 @dataclass(slots=True)
@@ -330,7 +339,8 @@ class Actions:
                 or not 0 <= version < 1 << 63:
             raise ProtocolError(f"act message field 'v' must be a policy version (an int >= "
                                 f"0), got {type(version).__name__}")
-        return cls(version, _arrays(body.get("a"), layout, "act message field 'a'", convert))
+        return cls(version, checked_entries(body.get("a"), layout, "act message field 'a'",
+                                            convert))
 
 
 @dataclass(slots=True)

@@ -49,7 +49,7 @@ from msgspec import Meta
 
 from transports import ProtocolError, printable
 
-from .central_inference import MAX_ELEMENTS, DtypeName, Key, Shape, _arrays
+from .central_inference import MAX_ELEMENTS, DtypeName, Key, Shape, checked_entries
 from .decoding import Text, read
 
 __all__ = ["MAX_CALL", "MAX_CALL_BYTES", "MAX_INPUTS", "ServedAnswer", "ServedCall",
@@ -197,9 +197,9 @@ class ServedAnswer:
                                 f"{type(body).__name__}")
         answer = read(cls, {**body, "output": None}, "served_answer")
         if not answer.error:
-            answer.output = _arrays({"output": body.get("output")}, layout,
-                                    "served_answer message field 'output'",
-                                    convert)["output"]
+            answer.output = checked_entries({"output": body.get("output")}, layout,
+                                            "served_answer message field 'output'",
+                                            convert)["output"]
         return answer
 
 
@@ -231,23 +231,13 @@ def _inline_arrays(body: Any, layout: Layout, what: str) -> dict[str, Any]:
     """``{name: array}`` of a call's ``[dtype, shape, bytes]`` inputs, each checked against
     ``layout`` (dtype, shape and byte count, exactly) before an array is made: a read-only
     numpy view of the bytes the message carried, never an allocation a peer sized."""
-    expected = "{" + ", ".join(f"{k!r}: {d}{list(s)}" for k, (d, s) in layout.items()) + "}"
-    if not isinstance(body, Mapping):
-        raise ProtocolError(f"{what} must be a map {expected}, got {type(body).__name__}")
-    if set(body) != set(layout):
-        keys = sorted(printable(str(k), limit=32) for k in list(body)[:8])
-        raise ProtocolError(f"{what} must hold exactly {expected}, got keys {keys}")
-    bad = {k: problem for k, (d, s) in layout.items()
-           if (problem := _inline_problem(body[k], d, s))}
-    if bad:
-        got = ", ".join(f"{printable(str(k), limit=32)!r}: {p}" for k, p in list(bad.items())[:8])
-        raise ProtocolError(f"{what} must hold exactly {expected}, got {{{got}}}")
+    inline = checked_entries(body, layout, what, problem=_inline_problem)
     arrays = {}
     for name, (dtype, shape) in layout.items():
         if dtype == "bfloat16":  # numpy has no bfloat16 (a remote caller cannot make one either)
             raise ProtocolError(f"{what}: input {name!r} is bfloat16, which a call over the "
                                 "network cannot carry")
-        arrays[name] = np.frombuffer(body[name][2], dtype=np.dtype(dtype)).reshape(shape)
+        arrays[name] = np.frombuffer(inline[name][2], dtype=np.dtype(dtype)).reshape(shape)
     return arrays
 
 
