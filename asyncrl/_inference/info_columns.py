@@ -28,7 +28,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .._rollout.infos import InfoReader, attach_info_reader, normalise_info_keys
+from .._rollout.infos import (
+    InfoReader,
+    attach_info_reader,
+    normalise_info_keys,
+    refuse_torchrl_pool,
+)
 
 __all__ = ["InfoColumn", "attach_columns", "column_reader", "learn_columns"]
 
@@ -76,11 +81,7 @@ def column_reader(columns: Sequence[InfoColumn], num_envs: int) -> InfoReader:
 
 def attach_columns(pool: Any, columns: Sequence[InfoColumn]) -> InfoReader:
     """Give ``pool`` a reader of ``columns`` (an env worker's: read at every step)."""
-    if not pool.reads_info:
-        raise ValueError(
-            f"info_keys: {type(pool).__name__} steps a TorchRL env, whose info TorchRL reads "
-            "itself: register env.set_info_dict_reader(default_info_dict_reader([...])) and "
-            "the entries come as observations")
+    refuse_torchrl_pool(pool)
     reader = column_reader(columns, pool.num_envs)
     pool.info_reader = reader
     return reader

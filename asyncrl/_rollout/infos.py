@@ -28,7 +28,7 @@ import numpy as np
 from .._errors import SpecMismatchError
 from .keys import normalise_keys
 
-__all__ = ["InfoReader", "InfoSpec", "normalise_info_keys"]
+__all__ = ["InfoReader", "InfoSpec", "normalise_info_keys", "refuse_torchrl_pool"]
 
 Path = tuple[str, ...]
 #: ``(shape, dtype name)`` of one env's value of an info leaf.
@@ -268,6 +268,15 @@ def _check(leaf: _Leaf, value: Any, *, vector: bool) -> None:
         f"dtype (or give its spec: info_keys={{{leaf.path!r}: ((shape), dtype)}})")
 
 
+def refuse_torchrl_pool(pool: Any) -> None:
+    """A pool that steps a TorchRL env reads no gymnasium info: say what to do instead."""
+    if not pool.reads_info:
+        raise ValueError(
+            f"info_keys: {type(pool).__name__} steps a TorchRL env, whose info TorchRL reads "
+            "itself: register env.set_info_dict_reader(default_info_dict_reader([...])) and "
+            "the entries come as observations")
+
+
 def attach_info_reader(pool: Any, keys: InfoKeys | None, random: Any) -> InfoReader | None:
     """Give ``pool`` a reader of ``keys`` and learn their specs from one random step.
 
@@ -278,11 +287,7 @@ def attach_info_reader(pool: Any, keys: InfoKeys | None, random: Any) -> InfoRea
         if getattr(pool, "info_reader", None) is not None:
             pool.info_reader = None  # an earlier admission's: this run reads no info
         return None
-    if not pool.reads_info:
-        raise ValueError(
-            f"info_keys: {type(pool).__name__} steps a TorchRL env, whose info TorchRL reads "
-            "itself: register env.set_info_dict_reader(default_info_dict_reader([...])) and "
-            "the entries come as observations")
+    refuse_torchrl_pool(pool)
     reader = InfoReader(keys, pool.num_envs)
     pool.info_reader = reader
     act = pool.specs.action

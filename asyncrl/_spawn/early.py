@@ -138,8 +138,11 @@ def release_unused() -> bool:
 def _in_multiprocessing_child() -> bool:
     import multiprocessing
 
-    if multiprocessing.parent_process() is not None:
-        return True
+    return multiprocessing.parent_process() is not None or in_fork_server()
+
+
+def in_fork_server() -> bool:
+    """Whether this code runs in a fork server's preload (its ``main()`` is a caller)."""
     frame = inspect.currentframe()  # a fork server's preload imports asyncrl from its main()
     while frame is not None:
         if frame.f_code is forkserver.main.__code__:
@@ -304,5 +307,6 @@ def _flush_std_streams() -> None:
 
 os.register_at_fork(after_in_child=_forget_in_child)
 
-__all__ = ["ENV_VARIABLE", "PRELOAD", "claim", "early_start_refused", "preload_modules",
+__all__ = ["ENV_VARIABLE", "PRELOAD", "claim", "early_start_refused", "in_fork_server",
+           "preload_modules",
            "release_unused", "start_early_fork_server"]

@@ -19,23 +19,13 @@ from __future__ import annotations
 
 import gc
 import importlib
-import inspect
 import logging
 import os
-from multiprocessing import forkserver
 
+from .early import in_fork_server
 from .torch_free import PRELOAD_VARIABLE, VARIABLE
 
 log = logging.getLogger("asyncrl.collectors")
-
-
-def _in_fork_server() -> bool:
-    frame = inspect.currentframe()
-    while frame is not None:
-        if frame.f_code is forkserver.main.__code__:
-            return True
-        frame = frame.f_back
-    return False
 
 
 def preload() -> None:
@@ -49,5 +39,5 @@ def preload() -> None:
     gc.freeze()
 
 
-if os.environ.get(VARIABLE) == "1" and _in_fork_server():
+if os.environ.get(VARIABLE) == "1" and in_fork_server():
     preload()
