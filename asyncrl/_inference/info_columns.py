@@ -32,6 +32,7 @@ from .._rollout.infos import (
     InfoReader,
     attach_info_reader,
     normalise_info_keys,
+    refuse_observation_clash,
     refuse_torchrl_pool,
 )
 
@@ -55,10 +56,7 @@ def learn_columns(pool: Any, info_keys: Any) -> list[InfoColumn]:
         return []
     if all(spec is not None for _, spec in info_keys) and pool.reads_info:
         reader = column_reader([(p, s[1], s[0]) for p, s in info_keys], pool.num_envs)
-        clash = [p for p in reader.paths if p in pool.obs_paths]
-        if clash:
-            raise ValueError(f"info_keys: {clash} are also observations: ('next', ...) holds "
-                             "them already")
+        refuse_observation_clash(reader, pool)
     else:
         from .._rollout.policies import RandomPolicy  # (the trainer has torch)
 

@@ -28,7 +28,8 @@ import numpy as np
 from .._errors import SpecMismatchError
 from .keys import normalise_keys
 
-__all__ = ["InfoReader", "InfoSpec", "normalise_info_keys", "refuse_torchrl_pool"]
+__all__ = ["InfoReader", "InfoSpec", "normalise_info_keys", "refuse_observation_clash",
+           "refuse_torchrl_pool"]
 
 Path = tuple[str, ...]
 #: ``(shape, dtype name)`` of one env's value of an info leaf.
@@ -296,12 +297,17 @@ def attach_info_reader(pool: Any, keys: InfoKeys | None, random: Any) -> InfoRea
     random.sample_into(actions)
     pool.step_inplace(actions)
     reader.learn_done()
+    refuse_observation_clash(reader, pool)
+    pool.reset()
+    return reader
+
+
+def refuse_observation_clash(reader: InfoReader, pool: Any) -> None:
+    """An info leaf named as one of ``pool``'s observations would overwrite its twin."""
     clash = [p for p in reader.paths if p in pool.obs_paths]
     if clash:
         raise ValueError(f"info_keys: {clash} are also observations: ('next', ...) holds "
                          "them already")
-    pool.reset()
-    return reader
 
 
 def info_buffers(reader: InfoReader | None, buf: Any) -> list[tuple[Path, Any, np.ndarray]]:
