@@ -309,12 +309,13 @@ def run_batched_without_yield(meter: Meter) -> None:
 
 # -- the floor -----------------------------------------------------------------------------------
 def run_floor(seconds: float) -> dict[str, Any]:
-    """CPU ms per env step (one env, random actions) and per CNN frame at batch 1, 4, 8."""
+    """CPU ms per env step (one env, random actions) and per CNN frame at batch 1, 4, 8; then
+    the two in turn in one thread (``interleaved_ms``), as a per-worker worker runs them."""
     env = atari_factory()()
     env.reset(seed=0)
     env.action_space.seed(0)
     steps, start = 0, time.process_time()
-    while time.process_time() - start < seconds / 2:
+    while time.process_time() - start < seconds / 3:
         _, _, terminated, truncated, _ = env.step(env.action_space.sample())
         steps += 1
         if terminated or truncated:
@@ -328,11 +329,33 @@ def run_floor(seconds: float) -> dict[str, Any]:
             obs = torch.from_numpy(rng.integers(0, 256, (size, *OBS_SHAPE), np.uint8))
             cnn(obs)  # warm-up
             calls, start = 0, time.process_time()
-            while time.process_time() - start < seconds / 6:
+            while time.process_time() - start < seconds / 9:
                 cnn(obs)
                 calls += 1
             cnn_ms[str(size)] = (time.process_time() - start) / (calls * size) * 1e3
-    return {"env_ms": env_ms, "cnn_ms": cnn_ms}
+    return {"env_ms": env_ms, "cnn_ms": cnn_ms,
+            "interleaved_ms": {str(size): run_interleaved(cnn, size, seconds / 6)
+                               for size in (4, 8)}}
+
+
+def run_interleaved(cnn: nn.Module, size: int, seconds: float) -> float:
+    """CPU ms per frame of ``size`` envs stepped in turn with the CNN at batch ``size``, in one
+    thread: what env and CNN cost together when each evicts the other's data from the caches
+    (the floor's sum assumes they run apart)."""
+    envs = [atari_factory()() for _ in range(size)]
+    obs = np.stack([env.reset(seed=i)[0] for i, env in enumerate(envs)])
+    with torch.no_grad():
+        frames, start = 0, time.process_time()
+        while time.process_time() - start < seconds:
+            actions = cnn(torch.from_numpy(obs)).numpy()
+            for i, env in enumerate(envs):
+                obs[i], _, terminated, truncated, _ = env.step(int(actions[i]))
+                if terminated or truncated:
+                    obs[i] = env.reset()[0]
+            frames += size
+    for env in envs:
+        env.close()
+    return (time.process_time() - start) / frames * 1e3
 
 
 def floor_fps(floor: dict[str, Any], batch: int, cores: int) -> float:
@@ -484,6 +507,13 @@ def report(cases: list[str], results: dict[str, list[dict[str, Any]]]) -> None:
               f"CNN {cnn} (ms per frame); 8 envs on {min(cores, N_ENVS)} cores: at most "
               f"{floor_fps(floor, 8, cores):,.0f} frames/s (CNN at batch 8), "
               f"{floor_fps(floor, 4, cores):,.0f} (at batch 4)")
+        together = [r["interleaved_ms"] for r in floors if "interleaved_ms" in r]
+        if together:
+            both = {b: statistics.median(t[b] for t in together) for b in ("4", "8")}
+            print("Env and CNN in turn in one thread (a per-worker worker's way), ms per frame: "
+                  + ", ".join(f"{ms:.3f} at batch {b} ("
+                              f"{ms / (floor['env_ms'] + floor['cnn_ms'][b]):.2f}x the floor's sum)"
+                              for b, ms in both.items()))
     done = {c: [r for r in results[c] if "fps" in r] for c in cases if c in CASES}
     fps = {c: statistics.median(r["fps"] for r in rows) for c, rows in done.items() if rows}
     bases = [b for b in BASELINES if b in fps]
