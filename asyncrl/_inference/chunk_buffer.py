@@ -6,20 +6,36 @@ through its shared-memory ring, whose layout is fixed. The buffer keeps them in
 arrival order and cuts batches of ``frames_per_batch`` (or, with
 ``yield_completed_trajectories``, whole trajectories, joined across chunks) out of
 them. ``buffered`` and ``full`` are what back-pressure reads.
+
+A local worker's chunk stays in its ring slot until a batch is cut from it
+(:meth:`~.chunk_ring.ChunkReader.hold`): the batch is allocated once and each piece
+copied into it straight from its slot, which is then released. So the trainer holds
+no copy of what the rings hold, and a frame is copied once here (it was twice: out of
+the ring, then by ``torch.cat``). A ring whose slots all hold chunks the batches have
+not reached yet, while the buffer has room, gives its oldest one a copy of its own
+(its worker would wait for a slot, and a ring with fewer slots than a batch's share,
+``MAX_SLOTS``, would never let a batch fill); trajectories are cut from copies.
 """
 
 from __future__ import annotations
 
 import collections
 import math
+import mmap
 import time
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+import numpy as np
 import torch
-from tensordict import TensorDictBase
+from tensordict import TensorDict, TensorDictBase
 
-from .chunk_ring import TornChunkError
+from transports import copy_into
+
+from .chunk_ring import ChunkReader, HeldChunk, TornChunkError
+
+#: A local worker's chunk held in its ring slot (the worker's slot, the chunk).
+Held = tuple[int, HeldChunk]
 
 
 class SlotCounts(NamedTuple):
@@ -45,7 +61,8 @@ class ChunkBuffer:
         self.trajectories = trajectories
         #: Frames held, not yet taken.
         self.buffered = 0
-        self._items: collections.deque[TensorDictBase] = collections.deque()
+        #: Arrival order: chunks of their own (remote, copied), or held in a ring slot.
+        self._items: collections.deque[TensorDictBase | Held] = collections.deque()
         self._keys: dict[int, set[Any]] = {}  # slot -> its chunks' keys (set by the first)
         self._partial: dict[tuple[int, int], list[TensorDictBase]] = {}  # (slot, env) -> pieces
         #: Per slot, what its worker sent (accepted chunks only).
@@ -91,11 +108,13 @@ class ChunkBuffer:
             self._append(chunk)
         self._count(slot, chunk.numel())
 
-    def fill_from(self, rings: Sequence[tuple[int, Any]]) -> list[int]:
+    def fill_from(self, rings: Sequence[tuple[int, ChunkReader]]) -> list[int]:
         """Take chunks from local workers' rings (``(slot, ChunkReader)``, in this order)
         while there is room: one chunk per ring per pass, so that when the room runs out
         no worker's chunks always come last. Returns the slot of each chunk taken.
 
+        Batches are cut from a chunk in its slot (held, not copied: released once a
+        batch has all of it); trajectories from a copy.
         A full buffer takes nothing: the chunks stay in their rings and their workers
         stop once their slots are full (back-pressure that needs no message).
         """
@@ -106,24 +125,61 @@ class ChunkBuffer:
             for slot, reader in rings:
                 if self.full:
                     break
-                try:
-                    chunk = reader.take()
-                except TornChunkError as exc:
-                    raise TornChunkError(f"env worker {slot}: {exc}") from None
-                if chunk is not None:
+                if self.trajectories:
+                    try:
+                        chunk = reader.take()
+                    except TornChunkError as exc:
+                        raise TornChunkError(f"env worker {slot}: {exc}") from None
+                    if chunk is None:
+                        continue
                     self.add_local(slot, chunk)
-                    taken.append(slot)
-                    more = True
+                else:
+                    held = reader.hold()
+                    if held is None:
+                        continue
+                    self._append((slot, held))
+                    self._count(slot, held.frames.numel())
+                taken.append(slot)
+                more = True
+        if not self.full and not self.trajectories:
+            for slot, reader in rings:
+                if reader.all_held:  # its worker waits for a slot, and there is room
+                    self._copy_oldest(slot, reader)
         return taken
+
+    def _copy_oldest(self, slot: int, reader: ChunkReader) -> None:
+        """Give ``reader``'s oldest held chunk a copy of its own and release its slot."""
+        for i, item in enumerate(self._items):
+            if isinstance(item, tuple) and item[1].reader is reader:
+                held = item[1]
+                frames = held.frames.clone()
+                self._check(slot, held)
+                self._items[i] = frames
+                reader.release(held)
+                return
+
+    @staticmethod
+    def _check(slot: int, held: HeldChunk) -> None:
+        try:
+            held.reader.check(held)
+        except TornChunkError as exc:
+            raise TornChunkError(f"env worker {slot}: {exc}") from None
+
+    def let_go(self) -> None:
+        """Forget the chunks held in rings (the collector closes: its rings are unmapped)."""
+        kept = [item for item in self._items if not isinstance(item, tuple)]
+        self.buffered -= sum(item[1].frames.numel() for item in self._items
+                             if isinstance(item, tuple))
+        self._items = collections.deque(kept)
 
     def _count(self, slot: int, frames: int) -> None:
         before = self.counts.get(slot, SlotCounts())
         self.counts[slot] = SlotCounts(before.chunks + 1, before.frames + frames,
                                        time.monotonic())
 
-    def _append(self, frames: TensorDictBase) -> None:
-        self._items.append(frames)
-        self.buffered += frames.numel()
+    def _append(self, item: TensorDictBase | Held) -> None:
+        self._items.append(item)
+        self.buffered += (item[1].frames if isinstance(item, tuple) else item).numel()
 
     def _add_trajectories(self, slot: int, chunk: TensorDictBase) -> None:
         done = chunk["next", "done"][..., 0]
@@ -139,23 +195,108 @@ class ChunkBuffer:
                 self._partial.setdefault((slot, env), []).append(row[start:])
 
     def take(self, frames: int) -> TensorDictBase:
-        """The next ``frames`` frames, in arrival order (``ready(frames)`` must be true)."""
+        """The next ``frames`` frames, in arrival order (``ready(frames)`` must be true).
+
+        One batch allocated, each piece copied into it once (from its ring slot, or from
+        a chunk of its own); a batch that is one chunk of its own is that chunk.
+        """
         if self.trajectories:
             batch = self._items.popleft()
+            assert not isinstance(batch, tuple)  # (trajectories are cut from copies)
             self.buffered -= batch.numel()
             return batch
-        pieces, left = [], frames
+        pieces: list[TensorDictBase] = []
+        held: list[tuple[int, HeldChunk, bool]] = []  # (slot, chunk, all of it read)
+        left = frames
         while left:
             head = self._items[0]
-            if head.numel() <= left:
-                pieces.append(self._items.popleft())
-                left -= head.numel()
+            chunk = head[1].frames if isinstance(head, tuple) else head
+            whole = chunk.shape[0] <= left
+            if whole:
+                self._items.popleft()
+                pieces.append(chunk)
+                left -= chunk.shape[0]
             else:
-                pieces.append(head[:left])
-                self._items[0] = head[left:]
+                pieces.append(chunk[:left])
+                if isinstance(head, tuple):
+                    head[1].frames = chunk[left:]
+                else:
+                    self._items[0] = chunk[left:]
                 left = 0
+            if isinstance(head, tuple):
+                held.append((head[0], head[1], whole))
         self.buffered -= frames
-        return torch.cat(pieces, 0) if len(pieces) > 1 else pieces[0]
+        if len(pieces) == 1 and not held:
+            return pieces[0]
+        batch = gather(pieces, frames)
+        for slot, chunk, whole in held:
+            self._check(slot, chunk)  # (the copies made, the slots not yet released)
+            if whole:
+                chunk.reader.release(chunk)
+        return batch
+
+
+#: A batch's leaf of at least this many bytes is a memory mapping of its own.
+OWN_MAPPING = 1 << 20
+HUGE_PAGES = getattr(mmap, "MADV_HUGEPAGE", None)
+
+
+def empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """``torch.empty(shape, dtype=dtype)``; one of :data:`OWN_MAPPING` bytes or more in an
+    anonymous mapping of its own, unmapped when the tensor is freed.
+
+    glibc maps a large block and unmaps it when freed, but each such free raises its
+    threshold to that size (up to 32 MiB): the next batches then come from its heap, and
+    a batch the trainer dropped stays in this process's memory (measured: 90-150 MB of
+    drift in benchmarks.atari, docs/benchmarks.md). Its pages are faulted in when the
+    batch is written, as glibc's own mapping's are.
+    """
+    nbytes = math.prod(shape) * dtype.itemsize
+    if nbytes < OWN_MAPPING:
+        return torch.empty(shape, dtype=dtype)
+    memory = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    if HUGE_PAGES is not None:
+        memory.madvise(HUGE_PAGES)  # a fault per 2 MiB, not per 4 KiB (where the system lets)
+    # the array holds the mapping (no buffer export): unmapped with the tensor's storage
+    return torch.from_numpy(np.frombuffer(memory, dtype=np.uint8)).view(dtype).view(shape)
+
+
+def gather(pieces: Sequence[TensorDictBase], frames: int) -> TensorDictBase:
+    """``torch.cat(pieces)`` (``frames`` in all), each leaf allocated once and each piece
+    copied into it (one memcpy per contiguous piece, :func:`transports.copy_into`);
+    pieces whose keys, dtypes or shapes differ go to ``torch.cat`` (which says why, or
+    promotes, as before)."""
+    first = pieces[0]
+    keys = list(first.keys(include_nested=True, leaves_only=True))
+    names = set(keys)
+    sources: list[list[Any]] = []
+    for piece in pieces:
+        if piece is not first and set(piece.keys(include_nested=True,
+                                                  leaves_only=True)) != names:
+            return torch.cat(list(pieces), 0)
+        sources.append([piece.get(key) for key in keys])
+    leaves = sources[0]
+    for leaf, *others in zip(*sources, strict=True):
+        if type(leaf) is not torch.Tensor or leaf.device.type != "cpu" or any(
+                type(t) is not torch.Tensor or t.dtype != leaf.dtype or t.device != leaf.device
+                or t.shape[1:] != leaf.shape[1:] for t in others):
+            return torch.cat(list(pieces), 0)
+    device = first.device
+    if any(piece.device != device for piece in pieces):
+        device = None
+    batch = TensorDict({}, batch_size=[frames], device=device)
+    outs = []
+    for key, leaf in zip(keys, leaves, strict=True):
+        out = empty((frames, *leaf.shape[1:]), leaf.dtype)
+        batch.set(key, out)
+        outs.append(out)
+    start = 0
+    for piece, tensors in zip(pieces, sources, strict=True):
+        stop = start + piece.shape[0]
+        for out, tensor in zip(outs, tensors, strict=True):
+            copy_into(out[start:stop], tensor)
+        start = stop
+    return batch
 
 
 def auto_chunk_steps(frames_per_batch: int, num_envs: int) -> int:
@@ -163,4 +304,4 @@ def auto_chunk_steps(frames_per_batch: int, num_envs: int) -> int:
     return max(1, min(64, math.ceil(frames_per_batch / num_envs)))
 
 
-__all__ = ["ChunkBuffer", "SlotCounts", "auto_chunk_steps"]
+__all__ = ["ChunkBuffer", "SlotCounts", "auto_chunk_steps", "gather"]

@@ -4,11 +4,12 @@ Each local env worker (a slot) has two blocks, its observations and the policy's
 outputs (:func:`~asyncrl._inference.worker_blocks.make_blocks`), an answer bell
 the inference loop rings, a chunk ring it writes its transitions into
 (:mod:`.chunk_ring`, read by the trainer) and a room bell the trainer rings when
-it took chunks from that ring. Every worker rings the one request bell (the
+it frees a slot of that ring. Every worker rings the one request bell (the
 loop's) and the one chunk bell (the trainer's). A remote env host's slot adds
 inline blocks to :attr:`LocalChannels.blocks` (:mod:`.remote_env_hosts`), and
-nothing else. :meth:`LocalChannels.read_chunks` moves the chunks from the rings into
-the trainer's :class:`~.chunk_buffer.ChunkBuffer`.
+nothing else. :meth:`LocalChannels.read_chunks` hands the chunks in the rings to
+the trainer's :class:`~.chunk_buffer.ChunkBuffer` (which cuts batches straight out of
+their slots).
 """
 
 from __future__ import annotations
@@ -50,6 +51,27 @@ def probe_env(factory: Any, create_env_kwargs: Mapping[str, Any], info_keys: Any
         probe.close()
 
 
+def ring_slots(frames_per_batch: int, *, workers: int, envs: int, chunk_steps: int) -> int:
+    """Chunk slots of a local worker's ring: its share of one batch (``workers`` rings,
+    ``envs`` x ``chunk_steps`` frames a chunk) and one more, at least two, at most
+    ``MAX_SLOTS``.
+
+    The ring is where its worker's frames wait until a batch is copied out of them
+    (:mod:`.chunk_buffer`): when a batch is cut, about its share of the batch is held,
+    and the chunk the worker finishes meanwhile goes into the slot beyond. A ring whose
+    slots are all held while the trainer's buffer has room (a worker ahead of the
+    others, a trainer slower than the envs, a share over ``MAX_SLOTS``) has its oldest
+    chunk copied out, so a worker waits for a slot only once that buffer is full
+    (about two batches: back-pressure). Two batches' share, as before, held a whole
+    batch of slots nobody used while the trainer kept up.
+
+    >>> ring_slots(1024, workers=8, envs=1, chunk_steps=64)   # benchmarks.atari's
+    3
+    """
+    share = frames_per_batch / workers
+    return min(MAX_SLOTS, max(2, math.ceil(share / (envs * chunk_steps)) + 1))
+
+
 class LocalChannels:
     """Blocks, bells and chunk rings of the local env workers (empty until :meth:`make`).
 
@@ -70,12 +92,13 @@ class LocalChannels:
         self.room_bells: dict[int, EventFd] = {}
 
     def make(self, rows: Sequence[int], obs: Mapping[Path, torch.Tensor],
-             outputs: OutputLayout, *, splits: int, chunk_steps: int, capacity: int,
-             flat: bool, infos: Sequence[InfoColumn] = (),
+             outputs: OutputLayout, *, splits: int, chunk_steps: int,
+             frames_per_batch: int, flat: bool, infos: Sequence[InfoColumn] = (),
              next_observations: bool = True) -> None:
-        """Make each worker's channels (``rows``: its number of envs). ``capacity``: the
-        frames the trainer's buffer holds; ``flat``: chunks are read as ``[E * C]``
-        frames (not cut into trajectories); ``infos``: the info columns of its chunks;
+        """Make each worker's channels (``rows``: its number of envs), its ring sized for
+        batches of ``frames_per_batch`` (:func:`ring_slots`); ``flat``: chunks are read
+        as ``[E * C]`` frames (not cut into trajectories); ``infos``: the info columns
+        of its chunks;
         ``next_observations=False`` (``compact_obs=True``): its chunks hold no
         ``("next", obs)`` twins."""
         self.blocks.update(make_blocks(list(rows), dict(obs), outputs, splits=splits))
@@ -85,22 +108,17 @@ class LocalChannels:
                               outputs, infos=infos, next_observations=next_observations)
         self.chunk_bell = EventFd()
         for slot, envs in enumerate(rows):
-            # Each worker's share of the trainer's buffer, in chunks (at least two: one
-            # being taken, one being written). Both server backends: the loop answers
-            # without waiting for this event loop, so chunks not yet taken here are
-            # bounded by the slots, not by the loop's room alone.
-            # A ring holds at most MAX_SLOTS chunks: a larger share (a big batch of short
-            # chunks) only waits in the worker, which a full ring stops until one is taken.
-            share = capacity / len(rows)
-            slots = min(MAX_SLOTS, max(2, math.ceil(share / (envs * chunk_steps))))
-            ring = self.rings[slot] = ChunkRing.create(layout, rows=envs, steps=chunk_steps,
-                                                       slots=slots)
-            self.readers[slot] = ChunkReader(ring, flat=flat)
-            self.room_bells[slot] = EventFd()
+            ring = self.rings[slot] = ChunkRing.create(
+                layout, rows=envs, steps=chunk_steps,
+                slots=ring_slots(frames_per_batch, workers=len(rows), envs=envs,
+                                 chunk_steps=chunk_steps))
+            bell = self.room_bells[slot] = EventFd()
+            # a worker whose slots are all full waits for this bell
+            self.readers[slot] = ChunkReader(ring, flat=flat, on_release=bell.ring)
 
     async def read_chunks(self, frames: ChunkBuffer,
                           after: Callable[[], Awaitable[None]]) -> None:
-        """Move the workers' chunks from their rings into ``frames`` whenever the chunk
+        """Hand the workers' new chunks in their rings to ``frames`` whenever the chunk
         bell rings (forever: cancel to stop); ``after()`` once some were taken.
 
         Raises :class:`~.chunk_ring.TornChunkError` for a chunk its worker rewrote.
@@ -108,15 +126,14 @@ class LocalChannels:
         bell, readers = self.chunk_bell, self.readers
         if bell is None or not readers:
             return
-        fd, bells = bell.fd, self.room_bells
+        fd = bell.fd
         order = list(readers.items())
         while True:
             await anyio.wait_readable(fd)
             os.eventfd_read(fd)  # readable: returns at once (the count: any number of rings)
+            # (a slot freed rings its worker's room bell: ChunkReader's on_release)
             taken = frames.fill_from(order)
             order.append(order.pop(0))  # the first ring a different one each time
-            for slot in taken:
-                bells[slot].ring()  # a worker waiting for a slot goes on
             if taken:
                 await after()
 
@@ -138,4 +155,4 @@ class LocalChannels:
         self.chunk_bell, self.room_bells = None, {}
 
 
-__all__ = ["LocalChannels", "probe_env"]
+__all__ = ["LocalChannels", "probe_env", "ring_slots"]

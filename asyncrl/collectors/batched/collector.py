@@ -34,8 +34,9 @@ from torch import nn
 
 from transports import CurveClient, Hub
 
-from ..._errors import CollectorError
+from ..._errors import BadBatchError, CollectorError
 from ..._inference.chunk_buffer import ChunkBuffer, auto_chunk_steps
+from ..._inference.chunk_ring import TornChunkError
 from ..._inference.doorbell import spin_for
 from ..._inference.inference_loop import InferenceStatistics
 from ..._inference.info_columns import InfoColumn
@@ -353,7 +354,7 @@ class AsyncBatchedCollector(BaseCollector[RB]):
             action_spec=spec, exploration_type=self.exploration_type, obs=obs)
         self._channels.make(
             [len(g) for g in self.groups], obs, outputs, splits=self.batching.splits,
-            chunk_steps=self.chunk_steps, capacity=self._frames.capacity,
+            chunk_steps=self.chunk_steps, frames_per_batch=self.frames_per_batch,
             flat=not self.yield_completed_trajectories, infos=infos,
             next_observations=not self._drop_next_obs)
         self._env_hub.setup(obs, outputs, max_envs=self.batching.max_batch_size,
@@ -398,6 +399,7 @@ class AsyncBatchedCollector(BaseCollector[RB]):
         if self._background_done is not None and self._hub is not None:
             with anyio.move_on_after(10):
                 await self._background_done.wait()
+        self._frames.let_go()  # chunks held in the rings: unmapped now
         self._channels.close()
         if self._tmpdir is not None:
             shutil.rmtree(self._tmpdir, ignore_errors=True)
@@ -451,7 +453,11 @@ class AsyncBatchedCollector(BaseCollector[RB]):
             await self._arrived.wait()
         if self._error is not None:
             raise self._error
-        batch = self._frames.take(self.frames_per_batch)
+        try:
+            batch = self._frames.take(self.frames_per_batch)
+        except TornChunkError as exc:  # (copied out of a ring slot its worker rewrote)
+            self._fail(BadBatchError(str(exc)))
+            raise self._error or BadBatchError(str(exc)) from None
         if self._channels.chunk_bell is not None and self._channels.readers:
             self._channels.chunk_bell.ring()  # room again: chunks left in the rings are taken now
         if self.split_trajs:
