@@ -40,6 +40,7 @@ import json
 import random
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -262,6 +263,17 @@ def worker_obs_rms(collector: BlockingCollector) -> dict[str, np.ndarray]:
             for name in ("mean", "var", "count")}
 
 
+def batches(args: Any) -> tuple[int, int]:
+    """Frames per batch (workers x envs x steps) and how many batches the budget holds."""
+    frames_per_batch = args.num_workers * args.num_envs * args.num_steps
+    if args.total_timesteps < frames_per_batch:
+        raise SystemExit(f"--total-timesteps {args.total_timesteps} is less than one batch "
+                         f"({frames_per_batch} frames: --num-workers {args.num_workers} x "
+                         f"--num-envs {args.num_envs} x --num-steps {args.num_steps}): raise it "
+                         "or lower those")
+    return frames_per_batch, args.total_timesteps // frames_per_batch
+
+
 def main(args: Args) -> dict[str, float]:
     random.seed(args.seed)
     np.random.seed(args.seed)
@@ -275,8 +287,7 @@ def main(args: Args) -> dict[str, float]:
                if args.eval_episodes else float("nan")}
 
     # The rollout: CleanRL's `for step in range(num_steps)` loop, in the workers.
-    frames_per_batch = args.num_workers * args.num_envs * args.num_steps
-    num_iterations = args.total_timesteps // frames_per_batch
+    frames_per_batch, num_iterations = batches(args)
     collector = BlockingCollector(MultiSyncCollector(
         functools.partial(make_envs, args.env_id, args.num_envs, args.gamma), agent,
         num_workers=args.num_workers, frames_per_batch=frames_per_batch,
@@ -328,17 +339,18 @@ def main(args: Args) -> dict[str, float]:
     return results
 
 
-def parse_args() -> Args:
-    """CleanRL's ``tyro.cli(Args)``, with argparse: ``--total-timesteps 200000``."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    for field in dataclasses.fields(Args):
+def parse_args(fields: type[Any] = Args, description: str = __doc__) -> Any:
+    """CleanRL's ``tyro.cli(Args)``, with argparse: ``--total-timesteps 200000`` (``fields``:
+    another example's ``Args`` dataclass, as ``cleanrl_ppo_atari.py`` passes its own)."""
+    parser = argparse.ArgumentParser(description=description.splitlines()[0])
+    for field in dataclasses.fields(fields):
         flag = "--" + field.name.replace("_", "-")
         if field.type == "bool":
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=field.default)
         else:
             kind = {"int": int, "float": float, "str": str}[str(field.type)]
             parser.add_argument(flag, type=kind, default=field.default)
-    return Args(**vars(parser.parse_args()))
+    return fields(**vars(parser.parse_args()))
 
 
 if __name__ == "__main__":
