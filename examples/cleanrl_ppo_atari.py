@@ -8,7 +8,8 @@ Needs the atari extra (``pip install "asyncrl[atari]"``: ale-py with its ROMs, h
 OpenCV for the resize). What stays CleanRL's: the Nature CNN ``Agent`` with its
 ``get_value`` and ``get_action_and_value``, the hyperparameters (8 envs x 128 steps,
 learning rate 2.5e-4 annealed, 4 minibatches, 4 epochs, clip 0.1, entropy 0.01), GAE
-and the clipped update (shared with ``examples/cleanrl_ppo.py``). What changes:
+and the clipped update, and the per-iteration line (shared with
+``examples/cleanrl_ppo.py``). What changes:
 
 - the envs are ale-py's ``ALE/<Game>-v5`` with gymnasium's wrappers, not Stable
   Baselines 3's on ``*NoFrameskip-v4``: ``frameskip=1``, ``AtariPreprocessing``
@@ -42,9 +43,9 @@ from torch.distributions.categorical import Categorical
 from asyncrl import BlockingCollector, MultiSyncCollector
 
 try:  # run as a script: examples/ is the first entry of sys.path
-    from cleanrl_ppo import batches, compute_gae, parse_args, ppo_update, read_batch
+    from cleanrl_ppo import batches, ended_returns, parse_args, report, train_on
 except ModuleNotFoundError:  # imported as examples.cleanrl_ppo_atari (tests, docs)
-    from examples.cleanrl_ppo import batches, compute_gae, parse_args, ppo_update, read_batch
+    from examples.cleanrl_ppo import batches, ended_returns, parse_args, report, train_on
 
 gym.register_envs(ale_py)  # the ALE/* ids
 
@@ -155,31 +156,12 @@ def main(args: Args) -> dict[str, float]:
     global_step, start_time, returns = 0, time.time(), []
     losses = {"policy_loss": float("nan"), "value_loss": float("nan")}
     for iteration, batch in enumerate(collector, start=1):
-        if args.anneal_lr:
-            frac = 1.0 - (iteration - 1.0) / num_iterations
-            optimizer.param_groups[0]["lr"] = frac * args.learning_rate
         global_step += batch.numel()
-
-        r = read_batch(batch)  # CleanRL's storage: obs, actions, logprobs, rewards, ...
-        with torch.no_grad():  # bootstrap value if not done
-            next_value = agent.get_value(r["next_obs"]).reshape(-1)
-            advantages = compute_gae(args, r["rewards"], r["values"], r["next_dones"],
-                                     next_value)
-            returns_t = advantages + r["values"]
-        flat = {"obs": r["obs"].flatten(0, 1), "actions": r["actions"].flatten(0, 1),
-                "logprobs": r["logprobs"].reshape(-1), "advantages": advantages.reshape(-1),
-                "returns": returns_t.reshape(-1), "values": r["values"].reshape(-1)}
-        losses = ppo_update(args, agent, optimizer, flat)
+        losses = train_on(args, agent, optimizer, batch, iteration, num_iterations)
         collector.update_policy_weights_()  # the next batch is collected with these weights
-
-        # CleanRL's `episodic_return`: the raw game score of the episodes that ended here
-        ended = batch["next", "done"].reshape(-1)
-        raw = batch["next", "episode", "r"].reshape(-1)[ended]
+        raw = ended_returns(batch)  # the raw game scores of the episodes that ended here
         returns += raw.tolist()
-        episodic = f"episodic_return={raw.mean().item():.1f} " if raw.numel() else ""
-        print(f"iteration={iteration}/{num_iterations} global_step={global_step} {episodic}"
-              f"value_loss={losses['value_loss']:.3f} "
-              f"SPS={int(global_step / (time.time() - start_time))}", flush=True)
+        report(iteration, num_iterations, global_step, raw, losses, start_time)
     collector.shutdown()
     last = returns[-20:]
     return {"frames": global_step, "seconds": round(time.time() - start_time, 1),

@@ -9,59 +9,20 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import signal
 import subprocess
-import sys
-import time
-from pathlib import Path
 
 import pytest
+
+from tests.asyncrl.example_runs import run_script
 
 pytest.importorskip("ale_py")
 pytest.importorskip("cv2")  # gymnasium's AtariPreprocessing resizes with OpenCV
 
-ROOT = Path(__file__).resolve().parents[2]
 LIMIT = 300  # a bound, not a speed claim: about 15 s on 2 quiet cores
 
 
-def alive_in_session(sid: int, grace: float = 10.0) -> list[str]:
-    """Live processes of session ``sid`` (zombies left for init to reap do not count), polled
-    for ``grace`` seconds: empty when the run left nothing behind."""
-    deadline = time.monotonic() + grace
-    while True:
-        left = []
-        for pid in filter(str.isdigit, os.listdir("/proc")):
-            try:
-                stat = Path(f"/proc/{pid}/stat").read_text()
-            except OSError:
-                continue
-            fields = stat[stat.rindex(")") + 2:].split()  # state, ppid, pgrp, session, ...
-            if int(fields[3]) == sid and fields[0] != "Z":
-                left.append(f"{pid} {stat[stat.index('(') + 1:stat.rindex(')')]}")
-        if not left or time.monotonic() > deadline:
-            return left
-        time.sleep(0.1)
-
-
 def run_example(*argv: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
-    process = subprocess.Popen([sys.executable, "examples/cleanrl_ppo_atari.py", *argv],
-                               cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        out, err = process.communicate(timeout=LIMIT)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        out, err = process.communicate()
-        raise AssertionError(f"the example did not finish within {LIMIT} s:\n{out[-2000:]}"
-                             ) from None
-    left = alive_in_session(process.pid)
-    if left:
-        os.killpg(process.pid, signal.SIGKILL)
-        raise AssertionError(f"processes of the example outlived it: {left}")
-    return subprocess.CompletedProcess(process.args, process.returncode, out, err)
+    return run_script("examples/cleanrl_ppo_atari.py", *argv, limit=LIMIT)
 
 
 def test_the_atari_example_trains_on_worker_batches_and_ends_cleanly() -> None:
