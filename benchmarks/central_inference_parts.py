@@ -130,14 +130,19 @@ class _AnswerAtOnce:
 
 
 class _TakeAtOnce:
-    """The trainer's stand-in: each chunk is taken as it is rung (its slot free again)."""
+    """The trainer's stand-in: each chunk is taken as it is rung (its slot free again);
+    with a ``reader``, really taken (copied out: the trainer's clone, in this thread)."""
 
-    def __init__(self, taken: Any, stepper: EnvStepper) -> None:
+    def __init__(self, taken: Any, stepper: EnvStepper, reader: Any = None) -> None:
         self.bell = EventFd()
-        self.taken, self.stepper = taken, stepper
+        self.taken, self.stepper, self.reader = taken, stepper, reader
 
     def ring(self) -> None:
         self.bell.ring()
+        if self.reader is not None:
+            while self.reader.take() is not None:
+                pass
+            return
         writer = self.stepper._writer
         assert writer is not None
         self.taken[0] = writer.published
@@ -161,7 +166,7 @@ def stepper_part(args: argparse.Namespace) -> dict[str, float]:
     stepper = EnvStepper(config)
     request = _AnswerAtOnce(words, start_at=splits * (warm + 1),
                             stop_after=splits * (warm + columns + 1), stop=stepper.stop)
-    chunk = _TakeAtOnce(taken, stepper)
+    chunk = _TakeAtOnce(taken, stepper, channels.readers[0] if args.take else None)
     stepper.config = EnvWorkerConfig(**{**config.__dict__, "request_bell": request,
                                         "chunk_bell": chunk})
     try:
@@ -320,6 +325,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--capacity", type=int, default=2048, help="the trainer's buffer, frames")
     p.add_argument("--chunks", type=int, default=40, help="stepper: chunks per repeat")
     p.add_argument("--calls", type=int, default=20000, help="server: calls per repeat")
+    p.add_argument("--take", action="store_true",
+                   help="stepper: the trainer's stand-in copies each chunk out (timed with it)")
     p.add_argument("--lanes-per-call", type=int, default=2)
     p.add_argument("--frames-per-batch", type=int, default=1024)
     p.add_argument("--batches", type=int, default=40, help="intake: batches per repeat")

@@ -343,8 +343,9 @@ class EnvStepper:
         reset in place), which a target holds from the start."""
         c = self.config
         self._targets = targets
-        self._dones: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = [(t[("next", "terminated")][..., 0], t[("next", "truncated")][..., 0],
-                        t[("next", "done")][..., 0]) for t in targets]
+        self._dones: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = [
+            (t[("next", "terminated")][..., 0], t[("next", "truncated")][..., 0],
+             t[("next", "done")][..., 0]) for t in targets]
         for split in self._splits:
             pool, rows = split.pool, split.rows
             split.views = []
