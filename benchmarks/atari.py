@@ -18,7 +18,10 @@ alike). A case is skipped, with the reason printed, when what it needs does not 
   preprocessed, random actions, resets included) and the CNN's CPU ms per frame at
   batch 1, 4 and 8. The floor of a case is ``min(cores, 8)`` cores' worth of CPU over
   env + CNN per frame at the batch its CNN runs (8 when one CNN serves all envs, 4 for
-  per-worker 2x4); each case's frames/s is given as a fraction of it;
+  per-worker 2x4); each case's frames/s is given as a fraction of it. It also measures
+  env and CNN in turn in one thread (4 or 8 envs stepped, then the CNN on their
+  observations), what a per-worker worker does: the per-worker cases are also given as a
+  fraction of that one-thread floor;
 - ``vector``: gymnasium ``AsyncVectorEnv(shared_memory=True)``, the CNN in the main process;
 - ``envpool``: ``envpool.make("Breakout-v5", env_type="gymnasium", num_envs=8,
   num_threads=2, ...)`` stepped synchronously, the CNN in the main process (CleanRL's
@@ -35,6 +38,13 @@ alike). A case is skipped, with the reason printed, when what it needs does not 
   ``asyncrl-batched-noyield``: the inference loop without its ``sched_yield()`` after calls
   longer than ``YIELD_AFTER``; ``asyncrl-batched-compact``: 8 env workers,
   ``compact_obs=True`` (chunks, rings and batches without ``("next", "observation")``).
+
+For a bigger machine (issue 45 item 6): ``--envs N --workers W`` runs every case with N
+envs, the per-worker cases (and PufferLib's, TorchRL's) with W workers of N/W envs, the
+floor at batch 1, N/W and N; ``--device cuda`` puts the CNN on the GPU in every case (the
+main-process loops, each per-worker worker's policy, central inference's server), and the
+floor is then the env steps alone. ``bash scripts/gpu_check.sh atari`` runs it on a lent
+GPU machine.
 
 The three main-process loops store each step as CleanRL's does (observation, action,
 reward, done into preallocated ``[128, 8, ...]`` tensors; observations kept as uint8).
@@ -76,7 +86,30 @@ from benchmarks.pixels_throughput import cpu_seconds
 
 OBS_SHAPE = (4, 84, 84)
 N_ACTIONS = 4  # Breakout's minimal action set
-N_ENVS = 8
+N_ENVS = 8  # the workload of record; --envs changes it (a machine with more cores)
+
+
+class Shape:
+    """Envs, per-worker workers and the CNN's device of a run (``--envs``, ``--workers``,
+    ``--device``): 8 envs, 2 workers, CPU for the workload of record; the same in the
+    parent and every case's interpreter."""
+
+    envs, workers, device = N_ENVS, 2, "cpu"
+
+    @classmethod
+    def per_worker(cls) -> int:
+        return cls.envs // cls.workers
+
+    @classmethod
+    def names(cls) -> dict[str, Any]:
+        """What the cases' labels are formatted with."""
+        return {"envs": cls.envs, "workers": cls.workers, "per_worker": cls.per_worker(),
+                "threads": envpool_threads(), "device": cls.device}
+
+
+def envpool_threads() -> int:
+    """EnvPool's threads: one per core, at most one per env (2 on the 2-core machine)."""
+    return max(1, min(len(os.sched_getaffinity(0)), Shape.envs))
 FRAMES_PER_BATCH = 1024  # CleanRL's ppo_atari: 8 envs x 128 steps
 #: EnvPool's options for gymnasium's preprocessing above: no life loss as episode end, no
 #: reward clipping, no FIRE on reset, v5's sticky actions and episode cap (108k frames).
@@ -97,13 +130,15 @@ def atari_factory() -> Callable[[], Any]:
     return make_atari
 
 
-def make_envpool(num_envs: int = N_ENVS, num_threads: int = 2) -> Any:
-    """EnvPool's Breakout with :data:`ENVPOOL_OPTIONS`."""
+def make_envpool(num_envs: int | None = None, num_threads: int | None = None) -> Any:
+    """EnvPool's Breakout with :data:`ENVPOOL_OPTIONS` (the run's envs, a thread per core)."""
     import envpool
 
+    num_envs = Shape.envs if num_envs is None else num_envs
     return envpool.make("Breakout-v5", env_type="gymnasium", num_envs=num_envs,
-                        batch_size=num_envs, num_threads=num_threads, seed=0,
-                        **ENVPOOL_OPTIONS)
+                        batch_size=num_envs,
+                        num_threads=envpool_threads() if num_threads is None else num_threads,
+                        seed=0, **ENVPOOL_OPTIONS)
 
 
 class NatureCNN(nn.Module):
@@ -176,31 +211,33 @@ class Meter:
 def cleanrl_loop(reset: Callable[[], Any], step: Callable[[Any], tuple[Any, Any, Any, Any]],
                  meter: Meter) -> None:
     """CleanRL's rollout: per step store the observation, act, step, store reward and done."""
-    cnn = make_cnn()
-    steps = meter.frames_per_batch // N_ENVS
-    obs_buf = torch.zeros((steps, N_ENVS, *OBS_SHAPE), dtype=torch.uint8)
-    act_buf = torch.zeros((steps, N_ENVS), dtype=torch.long)
-    rew_buf = torch.zeros((steps, N_ENVS))
-    done_buf = torch.zeros((steps, N_ENVS), dtype=torch.bool)
-    next_obs = torch.from_numpy(np.asarray(reset()))
+    device, n = torch.device(Shape.device), Shape.envs
+    cnn = make_cnn().to(device)
+    steps = meter.frames_per_batch // n
+    # CleanRL keeps its storage on the device the agent is on
+    obs_buf = torch.zeros((steps, n, *OBS_SHAPE), dtype=torch.uint8, device=device)
+    act_buf = torch.zeros((steps, n), dtype=torch.long, device=device)
+    rew_buf = torch.zeros((steps, n), device=device)
+    done_buf = torch.zeros((steps, n), dtype=torch.bool, device=device)
+    next_obs = torch.from_numpy(np.asarray(reset())).to(device)
     with torch.no_grad():
         while True:
             for t in range(steps):
                 obs_buf[t] = next_obs
                 action = cnn(next_obs)
                 act_buf[t] = action
-                obs, reward, terminated, truncated = step(action.numpy())
-                rew_buf[t] = torch.from_numpy(np.asarray(reward))
-                done_buf[t] = torch.from_numpy(np.logical_or(terminated, truncated))
-                next_obs = torch.from_numpy(np.asarray(obs))
-            if meter.batch(steps * N_ENVS):
+                obs, reward, terminated, truncated = step(action.cpu().numpy())
+                rew_buf[t] = torch.from_numpy(np.asarray(reward)).to(device)
+                done_buf[t] = torch.from_numpy(np.logical_or(terminated, truncated)).to(device)
+                next_obs = torch.from_numpy(np.asarray(obs)).to(device)
+            if meter.batch(steps * n):
                 return
 
 
 def run_vector(meter: Meter) -> None:
     import gymnasium as gym
 
-    envs = gym.vector.AsyncVectorEnv([atari_factory()] * N_ENVS, shared_memory=True)
+    envs = gym.vector.AsyncVectorEnv([atari_factory()] * Shape.envs, shared_memory=True)
     try:
         cleanrl_loop(lambda: envs.reset(seed=0)[0], lambda a: envs.step(a)[:4], meter)
     finally:
@@ -227,7 +264,8 @@ def run_pufferlib(meter: Meter) -> None:
     import pufferlib.vector
 
     envs = pufferlib.vector.make(puffer_env, backend=pufferlib.vector.Multiprocessing,
-                                 num_envs=N_ENVS, num_workers=2, batch_size=N_ENVS)
+                                 num_envs=Shape.envs, num_workers=Shape.workers,
+                                 batch_size=Shape.envs)
 
     def step(action: Any) -> tuple[Any, Any, Any, Any]:
         envs.send(action)
@@ -258,10 +296,11 @@ def run_torchrl(meter: Meter) -> None:
     # MultiSyncDataCollector before TorchRL 0.14, MultiSyncCollector since.
     cls = (getattr(torchrl.collectors, "MultiSyncCollector", None)
            or torchrl.collectors.MultiSyncDataCollector)
-    serial = functools.partial(SerialEnv, 4, torchrl_env)
-    collector = cls([serial] * 2, make_policy(),
-                                       frames_per_batch=meter.frames_per_batch, total_frames=-1,
-                                       num_threads=1, num_sub_threads=1)
+    serial = functools.partial(SerialEnv, Shape.per_worker(), torchrl_env)
+    on_device = {} if Shape.device == "cpu" else {"policy_device": Shape.device}
+    collector = cls([serial] * Shape.workers, make_policy(),
+                    frames_per_batch=meter.frames_per_batch, total_frames=-1,
+                    num_threads=1, num_sub_threads=1, **on_device)
     try:
         for batch in collector:
             if meter.batch(batch.numel()):
@@ -279,15 +318,19 @@ def run_asyncrl(meter: Meter, kind: str, compact_obs: bool = False,
     def open_collector() -> Any:
         if kind == "batched":
             # named by import path, from a module without torch: its env workers are then
-            # torch-free (docs/inference.md, memory)
+            # torch-free (docs/inference.md, memory); "worker": a per-worker worker's envs
+            options = {key: Shape.per_worker() if value == "worker" else value
+                       for key, value in (layout or {}).items()}
             return AsyncBatchedCollector("benchmarks.atari_env:make_atari", policy=make_policy(),
-                                         num_envs=N_ENVS,
+                                         num_envs=Shape.envs, device=Shape.device,
                                          frames_per_batch=meter.frames_per_batch,
-                                         num_threads=1, **(layout or {}))
+                                         num_threads=1, **options)
         cls = MultiSyncCollector if kind == "sync" else MultiAsyncCollector
-        return cls(atari_factory(), make_policy(), num_workers=2, envs_per_worker=4,
+        on_device = {} if Shape.device == "cpu" else {"policy_device": Shape.device}
+        return cls(atari_factory(), make_policy(), num_workers=Shape.workers,
+                   envs_per_worker=Shape.per_worker(),
                    frames_per_batch=meter.frames_per_batch, compact_obs=compact_obs,
-                   num_threads=1, num_sub_threads=1)
+                   num_threads=1, num_sub_threads=1, **on_device)
 
     async def main() -> None:
         async with open_collector() as collector:
@@ -308,9 +351,16 @@ def run_batched_without_yield(meter: Meter) -> None:
 
 
 # -- the floor -----------------------------------------------------------------------------------
+def floor_batches() -> list[int]:
+    """The CNN's batch sizes the floor measures: 1, a worker's envs, all envs (1, 4, 8)."""
+    return sorted({1, Shape.per_worker(), Shape.envs})
+
+
 def run_floor(seconds: float) -> dict[str, Any]:
-    """CPU ms per env step (one env, random actions) and per CNN frame at batch 1, 4, 8; then
-    the two in turn in one thread (``interleaved_ms``), as a per-worker worker runs them."""
+    """CPU ms per env step (one env, random actions) and per CNN frame at each of
+    :func:`floor_batches`; then the two in turn in one thread (``interleaved_ms``), as a
+    per-worker worker runs them. With the CNN on a GPU the floor is the env steps alone
+    (the CNN's CPU is its launches, not its work): its CNN times are 0."""
     env = atari_factory()()
     env.reset(seed=0)
     env.action_space.seed(0)
@@ -322,20 +372,23 @@ def run_floor(seconds: float) -> dict[str, Any]:
             env.reset()
     env_ms = (time.process_time() - start) / steps * 1e3
     env.close()
+    sizes = floor_batches()
+    if Shape.device != "cpu":
+        return {"env_ms": env_ms, "cnn_ms": {str(size): 0.0 for size in sizes}}
     cnn, cnn_ms = make_cnn(), {}
     rng = np.random.default_rng(0)
     with torch.no_grad():
-        for size in (1, 4, 8):
+        for size in sizes:
             obs = torch.from_numpy(rng.integers(0, 256, (size, *OBS_SHAPE), np.uint8))
             cnn(obs)  # warm-up
             calls, start = 0, time.process_time()
-            while time.process_time() - start < seconds / 9:
+            while time.process_time() - start < seconds / (3 * len(sizes)):
                 cnn(obs)
                 calls += 1
             cnn_ms[str(size)] = (time.process_time() - start) / (calls * size) * 1e3
     return {"env_ms": env_ms, "cnn_ms": cnn_ms,
             "interleaved_ms": {str(size): run_interleaved(cnn, size, seconds / 6)
-                               for size in (4, 8)}}
+                               for size in sorted({Shape.per_worker(), Shape.envs})}}
 
 
 def run_interleaved(cnn: nn.Module, size: int, seconds: float) -> float:
@@ -358,59 +411,79 @@ def run_interleaved(cnn: nn.Module, size: int, seconds: float) -> float:
     return (time.process_time() - start) / frames * 1e3
 
 
-def floor_fps(floor: dict[str, Any], batch: int, cores: int) -> float:
-    """Frames/s if ``min(cores, 8)`` cores did nothing but step envs and run the CNN at ``batch``.
+def floor_fps(floor: dict[str, Any], batch: int, cores: int, envs: int | None = None) -> float:
+    """Frames/s if ``min(cores, envs)`` cores did nothing but step envs and run the CNN at
+    ``batch`` (``envs``: the run's, 8 unless ``--envs``).
 
     >>> floor_fps({"env_ms": 0.6, "cnn_ms": {"8": 0.4}}, 8, cores=2)
     2000.0
     """
-    return min(cores, N_ENVS) * 1e3 / (floor["env_ms"] + floor["cnn_ms"][str(batch)])
+    envs = Shape.envs if envs is None else envs
+    return min(cores, envs) * 1e3 / (floor["env_ms"] + floor["cnn_ms"][str(batch)])
 
 
 # -- the cases -----------------------------------------------------------------------------------
 class Case:
-    """A case: its label, what must import, its runner, the batch size its CNN runs at."""
+    """A case: its label (formatted with :meth:`Shape.names`), what must import, its runner,
+    the batch its CNN runs at: ``"all"`` envs (one CNN for all) or ``"worker"`` (a worker's)."""
 
     def __init__(self, label: str, needs: tuple[str, ...], run: Callable[[Meter], None],
-                 cnn_batch: int) -> None:
-        self.label, self.needs, self.run, self.cnn_batch = label, needs, run, cnn_batch
+                 cnn_batch: str) -> None:
+        assert cnn_batch in ("all", "worker")
+        self.label, self.needs, self.run, self._cnn_batch = label, needs, run, cnn_batch
+
+    @property
+    def runs_in_turn(self) -> bool:
+        """Whether each worker runs env and CNN in turn in one thread (per-worker inference)."""
+        return self._cnn_batch == "worker"
+
+    @property
+    def cnn_batch(self) -> int:
+        return Shape.envs if self._cnn_batch == "all" else Shape.per_worker()
+
+    def title(self) -> str:
+        return self.label.format(**Shape.names())
 
 
 CASES: dict[str, Case] = {
     "vector": Case("gymnasium AsyncVectorEnv(shared_memory=True), CNN in the main process",
-                   ("gymnasium", *ATARI), run_vector, 8),
-    "envpool": Case("EnvPool sync, num_threads=2, CNN in the main process",
-                    ("envpool",), run_envpool, 8),
-    "pufferlib": Case("PufferLib vector Multiprocessing 2x4, CNN in the main process",
-                      ("pufferlib.vector", "pufferlib.emulation", *ATARI), run_pufferlib, 8),
-    "torchrl": Case("TorchRL MultiSync(Data)Collector, 2 x SerialEnv(4)",
-                    ("torchrl", *ATARI), run_torchrl, 4),
-    "asyncrl-async": Case("asyncrl MultiAsyncCollector 2x4", ATARI,
-                          functools.partial(run_asyncrl, kind="async"), 4),
-    "asyncrl-async-compact": Case("asyncrl MultiAsyncCollector 2x4, compact_obs=True", ATARI,
-                                  functools.partial(run_asyncrl, kind="async",
-                                                    compact_obs=True), 4),
-    "asyncrl-sync": Case("asyncrl MultiSyncCollector 2x4", ATARI,
-                         functools.partial(run_asyncrl, kind="sync"), 4),
-    "asyncrl-batched": Case("asyncrl AsyncBatchedCollector, 8 env workers", ATARI,
-                            functools.partial(run_asyncrl, kind="batched"), 8),
-    # Other layouts of central inference: fewer env processes, each with several envs.
+                   ("gymnasium", *ATARI), run_vector, "all"),
+    "envpool": Case("EnvPool sync, num_threads={threads}, CNN in the main process",
+                    ("envpool",), run_envpool, "all"),
+    "pufferlib": Case("PufferLib vector Multiprocessing {workers}x{per_worker}, CNN in the main "
+                      "process", ("pufferlib.vector", "pufferlib.emulation", *ATARI),
+                      run_pufferlib, "all"),
+    "torchrl": Case("TorchRL MultiSync(Data)Collector, {workers} x SerialEnv({per_worker})",
+                    ("torchrl", *ATARI), run_torchrl, "worker"),
+    "asyncrl-async": Case("asyncrl MultiAsyncCollector {workers}x{per_worker}", ATARI,
+                          functools.partial(run_asyncrl, kind="async"), "worker"),
+    "asyncrl-async-compact": Case(
+        "asyncrl MultiAsyncCollector {workers}x{per_worker}, compact_obs=True", ATARI,
+        functools.partial(run_asyncrl, kind="async", compact_obs=True), "worker"),
+    "asyncrl-sync": Case("asyncrl MultiSyncCollector {workers}x{per_worker}", ATARI,
+                         functools.partial(run_asyncrl, kind="sync"), "worker"),
+    "asyncrl-batched": Case("asyncrl AsyncBatchedCollector, {envs} env workers", ATARI,
+                            functools.partial(run_asyncrl, kind="batched"), "all"),
+    # Other layouts of central inference: fewer env processes, each with several envs. The
+    # names say the 8-env workload's shape; with --envs/--workers they take the run's.
     "asyncrl-batched-2x4": Case(
-        "asyncrl AsyncBatchedCollector, 2 env workers x 4 envs", ATARI,
-        functools.partial(run_asyncrl, kind="batched", layout={"envs_per_worker": 4}), 8),
+        "asyncrl AsyncBatchedCollector, {workers} env workers x {per_worker} envs", ATARI,
+        functools.partial(run_asyncrl, kind="batched", layout={"envs_per_worker": "worker"}),
+        "all"),
     "asyncrl-batched-2x4s2": Case(
-        "asyncrl AsyncBatchedCollector, 2 env workers x 4 envs in 2 splits", ATARI,
-        functools.partial(run_asyncrl, kind="batched",
-                          layout={"envs_per_worker": 4, "worker_num_splits": 2}), 8),
+        "asyncrl AsyncBatchedCollector, {workers} env workers x {per_worker} envs in 2 splits",
+        ATARI, functools.partial(run_asyncrl, kind="batched",
+                                 layout={"envs_per_worker": "worker", "worker_num_splits": 2}),
+        "all"),
     "asyncrl-batched-noyield": Case(
-        "asyncrl AsyncBatchedCollector, 8 env workers, no sched_yield after long calls", ATARI,
-        run_batched_without_yield, 8),
+        "asyncrl AsyncBatchedCollector, {envs} env workers, no sched_yield after long calls",
+        ATARI, run_batched_without_yield, "all"),
     "asyncrl-batched-compact": Case(
-        "asyncrl AsyncBatchedCollector, 8 env workers, compact_obs=True", ATARI,
-        functools.partial(run_asyncrl, kind="batched", layout={"compact_obs": True}), 8),
+        "asyncrl AsyncBatchedCollector, {envs} env workers, compact_obs=True", ATARI,
+        functools.partial(run_asyncrl, kind="batched", layout={"compact_obs": True}), "all"),
     "asyncrl-batched-4x2": Case(
-        "asyncrl AsyncBatchedCollector, 4 env workers x 2 envs", ATARI,
-        functools.partial(run_asyncrl, kind="batched", layout={"envs_per_worker": 2}), 8),
+        "asyncrl AsyncBatchedCollector, {envs} / 2 env workers x 2 envs", ATARI,
+        functools.partial(run_asyncrl, kind="batched", layout={"envs_per_worker": 2}), "all"),
 }
 FLOOR = "floor"
 BASELINES = ("envpool", "vector", "torchrl")
@@ -448,7 +521,8 @@ def run_case(case: str, args: argparse.Namespace) -> dict[str, Any]:
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, env.get("PYTHONPATH")]))
     command = [sys.executable, "-m", "benchmarks.atari", "--child", case, "--seconds",
                str(args.seconds), "--warmup", str(args.warmup), "--frames-per-batch",
-               str(args.frames_per_batch)]
+               str(args.frames_per_batch), "--envs", str(args.envs), "--workers",
+               str(args.workers), "--device", args.device]
     try:
         out = subprocess.run(command, capture_output=True, text=True, env=env, cwd=ROOT,
                              timeout=args.seconds * 4 + 300)
@@ -469,7 +543,8 @@ def _shown(row: dict[str, Any]) -> str:
     if "error" in row:
         return "error"
     if "env_ms" in row:
-        return f"env {row['env_ms']:.3f} ms, CNN@8 {row['cnn_ms']['8']:.3f} ms"
+        largest = max(row["cnn_ms"], key=int)
+        return f"env {row['env_ms']:.3f} ms, CNN@{largest} {row['cnn_ms'][largest]:.3f} ms"
     return f"{row['fps']:,.0f}/s"
 
 
@@ -496,39 +571,52 @@ def environment() -> str:
 def report(cases: list[str], results: dict[str, list[dict[str, Any]]]) -> None:
     """The floor, the table of medians and ratios, what was skipped, the command."""
     cores = len(os.sched_getaffinity(0))
-    floor = None
+    sizes = [str(size) for size in floor_batches()]
+    worker_batch, all_batch = Shape.per_worker(), Shape.envs
+    floor, one_thread = None, None
     floors = [r for r in results.get(FLOOR, []) if "env_ms" in r]
     if floors:
         floor = {"env_ms": statistics.median(r["env_ms"] for r in floors),
-                 "cnn_ms": {b: statistics.median(r["cnn_ms"][b] for r in floors)
-                            for b in ("1", "4", "8")}}
-        cnn = ", ".join(f"{floor['cnn_ms'][b]:.3f} at batch {b}" for b in ("1", "4", "8"))
-        print(f"\nCPU floor (median of {len(floors)}): env step {floor['env_ms']:.3f} ms, "
-              f"CNN {cnn} (ms per frame); 8 envs on {min(cores, N_ENVS)} cores: at most "
-              f"{floor_fps(floor, 8, cores):,.0f} frames/s (CNN at batch 8), "
-              f"{floor_fps(floor, 4, cores):,.0f} (at batch 4)")
+                 "cnn_ms": {b: statistics.median(r["cnn_ms"][b] for r in floors) for b in sizes}}
+        if Shape.device != "cpu":
+            print(f"\nCPU floor (median of {len(floors)}): env step {floor['env_ms']:.3f} ms; "
+                  f"the CNN on {Shape.device}: {Shape.envs} envs on "
+                  f"{min(cores, Shape.envs)} cores give at most "
+                  f"{floor_fps(floor, all_batch, cores):,.0f} frames/s (the env steps alone)")
+        else:
+            cnn = ", ".join(f"{floor['cnn_ms'][b]:.3f} at batch {b}" for b in sizes)
+            print(f"\nCPU floor (median of {len(floors)}): env step {floor['env_ms']:.3f} ms, "
+                  f"CNN {cnn} (ms per frame); {Shape.envs} envs on {min(cores, Shape.envs)} "
+                  f"cores: at most {floor_fps(floor, all_batch, cores):,.0f} frames/s (CNN at "
+                  f"batch {all_batch}), {floor_fps(floor, worker_batch, cores):,.0f} (at batch "
+                  f"{worker_batch})")
         together = [r["interleaved_ms"] for r in floors if "interleaved_ms" in r]
         if together:
-            both = {b: statistics.median(t[b] for t in together) for b in ("4", "8")}
+            both = {b: statistics.median(t[b] for t in together) for b in together[0]}
             print("Env and CNN in turn in one thread (a per-worker worker's way), ms per frame: "
                   + ", ".join(f"{ms:.3f} at batch {b} ("
                               f"{ms / (floor['env_ms'] + floor['cnn_ms'][b]):.2f}x the floor's sum)"
                               for b, ms in both.items()))
+            one_thread = min(cores, Shape.envs) * 1e3 / both[str(worker_batch)]
     done = {c: [r for r in results[c] if "fps" in r] for c in cases if c in CASES}
     fps = {c: statistics.median(r["fps"] for r in rows) for c, rows in done.items() if rows}
     bases = [b for b in BASELINES if b in fps]
-    print("\n| case | frames/s, median (range) | x floor | "
+    print("\n| case | frames/s, median (range) | x floor | x one-thread floor | "
           + "".join(f"x {b} | " for b in bases)
           + "CPU-s per 10k frames | PSS MB, all processes | cold first batch, s |")
-    print("|---|---:|---:|" + "---:|" * len(bases) + "---:|---:|---:|")
+    print("|---|---:|---:|---:|" + "---:|" * len(bases) + "---:|---:|---:|")
     for case, rows in done.items():
         if not rows:
             continue
         of_floor = (f"{fps[case] / floor_fps(floor, CASES[case].cnn_batch, cores):.2f}"
                     if floor else "")
+        # only the cases whose workers run env and CNN in turn in one thread
+        of_one_thread = (f"{fps[case] / one_thread:.2f}"
+                         if one_thread and CASES[case].runs_in_turn else "-")
         ratios = "".join(f"{fps[case] / fps[b]:.2f} | " for b in bases)
-        print(f"| {case}: {CASES[case].label} | {_spread([r['fps'] for r in rows], ',.0f')} "
-              f"| {of_floor} | {ratios}{_spread([r['cpu_per_10k'] for r in rows], '.1f')} | "
+        print(f"| {case}: {CASES[case].title()} | {_spread([r['fps'] for r in rows], ',.0f')} "
+              f"| {of_floor} | {of_one_thread} | {ratios}"
+              f"{_spread([r['cpu_per_10k'] for r in rows], '.1f')} | "
               f"{_spread([r['pss_mb'] for r in rows], '.0f')} | "
               f"{_spread([r['first_batch_s'] for r in rows], '.1f')} |")
     for case, rows in done.items():  # where the memory is: PSS by process, median of the runs
@@ -562,17 +650,40 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=2,
                    help="batches before the timed ones, the first included")
     p.add_argument("--frames-per-batch", type=int, default=FRAMES_PER_BATCH,
-                   help="frames per batch, a multiple of 8 envs x 2 workers")
+                   help="frames per batch, a multiple of envs x workers")
+    p.add_argument("--envs", type=int, default=N_ENVS,
+                   help="envs in every case (8: the workload of record; more for more cores)")
+    p.add_argument("--workers", type=int, default=2,
+                   help="per-worker cases' workers (and PufferLib's, TorchRL's); a divisor "
+                        "of --envs")
+    p.add_argument("--device", default="cpu",
+                   help="where the CNN runs: cpu (of record) or cuda (issue 45 item 6); the "
+                        "floor is then the env steps alone")
     p.add_argument("--json", help="write every run's numbers here")
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.warmup < 1 or args.seconds <= 0 or args.repeats < 1:
         p.error(f"--warmup and --repeats must be >= 1 and --seconds > 0; got {args.warmup}, "
                 f"{args.repeats} and {args.seconds}")
-    if args.frames_per_batch <= 0 or args.frames_per_batch % (2 * N_ENVS):
-        p.error(f"--frames-per-batch must be a positive multiple of {2 * N_ENVS} (8 envs, "
-                f"2 workers), got {args.frames_per_batch}")
+    if args.envs < 1 or args.workers < 1 or args.envs % args.workers:
+        p.error(f"--workers must divide --envs (each worker the same envs); got --envs "
+                f"{args.envs} and --workers {args.workers}")
+    unit = args.envs * args.workers
+    if args.frames_per_batch <= 0 or args.frames_per_batch % unit:
+        p.error(f"--frames-per-batch must be a positive multiple of {unit} ({args.envs} envs "
+                f"x {args.workers} workers), got {args.frames_per_batch}")
+    try:
+        device = torch.device(args.device)
+    except RuntimeError as exc:
+        p.error(f"--device {args.device!r} is not a torch device ({exc}); use cpu or cuda")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        p.error(f"--device {args.device}: this machine has no CUDA device; use cpu")
     return args
+
+
+def configure(args: argparse.Namespace) -> None:
+    """The run's :class:`Shape` from its arguments (in the parent and in each case's child)."""
+    Shape.envs, Shape.workers, Shape.device = args.envs, args.workers, args.device
 
 
 def case_names(text: str) -> Iterator[str]:
@@ -586,8 +697,10 @@ def main(argv: list[str] | None = None) -> int:
         # unpickle make_atari and the CNN as benchmarks.atari's, never as __main__'s.
         from benchmarks import atari
 
+        atari.configure(args)
         atari.run_child(args.child, args)
         return 0
+    configure(args)
     cases = list(case_names(args.cases))
     unknown = [c for c in cases if c != FLOOR and c not in CASES]
     if unknown or not cases:

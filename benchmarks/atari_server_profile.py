@@ -102,11 +102,14 @@ class TimedLoop(inference_loop.InferenceLoop):
 
 
 # -- /proc ---------------------------------------------------------------------------------------
-def thread_sched(pid: int, tid: int) -> tuple[float, float, int, int]:
-    """(on-CPU s, run-queue wait s, voluntary, involuntary context switches) of a thread."""
+def thread_sched(pid: int, tid: int) -> tuple[float, float, int, int, int]:
+    """(on-CPU s, run-queue wait s, voluntary, involuntary context switches, minor page
+    faults) of a thread."""
     try:
         with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
             run_ns, wait_ns, _ = (int(x) for x in f.read().split())
+        with open(f"/proc/{pid}/task/{tid}/stat") as f:
+            minflt = int(f.read().rsplit(")", 1)[1].split()[7])
         voluntary = involuntary = 0
         with open(f"/proc/{pid}/task/{tid}/status") as f:
             for line in f:
@@ -114,12 +117,12 @@ def thread_sched(pid: int, tid: int) -> tuple[float, float, int, int]:
                     voluntary = int(line.split()[1])
                 elif line.startswith("nonvoluntary_ctxt_switches"):
                     involuntary = int(line.split()[1])
-        return run_ns / 1e9, wait_ns / 1e9, voluntary, involuntary
-    except (OSError, ValueError):
-        return 0.0, 0.0, 0, 0
+        return run_ns / 1e9, wait_ns / 1e9, voluntary, involuntary, minflt
+    except (OSError, ValueError, IndexError):
+        return 0.0, 0.0, 0, 0, 0
 
 
-def process_threads(pid: int) -> dict[int, tuple[float, float, int, int]]:
+def process_threads(pid: int) -> dict[int, tuple[float, float, int, int, int]]:
     try:
         tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
     except OSError:
@@ -228,19 +231,20 @@ def report(args: argparse.Namespace, start: Window, end: Window, loop: TimedLoop
     parts = {p: diff(tuple(start.parts[p]), tuple(end.parts[p])) for p in PARTS}
     tid = loop.thread_id
     assert tid is not None
-    serve = diff(start.trainer.get(tid, (0, 0, 0, 0)), end.trainer[tid])
-    others = [diff(start.trainer.get(t, (0.0, 0.0, 0, 0)), v) for t, v in end.trainer.items()
+    serve = diff(start.trainer.get(tid, (0, 0, 0, 0, 0)), end.trainer[tid])
+    others = [diff(start.trainer.get(t, (0.0, 0.0, 0, 0, 0)), v) for t, v in end.trainer.items()
               if t != tid]
     trainer_rest = sum(o[0] for o in others)
+    trainer_faults = sum(o[4] for o in others)
     # Env workers: env counters, stepping threads (the tid the wrapper saw), other threads.
     envs = end.envs[:, :4].sum(0) - start.envs[:, :4].sum(0)
     step_tids = {int(t) for t in end.envs[:, 4]}
-    stepping = [0.0, 0.0, 0.0, 0.0]
+    stepping = [0.0, 0.0, 0.0, 0.0, 0.0]
     worker_other = 0.0
     for pid, threads in end.workers.items():
         before = start.workers.get(pid, {})
         for t, v in threads.items():
-            d = diff(before.get(t, (0.0, 0.0, 0, 0)), v)
+            d = diff(before.get(t, (0.0, 0.0, 0, 0, 0)), v)
             if t in step_tids:
                 stepping = [a + b for a, b in zip(stepping, d, strict=True)]
             else:
@@ -282,7 +286,8 @@ def report(args: argparse.Namespace, start: Window, end: Window, loop: TimedLoop
     print(f"| **server thread** (on a CPU; run-queue wait {serve[1] * us:.1f} µs; "
           f"{serve[2] / calls:.2f} voluntary, {serve[3] / calls:.2f} involuntary switches "
           f"per call) | **{serve[0] * us:.1f}** | {wall * us:.1f} |")
-    print(f"| trainer's other threads (event loop: chunks into batches) | "
+    print(f"| trainer's other threads (event loop: chunks into batches; "
+          f"{trainer_faults / frames:.1f} minor page faults per frame) | "
           f"{trainer_rest * us:.1f} | |")
 
     print(f"\n| env workers ({n_workers}), per frame | CPU µs | wall µs per stepping "
@@ -302,6 +307,8 @@ def report(args: argparse.Namespace, start: Window, end: Window, loop: TimedLoop
           f"{asleep * us / n_workers:.1f} |")
     print(f"| context switches of the stepping threads per frame | "
           f"{stepping[2] / frames:.2f} voluntary, {stepping[3] / frames:.2f} involuntary | |")
+    print(f"| minor page faults per frame: stepping threads / server thread | "
+          f"{stepping[4] / frames:.2f} / {serve[4] / frames:.2f} | |")
 
     total = serve[0] + trainer_rest + stepping[0] + worker_other
     floor_us = floor["env_ms"] * 1e3 + floor["cnn_ms"]["8"] * 1e3

@@ -40,6 +40,7 @@ import json
 import random
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -262,6 +263,53 @@ def worker_obs_rms(collector: BlockingCollector) -> dict[str, np.ndarray]:
             for name in ("mean", "var", "count")}
 
 
+def train_on(args: Any, agent: Any, optimizer: optim.Optimizer, batch: TensorDictBase,
+             iteration: int, num_iterations: int) -> dict[str, float]:
+    """One of CleanRL's iterations on a collected batch: the annealed learning rate, GAE
+    with the bootstrap value, the clipped update; returns the last losses."""
+    if args.anneal_lr:
+        frac = 1.0 - (iteration - 1.0) / num_iterations
+        optimizer.param_groups[0]["lr"] = frac * args.learning_rate
+    r = read_batch(batch)  # CleanRL's storage: obs, actions, logprobs, rewards, ...
+    # bootstrap value if not done
+    with torch.no_grad():
+        next_value = agent.get_value(r["next_obs"]).reshape(-1)
+        advantages = compute_gae(args, r["rewards"], r["values"], r["next_dones"], next_value)
+        returns = advantages + r["values"]
+    # flatten the batch
+    flat = {"obs": r["obs"].flatten(0, 1), "actions": r["actions"].flatten(0, 1),
+            "logprobs": r["logprobs"].reshape(-1), "advantages": advantages.reshape(-1),
+            "returns": returns.reshape(-1), "values": r["values"].reshape(-1)}
+    return ppo_update(args, agent, optimizer, flat)
+
+
+def ended_returns(batch: TensorDictBase) -> torch.Tensor:
+    """CleanRL's ``episodic_return``: the raw return (``RecordEpisodeStatistics``', before
+    reward normalisation or clipping) of the episodes that ended in ``batch``."""
+    ended = batch["next", "done"].reshape(-1)
+    return batch["next", "episode", "r"].reshape(-1)[ended]
+
+
+def report(iteration: int, num_iterations: int, global_step: int, raw: torch.Tensor,
+           losses: dict[str, float], start_time: float) -> None:
+    """CleanRL's line per iteration."""
+    episodic = f"episodic_return={raw.mean().item():.1f} " if raw.numel() else ""
+    print(f"iteration={iteration}/{num_iterations} global_step={global_step} {episodic}"
+          f"value_loss={losses['value_loss']:.3f} "
+          f"SPS={int(global_step / (time.time() - start_time))}", flush=True)
+
+
+def batches(args: Any) -> tuple[int, int]:
+    """Frames per batch (workers x envs x steps) and how many batches the budget holds."""
+    frames_per_batch = args.num_workers * args.num_envs * args.num_steps
+    if args.total_timesteps < frames_per_batch:
+        raise SystemExit(f"--total-timesteps {args.total_timesteps} is less than one batch "
+                         f"({frames_per_batch} frames: --num-workers {args.num_workers} x "
+                         f"--num-envs {args.num_envs} x --num-steps {args.num_steps}): raise it "
+                         "or lower those")
+    return frames_per_batch, args.total_timesteps // frames_per_batch
+
+
 def main(args: Args) -> dict[str, float]:
     random.seed(args.seed)
     np.random.seed(args.seed)
@@ -275,8 +323,7 @@ def main(args: Args) -> dict[str, float]:
                if args.eval_episodes else float("nan")}
 
     # The rollout: CleanRL's `for step in range(num_steps)` loop, in the workers.
-    frames_per_batch = args.num_workers * args.num_envs * args.num_steps
-    num_iterations = args.total_timesteps // frames_per_batch
+    frames_per_batch, num_iterations = batches(args)
     collector = BlockingCollector(MultiSyncCollector(
         functools.partial(make_envs, args.env_id, args.num_envs, args.gamma), agent,
         num_workers=args.num_workers, frames_per_batch=frames_per_batch,
@@ -288,33 +335,11 @@ def main(args: Args) -> dict[str, float]:
 
     global_step, start_time = 0, time.time()
     for iteration, batch in enumerate(collector, start=1):
-        if args.anneal_lr:
-            frac = 1.0 - (iteration - 1.0) / num_iterations
-            optimizer.param_groups[0]["lr"] = frac * args.learning_rate
         global_step += batch.numel()
-
-        r = read_batch(batch)  # CleanRL's storage: obs, actions, logprobs, rewards, ...
-        # bootstrap value if not done
-        with torch.no_grad():
-            next_value = agent.get_value(r["next_obs"]).reshape(-1)
-            advantages = compute_gae(args, r["rewards"], r["values"], r["next_dones"], next_value)
-            returns = advantages + r["values"]
-
-        # flatten the batch
-        flat = {"obs": r["obs"].flatten(0, 1), "actions": r["actions"].flatten(0, 1),
-                "logprobs": r["logprobs"].reshape(-1), "advantages": advantages.reshape(-1),
-                "returns": returns.reshape(-1), "values": r["values"].reshape(-1)}
-        losses = ppo_update(args, agent, optimizer, flat)
+        losses = train_on(args, agent, optimizer, batch, iteration, num_iterations)
         collector.update_policy_weights_()  # the next batch is collected with these weights
-
-        # CleanRL's `episodic_return`: the raw return (before NormalizeReward) of the
-        # episodes that ended in this batch, from the terminal steps' info.
-        ended = batch["next", "done"].reshape(-1)
-        raw = batch["next", "episode", "r"].reshape(-1)[ended]
-        episodic = f"episodic_return={raw.mean().item():.1f} " if raw.numel() else ""
-        print(f"iteration={iteration}/{num_iterations} global_step={global_step} {episodic}"
-              f"value_loss={losses['value_loss']:.3f} "
-              f"SPS={int(global_step / (time.time() - start_time))}", flush=True)
+        report(iteration, num_iterations, global_step, ended_returns(batch), losses,
+               start_time)
     obs_rms = worker_obs_rms(collector)
     collector.shutdown()
 
@@ -328,17 +353,18 @@ def main(args: Args) -> dict[str, float]:
     return results
 
 
-def parse_args() -> Args:
-    """CleanRL's ``tyro.cli(Args)``, with argparse: ``--total-timesteps 200000``."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    for field in dataclasses.fields(Args):
+def parse_args(fields: type[Any] = Args, description: str = __doc__) -> Any:
+    """CleanRL's ``tyro.cli(Args)``, with argparse: ``--total-timesteps 200000`` (``fields``:
+    another example's ``Args`` dataclass, as ``cleanrl_ppo_atari.py`` passes its own)."""
+    parser = argparse.ArgumentParser(description=description.splitlines()[0])
+    for field in dataclasses.fields(fields):
         flag = "--" + field.name.replace("_", "-")
         if field.type == "bool":
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=field.default)
         else:
             kind = {"int": int, "float": float, "str": str}[str(field.type)]
             parser.add_argument(flag, type=kind, default=field.default)
-    return Args(**vars(parser.parse_args()))
+    return fields(**vars(parser.parse_args()))
 
 
 if __name__ == "__main__":

@@ -7,7 +7,14 @@
 #   bash scripts/gpu_check.sh tests        # the CUDA tests only
 #   bash scripts/gpu_check.sh weights      # benchmarks.weights_cuda
 #   bash scripts/gpu_check.sh inference_gpu   # benchmarks.inference_gpu (central on the GPU)
+#   bash scripts/gpu_check.sh atari        # benchmarks.atari, the CNN on the GPU (issue 45 item 6)
 #   bash scripts/gpu_check.sh tests weights   # several, in order
+#
+# atari needs ale-py, gymnasium and opencv-python-headless on the machine (each case that
+# cannot import its packages is skipped with the reason): their cp312 wheels are 3 MB,
+# 0.5 MB and 64 MB, and EnvPool's 64 MB, so with the 64 MiB a call may carry, bring
+# opencv's or EnvPool's wheel, not both, unless the machine has them. ATARI_ARGS picks
+# the shape (default: 32 envs, 16 per-worker workers, a case each).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-out}
@@ -61,6 +68,13 @@ if [ "$what" = inference_gpu ]; then
         | tee "$OUT/inference.md"
     status=$((status | $?))
     tail -20 "$OUT/inference.err"
+fi
+if [ "$what" = atari ]; then
+    timeout 560 python3 -m benchmarks.atari --device cuda ${ATARI_ARGS:---envs 32 --workers 16 \
+        --repeats 1 --seconds 15 --cases floor,envpool,asyncrl-async,asyncrl-batched,asyncrl-batched-2x4s2} \
+        2>"$OUT/atari.err" | tee "$OUT/atari.md"
+    status=$((status | $?))
+    tail -20 "$OUT/atari.err"
 fi
 done
 exit $status

@@ -70,13 +70,15 @@ class ChunkWriter:
 
     ``buffers`` are the worker's chunk buffers (``[E, C, *shape]`` per path, the
     ring's layout and order: numpy arrays, or tensors numpy can view); the copies
-    are made once, here.
+    are made once, here. Or a chunk is recorded in its slot itself (no copy):
+    :meth:`begin_in_place` once the slot is free, :meth:`end_in_place` when written.
     """
 
     def __init__(self, names: tuple[str, str], buffers: Mapping[Path, Any]) -> None:
         self.block = SharedArrayBlock.attach(names[0])
         self.taken_block = SharedArrayBlock.attach(names[1])
         try:
+            self._paths = list(buffers)
             sources = [array_of(t) for t in buffers.values()]
             self._slots = [SlotArrays(self.block, k) for k in range(int(self.block.slots))]
             self._copies: list[list[Copy]] = [s.copies_from(sources) for s in self._slots]
@@ -90,6 +92,7 @@ class ChunkWriter:
             raise
         #: Chunks published so far.
         self.published = 0
+        self._open: tuple[int, int] | None = None  # (slot, seq) of a chunk written in place
 
     def has_room(self) -> bool:
         """Whether the next chunk has a free slot (the trainer took the one it replaces)."""
@@ -100,6 +103,31 @@ class ChunkWriter:
         number = self.published + 1
         k = (number - 1) % len(self._slots)
         self._slots[k].publish(self._copies[k], version=number)
+        self.published = number
+        return number
+
+    def slot_buffers(self) -> list[dict[Path, Any]]:
+        """Each slot's arrays by path (the buffers' paths and order): where a chunk is
+        recorded in place. Drop them before :meth:`close`."""
+        return [dict(zip(self._paths, slot.arrays, strict=True)) for slot in self._slots]
+
+    def begin_in_place(self) -> int:
+        """Open the next chunk's slot for writing in place, if the trainer took the chunk
+        it held: that slot (then :meth:`end_in_place`); -1: not free yet (record the
+        chunk in the buffers, then :meth:`publish`). A slot open for writing is read by
+        nobody: the reader wants the next chunk's number there, stored at the end."""
+        if not self.has_room():
+            return -1
+        k = self.published % len(self._slots)
+        self._open = (k, self._slots[k].begin())
+        return k
+
+    def end_in_place(self) -> int:
+        """Publish the chunk written in the slot :meth:`begin_in_place` opened; its number."""
+        assert self._open is not None, "end_in_place without begin_in_place"
+        (k, seq), self._open = self._open, None
+        number = self.published + 1
+        self._slots[k].end(seq, version=number)
         self.published = number
         return number
 

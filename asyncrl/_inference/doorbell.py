@@ -145,11 +145,12 @@ def spin_then_block(ready: Callable[[], bool], bell: EventFd, *, spin: float,
     """
     if ready():
         return True
-    clock = time.perf_counter
-    end = clock() + spin
-    while clock() < end:
-        if ready():
-            return True
+    if spin > 0:
+        clock = time.perf_counter
+        end = clock() + spin
+        while clock() < end:
+            if ready():
+                return True
     while True:
         if stopped():
             return False

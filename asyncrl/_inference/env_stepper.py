@@ -37,7 +37,7 @@ import sys
 import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -165,6 +165,17 @@ def build_pool(factories: Sequence[Any], kwargs: Mapping[str, Any]) -> EnvPool:
     return GymEnvListPool(envs)
 
 
+class _Views(NamedTuple):
+    """A split's rows of one chunk target (the worker's buffers, or a ring slot): what
+    :meth:`_Split.step` copies where (``(dst, src)``), and the two stamped columns."""
+
+    pre: list[tuple[np.ndarray, np.ndarray]]  # observations, before the step
+    post: list[tuple[np.ndarray, np.ndarray]]  # next observations, reward, flags, infos
+    outputs: list[tuple[Any, Any]]  # (chunk buffer, the answer's array)
+    version: np.ndarray
+    traj: np.ndarray
+
+
 class _Split:
     """A split of a worker's envs: its pool, its rows of the chunk buffers, its answer.
 
@@ -177,12 +188,15 @@ class _Split:
         self.rows = slice(first, first + pool.num_envs)
         self.traj_ids = traj_ids  # the worker's: a split renews its own rows
         self.traj_now = traj_ids.current[self.rows]  # a view: renew writes in place
-        self.pre: list[tuple[np.ndarray, np.ndarray]] = []
-        self.post: list[tuple[np.ndarray, np.ndarray]] = []
-        self.outputs: list[tuple[Any, Any]] = []  # (chunk buffer, the answer's array)
+        self.infos: list[tuple[Path, np.ndarray]] = []  # its pool's info columns
+        self.answers: list[Any] = []  # the answer's arrays, in the outputs' order
         self.act_np: Any = None
         self.done = np.zeros(pool.num_envs, dtype=bool)
-        # Set by EnvStepper._allocate: its rows of these chunk buffers.
+        # Its rows of each chunk target (EnvStepper._bind), and those it records into now.
+        self.views: list[_Views] = []
+        self.pre: list[tuple[np.ndarray, np.ndarray]] = []
+        self.post: list[tuple[np.ndarray, np.ndarray]] = []
+        self.outputs: list[tuple[Any, Any]] = []
         self.version: np.ndarray = np.empty(0)
         self.traj: np.ndarray = np.empty(0)
         # A local worker's block slots (EnvStepper._local_views) and its answer's count.
@@ -190,6 +204,10 @@ class _Split:
         self.act_slot: SlotArrays | None = None
         self.answer_word: Any = None
         self.expected = 0
+
+    def use(self, target: int) -> None:
+        """Record into chunk target ``target`` from the next step on (once per chunk)."""
+        self.pre, self.post, self.outputs, self.version, self.traj = self.views[target]
 
     def answered(self) -> bool:
         return bool(self.answer_word[0] >= self.expected)
@@ -294,37 +312,65 @@ class EnvStepper:
         self.layout = layout
         # The chunk buffers, in the layout's order (a local worker's ring has the same).
         data = self._data = chunk_arrays(layout, rows=n, steps=t)
-        self._next_done = data[("next", "done")][..., 0]
         data[("collector", "worker_id")].fill(c.slot)
         self._traj_ids = TrajectoryIds(n, tag=c.slot if c.traj_tag is None else c.traj_tag)
+        self._output_paths = [path for path, _ in outputs]
         # Each split records into its own rows of the buffers (numpy views: no copy).
         self._splits: list[_Split] = []
         first = 0
         for p in self.pools:
             split = _Split(p, first, self._traj_ids)
-            rows = split.rows
-            for path, src in zip(c.obs_paths, p.obs_arrays, strict=True):
-                split.pre.append((data[tuple(path)][rows], src))
-                if c.next_observations:
-                    split.post.append((data[("next", *path)][rows], src))
-            split.post += [(data[("next", "reward")][rows, ..., 0], p.reward),
-                           (data[("next", "terminated")][rows, ..., 0], p.terminated),
-                           (data[("next", "truncated")][rows, ..., 0], p.truncated)]
             if c.info_columns:  # the pool reads them at each step, before the copies
                 reader = attach_columns(p, c.info_columns)
-                split.post += [(data[("next", *path)][rows], arr)
-                               for path, arr in zip(reader.paths, reader.arrays, strict=True)]
-            split.outputs = [(data[path][rows], self.act_dst[key]) for path, key in outputs]
+                split.infos = list(zip(reader.paths, reader.arrays, strict=True))
+            split.answers = [self.act_dst[key] for key in self._output_keys]
             split.act_np = self.act_np
-            split.version = data[("collector", "policy_version")][rows]
-            split.traj = data[("collector", "traj_ids")][rows]
             self._splits.append(split)
             first += p.num_envs
+        # Where chunks are recorded: these buffers (a local worker adds its ring's slots
+        # before them: run_local), and the one recorded into now.
+        self._bind([data])
         self._idx = [(slice(None), i) for i in range(t)]
         self._t = 0  # the step's column in the chunk
         self._stopping = False
         self._finished = threading.Event()
         self._writer: ChunkWriter | None = None  # a local worker's (run_local)
+
+    def _bind(self, targets: list[dict[Path, np.ndarray]]) -> None:
+        """Point each split at its rows of every chunk target (made once), and record into
+        the last one. Every entry of a chunk is written at each step, but the constant
+        ``("collector", "worker_id")`` and the root flags (always False: ended episodes are
+        reset in place), which a target holds from the start."""
+        c = self.config
+        self._targets = targets
+        self._dones: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = [
+            (t[("next", "terminated")][..., 0], t[("next", "truncated")][..., 0],
+             t[("next", "done")][..., 0]) for t in targets]
+        for split in self._splits:
+            pool, rows = split.pool, split.rows
+            split.views = []
+            for data in targets:
+                pre: list[tuple[np.ndarray, np.ndarray]] = []
+                post: list[tuple[np.ndarray, np.ndarray]] = []
+                for path, src in zip(c.obs_paths, pool.obs_arrays, strict=True):
+                    pre.append((data[tuple(path)][rows], src))
+                    if c.next_observations:
+                        post.append((data[("next", *path)][rows], src))
+                post += [(data[("next", "reward")][rows, ..., 0], pool.reward),
+                         (data[("next", "terminated")][rows, ..., 0], pool.terminated),
+                         (data[("next", "truncated")][rows, ..., 0], pool.truncated)]
+                post += [(data[("next", *path)][rows], arr) for path, arr in split.infos]
+                outputs = [(data[path][rows], answer) for path, answer in zip(
+                    self._output_paths, split.answers, strict=True)]
+                split.views.append(_Views(pre, post, outputs,
+                                          data[("collector", "policy_version")][rows],
+                                          data[("collector", "traj_ids")][rows]))
+        self._use(len(targets) - 1)
+
+    def _use(self, target: int) -> None:
+        self._target = target
+        for split in self._splits:
+            split.use(target)
 
     async def run(self, link: Link, *, recv: Callable[[], Awaitable[Message]] | None = None,
                   step: Callable[[int], Awaitable[bool]] | None = None) -> None:
@@ -360,7 +406,10 @@ class EnvStepper:
     def run_local(self) -> None:
         """Step a local worker, in a thread, until :meth:`stop` (doorbells, no messages).
 
-        Each finished chunk goes into the worker's chunk ring (:meth:`_hand_over`).
+        Each finished chunk goes into the worker's chunk ring (:meth:`_hand_over`). A
+        chunk is recorded straight into the ring slot it goes to when the trainer has
+        freed that slot as the chunk starts (the hand-over then copies nothing); else
+        into the worker's own buffers, copied into the slot once it is free.
         """
         c = self.config
         request, answer = c.request_bell, c.answer_bell
@@ -369,29 +418,36 @@ class EnvStepper:
         if c.chunk_ring is None or c.chunk_bell is None or c.room_bell is None:
             raise ValueError("a local env worker needs its chunk ring and bells (chunk_ring, "
                              "chunk_bell, room_bell)")
-        self._writer = ChunkWriter(c.chunk_ring, self._data)
+        self._writer = writer = ChunkWriter(c.chunk_ring, self._data)
         splits = self._local_views()
-        asks = [(split, split.obs_slot.copies_from(split.pool.obs_arrays))  # type: ignore[union-attr]
-                for split in splits]
+        slots = writer.slot_buffers()
+        for target in slots:  # (the worker's own buffers have it: _allocate)
+            target[("collector", "worker_id")].fill(c.slot)
+        self._bind([*slots, self._data])
+        # (bound once: a step allocates nothing)
+        asks = [(split, split.obs_slot.copies_from(split.pool.obs_arrays),  # type: ignore[union-attr]
+                 split.answered, split.step) for split in splits]
+        ask = self._ask
         ring, stopped, spin = request.ring, self._is_stopping, c.spin
         idx, full = self._idx, c.chunk_steps
         one_torch_thread()  # as the process's main thread (OpenMP counts are per thread)
         no_wakeup_preemption()  # the loop rings all the workers it answered, then they run
         step = 0
+        self._start_chunk()
         try:
-            for split, copies in asks:  # every split asks: the loop serves one, the next...
-                self._ask(split, copies, step)
+            for split, copies, _, _ in asks:  # every split asks: the loop serves one, the next...
+                ask(split, copies, step)
                 ring()
             while not self._stopping:
                 i = idx[self._t]
-                for split, copies in asks:
-                    if not spin_then_block(split.answered, answer, spin=spin, stopped=stopped):
+                for split, copies, answered, step_split in asks:
+                    if not spin_then_block(answered, answer, spin=spin, stopped=stopped):
                         return
                     # The answer is read in place (step copies it into the chunk and hands
                     # the action to the envs): the loop writes it again only after this
                     # split's next request, made at once.
-                    split.step(i, split.answer_word[1])
-                    self._ask(split, copies, step + 1)
+                    step_split(i, split.answer_word[1])
+                    ask(split, copies, step + 1)
                     ring()
                 step += 1
                 self._t += 1
@@ -400,17 +456,28 @@ class EnvStepper:
                     self._finish_chunk()
                     if not self._hand_over():
                         return
+                    self._start_chunk()
         finally:
             self._finished.set()
+
+    def _start_chunk(self) -> None:
+        """Record the next chunk into its ring slot if the trainer has freed it, else into
+        the worker's own buffers (the last target)."""
+        assert self._writer is not None
+        slot = self._writer.begin_in_place()
+        self._use(len(self._targets) - 1 if slot < 0 else slot)
 
     def _hand_over(self) -> bool:
         """The finished chunk into the ring, once a slot is free; False: stopped meanwhile."""
         c, writer = self.config, self._writer
         assert writer is not None and c.room_bell is not None and c.chunk_bell is not None
-        if not writer.has_room() and not spin_then_block(
-                writer.has_room, c.room_bell, spin=0.0, stopped=self._is_stopping):
-            return False
-        writer.publish()
+        if self._target < len(self._targets) - 1:  # recorded in its slot: publish it
+            writer.end_in_place()
+        else:
+            if not writer.has_room() and not spin_then_block(
+                    writer.has_room, c.room_bell, spin=0.0, stopped=self._is_stopping):
+                return False
+            writer.publish()
         c.chunk_bell.ring()
         return True
 
@@ -431,8 +498,7 @@ class EnvStepper:
             split.obs_slot = SlotArrays(self.obs_block, k)
             split.act_slot = act = SlotArrays(self.act_block, k)
             answers = dict(zip(act.keys, act.arrays, strict=True))
-            split.outputs = [(out, answers[key]) for (out, _), key in zip(
-                split.outputs, self._output_keys, strict=True)]
+            split.answers = [answers[key] for key in self._output_keys]
             split.act_np = answers["action"]
             split.answer_word = act.word
             split.expected = int(act.word[0])
@@ -463,9 +529,8 @@ class EnvStepper:
         return True
 
     def _finish_chunk(self) -> None:
-        data = self._data
-        np.logical_or(data["next", "terminated"][..., 0], data["next", "truncated"][..., 0],
-                      out=self._next_done)
+        terminated, truncated, done = self._dones[self._target]
+        np.logical_or(terminated, truncated, out=done)
 
     def request_body(self) -> Any:
         """What an ``obs`` message carries: nothing, the observations are in shared memory."""
@@ -483,8 +548,11 @@ class EnvStepper:
         for pool in self.pools:
             pool.close()
         # The step's views of the blocks' memory go first: a closed block is then unmapped.
+        self._targets, self._dones = [], []
         for split in self._splits:
-            split.outputs, split.act_np, split.answer_word = [], None, None
+            split.views, split.pre, split.post, split.outputs = [], [], [], []
+            split.answers, split.act_np, split.answer_word = [], None, None
+            split.version = split.traj = np.empty(0)
             for slot in (split.obs_slot, split.act_slot):
                 if slot is not None:
                     slot.release()

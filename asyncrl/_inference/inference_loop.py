@@ -127,6 +127,7 @@ class InferenceLoop:
         self._submitted: collections.deque[int] = collections.deque()  # remote requests
         self._remote_answers: collections.deque[tuple[int, int]] = collections.deque()
         self._remote_bell = EventFd()
+        self._rung: dict[int, int] = {}  # per local worker: the call its bell was last rung for
         self._lock = threading.Lock()  # the version lock: held for a whole call
         self._room = threading.Event()
         self._room.set()
@@ -202,10 +203,11 @@ class InferenceLoop:
 
     def _scan(self) -> bool:
         """Queue every request made since the last scan; whether any request is pending."""
+        pending = self._pending
         if self._in_splits:
             self._scan_in_order()
         else:
-            taken, pending = self._taken, self._pending
+            taken = self._taken
             for n, word, rows in self._local:
                 seq = word[0]
                 if seq != taken[n] and not seq & 1:  # odd: the worker is still writing
@@ -326,12 +328,17 @@ class InferenceLoop:
                 os.sched_yield()
 
     def _answer(self, lanes: list[int], version: int) -> None:
-        bells, remote = self.answer_bells, False
+        bells, remote, rung = self.answer_bells, False, self._rung
+        call = self._calls
         for n in lanes:
             slot = n >> SPLIT_BITS
             bell = bells.get(slot)
             if bell is not None:
-                bell.ring()  # a worker's splits share its bell: each checks its own answer
+                # A worker's splits share its bell, each checks its own answer: one ring per
+                # worker and call (a second would only wake it again for nothing).
+                if rung.get(slot) != call:
+                    rung[slot] = call
+                    bell.ring()
             else:
                 self._remote_answers.append((slot, version))
                 remote = True

@@ -9,18 +9,12 @@ return is measured here, through the same wrappers and seeds.
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
-from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
 
 from examples.cleanrl_ppo import make_envs
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.asyncrl.example_runs import run_script
 
 LIMIT = 420  # a bound, not a speed claim: ~3 min on 2 cores shared with other work
 SEED = 1
@@ -55,20 +49,9 @@ def random_policy_return(episodes: int = 10) -> float:
 
 
 def test_the_cleanrl_example_learns_pendulum() -> None:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
-    process = subprocess.Popen([sys.executable, "examples/cleanrl_ppo.py", *BUDGET, "--json"],
-                               cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        out, err = process.communicate(timeout=LIMIT)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        out, err = process.communicate()
-        raise AssertionError(f"the example did not finish within {LIMIT} s:\n{out[-2000:]}"
-                             ) from None
-    assert process.returncode == 0, err[-3000:]
-    lines = out.splitlines()
+    done = run_script("examples/cleanrl_ppo.py", *BUDGET, "--json", limit=LIMIT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
     result = json.loads(lines[-1])
     assert result["frames"] == 61440
     assert lines[0].startswith("iteration=1/60 global_step=1024 ")

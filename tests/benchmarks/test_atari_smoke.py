@@ -44,3 +44,36 @@ def test_asyncrl_and_asyncvectorenv_report_frames_cpu_memory_and_first_batch(tmp
         # the main process and its env workers (8 for vector, 2 + fork server for asyncrl)
         assert run["processes"] >= 3 and run["pss_mb"] > 0
         assert 0 < run["first_batch_s"] < 600
+
+
+@pytest.mark.parametrize(("argv", "says"), [
+    (["--envs", "8", "--workers", "3"], "--workers must divide --envs"),
+    (["--envs", "16", "--workers", "4", "--frames-per-batch", "1000"],
+     "--frames-per-batch must be a positive multiple of 64 (16 envs x 4 workers), got 1000"),
+    (["--device", "gpu0"], "--device 'gpu0' is not a torch device"),
+])
+def test_a_shape_the_cases_cannot_run_is_refused_before_any_case(argv, says, capsys) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        atari.main(["--cases", "floor", *argv])
+    assert exit_.value.code == 2
+    assert says in capsys.readouterr().err
+
+
+def test_cuda_on_a_machine_without_it_is_refused_naming_cpu(capsys, monkeypatch) -> None:
+    monkeypatch.setattr(atari.torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit):
+        atari.main(["--cases", "floor", "--device", "cuda"])
+    assert "--device cuda: this machine has no CUDA device; use cpu" in capsys.readouterr().err
+
+
+def test_the_labels_and_batches_follow_the_runs_shape(monkeypatch) -> None:
+    monkeypatch.setattr(atari.Shape, "envs", 32)
+    monkeypatch.setattr(atari.Shape, "workers", 16)
+    assert atari.CASES["asyncrl-sync"].title() == "asyncrl MultiSyncCollector 16x2"
+    assert atari.CASES["asyncrl-sync"].cnn_batch == 2
+    assert atari.CASES["asyncrl-batched"].cnn_batch == 32
+    assert atari.CASES["asyncrl-batched-2x4s2"].title() == (
+        "asyncrl AsyncBatchedCollector, 16 env workers x 2 envs in 2 splits")
+    assert atari.floor_batches() == [1, 2, 32]
+    assert atari.floor_fps({"env_ms": 0.5, "cnn_ms": {"32": 0.0}}, 32, cores=16) == (
+        pytest.approx(32000.0))  # the CNN on a GPU: 16 cores of env steps

@@ -276,11 +276,12 @@ def auto_layout(num_envs: int, cores: int) -> tuple[int, int]:
 
     One env worker per core at most, each stepping its envs in two splits when it has
     an even number (one split steps while the policy serves the other); one env per
-    worker while the cores suffice. For a run short of memory or CPU: measured on real
-    Atari, 8 envs on 2 cores (docs/benchmarks.md, "central inference per frame"), 2
-    workers of 4 envs spent up to 17 % less CPU per frame than 8 single-env workers (a
-    wakeup per frame fewer) and held 90-180 MB less, but gave fewer frames/s on that
-    shared machine: the collector's default stays one env per worker.
+    worker while the cores suffice. Measured on real Atari, 8 envs on 2 cores
+    (docs/benchmarks.md, "Pixels: real Atari"): 2 workers of 4 envs in 2 splits gave 11 %
+    more frames/s than 8 single-env workers on a quiet machine and 14 % more beside two
+    busy processes, with less CPU per frame (a wakeup per frame fewer) and memory. The
+    collector's default stays one env per worker, TorchRL's layout, the same on every
+    machine.
 
     >>> auto_layout(8, cores=2), auto_layout(8, cores=16), auto_layout(6, cores=4)
     ((4, 2), (1, 1), (2, 2))

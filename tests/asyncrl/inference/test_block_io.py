@@ -9,6 +9,7 @@ the call's version, whatever the order of the requests in the batch, on both pat
 from __future__ import annotations
 
 import contextlib
+import os
 
 import pytest
 import torch
@@ -156,3 +157,37 @@ def test_policies_the_tensor_path_cannot_serve_keep_the_tensordict_path() -> Non
     assert PolicyAdapter(TensorDictModule(nn.Linear(3, 1), in_keys=["other"],
                                           out_keys=["action"])).tensor_call() is None
     assert PolicyAdapter(lambda td: td).tensor_call() is None  # a td -> td callable
+
+
+def test_a_worker_answered_for_several_splits_in_one_call_is_rung_once() -> None:
+    adapter = PolicyAdapter(_policy(), observation_keys=["observation"])
+    outputs = discover_outputs(adapter, {OBS: torch.zeros(1, 3)}, (torch.float32, (1,)))
+    obs = {OBS: torch.zeros(1, 3)}
+    # a local worker of 4 envs in 2 splits; slot 1 plays a remote worker (through submit())
+    blocks = {**make_blocks([4], obs, outputs, splits=2), 1: make_blocks([2], obs, outputs)[0]}
+    bells = {0: EventFd()}
+    loop = InferenceLoop(adapter, blocks, obs_paths=[OBS], outputs=outputs, device=None,
+                         max_batch_size=8, min_batch_size=1, server_timeout=0.01,
+                         answer_bells=bells)
+    requests = [SlotArrays(blocks[0].obs, k) for k in range(2)]
+    try:
+        for step, request in enumerate(requests):
+            request.publish(request.copies_from([torch.ones(2, 3).numpy()]), version=step)
+        loop.submit(1)
+        # one scan queues the local worker's splits oldest first, then the remote request
+        assert loop._scan() and list(loop._pending) == [lane(0, 0), lane(0, 1), lane(1)]
+        lanes = loop._next_requests()
+        assert lanes == [lane(0, 0), lane(0, 1), lane(1)]
+        with torch.no_grad():
+            assert loop._serve(lanes, 3) == 6
+        loop._calls += 1
+        loop._answer(lanes, 3)
+        assert os.eventfd_read(bells[0].fd) == 1  # each split checks its own answer
+        assert [blocks[0].act.read(k)[0] for k in range(2)] == [3, 3]
+    finally:
+        for request in requests:
+            request.release()
+        loop.close()
+        for b in blocks.values():
+            b.close()
+        bells[0].close()
