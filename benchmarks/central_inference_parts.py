@@ -152,7 +152,8 @@ def stepper_part(args: argparse.Namespace) -> dict[str, float]:
     envs, splits, steps = args.envs_per_worker, args.splits, args.chunk_steps
     channels = LocalChannels()
     channels.make([envs], {OBS: torch.zeros((1, *OBS_SHAPE), dtype=torch.uint8)}, OUTPUTS,
-                  splits=splits, chunk_steps=steps, capacity=args.capacity, flat=True)
+                  splits=splits, chunk_steps=steps, frames_per_batch=args.frames_per_batch,
+                  flat=True)
     blocks = channels.blocks[0]
     words = [blocks.act.control(k) for k in range(splits)]
     taken = channels.rings[0].taken_block.slot_views(0)["taken"].numpy()
@@ -273,7 +274,7 @@ def intake_part(args: argparse.Namespace) -> dict[str, float]:
     obs = {OBS: torch.zeros((1, *OBS_SHAPE), dtype=torch.uint8)}
     channels = LocalChannels()
     channels.make([envs] * workers, obs, OUTPUTS, splits=1, chunk_steps=steps,
-                  capacity=args.capacity, flat=True)
+                  frames_per_batch=args.frames_per_batch, flat=True)
     layout = chunk_layout([(OBS, np.dtype(np.uint8), OBS_SHAPE)],
                           OutputLayout(action=(np.dtype(np.int64), ())),  # type: ignore[arg-type]
                           dtype_of=np.dtype)

@@ -55,7 +55,7 @@ def _take(reader, bell: EventFd, deadline: float):
 def test_chunks_go_in_place_while_slots_are_free_and_whole_through_the_worker_when_not() -> None:
     channels = LocalChannels()
     channels.make([2], {("observation",): torch.zeros(1, 2)}, OutputLayout(
-        action=(torch.int64, ())), splits=1, chunk_steps=STEPS, capacity=16, flat=False)
+        action=(torch.int64, ())), splits=1, chunk_steps=STEPS, frames_per_batch=8, flat=False)
     ring, reader, blocks = channels.rings[0], channels.readers[0], channels.blocks[0]
     assert ring.slots == 2
     word = blocks.act.control(0)
