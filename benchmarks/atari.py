@@ -37,7 +37,8 @@ alike). A case is skipped, with the reason printed, when what it needs does not 
   (``envs_per_worker=4``, without / with ``worker_num_splits=2``; ``envs_per_worker=2``);
   ``asyncrl-batched-noyield``: the inference loop without its ``sched_yield()`` after calls
   longer than ``YIELD_AFTER``; ``asyncrl-batched-compact``: 8 env workers,
-  ``compact_obs=True`` (chunks, rings and batches without ``("next", "observation")``).
+  ``compact_obs=True`` (chunks, rings and batches without ``("next", "observation")``);
+  ``asyncrl-batched-2x4s2-compact``: both, the layout with the least memory.
 
 For a bigger machine (issue 45 item 6): ``--envs N --workers W`` runs every case with N
 envs, the per-worker cases (and PufferLib's, TorchRL's) with W workers of N/W envs, the
@@ -475,6 +476,12 @@ CASES: dict[str, Case] = {
         ATARI, functools.partial(run_asyncrl, kind="batched",
                                  layout={"envs_per_worker": "worker", "worker_num_splits": 2}),
         "all"),
+    "asyncrl-batched-2x4s2-compact": Case(
+        "asyncrl AsyncBatchedCollector, {workers} env workers x {per_worker} envs in 2 splits, "
+        "compact_obs=True", ATARI,
+        functools.partial(run_asyncrl, kind="batched",
+                          layout={"envs_per_worker": "worker", "worker_num_splits": 2,
+                                  "compact_obs": True}), "all"),
     "asyncrl-batched-noyield": Case(
         "asyncrl AsyncBatchedCollector, {envs} env workers, no sched_yield after long calls",
         ATARI, run_batched_without_yield, "all"),
