@@ -53,14 +53,19 @@ def _serving(policy, rows, *, device_batch: bool):
     try:
         yield loop, blocks, requests
     finally:
-        for request in requests:
-            request.release()
-        loop.close()
-        for b in blocks.values():
-            b.close()
-        for bell in bells.values():
-            bell.close()
+        close_all(requests, loop, blocks, bells.values())
 
+
+
+def close_all(requests: list, loop: InferenceLoop, blocks: dict, bells) -> None:
+    """Release the workers' request views, then the loop, the blocks and the bells."""
+    for request in requests:
+        request.release()
+    loop.close()
+    for b in blocks.values():
+        b.close()
+    for bell in bells:
+        bell.close()
 
 @pytest.mark.parametrize("device_batch", [False, True])
 def test_each_worker_gets_its_own_rows_and_the_calls_version(device_batch) -> None:
@@ -185,9 +190,4 @@ def test_a_worker_answered_for_several_splits_in_one_call_is_rung_once() -> None
         assert os.eventfd_read(bells[0].fd) == 1  # each split checks its own answer
         assert [blocks[0].act.read(k)[0] for k in range(2)] == [3, 3]
     finally:
-        for request in requests:
-            request.release()
-        loop.close()
-        for b in blocks.values():
-            b.close()
-        bells[0].close()
+        close_all(requests, loop, blocks, [bells[0]])
