@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import subprocess
+from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -288,6 +289,16 @@ async def test_a_host_whose_chunks_lack_the_info_columns_is_refused_and_the_run_
             assert torch.equal(batch["next", "steps"], t.long())
 
 
+
+async def local_frames_until(collector: AsyncBatchedCollector, stop: Callable[[], bool]) -> None:
+    """Take batches, each frame's ``steps`` info checked against its observation (the local
+    worker's frames go on meanwhile), until ``stop()`` after a batch."""
+    async for batch in collector:
+        t = batch["next", "observation"][..., 0]
+        assert torch.equal(batch["next", "steps"], t.long())
+        if stop():
+            break
+
 async def test_a_remote_hosts_later_mismatch_drops_it_naming_the_key(
         anyio_backend: str) -> None:
     collector = AsyncBatchedCollector(
@@ -298,11 +309,8 @@ async def test_a_remote_hosts_later_mismatch_drops_it_naming_the_key(
             host = start_env_host(collector.endpoint, anyio_backend,
                                   "tests.asyncrl.rollout.info_envs:make_bad_step_info_env")
             try:
-                async for batch in collector:  # the local worker's frames go on meanwhile
-                    t = batch["next", "observation"][..., 0]
-                    assert torch.equal(batch["next", "steps"], t.long())
-                    if collector.remote_refusals or host.poll() is not None:
-                        break
+                await local_frames_until(
+                    collector, lambda: bool(collector.remote_refusals) or host.poll() is not None)
             finally:
                 code = await anyio.to_thread.run_sync(host.wait)
     assert host.stderr is not None
@@ -326,11 +334,7 @@ async def test_a_remote_host_that_cannot_write_the_columns_tells_the_trainer_why
             host = start_env_host(collector.endpoint, anyio_backend,
                                   "tests.asyncrl.rollout.info_envs:make_torchrl_step_info_env")
             try:
-                async for batch in collector:  # the local worker's frames go on meanwhile
-                    t = batch["next", "observation"][..., 0]
-                    assert torch.equal(batch["next", "steps"], t.long())
-                    if collector.remote_refusals:
-                        break
+                await local_frames_until(collector, lambda: bool(collector.remote_refusals))
             finally:
                 code = await anyio.to_thread.run_sync(host.wait)
         seen = [e async for e in events]
