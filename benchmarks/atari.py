@@ -38,7 +38,9 @@ alike). A case is skipped, with the reason printed, when what it needs does not 
   ``asyncrl-batched-noyield``: the inference loop without its ``sched_yield()`` after calls
   longer than ``YIELD_AFTER``; ``asyncrl-batched-compact``: 8 env workers,
   ``compact_obs=True`` (chunks, rings and batches without ``("next", "observation")``);
-  ``asyncrl-batched-2x4s2-compact``: both, the layout with the least memory.
+  ``asyncrl-batched-2x4s2-compact``: both, the layout with the least memory;
+  ``asyncrl-batched-chunk16``: 8 env workers, ``transition_chunk_size=16`` (smaller
+  rings: less memory for more hand-overs).
 
 For a bigger machine (issue 45 item 6): ``--envs N --workers W`` runs every case with N
 envs, the per-worker cases (and PufferLib's, TorchRL's) with W workers of N/W envs, the
@@ -52,8 +54,12 @@ reward, done into preallocated ``[128, 8, ...]`` tensors; observations kept as u
 Per run, after ``--warmup`` batches, ``--seconds`` of batches are timed: frames/s;
 CPU-seconds per 10k frames (utime + stime of the process and every live process below
 it, read from ``/proc`` before and after: forked workers count); PSS of all those
-processes (``/proc/<pid>/smaps_rollup``, read at the end while they are alive); and the
-cold first batch: seconds from the launch of the interpreter to the first batch.
+processes (``/proc/<pid>/smaps_rollup``, read at the end while they are alive; then by
+process and by kind of mapping: torch's libraries, anonymous memory, shared memory); and
+the cold first batch: seconds from the launch of the interpreter to the first batch.
+``--with-optimizer``: every case's trainer also builds CleanRL's Adam, as a training
+script does (``torch.optim`` imports torch's compiler stack, about 75 MB, which
+collection alone leaves out).
 """
 
 from __future__ import annotations
@@ -82,7 +88,7 @@ import torch
 from torch import nn
 
 from benchmarks import ROOT
-from benchmarks.pixels import by_role_mb, interleave, snapshot
+from benchmarks.pixels import by_kind_mb, by_role_mb, interleave, snapshot
 from benchmarks.pixels_throughput import cpu_seconds
 
 OBS_SHAPE = (4, 84, 84)
@@ -204,7 +210,8 @@ class Meter:
         self.result.update(fps=self.frames / wall, cpu_per_10k=cpu / self.frames * 1e4,
                            frames=self.frames, wall=wall, cpu=cpu,
                            pss_mb=memory["total_mb"], processes=len(memory["processes"]),
-                           pss_by_role=by_role_mb(memory["processes"]))
+                           pss_by_role=by_role_mb(memory["processes"]),
+                           pss_by_kind=by_kind_mb(memory["processes"]))
         return True
 
 
@@ -488,6 +495,10 @@ CASES: dict[str, Case] = {
     "asyncrl-batched-compact": Case(
         "asyncrl AsyncBatchedCollector, {envs} env workers, compact_obs=True", ATARI,
         functools.partial(run_asyncrl, kind="batched", layout={"compact_obs": True}), "all"),
+    "asyncrl-batched-chunk16": Case(
+        "asyncrl AsyncBatchedCollector, {envs} env workers, chunks of 16 steps", ATARI,
+        functools.partial(run_asyncrl, kind="batched", layout={"transition_chunk_size": 16}),
+        "all"),
     "asyncrl-batched-4x2": Case(
         "asyncrl AsyncBatchedCollector, {envs} / 2 env workers x 2 envs", ATARI,
         functools.partial(run_asyncrl, kind="batched", layout={"envs_per_worker": 2}), "all"),
@@ -506,8 +517,26 @@ def missing(needs: tuple[str, ...]) -> str | None:
     return None
 
 
+#: What ``--with-optimizer`` builds in a case's process, kept until it exits.
+_optimizer: list[torch.optim.Optimizer] = []
+
+
+def build_optimizer() -> None:
+    """CleanRL's Adam over a Nature CNN, built as a training script builds it (never stepped).
+
+    Collection alone (the issue's workload) leaves torch's compiler stack out of a
+    process that imports only torch: EnvPool's loop. tensordict's import loads it
+    (``torch.compiler.allow_in_graph`` imports ``torch._dynamo``, sympy with it), and so
+    does building any ``torch.optim`` optimizer; with this, every case's trainer holds
+    what a training script's does.
+    """
+    _optimizer.append(torch.optim.Adam(make_cnn().parameters(), lr=2.5e-4, eps=1e-5))
+
+
 def run_child(case: str, args: argparse.Namespace) -> None:
     torch.set_num_threads(1)  # one torch thread per process, the main one included
+    if args.with_optimizer and case != FLOOR:
+        build_optimizer()
     needs = ATARI if case == FLOOR else CASES[case].needs
     reason = missing(needs)
     if reason is not None:
@@ -529,7 +558,8 @@ def run_case(case: str, args: argparse.Namespace) -> dict[str, Any]:
     command = [sys.executable, "-m", "benchmarks.atari", "--child", case, "--seconds",
                str(args.seconds), "--warmup", str(args.warmup), "--frames-per-batch",
                str(args.frames_per_batch), "--envs", str(args.envs), "--workers",
-               str(args.workers), "--device", args.device]
+               str(args.workers), "--device", args.device,
+               *(["--with-optimizer"] if args.with_optimizer else [])]
     try:
         out = subprocess.run(command, capture_output=True, text=True, env=env, cwd=ROOT,
                              timeout=args.seconds * 4 + 300)
@@ -634,6 +664,15 @@ def report(cases: list[str], results: dict[str, list[dict[str, Any]]]) -> None:
 
             print(f"PSS of {case} by process (median MB): " + ", ".join(
                 f"{role} x{median(role, 0):.0f} {median(role, 1):.0f}" for role in roles))
+        kinds = sorted({(role, kind) for r in rows for role, by in r.get("pss_by_kind", {}).items()
+                        for kind in by})
+        if kinds:  # and what it maps: torch's libraries, anonymous memory, shared memory...
+            def of_kind(role: str, kind: str, rows: list[dict[str, Any]] = rows) -> float:
+                return statistics.median(r["pss_by_kind"].get(role, {}).get(kind, 0.0)
+                                         for r in rows)
+
+            print(f"PSS of {case} by process and mapping (median MB): " + ", ".join(
+                f"{role} {kind} {of_kind(role, kind):.0f}" for role, kind in kinds))
     for case in cases:
         for row in results[case][:1]:
             if "skipped" in row:
@@ -666,6 +705,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--device", default="cpu",
                    help="where the CNN runs: cpu (of record) or cuda (issue 45 item 6); the "
                         "floor is then the env steps alone")
+    p.add_argument("--with-optimizer", action="store_true",
+                   help="every case's trainer also builds CleanRL's Adam (as a training "
+                        "script does: torch.optim loads torch's compiler stack, ~77 MB)")
     p.add_argument("--json", help="write every run's numbers here")
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)

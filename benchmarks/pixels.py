@@ -221,6 +221,16 @@ def by_role_mb(rows: list[dict[str, Any]]) -> dict[str, list[float]]:
     return out
 
 
+def by_kind_mb(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """``snapshot``'s processes summed by role, then by kind of mapping: ``{role: {kind: MB}}``."""
+    out: dict[str, dict[str, float]] = {}
+    for row in rows:
+        by_kind = out.setdefault(row["role"], {})
+        for kind, mb in row["kinds_mb"].items():
+            by_kind[kind] = by_kind.get(kind, 0.0) + mb
+    return out
+
+
 def snapshot(workers: set[int]) -> dict[str, Any]:
     """PSS of this process and its descendants, per process and by kind (MB)."""
     from multiprocessing import forkserver
