@@ -548,6 +548,7 @@ def run_child(case: str, args: argparse.Namespace) -> None:
                       args.frames_per_batch)
         CASES[case].run(meter)
         result = meter.result
+        result["with_optimizer"] = bool(args.with_optimizer)
     print("RESULT " + json.dumps(result), flush=True)
 
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from benchmarks import atari
+from benchmarks import atari, pixels
 
 
 def test_the_floor_is_the_cores_cpu_over_env_and_cnn_per_frame() -> None:
@@ -33,7 +33,8 @@ def test_asyncrl_and_asyncvectorenv_report_frames_cpu_memory_and_first_batch(tmp
     pytest.importorskip("cv2")
     out = tmp_path / "atari.json"
     code = atari.main(["--cases", "vector,asyncrl-async", "--repeats", "1", "--seconds", "0.01",
-                       "--warmup", "1", "--frames-per-batch", "64", "--json", str(out)])
+                       "--warmup", "1", "--frames-per-batch", "64", "--with-optimizer",
+                       "--json", str(out)])
     assert code == 0
     results = json.loads(out.read_text())
     assert sorted(results) == ["asyncrl-async", "vector"]
@@ -44,6 +45,21 @@ def test_asyncrl_and_asyncvectorenv_report_frames_cpu_memory_and_first_batch(tmp
         # the main process and its env workers (8 for vector, 2 + fork server for asyncrl)
         assert run["processes"] >= 3 and run["pss_mb"] > 0
         assert 0 < run["first_batch_s"] < 600
+        assert run["with_optimizer"] is True  # the flag reached the case's interpreter
+        # each process's PSS, split by what its pages map, adds up to its whole
+        for role, (_, mb) in run["pss_by_role"].items():
+            assert sum(run["pss_by_kind"][role].values()) == pytest.approx(mb, rel=0.02)
+        assert run["pss_by_kind"]["trainer"]["torch libraries"] > 0
+
+
+def test_pss_by_kind_sums_each_role_over_its_processes() -> None:
+    rows = [{"role": "trainer", "pss_mb": 3.0,
+             "kinds_mb": {"anonymous": 2.0, "shared memory": 1.0}},
+            {"role": "worker", "pss_mb": 1.5, "kinds_mb": {"anonymous": 1.0, "shared memory": 0.5}},
+            {"role": "worker", "pss_mb": 2.0, "kinds_mb": {"anonymous": 2.0}}]
+    assert pixels.by_kind_mb(rows) == {"trainer": {"anonymous": 2.0, "shared memory": 1.0},
+                                       "worker": {"anonymous": 3.0, "shared memory": 0.5}}
+    assert pixels.by_role_mb(rows) == {"trainer": [1, 3.0], "worker": [2, 3.5]}
 
 
 @pytest.mark.parametrize(("argv", "says"), [
