@@ -67,6 +67,7 @@ from .block_io import SlotArrays
 from .chunk_writer import ChunkWriter, Layout, chunk_layout
 from .doorbell import DEFAULT_SPIN, EventFd, no_wakeup_preemption, spin_then_block
 from .info_columns import InfoColumn, attach_columns
+from .spare_chunk import SpareChunk
 
 log = logging.getLogger("asyncrl.env_worker")
 
@@ -85,6 +86,12 @@ def dtype_name(dtype: Any) -> str:
 def numpy_dtype(dtype: Any) -> np.dtype:
     """The numpy dtype an env worker holds ``dtype`` in (bfloat16's bytes: uint16)."""
     return SharedArrayBlock.storage_dtype(dtype_name(dtype))
+
+
+#: The chunk entries no step writes: the worker's id and the root flags (always False:
+#: ended episodes are reset in place). A chunk target holds them from the start.
+CONSTANT_PATHS = frozenset({("collector", "worker_id"), ("done",), ("terminated",),
+                            ("truncated",)})
 
 
 def chunk_arrays(layout: Layout, *, rows: int, steps: int) -> dict[Path, np.ndarray]:
@@ -310,8 +317,11 @@ class EnvStepper:
                              for path, key in outputs[1:]]),
             infos=c.info_columns, dtype_of=np.dtype, next_observations=c.next_observations)
         self.layout = layout
-        # The chunk buffers, in the layout's order (a local worker's ring has the same).
-        data = self._data = chunk_arrays(layout, rows=n, steps=t)
+        # The chunk buffers, in the layout's order (a local worker's ring has the same);
+        # a local worker's are its spare, given back after each use (_hand_over).
+        self._spare = SpareChunk(layout, rows=n, steps=t, constant=CONSTANT_PATHS,
+                                 dtype_of=numpy_dtype)
+        data = self._data = self._spare.arrays
         data[("collector", "worker_id")].fill(c.slot)
         self._traj_ids = TrajectoryIds(n, tag=c.slot if c.traj_tag is None else c.traj_tag)
         self._output_paths = [path for path, _ in outputs]
@@ -339,8 +349,7 @@ class EnvStepper:
     def _bind(self, targets: list[dict[Path, np.ndarray]]) -> None:
         """Point each split at its rows of every chunk target (made once), and record into
         the last one. Every entry of a chunk is written at each step, but the constant
-        ``("collector", "worker_id")`` and the root flags (always False: ended episodes are
-        reset in place), which a target holds from the start."""
+        ``CONSTANT_PATHS``, which a target holds from the start."""
         c = self.config
         self._targets = targets
         self._dones: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = [
@@ -478,6 +487,7 @@ class EnvStepper:
                     writer.has_room, c.room_bell, spin=0.0, stopped=self._is_stopping):
                 return False
             writer.publish()
+            self._spare.release()  # copied out: its pages wait for the next use unheld
         c.chunk_bell.ring()
         return True
 
@@ -558,6 +568,9 @@ class EnvStepper:
                     slot.release()
         if self._writer is not None:
             self._writer.close()
+        self._data = {}
+        if (spare := getattr(self, "_spare", None)) is not None:
+            spare.close()
         self.obs_block.close()
         self.act_block.close()
 
@@ -571,6 +584,7 @@ def one_torch_thread() -> None:
 
 
 __all__ = [
+    "CONSTANT_PATHS",
     "EnvStepper",
     "EnvWorkerConfig",
     "build_pool",

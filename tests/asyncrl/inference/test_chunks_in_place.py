@@ -13,8 +13,10 @@ import functools
 import threading
 import time
 
+import pytest
 import torch
 
+from asyncrl._inference import spare_chunk
 from asyncrl._inference.doorbell import EventFd
 from asyncrl._inference.env_stepper import EnvStepper, EnvWorkerConfig
 from asyncrl._inference.local_channels import LocalChannels
@@ -52,7 +54,14 @@ def _take(reader, bell: EventFd, deadline: float):
         bell.wait(0.05)
 
 
-def test_chunks_go_in_place_while_slots_are_free_and_whole_through_the_worker_when_not() -> None:
+@pytest.mark.parametrize("release_from", [None, 0], ids=["default", "every-array-released"])
+def test_chunks_go_in_place_while_slots_are_free_and_whole_through_the_worker_when_not(
+        release_from, monkeypatch) -> None:
+    # 0: every array the worker's own buffers hold but the constant ones is given back
+    # after each chunk copied out of them, so a column a step failed to rewrite would
+    # arrive as zeros (spare_chunk.py)
+    monkeypatch.setattr(spare_chunk, "RELEASE_THRESHOLD",
+                        spare_chunk.RELEASE_THRESHOLD if release_from is None else release_from)
     channels = LocalChannels()
     channels.make([2], {("observation",): torch.zeros(1, 2)}, OutputLayout(
         action=(torch.int64, ())), splits=1, chunk_steps=STEPS, frames_per_batch=8, flat=False)
@@ -63,11 +72,13 @@ def test_chunks_go_in_place_while_slots_are_free_and_whole_through_the_worker_wh
     # and one per column: the 13th request is the last of chunk 3), which then waits.
     server = _AnswerAtOnce(word, at=1 + 3 * STEPS)
     stepper = EnvStepper(EnvWorkerConfig(
-        slot=0, factories=[counting5] * 2, create_env_kwargs={}, obs_block=blocks.obs.name,
+        slot=3, factories=[counting5] * 2, create_env_kwargs={}, obs_block=blocks.obs.name,
         act_block=blocks.act.name, obs_paths=[("observation",)], extra_paths=[],
         chunk_steps=STEPS, request_bell=server, answer_bell=channels.answer_bells[0],  # type: ignore[arg-type]
         spin=0.0, chunk_ring=ring.names, chunk_bell=channels.chunk_bell,
         room_bell=channels.room_bells[0]))
+    released = stepper._spare.releasable
+    assert (len(released) > 3) == (release_from == 0), released
     thread = threading.Thread(target=stepper.run_local, daemon=True)
     chunks = []
     deadline = time.monotonic() + LIMIT
@@ -97,4 +108,5 @@ def test_chunks_go_in_place_while_slots_are_free_and_whole_through_the_worker_wh
         assert frames["observation"][env, :, 1].tolist() == [e for e in range(4) for _ in range(5)]
         # the k-th request (all envs at once) was answered as version k
         assert frames["collector", "policy_version"][env].tolist() == list(range(1, n + 1))
+        assert frames["collector", "worker_id"][env].tolist() == [3] * n  # its slot's
     check_counting_frames(frames.reshape(-1), length=5, action=0)
