@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .._rollout.infos import (
+    PROBE_SEED,
     InfoReader,
     attach_info_reader,
     normalise_info_keys,
@@ -60,7 +61,8 @@ def learn_columns(pool: Any, info_keys: Any) -> list[InfoColumn]:
     else:
         from .._rollout.policies import RandomPolicy  # (the trainer has torch)
 
-        learned = attach_info_reader(pool, info_keys, RandomPolicy(pool.specs.action))
+        learned = attach_info_reader(pool, info_keys,
+                                     RandomPolicy(pool.specs.action, seed=PROBE_SEED))
         pool.info_reader = None  # the layouts' env: it reads nothing more
         assert learned is not None
         reader = learned

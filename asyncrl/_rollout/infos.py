@@ -28,8 +28,8 @@ import numpy as np
 from .._errors import SpecMismatchError
 from .keys import normalise_keys
 
-__all__ = ["InfoReader", "InfoSpec", "normalise_info_keys", "refuse_observation_clash",
-           "refuse_torchrl_pool"]
+__all__ = ["PROBE_SEED", "InfoReader", "InfoSpec", "normalise_info_keys",
+           "refuse_observation_clash", "refuse_torchrl_pool"]
 
 Path = tuple[str, ...]
 #: ``(shape, dtype name)`` of one env's value of an info leaf.
@@ -278,11 +278,18 @@ def refuse_torchrl_pool(pool: Any) -> None:
             "the entries come as observations")
 
 
+#: The seed of the random actions :func:`attach_info_reader` steps with. Fixed: that step
+#: moves the envs and their wrappers' running statistics (``NormalizeObservation``), so
+#: a draw from the system's entropy would make two runs with the same seeds differ.
+PROBE_SEED = 0
+
+
 def attach_info_reader(pool: Any, keys: InfoKeys | None, random: Any) -> InfoReader | None:
     """Give ``pool`` a reader of ``keys`` and learn their specs from one random step.
 
-    ``random`` (a `RandomPolicy` of the pool's action spec, not the rollout's own:
-    its draws stay as they were) picks the step's actions; the pool is reset after.
+    ``random`` (a `RandomPolicy` of the pool's action spec seeded with
+    :data:`PROBE_SEED`, not the rollout's own: its draws stay as they were) picks the
+    step's actions; the pool is reset after.
     """
     if not keys:
         if getattr(pool, "info_reader", None) is not None:

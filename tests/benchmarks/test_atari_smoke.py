@@ -32,7 +32,9 @@ def test_asyncrl_and_asyncvectorenv_report_frames_cpu_memory_and_first_batch(tmp
     pytest.importorskip("ale_py")
     pytest.importorskip("cv2")
     out = tmp_path / "atari.json"
-    code = atari.main(["--cases", "vector,asyncrl-async", "--repeats", "1", "--seconds", "0.01",
+    # 0.3 s timed: CPU time is read from /proc in 10 ms ticks per process, so one fast
+    # batch of 64 frames spread over 9 processes could read as no CPU at all
+    code = atari.main(["--cases", "vector,asyncrl-async", "--repeats", "1", "--seconds", "0.3",
                        "--warmup", "1", "--frames-per-batch", "64", "--with-optimizer",
                        "--json", str(out)])
     assert code == 0

@@ -78,6 +78,36 @@ async def test_multi_process_sync_runs_with_the_same_seed_are_identical() -> Non
     assert not torch.equal(first["action"][0], first["action"][1])
 
 
+def normalized_pendulum() -> Any:
+    """Pendulum with running observation statistics and the raw episode return in its
+    infos; its generator is seeded as it is made, so the reset a collector makes before
+    ``set_seed`` is the same in every run (as examples/cleanrl_ppo.py's ``make_envs``).
+    A continuous action: two unseeded draws never give the same next observation."""
+    import gymnasium as gym
+
+    env = gym.wrappers.NormalizeObservation(
+        gym.wrappers.RecordEpisodeStatistics(gym.make("Pendulum-v1")))
+    env.unwrapped._np_random, _ = gym.utils.seeding.np_random(11)
+    return env
+
+
+async def info_keys_batch() -> TensorDictBase:
+    async with Collector(normalized_pendulum, None, frames_per_batch=64, total_frames=-1,
+                         info_keys=["episode"]) as collector:
+        await collector.set_seed(5)  # seeds the collector's random policy too
+        return await collector.__anext__()
+
+
+async def test_the_info_keys_probe_step_repeats_so_seeded_runs_do_too() -> None:
+    # info_keys learns the info leaves' specs from one step of random actions, before
+    # set_seed; that step's observation stays in NormalizeObservation's statistics, so
+    # with actions from the system's entropy two runs with the same seeds differed
+    # (infos.PROBE_SEED: fixed)
+    with anyio.fail_after(LIMIT):
+        first, second = await info_keys_batch(), await info_keys_batch()
+    assert same(first, second)
+
+
 async def test_seeding_the_workers_leaves_the_trainer_rng_alone() -> None:
     torch.manual_seed(5)
     expected = torch.rand(3)
