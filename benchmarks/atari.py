@@ -708,7 +708,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "floor is then the env steps alone")
     p.add_argument("--with-optimizer", action="store_true",
                    help="every case's trainer also builds CleanRL's Adam (as a training "
-                        "script does: torch.optim loads torch's compiler stack, ~77 MB)")
+                        "script does: torch.optim loads torch's compiler stack, about 75 MB)")
     p.add_argument("--json", help="write every run's numbers here")
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)

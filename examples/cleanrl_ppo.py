@@ -124,7 +124,7 @@ def make_envs(env_id: str, num_envs: int, gamma: float,
         autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     if seed is not None:
         for i, env in enumerate(envs.envs):  # the generators only: no reset, no statistics
-            env.unwrapped._np_random, _ = gym.utils.seeding.np_random(seed + i)
+            env.unwrapped.np_random = np.random.default_rng(seed + i)
     return envs
 
 

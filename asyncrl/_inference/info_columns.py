@@ -29,7 +29,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from .._rollout.infos import (
-    PROBE_SEED,
     InfoReader,
     attach_info_reader,
     normalise_info_keys,
@@ -59,10 +58,7 @@ def learn_columns(pool: Any, info_keys: Any) -> list[InfoColumn]:
         reader = column_reader([(p, s[1], s[0]) for p, s in info_keys], pool.num_envs)
         refuse_observation_clash(reader, pool)
     else:
-        from .._rollout.policies import RandomPolicy  # (the trainer has torch)
-
-        learned = attach_info_reader(pool, info_keys,
-                                     RandomPolicy(pool.specs.action, seed=PROBE_SEED))
+        learned = attach_info_reader(pool, info_keys)  # (in the trainer: it has torch)
         pool.info_reader = None  # the layouts' env: it reads nothing more
         assert learned is not None
         reader = learned

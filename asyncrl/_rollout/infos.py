@@ -28,8 +28,8 @@ import numpy as np
 from .._errors import SpecMismatchError
 from .keys import normalise_keys
 
-__all__ = ["PROBE_SEED", "InfoReader", "InfoSpec", "normalise_info_keys",
-           "refuse_observation_clash", "refuse_torchrl_pool"]
+__all__ = ["InfoReader", "InfoSpec", "normalise_info_keys", "refuse_observation_clash",
+           "refuse_torchrl_pool"]
 
 Path = tuple[str, ...]
 #: ``(shape, dtype name)`` of one env's value of an info leaf.
@@ -284,18 +284,22 @@ def refuse_torchrl_pool(pool: Any) -> None:
 PROBE_SEED = 0
 
 
-def attach_info_reader(pool: Any, keys: InfoKeys | None, random: Any) -> InfoReader | None:
+def attach_info_reader(pool: Any, keys: InfoKeys | None) -> InfoReader | None:
     """Give ``pool`` a reader of ``keys`` and learn their specs from one random step.
 
-    ``random`` (a `RandomPolicy` of the pool's action spec seeded with
-    :data:`PROBE_SEED`, not the rollout's own: its draws stay as they were) picks the
-    step's actions; the pool is reset after.
+    The step's actions come from a `RandomPolicy` of the pool's action spec seeded with
+    :data:`PROBE_SEED` (not the rollout's own: its draws stay as they were); the pool is
+    reset after. Called where torch is (a rollout, the trainer), never in a torch-free
+    env worker, which only reads the columns the trainer learned.
     """
     if not keys:
         if getattr(pool, "info_reader", None) is not None:
             pool.info_reader = None  # an earlier admission's: this run reads no info
         return None
     refuse_torchrl_pool(pool)
+    from .policies import RandomPolicy  # (torch: this module is imported torch-free too)
+
+    random = RandomPolicy(pool.specs.action, seed=PROBE_SEED)
     reader = InfoReader(keys, pool.num_envs)
     pool.info_reader = reader
     act = pool.specs.action

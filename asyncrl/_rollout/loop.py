@@ -25,7 +25,7 @@ from .buffers import Observations, RolloutBuffers
 from .device_policy import check_policy_device
 from .env_pools import EnvPool, check_action_dtype
 from .envs import make_env_pool
-from .infos import PROBE_SEED, attach_info_reader
+from .infos import attach_info_reader
 from .options import RolloutOptions
 from .policies import PolicyAdapter, RandomPolicy
 from .recurrent import RecurrentCarry, describe_states, find_state_keys
@@ -161,8 +161,7 @@ class Rollout:
         self._stop_armed = False
         self._saved_before_step: Callable[[], None] | None = None
 
-        info = attach_info_reader(pool, options.info_keys,
-                                  RandomPolicy(specs.action, seed=PROBE_SEED))
+        info = attach_info_reader(pool, options.info_keys)
         pool.reset()
         #: The batch buffers and what each step writes where, planned once.
         self.buffers = RolloutBuffers(

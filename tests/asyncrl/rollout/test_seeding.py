@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 import anyio
+import numpy as np
 import pytest
 import torch
 from tensordict import TensorDictBase
@@ -87,7 +88,7 @@ def normalized_pendulum() -> Any:
 
     env = gym.wrappers.NormalizeObservation(
         gym.wrappers.RecordEpisodeStatistics(gym.make("Pendulum-v1")))
-    env.unwrapped._np_random, _ = gym.utils.seeding.np_random(11)
+    env.unwrapped.np_random = np.random.default_rng(11)
     return env
 
 
@@ -121,8 +122,6 @@ async def test_seeding_the_workers_leaves_the_trainer_rng_alone() -> None:
 
 
 def test_seed_global_rngs_accepts_any_int() -> None:
-    import numpy as np
-
     from asyncrl._rollout.seeding import seed_global_rngs
 
     seed_global_rngs(-1)  # numpy wants 0..2**32-1: taken modulo
